@@ -54,6 +54,16 @@ class RolloutConfig:
             raise ValueError("temperature: expected > 0 when sampling (or set greedy)")
 
 
+def information_ids(encode: Callable[[str], list[int]], body: str, max_tokens: int) -> list[int]:
+    """An `<information>` block as the policy sees it: head, body and tail tokenised apart
+    (so the body's tokens do not depend on the tags) and the body cut so the whole block
+    fits `max_tokens`. The SFT warm-up tokenises oracle episodes with this too, so a
+    trained policy reads exactly what it will read in a rollout."""
+    head = encode(f"\n\n<{INFORMATION}>")
+    tail = encode(f"</{INFORMATION}>\n\n")
+    return head + encode(body)[:max(1, max_tokens - len(head) - len(tail))] + tail
+
+
 class _Episode:
     def __init__(self, traj: Trajectory, gold: set[str]):
         self.traj = traj
@@ -85,14 +95,10 @@ class RolloutEngine:
 
     def information_ids(self, hits: Sequence[Hit]) -> list[int]:
         """The `<information>` block as tokens, its documents cut to `max_info_tokens`."""
-        head = self._encode(f"\n\n<{INFORMATION}>")
-        tail = self._encode(f"</{INFORMATION}>\n\n")
-        return head + self._document_ids(hits, self.cfg.max_info_tokens - len(head) - len(tail)) \
-            + tail
+        return information_ids(self._encode, format_hits(hits), self.cfg.max_info_tokens)
 
     def _document_ids(self, hits: Sequence[Hit], budget: int) -> list[int]:
-        body = self._encode(format_hits(hits))
-        return body[:max(1, budget)]
+        return self._encode(format_hits(hits))[:max(1, budget)]
 
     # ---- the loop
     def run(self, examples: Sequence[QAExample], *, dataset: str = "",

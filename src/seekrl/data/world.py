@@ -53,6 +53,9 @@ class WorldConfig:
     description_rate: float | None = None   # chance a question describes its first entity
     near_dup_rate: float | None = None      # chance a new name is one vowel from an old one
     mention_rate: float | None = None       # chance a distractor doc names its real namesake
+    # document length in words: filler sentences are added up to a target drawn from this
+    # range (short documents make a cheaper world for CPU training; facts are never cut)
+    doc_words: tuple[int, int] = (60, 125)
 
     def __post_init__(self) -> None:
         if self.difficulty not in PRESETS:
@@ -62,6 +65,10 @@ class WorldConfig:
             if getattr(self, key) is None:
                 setattr(self, key, value)
         self.split_shares = tuple(self.split_shares)
+        self.doc_words = tuple(self.doc_words)
+        if len(self.doc_words) != 2 or not 0 <= self.doc_words[0] < self.doc_words[1]:
+            raise ValueError(f"doc_words: expected (low, high) with 0 <= low < high, "
+                             f"got {self.doc_words}")
         self.hop_mix = {int(k): float(v) for k, v in self.hop_mix.items()}
         bad = [h for h in self.hop_mix if not 1 <= h <= 4]
         if bad:
@@ -515,7 +522,7 @@ class _Builder:
             if e.distractor and "not_confused_with" in e.attrs:
                 other = self.entities[e.attrs["not_confused_with"]]
                 body.append(f"{e.name} should not be confused with {other.name}.")
-            target = rng.randrange(60, 125)
+            target = rng.randrange(*self.cfg.doc_words)
             fillers = FILLER[e.type][:]
             rng.shuffle(fillers)
             while sum(len(s.split()) for s in body) < target and fillers:

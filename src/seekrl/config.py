@@ -1,0 +1,267 @@
+"""Configs for the recipes: pydantic models, YAML files, `key.sub=value` overrides.
+
+Every recipe (`seekrl sft`, `seekrl train`) reads one YAML file into one of the models
+below; command-line overrides such as `optim.lr=1e-5 rollout.temperature=0.8` are applied on
+top. Unknown keys and bad values are errors that name the key (`algo.clip_lo: unknown key;
+expected one of ...`), never silently ignored.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not fit the recipe's schema."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LoRAConfig(Strict):
+    enabled: bool = False
+    r: int = Field(16, ge=1)
+    alpha: float = Field(32.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj",
+                                 "gate_proj", "up_proj", "down_proj"]
+
+
+class OptimConfig(Strict):
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["cosine", "constant"] = "cosine"
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)   # cosine decays to lr * min_lr_ratio
+    max_grad_norm: float | None = Field(1.0, gt=0)
+
+
+class EvalConfig(Strict):
+    """Greedy evaluation of the policy as a search agent during and after training."""
+    data: str | None = None        # QA file (JSONL / parquet); None: no evaluation
+    n: int = Field(32, ge=1)       # first n questions of it
+    every: int = Field(0, ge=0)    # every N optimizer steps (0: only at the end)
+    max_turns: int = Field(4, ge=1)
+    max_new_tokens: int = Field(96, ge=1)
+    batch_size: int = Field(32, ge=1)
+
+
+class SFTConfig(Strict):
+    model: str = "smollm2-135m"
+    data: str                      # trajectory JSONL: oracle episodes or Trajectory records
+    out: str = "runs/sft"
+    index: str | None = None       # for the dev evaluation
+    dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+    limit: int | None = Field(None, ge=1)      # first N usable episodes
+    only_complete: bool = True     # skip oracle episodes that never found a gold document
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int | None = Field(None, ge=1)  # optimizer steps; overrides epochs
+    batch_size: int = Field(8, ge=1)           # episodes per micro-batch
+    grad_accum: int = Field(1, ge=1)           # micro-batches per optimizer step
+    max_len: int = Field(2048, ge=16)          # longer episodes are cut (the tail is lost)
+    max_info_tokens: int = Field(384, ge=8)    # as the rollout engine cuts <information>
+    topk: int = Field(3, ge=1)                 # documents per search, for the dev evaluation
+    train_layers: int | None = Field(None, ge=1)   # train only the top N blocks (None: all)
+    lora: LoRAConfig = LoRAConfig()
+    optim: OptimConfig = OptimConfig(lr=5e-5, warmup_steps=5)
+    eval: EvalConfig = EvalConfig()
+    save_every: int = Field(0, ge=0)           # checkpoint every N steps (0: final only)
+    log_every: int = Field(1, ge=1)
+
+
+class RolloutSettings(Strict):
+    max_turns: int = Field(4, ge=1)
+    max_new_tokens: int = Field(96, ge=1)
+    max_total_tokens: int = Field(2048, ge=16)
+    max_info_tokens: int = Field(384, ge=8)
+    topk: int = Field(3, ge=1)
+    batch_size: int = Field(32, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+
+
+class RewardConfig(Strict):
+    outcome: str = "em"                 # a registered outcome reward: em | f1 | cover_em
+    format_reward: float = 0.0          # added for a valid protocol trace
+    invalid_penalty: float = 0.0        # subtracted per invalid action
+    max_turns_penalty: float = 0.0      # subtracted when the episode ran out of turns / tokens
+
+    @field_validator("outcome")
+    @classmethod
+    def _known_outcome(cls, value: str) -> str:
+        from seekrl.rewards.outcome import OUTCOMES
+        if value not in OUTCOMES:
+            raise ValueError(f"expected one of {', '.join(sorted(OUTCOMES))}")
+        return value
+
+
+class AlgoConfig(Strict):
+    advantage: str = "grpo"             # a registered estimator; gae means PPO with a critic
+    epochs: int = Field(1, ge=1)        # passes over each batch (K)
+    mini_batch_size: int = Field(32, ge=1)   # episodes per optimizer step
+    micro_batch_size: int = Field(8, ge=1)   # episodes per forward/backward
+    clip_low: float = Field(0.2, ge=0)
+    clip_high: float = Field(0.28, ge=0)
+    loss_agg: str = "token-mean"
+    kl_coef: float = Field(0.0, ge=0)
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    entropy_coef: float = Field(0.0, ge=0)
+    dynamic_sampling: bool = False      # drop zero-variance groups and refill
+    max_refills: int = Field(2, ge=0)
+    balance_types: bool = True          # draw questions round-robin over metadata["type"]
+    value_coef: float = Field(0.5, ge=0)
+    value_clip: float | None = Field(0.2, gt=0)
+    value_lr: float | None = Field(None, gt=0)   # critic head lr (default: optim.lr * 10)
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(1.0, ge=0, le=1)
+    logprob_chunk: int = Field(8, ge=1)  # episodes per no-grad forward for old / ref log-probs
+
+    @field_validator("advantage")
+    @classmethod
+    def _known_estimator(cls, value: str) -> str:
+        from seekrl.rl.advantages import ESTIMATORS
+        if value not in ESTIMATORS:
+            raise ValueError(f"expected one of {', '.join(sorted(ESTIMATORS))}")
+        return value
+
+    @field_validator("loss_agg")
+    @classmethod
+    def _known_aggregation(cls, value: str) -> str:
+        from seekrl.rl.loss import AGGREGATIONS
+        if value not in AGGREGATIONS:
+            raise ValueError(f"expected one of {', '.join(AGGREGATIONS)}")
+        return value
+
+
+class MonitorConfig(Strict):
+    enabled: bool = True
+    stop_on_collapse: bool = False
+    window: int = Field(5, ge=2)                   # steps in the recent / baseline windows
+    grad_norm_factor: float = Field(10.0, gt=1)    # explosion: > factor x baseline median
+    entropy_floor_ratio: float = Field(0.2, gt=0, lt=1)  # collapse: < ratio x baseline
+    valid_format_drop: float = Field(0.3, gt=0, le=1)    # absolute drop from baseline
+    correct_logp_drop: float = Field(0.5, gt=0)          # nats per token below baseline
+    type_reward_drop: float = Field(0.3, gt=0, le=1)     # a question type's reward falls
+    searches_drift: float = Field(0.5, gt=0)             # relative change of searches/episode
+
+
+class LogConfig(Strict):
+    tensorboard: bool = False
+    wandb: bool = False
+    wandb_project: str = "seekrl"
+
+
+class TrainConfig(Strict):
+    model: str = "smollm2-135m"        # usually the SFT checkpoint (RUN_DIR/final)
+    data: str                          # training questions (QA JSONL / parquet)
+    index: str                         # a built index folder, or an http:// retrieval server
+    out: str = "runs/train"
+    dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+    steps: int = Field(20, ge=1)
+    questions_per_step: int = Field(8, ge=1)
+    group_size: int = Field(4, ge=1)   # rollouts per question (G)
+    rollout: RolloutSettings = RolloutSettings()
+    reward: RewardConfig = RewardConfig()
+    algo: AlgoConfig = AlgoConfig()
+    train_layers: int | None = Field(None, ge=1)   # train only the top N blocks (None: all)
+    lora: LoRAConfig = LoRAConfig()
+    optim: OptimConfig = OptimConfig(lr=1e-6, schedule="constant", warmup_steps=0)
+    eval: EvalConfig = EvalConfig()
+    save_every: int = Field(5, ge=0)   # checkpoint every N steps (0: final only)
+    keep_last: int = Field(2, ge=1)    # checkpoints kept on disk
+    monitor: MonitorConfig = MonitorConfig()
+    log: LogConfig = LogConfig()
+
+
+C = TypeVar("C", bound=BaseModel)
+
+
+def _set(tree: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for k in keys[:-1]:
+        nxt = node.setdefault(k, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"{dotted}: {k!r} is a value, not a section")
+        node = nxt
+    node[keys[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`a.b=value` -> ("a.b", value parsed as a YAML scalar: 1e-5, true, [a, b], null)."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r}: expected key.sub=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    # YAML reads 1e-5 as a string; pydantic turns it into the float the field wants.
+    return key, value
+
+
+def _describe(schema: type[BaseModel], err: dict) -> str:
+    loc = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        node: Any = schema
+        for part in err["loc"][:-1]:
+            field = getattr(node, "model_fields", {}).get(part)
+            node = field.annotation if field is not None else None
+        known = sorted(getattr(node, "model_fields", {}) or [])
+        return f"{loc}: unknown key; expected one of {', '.join(known)}"
+    if err["type"] == "missing":
+        return f"{loc}: required key is missing"
+    got = err.get("input")
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{loc or '(top level)'}: {msg} (got {got!r})" if not isinstance(got, dict) \
+        else f"{loc or '(top level)'}: {msg}"
+
+
+def build_config(schema: type[C], data: dict | None, overrides: list[str] = (),
+                 source: str = "config") -> C:
+    tree = dict(data or {})
+    for text in overrides:
+        key, value = parse_override(text)
+        _set(tree, key, value)
+    try:
+        return schema.model_validate(tree)
+    except ValidationError as err:
+        lines = [_describe(schema, e) for e in err.errors()]
+        raise ConfigError(f"{source}: " + "; ".join(lines)) from None
+
+
+def load_config(schema: type[C], path: str | Path | None, overrides: list[str] = ()) -> C:
+    """Read a YAML file (or nothing) into `schema`, with `key.sub=value` overrides on top."""
+    data: dict = {}
+    source = "overrides"
+    if path is not None:
+        path = Path(path)
+        source = str(path)
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such config file")
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"{path}:{where} not valid YAML ({getattr(err, 'problem', err)})") \
+                from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping of keys at the top level, "
+                              f"got {type(data).__name__}")
+    return build_config(schema, data, overrides, source)
+
+
+def dump_config(cfg: BaseModel, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))

@@ -1,0 +1,588 @@
+"""The HTML report of a training run: curves from its metrics logs, before/after eval table.
+
+`seekrl report RUN_DIR` reads what training wrote there:
+
+- `metrics.jsonl` — one JSON object per step (`seekrl.rl.common.MetricsLog`): `step` and
+  float metrics (RL: reward, kl, clip_frac, time_* ..., `reward_by_type` a dict; SFT: loss,
+  grad_norm, lr ...; eval lines add dev_em, dev_f1, dev_valid_format). Any key may be
+  missing on any line, so every curve is drawn from the lines that have it;
+- `alerts.jsonl` (optional) — what the run's health checks flagged (step, kind, severity,
+  message);
+- `eval/*/metrics.json` — eval runs of checkpoints (`seekrl.eval.evaluate`), each maybe with
+  its `viewer.html`; or `report_evals.json` naming the eval folders to compare.
+
+The page is one HTML file plus a sibling `<stem>_files/` folder of PNGs it refers to by
+relative path, so the pair can be zipped or served from a CI artifact. Labels, notes and
+alert messages are untrusted text and go through `html.escape`. The figures are drawn on
+`matplotlib.figure.Figure` with the Agg canvas, never through pyplot, so making a report
+neither switches the caller's backend nor leaves figures open.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from seekrl.data.jsonl import SkipReport, iter_jsonl
+from seekrl.errors import DataError
+from seekrl.eval.report import (
+    _CSS,
+    METRICS_FILE,
+    _cell,
+    _config_line,
+    _esc,
+    _metrics_table_html,
+    metric_columns,
+)
+
+__all__ = ["comparison_table", "plot_curves", "read_metrics_log", "report_for_run", "time_stacks",
+           "write_training_report"]
+
+LOG_FILE, ALERTS_FILE, EVALS_FILE, VIEWER_FILE = "metrics.jsonl", "alerts.jsonl", \
+    "report_evals.json", "viewer.html"
+
+# Above this many points a curve is drawn as a rolling mean over SMOOTH_POINTS-ths of the
+# run, the raw values faint behind it: per-step RL rewards are too noisy to read otherwise.
+SMOOTH_ABOVE, SMOOTH_POINTS = 50, 25
+
+
+@dataclass(frozen=True)
+class CurveGroup:
+    """One figure: `panels` are (y label, keys sharing that y axis), drawn side by side."""
+
+    name: str  # the PNG's file stem
+    title: str
+    panels: tuple[tuple[str, tuple[str, ...]], ...]
+
+
+CURVE_GROUPS: tuple[CurveGroup, ...] = (
+    CurveGroup("reward", "Reward and exact match", (("score", ("reward", "outcome", "em")),)),
+    CurveGroup("kl_entropy", "KL and entropy", (("KL", ("kl",)), ("entropy", ("entropy",)))),
+    CurveGroup("clipping", "Clip fraction and approximate KL",
+               (("clip fraction", ("clip_frac",)), ("approx. KL", ("approx_kl",)))),
+    CurveGroup("grad_norm", "Gradient norm", (("grad norm", ("grad_norm",)),)),
+    CurveGroup("length_searches", "Response length and searches",
+               (("tokens", ("response_length",)), ("searches / episode", ("searches",)))),
+    CurveGroup("valid_format", "Valid format",
+               (("fraction", ("valid_format", "dev_valid_format")),)),
+    CurveGroup("signal", "Learning signal",
+               (("groups with signal", ("groups_with_signal",)),
+                ("log p(correct)", ("correct_logp",)))),
+    CurveGroup("loss", "SFT loss", (("loss", ("loss",)),)),
+    CurveGroup("dev", "Dev-set scores", (("score", ("dev_em", "dev_f1")),)),
+    CurveGroup("throughput", "Learning rate and throughput",
+               (("learning rate", ("lr",)),
+                ("tokens / s", ("tokens_per_s", "train_tokens_per_s")))),
+)
+# Drawn by their own functions: reward_by_type is a dict per line, time_* keys are stacked.
+REWARD_BY_TYPE, TIME_SPLIT = "reward_by_type", "time_split"
+# The whole step's seconds: not a phase to stack, what it has beyond the phases is "other".
+TIME_TOTAL = "time_step"
+_GROUP_ORDER = ("reward", "kl_entropy", "clipping", "grad_norm", "length_searches",
+                "valid_format", REWARD_BY_TYPE, TIME_SPLIT, "signal", "loss", "dev", "throughput")
+
+# Eval labels that name the start or the end of training, for ordering the table.
+_FIRST_WORDS = {"before", "initial", "init", "base", "baseline", "untrained", "start", "pre"}
+_LAST_WORDS = {"final", "after", "last", "end", "post"}
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def read_metrics_log(path: str | Path, report: SkipReport | None = None) -> list[dict]:
+    """The records of a metrics log, bad lines skipped (into `report`): a run killed while
+    writing leaves a torn last line, and the report should still show the rest."""
+    return [obj for _, obj in iter_jsonl(path, skip_bad=True, report=report)]
+
+
+def _series(records: Sequence[dict], key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of `key`, sorted by step. A resumed run logs some steps twice: the
+    later line wins, as it is the one the run went on from."""
+    by_step: dict[float, float] = {}
+    for rec in records:
+        step, value = _number(rec.get("step")), _number(rec.get(key))
+        if step is not None and value is not None:
+            by_step[step] = value
+    steps = sorted(by_step)
+    return steps, [by_step[s] for s in steps]
+
+
+def _type_keys(records: Sequence[dict]) -> list[str]:
+    seen: dict[str, None] = {}
+    for rec in records:
+        by_type = rec.get(REWARD_BY_TYPE)
+        if isinstance(by_type, dict):
+            seen.update((str(k), None) for k, v in by_type.items() if _number(v) is not None)
+    return list(seen)
+
+
+def _type_series(records: Sequence[dict], type_name: str) -> tuple[list[float], list[float]]:
+    flat = [{"step": rec.get("step"), "v": rec[REWARD_BY_TYPE].get(type_name)}
+            for rec in records if isinstance(rec.get(REWARD_BY_TYPE), dict)]
+    return _series(flat, "v")
+
+
+def _time_keys(records: Sequence[dict]) -> list[str]:
+    seen: dict[str, None] = {}
+    for rec in records:
+        seen.update((k, None) for k, v in rec.items()
+                    if k.startswith("time_") and k != TIME_TOTAL and _number(v) is not None)
+    return list(seen)
+
+
+# ----------------------------------------------------------------------------- plotting
+
+
+def _rolling_mean(values: Sequence[float], window: int) -> list[float]:
+    """Trailing mean over up to `window` points (fewer at the start, so no point is lost)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def _draw(ax, steps: list[float], values: list[float], label: str) -> None:
+    n = len(values)
+    if n > SMOOTH_ABOVE:
+        raw = ax.plot(steps, values, linewidth=0.8, alpha=0.3)[0]
+        ax.plot(steps, _rolling_mean(values, max(2, n // SMOOTH_POINTS)), linewidth=1.5,
+                color=raw.get_color(), label=label)
+    else:  # few points (or a sparse key such as dev_em): show each one
+        ax.plot(steps, values, marker="o", markersize=3, linewidth=1.2, label=label)
+
+
+def _figure(n_panels: int):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(6.0 if n_panels == 1 else 5.0 * n_panels, 3.5), dpi=100,
+                  layout="constrained")
+
+
+def _finish(ax, ylabel: str, title: str | None = None) -> None:
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def _save(fig, path: Path) -> Path:
+    fig.savefig(path)
+    return path
+
+
+def _plot_group(group: CurveGroup, logs: Mapping[str, Sequence[dict]], path: Path) -> Path | None:
+    panels = []
+    for ylabel, keys in group.panels:
+        lines = []
+        for log_name, records in logs.items():
+            for key in keys:
+                steps, values = _series(records, key)
+                if steps:
+                    lines.append((f"{log_name}: {key}" if len(logs) > 1 else key, steps, values))
+        if lines:
+            panels.append((ylabel, lines))
+    if not panels:
+        return None
+    fig = _figure(len(panels))
+    fig.suptitle(group.title)
+    for ax, (ylabel, lines) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
+        for label, steps, values in lines:
+            _draw(ax, steps, values, label)
+        _finish(ax, ylabel)
+    return _save(fig, path)
+
+
+def _plot_reward_by_type(logs: Mapping[str, Sequence[dict]], path: Path) -> Path | None:
+    lines = []
+    for log_name, records in logs.items():
+        for type_name in _type_keys(records):
+            steps, values = _type_series(records, type_name)
+            if steps:
+                lines.append((f"{log_name}: {type_name}" if len(logs) > 1 else type_name,
+                              steps, values))
+    if not lines:
+        return None
+    fig = _figure(1)
+    ax = fig.add_subplot()
+    for label, steps, values in lines:
+        _draw(ax, steps, values, label)
+    _finish(ax, "reward", "Reward by question type")
+    return _save(fig, path)
+
+
+def time_stacks(records: Sequence[dict]) -> tuple[list[str], list[float], list[list[float]]] | None:
+    """(phase labels, steps, one list of seconds per phase) of a log, or None without time_*
+    keys: the phases in first-logged order, a phase missing from a line counted as 0, and
+    "other" last (what `time_step` has beyond the phases) where `time_step` is logged."""
+    keys = _time_keys(records)
+    rows = [rec for rec in records if _number(rec.get("step")) is not None
+            and any(_number(rec.get(k)) is not None for k in keys)]
+    if not keys or not rows:
+        return None
+    by_step = {_number(rec["step"]): rec for rec in rows}  # the later line wins
+    steps = sorted(by_step)
+    stacks = [[_number(by_step[s].get(k)) or 0.0 for s in steps] for k in keys]
+    labels = [k.removeprefix("time_") for k in keys]
+    totals = [_number(by_step[s].get(TIME_TOTAL)) for s in steps]
+    if any(t is not None for t in totals):
+        phases = [sum(col) for col in zip(*stacks)]
+        stacks.append([max(0.0, t - p) if t is not None else 0.0 for t, p in zip(totals, phases)])
+        labels.append("other")
+    return labels, steps, stacks
+
+
+def _plot_time_split(logs: Mapping[str, Sequence[dict]], path: Path) -> Path | None:
+    """Seconds per step stacked by phase (`time_stacks`): one panel per log, as the phases
+    of two runs do not add up to anything together."""
+    panels = [(log_name, *stack) for log_name, records in logs.items()
+              if (stack := time_stacks(records)) is not None]
+    if not panels:
+        return None
+    fig = _figure(len(panels))
+    fig.suptitle("Time per step")
+    for ax, (log_name, labels, steps, stacks) in zip(
+            fig.subplots(1, len(panels), squeeze=False)[0], panels):
+        if len(steps) > 1:
+            ax.stackplot(steps, *stacks, labels=labels, alpha=0.85)
+        else:  # a stack plot of one step is invisible
+            bottom = 0.0
+            for label, stack in zip(labels, stacks):
+                ax.bar(steps, stack, bottom=bottom, label=label)
+                bottom += stack[0]
+        _finish(ax, "seconds", log_name if len(panels) > 1 else None)
+    return _save(fig, path)
+
+
+def plot_curves(logs: Mapping[str, Sequence[dict]], out_dir: str | Path) -> list[Path]:
+    """One PNG per metric group that has data in some log (`logs`: name -> records), the
+    logs overlaid with their names in the legend; returns the paths written, in the
+    report's order."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    groups = {g.name: g for g in CURVE_GROUPS}
+    written = []
+    for name in _GROUP_ORDER:
+        path = out_dir / f"{name}.png"
+        if name == REWARD_BY_TYPE:
+            done = _plot_reward_by_type(logs, path)
+        elif name == TIME_SPLIT:
+            done = _plot_time_split(logs, path)
+        else:
+            done = _plot_group(groups[name], logs, path)
+        if done is not None:
+            written.append(done)
+    return written
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def _summary_row(metrics: dict) -> dict:
+    """The row an eval run is compared by: the macro average over its data sets."""
+    if metrics.get("average"):
+        return metrics["average"]
+    datasets = metrics.get("datasets") or {}
+    return next(iter(datasets.values())) if len(datasets) == 1 else {}
+
+
+def _with_delta(value: Any, first: Any, fmt: str) -> str:
+    text = _cell({"v": value}, "v", fmt)
+    if _number(value) is None or _number(first) is None or fmt == "{:d}":
+        return text
+    return f"{text} ({fmt.replace('{:', '{:+', 1).format(value - first)})"
+
+
+def comparison_table(evals: Mapping[str, dict]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) comparing eval runs (`evals`: label -> metrics.json contents), one row
+    per label in order: the averaged metrics, then EM per question type where the runs have
+    `by_type`; every row after the first shows its difference to the first, "0.420 (+0.170)"."""
+    pass_ks = sorted({int(k) for m in evals.values() for k in m.get("pass_ks", [])})
+    columns = metric_columns({"pass_ks": pass_ks})
+    type_keys: dict[tuple[str, str], None] = {}
+    for m in evals.values():
+        for dataset, types in (m.get("by_type") or {}).items():
+            type_keys.update(((dataset, t), None) for t in types)
+    one_dataset = len({d for d, _ in type_keys}) == 1
+    header = ["run", *(label for _, label, _ in columns),
+              *(f"EM {t}" if one_dataset else f"EM {d}/{t}" for d, t in type_keys)]
+
+    def values(m: dict) -> list[Any]:
+        row = _summary_row(m)
+        by_type = m.get("by_type") or {}
+        return [*(row.get(key) for key, _, _ in columns),
+                *((by_type.get(d) or {}).get(t, {}).get("em") for d, t in type_keys)]
+
+    formats = [fmt for _, _, fmt in columns] + ["{:.3f}"] * len(type_keys)
+    rows, first = [], None
+    for label, m in evals.items():
+        vals = values(m)
+        if first is None:
+            first = vals
+            rows.append([label, *(_cell({"v": v}, "v", f) for v, f in zip(vals, formats))])
+        else:
+            rows.append([label, *(_with_delta(v, f0, f) for v, f0, f in zip(vals, first, formats))])
+    return header, rows
+
+
+# ---------------------------------------------------------------------------- the page
+
+
+def _read_eval(path: Path) -> tuple[Path, dict]:
+    """(folder, metrics) of an eval run given as its folder or its metrics.json."""
+    file = path if path.is_file() else path / METRICS_FILE
+    if not file.is_file():
+        raise FileNotFoundError(f"{path}: no {METRICS_FILE} (is it an eval run folder?)")
+    try:
+        return file.parent, json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise DataError(f"not valid JSON ({err.msg})", path=str(file), line=err.lineno) from None
+
+
+def _relative(target: Path, base: Path) -> str:
+    """`target` as seen from `base`, for showing; absolute where no relative path exists."""
+    try:
+        return os.path.relpath(target, base)
+    except ValueError:  # Windows, another drive
+        return str(target.resolve())
+
+
+def _href(target: Path, base: Path) -> str:
+    """A link from a page in `base` to `target`: relative, so the folder can move."""
+    try:
+        return quote(Path(os.path.relpath(target, base)).as_posix())
+    except ValueError:  # Windows, another drive: no relative path exists
+        return target.resolve().as_uri()
+
+
+def _table_html(header: Sequence[str], rows: Sequence[Sequence[str]],
+                extra: tuple[str, Sequence[str]] | None = None) -> str:
+    """A table of text cells (escaped here), the first column as row headers; `extra` is a
+    last column of ready HTML."""
+    head = "".join(f"<th>{_esc(h)}</th>" for h in header)
+    if extra is not None:
+        head += f"<th>{_esc(extra[0])}</th>"
+    body = []
+    for i, row in enumerate(rows):
+        cells = f"<th>{_esc(row[0])}</th>" + "".join(f"<td>{_esc(c)}</td>" for c in row[1:])
+        if extra is not None:
+            cells += f"<td>{extra[1][i]}</td>"
+        body.append(f"<tr>{cells}</tr>")
+    return (f'<table class="metrics"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table>')
+
+
+def _logs_html(logs: Mapping[str, Path], records: Mapping[str, list[dict]],
+               skipped: Mapping[str, SkipReport], base: Path) -> str:
+    """Per log: its file, lines, steps, and the last value of the headline metrics."""
+    headline = [("reward", "last reward"), ("em", "last EM"), ("loss", "last loss"),
+                ("dev_em", "last dev EM")]
+    shown = [(k, label) for k, label in headline
+             if any(_series(recs, k)[0] for recs in records.values())]
+    rows = []
+    for name, recs in records.items():
+        steps = sorted({s for r in recs if (s := _number(r.get("step"))) is not None})
+        span = f"{steps[0]:g} to {steps[-1]:g}" if steps else "none"
+        row = [name, _relative(logs[name], base), str(len(recs)), span]
+        row += [_cell({"v": (_series(recs, k)[1] or [None])[-1]}, "v", "{:.4g}") for k, _ in shown]
+        rows.append(row)
+    parts = [_table_html(["log", "file", "records", "steps", *(label for _, label in shown)], rows)]
+    for name, report in skipped.items():
+        if report:
+            parts.append(f'<p class="note">{_esc(name)}: {_esc(str(report))}</p>')
+    return "".join(parts)
+
+
+def _alerts_html(alerts: list[tuple[str, dict]], several_sources: bool) -> str:
+    if not alerts:
+        return '<p class="note">No alerts.</p>'
+    header = (["run"] if several_sources else []) + ["step", "severity", "kind", "message"]
+    rows = []
+    for source, a in alerts:
+        severity = str(a.get("severity", ""))
+        cls = re.sub(r"[^a-z]", "", severity.lower())  # a class name from untrusted text
+        cells = ([f"<td>{_esc(source)}</td>"] if several_sources else []) + [
+            f"<td>{_esc(a.get('step', ''))}</td>",
+            f'<td class="sev sev-{cls}">{_esc(severity)}</td>',
+            f"<td>{_esc(a.get('kind', ''))}</td>",
+            f'<td class="msg">{_esc(a.get("message", ""))}</td>']
+        rows.append(f"<tr>{''.join(cells)}</tr>")
+    head = "".join(f"<th>{_esc(h)}</th>" for h in header)
+    return (f'<table class="metrics alerts"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table>')
+
+
+_REPORT_CSS = """
+figure.curve{display:inline-block;margin:6px 10px 10px 0;vertical-align:top}
+figure.curve img{max-width:100%;border:1px solid #d8dee6}
+figure.curve figcaption{font-size:12.5px;color:#555}
+table.alerts td{text-align:left}table.alerts td.msg{white-space:pre-wrap}
+td.sev-collapse,td.sev-error,td.sev-critical{color:#c62828;font-weight:700}
+td.sev-warn,td.sev-warning{color:#a36b00;font-weight:700}
+p.notes{max-width:60em}
+"""
+
+
+def write_training_report(out: str | Path, *, logs: Mapping[str, str | Path] | None = None,
+                          evals: Mapping[str, str | Path] | None = None,
+                          alerts: str | Path | Mapping[str, str | Path] | None = None,
+                          title: str = "seekrl training report",
+                          notes: Sequence[str] = ()) -> Path:
+    """Write the report page `out` and its figures in `<out stem>_files/`; returns `out`.
+
+    `logs`: label -> metrics.jsonl; `evals`: label -> eval run folder (or its
+    metrics.json), compared in the given order against the first; `alerts`: an
+    alerts.jsonl, or label -> alerts.jsonl for several runs; `notes`: paragraphs of text
+    shown under the title. Missing files raise FileNotFoundError naming them."""
+    out = Path(out)
+    logs = {name: Path(p) for name, p in (logs or {}).items()}
+    eval_paths = {name: Path(p) for name, p in (evals or {}).items()}
+    alert_paths: dict[str, Path] = {}
+    if isinstance(alerts, Mapping):
+        alert_paths = {name: Path(p) for name, p in alerts.items()}
+    elif alerts is not None:
+        alert_paths = {"": Path(alerts)}
+    for path in (*logs.values(), *alert_paths.values()):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such file")
+    loaded = {name: _read_eval(p) for name, p in eval_paths.items()}
+    skipped = {name: SkipReport() for name in logs}
+    records = {name: read_metrics_log(p, skipped[name]) for name, p in logs.items()}
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    files_dir = out.parent / f"{out.stem}_files"
+    parts = [f"<header><h1>{_esc(title)}</h1></header><main>"]
+    parts += [f'<p class="notes">{_esc(note)}</p>' for note in notes]
+
+    if loaded:
+        header, rows = comparison_table({name: m for name, (_, m) in loaded.items()})
+        links = []
+        for folder, _ in loaded.values():
+            viewer = folder / VIEWER_FILE
+            links.append(f'<a href="{_esc(_href(viewer, out.parent))}">episodes</a>'
+                         if viewer.is_file() else '<span class="note">no viewer</span>')
+        parts.append("<h2>Before and after</h2>" + _table_html(header, rows, ("viewer", links)))
+        if len(loaded) > 1:
+            parts.append(f'<p class="note">Differences in brackets are against '
+                         f'{_esc(next(iter(loaded)))}.</p>')
+
+    if alert_paths:
+        alert_list = [(source, a) for source, p in alert_paths.items()
+                      for _, a in iter_jsonl(p, skip_bad=True)]
+        parts.append(f"<h2>Alerts ({len(alert_list)})</h2>"
+                     + _alerts_html(alert_list, len(alert_paths) > 1))
+
+    if records:
+        parts.append("<h2>Training curves</h2>" + _logs_html(logs, records, skipped, out.parent))
+        pngs = plot_curves(records, files_dir)
+        titles = {g.name: g.title for g in CURVE_GROUPS}
+        titles.update({REWARD_BY_TYPE: "Reward by question type", TIME_SPLIT: "Time per step"})
+        for png in pngs:
+            caption = titles.get(png.stem, png.stem)
+            parts.append(f'<figure class="curve"><img src="{_esc(_href(png, out.parent))}" '
+                         f'alt="{_esc(caption)}"><figcaption>{_esc(caption)}</figcaption></figure>')
+        if not pngs:
+            parts.append('<p class="note">The logs hold no numeric metrics to plot.</p>')
+        else:
+            parts.append(f'<p class="note">Curves of more than {SMOOTH_ABOVE} points show a '
+                         f'rolling mean over 1/{SMOOTH_POINTS} of the points, the raw values '
+                         f'faint behind it.</p>')
+
+    if loaded:
+        parts.append("<h2>Eval runs</h2>")
+        for name, (folder, metrics) in loaded.items():
+            cfg = metrics.get("config") or {}
+            cfg_line = f'<p class="note">{_esc(_config_line(cfg))}</p>' if cfg else ""
+            where = _esc(_relative(folder, out.parent))
+            parts.append(f"<details><summary>{_esc(name)} · <code>{where}</code>"
+                         f"</summary>{cfg_line}{_metrics_table_html(metrics)}</details>")
+    parts.append("</main>")
+    page = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<meta name=\"viewport\" content=\"width=device-width\"><title>{_esc(title)}"
+            f"</title><style>{_CSS}{_REPORT_CSS}</style></head><body>{''.join(parts)}"
+            f"</body></html>\n")
+    out.write_text(page, encoding="utf-8")
+    return out
+
+
+# ------------------------------------------------------------------------ run discovery
+
+
+def _order_key(name: str) -> tuple[int, float, str]:
+    """Eval and sub-run names in training order: before/initial/untrained first, then SFT,
+    then the rest by the step number in the name (step-10 < step-20), final/after last."""
+    words = set(re.split(r"[^a-z0-9]+", name.lower()))
+    number = re.search(r"\d+", name)
+    step = float(number.group()) if number else math.inf
+    if words & _FIRST_WORDS:
+        rank = 0
+    elif words & _LAST_WORDS:
+        rank = 3
+    elif "sft" in words:
+        rank = 1
+    else:
+        rank = 2
+    return rank, step, name
+
+
+def _listed_evals(run_dir: Path) -> dict[str, Path]:
+    file = run_dir / EVALS_FILE
+    try:
+        listed = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise DataError(f"not valid JSON ({err.msg})", path=str(file), line=err.lineno) from None
+    if not isinstance(listed, dict) or not all(isinstance(v, str) for v in listed.values()):
+        raise DataError("expected a JSON object of label -> eval folder (relative path)",
+                        path=str(file))
+    return {label: run_dir / rel for label, rel in listed.items()}
+
+
+def report_for_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Find what RUN_DIR holds and write its report (default RUN_DIR/report.html).
+
+    Logs: RUN_DIR/metrics.jsonl (labelled by the folder's name), then the metrics.jsonl of
+    each direct subfolder (a pipeline's sft/ and rl/), labelled by the subfolder. Alerts:
+    the alerts.jsonl beside any of those logs. Evals: those RUN_DIR/report_evals.json
+    lists, in its order, else RUN_DIR/eval/*/metrics.json in training order (see
+    `_order_key`). FileNotFoundError when there is neither a log nor an eval run."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such run folder")
+    name = run_dir.resolve().name
+    log_dirs = {name: run_dir} if (run_dir / LOG_FILE).is_file() else {}
+    subruns = [d for d in run_dir.iterdir() if d.is_dir() and (d / LOG_FILE).is_file()]
+    for d in sorted(subruns, key=lambda d: _order_key(d.name)):
+        log_dirs.setdefault(d.name, d)
+    logs = {label: d / LOG_FILE for label, d in log_dirs.items()}
+    alerts = {label: d / ALERTS_FILE for label, d in log_dirs.items()
+              if (d / ALERTS_FILE).is_file()}
+    if (run_dir / EVALS_FILE).is_file():
+        evals = _listed_evals(run_dir)
+    else:
+        found = list((run_dir / "eval").glob(f"*/{METRICS_FILE}"))
+        evals = {d.parent.name: d.parent for d in sorted(found, key=lambda d: _order_key(d.parent.name))}
+    if not logs and not evals:
+        hint = f" ({run_dir} looks like an eval run: see `seekrl inspect`)" \
+            if (run_dir / METRICS_FILE).is_file() else ""
+        raise FileNotFoundError(f"{run_dir}: nothing to report: no {LOG_FILE} in it or its "
+                                f"subfolders, no eval/*/{METRICS_FILE}, no {EVALS_FILE}{hint}")
+    return write_training_report(out if out is not None else run_dir / "report.html", logs=logs,
+                                 evals=evals, alerts=alerts or None,
+                                 title=f"seekrl training report: {name}")

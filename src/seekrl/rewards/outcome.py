@@ -1,0 +1,54 @@
+"""Outcome rewards: one number per finished episode, from its answer and its trace.
+
+`reward = outcome(answer, golden) + format_reward * valid - invalid_penalty * n_invalid
+- max_turns_penalty * (ran out of turns or tokens)`. Outcome functions are registered by
+name (`em`, `f1`, `cover_em`), so a recipe picks one from its config and later rewards
+(rubrics, evidence) register next to them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from seekrl.agent.trajectory import Trajectory
+from seekrl.rewards.metrics import cover_em, exact_match, f1_score
+
+OutcomeFn = Callable[[str | None, Sequence[str]], float]
+OUTCOMES: dict[str, OutcomeFn] = {
+    "em": lambda answer, golden: float(exact_match(answer, golden)),
+    "f1": lambda answer, golden: float(f1_score(answer, golden)),
+    "cover_em": lambda answer, golden: float(cover_em(answer, golden)),
+}
+
+
+def register_outcome(name: str, fn: OutcomeFn) -> OutcomeFn:
+    if name in OUTCOMES:
+        raise ValueError(f"outcome reward {name!r} is already registered")
+    OUTCOMES[name] = fn
+    return fn
+
+
+def get_outcome(name: str) -> OutcomeFn:
+    if name not in OUTCOMES:
+        raise ValueError(f"outcome reward: expected one of {', '.join(sorted(OUTCOMES))}, "
+                         f"got {name!r}")
+    return OUTCOMES[name]
+
+
+@dataclass(frozen=True)
+class RewardParts:
+    total: float
+    outcome: float
+    format: float
+    penalty: float
+
+
+def episode_reward(t: Trajectory, *, outcome: str = "em", format_reward: float = 0.0,
+                   invalid_penalty: float = 0.0, max_turns_penalty: float = 0.0) -> RewardParts:
+    out = get_outcome(outcome)(t.answer, t.golden_answers)
+    fmt = format_reward if t.valid_format else 0.0
+    n_invalid = sum(s.action == "invalid" for s in t.steps)
+    ran_out = t.finish_reason in ("max_turns", "length") and t.answer is None
+    penalty = invalid_penalty * n_invalid + (max_turns_penalty if ran_out else 0.0)
+    return RewardParts(total=out + fmt - penalty, outcome=out, format=fmt, penalty=penalty)

@@ -1,0 +1,271 @@
+"""The training-health monitor: warns when an RL run shows a known collapse pattern.
+
+The trainer calls `Monitor.update(step, metrics)` once per optimizer step. Each signal's
+baseline is the median of its first `window` observed values (the policy before RL has moved
+it much; a median, so one odd early step does not set it); its checks start once the baseline
+exists and compare the mean of its last `window` observed values with it (one noisy step is
+not a trend). The checks, for GRPO / PPO on a search agent:
+
+- grad_norm_explosion: the latest gradient norm is above `grad_norm_factor` x baseline.
+  Explosions are single-step spikes, so the latest value is compared, not a mean. A nan / inf
+  norm is a collapse at once, before any baseline: the update itself is broken. A zero norm
+  (every group's rewards tied: no advantage, no update) says nothing about the gradient's
+  scale and is not an observation, or a run that starts with tied groups would get a
+  baseline of 0 and call any later step an explosion.
+- entropy_collapse: the mean per-token entropy of the policy falls below
+  `entropy_floor_ratio` x baseline. A near-deterministic policy samples the same episode
+  for every member of a group, the group's advantages are zero and exploration stops
+  (entropy collapse; Cui et al., 2025).
+- correct_logp_falling: the mean per-token log-prob of the responses whose answer was
+  correct falls more than `correct_logp_drop` nats below baseline. The negative gradient of
+  the wrong responses, which share most tokens with the right ones, pushes the right ones
+  down too: lazy likelihood displacement (Deng et al., 2025), which precedes GRPO's collapse
+  on Search-R1-style tool use.
+- valid_format_collapse: the fraction of episodes with a valid protocol trace falls more than
+  `valid_format_drop` (absolute) below baseline. Malformed tags end episodes early, every
+  reward becomes the format penalty, and the group has nothing left to compare.
+- type_reward_drop: one question type's mean reward falls more than `type_reward_drop`
+  (absolute) below that type's own baseline, even while the mean reward holds: the policy is
+  trading one type (say multi-hop) for another instead of improving on both. Each type has
+  its own baseline, from the first `window` steps on which it appeared.
+- searches_drift: the mean number of searches per episode moves more than `searches_drift`
+  (relative) from baseline. Falling is the reported pattern: the policy answers after one
+  search, or from its own memory, and stops using the tool. Rising may be the policy learning
+  the tool or a search loop, so it is worth a look, never a stop (it only warns).
+
+Severity is "warn" past the threshold and "collapse" twice past it: grad norm above
+2 x factor x baseline, entropy below ratio / 2 x baseline, a log-prob, format or type-reward
+drop more than twice the allowed drop. Where twice the drop is out of reach (a drop of 0.3
+twice over from a baseline of 0.5), falling to almost nothing is a collapse too: a
+valid-format rate below 0.1, searches below a tenth of the baseline.
+
+A signal whose baseline is (near) zero has nothing to fall from: entropy and searches are
+not checked then, so nothing divides by a zero baseline (a grad norm's message says "far
+above" instead of a ratio).
+
+Each alert kind (each question type, for type_reward_drop) alerts once, and again only after
+its signal recovered (a check that finds nothing) or when its severity rises; a missing value
+leaves it as it was. `healthy` is False while any signal is at "collapse": from the update
+whose alert said so until that signal's check passes again. Other non-finite values than the
+gradient norm (a nan entropy comes with a nan gradient) are treated as missing.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from seekrl.config import MonitorConfig
+
+KINDS = ("grad_norm_explosion", "entropy_collapse", "correct_logp_falling", "valid_format_collapse",
+         "type_reward_drop", "searches_drift")
+SEVERITIES = (None, "warn", "collapse")   # in increasing order
+NEAR_ZERO = 1e-8          # a baseline at or below this has nothing to fall from
+FORMAT_FLOOR = 0.1        # a valid-format rate below this is a collapse
+SEARCHES_FLOOR = 0.1      # searches below this fraction of the baseline are a collapse
+
+
+@dataclass
+class Alert:
+    step: int
+    kind: str        # one of KINDS
+    severity: str    # "warn" | "collapse"
+    message: str     # one sentence with the numbers
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class _Signal:
+    """One metric's history: its first `window` values (the baseline), its last `window`
+    values (the recent value), and where its check stands."""
+
+    def __init__(self, window: int):
+        self.window = window
+        self.first: list[float] = []
+        self.last: deque[float] = deque(maxlen=window)
+        self.level: str | None = None     # the latest check's severity
+        self.alerted: str | None = None   # the highest severity alerted since it last passed
+
+    def observe(self, value: float) -> None:
+        if len(self.first) < self.window:
+            self.first.append(value)
+        self.last.append(value)
+
+    @property
+    def baseline(self) -> float | None:
+        return statistics.median(self.first) if len(self.first) == self.window else None
+
+    @property
+    def recent(self) -> float:
+        return sum(self.last) / len(self.last)
+
+    def judge(self, severity: str | None) -> bool:
+        """Record a check's outcome; True when it is worth an alert (new, or more severe)."""
+        self.level = severity
+        if severity is None:
+            self.alerted = None
+            return False
+        if SEVERITIES.index(severity) > SEVERITIES.index(self.alerted):
+            self.alerted = severity
+            return True
+        return False
+
+    def state_dict(self) -> dict:
+        return {"first": list(self.first), "last": list(self.last), "level": self.level,
+                "alerted": self.alerted}
+
+    @classmethod
+    def from_state(cls, state: dict, window: int) -> _Signal:
+        s = cls(window)
+        s.first = [float(v) for v in state["first"]][:window]
+        s.last.extend(float(v) for v in state["last"])
+        s.level, s.alerted = state["level"], state["alerted"]
+        return s
+
+
+def _value(x: Any) -> float | None:
+    """A metric as a float; None when it is missing or not a number."""
+    if x is None or isinstance(x, bool):
+        return None
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def _finite(x: Any) -> float | None:
+    v = _value(x)
+    return v if v is not None and math.isfinite(v) else None
+
+
+def _severity(warn: bool, collapse: bool) -> str | None:
+    return "collapse" if collapse else "warn" if warn else None
+
+
+# Each check: (recent or latest value, baseline, cfg) -> (severity or None, message).
+def check_grad_norm(latest: float, baseline: float, cfg: MonitorConfig) -> tuple[str | None, str]:
+    limit = cfg.grad_norm_factor * baseline
+    severity = _severity(latest > limit, latest > 2 * limit)
+    times = f"{latest / baseline:.0f}x" if baseline > NEAR_ZERO else "far above"
+    return severity, f"grad norm {latest:.3g} is {times} its baseline {baseline:.3g}"
+
+
+def check_entropy(recent: float, baseline: float, cfg: MonitorConfig) -> tuple[str | None, str]:
+    if baseline <= NEAR_ZERO:
+        return None, ""
+    ratio = cfg.entropy_floor_ratio
+    severity = _severity(recent < ratio * baseline, recent < ratio / 2 * baseline)
+    return severity, f"entropy {recent:.3g} is {recent / baseline:.0%} of its baseline {baseline:.3g}"
+
+
+def check_correct_logp(recent: float, baseline: float, cfg: MonitorConfig) -> tuple[str | None, str]:
+    drop = baseline - recent
+    severity = _severity(drop > cfg.correct_logp_drop, drop > 2 * cfg.correct_logp_drop)
+    return severity, (f"log-prob of correct responses {recent:.3g} nats/token is {drop:.2f} below "
+                      f"its baseline {baseline:.3g}")
+
+
+def check_valid_format(recent: float, baseline: float, cfg: MonitorConfig) -> tuple[str | None, str]:
+    drop = baseline - recent
+    warn = drop > cfg.valid_format_drop
+    severity = _severity(warn, warn and (drop > 2 * cfg.valid_format_drop or recent < FORMAT_FLOOR))
+    return severity, f"valid-format rate {recent:.2f} is {drop:.2f} below its baseline {baseline:.2f}"
+
+
+def check_type_reward(recent: float, baseline: float, cfg: MonitorConfig) -> tuple[str | None, str]:
+    drop = baseline - recent
+    severity = _severity(drop > cfg.type_reward_drop, drop > 2 * cfg.type_reward_drop)
+    return severity, f"reward {recent:.3g} is {drop:.2f} below its baseline {baseline:.3g}"
+
+
+def check_searches(recent: float, baseline: float, cfg: MonitorConfig) -> tuple[str | None, str]:
+    if baseline <= NEAR_ZERO:
+        return None, ""
+    change = (recent - baseline) / baseline
+    warn = abs(change) > cfg.searches_drift
+    falling_far = recent < baseline * max(1 - 2 * cfg.searches_drift, SEARCHES_FLOOR)
+    severity = _severity(warn, warn and falling_far)
+    direction = "below" if change < 0 else "above"
+    return severity, (f"searches per episode {recent:.3g} is {abs(change):.0%} {direction} its "
+                      f"baseline {baseline:.3g}")
+
+
+_CHECKS = (("entropy", "entropy_collapse", check_entropy),
+           ("correct_logp", "correct_logp_falling", check_correct_logp),
+           ("valid_format", "valid_format_collapse", check_valid_format),
+           ("searches", "searches_drift", check_searches))
+
+
+class Monitor:
+    """Feed it each step's metrics; it returns the alerts that step raised."""
+
+    SIGNALS = ("grad_norm", "entropy", "correct_logp", "valid_format", "searches")
+
+    def __init__(self, cfg: MonitorConfig):
+        self.cfg = cfg
+        self.signals = {name: _Signal(cfg.window) for name in self.SIGNALS}
+        self.types: dict[str, _Signal] = {}   # question type -> its reward signal
+
+    @property
+    def healthy(self) -> bool:
+        return all(s.level != "collapse" for s in (*self.signals.values(), *self.types.values()))
+
+    def update(self, step: int, metrics: dict) -> list[Alert]:
+        if not self.cfg.enabled:
+            return []
+        grad_norm = self.signals["grad_norm"]
+        verdicts = [(grad_norm, "grad_norm_explosion", self._check_grad_norm(metrics.get("grad_norm")))]
+        for name, kind, check in _CHECKS:
+            value = _finite(metrics.get(name))
+            if value is not None:
+                verdicts.append((self.signals[name], kind, self._observe(self.signals[name], value, check)))
+        for qtype, raw in sorted((metrics.get("reward_by_type") or {}).items()):
+            value = _finite(raw)
+            if value is None:
+                continue
+            signal = self.types.setdefault(str(qtype), _Signal(self.cfg.window))
+            verdict = self._observe(signal, value, check_type_reward)
+            if verdict is not None:
+                verdict = (verdict[0], f"on {qtype!r} questions, {verdict[1]}")
+            verdicts.append((signal, "type_reward_drop", verdict))
+        alerts = []
+        for signal, kind, verdict in verdicts:
+            if verdict is None:   # nothing to compare with yet: the signal stays as it was
+                continue
+            severity, message = verdict
+            if signal.judge(severity):
+                alerts.append(Alert(step, kind, severity, message))
+        return alerts
+
+    def _observe(self, signal: _Signal, value: float, check) -> tuple[str | None, str] | None:
+        signal.observe(value)
+        baseline = signal.baseline
+        return None if baseline is None else check(signal.recent, baseline, self.cfg)
+
+    def _check_grad_norm(self, raw: Any) -> tuple[str | None, str] | None:
+        signal, value = self.signals["grad_norm"], _value(raw)
+        if value is None:
+            return None
+        if not math.isfinite(value):
+            return "collapse", f"grad norm is {value}: the update is not finite"
+        if value > 0:   # zero: no update happened, which says nothing about the scale
+            signal.observe(value)
+        baseline = signal.baseline
+        if baseline is None or value <= 0:
+            return None, ""   # finite, and no explosion (which also ends a nan's collapse)
+        return check_grad_norm(value, baseline, self.cfg)
+
+    def state_dict(self) -> dict:
+        return {"signals": {name: s.state_dict() for name, s in self.signals.items()},
+                "types": {t: s.state_dict() for t, s in self.types.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        window = self.cfg.window
+        self.signals = {name: _Signal.from_state(state["signals"][name], window)
+                        if name in state.get("signals", {}) else _Signal(window)
+                        for name in self.SIGNALS}
+        self.types = {t: _Signal.from_state(s, window) for t, s in state.get("types", {}).items()}

@@ -1,0 +1,253 @@
+"""The SFT warm-up recipe: teach the protocol by imitating whole search episodes.
+
+Reads trajectory JSONL in either form:
+- oracle episodes (`seekrl oracle`): `{"question", "turns": [{"role": "assistant" |
+  "information", "content"}], "oracle_complete"}`, tokenised here exactly as the rollout
+  engine would build the episode (chat-template prompt, each `<information>` block's head,
+  body and tail tokenised apart and cut to `max_info_tokens`, no EOS after `</answer>`);
+- `Trajectory` records (`token_ids`, `loss_mask`), e.g. filtered rollouts, used as they are.
+
+The loss is the mean negative log-likelihood over policy tokens only: the prompt and the
+retrieved documents are context, never targets. Then, top to bottom: load, (LoRA), AdamW
+with warm-up and cosine decay, gradient accumulation, dev EM through the evaluation harness
+every `eval.every` steps, checkpoints, and `RUN_DIR/final`, which `seekrl eval --model`
+loads like any Hugging Face model.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from seekrl.agent.protocol import INFORMATION, build_prompt
+from seekrl.agent.rollout import information_ids
+from seekrl.config import SFTConfig, dump_config
+from seekrl.data.jsonl import iter_jsonl
+from seekrl.errors import DataError
+from seekrl.rl.common import (
+    MetricsLog,
+    apply_lora,
+    eval_policy,
+    make_optimizer,
+    make_scheduler,
+    save_policy,
+    set_seed,
+    train_top_layers,
+    trainable_parameters,
+)
+from seekrl.rl.forward import collate, masked_logprobs
+
+
+@dataclass
+class SFTExample:
+    token_ids: list[int]
+    loss_mask: list[int]
+    source: str                    # "file:line", for error messages and the log
+
+
+def episode_tokens(tokenizer, record: dict, *, max_info_tokens: int = 384,
+                   where: str = "") -> tuple[list[int], list[int]]:
+    """(token_ids, loss_mask) of one oracle episode, laid out as a rollout would be."""
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    question = record.get("question")
+    turns = record.get("turns")
+    if not isinstance(question, str) or not question.strip():
+        raise DataError("expected a non-empty string", path=where, field="question")
+    if not isinstance(turns, list) or not turns:
+        raise DataError("expected a non-empty list of turns", path=where, field="turns")
+    ids = encode(build_prompt(tokenizer, question, "agent"))
+    mask = [0] * len(ids)
+    head, tail = f"<{INFORMATION}>", f"</{INFORMATION}>"
+    for i, turn in enumerate(turns):
+        role = turn.get("role") if isinstance(turn, dict) else None
+        content = turn.get("content") if isinstance(turn, dict) else None
+        if not isinstance(content, str):
+            raise DataError("expected a string", path=where, field=f"turns[{i}].content")
+        if role == "assistant":
+            new = encode(content)
+            ids += new
+            mask += [1] * len(new)
+        elif role == "information":
+            body = content.strip()
+            if body.startswith(head) and body.endswith(tail):
+                body = body[len(head):-len(tail)]
+            new = information_ids(encode, body, max_info_tokens)
+            ids += new
+            mask += [0] * len(new)
+        else:
+            raise DataError(f"expected 'assistant' or 'information', got {role!r}", path=where,
+                            field=f"turns[{i}].role")
+    if turns[-1].get("role") != "assistant":
+        raise DataError("an episode must end with the assistant's turn", path=where,
+                        field="turns")
+    return ids, mask
+
+
+def load_sft_examples(path: str | Path, tokenizer, *, max_info_tokens: int = 384,
+                      max_len: int = 2048, only_complete: bool = True,
+                      limit: int | None = None) -> tuple[list[SFTExample], dict[str, int]]:
+    """The usable episodes of a file, and counts of what was left out and why."""
+    examples: list[SFTExample] = []
+    skipped = {"incomplete": 0, "truncated": 0}
+    for line_no, rec in iter_jsonl(path):
+        where = f"{path}:{line_no}"
+        if "turns" in rec:
+            if only_complete and rec.get("oracle_complete") is False:
+                skipped["incomplete"] += 1
+                continue
+            ids, mask = episode_tokens(tokenizer, rec, max_info_tokens=max_info_tokens,
+                                       where=where)
+        elif "token_ids" in rec and "loss_mask" in rec:
+            ids, mask = list(rec["token_ids"]), list(rec["loss_mask"])
+            if len(ids) != len(mask):
+                raise DataError("token_ids and loss_mask differ in length", path=str(path),
+                                line=line_no, field="loss_mask")
+        else:
+            raise DataError("expected an oracle episode ('turns') or a trajectory "
+                            "('token_ids' and 'loss_mask')", path=str(path), line=line_no)
+        if len(ids) > max_len:
+            skipped["truncated"] += 1
+            ids, mask = ids[:max_len], mask[:max_len]
+        if sum(mask) == 0:
+            raise DataError("no policy tokens to train on", path=str(path), line=line_no,
+                            field="loss_mask")
+        examples.append(SFTExample(ids, mask, where))
+        if limit is not None and len(examples) >= limit:
+            break
+    if not examples:
+        raise DataError("no usable episodes", path=str(path))
+    return examples, skipped
+
+
+def batches(examples: list[SFTExample], batch_size: int, rng: random.Random
+            ) -> list[list[SFTExample]]:
+    """One epoch of micro-batches: shuffled, but episodes of similar length share a batch
+    (sorted within windows of 16 batches), so little compute goes into padding."""
+    order = examples[:]
+    rng.shuffle(order)
+    window = batch_size * 16
+    out = []
+    for w in range(0, len(order), window):
+        chunk = sorted(order[w:w + window], key=lambda e: len(e.token_ids))
+        out += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+    rng.shuffle(out)
+    return out
+
+
+def sft_loss(model, micro: list[SFTExample], pad_id: int, device) -> tuple[torch.Tensor, int]:
+    """Summed NLL over the batch's policy tokens, and how many there were."""
+    ids, attn, mask = collate([e.token_ids for e in micro], [e.loss_mask for e in micro],
+                              pad_id, device)
+    logp = masked_logprobs(model, ids, attn, mask)["logprobs"]
+    return -(logp * mask).sum(), int(mask.sum())
+
+
+def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None) -> dict[str, Any]:
+    """Train, evaluate, save; returns a summary (steps, loss, dev EM, paths, minutes).
+    `model` / `tokenizer` override `cfg.model` (tests pass the tiny model)."""
+    from seekrl.models import load_policy
+
+    started = time.time()
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, out / "config.yaml")
+    set_seed(cfg.seed)
+    if model is None:
+        model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
+    examples, skipped = load_sft_examples(cfg.data, tokenizer, max_info_tokens=cfg.max_info_tokens,
+                                          max_len=cfg.max_len, only_complete=cfg.only_complete,
+                                          limit=cfg.limit)
+    model = apply_lora(train_top_layers(model, cfg.train_layers), cfg.lora)
+    model.train()
+    if hasattr(model, "config"):
+        model.config.use_cache = False
+    per_epoch = max(1, len(examples) // (cfg.batch_size * cfg.grad_accum))
+    total_steps = cfg.max_steps or max(1, round(per_epoch * cfg.epochs))
+    optimizer = make_optimizer(trainable_parameters(model), cfg.optim)
+    scheduler = make_scheduler(optimizer, cfg.optim, total_steps)
+    retriever = _eval_retriever(cfg)
+    log = MetricsLog(out / "metrics.jsonl")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
+        else tokenizer.eos_token_id
+    say = console.print if console is not None else (lambda *a, **k: None)
+    say(f"SFT on {len(examples)} episodes ({skipped['incomplete']} incomplete skipped, "
+        f"{skipped['truncated']} cut to {cfg.max_len} tokens): {total_steps} steps of "
+        f"{cfg.batch_size} x {cfg.grad_accum} episodes")
+    rng = random.Random(cfg.seed)
+    queue: list[list[SFTExample]] = []
+    last: dict[str, Any] = {}
+    dev: dict[str, Any] = {}
+    for step in range(1, total_steps + 1):
+        t0 = time.time()
+        micro_batches = []
+        for _ in range(cfg.grad_accum):
+            if not queue:
+                queue = batches(examples, cfg.batch_size, rng)
+            micro_batches.append(queue.pop())
+        n_tokens = sum(sum(e.loss_mask) for mb in micro_batches for e in mb)
+        total_nll = 0.0
+        for micro in micro_batches:
+            nll, _ = sft_loss(model, micro, pad_id, cfg.device)
+            (nll / n_tokens).backward()
+            total_nll += float(nll.detach())
+        grad_norm = _clip(model, cfg.optim.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        seconds = time.time() - t0
+        tokens = sum(len(e.token_ids) for mb in micro_batches for e in mb)
+        last = {"step": step, "loss": round(total_nll / n_tokens, 5), "grad_norm": grad_norm,
+                "lr": scheduler.get_last_lr()[0], "policy_tokens": n_tokens,
+                "tokens_per_s": round(tokens / seconds, 1), "seconds": round(seconds, 2)}
+        if cfg.eval.data and cfg.eval.every and step % cfg.eval.every == 0 \
+                and step != total_steps:
+            dev = _dev_eval(model, tokenizer, retriever, cfg, out / "eval" / f"step-{step}")
+            last.update({f"dev_{k}": v for k, v in dev.items()})
+        log.write(last)
+        if step % cfg.log_every == 0 or step == total_steps:
+            say(f"step {step}/{total_steps}  loss {last['loss']:.4f}  grad {grad_norm:.2f}  "
+                f"lr {last['lr']:.2e}  {last['tokens_per_s']:.0f} tok/s"
+                + (f"  dev EM {dev['em']:.3f}" if "dev_em" in last else "")
+                + f"  [{(time.time() - started) / 60:.1f} min]")
+        if cfg.save_every and step % cfg.save_every == 0 and step != total_steps:
+            save_policy(model, tokenizer, out / "checkpoints" / f"step-{step}")
+    final = save_policy(model, tokenizer, out / "final")
+    if cfg.eval.data:
+        dev = _dev_eval(model, tokenizer, retriever, cfg, out / "eval" / "final")
+        log.write({"step": total_steps, **{f"dev_{k}": v for k, v in dev.items()}})
+        say(f"dev EM {dev['em']:.3f} on {dev['questions']} questions (valid format "
+            f"{dev['valid_format']:.2f})")
+    log.close()
+    return {"steps": total_steps, "episodes": len(examples), "skipped": skipped,
+            "loss": last.get("loss"), "dev": dev, "final": str(final),
+            "minutes": round((time.time() - started) / 60, 2)}
+
+
+def _clip(model, max_norm: float | None) -> float:
+    params = trainable_parameters(model)
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
+    return round(float(norm), 4)
+
+
+def _eval_retriever(cfg: SFTConfig):
+    if not cfg.eval.data:
+        return None
+    if not cfg.index:
+        raise ValueError("eval.data is set: the dev evaluation needs `index` (an index "
+                         "folder or a retrieval server url)")
+    from seekrl.retrieval.open import open_retriever
+    return open_retriever(cfg.index)
+
+
+def _dev_eval(model, tokenizer, retriever, cfg: SFTConfig, out_dir: Path) -> dict[str, Any]:
+    metrics = eval_policy(model, tokenizer, retriever, cfg.eval, out_dir, topk=cfg.topk,
+                          max_info_tokens=cfg.max_info_tokens)
+    avg = metrics["average"]
+    return {k: avg[k] for k in ("em", "f1", "valid_format", "searches", "questions")}

@@ -1,0 +1,602 @@
+"""The RL recipe: outcome-reward policy optimisation of a search agent (GRPO family, PPO).
+
+One step, top to bottom (`Trainer.step`):
+
+1. sample `questions_per_step` questions (round-robin over question types, so one type
+   cannot crowd out the others), deterministic in (seed, step);
+2. run `group_size` rollouts per question through the batched rollout engine;
+3. score every episode: outcome (EM / F1 / cover-EM) + format reward - penalties;
+   with dynamic sampling, drop groups whose rewards do not vary and draw new questions;
+4. old log-probs (and the reference's, and the critic's values for PPO) in chunks under
+   no_grad -- skipped when the batch gets exactly one update, where they equal the
+   current ones;
+5. token-level advantages from the registered estimator (`algo.advantage`);
+6. `algo.epochs` passes of mini-batch updates: PPO-clip with clip-higher, optional KL to
+   the frozen reference and entropy bonus, the critic's loss for PPO.
+
+Everything is logged per step to `RUN_DIR/metrics.jsonl`; the training-health monitor reads
+the same numbers. Checkpoints (`RUN_DIR/checkpoints/step-N`) hold the trainable weights,
+optimizer, scheduler, monitor and RNG state, are written to a temporary folder and renamed,
+and `RUN_DIR/checkpoints/latest` names the newest complete one, so `--resume` continues
+exactly where the run stopped and a killed run never leaves a corrupt latest checkpoint.
+Randomness is re-seeded from (seed, step) at every step, so a resumed run samples the same
+questions and the same rollouts as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import random
+import shutil
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from seekrl.agent.backends import HFBackend
+from seekrl.agent.rollout import RolloutConfig, RolloutEngine
+from seekrl.agent.trajectory import Trajectory
+from seekrl.config import TrainConfig, dump_config
+from seekrl.data.qa import QAExample, load_qa
+from seekrl.rewards.outcome import RewardParts, episode_reward
+from seekrl.rl.advantages import AdvantageConfig, compute_advantages
+from seekrl.rl.common import (
+    MetricsLog,
+    apply_lora,
+    eval_policy,
+    make_optimizer,
+    make_scheduler,
+    replace_dir,
+    rng_state,
+    save_policy,
+    set_rng_state,
+    set_seed,
+    train_top_layers,
+    trainable_parameters,
+)
+from seekrl.rl.forward import ValueHead, collate, masked_logprobs
+from seekrl.rl.loss import aggregate, kl_penalty, policy_loss, value_loss
+from seekrl.rl.monitor import Monitor
+
+RewardFn = Callable[[Trajectory], RewardParts]
+
+
+class Trainer:
+    """Builds the components from a `TrainConfig` and runs the steps. `model`, `tokenizer`,
+    `retriever`, `questions` and `reward_fn` override what the config names (tests pass
+    the tiny model and a small world)."""
+
+    def __init__(self, cfg: TrainConfig, *, model=None, tokenizer=None, retriever=None,
+                 questions: Sequence[QAExample] | None = None, reward_fn: RewardFn | None = None,
+                 console=None, resume: bool = False):
+        from seekrl.models import load_policy
+
+        self.cfg = cfg
+        self.out = Path(cfg.out)
+        self.console = console
+        set_seed(cfg.seed)
+        if model is None:
+            model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
+        self.tokenizer = tokenizer
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
+            else tokenizer.eos_token_id
+        # The frozen reference for the KL term: with LoRA, the same weights with the
+        # adapters switched off; with full fine-tuning, a frozen copy of the start.
+        self.ref_model = None
+        if cfg.algo.kl_coef > 0 and not cfg.lora.enabled:
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.model = apply_lora(train_top_layers(model, cfg.train_layers), cfg.lora)
+        if hasattr(self.model, "config"):
+            self.model.config.use_cache = False
+        self.value_head = None
+        extra = []
+        if cfg.algo.advantage == "gae":
+            hidden = _hidden_size(self.model)
+            self.value_head = ValueHead(hidden).to(cfg.device)
+            extra = [{"params": list(self.value_head.parameters()),
+                      "lr": cfg.algo.value_lr or cfg.optim.lr * 10}]
+        self.optimizer = make_optimizer(trainable_parameters(self.model), cfg.optim,
+                                        extra_groups=extra)
+        self.scheduler = make_scheduler(self.optimizer, cfg.optim, cfg.steps)
+        if retriever is None:
+            from seekrl.retrieval.open import open_retriever
+            retriever = open_retriever(cfg.index)
+        self.retriever = retriever
+        self.questions = list(questions) if questions is not None else load_qa(cfg.data)
+        if not self.questions:
+            raise ValueError(f"data: {cfg.data} has no questions")
+        self.reward_fn = reward_fn or (lambda t: episode_reward(
+            t, outcome=cfg.reward.outcome, format_reward=cfg.reward.format_reward,
+            invalid_penalty=cfg.reward.invalid_penalty,
+            max_turns_penalty=cfg.reward.max_turns_penalty))
+        self.monitor = Monitor(cfg.monitor)
+        self.step_done = 0
+        self.healthy_checkpoint: str | None = None
+        self.stopped_reason: str | None = None
+        self.out.mkdir(parents=True, exist_ok=True)
+        if resume:
+            self._resume()
+        else:
+            dump_config(cfg, self.out / "config.yaml")
+        self.log = MetricsLog(self.out / "metrics.jsonl", tensorboard=cfg.log.tensorboard,
+                              wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project,
+                              config=cfg.model_dump(mode="json"), resume=resume)
+
+    # ------------------------------------------------------------------ 1. questions
+    def sample_questions(self, step: int, n: int, draw: int = 0) -> list[QAExample]:
+        """`n` questions for this step, the same for the same (seed, step, draw). With
+        `balance_types`, round-robin over `metadata["type"]` (each type's pool shuffled)."""
+        rng = random.Random(f"{self.cfg.seed}/{step}/{draw}")
+        if not self.cfg.algo.balance_types:
+            return rng.sample(self.questions, min(n, len(self.questions)))
+        by_type: dict[str, list[QAExample]] = defaultdict(list)
+        for ex in self.questions:
+            by_type[str(ex.metadata.get("type", "-"))].append(ex)
+        pools = [rng.sample(v, len(v)) for _, v in sorted(by_type.items())]
+        rng.shuffle(pools)
+        picked: list[QAExample] = []
+        i = 0
+        while len(picked) < min(n, len(self.questions)):
+            pool = pools[i % len(pools)]
+            if pool:
+                picked.append(pool.pop())
+            i += 1
+        return picked
+
+    # ------------------------------------------------------------------ 2. rollouts
+    def rollout(self, questions: Sequence[QAExample], seed: int) -> list[Trajectory]:
+        r = self.cfg.rollout
+        cfg = RolloutConfig(max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
+                            max_total_tokens=r.max_total_tokens, topk=r.topk,
+                            max_info_tokens=r.max_info_tokens, batch_size=r.batch_size,
+                            n_samples=self.cfg.group_size, temperature=r.temperature,
+                            top_p=r.top_p, seed=seed)
+        self.model.eval()
+        engine = RolloutEngine(HFBackend(self.model, self.tokenizer), self.tokenizer,
+                               self.retriever, cfg)
+        trajs = engine.run(questions, dataset="train")
+        for t in trajs:  # group ids unique per draw, even if a question comes back
+            t.group_id = f"{t.example_id}@{seed}"
+        return trajs
+
+    # ------------------------------------------------------------------ 3. scoring
+    def score(self, trajs: Sequence[Trajectory]) -> list[RewardParts]:
+        parts = [self.reward_fn(t) for t in trajs]
+        for t, p in zip(trajs, parts):
+            t.outcome_reward = p.total
+        return parts
+
+    # ------------------------------------------------------------------ 4. log-probs
+    @torch.no_grad()
+    def batch_logprobs(self, trajs: Sequence[Trajectory], *, reference: bool = False
+                       ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """Per-trajectory log-probs of the policy tokens (and the critic's values), in
+        chunks of `algo.logprob_chunk` episodes; `reference` uses the frozen reference."""
+        chunk = self.cfg.algo.logprob_chunk
+        logps, values = [], [] if self.value_head is not None and not reference else None
+        if reference:
+            model = self.ref_model if self.ref_model is not None else self.model
+            ctx = self.model.disable_adapter() if self.ref_model is None else nullcontext()
+        else:
+            model, ctx = self.model, nullcontext()
+        model.eval()
+        with ctx:
+            for i in range(0, len(trajs), chunk):
+                part = trajs[i:i + chunk]
+                ids, attn, mask = collate([t.token_ids for t in part], [t.loss_mask for t in part],
+                                          self.pad_id, self.cfg.device)
+                out = masked_logprobs(model, ids, attn, mask,
+                                      temperature=self.cfg.rollout.temperature,
+                                      value_head=None if reference else self.value_head)
+                for row, t in enumerate(part):
+                    logps.append(out["logprobs"][row, :len(t.token_ids)].cpu())
+                    if values is not None:
+                        values.append(out["values"][row, :len(t.token_ids)].cpu())
+        return logps, values
+
+    # ------------------------------------------------------------------ one step
+    def step(self, step: int) -> dict[str, Any]:
+        cfg, algo = self.cfg, self.cfg.algo
+        base_seed = cfg.seed * 1_000_003 + step
+        set_seed(base_seed)
+        t0 = time.time()
+        clock = {"rollout": 0.0, "scoring": 0.0}
+
+        def draw(draw_no: int) -> tuple[list[Trajectory], list[RewardParts]]:
+            t = time.time()
+            questions = self.sample_questions(step, cfg.questions_per_step, draw=draw_no)
+            trajs = self.rollout(questions, seed=base_seed + 7919 * draw_no)
+            clock["rollout"] += time.time() - t
+            t = time.time()
+            parts = self.score(trajs)
+            clock["scoring"] += time.time() - t
+            return trajs, parts
+
+        trajs, parts = draw(0)
+        n_sampled, refills = len(trajs), 0
+        if algo.dynamic_sampling:
+            trajs, parts = _keep_varied(trajs, parts)
+            while len(trajs) < n_sampled and refills < algo.max_refills:
+                refills += 1
+                more_t, more_p = draw(refills)
+                n_sampled += len(more_t)
+                more_t, more_p = _keep_varied(more_t, more_p)
+                trajs, parts = trajs + more_t, parts + more_p
+            keep = _whole_groups(trajs, cfg.questions_per_step)
+            trajs, parts = [trajs[i] for i in keep], [parts[i] for i in keep]
+        t_rollout, t_scoring = clock["rollout"], clock["scoring"]
+        rewards = [p.total for p in parts]
+        record = self._episode_metrics(step, trajs, parts, n_sampled, refills)
+        if not trajs:  # dynamic sampling found no group with signal: nothing to learn
+            record.update(time_rollout=round(t_rollout, 2), skipped_update=True)
+            return record
+
+        t2 = time.time()
+        one_update = algo.epochs == 1 and algo.mini_batch_size >= len(trajs)
+        old_logps, old_values = (None, None)
+        if not one_update or self.value_head is not None:
+            old_logps, old_values = self.batch_logprobs(trajs)
+        ref_logps = None
+        if algo.kl_coef > 0:
+            ref_logps, _ = self.batch_logprobs(trajs, reference=True)
+        t_old = time.time() - t2
+
+        advantages = compute_advantages(algo.advantage, trajs, rewards,
+                                        AdvantageConfig(gamma=algo.gamma, lam=algo.lam),
+                                        values=old_values)
+        returns = None
+        if algo.advantage == "gae":
+            returns = [a + v for a, v in zip(advantages, old_values)]
+            advantages = _whiten(advantages, trajs)
+
+        t3 = time.time()
+        update = self._update(trajs, advantages, old_logps, ref_logps, old_values, returns)
+        t_update = time.time() - t3
+        self.scheduler.step()
+        generated = sum(t.n_generated for t in trajs)
+        trained = sum(len(t.token_ids) for t in trajs) * algo.epochs
+        if old_logps is not None:
+            correct = [lp[torch.tensor(t.loss_mask, dtype=torch.bool)].mean().item()
+                       for t, lp, p in zip(trajs, old_logps, parts) if p.outcome >= 1.0
+                       and t.n_generated]
+            record["correct_logp"] = round(sum(correct) / len(correct), 4) if correct else None
+        else:
+            record["correct_logp"] = update.pop("correct_logp", None)
+        update.pop("correct_logp", None)
+        record.update(update)
+        record.update(lr=self.scheduler.get_last_lr()[0], time_rollout=round(t_rollout, 2),
+                      time_scoring=round(t_scoring, 3), time_old_logprobs=round(t_old, 2),
+                      time_update=round(t_update, 2),
+                      time_step=round(time.time() - t0, 2),
+                      tokens_per_s=round(generated / max(t_rollout, 1e-9), 1),
+                      train_tokens_per_s=round(trained / max(t_update + t_old, 1e-9), 1))
+        return record
+
+    # ------------------------------------------------------------------ 6. updates
+    def _update(self, trajs, advantages, old_logps, ref_logps, old_values, returns
+                ) -> dict[str, Any]:
+        cfg, algo = self.cfg, self.cfg.algo
+        self.model.train()
+        stats: dict[str, list[float]] = defaultdict(list)
+        correct_logps: list[float] = []
+        order_rng = random.Random(f"{cfg.seed}/update/{self.step_done}")
+        longest = max(t.n_generated for t in trajs)
+        for _ in range(algo.epochs):
+            order = list(range(len(trajs)))
+            order_rng.shuffle(order)
+            for m in range(0, len(order), algo.mini_batch_size):
+                mini = order[m:m + algo.mini_batch_size]
+                mini_tokens = sum(trajs[i].n_generated for i in mini)
+                for u in range(0, len(mini), algo.micro_batch_size):
+                    micro = mini[u:u + algo.micro_batch_size]
+                    # each micro-batch's share of the mini-batch's loss, so that the
+                    # accumulated gradient equals that of one mini-batch forward
+                    if algo.loss_agg == "token-mean":
+                        weight = sum(trajs[i].n_generated for i in micro) / max(1, mini_tokens)
+                    else:
+                        weight = len(micro) / len(mini)
+                    loss, s = self._micro_loss(trajs, micro, advantages, old_logps, ref_logps,
+                                               old_values, returns, longest, correct_logps)
+                    (loss * weight).backward()
+                    for k, v in s.items():
+                        stats[k].append(v)
+                stats["grad_norm"].append(self._optimizer_step())
+        out = {k: round(sum(v) / len(v), 5) for k, v in stats.items()}
+        out["grad_norm"] = round(max(stats["grad_norm"]), 4)
+        out["correct_logp"] = round(sum(correct_logps) / len(correct_logps), 4) \
+            if correct_logps else None
+        return out
+
+    def _micro_loss(self, trajs, micro, advantages, old_logps, ref_logps, old_values, returns,
+                    longest, correct_logps) -> tuple[torch.Tensor, dict[str, float]]:
+        algo, dev = self.cfg.algo, self.cfg.device
+        part = [trajs[i] for i in micro]
+        ids, attn, mask = collate([t.token_ids for t in part], [t.loss_mask for t in part],
+                                  self.pad_id, dev)
+        out = masked_logprobs(self.model, ids, attn, mask,
+                              temperature=self.cfg.rollout.temperature,
+                              entropy=True, value_head=self.value_head)
+        logp = out["logprobs"]
+
+        def grid(rows: list[torch.Tensor] | None) -> torch.Tensor | None:
+            if rows is None:
+                return None
+            g = torch.zeros_like(logp)
+            for r, i in enumerate(micro):
+                g[r, :len(rows[i])] = rows[i].to(dev)
+            return g
+
+        adv = grid(advantages)
+        old = grid(old_logps) if old_logps is not None else logp.detach()
+        loss, s = policy_loss(logp, old, adv, mask, clip_low=algo.clip_low,
+                              clip_high=algo.clip_high, agg=algo.loss_agg, norm_length=longest)
+        ent = aggregate(out["entropy"], mask, "token-mean")
+        s["entropy"] = float(ent.detach())
+        s["pg_loss"] = float(loss.detach())
+        if algo.entropy_coef > 0:
+            loss = loss - algo.entropy_coef * ent
+        if ref_logps is not None:
+            kl = aggregate(kl_penalty(logp, grid(ref_logps), algo.kl_estimator), mask,
+                           algo.loss_agg, longest)
+            s["kl"] = float(kl.detach())
+            loss = loss + algo.kl_coef * kl
+        if self.value_head is not None:
+            vl = value_loss(out["values"], grid(old_values), grid(returns), mask,
+                            clip=algo.value_clip)
+            s["value_loss"] = float(vl.detach())
+            s["explained_var"] = _explained_variance(out["values"], grid(returns), mask)
+            loss = loss + algo.value_coef * vl
+        with torch.no_grad():  # for the monitor: how likely are the correct answers now
+            for r, i in enumerate(micro):
+                if self._correct(trajs[i]):
+                    n = mask[r].sum().clamp(min=1)
+                    correct_logps.append(float((logp[r] * mask[r]).sum() / n))
+        return loss, s
+
+    def _correct(self, t: Trajectory) -> bool:
+        from seekrl.rewards.outcome import get_outcome
+        return get_outcome(self.cfg.reward.outcome)(t.answer, t.golden_answers) >= 1.0
+
+    def _optimizer_step(self) -> float:
+        params = trainable_parameters(self.model, self.value_head)
+        max_norm = self.cfg.optim.max_grad_norm
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
+        if torch.isfinite(norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    # ------------------------------------------------------------------ metrics
+    def _episode_metrics(self, step, trajs, parts, n_sampled, refills) -> dict[str, Any]:
+        n = max(1, len(trajs))
+        by_type: dict[str, list[float]] = defaultdict(list)
+        for t, p in zip(trajs, parts):
+            by_type[str(t.metadata.get("type", "-"))].append(p.total)
+        groups: dict[str, list[float]] = defaultdict(list)
+        for t, p in zip(trajs, parts):
+            groups[t.group_id].append(p.total)
+        varied = sum(1 for g in groups.values() if len(set(g)) > 1)
+        return {
+            "step": step, "episodes": len(trajs), "episodes_sampled": n_sampled,
+            "refills": refills,
+            "reward": round(sum(p.total for p in parts) / n, 4),
+            "outcome": round(sum(p.outcome for p in parts) / n, 4),
+            "em": round(sum(self._correct(t) for t in trajs) / n, 4),
+            "valid_format": round(sum(t.valid_format for t in trajs) / n, 4),
+            "searches": round(sum(t.n_searches for t in trajs) / n, 3),
+            "response_length": round(sum(t.n_generated for t in trajs) / n, 1),
+            "finished_answer": round(sum(t.finish_reason == "answer" for t in trajs) / n, 4),
+            "groups_with_signal": round(varied / max(1, len(groups)), 4),
+            "reward_by_type": {k: round(sum(v) / len(v), 4) for k, v in sorted(by_type.items())},
+        }
+
+    # ------------------------------------------------------------------ checkpoints
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.out / "checkpoints"
+
+    def save_checkpoint(self, step: int) -> Path:
+        """step-N written under a temporary name, then renamed; `latest` updated last."""
+        target = self.ckpt_dir / f"step-{step}"
+        tmp = self.ckpt_dir / f".step-{step}.tmp{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        trainable = {k: v for k, v in self.model.state_dict().items()
+                     if k in _trainable_names(self.model)}
+        torch.save(trainable, tmp / "policy.pt")
+        if self.value_head is not None:
+            torch.save(self.value_head.state_dict(), tmp / "value_head.pt")
+        torch.save({"optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict(), "rng": rng_state()},
+                   tmp / "optim.pt")
+        (tmp / "trainer.json").write_text(json.dumps({
+            "step": step, "monitor": self.monitor.state_dict(),
+            "healthy_checkpoint": self.healthy_checkpoint}))
+        _fsync_dir(tmp)
+        replace_dir(tmp, target)
+        pointer = self.ckpt_dir / f".latest.tmp{os.getpid()}"
+        pointer.write_text(target.name)
+        os.replace(pointer, self.ckpt_dir / "latest")
+        self._prune()
+        return target
+
+    def _prune(self) -> None:
+        keep = {self.healthy_checkpoint}
+        done = sorted((p for p in self.ckpt_dir.glob("step-*") if p.is_dir()),
+                      key=lambda p: int(p.name.split("-")[1]))
+        for p in done[:-self.cfg.keep_last]:
+            if p.name not in keep:
+                shutil.rmtree(p, ignore_errors=True)
+
+    def load_checkpoint(self, path: Path) -> dict:
+        state = torch.load(path / "policy.pt", map_location=self.cfg.device)
+        missing = set(state) ^ _trainable_names(self.model)
+        if missing:
+            raise ValueError(f"{path}: checkpoint does not match this model/config "
+                             f"(differing parameters, e.g. {sorted(missing)[:3]})")
+        self.model.load_state_dict(state, strict=False)
+        if self.value_head is not None:
+            self.value_head.load_state_dict(torch.load(path / "value_head.pt"))
+        optim = torch.load(path / "optim.pt", weights_only=False)
+        self.optimizer.load_state_dict(optim["optimizer"])
+        self.scheduler.load_state_dict(optim["scheduler"])
+        set_rng_state(optim["rng"])
+        return json.loads((path / "trainer.json").read_text())
+
+    def _resume(self) -> None:
+        pointer = self.ckpt_dir / "latest"
+        if not pointer.is_file():
+            raise FileNotFoundError(f"--resume: {pointer} does not exist (no checkpoint yet)")
+        meta = self.load_checkpoint(self.ckpt_dir / pointer.read_text().strip())
+        self.step_done = meta["step"]
+        self.monitor.load_state_dict(meta["monitor"])
+        self.healthy_checkpoint = meta.get("healthy_checkpoint")
+        # drop log lines of steps after the checkpoint: they are about to be redone
+        log = self.out / "metrics.jsonl"
+        if log.is_file():
+            lines = [ln for ln in log.read_text().splitlines()
+                     if ln and json.loads(ln).get("step", 0) <= self.step_done]
+            log.write_text("".join(ln + "\n" for ln in lines))
+
+    # ------------------------------------------------------------------ the run
+    def train(self, until: int | None = None) -> dict[str, Any]:
+        """Run the remaining steps, then save and evaluate the final policy. `until` stops
+        after that step instead, as if the run were killed there (after its checkpoint)."""
+        cfg = self.cfg
+        started = time.time()
+        say = self.console.print if self.console is not None else (lambda *a, **k: None)
+        alerts_path = self.out / "alerts.jsonl"
+        last: dict[str, Any] = {}
+        for step in range(self.step_done + 1, cfg.steps + 1):
+            record = self.step(step)
+            self.step_done = step
+            alerts = self.monitor.update(step, record)
+            record["alerts"] = [a.kind for a in alerts]
+            self.log.write(record)
+            if alerts:
+                with open(alerts_path, "a", encoding="utf-8") as f:
+                    for a in alerts:
+                        f.write(json.dumps(a.to_dict()) + "\n")
+            say(_line(record, cfg.steps, time.time() - started))
+            for a in alerts:
+                say(f"  [bold {'red' if a.severity == 'collapse' else 'yellow'}]"
+                    f"{a.severity}[/]: {a.message}")
+            last = record
+            if not self.monitor.healthy and cfg.monitor.stop_on_collapse:
+                self.stopped_reason = "; ".join(a.message for a in alerts) or "collapse"
+                say(f"[bold red]stopping[/]: training collapsed at step {step}; the last "
+                    f"healthy checkpoint is {self.healthy_checkpoint or 'the start'}")
+                break
+            if cfg.save_every and step % cfg.save_every == 0:
+                if self.monitor.healthy:
+                    self.healthy_checkpoint = f"step-{step}"
+                self.save_checkpoint(step)
+            if cfg.eval.data and cfg.eval.every and step % cfg.eval.every == 0 \
+                    and step != cfg.steps:
+                dev = self.evaluate(self.out / "eval" / f"step-{step}")
+                self.log.write({"step": step, **{f"dev_{k}": v for k, v in dev.items()}})
+                say(f"  dev EM {dev['em']:.3f}")
+            if until is not None and step >= until and step < cfg.steps:
+                self.log.close()
+                return {"steps": step, "interrupted": True}
+        if self.stopped_reason and self.healthy_checkpoint:
+            self.load_checkpoint(self.ckpt_dir / self.healthy_checkpoint)
+        elif self.stopped_reason:
+            say("no healthy checkpoint was saved: the final policy is the collapsed one")
+        final = save_policy(self.model, self.tokenizer, self.out / "final")
+        summary = {"steps": self.step_done, "final": str(final),
+                   "stopped": self.stopped_reason, "last": last,
+                   "minutes": round((time.time() - started) / 60, 2)}
+        if cfg.eval.data:
+            dev = self.evaluate(self.out / "eval" / "final")
+            self.log.write({"step": self.step_done, **{f"dev_{k}": v for k, v in dev.items()}})
+            summary["dev"] = dev
+        self.log.close()
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        return summary
+
+    def evaluate(self, out_dir: Path) -> dict[str, Any]:
+        r = self.cfg.rollout
+        metrics = eval_policy(self.model, self.tokenizer, self.retriever, self.cfg.eval, out_dir,
+                              topk=r.topk, max_info_tokens=r.max_info_tokens)
+        avg = metrics["average"]
+        return {k: avg[k] for k in ("em", "f1", "valid_format", "searches", "questions")}
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _keep_varied(trajs, parts):
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(trajs):
+        groups[t.group_id].append(i)
+    keep = sorted(i for members in groups.values()
+                  if len({parts[j].total for j in members}) > 1 for i in members)
+    return [trajs[i] for i in keep], [parts[i] for i in keep]
+
+
+def _whole_groups(trajs, n_groups: int) -> list[int]:
+    """Indices of at most `n_groups` whole groups, in order."""
+    seen: list[str] = []
+    for t in trajs:
+        if t.group_id not in seen:
+            seen.append(t.group_id)
+    wanted = set(seen[:n_groups])
+    return [i for i, t in enumerate(trajs) if t.group_id in wanted]
+
+
+def _whiten(advantages: list[torch.Tensor], trajs) -> list[torch.Tensor]:
+    """Zero-mean unit-variance over all policy tokens of the batch (PPO's usual step)."""
+    masks = [torch.tensor(t.loss_mask, dtype=torch.bool) for t in trajs]
+    flat = torch.cat([a[m] for a, m in zip(advantages, masks)])
+    if flat.numel() < 2:
+        return advantages
+    mean, std = flat.mean(), flat.std()
+    return [torch.where(m, (a - mean) / (std + 1e-8), torch.zeros_like(a))
+            for a, m in zip(advantages, masks)]
+
+
+def _explained_variance(values, returns, mask) -> float:
+    m = mask.bool()
+    v, r = values[m].detach(), returns[m]
+    var = r.var() if r.numel() > 1 else torch.tensor(0.0)
+    if var == 0:
+        return 0.0
+    return float(1 - (r - v).var() / var)
+
+
+def _hidden_size(model) -> int:
+    config = getattr(model, "config", None)
+    for name in ("hidden_size", "n_embd", "d_model"):
+        if config is not None and hasattr(config, name):
+            return int(getattr(config, name))
+    raise ValueError("cannot tell the model's hidden size for the value head")
+
+
+def _trainable_names(model) -> set[str]:
+    return {n for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _fsync_dir(path: Path) -> None:
+    for f in path.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+
+
+def _line(r: dict, total: int, elapsed: float) -> str:
+    def f(key, fmt="{:.3f}"):
+        v = r.get(key)
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
+    left = elapsed / max(1, r["step"]) * (total - r["step"]) / 60
+    return (f"step {r['step']}/{total}  reward {f('reward')}  EM {f('em')}  "
+            f"valid {f('valid_format', '{:.2f}')}  searches {f('searches', '{:.2f}')}  "
+            f"kl {f('kl', '{:.4f}')}  ent {f('entropy', '{:.3f}')}  clip {f('clip_frac')}  "
+            f"grad {f('grad_norm', '{:.2f}')}  [{f('time_step', '{:.0f}')} s/step, "
+            f"~{left:.1f} min left]")

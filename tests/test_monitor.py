@@ -1,0 +1,276 @@
+"""The training-health monitor on synthetic metric streams: a healthy noisy run is quiet, each
+collapse pattern alerts at the step where its window crosses the threshold, once, and a
+restored monitor carries on exactly as the original."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from seekrl.config import MonitorConfig
+from seekrl.rl.monitor import KINDS, Alert, Monitor
+
+WINDOW = 5  # the default; the expected steps below are worked out for it
+
+
+def monitor(**overrides) -> Monitor:
+    return Monitor(MonitorConfig(window=WINDOW, **overrides))
+
+
+def feed(m: Monitor, stream: list[dict], first_step: int = 1) -> dict[int, list[tuple[str, str]]]:
+    """Run the stream through the monitor; {step: [(kind, severity), ...]} for steps that alerted."""
+    out = {}
+    for step, metrics in enumerate(stream, start=first_step):
+        alerts = m.update(step, metrics)
+        assert all(isinstance(a, Alert) and a.step == step for a in alerts)
+        if alerts:
+            out[step] = [(a.kind, a.severity) for a in alerts]
+    return out
+
+
+def series(key: str, values: list) -> list[dict]:
+    return [{key: v} for v in values]
+
+
+def healthy_stream(n: int, seed: int = 0) -> list[dict]:
+    """A run that learns slowly and is noisy, as a real one is: entropy drifts down a little,
+    format and searches wobble, some steps have no correct answer, some miss a question type."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        by_type = {"single": rng.gauss(0.45 + 0.001 * i, 0.08), "multi": rng.gauss(0.3, 0.08)}
+        if rng.random() < 0.2:
+            del by_type["multi"]
+        out.append({
+            "step": i + 1, "reward": rng.random(), "kl": 0.01,   # keys the monitor does not read
+            "grad_norm": rng.lognormvariate(0.0, 0.4) * (0 if rng.random() < 0.05 else 1),
+            "entropy": max(0.0, rng.gauss(0.6 - 0.001 * i, 0.05)),
+            "valid_format": min(1.0, max(0.0, rng.gauss(0.85, 0.06))),
+            "correct_logp": None if rng.random() < 0.1 else rng.gauss(-0.7, 0.1),
+            "searches": max(0.0, rng.gauss(2.0, 0.3)),
+            "reward_by_type": by_type,
+        })
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_healthy_noisy_run_raises_nothing(seed):
+    m = monitor()
+    assert feed(m, healthy_stream(200, seed)) == {}
+    assert m.healthy
+
+
+def test_grad_norm_spike_warns_then_a_bigger_one_collapses():
+    m = monitor()  # factor 10: warn above 10x the baseline, collapse above 20x
+    stream = series("grad_norm", [1.0] * 10 + [15.0, 1.0, 25.0, 1.0])
+    alerts = feed(m, stream)
+    assert alerts == {11: [("grad_norm_explosion", "warn")], 13: [("grad_norm_explosion", "collapse")]}
+    assert m.healthy  # the last step was back to normal
+
+
+def test_grad_norm_spike_in_the_baseline_does_not_set_it():
+    m = monitor()
+    assert feed(m, series("grad_norm", [1.0, 1.0, 30.0, 1.0, 1.0, 1.1, 0.9])) == {}
+
+
+def test_zero_grad_norms_are_not_observations():
+    # tied groups at the start give zero norms; a baseline of 0 would call every later step an
+    # explosion
+    m = monitor()
+    assert feed(m, series("grad_norm", [0.0] * 6 + [1.0] * 5 + [0.0, 1.2, 0.8])) == {}
+
+
+def test_entropy_collapse_warns_then_collapses():
+    # baseline 0.5; warn below 0.2 x 0.5 = 0.1, collapse below 0.05 (means over 5 steps)
+    m = monitor()
+    stream = series("entropy", [0.5] * 10 + [0.08] * 5 + [0.01] * 5)
+    m_alerts = {}
+    for step, metrics in enumerate(stream, start=1):
+        for a in m.update(step, metrics):
+            m_alerts[step] = (a.kind, a.severity, a.message)
+    assert sorted(m_alerts) == [15, 18]  # 0.08 after 5 steps; 0.038 after 3 more of 0.01
+    assert m_alerts[15][:2] == ("entropy_collapse", "warn")
+    assert m_alerts[15][2] == "entropy 0.08 is 16% of its baseline 0.5"
+    assert m_alerts[18][:2] == ("entropy_collapse", "collapse")
+    assert not m.healthy
+
+
+def test_falling_correct_logp_alerts_once_and_again_after_recovery():
+    # lazy likelihood displacement: baseline -0.5, warn 0.5 nats below, collapse 1.0 below
+    m = monitor()
+    stream = series("correct_logp", [-0.5] * 10 + [-3.5] * 10 + [-0.5] * 10 + [-3.5] * 2)
+    health = []
+    alerts = {}
+    for step, metrics in enumerate(stream, start=1):
+        got = m.update(step, metrics)
+        if got:
+            alerts[step] = [(a.kind, a.severity) for a in got]
+        health.append(m.healthy)
+    # -3.5 drags the 5-step mean 0.6 below at once (warn), 1.2 below the step after (collapse)
+    assert alerts == {11: [("correct_logp_falling", "warn")], 12: [("correct_logp_falling", "collapse")],
+                      31: [("correct_logp_falling", "warn")], 32: [("correct_logp_falling", "collapse")]}
+    # unhealthy from the collapse until the mean is back within 1 nat: step 24 (-3.5, -0.5 x 4:
+    # -1.1, a warn, already said); the signal has recovered at step 25, so step 31 alerts again
+    first_healthy_again = next(i + 1 for i in range(12, len(health)) if health[i])
+    assert first_healthy_again == 24
+    assert health[10] and not health[11] and not health[31]
+
+
+def test_valid_format_collapse():
+    # baseline 0.9; warn more than 0.3 below, collapse more than 0.6 below
+    m = monitor()
+    alerts = feed(m, series("valid_format", [0.9] * 10 + [0.0] * 6))
+    assert alerts == {12: [("valid_format_collapse", "warn")], 14: [("valid_format_collapse", "collapse")]}
+
+
+def test_valid_format_near_zero_is_a_collapse_even_when_twice_the_drop_is_out_of_reach():
+    m = monitor()
+    alerts = feed(m, series("valid_format", [0.35] * 10 + [0.0] * 5))
+    assert alerts == {15: [("valid_format_collapse", "collapse")]}
+
+
+def test_an_untrained_policy_with_a_low_format_rate_is_not_a_collapse():
+    m = monitor()
+    assert feed(m, series("valid_format", [0.05, 0.0, 0.08] * 5 + [0.3, 0.6, 0.9] * 3)) == {}
+    assert m.healthy
+
+
+def test_one_question_type_falling_while_another_rises():
+    m = monitor()  # warn: a type's reward more than 0.3 below its baseline; collapse: 0.6
+    stream = [{"reward_by_type": {"single": 0.7, "multi": 0.7}}] * 10 \
+        + [{"reward_by_type": {"single": 1.0, "multi": 0.0}}] * 8
+    got = []
+    for step, metrics in enumerate(stream, start=1):
+        got += [(step, a.kind, a.severity, a.message) for a in m.update(step, metrics)]
+    assert [g[:3] for g in got] == [(13, "type_reward_drop", "warn"), (15, "type_reward_drop", "collapse")]
+    assert got[0][3].startswith("on 'multi' questions, reward 0.28 is 0.42 below its baseline 0.7")
+
+
+def test_each_question_type_has_its_own_baseline_from_its_own_steps():
+    m = monitor()
+    stream = [{"reward_by_type": {"single": 0.5}}] * 6 \
+        + [{"reward_by_type": {"single": 0.5, "late": 0.2}}, {"reward_by_type": {"single": 0.5}}] * 5 \
+        + [{"reward_by_type": {"single": 0.5, "late": 0.9}}] * 3
+    # "late" has a baseline of 0.2 from its own first 5 steps; rising is fine, not a drift
+    assert feed(m, stream) == {}
+    m2 = monitor()
+    stream = [{"reward_by_type": {"late": None}}] * 3 + [{"reward_by_type": {"late": 0.8}}] * 5 \
+        + [{"reward_by_type": {}}] * 3 + [{"reward_by_type": {"late": 0.0}}] * 2
+    assert feed(m2, stream) == {13: [("type_reward_drop", "warn")]}  # mean 0.48 after two 0.0
+
+
+def test_searches_collapsing_onto_one_then_none():
+    # baseline 3 searches/episode; warn more than 50% off; collapse below a tenth (0.3)
+    m = monitor()
+    alerts = feed(m, series("searches", [3.0] * 10 + [1.0] * 5 + [0.0] * 5))
+    assert alerts == {14: [("searches_drift", "warn")], 19: [("searches_drift", "collapse")]}
+
+
+def test_searching_more_only_warns():
+    m = monitor()
+    got = []
+    for step, metrics in enumerate(series("searches", [2.0] * 10 + [8.0] * 20), start=1):
+        got += [(step, a.severity, a.message) for a in m.update(step, metrics)]
+    assert [g[:2] for g in got] == [(11, "warn")]  # mean 3.2 at once: 60% above
+    assert "above its baseline 2" in got[0][2]
+    assert m.healthy
+
+
+def test_a_smaller_threshold_collapses_on_twice_the_drift():
+    m = monitor(searches_drift=0.2)  # warn below 2.4 (mean), collapse below 1.8
+    alerts = feed(m, series("searches", [3.0] * 10 + [1.0] * 5))
+    assert alerts == {12: [("searches_drift", "warn")], 14: [("searches_drift", "collapse")]}
+
+
+def test_near_zero_baselines_never_divide_by_zero():
+    m = monitor()
+    stream = [{"entropy": 0.0, "searches": 0.0, "grad_norm": 1e-12}] * 5 \
+        + [{"entropy": 0.0, "searches": 3.0, "grad_norm": 1.0}]
+    alerts = []
+    for step, metrics in enumerate(stream, start=1):
+        alerts += m.update(step, metrics)
+    # entropy and searches have nothing to fall from; a norm from 1e-12 to 1 is an explosion
+    assert [(a.step, a.kind, a.severity) for a in alerts] == [(6, "grad_norm_explosion", "collapse")]
+    assert alerts[0].message == "grad norm 1 is far above its baseline 1e-12"
+
+
+def test_nan_grad_norm_is_an_immediate_collapse_once():
+    m = monitor()
+    got = []
+    for step, g in enumerate([math.nan, math.nan, 1.0, 1.0, math.inf], start=1):
+        got.append((m.update(step, {"grad_norm": g}), m.healthy))
+    assert [(a.kind, a.severity) for a in got[0][0]] == [("grad_norm_explosion", "collapse")]
+    assert "nan" in got[0][0][0].message
+    assert got[1] == ([], False)   # still collapsed: no repeat
+    assert got[2] == ([], True)    # a finite norm: recovered
+    assert [(a.step, a.severity) for a in got[4][0]] == [(5, "collapse")]
+    # the non-finite values are not in the baseline and the state is plain JSON
+    json.dumps(m.state_dict(), allow_nan=False)
+    assert feed(m, series("grad_norm", [1.0] * 5), first_step=6) == {}
+
+
+def test_missing_values_skip_their_checks_and_do_not_count():
+    m = monitor()
+    assert m.update(1, {}) == []
+    assert m.update(2, {"grad_norm": None, "entropy": None, "correct_logp": None, "valid_format": None,
+                        "searches": None, "reward_by_type": None}) == []
+    assert m.update(3, {"entropy": math.nan, "reward_by_type": {"x": math.nan}}) == []
+    # entropy reported on every other step only: its baseline is its first 5 values, the means
+    # its last 5 values, however many steps apart
+    stream = [{"entropy": 0.5} if i % 2 else {"searches": 2.0} for i in range(1, 20)] \
+        + [{"entropy": 0.02}] * 5
+    alerts = feed(m, stream, first_step=4)  # 0.116 after four 0.02s (steps 23-26), 0.02 after five
+    assert alerts == {27: [("entropy_collapse", "collapse")]}
+    assert m.state_dict()["signals"]["entropy"]["first"] == [0.5] * WINDOW
+
+
+def test_disabled_monitor_is_silent_and_healthy():
+    m = monitor(enabled=False)
+    stream = series("grad_norm", [math.nan, 1.0, 1e9]) + series("entropy", [1.0] * 10 + [0.0] * 10)
+    assert feed(m, stream) == {}
+    assert m.healthy
+
+
+def collapsing_stream(n: int) -> list[dict]:
+    """A noisy run in which, from step 31, the policy stops searching, formats break and the
+    multi-hop questions fail; step 41's gradient is nan."""
+    out = healthy_stream(n, seed=3)
+    for i, metrics in enumerate(out):
+        if i >= 30:
+            metrics["searches"] *= 0.3
+            metrics["valid_format"] = max(0.0, metrics["valid_format"] - 0.01 * (i - 30))
+            if "multi" in metrics["reward_by_type"]:
+                metrics["reward_by_type"]["multi"] = -0.2
+    out[40]["grad_norm"] = math.nan
+    return out
+
+
+def test_state_dict_round_trip_continues_identically():
+    stream = collapsing_stream(80)
+    reference = monitor()
+    expected = feed(reference, stream)
+    assert expected, "the scenario should raise alerts on both sides of the cut"
+    assert any(s <= 36 for s in expected) and any(s > 41 for s in expected)
+
+    for cut in (3, 36, 41, 70):   # before any baseline, mid-warn, right after the nan, late
+        first = monitor()
+        before = feed(first, stream[:cut])
+        state = json.loads(json.dumps(first.state_dict(), allow_nan=False))
+        second = monitor()
+        second.load_state_dict(state)
+        assert second.state_dict() == first.state_dict()
+        assert second.healthy == first.healthy
+        after = feed(second, stream[cut:], first_step=cut + 1)
+        assert {**before, **after} == expected
+        assert second.state_dict() == reference.state_dict()
+
+
+def test_alert_to_dict_is_json():
+    a = Alert(step=3, kind="entropy_collapse", severity="warn", message="entropy 0.04 is 8% of ...")
+    assert a.to_dict() == {"step": 3, "kind": "entropy_collapse", "severity": "warn",
+                           "message": "entropy 0.04 is 8% of ..."}
+    json.dumps(a.to_dict())
+    assert a.kind in KINDS

@@ -1,0 +1,153 @@
+"""The SFT warm-up: oracle episodes tokenised as the rollout engine lays them out, loss on
+policy tokens only, a loss that goes down, and a saved model that loads back."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import build_world_and_index
+
+from seekrl.agent.oracle import oracle_episode
+from seekrl.agent.protocol import build_prompt
+from seekrl.agent.rollout import RolloutConfig, RolloutEngine
+from seekrl.config import SFTConfig
+from seekrl.data.qa import read_qa_jsonl
+from seekrl.errors import DataError
+from seekrl.models import load_policy, tiny_policy
+from seekrl.retrieval.index import load_index
+from seekrl.rl.sft import episode_tokens, load_sft_examples, run_sft, sft_loss
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sftworld")
+    _, paths, index_dir = build_world_and_index(out, seed=5, difficulty="medium", entities=200,
+                                                n_train=12, n_dev=6, n_test=6)
+    index = load_index(index_dir)
+    train = read_qa_jsonl(paths["train"])
+    oracle = out / "oracle.jsonl"
+    with open(oracle, "w") as f:
+        for ex in train:
+            f.write(json.dumps(oracle_episode(ex, index, k=2)) + "\n")
+    return {"paths": paths, "index_dir": index_dir, "index": index, "train": train,
+            "oracle": oracle}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.set_num_threads(1)
+    return tiny_policy(seed=2)
+
+
+def test_episode_tokens_match_the_rollout_layout(world, tiny):
+    """Prompt, assistant turns and <information> blocks: the same tokens a rollout of the
+    same text would produce, so the trained policy reads what it will read."""
+    _, tok = tiny
+    ex = world["train"][0]
+    rec = oracle_episode(ex, world["index"], k=2)
+    ids, mask = episode_tokens(tok, rec, max_info_tokens=96)
+    engine = RolloutEngine(None, tok, world["index"], RolloutConfig(max_info_tokens=96, topk=2))
+    expected = tok.encode(build_prompt(tok, ex.question, "agent"), add_special_tokens=False)
+    expected_mask = [0] * len(expected)
+    for turn in rec["turns"]:
+        if turn["role"] == "assistant":
+            new = tok.encode(turn["content"], add_special_tokens=False)
+            expected += new
+            expected_mask += [1] * len(new)
+            if "<search>" in turn["content"]:
+                query = turn["content"].split("<search>")[1].split("</search>")[0].strip()
+                new = engine.information_ids(world["index"].search([query], 2)[0])
+                expected += new
+                expected_mask += [0] * len(new)
+    assert ids == expected
+    assert mask == expected_mask
+    assert tok.decode(ids).rstrip().endswith("</answer>")   # no EOS after the answer
+    assert tok.eos_token_id not in ids[-3:]
+
+
+def test_incomplete_episodes_are_skipped_and_counted(world, tiny, tmp_path):
+    _, tok = tiny
+    lines = world["oracle"].read_text().splitlines()
+    recs = [json.loads(x) for x in lines[:3]]
+    for r in recs:
+        r["oracle_complete"] = True
+    recs[1]["oracle_complete"] = False
+    path = tmp_path / "o.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    examples, skipped = load_sft_examples(path, tok)
+    assert len(examples) == 2 and skipped["incomplete"] == 1
+    examples, skipped = load_sft_examples(path, tok, only_complete=False)
+    assert len(examples) == 3
+
+
+def test_bad_episode_names_line_and_field(world, tiny, tmp_path):
+    _, tok = tiny
+    rec = json.loads(world["oracle"].read_text().splitlines()[0])
+    rec["turns"][1]["role"] = "tool"
+    path = tmp_path / "bad.jsonl"
+    path.write_text(world["oracle"].read_text().splitlines()[0] + "\n" + json.dumps(rec) + "\n")
+    with pytest.raises(DataError) as err:
+        load_sft_examples(path, tok)
+    assert ":2" in str(err.value) and "turns[1].role" in str(err.value)
+    path.write_text('{"foo": 1}\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:1: expected an oracle episode"):
+        load_sft_examples(path, tok)
+
+
+def test_sft_steps_lower_the_loss_on_a_fixed_batch(world, tiny):
+    model, tok = tiny
+    model = __import__("copy").deepcopy(model).train()
+    examples, _ = load_sft_examples(world["oracle"], tok, max_info_tokens=64, limit=2)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(5):
+        nll, n = sft_loss(model, examples, tok.pad_token_id, "cpu")
+        (nll / n).backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(nll.detach()) / n)
+    assert losses[-1] < losses[0] - 0.5, losses
+
+
+def test_loss_ignores_prompt_and_information_tokens(world, tiny):
+    """Changing a token the policy did not write changes no target of the loss; the
+    gradient reaches the model only through policy positions."""
+    model, tok = tiny
+    examples, _ = load_sft_examples(world["oracle"], tok, max_info_tokens=64, limit=1)
+    ex = examples[0]
+    nll, n = sft_loss(model, [ex], tok.pad_token_id, "cpu")
+    assert n == sum(ex.loss_mask)
+    manual = 0.0
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ex.token_ids])).logits[0].float()
+        logp = torch.log_softmax(logits, -1)
+        for t in range(1, len(ex.token_ids)):
+            if ex.loss_mask[t]:
+                manual -= float(logp[t - 1, ex.token_ids[t]])
+    assert float(nll) == pytest.approx(manual, rel=1e-4)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_run_sft_saves_a_model_that_loads_and_evaluates(world, tiny, tmp_path, lora):
+    model, tok = tiny
+    model = __import__("copy").deepcopy(model)
+    cfg = SFTConfig(data=str(world["oracle"]), out=str(tmp_path / "sft"),
+                    index=str(world["index_dir"]), max_steps=2, batch_size=2, grad_accum=2,
+                    max_info_tokens=64, topk=2, lora={"enabled": lora, "r": 4},
+                    optim={"lr": 1e-3, "warmup_steps": 1},
+                    eval={"data": str(world["paths"]["dev"]), "n": 2, "every": 1,
+                          "max_turns": 2, "max_new_tokens": 4})
+    summary = run_sft(cfg, model=model, tokenizer=tok)
+    assert summary["steps"] == 2
+    log = [json.loads(x) for x in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if "loss" in r] == [1, 2]
+    assert any("dev_em" in r for r in log)
+    assert (tmp_path / "sft" / "eval" / "final" / "viewer.html").is_file()
+    loaded, _ = load_policy(summary["final"])
+    assert not any("lora" in n for n, _ in loaded.named_parameters())
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():  # get_peft_model put the adapters into `model` itself
+        model.eval()
+        assert torch.allclose(loaded(ids).logits, model(ids).logits, atol=1e-4)

@@ -1,0 +1,200 @@
+"""The RL recipe on the tiny model: one step with every estimator, exact resume, atomic
+checkpoints, dynamic sampling, and configs that name their bad keys."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from conftest import build_world_and_index
+
+from seekrl.config import ConfigError, TrainConfig, build_config, load_config
+from seekrl.data.qa import read_qa_jsonl
+from seekrl.models import tiny_policy
+from seekrl.retrieval.index import load_index
+from seekrl.rewards.outcome import RewardParts, episode_reward
+from seekrl.rl.advantages import ESTIMATORS
+from seekrl.rl.train import Trainer
+
+TIMING = {"time_rollout", "time_scoring", "time_old_logprobs", "time_update", "time_step",
+          "tokens_per_s", "train_tokens_per_s"}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    out = tmp_path_factory.mktemp("trainworld")
+    _, paths, index_dir = build_world_and_index(out, seed=4, difficulty="medium", entities=200,
+                                                n_train=16, n_dev=4, n_test=4)
+    return {"paths": paths, "index": load_index(index_dir), "index_dir": index_dir,
+            "train": read_qa_jsonl(paths["train"])}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.set_num_threads(1)
+    return tiny_policy(seed=3)
+
+
+def parity_reward(t) -> RewardParts:
+    """The tiny model never answers right; a reward that varies within every group keeps
+    the advantages (and so the update) non-zero."""
+    r = float(t.sample_index % 2) + 0.1 * (t.n_generated % 3)
+    return RewardParts(total=r, outcome=r, format=0.0, penalty=0.0)
+
+
+def make_cfg(tmp_path, **over) -> TrainConfig:
+    base = {"data": "unused", "index": "unused", "out": str(tmp_path / "run"), "steps": 1,
+            "questions_per_step": 2, "group_size": 2, "save_every": 1,
+            "rollout": {"max_turns": 2, "max_new_tokens": 6, "max_info_tokens": 48, "topk": 2,
+                        "batch_size": 8},
+            "algo": {"mini_batch_size": 2, "micro_batch_size": 1, "epochs": 2, "kl_coef": 0.1,
+                     "entropy_coef": 0.01},
+            "optim": {"lr": 1e-3}}
+    for key, value in over.items():
+        node = base
+        *parents, last = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return TrainConfig.model_validate(base)
+
+
+def make_trainer(cfg, world, tiny, **kw):
+    model, tok = tiny
+    return Trainer(cfg, model=copy.deepcopy(model), tokenizer=tok, retriever=world["index"],
+                   questions=world["train"], reward_fn=kw.pop("reward_fn", parity_reward), **kw)
+
+
+@pytest.mark.parametrize("estimator", sorted(ESTIMATORS))
+def test_one_step_with_every_estimator(world, tiny, tmp_path, estimator):
+    trainer = make_trainer(make_cfg(tmp_path, **{"algo.advantage": estimator}), world, tiny)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    record = trainer.step(1)
+    assert record["episodes"] == 4
+    for key in ("reward", "em", "valid_format", "searches", "response_length", "entropy",
+                "clip_frac", "grad_norm", "kl", "pg_loss", *TIMING):
+        assert key in record, key
+        assert record[key] == record[key], f"{key} is nan"
+    if estimator == "gae":
+        assert "value_loss" in record and "explained_var" in record
+    changed = sum(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+    assert changed > 0
+
+
+def test_one_update_per_batch_skips_the_old_logprob_pass(world, tiny, tmp_path):
+    cfg = make_cfg(tmp_path, **{"algo.epochs": 1, "algo.mini_batch_size": 64,
+                                "algo.kl_coef": 0.0})
+    record = make_trainer(cfg, world, tiny).step(1)
+    assert record["time_old_logprobs"] == 0.0
+    assert record["clip_frac"] == 0.0 and record["ratio_mean"] == pytest.approx(1.0)
+
+
+def test_resume_continues_identically(world, tiny, tmp_path):
+    full = make_trainer(make_cfg(tmp_path / "a", steps=2), world, tiny)
+    full.train()
+    straight = [json.loads(x) for x in (tmp_path / "a" / "run" / "metrics.jsonl")
+                .read_text().splitlines()]
+
+    first = make_trainer(make_cfg(tmp_path / "b", steps=2), world, tiny)
+    assert first.train(until=1)["interrupted"]
+    resumed = make_trainer(make_cfg(tmp_path / "b", steps=2), world, tiny, resume=True)
+    assert resumed.step_done == 1
+    resumed.train()
+    again = [json.loads(x) for x in (tmp_path / "b" / "run" / "metrics.jsonl")
+             .read_text().splitlines()]
+    assert [r["step"] for r in again] == [1, 2]
+    for a, b in zip(straight, again):
+        a = {k: v for k, v in a.items() if k not in TIMING}
+        b = {k: v for k, v in b.items() if k not in TIMING}
+        assert a == b
+
+
+def test_a_killed_checkpoint_write_leaves_latest_intact(world, tiny, tmp_path):
+    trainer = make_trainer(make_cfg(tmp_path, steps=2), world, tiny)
+    trainer.train(until=1)
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert (ckpts / "latest").read_text() == "step-1"
+    # a write that died half-way: a temporary folder, never renamed, latest untouched
+    broken = ckpts / ".step-2.tmp999"
+    broken.mkdir()
+    (broken / "policy.pt").write_bytes(b"\x00garbage")
+    resumed = make_trainer(make_cfg(tmp_path, steps=2), world, tiny, resume=True)
+    assert resumed.step_done == 1
+    resumed.train()
+    assert (ckpts / "latest").read_text() == "step-2"
+
+
+def test_resume_without_a_checkpoint_says_so(world, tiny, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        make_trainer(make_cfg(tmp_path), world, tiny, resume=True)
+
+
+def test_dynamic_sampling_drops_groups_without_signal(world, tiny, tmp_path):
+    def first_group_flat(t):
+        r = 0.0 if t.example_id == flat_id[0] else float(t.sample_index)
+        return RewardParts(total=r, outcome=r, format=0.0, penalty=0.0)
+
+    cfg = make_cfg(tmp_path, **{"algo.dynamic_sampling": True, "algo.max_refills": 0,
+                                "algo.balance_types": False})
+    trainer = make_trainer(cfg, world, tiny, reward_fn=first_group_flat)
+    flat_id = [trainer.sample_questions(1, 2)[0].id]
+    record = trainer.step(1)
+    assert record["episodes_sampled"] == 4 and record["episodes"] == 2
+
+
+def test_questions_are_balanced_over_types_and_reproducible(world, tiny, tmp_path):
+    trainer = make_trainer(make_cfg(tmp_path, questions_per_step=6), world, tiny)
+    picked = trainer.sample_questions(3, 6)
+    assert [q.id for q in picked] == [q.id for q in trainer.sample_questions(3, 6)]
+    types = [q.metadata["type"] for q in picked]
+    present = {q.metadata["type"] for q in world["train"]}
+    assert set(types) == present  # every type gets a turn before any gets a second
+
+
+def test_episode_reward_parts():
+    from seekrl.agent.trajectory import Step, Trajectory
+    t = Trajectory("q", "q", "?", ["Paris"], [1, 2, 3], [0, 1, 1], 1,
+                   steps=[Step(1, 2, "invalid"), Step(2, 3, "answer", answer="paris")],
+                   answer="paris", finish_reason="answer")
+    p = episode_reward(t, format_reward=0.2, invalid_penalty=0.1)
+    assert (p.outcome, p.format, p.penalty) == (1.0, 0.0, pytest.approx(0.1))
+    assert p.total == pytest.approx(0.9)
+    t.steps[0].action = "search"
+    assert episode_reward(t, outcome="f1", format_reward=0.2).total == pytest.approx(1.2)
+    t.answer, t.finish_reason = None, "max_turns"
+    assert episode_reward(t, max_turns_penalty=0.5).total == -0.5
+
+
+@pytest.mark.parametrize("override, key", [
+    ("algo.cliplow=0.1", "algo.cliplow"),
+    ("algo.clip_low=abc", "algo.clip_low"),
+    ("algo.advantage=ppo2", "algo.advantage"),
+    ("algo.loss_agg=mean", "algo.loss_agg"),
+    ("steps=0", "steps"),
+    ("rollout.temperature=-1", "rollout.temperature"),
+    ("reward.outcome=bleu", "reward.outcome"),
+    ("optim=3", "optim"),
+])
+def test_bad_config_keys_and_values_name_the_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        build_config(TrainConfig, {"data": "d", "index": "i"}, [override])
+    assert f"{key}:" in str(err.value)
+
+
+def test_config_file_errors(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("data: d\nindex: i\nalgo:\n  epochs: [1\n")
+    with pytest.raises(ConfigError, match="c.yaml: line"):
+        load_config(TrainConfig, path)
+    path.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(TrainConfig, path)
+    path.write_text("data: d\nindex: i\nsteps: 3\n")
+    cfg = load_config(TrainConfig, path, ["optim.lr=1e-5", "algo.advantage=rloo"])
+    assert (cfg.steps, cfg.optim.lr, cfg.algo.advantage) == (3, 1e-5, "rloo")
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(TrainConfig, tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="key.sub=value"):
+        load_config(TrainConfig, path, ["steps"])

@@ -1,0 +1,204 @@
+"""The training report: curves from metrics logs, the before/after table, run discovery."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+from seekrl.agent.trajectory import Trajectory
+from seekrl.eval import training_report
+from seekrl.eval.evaluate import score_trajectories
+from seekrl.eval.training_report import (
+    comparison_table,
+    plot_curves,
+    report_for_run,
+    time_stacks,
+    write_training_report,
+)
+
+EVIL_LABEL = "<b>x</b>"
+
+
+def eval_metrics(correct: list[bool], types: list[str]) -> dict:
+    """metrics.json as `evaluate` writes it, from one-step trajectories: question i is
+    answered right when correct[i], and has metadata type types[i]."""
+    trajs = [Trajectory(example_id=f"q{i}", group_id=f"q{i}", question=f"question {i}?",
+                        golden_answers=["paris"], token_ids=[1, 2, 3], loss_mask=[0, 1, 1],
+                        prompt_len=1, answer="paris" if ok else "rome", finish_reason="answer",
+                        dataset="nq", metadata={"type": t})
+             for i, (ok, t) in enumerate(zip(correct, types))]
+    return {"config": {"model": "tiny", "rollout": {"method": "agent"}},
+            **score_trajectories(trajs)}
+
+
+def write_eval(folder: Path, metrics: dict, viewer: bool = False) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "metrics.json").write_text(json.dumps(metrics), encoding="utf-8")
+    if viewer:
+        (folder / "viewer.html").write_text("<html>episodes</html>", encoding="utf-8")
+    return folder
+
+
+def rl_log(n: int = 6) -> list[dict]:
+    """RL lines with keys missing here and there, an eval line, and a non-numeric value."""
+    lines = []
+    for step in range(1, n + 1):
+        line = {"step": step, "reward": 0.1 * step, "em": 0.05 * step, "kl": 0.01 * step,
+                "entropy": 1.0 - 0.05 * step, "grad_norm": 1.5, "response_length": 100 + step,
+                "searches": 1.2, "valid_format": 0.9, "time_rollout": 3.0, "time_update": 1.0,
+                "time_step": 5.0,
+                "reward_by_type": {"bridge": 0.1 * step, "comparison": 0.2},
+                "note": "text is ignored"}
+        if step % 2:
+            line.pop("kl")
+            line["time_scoring"] = 0.5
+        lines.append(line)
+    lines.append({"step": n, "dev_em": 0.4, "dev_f1": 0.5, "dev_valid_format": 0.95})
+    return lines
+
+
+def write_log(path: Path, lines: list[dict], torn_tail: bool = False) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(line) + "\n" for line in lines)
+    path.write_text(text + ('{"step": 99, "rew' if torn_tail else ""), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    run = tmp_path / "rl-run"
+    write_log(run / "metrics.jsonl", rl_log(), torn_tail=True)
+    (run / "alerts.jsonl").write_text(json.dumps(
+        {"step": 3, "kind": "kl_spike", "severity": "warn",
+         "message": "KL <jumped> to 0.5"}) + "\n", encoding="utf-8")
+    types = ["bridge", "bridge", "comparison", "comparison"]
+    write_eval(run / "eval" / "final", eval_metrics([True, True, True, False], types),
+               viewer=True)
+    write_eval(run / "eval" / "before", eval_metrics([True, False, False, False], types))
+    return run
+
+
+def img_sources(page: str) -> list[str]:
+    return [unquote(src) for src in re.findall(r'<img src="([^"]+)"', page)]
+
+
+def test_plot_curves_skips_groups_without_data(tmp_path: Path):
+    written = plot_curves({"rl": rl_log()}, tmp_path / "plots")
+    names = [p.stem for p in written]
+    assert names == ["reward", "kl_entropy", "grad_norm", "length_searches", "valid_format",
+                     "reward_by_type", "time_split", "dev"]
+    assert all(p.is_file() and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in written)
+
+    sft = [{"step": s, "loss": 2.0 / s, "lr": 1e-4, "tokens_per_s": 900.0} for s in range(1, 4)]
+    names = [p.stem for p in plot_curves({"sft": sft}, tmp_path / "sft")]
+    assert names == ["loss", "throughput"]
+    assert plot_curves({"empty": [], "text": [{"step": 1, "note": "x"}]}, tmp_path / "none") == []
+
+
+def test_plot_curves_overlays_logs_and_smooths_long_runs(tmp_path: Path):
+    long = [{"step": s, "reward": (s % 7) / 7, "grad_norm": 1.0} for s in range(200)]
+    sft = [{"step": s, "grad_norm": 2.0, "loss": 1.0} for s in range(5)]
+    written = plot_curves({"sft": sft, "rl": long}, tmp_path)
+    assert [p.stem for p in written] == ["reward", "grad_norm", "loss"]
+
+
+def test_time_stacks_phases_and_other():
+    labels, steps, stacks = time_stacks(rl_log(2))
+    assert labels == ["rollout", "update", "scoring", "other"]  # time_step is the total
+    assert steps == [1.0, 2.0]
+    assert stacks == [[3.0, 3.0], [1.0, 1.0], [0.5, 0.0], [0.5, 1.0]]
+    assert time_stacks([{"step": 1, "loss": 1.0}]) is None
+
+
+def test_comparison_table_rows_deltas_and_types():
+    types = ["bridge", "bridge", "comparison", "comparison"]
+    header, rows = comparison_table({
+        "untrained": eval_metrics([True, False, False, False], types),
+        "RL": eval_metrics([True, True, True, False], types)})
+    assert header[:3] == ["run", "questions", "EM"]
+    assert header[-2:] == ["EM bridge", "EM comparison"]
+    assert [r[0] for r in rows] == ["untrained", "RL"]
+    em = header.index("EM")
+    assert rows[0][em] == "0.250" and rows[1][em] == "0.750 (+0.500)"
+    assert rows[1][header.index("questions")] == "4"  # a count gets no delta
+    assert rows[1][-2:] == ["1.000 (+0.500)", "0.500 (+0.500)"]
+    assert rows[1][header.index("evidence recall")] == "n/a"
+
+
+def test_report_for_run(run_dir: Path):
+    out = report_for_run(run_dir)
+    assert out == run_dir / "report.html"
+    page = out.read_text(encoding="utf-8")
+    sources = img_sources(page)
+    assert sources and all((out.parent / s).is_file() for s in sources)
+    assert all(s.startswith("report_files/") for s in sources)
+    # eval order: "before" first, "final" last, whatever the directory order
+    assert page.index(">before<") < page.index(">final<")
+    assert "0.250" in page and "0.750 (+0.500)" in page
+    assert 'href="eval/final/viewer.html"' in page
+    assert "KL &lt;jumped&gt; to 0.5" in page and "<jumped>" not in page
+    assert "skipped 1 bad line" in page  # the torn last line is reported, not fatal
+    assert "seekrl training report: rl-run" in page
+
+
+def test_write_training_report_escapes_and_links(tmp_path: Path, run_dir: Path):
+    out = tmp_path / "site" / "my report.html"
+    write_training_report(out, logs={EVIL_LABEL: run_dir / "metrics.jsonl"},
+                          evals={EVIL_LABEL: run_dir / "eval" / "before",
+                                 "after": run_dir / "eval" / "final"},
+                          alerts=run_dir / "alerts.jsonl", title="T <i>", notes=["a < b & c"])
+    page = out.read_text(encoding="utf-8")
+    assert EVIL_LABEL not in page and "&lt;b&gt;x&lt;/b&gt;" in page
+    assert "<p class=\"notes\">a &lt; b &amp; c</p>" in page and "T &lt;i&gt;" in page
+    sources = img_sources(page)
+    assert sources and all((out.parent / s).resolve().is_file() for s in sources)
+    assert (tmp_path / "site" / "my report_files").is_dir()
+    href = re.search(r'<a href="([^"]+)">episodes</a>', page).group(1)
+    assert (out.parent / unquote(href)).resolve() == (run_dir / "eval" / "final" / "viewer.html")
+    assert page.count("no viewer") == 1  # "before" has none
+
+
+def test_write_training_report_missing_inputs(tmp_path: Path):
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        write_training_report(tmp_path / "r.html", logs={"rl": tmp_path / "nope.jsonl"})
+    (tmp_path / "empty-eval").mkdir()
+    with pytest.raises(FileNotFoundError, match="empty-eval"):
+        write_training_report(tmp_path / "r.html", evals={"x": tmp_path / "empty-eval"})
+
+
+def test_report_for_run_discovers_subruns_and_step_order(tmp_path: Path):
+    demo = tmp_path / "demo"
+    sft = [{"step": s, "loss": 1.0 / s, "dev_em": 0.1} for s in range(1, 4)]
+    write_log(demo / "rl" / "metrics.jsonl", rl_log(3))
+    write_log(demo / "sft" / "metrics.jsonl", sft)
+    types = ["bridge", "comparison"]
+    for name, correct in [("step-20", [True, True]), ("final", [True, True]),
+                          ("step-10", [True, False]), ("initial", [False, False])]:
+        write_eval(demo / "eval" / name, eval_metrics(correct, types))
+    page = report_for_run(demo, tmp_path / "out.html").read_text(encoding="utf-8")
+    order = [page.index(f"<th>{n}</th>") for n in ("initial", "step-10", "step-20", "final")]
+    assert order == sorted(order)
+    assert page.index("<th>sft</th>") < page.index("<th>rl</th>")  # the logs table
+    assert {Path(s).stem for s in img_sources(page)} >= {"loss", "reward", "dev"}
+
+
+def test_report_evals_json_overrides_discovery(tmp_path: Path, run_dir: Path, monkeypatch):
+    monkeypatch.setattr(training_report, "plot_curves", lambda logs, out_dir: [])  # not tested here
+    write_eval(tmp_path / "elsewhere" / "sft-eval", eval_metrics([True, False], ["a", "b"]))
+    (run_dir / "report_evals.json").write_text(json.dumps(
+        {"SFT": "../elsewhere/sft-eval", "RL": "eval/final"}), encoding="utf-8")
+    page = report_for_run(run_dir).read_text(encoding="utf-8")
+    assert "<th>SFT</th>" in page and "<th>RL</th>" in page
+    assert "<th>before</th>" not in page
+    assert page.index("<th>SFT</th>") < page.index("<th>RL</th>")
+
+
+def test_report_for_run_nothing_to_report(tmp_path: Path):
+    with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path))):
+        report_for_run(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no such run folder"):
+        report_for_run(tmp_path / "missing")
