@@ -253,6 +253,65 @@ def inspect_(
     console.print(f"viewer -> {path}")
 
 
+@app.command()
+def sft(
+    config: Annotated[Optional[Path], typer.Option(help="YAML config (keys: see seekrl.config.SFTConfig)")]
+    = None,
+    overrides: Annotated[Optional[list[str]], typer.Argument(
+        help="key.sub=value overrides, e.g. optim.lr=1e-4 max_steps=20", show_default=False)] = None,
+):
+    """Supervised warm-up on trajectory JSONL (oracle episodes): loss on policy tokens only."""
+    from seekrl.config import ConfigError, SFTConfig, load_config
+    from seekrl.models import ModelError
+    from seekrl.rl.sft import run_sft
+
+    try:
+        cfg = load_config(SFTConfig, config, overrides or [])
+        summary = run_sft(cfg, console=console)
+    except (ConfigError, DataError, RetrievalError, ModelError, FileNotFoundError, ValueError) as err:
+        _fail(err)
+    console.print(f"final model -> {summary['final']} (load it with `seekrl eval --model "
+                  f"{summary['final']}`)")
+
+
+@app.command()
+def train(
+    config: Annotated[Optional[Path], typer.Option(help="YAML config (keys: see seekrl.config.TrainConfig)")]
+    = None,
+    overrides: Annotated[Optional[list[str]], typer.Argument(
+        help="key.sub=value overrides, e.g. algo.advantage=rloo steps=50", show_default=False)] = None,
+    resume: Annotated[bool, typer.Option(help="continue from the run's latest checkpoint")] = False,
+):
+    """RL from outcome rewards (GRPO, Dr. GRPO, RLOO, REINFORCE++, PPO) with the rollout engine."""
+    from seekrl.config import ConfigError, TrainConfig, load_config
+    from seekrl.models import ModelError
+    from seekrl.rl.train import Trainer
+
+    try:
+        cfg = load_config(TrainConfig, config, overrides or [])
+        summary = Trainer(cfg, console=console, resume=resume).train()
+    except (ConfigError, DataError, RetrievalError, ModelError, FileNotFoundError, ValueError) as err:
+        _fail(err)
+    if summary.get("stopped"):
+        console.print(f"[bold red]stopped early[/]: {summary['stopped']}")
+    console.print(f"final model -> {summary['final']}; report: `seekrl report {cfg.out}`")
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="a training run folder (or the demo's)")],
+    out: Annotated[Optional[Path], typer.Option(help="HTML file (default RUN_DIR/report.html)")] = None,
+):
+    """Training curves (PNG), before/after evaluation tables and viewer links in one HTML page."""
+    from seekrl.eval.training_report import report_for_run
+
+    try:
+        path = report_for_run(run_dir, out)
+    except (DataError, FileNotFoundError, ValueError) as err:
+        _fail(err)
+    console.print(f"report -> {path}")
+
+
 def _retriever(index: Path | None, url: str | None):
     if (index is None) == (url is None):
         raise RetrievalError("give exactly one of --index DIR or --url URL")
