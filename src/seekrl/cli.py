@@ -161,19 +161,36 @@ def oracle(
 @app.command()
 def demo(
     out: Annotated[Path, typer.Option(help="run folder")] = Path("runs/demo"),
-    seed: Annotated[int, typer.Option(help="world seed")] = 0,
+    seed: Annotated[int, typer.Option(help="world and training seed")] = 0,
     difficulty: Annotated[str, typer.Option(help="easy | medium | hard")] = "medium",
-    questions: Annotated[int, typer.Option(help="sample questions to show")] = 4,
-    eval_questions: Annotated[int, typer.Option(
-        help="test questions to evaluate the policy on (0 skips it)")] = 8,
     model: Annotated[str, typer.Option(help="policy: HF id or path, or the bundled default")]
     = "smollm2-135m",
+    eval_questions: Annotated[int, typer.Option(help="test questions (the same at every stage)")] = 40,
+    sft_steps: Annotated[int, typer.Option(help="SFT optimizer steps")] = 12,
+    sft_batch: Annotated[int, typer.Option(help="oracle episodes per SFT step")] = 8,
+    rl_steps: Annotated[int, typer.Option(help="RL steps at most")] = 40,
+    rl_minutes: Annotated[float, typer.Option(help="RL time budget in minutes")] = 11.0,
+    advantage: Annotated[str, typer.Option(help="grpo | dr_grpo | rloo | reinforce_pp | gae")]
+    = "grpo",
+    questions_per_step: Annotated[int, typer.Option(help="RL questions per step")] = 8,
+    group_size: Annotated[int, typer.Option(help="RL rollouts per question (G)")] = 4,
+    train_layers: Annotated[int, typer.Option(
+        help="train the top N transformer blocks (0: all of them)")] = 10,
 ):
-    """Run the pipeline on the built-in synthetic world, on CPU."""
-    from seekrl.demo import run_demo
+    """The whole pipeline on the built-in synthetic world, on CPU: world, index, untrained
+    eval, SFT warm-up, eval, RL, eval, report (about 30 minutes on 2 cores)."""
+    from seekrl.demo import DemoConfig, run_demo
+    from seekrl.models import ModelError
 
-    run_demo(out, seed=seed, difficulty=difficulty, n_show=questions, n_eval=eval_questions,
-             model=model, console=console)
+    cfg = DemoConfig(seed=seed, difficulty=difficulty, model=model, n_test=eval_questions,
+                     sft_steps=sft_steps, sft_batch=sft_batch, rl_steps=rl_steps,
+                     rl_minutes=rl_minutes, advantage=advantage,
+                     questions_per_step=questions_per_step, group_size=group_size,
+                     train_layers=train_layers or None)
+    try:
+        run_demo(out, cfg, console=console)
+    except (DataError, RetrievalError, ModelError, ValueError) as err:
+        _fail(err)
 
 
 @app.command("eval")

@@ -168,6 +168,7 @@ class TrainConfig(Strict):
     device: str = "cpu"
     seed: int = 0
     steps: int = Field(20, ge=1)
+    max_minutes: float | None = Field(None, gt=0)  # stop after the step that passes this
     questions_per_step: int = Field(8, ge=1)
     group_size: int = Field(4, ge=1)   # rollouts per question (G)
     rollout: RolloutSettings = RolloutSettings()

@@ -1,15 +1,24 @@
-"""`seekrl demo`: the pipeline on the built-in synthetic world, on a laptop CPU.
+"""`seekrl demo`: the whole pipeline on the built-in synthetic world, on a laptop CPU.
 
-Today: build the world, index it with BM25, write the oracle trajectories the SFT warm-up
-will train on, show what retrieval finds for a few test questions (gold documents marked)
-with the recall of the gold documents over the test split, and evaluate the untrained
-bundled policy as a search agent on a few test questions, with the trajectory viewer.
+world -> BM25 index -> oracle trajectories -> evaluate the untrained bundled policy ->
+SFT warm-up -> evaluate -> RL (GRPO by default) -> evaluate -> report. Every evaluation is
+greedy, on the same test questions, with the same rollout settings, so the three EM
+figures in `summary.json` (`em_untrained`, `em_sft`, `em_rl`) compare like with like.
+
+The defaults are chosen for a 2-core CPU and about 30 minutes: short documents (the policy
+reads every retrieved token on every update), two documents per search, 1-3 hop questions,
+and only the top `train_layers` transformer blocks trained (backpropagation stops there,
+about twice as many updates per minute as full fine-tuning). The SFT budget is small on
+purpose: enough to teach the protocol, not enough to saturate the world, so the RL stage
+has something to improve. `DemoConfig` (and the CLI's options) make every stage longer or
+bigger.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -20,103 +29,219 @@ from seekrl.data.world import WorldConfig, generate_world, write_world
 from seekrl.eval.show import print_hits
 from seekrl.retrieval.index import build_index, load_index
 
-STAGES = 5
+
+@dataclass
+class DemoConfig:
+    seed: int = 0
+    model: str = "smollm2-135m"
+    # the world
+    difficulty: str = "medium"
+    doc_words: tuple[int, int] = (12, 30)
+    hop_mix: dict = field(default_factory=lambda: {1: 0.3, 2: 0.45, 3: 0.25})
+    k: int = 2                       # documents per search
+    max_info_tokens: int = 256
+    # evaluation (greedy, the same test questions before and after every stage)
+    n_test: int = 40
+    eval_max_turns: int = 4
+    eval_max_new_tokens: int = 64
+    # SFT warm-up
+    sft_steps: int = 12
+    sft_batch: int = 8
+    sft_lr: float = 2e-4
+    train_layers: int | None = 10    # top blocks trained (None: all)
+    # RL
+    rl_steps: int = 40
+    rl_minutes: float = 11.0         # stop RL after the step that passes this budget
+    advantage: str = "grpo"
+    questions_per_step: int = 8
+    group_size: int = 4
+    rl_lr: float = 1e-5
+    temperature: float = 1.0
+    kl_coef: float = 0.0
+    n_show: int = 2                  # test questions whose retrieval is printed
 
 
-def run_demo(out: str | Path = "runs/demo", *, seed: int = 0, difficulty: str = "medium",
-             n_show: int = 4, k: int = 3, n_eval: int = 8, model: str = "smollm2-135m",
+class _Clock:
+    """Says where the demo is and roughly how long is left, from planned stage times
+    corrected by what the stages took so far."""
+
+    def __init__(self, console: Console, plan: dict[str, float]):
+        self.console, self.plan = console, dict(plan)
+        self.started = time.time()
+        self.stage_started = self.started
+        self.taken: dict[str, float] = {}
+        self.i = 0
+
+    def stage(self, key: str, what: str) -> None:
+        now = time.time()
+        if self.i:
+            self.taken[list(self.plan)[self.i - 1]] = (now - self.stage_started) / 60
+        self.stage_started = now
+        self.i += 1
+        left = sum(v for k, v in list(self.plan.items())[self.i - 1:])
+        evals = [v for k, v in self.taken.items() if k.startswith("eval")]
+        if evals:  # evaluations take about as long as the first one did
+            left += sum(max(evals) - v for k, v in list(self.plan.items())[self.i - 1:]
+                        if k.startswith("eval"))
+        self.console.rule(f"[bold]stage {self.i}/{len(self.plan)}[/] {what}  [dim]"
+                          f"({(now - self.started) / 60:.1f} min in, about {max(left, 0.1):.0f} "
+                          "min left)[/]")
+
+    def minutes(self) -> float:
+        return round((time.time() - self.started) / 60, 2)
+
+
+def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
              console: Console | None = None) -> dict:
+    from seekrl.config import SFTConfig, TrainConfig
+    from seekrl.eval.training_report import write_training_report
+    from seekrl.rl.sft import run_sft
+    from seekrl.rl.train import Trainer
+
+    cfg = cfg or DemoConfig()
     console = console or Console()
     out = Path(out)
-    started = time.time()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "demo_config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    clock = _Clock(console, {"world": 0.3, "eval_untrained": 2.5, "sft": 6.0, "eval_sft": 2.0,
+                             "rl": cfg.rl_minutes + 1.0, "eval_rl": 2.0, "report": 0.2})
 
-    def stage(i: int, n: int, what: str) -> None:
-        console.rule(f"[bold]stage {i}/{n}[/] {what}  [dim]({time.time() - started:.0f} s in)[/]")
-
-    stage(1, STAGES, "build the synthetic world")
-    world = generate_world(WorldConfig(seed=seed, difficulty=difficulty))
+    clock.stage("world", "build the synthetic world, index it (BM25), write oracle episodes")
+    world = generate_world(WorldConfig(seed=cfg.seed, difficulty=cfg.difficulty,
+                                       doc_words=cfg.doc_words, hop_mix=cfg.hop_mix))
     paths = write_world(world, out / "world")
     stats = world.stats()
     console.print(f"{stats['docs']} documents ({stats['distractor_docs']} distractors, "
                   f"{stats['doc_words_mean']} words on average); questions: "
                   + ", ".join(f"{s} {v['questions']}" for s, v in stats["splits"].items())
                   + f"; test hops {stats['splits']['test']['hops']}")
-
-    stage(2, STAGES, "index the corpus (BM25)")
     index_dir = build_index(paths["corpus"], out / "index", "bm25", overwrite=True,
                             show_progress=False)
     index = load_index(index_dir)
-    console.print(f"{index.doc_count} documents indexed -> {index_dir}")
+    oracle_path = out / "oracle_train.jsonl"
+    oracle_stats = write_oracle_trajectories(read_qa_jsonl(paths["train"]), index, oracle_path,
+                                             k=cfg.k)
+    console.print(f"{oracle_stats.summary()} -> {oracle_path}")
+    test = read_qa_jsonl(paths["test"])[:cfg.n_test]
+    test_file = out / "test_questions.jsonl"
+    from seekrl.data.qa import write_qa_jsonl
+    write_qa_jsonl(test_file, test)
+    recall = _show_retrieval(console, index, test, cfg)
 
-    stage(3, STAGES, "write oracle trajectories for the SFT warm-up")
-    train = read_qa_jsonl(paths["train"])
-    oracle_stats = write_oracle_trajectories(train, index, out / "oracle_train.jsonl", k=k)
-    console.print(f"{oracle_stats.summary()} -> {out / 'oracle_train.jsonl'}")
+    eval_kw = dict(index=index, test_file=test_file, cfg=cfg, console=console)
+    clock.stage("eval_untrained", f"evaluate the untrained policy on {len(test)} test questions")
+    untrained = _evaluate(cfg.model, out / "eval_untrained", **eval_kw)
 
-    stage(4, STAGES, "retrieve for test questions")
-    test = read_qa_jsonl(paths["test"])
-    for ex in test[:n_show]:
+    clock.stage("sft", f"SFT warm-up: {cfg.sft_steps} steps x {cfg.sft_batch} oracle episodes")
+    sft_cfg = SFTConfig(model=cfg.model, data=str(oracle_path), out=str(out / "sft"),
+                        index=str(index_dir), seed=cfg.seed, max_steps=cfg.sft_steps,
+                        batch_size=cfg.sft_batch, max_info_tokens=cfg.max_info_tokens,
+                        topk=cfg.k, train_layers=cfg.train_layers,
+                        optim={"lr": cfg.sft_lr, "warmup_steps": 2, "min_lr_ratio": 0.1})
+    sft = run_sft(sft_cfg, console=console)
+
+    clock.stage("eval_sft", "evaluate the SFT checkpoint on the same test questions")
+    after_sft = _evaluate(sft["final"], out / "eval_sft", **eval_kw)
+
+    clock.stage("rl", f"RL ({cfg.advantage}): {cfg.questions_per_step} questions x "
+                      f"{cfg.group_size} rollouts per step, up to {cfg.rl_steps} steps or "
+                      f"{cfg.rl_minutes:g} min")
+    rl_cfg = TrainConfig(
+        model=sft["final"], data=str(paths["train"]), index=str(index_dir), out=str(out / "rl"),
+        seed=cfg.seed, steps=cfg.rl_steps, max_minutes=cfg.rl_minutes,
+        questions_per_step=cfg.questions_per_step, group_size=cfg.group_size,
+        train_layers=cfg.train_layers, save_every=0,
+        rollout={"max_turns": cfg.eval_max_turns, "max_new_tokens": cfg.eval_max_new_tokens,
+                 "topk": cfg.k, "max_info_tokens": cfg.max_info_tokens,
+                 "temperature": cfg.temperature},
+        algo={"advantage": cfg.advantage, "kl_coef": cfg.kl_coef,
+              "mini_batch_size": cfg.questions_per_step * cfg.group_size},
+        optim={"lr": cfg.rl_lr, "schedule": "constant"})
+    rl = Trainer(rl_cfg, console=console, retriever=index).train()
+
+    clock.stage("eval_rl", "evaluate the RL policy on the same test questions")
+    after_rl = _evaluate(rl["final"], out / "eval_rl", **eval_kw)
+
+    clock.stage("report", "write the report")
+    summary = {
+        "n_test": len(test), "k": cfg.k, "docs": index.doc_count,
+        "em_untrained": untrained["em"], "em_sft": after_sft["em"], "em_rl": after_rl["em"],
+        "f1_untrained": untrained["f1"], "f1_sft": after_sft["f1"], "f1_rl": after_rl["f1"],
+        "valid_format_untrained": untrained["valid_format"],
+        "valid_format_sft": after_sft["valid_format"], "valid_format_rl": after_rl["valid_format"],
+        "searches_sft": after_sft["searches"], "searches_rl": after_rl["searches"],
+        "sft_steps": sft["steps"], "sft_episodes": sft["steps"] * cfg.sft_batch,
+        "rl_steps": rl["steps"], "rl_episodes": rl["steps"] * cfg.questions_per_step
+        * cfg.group_size, "rl_stopped": rl.get("stopped"),
+        "gold_recall_question_query": recall[0], "gold_recall_hop_query": recall[1],
+        "oracle_incomplete": oracle_stats.incomplete,
+        "stage_minutes": {k: round(v, 2) for k, v in clock.taken.items()},
+        "minutes": clock.minutes(),
+    }
+    notes = [f"Test EM on the same {len(test)} questions: untrained {untrained['em']:.3f}, "
+             f"after SFT {after_sft['em']:.3f}, after RL {after_rl['em']:.3f}.",
+             f"SFT: {sft['steps']} steps on {summary['sft_episodes']} oracle episodes; RL: "
+             f"{rl['steps']} steps of {cfg.questions_per_step} x {cfg.group_size} rollouts "
+             f"({cfg.advantage}, lr {cfg.rl_lr:g})."]
+    (out / "report_evals.json").write_text(json.dumps(
+        {"untrained": "eval_untrained", "SFT": "eval_sft", "RL": "eval_rl"}))
+    report = write_training_report(
+        out / "report.html", logs={"sft": out / "sft" / "metrics.jsonl",
+                                   "rl": out / "rl" / "metrics.jsonl"},
+        evals={"untrained": out / "eval_untrained", "SFT": out / "eval_sft",
+               "RL": out / "eval_rl"},
+        alerts={"rl": out / "rl" / "alerts.jsonl"} if (out / "rl" / "alerts.jsonl").is_file()
+        else None, title="seekrl demo", notes=notes)
+    summary["minutes"] = clock.minutes()
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    console.rule("[bold]done")
+    console.print(f"Test EM ({len(test)} questions, greedy): untrained "
+                  f"[bold]{untrained['em']:.3f}[/] -> SFT [bold]{after_sft['em']:.3f}[/] -> RL "
+                  f"[bold]{after_rl['em']:.3f}[/]   (valid format {untrained['valid_format']:.2f}"
+                  f" -> {after_sft['valid_format']:.2f} -> {after_rl['valid_format']:.2f})")
+    console.print(f"report -> {report}\ntrajectories -> {out / 'eval_rl' / 'viewer.html'}\n"
+                  f"summary -> {out / 'summary.json'} ({summary['minutes']} min)")
+    return summary
+
+
+def _show_retrieval(console: Console, index, test, cfg: DemoConfig) -> tuple[float, float]:
+    """Print what BM25 finds for a few questions; return gold recall@k over the split for
+    the question as the query and for each hop's own query."""
+    for ex in test[:cfg.n_show]:
         gold = set(ex.metadata["gold_doc_ids"])
         console.print(f"\n[bold magenta]Q[/] ({ex.metadata['hops']} hops, {ex.metadata['type']}): "
                       f"{ex.question}  [dim]gold answer: {ex.golden_answers[0]}[/]")
-        first_hop = ex.metadata["chain"][0]["query"]
-        for query in (ex.question, first_hop):
-            hits = index.search([query], k)[0]
-            print_hits(console, query, hits, gold=gold)
-            found = gold & {h.doc_id for h in hits}
-            console.print(f"  -> gold documents found: {len(found)}/{len(gold)}")
-    # whole-split figures: one batched call per query kind
-    question_hits = index.search([ex.question for ex in test], k)
-    hop_queries = [(ex, hop) for ex in test for hop in ex.metadata["chain"]]
-    hop_hits = index.search([hop["query"] for _, hop in hop_queries], k)
+        for query in (ex.question, ex.metadata["chain"][0]["query"]):
+            print_hits(console, query, index.search([query], cfg.k)[0], gold=gold)
+    question_hits = index.search([ex.question for ex in test], cfg.k)
+    hop_queries = [hop for ex in test for hop in ex.metadata["chain"]]
+    hop_hits = index.search([hop["query"] for hop in hop_queries], cfg.k)
     recall_q = sum(len(set(ex.metadata["gold_doc_ids"]) & {h.doc_id for h in hits})
                    / len(set(ex.metadata["gold_doc_ids"]))
                    for ex, hits in zip(test, question_hits)) / len(test)
     recall_hop = sum(any(h.doc_id == hop["doc_id"] for h in hits)
-                     for (_, hop), hits in zip(hop_queries, hop_hits)) / len(hop_queries)
-    untrained = {}
-    if n_eval > 0:
-        stage(5, STAGES, f"evaluate the untrained policy ({model}) as a search agent "
-                         f"on {n_eval} test questions")
-        untrained = _evaluate_policy(model, index, test[:n_eval], out / "eval_untrained",
-                                     k=k, console=console)
-    summary = {
-        "n_test": len(test), "k": k, "docs": index.doc_count,
-        "em_untrained": untrained.get("em"), "n_eval": n_eval,
-        "valid_format_untrained": untrained.get("valid_format"),
-        "gold_recall_question_query": round(recall_q, 3),
-        "gold_recall_hop_query": round(recall_hop, 3),
-        "oracle_reformulated": oracle_stats.reformulated,
-        "oracle_incomplete": oracle_stats.incomplete,
-        "minutes": round((time.time() - started) / 60, 2),
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    console.rule("[bold]done")
-    console.print(f"Gold-document recall@{k} on {len(test)} test questions: "
-                  f"{recall_q:.2f} searching the question as written, {recall_hop:.2f} "
-                  "searching one hop at a time. One search is not enough: that gap is what "
-                  "a search agent has to learn to close.")
-    if untrained:
-        console.print(f"Untrained {model} as an agent on {n_eval} test questions: EM "
-                      f"{untrained['em']:.2f}, valid protocol {untrained['valid_format']:.2f}. "
-                      "It has never seen the protocol or this world: the SFT warm-up and RL "
-                      "stages (coming) start from here.")
-        console.print(f"trajectory viewer -> {out / 'eval_untrained' / 'viewer.html'}")
-    console.print(f"summary -> {out / 'summary.json'} ({summary['minutes']} min)")
-    return summary
+                     for hop, hits in zip(hop_queries, hop_hits)) / len(hop_queries)
+    console.print(f"gold-document recall@{cfg.k}: {recall_q:.2f} searching the question as "
+                  f"written, {recall_hop:.2f} searching one hop at a time")
+    return round(recall_q, 3), round(recall_hop, 3)
 
 
-def _evaluate_policy(model_name: str, index, examples, run_dir: Path, *, k: int,
-                     console: Console) -> dict:
-    """Greedy agent evaluation; writes the run folder and its viewer; returns the
-    average row of the metrics."""
-    from seekrl.eval.evaluate import eval_rollout_config, evaluate
-    from seekrl.eval.report import write_viewer
+def _evaluate(model_name: str, run_dir: Path, *, index, test_file: Path, cfg: DemoConfig,
+              console: Console) -> dict:
+    """Greedy agent evaluation with the demo's settings; the average metrics row."""
+    from seekrl.config import EvalConfig
     from seekrl.models import load_policy
+    from seekrl.rl.common import eval_policy
 
     policy, tokenizer = load_policy(model_name)
-    cfg = eval_rollout_config(method="agent", topk=k, max_turns=3, max_new_tokens=96)
-    metrics = evaluate(policy, tokenizer, index, {"world": list(examples)}, cfg, run_dir,
-                       run_info={"model": model_name}, console=console)
-    write_viewer(run_dir, tokenizer=tokenizer)
-    return metrics["average"]
+    metrics = eval_policy(policy, tokenizer, index,
+                          EvalConfig(data=str(test_file), n=cfg.n_test,
+                                     max_turns=cfg.eval_max_turns,
+                                     max_new_tokens=cfg.eval_max_new_tokens),
+                          run_dir, topk=cfg.k, max_info_tokens=cfg.max_info_tokens,
+                          console=console, run_info={"model": model_name})
+    avg = metrics["average"]
+    console.print(f"EM {avg['em']:.3f}  F1 {avg['f1']:.3f}  valid format "
+                  f"{avg['valid_format']:.2f}  searches {avg['searches']:.2f}  -> "
+                  f"{run_dir / 'viewer.html'}")
+    return avg

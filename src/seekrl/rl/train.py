@@ -503,6 +503,12 @@ class Trainer:
                 dev = self.evaluate(self.out / "eval" / f"step-{step}")
                 self.log.write({"step": step, **{f"dev_{k}": v for k, v in dev.items()}})
                 say(f"  dev EM {dev['em']:.3f}")
+            if cfg.max_minutes is not None and step < cfg.steps \
+                    and time.time() - started > cfg.max_minutes * 60:
+                say(f"time budget of {cfg.max_minutes} min used up after step {step}")
+                if cfg.save_every and step % cfg.save_every != 0:
+                    self.save_checkpoint(step)  # so --resume can go on from here
+                break
             if until is not None and step >= until and step < cfg.steps:
                 self.log.close()
                 return {"steps": step, "interrupted": True}

@@ -1,0 +1,37 @@
+"""`seekrl demo` end to end with a tiny saved model: every stage runs and the summary,
+report and viewers are written (the real model's numbers are in the README)."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from seekrl.demo import DemoConfig, run_demo
+from seekrl.models import tiny_policy
+
+
+def test_demo_pipeline_writes_summary_report_and_viewers(tmp_path):
+    torch.set_num_threads(1)
+    model, tok = tiny_policy(seed=0)
+    model.save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+    cfg = DemoConfig(model=str(tmp_path / "tiny"), n_test=3, eval_max_turns=2,
+                     eval_max_new_tokens=4, sft_steps=1, sft_batch=2, rl_steps=2,
+                     rl_minutes=5, questions_per_step=2, group_size=2, train_layers=1,
+                     n_show=1)
+    out = tmp_path / "demo"
+    summary = run_demo(out, cfg)
+    for key in ("em_untrained", "em_sft", "em_rl", "n_test", "rl_steps", "minutes"):
+        assert key in summary, key
+    assert summary["n_test"] == 3 and summary["rl_steps"] == 2
+    assert json.loads((out / "summary.json").read_text())["em_rl"] == summary["em_rl"]
+    html = (out / "report.html").read_text()
+    for label in ("untrained", "SFT", "RL"):
+        assert label in html
+    for stage in ("eval_untrained", "eval_sft", "eval_rl"):
+        assert (out / stage / "viewer.html").is_file()
+        questions = [json.loads(x)["example_id"]
+                     for x in (out / stage / "trajectories.jsonl").read_text().splitlines()]
+        assert len(questions) == 3
+    assert len(list((out / "rl").glob("metrics.jsonl"))) == 1
