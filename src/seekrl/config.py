@@ -78,6 +78,7 @@ class SFTConfig(Strict):
 
 
 class RolloutSettings(Strict):
+    method: Literal["agent", "rag", "direct"] = "agent"   # direct: one turn, no retriever
     max_turns: int = Field(4, ge=1)
     max_new_tokens: int = Field(96, ge=1)
     max_total_tokens: int = Field(2048, ge=16)
@@ -162,7 +163,8 @@ class LogConfig(Strict):
 class TrainConfig(Strict):
     model: str = "smollm2-135m"        # usually the SFT checkpoint (RUN_DIR/final)
     data: str                          # training questions (QA JSONL / parquet)
-    index: str                         # a built index folder, or an http:// retrieval server
+    index: str | None = None           # an index folder or an http:// retrieval server
+                                       # (required unless rollout.method is direct)
     out: str = "runs/train"
     dtype: str = "float32"
     device: str = "cpu"

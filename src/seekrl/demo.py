@@ -55,7 +55,7 @@ class DemoConfig:
     advantage: str = "grpo"
     questions_per_step: int = 8
     group_size: int = 4
-    rl_lr: float = 1e-5
+    rl_lr: float = 3e-5
     temperature: float = 1.0
     kl_coef: float = 0.0
     n_show: int = 2                  # test questions whose retrieval is printed

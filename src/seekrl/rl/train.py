@@ -105,7 +105,10 @@ class Trainer:
         self.optimizer = make_optimizer(trainable_parameters(self.model), cfg.optim,
                                         extra_groups=extra)
         self.scheduler = make_scheduler(self.optimizer, cfg.optim, cfg.steps)
-        if retriever is None:
+        if retriever is None and cfg.rollout.method != "direct":
+            if not cfg.index:
+                raise ValueError(f"index: rollout.method {cfg.rollout.method!r} needs an index "
+                                 "folder or a retrieval server url")
             from seekrl.retrieval.open import open_retriever
             retriever = open_retriever(cfg.index)
         self.retriever = retriever
@@ -157,7 +160,7 @@ class Trainer:
                             max_total_tokens=r.max_total_tokens, topk=r.topk,
                             max_info_tokens=r.max_info_tokens, batch_size=r.batch_size,
                             n_samples=self.cfg.group_size, temperature=r.temperature,
-                            top_p=r.top_p, seed=seed)
+                            top_p=r.top_p, seed=seed, method=r.method)
         self.model.eval()
         engine = RolloutEngine(HFBackend(self.model, self.tokenizer), self.tokenizer,
                                self.retriever, cfg)

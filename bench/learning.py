@@ -1,0 +1,128 @@
+"""Learning benchmark: test EM against RL steps for GRPO, Dr. GRPO and PPO (GAE), from one
+SFT checkpoint, on the demo's synthetic world. A long run (hours on a CPU); never in CI.
+
+    .venv/bin/python bench/learning.py --work-dir /tmp/seekrl-learning --steps 60 --eval-every 10
+
+The first run builds the world and index like `seekrl demo` (same `DemoConfig`) and trains
+the SFT checkpoint (or pass `--sft DIR`); every estimator then starts from that checkpoint
+with the same seed, questions per step, group size and learning rate, and is evaluated
+greedily on the same test questions every `--eval-every` steps. Prints `key=value` figures
+(EM per estimator and step), draws `learning.png`, and ends with a one-line summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    from seekrl.config import TrainConfig
+    from seekrl.data.qa import read_qa_jsonl, write_qa_jsonl
+    from seekrl.demo import DemoConfig
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/seekrl-learning"))
+    ap.add_argument("--sft", type=Path, default=None, help="SFT checkpoint (default: train one)")
+    ap.add_argument("--estimators", default="grpo,dr_grpo,gae")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--n-test", type=int, default=100)
+    ap.add_argument("--lr", type=float, default=None, help="default: the demo's RL lr")
+    ap.add_argument("--kl-coef", type=float, default=0.0)
+    args = ap.parse_args()
+
+    demo = DemoConfig(n_test=args.n_test)
+    work = args.work_dir
+    world_dir, index_dir = _world(work, demo)
+    test_file = work / "test_questions.jsonl"
+    write_qa_jsonl(test_file, read_qa_jsonl(world_dir / "test.jsonl")[:args.n_test])
+    sft = args.sft or _sft(work, demo, index_dir)
+    print(f"sft_checkpoint={sft}", flush=True)
+
+    from seekrl.rl.train import Trainer
+
+    curves: dict[str, list[tuple[int, float]]] = {}
+    started = time.time()
+    for name in args.estimators.split(","):
+        out = work / f"rl-{name}"
+        cfg = TrainConfig(
+            model=str(sft), data=str(world_dir / "train.jsonl"), index=str(index_dir),
+            out=str(out), seed=demo.seed, steps=args.steps, save_every=0,
+            questions_per_step=demo.questions_per_step, group_size=demo.group_size,
+            train_layers=demo.train_layers,
+            rollout={"max_turns": demo.eval_max_turns, "max_new_tokens": demo.eval_max_new_tokens,
+                     "topk": demo.k, "max_info_tokens": demo.max_info_tokens},
+            algo={"advantage": name, "kl_coef": args.kl_coef,
+                  "mini_batch_size": demo.questions_per_step * demo.group_size},
+            optim={"lr": args.lr or demo.rl_lr, "schedule": "constant"},
+            eval={"data": str(test_file), "n": args.n_test, "every": args.eval_every,
+                  "max_turns": demo.eval_max_turns, "max_new_tokens": demo.eval_max_new_tokens})
+        trainer = Trainer(cfg)
+        start_em = trainer.evaluate(out / "eval" / "step-0")["em"]
+        trainer.train()
+        points = [(0, start_em)] + [
+            (r["step"], r["dev_em"]) for r in map(json.loads, (out / "metrics.jsonl")
+                                                  .read_text().splitlines()) if "dev_em" in r]
+        curves[name] = points
+        for step, em in points:
+            print(f"em_{name}_step{step}={em:.4f}", flush=True)
+    _plot(curves, work / "learning.png")
+    print(f"plot={work / 'learning.png'}")
+    best = {n: max(em for _, em in pts) for n, pts in curves.items()}
+    start = {n: pts[0][1] for n, pts in curves.items()}
+    print("learning: " + ", ".join(f"{n} EM {start[n]:.3f}->{curves[n][-1][1]:.3f} "
+                                   f"(best {best[n]:.3f})" for n in curves)
+          + f" over {args.steps} steps; {(time.time() - started) / 60:.0f} min")
+
+
+def _world(work: Path, demo) -> tuple[Path, Path]:
+    from seekrl.agent.oracle import write_oracle_trajectories
+    from seekrl.data.qa import read_qa_jsonl
+    from seekrl.data.world import WorldConfig, generate_world, write_world
+    from seekrl.retrieval.index import build_index, load_index
+
+    world_dir, index_dir = work / "world", work / "index"
+    if not (index_dir / "manifest.json").is_file():
+        world = generate_world(WorldConfig(seed=demo.seed, difficulty=demo.difficulty,
+                                           doc_words=demo.doc_words, hop_mix=demo.hop_mix))
+        paths = write_world(world, world_dir)
+        build_index(paths["corpus"], index_dir, "bm25", overwrite=True, show_progress=False)
+        write_oracle_trajectories(read_qa_jsonl(paths["train"]), load_index(index_dir),
+                                  work / "oracle_train.jsonl", k=demo.k)
+    return world_dir, index_dir
+
+
+def _sft(work: Path, demo, index_dir: Path) -> Path:
+    from seekrl.config import SFTConfig
+    from seekrl.rl.sft import run_sft
+
+    final = work / "sft" / "final"
+    if not (final / "config.json").is_file():
+        run_sft(SFTConfig(model=demo.model, data=str(work / "oracle_train.jsonl"),
+                          out=str(work / "sft"), seed=demo.seed, max_steps=demo.sft_steps,
+                          batch_size=demo.sft_batch, max_info_tokens=demo.max_info_tokens,
+                          topk=demo.k, train_layers=demo.train_layers,
+                          optim={"lr": demo.sft_lr, "warmup_steps": 2, "min_lr_ratio": 0.1}))
+    return final
+
+
+def _plot(curves: dict[str, list[tuple[int, float]]], path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 3.5), dpi=100)
+    ax = fig.add_subplot()
+    for name, pts in curves.items():
+        ax.plot([s for s, _ in pts], [e for _, e in pts], marker="o", label=name)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("test EM (greedy)")
+    ax.set_title("seekrl: test EM from the SFT checkpoint")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+if __name__ == "__main__":
+    main()

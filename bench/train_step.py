@@ -1,0 +1,291 @@
+"""One RL step on CPU with the bundled SmolLM2-135M: seekrl's agent step, and a single-turn
+GRPO step of seekrl against TRL's `GRPOTrainer` doing the same work.
+
+1. Agent step: one `Trainer.step` of seekrl's recipe, multi-turn search agent, 8 questions x
+   G=4 from a synthetic world (the demo's: medium, 12-30-word documents, 1-3 hops) with a
+   BM25 index, top-2 documents, <= 256 information tokens, <= 4 turns of <= 64 new tokens;
+   full fine-tuning, float32, one optimizer step over the 32 episodes. Prints the time
+   split (rollout / scoring / old log-probs / update) and tokens/s. The bundled model is
+   not trained for the protocol (it rarely writes a valid tag), which is fine here: this
+   is a speed benchmark, not a quality one.
+2. Single-turn GRPO, side by side in one process: TRL's `GRPOTrainer` (standard
+   prompt-completion GRPO, transformers `generate`) and seekrl's `Trainer` with
+   `rollout.method=direct`, on the same model, the same 8 prompts (the world's first train
+   questions through seekrl's direct prompt and the model's chat template; TRL gets that
+   text as a plain-text `prompt` column, so no second template is applied: the token ids
+   are checked to be the same), G=4, <= 64 new tokens, temperature 1.0, the same
+   exact-match reward, no KL, clip 0.2 / 0.28, token-mean loss, lr 1e-6 constant, AdamW,
+   grad-norm clip 1.0, micro-batches of 8 and exactly one optimizer step over the 32
+   completions, no old-log-prob pass (one update: both skip it), full fine-tuning,
+   float32, CPU, no gradient checkpointing (TRL's default is on; turned off for both),
+   no logging backend, no saving. Each repeat builds a fresh model and trainer for each
+   side (untimed) and times only the step: `trainer.train()` with `max_steps=1` for TRL,
+   `Trainer.step(1)` for seekrl; the sides alternate which goes first. A process-wide
+   warm-up (a short generate and one forward/backward of a throwaway copy of the model)
+   runs before any timing; neither trainer gets a warm-up step.
+
+    .venv/bin/python bench/train_step.py [--questions 8] [--group 4] [--max-new-tokens 64]
+        [--repeats 1] [--skip-trl] [--skip-agent] [--threads N]
+
+Prints key=value lines; the last line is the summary with trl_speedup (TRL step seconds /
+seekrl step seconds, medians) and the agent step's headline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import logging
+import os
+import statistics
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from seekrl.agent.protocol import build_prompt, parse_action, plain_answer
+from seekrl.config import TrainConfig
+from seekrl.data.world import WorldConfig, generate_world, write_world
+from seekrl.models import load_policy
+from seekrl.retrieval.index import build_index, load_index
+from seekrl.rewards.metrics import exact_match
+from seekrl.rl.train import Trainer
+
+MICRO_BATCH = 8
+
+
+def build_world(work: Path, n_questions: int):
+    world = generate_world(WorldConfig(seed=0, difficulty="medium", doc_words=(12, 30),
+                                       hop_mix={1: 0.3, 2: 0.45, 3: 0.25}))
+    paths = write_world(world, work / "world")
+    retriever = load_index(build_index(paths["corpus"], work / "index", show_progress=False))
+    return world, retriever, world.splits["train"][:n_questions]
+
+
+def seekrl_config(args, method: str, out: Path) -> TrainConfig:
+    n = args.questions * args.group
+    rollout = {"method": method, "max_new_tokens": args.max_new_tokens, "temperature": 1.0,
+               "top_p": 1.0, "batch_size": n}
+    if method == "agent":
+        rollout.update(max_turns=4, topk=2, max_info_tokens=256)
+    return TrainConfig(
+        data="(in memory)", out=str(out), seed=0, steps=1, save_every=0,
+        questions_per_step=args.questions, group_size=args.group, train_layers=None,
+        rollout=rollout,
+        algo={"advantage": "grpo", "epochs": 1, "mini_batch_size": n,
+              "micro_batch_size": min(MICRO_BATCH, n), "kl_coef": 0.0, "clip_low": 0.2,
+              "clip_high": 0.28, "loss_agg": "token-mean"},
+        optim={"lr": 1e-6, "schedule": "constant", "warmup_steps": 0, "max_grad_norm": 1.0})
+
+
+def seekrl_step(args, method: str, questions, work: Path, retriever=None) -> dict:
+    """A fresh model and Trainer (untimed), then one timed `Trainer.step(1)`."""
+    model, tok = load_policy("smollm2-135m")
+    out = Path(tempfile.mkdtemp(prefix=f"seekrl-{method}-", dir=work))
+    trainer = Trainer(seekrl_config(args, method, out), model=model, tokenizer=tok,
+                      retriever=retriever, questions=questions, console=None)
+    started = time.perf_counter()
+    record = trainer.step(1)
+    record["wall"] = time.perf_counter() - started
+    record["generated"] = round(record["response_length"] * record["episodes"])
+    trainer.log.close()
+    return record
+
+
+# ---------------------------------------------------------------------- TRL
+
+
+def em_reward(completions, golden_answers, **_):
+    """seekrl's direct-method reward: the <answer> text, else the untagged reply, scored by EM."""
+    rewards = []
+    for text, golden in zip(completions, golden_answers):
+        action = parse_action(text)
+        answer = action.text if action.kind == "answer" else (plain_answer(text) or None)
+        rewards.append(float(exact_match(answer, golden)))
+    return rewards
+
+
+def trl_step(args, prompts: list[str], golden: list[list[str]], work: Path) -> dict:
+    """A fresh model and GRPOTrainer (untimed), then one timed `train()` of one step."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    n = args.questions * args.group
+    micro = min(MICRO_BATCH, n)
+    if n % micro:
+        raise SystemExit(f"questions x group ({n}) must be a multiple of {micro} for TRL")
+    model, tok = load_policy("smollm2-135m")
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-", dir=work),
+        per_device_train_batch_size=micro, gradient_accumulation_steps=n // micro,
+        steps_per_generation=n // micro, num_iterations=1, num_generations=args.group,
+        max_completion_length=args.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
+        beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group",
+        learning_rate=1e-6, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        max_grad_norm=1.0, optim="adamw_torch", max_steps=1, use_cpu=True, bf16=False,
+        fp16=False, gradient_checkpointing=False, logging_steps=1, report_to="none",
+        save_strategy="no", disable_tqdm=True, seed=0, dataloader_num_workers=0,
+        log_completions=False)
+    dataset = Dataset.from_dict({"prompt": prompts, "golden_answers": golden})
+    trainer = GRPOTrainer(model=model, reward_funcs=em_reward, args=config,
+                          train_dataset=dataset, processing_class=tok)
+    clock = {"generate": 0.0, "rollout": 0.0, "training_step": 0.0, "completion_tokens": 0,
+             "eos": 0}
+
+    def timed(name, fn, count=False):
+        def wrapper(*a, **k):
+            t = time.perf_counter()
+            result = fn(*a, **k)
+            clock[name] += time.perf_counter() - t
+            if count:  # _generate_single_turn -> (completion_ids, logprobs)
+                ids = result[0]
+                clock["completion_tokens"] += sum(len(c) for c in ids)
+                clock["eos"] += sum(1 for c in ids if c and c[-1] in trainer.eos_token_ids)
+            return result
+        return wrapper
+
+    trainer._generate_single_turn = timed("generate", trainer._generate_single_turn, count=True)
+    trainer._generate_and_score_completions = timed("rollout",
+                                                    trainer._generate_and_score_completions)
+    trainer.training_step = timed("training_step", trainer.training_step)
+    started = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - started
+    logged = next((h for h in trainer.state.log_history if "completions/mean_length" in h), {})
+    mean_len = logged.get("completions/mean_length", float("nan"))
+    return {"wall": wall, "generate": clock["generate"], "rollout": clock["rollout"],
+            "train_micro": clock["training_step"] - clock["rollout"],
+            "other": wall - clock["training_step"],
+            "completion_tokens_logged": round(mean_len * n),
+            "completion_tokens": clock["completion_tokens"],
+            # seekrl does not keep the EOS token it samples; TRL keeps it in the completion
+            "generated": clock["completion_tokens"] - clock["eos"],
+            "clipped_ratio": logged.get("completions/clipped_ratio"),
+            "reward": logged.get("reward"), "global_step": trainer.state.global_step}
+
+
+# ---------------------------------------------------------------------- main
+
+
+def warm_up(prompt: str) -> None:
+    """Process-wide first-call costs (allocator, kernels), paid before any timing."""
+    model, tok = load_policy("smollm2-135m")
+    ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+    with torch.no_grad():
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
+                       do_sample=True, pad_token_id=tok.pad_token_id)
+    model.train()
+    model(input_ids=ids.repeat(2, 1), labels=ids.repeat(2, 1)).loss.backward()
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--questions", type=int, default=8)
+    p.add_argument("--group", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--skip-trl", action="store_true", help="no single-turn comparison")
+    p.add_argument("--skip-agent", action="store_true", help="no multi-turn agent step")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.filterwarnings("ignore")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+
+    work = Path(tempfile.mkdtemp(prefix="seekrl-bench-train-step-"))
+    world, retriever, questions = build_world(work, args.questions)
+    _, tok = load_policy("smollm2-135m")
+    prompts = [build_prompt(tok, q.question, "direct") for q in questions]
+    same_ids = all(tok(t)["input_ids"] == tok.encode(t, add_special_tokens=False) for t in prompts)
+    import transformers
+    print(f"questions={len(questions)} group={args.group} max_new_tokens={args.max_new_tokens} "
+          f"repeats={args.repeats} threads={threads} torch={torch.__version__} "
+          f"transformers={transformers.__version__} docs={len(world.docs)}")
+    warm_up(prompts[0])
+
+    agent = None
+    if not args.skip_agent:
+        agent = seekrl_step(args, "agent", questions, work, retriever=retriever)
+        torch.set_num_threads(threads)
+        print(f"agent_episodes={agent['episodes']} agent_generated_tokens={agent['generated']} "
+              f"agent_searches={agent['searches']} agent_valid_format={agent['valid_format']} "
+              f"agent_reward={agent['reward']}")
+        print(f"agent_time_rollout={agent['time_rollout']} agent_time_scoring="
+              f"{agent['time_scoring']} agent_time_old_logprobs={agent['time_old_logprobs']} "
+              f"agent_time_update={agent['time_update']} agent_time_step={agent['time_step']} "
+              f"agent_rollout_tok_s={agent['tokens_per_s']} "
+              f"agent_train_tok_s={agent['train_tokens_per_s']}")
+
+    trl_runs: list[dict] = []
+    seek_runs: list[dict] = []
+    if not args.skip_trl:
+        import trl
+        print(f"trl={trl.__version__} prompt_tokens_same={same_ids} "
+              f"prompt_tokens_mean={sum(len(tok.encode(t)) for t in prompts) / len(prompts):.1f}")
+        golden = [list(q.golden_answers) for q in questions]
+        for r in range(args.repeats):
+            order = ("trl", "seekrl") if r % 2 == 0 else ("seekrl", "trl")
+            for side in order:
+                torch.set_num_threads(threads)
+                if side == "trl":
+                    with contextlib.redirect_stdout(io.StringIO()):  # TRL prints its logs
+                        run = trl_step(args, prompts, golden, work)
+                    trl_runs.append(run)
+                    print(f"repeat={r} side=trl step_s={run['wall']:.1f} "
+                          f"generate_s={run['generate']:.1f} rollout_s={run['rollout']:.1f} "
+                          f"train_micro_s={run['train_micro']:.1f} other_s={run['other']:.1f} "
+                          f"generated_tokens={run['generated']} "
+                          f"completion_tokens={run['completion_tokens']} "
+                          f"completion_tokens_logged={run['completion_tokens_logged']} "
+                          f"clipped_ratio={run['clipped_ratio']} reward={run['reward']} "
+                          f"optimizer_steps={run['global_step']}")
+                else:
+                    run = seekrl_step(args, "direct", questions, work)
+                    seek_runs.append(run)
+                    print(f"repeat={r} side=seekrl step_s={run['wall']:.1f} "
+                          f"rollout_s={run['time_rollout']:.1f} "
+                          f"old_logprobs_s={run['time_old_logprobs']:.1f} "
+                          f"update_s={run['time_update']:.1f} "
+                          f"generated_tokens={run['generated']} reward={run['reward']} "
+                          f"valid_format={run['valid_format']}")
+
+    summary = ["summary:"]
+    if trl_runs and seek_runs:
+        trl_s = median([x["wall"] for x in trl_runs])
+        seek_s = median([x["wall"] for x in seek_runs])
+        trl_tok = median([x["generated"] for x in trl_runs])
+        seek_tok = median([x["generated"] for x in seek_runs])
+        trl_gen = median([x["generate"] for x in trl_runs])
+        seek_gen = median([x["time_rollout"] for x in seek_runs])
+        trl_upd = median([x["wall"] - x["rollout"] for x in trl_runs])
+        seek_upd = median([x["time_update"] for x in seek_runs])
+        print(f"single_turn_trl_step_s={trl_s:.1f} single_turn_seekrl_step_s={seek_s:.1f} "
+              f"single_turn_trl_generated_tokens={trl_tok:.0f} "
+              f"single_turn_seekrl_generated_tokens={seek_tok:.0f}")
+        print(f"single_turn_trl_generate_s={trl_gen:.1f} single_turn_seekrl_rollout_s={seek_gen:.1f} "
+              f"generate_speedup={trl_gen / seek_gen:.2f} "
+              f"single_turn_trl_after_rollout_s={trl_upd:.1f} "
+              f"single_turn_seekrl_update_s={seek_upd:.1f} update_speedup={trl_upd / seek_upd:.2f}")
+        print(f"single_turn_trl_gen_tok_s={trl_tok / trl_gen:.1f} "
+              f"single_turn_seekrl_gen_tok_s={seek_tok / seek_gen:.1f}")
+        summary.append(f"trl_speedup={trl_s / seek_s:.2f} (TRL {trl_s:.1f}s vs seekrl {seek_s:.1f}s "
+                       f"per single-turn step, {trl_tok:.0f} vs {seek_tok:.0f} tokens)")
+    if agent is not None:
+        summary.append(f"agent_step={agent['wall']:.1f}s (rollout {agent['time_rollout']:.1f}s "
+                       f"at {agent['tokens_per_s']} tok/s, old_logprobs "
+                       f"{agent['time_old_logprobs']:.1f}s, update {agent['time_update']:.1f}s)")
+    print(" ".join(summary))
+
+
+if __name__ == "__main__":
+    main()
