@@ -126,7 +126,7 @@ def trl_step(args, prompts: list[str], golden: list[list[str]], work: Path) -> d
         beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group",
         learning_rate=1e-6, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         max_grad_norm=1.0, optim="adamw_torch", max_steps=1, use_cpu=True, bf16=False,
-        fp16=False, gradient_checkpointing=False, logging_steps=1, report_to="none",
+        fp16=False, activation_checkpointing=False, logging_steps=1, report_to="none",
         save_strategy="no", disable_tqdm=True, seed=0, dataloader_num_workers=0,
         log_completions=False)
     dataset = Dataset.from_dict({"prompt": prompts, "golden_answers": golden})
@@ -164,7 +164,8 @@ def trl_step(args, prompts: list[str], golden: list[list[str]], work: Path) -> d
             # seekrl does not keep the EOS token it samples; TRL keeps it in the completion
             "generated": clock["completion_tokens"] - clock["eos"],
             "clipped_ratio": logged.get("completions/clipped_ratio"),
-            "reward": logged.get("reward"), "global_step": trainer.state.global_step}
+            "reward": logged.get("reward"), "global_step": trainer.state.global_step,
+            "checkpointing": bool(config.activation_checkpointing)}
 
 
 # ---------------------------------------------------------------------- main
@@ -201,13 +202,14 @@ def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     warnings.filterwarnings("ignore")
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    import transformers
+    transformers.utils.logging.disable_progress_bar()
 
     work = Path(tempfile.mkdtemp(prefix="seekrl-bench-train-step-"))
     world, retriever, questions = build_world(work, args.questions)
     _, tok = load_policy("smollm2-135m")
     prompts = [build_prompt(tok, q.question, "direct") for q in questions]
     same_ids = all(tok(t)["input_ids"] == tok.encode(t, add_special_tokens=False) for t in prompts)
-    import transformers
     print(f"questions={len(questions)} group={args.group} max_new_tokens={args.max_new_tokens} "
           f"repeats={args.repeats} threads={threads} torch={torch.__version__} "
           f"transformers={transformers.__version__} docs={len(world.docs)}")
@@ -248,7 +250,8 @@ def main() -> None:
                           f"completion_tokens={run['completion_tokens']} "
                           f"completion_tokens_logged={run['completion_tokens_logged']} "
                           f"clipped_ratio={run['clipped_ratio']} reward={run['reward']} "
-                          f"optimizer_steps={run['global_step']}")
+                          f"optimizer_steps={run['global_step']} "
+                          f"activation_checkpointing={run['checkpointing']}")
                 else:
                     run = seekrl_step(args, "direct", questions, work)
                     seek_runs.append(run)

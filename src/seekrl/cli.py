@@ -166,16 +166,16 @@ def demo(
     model: Annotated[str, typer.Option(help="policy: HF id or path, or the bundled default")]
     = "smollm2-135m",
     eval_questions: Annotated[int, typer.Option(help="test questions (the same at every stage)")] = 40,
-    sft_steps: Annotated[int, typer.Option(help="SFT optimizer steps")] = 12,
+    sft_steps: Annotated[int, typer.Option(help="SFT optimizer steps")] = 20,
     sft_batch: Annotated[int, typer.Option(help="oracle episodes per SFT step")] = 8,
     rl_steps: Annotated[int, typer.Option(help="RL steps at most")] = 40,
-    rl_minutes: Annotated[float, typer.Option(help="RL time budget in minutes")] = 11.0,
+    rl_minutes: Annotated[float, typer.Option(help="RL time budget in minutes")] = 9.0,
     advantage: Annotated[str, typer.Option(help="grpo | dr_grpo | rloo | reinforce_pp | gae")]
     = "grpo",
     questions_per_step: Annotated[int, typer.Option(help="RL questions per step")] = 8,
     group_size: Annotated[int, typer.Option(help="RL rollouts per question (G)")] = 4,
     train_layers: Annotated[int, typer.Option(
-        help="train the top N transformer blocks (0: all of them)")] = 10,
+        help="train the top N transformer blocks (0: all of them)")] = 16,
 ):
     """The whole pipeline on the built-in synthetic world, on CPU: world, index, untrained
     eval, SFT warm-up, eval, RL, eval, report (about 30 minutes on 2 cores)."""

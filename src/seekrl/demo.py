@@ -45,13 +45,13 @@ class DemoConfig:
     eval_max_turns: int = 4
     eval_max_new_tokens: int = 64
     # SFT warm-up
-    sft_steps: int = 12
+    sft_steps: int = 20
     sft_batch: int = 8
     sft_lr: float = 2e-4
-    train_layers: int | None = 10    # top blocks trained (None: all)
+    train_layers: int | None = 16    # top blocks trained (None: all)
     # RL
     rl_steps: int = 40
-    rl_minutes: float = 11.0         # stop RL after the step that passes this budget
+    rl_minutes: float = 9.0          # stop RL after the step that passes this budget
     advantage: str = "grpo"
     questions_per_step: int = 8
     group_size: int = 4
@@ -103,8 +103,8 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "demo_config.json").write_text(json.dumps(asdict(cfg), indent=2))
-    clock = _Clock(console, {"world": 0.3, "eval_untrained": 2.5, "sft": 6.0, "eval_sft": 2.0,
-                             "rl": cfg.rl_minutes + 1.0, "eval_rl": 2.0, "report": 0.2})
+    clock = _Clock(console, {"world": 0.3, "eval_untrained": 4.0, "sft": 7.0, "eval_sft": 3.0,
+                             "rl": cfg.rl_minutes + 1.0, "eval_rl": 3.0, "report": 0.2})
 
     clock.stage("world", "build the synthetic world, index it (BM25), write oracle episodes")
     world = generate_world(WorldConfig(seed=cfg.seed, difficulty=cfg.difficulty,
@@ -237,7 +237,10 @@ def _evaluate(model_name: str, run_dir: Path, *, index, test_file: Path, cfg: De
     metrics = eval_policy(policy, tokenizer, index,
                           EvalConfig(data=str(test_file), n=cfg.n_test,
                                      max_turns=cfg.eval_max_turns,
-                                     max_new_tokens=cfg.eval_max_new_tokens),
+                                     max_new_tokens=cfg.eval_max_new_tokens,
+                                     # one batch: a tail batch of a few episodes would
+                                     # decode as many steps for a fraction of the tokens
+                                     batch_size=min(cfg.n_test, 64)),
                           run_dir, topk=cfg.k, max_info_tokens=cfg.max_info_tokens,
                           console=console, run_info={"model": model_name})
     avg = metrics["average"]
