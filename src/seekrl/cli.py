@@ -168,8 +168,9 @@ def demo(
     eval_questions: Annotated[int, typer.Option(help="test questions (the same at every stage)")] = 40,
     sft_steps: Annotated[int, typer.Option(help="SFT optimizer steps")] = 20,
     sft_batch: Annotated[int, typer.Option(help="oracle episodes per SFT step")] = 8,
-    rl_steps: Annotated[int, typer.Option(help="RL steps at most")] = 40,
-    rl_minutes: Annotated[float, typer.Option(help="RL time budget in minutes")] = 9.0,
+    rl_steps: Annotated[int, typer.Option(help="RL steps")] = 3,
+    rl_minutes: Annotated[Optional[float], typer.Option(
+        help="also stop RL after the step that passes this many minutes")] = None,
     advantage: Annotated[str, typer.Option(help="grpo | dr_grpo | rloo | reinforce_pp | gae")]
     = "grpo",
     questions_per_step: Annotated[int, typer.Option(help="RL questions per step")] = 8,

@@ -50,8 +50,8 @@ class DemoConfig:
     sft_lr: float = 2e-4
     train_layers: int | None = 16    # top blocks trained (None: all)
     # RL
-    rl_steps: int = 40
-    rl_minutes: float = 9.0          # stop RL after the step that passes this budget
+    rl_steps: int = 3                # a fixed number of steps: the same run on every machine
+    rl_minutes: float | None = None  # or stop RL after the step that passes this budget
     advantage: str = "grpo"
     questions_per_step: int = 8
     group_size: int = 4
@@ -104,7 +104,8 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
     out.mkdir(parents=True, exist_ok=True)
     (out / "demo_config.json").write_text(json.dumps(asdict(cfg), indent=2))
     clock = _Clock(console, {"world": 0.3, "eval_untrained": 4.0, "sft": 7.0, "eval_sft": 3.0,
-                             "rl": cfg.rl_minutes + 1.0, "eval_rl": 3.0, "report": 0.2})
+                             "rl": 3.5 * cfg.rl_steps if cfg.rl_minutes is None
+                             else cfg.rl_minutes + 2.0, "eval_rl": 3.0, "report": 0.2})
 
     clock.stage("world", "build the synthetic world, index it (BM25), write oracle episodes")
     world = generate_world(WorldConfig(seed=cfg.seed, difficulty=cfg.difficulty,
@@ -143,9 +144,9 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
     clock.stage("eval_sft", "evaluate the SFT checkpoint on the same test questions")
     after_sft = _evaluate(sft["final"], out / "eval_sft", **eval_kw)
 
+    budget = f" or {cfg.rl_minutes:g} min" if cfg.rl_minutes is not None else ""
     clock.stage("rl", f"RL ({cfg.advantage}): {cfg.questions_per_step} questions x "
-                      f"{cfg.group_size} rollouts per step, up to {cfg.rl_steps} steps or "
-                      f"{cfg.rl_minutes:g} min")
+                      f"{cfg.group_size} rollouts per step, {cfg.rl_steps} steps{budget}")
     rl_cfg = TrainConfig(
         model=sft["final"], data=str(paths["train"]), index=str(index_dir), out=str(out / "rl"),
         seed=cfg.seed, steps=cfg.rl_steps, max_minutes=cfg.rl_minutes,
