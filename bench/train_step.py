@@ -231,7 +231,11 @@ def main() -> None:
     trl_runs: list[dict] = []
     seek_runs: list[dict] = []
     if not args.skip_trl:
-        import trl
+        try:
+            import trl
+        except ImportError:
+            raise SystemExit("the TRL comparison needs trl: .venv/bin/pip install 'seekrl[bench]' "
+                             "(or pass --skip-trl)") from None
         print(f"trl={trl.__version__} prompt_tokens_same={same_ids} "
               f"prompt_tokens_mean={sum(len(tok.encode(t)) for t in prompts) / len(prompts):.1f}")
         golden = [list(q.golden_answers) for q in questions]
