@@ -265,14 +265,14 @@ class Trainer:
         self.scheduler.step()
         generated = sum(t.n_generated for t in trajs)
         trained = sum(len(t.token_ids) for t in trajs) * algo.epochs
+        # the log-prob of correct episodes under the policy that sampled them: from the
+        # old log-probs when there are any, else as measured during the (only) update
+        record["correct_logp"] = update.pop("correct_logp", None)
         if old_logps is not None:
             correct = [lp[torch.tensor(t.loss_mask, dtype=torch.bool)].mean().item()
                        for t, lp, p in zip(trajs, old_logps, parts) if p.outcome >= 1.0
                        and t.n_generated]
             record["correct_logp"] = round(sum(correct) / len(correct), 4) if correct else None
-        else:
-            record["correct_logp"] = update.pop("correct_logp", None)
-        update.pop("correct_logp", None)
         record.update(update)
         record.update(lr=self.scheduler.get_last_lr()[0], time_rollout=round(t_rollout, 2),
                       time_scoring=round(t_scoring, 3), time_old_logprobs=round(t_old, 2),
@@ -411,8 +411,8 @@ class Trainer:
         tmp = self.ckpt_dir / f".step-{step}.tmp{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        trainable = {k: v for k, v in self.model.state_dict().items()
-                     if k in _trainable_names(self.model)}
+        names = _trainable_names(self.model)
+        trainable = {k: v for k, v in self.model.state_dict().items() if k in names}
         torch.save(trainable, tmp / "policy.pt")
         if self.value_head is not None:
             torch.save(self.value_head.state_dict(), tmp / "value_head.pt")
