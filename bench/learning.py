@@ -5,9 +5,14 @@ SFT checkpoint, on the demo's synthetic world. A long run (hours on a CPU); neve
 
 The first run builds the world and index like `seekrl demo` (same `DemoConfig`) and trains
 the SFT checkpoint (or pass `--sft DIR`); every estimator then starts from that checkpoint
-with the same seed, questions per step, group size and learning rate, and is evaluated
-greedily on the same test questions every `--eval-every` steps. Prints `key=value` figures
-(EM per estimator and step), draws `learning.png`, and ends with a one-line summary.
+with the same seed, questions per step, group size, temperature and learning rate, and is
+evaluated greedily on the same test questions every `--eval-every` steps.
+
+Each estimator's curve is kept in `WORK/rl-NAME/curve.json` as soon as it finishes, and an
+estimator whose curve is already there (for the same steps) is not run again, so a run can
+be split: `--stage sft` once, then one process per estimator (`--estimators gae`, in
+parallel on a GPU, say), then `--stage plot`. Prints `key=value` figures (EM per estimator
+and step), draws `learning.png` from every curve in WORK, and ends with a one-line summary.
 """
 
 from __future__ import annotations
@@ -19,63 +24,104 @@ from pathlib import Path
 
 
 def main() -> None:
-    from seekrl.config import TrainConfig
     from seekrl.data.qa import read_qa_jsonl, write_qa_jsonl
     from seekrl.demo import DemoConfig
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/seekrl-learning"))
     ap.add_argument("--sft", type=Path, default=None, help="SFT checkpoint (default: train one)")
+    ap.add_argument("--stage", choices=("all", "sft", "rl", "plot"), default="all",
+                    help="all (default) | sft: world, index and SFT only | rl: the estimators "
+                         "only (no plot) | plot: draw what WORK holds")
     ap.add_argument("--estimators", default="grpo,dr_grpo,gae")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--n-test", type=int, default=100)
     ap.add_argument("--lr", type=float, default=None, help="default: the demo's RL lr")
-    ap.add_argument("--kl-coef", type=float, default=0.0)
+    ap.add_argument("--kl-coef", type=float, default=None, help="default: the demo's")
+    ap.add_argument("--format-reward", type=float, default=0.0,
+                    help="reward added for a valid protocol trace")
+    ap.add_argument("--tag", default="", help="suffix of the run folders (rl-NAME-TAG), to "
+                    "compare settings of one estimator")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    ap.add_argument("--gpu-fraction", type=float, default=None,
+                    help="cap this process's share of GPU memory (for estimators run in "
+                         "parallel on one GPU: the caching allocator then frees its cache "
+                         "instead of starving the others)")
     args = ap.parse_args()
+    if args.gpu_fraction:
+        import torch
+
+        torch.cuda.set_per_process_memory_fraction(args.gpu_fraction)
 
     demo = DemoConfig(n_test=args.n_test)
     work = args.work_dir
-    world_dir, index_dir = _world(work, demo)
-    test_file = work / "test_questions.jsonl"
-    write_qa_jsonl(test_file, read_qa_jsonl(world_dir / "test.jsonl")[:args.n_test])
-    sft = args.sft or _sft(work, demo, index_dir)
-    print(f"sft_checkpoint={sft}", flush=True)
+    started = time.time()
+    if args.stage != "plot":
+        world_dir, index_dir = _world(work, demo)
+        test_file = work / "test_questions.jsonl"
+        write_qa_jsonl(test_file, read_qa_jsonl(world_dir / "test.jsonl")[:args.n_test])
+        sft = args.sft or _sft(work, demo, index_dir, args.device)
+        print(f"sft_checkpoint={sft}", flush=True)
+        if args.stage in ("all", "rl"):
+            for name in args.estimators.split(","):
+                _run_estimator(name, args, demo, sft, world_dir, index_dir, test_file)
+    if args.stage in ("all", "plot"):
+        curves = {p.parent.name.removeprefix("rl-"): json.loads(p.read_text())
+                  for p in sorted(work.glob("rl-*/curve.json"))}
+        if not curves:
+            raise SystemExit(f"no curves under {work}: run the estimators first")
+        for name, c in curves.items():
+            for step, em in c["points"]:
+                print(f"em_{name}_step{step}={em:.4f}")
+            print(f"minutes_{name}={c['minutes']:.1f}")
+        _plot(curves, work / "learning.png")
+        print(f"plot={work / 'learning.png'}")
+        print("learning: " + ", ".join(
+            f"{n} EM {c['points'][0][1]:.3f}->{c['points'][-1][1]:.3f} "
+            f"(best {max(em for _, em in c['points']):.3f})" for n, c in curves.items())
+            + f" over {max(c['steps'] for c in curves.values())} steps"
+            + f" ({(time.time() - started) / 60:.0f} min this run)")
 
+
+def _run_estimator(name, args, demo, sft: Path, world_dir: Path, index_dir: Path,
+                   test_file: Path) -> None:
+    from seekrl.config import TrainConfig
     from seekrl.rl.train import Trainer
 
-    curves: dict[str, list[tuple[int, float]]] = {}
-    started = time.time()
-    for name in args.estimators.split(","):
-        out = work / f"rl-{name}"
-        cfg = TrainConfig(
-            model=str(sft), data=str(world_dir / "train.jsonl"), index=str(index_dir),
-            out=str(out), seed=demo.seed, steps=args.steps, save_every=0,
-            questions_per_step=demo.questions_per_step, group_size=demo.group_size,
-            train_layers=demo.train_layers,
-            rollout={"max_turns": demo.eval_max_turns, "max_new_tokens": demo.eval_max_new_tokens,
-                     "topk": demo.k, "max_info_tokens": demo.max_info_tokens},
-            algo={"advantage": name, "kl_coef": args.kl_coef,
-                  "mini_batch_size": demo.questions_per_step * demo.group_size},
-            optim={"lr": args.lr or demo.rl_lr, "schedule": "constant"},
-            eval={"data": str(test_file), "n": args.n_test, "every": args.eval_every,
-                  "max_turns": demo.eval_max_turns, "max_new_tokens": demo.eval_max_new_tokens})
-        trainer = Trainer(cfg)
-        start_em = trainer.evaluate(out / "eval" / "step-0")["em"]
-        trainer.train()
-        points = [(0, start_em)] + [
-            (r["step"], r["dev_em"]) for r in map(json.loads, (out / "metrics.jsonl")
-                                                  .read_text().splitlines()) if "dev_em" in r]
-        curves[name] = points
-        for step, em in points:
-            print(f"em_{name}_step{step}={em:.4f}", flush=True)
-    _plot(curves, work / "learning.png")
-    print(f"plot={work / 'learning.png'}")
-    best = {n: max(em for _, em in pts) for n, pts in curves.items()}
-    start = {n: pts[0][1] for n, pts in curves.items()}
-    print("learning: " + ", ".join(f"{n} EM {start[n]:.3f}->{curves[n][-1][1]:.3f} "
-                                   f"(best {best[n]:.3f})" for n in curves)
-          + f" over {args.steps} steps; {(time.time() - started) / 60:.0f} min")
+    out = args.work_dir / (f"rl-{name}-{args.tag}" if args.tag else f"rl-{name}")
+    done = out / "curve.json"
+    if done.is_file() and json.loads(done.read_text())["steps"] == args.steps:
+        print(f"{name}: curve already in {done}", flush=True)
+        return
+    t0 = time.time()
+    cfg = TrainConfig(
+        model=str(sft), data=str(world_dir / "train.jsonl"), index=str(index_dir),
+        out=str(out), seed=demo.seed, steps=args.steps, save_every=0, device=args.device,
+        questions_per_step=demo.questions_per_step, group_size=demo.group_size,
+        train_layers=demo.train_layers,
+        rollout={"max_turns": demo.eval_max_turns, "max_new_tokens": demo.eval_max_new_tokens,
+                 "topk": demo.k, "max_info_tokens": demo.max_info_tokens,
+                 "temperature": demo.temperature},
+        algo={"advantage": name,
+              "kl_coef": demo.kl_coef if args.kl_coef is None else args.kl_coef,
+              "mini_batch_size": demo.questions_per_step * demo.group_size},
+        optim={"lr": args.lr or demo.rl_lr, "schedule": "constant"},
+        reward={"format_reward": args.format_reward},
+        eval={"data": str(test_file), "n": args.n_test, "every": args.eval_every,
+              "max_turns": demo.eval_max_turns, "max_new_tokens": demo.eval_max_new_tokens})
+    trainer = Trainer(cfg)
+    start_em = trainer.evaluate(out / "eval" / "step-0")["em"]
+    print(f"em_{name}_step0={start_em:.4f}", flush=True)
+    trainer.train()
+    points = [(0, start_em)] + [
+        (r["step"], r["dev_em"]) for r in map(json.loads, (out / "metrics.jsonl")
+                                              .read_text().splitlines()) if "dev_em" in r]
+    done.write_text(json.dumps({"steps": args.steps, "points": points, "lr": cfg.optim.lr,
+                                "kl_coef": cfg.algo.kl_coef, "device": args.device,
+                                "minutes": (time.time() - t0) / 60}))
+    print(f"{name}: EM {points[0][1]:.3f}->{points[-1][1]:.3f} in {args.steps} steps "
+          f"({(time.time() - t0) / 60:.1f} min)", flush=True)
 
 
 def _world(work: Path, demo) -> tuple[Path, Path]:
@@ -95,7 +141,7 @@ def _world(work: Path, demo) -> tuple[Path, Path]:
     return world_dir, index_dir
 
 
-def _sft(work: Path, demo, index_dir: Path) -> Path:
+def _sft(work: Path, demo, index_dir: Path, device: str) -> Path:
     from seekrl.config import SFTConfig
     from seekrl.rl.sft import run_sft
 
@@ -104,18 +150,18 @@ def _sft(work: Path, demo, index_dir: Path) -> Path:
         run_sft(SFTConfig(model=demo.model, data=str(work / "oracle_train.jsonl"),
                           out=str(work / "sft"), seed=demo.seed, max_steps=demo.sft_steps,
                           batch_size=demo.sft_batch, max_info_tokens=demo.max_info_tokens,
-                          topk=demo.k, train_layers=demo.train_layers,
+                          topk=demo.k, train_layers=demo.train_layers, device=device,
                           optim={"lr": demo.sft_lr, "warmup_steps": 2, "min_lr_ratio": 0.1}))
     return final
 
 
-def _plot(curves: dict[str, list[tuple[int, float]]], path: Path) -> None:
+def _plot(curves: dict[str, dict], path: Path) -> None:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(6, 3.5), dpi=100)
     ax = fig.add_subplot()
-    for name, pts in curves.items():
-        ax.plot([s for s, _ in pts], [e for _, e in pts], marker="o", label=name)
+    for name, c in curves.items():
+        ax.plot([s for s, _ in c["points"]], [e for _, e in c["points"]], marker="o", label=name)
     ax.set_xlabel("RL step")
     ax.set_ylabel("test EM (greedy)")
     ax.set_title("seekrl: test EM from the SFT checkpoint")

@@ -192,6 +192,21 @@ def test_bm25_batch_equals_per_query(bm25):
     assert batch[0] == batch[-1]
 
 
+def test_bm25_keeps_jax_from_preallocating_the_gpu(bm25, monkeypatch):
+    """bm25s imports JAX when it is installed; JAX would otherwise claim 75% of a GPU (seen on
+    an H100: 60 GB, and the policy ran out of memory). A user's own setting is kept."""
+    import os
+
+    from seekrl.retrieval.bm25 import _bm25s
+
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
+    _bm25s()
+    assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "true")
+    _bm25s()
+    assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"
+
+
 def test_search_accepts_a_tuple_but_not_a_bare_string(bm25):
     assert ids(bm25.search(("platypus",), 1)[0]) == ["platypus"]
     with pytest.raises(TypeError, match="list of queries"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,17 @@ from seekrl.retrieval.base import RetrievalError
 from seekrl.retrieval.corpus import DocStore, StoreRetriever
 
 STOPWORDS = "en"
+
+
+def _bm25s():
+    """bm25s, imported so that it cannot take the GPU: when JAX is installed, importing bm25s
+    imports JAX and runs a top-k with it, and JAX's default is to claim 75% of a GPU's memory
+    on first use (seen: 60 GB of an 80 GB H100, leaving the policy to run out of memory).
+    seekrl selects the top k with numpy, so JAX only needs to not preallocate."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    import bm25s
+
+    return bm25s
 
 
 def _stemmer():
@@ -22,10 +34,8 @@ def _stemmer():
 
 
 def _tokenize(texts: list[str], stemmer, show_progress: bool = False) -> list[list[str]]:
-    import bm25s
-
-    return bm25s.tokenize(texts, stopwords=STOPWORDS, stemmer=stemmer, return_ids=False,
-                          show_progress=show_progress)
+    return _bm25s().tokenize(texts, stopwords=STOPWORDS, stemmer=stemmer, return_ids=False,
+                             show_progress=show_progress)
 
 
 class BM25Retriever(StoreRetriever):
@@ -41,8 +51,6 @@ class BM25Retriever(StoreRetriever):
     @classmethod
     def build(cls, store: DocStore, out: str | Path, *, k1: float = 0.9, b: float = 0.4,
               chunk: int = 100_000, show_progress: bool = True) -> "BM25Retriever":
-        import bm25s
-
         stemmer = _stemmer()
         tokens: list[list[str]] = []
         # tokenise in chunks so peak memory is the token lists, not a second copy of the text
@@ -52,16 +60,14 @@ class BM25Retriever(StoreRetriever):
         if not any(tokens):
             raise RetrievalError("the corpus has no indexable words (all documents are empty "
                                  "or stop words)")
-        model = bm25s.BM25(k1=k1, b=b)
+        model = _bm25s().BM25(k1=k1, b=b)
         model.index(tokens, show_progress=show_progress)
         model.save(str(out))
         return cls(model, store, stemmer)
 
     @classmethod
     def load(cls, directory: str | Path, store: DocStore) -> "BM25Retriever":
-        import bm25s
-
-        model = bm25s.BM25.load(str(directory), mmap=True)
+        model = _bm25s().BM25.load(str(directory), mmap=True)
         return cls(model, store, _stemmer())
 
     def _rank(self, queries: list[str], k: int) -> list[list[tuple[int, float]]]:
@@ -75,7 +81,7 @@ class BM25Retriever(StoreRetriever):
             return out
         # n_threads=0: score in this thread; bm25s builds a thread pool per call otherwise
         rows, scores = self.model.retrieve([tokens[i] for i in todo], k=k, show_progress=False,
-                                           n_threads=0)
+                                           n_threads=0, backend_selection="numpy")
         for i, r, s in zip(todo, np.asarray(rows), np.asarray(scores)):
             out[i] = [(int(row), float(score)) for row, score in zip(r, s) if score > 0]
         return out
