@@ -147,3 +147,66 @@ def test_masked_tokens_get_exactly_zero_gradient():
     assert torch.count_nonzero(grad[trained_rows]) > 0
     # and the parameters receive gradient only through those positions
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+def _shared_prompt_batch():
+    """Five episodes over two prompts (as G rollouts of two questions), with retrieved
+    stretches inside the responses and rows of different lengths."""
+    from seekrl.rl.forward import collate
+
+    g = torch.Generator().manual_seed(0)
+    p1, p2 = torch.randint(5, 500, (9,), generator=g).tolist(), \
+        torch.randint(5, 500, (6,), generator=g).tolist()
+    tail = lambda n: torch.randint(5, 500, (n,), generator=g).tolist()  # noqa: E731
+    rows = [p1 + tail(7), p2 + tail(12), p1 + tail(3), p2 + tail(5), p1 + tail(10)]
+    masks = [[0] * 9 + [1, 1, 1, 0, 0, 1, 1], [0] * 6 + [1] * 4 + [0] * 5 + [1] * 3,
+             [0] * 9 + [1, 1, 1], [0] * 6 + [1] * 5, [0] * 9 + [1] * 10]
+    return collate(rows, masks, 0)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_shared_prompt_forward_equals_the_plain_forward(lora):
+    """One prompt pass whose KV cache is repeated per row: the same log-probs, entropy,
+    values and parameter gradients as running every row in full."""
+    from seekrl.models import tiny_policy
+    from seekrl.rl.forward import ValueHead, masked_logprobs, shared_prompts
+
+    model, _ = tiny_policy(seed=2)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                                                 init_lora_weights=False))
+    head = ValueHead(64)
+    ids, attn, mask = _shared_prompt_batch()
+    assert shared_prompts(ids, attn, mask) == ([8, 5, 8, 5, 8], [0, 1, 0, 1, 0])
+    results = []
+    for share in (False, True):
+        model.zero_grad()
+        out = masked_logprobs(model, ids, attn, mask, entropy=True, value_head=head,
+                              share_prompts=share)
+        (out["logprobs"].sum() + 0.1 * out["entropy"].sum()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((out, grads))
+    (plain, g_plain), (shared, g_shared) = results
+    for key in ("logprobs", "entropy", "values"):
+        assert plain[key].shape == shared[key].shape == ids.shape
+        torch.testing.assert_close(plain[key], shared[key], atol=2e-5, rtol=1e-4)
+        assert torch.count_nonzero(shared[key][mask == 0]) == 0
+    assert g_plain.keys() == g_shared.keys() and g_plain
+    for n in g_plain:
+        torch.testing.assert_close(g_plain[n], g_shared[n], atol=2e-5, rtol=1e-3, msg=n)
+
+
+def test_shared_prompts_only_when_rows_share_one():
+    from seekrl.rl.forward import collate, shared_prompts
+
+    ids, attn, mask = collate([[1, 2, 3, 4], [7, 2, 3, 4]], [[0, 0, 1, 1], [0, 0, 1, 1]], 0)
+    assert shared_prompts(ids, attn, mask) is None      # prompts [1] and [7]
+    # the prompt ends before the token whose hidden state predicts the first policy token
+    ids, attn, mask = collate([[1, 2, 3, 4], [1, 9, 3, 4]], [[0, 0, 1, 1], [0, 0, 1, 1]], 0)
+    assert shared_prompts(ids, attn, mask) == ([1, 1], [0, 0])
+    ids, attn, mask = collate([[1, 2, 3, 4], [1, 2, 3, 6]], [[0, 0, 0, 1], [0, 0, 0, 1]], 0)
+    assert shared_prompts(ids, attn, mask) == ([2, 2], [0, 0])
+    # a row whose first token is already trained has no prompt to share
+    ids, attn, mask = collate([[1, 2], [1, 2]], [[0, 1], [0, 1]], 0)
+    assert shared_prompts(ids, attn, mask) is None

@@ -4,6 +4,7 @@ and the loss-mask invariants."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from seekrl.agent.backends import HFBackend, Sampling
 from seekrl.agent.rollout import RolloutConfig, RolloutEngine
@@ -183,6 +184,30 @@ def test_real_bundled_model_one_batched_episode():
     for t in trajs:
         t.check()
         assert t.n_generated > 0 and t.finish_reason in ("answer", "max_turns", "length")
+
+
+def test_equal_contexts_prefilled_once_decode_as_their_own_rows(tiny):
+    """A question's G rollouts start from one context: it is prefilled once and each copy
+    then goes its own way, over a second turn that reuses each episode's cache too."""
+    model, tok = tiny
+    a, b = tok.encode("the same question " * 3), tok.encode("another one")
+    contexts = [a, b, a, a]
+    keys = ["e0", "e1", "e2", "e3"]
+    backend = HFBackend(model, tok)
+    first = backend.generate(contexts, 8, Sampling(greedy=True), keys=keys)
+    alone = [HFBackend(model, tok).generate([c], 8, Sampling(greedy=True))[0] for c in contexts]
+    assert first == alone and first[0] == first[2] == first[3]
+    # second turn: the copies now differ (each gets its own appended block)
+    second_ctx = [c + r + tok.encode(f" block {i}") for i, (c, r) in
+                  enumerate(zip(contexts, first))]
+    second = backend.generate(second_ctx, 8, Sampling(greedy=True), keys=keys)
+    alone2 = [HFBackend(model, tok).generate([c], 8, Sampling(greedy=True))[0]
+              for c in second_ctx]
+    assert second == alone2
+    # sampled, the copies draw their own tokens
+    torch.manual_seed(0)
+    sampled = HFBackend(model, tok).generate([a] * 6, 8, Sampling(temperature=1.0))
+    assert len({tuple(x) for x in sampled}) > 1
 
 
 class NoPrefixCache(HFBackend):

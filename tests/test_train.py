@@ -91,6 +91,33 @@ def test_one_update_per_batch_skips_the_old_logprob_pass(world, tiny, tmp_path):
     assert record["clip_frac"] == 0.0 and record["ratio_mean"] == pytest.approx(1.0)
 
 
+def test_sharing_prompt_passes_leaves_the_update_unchanged(world, tiny, tmp_path, monkeypatch):
+    """Micro-batches regrouped so a group shares one prompt pass: the same step, up to
+    float rounding (old log-probs, reference KL, two epochs of two mini-batches)."""
+    from seekrl.rl import forward
+
+    shared_calls = []
+    real = forward._suffix_hidden
+    monkeypatch.setattr(forward, "_suffix_hidden",
+                        lambda *a, **k: shared_calls.append(1) or real(*a, **k))
+    params = []
+    for share in (False, True):
+        cfg = make_cfg(tmp_path / str(share), **{"algo.share_prompts": share,
+                                                  "algo.micro_batch_size": 2,
+                                                  "questions_per_step": 2, "group_size": 3,
+                                                  "algo.mini_batch_size": 3})
+        trainer = make_trainer(cfg, world, tiny)
+        record = trainer.step(1)
+        params.append(({n: p.detach().clone() for n, p in trainer.model.named_parameters()},
+                       record))
+    assert shared_calls  # the second run did share (the first never calls it)
+    (a, ra), (b, rb) = params
+    for n in a:
+        torch.testing.assert_close(a[n], b[n], atol=1e-5, rtol=1e-4, msg=n)
+    for key in ("pg_loss", "kl", "entropy", "clip_frac"):
+        assert ra[key] == pytest.approx(rb[key], abs=1e-4), key
+
+
 def test_resume_continues_identically(world, tiny, tmp_path):
     full = make_trainer(make_cfg(tmp_path / "a", steps=2), world, tiny)
     full.train()

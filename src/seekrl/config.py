@@ -124,6 +124,7 @@ class AlgoConfig(Strict):
     gamma: float = Field(1.0, ge=0, le=1)
     lam: float = Field(1.0, ge=0, le=1)
     logprob_chunk: int = Field(8, ge=1)  # episodes per no-grad forward for old / ref log-probs
+    share_prompts: bool = True           # one prompt pass per group in the update (same math)
 
     @field_validator("advantage")
     @classmethod

@@ -51,7 +51,9 @@ class _Batch:
             if getattr(layer, "is_initialized", True) and layer.keys.numel():
                 layer.keys = layer.keys.index_select(0, idx)
                 layer.values = layer.values.index_select(0, idx)
-        return _Batch(cache, [self.keys[r] for r in rows], [self.seen[r] for r in rows],
+        once = len(set(rows)) == len(rows)   # a repeated row gets its own list of tokens
+        return _Batch(cache, [self.keys[r] for r in rows],
+                      [self.seen[r] if once else list(self.seen[r]) for r in rows],
                       self.mask[idx], self.next_pos[idx])
 
 
@@ -212,11 +214,17 @@ class HFBackend:
         self._kept = None
         by_key = {k: r for r, k in enumerate(old.keys)} if old is not None else {}
         entries = []  # (context index, row in the old batch or None, tokens already cached)
+        # Contexts to prefill from scratch that are equal (a question's G rollouts on their
+        # first turn) are prefilled once; the copies take that row's cache.
+        first_of: dict[tuple, int] = {}
+        same_as = list(range(len(contexts)))
         for i, ctx in enumerate(contexts):
             r = by_key.get(keys[i]) if keys is not None else None
             if r is not None and len(old.seen[r]) < len(ctx) and ctx[:len(old.seen[r])] == old.seen[r]:
                 entries.append((i, r, len(old.seen[r])))
-            else:
+                continue
+            same_as[i] = first_of.setdefault(tuple(ctx), i)
+            if same_as[i] == i:
                 entries.append((i, None, 0))
         # Prefill in groups of similar length: one long context must not pad every other
         # row of the batch to its length (prefill cost grows with the padded width).
@@ -236,10 +244,11 @@ class HFBackend:
             order += rows
         # Rows back in context order, so that sampling does not depend on the grouping.
         where = {i: b for b, i in enumerate(order)}
-        perm = [where[i] for i in range(len(contexts))]
+        perm = [where[same_as[i]] for i in range(len(contexts))]
         batch = self._reassemble(parts)
         if perm != list(range(len(perm))):
             batch = batch.select(perm)
+            batch.keys = [keys[i] if keys else None for i in range(len(contexts))]
         return batch, torch.cat(logits)[torch.tensor(perm, device=self.device)], \
             list(range(len(contexts)))
 

@@ -7,6 +7,12 @@ between a few hundred megabytes and several gigabytes per micro-batch.
 
 Every returned tensor is `[batch, seq]` and aligned with `token_ids`: position t holds the
 quantity for token t (predicted from the hidden state at t - 1), zero where `mask` is 0.
+
+The G rollouts of a question start with the same prompt. When rows of a batch share their
+prompt, the prompt runs through the model once and its KV cache is repeated for each row
+(`share_prompts`, on by default): the same function of the weights, with gradients summed
+back into the one prompt pass, for a fraction of the work (single-turn episodes are mostly
+prompt).
 """
 
 from __future__ import annotations
@@ -37,24 +43,92 @@ def _causal_lm(model) -> nn.Module:
     return get_base() if callable(get_base) else model
 
 
+def _backbone(model) -> nn.Module:
+    lm = _causal_lm(model)
+    return getattr(lm, lm.base_model_prefix)
+
+
 def hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """The last hidden layer, [batch, seq, hidden], without the LM head."""
-    lm = _causal_lm(model)
-    backbone = getattr(lm, lm.base_model_prefix)
-    return backbone(input_ids=input_ids, attention_mask=attention_mask,
-                    use_cache=False).last_hidden_state
+    return _backbone(model)(input_ids=input_ids, attention_mask=attention_mask,
+                            use_cache=False).last_hidden_state
+
+
+def shared_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor
+                   ) -> tuple[list[int], list[int]] | None:
+    """(cut, prompt index) per row when some rows share a prompt, else None.
+
+    A row's prompt is everything before the hidden state that predicts its first policy
+    token (`cut` tokens); rows with equal prompts get the same index. None when no two rows
+    share one or a row has no prompt to share (then there is nothing to save)."""
+    lengths = attention_mask.sum(-1).tolist()
+    first = torch.where(mask.bool().any(-1), mask.bool().float().argmax(-1),
+                        attention_mask.sum(-1)).tolist()
+    cuts, index, seen = [], [], {}
+    ids = input_ids.tolist()
+    for row, (p, n) in enumerate(zip(first, lengths)):
+        cut = min(p, n) - 1                        # the suffix starts at token p - 1
+        if cut <= 0:
+            return None
+        cuts.append(cut)
+        index.append(seen.setdefault(tuple(ids[row][:cut]), len(seen)))
+    return (cuts, index) if len(seen) < len(cuts) else None
+
+
+def _suffix_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   cuts: list[int], index: list[int]) -> torch.Tensor:
+    """Hidden states of each row from its cut on, [batch, longest suffix, hidden], with each
+    distinct prompt run once (right-padded) and its KV cache repeated for the rows that
+    share it. Position ids are explicit: a suffix continues at its own prompt's length."""
+    dev = input_ids.device
+    backbone = _backbone(model)
+    lengths = attention_mask.sum(-1).tolist()
+    prompt_of = {u: r for r, u in reversed(list(enumerate(index)))}   # first row per prompt
+    n_prompts = len(prompt_of)
+    width = max(cuts)
+    p_ids = input_ids.new_zeros((n_prompts, width))
+    p_mask = attention_mask.new_zeros((n_prompts, width))
+    for u in range(n_prompts):
+        r = prompt_of[u]
+        p_ids[u, :cuts[r]] = input_ids[r, :cuts[r]]
+        p_mask[u, :cuts[r]] = 1
+    cache = backbone(input_ids=p_ids, attention_mask=p_mask, use_cache=True,
+                     position_ids=torch.arange(width, device=dev)[None].expand(n_prompts, -1)
+                     ).past_key_values                 # the model's own kind of cache
+    cache.reorder_cache(torch.tensor(index, dtype=torch.long, device=dev))   # a row per episode
+
+    s_width = max(n - c for n, c in zip(lengths, cuts))
+    s_ids = input_ids.new_zeros((len(cuts), s_width))
+    s_mask = attention_mask.new_zeros((len(cuts), s_width))
+    for r, (n, c) in enumerate(zip(lengths, cuts)):
+        s_ids[r, :n - c] = input_ids[r, c:n]
+        s_mask[r, :n - c] = 1
+    positions = torch.tensor(cuts, device=dev)[:, None] + torch.arange(s_width, device=dev)
+    full_mask = torch.cat([p_mask[torch.tensor(index, device=dev)], s_mask], dim=1)
+    return backbone(input_ids=s_ids, attention_mask=full_mask, position_ids=positions,
+                    past_key_values=cache, use_cache=True).last_hidden_state
 
 
 def masked_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     mask: torch.Tensor, *, temperature: float = 1.0, entropy: bool = False,
-                    value_head: nn.Module | None = None) -> dict[str, torch.Tensor]:
+                    value_head: nn.Module | None = None,
+                    share_prompts: bool = True) -> dict[str, torch.Tensor]:
     """{"logprobs": ..., "entropy": ... (if asked), "values": ... (with a value head)}.
 
     `values` come from the value head on the *detached* hidden states: the critic shares
     the policy's features but its loss never moves the policy."""
-    h = hidden_states(model, input_ids, attention_mask)
     sel = mask[:, 1:].bool()                       # token t is predicted at t - 1
-    picked = h[:, :-1][sel]                        # [n_policy_tokens, hidden]
+    shared = shared_prompts(input_ids, attention_mask, mask) if share_prompts else None
+    if shared is None:
+        picked = hidden_states(model, input_ids, attention_mask)[:, :-1][sel]
+    else:  # the same rows and positions, read from the suffix pass (row-major order kept)
+        cuts, index = shared
+        h = _suffix_hidden(model, input_ids, attention_mask, cuts, index)
+        s_sel = torch.zeros(h.shape[:2], dtype=torch.bool, device=h.device)
+        for r, c in enumerate(cuts):
+            part = sel[r, c:c + h.shape[1]]
+            s_sel[r, :part.shape[0]] = part
+        picked = h[s_sel]                          # [n_policy_tokens, hidden]
     logits = _causal_lm(model).get_output_embeddings()(picked).float()
     if temperature != 1.0:
         logits = logits / temperature

@@ -197,7 +197,8 @@ class Trainer:
                                           self.pad_id, self.cfg.device)
                 out = masked_logprobs(model, ids, attn, mask,
                                       temperature=self.cfg.rollout.temperature,
-                                      value_head=None if reference else self.value_head)
+                                      value_head=None if reference else self.value_head,
+                                      share_prompts=self.cfg.algo.share_prompts)
                 for row, t in enumerate(part):
                     logps.append(out["logprobs"][row, :len(t.token_ids)].cpu())
                     if values is not None:
@@ -287,7 +288,8 @@ class Trainer:
                 ) -> dict[str, Any]:
         cfg, algo = self.cfg, self.cfg.algo
         self.model.train()
-        stats: dict[str, list[float]] = defaultdict(list)
+        stats: dict[str, list[float]] = defaultdict(list)       # one value per mini-batch
+        mini_stats: dict[str, float] = defaultdict(float)
         correct_logps: list[float] = []
         order_rng = random.Random(f"{cfg.seed}/update/{self.step_done}")
         longest = max(t.n_generated for t in trajs)
@@ -296,6 +298,11 @@ class Trainer:
             order_rng.shuffle(order)
             for m in range(0, len(order), algo.mini_batch_size):
                 mini = order[m:m + algo.mini_batch_size]
+                if algo.share_prompts:  # a group's episodes in one micro-batch share a
+                    # prompt pass; the mini-batch (and so the gradient) stays the same
+                    rank = {g: n for n, g in reversed(list(enumerate(
+                        trajs[i].group_id for i in mini)))}
+                    mini.sort(key=lambda i: rank[trajs[i].group_id])
                 mini_tokens = sum(trajs[i].n_generated for i in mini)
                 for u in range(0, len(mini), algo.micro_batch_size):
                     micro = mini[u:u + algo.micro_batch_size]
@@ -308,8 +315,11 @@ class Trainer:
                     loss, s = self._micro_loss(trajs, micro, advantages, old_logps, ref_logps,
                                                old_values, returns, longest, correct_logps)
                     (loss * weight).backward()
-                    for k, v in s.items():
-                        stats[k].append(v)
+                    for k, v in s.items():  # each micro-batch's share, as in the loss
+                        mini_stats[k] += v * weight
+                for k, v in mini_stats.items():
+                    stats[k].append(v)
+                mini_stats.clear()
                 stats["grad_norm"].append(self._optimizer_step())
         out = {k: round(sum(v) / len(v), 5) for k, v in stats.items()}
         out["grad_norm"] = round(max(stats["grad_norm"]), 4)
@@ -325,7 +335,8 @@ class Trainer:
                                   self.pad_id, dev)
         out = masked_logprobs(self.model, ids, attn, mask,
                               temperature=self.cfg.rollout.temperature,
-                              entropy=True, value_head=self.value_head)
+                              entropy=True, value_head=self.value_head,
+                              share_prompts=self.cfg.algo.share_prompts)
         logp = out["logprobs"]
 
         def grid(rows: list[torch.Tensor] | None) -> torch.Tensor | None:
