@@ -22,10 +22,12 @@ GRPO step of seekrl against TRL's `GRPOTrainer` doing the same work.
    side (untimed) and times only the step: `trainer.train()` with `max_steps=1` for TRL,
    `Trainer.step(1)` for seekrl; the sides alternate which goes first. A process-wide
    warm-up (a short generate and one forward/backward of a throwaway copy of the model)
-   runs before any timing; neither trainer gets a warm-up step.
+   runs before any timing; neither trainer gets a warm-up step. seekrl runs with its
+   defaults, so a group's shared prompt goes through the model once (`algo.share_prompts`);
+   `--unshared` adds a third side with that off, to attribute the difference.
 
     .venv/bin/python bench/train_step.py [--questions 8] [--group 4] [--max-new-tokens 64]
-        [--repeats 1] [--skip-trl] [--skip-agent] [--threads N]
+        [--repeats 1] [--skip-trl] [--skip-agent] [--threads N] [--unshared]
 
 Prints key=value lines; the last line is the summary with trl_speedup (TRL step seconds /
 seekrl step seconds, medians) and the agent step's headline.
@@ -65,7 +67,7 @@ def build_world(work: Path, n_questions: int):
     return world, retriever, world.splits["train"][:n_questions]
 
 
-def seekrl_config(args, method: str, out: Path) -> TrainConfig:
+def seekrl_config(args, method: str, out: Path, share_prompts: bool = True) -> TrainConfig:
     n = args.questions * args.group
     rollout = {"method": method, "max_new_tokens": args.max_new_tokens, "temperature": 1.0,
                "top_p": 1.0, "batch_size": n}
@@ -77,15 +79,16 @@ def seekrl_config(args, method: str, out: Path) -> TrainConfig:
         rollout=rollout,
         algo={"advantage": "grpo", "epochs": 1, "mini_batch_size": n,
               "micro_batch_size": min(MICRO_BATCH, n), "kl_coef": 0.0, "clip_low": 0.2,
-              "clip_high": 0.28, "loss_agg": "token-mean"},
+              "clip_high": 0.28, "loss_agg": "token-mean", "share_prompts": share_prompts},
         optim={"lr": 1e-6, "schedule": "constant", "warmup_steps": 0, "max_grad_norm": 1.0})
 
 
-def seekrl_step(args, method: str, questions, work: Path, retriever=None) -> dict:
+def seekrl_step(args, method: str, questions, work: Path, retriever=None,
+                share_prompts: bool = True) -> dict:
     """A fresh model and Trainer (untimed), then one timed `Trainer.step(1)`."""
     model, tok = load_policy("smollm2-135m")
     out = Path(tempfile.mkdtemp(prefix=f"seekrl-{method}-", dir=work))
-    trainer = Trainer(seekrl_config(args, method, out), model=model, tokenizer=tok,
+    trainer = Trainer(seekrl_config(args, method, out, share_prompts), model=model, tokenizer=tok,
                       retriever=retriever, questions=questions, console=None)
     started = time.perf_counter()
     record = trainer.step(1)
@@ -195,6 +198,9 @@ def main() -> None:
     p.add_argument("--skip-trl", action="store_true", help="no single-turn comparison")
     p.add_argument("--skip-agent", action="store_true", help="no multi-turn agent step")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--unshared", action="store_true",
+                   help="a third single-turn side: seekrl with algo.share_prompts off (every "
+                        "episode's prompt run in full in the update), to attribute the gain")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -230,6 +236,7 @@ def main() -> None:
 
     trl_runs: list[dict] = []
     seek_runs: list[dict] = []
+    unshared_runs: list[dict] = []
     if not args.skip_trl:
         try:
             import trl
@@ -241,6 +248,8 @@ def main() -> None:
         golden = [list(q.golden_answers) for q in questions]
         for r in range(args.repeats):
             order = ("trl", "seekrl") if r % 2 == 0 else ("seekrl", "trl")
+            if args.unshared:
+                order = order[:1] + ("unshared",) + order[1:]
             for side in order:
                 torch.set_num_threads(threads)
                 if side == "trl":
@@ -257,9 +266,10 @@ def main() -> None:
                           f"optimizer_steps={run['global_step']} "
                           f"activation_checkpointing={run['checkpointing']}")
                 else:
-                    run = seekrl_step(args, "direct", questions, work)
-                    seek_runs.append(run)
-                    print(f"repeat={r} side=seekrl step_s={run['wall']:.1f} "
+                    run = seekrl_step(args, "direct", questions, work,
+                                      share_prompts=side == "seekrl")
+                    (seek_runs if side == "seekrl" else unshared_runs).append(run)
+                    print(f"repeat={r} side={side} step_s={run['wall']:.1f} "
                           f"rollout_s={run['time_rollout']:.1f} "
                           f"old_logprobs_s={run['time_old_logprobs']:.1f} "
                           f"update_s={run['time_update']:.1f} "
@@ -285,6 +295,12 @@ def main() -> None:
               f"single_turn_seekrl_update_s={seek_upd:.1f} update_speedup={trl_upd / seek_upd:.2f}")
         print(f"single_turn_trl_gen_tok_s={trl_tok / trl_gen:.1f} "
               f"single_turn_seekrl_gen_tok_s={seek_tok / seek_gen:.1f}")
+        if unshared_runs:
+            un_s = median([x["wall"] for x in unshared_runs])
+            un_upd = median([x["time_update"] for x in unshared_runs])
+            print(f"single_turn_unshared_step_s={un_s:.1f} single_turn_unshared_update_s="
+                  f"{un_upd:.1f} share_prompts_update_speedup={un_upd / seek_upd:.2f} "
+                  f"trl_speedup_unshared={trl_s / un_s:.2f}")
         summary.append(f"trl_speedup={trl_s / seek_s:.2f} (TRL {trl_s:.1f}s vs seekrl {seek_s:.1f}s "
                        f"per single-turn step, {trl_tok:.0f} vs {seek_tok:.0f} tokens)")
     if agent is not None:
