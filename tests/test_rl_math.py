@@ -210,3 +210,23 @@ def test_shared_prompts_only_when_rows_share_one():
     # a row whose first token is already trained has no prompt to share
     ids, attn, mask = collate([[1, 2], [1, 2]], [[0, 1], [0, 1]], 0)
     assert shared_prompts(ids, attn, mask) is None
+
+
+def test_shared_prompt_forward_with_activation_checkpointing():
+    """A model that returns no KV cache (activation checkpointing in training) takes the
+    plain path: still the right log-probs."""
+    from seekrl.models import tiny_policy
+    from seekrl.rl import forward
+    from seekrl.rl.forward import masked_logprobs
+
+    model, _ = tiny_policy(seed=2)
+    ids, attn, mask = _shared_prompt_batch()
+    with torch.no_grad():
+        plain = masked_logprobs(model, ids, attn, mask, share_prompts=False)["logprobs"]
+    model.activation_checkpointing_enable()
+    model.train()
+    assert forward._backbone(model)(input_ids=ids, attention_mask=attn,
+                                    use_cache=True).past_key_values is None
+    out = masked_logprobs(model, ids, attn, mask)["logprobs"]
+    out.sum().backward()
+    torch.testing.assert_close(out.detach(), plain, atol=2e-5, rtol=1e-4)

@@ -56,7 +56,8 @@ def hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) 
 
 def shared_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor
                    ) -> tuple[list[int], list[int]] | None:
-    """(cut, prompt index) per row when some rows share a prompt, else None.
+    """(cut, prompt index) per row when some rows share a prompt, else None. Rows are
+    right-padded, as `collate` makes them.
 
     A row's prompt is everything before the hidden state that predicts its first policy
     token (`cut` tokens); rows with equal prompts get the same index. None when no two rows
@@ -76,10 +77,11 @@ def shared_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: 
 
 
 def _suffix_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   cuts: list[int], index: list[int]) -> torch.Tensor:
+                   cuts: list[int], index: list[int]) -> torch.Tensor | None:
     """Hidden states of each row from its cut on, [batch, longest suffix, hidden], with each
     distinct prompt run once (right-padded) and its KV cache repeated for the rows that
-    share it. Position ids are explicit: a suffix continues at its own prompt's length."""
+    share it. Position ids are explicit: a suffix continues at its own prompt's length.
+    None when the model returned no cache (activation checkpointing turns it off)."""
     dev = input_ids.device
     backbone = _backbone(model)
     lengths = attention_mask.sum(-1).tolist()
@@ -95,6 +97,8 @@ def _suffix_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     cache = backbone(input_ids=p_ids, attention_mask=p_mask, use_cache=True,
                      position_ids=torch.arange(width, device=dev)[None].expand(n_prompts, -1)
                      ).past_key_values                 # the model's own kind of cache
+    if cache is None:
+        return None
     cache.reorder_cache(torch.tensor(index, dtype=torch.long, device=dev))   # a row per episode
 
     s_width = max(n - c for n, c in zip(lengths, cuts))
@@ -119,11 +123,11 @@ def masked_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     the policy's features but its loss never moves the policy."""
     sel = mask[:, 1:].bool()                       # token t is predicted at t - 1
     shared = shared_prompts(input_ids, attention_mask, mask) if share_prompts else None
-    if shared is None:
+    h = _suffix_hidden(model, input_ids, attention_mask, *shared) if shared else None
+    if h is None:
         picked = hidden_states(model, input_ids, attention_mask)[:, :-1][sel]
     else:  # the same rows and positions, read from the suffix pass (row-major order kept)
-        cuts, index = shared
-        h = _suffix_hidden(model, input_ids, attention_mask, cuts, index)
+        cuts = shared[0]
         s_sel = torch.zeros(h.shape[:2], dtype=torch.bool, device=h.device)
         for r, c in enumerate(cuts):
             part = sel[r, c:c + h.shape[1]]
