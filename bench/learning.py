@@ -41,6 +41,8 @@ def main() -> None:
     ap.add_argument("--kl-coef", type=float, default=None, help="default: the demo's")
     ap.add_argument("--format-reward", type=float, default=0.0,
                     help="reward added for a valid protocol trace")
+    ap.add_argument("--max-turns-penalty", type=float, default=0.0,
+                    help="subtracted when an episode runs out of turns or tokens")
     ap.add_argument("--tag", default="", help="suffix of the run folders (rl-NAME-TAG), to "
                     "compare settings of one estimator")
     ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
@@ -107,7 +109,8 @@ def _run_estimator(name, args, demo, sft: Path, world_dir: Path, index_dir: Path
               "kl_coef": demo.kl_coef if args.kl_coef is None else args.kl_coef,
               "mini_batch_size": demo.questions_per_step * demo.group_size},
         optim={"lr": args.lr or demo.rl_lr, "schedule": "constant"},
-        reward={"format_reward": args.format_reward},
+        reward={"format_reward": args.format_reward,
+                "max_turns_penalty": args.max_turns_penalty},
         eval={"data": str(test_file), "n": args.n_test, "every": args.eval_every,
               "max_turns": demo.eval_max_turns, "max_new_tokens": demo.eval_max_new_tokens})
     trainer = Trainer(cfg)
@@ -119,6 +122,8 @@ def _run_estimator(name, args, demo, sft: Path, world_dir: Path, index_dir: Path
                                               .read_text().splitlines()) if "dev_em" in r]
     done.write_text(json.dumps({"steps": args.steps, "points": points, "lr": cfg.optim.lr,
                                 "kl_coef": cfg.algo.kl_coef, "device": args.device,
+                                "format_reward": cfg.reward.format_reward,
+                                "max_turns_penalty": cfg.reward.max_turns_penalty,
                                 "minutes": (time.time() - t0) / 60}))
     print(f"{name}: EM {points[0][1]:.3f}->{points[-1][1]:.3f} in {args.steps} steps "
           f"({(time.time() - t0) / 60:.1f} min)", flush=True)
