@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 
@@ -52,6 +53,8 @@ def healthy_stream(n: int, seed: int = 0) -> list[dict]:
             "correct_logp": None if rng.random() < 0.1 else rng.gauss(-0.7, 0.1),
             "searches": max(0.0, rng.gauss(2.0, 0.3)),
             "reward_by_type": by_type,
+            # a step now and then where every group tied, by chance
+            "groups_with_signal": 0.0 if rng.random() < 0.1 else rng.choice([0.125, 0.25, 0.5]),
         })
     return out
 
@@ -227,6 +230,60 @@ def test_missing_values_skip_their_checks_and_do_not_count():
     assert m.state_dict()["signals"]["entropy"]["first"] == [0.5] * WINDOW
 
 
+def test_no_signal_warns_then_collapses_and_recovers():
+    m = monitor()  # no_signal_steps 3: warn on the 3rd tied step in a row, collapse on the 6th
+    stream = series("groups_with_signal", [0.5, 0.25, 0.5] + [0.0] * 7 + [0.25] + [0.0] * 3)
+    got, messages = {}, {}
+    for step, metrics in enumerate(stream, start=1):
+        alerts = m.update(step, metrics)
+        got[step] = ([(a.kind, a.severity) for a in alerts], m.healthy)
+        messages[step] = " ".join(a.message for a in alerts)
+    assert {s: a for s, (a, _) in got.items() if a} == {
+        6: [("no_signal", "warn")], 9: [("no_signal", "collapse")], 14: [("no_signal", "warn")]}
+    assert [s for s, (_, healthy) in got.items() if not healthy] == [9, 10]
+    assert "for 3 steps in a row" in messages[6] and "for 6 steps" in messages[9]
+
+
+def test_no_signal_needs_no_baseline_and_missing_steps_do_not_count():
+    m = monitor(no_signal_steps=2)
+    stream = series("groups_with_signal", [0.0, None, 0.0, 0.0, 0.0])
+    assert feed(m, stream) == {3: [("no_signal", "warn")], 5: [("no_signal", "collapse")]}
+    assert monitor().update(1, {"groups_with_signal": 0.0}) == []
+    m = monitor(no_signal_steps=1)
+    (alert,) = m.update(1, {"groups_with_signal": 0})
+    assert alert.severity == "warn" and "for 1 step in a row" in alert.message
+
+
+def load_run(name: str) -> list[dict]:
+    """Per-step metrics of a real run (bench/learning.py on an H100, 2026-11-22; the keys
+    the monitor reads)."""
+    path = Path(__file__).parent / "data" / f"monitor_h100_{name}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_the_recorded_grpo_collapse_is_flagged_before_the_format_collapse():
+    """GRPO from the SFT checkpoint: from step 4 no group had signal (every rollout ran out
+    of turns without answering); the format collapse's window crosses its threshold at step 7."""
+    run = load_run("grpo")
+    assert [r["groups_with_signal"] for r in run[3:]] == [0.0] * (len(run) - 3)
+    m = monitor()
+    alerts = {}
+    for r in run:
+        for a in m.update(r["step"], r):
+            alerts.setdefault(a.kind, []).append((a.step, a.severity))
+    assert alerts["no_signal"] == [(6, "warn"), (9, "collapse")]
+    assert alerts["valid_format_collapse"] == [(7, "warn"), (8, "collapse")]
+    assert not m.healthy
+
+
+def test_the_recorded_dr_grpo_run_that_learned_is_not_called_a_collapse():
+    m = monitor()
+    kinds = [(a.kind, a.severity) for r in load_run("dr_grpo") for a in m.update(r["step"], r)]
+    assert all(severity == "warn" for _, severity in kinds)
+    assert ("searches_drift", "warn") in kinds   # it settled on one search per episode
+    assert m.healthy
+
+
 def test_disabled_monitor_is_silent_and_healthy():
     m = monitor(enabled=False)
     stream = series("grad_norm", [math.nan, 1.0, 1e9]) + series("entropy", [1.0] * 10 + [0.0] * 10)
@@ -245,6 +302,8 @@ def collapsing_stream(n: int) -> list[dict]:
             if "multi" in metrics["reward_by_type"]:
                 metrics["reward_by_type"]["multi"] = -0.2
     out[40]["grad_norm"] = math.nan
+    for metrics in out[50:60]:
+        metrics["groups_with_signal"] = 0.0
     return out
 
 
@@ -254,8 +313,10 @@ def test_state_dict_round_trip_continues_identically():
     expected = feed(reference, stream)
     assert expected, "the scenario should raise alerts on both sides of the cut"
     assert any(s <= 36 for s in expected) and any(s > 41 for s in expected)
+    assert ("no_signal", "warn") in expected[52] and ("no_signal", "collapse") in expected[55]
 
-    for cut in (3, 36, 41, 70):   # before any baseline, mid-warn, right after the nan, late
+    for cut in (3, 36, 41, 53, 70):   # before any baseline, mid-warn, right after the nan,
+        # inside the steps without signal, late
         first = monitor()
         before = feed(first, stream[:cut])
         state = json.loads(json.dumps(first.state_dict(), allow_nan=False))

@@ -169,6 +169,18 @@ def test_dynamic_sampling_drops_groups_without_signal(world, tiny, tmp_path):
     flat_id = [trainer.sample_questions(1, 2)[0].id]
     record = trainer.step(1)
     assert record["episodes_sampled"] == 4 and record["episodes"] == 2
+    assert record["groups_with_signal"] == 0.5   # of the groups sampled, not of those kept
+
+
+def test_group_signal_counts_varied_groups_of_two_or_more():
+    from types import SimpleNamespace
+
+    from seekrl.rl.train import _group_signal
+    trajs = [SimpleNamespace(group_id=g) for g in "aabbbc"]
+    parts = [RewardParts(total=r, outcome=r, format=0.0, penalty=0.0)
+             for r in (1.0, 0.0, 0.5, 0.5, 0.5, 1.0)]
+    assert _group_signal(trajs, parts) == (1, 2)   # a varies, b ties, c is alone
+    assert _group_signal(trajs[-1:], parts[-1:]) == (0, 0)   # logged as None, not 0
 
 
 def test_questions_are_balanced_over_types_and_reproducible(world, tiny, tmp_path):

@@ -153,6 +153,7 @@ class MonitorConfig(Strict):
     correct_logp_drop: float = Field(0.5, gt=0)          # nats per token below baseline
     type_reward_drop: float = Field(0.3, gt=0, le=1)     # a question type's reward falls
     searches_drift: float = Field(0.5, gt=0)             # relative change of searches/episode
+    no_signal_steps: int = Field(3, ge=1)          # steps in a row with no group's rewards varying
 
 
 class LogConfig(Strict):

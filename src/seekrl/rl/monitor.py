@@ -32,6 +32,12 @@ not a trend). The checks, for GRPO / PPO on a search agent:
   (relative) from baseline. Falling is the reported pattern: the policy answers after one
   search, or from its own memory, and stops using the tool. Rising may be the policy learning
   the tool or a search loop, so it is worth a look, never a stop (it only warns).
+- no_signal: for `no_signal_steps` steps in a row no group's rewards varied
+  (`groups_with_signal` is 0): every group-relative advantage is zero and the outcome reward
+  teaches nothing. It is where the other collapses end (every rollout invalid, or all
+  right) and where a run starts that is too hard or too easy for its policy. It needs no
+  baseline, so it fires even when the collapse began inside the baseline window; twice as
+  many steps in a row is a collapse.
 
 Severity is "warn" past the threshold and "collapse" twice past it: grad norm above
 2 x factor x baseline, entropy below ratio / 2 x baseline, a log-prob, format or type-reward
@@ -61,7 +67,7 @@ from typing import Any
 from seekrl.config import MonitorConfig
 
 KINDS = ("grad_norm_explosion", "entropy_collapse", "correct_logp_falling", "valid_format_collapse",
-         "type_reward_drop", "searches_drift")
+         "type_reward_drop", "searches_drift", "no_signal")
 SEVERITIES = (None, "warn", "collapse")   # in increasing order
 NEAR_ZERO = 1e-8          # a baseline at or below this has nothing to fall from
 FORMAT_FLOOR = 0.1        # a valid-format rate below this is a collapse
@@ -209,10 +215,13 @@ class Monitor:
         self.cfg = cfg
         self.signals = {name: _Signal(cfg.window) for name in self.SIGNALS}
         self.types: dict[str, _Signal] = {}   # question type -> its reward signal
+        self.no_signal = _Signal(cfg.window)  # only its alert state; the run is counted here
+        self.no_signal_run = 0                # steps in a row without a varied group
 
     @property
     def healthy(self) -> bool:
-        return all(s.level != "collapse" for s in (*self.signals.values(), *self.types.values()))
+        return all(s.level != "collapse"
+                   for s in (*self.signals.values(), *self.types.values(), self.no_signal))
 
     def update(self, step: int, metrics: dict) -> list[Alert]:
         if not self.cfg.enabled:
@@ -232,6 +241,8 @@ class Monitor:
             if verdict is not None:
                 verdict = (verdict[0], f"on {qtype!r} questions, {verdict[1]}")
             verdicts.append((signal, "type_reward_drop", verdict))
+        verdicts.append((self.no_signal, "no_signal",
+                         self._check_no_signal(_finite(metrics.get("groups_with_signal")))))
         alerts = []
         for signal, kind, verdict in verdicts:
             if verdict is None:   # nothing to compare with yet: the signal stays as it was
@@ -259,9 +270,19 @@ class Monitor:
             return None, ""   # finite, and no explosion (which also ends a nan's collapse)
         return check_grad_norm(value, baseline, self.cfg)
 
+    def _check_no_signal(self, share: float | None) -> tuple[str | None, str] | None:
+        if share is None:
+            return None
+        self.no_signal_run = self.no_signal_run + 1 if share <= 0 else 0
+        n, steps = self.no_signal_run, self.cfg.no_signal_steps
+        return _severity(n >= steps, n >= 2 * steps), (
+            f"no group's rewards varied for {n} step{'s' if n != 1 else ''} in a row: every "
+            "group-relative advantage is zero and the outcome reward teaches nothing")
+
     def state_dict(self) -> dict:
         return {"signals": {name: s.state_dict() for name, s in self.signals.items()},
-                "types": {t: s.state_dict() for t, s in self.types.items()}}
+                "types": {t: s.state_dict() for t, s in self.types.items()},
+                "no_signal": {**self.no_signal.state_dict(), "run": self.no_signal_run}}
 
     def load_state_dict(self, state: dict) -> None:
         window = self.cfg.window
@@ -269,3 +290,6 @@ class Monitor:
                         if name in state.get("signals", {}) else _Signal(window)
                         for name in self.SIGNALS}
         self.types = {t: _Signal.from_state(s, window) for t, s in state.get("types", {}).items()}
+        saved = state.get("no_signal")   # absent in checkpoints written before this check
+        self.no_signal = _Signal.from_state(saved, window) if saved else _Signal(window)
+        self.no_signal_run = int(saved["run"]) if saved else 0

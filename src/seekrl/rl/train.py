@@ -225,12 +225,14 @@ class Trainer:
 
         trajs, parts = draw(0)
         n_sampled, refills = len(trajs), 0
+        signal = _group_signal(trajs, parts)   # over every group sampled, before any filter
         if algo.dynamic_sampling:
             trajs, parts = _keep_varied(trajs, parts)
             while len(trajs) < n_sampled and refills < algo.max_refills:
                 refills += 1
                 more_t, more_p = draw(refills)
                 n_sampled += len(more_t)
+                signal = tuple(a + b for a, b in zip(signal, _group_signal(more_t, more_p)))
                 more_t, more_p = _keep_varied(more_t, more_p)
                 trajs, parts = trajs + more_t, parts + more_p
             keep = _whole_groups(trajs, cfg.questions_per_step)
@@ -238,6 +240,8 @@ class Trainer:
         t_rollout, t_scoring = clock["rollout"], clock["scoring"]
         rewards = [p.total for p in parts]
         record = self._episode_metrics(step, trajs, parts, n_sampled, refills)
+        varied, multi = signal
+        record["groups_with_signal"] = round(varied / multi, 4) if multi else None
         if not trajs:  # dynamic sampling found no group with signal: nothing to learn
             record.update(time_rollout=round(t_rollout, 2), skipped_update=True)
             return record
@@ -393,10 +397,6 @@ class Trainer:
         by_type: dict[str, list[float]] = defaultdict(list)
         for t, p in zip(trajs, parts):
             by_type[str(t.metadata.get("type", "-"))].append(p.total)
-        groups: dict[str, list[float]] = defaultdict(list)
-        for t, p in zip(trajs, parts):
-            groups[t.group_id].append(p.total)
-        varied = sum(1 for g in groups.values() if len(set(g)) > 1)
         return {
             "step": step, "episodes": len(trajs), "episodes_sampled": n_sampled,
             "refills": refills,
@@ -407,7 +407,6 @@ class Trainer:
             "searches": round(sum(t.n_searches for t in trajs) / n, 3),
             "response_length": round(sum(t.n_generated for t in trajs) / n, 1),
             "finished_answer": round(sum(t.finish_reason == "answer" for t in trajs) / n, 4),
-            "groups_with_signal": round(varied / max(1, len(groups)), 4),
             "reward_by_type": {k: round(sum(v) / len(v), 4) for k, v in sorted(by_type.items())},
         }
 
@@ -553,11 +552,22 @@ class Trainer:
 # ---------------------------------------------------------------------- helpers
 
 
-def _keep_varied(trajs, parts):
+def _groups(trajs) -> dict[str, list[int]]:
     groups: dict[str, list[int]] = defaultdict(list)
     for i, t in enumerate(trajs):
         groups[t.group_id].append(i)
-    keep = sorted(i for members in groups.values()
+    return groups
+
+
+def _group_signal(trajs, parts) -> tuple[int, int]:
+    """(groups whose rewards vary, groups of two or more episodes): a group-relative
+    advantage is zero for every member of a tied group, and undefined for a lone episode."""
+    groups = [m for m in _groups(trajs).values() if len(m) > 1]
+    return sum(1 for m in groups if len({parts[j].total for j in m}) > 1), len(groups)
+
+
+def _keep_varied(trajs, parts):
+    keep = sorted(i for members in _groups(trajs).values()
                   if len({parts[j].total for j in members}) > 1 for i in members)
     return [trajs[i] for i in keep], [parts[i] for i in keep]
 
