@@ -112,6 +112,7 @@ def _run_estimator(name, args, demo, sft: Path, world_dir: Path, index_dir: Path
         reward={"format_reward": args.format_reward,
                 "max_turns_penalty": args.max_turns_penalty},
         eval={"data": str(test_file), "n": args.n_test, "every": args.eval_every,
+              "at_start": False,   # evaluated below, as step 0
               "max_turns": demo.eval_max_turns, "max_new_tokens": demo.eval_max_new_tokens})
     trainer = Trainer(cfg)
     start_em = trainer.evaluate(out / "eval" / "step-0")["em"]

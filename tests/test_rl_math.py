@@ -164,6 +164,47 @@ def _shared_prompt_batch():
     return collate(rows, masks, 0)
 
 
+@pytest.mark.parametrize("share", [False, True])
+def test_masked_tokens_get_exactly_zero_gradient_in_the_trainers_forward(share):
+    """The path the trainer takes (`masked_logprobs`, with and without prompt sharing): the
+    final hidden state at a position gets gradient iff it predicts a policy token, so the
+    prompt and the retrieved documents are never trained on."""
+    from seekrl.models import tiny_policy
+    from seekrl.rl.forward import _backbone, masked_logprobs
+
+    model, _ = tiny_policy(seed=3)
+    ids, attn, mask = _shared_prompt_batch()
+    finals = []   # every output of the last norm: the hidden states the LM head reads
+
+    def keep(_module, _inputs, output):
+        output.retain_grad()
+        finals.append(output)
+
+    handle = _backbone(model).norm.register_forward_hook(keep)
+    try:
+        out = masked_logprobs(model, ids, attn, mask, entropy=True, share_prompts=share)
+    finally:
+        handle.remove()
+    lp = out["logprobs"]
+    loss, _ = policy_loss(lp, lp.detach(), torch.ones_like(lp), mask)
+    kl = aggregate(kl_penalty(lp, lp.detach() - 0.1, "k3"), mask)
+    (loss + 0.1 * kl - 0.01 * aggregate(out["entropy"], mask)).backward()
+    assert len(finals) == (2 if share else 1)   # shared: the prompt pass, then the suffixes
+    hidden = finals[-1]
+    cuts = [0] * len(ids)
+    if share:
+        assert finals[0].grad is None             # only its KV cache is used
+        from seekrl.rl.forward import shared_prompts
+        cuts = shared_prompts(ids, attn, mask)[0]
+    trained = torch.zeros(hidden.shape[:2], dtype=torch.bool)
+    for r, c in enumerate(cuts):                  # hidden[r, j] is position c + j of row r
+        for j in range(hidden.shape[1]):
+            t = c + j
+            trained[r, j] = t + 1 < ids.shape[1] and bool(mask[r, t + 1]) and bool(attn[r, t])
+    assert torch.count_nonzero(hidden.grad[~trained]) == 0
+    assert bool((hidden.grad[trained].abs().sum(-1) > 0).all())
+
+
 @pytest.mark.parametrize("lora", [False, True])
 def test_shared_prompt_forward_equals_the_plain_forward(lora):
     """One prompt pass whose KV cache is repeated per row: the same log-probs, entropy,

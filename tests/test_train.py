@@ -237,3 +237,57 @@ def test_config_file_errors(tmp_path):
         load_config(TrainConfig, tmp_path / "missing.yaml")
     with pytest.raises(ConfigError, match="key.sub=value"):
         load_config(TrainConfig, path, ["steps"])
+
+
+def test_train_evaluates_the_start_and_the_end_for_the_report(world, tiny, tmp_path):
+    from seekrl.eval.training_report import report_for_run
+    cfg = make_cfg(tmp_path, steps=2, save_every=0, eval={
+        "data": str(world["paths"]["test"]), "n": 2, "every": 1, "max_turns": 1,
+        "max_new_tokens": 4})
+    summary = make_trainer(cfg, world, tiny).train()
+    run = tmp_path / "run"
+    assert sorted(p.name for p in (run / "eval").iterdir()) == ["final", "start", "step-1"]
+    dev_steps = [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text()
+                                        .splitlines()) if "dev_em" in r]
+    assert dev_steps == [0, 1, 2]
+    assert summary["dev"]["questions"] == 2
+    html = report_for_run(run).read_text()
+    assert html.index("start") < html.index("step-1") < html.index("final")
+    cfg = make_cfg(tmp_path / "b", steps=1, save_every=0, eval={
+        "data": str(world["paths"]["test"]), "n": 2, "max_turns": 1, "max_new_tokens": 4,
+        "at_start": False})
+    make_trainer(cfg, world, tiny).train()
+    assert [p.name for p in (tmp_path / "b" / "run" / "eval").iterdir()] == ["final"]
+
+
+def test_stop_on_collapse_keeps_the_last_healthy_checkpoint(world, tiny, tmp_path):
+    def tied(t):   # every group's rewards tie: no learning signal at all
+        return RewardParts(total=0.0, outcome=0.0, format=0.0, penalty=0.0)
+
+    over = {"steps": 5, "monitor.stop_on_collapse": True, "monitor.no_signal_steps": 1}
+    trainer = make_trainer(make_cfg(tmp_path / "a", **over), world, tiny, reward_fn=tied)
+    summary = trainer.train()
+    run = tmp_path / "a" / "run"
+    alerts = [json.loads(line) for line in (run / "alerts.jsonl").read_text().splitlines()]
+    assert [(a["step"], a["kind"], a["severity"]) for a in alerts] == [
+        (1, "no_signal", "warn"), (2, "no_signal", "collapse")]
+    assert "no group's rewards varied for 2 steps" in summary["stopped"]
+    assert trainer.healthy_checkpoint == "step-1"
+    assert not (run / "checkpoints" / "step-2").exists()   # the collapsed step is not saved
+    # final is the step-1 policy: the same as a run that stopped after one step
+    one = make_trainer(make_cfg(tmp_path / "b", steps=1), world, tiny, reward_fn=tied)
+    one.train()
+    for (name, a), (_, b) in zip(trainer.model.named_parameters(), one.model.named_parameters()):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("backend, key", [("torch.utils.tensorboard", "log.tensorboard"),
+                                          ("wandb", "log.wandb")])
+def test_logging_backend_missing_names_the_config_key(backend, key, tmp_path, monkeypatch):
+    import sys
+
+    from seekrl.rl.common import MetricsLog
+    monkeypatch.setitem(sys.modules, backend, None)   # import then raises ImportError
+    flag = key.split(".")[1]
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        MetricsLog(tmp_path / "metrics.jsonl", **{flag: True})

@@ -47,6 +47,7 @@ class EvalConfig(Strict):
     data: str | None = None        # QA file (JSONL / parquet); None: no evaluation
     n: int = Field(32, ge=1)       # first n questions of it
     every: int = Field(0, ge=0)    # every N optimizer steps (0: only at the end)
+    at_start: bool = True          # also the starting policy (eval/start), unless resuming
     max_turns: int = Field(4, ge=1)
     max_new_tokens: int = Field(96, ge=1)
     batch_size: int = Field(32, ge=1)
@@ -109,9 +110,10 @@ class AlgoConfig(Strict):
     epochs: int = Field(1, ge=1)        # passes over each batch (K)
     mini_batch_size: int = Field(32, ge=1)   # episodes per optimizer step
     micro_batch_size: int = Field(8, ge=1)   # episodes per forward/backward
-    clip_low: float = Field(0.2, ge=0)
+    clip_low: float = Field(0.2, ge=0, lt=1)
     clip_high: float = Field(0.28, ge=0)
-    loss_agg: str = "token-mean"
+    loss_agg: str = "token-mean"       # seq-mean-token-sum-norm is Dr. GRPO's (sum per episode
+                                       # / rollout.max_turns x rollout.max_new_tokens)
     kl_coef: float = Field(0.0, ge=0)
     kl_estimator: Literal["k1", "k3"] = "k3"
     entropy_coef: float = Field(0.0, ge=0)

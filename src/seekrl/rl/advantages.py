@@ -8,7 +8,8 @@ recipe picks one from its config and process supervision can add its own next to
 Outcome estimators give every policy token of a trajectory the same advantage:
 - `grpo`: group-normalised reward, (r - mean_group) / (std_group + eps) (Shao et al., 2024);
 - `dr_grpo`: r - mean_group, no std division (Liu et al., 2025; the "no length
-  normalisation" half lives in the loss aggregation, `seq-mean-token-sum-norm`);
+  normalisation" half lives in the loss: opt in with `algo.loss_agg:
+  seq-mean-token-sum-norm`; the default token-mean is DAPO's);
 - `rloo`: r - mean of the *other* samples of the group (Ahmadian et al., 2024);
 - `reinforce_pp`: batch-normalised reward, (r - mean_batch) / (std_batch + eps) (Hu, 2025).
 `gae` is PPO's generalised advantage estimation over the policy tokens with a critic's

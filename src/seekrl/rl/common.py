@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from seekrl.config import EvalConfig, LoRAConfig, OptimConfig
+from seekrl.config import ConfigError, EvalConfig, LoRAConfig, OptimConfig
 
 
 def set_seed(seed: int) -> None:
@@ -167,13 +167,13 @@ class MetricsLog:
                 from torch.utils.tensorboard import SummaryWriter
                 self._tb = SummaryWriter(str(self.path.parent / "tensorboard"))
             except ImportError as err:
-                raise RuntimeError("log.tensorboard: needs the tensorboard package "
-                                   "(pip install tensorboard)") from err
+                raise ConfigError("log.tensorboard: needs the tensorboard package "
+                                  "(pip install tensorboard)") from err
         if wandb:
             try:
                 import wandb as wb
             except ImportError as err:
-                raise RuntimeError("log.wandb: needs the wandb package (pip install wandb)") \
+                raise ConfigError("log.wandb: needs the wandb package (pip install wandb)") \
                     from err
             self._wandb = wb.init(project=wandb_project, config=config or {},
                                   dir=str(self.path.parent))

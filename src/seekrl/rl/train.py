@@ -45,6 +45,7 @@ from seekrl.agent.rollout import RolloutConfig, RolloutEngine
 from seekrl.agent.trajectory import Trajectory
 from seekrl.config import TrainConfig, dump_config
 from seekrl.data.qa import QAExample, load_qa
+from seekrl.rewards.metrics import exact_match
 from seekrl.rewards.outcome import RewardParts, episode_reward
 from seekrl.rl.advantages import AdvantageConfig, compute_advantages
 from seekrl.rl.common import (
@@ -296,7 +297,8 @@ class Trainer:
         mini_stats: dict[str, float] = defaultdict(float)
         correct_logps: list[float] = []
         order_rng = random.Random(f"{cfg.seed}/update/{self.step_done}")
-        longest = max(t.n_generated for t in trajs)
+        # seq-mean-token-sum-norm's constant: the most policy tokens an episode can have
+        longest = cfg.rollout.max_turns * cfg.rollout.max_new_tokens
         for _ in range(algo.epochs):
             order = list(range(len(trajs)))
             order_rng.shuffle(order)
@@ -378,9 +380,10 @@ class Trainer:
                     correct_logps.append(float((logp[r] * mask[r]).sum() / n))
         return loss, s
 
-    def _correct(self, t: Trajectory) -> bool:
-        from seekrl.rewards.outcome import get_outcome
-        return get_outcome(self.cfg.reward.outcome)(t.answer, t.golden_answers) >= 1.0
+    @staticmethod
+    def _correct(t: Trajectory) -> bool:
+        """Exact match, whatever the reward's outcome metric (the logged `em` is EM)."""
+        return bool(exact_match(t.answer, t.golden_answers))
 
     def _optimizer_step(self) -> float:
         params = trainable_parameters(self.model, self.value_head)
@@ -487,6 +490,10 @@ class Trainer:
         say = self.console.print if self.console is not None else (lambda *a, **k: None)
         alerts_path = self.out / "alerts.jsonl"
         last: dict[str, Any] = {}
+        if cfg.eval.data and cfg.eval.at_start and self.step_done == 0:
+            dev = self.evaluate(self.out / "eval" / "start")
+            self.log.write({"step": 0, **{f"dev_{k}": v for k, v in dev.items()}})
+            say(f"  dev EM {dev['em']:.3f} before training")
         for step in range(self.step_done + 1, cfg.steps + 1):
             record = self.step(step)
             self.step_done = step
