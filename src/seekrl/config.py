@@ -106,7 +106,9 @@ class RewardConfig(Strict):
 
 
 class AlgoConfig(Strict):
-    advantage: str = "grpo"             # a registered estimator; gae means PPO with a critic
+    advantage: str = "dr_grpo"          # a registered estimator; gae means PPO with a critic
+                                        # (dr_grpo: GRPO without the std, which collapsed
+                                        # one of two long runs in bench/RESULTS.md)
     epochs: int = Field(1, ge=1)        # passes over each batch (K)
     mini_batch_size: int = Field(32, ge=1)   # episodes per optimizer step
     micro_batch_size: int = Field(8, ge=1)   # episodes per forward/backward
