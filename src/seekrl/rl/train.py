@@ -298,7 +298,7 @@ class Trainer:
         correct_logps: list[float] = []
         order_rng = random.Random(f"{cfg.seed}/update/{self.step_done}")
         # seq-mean-token-sum-norm's constant: the most policy tokens an episode can have
-        longest = cfg.rollout.max_turns * cfg.rollout.max_new_tokens
+        norm_length = cfg.rollout.max_turns * cfg.rollout.max_new_tokens
         for _ in range(algo.epochs):
             order = list(range(len(trajs)))
             order_rng.shuffle(order)
@@ -319,7 +319,7 @@ class Trainer:
                     else:
                         weight = len(micro) / len(mini)
                     loss, s = self._micro_loss(trajs, micro, advantages, old_logps, ref_logps,
-                                               old_values, returns, longest, correct_logps)
+                                               old_values, returns, norm_length, correct_logps)
                     (loss * weight).backward()
                     for k, v in s.items():  # each micro-batch's share, as in the loss
                         mini_stats[k] += v * weight
@@ -334,7 +334,7 @@ class Trainer:
         return out
 
     def _micro_loss(self, trajs, micro, advantages, old_logps, ref_logps, old_values, returns,
-                    longest, correct_logps) -> tuple[torch.Tensor, dict[str, float]]:
+                    norm_length, correct_logps) -> tuple[torch.Tensor, dict[str, float]]:
         algo, dev = self.cfg.algo, self.cfg.device
         part = [trajs[i] for i in micro]
         ids, attn, mask = collate([t.token_ids for t in part], [t.loss_mask for t in part],
@@ -356,7 +356,7 @@ class Trainer:
         adv = grid(advantages)
         old = grid(old_logps) if old_logps is not None else logp.detach()
         loss, s = policy_loss(logp, old, adv, mask, clip_low=algo.clip_low,
-                              clip_high=algo.clip_high, agg=algo.loss_agg, norm_length=longest)
+                              clip_high=algo.clip_high, agg=algo.loss_agg, norm_length=norm_length)
         ent = aggregate(out["entropy"], mask, "token-mean")
         s["entropy"] = float(ent.detach())
         s["pg_loss"] = float(loss.detach())
@@ -364,7 +364,7 @@ class Trainer:
             loss = loss - algo.entropy_coef * ent
         if ref_logps is not None:
             kl = aggregate(kl_penalty(logp, grid(ref_logps), algo.kl_estimator), mask,
-                           algo.loss_agg, longest)
+                           algo.loss_agg, norm_length)
             s["kl"] = float(kl.detach())
             loss = loss + algo.kl_coef * kl
         if self.value_head is not None:
