@@ -84,6 +84,8 @@ def _suffix_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     None when the model returned no cache (activation checkpointing turns it off)."""
     dev = input_ids.device
     backbone = _backbone(model)
+    if backbone.training and getattr(backbone, "gradient_checkpointing", False):
+        return None   # HF models return no cache then: skip the prompt pass, not waste it
     lengths = attention_mask.sum(-1).tolist()
     prompt_of = {u: r for r, u in reversed(list(enumerate(index)))}   # first row per prompt
     n_prompts = len(prompt_of)
