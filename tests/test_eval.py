@@ -47,8 +47,9 @@ def make_traj(dataset: str, qid: str, sample: int, answer: str | None, golds: li
         start = len(ids)
         ids += [1] * n
         mask += [1] * n
+        text = {"search": "<search> q </search>", "answer": f"<answer> {answer} </answer>"}
         step = Step(start=start, end=len(ids), action=action, hits=list(hits),
-                    hit_titles=[h.upper() for h in hits])
+                    hit_titles=[h.upper() for h in hits], text=text.get(action, "no tags"))
         if action != "answer":
             step.info_start = len(ids)
             ids += [2, 2]

@@ -172,6 +172,25 @@ def test_searches_collapsing_onto_one_then_none():
     assert alerts == {14: [("searches_drift", "warn")], 19: [("searches_drift", "collapse")]}
 
 
+def test_search_collapse_onto_one_search_while_multi_hop_rewards_fall():
+    """The pattern measured on outcome-only dr_grpo (searches 1.58 -> 0.98, bridge questions
+    0.084 -> 0.011): a 38% drift, under searches_drift's 50%, flagged by its own check."""
+    stream = [{"searches": s, "reward_multihop": r}
+              for s, r in [(1.58, 0.3)] * 5 + [(0.98, 0.1)] * 10]
+    m = monitor()
+    assert feed(m, stream) == {8: [("search_collapse", "warn")],
+                               9: [("search_collapse", "collapse")]}
+    assert not m.healthy
+
+
+def test_fewer_searches_with_multi_hop_rewards_holding_is_not_a_collapse():
+    stream = [{"searches": s, "reward_multihop": r}
+              for s, r in [(1.6, 0.3)] * 5 + [(1.0, 0.32)] * 10]
+    m = monitor()
+    assert feed(m, stream) == {}
+    assert m.healthy
+
+
 def test_searching_more_only_warns():
     m = monitor()
     got = []

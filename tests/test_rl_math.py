@@ -23,15 +23,18 @@ GROUPS = [traj("a", MASK), traj("a", MASK), traj("a", MASK), traj("b", MASK), tr
 REWARDS = [1.0, 0.0, 0.0, 1.0, 1.0]
 
 
-def scalars(advs: list[torch.Tensor]) -> list[float]:
+def scalars(result) -> list[float]:
     """The advantage on a policy token (outcome estimators give all of them the same)."""
+    advs, _ = result
     return [round(float(a[1]), 4) for a in advs]
 
 
 def test_every_estimator_is_zero_off_the_policy_tokens():
     values = [torch.zeros(5) for _ in GROUPS]
     for name in ESTIMATORS:
-        for a in compute_advantages(name, GROUPS, REWARDS, values=values):
+        advs, returns = compute_advantages(name, GROUPS, REWARDS, values=values)
+        assert len(advs) == len(returns) == len(GROUPS)
+        for a in advs:
             assert a[0] == 0 and a[3] == 0, name
             assert a.shape == (5,)
 
@@ -50,23 +53,38 @@ def test_dr_grpo_rloo_reinforce_pp_hand_computed():
     # rloo: baseline is the mean of the other samples: 1 - 0 = 1; 0 - 0.5 = -0.5
     assert scalars(compute_advantages("rloo", GROUPS, REWARDS)) == \
         pytest.approx([1.0, -0.5, -0.5, 0.0, 0.0], abs=1e-4)
-    # reinforce++: batch mean 0.6, sample std sqrt(0.3)
-    s = math.sqrt(0.3)
+    # reinforce++: whitened over the batch's 15 policy tokens (nine 1s, six 0s)
+    s = math.sqrt((9 * 0.4 ** 2 + 6 * 0.6 ** 2) / 14)
     assert scalars(compute_advantages("reinforce_pp", GROUPS, REWARDS,
                                       AdvantageConfig(epsilon=0.0))) == \
         pytest.approx([round(x, 4) for x in [0.4 / s, -0.6 / s, -0.6 / s, 0.4 / s, 0.4 / s]],
                       abs=1e-4)
 
 
+def test_reinforce_pp_whitens_over_tokens_not_sequences():
+    # rewards 1,0,1,0 with 2 and 20 policy tokens: per-sequence standardising would give the
+    # short right answers and the long wrong ones equal and opposite scalars, so the mean over
+    # tokens would be far from 0 (-0.709); whitened over tokens it is 0
+    trajs = [traj("a", [1] * n) for n in (2, 20, 2, 20)]
+    advs, returns = compute_advantages("reinforce_pp", trajs, [1.0, 0.0, 1.0, 0.0])
+    flat = torch.cat(advs)
+    assert float(flat.mean()) == pytest.approx(0.0, abs=1e-6)
+    assert float(flat.std()) == pytest.approx(1.0, abs=1e-4)
+    assert returns[0].tolist() == [1.0, 1.0] and returns[1].sum() == 0
+
+
 def test_gae_skips_retrieved_tokens():
     t = traj("g", [0, 1, 1, 0, 0, 1])
     values = [torch.tensor([9.0, 0.5, 0.25, 9.0, 9.0, 0.75])]  # 9s: masked, must be ignored
-    (a,) = compute_advantages("gae", [t], [1.0], AdvantageConfig(gamma=1.0, lam=1.0),
-                              values=values)
+    (a,), (ret,) = compute_advantages("gae", [t], [1.0], AdvantageConfig(gamma=1.0, lam=1.0,
+                                                                        whiten=False),
+                                      values=values)
     # gamma = lambda = 1: advantage = final reward - V at each policy token
     assert a.tolist() == pytest.approx([0, 0.5, 0.75, 0, 0, 0.25])
-    (a,) = compute_advantages("gae", [t], [1.0], AdvantageConfig(gamma=0.5, lam=0.5),
-                              values=values)
+    assert ret.tolist() == pytest.approx([0, 1.0, 1.0, 0, 0, 1.0])   # advantage + value
+    (a,), _ = compute_advantages("gae", [t], [1.0], AdvantageConfig(gamma=0.5, lam=0.5,
+                                                                   whiten=False),
+                                 values=values)
     d3 = 1.0 - 0.75
     d2 = 0.5 * 0.75 - 0.25
     d1 = 0.5 * 0.25 - 0.5

@@ -69,7 +69,10 @@ def make_trainer(cfg, world, tiny, **kw):
 
 @pytest.mark.parametrize("estimator", sorted(ESTIMATORS))
 def test_one_step_with_every_estimator(world, tiny, tmp_path, estimator):
-    trainer = make_trainer(make_cfg(tmp_path, **{"algo.advantage": estimator}), world, tiny)
+    over = {"algo.advantage": estimator}
+    if estimator == "tree_grpo":
+        over.update({"rollout.tree": {"trees": 1, "branches": 1, "rounds": 1}})
+    trainer = make_trainer(make_cfg(tmp_path, **over), world, tiny)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     record = trainer.step(1)
     assert record["episodes"] == 4
@@ -175,12 +178,17 @@ def test_dynamic_sampling_drops_groups_without_signal(world, tiny, tmp_path):
 def test_group_signal_counts_varied_groups_of_two_or_more():
     from types import SimpleNamespace
 
+    from seekrl.agent.trajectory import Step
     from seekrl.rl.train import _group_signal
-    trajs = [SimpleNamespace(group_id=g) for g in "aabbbc"]
+
+    trajs = [SimpleNamespace(group_id=g, steps=[Step(0, 1, "answer")]) for g in "aabbbc"]
     parts = [RewardParts(total=r, outcome=r, format=0.0, penalty=0.0)
              for r in (1.0, 0.0, 0.5, 0.5, 0.5, 1.0)]
     assert _group_signal(trajs, parts) == (1, 2)   # a varies, b ties, c is alone
     assert _group_signal(trajs[-1:], parts[-1:]) == (0, 0)   # logged as None, not 0
+    trajs[2].steps[0].process_reward = 0.5          # b's scores tie, its step rewards do not
+    trajs[3].steps[0].process_reward = 0.0
+    assert _group_signal(trajs, parts) == (2, 2)
 
 
 def test_questions_are_balanced_over_types_and_reproducible(world, tiny, tmp_path):
@@ -201,6 +209,10 @@ def test_episode_reward_parts():
     assert (p.outcome, p.format, p.penalty) == (1.0, 0.0, pytest.approx(0.1))
     assert p.total == pytest.approx(0.9)
     t.steps[0].action = "search"
+    # the format reward needs every turn to follow the protocol exactly, text included
+    assert episode_reward(t, outcome="f1", format_reward=0.2).total == pytest.approx(1.0)
+    t.steps[0].text = "<think> a </think>\n<search> q </search>"
+    t.steps[1].text = "<answer> paris </answer>"
     assert episode_reward(t, outcome="f1", format_reward=0.2).total == pytest.approx(1.2)
     t.answer, t.finish_reason = None, "max_turns"
     assert episode_reward(t, max_turns_penalty=0.5).total == -0.5
@@ -291,3 +303,87 @@ def test_logging_backend_missing_names_the_config_key(backend, key, tmp_path, mo
     flag = key.split(".")[1]
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         MetricsLog(tmp_path / "metrics.jsonl", **{flag: True})
+
+
+# ---------------------------------------------------------------------- process supervision
+
+
+def test_a_step_with_step_rewards_fills_the_steps_and_logs_them(world, tiny, tmp_path):
+    cfg = make_cfg(tmp_path, **{"algo.advantage": "dual_granularity", "log.save_rollouts": 1,
+                                "reward.process": {"evidence": 1.0, "step_format": 0.5}})
+    trainer = make_trainer(cfg, world, tiny)
+    record = trainer.step(1)
+    for key in ("process_reward", "process_evidence", "process_step_format", "adv_abs",
+                "rollout_tokens", "rollout_tokens_total", "evidence_recall", "reward_by_hops"):
+        assert key in record, key
+    assert record["rollout_tokens"] > 0
+    assert record["process_step_format"] < 0     # the random tiny model breaks the protocol
+    # the step's episodes are kept, with their step rewards, and the viewer shows them
+    from seekrl.agent.trajectory import read_trajectories
+
+    saved = tmp_path / "run" / "rollouts" / "step-1"
+    trajs = read_trajectories(saved / "trajectories.jsonl")
+    assert trajs and all(s.process_parts.keys() == {"evidence", "step_format"}
+                         for t in trajs for s in t.steps)
+    assert "process reward" in (saved / "viewer.html").read_text()
+
+
+def test_mc_value_counts_its_continuations_as_rollout_compute(world, tiny, tmp_path):
+    cfg = make_cfg(tmp_path, **{"algo.advantage": "dual_granularity",
+                                "reward.process": {"mc_value": 1.0}, "reward.mc_samples": 2,
+                                "algo.epochs": 1, "algo.kl_coef": 0.0})
+    trainer = make_trainer(cfg, world, tiny)
+    record = trainer.step(1)
+    assert record["process_mc_continuations"] > 0 and record["process_mc_tokens"] > 0
+    assert record["rollout_tokens"] > record["process_mc_tokens"]
+
+
+def test_tree_rollouts_count_shared_prefixes_once(world, tiny, tmp_path):
+    cfg = make_cfg(tmp_path, **{"algo.advantage": "tree_grpo", "group_size": 4,
+                                "rollout.tree": {"trees": 2, "branches": 1, "rounds": 1},
+                                "algo.epochs": 1, "algo.kl_coef": 0.0,
+                                "algo.mini_batch_size": 8})
+    trainer = make_trainer(cfg, world, tiny)
+    trajs = trainer.rollout(trainer.sample_questions(1, 2), seed=1)
+    assert len(trajs) == 8 and len({t.group_id for t in trajs}) == 2
+    record = trainer.step(1)
+    assert record["episodes"] == 8
+    assert record["rollout_tokens"] <= record["response_length"] * 8
+
+
+def test_rollout_token_budget_stops_the_run(world, tiny, tmp_path):
+    cfg = make_cfg(tmp_path, steps=5, max_rollout_tokens=1, save_every=0)
+    summary = make_trainer(cfg, world, tiny).train()
+    assert summary["steps"] == 1 and "rollout budget" in summary["budget"]
+
+
+def test_resume_continues_identically_with_step_rewards(world, tiny, tmp_path):
+    over = {"steps": 2, "algo.advantage": "gigpo",
+            "reward.process": {"evidence": 1.0, "redundancy": 0.1}}
+    full = make_trainer(make_cfg(tmp_path / "a", **over), world, tiny)
+    full.train()
+    first = make_trainer(make_cfg(tmp_path / "b", **over), world, tiny)
+    first.train(until=1)
+    resumed = make_trainer(make_cfg(tmp_path / "b", **over), world, tiny, resume=True)
+    resumed.train()
+    logs = [[json.loads(x) for x in (tmp_path / d / "run" / "metrics.jsonl").read_text()
+             .splitlines()] for d in ("a", "b")]
+    assert [r["step"] for r in logs[1]] == [1, 2]
+    for a, b in zip(*logs):
+        assert {k: v for k, v in a.items() if k not in TIMING} == \
+            {k: v for k, v in b.items() if k not in TIMING}
+
+
+@pytest.mark.parametrize("override,message", [
+    ({"reward.process": {"evidance": 1.0}}, "reward.process.evidance: unknown process reward"),
+    ({"reward.process": {"prm": 1.0}}, "reward.process.prm: no process reward model"),
+    ({"rollout.tree": {"trees": 2, "branches": 1, "rounds": 1}}, "set group_size=4"),
+    ({"algo.advantage": "tree_grpo"}, "tree_grpo needs tree rollouts"),
+])
+def test_step_settings_fail_before_the_model_loads(override, message, tmp_path, monkeypatch):
+    import seekrl.models
+
+    monkeypatch.setattr(seekrl.models, "load_policy",
+                        lambda *a, **k: pytest.fail("loaded a model before checking the config"))
+    with pytest.raises(ConfigError, match=message):
+        Trainer(make_cfg(tmp_path, **override))

@@ -78,6 +78,20 @@ class SFTConfig(Strict):
     log_every: int = Field(1, ge=1)
 
 
+class TreeSettings(Strict):
+    """Tree rollouts (Tree-GRPO style): per question, `trees` chains, then `rounds` rounds in
+    which each tree grows `branches` new leaves, each continuing a prefix of one of its
+    leaves cut at a random step boundary. Leaves share their prefix's tokens, which are
+    generated once. A question's group has trees x (1 + branches x rounds) leaves."""
+    trees: int = Field(2, ge=1)
+    branches: int = Field(1, ge=1)
+    rounds: int = Field(1, ge=1)
+
+    @property
+    def leaves(self) -> int:
+        return self.trees * (1 + self.branches * self.rounds)
+
+
 class RolloutSettings(Strict):
     method: Literal["agent", "rag", "direct"] = "agent"   # direct: one turn, no retriever
     max_turns: int = Field(4, ge=1)
@@ -88,6 +102,7 @@ class RolloutSettings(Strict):
     batch_size: int = Field(32, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
+    tree: TreeSettings | None = None   # tree rollouts instead of group_size chains
 
 
 class RewardConfig(Strict):
@@ -95,6 +110,10 @@ class RewardConfig(Strict):
     format_reward: float = 0.0          # added for a valid protocol trace
     invalid_penalty: float = 0.0        # subtracted per invalid action
     max_turns_penalty: float = 0.0      # subtracted when the episode ran out of turns / tokens
+    # process (step) rewards: source name -> weight, e.g. {evidence: 1.0, redundancy: 0.1};
+    # sources: evidence, redundancy, step_format, mc_value, prm (rewards/process.py)
+    process: dict[str, float] = {}
+    mc_samples: int = Field(4, ge=1)    # mc_value: continuations per step prefix
 
     @field_validator("outcome")
     @classmethod
@@ -127,6 +146,14 @@ class AlgoConfig(Strict):
     value_lr: float | None = Field(None, gt=0)   # critic head lr (default: optim.lr * 10)
     gamma: float = Field(1.0, ge=0, le=1)
     lam: float = Field(1.0, ge=0, le=1)
+    # step-level estimators (rl/advantages.py)
+    std_norm: bool = False              # episode-level part of the step estimators: / std
+    beta: float = Field(0.3, ge=0)      # dual_granularity: weight of the normalised step score
+    step_weight: float = Field(1.0, ge=0)    # gigpo: weight of the step-level advantage
+    step_gamma: float = Field(0.95, ge=0, le=1)   # gigpo: discount per step
+    anchor: Literal["queries", "docs"] = "queries"  # gigpo: what makes two states equal
+    anchor_similarity: float | None = Field(None, gt=0, lt=1)  # gigpo: fuzzy query match
+    alpha: float = Field(0.5, ge=0, le=1)    # stratified_grpo: within-stratum weight
     logprob_chunk: int = Field(8, ge=1)  # episodes per no-grad forward for old / ref log-probs
     share_prompts: bool = True           # one prompt pass per group in the update (same math)
 
@@ -158,12 +185,17 @@ class MonitorConfig(Strict):
     type_reward_drop: float = Field(0.3, gt=0, le=1)     # a question type's reward falls
     searches_drift: float = Field(0.5, gt=0)             # relative change of searches/episode
     no_signal_steps: int = Field(3, ge=1)          # steps in a row with no group's rewards varying
+    # search collapse: searches per episode fall towards one while multi-hop rewards fall
+    search_floor: float = Field(1.25, gt=0)        # searches at or below this count as "one"
+    searches_drop: float = Field(0.3, gt=0)        # absolute fall from baseline
+    multihop_drop: float = Field(0.05, ge=0)       # multi-hop reward below baseline by this
 
 
 class LogConfig(Strict):
     tensorboard: bool = False
     wandb: bool = False
     wandb_project: str = "seekrl"
+    save_rollouts: int = Field(0, ge=0)   # every N steps, RUN_DIR/rollouts/step-N (0: never)
 
 
 class TrainConfig(Strict):
@@ -177,6 +209,9 @@ class TrainConfig(Strict):
     seed: int = 0
     steps: int = Field(20, ge=1)
     max_minutes: float | None = Field(None, gt=0)  # stop after the step that passes this
+    # stop after the step that passes this many generated rollout tokens (MC continuations
+    # included): runs of different methods compared at equal compute
+    max_rollout_tokens: int | None = Field(None, ge=1)
     questions_per_step: int = Field(8, ge=1)
     group_size: int = Field(4, ge=1)   # rollouts per question (G)
     rollout: RolloutSettings = RolloutSettings()

@@ -155,8 +155,10 @@ class HFBackend:
     (left-padded within the chunk, keeping only the last position's logits), decodes with
     the KV cache, and parks rows as they stop so the rest decode in a smaller batch.
 
-    A row's result ends at its first stop string (kept) or EOS (dropped: the episode goes
-    on, and the environment's block follows the text instead)."""
+    A row's result ends at its first stop string or EOS, both kept (an EOS ends the turn,
+    not the episode: the environment's block follows it). The stopping token is never fed
+    back, so an episode's cache holds everything but its last token, which the next turn's
+    prefill adds."""
 
     def __init__(self, model, tokenizer, *, stop_strings: tuple[str, ...] = STOP_STRINGS):
         self.model = model
@@ -305,10 +307,10 @@ class HFBackend:
             for b, (i, tok) in enumerate(zip(rows, tokens)):
                 if not alive[b]:
                     continue
-                if tok in self.stop_ids:
+                results[i].append(tok)
+                if tok in self.stop_ids:  # kept: the turn's last token, and trained
                     alive[b] = False
                     continue
-                results[i].append(tok)
                 tails[i] = (tails[i] + self._piece(tok))[-self._tail:]
                 if any(s in tails[i] for s in self.stop_strings):
                     alive[b] = False

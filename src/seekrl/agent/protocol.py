@@ -127,6 +127,32 @@ def parse_action(text: str) -> Action:
     return Action(kind, body)
 
 
+_PROTOCOL_TAG = re.compile(rf"</?({THINK}|{SEARCH}|{ANSWER}|{INFORMATION})>")
+_WELL_FORMED = re.compile(
+    rf"\s*(?:<{THINK}>(?P<think>.*?)</{THINK}>\s*)?<(?P<kind>{SEARCH}|{ANSWER})>(?P<body>.*?)"
+    rf"</(?P=kind)>\s*", re.S)
+
+
+def step_format_problem(text: str) -> str | None:
+    """None when a turn follows the protocol exactly: an optional `<think>` block, then one
+    `<search>` or `<answer>` with a non-empty body, nothing outside the tags but whitespace,
+    and no protocol tag inside another. Otherwise a short reason. This is stricter than
+    `parse_action`, which finds an action in any text: a turn can act and still be sloppy
+    (text before `<think>`, a second `<search>` inside the reasoning)."""
+    if not isinstance(text, str):
+        return "no text"
+    m = _WELL_FORMED.fullmatch(text)
+    if m is None:
+        if not _ACTION.search(text):
+            return "no complete <search> or <answer>"
+        return "text outside the tags"
+    if _PROTOCOL_TAG.search(m.group("think") or "") or _PROTOCOL_TAG.search(m.group("body")):
+        return "a protocol tag inside another"
+    if not m.group("body").strip():
+        return f"empty {m.group('kind')}"
+    return None
+
+
 _THINK_BLOCK = re.compile(rf"<{THINK}>.*?(</{THINK}>|$)", re.S)
 _ANY_TAG = re.compile(r"</?[a-z]+>")
 

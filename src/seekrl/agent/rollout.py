@@ -9,8 +9,9 @@ episode with the token ids, the loss mask and one `Step` per model turn.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -86,6 +87,8 @@ class RolloutEngine:
         self.tokenizer = tokenizer
         self.retriever = retriever
         self.cfg = cfg or RolloutConfig()
+        self._end_ids = {i for i in (getattr(tokenizer, "eos_token_id", None),
+                                     getattr(tokenizer, "pad_token_id", None)) if i is not None}
         if self.cfg.method != "direct" and retriever is None:
             raise ValueError(f"method {self.cfg.method!r} needs a retriever")
 
@@ -119,6 +122,55 @@ class RolloutEngine:
                                   prompt_len=len(prompt_ids), sample_index=s, dataset=dataset,
                                   metadata=dict(meta), gold_doc_ids=_gold_of(ex))
                 episodes.append(_Episode(traj, set(traj.gold_doc_ids)))
+        return self._play(episodes, on_finish)
+
+    def continue_from(self, prefixes: Sequence[tuple[Trajectory, int]], n_samples: int = 1,
+                      *, seed: int | None = None) -> list[list[Trajectory]]:
+        """Resume many partial episodes at once: for each `(trajectory, k)`, `n_samples`
+        continuations of its first `k` steps (with the environment's block after step k),
+        played to the end with this engine's settings. Returns one list per prefix.
+
+        A continuation is a new `Trajectory` holding the prefix's tokens and steps (copied,
+        process fields cleared) and what was generated after them; `metadata["prefix_steps"]`
+        is `k` and `metadata["prefix_tokens"]` the prefix's policy tokens, so a caller can
+        count only the tokens generated now. Continuations of one prefix have equal contexts
+        and the backend prefills them once; greedy continuation of a greedy episode's prefix
+        reproduces that episode. `k = 0` starts again from the prompt."""
+        torch.manual_seed(self.cfg.seed if seed is None else seed)
+        episodes: list[_Episode] = []
+        for t, k in prefixes:
+            if not 0 <= k <= len(t.steps):
+                raise ValueError(f"continue_from: episode {t.example_id!r} has {len(t.steps)} "
+                                 f"steps; cannot continue after step {k}")
+            if k and t.steps[k - 1].action == "answer":
+                raise ValueError(f"continue_from: step {k} of {t.example_id!r} is its answer; "
+                                 "nothing follows it")
+            if k:
+                last = t.steps[k - 1]
+                cut = last.info_end if last.info_end is not None else last.end
+            else:
+                cut = t.prompt_len
+            for j in range(n_samples):
+                steps = [replace(s, hits=list(s.hits), hit_titles=list(s.hit_titles),
+                                 process_reward=None, process_parts={}, value=None)
+                         for s in t.steps[:k]]
+                meta = {**copy.deepcopy(t.metadata), "prefix_steps": k,
+                        "prefix_tokens": sum(t.loss_mask[:cut])}
+                traj = replace(t, token_ids=list(t.token_ids[:cut]),
+                               loss_mask=list(t.loss_mask[:cut]), steps=steps, answer=None,
+                               finish_reason="", outcome_reward=None, old_logprobs=None,
+                               sample_index=j, metadata=meta,
+                               gold_doc_ids=list(t.gold_doc_ids))
+                e = _Episode(traj, set(traj.gold_doc_ids))
+                e.turns = k
+                episodes.append(e)
+        self._play(episodes)
+        return [[e.traj for e in episodes[i * n_samples:(i + 1) * n_samples]]
+                for i in range(len(prefixes))]
+
+    def _play(self, episodes: list[_Episode],
+              on_finish: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+        cfg = self.cfg
         sampling = Sampling(greedy=cfg.greedy, temperature=cfg.temperature, top_p=cfg.top_p)
         waiting = list(range(len(episodes)))[::-1]
         active: list[int] = []
@@ -171,7 +223,11 @@ class RolloutEngine:
             start = len(t.token_ids)
             t.token_ids.extend(new)
             t.loss_mask.extend([1] * len(new))
-            text = self.tokenizer.decode(new, skip_special_tokens=False)
+            # A turn that ends on the end-of-turn token keeps it, trained (mask 1): a turn of
+            # nothing but EOS is then still a step with a token to carry its credit, and the
+            # policy learns not to end a turn without acting. The text leaves it out.
+            body = new[:-1] if new and new[-1] in self._end_ids else new
+            text = self.tokenizer.decode(body, skip_special_tokens=False)
             action = parse_action(text)
             if cfg.method != "agent" and action.kind == "search":
                 action = type(action)("invalid", "no search in this mode")
@@ -181,16 +237,20 @@ class RolloutEngine:
                 step.answer = t.answer = action.text
                 self._finish(e, "answer")
                 continue
+            last_turn = cfg.method != "agent" or e.turns >= cfg.max_turns
             if action.kind == "search":
                 step.query = action.text
-                searches.append((e, step))
+                # on the last allowed turn nothing would show the documents to the policy:
+                # such a search is not run, and so earns no evidence credit
+                if not last_turn:
+                    searches.append((e, step))
             else:
                 step.reason = action.text
                 if cfg.method != "agent":
                     # One-turn methods: an untagged reply still is the model's answer (as
                     # FlashRAG scores direct / rag generation); the format stays invalid.
                     t.answer = plain_answer(text) or None
-            if cfg.method != "agent" or e.turns >= cfg.max_turns:
+            if last_turn:
                 self._finish(e, "max_turns")
         if searches and self.retriever is not None:
             results = self.retriever.search([s.query for _, s in searches], cfg.topk)
@@ -218,3 +278,43 @@ class RolloutEngine:
     def _finish(self, e: _Episode, reason: str) -> None:
         e.done = True
         e.traj.finish_reason = reason
+
+
+def grow_trees(engine: RolloutEngine, examples: Sequence[QAExample], branches: int, rounds: int,
+               seed: int) -> list[Trajectory]:
+    """Tree rollouts (Tree-GRPO style). `engine.cfg.n_samples` chains per question are the
+    trees' first leaves; then, `rounds` times, each tree grows `branches` leaves, each the
+    continuation of one of the tree's leaves cut after a step chosen at random among the
+    tree's step boundaries (a search or invalid turn the episode went on from; the prompt
+    when there is none). A leaf's `metadata` names its `tree`, the `parent` leaf it branched
+    from and `prefix_steps`; its shared prefix's tokens were generated once
+    (`metadata["prefix_tokens"]`) but are trained in every leaf, so a prefix gets the summed
+    credit of its leaves."""
+    import random
+
+    rng = random.Random(f"tree/{seed}")
+    chains = engine.run(examples, dataset="train")
+    leaves: dict[str, list[list[Trajectory]]] = {}
+    for t in chains:
+        t.metadata["tree"] = t.sample_index
+        t.metadata["parent"] = None
+        leaves.setdefault(t.example_id, []).append([t])
+    next_index = {ex_id: len(trees) for ex_id, trees in leaves.items()}
+    for r in range(rounds):
+        prefixes, owners = [], []
+        for trees in leaves.values():
+            for tree in trees:
+                nodes = [(leaf, k) for leaf in tree for k in range(1, len(leaf.steps))
+                         if k > leaf.metadata.get("prefix_steps", 0)]
+                for _ in range(branches):
+                    leaf, k = rng.choice(nodes) if nodes else (tree[0], 0)
+                    prefixes.append((leaf, k))
+                    owners.append(tree)
+        grown = engine.continue_from(prefixes, 1, seed=seed + 1 + r)
+        for (parent, _), tree, (child,) in zip(prefixes, owners, grown):
+            child.metadata["tree"] = parent.metadata["tree"]
+            child.metadata["parent"] = parent.sample_index
+            child.sample_index = next_index[child.example_id]
+            next_index[child.example_id] += 1
+            tree.append(child)
+    return [leaf for trees in leaves.values() for tree in trees for leaf in tree]

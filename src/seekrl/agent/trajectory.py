@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from seekrl.agent.protocol import step_format_problem
 from seekrl.data.jsonl import iter_jsonl
 from seekrl.errors import DataError
 
@@ -31,8 +32,14 @@ class Step:
     gold_hit: bool | None = None     # a gold document retrieved (None: gold unknown)
     info_start: int | None = None    # the environment block after it: [info_start, info_end)
     info_end: int | None = None
-    process_reward: float | None = None   # filled by process supervision
-    value: float | None = None            # filled by a critic / PRM
+    process_reward: float | None = None   # filled by process supervision: the weighted sum
+    process_parts: dict[str, float] = field(default_factory=dict)  # each source's reward
+    value: float | None = None            # filled by an MC estimate / critic / PRM
+
+    @property
+    def well_formed(self) -> bool:
+        """The turn follows the protocol exactly (see `protocol.step_format_problem`)."""
+        return self.action != "invalid" and step_format_problem(self.text) is None
 
 
 @dataclass
@@ -64,8 +71,8 @@ class Trajectory:
 
     @property
     def valid_format(self) -> bool:
-        """Ended with an answer and never took an invalid action."""
-        return self.finish_reason == "answer" and all(s.action != "invalid" for s in self.steps)
+        """Ended with an answer, and every turn followed the protocol exactly."""
+        return self.finish_reason == "answer" and all(s.well_formed for s in self.steps)
 
     def evidence_recall(self) -> float | None:
         """Share of the gold documents retrieved at some point of the episode: by its

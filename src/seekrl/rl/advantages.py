@@ -1,26 +1,57 @@
-"""Advantage estimators: pure functions from trajectories and rewards to token-level tensors.
+"""Advantage estimators: pure functions from trajectories and token-level rewards to
+token-level advantages and returns.
 
-Every estimator has the shape `f(trajectories, rewards, cfg, values=None) -> list[Tensor]`:
-one float tensor per trajectory, aligned with `token_ids`, zero wherever `loss_mask` is 0
-(prompt, retrieved documents), and registered by name (as in verl's `core_algos.py`), so a
-recipe picks one from its config and process supervision can add its own next to these.
+Rewards are token-level, as in verl's `core_algos.py`: an episode's score is its outcome
+(outcome + format reward - penalties, placed on the last policy token) plus one process
+reward per step (placed on that step's last token, `Step.end - 1`). `Rewards` keeps both
+parts as plain data, so an estimator can read the token-level view (`token_level`) and, where
+its formula needs it, the decomposition (the outcome alone, the per-step rewards).
 
-Outcome estimators give every policy token of a trajectory the same advantage:
-- `grpo`: group-normalised reward, (r - mean_group) / (std_group + eps) (Shao et al., 2024);
+Every estimator has the shape `f(trajectories, rewards, cfg, values=None) -> (advantages,
+returns)`: one float tensor each per trajectory, aligned with `token_ids`, advantages zero
+wherever `loss_mask` is 0 (prompt, retrieved documents). Whitening and returns live here,
+not in the recipe. Estimators are registered by name; `needs_values(name)` says which need
+the critic's values.
+
+Outcome estimators (one advantage for every policy token of an episode, from the episode's
+total score, outcome plus step rewards):
+- `grpo`: group-normalised score, (r - mean_group) / (std_group + eps) (Shao et al., 2024);
 - `dr_grpo`: r - mean_group, no std division (Liu et al., 2025; the "no length
-  normalisation" half lives in the loss: opt in with `algo.loss_agg:
-  seq-mean-token-sum-norm`; the default token-mean is DAPO's);
+  normalisation" half lives in the loss: `algo.loss_agg: seq-mean-token-sum-norm`);
 - `rloo`: r - mean of the *other* samples of the group (Ahmadian et al., 2024);
-- `reinforce_pp`: batch-normalised reward, (r - mean_batch) / (std_batch + eps) (Hu, 2025).
-`gae` is PPO's generalised advantage estimation over the policy tokens with a critic's
-values; the retrieved tokens in between are skipped, not treated as time steps.
+- `reinforce_pp`: REINFORCE++ (Hu, 2025): the discounted return-to-go of the token rewards,
+  whitened over all policy tokens of the batch (not one scalar per sequence, whose
+  per-token mean is not zero when lengths differ).
+
+Token-level / step-level estimators:
+- `gae`: PPO's generalised advantage estimation over the policy tokens with a critic's
+  values; step rewards arrive on their step's last token; the retrieved tokens in between
+  are skipped, not treated as time steps; advantages whitened over the batch.
+- `dual_granularity` (ProRAG): A_t = A_outcome + beta * z_t, where z_t is the process reward of
+  the step holding token t, normalised over the policy tokens of the group's episodes.
+- `gigpo` (GiGPO, Feng et al., 2025): episode-level group advantage + step_weight x a
+  step-level advantage over the steps of a question's group that start from the same anchor
+  state (the same queries so far, or the same retrieved documents), on discounted step
+  returns; a step whose anchor nobody else shares gets 0.
+- `stratified_grpo` (Zhu et al., 2025): the score normalised within strata of the group
+  (episodes with the same number of searches), blended with the group-normalised score by
+  alpha.
+- `tree_grpo` (Tree-GRPO, Ji et al., 2025): for tree rollouts, the leaf's score normalised
+  within its tree plus normalised over the question's whole forest.
+
+On the bias verl RFC #7244 describes (normalising step rewards per turn index when the agent
+decides when to stop compares a 1-search episode's answer turn with a 3-search episode's
+second search): none of these estimators groups by turn index. `gigpo` groups by anchor
+*state*, `dual_granularity` normalises over all policy tokens of the group together, and
+`stratified_grpo` compares whole episodes with the same number of searches.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from difflib import SequenceMatcher
 
 import torch
 
@@ -30,19 +61,96 @@ from seekrl.agent.trajectory import Trajectory
 @dataclass
 class AdvantageConfig:
     epsilon: float = 1e-6
-    gamma: float = 1.0     # GAE discount per policy token
-    lam: float = 1.0       # GAE lambda
+    gamma: float = 1.0       # per policy token (gae, reinforce_pp)
+    lam: float = 1.0         # GAE lambda
+    whiten: bool = True      # gae: whiten advantages over the batch's policy tokens
+    std_norm: bool = False   # episode-level part of the step estimators: divide by the std
+    beta: float = 0.3        # dual_granularity: weight of the normalised step score
+    step_weight: float = 1.0  # gigpo: weight of the step-level advantage
+    step_gamma: float = 0.95  # gigpo: discount per step for the step returns
+    anchor: str = "queries"  # gigpo: queries | docs (what makes two steps' states equal)
+    anchor_similarity: float | None = None   # gigpo: fuzzy query match threshold in (0, 1)
+    alpha: float = 0.5       # stratified_grpo: weight of the within-stratum advantage
+    diagnostics: dict = field(default_factory=dict)   # filled by estimators, for logging
 
 
-Estimator = Callable[..., list[torch.Tensor]]
+# ---------------------------------------------------------------------- rewards as data
+
+
+@dataclass
+class Rewards:
+    """Each episode's outcome and each step's process reward."""
+    outcome: list[float]
+    steps: list[list[float]]
+
+    def __post_init__(self) -> None:
+        if len(self.outcome) != len(self.steps):
+            raise ValueError(f"rewards: {len(self.outcome)} outcomes but {len(self.steps)} "
+                             "step lists")
+
+    @classmethod
+    def outcome_only(cls, trajectories: Sequence[Trajectory], outcome: Sequence[float]
+                     ) -> "Rewards":
+        return cls([float(r) for r in outcome], [[0.0] * len(t.steps) for t in trajectories])
+
+    @classmethod
+    def from_trajectories(cls, trajectories: Sequence[Trajectory]) -> "Rewards":
+        """`outcome_reward` and each step's `process_reward` (None counts as 0)."""
+        return cls([float(t.outcome_reward or 0.0) for t in trajectories],
+                   [[float(s.process_reward or 0.0) for s in t.steps] for t in trajectories])
+
+    def totals(self) -> list[float]:
+        return [o + sum(s) for o, s in zip(self.outcome, self.steps)]
+
+    def token_level(self, trajectories: Sequence[Trajectory]) -> list[torch.Tensor]:
+        """One tensor per trajectory: the outcome on its last policy token, each step's
+        reward on that step's last token."""
+        out = []
+        for t, outcome, steps in zip(trajectories, self.outcome, self.steps):
+            r = torch.zeros(len(t.token_ids), dtype=torch.float32)
+            last = last_policy_token(t)
+            if last is not None:
+                r[last] += outcome
+                for step, value in zip(t.steps, steps):
+                    r[step_reward_position(t, step)] += value
+            out.append(r)
+        return out
+
+
+def last_policy_token(t: Trajectory) -> int | None:
+    for i in range(len(t.loss_mask) - 1, -1, -1):
+        if t.loss_mask[i]:
+            return i
+    return None
+
+
+def step_reward_position(t: Trajectory, step) -> int:
+    """Where a step's reward goes: its last token. A step without tokens (only in data
+    written before turns kept their end-of-turn token) hands it to the nearest policy token
+    before it, else after it, so no reward is lost."""
+    if step.end > step.start:
+        return step.end - 1
+    for i in range(min(step.start, len(t.loss_mask)) - 1, -1, -1):
+        if t.loss_mask[i]:
+            return i
+    last = last_policy_token(t)
+    return last if last is not None else 0
+
+
+# ---------------------------------------------------------------------- registry
+
+Estimator = Callable[..., tuple[list[torch.Tensor], list[torch.Tensor]]]
 ESTIMATORS: dict[str, Estimator] = {}
+_NEEDS_VALUES: set[str] = set()
 
 
-def register(name: str) -> Callable[[Estimator], Estimator]:
+def register(name: str, *, needs_values: bool = False) -> Callable[[Estimator], Estimator]:
     def wrap(fn: Estimator) -> Estimator:
         if name in ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
         ESTIMATORS[name] = fn
+        if needs_values:
+            _NEEDS_VALUES.add(name)
         return fn
     return wrap
 
@@ -54,40 +162,62 @@ def get_estimator(name: str) -> Estimator:
     return ESTIMATORS[name]
 
 
-def compute_advantages(name: str, trajectories: Sequence[Trajectory], rewards: Sequence[float],
-                       cfg: AdvantageConfig | None = None, values=None) -> list[torch.Tensor]:
-    if len(rewards) != len(trajectories):
+def needs_values(name: str) -> bool:
+    """Whether the estimator needs a critic (a value head trained next to the policy)."""
+    get_estimator(name)
+    return name in _NEEDS_VALUES
+
+
+def compute_advantages(name: str, trajectories: Sequence[Trajectory],
+                       rewards: Rewards | Sequence[float], cfg: AdvantageConfig | None = None,
+                       values=None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """`rewards`: a `Rewards`, or one outcome per trajectory (no step rewards)."""
+    if not isinstance(rewards, Rewards):
+        rewards = list(rewards)
+        if len(rewards) != len(trajectories):
+            raise ValueError(f"rewards: expected one per trajectory ({len(trajectories)}), "
+                             f"got {len(rewards)}")
+        rewards = Rewards.outcome_only(trajectories, rewards)
+    if len(rewards.outcome) != len(trajectories):
         raise ValueError(f"rewards: expected one per trajectory ({len(trajectories)}), "
-                         f"got {len(rewards)}")
-    return get_estimator(name)(trajectories, list(map(float, rewards)), cfg or AdvantageConfig(),
-                               values=values)
+                         f"got {len(rewards.outcome)}")
+    for t, steps in zip(trajectories, rewards.steps):
+        if len(steps) != len(t.steps):
+            raise ValueError(f"rewards: episode {t.example_id!r} has {len(t.steps)} steps but "
+                             f"{len(steps)} step rewards")
+    return get_estimator(name)(trajectories, rewards, cfg or AdvantageConfig(), values=values)
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _masks(trajectories: Sequence[Trajectory]) -> list[torch.Tensor]:
+    return [torch.tensor(t.loss_mask, dtype=torch.float32) for t in trajectories]
 
 
 def _broadcast(trajectories: Sequence[Trajectory], scalars: Sequence[float]) -> list[torch.Tensor]:
     """Each trajectory's scalar on its policy tokens, zero elsewhere."""
-    return [torch.tensor(t.loss_mask, dtype=torch.float32) * float(a)
-            for t, a in zip(trajectories, scalars)]
+    return [m * float(a) for m, a in zip(_masks(trajectories), scalars)]
 
 
-def _groups(trajectories: Sequence[Trajectory]) -> dict[str, list[int]]:
+def _per_step(t: Trajectory, values: Sequence[float]) -> torch.Tensor:
+    """Each step's value on that step's tokens (zero outside the steps)."""
+    out = torch.zeros(len(t.token_ids), dtype=torch.float32)
+    for step, v in zip(t.steps, values):
+        out[step.start:step.end] = float(v)
+    return out * torch.tensor(t.loss_mask, dtype=torch.float32)
+
+
+def group_indices(trajectories: Sequence[Trajectory]) -> dict[str, list[int]]:
+    """group_id -> indices of its episodes, in order."""
     groups: dict[str, list[int]] = defaultdict(list)
     for i, t in enumerate(trajectories):
         groups[t.group_id].append(i)
     return groups
 
 
-@register("grpo")
-def grpo(trajectories, rewards, cfg, values=None) -> list[torch.Tensor]:
-    scalars = [0.0] * len(rewards)
-    for members in _groups(trajectories).values():
-        r = torch.tensor([rewards[i] for i in members])
-        for i, a in zip(members, _standardise(r, cfg.epsilon)):
-            scalars[i] = float(a)
-    return _broadcast(trajectories, scalars)
-
-
 def _standardise(r: torch.Tensor, epsilon: float) -> torch.Tensor:
-    """(r - mean) / (std + eps); all zeros when the rewards do not vary (or there is one),
+    """(r - mean) / (std + eps); all zeros when the values do not vary (or there is one),
     which says "no signal" instead of dividing 0 by a tiny epsilon or by 0."""
     if len(r) < 2:
         return torch.zeros_like(r)
@@ -97,58 +227,278 @@ def _standardise(r: torch.Tensor, epsilon: float) -> torch.Tensor:
     return (r - r.mean()) / (std + epsilon)
 
 
+def _centre(r: torch.Tensor, epsilon: float, std_norm: bool) -> torch.Tensor:
+    if std_norm:
+        return _standardise(r, epsilon)
+    return r - r.mean() if len(r) > 1 else torch.zeros_like(r)
+
+
+def _group_scalars(trajectories, scores: Sequence[float], fn) -> list[float]:
+    """fn(tensor of a group's scores) -> tensor of advantages, applied group by group."""
+    out = [0.0] * len(scores)
+    for members in group_indices(trajectories).values():
+        adv = fn(torch.tensor([float(scores[i]) for i in members]))
+        for i, a in zip(members, adv):
+            out[i] = float(a)
+    return out
+
+
+def _scalar_result(trajectories, scalars) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    adv = _broadcast(trajectories, scalars)
+    return adv, [a.clone() for a in adv]
+
+
+def _returns_to_go(t: Trajectory, rewards: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Discounted sum of the token rewards from each policy token on (policy tokens only)."""
+    out = torch.zeros(len(t.token_ids), dtype=torch.float32)
+    running = 0.0
+    for i in range(len(t.token_ids) - 1, -1, -1):
+        if t.loss_mask[i]:
+            running = float(rewards[i]) + gamma * running
+            out[i] = running
+    return out
+
+
+def _whiten(tensors: list[torch.Tensor], trajectories, epsilon: float = 1e-8
+            ) -> list[torch.Tensor]:
+    """Zero mean, unit variance over all policy tokens of the batch."""
+    masks = [torch.tensor(t.loss_mask, dtype=torch.bool) for t in trajectories]
+    flat = torch.cat([a[m] for a, m in zip(tensors, masks)]) if tensors else torch.zeros(0)
+    if flat.numel() < 2:
+        return [torch.zeros_like(a) for a in tensors]
+    mean, std = flat.mean(), flat.std()
+    return [torch.where(m, (a - mean) / (std + epsilon), torch.zeros_like(a))
+            for a, m in zip(tensors, masks)]
+
+
+# ---------------------------------------------------------------------- outcome estimators
+
+
+@register("grpo")
+def grpo(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
+    scalars = _group_scalars(trajectories, rewards.totals(),
+                             lambda r: _standardise(r, cfg.epsilon))
+    return _scalar_result(trajectories, scalars)
+
+
 @register("dr_grpo")
-def dr_grpo(trajectories, rewards, cfg, values=None) -> list[torch.Tensor]:
-    scalars = [0.0] * len(rewards)
-    for members in _groups(trajectories).values():
-        r = torch.tensor([rewards[i] for i in members])
-        for i, a in zip(members, r - r.mean()):
-            scalars[i] = float(a)
-    return _broadcast(trajectories, scalars)
+def dr_grpo(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
+    scalars = _group_scalars(trajectories, rewards.totals(),
+                             lambda r: _centre(r, cfg.epsilon, std_norm=False))
+    return _scalar_result(trajectories, scalars)
 
 
 @register("rloo")
-def rloo(trajectories, rewards, cfg, values=None) -> list[torch.Tensor]:
-    scalars = [0.0] * len(rewards)
-    for members in _groups(trajectories).values():
-        n = len(members)
-        if n < 2:
-            continue
-        total = sum(rewards[i] for i in members)
-        for i in members:
-            scalars[i] = rewards[i] - (total - rewards[i]) / (n - 1)
-    return _broadcast(trajectories, scalars)
+def rloo(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
+    def leave_one_out(r: torch.Tensor) -> torch.Tensor:
+        n = len(r)
+        return torch.zeros_like(r) if n < 2 else r - (r.sum() - r) / (n - 1)
+    return _scalar_result(trajectories, _group_scalars(trajectories, rewards.totals(),
+                                                       leave_one_out))
 
 
 @register("reinforce_pp")
-def reinforce_pp(trajectories, rewards, cfg, values=None) -> list[torch.Tensor]:
-    return _broadcast(trajectories, _standardise(torch.tensor(rewards), cfg.epsilon).tolist())
+def reinforce_pp(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
+    token_rewards = rewards.token_level(trajectories)
+    returns = [_returns_to_go(t, r, cfg.gamma) for t, r in zip(trajectories, token_rewards)]
+    return _whiten(returns, trajectories, cfg.epsilon), returns
 
 
-@register("gae")
-def gae(trajectories, rewards, cfg, values=None) -> list[torch.Tensor]:
-    """GAE over policy tokens only; the reward arrives at the last policy token.
+# ---------------------------------------------------------------------- token / step estimators
 
-    `values`: one tensor per trajectory aligned with token_ids (the critic's V at each
-    token). Returns advantages; the critic's targets are `advantages + values`."""
+
+@register("gae", needs_values=True)
+def gae(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
+    """GAE over policy tokens only. `values`: one tensor per trajectory aligned with
+    token_ids (the critic's V at each token). Returns = advantages + values (the critic's
+    targets, before whitening)."""
     if values is None:
         raise ValueError("gae needs the critic's values (a value head): pass values=")
-    out = []
-    for t, reward, v in zip(trajectories, rewards, values):
-        mask = torch.tensor(t.loss_mask, dtype=torch.bool)
-        positions = mask.nonzero().flatten()
+    advs, rets = [], []
+    for t, r, v in zip(trajectories, rewards.token_level(trajectories), values):
+        positions = torch.tensor(t.loss_mask, dtype=torch.bool).nonzero().flatten().tolist()
         adv = torch.zeros(len(t.token_ids), dtype=torch.float32)
-        if len(positions) == 0:
-            out.append(adv)
-            continue
-        vals = v.detach().float()[positions]
+        vals = v.detach().float().cpu()
         running = 0.0
         for j in range(len(positions) - 1, -1, -1):
-            last = j == len(positions) - 1
-            next_value = 0.0 if last else float(vals[j + 1])
-            r = reward if last else 0.0
-            delta = r + cfg.gamma * next_value - float(vals[j])
+            p = positions[j]
+            next_value = float(vals[positions[j + 1]]) if j + 1 < len(positions) else 0.0
+            delta = float(r[p]) + cfg.gamma * next_value - float(vals[p])
             running = delta + cfg.gamma * cfg.lam * running
-            adv[positions[j]] = running
-        out.append(adv)
+            adv[p] = running
+        advs.append(adv)
+        rets.append(adv + vals * torch.tensor(t.loss_mask, dtype=torch.float32))
+    return (_whiten(advs, trajectories) if cfg.whiten else advs), rets
+
+
+@register("dual_granularity")
+def dual_granularity(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
+    """ProRAG's dual-granularity advantage. The outcome part is the group-relative outcome
+    (`std_norm` chooses GRPO's or Dr. GRPO's form); the process part gives each policy token
+    its step's reward, normalised over every policy token of the group's episodes (token-
+    weighted, so a long step counts as much as its tokens), times beta. seekrl differs from
+    ProRAG's code in normalising per group rather than per batch, so that questions of
+    different difficulty do not set each other's scale."""
+    outcome = _group_scalars(trajectories, rewards.outcome,
+                             lambda r: _centre(r, cfg.epsilon, cfg.std_norm))
+    out = _broadcast(trajectories, outcome)
+    for members in group_indices(trajectories).values():
+        per_token = [_per_step(trajectories[i], rewards.steps[i]) for i in members]
+        masks = [torch.tensor(trajectories[i].loss_mask, dtype=torch.bool) for i in members]
+        flat = torch.cat([x[m] for x, m in zip(per_token, masks)])
+        if flat.numel() < 2 or flat.std() == 0:
+            continue
+        mean, std = flat.mean(), flat.std()
+        for i, x, m in zip(members, per_token, masks):
+            out[i] = out[i] + cfg.beta * torch.where(m, (x - mean) / (std + cfg.epsilon),
+                                                     torch.zeros_like(x))
+    return out, [a.clone() for a in out]
+
+
+def _normalise_query(q: str | None) -> str:
+    return " ".join((q or "").lower().split())
+
+
+def anchor_states(t: Trajectory, kind: str) -> list[tuple]:
+    """The state before each step: the queries so far (in order; invalid turns count as a
+    turn), or the set of documents retrieved so far."""
+    states, queries, docs = [], [], set(t.metadata.get("prompt_hits") or [])
+    for s in t.steps:
+        states.append(tuple(queries) if kind == "queries" else tuple(sorted(docs)))
+        queries.append(_normalise_query(s.query) if s.action == "search" else f"<{s.action}>")
+        docs.update(s.hits)
+    return states
+
+
+def _cluster(keys: list[tuple], similarity: float | None) -> list[int]:
+    """A cluster id per key: equal keys share one; with `similarity`, keys of equal length
+    whose joined text matches at least that well join the first such cluster."""
+    ids, reps = [], []
+    for key in keys:
+        found = None
+        for c, rep in enumerate(reps):
+            if rep == key or (similarity is not None and len(rep) == len(key) and
+                              SequenceMatcher(None, " | ".join(rep), " | ".join(key)).ratio()
+                              >= similarity):
+                found = c
+                break
+        if found is None:
+            reps.append(key)
+            found = len(reps) - 1
+        ids.append(found)
+    return ids
+
+
+def step_returns(outcome: float, steps: Sequence[float], gamma: float) -> list[float]:
+    """G_k = sum_{j >= k} gamma^(j-k) r_j, with the outcome arriving on the last step."""
+    out, running = [0.0] * len(steps), 0.0
+    for k in range(len(steps) - 1, -1, -1):
+        running = steps[k] + (outcome if k == len(steps) - 1 else 0.0) + gamma * running
+        out[k] = running
     return out
+
+
+@register("gigpo")
+def gigpo(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
+    """GiGPO for search agents. Episode level: the group-relative total score. Step level:
+    within a question's group, the steps taken from the same anchor state form a step group,
+    and each step's discounted return is compared with its step group's mean (divided by
+    the std with `std_norm`). The anchor is the environment's state, the queries issued so far
+    (or the documents seen so far with `anchor: docs`), not the policy's text, which never
+    repeats exactly. Every first step shares the empty state, so step groups always exist;
+    a step whose state nobody else reached gets step advantage 0."""
+    if cfg.anchor not in ("queries", "docs"):
+        raise ValueError(f"anchor: expected queries or docs, got {cfg.anchor!r}")
+    episode = _group_scalars(trajectories, rewards.totals(),
+                             lambda r: _centre(r, cfg.epsilon, cfg.std_norm))
+    out = _broadcast(trajectories, episode)
+    sizes: list[int] = []
+    for members in group_indices(trajectories).values():
+        entries = []   # (trajectory index, step index, anchor, return)
+        for i in members:
+            t = trajectories[i]
+            rets = step_returns(rewards.outcome[i], rewards.steps[i], cfg.step_gamma)
+            for k, anchor in enumerate(anchor_states(t, cfg.anchor)):
+                entries.append((i, k, anchor, rets[k]))
+        clusters: dict[int, list[int]] = defaultdict(list)
+        for e, c in enumerate(_cluster([a for _, _, a, _ in entries], cfg.anchor_similarity)):
+            clusters[c].append(e)
+        step_adv: dict[int, list[float]] = {i: [0.0] * len(trajectories[i].steps)
+                                            for i in members}
+        for group in clusters.values():
+            sizes.append(len(group))
+            g = torch.tensor([entries[e][3] for e in group])
+            for e, a in zip(group, _centre(g, cfg.epsilon, cfg.std_norm)):
+                i, k = entries[e][0], entries[e][1]
+                step_adv[i][k] = float(a)
+        for i in members:
+            out[i] = out[i] + cfg.step_weight * _per_step(trajectories[i], step_adv[i])
+    if sizes:
+        cfg.diagnostics["step_groups"] = len(sizes)
+        cfg.diagnostics["step_group_size"] = round(sum(sizes) / len(sizes), 3)
+        cfg.diagnostics["step_groups_shared"] = round(sum(s > 1 for s in sizes) / len(sizes), 4)
+    return out, [a.clone() for a in out]
+
+
+@register("stratified_grpo")
+def stratified_grpo(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
+    """Stratified advantage normalisation: within each question's group, episodes with the
+    same number of searches form a stratum and are normalised among themselves (a stratum of
+    one gets 0 from this part); blended with the group-normalised score as
+    alpha * A_stratum + (1 - alpha) * A_group."""
+    totals = rewards.totals()
+    scalars = [0.0] * len(totals)
+    for members in group_indices(trajectories).values():
+        r = torch.tensor([totals[i] for i in members])
+        group = _centre(r, cfg.epsilon, cfg.std_norm)
+        strata: dict[int, list[int]] = defaultdict(list)
+        for pos, i in enumerate(members):
+            strata[trajectories[i].n_searches].append(pos)
+        within = torch.zeros_like(r)
+        for positions in strata.values():
+            idx = torch.tensor(positions)
+            within[idx] = _centre(r[idx], cfg.epsilon, cfg.std_norm)
+        for pos, i in enumerate(members):
+            scalars[i] = float(cfg.alpha * within[pos] + (1 - cfg.alpha) * group[pos])
+    return _scalar_result(trajectories, scalars)
+
+
+@register("tree_grpo")
+def tree_grpo(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
+    """Tree-relative advantage for tree rollouts (`rollout.tree`): each leaf's score is
+    normalised within its tree (`metadata["tree"]`) and over the whole group, and the two
+    are added. Leaves share their ancestors' tokens, so a shared prefix collects the sum of
+    its leaves' advantages in the gradient: that is the implicit step-level credit. Without
+    tree metadata every episode is its own tree and this is GRPO."""
+    totals = rewards.totals()
+    scalars = [0.0] * len(totals)
+    for members in group_indices(trajectories).values():
+        r = torch.tensor([totals[i] for i in members])
+        group = _centre(r, cfg.epsilon, cfg.std_norm)
+        trees: dict[str, list[int]] = defaultdict(list)
+        for pos, i in enumerate(members):
+            trees[str(trajectories[i].metadata.get("tree", i))].append(pos)
+        intra = torch.zeros_like(r)
+        for positions in trees.values():
+            idx = torch.tensor(positions)
+            intra[idx] = _centre(r[idx], cfg.epsilon, cfg.std_norm)
+        for pos, i in enumerate(members):
+            scalars[i] = float(intra[pos] + group[pos])
+    return _scalar_result(trajectories, scalars)
+
+
+def advantage_stats(advantages: Sequence[torch.Tensor], trajectories) -> dict[str, float]:
+    """Mean |advantage| over policy tokens, and the share of policy tokens whose advantage
+    differs from their episode's first policy token (0 for outcome estimators)."""
+    total, n, varied = 0.0, 0, 0
+    for a, t in zip(advantages, trajectories):
+        m = torch.tensor(t.loss_mask, dtype=torch.bool)
+        vals = a[m]
+        if vals.numel() == 0:
+            continue
+        total += float(vals.abs().sum())
+        n += vals.numel()
+        varied += int((vals != vals[0]).sum())
+    return {"adv_abs": round(total / n, 5) if n else 0.0,
+            "adv_token_varied": round(varied / n, 4) if n else 0.0}
+

@@ -32,6 +32,14 @@ not a trend). The checks, for GRPO / PPO on a search agent:
   (relative) from baseline. Falling is the reported pattern: the policy answers after one
   search, or from its own memory, and stops using the tool. Rising may be the policy learning
   the tool or a search loop, so it is worth a look, never a stop (it only warns).
+- search_collapse: searches per episode fall towards one (at most `search_floor`, and
+  `searches_drop` below baseline, absolute) while the reward on multi-hop questions
+  (`reward_multihop`, hops >= 2) falls more than `multihop_drop` below its own baseline. This
+  is the credit-assignment failure of outcome-only RL on multi-hop search: the policy learns
+  to search once and guess, which holds the mean reward (single-hop and comparison questions
+  gain) while the bridge questions it can no longer answer go to zero. A relative
+  `searches_drift` threshold misses it when the baseline is low (1.6 -> 1.0 is 38%). It is a
+  collapse once the multi-hop reward has lost half its baseline.
 - no_signal: for `no_signal_steps` steps in a row no group's rewards varied
   (`groups_with_signal` is 0): every group-relative advantage is zero and the outcome reward
   teaches nothing. It is where the other collapses end (every rollout invalid, or all
@@ -67,7 +75,7 @@ from typing import Any
 from seekrl.config import MonitorConfig
 
 KINDS = ("grad_norm_explosion", "entropy_collapse", "correct_logp_falling", "valid_format_collapse",
-         "type_reward_drop", "searches_drift", "no_signal")
+         "type_reward_drop", "searches_drift", "search_collapse", "no_signal")
 SEVERITIES = (None, "warn", "collapse")   # in increasing order
 NEAR_ZERO = 1e-8          # a baseline at or below this has nothing to fall from
 FORMAT_FLOOR = 0.1        # a valid-format rate below this is a collapse
@@ -200,6 +208,17 @@ def check_searches(recent: float, baseline: float, cfg: MonitorConfig) -> tuple[
                       f"baseline {baseline:.3g}")
 
 
+def check_search_collapse(searches: float, searches_base: float, multihop: float,
+                          multihop_base: float, cfg: MonitorConfig) -> tuple[str | None, str]:
+    fell_to_one = searches <= cfg.search_floor and searches_base - searches >= cfg.searches_drop
+    drop = multihop_base - multihop
+    warn = fell_to_one and drop > cfg.multihop_drop
+    severity = _severity(warn, warn and multihop < multihop_base / 2)
+    return severity, (f"searches per episode fell to {searches:.2f} (baseline {searches_base:.2f}) "
+                      f"while the multi-hop reward fell to {multihop:.3g} (baseline "
+                      f"{multihop_base:.3g}): the policy is learning to search once and guess")
+
+
 _CHECKS = (("entropy", "entropy_collapse", check_entropy),
            ("correct_logp", "correct_logp_falling", check_correct_logp),
            ("valid_format", "valid_format_collapse", check_valid_format),
@@ -209,19 +228,22 @@ _CHECKS = (("entropy", "entropy_collapse", check_entropy),
 class Monitor:
     """Feed it each step's metrics; it returns the alerts that step raised."""
 
-    SIGNALS = ("grad_norm", "entropy", "correct_logp", "valid_format", "searches")
+    SIGNALS = ("grad_norm", "entropy", "correct_logp", "valid_format", "searches",
+               "reward_multihop")
 
     def __init__(self, cfg: MonitorConfig):
         self.cfg = cfg
         self.signals = {name: _Signal(cfg.window) for name in self.SIGNALS}
         self.types: dict[str, _Signal] = {}   # question type -> its reward signal
         self.no_signal = _Signal(cfg.window)  # only its alert state; the run is counted here
+        self.search_collapse = _Signal(cfg.window)   # only its alert state
         self.no_signal_run = 0                # steps in a row without a varied group
 
     @property
     def healthy(self) -> bool:
         return all(s.level != "collapse"
-                   for s in (*self.signals.values(), *self.types.values(), self.no_signal))
+                   for s in (*self.signals.values(), *self.types.values(), self.no_signal,
+                             self.search_collapse))
 
     def update(self, step: int, metrics: dict) -> list[Alert]:
         if not self.cfg.enabled:
@@ -241,6 +263,9 @@ class Monitor:
             if verdict is not None:
                 verdict = (verdict[0], f"on {qtype!r} questions, {verdict[1]}")
             verdicts.append((signal, "type_reward_drop", verdict))
+        verdicts.append((self.search_collapse, "search_collapse",
+                         self._check_search_collapse(_finite(metrics.get("searches")),
+                                                     _finite(metrics.get("reward_multihop")))))
         verdicts.append((self.no_signal, "no_signal",
                          self._check_no_signal(_finite(metrics.get("groups_with_signal")))))
         alerts = []
@@ -270,6 +295,19 @@ class Monitor:
             return None, ""   # finite, and no explosion (which also ends a nan's collapse)
         return check_grad_norm(value, baseline, self.cfg)
 
+    def _check_search_collapse(self, searches: float | None, multihop: float | None
+                               ) -> tuple[str | None, str] | None:
+        """Reads the searches signal (observed by its own check this step) and observes the
+        multi-hop reward."""
+        if multihop is None:
+            return None
+        mh = self.signals["reward_multihop"]
+        mh.observe(multihop)
+        sr = self.signals["searches"]
+        if searches is None or mh.baseline is None or sr.baseline is None:
+            return None
+        return check_search_collapse(sr.recent, sr.baseline, mh.recent, mh.baseline, self.cfg)
+
     def _check_no_signal(self, share: float | None) -> tuple[str | None, str] | None:
         if share is None:
             return None
@@ -282,7 +320,8 @@ class Monitor:
     def state_dict(self) -> dict:
         return {"signals": {name: s.state_dict() for name, s in self.signals.items()},
                 "types": {t: s.state_dict() for t, s in self.types.items()},
-                "no_signal": {**self.no_signal.state_dict(), "run": self.no_signal_run}}
+                "no_signal": {**self.no_signal.state_dict(), "run": self.no_signal_run},
+                "search_collapse": self.search_collapse.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         window = self.cfg.window
@@ -293,3 +332,5 @@ class Monitor:
         saved = state.get("no_signal")   # absent in checkpoints written before this check
         self.no_signal = _Signal.from_state(saved, window) if saved else _Signal(window)
         self.no_signal_run = int(saved["run"]) if saved else 0
+        saved = state.get("search_collapse")
+        self.search_collapse = _Signal.from_state(saved, window) if saved else _Signal(window)

@@ -1,16 +1,22 @@
-"""The RL recipe: outcome-reward policy optimisation of a search agent (GRPO family, PPO).
+"""The RL recipe: policy optimisation of a search agent with outcome and process (step)
+rewards (GRPO family, PPO, and the step-level estimators).
 
 One step, top to bottom (`Trainer.step`):
 
 1. sample `questions_per_step` questions (round-robin over question types, so one type
    cannot crowd out the others), deterministic in (seed, step);
-2. run `group_size` rollouts per question through the batched rollout engine;
-3. score every episode: outcome (EM / F1 / cover-EM) + format reward - penalties;
-   with dynamic sampling, drop groups whose rewards do not vary and draw new questions;
+2. run `group_size` rollouts per question through the batched rollout engine (or grow
+   `rollout.tree` trees of rollouts that share prefixes);
+3. score every episode: outcome (EM / F1 / cover-EM) + format reward - penalties, and every
+   step with the process rewards of `reward.process` (evidence, redundancy, step format,
+   Monte-Carlo progress from continuations of the episode's prefixes, a PRM); with dynamic
+   sampling, drop groups whose scores and step rewards do not vary and draw new questions;
 4. old log-probs (and the reference's, and the critic's values for PPO) in chunks under
    no_grad -- skipped when the batch gets exactly one update, where they equal the
    current ones;
-5. token-level advantages from the registered estimator (`algo.advantage`);
+5. token-level rewards (outcome on the last policy token, each step's reward on its last
+   token) and from them token-level advantages and returns by the registered estimator
+   (`algo.advantage`);
 6. `algo.epochs` passes of mini-batch updates: PPO-clip with clip-higher, optional KL to
    the frozen reference and entropy bonus, the critic's loss for PPO.
 
@@ -41,13 +47,27 @@ from typing import Any
 import torch
 
 from seekrl.agent.backends import HFBackend
-from seekrl.agent.rollout import RolloutConfig, RolloutEngine
+from seekrl.agent.rollout import RolloutConfig, RolloutEngine, grow_trees
 from seekrl.agent.trajectory import Trajectory
-from seekrl.config import TrainConfig, dump_config
+from seekrl.config import ConfigError, TrainConfig, dump_config
 from seekrl.data.qa import QAExample, load_qa
 from seekrl.rewards.metrics import exact_match
 from seekrl.rewards.outcome import RewardParts, episode_reward
-from seekrl.rl.advantages import AdvantageConfig, compute_advantages
+from seekrl.rewards.process import (
+    ProcessContext,
+    StepScorer,
+    check_process_weights,
+    group_has_signal,
+    score_steps,
+)
+from seekrl.rl.advantages import (
+    AdvantageConfig,
+    Rewards,
+    advantage_stats,
+    compute_advantages,
+    group_indices,
+    needs_values,
+)
 from seekrl.rl.common import (
     MetricsLog,
     apply_lora,
@@ -76,12 +96,14 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, *, model=None, tokenizer=None, retriever=None,
                  questions: Sequence[QAExample] | None = None, reward_fn: RewardFn | None = None,
-                 console=None, resume: bool = False):
+                 prm_scorer: StepScorer | None = None, console=None, resume: bool = False):
         from seekrl.models import load_policy
 
         self.cfg = cfg
         self.out = Path(cfg.out)
         self.console = console
+        _check_step_settings(cfg, prm_scorer)   # before a model is loaded: fail in seconds
+        self.prm_scorer = prm_scorer
         set_seed(cfg.seed)
         if model is None:
             model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
@@ -98,7 +120,7 @@ class Trainer:
             self.model.config.use_cache = False
         self.value_head = None
         extra = []
-        if cfg.algo.advantage == "gae":
+        if needs_values(cfg.algo.advantage):
             hidden = _hidden_size(self.model)
             self.value_head = ValueHead(hidden).to(cfg.device)
             extra = [{"params": list(self.value_head.parameters()),
@@ -122,8 +144,10 @@ class Trainer:
             max_turns_penalty=cfg.reward.max_turns_penalty))
         self.monitor = Monitor(cfg.monitor)
         self.step_done = 0
+        self.rollout_tokens = 0            # generated rollout tokens so far (the compute)
         self.healthy_checkpoint: str | None = None
         self.stopped_reason: str | None = None
+        self.stopped_budget: str | None = None
         self.out.mkdir(parents=True, exist_ok=True)
         if resume:
             self._resume()
@@ -155,26 +179,48 @@ class Trainer:
         return picked
 
     # ------------------------------------------------------------------ 2. rollouts
-    def rollout(self, questions: Sequence[QAExample], seed: int) -> list[Trajectory]:
+    def engine(self, seed: int, n_samples: int | None = None) -> RolloutEngine:
         r = self.cfg.rollout
         cfg = RolloutConfig(max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
                             max_total_tokens=r.max_total_tokens, topk=r.topk,
                             max_info_tokens=r.max_info_tokens, batch_size=r.batch_size,
-                            n_samples=self.cfg.group_size, temperature=r.temperature,
-                            top_p=r.top_p, seed=seed, method=r.method)
+                            n_samples=n_samples or self.cfg.group_size,
+                            temperature=r.temperature, top_p=r.top_p, seed=seed,
+                            method=r.method)
         self.model.eval()
-        engine = RolloutEngine(HFBackend(self.model, self.tokenizer), self.tokenizer,
-                               self.retriever, cfg)
-        trajs = engine.run(questions, dataset="train")
+        return RolloutEngine(HFBackend(self.model, self.tokenizer), self.tokenizer,
+                             self.retriever, cfg)
+
+    def rollout(self, questions: Sequence[QAExample], seed: int) -> list[Trajectory]:
+        tree = self.cfg.rollout.tree
+        if tree is None:
+            trajs = self.engine(seed).run(questions, dataset="train")
+        else:
+            trajs = grow_trees(self.engine(seed, n_samples=tree.trees), questions, tree.branches,
+                               tree.rounds, seed)
         for t in trajs:  # group ids unique per draw, even if a question comes back
             t.group_id = f"{t.example_id}@{seed}"
         return trajs
 
     # ------------------------------------------------------------------ 3. scoring
-    def score(self, trajs: Sequence[Trajectory]) -> list[RewardParts]:
+    def score(self, trajs: Sequence[Trajectory], seed: int = 0,
+              stats: dict[str, float] | None = None) -> list[RewardParts]:
+        """Outcome of every episode (`outcome_reward`), then the process rewards of every
+        step (`Step.process_reward` and `process_parts`)."""
         parts = [self.reward_fn(t) for t in trajs]
         for t, p in zip(trajs, parts):
             t.outcome_reward = p.total
+        weights = self.cfg.reward.process
+        if weights:
+            ctx = ProcessContext(
+                continue_episodes=lambda prefixes, n: self.engine(seed + 104_729).continue_from(
+                    prefixes, n, seed=seed + 104_729),
+                episode_score=lambda t: self.reward_fn(t).total, scorer=self.prm_scorer,
+                mc_samples=self.cfg.reward.mc_samples)
+            score_steps(trajs, weights, ctx)
+            if stats is not None:
+                for k, v in ctx.stats.items():
+                    stats[k] = stats.get(k, 0.0) + v
         return parts
 
     # ------------------------------------------------------------------ 4. log-probs
@@ -213,14 +259,19 @@ class Trainer:
         set_seed(base_seed)
         t0 = time.time()
         clock = {"rollout": 0.0, "scoring": 0.0}
+        process_stats: dict[str, float] = {}
+        fresh_tokens = [0]   # generated now: shared tree prefixes count once
 
         def draw(draw_no: int) -> tuple[list[Trajectory], list[RewardParts]]:
             t = time.time()
             questions = self.sample_questions(step, cfg.questions_per_step, draw=draw_no)
-            trajs = self.rollout(questions, seed=base_seed + 7919 * draw_no)
+            seed = base_seed + 7919 * draw_no
+            trajs = self.rollout(questions, seed=seed)
+            fresh_tokens[0] += sum(x.n_generated - x.metadata.get("prefix_tokens", 0)
+                                   for x in trajs)
             clock["rollout"] += time.time() - t
             t = time.time()
-            parts = self.score(trajs)
+            parts = self.score(trajs, seed=seed, stats=process_stats)
             clock["scoring"] += time.time() - t
             return trajs, parts
 
@@ -239,10 +290,14 @@ class Trainer:
             keep = _whole_groups(trajs, cfg.questions_per_step)
             trajs, parts = [trajs[i] for i in keep], [parts[i] for i in keep]
         t_rollout, t_scoring = clock["rollout"], clock["scoring"]
-        rewards = [p.total for p in parts]
+        step_tokens = fresh_tokens[0] + int(process_stats.get("mc_tokens", 0))
+        self.rollout_tokens += step_tokens
         record = self._episode_metrics(step, trajs, parts, n_sampled, refills)
+        record.update(rollout_tokens=step_tokens, rollout_tokens_total=self.rollout_tokens,
+                      **{f"process_{k}": round(v, 4) for k, v in sorted(process_stats.items())})
         varied, multi = signal
         record["groups_with_signal"] = round(varied / multi, 4) if multi else None
+        self._save_rollouts(step, trajs)
         if not trajs:  # dynamic sampling found no group with signal: nothing to learn
             record.update(time_rollout=round(t_rollout, 2), skipped_update=True)
             return record
@@ -257,13 +312,17 @@ class Trainer:
             ref_logps, _ = self.batch_logprobs(trajs, reference=True)
         t_old = time.time() - t2
 
-        advantages = compute_advantages(algo.advantage, trajs, rewards,
-                                        AdvantageConfig(gamma=algo.gamma, lam=algo.lam),
-                                        values=old_values)
-        returns = None
-        if algo.advantage == "gae":
-            returns = [a + v for a, v in zip(advantages, old_values)]
-            advantages = _whiten(advantages, trajs)
+        adv_cfg = AdvantageConfig(gamma=algo.gamma, lam=algo.lam, std_norm=algo.std_norm,
+                                  beta=algo.beta, step_weight=algo.step_weight,
+                                  step_gamma=algo.step_gamma, anchor=algo.anchor,
+                                  anchor_similarity=algo.anchor_similarity, alpha=algo.alpha)
+        advantages, returns = compute_advantages(algo.advantage, trajs,
+                                                 Rewards.from_trajectories(trajs), adv_cfg,
+                                                 values=old_values)
+        record.update(advantage_stats(advantages, trajs))
+        record.update(adv_cfg.diagnostics)
+        if self.value_head is None:
+            returns = None   # only a critic has targets
 
         t3 = time.time()
         update = self._update(trajs, advantages, old_logps, ref_logps, old_values, returns)
@@ -398,9 +457,25 @@ class Trainer:
     def _episode_metrics(self, step, trajs, parts, n_sampled, refills) -> dict[str, Any]:
         n = max(1, len(trajs))
         by_type: dict[str, list[float]] = defaultdict(list)
+        by_hops: dict[str, list[float]] = defaultdict(list)
         for t, p in zip(trajs, parts):
             by_type[str(t.metadata.get("type", "-"))].append(p.total)
-        return {
+            if isinstance(t.metadata.get("hops"), int):
+                by_hops[str(t.metadata["hops"])].append(p.total)
+        multihop = [r for h, v in by_hops.items() if int(h) >= 2 for r in v]
+        recalls = [r for r in (t.evidence_recall() for t in trajs) if r is not None]
+        steps = [s for t in trajs for s in t.steps]
+        process: dict[str, Any] = {}
+        if self.cfg.reward.process and steps:
+            process["process_reward"] = round(
+                sum(s.process_reward or 0.0 for s in steps) / len(steps), 4)
+            for name in self.cfg.reward.process:
+                process[f"process_{name}"] = round(
+                    sum(s.process_parts.get(name, 0.0) for s in steps) / len(steps), 4)
+        return {**process,
+            "reward_by_hops": {k: round(sum(v) / len(v), 4) for k, v in sorted(by_hops.items())},
+            "reward_multihop": round(sum(multihop) / len(multihop), 4) if multihop else None,
+            "evidence_recall": round(sum(recalls) / len(recalls), 4) if recalls else None,
             "step": step, "episodes": len(trajs), "episodes_sampled": n_sampled,
             "refills": refills,
             "reward": round(sum(p.total for p in parts) / n, 4),
@@ -412,6 +487,26 @@ class Trainer:
             "finished_answer": round(sum(t.finish_reason == "answer" for t in trajs) / n, 4),
             "reward_by_type": {k: round(sum(v) / len(v), 4) for k, v in sorted(by_type.items())},
         }
+
+    def _save_rollouts(self, step: int, trajs: Sequence[Trajectory]) -> None:
+        """RUN_DIR/rollouts/step-N: the step's episodes with their step rewards and values,
+        and the trajectory viewer over them."""
+        every = self.cfg.log.save_rollouts
+        if not every or step % every or not trajs:
+            return
+        from seekrl.eval.evaluate import score_trajectories, write_run
+        from seekrl.eval.report import write_viewer
+
+        out = self.out / "rollouts" / f"step-{step}"
+        r = self.cfg.rollout
+        config = {"model": self.cfg.model, "step": step, "advantage": self.cfg.algo.advantage,
+                  "process": dict(self.cfg.reward.process),
+                  "rollout": {"method": r.method, "n_samples": self.cfg.group_size,
+                              "topk": r.topk, "max_turns": r.max_turns,
+                              "max_new_tokens": r.max_new_tokens,
+                              "temperature": r.temperature}}
+        write_run(out, trajs, {"config": config, **score_trajectories(trajs)}, self.tokenizer)
+        write_viewer(out)
 
     # ------------------------------------------------------------------ checkpoints
     @property
@@ -434,7 +529,8 @@ class Trainer:
                    tmp / "optim.pt")
         (tmp / "trainer.json").write_text(json.dumps({
             "step": step, "monitor": self.monitor.state_dict(),
-            "healthy_checkpoint": self.healthy_checkpoint}))
+            "healthy_checkpoint": self.healthy_checkpoint,
+            "rollout_tokens": self.rollout_tokens}))
         _fsync_dir(tmp)
         replace_dir(tmp, target)
         pointer = self.ckpt_dir / f".latest.tmp{os.getpid()}"
@@ -472,6 +568,7 @@ class Trainer:
             raise FileNotFoundError(f"--resume: {pointer} does not exist (no checkpoint yet)")
         meta = self.load_checkpoint(self.ckpt_dir / pointer.read_text().strip())
         self.step_done = meta["step"]
+        self.rollout_tokens = int(meta.get("rollout_tokens", 0))
         self.monitor.load_state_dict(meta["monitor"])
         self.healthy_checkpoint = meta.get("healthy_checkpoint")
         # drop log lines of steps after the checkpoint: they are about to be redone
@@ -523,9 +620,14 @@ class Trainer:
                 dev = self.evaluate(self.out / "eval" / f"step-{step}")
                 self.log.write({"step": step, **{f"dev_{k}": v for k, v in dev.items()}})
                 say(f"  dev EM {dev['em']:.3f}")
-            if cfg.max_minutes is not None and step < cfg.steps \
-                    and time.time() - started > cfg.max_minutes * 60:
-                say(f"time budget of {cfg.max_minutes} min used up after step {step}")
+            out_of = None
+            if cfg.max_minutes is not None and time.time() - started > cfg.max_minutes * 60:
+                out_of = f"time budget of {cfg.max_minutes} min"
+            if cfg.max_rollout_tokens is not None and self.rollout_tokens >= cfg.max_rollout_tokens:
+                out_of = f"rollout budget of {cfg.max_rollout_tokens} tokens"
+            if out_of and step < cfg.steps:
+                say(f"{out_of} used up after step {step}")
+                self.stopped_budget = out_of
                 if cfg.save_every and step % cfg.save_every != 0:
                     self.save_checkpoint(step)  # so --resume can go on from here
                 break
@@ -539,6 +641,7 @@ class Trainer:
         final = save_policy(self.model, self.tokenizer, self.out / "final")
         summary = {"steps": self.step_done, "final": str(final),
                    "stopped": self.stopped_reason, "last": last,
+                   "rollout_tokens": self.rollout_tokens, "budget": self.stopped_budget,
                    "minutes": round((time.time() - started) / 60, 2)}
         if cfg.eval.data:
             dev = self.evaluate(self.out / "eval" / "final")
@@ -559,24 +662,46 @@ class Trainer:
 # ---------------------------------------------------------------------- helpers
 
 
-def _groups(trajs) -> dict[str, list[int]]:
-    groups: dict[str, list[int]] = defaultdict(list)
-    for i, t in enumerate(trajs):
-        groups[t.group_id].append(i)
-    return groups
+def _informative(trajs, parts, members: list[int]) -> bool:
+    """A group teaches something when its episodes' scores differ, or its step rewards do
+    (a step-level estimator still has something to compare)."""
+    return group_has_signal([trajs[j] for j in members], [parts[j].total for j in members])
 
 
 def _group_signal(trajs, parts) -> tuple[int, int]:
-    """(groups whose rewards vary, groups of two or more episodes): a group-relative
-    advantage is zero for every member of a tied group, and undefined for a lone episode."""
-    groups = [m for m in _groups(trajs).values() if len(m) > 1]
-    return sum(1 for m in groups if len({parts[j].total for j in m}) > 1), len(groups)
+    """(informative groups, groups of two or more episodes): a group-relative advantage is
+    zero for every member of a tied group, and undefined for a lone episode."""
+    groups = [m for m in group_indices(trajs).values() if len(m) > 1]
+    return sum(1 for m in groups if _informative(trajs, parts, m)), len(groups)
 
 
 def _keep_varied(trajs, parts):
-    keep = sorted(i for members in _groups(trajs).values()
-                  if len({parts[j].total for j in members}) > 1 for i in members)
+    keep = sorted(i for members in group_indices(trajs).values()
+                  if _informative(trajs, parts, members) for i in members)
     return [trajs[i] for i in keep], [parts[i] for i in keep]
+
+
+def _check_step_settings(cfg: TrainConfig, prm_scorer) -> None:
+    """The process-supervision keys, checked before anything slow happens."""
+    try:
+        check_process_weights(cfg.reward.process)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if "prm" in cfg.reward.process and prm_scorer is None:
+        raise ConfigError("reward.process.prm: no process reward model given (pass "
+                          "Trainer(prm_scorer=...); `seekrl prm` trains one)")
+    tree = cfg.rollout.tree
+    if tree is not None:
+        if tree.leaves != cfg.group_size:
+            raise ConfigError(f"rollout.tree: {tree.trees} trees x (1 + {tree.branches} "
+                              f"branches x {tree.rounds} rounds) make {tree.leaves} episodes per "
+                              f"question, but group_size is {cfg.group_size}; set group_size="
+                              f"{tree.leaves}")
+        if cfg.rollout.method != "agent":
+            raise ConfigError("rollout.tree: tree rollouts branch at search steps; they need "
+                              "rollout.method: agent")
+    if cfg.algo.advantage == "tree_grpo" and tree is None:
+        raise ConfigError("algo.advantage: tree_grpo needs tree rollouts (rollout.tree)")
 
 
 def _whole_groups(trajs, n_groups: int) -> list[int]:
@@ -587,17 +712,6 @@ def _whole_groups(trajs, n_groups: int) -> list[int]:
             seen.append(t.group_id)
     wanted = set(seen[:n_groups])
     return [i for i, t in enumerate(trajs) if t.group_id in wanted]
-
-
-def _whiten(advantages: list[torch.Tensor], trajs) -> list[torch.Tensor]:
-    """Zero-mean unit-variance over all policy tokens of the batch (PPO's usual step)."""
-    masks = [torch.tensor(t.loss_mask, dtype=torch.bool) for t in trajs]
-    flat = torch.cat([a[m] for a, m in zip(advantages, masks)])
-    if flat.numel() < 2:
-        return advantages
-    mean, std = flat.mean(), flat.std()
-    return [torch.where(m, (a - mean) / (std + 1e-8), torch.zeros_like(a))
-            for a, m in zip(advantages, masks)]
 
 
 def _explained_variance(values, returns, mask) -> float:

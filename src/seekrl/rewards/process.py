@@ -1,0 +1,212 @@
+"""Process rewards: one number per step (model turn), batch-first, registered by name.
+
+A source is `f(trajectories, ctx) -> list[list[float]]`: for each trajectory, one reward per
+step. `score_steps` runs the sources a config names with their weights, keeps each source's
+value on the step (`Step.process_parts`) and their weighted sum (`Step.process_reward`); the
+estimators in `rl/advantages.py` place that sum on the step's last token.
+
+The sources:
+- `evidence`: information gain of a search, the share of the episode's gold documents that
+  this step retrieved for the first time (documents already in the prompt or found by an
+  earlier step earn nothing). Gold comes from `gold_doc_ids` (the synthetic world's hop
+  chain, HotpotQA supporting titles, any data that has them); an episode without gold gets
+  0 on every step, counted in `ctx.stats["evidence_no_gold"]`. Like StepSearch's
+  information-gain reward, against known gold rather than a similarity to it.
+- `redundancy`: over-search penalty, -1 for a query the episode already issued (case and
+  whitespace aside), else minus the share of the step's documents it had already seen.
+- `step_format`: -1 for a turn that does not follow the protocol exactly
+  (`protocol.step_format_problem`), else 0.
+- `mc_value`: Monte-Carlo progress ("rewarding progress", Setlur et al., 2024). From the
+  prefix ending after step t, `ctx.mc_samples` continuations by the current policy; V(t) is
+  their mean episode score, and the step's reward is V(t) - V(t-1). V before the first step
+  is the mean score of the question's group (its rollouts are samples from the empty
+  prefix: no extra cost), V after the last step is the episode's own score, so the rewards
+  of an episode add up to its score minus the group mean. `Step.value` keeps V(t). The
+  continuations' generated tokens are counted in `ctx.stats["mc_tokens"]` (compute is
+  compared at equal generated tokens).
+- `prm`: a learned process reward model: `ctx.scorer.score_steps(trajectories)` returns
+  the scores (the ProRAG pipeline trains one).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from seekrl.agent.trajectory import Trajectory
+
+
+class StepScorer(Protocol):
+    def score_steps(self, trajectories: Sequence[Trajectory]) -> list[list[float]]: ...
+
+
+# continue_episodes(prefixes, n) -> for each (trajectory, n_steps) prefix, n continuations
+ContinueFn = Callable[[Sequence[tuple[Trajectory, int]], int], list[list[Trajectory]]]
+
+
+@dataclass
+class ProcessContext:
+    """What a source may need beyond the trajectories."""
+    continue_episodes: ContinueFn | None = None   # mc_value: the rollout engine's continuation
+    episode_score: Callable[[Trajectory], float] | None = None   # mc_value: score of an episode
+    scorer: StepScorer | None = None               # prm
+    mc_samples: int = 4
+    stats: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+
+ProcessFn = Callable[[Sequence[Trajectory], ProcessContext], list[list[float]]]
+PROCESS_REWARDS: dict[str, ProcessFn] = {}
+
+
+def register_process(name: str) -> Callable[[ProcessFn], ProcessFn]:
+    def wrap(fn: ProcessFn) -> ProcessFn:
+        if name in PROCESS_REWARDS:
+            raise ValueError(f"process reward {name!r} is already registered")
+        PROCESS_REWARDS[name] = fn
+        return fn
+    return wrap
+
+
+def check_process_weights(weights: Mapping[str, float], key: str = "reward.process") -> None:
+    """Unknown source names raise ValueError naming the key and the known names."""
+    for name in weights:
+        if name not in PROCESS_REWARDS:
+            raise ValueError(f"{key}.{name}: unknown process reward; expected one of "
+                             f"{', '.join(sorted(PROCESS_REWARDS))}")
+
+
+def score_steps(trajectories: Sequence[Trajectory], weights: Mapping[str, float],
+                ctx: ProcessContext | None = None) -> None:
+    """Fill `process_parts` and `process_reward` of every step from the weighted sources.
+    With no sources, steps keep `process_reward = None`."""
+    if not weights:
+        return
+    check_process_weights(weights)
+    ctx = ctx or ProcessContext()
+    for t in trajectories:
+        for s in t.steps:
+            s.process_parts = {}
+            s.process_reward = 0.0
+    for name, weight in weights.items():
+        values = PROCESS_REWARDS[name](trajectories, ctx)
+        if len(values) != len(trajectories):
+            raise ValueError(f"process reward {name!r} returned {len(values)} lists for "
+                             f"{len(trajectories)} trajectories")
+        for t, row in zip(trajectories, values):
+            if len(row) != len(t.steps):
+                raise ValueError(f"process reward {name!r} returned {len(row)} values for an "
+                                 f"episode of {len(t.steps)} steps ({t.example_id})")
+            for s, v in zip(t.steps, row):
+                s.process_parts[name] = float(v)
+                s.process_reward += float(weight) * float(v)
+
+
+def _normalise_query(q: str | None) -> str:
+    return " ".join((q or "").lower().split())
+
+
+@register_process("evidence")
+def evidence(trajectories: Sequence[Trajectory], ctx: ProcessContext) -> list[list[float]]:
+    out = []
+    for t in trajectories:
+        gold = set(t.gold_doc_ids)
+        if not gold:
+            ctx.stats["evidence_no_gold"] += 1
+            out.append([0.0] * len(t.steps))
+            continue
+        seen = set(t.metadata.get("prompt_hits") or [])
+        row = []
+        for s in t.steps:
+            new = (gold & set(s.hits)) - seen if s.action == "search" else set()
+            row.append(len(new) / len(gold))
+            seen.update(s.hits)
+        out.append(row)
+    return out
+
+
+@register_process("redundancy")
+def redundancy(trajectories: Sequence[Trajectory], ctx: ProcessContext) -> list[list[float]]:
+    out = []
+    for t in trajectories:
+        queries: set[str] = set()
+        seen = set(t.metadata.get("prompt_hits") or [])
+        row = []
+        for s in t.steps:
+            if s.action != "search":
+                row.append(0.0)
+                continue
+            q = _normalise_query(s.query)
+            if q in queries:
+                row.append(-1.0)
+            elif s.hits:
+                row.append(-sum(h in seen for h in s.hits) / len(s.hits))
+            else:
+                row.append(0.0)
+            queries.add(q)
+            seen.update(s.hits)
+        out.append(row)
+    return out
+
+
+@register_process("step_format")
+def step_format(trajectories: Sequence[Trajectory], ctx: ProcessContext) -> list[list[float]]:
+    return [[0.0 if s.well_formed else -1.0 for s in t.steps] for t in trajectories]
+
+
+@register_process("mc_value")
+def mc_value(trajectories: Sequence[Trajectory], ctx: ProcessContext) -> list[list[float]]:
+    if ctx.continue_episodes is None or ctx.episode_score is None:
+        raise ValueError("reward.process.mc_value needs the rollout engine to continue episodes "
+                         "(ProcessContext.continue_episodes and episode_score)")
+    scores = [float(ctx.episode_score(t)) for t in trajectories]
+    by_group: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(trajectories):
+        by_group[t.group_id].append(i)
+    v_start = {g: sum(scores[i] for i in m) / len(m) for g, m in by_group.items()}
+    # every prefix that ends after a step the episode went on from
+    prefixes = [(t, k) for t in trajectories for k in range(1, len(t.steps))]
+    values: dict[tuple[int, int], float] = {}
+    if prefixes:
+        conts = ctx.continue_episodes(prefixes, ctx.mc_samples)
+        for (t, k), group in zip(prefixes, conts):
+            if not group:
+                raise ValueError("mc_value: the rollout engine returned no continuation")
+            values[(id(t), k)] = sum(float(ctx.episode_score(c)) for c in group) / len(group)
+            before = sum(t.loss_mask[:t.steps[k - 1].end])
+            ctx.stats["mc_tokens"] += sum(c.n_generated - before for c in group)
+            ctx.stats["mc_continuations"] += len(group)
+    out = []
+    for t, score in zip(trajectories, scores):
+        v_prev, row = v_start[t.group_id], []
+        for k, s in enumerate(t.steps, start=1):
+            v = score if k == len(t.steps) else values[(id(t), k)]
+            s.value = v
+            row.append(v - v_prev)
+            v_prev = v
+        out.append(row)
+    return out
+
+
+@register_process("prm")
+def prm(trajectories: Sequence[Trajectory], ctx: ProcessContext) -> list[list[float]]:
+    if ctx.scorer is None:
+        raise ValueError("reward.process.prm needs a process reward model: pass a scorer with "
+                         "score_steps(trajectories) (Trainer(prm_scorer=...))")
+    scores = ctx.scorer.score_steps(trajectories)
+    for t, row in zip(trajectories, scores):
+        for s, v in zip(t.steps, row):
+            s.value = float(v)
+    return [[float(v) for v in row] for row in scores]
+
+
+def group_has_signal(trajectories: Sequence[Trajectory], totals: Sequence[float]) -> bool:
+    """Informative for learning when the episodes' scores differ, or any two step rewards
+    in the group differ (a step-level estimator still has something to compare)."""
+    if len(set(totals)) > 1:
+        return True
+    steps = {s.process_reward for t in trajectories for s in t.steps
+             if s.process_reward is not None}
+    return len(steps) > 1
+
