@@ -58,3 +58,30 @@ def test_bad_inputs_exit_2_with_a_clear_message(tmp_path):
     assert r.exit_code == 2 and "not a seekrl index" in r.output
     r = run("search", "x")
     assert r.exit_code == 2 and "--index" in r.output
+
+
+def test_train_process_option_sets_the_methods_keys(tmp_path, monkeypatch):
+    import seekrl.rl.train
+
+    seen = {}
+
+    class FakeTrainer:
+        def __init__(self, cfg, **kw):
+            seen["cfg"] = cfg
+
+        def train(self):
+            return {"final": "nowhere"}
+
+    monkeypatch.setattr(seekrl.rl.train, "Trainer", FakeTrainer)
+    r = run("train", "--process", "evidence", "data=q.jsonl", "index=idx", "algo.beta=0.5")
+    assert r.exit_code == 0, r.output
+    cfg = seen["cfg"]
+    assert cfg.algo.advantage == "dual_granularity" and cfg.algo.beta == 0.5
+    assert cfg.reward.process == {"evidence": 1.0, "redundancy": 0.2}
+    r = run("train", "--process", "tree", "data=q.jsonl", "index=idx", "group_size=6")
+    assert r.exit_code == 0, r.output
+    assert seen["cfg"].rollout.tree.trees == 3 and seen["cfg"].algo.advantage == "tree_grpo"
+    r = run("train", "--process", "magic", "data=q.jsonl")
+    assert r.exit_code == 2 and "process method: expected one of" in r.output
+    r = run("train", "--process", "tree", "data=q.jsonl", "group_size=3")
+    assert r.exit_code == 2 and "group_size must be even" in r.output

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from seekrl.demo import DemoConfig, run_demo
 from seekrl.models import tiny_policy
 
 
-def test_demo_pipeline_writes_summary_report_and_viewers(tmp_path):
+@pytest.mark.parametrize("process", [None, "evidence"])
+def test_demo_pipeline_writes_summary_report_and_viewers(tmp_path, process):
     torch.set_num_threads(1)
     model, tok = tiny_policy(seed=0)
     model.save_pretrained(tmp_path / "tiny")
@@ -19,7 +21,7 @@ def test_demo_pipeline_writes_summary_report_and_viewers(tmp_path):
     cfg = DemoConfig(model=str(tmp_path / "tiny"), n_test=3, eval_max_turns=2,
                      eval_max_new_tokens=4, sft_steps=1, sft_batch=2, rl_steps=2,
                      rl_minutes=5, questions_per_step=2, group_size=2, train_layers=1,
-                     n_show=1)
+                     n_show=1, process=process)
     out = tmp_path / "demo"
     summary = run_demo(out, cfg)
     for key in ("em_untrained", "em_sft", "em_rl", "n_test", "rl_steps", "minutes"):
@@ -35,3 +37,21 @@ def test_demo_pipeline_writes_summary_report_and_viewers(tmp_path):
                      for x in (out / stage / "trajectories.jsonl").read_text().splitlines()]
         assert len(questions) == 3
     assert len(list((out / "rl").glob("metrics.jsonl"))) == 1
+    # the training rollouts are kept with their step rewards, in the viewer too
+    assert (out / "rl" / "rollouts" / "step-1" / "viewer.html").is_file()
+    if process is None:
+        assert "em_rl_process" not in summary
+        return
+    assert summary["process"] == "evidence" and "em_rl_process" in summary
+    assert summary["rl_process_rollout_tokens"] > 0
+    assert "RL + evidence" in html
+    viewer = (out / "rl_process" / "rollouts" / "step-1" / "viewer.html").read_text()
+    assert "process reward" in viewer and "evidence" in viewer
+    steps = [s for line in (out / "rl_process" / "rollouts" / "step-1" / "trajectories.jsonl")
+             .read_text().splitlines() for s in json.loads(line)["steps"]]
+    assert steps and all(set(s["process_parts"]) == {"evidence", "redundancy"} for s in steps)
+
+
+def test_demo_refuses_an_unknown_process_method_before_any_work(tmp_path):
+    with pytest.raises(ValueError, match="process method: expected one of"):
+        run_demo(tmp_path / "d", DemoConfig(process="magic"))

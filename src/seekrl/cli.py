@@ -173,6 +173,10 @@ def demo(
         help="also stop RL after the step that passes this many minutes")] = None,
     advantage: Annotated[str, typer.Option(help="grpo | dr_grpo | rloo | reinforce_pp | gae")]
     = "grpo",
+    process: Annotated[Optional[str], typer.Option(
+        help="also run RL with this process-supervision method (evidence | gigpo | "
+             "gigpo_evidence | mc_value | stratified | tree) from the same SFT checkpoint at "
+             "the same rollout-token budget, and compare")] = None,
     questions_per_step: Annotated[int, typer.Option(help="RL questions per step")] = 8,
     group_size: Annotated[int, typer.Option(help="RL rollouts per question (G)")] = 4,
     train_layers: Annotated[int, typer.Option(
@@ -185,7 +189,7 @@ def demo(
 
     cfg = DemoConfig(seed=seed, difficulty=difficulty, model=model, n_test=eval_questions,
                      sft_steps=sft_steps, sft_batch=sft_batch, rl_steps=rl_steps,
-                     rl_minutes=rl_minutes, advantage=advantage,
+                     rl_minutes=rl_minutes, advantage=advantage, process=process,
                      questions_per_step=questions_per_step, group_size=group_size,
                      train_layers=train_layers or None)
     try:
@@ -299,13 +303,27 @@ def train(
     overrides: Annotated[Optional[list[str]], typer.Argument(
         help="key.sub=value overrides, e.g. algo.advantage=rloo steps=50", show_default=False)] = None,
     resume: Annotated[bool, typer.Option(help="continue from the run's latest checkpoint")] = False,
+    process: Annotated[Optional[str], typer.Option(
+        help="a process-supervision method: evidence | gigpo | gigpo_evidence | mc_value | "
+             "stratified | tree (its config keys go under yours; overrides win)")] = None,
 ):
-    """RL from outcome rewards (GRPO, Dr. GRPO, RLOO, REINFORCE++, PPO) with the rollout engine."""
+    """RL from outcome and process (step) rewards: GRPO, Dr. GRPO, RLOO, REINFORCE++, PPO, and
+    the step-level estimators (dual_granularity, gigpo, stratified_grpo, tree_grpo)."""
+    import yaml
+
     from seekrl.config import ConfigError, TrainConfig, load_config
     from seekrl.models import ModelError
     from seekrl.rl.train import Trainer
 
     try:
+        if process is not None:
+            from seekrl.rl.methods import method_overrides
+
+            base = load_config(TrainConfig, config, overrides or [])
+            keys = method_overrides(process, group_size=base.group_size,
+                                    baseline_advantage=base.algo.advantage)
+            overrides = [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}"
+                         .replace("\n...", "") for k, v in keys.items()] + list(overrides or [])
         cfg = load_config(TrainConfig, config, overrides or [])
         summary = Trainer(cfg, console=console, resume=resume).train()
     except (ConfigError, DataError, RetrievalError, ModelError, FileNotFoundError, ValueError) as err:

@@ -5,6 +5,13 @@ SFT warm-up -> evaluate -> RL (GRPO by default) -> evaluate -> report. Every eva
 greedy, on the same test questions, with the same rollout settings, so the three EM
 figures in `summary.json` (`em_untrained`, `em_sft`, `em_rl`) compare like with like.
 
+With `process` (`seekrl demo --process evidence`), a second RL run starts from the same SFT
+checkpoint with a process-supervision method (`rl/methods.py`) and the same budget of
+generated rollout tokens as the outcome run (so Monte-Carlo continuations and tree sharing
+are paid for), is evaluated on the same questions, and the report gains its row
+(`em_rl_process`). Both runs keep their training rollouts with each step's process reward
+and value in the trajectory viewer (`rl*/rollouts/step-N/viewer.html`).
+
 The defaults are chosen for a 2-core CPU and about 30 minutes: short documents (the policy
 reads every retrieved token on every update), two documents per search, 1-3 hop questions,
 and only the top `train_layers` transformer blocks trained (backpropagation stops there,
@@ -59,6 +66,7 @@ class DemoConfig:
     rl_lr: float = 3e-5
     temperature: float = 1.0
     kl_coef: float = 0.0
+    process: str | None = None       # a process method (rl/methods.py) run next to outcome RL
     n_show: int = 2                  # test questions whose retrieval is printed
 
 
@@ -94,19 +102,23 @@ class _Clock:
 
 def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
              console: Console | None = None) -> dict:
-    from seekrl.config import SFTConfig, TrainConfig
+    from seekrl.config import SFTConfig
     from seekrl.eval.training_report import write_training_report
     from seekrl.rl.sft import run_sft
-    from seekrl.rl.train import Trainer
 
     cfg = cfg or DemoConfig()
     console = console or Console()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "demo_config.json").write_text(json.dumps(asdict(cfg), indent=2))
-    clock = _Clock(console, {"world": 0.3, "eval_untrained": 4.0, "sft": 7.0, "eval_sft": 3.0,
-                             "rl": 3.5 * cfg.rl_steps if cfg.rl_minutes is None
-                             else cfg.rl_minutes + 2.0, "eval_rl": 3.0, "report": 0.2})
+    rl_minutes = 3.5 * cfg.rl_steps if cfg.rl_minutes is None else cfg.rl_minutes + 2.0
+    plan = {"world": 0.3, "eval_untrained": 4.0, "sft": 7.0, "eval_sft": 3.0,
+            "rl": rl_minutes, "eval_rl": 3.0}
+    if cfg.process:
+        from seekrl.rl.methods import method_overrides
+        method_overrides(cfg.process, group_size=cfg.group_size)   # a bad name fails now
+        plan.update(rl_process=rl_minutes, eval_rl_process=3.0)
+    clock = _Clock(console, {**plan, "report": 0.2})
 
     clock.stage("world", "build the synthetic world, index it (BM25), write oracle episodes")
     world = generate_world(WorldConfig(seed=cfg.seed, difficulty=cfg.difficulty,
@@ -148,21 +160,24 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
     budget = f" or {cfg.rl_minutes:g} min" if cfg.rl_minutes is not None else ""
     clock.stage("rl", f"RL ({cfg.advantage}): {cfg.questions_per_step} questions x "
                       f"{cfg.group_size} rollouts per step, {cfg.rl_steps} steps{budget}")
-    rl_cfg = TrainConfig(
-        model=sft["final"], data=str(paths["train"]), index=str(index_dir), out=str(out / "rl"),
-        seed=cfg.seed, steps=cfg.rl_steps, max_minutes=cfg.rl_minutes,
-        questions_per_step=cfg.questions_per_step, group_size=cfg.group_size,
-        train_layers=cfg.train_layers, save_every=0,
-        rollout={"max_turns": cfg.eval_max_turns, "max_new_tokens": cfg.eval_max_new_tokens,
-                 "topk": cfg.k, "max_info_tokens": cfg.max_info_tokens,
-                 "temperature": cfg.temperature},
-        algo={"advantage": cfg.advantage, "kl_coef": cfg.kl_coef,
-              "mini_batch_size": cfg.questions_per_step * cfg.group_size},
-        optim={"lr": cfg.rl_lr, "schedule": "constant"})
-    rl = Trainer(rl_cfg, console=console, retriever=index).train()
+    rl_kw = dict(cfg=cfg, sft_final=sft["final"], paths=paths, index=index,
+                 index_dir=index_dir, console=console)
+    rl = _rl(out / "rl", {}, **rl_kw)
 
     clock.stage("eval_rl", "evaluate the RL policy on the same test questions")
     after_rl = _evaluate(rl["final"], out / "eval_rl", **eval_kw)
+
+    rl_process = after_process = None
+    if cfg.process:
+        clock.stage("rl_process", f"RL with process supervision ({cfg.process}) from the same "
+                                  f"SFT checkpoint, at the outcome run's {rl['rollout_tokens']} "
+                                  "generated rollout tokens")
+        from seekrl.rl.methods import method_overrides
+        keys = method_overrides(cfg.process, group_size=cfg.group_size,
+                                baseline_advantage=cfg.advantage)
+        rl_process = _rl(out / "rl_process", keys, budget_tokens=rl["rollout_tokens"], **rl_kw)
+        clock.stage("eval_rl_process", "evaluate the process-supervised policy")
+        after_process = _evaluate(rl_process["final"], out / "eval_rl_process", **eval_kw)
 
     clock.stage("report", "write the report")
     summary = {
@@ -177,6 +192,7 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
         * cfg.group_size, "rl_stopped": rl.get("stopped"),
         "gold_recall_question_query": recall[0], "gold_recall_hop_query": recall[1],
         "oracle_incomplete": oracle_stats.incomplete,
+        "rl_rollout_tokens": rl["rollout_tokens"],
         "stage_minutes": {k: round(v, 2) for k, v in clock.taken.items()},
         "minutes": clock.minutes(),
     }
@@ -185,15 +201,30 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
              f"SFT: {sft['steps']} steps on {summary['sft_episodes']} oracle episodes; RL: "
              f"{rl['steps']} steps of {cfg.questions_per_step} x {cfg.group_size} rollouts "
              f"({cfg.advantage}, lr {cfg.rl_lr:g})."]
-    (out / "report_evals.json").write_text(json.dumps(
-        {"untrained": "eval_untrained", "SFT": "eval_sft", "RL": "eval_rl"}))
+    evals = {"untrained": "eval_untrained", "SFT": "eval_sft", "RL": "eval_rl"}
+    logs = {"sft": out / "sft" / "metrics.jsonl", "rl": out / "rl" / "metrics.jsonl"}
+    if rl_process is not None:
+        label = f"RL + {cfg.process}"
+        evals[label] = "eval_rl_process"
+        logs["rl_process"] = out / "rl_process" / "metrics.jsonl"
+        summary.update(process=cfg.process, em_rl_process=after_process["em"],
+                       f1_rl_process=after_process["f1"],
+                       valid_format_rl_process=after_process["valid_format"],
+                       searches_rl_process=after_process["searches"],
+                       rl_process_steps=rl_process["steps"],
+                       rl_process_rollout_tokens=rl_process["rollout_tokens"])
+        notes.append(f"{label}: {rl_process['steps']} steps from the same SFT checkpoint with "
+                     f"{cfg.process} process supervision, stopped at the outcome run's budget of "
+                     f"{rl['rollout_tokens']} generated rollout tokens "
+                     f"({rl_process['rollout_tokens']} used); test EM "
+                     f"{after_process['em']:.3f} against {after_rl['em']:.3f}. Each step's "
+                     f"process reward is in {out / 'rl_process' / 'rollouts'}.")
+    (out / "report_evals.json").write_text(json.dumps(evals))
+    alerts = {name: out / name / "alerts.jsonl" for name in ("rl", "rl_process")
+              if (out / name / "alerts.jsonl").is_file()}
     report = write_training_report(
-        out / "report.html", logs={"sft": out / "sft" / "metrics.jsonl",
-                                   "rl": out / "rl" / "metrics.jsonl"},
-        evals={"untrained": out / "eval_untrained", "SFT": out / "eval_sft",
-               "RL": out / "eval_rl"},
-        alerts={"rl": out / "rl" / "alerts.jsonl"} if (out / "rl" / "alerts.jsonl").is_file()
-        else None, title="seekrl demo", notes=notes)
+        out / "report.html", logs=logs, evals={k: out / v for k, v in evals.items()},
+        alerts=alerts or None, title="seekrl demo", notes=notes)
     summary["minutes"] = clock.minutes()
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     console.rule("[bold]done")
@@ -201,9 +232,39 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
                   f"[bold]{untrained['em']:.3f}[/] -> SFT [bold]{after_sft['em']:.3f}[/] -> RL "
                   f"[bold]{after_rl['em']:.3f}[/]   (valid format {untrained['valid_format']:.2f}"
                   f" -> {after_sft['valid_format']:.2f} -> {after_rl['valid_format']:.2f})")
+    if after_process is not None:
+        console.print(f"RL + {cfg.process} at equal rollout tokens: test EM "
+                      f"[bold]{after_process['em']:.3f}[/] (searches {after_process['searches']:.2f}"
+                      f" vs {after_rl['searches']:.2f})")
     console.print(f"report -> {report}\ntrajectories -> {out / 'eval_rl' / 'viewer.html'}\n"
                   f"summary -> {out / 'summary.json'} ({summary['minutes']} min)")
     return summary
+
+
+def _rl(out: Path, keys: dict, *, cfg: DemoConfig, sft_final: str, paths, index, index_dir,
+        console, budget_tokens: int | None = None) -> dict:
+    """One RL run from the SFT checkpoint with the demo's settings and `keys` on top. With
+    `budget_tokens`, it stops at that many generated rollout tokens (at most 4x the steps)."""
+    from seekrl.config import TrainConfig
+    from seekrl.rl.methods import apply_overrides
+    from seekrl.rl.train import Trainer
+
+    tree = {
+        "model": sft_final, "data": str(paths["train"]), "index": str(index_dir),
+        "out": str(out), "seed": cfg.seed, "save_every": 0,
+        "steps": cfg.rl_steps if budget_tokens is None else 4 * cfg.rl_steps,
+        "max_minutes": cfg.rl_minutes, "max_rollout_tokens": budget_tokens,
+        "questions_per_step": cfg.questions_per_step, "group_size": cfg.group_size,
+        "train_layers": cfg.train_layers,
+        "rollout": {"max_turns": cfg.eval_max_turns, "max_new_tokens": cfg.eval_max_new_tokens,
+                    "topk": cfg.k, "max_info_tokens": cfg.max_info_tokens,
+                    "temperature": cfg.temperature},
+        "algo": {"advantage": cfg.advantage, "kl_coef": cfg.kl_coef,
+                 "mini_batch_size": cfg.questions_per_step * cfg.group_size},
+        "optim": {"lr": cfg.rl_lr, "schedule": "constant"},
+        "log": {"save_rollouts": 1}}
+    rl_cfg = TrainConfig.model_validate(apply_overrides(tree, keys))
+    return Trainer(rl_cfg, console=console, retriever=index).train()
 
 
 def _show_retrieval(console: Console, index, test, cfg: DemoConfig) -> tuple[float, float]:

@@ -303,7 +303,12 @@ def _episode_html(t: Trajectory, segments: list[dict] | None, index: int,
         if step.gold_hit is not None:
             head.append('gold hit &#10003;' if step.gold_hit else 'no gold hit')
         if step.process_reward is not None:
-            head.append(f"process reward {step.process_reward:.3g}")
+            parts = ", ".join(f"{_esc(k)} {v:+.3g}" for k, v in
+                              (getattr(step, "process_parts", None) or {}).items())
+            head.append(f'<span class="preward">process reward {step.process_reward:+.3g}'
+                        + (f" ({parts})" if parts else "") + "</span>")
+        if step.value is not None:
+            head.append(f'<span class="pvalue">value {step.value:.3g}</span>')
         turn = [f'<div class="turnhead">{" · ".join(head)}</div>']
         segs = by_step.get(i) if segments is not None else None
         if segs is None:
@@ -359,6 +364,8 @@ details.ep[open]>summary{background:#f1f4f8;border-bottom:1px solid #d8dee6}
 .act{font-weight:700;padding:0 5px;border-radius:3px}
 .act-search{background:#dbeafe}.act-answer{background:#dcfce7}.act-invalid{background:#fee2e2}
 .query{font-family:ui-monospace,monospace;background:#eef2ff;padding:0 4px}
+.preward{background:#f3ecff;padding:0 4px;border-radius:3px}
+.pvalue{background:#e8f6ee;padding:0 4px;border-radius:3px}
 .seg{border-radius:4px;margin:4px 0;padding:3px 8px}
 .seg pre{margin:2px 0;white-space:pre-wrap;word-break:break-word;
  font:12.5px/1.4 ui-monospace,SFMono-Regular,Menlo,monospace}

@@ -623,7 +623,10 @@ class Trainer:
             out_of = None
             if cfg.max_minutes is not None and time.time() - started > cfg.max_minutes * 60:
                 out_of = f"time budget of {cfg.max_minutes} min"
-            if cfg.max_rollout_tokens is not None and self.rollout_tokens >= cfg.max_rollout_tokens:
+            # the step boundary nearest the token budget: stop once the next step would
+            # overshoot it by more than this one falls short
+            if cfg.max_rollout_tokens is not None and self.rollout_tokens \
+                    + record.get("rollout_tokens", 0) / 2 >= cfg.max_rollout_tokens:
                 out_of = f"rollout budget of {cfg.max_rollout_tokens} tokens"
             if out_of and step < cfg.steps:
                 say(f"{out_of} used up after step {step}")

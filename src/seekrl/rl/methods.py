@@ -1,0 +1,68 @@
+"""Named process-supervision methods: the config keys each one sets on top of a run.
+
+`seekrl demo --process NAME` and `bench/process_ablation.py` pick from these, so the demo and
+the benchmark mean the same thing by a name. Every method is plain `TrainConfig` keys
+(`algo.advantage`, `reward.process`, `rollout.tree`, ...): a YAML config can say the same.
+
+- `outcome`: the baseline, outcome reward only (the run's own estimator).
+- `evidence`: ProRAG's dual-granularity advantage over rule-based step rewards: +share of
+  the gold documents a search found first (information gain) and -0.2 x redundancy
+  (repeated queries and documents), as StepSearch rewards them, with beta = 0.3.
+- `gigpo`: GiGPO's step groups on anchor states (the queries so far), outcome reward only.
+- `gigpo_evidence`: GiGPO with the evidence and redundancy step rewards in the step returns.
+- `mc_value`: dual-granularity over Monte-Carlo progress (2 continuations per step prefix by
+  the current policy); its continuations count as rollout compute.
+- `stratified`: Stratified GRPO, strata by number of searches, alpha = 0.5.
+- `tree`: Tree-GRPO-style tree rollouts (group_size / 2 trees, one branch each) with the
+  tree-relative advantage.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+EVIDENCE = {"evidence": 1.0, "redundancy": 0.2}
+
+PROCESS_METHODS: dict[str, dict[str, Any]] = {
+    "outcome": {},
+    "evidence": {"algo.advantage": "dual_granularity", "reward.process": EVIDENCE},
+    "gigpo": {"algo.advantage": "gigpo"},
+    "gigpo_evidence": {"algo.advantage": "gigpo", "reward.process": EVIDENCE},
+    "mc_value": {"algo.advantage": "dual_granularity", "reward.process": {"mc_value": 1.0},
+                 "reward.mc_samples": 2},
+    "stratified": {"algo.advantage": "stratified_grpo"},
+    "tree": {"algo.advantage": "tree_grpo"},
+}
+
+
+def method_overrides(name: str, *, group_size: int, baseline_advantage: str = "dr_grpo"
+                     ) -> dict[str, Any]:
+    """Dotted config keys for method `name`. The episode-level part of a step estimator
+    follows the baseline: std-normalised when the baseline is GRPO, centred otherwise, so a
+    comparison changes one thing."""
+    if name not in PROCESS_METHODS:
+        raise ValueError(f"process method: expected one of {', '.join(PROCESS_METHODS)}, "
+                         f"got {name!r}")
+    keys = dict(PROCESS_METHODS[name])
+    if name == "outcome":
+        return {"algo.advantage": baseline_advantage}
+    keys["algo.std_norm"] = baseline_advantage == "grpo"
+    if name == "tree":
+        if group_size % 2:
+            raise ValueError(f"process method tree: group_size must be even (2 leaves per "
+                             f"tree), got {group_size}")
+        keys["rollout.tree"] = {"trees": group_size // 2, "branches": 1, "rounds": 1}
+    return keys
+
+
+def apply_overrides(tree: dict, keys: dict[str, Any]) -> dict:
+    """Set dotted keys in a nested config dict (a copy of each section it touches)."""
+    out = dict(tree)
+    for dotted, value in keys.items():
+        node = out
+        *parents, last = dotted.split(".")
+        for p in parents:
+            node[p] = dict(node.get(p) or {})
+            node = node[p]
+        node[last] = value
+    return out
