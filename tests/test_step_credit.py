@@ -398,3 +398,32 @@ def test_a_turn_ending_on_eos_keeps_it_as_a_trained_token(tiny):
     assert t.token_ids[first.start] == tok.eos_token_id and t.loss_mask[first.start] == 1
     assert first.text == ""     # the text leaves the EOS out
     assert t.answer == "x"
+
+
+def test_documents_that_do_not_fit_are_not_credited(tiny):
+    """A search whose block would overflow max_total_tokens ends the episode; its documents
+    were never shown, so the step records none (and evidence gives it nothing)."""
+    model, tok = tiny
+
+    class SearchOnce:
+        def generate(self, contexts, max_new_tokens, sampling, keys=None):
+            return [tok.encode("<search> Tarrow </search>", add_special_tokens=False)
+                    for _ in contexts]
+
+    probe = RolloutEngine(SearchOnce(), tok, Docs(), RolloutConfig(max_turns=3))
+    (t,) = probe.run(questions(1))
+    room = t.steps[0].end + 5          # the search fits, its block does not
+    engine = RolloutEngine(SearchOnce(), tok, Docs(),
+                           RolloutConfig(max_turns=3, max_total_tokens=room))
+    (t,) = engine.run(questions(1))
+    assert t.finish_reason == "length" and len(t.steps) == 1
+    assert t.steps[0].hits == [] and t.steps[0].gold_hit is None
+    assert PROCESS_REWARDS["evidence"]([t], ProcessContext()) == [[0.0]]
+
+
+def test_continuing_after_a_step_nothing_followed_is_refused(tiny):
+    t = ep("g", [search(2, 2), ("search", 2, 0, "q", ())])     # last-turn search: no block
+    model, tok = tiny
+    engine = RolloutEngine(object(), tok, Docs(), RolloutConfig())
+    with pytest.raises(ValueError, match="ended the episode"):
+        engine.continue_from([(t, 2)], 1)

@@ -387,3 +387,35 @@ def test_step_settings_fail_before_the_model_loads(override, message, tmp_path, 
                         lambda *a, **k: pytest.fail("loaded a model before checking the config"))
     with pytest.raises(ConfigError, match=message):
         Trainer(make_cfg(tmp_path, **override))
+
+
+def test_gigpo_groups_with_tied_scores_still_carry_signal():
+    """Discounted step returns differ with the number of steps even where scores tie."""
+    from seekrl.agent.trajectory import Step, Trajectory
+    from seekrl.rl.advantages import AdvantageConfig
+    from seekrl.rl.train import _group_signal
+
+    def t(n_steps: int, sample: int) -> Trajectory:
+        steps = [Step(1 + 2 * i, 2 + 2 * i, "search" if i < n_steps - 1 else "answer",
+                      query=f"q{i}", info_start=2 + 2 * i, info_end=3 + 2 * i)
+                 for i in range(n_steps)]
+        n = 1 + 2 * n_steps
+        return Trajectory("q", "g", "?", ["a"], [0] * n, [0] + [1, 0] * n_steps, 1,
+                          steps=steps, outcome_reward=1.0, sample_index=sample)
+
+    trajs = [t(1, 0), t(3, 1)]
+    parts = [RewardParts(total=1.0, outcome=1.0, format=0.0, penalty=0.0)] * 2
+    assert _group_signal(trajs, parts, "dr_grpo") == (0, 1)
+    assert _group_signal(trajs, parts, "gigpo", AdvantageConfig(step_gamma=0.9)) == (1, 1)
+
+
+def test_saved_rollouts_keep_a_question_drawn_twice(world, tiny, tmp_path):
+    cfg = make_cfg(tmp_path, **{"log.save_rollouts": 1})
+    trainer = make_trainer(cfg, world, tiny)
+    trajs = trainer.rollout(trainer.sample_questions(1, 1), seed=1) \
+        + trainer.rollout(trainer.sample_questions(1, 1), seed=2)   # the same question twice
+    trainer._save_rollouts(1, trajs)
+    from seekrl.agent.trajectory import read_trajectories
+
+    saved = read_trajectories(tmp_path / "run" / "rollouts" / "step-1" / "trajectories.jsonl")
+    assert len(saved) == 4 and sorted(t.sample_index for t in saved) == [0, 1, 2, 3]

@@ -115,6 +115,15 @@ class RewardConfig(Strict):
     process: dict[str, float] = {}
     mc_samples: int = Field(4, ge=1)    # mc_value: continuations per step prefix
 
+    @field_validator("process")
+    @classmethod
+    def _finite_weights(cls, value: dict[str, float]) -> dict[str, float]:
+        import math
+        for name, weight in value.items():
+            if not math.isfinite(weight):
+                raise ValueError(f"weight of {name!r} must be a finite number")
+        return value
+
     @field_validator("outcome")
     @classmethod
     def _known_outcome(cls, value: str) -> str:

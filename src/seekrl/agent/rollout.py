@@ -87,8 +87,10 @@ class RolloutEngine:
         self.tokenizer = tokenizer
         self.retriever = retriever
         self.cfg = cfg or RolloutConfig()
-        self._end_ids = {i for i in (getattr(tokenizer, "eos_token_id", None),
-                                     getattr(tokenizer, "pad_token_id", None)) if i is not None}
+        # the tokens a backend ends a turn on (kept in the ids, left out of the text)
+        self._end_ids = set(getattr(backend, "stop_ids", None) or ()) | {
+            i for i in (getattr(tokenizer, "eos_token_id", None),
+                        getattr(tokenizer, "pad_token_id", None)) if i is not None}
         if self.cfg.method != "direct" and retriever is None:
             raise ValueError(f"method {self.cfg.method!r} needs a retriever")
 
@@ -135,21 +137,19 @@ class RolloutEngine:
         is `k` and `metadata["prefix_tokens"]` the prefix's policy tokens, so a caller can
         count only the tokens generated now. Continuations of one prefix have equal contexts
         and the backend prefills them once; greedy continuation of a greedy episode's prefix
-        reproduces that episode. `k = 0` starts again from the prompt."""
+        reproduces that episode. `k = 0` starts again from the prompt; step k must have an
+        environment block after it (the episode went on from it)."""
         torch.manual_seed(self.cfg.seed if seed is None else seed)
         episodes: list[_Episode] = []
         for t, k in prefixes:
             if not 0 <= k <= len(t.steps):
                 raise ValueError(f"continue_from: episode {t.example_id!r} has {len(t.steps)} "
                                  f"steps; cannot continue after step {k}")
-            if k and t.steps[k - 1].action == "answer":
-                raise ValueError(f"continue_from: step {k} of {t.example_id!r} is its answer; "
+            if k and t.steps[k - 1].info_end is None:
+                raise ValueError(f"continue_from: step {k} of {t.example_id!r} ended the episode "
+                                 f"({t.steps[k - 1].action}, no environment block after it); "
                                  "nothing follows it")
-            if k:
-                last = t.steps[k - 1]
-                cut = last.info_end if last.info_end is not None else last.end
-            else:
-                cut = t.prompt_len
+            cut = t.steps[k - 1].info_end if k else t.prompt_len
             for j in range(n_samples):
                 steps = [replace(s, hits=list(s.hits), hit_titles=list(s.hit_titles),
                                  process_reward=None, process_parts={}, value=None)
@@ -255,25 +255,29 @@ class RolloutEngine:
         if searches and self.retriever is not None:
             results = self.retriever.search([s.query for _, s in searches], cfg.topk)
             for (e, step), hits in zip(searches, results):
-                step.hits = [h.doc_id for h in hits]
-                step.hit_titles = [h.title for h in hits]
-                step.gold_hit = bool(e.gold & set(step.hits)) if e.gold else None
-                if not e.done:
-                    self._append_env(e, step, self.information_ids(hits))
+                # documents count as retrieved only when the policy gets to read them: a
+                # block that does not fit ends the episode and credits nothing
+                if self._append_env(e, step, self.information_ids(hits)):
+                    step.hits = [h.doc_id for h in hits]
+                    step.hit_titles = [h.title for h in hits]
+                    step.gold_hit = bool(e.gold & set(step.hits)) if e.gold else None
         for e in batch:
             step = e.traj.steps[-1]
             if not e.done and step.action == "invalid":
                 self._append_env(e, step, self._encode(invalid_block(step.reason or "")))
 
-    def _append_env(self, e: _Episode, step: Step, ids: list[int]) -> None:
+    def _append_env(self, e: _Episode, step: Step, ids: list[int]) -> bool:
+        """Append the environment's block after `step`; False (and the episode ends) when
+        it does not fit the episode's token budget."""
         t = e.traj
         if len(t.token_ids) + len(ids) >= self.cfg.max_total_tokens:
             self._finish(e, "length")
-            return
+            return False
         step.info_start = len(t.token_ids)
         t.token_ids.extend(ids)
         t.loss_mask.extend([0] * len(ids))
         step.info_end = len(t.token_ids)
+        return True
 
     def _finish(self, e: _Episode, reason: str) -> None:
         e.done = True
@@ -310,7 +314,7 @@ def grow_trees(engine: RolloutEngine, examples: Sequence[QAExample], branches: i
                     leaf, k = rng.choice(nodes) if nodes else (tree[0], 0)
                     prefixes.append((leaf, k))
                     owners.append(tree)
-        grown = engine.continue_from(prefixes, 1, seed=seed + 1 + r)
+        grown = engine.continue_from(prefixes, 1, seed=seed + 500_009 * (r + 1))
         for (parent, _), tree, (child,) in zip(prefixes, owners, grown):
             child.metadata["tree"] = parent.metadata["tree"]
             child.metadata["parent"] = parent.sample_index

@@ -204,7 +204,10 @@ def _per_step(t: Trajectory, values: Sequence[float]) -> torch.Tensor:
     """Each step's value on that step's tokens (zero outside the steps)."""
     out = torch.zeros(len(t.token_ids), dtype=torch.float32)
     for step, v in zip(t.steps, values):
-        out[step.start:step.end] = float(v)
+        if step.end > step.start:
+            out[step.start:step.end] = float(v)
+        else:   # a step without tokens (old data): its nearest policy token carries it
+            out[step_reward_position(t, step)] += float(v)
     return out * torch.tensor(t.loss_mask, dtype=torch.float32)
 
 

@@ -32,6 +32,7 @@ questions and the same rollouts as an uninterrupted one.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -275,17 +276,21 @@ class Trainer:
             clock["scoring"] += time.time() - t
             return trajs, parts
 
+        adv_cfg = self.advantage_config()
+        est = algo.advantage
         trajs, parts = draw(0)
         n_sampled, refills = len(trajs), 0
-        signal = _group_signal(trajs, parts)   # over every group sampled, before any filter
+        # over every group sampled, before any filter
+        signal = _group_signal(trajs, parts, est, adv_cfg)
         if algo.dynamic_sampling:
-            trajs, parts = _keep_varied(trajs, parts)
+            trajs, parts = _keep_varied(trajs, parts, est, adv_cfg)
             while len(trajs) < n_sampled and refills < algo.max_refills:
                 refills += 1
                 more_t, more_p = draw(refills)
                 n_sampled += len(more_t)
-                signal = tuple(a + b for a, b in zip(signal, _group_signal(more_t, more_p)))
-                more_t, more_p = _keep_varied(more_t, more_p)
+                signal = tuple(a + b for a, b in zip(signal, _group_signal(more_t, more_p, est,
+                                                                           adv_cfg)))
+                more_t, more_p = _keep_varied(more_t, more_p, est, adv_cfg)
                 trajs, parts = trajs + more_t, parts + more_p
             keep = _whole_groups(trajs, cfg.questions_per_step)
             trajs, parts = [trajs[i] for i in keep], [parts[i] for i in keep]
@@ -312,10 +317,7 @@ class Trainer:
             ref_logps, _ = self.batch_logprobs(trajs, reference=True)
         t_old = time.time() - t2
 
-        adv_cfg = AdvantageConfig(gamma=algo.gamma, lam=algo.lam, std_norm=algo.std_norm,
-                                  beta=algo.beta, step_weight=algo.step_weight,
-                                  step_gamma=algo.step_gamma, anchor=algo.anchor,
-                                  anchor_similarity=algo.anchor_similarity, alpha=algo.alpha)
+        adv_cfg = self.advantage_config()
         advantages, returns = compute_advantages(algo.advantage, trajs,
                                                  Rewards.from_trajectories(trajs), adv_cfg,
                                                  values=old_values)
@@ -346,6 +348,13 @@ class Trainer:
                       tokens_per_s=round(generated / max(t_rollout, 1e-9), 1),
                       train_tokens_per_s=round(trained / max(t_update + t_old, 1e-9), 1))
         return record
+
+    def advantage_config(self) -> AdvantageConfig:
+        algo = self.cfg.algo
+        return AdvantageConfig(gamma=algo.gamma, lam=algo.lam, std_norm=algo.std_norm,
+                               beta=algo.beta, step_weight=algo.step_weight,
+                               step_gamma=algo.step_gamma, anchor=algo.anchor,
+                               anchor_similarity=algo.anchor_similarity, alpha=algo.alpha)
 
     # ------------------------------------------------------------------ 6. updates
     def _update(self, trajs, advantages, old_logps, ref_logps, old_values, returns
@@ -505,7 +514,15 @@ class Trainer:
                               "topk": r.topk, "max_turns": r.max_turns,
                               "max_new_tokens": r.max_new_tokens,
                               "temperature": r.temperature}}
-        write_run(out, trajs, {"config": config, **score_trajectories(trajs)}, self.tokenizer)
+        # a refill can bring a question back: number each question's episodes afresh so
+        # that every episode keeps its own row (the group id stays in the trajectory)
+        seen: dict[str, int] = defaultdict(int)
+        renumbered = []
+        for t in trajs:
+            renumbered.append(dataclasses.replace(t, sample_index=seen[t.example_id]))
+            seen[t.example_id] += 1
+        write_run(out, renumbered, {"config": config, **score_trajectories(renumbered)},
+                  self.tokenizer)
         write_viewer(out)
 
     # ------------------------------------------------------------------ checkpoints
@@ -665,22 +682,37 @@ class Trainer:
 # ---------------------------------------------------------------------- helpers
 
 
-def _informative(trajs, parts, members: list[int]) -> bool:
-    """A group teaches something when its episodes' scores differ, or its step rewards do
-    (a step-level estimator still has something to compare)."""
-    return group_has_signal([trajs[j] for j in members], [parts[j].total for j in members])
+def _informative(trajs, parts, members: list[int], advantage: str | None = None,
+                 adv_cfg: AdvantageConfig | None = None) -> bool:
+    """Whether a group teaches something. With an estimator that needs no critic: whether
+    it gives any of the group's policy tokens a non-zero advantage (a step estimator can
+    have signal where the scores tie: GiGPO's discounted step returns, a step reward that
+    differs). Otherwise: whether the episodes' scores (outcome + step rewards) or their
+    step rewards differ."""
+    group = [trajs[j] for j in members]
+    if advantage is not None and not needs_values(advantage) \
+            and all(isinstance(t, Trajectory) for t in group):
+        advs, _ = compute_advantages(advantage, group, Rewards.from_trajectories(group),
+                                     adv_cfg or AdvantageConfig())
+        return any(bool((a.abs() > 1e-9).any()) for a in advs)
+    totals = [parts[j].total + sum(s.process_reward or 0.0 for s in trajs[j].steps)
+              for j in members]
+    return group_has_signal(group, totals)
 
 
-def _group_signal(trajs, parts) -> tuple[int, int]:
+def _group_signal(trajs, parts, advantage: str | None = None,
+                  adv_cfg: AdvantageConfig | None = None) -> tuple[int, int]:
     """(informative groups, groups of two or more episodes): a group-relative advantage is
     zero for every member of a tied group, and undefined for a lone episode."""
     groups = [m for m in group_indices(trajs).values() if len(m) > 1]
-    return sum(1 for m in groups if _informative(trajs, parts, m)), len(groups)
+    return sum(1 for m in groups if _informative(trajs, parts, m, advantage, adv_cfg)), \
+        len(groups)
 
 
-def _keep_varied(trajs, parts):
+def _keep_varied(trajs, parts, advantage: str | None = None,
+                 adv_cfg: AdvantageConfig | None = None):
     keep = sorted(i for members in group_indices(trajs).values()
-                  if _informative(trajs, parts, members) for i in members)
+                  if _informative(trajs, parts, members, advantage, adv_cfg) for i in members)
     return [trajs[i] for i in keep], [parts[i] for i in keep]
 
 

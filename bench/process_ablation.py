@@ -1,0 +1,259 @@
+"""Process-supervision ablation: outcome-only RL against step-level credit methods, from one
+SFT checkpoint, at equal compute, over several seeds. A long run; never in CI.
+
+    .venv/bin/python bench/process_ablation.py --work-dir /tmp/seekrl-process \\
+        --methods outcome,evidence,gigpo,mc_value,stratified,tree --seeds 0,1,2 --steps 15
+
+Setting: the demo's synthetic world (medium, `DemoConfig`), its SFT warm-up (built once, or
+`--sft DIR`), then per seed one RL run per method (`rl/methods.py`). The outcome run (the
+baseline estimator, `--baseline`, dr_grpo by default) goes first with `--steps` steps; its
+number of generated rollout tokens is the budget every other method of that seed gets
+(`max_rollout_tokens`: Monte-Carlo continuations count, a tree's shared prefixes count once;
+a run stops at the step boundary nearest the budget, at most 4 x --steps steps). Every run's
+final policy is evaluated greedily on the same `--n-test` test questions (200 by default: at
+40, 3 vs 9 right is noise); with `--eval-every N`, also every N steps on them (a curve).
+
+Each run keeps `WORK/runs/METHOD-sSEED/result.json` once it is done and is not run again,
+so a run can be split: `--stage sft` once, then one process per method or seed (in
+parallel on a GPU), then `--stage report`. Prints `key=value` figures (test EM mean and
+std over seeds per method and per question type, searches per episode, evidence recall,
+steps and rollout tokens), draws `process_ablation.png`, and ends with a one-line summary
+holding `process_gain=` (the best process method's mean test EM minus outcome-only's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main() -> None:
+    from seekrl.data.qa import read_qa_jsonl, write_qa_jsonl
+    from seekrl.demo import DemoConfig
+    from seekrl.rl.methods import PROCESS_METHODS
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/seekrl-process"))
+    ap.add_argument("--sft", type=Path, default=None, help="SFT checkpoint (default: train one)")
+    ap.add_argument("--stage", choices=("all", "sft", "rl", "report"), default="all")
+    ap.add_argument("--methods", default="outcome,evidence,gigpo,mc_value,stratified,tree",
+                    help=f"comma-separated, from: {', '.join(PROCESS_METHODS)}")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--baseline", default="dr_grpo", help="the outcome estimator")
+    ap.add_argument("--steps", type=int, default=15, help="steps of the outcome run")
+    ap.add_argument("--eval-every", type=int, default=0, help="steps between test evaluations")
+    ap.add_argument("--n-test", type=int, default=200)
+    ap.add_argument("--questions-per-step", type=int, default=None, help="default: the demo's")
+    ap.add_argument("--group-size", type=int, default=None, help="default: the demo's")
+    ap.add_argument("--lr", type=float, default=None, help="default: the demo's RL lr")
+    ap.add_argument("--eval-batch", type=int, default=100)
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for m in methods:
+        if m not in PROCESS_METHODS:
+            raise SystemExit(f"--methods: unknown method {m!r}; expected {', '.join(PROCESS_METHODS)}")
+    if "outcome" not in methods:
+        methods.insert(0, "outcome")   # it sets the budget
+    methods.sort(key=lambda m: m != "outcome")
+    seeds = [int(s) for s in args.seeds.split(",")]
+
+    from learning import _sft, _world
+
+    demo = DemoConfig(n_test=args.n_test)
+    if args.questions_per_step:
+        demo.questions_per_step = args.questions_per_step
+    if args.group_size:
+        demo.group_size = args.group_size
+    work = args.work_dir
+    started = time.time()
+    if args.stage != "report":
+        world_dir, index_dir = _world(work, demo)
+        test_file = work / "test_questions.jsonl"
+        test = read_qa_jsonl(world_dir / "test.jsonl")[:args.n_test]
+        if len(test) < args.n_test:
+            raise SystemExit(f"--n-test: the world has {len(test)} test questions")
+        write_qa_jsonl(test_file, test)
+        sft = args.sft or _sft(work, demo, index_dir, args.device)
+        print(f"sft_checkpoint={sft}", flush=True)
+        start = _evaluate(sft, work / "eval-sft", index_dir, test_file, demo, args)
+        print(f"em_sft={start['average']['em']:.4f}", flush=True)
+        if args.stage in ("all", "rl"):
+            for seed in seeds:
+                budget = None
+                for method in methods:
+                    result = _run(method, seed, budget, args, demo, sft, world_dir, index_dir,
+                                  test_file)
+                    if method == "outcome":
+                        budget = result["rollout_tokens"]
+    if args.stage in ("all", "report"):
+        _report(work, started)
+
+
+def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, world_dir: Path,
+         index_dir: Path, test_file: Path) -> dict:
+    from seekrl.config import TrainConfig
+    from seekrl.rl.methods import apply_overrides, method_overrides
+    from seekrl.rl.train import Trainer
+
+    out = args.work_dir / "runs" / f"{method}-s{seed}"
+    done = out / "result.json"
+    if done.is_file():
+        result = json.loads(done.read_text())
+        print(f"{method} seed {seed}: already in {done}", flush=True)
+        return result
+    t0 = time.time()
+    tree = {
+        "model": str(sft), "data": str(world_dir / "train.jsonl"), "index": str(index_dir),
+        "out": str(out), "seed": seed, "save_every": 0, "device": args.device,
+        "steps": args.steps if budget is None else 4 * args.steps,
+        "max_rollout_tokens": budget,
+        "questions_per_step": demo.questions_per_step, "group_size": demo.group_size,
+        "train_layers": demo.train_layers,
+        "rollout": {"max_turns": demo.eval_max_turns, "max_new_tokens": demo.eval_max_new_tokens,
+                    "topk": demo.k, "max_info_tokens": demo.max_info_tokens,
+                    "temperature": demo.temperature},
+        "algo": {"advantage": args.baseline, "kl_coef": demo.kl_coef,
+                 "mini_batch_size": demo.questions_per_step * demo.group_size},
+        "optim": {"lr": args.lr or demo.rl_lr, "schedule": "constant"},
+        "eval": {"data": str(test_file), "n": args.n_test, "every": args.eval_every,
+                 "at_start": False, "max_turns": demo.eval_max_turns,
+                 "max_new_tokens": demo.eval_max_new_tokens, "batch_size": args.eval_batch}
+        if args.eval_every else {},
+    }
+    keys = method_overrides(method, group_size=demo.group_size, baseline_advantage=args.baseline)
+    cfg = TrainConfig.model_validate(apply_overrides(tree, keys))
+    summary = Trainer(cfg).train()
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "episodes" in r]
+    tokens_at = {r["step"]: r["rollout_tokens_total"] for r in steps}
+    curve = [(tokens_at.get(r["step"]), r["dev_em"]) for r in records if "dev_em" in r]
+    final = _evaluate(Path(summary["final"]), out / "eval-test", index_dir, test_file, demo, args)
+    avg = final["average"]
+    by_type = {k: v["em"] for k, v in next(iter(final["by_type"].values()), {}).items()}
+    result = {"method": method, "seed": seed, "steps": summary["steps"],
+              "rollout_tokens": summary["rollout_tokens"], "budget": budget,
+              "em": avg["em"], "f1": avg["f1"], "searches": avg["searches"],
+              "evidence_recall": avg["evidence_recall"], "valid_format": avg["valid_format"],
+              "em_by_type": by_type, "curve": curve,
+              "train_searches": [r["searches"] for r in steps],
+              "train_reward": [r["reward"] for r in steps],
+              "alerts": sorted({a for r in steps for a in r.get("alerts", [])}),
+              "minutes": round((time.time() - t0) / 60, 2), "device": args.device,
+              "config": cfg.model_dump(mode="json")}
+    done.write_text(json.dumps(result, indent=1))
+    print(f"{method} seed {seed}: EM {avg['em']:.3f} searches {avg['searches']:.2f} in "
+          f"{summary['steps']} steps, {summary['rollout_tokens']} rollout tokens "
+          f"({result['minutes']:.1f} min)", flush=True)
+    return result
+
+
+def _evaluate(model_dir: Path, out: Path, index_dir: Path, test_file: Path, demo, args) -> dict:
+    """Greedy agent evaluation on the test questions with the demo's settings; cached."""
+    from seekrl.config import EvalConfig
+    from seekrl.models import load_policy
+    from seekrl.retrieval.index import load_index
+    from seekrl.rl.common import eval_policy
+
+    if (out / "metrics.json").is_file():
+        return json.loads((out / "metrics.json").read_text())
+    policy, tokenizer = load_policy(str(model_dir), device=args.device)
+    return eval_policy(policy, tokenizer, load_index(index_dir),
+                       EvalConfig(data=str(test_file), n=args.n_test,
+                                  max_turns=demo.eval_max_turns,
+                                  max_new_tokens=demo.eval_max_new_tokens,
+                                  batch_size=args.eval_batch),
+                       out, topk=demo.k, max_info_tokens=demo.max_info_tokens)
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return float("nan"), float("nan")
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def _report(work: Path, started: float) -> None:
+    results = [json.loads(p.read_text()) for p in sorted(work.glob("runs/*/result.json"))]
+    if not results:
+        raise SystemExit(f"no results under {work}/runs: run the methods first")
+    sft = work / "eval-sft" / "metrics.json"
+    sft_em = json.loads(sft.read_text())["average"]["em"] if sft.is_file() else None
+    by_method: dict[str, list[dict]] = {}
+    for r in results:
+        by_method.setdefault(r["method"], []).append(r)
+    order = sorted(by_method, key=lambda m: (m != "outcome", m))
+    rows = {}
+    for m in order:
+        rs = by_method[m]
+        em, em_sd = _mean_std([r["em"] for r in rs])
+        types = sorted({t for r in rs for t in r["em_by_type"]})
+        rows[m] = {"em": em, "em_sd": em_sd, "seeds": len(rs),
+                   "searches": _mean_std([r["searches"] for r in rs])[0],
+                   "recall": _mean_std([r["evidence_recall"] or 0.0 for r in rs])[0],
+                   "steps": _mean_std([r["steps"] for r in rs])[0],
+                   "tokens": _mean_std([r["rollout_tokens"] for r in rs])[0],
+                   "types": {t: _mean_std([r["em_by_type"].get(t, 0.0) for r in rs])
+                             for t in types}}
+        row = rows[m]
+        print(f"em_{m}={row['em']:.4f} em_std_{m}={row['em_sd']:.4f} seeds_{m}={row['seeds']} "
+              f"searches_{m}={row['searches']:.2f} evidence_recall_{m}={row['recall']:.3f} "
+              f"steps_{m}={row['steps']:.1f} rollout_tokens_{m}={row['tokens']:.0f}")
+        for t, (mean, sd) in row["types"].items():
+            print(f"em_{m}_{t}={mean:.4f} em_std_{m}_{t}={sd:.4f}")
+    if sft_em is not None:
+        print(f"em_sft={sft_em:.4f}")
+    _plot(rows, by_method, sft_em, work / "process_ablation.png")
+    print(f"plot={work / 'process_ablation.png'}")
+    outcome = rows.get("outcome", {}).get("em")
+    process = {m: r["em"] for m, r in rows.items() if m != "outcome"}
+    best = max(process, key=process.get) if process else None
+    gain = process[best] - outcome if best and outcome is not None else float("nan")
+    print("process_ablation: " + ", ".join(f"{m} {r['em']:.3f}±{r['em_sd']:.3f}"
+                                           for m, r in rows.items())
+          + f" (test EM, {max(r['seeds'] for r in rows.values())} seeds)"
+          + f"; best {best}; process_gain={gain:+.4f}"
+          + f" ({(time.time() - started) / 60:.0f} min this run)")
+
+
+def _plot(rows: dict, by_method: dict, sft_em: float | None, path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 3.8), dpi=100)
+    ax1, ax2, ax3 = fig.subplots(1, 3)
+    names = list(rows)
+    x = range(len(names))
+    ax1.bar(x, [rows[m]["em"] for m in names], yerr=[rows[m]["em_sd"] for m in names],
+            color="#7aa6d6", capsize=4)
+    for i, m in enumerate(names):
+        ax1.scatter([i] * len(by_method[m]), [r["em"] for r in by_method[m]], color="k", s=10,
+                    zorder=3)
+    if sft_em is not None:
+        ax1.axhline(sft_em, color="grey", ls="--", lw=1, label=f"SFT {sft_em:.3f}")
+        ax1.legend(fontsize=8)
+    ax1.set_xticks(list(x), names, rotation=30, fontsize=8)
+    ax1.set_ylabel("test EM (greedy), mean ± std")
+    ax1.set_title("equal rollout tokens", fontsize=10)
+    types = sorted({t for r in rows.values() for t in r["types"]})
+    width = 0.8 / max(1, len(names))
+    for j, m in enumerate(names):
+        ax2.bar([i + j * width for i in range(len(types))],
+                [rows[m]["types"].get(t, (0, 0))[0] for t in types], width=width, label=m,
+                yerr=[rows[m]["types"].get(t, (0, 0))[1] for t in types], capsize=2)
+    ax2.set_xticks([i + 0.4 - width / 2 for i in range(len(types))], types, fontsize=8)
+    ax2.set_title("test EM by question type", fontsize=10)
+    ax2.legend(fontsize=7)
+    ax3.bar(x, [rows[m]["searches"] for m in names], color="#9ccf9c")
+    ax3.set_xticks(list(x), names, rotation=30, fontsize=8)
+    ax3.set_title("searches per test episode", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+if __name__ == "__main__":
+    main()
