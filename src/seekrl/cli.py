@@ -305,7 +305,7 @@ def train(
     resume: Annotated[bool, typer.Option(help="continue from the run's latest checkpoint")] = False,
     process: Annotated[Optional[str], typer.Option(
         help="a process-supervision method: evidence | gigpo | gigpo_evidence | mc_value | "
-             "stratified | tree (its config keys go under yours; overrides win)")] = None,
+             "stratified | tree (its keys replace the config file's; key=value overrides win)")] = None,
 ):
     """RL from outcome and process (step) rewards: GRPO, Dr. GRPO, RLOO, REINFORCE++, PPO, and
     the step-level estimators (dual_granularity, gigpo, stratified_grpo, tree_grpo)."""
