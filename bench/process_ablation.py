@@ -24,6 +24,7 @@ holding `process_gain=` (the best process method's mean test EM minus outcome-on
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -52,7 +53,7 @@ def main() -> None:
     ap.add_argument("--questions-per-step", type=int, default=None, help="default: the demo's")
     ap.add_argument("--group-size", type=int, default=None, help="default: the demo's")
     ap.add_argument("--lr", type=float, default=None, help="default: the demo's RL lr")
-    ap.add_argument("--eval-batch", type=int, default=100)
+    ap.add_argument("--eval-batch", type=int, default=64)
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -99,6 +100,7 @@ def main() -> None:
 def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, world_dir: Path,
          index_dir: Path, test_file: Path) -> dict:
     from seekrl.config import TrainConfig
+    from seekrl.demo import rl_config_tree
     from seekrl.rl.methods import apply_overrides, method_overrides
     from seekrl.rl.train import Trainer
 
@@ -109,24 +111,17 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
         print(f"{method} seed {seed}: already in {done}", flush=True)
         return result
     t0 = time.time()
-    tree = {
-        "model": str(sft), "data": str(world_dir / "train.jsonl"), "index": str(index_dir),
-        "out": str(out), "seed": seed, "save_every": 0, "device": args.device,
-        "steps": args.steps if budget is None else 4 * args.steps,
-        "max_rollout_tokens": budget,
-        "questions_per_step": demo.questions_per_step, "group_size": demo.group_size,
-        "train_layers": demo.train_layers,
-        "rollout": {"max_turns": demo.eval_max_turns, "max_new_tokens": demo.eval_max_new_tokens,
-                    "topk": demo.k, "max_info_tokens": demo.max_info_tokens,
-                    "temperature": demo.temperature},
-        "algo": {"advantage": args.baseline, "kl_coef": demo.kl_coef,
-                 "mini_batch_size": demo.questions_per_step * demo.group_size},
-        "optim": {"lr": args.lr or demo.rl_lr, "schedule": "constant"},
-        "eval": {"data": str(test_file), "n": args.n_test, "every": args.eval_every,
-                 "at_start": False, "max_turns": demo.eval_max_turns,
-                 "max_new_tokens": demo.eval_max_new_tokens, "batch_size": args.eval_batch}
-        if args.eval_every else {},
-    }
+    run_cfg = dataclasses.replace(demo, seed=seed, advantage=args.baseline,
+                                  rl_lr=args.lr or demo.rl_lr)
+    tree = rl_config_tree(run_cfg, model=str(sft), train_file=world_dir / "train.jsonl",
+                          index_dir=index_dir, out=out, budget_tokens=budget,
+                          steps=args.steps if budget is None else 4 * args.steps)
+    tree["device"] = args.device
+    if args.eval_every:
+        tree["eval"] = {"data": str(test_file), "n": args.n_test, "every": args.eval_every,
+                        "at_start": False, "max_turns": demo.eval_max_turns,
+                        "max_new_tokens": demo.eval_max_new_tokens,
+                        "batch_size": args.eval_batch}
     keys = method_overrides(method, group_size=demo.group_size, baseline_advantage=args.baseline)
     cfg = TrainConfig.model_validate(apply_overrides(tree, keys))
     summary = Trainer(cfg).train()

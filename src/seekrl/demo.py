@@ -241,18 +241,13 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
     return summary
 
 
-def _rl(out: Path, keys: dict, *, cfg: DemoConfig, sft_final: str, paths, index, index_dir,
-        console, budget_tokens: int | None = None) -> dict:
-    """One RL run from the SFT checkpoint with the demo's settings and `keys` on top. With
-    `budget_tokens`, it stops at that many generated rollout tokens (at most 4x the steps)."""
-    from seekrl.config import TrainConfig
-    from seekrl.rl.methods import apply_overrides
-    from seekrl.rl.train import Trainer
-
-    tree = {
-        "model": sft_final, "data": str(paths["train"]), "index": str(index_dir),
-        "out": str(out), "seed": cfg.seed, "save_every": 0,
-        "steps": cfg.rl_steps if budget_tokens is None else 4 * cfg.rl_steps,
+def rl_config_tree(cfg: DemoConfig, *, model: str, train_file: str | Path,
+                   index_dir: str | Path, out: str | Path, steps: int,
+                   budget_tokens: int | None = None) -> dict:
+    """The demo's RL settings as a `TrainConfig` tree (the benchmarks start from it too)."""
+    return {
+        "model": str(model), "data": str(train_file), "index": str(index_dir),
+        "out": str(out), "seed": cfg.seed, "save_every": 0, "steps": steps,
         "max_minutes": cfg.rl_minutes, "max_rollout_tokens": budget_tokens,
         "questions_per_step": cfg.questions_per_step, "group_size": cfg.group_size,
         "train_layers": cfg.train_layers,
@@ -261,8 +256,21 @@ def _rl(out: Path, keys: dict, *, cfg: DemoConfig, sft_final: str, paths, index,
                     "temperature": cfg.temperature},
         "algo": {"advantage": cfg.advantage, "kl_coef": cfg.kl_coef,
                  "mini_batch_size": cfg.questions_per_step * cfg.group_size},
-        "optim": {"lr": cfg.rl_lr, "schedule": "constant"},
-        "log": {"save_rollouts": 1}}
+        "optim": {"lr": cfg.rl_lr, "schedule": "constant"}}
+
+
+def _rl(out: Path, keys: dict, *, cfg: DemoConfig, sft_final: str, paths, index, index_dir,
+        console, budget_tokens: int | None = None) -> dict:
+    """One RL run from the SFT checkpoint with the demo's settings and `keys` on top. With
+    `budget_tokens`, it stops at that many generated rollout tokens (at most 4x the steps)."""
+    from seekrl.config import TrainConfig
+    from seekrl.rl.methods import apply_overrides
+    from seekrl.rl.train import Trainer
+
+    tree = rl_config_tree(cfg, model=sft_final, train_file=paths["train"], index_dir=index_dir,
+                          out=out, budget_tokens=budget_tokens,
+                          steps=cfg.rl_steps if budget_tokens is None else 4 * cfg.rl_steps)
+    tree["log"] = {"save_rollouts": 1}
     rl_cfg = TrainConfig.model_validate(apply_overrides(tree, keys))
     return Trainer(rl_cfg, console=console, retriever=index).train()
 

@@ -443,27 +443,36 @@ def gigpo(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
     return out, [a.clone() for a in out]
 
 
+def _within_and_group(trajectories, rewards: Rewards, cfg: AdvantageConfig, part_of, combine
+                      ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """For each question's group: its scores centred over the group and within the parts
+    that `part_of(trajectory)` names (a part of one gets 0 there), joined per episode by
+    `combine(within, group)`."""
+    totals = rewards.totals()
+    scalars = [0.0] * len(totals)
+    for members in group_indices(trajectories).values():
+        r = torch.tensor([totals[i] for i in members])
+        group = _centre(r, cfg.epsilon, cfg.std_norm)
+        parts: dict[object, list[int]] = defaultdict(list)
+        for pos, i in enumerate(members):
+            parts[part_of(trajectories[i], i)].append(pos)
+        within = torch.zeros_like(r)
+        for positions in parts.values():
+            idx = torch.tensor(positions)
+            within[idx] = _centre(r[idx], cfg.epsilon, cfg.std_norm)
+        for pos, i in enumerate(members):
+            scalars[i] = float(combine(within[pos], group[pos]))
+    return _scalar_result(trajectories, scalars)
+
+
 @register("stratified_grpo")
 def stratified_grpo(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
     """Stratified advantage normalisation: within each question's group, episodes with the
     same number of searches form a stratum and are normalised among themselves (a stratum of
     one gets 0 from this part); blended with the group-normalised score as
     alpha * A_stratum + (1 - alpha) * A_group."""
-    totals = rewards.totals()
-    scalars = [0.0] * len(totals)
-    for members in group_indices(trajectories).values():
-        r = torch.tensor([totals[i] for i in members])
-        group = _centre(r, cfg.epsilon, cfg.std_norm)
-        strata: dict[int, list[int]] = defaultdict(list)
-        for pos, i in enumerate(members):
-            strata[trajectories[i].n_searches].append(pos)
-        within = torch.zeros_like(r)
-        for positions in strata.values():
-            idx = torch.tensor(positions)
-            within[idx] = _centre(r[idx], cfg.epsilon, cfg.std_norm)
-        for pos, i in enumerate(members):
-            scalars[i] = float(cfg.alpha * within[pos] + (1 - cfg.alpha) * group[pos])
-    return _scalar_result(trajectories, scalars)
+    return _within_and_group(trajectories, rewards, cfg, lambda t, i: t.n_searches,
+                             lambda w, g: cfg.alpha * w + (1 - cfg.alpha) * g)
 
 
 @register("tree_grpo")
@@ -473,21 +482,9 @@ def tree_grpo(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None)
     are added. Leaves share their ancestors' tokens, so a shared prefix collects the sum of
     its leaves' advantages in the gradient: that is the implicit step-level credit. Without
     tree metadata every episode is its own tree and this is GRPO."""
-    totals = rewards.totals()
-    scalars = [0.0] * len(totals)
-    for members in group_indices(trajectories).values():
-        r = torch.tensor([totals[i] for i in members])
-        group = _centre(r, cfg.epsilon, cfg.std_norm)
-        trees: dict[str, list[int]] = defaultdict(list)
-        for pos, i in enumerate(members):
-            trees[str(trajectories[i].metadata.get("tree", i))].append(pos)
-        intra = torch.zeros_like(r)
-        for positions in trees.values():
-            idx = torch.tensor(positions)
-            intra[idx] = _centre(r[idx], cfg.epsilon, cfg.std_norm)
-        for pos, i in enumerate(members):
-            scalars[i] = float(intra[pos] + group[pos])
-    return _scalar_result(trajectories, scalars)
+    return _within_and_group(trajectories, rewards, cfg,
+                             lambda t, i: str(t.metadata.get("tree", f"#{i}")),
+                             lambda w, g: w + g)
 
 
 def advantage_stats(advantages: Sequence[torch.Tensor], trajectories) -> dict[str, float]:
