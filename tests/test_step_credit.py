@@ -197,6 +197,14 @@ def test_evidence_rewards_first_finds_of_gold_documents():
     assert PROCESS_REWARDS["evidence"]([rag], ctx) == [[0.5, 0.0]]
 
 
+def test_evidence_falls_back_to_supporting_titles():
+    t = ep("g", [search(hits=["x1"]), search(hits=["x2", "x3"]), answer()],
+           meta={"supporting_titles": ["Ed Wood", "Scott Derrickson"]})
+    t.steps[0].hit_titles = ["ed  wood"]
+    t.steps[1].hit_titles = ["Ed Wood", "Scott Derrickson"]
+    assert PROCESS_REWARDS["evidence"]([t], ProcessContext()) == [[0.5, 0.5, 0.0]]
+
+
 def test_redundancy_penalises_repeated_queries_and_documents():
     t = ep("g", [search(query="a", hits=["d1", "d2"]), search(query="b", hits=["d2", "d3"]),
                  search(query=" A ", hits=["d1", "d2"]), answer()])
@@ -427,3 +435,48 @@ def test_continuing_after_a_step_nothing_followed_is_refused(tiny):
     engine = RolloutEngine(object(), tok, Docs(), RolloutConfig())
     with pytest.raises(ValueError, match="ended the episode"):
         engine.continue_from([(t, 2)], 1)
+
+
+@pytest.mark.parametrize("estimator", ["dual_granularity", "gigpo", "gae"])
+def test_retrieved_tokens_get_zero_gradient_with_step_rewards(estimator):
+    """Step-level advantages differ token by token; the prompt and the retrieved documents
+    still get exactly zero gradient through the trainer's forward and loss."""
+    from seekrl.rl.forward import _backbone, collate, masked_logprobs
+    from seekrl.rl.loss import policy_loss
+
+    model, _ = tiny_policy(seed=2)
+    g = torch.Generator().manual_seed(0)
+    trajs = [ep("g", [search(3, 4, query="a", hits=["d1"]), search(2, 3, query="b"), answer(2)],
+                prompt=5, outcome=1.0, gold=["d1"]),
+             ep("g", [search(2, 4, query="a", hits=["d2"]), answer(3)], prompt=5, sample=1,
+                gold=["d1"])]
+    for t in trajs:
+        t.token_ids = torch.randint(5, 500, (len(t.token_ids),), generator=g).tolist()
+    score_steps(trajs, {"evidence": 1.0, "redundancy": 0.5})
+    values = [torch.rand(len(t.token_ids), generator=g) for t in trajs]
+    advs, _ = compute_advantages(estimator, trajs, Rewards.from_trajectories(trajs),
+                                 values=values)
+    assert any(len(set(a[torch.tensor(t.loss_mask) == 1].tolist())) > 1
+               for a, t in zip(advs, trajs))     # the advantage varies within an episode
+    ids, attn, mask = collate([t.token_ids for t in trajs], [t.loss_mask for t in trajs], 0)
+    grid = torch.zeros(ids.shape)
+    for r, a in enumerate(advs):
+        grid[r, :len(a)] = a
+    finals = []
+
+    def keep(_module, _inputs, output):
+        output.retain_grad()
+        finals.append(output)
+
+    handle = _backbone(model).norm.register_forward_hook(keep)
+    try:
+        lp = masked_logprobs(model, ids, attn, mask, share_prompts=False)["logprobs"]
+    finally:
+        handle.remove()
+    loss, _ = policy_loss(lp, lp.detach(), grid, mask)
+    loss.backward()
+    hidden = finals[-1]
+    trained = torch.zeros(hidden.shape[:2], dtype=torch.bool)
+    trained[:, :-1] = mask[:, 1:].bool() & attn[:, :-1].bool()   # position t predicts t + 1
+    assert torch.count_nonzero(hidden.grad[~trained]) == 0
+    assert torch.count_nonzero(hidden.grad[trained]) > 0

@@ -9,7 +9,8 @@ The sources:
 - `evidence`: information gain of a search, the share of the episode's gold documents that
   this step retrieved for the first time (documents already in the prompt or found by an
   earlier step earn nothing). Gold comes from `gold_doc_ids` (the synthetic world's hop
-  chain, HotpotQA supporting titles, any data that has them); an episode without gold gets
+  chain, any data that has them), else from `metadata["supporting_titles"]` matched against
+  the retrieved titles (HotpotQA, 2Wiki, MuSiQue supporting facts); an episode without gold gets
   0 on every step, counted in `ctx.stats["evidence_no_gold"]`. Like StepSearch's
   information-gain reward, against known gold rather than a similarity to it.
 - `redundancy`: over-search penalty, -1 for a query the episode already issued (case and
@@ -107,21 +108,32 @@ def _normalise_query(q: str | None) -> str:
     return " ".join((q or "").lower().split())
 
 
+def _title(text: str) -> str:
+    return " ".join(str(text).lower().split())
+
+
 @register_process("evidence")
 def evidence(trajectories: Sequence[Trajectory], ctx: ProcessContext) -> list[list[float]]:
     out = []
     for t in trajectories:
+        # gold by document id; else by title (HotpotQA-style `supporting_titles`)
         gold = set(t.gold_doc_ids)
+        found = lambda ids, titles: set(ids)            # noqa: E731
+        prompt_seen = set(t.metadata.get("prompt_hits") or [])
+        if not gold and t.metadata.get("supporting_titles"):
+            gold = {_title(x) for x in t.metadata["supporting_titles"]}
+            found = lambda ids, titles: {_title(x) for x in titles}   # noqa: E731
+            prompt_seen = {_title(x) for x in t.metadata.get("prompt_hit_titles") or []}
         if not gold:
             ctx.stats["evidence_no_gold"] += 1
             out.append([0.0] * len(t.steps))
             continue
-        seen = set(t.metadata.get("prompt_hits") or [])
-        row = []
+        seen, row = prompt_seen, []
         for s in t.steps:
-            new = (gold & set(s.hits)) - seen if s.action == "search" else set()
+            hits = found(s.hits, s.hit_titles)
+            new = (gold & hits) - seen if s.action == "search" else set()
             row.append(len(new) / len(gold))
-            seen.update(s.hits)
+            seen |= hits
         out.append(row)
     return out
 
