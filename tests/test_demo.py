@@ -24,7 +24,8 @@ def test_demo_pipeline_writes_summary_report_and_viewers(tmp_path, process):
                      n_show=1, process=process)
     out = tmp_path / "demo"
     summary = run_demo(out, cfg)
-    for key in ("em_untrained", "em_sft", "em_rl", "n_test", "rl_steps", "minutes"):
+    for key in ("em_untrained", "em_sft", "em_rl", "n_test", "rl_steps", "minutes",
+                "peak_rss_mb"):
         assert key in summary, key
     assert summary["n_test"] == 3 and summary["rl_steps"] == 2
     assert json.loads((out / "summary.json").read_text())["em_rl"] == summary["em_rl"]

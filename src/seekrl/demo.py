@@ -226,6 +226,7 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
         out / "report.html", logs=logs, evals={k: out / v for k, v in evals.items()},
         alerts=alerts or None, title="seekrl demo", notes=notes)
     summary["minutes"] = clock.minutes()
+    summary["peak_rss_mb"] = _peak_rss_mb()
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     console.rule("[bold]done")
     console.print(f"Test EM ({len(test)} questions, greedy): untrained "
@@ -239,6 +240,17 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
     console.print(f"report -> {report}\ntrajectories -> {out / 'eval_rl' / 'viewer.html'}\n"
                   f"summary -> {out / 'summary.json'} ({summary['minutes']} min)")
     return summary
+
+
+def _peak_rss_mb() -> float | None:
+    """This process's peak resident memory (Linux reports KiB, macOS bytes)."""
+    try:
+        import resource
+        import sys
+    except ImportError:   # pragma: no cover - not on this platform
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (2 ** 20 if sys.platform == "darwin" else 2 ** 10), 1)
 
 
 def rl_config_tree(cfg: DemoConfig, *, model: str, train_file: str | Path,
