@@ -1,0 +1,41 @@
+"""bench/process_ablation.py's report on recorded results: the figures it prints, the
+summary line with process_gain, and the PNG (the runs themselves are a long job)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "process_ablation.py"
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("process_ablation", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_report_means_stds_and_process_gain(tmp_path, capsys):
+    bench = load_bench()
+    ems = {"outcome": [0.20, 0.22, 0.24], "evidence": [0.30, 0.26, 0.28]}
+    for method, values in ems.items():
+        for seed, em in enumerate(values):
+            d = tmp_path / "runs" / f"{method}-s{seed}"
+            d.mkdir(parents=True)
+            (d / "result.json").write_text(json.dumps({
+                "method": method, "seed": seed, "em": em, "searches": 1.5,
+                "evidence_recall": 0.6, "steps": 3, "rollout_tokens": 1000,
+                "em_by_type": {"bridge": em / 2, "single": em}}))
+    bench._report(tmp_path, time.time())
+    out = capsys.readouterr().out.strip().splitlines()
+    figures = dict(kv.split("=") for line in out[:-1] for kv in line.split() if "=" in kv)
+    assert float(figures["em_outcome"]) == pytest.approx(0.22)
+    assert float(figures["em_std_outcome"]) == pytest.approx(0.02)
+    assert float(figures["em_evidence_bridge"]) == pytest.approx(0.14)
+    assert out[-1].startswith("process_ablation: ") and "process_gain=+0.0600" in out[-1]
+    assert (tmp_path / "process_ablation.png").stat().st_size > 1000
