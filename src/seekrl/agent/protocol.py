@@ -153,6 +153,11 @@ def step_format_problem(text: str) -> str | None:
     return None
 
 
+def normalise_text(text: str | None) -> str:
+    """Lower case, whitespace collapsed: how two queries (or titles) are compared."""
+    return " ".join(str(text or "").lower().split())
+
+
 _THINK_BLOCK = re.compile(rf"<{THINK}>.*?(</{THINK}>|$)", re.S)
 _ANY_TAG = re.compile(r"</?[a-z]+>")
 

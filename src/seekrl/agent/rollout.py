@@ -10,6 +10,7 @@ episode with the token ids, the loss mask and one `Step` per model turn.
 from __future__ import annotations
 
 import copy
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -294,8 +295,6 @@ def grow_trees(engine: RolloutEngine, examples: Sequence[QAExample], branches: i
     from and `prefix_steps`; its shared prefix's tokens were generated once
     (`metadata["prefix_tokens"]`) but are trained in every leaf, so a prefix gets the summed
     credit of its leaves."""
-    import random
-
     rng = random.Random(f"tree/{seed}")
     chains = engine.run(examples, dataset="train")
     leaves: dict[str, list[list[Trajectory]]] = {}

@@ -9,7 +9,8 @@ region and everything else (prompt, `<information>` blocks) is 0.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -107,6 +108,14 @@ class Trajectory:
         d = dict(d)
         d["steps"] = [Step(**s) for s in d.get("steps", [])]
         return cls(**d)
+
+
+def group_indices(trajectories: Sequence[Trajectory]) -> dict[str, list[int]]:
+    """group_id -> indices of its episodes (the rollouts of one question), in order."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(trajectories):
+        groups[t.group_id].append(i)
+    return groups
 
 
 def write_trajectories(path: str | Path, trajectories: Iterable[Trajectory]) -> None:

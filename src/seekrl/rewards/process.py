@@ -36,7 +36,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from seekrl.agent.trajectory import Trajectory
+from seekrl.agent.protocol import normalise_text
+from seekrl.agent.trajectory import Trajectory, group_indices
 
 
 class StepScorer(Protocol):
@@ -104,14 +105,6 @@ def score_steps(trajectories: Sequence[Trajectory], weights: Mapping[str, float]
                 s.process_reward += float(weight) * float(v)
 
 
-def _normalise_query(q: str | None) -> str:
-    return " ".join((q or "").lower().split())
-
-
-def _title(text: str) -> str:
-    return " ".join(str(text).lower().split())
-
-
 @register_process("evidence")
 def evidence(trajectories: Sequence[Trajectory], ctx: ProcessContext) -> list[list[float]]:
     out = []
@@ -121,9 +114,9 @@ def evidence(trajectories: Sequence[Trajectory], ctx: ProcessContext) -> list[li
         found = lambda ids, titles: set(ids)            # noqa: E731
         prompt_seen = set(t.metadata.get("prompt_hits") or [])
         if not gold and t.metadata.get("supporting_titles"):
-            gold = {_title(x) for x in t.metadata["supporting_titles"]}
-            found = lambda ids, titles: {_title(x) for x in titles}   # noqa: E731
-            prompt_seen = {_title(x) for x in t.metadata.get("prompt_hit_titles") or []}
+            gold = {normalise_text(x) for x in t.metadata["supporting_titles"]}
+            found = lambda ids, titles: {normalise_text(x) for x in titles}   # noqa: E731
+            prompt_seen = {normalise_text(x) for x in t.metadata.get("prompt_hit_titles") or []}
         if not gold:
             ctx.stats["evidence_no_gold"] += 1
             out.append([0.0] * len(t.steps))
@@ -149,7 +142,7 @@ def redundancy(trajectories: Sequence[Trajectory], ctx: ProcessContext) -> list[
             if s.action != "search":
                 row.append(0.0)
                 continue
-            q = _normalise_query(s.query)
+            q = normalise_text(s.query)
             if q in queries:
                 row.append(-1.0)
             elif s.hits:
@@ -173,10 +166,8 @@ def mc_value(trajectories: Sequence[Trajectory], ctx: ProcessContext) -> list[li
         raise ValueError("reward.process.mc_value needs the rollout engine to continue episodes "
                          "(ProcessContext.continue_episodes and episode_score)")
     scores = [float(ctx.episode_score(t)) for t in trajectories]
-    by_group: dict[str, list[int]] = defaultdict(list)
-    for i, t in enumerate(trajectories):
-        by_group[t.group_id].append(i)
-    v_start = {g: sum(scores[i] for i in m) / len(m) for g, m in by_group.items()}
+    v_start = {g: sum(scores[i] for i in m) / len(m)
+               for g, m in group_indices(trajectories).items()}
     # every prefix that ends after a step the episode went on from
     prefixes = [(t, k) for t in trajectories for k in range(1, len(t.steps))]
     values: dict[tuple[int, int], float] = {}

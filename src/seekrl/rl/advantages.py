@@ -55,7 +55,8 @@ from difflib import SequenceMatcher
 
 import torch
 
-from seekrl.agent.trajectory import Trajectory
+from seekrl.agent.protocol import normalise_text
+from seekrl.agent.trajectory import Trajectory, group_indices
 
 
 @dataclass
@@ -211,14 +212,6 @@ def _per_step(t: Trajectory, values: Sequence[float]) -> torch.Tensor:
     return out * torch.tensor(t.loss_mask, dtype=torch.float32)
 
 
-def group_indices(trajectories: Sequence[Trajectory]) -> dict[str, list[int]]:
-    """group_id -> indices of its episodes, in order."""
-    groups: dict[str, list[int]] = defaultdict(list)
-    for i, t in enumerate(trajectories):
-        groups[t.group_id].append(i)
-    return groups
-
-
 def _standardise(r: torch.Tensor, epsilon: float) -> torch.Tensor:
     """(r - mean) / (std + eps); all zeros when the values do not vary (or there is one),
     which says "no signal" instead of dividing 0 by a tiny epsilon or by 0."""
@@ -358,17 +351,13 @@ def dual_granularity(trajectories, rewards: Rewards, cfg: AdvantageConfig, value
     return out, [a.clone() for a in out]
 
 
-def _normalise_query(q: str | None) -> str:
-    return " ".join((q or "").lower().split())
-
-
 def anchor_states(t: Trajectory, kind: str) -> list[tuple]:
     """The state before each step: the queries so far (in order; invalid turns count as a
     turn), or the set of documents retrieved so far."""
     states, queries, docs = [], [], set(t.metadata.get("prompt_hits") or [])
     for s in t.steps:
         states.append(tuple(queries) if kind == "queries" else tuple(sorted(docs)))
-        queries.append(_normalise_query(s.query) if s.action == "search" else f"<{s.action}>")
+        queries.append(normalise_text(s.query) if s.action == "search" else f"<{s.action}>")
         docs.update(s.hits)
     return states
 

@@ -49,7 +49,7 @@ import torch
 
 from seekrl.agent.backends import HFBackend
 from seekrl.agent.rollout import RolloutConfig, RolloutEngine, grow_trees
-from seekrl.agent.trajectory import Trajectory
+from seekrl.agent.trajectory import Trajectory, group_indices
 from seekrl.config import ConfigError, TrainConfig, dump_config
 from seekrl.data.qa import QAExample, load_qa
 from seekrl.rewards.metrics import exact_match
@@ -66,7 +66,6 @@ from seekrl.rl.advantages import (
     Rewards,
     advantage_stats,
     compute_advantages,
-    group_indices,
     needs_values,
 )
 from seekrl.rl.common import (
