@@ -19,6 +19,13 @@ class ConfigError(ValueError):
     """A config file or override that does not fit the recipe's schema."""
 
 
+def _known_outcome(value: str) -> str:
+    from seekrl.rewards.outcome import OUTCOMES
+    if value not in OUTCOMES:
+        raise ValueError(f"expected one of {', '.join(sorted(OUTCOMES))}")
+    return value
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -105,6 +112,39 @@ class RolloutSettings(Strict):
     tree: TreeSettings | None = None   # tree rollouts instead of group_size chains
 
 
+class SearchSettings(Strict):
+    """Step labelling (`seekrl mcts`, rl/mcts.py)."""
+    method: Literal["mcts", "mc"] = "mcts"
+    simulations: int = Field(16, ge=1)      # mcts: rollouts per question (the budget)
+    expansions: int = Field(4, ge=1)        # mcts: continuations sampled per expansion (K)
+    c_puct: float = Field(2.5, ge=0)
+    gamma: float = Field(0.99, ge=0, le=1)  # discount per step in the backup
+    samples: int = Field(4, ge=1)           # mc: episodes per question
+    mc_samples: int = Field(4, ge=1)        # mc: continuations per step
+    min_visits: int = Field(2, ge=1)        # pair rule: both siblings visited this often
+    min_gap: float = Field(0.2, ge=0)       # pair rule: Q(better) - Q(worse) at least this
+    trees_per_batch: int = Field(16, ge=1)  # questions searched together (one chunk)
+
+
+class LabelConfig(Strict):
+    model: str = "smollm2-135m"        # the policy that plays (usually the SFT checkpoint)
+    data: str                          # questions (QA JSONL / parquet)
+    index: str | None = None
+    out: str = "runs/labels"
+    questions: int | None = Field(None, ge=1)   # first N questions of `data`
+    reward: str = "f1"                 # outcome reward of an episode: em | f1 | cover_em
+    dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+    search: SearchSettings = SearchSettings()
+    rollout: RolloutSettings = RolloutSettings(temperature=0.9)   # ProRAG samples at 0.9
+
+    @field_validator("reward")
+    @classmethod
+    def _known_reward(cls, value: str) -> str:
+        return _known_outcome(value)
+
+
 class RewardConfig(Strict):
     outcome: str = "em"                 # a registered outcome reward: em | f1 | cover_em
     format_reward: float = 0.0          # added for a valid protocol trace
@@ -127,10 +167,7 @@ class RewardConfig(Strict):
     @field_validator("outcome")
     @classmethod
     def _known_outcome(cls, value: str) -> str:
-        from seekrl.rewards.outcome import OUTCOMES
-        if value not in OUTCOMES:
-            raise ValueError(f"expected one of {', '.join(sorted(OUTCOMES))}")
-        return value
+        return _known_outcome(value)
 
 
 class AlgoConfig(Strict):

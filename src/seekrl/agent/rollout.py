@@ -109,23 +109,31 @@ class RolloutEngine:
     # ---- the loop
     def run(self, examples: Sequence[QAExample], *, dataset: str = "",
             on_finish: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+        torch.manual_seed(self.cfg.seed)
+        episodes = [_Episode(t, set(t.gold_doc_ids))
+                    for t in self.prompt_episodes(examples, self.cfg.n_samples, dataset=dataset)]
+        return self._play(episodes, on_finish)
+
+    def prompt_episodes(self, examples: Sequence[QAExample], n_samples: int = 1, *,
+                        dataset: str = "") -> list[Trajectory]:
+        """`n_samples` not yet started episodes per question: the prompt and nothing else
+        (`continue_from((t, 0), n)` plays them; MCTS roots are such episodes)."""
         cfg = self.cfg
-        torch.manual_seed(cfg.seed)
         prompts, prompt_hits = self._prompts(examples)
-        episodes: list[_Episode] = []
+        out: list[Trajectory] = []
         for ex, prompt_ids, hits in zip(examples, prompts, prompt_hits):
             meta = {k: v for k, v in ex.metadata.items() if k != "chain"}
             if cfg.method == "rag":  # the documents in the prompt count as retrieved
                 meta["prompt_hits"] = [h.doc_id for h in hits]
                 meta["prompt_hit_titles"] = [h.title for h in hits]
-            for s in range(cfg.n_samples):
-                traj = Trajectory(example_id=ex.id, group_id=ex.id, question=ex.question,
-                                  golden_answers=list(ex.golden_answers),
-                                  token_ids=list(prompt_ids), loss_mask=[0] * len(prompt_ids),
-                                  prompt_len=len(prompt_ids), sample_index=s, dataset=dataset,
-                                  metadata=dict(meta), gold_doc_ids=_gold_of(ex))
-                episodes.append(_Episode(traj, set(traj.gold_doc_ids)))
-        return self._play(episodes, on_finish)
+            for s in range(n_samples):
+                out.append(Trajectory(example_id=ex.id, group_id=ex.id, question=ex.question,
+                                      golden_answers=list(ex.golden_answers),
+                                      token_ids=list(prompt_ids), loss_mask=[0] * len(prompt_ids),
+                                      prompt_len=len(prompt_ids), sample_index=s,
+                                      dataset=dataset, metadata=dict(meta),
+                                      gold_doc_ids=_gold_of(ex)))
+        return out
 
     def continue_from(self, prefixes: Sequence[tuple[Trajectory, int]], n_samples: int = 1,
                       *, seed: int | None = None) -> list[list[Trajectory]]:

@@ -1,0 +1,480 @@
+"""Step labels for a process reward model: Monte-Carlo tree search over search steps, or
+plain Monte-Carlo rollouts (the cheap alternative), both written in one format.
+
+MCTS (ProRAG's stage 2, with rules instead of an LLM judge). A node is one step: a model
+turn and the environment's answer to it; the root is the prompt. A simulation walks down
+from the root by PUCT (uniform prior), `Q(c) + c * P(c) * sqrt(N(parent)) / (1 + N(c))`,
+until it reaches a node not yet expanded, and expands it with `expansions` continuations
+sampled in one batch. Each continuation is a whole episode: its first new step becomes a
+child (continuations whose step does the same thing, the same query or the same answer,
+share one child) and the rest of it is that child's simulation, so an expansion of K
+continuations costs K simulations. An episode's reward (answer F1 or EM) is backed up with
+a discount per step: a node at depth j of an episode that ended after L steps receives
+`reward * gamma ** (L - j)`. Reaching a terminal node (an answer, or the turn budget
+spent) backs up its own reward again at no generation cost. The budget is `simulations`
+per question.
+
+Trees of many questions grow together: each round, every tree with budget left selects one
+node, and all their expansions go to the rollout engine in one call (prefix continuation,
+so the shared context is prefilled once).
+
+Output (a folder; `write_labels`): `nodes.jsonl` (one line per node: question, parent,
+depth, the step, N, Q), `labels.jsonl` (`Trajectory` records whose labelled steps carry
+`Step.value` = Q and `metadata["visits"]` = N per step; for MCTS one episode per leaf, its
+path labelled), and `pairs.jsonl` (sibling steps from the same prefix, better and worse,
+with their Q gap) filtered by rules: both visited at least `min_visits` times, a Q gap of
+at least `min_gap`, the better step well-formed and not repeating an earlier query.
+
+Monte-Carlo labels (Math-Shepherd style): `samples` episodes per question, and for every
+step an episode went on from, `mc_samples` continuations; a step's label is the mean reward
+of its continuations (the last step's, the episode's own reward). Pairs are first steps of
+the same question (siblings from the prompt).
+
+Questions are processed in chunks of `trees_per_batch`; each finished chunk is appended to
+the files and recorded in `progress.json` (written atomically), so a killed run resumes
+after the last whole chunk and never keeps half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import combinations
+from pathlib import Path
+
+from seekrl.agent.protocol import normalise_text
+from seekrl.agent.rollout import RolloutEngine
+from seekrl.agent.trajectory import Step, Trajectory
+from seekrl.data.qa import QAExample
+
+ScoreFn = Callable[[Trajectory], float]
+
+
+def step_key(step: Step) -> str:
+    """What a step does, for de-duplicating siblings: the same query, or the same answer,
+    or the same kind of invalid turn, is the same child whatever the reasoning around it."""
+    if step.action == "search":
+        return "search:" + normalise_text(step.query or "")
+    if step.action == "answer":
+        return "answer:" + normalise_text(step.answer or "")
+    return "invalid:" + (step.reason or "")
+
+
+@dataclass
+class Node:
+    id: int
+    parent: int | None
+    depth: int                       # steps on the path from the root (root: 0)
+    traj: Trajectory                 # an episode through this node: its first `depth` steps
+    key: str = ""                    # step_key of the node's step
+    children: list[int] = field(default_factory=list)
+    visits: int = 0                  # N
+    value_sum: float = 0.0           # W
+    terminal: bool = False           # the episode ended at this step
+    reward: float | None = None      # a terminal node's episode reward
+    expanded: bool = False
+
+    @property
+    def q(self) -> float:
+        return self.value_sum / self.visits if self.visits else 0.0
+
+    @property
+    def step(self) -> Step | None:
+        return self.traj.steps[self.depth - 1] if self.depth else None
+
+
+class Tree:
+    """One question's search tree, and the PUCT / backup rules."""
+
+    def __init__(self, example: QAExample, root: Trajectory, *, c_puct: float = 2.5,
+                 gamma: float = 0.99):
+        self.example = example
+        self.nodes = [Node(0, None, 0, root)]
+        self.c_puct, self.gamma = c_puct, gamma
+        self.simulations = 0
+
+    def puct(self, parent: Node, child: Node) -> float:
+        prior = 1.0 / len(parent.children)
+        return child.q + self.c_puct * prior * math.sqrt(parent.visits) / (1 + child.visits)
+
+    def select(self) -> Node:
+        """From the root down by PUCT (ties to the older child) to a node that is terminal
+        or not expanded yet."""
+        node = self.nodes[0]
+        while node.expanded and node.children and not node.terminal:
+            node = max((self.nodes[c] for c in node.children),
+                       key=lambda c: (self.puct(node, c), -c.id))
+        return node
+
+    def backup(self, node: Node, reward: float, end_depth: int) -> None:
+        """One simulation's reward into the node and its ancestors, discounted by the steps
+        between each of them and the episode's end."""
+        current: Node | None = node
+        while current is not None:
+            current.visits += 1
+            current.value_sum += reward * self.gamma ** (end_depth - current.depth)
+            current = self.nodes[current.parent] if current.parent is not None else None
+
+    def expand(self, node: Node, continuations: Sequence[Trajectory], score: ScoreFn) -> None:
+        """Children from continuations of `node` (each a whole episode), and one backup per
+        continuation."""
+        by_key = {self.nodes[c].key: self.nodes[c] for c in node.children}
+        for cont in continuations:
+            reward = float(score(cont))
+            if len(cont.steps) <= node.depth:      # nothing generated: no room was left
+                node.terminal, node.reward = True, reward
+                self.backup(node, reward, node.depth)
+                continue
+            step = cont.steps[node.depth]
+            key = step_key(step)
+            child = by_key.get(key)
+            if child is None:
+                terminal = step.info_end is None   # the episode did not go on from it
+                child = Node(len(self.nodes), node.id, node.depth + 1, cont, key,
+                             terminal=terminal, reward=reward if terminal else None)
+                self.nodes.append(child)
+                node.children.append(child.id)
+                by_key[key] = child
+            self.backup(child, reward, len(cont.steps))
+        node.expanded = True
+
+    def path(self, node: Node) -> list[Node]:
+        """The nodes from the root's first child down to `node`."""
+        out = []
+        while node.parent is not None:
+            out.append(node)
+            node = self.nodes[node.parent]
+        return out[::-1]
+
+
+@dataclass
+class SearchStats:
+    simulations: int = 0
+    rollouts: int = 0                # episodes generated
+    generated_tokens: int = 0        # policy tokens generated (the compute)
+    rounds: int = 0
+    seconds: float = 0.0
+
+    def add(self, other: "SearchStats") -> None:
+        for name in ("simulations", "rollouts", "generated_tokens", "rounds", "seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+def _new_tokens(t: Trajectory) -> int:
+    return t.n_generated - int(t.metadata.get("prefix_tokens", 0))
+
+
+def grow_search_trees(engine: RolloutEngine, examples: Sequence[QAExample], score: ScoreFn, *,
+                      simulations: int, expansions: int, c_puct: float = 2.5,
+                      gamma: float = 0.99, seed: int = 0) -> tuple[list[Tree], SearchStats]:
+    """MCTS for many questions at once, `simulations` per question (see the module doc)."""
+    if simulations < 1 or expansions < 1:
+        raise ValueError("simulations and expansions must be positive")
+    started = time.time()
+    stats = SearchStats()
+    roots = engine.prompt_episodes(examples)
+    trees = [Tree(ex, root, c_puct=c_puct, gamma=gamma) for ex, root in zip(examples, roots)]
+    while True:
+        jobs: list[tuple[Tree, Node, int]] = []
+        for tree in trees:
+            while tree.simulations < simulations:
+                node = tree.select()
+                if node.terminal:   # its reward is known: back it up again, nothing to generate
+                    tree.backup(node, node.reward or 0.0, node.depth)
+                    tree.simulations += 1
+                    continue
+                k = min(expansions, simulations - tree.simulations)
+                jobs.append((tree, node, k))
+                tree.simulations += k
+                break
+        if not jobs:
+            break
+        prefixes = [(node.traj, node.depth) for _, node, k in jobs for _ in range(k)]
+        grown = engine.continue_from(prefixes, 1, seed=seed + 7919 * stats.rounds)
+        stats.rounds += 1
+        i = 0
+        for tree, node, k in jobs:
+            conts = [g[0] for g in grown[i:i + k]]
+            i += k
+            tree.expand(node, conts, score)
+            stats.rollouts += k
+            stats.generated_tokens += sum(_new_tokens(c) for c in conts)
+    stats.simulations = sum(t.simulations for t in trees)
+    stats.seconds = time.time() - started
+    return trees, stats
+
+
+# ---------------------------------------------------------------------- labels as records
+@dataclass
+class PairRules:
+    min_visits: int = 2
+    min_gap: float = 0.2
+
+
+@dataclass
+class Labels:
+    """What one chunk of questions produced, as JSON-ready records."""
+    nodes: list[dict] = field(default_factory=list)
+    labels: list[dict] = field(default_factory=list)
+    pairs: list[dict] = field(default_factory=list)
+    rejected: dict[str, int] = field(default_factory=dict)
+
+    def reject(self, why: str) -> None:
+        self.rejected[why] = self.rejected.get(why, 0) + 1
+
+
+def _labelled(traj: Trajectory, values: Sequence[float | None], visits: Sequence[int | None],
+              method: str, node_ids: Sequence[int | None] | None = None) -> dict:
+    """A trajectory record with `Step.value` set on the labelled steps (None elsewhere)."""
+    record = traj.to_dict()
+    for step, v in zip(record["steps"], list(values) + [None] * len(record["steps"])):
+        step["value"] = v
+        step["process_reward"], step["process_parts"] = None, {}
+    n = len(record["steps"])
+    record["metadata"] = {**record["metadata"], "label": method,
+                          "visits": (list(visits) + [None] * n)[:n]}
+    if node_ids is not None:
+        record["metadata"]["node_ids"] = (list(node_ids) + [None] * n)[:n]
+    return record
+
+
+def _pair_problem(better: Node | tuple[Trajectory, int], prefix: Trajectory, depth: int
+                  ) -> str | None:
+    traj, index = (better.traj, better.depth - 1) if isinstance(better, Node) else better
+    step = traj.steps[index]
+    if not step.well_formed:
+        return "better_malformed"
+    if step.action == "search":
+        earlier = {normalise_text(s.query or "") for s in prefix.steps[:depth]
+                   if s.action == "search"}
+        if normalise_text(step.query or "") in earlier:
+            return "better_repeats_query"
+    return None
+
+
+def _pair_record(example_id: str, depth: int, better: tuple[Trajectory, float, int],
+                 worse: tuple[Trajectory, float, int], method: str) -> dict:
+    (bt, bq, bn), (wt, wq, wn) = better, worse
+    return {"example_id": example_id, "depth": depth, "label": method,
+            "q_better": round(bq, 6), "q_worse": round(wq, 6), "gap": round(bq - wq, 6),
+            "n_better": bn, "n_worse": wn,
+            "better": _labelled(bt, [None] * depth + [bq], [None] * depth + [bn], method),
+            "worse": _labelled(wt, [None] * depth + [wq], [None] * depth + [wn], method)}
+
+
+def tree_labels(trees: Sequence[Tree], rules: PairRules) -> Labels:
+    out = Labels()
+    for tree in trees:
+        ex_id = tree.example.id
+        for node in tree.nodes:
+            step = node.step
+            out.nodes.append({
+                "example_id": ex_id, "node": node.id, "parent": node.parent,
+                "depth": node.depth, "N": node.visits, "Q": round(node.q, 6),
+                "terminal": node.terminal, "reward": node.reward,
+                "action": step.action if step else None,
+                "query": step.query if step else None,
+                "answer": step.answer if step else None,
+                "text": step.text if step else None,
+                "children": list(node.children)})
+            if node.parent is not None and not node.children:   # a leaf: label its path
+                path = tree.path(node)
+                out.labels.append(_labelled(node.traj, [n.q for n in path],
+                                            [n.visits for n in path], "mcts",
+                                            [n.id for n in path]))
+            kids = sorted((tree.nodes[c] for c in node.children), key=lambda n: -n.q)
+            for a, b in combinations(kids, 2):
+                if a.visits < rules.min_visits or b.visits < rules.min_visits:
+                    out.reject("few_visits")
+                elif a.q - b.q < rules.min_gap:
+                    out.reject("small_gap")
+                elif (why := _pair_problem(a, node.traj, node.depth)) is not None:
+                    out.reject(why)
+                else:
+                    out.pairs.append(_pair_record(ex_id, node.depth, (a.traj, a.q, a.visits),
+                                                  (b.traj, b.q, b.visits), "mcts"))
+    return out
+
+
+def mc_labels(engine: RolloutEngine, examples: Sequence[QAExample], score: ScoreFn, *,
+              samples: int, mc_samples: int, rules: PairRules, seed: int = 0
+              ) -> tuple[Labels, SearchStats]:
+    """Monte-Carlo step labels (see the module doc), in the format of `tree_labels`."""
+    from seekrl.rewards.process import ProcessContext, mc_value
+
+    started = time.time()
+    roots = engine.prompt_episodes(examples)
+    trajs = [t for group in engine.continue_from([(r, 0) for r in roots], samples, seed=seed)
+             for t in group]
+    for t in trajs:
+        t.group_id = t.example_id
+    ctx = ProcessContext(continue_episodes=lambda prefixes, n: engine.continue_from(
+        prefixes, n, seed=seed + 104_729), episode_score=score, mc_samples=mc_samples)
+    mc_value(trajs, ctx)                  # fills Step.value with V(t)
+    stats = SearchStats(rollouts=len(trajs) + int(ctx.stats["mc_continuations"]),
+                        generated_tokens=sum(_new_tokens(t) for t in trajs)
+                        + int(ctx.stats["mc_tokens"]), rounds=2)
+    stats.simulations = stats.rollouts
+    out = Labels()
+    by_question: dict[str, list[Trajectory]] = {}
+    for t in trajs:
+        by_question.setdefault(t.example_id, []).append(t)
+        n = len(t.steps)
+        out.labels.append(_labelled(t, [s.value for s in t.steps],
+                                    [mc_samples] * (n - 1) + [1] if n else [], "mc"))
+    for ex_id, group in by_question.items():
+        firsts: dict[str, tuple[Trajectory, float, int]] = {}
+        for t in group:   # first steps are siblings from the prompt; the same action counts once
+            if t.steps:
+                n = mc_samples if len(t.steps) > 1 else 1
+                firsts.setdefault(step_key(t.steps[0]), (t, float(t.steps[0].value), n))
+        kids = sorted(firsts.values(), key=lambda x: -x[1])
+        for a, b in combinations(kids, 2):
+            if a[2] < rules.min_visits or b[2] < rules.min_visits:
+                out.reject("few_visits")
+            elif a[1] - b[1] < rules.min_gap:
+                out.reject("small_gap")
+            elif (why := _pair_problem((a[0], 0), a[0], 0)) is not None:
+                out.reject(why)
+            else:
+                out.pairs.append(_pair_record(ex_id, 0, a, b, "mc"))
+    stats.seconds = time.time() - started
+    return out, stats
+
+
+# ---------------------------------------------------------------------- the output folder
+LABEL_FILES = ("nodes.jsonl", "labels.jsonl", "pairs.jsonl")
+
+
+class LabelWriter:
+    """Appends whole chunks to `nodes.jsonl`, `labels.jsonl`, `pairs.jsonl` and records them
+    in `progress.json` (atomically, after the data is on disk). Opening an existing folder
+    with `resume` cuts the files back to the last recorded chunk and remembers which
+    questions are done; without `resume`, an existing folder is refused."""
+
+    def __init__(self, out: str | Path, *, resume: bool = False, settings: dict | None = None):
+        self.out = Path(out)
+        self.progress_path = self.out / "progress.json"
+        if self.progress_path.exists() and not resume:
+            raise FileExistsError(f"{self.out} already holds labels; resume them (--resume) "
+                                  "or choose another folder")
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.progress: dict = {"done": [], "bytes": {f: 0 for f in LABEL_FILES},
+                               "stats": {}, "rejected": {}, "settings": settings or {}}
+        if resume and self.progress_path.exists():
+            self.progress = json.loads(self.progress_path.read_text())
+            if settings and self.progress.get("settings") and \
+                    self.progress["settings"] != settings:
+                differ = sorted(k for k in set(settings) | set(self.progress["settings"])
+                                if settings.get(k) != self.progress["settings"].get(k))
+                raise ValueError(f"{self.out}: resuming with other settings than the run "
+                                 f"that wrote it (differ: {', '.join(differ)})")
+        for name in LABEL_FILES:   # drop whatever a killed run wrote after its last chunk
+            path = self.out / name
+            with open(path, "ab") as f:
+                f.truncate(self.progress["bytes"].get(name, 0))
+
+    @property
+    def done(self) -> set[str]:
+        return set(self.progress["done"])
+
+    def write(self, question_ids: Sequence[str], labels: Labels, stats: SearchStats) -> None:
+        for name, records in zip(LABEL_FILES, (labels.nodes, labels.labels, labels.pairs)):
+            path = self.out / name
+            with open(path, "a", encoding="utf-8") as f:
+                for r in records:
+                    f.write(json.dumps(r, ensure_ascii=False) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            self.progress["bytes"][name] = path.stat().st_size
+        self.progress["done"] += list(question_ids)
+        total = self.progress["stats"]
+        for k, v in vars(stats).items():
+            total[k] = round(total.get(k, 0) + v, 3)
+        total["pairs"] = total.get("pairs", 0) + len(labels.pairs)
+        total["labelled_episodes"] = total.get("labelled_episodes", 0) + len(labels.labels)
+        total["nodes"] = total.get("nodes", 0) + len(labels.nodes)
+        for k, v in labels.rejected.items():
+            self.progress["rejected"][k] = self.progress["rejected"].get(k, 0) + v
+        tmp = self.progress_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.progress, indent=1))
+        os.replace(tmp, self.progress_path)
+
+
+# ---------------------------------------------------------------------- the recipe
+def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None,
+                  questions: Sequence[QAExample] | None = None, console=None,
+                  resume: bool = False) -> dict:
+    """`seekrl mcts`: label the steps of `cfg.data`'s questions with the policy `cfg.model`
+    (MCTS or MC, `cfg.search.method`) into `cfg.out`; returns the totals of `progress.json`
+    with simulations per second."""
+    from seekrl.agent.backends import HFBackend
+    from seekrl.agent.rollout import RolloutConfig
+    from seekrl.config import dump_config
+    from seekrl.data.qa import load_qa
+    from seekrl.models import load_policy
+    from seekrl.rewards.outcome import get_outcome
+    from seekrl.rl.common import set_seed
+
+    search = cfg.search
+    settings = {"model": cfg.model, "data": cfg.data, "method": search.method,
+                "simulations": search.simulations, "expansions": search.expansions,
+                "c_puct": search.c_puct, "gamma": search.gamma, "samples": search.samples,
+                "mc_samples": search.mc_samples, "reward": cfg.reward, "seed": cfg.seed}
+    writer = LabelWriter(cfg.out, resume=resume, settings=settings)   # refuses before loading
+    questions = list(questions) if questions is not None else load_qa(cfg.data)
+    if cfg.questions is not None:
+        questions = questions[:cfg.questions]
+    if not questions:
+        raise ValueError(f"data: {cfg.data} has no questions")
+    set_seed(cfg.seed)
+    if model is None:
+        model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
+    if retriever is None:
+        from seekrl.retrieval.open import open_retriever
+        if not cfg.index:
+            raise ValueError("index: labelling plays search episodes; it needs an index folder "
+                             "or a retrieval server url")
+        retriever = open_retriever(cfg.index)
+    dump_config(cfg, Path(cfg.out) / "config.yaml")
+    r = cfg.rollout
+    engine = RolloutEngine(HFBackend(model.eval(), tokenizer), tokenizer, retriever,
+                           RolloutConfig(max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
+                                         max_total_tokens=r.max_total_tokens, topk=r.topk,
+                                         max_info_tokens=r.max_info_tokens,
+                                         batch_size=r.batch_size, temperature=r.temperature,
+                                         top_p=r.top_p, seed=cfg.seed))
+    outcome = get_outcome(cfg.reward)
+    score = lambda t: outcome(t.answer, t.golden_answers)          # noqa: E731
+    rules = PairRules(min_visits=search.min_visits, min_gap=search.min_gap)
+    say = console.print if console is not None else (lambda *a, **k: None)
+    todo = [q for q in questions if q.id not in writer.done]
+    chunk = search.trees_per_batch
+    for c in range(0, len(todo), chunk):
+        part = todo[c:c + chunk]
+        seed = cfg.seed + 1_000_003 * (len(writer.done) // chunk + 1)
+        if search.method == "mcts":
+            trees, stats = grow_search_trees(engine, part, score,
+                                             simulations=search.simulations,
+                                             expansions=search.expansions,
+                                             c_puct=search.c_puct, gamma=search.gamma, seed=seed)
+            labels = tree_labels(trees, rules)
+        else:
+            labels, stats = mc_labels(engine, part, score, samples=search.samples,
+                                      mc_samples=search.mc_samples, rules=rules, seed=seed)
+        writer.write([q.id for q in part], labels, stats)
+        total = writer.progress["stats"]
+        say(f"{len(writer.done)}/{len(questions)} questions  {total['simulations']:.0f} "
+            f"simulations  {total['pairs']:.0f} pairs  "
+            f"{total['simulations'] / max(total['seconds'], 1e-9):.2f} sim/s")
+    total = dict(writer.progress["stats"])
+    total["simulations_per_s"] = round(total.get("simulations", 0)
+                                       / max(total.get("seconds", 0), 1e-9), 3)
+    total["questions"] = len(writer.done)
+    total["rejected"] = dict(writer.progress["rejected"])
+    total["out"] = str(cfg.out)
+    return total
