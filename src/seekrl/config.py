@@ -145,6 +145,33 @@ class LabelConfig(Strict):
         return _known_outcome(value)
 
 
+class PRMConfig(Strict):
+    """`seekrl prm train` (rl/prm.py)."""
+    model: str = "smollm2-135m"        # the backbone to start from (usually the SFT checkpoint)
+    labels: list[str]                  # label folders written by `seekrl mcts`
+    out: str = "runs/prm"
+    loss: Literal["pointwise", "pairwise", "both"] = "both"
+    steps: int = Field(100, ge=1)
+    batch_size: int = Field(8, ge=1)   # labelled steps and pairs per step (each)
+    dev_share: float = Field(0.1, ge=0, lt=1)   # questions held out for the quality figures
+    threshold: float = Field(0.5, gt=0, lt=1)   # Q at or above it counts as a good step
+    head_lr_factor: float = Field(10.0, gt=0)   # the scalar head learns this much faster
+    train_layers: int | None = Field(None, ge=1)
+    lora: LoRAConfig = LoRAConfig()
+    optim: OptimConfig = OptimConfig(lr=2e-5, warmup_steps=2)
+    dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+    eval_every: int = Field(0, ge=0)
+    eval_at_start: bool = True
+    log_every: int = Field(10, ge=1)
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _one_or_many(cls, value):
+        return [value] if isinstance(value, str) else value
+
+
 class RewardConfig(Strict):
     outcome: str = "em"                 # a registered outcome reward: em | f1 | cover_em
     format_reward: float = 0.0          # added for a valid protocol trace

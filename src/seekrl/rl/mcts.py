@@ -406,12 +406,13 @@ class LabelWriter:
 
 
 # ---------------------------------------------------------------------- the recipe
-def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None,
+def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
                   questions: Sequence[QAExample] | None = None, console=None,
                   resume: bool = False) -> dict:
     """`seekrl mcts`: label the steps of `cfg.data`'s questions with the policy `cfg.model`
     (MCTS or MC, `cfg.search.method`) into `cfg.out`; returns the totals of `progress.json`
-    with simulations per second."""
+    with simulations per second. `backend` (with `tokenizer`) replaces the policy: tests
+    play a scripted one."""
     from seekrl.agent.backends import HFBackend
     from seekrl.agent.rollout import RolloutConfig
     from seekrl.config import dump_config
@@ -432,7 +433,7 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None,
     if not questions:
         raise ValueError(f"data: {cfg.data} has no questions")
     set_seed(cfg.seed)
-    if model is None:
+    if model is None and backend is None:
         model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
     if retriever is None:
         from seekrl.retrieval.open import open_retriever
@@ -442,7 +443,7 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None,
         retriever = open_retriever(cfg.index)
     dump_config(cfg, Path(cfg.out) / "config.yaml")
     r = cfg.rollout
-    engine = RolloutEngine(HFBackend(model.eval(), tokenizer), tokenizer, retriever,
+    engine = RolloutEngine(backend or HFBackend(model.eval(), tokenizer), tokenizer, retriever,
                            RolloutConfig(max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
                                          max_total_tokens=r.max_total_tokens, topk=r.topk,
                                          max_info_tokens=r.max_info_tokens,

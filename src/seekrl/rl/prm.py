@@ -1,0 +1,387 @@
+"""The process reward model (ProRAG's stage 2, second half): a causal LM with a scalar head
+that scores a step from (question, steps so far, the new step), read at the step's last
+token (`Step.end - 1`). The model is causal, so the score of a step never sees what came
+after it, and one forward pass over a whole episode scores all its steps at once (ProRAG
+calls the model once per step).
+
+Training reads the label folders of `seekrl mcts` (rl/mcts.py):
+- pointwise: binary cross-entropy of sigmoid(score) against the soft label Q of every
+  labelled step (a step shared by several labelled episodes, an MCTS node on many paths,
+  counts once);
+- pairwise: Bradley-Terry, -log sigmoid(s_better - s_worse), on sibling pairs.
+
+Held-out questions (a stable hash of the question id, `dev_share`) give the quality
+figures: AUC of the scores against Q >= `threshold`, pair accuracy, and first-error
+localisation (on fully labelled episodes, the first step with Q below the threshold, or
+none, against the first step the model scores below it).
+
+The saved folder is a plain Hugging Face checkpoint of the backbone (LoRA merged) plus
+`prm_head.pt` and `prm.json`; `load_scorer(path)` gives the object the `prm` process
+reward calls (`score_steps(trajectories) -> probabilities per step`).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from seekrl.agent.trajectory import Trajectory, iter_trajectories
+from seekrl.data.jsonl import iter_jsonl
+from seekrl.errors import DataError
+from seekrl.rl.forward import collate, hidden_states
+
+PRM_MARKER = "prm.json"
+
+
+class ProcessRewardModel(nn.Module):
+    """A causal LM's backbone and a linear head on its last hidden state."""
+
+    def __init__(self, lm: nn.Module, head: nn.Linear | None = None):
+        super().__init__()
+        self.lm = lm
+        self.head = head if head is not None else nn.Linear(lm.config.hidden_size, 1)
+        if head is None:   # zero scores at the start: the labels decide where they go
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+
+    def step_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Scores (logits) at `(rows[i], positions[i])`, one per requested step end."""
+        h = hidden_states(self.lm, input_ids, attention_mask)
+        return self.head(h[rows, positions].float()).squeeze(-1)
+
+
+def step_end(traj: Trajectory, index: int) -> int:
+    """The token the head reads for step `index`: its last generated token."""
+    s = traj.steps[index]
+    return max(s.end - 1, s.start, 0)
+
+
+def batch_scores(prm: ProcessRewardModel, items: Sequence[tuple[Trajectory, list[int]]],
+                 pad_id: int, device) -> list[torch.Tensor]:
+    """For each (trajectory, step indices), the logits of those steps, in one forward pass
+    (each episode cut after the last step asked for)."""
+    ends = [[step_end(t, i) for i in idx] for t, idx in items]
+    cut = [max(e) + 1 if e else 1 for e in ends]
+    ids, attn, _ = collate([t.token_ids[:c] for (t, _), c in zip(items, cut)],
+                           [[0] * c for c in cut], pad_id, device)
+    rows = torch.tensor([r for r, e in enumerate(ends) for _ in e], dtype=torch.long,
+                        device=ids.device)
+    pos = torch.tensor([p for e in ends for p in e], dtype=torch.long, device=ids.device)
+    flat = prm.step_logits(ids, attn, rows, pos) if len(pos) else torch.zeros(0)
+    out, i = [], 0
+    for e in ends:
+        out.append(flat[i:i + len(e)])
+        i += len(e)
+    return out
+
+
+class PRMScorer:
+    """`score_steps(trajectories)`: the probability that each step leads to a right answer
+    (sigmoid of the head), batched; what `reward.process.prm` calls."""
+
+    def __init__(self, prm: ProcessRewardModel, tokenizer, *, device: str = "cpu",
+                 batch_size: int = 8):
+        self.prm, self.tokenizer, self.device, self.batch_size = prm, tokenizer, device, batch_size
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
+            else tokenizer.eos_token_id
+
+    @torch.no_grad()
+    def logits(self, trajectories: Sequence[Trajectory]) -> list[list[float]]:
+        was = self.prm.training
+        self.prm.eval()
+        out: list[list[float]] = [[] for _ in trajectories]
+        order = sorted(range(len(trajectories)), key=lambda i: len(trajectories[i].token_ids))
+        try:
+            for b in range(0, len(order), self.batch_size):
+                chunk = [i for i in order[b:b + self.batch_size] if trajectories[i].steps]
+                if not chunk:
+                    continue
+                scores = batch_scores(self.prm, [(trajectories[i],
+                                                  list(range(len(trajectories[i].steps))))
+                                                 for i in chunk], self.pad_id, self.device)
+                for i, s in zip(chunk, scores):
+                    out[i] = s.tolist()
+        finally:
+            self.prm.train(was)
+        return out
+
+    def score_steps(self, trajectories: Sequence[Trajectory]) -> list[list[float]]:
+        return [[float(torch.sigmoid(torch.tensor(v))) for v in row]
+                for row in self.logits(trajectories)]
+
+
+def save_prm(prm: ProcessRewardModel, tokenizer, path: str | Path, info: dict | None = None
+             ) -> Path:
+    from seekrl.rl.common import save_policy
+
+    path = Path(path)
+    save_policy(prm.lm, tokenizer, path)
+    torch.save(prm.head.state_dict(), path / "prm_head.pt")
+    (path / PRM_MARKER).write_text(json.dumps({"kind": "seekrl-prm", **(info or {})}, indent=1))
+    return path
+
+
+def load_prm(path: str | Path, *, dtype: str = "float32", device: str = "cpu"
+             ) -> tuple[ProcessRewardModel, Any]:
+    from seekrl.models import load_policy
+
+    path = Path(path)
+    if not (path / PRM_MARKER).is_file():
+        raise FileNotFoundError(f"{path}: not a process reward model folder (no {PRM_MARKER}; "
+                                "`seekrl prm train` writes one)")
+    lm, tokenizer = load_policy(str(path), dtype=dtype, device=device)
+    head = nn.Linear(lm.config.hidden_size, 1)
+    head.load_state_dict(torch.load(path / "prm_head.pt", map_location=device))
+    return ProcessRewardModel(lm, head.to(device)).eval(), tokenizer
+
+
+def load_scorer(path: str | Path, *, device: str = "cpu", batch_size: int = 8) -> PRMScorer:
+    prm, tokenizer = load_prm(path, device=device)
+    return PRMScorer(prm, tokenizer, device=device, batch_size=batch_size)
+
+
+# ---------------------------------------------------------------------- labelled data
+@dataclass
+class PointLabel:
+    traj: Trajectory
+    index: int          # which step
+    label: float        # soft label in [0, 1] (Q)
+
+
+@dataclass
+class PairLabel:
+    better: Trajectory
+    worse: Trajectory
+    index: int          # the differing step (both share the steps before it)
+    gap: float
+
+
+@dataclass
+class LabelSet:
+    points: list[PointLabel]
+    pairs: list[PairLabel]
+    episodes: list[Trajectory]     # every labelled episode (first-error localisation)
+
+
+def _in_dev(example_id: str, dev_share: float) -> bool:
+    return zlib.crc32(example_id.encode()) % 10_000 < dev_share * 10_000
+
+
+def read_labels(folders: Sequence[str | Path]) -> LabelSet:
+    """Points, pairs and episodes of label folders (`labels.jsonl`, `pairs.jsonl`)."""
+    points: list[PointLabel] = []
+    pairs: list[PairLabel] = []
+    episodes: list[Trajectory] = []
+    seen: set[tuple] = set()
+    for folder in folders:
+        folder = Path(folder)
+        if not (folder / "labels.jsonl").is_file():
+            raise FileNotFoundError(f"{folder}: no labels.jsonl (write labels with "
+                                    "`seekrl mcts`)")
+        for line_no, t in enumerate(iter_trajectories(folder / "labels.jsonl"), start=1):
+            episodes.append(t)
+            node_ids = t.metadata.get("node_ids")
+            for i, s in enumerate(t.steps):
+                if s.value is None:
+                    continue
+                if not 0.0 <= float(s.value) <= 1.0:
+                    raise DataError(f"step {i} label {s.value} is outside [0, 1]",
+                                    path=str(folder / "labels.jsonl"), line=line_no,
+                                    field="steps.value")
+                key = (str(folder), t.example_id, node_ids[i]) if node_ids and \
+                    node_ids[i] is not None else (str(folder), line_no, i)
+                if key not in seen:
+                    seen.add(key)
+                    points.append(PointLabel(t, i, float(s.value)))
+        if (folder / "pairs.jsonl").is_file():
+            for line_no, rec in iter_jsonl(folder / "pairs.jsonl"):
+                try:
+                    pairs.append(PairLabel(Trajectory.from_dict(rec["better"]),
+                                           Trajectory.from_dict(rec["worse"]),
+                                           int(rec["depth"]), float(rec["gap"])))
+                except (KeyError, TypeError) as err:
+                    raise DataError(f"not a sibling pair ({err})",
+                                    path=str(folder / "pairs.jsonl"), line=line_no) from None
+    return LabelSet(points, pairs, episodes)
+
+
+def split_labels(labels: LabelSet, dev_share: float) -> tuple[LabelSet, LabelSet]:
+    """(train, dev) by question: all labels of a question fall on the same side."""
+    def side(dev: bool) -> LabelSet:
+        return LabelSet([p for p in labels.points if _in_dev(p.traj.example_id, dev_share) == dev],
+                        [p for p in labels.pairs if _in_dev(p.better.example_id, dev_share) == dev],
+                        [e for e in labels.episodes if _in_dev(e.example_id, dev_share) == dev])
+    return side(False), side(True)
+
+
+# ---------------------------------------------------------------------- losses
+def pointwise_loss(prm: ProcessRewardModel, points: Sequence[PointLabel], pad_id: int, device
+                   ) -> torch.Tensor:
+    """Binary cross-entropy of sigmoid(score) against the soft labels."""
+    logits = torch.cat(batch_scores(prm, [(p.traj, [p.index]) for p in points], pad_id, device))
+    target = torch.tensor([p.label for p in points], dtype=logits.dtype, device=logits.device)
+    return nn.functional.binary_cross_entropy_with_logits(logits, target)
+
+
+def pairwise_loss(prm: ProcessRewardModel, pairs: Sequence[PairLabel], pad_id: int, device
+                  ) -> torch.Tensor:
+    """Bradley-Terry: -log sigmoid(score(better) - score(worse))."""
+    items = [(p.better, [p.index]) for p in pairs] + [(p.worse, [p.index]) for p in pairs]
+    s = torch.cat(batch_scores(prm, items, pad_id, device))
+    n = len(pairs)
+    return -nn.functional.logsigmoid(s[:n] - s[n:]).mean()
+
+
+# ---------------------------------------------------------------------- quality
+def auc(scores: Sequence[float], positive: Sequence[bool]) -> float | None:
+    """Area under the ROC curve (the probability a positive outranks a negative; ties
+    half); None with only one class."""
+    pos = [s for s, p in zip(scores, positive) if p]
+    neg = [s for s, p in zip(scores, positive) if not p]
+    if not pos or not neg:
+        return None
+    ranked = sorted([(s, 1) for s in pos] + [(s, 0) for s in neg])
+    # rank-sum with average ranks for ties
+    rank_sum, i = 0.0, 0
+    while i < len(ranked):
+        j = i
+        while j < len(ranked) and ranked[j][0] == ranked[i][0]:
+            j += 1
+        avg = (i + j + 1) / 2
+        rank_sum += avg * sum(flag for _, flag in ranked[i:j])
+        i = j
+    return (rank_sum - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg))
+
+
+def first_below(values: Sequence[float], threshold: float) -> int | None:
+    return next((i for i, v in enumerate(values) if v < threshold), None)
+
+
+def prm_metrics(scorer: PRMScorer, labels: LabelSet, threshold: float = 0.5) -> dict[str, Any]:
+    """AUC, pair accuracy and first-error localisation accuracy of `scorer` on `labels`."""
+    out: dict[str, Any] = {"points": len(labels.points), "pairs": len(labels.pairs)}
+    if labels.points:
+        probs = scorer.score_steps([p.traj for p in labels.points])
+        scores = [row[p.index] for p, row in zip(labels.points, probs)]
+        out["auc"] = auc(scores, [p.label >= threshold for p in labels.points])
+        out["positive_share"] = round(sum(p.label >= threshold for p in labels.points)
+                                      / len(labels.points), 4)
+    if labels.pairs:
+        better = scorer.logits([p.better for p in labels.pairs])
+        worse = scorer.logits([p.worse for p in labels.pairs])
+        out["pair_accuracy"] = sum(b[p.index] > w[p.index] for p, b, w
+                                   in zip(labels.pairs, better, worse)) / len(labels.pairs)
+    full = [e for e in labels.episodes if e.steps and all(s.value is not None for s in e.steps)]
+    if full:
+        probs = scorer.score_steps(full)
+        hits = [first_below([s.value for s in e.steps], threshold) == first_below(p, threshold)
+                for e, p in zip(full, probs)]
+        out["first_error_accuracy"] = sum(hits) / len(hits)
+        out["first_error_episodes"] = len(full)
+        # what always saying "no error" would score: the bar the PRM has to clear
+        out["first_error_baseline"] = sum(first_below([s.value for s in e.steps], threshold)
+                                          is None for e in full) / len(full)
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+# ---------------------------------------------------------------------- the recipe
+def train_prm(cfg, *, model=None, tokenizer=None, console=None) -> dict[str, Any]:
+    """`seekrl prm train`: fit the PRM on the label folders; save `out/final`; return the
+    summary with the dev metrics."""
+    from seekrl.config import dump_config
+    from seekrl.models import load_policy
+    from seekrl.rl.common import (
+        MetricsLog,
+        apply_lora,
+        make_optimizer,
+        make_scheduler,
+        set_seed,
+        train_top_layers,
+        trainable_parameters,
+    )
+
+    started = time.time()
+    labels = read_labels(cfg.labels)              # bad labels fail before a model loads
+    train, dev = split_labels(labels, cfg.dev_share)
+    use_points = cfg.loss in ("pointwise", "both") and train.points
+    use_pairs = cfg.loss in ("pairwise", "both") and train.pairs
+    if not use_points and not use_pairs:
+        raise DataError(f"no training labels for loss {cfg.loss!r}: {len(train.points)} "
+                        f"labelled steps, {len(train.pairs)} pairs outside the dev split",
+                        path=", ".join(map(str, cfg.labels)))
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, out / "config.yaml")
+    set_seed(cfg.seed)
+    if model is None:
+        model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
+    lm = apply_lora(train_top_layers(model, cfg.train_layers), cfg.lora)
+    if hasattr(lm, "config"):
+        lm.config.use_cache = False
+    prm = ProcessRewardModel(lm).to(cfg.device)
+    prm.train()
+    optimizer = make_optimizer(trainable_parameters(lm), cfg.optim, extra_groups=[
+        {"params": list(prm.head.parameters()), "lr": cfg.optim.lr * cfg.head_lr_factor}])
+    scheduler = make_scheduler(optimizer, cfg.optim, cfg.steps)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
+        else tokenizer.eos_token_id
+    scorer = PRMScorer(prm, tokenizer, device=cfg.device, batch_size=cfg.batch_size)
+    log = MetricsLog(out / "metrics.jsonl")
+    say = console.print if console is not None else (lambda *a, **k: None)
+    say(f"PRM on {len(train.points)} labelled steps and {len(train.pairs)} pairs "
+        f"({len(dev.points)} / {len(dev.pairs)} held out), loss {cfg.loss}, {cfg.steps} steps")
+    rng = random.Random(cfg.seed)
+    start_metrics = prm_metrics(scorer, dev, cfg.threshold) if cfg.eval_at_start else {}
+    last: dict[str, Any] = {}
+    for step in range(1, cfg.steps + 1):
+        t0 = time.time()
+        loss = torch.zeros((), device=cfg.device)
+        rec: dict[str, Any] = {"step": step}
+        if use_points:
+            lp = pointwise_loss(prm, rng.sample(train.points, min(cfg.batch_size,
+                                                                  len(train.points))),
+                                pad_id, cfg.device)
+            loss = loss + lp
+            rec["pointwise_loss"] = round(float(lp), 5)
+        if use_pairs:
+            lq = pairwise_loss(prm, rng.sample(train.pairs, min(cfg.batch_size,
+                                                                len(train.pairs))),
+                               pad_id, cfg.device)
+            loss = loss + lq
+            rec["pairwise_loss"] = round(float(lq), 5)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        params = trainable_parameters(lm) + list(prm.head.parameters())
+        rec["grad_norm"] = round(float(torch.nn.utils.clip_grad_norm_(
+            params, cfg.optim.max_grad_norm or float("inf"))), 4)
+        optimizer.step()
+        scheduler.step()
+        rec["loss"] = round(float(loss), 5)
+        rec["seconds"] = round(time.time() - t0, 2)
+        if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
+            rec.update({f"dev_{k}": v for k, v in prm_metrics(scorer, dev, cfg.threshold).items()})
+        log.write(rec)
+        last = rec
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            say(f"step {step}/{cfg.steps}  loss {rec['loss']:.4f}  [{rec['seconds']:.1f}s]")
+    metrics = prm_metrics(scorer, dev, cfg.threshold)
+    log.write({"step": cfg.steps, **{f"dev_{k}": v for k, v in metrics.items()}})
+    log.close()
+    final = save_prm(prm, tokenizer, out / "final", {"init": cfg.model, "loss": cfg.loss,
+                                                     "labels": [str(x) for x in cfg.labels],
+                                                     "dev": metrics})
+    say("dev: " + ", ".join(f"{k} {v}" for k, v in metrics.items()))
+    return {"final": str(final), "steps": cfg.steps, "loss": last.get("loss"),
+            "dev": metrics, "dev_at_start": start_metrics,
+            "train_points": len(train.points), "train_pairs": len(train.pairs),
+            "minutes": round((time.time() - started) / 60, 2)}
