@@ -333,6 +333,152 @@ def train(
     console.print(f"final model -> {summary['final']}; report: `seekrl report {cfg.out}`")
 
 
+_ERRORS = (DataError, RetrievalError, FileNotFoundError, FileExistsError, ValueError)
+
+
+def _load(schema_name: str, config: Optional[Path], overrides: Optional[list[str]]):
+    import seekrl.config as config_module
+    from seekrl.config import load_config
+    return load_config(getattr(config_module, schema_name), config, overrides or [])
+
+
+@app.command()
+def mcts(
+    config: Annotated[Optional[Path], typer.Option(help="YAML config (keys: see seekrl.config.LabelConfig)")]
+    = None,
+    overrides: Annotated[Optional[list[str]], typer.Argument(
+        help="key.sub=value overrides, e.g. data=train.jsonl search.simulations=32 "
+             "search.method=mc", show_default=False)] = None,
+    resume: Annotated[bool, typer.Option(help="continue a labelling run in the same out folder")] = False,
+):
+    """Step labels for a process reward model: MCTS over search steps (or Monte-Carlo
+    rollouts with search.method=mc) -> OUT/nodes.jsonl, labels.jsonl, pairs.jsonl."""
+    from seekrl.models import ModelError
+    from seekrl.rl.mcts import run_labelling
+
+    try:
+        cfg = _load("LabelConfig", config, overrides)
+        summary = run_labelling(cfg, console=console, resume=resume)
+    except (*_ERRORS, ModelError) as err:
+        _fail(err)
+    console.print(f"{summary['questions']} questions, {summary['simulations']:.0f} simulations "
+                  f"({summary['simulations_per_s']} per s), {summary['generated_tokens']:.0f} "
+                  f"generated tokens, {summary['pairs']:.0f} pairs -> {summary['out']}")
+
+
+prm_app = typer.Typer(no_args_is_help=True, help="The process reward model: train, score, eval.")
+app.add_typer(prm_app, name="prm")
+
+
+@prm_app.command("train")
+def prm_train(
+    config: Annotated[Optional[Path], typer.Option(help="YAML config (keys: see seekrl.config.PRMConfig)")]
+    = None,
+    overrides: Annotated[Optional[list[str]], typer.Argument(
+        help="key.sub=value overrides, e.g. labels=runs/labels model=runs/sft/final loss=pairwise",
+        show_default=False)] = None,
+):
+    """Train a PRM (LM + scalar head at each step's last token) on label folders."""
+    from seekrl.models import ModelError
+    from seekrl.rl.prm import train_prm
+
+    try:
+        cfg = _load("PRMConfig", config, overrides)
+        summary = train_prm(cfg, console=console)
+    except (*_ERRORS, ModelError) as err:
+        _fail(err)
+    console.print(f"PRM -> {summary['final']} (use it in RL: reward.process.prm=1.0 "
+                  f"reward.prm={summary['final']})")
+
+
+@prm_app.command("score")
+def prm_score(
+    prm: Annotated[Path, typer.Option(help="a `seekrl prm train` folder (its final/)")],
+    trajectories: Annotated[Path, typer.Option(help="trajectory JSONL (e.g. an eval run's trajectories.jsonl)")],
+    out: Annotated[Path, typer.Option(help="where the scored trajectories go (each step's value = PRM score)")],
+    batch_size: Annotated[int, typer.Option(help="episodes per forward pass")] = 8,
+    device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+):
+    """Score every step of a trajectory file with a PRM (one forward pass per episode batch)."""
+    from seekrl.agent.trajectory import read_trajectories, write_trajectories
+    from seekrl.rl.prm import load_scorer
+
+    try:
+        trajs = read_trajectories(trajectories)
+        scorer = load_scorer(prm, device=device, batch_size=batch_size)
+        for t, row in zip(trajs, scorer.score_steps(trajs)):
+            for s, v in zip(t.steps, row):
+                s.value = round(v, 6)
+        write_trajectories(out, trajs)
+    except _ERRORS as err:
+        _fail(err)
+    steps = [s.value for t in trajs for s in t.steps]
+    mean = sum(steps) / len(steps) if steps else float("nan")
+    console.print(f"{len(trajs)} episodes, {len(steps)} steps scored (mean {mean:.3f}) -> {out}")
+
+
+@prm_app.command("eval")
+def prm_eval(
+    prm: Annotated[Path, typer.Option(help="a `seekrl prm train` folder (its final/)")],
+    labels: Annotated[list[Path], typer.Option(help="label folder(s) from `seekrl mcts`")],
+    threshold: Annotated[float, typer.Option(help="Q at or above it is a good step")] = 0.5,
+    device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+):
+    """PRM quality on labelled trees: AUC, pair accuracy, first-error localisation."""
+    import json
+
+    from seekrl.rl.prm import load_scorer, prm_metrics, read_labels
+
+    try:
+        metrics = prm_metrics(load_scorer(prm, device=device), read_labels(labels), threshold)
+    except _ERRORS as err:
+        _fail(err)
+    console.print(json.dumps(metrics, indent=1))
+
+
+@app.command()
+def refine(
+    config: Annotated[Optional[Path], typer.Option(help="YAML config (keys: see seekrl.config.RefineConfig)")]
+    = None,
+    overrides: Annotated[Optional[list[str]], typer.Argument(
+        help="key.sub=value overrides, e.g. method=rft prm=runs/prm/final data=train.jsonl",
+        show_default=False)] = None,
+):
+    """PRM-guided refinement: RFT (keep right episodes whose every step the PRM accepts) or
+    step-level DPO on sibling pairs."""
+    from seekrl.models import ModelError
+    from seekrl.rl.refine import run_refine
+
+    try:
+        cfg = _load("RefineConfig", config, overrides)
+        summary = run_refine(cfg, console=console)
+    except (*_ERRORS, ModelError) as err:
+        _fail(err)
+    console.print(f"refined policy -> {summary['final']}")
+
+
+@app.command()
+def prorag(
+    config: Annotated[Optional[Path], typer.Option(help="YAML config (keys: see seekrl.config.ProragConfig)")]
+    = None,
+    overrides: Annotated[Optional[list[str]], typer.Argument(
+        help="key.sub=value overrides, e.g. out=runs/p labels.search.simulations=32 rl.steps=10",
+        show_default=False)] = None,
+    resume: Annotated[bool, typer.Option(help="skip the stages a run in the same out finished")] = False,
+):
+    """ProRAG end to end: SFT -> MCTS labels -> PRM -> refinement -> PRM-supervised RL, with
+    the evaluation after each stage (default: the synthetic world at demo size, on a CPU)."""
+    from seekrl.config import ConfigError
+    from seekrl.models import ModelError
+    from seekrl.prorag import run_prorag
+
+    try:
+        cfg = _load("ProragConfig", config, overrides)
+        run_prorag(cfg, console=console, resume=resume)
+    except (*_ERRORS, ConfigError, ModelError) as err:
+        _fail(err)
+
+
 @app.command()
 def report(
     run_dir: Annotated[Path, typer.Argument(help="a training run folder (or the demo's)")],

@@ -172,6 +172,46 @@ class PRMConfig(Strict):
         return [value] if isinstance(value, str) else value
 
 
+class RefineConfig(Strict):
+    """`seekrl refine` (rl/refine.py): RFT filtered by a PRM, or step-level DPO on pairs."""
+    model: str = "smollm2-135m"        # the policy to refine (usually the SFT checkpoint)
+    method: Literal["rft", "step_dpo"] = "rft"
+    out: str = "runs/refine"
+    # rft: sample, keep, fine-tune
+    data: str | None = None            # questions to sample on
+    index: str | None = None
+    prm: str | None = None             # a `seekrl prm train` folder (None: right answers only)
+    questions: int | None = Field(None, ge=1)
+    samples: int = Field(4, ge=1)      # episodes per question
+    reward: str = "em"
+    min_outcome: float = 1.0           # keep episodes whose outcome reaches this
+    threshold: float = Field(0.5, ge=0, le=1)   # ... and whose every step scores this
+    max_per_question: int = Field(2, ge=1)
+    rollout: RolloutSettings = RolloutSettings(temperature=0.9)
+    # step_dpo
+    pairs: list[str] = []              # label folders with pairs.jsonl
+    beta: float = Field(0.1, gt=0)
+    # training (both)
+    steps: int = Field(20, ge=1)
+    batch_size: int = Field(8, ge=1)
+    train_layers: int | None = Field(None, ge=1)
+    lora: LoRAConfig = LoRAConfig()
+    optim: OptimConfig = OptimConfig(lr=2e-5, warmup_steps=2)
+    dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+
+    @field_validator("reward")
+    @classmethod
+    def _known_reward(cls, value: str) -> str:
+        return _known_outcome(value)
+
+    @field_validator("pairs", mode="before")
+    @classmethod
+    def _one_or_many(cls, value):
+        return [value] if isinstance(value, str) else value
+
+
 class RewardConfig(Strict):
     outcome: str = "em"                 # a registered outcome reward: em | f1 | cover_em
     format_reward: float = 0.0          # added for a valid protocol trace
@@ -181,6 +221,7 @@ class RewardConfig(Strict):
     # sources: evidence, redundancy, step_format, mc_value, prm (rewards/process.py)
     process: dict[str, float] = {}
     mc_samples: int = Field(4, ge=1)    # mc_value: continuations per step prefix
+    prm: str | None = None              # prm: a `seekrl prm train` folder (its final/)
 
     @field_validator("process")
     @classmethod
@@ -298,6 +339,34 @@ class TrainConfig(Strict):
     keep_last: int = Field(2, ge=1)    # checkpoints kept on disk
     monitor: MonitorConfig = MonitorConfig()
     log: LogConfig = LogConfig()
+
+
+class ProragConfig(Strict):
+    """`seekrl prorag` (seekrl/prorag.py): SFT -> MCTS labels -> PRM -> refinement -> RL with
+    the PRM's step scores -> evaluation after each stage. Without `train` / `test` / `index`
+    it builds the synthetic world at demo size. Each stage section holds keys of that
+    stage's own config, set on top of the pipeline's (e.g. `labels: {search: {simulations:
+    32}}`, `rl: {steps: 20}`)."""
+    out: str = "runs/prorag"
+    seed: int = 0
+    model: str = "smollm2-135m"
+    sft_data: str | None = None        # trajectory JSONL for the warm-up (your own data)
+    sft_model: str | None = None       # or skip the warm-up: start from this checkpoint
+    train: str | None = None           # questions for labelling, refinement and RL
+    test: str | None = None            # questions for the evaluations
+    index: str | None = None           # an index folder or a retrieval server url
+    n_test: int = Field(40, ge=1)
+    k: int = Field(2, ge=1)            # documents per search
+    max_info_tokens: int = Field(256, ge=8)
+    max_turns: int = Field(4, ge=1)
+    max_new_tokens: int = Field(64, ge=1)
+    train_layers: int | None = Field(16, ge=1)   # top blocks trained in every stage
+    refine_method: Literal["rft", "step_dpo", "none"] = "rft"
+    sft: dict[str, Any] = {}           # SFTConfig keys
+    labels: dict[str, Any] = {}        # LabelConfig keys
+    prm: dict[str, Any] = {}           # PRMConfig keys
+    refine: dict[str, Any] = {}        # RefineConfig keys
+    rl: dict[str, Any] = {}            # TrainConfig keys
 
 
 C = TypeVar("C", bound=BaseModel)

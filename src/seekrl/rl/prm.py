@@ -352,13 +352,13 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None) -> dict[str, Any
                                                                   len(train.points))),
                                 pad_id, cfg.device)
             loss = loss + lp
-            rec["pointwise_loss"] = round(float(lp), 5)
+            rec["pointwise_loss"] = round(float(lp.detach()), 5)
         if use_pairs:
             lq = pairwise_loss(prm, rng.sample(train.pairs, min(cfg.batch_size,
                                                                 len(train.pairs))),
                                pad_id, cfg.device)
             loss = loss + lq
-            rec["pairwise_loss"] = round(float(lq), 5)
+            rec["pairwise_loss"] = round(float(lq.detach()), 5)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         params = trainable_parameters(lm) + list(prm.head.parameters())
@@ -366,7 +366,7 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None) -> dict[str, Any
             params, cfg.optim.max_grad_norm or float("inf"))), 4)
         optimizer.step()
         scheduler.step()
-        rec["loss"] = round(float(loss), 5)
+        rec["loss"] = round(float(loss.detach()), 5)
         rec["seconds"] = round(time.time() - t0, 2)
         if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
             rec.update({f"dev_{k}": v for k, v in prm_metrics(scorer, dev, cfg.threshold).items()})

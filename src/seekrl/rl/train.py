@@ -103,6 +103,9 @@ class Trainer:
         self.out = Path(cfg.out)
         self.console = console
         _check_step_settings(cfg, prm_scorer)   # before a model is loaded: fail in seconds
+        if prm_scorer is None and "prm" in cfg.reward.process:
+            from seekrl.rl.prm import load_scorer
+            prm_scorer = load_scorer(cfg.reward.prm, device=cfg.device)
         self.prm_scorer = prm_scorer
         set_seed(cfg.seed)
         if model is None:
@@ -722,8 +725,13 @@ def _check_step_settings(cfg: TrainConfig, prm_scorer) -> None:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if "prm" in cfg.reward.process and prm_scorer is None:
-        raise ConfigError("reward.process.prm: no process reward model given (pass "
-                          "Trainer(prm_scorer=...); `seekrl prm` trains one)")
+        from seekrl.rl.prm import PRM_MARKER
+        if not cfg.reward.prm:
+            raise ConfigError("reward.process.prm: no process reward model given (set "
+                              "reward.prm to a `seekrl prm train` folder, e.g. RUN/final)")
+        if not (Path(cfg.reward.prm) / PRM_MARKER).is_file():
+            raise ConfigError(f"reward.prm: {cfg.reward.prm} is not a process reward model "
+                              f"folder (no {PRM_MARKER}; `seekrl prm train` writes one)")
     tree = cfg.rollout.tree
     if tree is not None:
         if tree.leaves != cfg.group_size:

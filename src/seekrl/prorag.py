@@ -1,0 +1,317 @@
+"""`seekrl prorag`: ProRAG's four stages with seekrl's own recipes, stage by stage.
+
+data (the synthetic world at demo size, or your files) -> 1. SFT warm-up -> evaluate ->
+2a. step labels by MCTS (`seekrl mcts`) -> 2b. process reward model (`seekrl prm train`) ->
+3. PRM-guided refinement (`seekrl refine`: RFT or step-DPO) -> evaluate -> 4. RL with the
+PRM's step scores in the dual-granularity advantage (beta = 0.3) -> evaluate -> report.
+
+Every stage records its summary (minutes, generated tokens, its figures) in
+`OUT/pipeline.json` when it finishes; `--resume` skips finished stages and refuses a changed
+config. The report (`OUT/report.html`, `OUT/summary.json`) has test EM after each stage, the
+PRM's held-out quality, and each stage's cost; the final policy's test episodes carry the
+PRM's score on every step in the trajectory viewer (`OUT/eval_rl/viewer.html`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.console import Console
+
+from seekrl.config import (
+    ConfigError,
+    LabelConfig,
+    PRMConfig,
+    ProragConfig,
+    RefineConfig,
+    SFTConfig,
+    TrainConfig,
+    build_config,
+)
+
+STAGES = ("data", "sft", "eval_sft", "labels", "prm", "refine", "eval_refine", "rl", "eval_rl")
+
+
+def _merge(base: dict, top: dict) -> dict:
+    """`top`'s keys over `base`, section by section."""
+    out = copy.deepcopy(base)
+    for k, v in top.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) \
+            else copy.deepcopy(v)
+    return out
+
+
+def _demo(cfg: ProragConfig):
+    from seekrl.demo import DemoConfig
+    return DemoConfig(seed=cfg.seed, model=cfg.model, n_test=cfg.n_test, k=cfg.k,
+                      max_info_tokens=cfg.max_info_tokens, eval_max_turns=cfg.max_turns,
+                      eval_max_new_tokens=cfg.max_new_tokens, train_layers=cfg.train_layers)
+
+
+def stage_configs(cfg: ProragConfig, paths: dict[str, str]) -> dict[str, Any]:
+    """Every stage's config, the pipeline's settings with the user's keys on top; built at
+    the start with the paths the stages will write, so a bad key fails in seconds."""
+    from seekrl.demo import rl_config_tree
+
+    out = Path(cfg.out)
+    rollout = {"max_turns": cfg.max_turns, "max_new_tokens": cfg.max_new_tokens,
+               "topk": cfg.k, "max_info_tokens": cfg.max_info_tokens, "temperature": 0.9,
+               "batch_size": 64}
+    sft_final = paths.get("sft_final", str(out / "sft" / "final"))
+    trees = {
+        "sft": {"model": cfg.model, "data": paths["sft_data"], "out": str(out / "sft"),
+                "seed": cfg.seed, "max_steps": 20, "batch_size": 8,
+                "max_info_tokens": cfg.max_info_tokens, "topk": cfg.k,
+                "train_layers": cfg.train_layers,
+                "optim": {"lr": 2e-4, "warmup_steps": 2, "min_lr_ratio": 0.1}},
+        "labels": {"model": sft_final, "data": paths["train"], "index": paths["index"],
+                   "out": str(out / "labels"), "questions": 16, "reward": "f1",
+                   "seed": cfg.seed, "rollout": rollout,
+                   "search": {"simulations": 8, "expansions": 4, "trees_per_batch": 16,
+                              "min_visits": 2, "min_gap": 0.2}},
+        "prm": {"model": sft_final, "labels": [str(out / "labels")], "out": str(out / "prm"),
+                "steps": 20, "batch_size": 8, "loss": "both", "dev_share": 0.2,
+                "train_layers": cfg.train_layers, "seed": cfg.seed, "log_every": 5,
+                "optim": {"lr": 5e-5, "warmup_steps": 2}},
+        "refine": {"model": sft_final, "method": "rft" if cfg.refine_method == "none"
+                   else cfg.refine_method, "out": str(out / "refine"), "data": paths["train"],
+                   "index": paths["index"], "prm": str(out / "prm" / "final"),
+                   "pairs": [str(out / "labels")], "questions": 16, "samples": 4,
+                   "steps": 8, "batch_size": 8, "train_layers": cfg.train_layers,
+                   "seed": cfg.seed, "rollout": rollout,
+                   "optim": {"lr": 5e-5, "warmup_steps": 2}},
+    }
+    demo = _demo(cfg)
+    rl_tree = rl_config_tree(demo, model=paths.get("refined", str(out / "refine" / "final")),
+                             train_file=paths["train"], index_dir=paths["index"],
+                             out=out / "rl", steps=demo.rl_steps)
+    rl_tree["algo"].update(advantage="dual_granularity", beta=0.3,
+                           std_norm=demo.advantage == "grpo")
+    rl_tree["reward"] = {"process": {"prm": 1.0}, "prm": str(out / "prm" / "final")}
+    rl_tree["log"] = {"save_rollouts": 1}
+    trees["rl"] = rl_tree
+    schemas = {"sft": SFTConfig, "labels": LabelConfig, "prm": PRMConfig,
+               "refine": RefineConfig, "rl": TrainConfig}
+    return {name: build_config(schemas[name], _merge(tree, getattr(cfg, name)),
+                               source=f"prorag {name}") for name, tree in trees.items()}
+
+
+class _Pipeline:
+    """The stage bookkeeping: `pipeline.json`, written atomically after every stage."""
+
+    def __init__(self, cfg: ProragConfig, console: Console, resume: bool):
+        self.out = Path(cfg.out)
+        self.path = self.out / "pipeline.json"
+        self.console = console
+        saved = json.loads(self.path.read_text()) if self.path.is_file() else None
+        if saved is not None and not resume:
+            raise FileExistsError(f"{self.out} holds a pipeline run; continue it with --resume "
+                                  "or choose another --out")
+        mine = cfg.model_dump(mode="json")
+        if saved is not None and saved["config"] != mine:
+            differ = sorted(k for k in set(mine) | set(saved["config"])
+                            if mine.get(k) != saved["config"].get(k))
+            raise ConfigError(f"{self.path}: the run was started with another config (differ: "
+                              f"{', '.join(differ)}); resume it with the same one")
+        self.state = saved or {"config": mine, "stages": {}}
+        self.out.mkdir(parents=True, exist_ok=True)
+
+    def run(self, name: str, what: str, fn: Callable[[], dict]) -> dict:
+        done = self.state["stages"].get(name)
+        i = STAGES.index(name) + 1
+        if done is not None:
+            self.console.print(f"[dim]stage {i}/{len(STAGES)} {name}: done before, skipped[/]")
+            return done
+        self.console.rule(f"[bold]stage {i}/{len(STAGES)}[/] {what}")
+        started = time.time()
+        result = fn()
+        result["minutes"] = round((time.time() - started) / 60, 2)
+        self.state["stages"][name] = result
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state, indent=1, default=str))
+        os.replace(tmp, self.path)
+        return result
+
+
+def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: bool = False
+               ) -> dict:
+    from seekrl.demo import _evaluate, _peak_rss_mb
+    from seekrl.retrieval.open import open_retriever
+
+    console = console or Console()
+    own = [cfg.train, cfg.test, cfg.index]
+    if any(own) and not all(own):
+        raise ConfigError("train, test and index go together (your own data), or none of them "
+                          "(the synthetic world)")
+    if all(own) and not (cfg.sft_data or cfg.sft_model):
+        raise ConfigError("sft_data or sft_model: with your own data the warm-up needs episodes "
+                          "to imitate (trajectory JSONL), or a checkpoint to start from")
+    out = Path(cfg.out)
+    world_paths = {"sft_data": cfg.sft_data or str(out / "oracle_train.jsonl"),
+                   "train": cfg.train or str(out / "world" / "train.jsonl"),
+                   "test": cfg.test or str(out / "test_questions.jsonl"),
+                   "index": cfg.index or str(out / "index")}
+    if cfg.sft_model:
+        world_paths["sft_final"] = cfg.sft_model
+    if cfg.refine_method == "none":
+        world_paths["refined"] = world_paths.get("sft_final", str(out / "sft" / "final"))
+    stages = stage_configs(cfg, world_paths)      # every stage's keys checked now
+    pipe = _Pipeline(cfg, console, resume)
+    demo = _demo(cfg)
+
+    data = pipe.run("data", "the data: synthetic world, BM25 index, oracle episodes"
+                    if not all(own) else "the data", lambda: _data(cfg, world_paths, console))
+    retriever = open_retriever(data["index"])
+    ev = dict(index=retriever, test_file=Path(data["test"]), cfg=demo, console=console)
+
+    def sft() -> dict:
+        if cfg.sft_model:
+            return {"final": cfg.sft_model, "skipped": True, "generated_tokens": 0}
+        from seekrl.rl.sft import run_sft
+        s = run_sft(stages["sft"], console=console)
+        return {"final": s["final"], "steps": s["steps"], "loss": s["loss"],
+                "generated_tokens": 0}
+
+    sft_out = pipe.run("sft", "1. SFT warm-up", sft)
+    pipe.run("eval_sft", "evaluate the SFT policy",
+             lambda: _evaluate(sft_out["final"], out / "eval_sft", **ev))
+
+    def labels() -> dict:
+        from seekrl.rl.mcts import run_labelling
+        partial = (Path(stages["labels"].out) / "progress.json").is_file()
+        return run_labelling(stages["labels"], console=console, resume=partial)
+
+    lab = pipe.run("labels", f"2a. step labels ({stages['labels'].search.method}, "
+                   f"{stages['labels'].search.simulations} simulations per question)", labels)
+
+    def prm() -> dict:
+        from seekrl.rl.prm import train_prm
+        return train_prm(stages["prm"], console=console)
+
+    prm_out = pipe.run("prm", "2b. process reward model", prm)
+
+    def refine() -> dict:
+        if cfg.refine_method == "none":
+            return {"final": sft_out["final"], "skipped": True, "generated_tokens": 0}
+        from seekrl.rl.refine import run_refine
+        return run_refine(stages["refine"], console=console)
+
+    ref = pipe.run("refine", f"3. PRM-guided refinement ({cfg.refine_method})", refine)
+    pipe.run("eval_refine", "evaluate the refined policy",
+             lambda: _evaluate(ref["final"], out / "eval_refine", **ev))
+
+    def rl() -> dict:
+        from seekrl.rl.train import Trainer
+        rl_cfg = stages["rl"].model_copy(update={"model": ref["final"]})
+        r = Trainer(rl_cfg, console=console, retriever=retriever).train()
+        return {"final": r["final"], "steps": r["steps"], "generated_tokens": r["rollout_tokens"],
+                "stopped": r.get("stopped")}
+
+    rl_out = pipe.run("rl", "4. RL with PRM step scores (dual-granularity advantage)", rl)
+
+    def eval_rl() -> dict:
+        avg = _evaluate(rl_out["final"], out / "eval_rl", **ev)
+        _score_viewer(out / "eval_rl", prm_out["final"], cfg)
+        return avg
+
+    pipe.run("eval_rl", "evaluate the final policy; PRM scores into its viewer", eval_rl)
+    return _report(cfg, pipe.state["stages"], console) | {"peak_rss_mb": _peak_rss_mb()}
+
+
+def _data(cfg: ProragConfig, paths: dict[str, str], console: Console) -> dict:
+    if cfg.train:
+        return {"train": cfg.train, "test": cfg.test, "index": cfg.index,
+                "sft_data": cfg.sft_data}
+    from seekrl.agent.oracle import write_oracle_trajectories
+    from seekrl.data.qa import read_qa_jsonl, write_qa_jsonl
+    from seekrl.data.world import WorldConfig, generate_world, write_world
+    from seekrl.retrieval.index import build_index, load_index
+
+    demo = _demo(cfg)
+    out = Path(cfg.out)
+    world = generate_world(WorldConfig(seed=cfg.seed, difficulty=demo.difficulty,
+                                       doc_words=demo.doc_words, hop_mix=demo.hop_mix))
+    written = write_world(world, out / "world")
+    index_dir = build_index(written["corpus"], out / "index", "bm25", overwrite=True,
+                            show_progress=False)
+    oracle = write_oracle_trajectories(read_qa_jsonl(written["train"]), load_index(index_dir),
+                                       paths["sft_data"], k=cfg.k)
+    write_qa_jsonl(paths["test"], read_qa_jsonl(written["test"])[:cfg.n_test])
+    console.print(f"{world.stats()['docs']} documents; {oracle.summary()}")
+    return {"train": str(written["train"]), "test": paths["test"], "index": str(index_dir),
+            "sft_data": paths["sft_data"]}
+
+
+def _score_viewer(run_dir: Path, prm_dir: str, cfg: ProragConfig) -> None:
+    """The PRM's score of every step of the evaluated episodes, kept as `Step.value`, and
+    the viewer drawn again with them."""
+    from seekrl.agent.trajectory import read_trajectories, write_trajectories
+    from seekrl.eval.report import write_viewer
+    from seekrl.rl.prm import load_scorer
+
+    path = run_dir / "trajectories.jsonl"
+    trajs = read_trajectories(path)
+    scorer = load_scorer(prm_dir)
+    for t, row in zip(trajs, scorer.score_steps(trajs)):
+        for s, v in zip(t.steps, row):
+            s.value = round(v, 4)
+    write_trajectories(path, trajs)
+    write_viewer(run_dir, tokenizer=scorer.tokenizer)
+
+
+def _report(cfg: ProragConfig, stages: dict, console: Console) -> dict:
+    from seekrl.eval.training_report import write_training_report
+
+    out = Path(cfg.out)
+    cost = {name: {"minutes": s.get("minutes"), "generated_tokens": s.get("generated_tokens", 0)}
+            for name, s in stages.items()}
+    summary = {
+        "n_test": cfg.n_test, "em_sft": stages["eval_sft"]["em"],
+        "em_refine": stages["eval_refine"]["em"], "em_rl": stages["eval_rl"]["em"],
+        "f1_sft": stages["eval_sft"]["f1"], "f1_refine": stages["eval_refine"]["f1"],
+        "f1_rl": stages["eval_rl"]["f1"],
+        "searches_sft": stages["eval_sft"]["searches"],
+        "searches_rl": stages["eval_rl"]["searches"],
+        "labels": {k: stages["labels"].get(k) for k in
+                   ("questions", "simulations", "simulations_per_s", "pairs", "nodes",
+                    "labelled_episodes", "generated_tokens", "rejected")},
+        "prm_dev": stages["prm"].get("dev"), "prm_dev_at_start": stages["prm"].get("dev_at_start"),
+        "refine": {k: stages["refine"].get(k) for k in
+                   ("method", "sampled", "kept", "left_out", "pairs", "generated_tokens")},
+        "rl_steps": stages["rl"].get("steps"),
+        "generated_tokens": {"labels": stages["labels"].get("generated_tokens", 0),
+                             "refine": stages["refine"].get("generated_tokens", 0),
+                             "rl": stages["rl"].get("generated_tokens", 0)},
+        "stage_cost": cost,
+        "minutes": round(sum(s.get("minutes") or 0 for s in stages.values()), 2),
+    }
+    summary["generated_tokens"]["total"] = sum(summary["generated_tokens"].values())
+    dev = summary["prm_dev"] or {}
+    notes = [f"Test EM on the same {cfg.n_test} questions: SFT {summary['em_sft']:.3f}, after "
+             f"refinement {summary['em_refine']:.3f}, after PRM-supervised RL "
+             f"{summary['em_rl']:.3f}.",
+             "PRM on held-out questions: " + ", ".join(f"{k} {v}" for k, v in dev.items()) + ".",
+             "Cost per stage (minutes, generated tokens): " + "; ".join(
+                 f"{k} {v['minutes']} min, {v['generated_tokens']} tok" for k, v in cost.items())
+             + "."]
+    logs = {name: out / name / "metrics.jsonl" for name in ("sft", "prm", "refine", "rl")
+            if (out / name / "metrics.jsonl").is_file()}
+    if (out / "refine" / "sft" / "metrics.jsonl").is_file():
+        logs["refine"] = out / "refine" / "sft" / "metrics.jsonl"
+    evals = {"SFT": out / "eval_sft", "refined": out / "eval_refine",
+             "RL + PRM": out / "eval_rl"}
+    report = write_training_report(out / "report.html", logs=logs, evals=evals,
+                                   title="seekrl prorag", notes=notes)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    console.rule("[bold]done")
+    console.print(f"Test EM ({cfg.n_test} questions): SFT [bold]{summary['em_sft']:.3f}[/] -> "
+                  f"refined [bold]{summary['em_refine']:.3f}[/] -> RL + PRM "
+                  f"[bold]{summary['em_rl']:.3f}[/]; PRM dev AUC {dev.get('auc')}, pair accuracy "
+                  f"{dev.get('pair_accuracy')}\nreport -> {report}\nsummary -> "
+                  f"{out / 'summary.json'} ({summary['minutes']} min)")
+    return summary

@@ -1,0 +1,252 @@
+"""PRM-guided refinement (ProRAG's stage 3): improve the SFT policy with what the process
+reward model and the step labels know, before RL.
+
+- `rft` (rejection-sampling fine-tuning): sample `samples` episodes per question from the
+  policy, keep the right ones (outcome >= `min_outcome`) with a valid trace whose every step
+  the PRM scores at or above `threshold` (without a PRM: the right, valid ones), at most
+  `max_per_question` distinct episodes per question, and fine-tune on them with the SFT
+  recipe (loss on policy tokens only).
+- `step_dpo`: DPO on sibling pairs from the labels (`pairs.jsonl`: a better and a worse step
+  from the same prefix). The log-likelihood of an episode counts only the differing step's
+  tokens; the reference is the starting policy, whose step log-probs are computed once
+  before the first update, so no second model is held in memory.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from seekrl.agent.trajectory import Trajectory, write_trajectories
+from seekrl.rl.forward import collate, masked_logprobs
+
+
+def keep_for_rft(trajs: Sequence[Trajectory], outcomes: Sequence[float],
+                 step_scores: Sequence[Sequence[float]] | None, *, min_outcome: float,
+                 threshold: float, max_per_question: int) -> tuple[list[Trajectory], dict]:
+    """The episodes RFT trains on, and why the others were left out."""
+    kept: list[Trajectory] = []
+    why = {"wrong": 0, "invalid_format": 0, "low_step_score": 0, "duplicate": 0,
+           "question_full": 0}
+    per_question: dict[str, set] = {}
+    for i, (t, outcome) in enumerate(zip(trajs, outcomes)):
+        if outcome < min_outcome:
+            why["wrong"] += 1
+            continue
+        if not t.valid_format:
+            why["invalid_format"] += 1
+            continue
+        if step_scores is not None and any(s < threshold for s in step_scores[i]):
+            why["low_step_score"] += 1
+            continue
+        seen = per_question.setdefault(t.example_id, set())
+        key = tuple(t.token_ids)
+        if key in seen:
+            why["duplicate"] += 1
+            continue
+        if len(seen) >= max_per_question:
+            why["question_full"] += 1
+            continue
+        seen.add(key)
+        kept.append(t)
+    return kept, why
+
+
+# ---------------------------------------------------------------------- step-level DPO
+def step_mask(traj: Trajectory, index: int) -> list[int]:
+    """1 on the generated tokens of step `index`, 0 elsewhere."""
+    s = traj.steps[index]
+    mask = [0] * len(traj.token_ids)
+    for i in range(s.start, s.end):
+        mask[i] = traj.loss_mask[i]
+    return mask
+
+
+def step_logps(model, trajs: Sequence[Trajectory], indices: Sequence[int], pad_id: int,
+               device) -> torch.Tensor:
+    """Summed log-prob of each episode's step `indices[i]` under `model` ([n])."""
+    cut = [t.steps[i].end for t, i in zip(trajs, indices)]
+    masks = [step_mask(t, i)[:c] for t, i, c in zip(trajs, indices, cut)]
+    ids, attn, mask = collate([t.token_ids[:c] for t, c in zip(trajs, cut)], masks, pad_id,
+                              device)
+    grid = masked_logprobs(model, ids, attn, mask, share_prompts=False)["logprobs"]
+    return (grid * mask).sum(-1)
+
+
+def step_dpo_loss(policy_better: torch.Tensor, policy_worse: torch.Tensor,
+                  ref_better: torch.Tensor, ref_worse: torch.Tensor, beta: float
+                  ) -> tuple[torch.Tensor, dict[str, float]]:
+    """DPO on step log-likelihoods: -log sigmoid(beta * (margin_policy - margin_ref))."""
+    logits = beta * ((policy_better - ref_better) - (policy_worse - ref_worse))
+    loss = -torch.nn.functional.logsigmoid(logits).mean()
+    return loss, {"accuracy": float((logits > 0).float().mean()),
+                  "margin": float(logits.detach().mean() / max(beta, 1e-12))}
+
+
+def train_step_dpo(model, tokenizer, pairs, *, steps: int, batch_size: int, beta: float,
+                   optimizer, scheduler, device, seed: int, log=None, say=None,
+                   max_grad_norm: float | None = 1.0) -> dict[str, Any]:
+    """Step-DPO updates of `model` on `pairs` (`prm.PairLabel`s); the reference log-probs
+    are the model's own before the first update."""
+    from seekrl.rl.common import trainable_parameters
+
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
+        else tokenizer.eos_token_id
+    model.eval()
+    with torch.no_grad():
+        ref_b, ref_w = [], []
+        for b in range(0, len(pairs), batch_size):
+            chunk = pairs[b:b + batch_size]
+            ref_b.append(step_logps(model, [p.better for p in chunk], [p.index for p in chunk],
+                                    pad_id, device))
+            ref_w.append(step_logps(model, [p.worse for p in chunk], [p.index for p in chunk],
+                                    pad_id, device))
+        ref_b, ref_w = torch.cat(ref_b), torch.cat(ref_w)
+    model.train()
+    rng = random.Random(seed)
+    last: dict[str, Any] = {}
+    for step in range(1, steps + 1):
+        t0 = time.time()
+        pick = rng.sample(range(len(pairs)), min(batch_size, len(pairs)))
+        chunk = [pairs[i] for i in pick]
+        idx = [p.index for p in chunk]
+        pb = step_logps(model, [p.better for p in chunk], idx, pad_id, device)
+        pw = step_logps(model, [p.worse for p in chunk], idx, pad_id, device)
+        loss, stats = step_dpo_loss(pb, pw, ref_b[pick], ref_w[pick], beta)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(model),
+                                              max_grad_norm or float("inf"))
+        optimizer.step()
+        scheduler.step()
+        last = {"step": step, "loss": round(float(loss.detach()), 5),
+                "grad_norm": round(float(norm), 4), **{k: round(v, 4) for k, v in stats.items()},
+                "seconds": round(time.time() - t0, 2)}
+        if log is not None:
+            log.write(last)
+        if say is not None and (step % 5 == 0 or step == steps):
+            say(f"step-DPO {step}/{steps}  loss {last['loss']:.4f}  acc {last['accuracy']:.2f}")
+    model.eval()
+    return last
+
+
+# ---------------------------------------------------------------------- the recipe
+def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
+               questions=None, scorer=None, console=None) -> dict[str, Any]:
+    """`seekrl refine`: RFT or step-DPO from `cfg.model`; returns the summary with `final`,
+    the refined checkpoint."""
+    from seekrl.config import SFTConfig, dump_config
+    from seekrl.models import load_policy
+    from seekrl.rl.common import (
+        MetricsLog,
+        apply_lora,
+        make_optimizer,
+        make_scheduler,
+        save_policy,
+        set_seed,
+        train_top_layers,
+        trainable_parameters,
+    )
+
+    started = time.time()
+    out = Path(cfg.out)
+    say = console.print if console is not None else (lambda *a, **k: None)
+    pairs = None
+    if cfg.method == "step_dpo":
+        from seekrl.rl.prm import read_labels
+        if not cfg.pairs:
+            raise ValueError("pairs: step_dpo trains on sibling pairs; give the label folders "
+                             "(`seekrl mcts` output)")
+        pairs = read_labels(cfg.pairs).pairs
+        if not pairs:
+            raise ValueError(f"pairs: no sibling pairs in {', '.join(cfg.pairs)} (lower "
+                             "search.min_gap / min_visits, or label more questions)")
+    elif questions is None and not cfg.data:
+        raise ValueError("data: rft samples episodes on questions; give a QA file")
+    elif scorer is None and cfg.prm:
+        from seekrl.rl.prm import load_scorer
+        scorer = load_scorer(cfg.prm, device=cfg.device)
+    out.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, out / "config.yaml")
+    set_seed(cfg.seed)
+    if model is None:
+        model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
+
+    if cfg.method == "step_dpo":
+        model = apply_lora(train_top_layers(model, cfg.train_layers), cfg.lora)
+        if hasattr(model, "config"):
+            model.config.use_cache = False
+        optimizer = make_optimizer(trainable_parameters(model), cfg.optim)
+        scheduler = make_scheduler(optimizer, cfg.optim, cfg.steps)
+        log = MetricsLog(out / "metrics.jsonl")
+        say(f"step-DPO on {len(pairs)} sibling pairs, beta {cfg.beta}, {cfg.steps} steps")
+        last = train_step_dpo(model, tokenizer, pairs, steps=cfg.steps,
+                              batch_size=cfg.batch_size, beta=cfg.beta, optimizer=optimizer,
+                              scheduler=scheduler, device=cfg.device, seed=cfg.seed, log=log,
+                              say=say, max_grad_norm=cfg.optim.max_grad_norm)
+        log.close()
+        final = save_policy(model, tokenizer, out / "final")
+        return {"method": "step_dpo", "final": str(final), "pairs": len(pairs), **last,
+                "generated_tokens": 0, "minutes": round((time.time() - started) / 60, 2)}
+
+    # RFT: sample, filter, fine-tune
+    from seekrl.agent.backends import HFBackend
+    from seekrl.agent.rollout import RolloutConfig, RolloutEngine
+    from seekrl.data.qa import load_qa
+    from seekrl.rewards.outcome import get_outcome
+
+    questions = list(questions) if questions is not None else load_qa(cfg.data)
+    if cfg.questions is not None:
+        questions = questions[:cfg.questions]
+    if retriever is None:
+        from seekrl.retrieval.open import open_retriever
+        if not cfg.index:
+            raise ValueError("index: RFT samples search episodes; it needs an index folder or "
+                             "a retrieval server url")
+        retriever = open_retriever(cfg.index)
+    r = cfg.rollout
+    engine = RolloutEngine(backend or HFBackend(model.eval(), tokenizer), tokenizer, retriever,
+                           RolloutConfig(max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
+                                         max_total_tokens=r.max_total_tokens, topk=r.topk,
+                                         max_info_tokens=r.max_info_tokens,
+                                         batch_size=r.batch_size, n_samples=cfg.samples,
+                                         temperature=r.temperature, top_p=r.top_p,
+                                         seed=cfg.seed))
+    trajs = engine.run(questions, dataset="rft")
+    outcome = get_outcome(cfg.reward)
+    outcomes = [outcome(t.answer, t.golden_answers) for t in trajs]
+    step_scores = scorer.score_steps(trajs) if scorer is not None else None
+    if step_scores is not None:
+        for t, row in zip(trajs, step_scores):
+            for s, v in zip(t.steps, row):
+                s.value = float(v)
+    kept, why = keep_for_rft(trajs, outcomes, step_scores, min_outcome=cfg.min_outcome,
+                             threshold=cfg.threshold, max_per_question=cfg.max_per_question)
+    generated = sum(t.n_generated for t in trajs)
+    write_trajectories(out / "samples.jsonl", trajs)
+    data = out / "rft_data.jsonl"
+    write_trajectories(data, kept)
+    say(f"RFT: {len(trajs)} episodes sampled ({generated} tokens), {sum(o >= cfg.min_outcome for o in outcomes)} "
+        f"right, {len(kept)} kept; left out: " + ", ".join(f"{k} {v}" for k, v in why.items()))
+    summary = {"method": "rft", "sampled": len(trajs), "kept": len(kept), "left_out": why,
+               "right_share": round(sum(o >= cfg.min_outcome for o in outcomes)
+                                    / max(len(trajs), 1), 4),
+               "generated_tokens": generated, "prm": cfg.prm or None}
+    if not kept:
+        say("[yellow]RFT kept no episode: the policy is returned unchanged[/]")
+        final = save_policy(model, tokenizer, out / "final")
+        return {**summary, "final": str(final), "minutes": round((time.time() - started) / 60, 2)}
+    sft_cfg = SFTConfig(model=cfg.model, data=str(data), out=str(out / "sft"), index=cfg.index,
+                        seed=cfg.seed, max_steps=cfg.steps, batch_size=cfg.batch_size,
+                        max_info_tokens=r.max_info_tokens, topk=r.topk,
+                        train_layers=cfg.train_layers, lora=cfg.lora, optim=cfg.optim,
+                        dtype=cfg.dtype, device=cfg.device, log_every=5)
+    from seekrl.rl.sft import run_sft
+    sft = run_sft(sft_cfg, console=console, model=model, tokenizer=tokenizer)
+    return {**summary, "final": sft["final"], "loss": sft["loss"],
+            "minutes": round((time.time() - started) / 60, 2)}

@@ -1,0 +1,69 @@
+"""`seekrl prorag` end to end with a tiny saved model: every stage runs and records itself,
+the report and the PRM-scored viewer are written, resume skips finished stages, and bad
+stage keys fail before any work (the real model's numbers are in the README)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from seekrl.config import ConfigError, ProragConfig
+from seekrl.models import tiny_policy
+from seekrl.prorag import STAGES, run_prorag
+
+
+def tiny_config(tmp_path, **kw) -> ProragConfig:
+    model, tok = tiny_policy(seed=0)
+    model.save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+    return ProragConfig(
+        out=str(tmp_path / "p"), model=str(tmp_path / "tiny"), n_test=3, max_turns=2,
+        max_new_tokens=4, train_layers=1,
+        sft={"max_steps": 1, "batch_size": 2},
+        labels={"questions": 2, "search": {"simulations": 3, "expansions": 3}},
+        prm={"steps": 1, "batch_size": 2, "dev_share": 0.5},
+        refine={"questions": 2, "samples": 2, "steps": 1},
+        rl={"steps": 1, "questions_per_step": 2, "group_size": 2}, **kw)
+
+
+def test_pipeline_runs_every_stage_and_resumes(tmp_path):
+    torch.set_num_threads(1)
+    cfg = tiny_config(tmp_path)
+    summary = run_prorag(cfg)
+    out = tmp_path / "p"
+    state = json.loads((out / "pipeline.json").read_text())
+    assert list(state["stages"]) == list(STAGES)
+    for key in ("em_sft", "em_refine", "em_rl", "prm_dev", "generated_tokens", "stage_cost"):
+        assert key in summary, key
+    assert summary["labels"]["simulations"] == 6 and summary["generated_tokens"]["labels"] > 0
+    assert summary["generated_tokens"]["total"] == sum(
+        v for k, v in summary["generated_tokens"].items() if k != "total")
+    assert (out / "labels" / "labels.jsonl").is_file() and (out / "prm" / "final" / "prm.json").is_file()
+    html = (out / "report.html").read_text()
+    for label in ("SFT", "refined", "RL + PRM"):
+        assert label in html
+    # the final policy's test episodes carry the PRM's score on every step
+    steps = [s for line in (out / "eval_rl" / "trajectories.jsonl").read_text().splitlines()
+             for s in json.loads(line)["steps"]]
+    assert steps and all(0 < s["value"] < 1 for s in steps)
+    # RL's rewards came from the PRM
+    rl_steps = [s for line in (out / "rl" / "rollouts" / "step-1" / "trajectories.jsonl")
+                .read_text().splitlines() for s in json.loads(line)["steps"]]
+    assert rl_steps and all(set(s["process_parts"]) == {"prm"} for s in rl_steps)
+
+    with pytest.raises(FileExistsError, match="--resume"):
+        run_prorag(cfg)
+    again = run_prorag(cfg, resume=True)       # every stage is skipped
+    assert again["em_rl"] == summary["em_rl"]
+    with pytest.raises(ConfigError, match="differ: n_test"):
+        run_prorag(cfg.model_copy(update={"n_test": 2}), resume=True)
+
+
+def test_bad_stage_keys_fail_before_any_work(tmp_path):
+    with pytest.raises(ConfigError, match="prorag labels: search.simulatons: unknown key"):
+        run_prorag(ProragConfig(out=str(tmp_path / "x"), labels={"search": {"simulatons": 3}}))
+    with pytest.raises(ConfigError, match="train, test and index go together"):
+        run_prorag(ProragConfig(out=str(tmp_path / "x"), train="t.jsonl"))
+    assert not (tmp_path / "x").exists()
