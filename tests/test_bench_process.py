@@ -39,3 +39,35 @@ def test_report_means_stds_and_process_gain(tmp_path, capsys):
     assert float(figures["em_evidence_bridge"]) == pytest.approx(0.14)
     assert out[-1].startswith("process_ablation: ") and "process_gain=+0.0600" in out[-1]
     assert (tmp_path / "process_ablation.png").stat().st_size > 1000
+
+
+def test_prorag_bench_report_and_prorag_gain(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("prorag_bench", BENCH.parent / "prorag.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for seed, (pipe, outcome) in enumerate([(0.30, 0.25), (0.28, 0.27), (0.32, 0.26)]):
+        d = tmp_path / "runs" / f"prorag-s{seed}"
+        d.mkdir(parents=True)
+        (d / "result.json").write_text(json.dumps({
+            "method": "prorag", "seed": seed, "em": pipe, "em_sft": 0.1, "em_refine": 0.2,
+            "searches": 1.8, "generated_tokens": 5000, "em_by_type": {"bridge": pipe / 2},
+            "prm_dev": {"auc": 0.7, "pair_accuracy": 0.6}}))
+        d = tmp_path / "runs" / f"outcome-s{seed}"
+        d.mkdir(parents=True)
+        (d / "result.json").write_text(json.dumps({
+            "method": "outcome", "seed": seed, "em": outcome, "searches": 1.2, "budget": 5000,
+            "rollout_tokens": 4900, "em_by_type": {"bridge": 0.05}}))
+        d = tmp_path / "runs" / f"mc-s{seed}"
+        d.mkdir(parents=True)
+        q = {"auc": 0.6, "pair_accuracy": 0.5, "first_error_accuracy": 0.4}
+        (d / "result.json").write_text(json.dumps({
+            "seed": seed, "quality": {k: q for k in ("mcts_on_mcts", "mcts_on_mc",
+                                                    "mc_on_mcts", "mc_on_mc")}}))
+    bench._report(tmp_path, time.time(), "evidence")
+    out = capsys.readouterr().out.strip().splitlines()
+    figures = dict(kv.split("=") for line in out[:-1] for kv in line.split() if "=" in kv)
+    assert float(figures["em_prorag"]) == pytest.approx(0.30)
+    assert float(figures["em_outcome"]) == pytest.approx(0.26)
+    assert float(figures["prorag_em_refine"]) == pytest.approx(0.2)
+    assert float(figures["prm_mc_on_mcts_auc"]) == pytest.approx(0.6)
+    assert out[-1].startswith("prorag: ") and "prorag_gain=+0.0400" in out[-1]

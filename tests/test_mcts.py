@@ -106,6 +106,7 @@ def test_tree_labels_pairs_follow_the_rules():
     assert pair["better"]["steps"][0]["value"] == 1.0 and pair["better"]["steps"][1]["value"] is None
     assert labels.rejected == {"few_visits": 2}
     assert len(labels.nodes) == 4 and labels.nodes[0]["N"] == 5
+    assert [n["path"] for n in labels.nodes] == [[], ["search:a"], ["search:b"], ["answer:z"]]
     # one labelled episode per leaf, its path labelled with the nodes' Q and N
     assert len(labels.labels) == 3
     first = Trajectory.from_dict(labels.labels[0])
@@ -200,6 +201,7 @@ def test_mc_labels_same_format(tiny):
         assert t.metadata["label"] == "mc"
         assert t.steps[-1].value == f1ish(t)                       # the last step: own reward
         assert all(s.value is not None and 0 <= s.value <= 1 for s in t.steps)
+    assert labels.pairs
     for pair in labels.pairs:
         assert pair["depth"] == 0 and pair["gap"] >= 0.3
         assert pair["better"]["steps"][0]["value"] - pair["worse"]["steps"][0]["value"] >= 0.3
@@ -226,7 +228,12 @@ def test_run_labelling_resumes_and_drops_a_half_written_chunk(tiny, tmp_path):
     assert resumed["questions"] == 3
     for name in ("nodes.jsonl", "labels.jsonl", "pairs.jsonl"):
         assert (tmp_path / "part" / name).read_text() == (tmp_path / "full" / name).read_text()
-    with pytest.raises(ValueError, match="differ: simulations"):
+    with pytest.raises(ValueError, match="differ: search.simulations"):
         LabelWriter(tmp_path / "part", resume=True,
                     settings={**json.loads((tmp_path / "part" / "progress.json").read_text())
-                              ["settings"], "simulations": 99})
+                              ["settings"], "search.simulations": 99})
+    # a label file shorter than recorded is refused, never padded
+    (tmp_path / "part" / "pairs.jsonl").write_text("")
+    if json.loads((tmp_path / "part" / "progress.json").read_text())["bytes"]["pairs.jsonl"]:
+        with pytest.raises(ValueError, match="were recorded"):
+            run_labelling(cfg(tmp_path / "part", 3), resume=True, **kw)

@@ -55,8 +55,23 @@ def test_pipeline_runs_every_stage_and_resumes(tmp_path):
 
     with pytest.raises(FileExistsError, match="--resume"):
         run_prorag(cfg)
-    again = run_prorag(cfg, resume=True)       # every stage is skipped
+    stamp = {p: p.stat().st_mtime_ns for p in (out / "sft" / "final" / "config.json",
+                                               out / "labels" / "labels.jsonl",
+                                               out / "prm" / "final" / "prm_head.pt",
+                                               out / "rl" / "final" / "config.json")}
+    again = run_prorag(cfg, resume=True)       # every stage is skipped: nothing rewritten
     assert again["em_rl"] == summary["em_rl"]
+    assert all(p.stat().st_mtime_ns == t for p, t in stamp.items())
+    # a run killed during RL: the finished stages are kept, RL and its evaluation run again
+    del state["stages"]["rl"], state["stages"]["eval_rl"]
+    (out / "pipeline.json").write_text(json.dumps(state))
+    run_prorag(cfg, resume=True)
+    redone = json.loads((out / "pipeline.json").read_text())["stages"]
+    assert list(redone) == list(STAGES)
+    assert (out / "sft" / "final" / "config.json").stat().st_mtime_ns == \
+        stamp[out / "sft" / "final" / "config.json"]
+    assert (out / "rl" / "final" / "config.json").stat().st_mtime_ns > \
+        stamp[out / "rl" / "final" / "config.json"]
     with pytest.raises(ConfigError, match="differ: n_test"):
         run_prorag(cfg.model_copy(update={"n_test": 2}), resume=True)
 

@@ -4,6 +4,8 @@ and both recipes end in a checkpoint."""
 from __future__ import annotations
 
 import copy
+import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -11,7 +13,7 @@ import torch
 
 from seekrl.config import LabelConfig, RefineConfig
 from seekrl.models import tiny_policy
-from seekrl.rl.mcts import run_labelling
+from seekrl.rl.mcts import run_labelling, step_key
 from seekrl.rl.prm import PairLabel
 from seekrl.rl.refine import keep_for_rft, run_refine, step_dpo_loss, step_logps, step_mask
 from tests.test_mcts import OPTIONS, Dice, dice_engine, questions
@@ -94,6 +96,16 @@ def test_step_dpo_recipe_moves_the_margin(tiny, tmp_path):
                        optim={"lr": 1e-3, "warmup_steps": 0, "schedule": "constant"})
     result = run_refine(cfg, model=copy.deepcopy(model), tokenizer=tok)
     assert result["pairs"] > 0 and result["margin"] > 0
+    # the reference is the starting policy: at the first update the DPO logits are 0
+    first = json.loads((tmp_path / "dpo" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["loss"] == pytest.approx(math.log(2), abs=1e-4)
+    assert first["margin"] == pytest.approx(0.0, abs=1e-4)
+    # better and worse share every token before the differing step
+    from seekrl.rl.prm import read_labels
+    for p in read_labels([tmp_path / "labels"]).pairs:
+        cut = p.better.steps[p.index].start
+        assert p.better.token_ids[:cut] == p.worse.token_ids[:cut]
+        assert step_key(p.better.steps[p.index]) != step_key(p.worse.steps[p.index])
     assert (tmp_path / "dpo" / "final" / "config.json").is_file()
     with pytest.raises(ValueError, match="pairs"):
         run_refine(RefineConfig(method="step_dpo", out=str(tmp_path / "x")), model=model,

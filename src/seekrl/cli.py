@@ -403,6 +403,8 @@ def prm_score(
     from seekrl.agent.trajectory import read_trajectories, write_trajectories
     from seekrl.rl.prm import load_scorer
 
+    from seekrl.models import ModelError
+
     try:
         trajs = read_trajectories(trajectories)
         scorer = load_scorer(prm, device=device, batch_size=batch_size)
@@ -410,7 +412,7 @@ def prm_score(
             for s, v in zip(t.steps, row):
                 s.value = round(v, 6)
         write_trajectories(out, trajs)
-    except _ERRORS as err:
+    except (*_ERRORS, ModelError) as err:
         _fail(err)
     steps = [s.value for t in trajs for s in t.steps]
     mean = sum(steps) / len(steps) if steps else float("nan")
@@ -422,18 +424,29 @@ def prm_eval(
     prm: Annotated[Path, typer.Option(help="a `seekrl prm train` folder (its final/)")],
     labels: Annotated[list[Path], typer.Option(help="label folder(s) from `seekrl mcts`")],
     threshold: Annotated[float, typer.Option(help="Q at or above it is a good step")] = 0.5,
+    split: Annotated[str, typer.Option(
+        help="dev: only the questions the PRM held out in training (its prm.json dev_share); "
+             "all: every label (in-sample for labels it was trained on)")] = "dev",
     device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
 ):
     """PRM quality on labelled trees: AUC, pair accuracy, first-error localisation."""
     import json
 
-    from seekrl.rl.prm import load_scorer, prm_metrics, read_labels
+    from seekrl.models import ModelError
+    from seekrl.rl.prm import PRM_MARKER, load_scorer, prm_metrics, read_labels, split_labels
 
     try:
-        metrics = prm_metrics(load_scorer(prm, device=device), read_labels(labels), threshold)
-    except _ERRORS as err:
+        if split not in ("dev", "all"):
+            raise ValueError(f"--split: expected dev or all, got {split!r}")
+        data = read_labels(labels)
+        if split == "dev":
+            info = json.loads((prm / PRM_MARKER).read_text()) if (prm / PRM_MARKER).is_file() \
+                else {}
+            data = split_labels(data, float(info.get("dev_share", 0.1)))[1]
+        metrics = prm_metrics(load_scorer(prm, device=device), data, threshold)
+    except (*_ERRORS, ModelError) as err:
         _fail(err)
-    console.print(json.dumps(metrics, indent=1))
+    console.print(json.dumps({"split": split, **metrics}, indent=1))
 
 
 @app.command()

@@ -55,50 +55,56 @@ def _demo(cfg: ProragConfig):
 
 def stage_configs(cfg: ProragConfig, paths: dict[str, str]) -> dict[str, Any]:
     """Every stage's config, the pipeline's settings with the user's keys on top; built at
-    the start with the paths the stages will write, so a bad key fails in seconds."""
+    the start, each stage reading what the one before it writes (its `out`), so a bad key
+    fails in seconds and a moved output folder is followed."""
     from seekrl.demo import rl_config_tree
 
     out = Path(cfg.out)
     rollout = {"max_turns": cfg.max_turns, "max_new_tokens": cfg.max_new_tokens,
                "topk": cfg.k, "max_info_tokens": cfg.max_info_tokens, "temperature": 0.9,
                "batch_size": 64}
-    sft_final = paths.get("sft_final", str(out / "sft" / "final"))
-    trees = {
-        "sft": {"model": cfg.model, "data": paths["sft_data"], "out": str(out / "sft"),
-                "seed": cfg.seed, "max_steps": 20, "batch_size": 8,
-                "max_info_tokens": cfg.max_info_tokens, "topk": cfg.k,
-                "train_layers": cfg.train_layers,
-                "optim": {"lr": 2e-4, "warmup_steps": 2, "min_lr_ratio": 0.1}},
-        "labels": {"model": sft_final, "data": paths["train"], "index": paths["index"],
-                   "out": str(out / "labels"), "questions": 16, "reward": "f1",
-                   "seed": cfg.seed, "rollout": rollout,
-                   "search": {"simulations": 8, "expansions": 4, "trees_per_batch": 16,
-                              "min_visits": 2, "min_gap": 0.2}},
-        "prm": {"model": sft_final, "labels": [str(out / "labels")], "out": str(out / "prm"),
-                "steps": 20, "batch_size": 8, "loss": "both", "dev_share": 0.2,
-                "train_layers": cfg.train_layers, "seed": cfg.seed, "log_every": 5,
-                "optim": {"lr": 5e-5, "warmup_steps": 2}},
-        "refine": {"model": sft_final, "method": "rft" if cfg.refine_method == "none"
-                   else cfg.refine_method, "out": str(out / "refine"), "data": paths["train"],
-                   "index": paths["index"], "prm": str(out / "prm" / "final"),
-                   "pairs": [str(out / "labels")], "questions": 16, "samples": 4,
-                   "steps": 8, "batch_size": 8, "train_layers": cfg.train_layers,
-                   "seed": cfg.seed, "rollout": rollout,
-                   "optim": {"lr": 5e-5, "warmup_steps": 2}},
-    }
+
+    def build(name: str, schema, tree: dict):
+        return build_config(schema, _merge(tree, getattr(cfg, name)), source=f"prorag {name}")
+
+    stages: dict[str, Any] = {}
+    stages["sft"] = build("sft", SFTConfig, {
+        "model": cfg.model, "data": paths["sft_data"], "out": str(out / "sft"),
+        "seed": cfg.seed, "max_steps": 20, "batch_size": 8,
+        "max_info_tokens": cfg.max_info_tokens, "topk": cfg.k, "train_layers": cfg.train_layers,
+        "optim": {"lr": 2e-4, "warmup_steps": 2, "min_lr_ratio": 0.1}})
+    sft_final = paths.get("sft_final", str(Path(stages["sft"].out) / "final"))
+    stages["labels"] = build("labels", LabelConfig, {
+        "model": sft_final, "data": paths["train"], "index": paths["index"],
+        "out": str(out / "labels"), "questions": 16, "reward": "f1", "seed": cfg.seed,
+        "rollout": rollout,
+        # a pair needs both siblings visited: one visit each at demo size (their Q is one
+        # episode's F1, the gap rule keeps only clear differences); raise both at GPU scale
+        "search": {"simulations": 12, "expansions": 4, "trees_per_batch": 16,
+                   "min_visits": 1, "min_gap": 0.5}})
+    stages["prm"] = build("prm", PRMConfig, {
+        "model": sft_final, "labels": [stages["labels"].out], "out": str(out / "prm"),
+        "steps": 20, "batch_size": 8, "loss": "both", "dev_share": 0.2,
+        "train_layers": cfg.train_layers, "seed": cfg.seed, "log_every": 5,
+        "optim": {"lr": 5e-5, "warmup_steps": 2}})
+    prm_final = str(Path(stages["prm"].out) / "final")
+    stages["refine"] = build("refine", RefineConfig, {
+        "model": sft_final, "method": "rft" if cfg.refine_method == "none"
+        else cfg.refine_method, "out": str(out / "refine"), "data": paths["train"],
+        "index": paths["index"], "prm": prm_final, "pairs": [stages["labels"].out],
+        "questions": 16, "samples": 4, "steps": 8, "batch_size": 8,
+        "train_layers": cfg.train_layers, "seed": cfg.seed, "rollout": rollout,
+        "optim": {"lr": 5e-5, "warmup_steps": 2}})
     demo = _demo(cfg)
-    rl_tree = rl_config_tree(demo, model=paths.get("refined", str(out / "refine" / "final")),
-                             train_file=paths["train"], index_dir=paths["index"],
-                             out=out / "rl", steps=demo.rl_steps)
+    refined = paths.get("refined", str(Path(stages["refine"].out) / "final"))
+    rl_tree = rl_config_tree(demo, model=refined, train_file=paths["train"],
+                             index_dir=paths["index"], out=out / "rl", steps=demo.rl_steps)
     rl_tree["algo"].update(advantage="dual_granularity", beta=0.3,
                            std_norm=demo.advantage == "grpo")
-    rl_tree["reward"] = {"process": {"prm": 1.0}, "prm": str(out / "prm" / "final")}
+    rl_tree["reward"] = {"process": {"prm": 1.0}, "prm": prm_final}
     rl_tree["log"] = {"save_rollouts": 1}
-    trees["rl"] = rl_tree
-    schemas = {"sft": SFTConfig, "labels": LabelConfig, "prm": PRMConfig,
-               "refine": RefineConfig, "rl": TrainConfig}
-    return {name: build_config(schemas[name], _merge(tree, getattr(cfg, name)),
-                               source=f"prorag {name}") for name, tree in trees.items()}
+    stages["rl"] = build("rl", TrainConfig, rl_tree)
+    return stages
 
 
 class _Pipeline:
@@ -184,14 +190,22 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
     def labels() -> dict:
         from seekrl.rl.mcts import run_labelling
         partial = (Path(stages["labels"].out) / "progress.json").is_file()
-        return run_labelling(stages["labels"], console=console, resume=partial)
+        result = run_labelling(stages["labels"].model_copy(update={"model": sft_out["final"]}),
+                               console=console, resume=partial)
+        if not result.get("pairs"):
+            console.print("[yellow]no sibling pair passed the rules: the PRM trains on "
+                          "pointwise labels only (raise labels.search.simulations, or lower "
+                          "min_visits / min_gap)[/]")
+        return result
 
     lab = pipe.run("labels", f"2a. step labels ({stages['labels'].search.method}, "
                    f"{stages['labels'].search.simulations} simulations per question)", labels)
 
     def prm() -> dict:
         from seekrl.rl.prm import train_prm
-        return train_prm(stages["prm"], console=console)
+        return train_prm(stages["prm"].model_copy(update={"model": sft_out["final"],
+                                                          "labels": [lab["out"]]}),
+                         console=console)
 
     prm_out = pipe.run("prm", "2b. process reward model", prm)
 
@@ -199,7 +213,9 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
         if cfg.refine_method == "none":
             return {"final": sft_out["final"], "skipped": True, "generated_tokens": 0}
         from seekrl.rl.refine import run_refine
-        return run_refine(stages["refine"], console=console)
+        return run_refine(stages["refine"].model_copy(update={
+            "model": sft_out["final"], "prm": prm_out["final"], "pairs": [lab["out"]]}),
+            console=console)
 
     ref = pipe.run("refine", f"3. PRM-guided refinement ({cfg.refine_method})", refine)
     pipe.run("eval_refine", "evaluate the refined policy",
@@ -208,6 +224,7 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
     def rl() -> dict:
         from seekrl.rl.train import Trainer
         rl_cfg = stages["rl"].model_copy(update={"model": ref["final"]})
+        rl_cfg.reward = rl_cfg.reward.model_copy(update={"prm": prm_out["final"]})
         r = Trainer(rl_cfg, console=console, retriever=retriever).train()
         return {"final": r["final"], "steps": r["steps"], "generated_tokens": r["rollout_tokens"],
                 "stopped": r.get("stopped")}

@@ -101,10 +101,11 @@ def make_scheduler(optimizer, cfg: OptimConfig, total_steps: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def save_policy(model, tokenizer, path: str | Path) -> Path:
+def save_policy(model, tokenizer, path: str | Path, *, before_rename=None) -> Path:
     """A plain HF checkpoint (LoRA merged into a copy of the weights) that `load_policy`,
     `seekrl eval --model` and any transformers code can load; written to a temporary folder
-    and renamed, so a killed run never leaves half a model under `path`."""
+    and renamed, so a killed run never leaves half a model under `path`. `before_rename`
+    (folder -> None) adds files to the temporary folder first."""
     path = Path(path)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -114,6 +115,8 @@ def save_policy(model, tokenizer, path: str | Path) -> Path:
         to_save = copy.deepcopy(model).merge_and_unload()
     to_save.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    if before_rename is not None:
+        before_rename(tmp)
     replace_dir(tmp, path)
     return path
 

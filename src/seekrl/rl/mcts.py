@@ -18,8 +18,8 @@ Trees of many questions grow together: each round, every tree with budget left s
 node, and all their expansions go to the rollout engine in one call (prefix continuation,
 so the shared context is prefilled once).
 
-Output (a folder; `write_labels`): `nodes.jsonl` (one line per node: question, parent,
-depth, the step, N, Q), `labels.jsonl` (`Trajectory` records whose labelled steps carry
+Output (a folder, `LabelWriter`): `nodes.jsonl` (one line per node: question, parent,
+depth, the step, the path of steps to it, N, Q), `labels.jsonl` (`Trajectory` records whose labelled steps carry
 `Step.value` = Q and `metadata["visits"]` = N per step; for MCTS one episode per leaf, its
 path labelled), and `pairs.jsonl` (sibling steps from the same prefix, better and worse,
 with their Q gap) filtered by rules: both visited at least `min_visits` times, a Q gap of
@@ -131,14 +131,21 @@ class Tree:
                 continue
             step = cont.steps[node.depth]
             key = step_key(step)
+            went_on = step.info_end is not None
             child = by_key.get(key)
             if child is None:
-                terminal = step.info_end is None   # the episode did not go on from it
                 child = Node(len(self.nodes), node.id, node.depth + 1, cont, key,
-                             terminal=terminal, reward=reward if terminal else None)
+                             terminal=not went_on, reward=None if went_on else reward)
                 self.nodes.append(child)
                 node.children.append(child.id)
                 by_key[key] = child
+            elif child.terminal and went_on and not child.expanded:
+                # the same action went on here (the first one ran out of room): the node is
+                # a state to search from, with this episode as its representative
+                child.terminal, child.reward, child.traj = False, None, cont
+            elif not child.step.well_formed and step.well_formed and \
+                    (went_on or child.terminal) and not child.expanded:
+                child.traj = cont          # show the cleanest turn for the action
             self.backup(child, reward, len(cont.steps))
         node.expanded = True
 
@@ -280,6 +287,7 @@ def tree_labels(trees: Sequence[Tree], rules: PairRules) -> Labels:
                 "query": step.query if step else None,
                 "answer": step.answer if step else None,
                 "text": step.text if step else None,
+                "path": [n.key for n in tree.path(node)],     # the prefix, step by step
                 "children": list(node.children)})
             if node.parent is not None and not node.children:   # a leaf: label its path
                 path = tree.path(node)
@@ -290,7 +298,7 @@ def tree_labels(trees: Sequence[Tree], rules: PairRules) -> Labels:
             for a, b in combinations(kids, 2):
                 if a.visits < rules.min_visits or b.visits < rules.min_visits:
                     out.reject("few_visits")
-                elif a.q - b.q < rules.min_gap:
+                elif a.q - b.q < rules.min_gap or a.q <= b.q:
                     out.reject("small_gap")
                 elif (why := _pair_problem(a, node.traj, node.depth)) is not None:
                     out.reject(why)
@@ -336,7 +344,7 @@ def mc_labels(engine: RolloutEngine, examples: Sequence[QAExample], score: Score
         for a, b in combinations(kids, 2):
             if a[2] < rules.min_visits or b[2] < rules.min_visits:
                 out.reject("few_visits")
-            elif a[1] - b[1] < rules.min_gap:
+            elif a[1] - b[1] < rules.min_gap or a[1] <= b[1]:
                 out.reject("small_gap")
             elif (why := _pair_problem((a[0], 0), a[0], 0)) is not None:
                 out.reject(why)
@@ -375,8 +383,13 @@ class LabelWriter:
                                  f"that wrote it (differ: {', '.join(differ)})")
         for name in LABEL_FILES:   # drop whatever a killed run wrote after its last chunk
             path = self.out / name
+            recorded = self.progress["bytes"].get(name, 0)
+            if path.exists() and path.stat().st_size < recorded:
+                raise ValueError(f"{path}: {path.stat().st_size} bytes, but {recorded} were "
+                                 "recorded as written; the folder was changed since, label "
+                                 "into a new one")
             with open(path, "ab") as f:
-                f.truncate(self.progress["bytes"].get(name, 0))
+                f.truncate(recorded)
 
     @property
     def done(self) -> set[str]:
@@ -406,6 +419,17 @@ class LabelWriter:
 
 
 # ---------------------------------------------------------------------- the recipe
+def _dotted(tree: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}."""
+    out: dict = {}
+    for k, v in tree.items():
+        if isinstance(v, dict) and v:
+            out.update(_dotted(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
                   questions: Sequence[QAExample] | None = None, console=None,
                   resume: bool = False) -> dict:
@@ -422,10 +446,8 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
     from seekrl.rl.common import set_seed
 
     search = cfg.search
-    settings = {"model": cfg.model, "data": cfg.data, "method": search.method,
-                "simulations": search.simulations, "expansions": search.expansions,
-                "c_puct": search.c_puct, "gamma": search.gamma, "samples": search.samples,
-                "mc_samples": search.mc_samples, "reward": cfg.reward, "seed": cfg.seed}
+    # everything that decides the labels (a resumed run may label more questions)
+    settings = _dotted(cfg.model_dump(mode="json", exclude={"out", "questions", "device"}))
     writer = LabelWriter(cfg.out, resume=resume, settings=settings)   # refuses before loading
     questions = list(questions) if questions is not None else load_qa(cfg.data)
     if cfg.questions is not None:
@@ -453,7 +475,8 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
     score = lambda t: outcome(t.answer, t.golden_answers)          # noqa: E731
     rules = PairRules(min_visits=search.min_visits, min_gap=search.min_gap)
     say = console.print if console is not None else (lambda *a, **k: None)
-    todo = [q for q in questions if q.id not in writer.done]
+    done = writer.done
+    todo = [q for q in questions if q.id not in done]
     chunk = search.trees_per_batch
     for c in range(0, len(todo), chunk):
         part = todo[c:c + chunk]

@@ -63,7 +63,8 @@ class ProcessRewardModel(nn.Module):
 def step_end(traj: Trajectory, index: int) -> int:
     """The token the head reads for step `index`: its last generated token."""
     s = traj.steps[index]
-    return max(s.end - 1, s.start, 0)
+    # an empty turn (nothing generated) is read where its context ends
+    return s.end - 1 if s.end > s.start else max(s.start - 1, 0)
 
 
 def batch_scores(prm: ProcessRewardModel, items: Sequence[tuple[Trajectory, list[int]]],
@@ -77,7 +78,7 @@ def batch_scores(prm: ProcessRewardModel, items: Sequence[tuple[Trajectory, list
     rows = torch.tensor([r for r, e in enumerate(ends) for _ in e], dtype=torch.long,
                         device=ids.device)
     pos = torch.tensor([p for e in ends for p in e], dtype=torch.long, device=ids.device)
-    flat = prm.step_logits(ids, attn, rows, pos) if len(pos) else torch.zeros(0)
+    flat = prm.step_logits(ids, attn, rows, pos) if len(pos) else torch.zeros(0, device=ids.device)
     out, i = [], 0
     for e in ends:
         out.append(flat[i:i + len(e)])
@@ -124,11 +125,11 @@ def save_prm(prm: ProcessRewardModel, tokenizer, path: str | Path, info: dict | 
              ) -> Path:
     from seekrl.rl.common import save_policy
 
-    path = Path(path)
-    save_policy(prm.lm, tokenizer, path)
-    torch.save(prm.head.state_dict(), path / "prm_head.pt")
-    (path / PRM_MARKER).write_text(json.dumps({"kind": "seekrl-prm", **(info or {})}, indent=1))
-    return path
+    def head_and_marker(folder: Path) -> None:   # inside the folder before it is moved in
+        torch.save(prm.head.state_dict(), folder / "prm_head.pt")
+        (folder / PRM_MARKER).write_text(json.dumps({"kind": "seekrl-prm", **(info or {})},
+                                                    indent=1))
+    return save_policy(prm.lm, tokenizer, path, before_rename=head_and_marker)
 
 
 def load_prm(path: str | Path, *, dtype: str = "float32", device: str = "cpu"
@@ -267,20 +268,28 @@ def first_below(values: Sequence[float], threshold: float) -> int | None:
     return next((i for i, v in enumerate(values) if v < threshold), None)
 
 
+def _scores_at(scorer, items: Sequence[tuple[Trajectory, int]]) -> list[float]:
+    """The scorer's probability at each (episode, step), each distinct episode scored once."""
+    unique: dict[int, Trajectory] = {id(t): t for t, _ in items}
+    order = list(unique)
+    rows = dict(zip(order, scorer.score_steps([unique[k] for k in order])))
+    return [rows[id(t)][i] for t, i in items]
+
+
 def prm_metrics(scorer: PRMScorer, labels: LabelSet, threshold: float = 0.5) -> dict[str, Any]:
     """AUC, pair accuracy and first-error localisation accuracy of `scorer` on `labels`."""
     out: dict[str, Any] = {"points": len(labels.points), "pairs": len(labels.pairs)}
     if labels.points:
-        probs = scorer.score_steps([p.traj for p in labels.points])
-        scores = [row[p.index] for p, row in zip(labels.points, probs)]
+        scores = _scores_at(scorer, [(p.traj, p.index) for p in labels.points])
         out["auc"] = auc(scores, [p.label >= threshold for p in labels.points])
         out["positive_share"] = round(sum(p.label >= threshold for p in labels.points)
                                       / len(labels.points), 4)
     if labels.pairs:
-        better = scorer.logits([p.better for p in labels.pairs])
-        worse = scorer.logits([p.worse for p in labels.pairs])
-        out["pair_accuracy"] = sum(b[p.index] > w[p.index] for p, b, w
-                                   in zip(labels.pairs, better, worse)) / len(labels.pairs)
+        better = _scores_at(scorer, [(p.better, p.index) for p in labels.pairs])
+        worse = _scores_at(scorer, [(p.worse, p.index) for p in labels.pairs])
+        # a tie is half right (a constant scorer is at 0.5, not 0)
+        out["pair_accuracy"] = sum(1.0 if b > w else 0.5 if b == w else 0.0
+                                   for b, w in zip(better, worse)) / len(labels.pairs)
     full = [e for e in labels.episodes if e.steps and all(s.value is not None for s in e.steps)]
     if full:
         probs = scorer.score_steps(full)
@@ -379,7 +388,7 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None) -> dict[str, Any
     log.close()
     final = save_prm(prm, tokenizer, out / "final", {"init": cfg.model, "loss": cfg.loss,
                                                      "labels": [str(x) for x in cfg.labels],
-                                                     "dev": metrics})
+                                                     "dev_share": cfg.dev_share, "dev": metrics})
     say("dev: " + ", ".join(f"{k} {v}" for k, v in metrics.items()))
     return {"final": str(final), "steps": cfg.steps, "loss": last.get("loss"),
             "dev": metrics, "dev_at_start": start_metrics,

@@ -107,7 +107,8 @@ def train_step_dpo(model, tokenizer, pairs, *, steps: int, batch_size: int, beta
             ref_w.append(step_logps(model, [p.worse for p in chunk], [p.index for p in chunk],
                                     pad_id, device))
         ref_b, ref_w = torch.cat(ref_b), torch.cat(ref_w)
-    model.train()
+    # the updates run in eval mode too (no dropout): at the first update the policy's step
+    # log-probs equal the reference's, so the DPO logits start at exactly 0
     rng = random.Random(seed)
     last: dict[str, Any] = {}
     for step in range(1, steps + 1):
@@ -131,7 +132,6 @@ def train_step_dpo(model, tokenizer, pairs, *, steps: int, batch_size: int, beta
             log.write(last)
         if say is not None and (step % 5 == 0 or step == steps):
             say(f"step-DPO {step}/{steps}  loss {last['loss']:.4f}  acc {last['accuracy']:.2f}")
-    model.eval()
     return last
 
 

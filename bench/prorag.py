@@ -1,0 +1,219 @@
+"""The ProRAG pipeline against outcome-only RL and the best step-credit method, at equal
+generated tokens, over several seeds; and PRM quality from MCTS labels against MC labels.
+A long run; never in CI.
+
+    .venv/bin/python bench/prorag.py --work-dir /tmp/seekrl-prorag --seeds 0,1,2 --n-test 200
+
+Setting: the demo's synthetic world and SFT warm-up (built once, or `--sft DIR`; shared with
+`bench/process_ablation.py`). Per seed:
+1. `prorag-sSEED`: `seekrl prorag` from the SFT checkpoint (MCTS labels -> PRM -> RFT ->
+   RL with the PRM's step scores), test EM after each stage. Its compute is the generated
+   tokens of all its stages: MCTS simulations, RFT sampling and RL rollouts.
+2. `outcome-sSEED`: outcome-only RL (`--baseline`) from the same SFT checkpoint, stopped at
+   the pipeline's total generated tokens (`max_rollout_tokens`).
+3. `STEP-sSEED` (`--step-method`, evidence by default, the best of the step-credit ablation
+   in bench/RESULTS.md): the same budget.
+4. `mc-sSEED`: Monte-Carlo labels on the same questions at about the same number of
+   simulations, a PRM trained on them like the pipeline's, and both PRMs' quality (AUC, pair
+   accuracy, first-error localisation) on the held-out questions of each label set.
+
+Every policy is evaluated greedily on the same `--n-test` questions. Results are kept per run
+(`WORK/runs/NAME/result.json`) and not recomputed. Prints `key=value` figures (mean and std
+over seeds) and ends with a one-line summary holding `prorag_gain=` (the pipeline's mean test
+EM minus outcome-only's, at equal generated tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/seekrl-prorag"))
+    ap.add_argument("--sft", type=Path, default=None, help="SFT checkpoint (default: train one)")
+    ap.add_argument("--stage", choices=("all", "report"), default="all")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--n-test", type=int, default=200)
+    ap.add_argument("--baseline", default="grpo", help="the outcome estimator (the demo's)")
+    ap.add_argument("--step-method", default="evidence",
+                    help="a step-credit method of rl/methods.py ('' to skip)")
+    ap.add_argument("--label-questions", type=int, default=16)
+    ap.add_argument("--simulations", type=int, default=8)
+    ap.add_argument("--prm-steps", type=int, default=20)
+    ap.add_argument("--rl-steps", type=int, default=3, help="RL steps of the pipeline")
+    ap.add_argument("--skip-mc", action="store_true", help="no MC-label PRM comparison")
+    ap.add_argument("--eval-batch", type=int, default=64)
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    started = time.time()
+    if args.stage == "all":
+        from learning import _sft, _world
+
+        from seekrl.data.qa import read_qa_jsonl, write_qa_jsonl
+        from seekrl.demo import DemoConfig
+
+        demo = DemoConfig(n_test=args.n_test)
+        work = args.work_dir
+        world_dir, index_dir = _world(work, demo)
+        test_file = work / "test_questions.jsonl"
+        test = read_qa_jsonl(world_dir / "test.jsonl")[:args.n_test]
+        if len(test) < args.n_test:
+            raise SystemExit(f"--n-test: the world has {len(test)} test questions")
+        write_qa_jsonl(test_file, test)
+        sft = args.sft or _sft(work, demo, index_dir, args.device)
+        print(f"sft_checkpoint={sft}", flush=True)
+        for seed in seeds:
+            pipeline = _pipeline(seed, args, sft, world_dir, index_dir, test_file)
+            budget = pipeline["generated_tokens"]
+            _baseline_run("outcome", seed, budget, args, demo, sft, world_dir, index_dir,
+                          test_file)
+            if args.step_method:
+                _baseline_run(args.step_method, seed, budget, args, demo, sft, world_dir,
+                              index_dir, test_file)
+            if not args.skip_mc:
+                _mc_comparison(seed, args, sft, world_dir, index_dir)
+    _report(args.work_dir, started, args.step_method)
+
+
+def _pipeline(seed: int, args, sft: Path, world_dir: Path, index_dir: Path, test_file: Path
+              ) -> dict:
+    from seekrl.config import ProragConfig
+    from seekrl.prorag import run_prorag
+
+    out = args.work_dir / "runs" / f"prorag-s{seed}"
+    done = out / "result.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    t0 = time.time()
+    cfg = ProragConfig(out=str(out), seed=seed, sft_model=str(sft),
+                       train=str(world_dir / "train.jsonl"), test=str(test_file),
+                       index=str(index_dir), n_test=args.n_test,
+                       labels={"questions": args.label_questions,
+                               "search": {"simulations": args.simulations}, "device": args.device},
+                       prm={"steps": args.prm_steps, "device": args.device},
+                       refine={"device": args.device},
+                       rl={"steps": args.rl_steps, "device": args.device})
+    s = run_prorag(cfg, resume=(out / "pipeline.json").is_file())
+    result = {"method": "prorag", "seed": seed, "em_sft": s["em_sft"], "em_refine": s["em_refine"],
+              "em": s["em_rl"], "f1": s["f1_rl"], "searches": s["searches_rl"],
+              "generated_tokens": s["generated_tokens"]["total"],
+              "tokens_by_stage": s["generated_tokens"], "prm_dev": s["prm_dev"],
+              "labels": s["labels"], "refine": s["refine"],
+              "em_by_type": _by_type(out / "eval_rl"),
+              "minutes": round((time.time() - t0) / 60, 2), "device": args.device}
+    done.write_text(json.dumps(result, indent=1))
+    print(f"prorag seed {seed}: EM sft {s['em_sft']:.3f} -> refine {s['em_refine']:.3f} -> rl "
+          f"{s['em_rl']:.3f}, {result['generated_tokens']} generated tokens", flush=True)
+    return result
+
+
+def _by_type(run_dir: Path) -> dict:
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    return {k: v["em"] for k, v in next(iter(metrics["by_type"].values()), {}).items()}
+
+
+def _baseline_run(method: str, seed: int, budget: int, args, demo, sft, world_dir, index_dir,
+                  test_file) -> dict:
+    """An RL run of `rl/methods.py` at `budget` generated tokens (process_ablation's runner)."""
+    from process_ablation import _run
+
+    ns = argparse.Namespace(work_dir=args.work_dir, baseline=args.baseline, lr=None,
+                            steps=max(1, args.rl_steps), eval_every=0, n_test=args.n_test,
+                            eval_batch=args.eval_batch, device=args.device)
+    return _run(method, seed, budget, ns, demo, sft, world_dir, index_dir, test_file)
+
+
+def _mc_comparison(seed: int, args, sft: Path, world_dir: Path, index_dir: Path) -> dict:
+    """MC labels on the pipeline's questions at about its simulation count, a PRM on them,
+    and both PRMs on both label sets' held-out questions."""
+    from seekrl.config import LabelConfig, PRMConfig
+    from seekrl.rl.mcts import run_labelling
+    from seekrl.rl.prm import load_scorer, prm_metrics, read_labels, split_labels, train_prm
+
+    out = args.work_dir / "runs" / f"mc-s{seed}"
+    done = out / "result.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    pipe = args.work_dir / "runs" / f"prorag-s{seed}"
+    mcts_cfg = json.loads((pipe / "pipeline.json").read_text())
+    # MC: `samples` episodes + mc_samples continuations per intermediate step; 4 + 4 x ~1.5
+    # steps is about 10 simulations a question, near MCTS's default 8
+    labels = run_labelling(LabelConfig(model=str(sft), data=str(world_dir / "train.jsonl"),
+                                       index=str(index_dir), out=str(out / "labels"),
+                                       questions=args.label_questions, seed=seed,
+                                       device=args.device,
+                                       search={"method": "mc", "samples": 4, "mc_samples": 2},
+                                       rollout={"max_turns": 4, "max_new_tokens": 64, "topk": 2,
+                                                "max_info_tokens": 256, "temperature": 0.9,
+                                                "batch_size": 64}),
+                           resume=(out / "labels" / "progress.json").is_file())
+    prm = train_prm(PRMConfig(model=str(sft), labels=[str(out / "labels")], out=str(out / "prm"),
+                              steps=args.prm_steps, dev_share=0.2, train_layers=16, seed=seed,
+                              device=args.device, optim={"lr": 5e-5, "warmup_steps": 2}))
+    sets = {"mcts": split_labels(read_labels([pipe / "labels"]), 0.2)[1],
+            "mc": split_labels(read_labels([out / "labels"]), 0.2)[1]}
+    scorers = {"mcts": load_scorer(pipe / "prm" / "final", device=args.device),
+               "mc": load_scorer(prm["final"], device=args.device)}
+    cross = {f"{p}_on_{d}": prm_metrics(scorers[p], sets[d]) for p in scorers for d in sets}
+    result = {"seed": seed, "mc_labels": {k: labels.get(k) for k in
+                                          ("simulations", "generated_tokens", "pairs")},
+              "mcts_labels": mcts_cfg["stages"]["labels"].get("simulations"), "quality": cross}
+    done.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _report(work: Path, started: float, step_method: str) -> None:
+    from process_ablation import _mean_std
+
+    runs = [json.loads(p.read_text()) for p in sorted(work.glob("runs/*/result.json"))]
+    pipes = [r for r in runs if r.get("method") == "prorag"]
+    if not pipes:
+        raise SystemExit(f"no pipeline results under {work}/runs")
+    by = {"prorag": pipes}
+    for r in runs:
+        if r.get("method") in ("outcome", step_method) and r.get("budget") is not None:
+            by.setdefault(r["method"], []).append(r)
+    rows = {}
+    for name, rs in by.items():
+        em, sd = _mean_std([r["em"] for r in rs])
+        tokens = _mean_std([r.get("generated_tokens", r.get("rollout_tokens", 0)) for r in rs])[0]
+        rows[name] = (em, sd, len(rs))
+        print(f"em_{name}={em:.4f} em_std_{name}={sd:.4f} seeds_{name}={len(rs)} "
+              f"searches_{name}={_mean_std([r['searches'] for r in rs])[0]:.2f} "
+              f"generated_tokens_{name}={tokens:.0f}")
+        types = sorted({t for r in rs for t in r.get("em_by_type", {})})
+        for t in types:
+            m, s = _mean_std([r["em_by_type"].get(t, 0.0) for r in rs])
+            print(f"em_{name}_{t}={m:.4f} em_std_{name}_{t}={s:.4f}")
+    for stage in ("em_sft", "em_refine"):
+        m, s = _mean_std([r[stage] for r in pipes])
+        print(f"prorag_{stage}={m:.4f} prorag_{stage}_std={s:.4f}")
+    for key in ("auc", "pair_accuracy", "first_error_accuracy", "first_error_baseline"):
+        vals = [r["prm_dev"].get(key) for r in pipes if r["prm_dev"].get(key) is not None]
+        if vals:
+            print(f"prm_mcts_dev_{key}={_mean_std(vals)[0]:.4f}")
+    mc = [json.loads(p.read_text()) for p in sorted(work.glob("runs/mc-s*/result.json"))]
+    for pair in ("mcts_on_mcts", "mcts_on_mc", "mc_on_mcts", "mc_on_mc"):
+        for key in ("auc", "pair_accuracy", "first_error_accuracy"):
+            vals = [r["quality"][pair].get(key) for r in mc
+                    if r["quality"][pair].get(key) is not None]
+            if vals:
+                print(f"prm_{pair}_{key}={_mean_std(vals)[0]:.4f}")
+    outcome = rows.get("outcome", (float("nan"),))[0]
+    gain = rows["prorag"][0] - outcome
+    print("prorag: " + ", ".join(f"{k} {v[0]:.3f}±{v[1]:.3f} ({v[2]} seeds)"
+                                 for k, v in rows.items())
+          + f" (test EM at equal generated tokens); prorag_gain={gain:+.4f}"
+          + f" ({(time.time() - started) / 60:.0f} min this run)")
+
+
+if __name__ == "__main__":
+    main()
