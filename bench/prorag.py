@@ -44,9 +44,9 @@ def main() -> None:
     ap.add_argument("--baseline", default="grpo", help="the outcome estimator (the demo's)")
     ap.add_argument("--step-method", default="evidence",
                     help="a step-credit method of rl/methods.py ('' to skip)")
-    ap.add_argument("--label-questions", type=int, default=16)
-    ap.add_argument("--simulations", type=int, default=8)
-    ap.add_argument("--prm-steps", type=int, default=20)
+    ap.add_argument("--label-questions", type=int, default=None, help="default: the pipeline's")
+    ap.add_argument("--simulations", type=int, default=None, help="default: the pipeline's")
+    ap.add_argument("--prm-steps", type=int, default=None, help="default: the pipeline's")
     ap.add_argument("--rl-steps", type=int, default=3, help="RL steps of the pipeline")
     ap.add_argument("--skip-mc", action="store_true", help="no MC-label PRM comparison")
     ap.add_argument("--eval-batch", type=int, default=64)
@@ -93,12 +93,15 @@ def _pipeline(seed: int, args, sft: Path, world_dir: Path, index_dir: Path, test
     if done.is_file():
         return json.loads(done.read_text())
     t0 = time.time()
+    labels: dict = {"device": args.device}
+    if args.label_questions:
+        labels["questions"] = args.label_questions
+    if args.simulations:
+        labels["search"] = {"simulations": args.simulations}
+    prm = {"device": args.device} | ({"steps": args.prm_steps} if args.prm_steps else {})
     cfg = ProragConfig(out=str(out), seed=seed, sft_model=str(sft),
                        train=str(world_dir / "train.jsonl"), test=str(test_file),
-                       index=str(index_dir), n_test=args.n_test,
-                       labels={"questions": args.label_questions,
-                               "search": {"simulations": args.simulations}, "device": args.device},
-                       prm={"steps": args.prm_steps, "device": args.device},
+                       index=str(index_dir), n_test=args.n_test, labels=labels, prm=prm,
                        refine={"device": args.device},
                        rl={"steps": args.rl_steps, "device": args.device})
     s = run_prorag(cfg, resume=(out / "pipeline.json").is_file())
@@ -134,7 +137,7 @@ def _baseline_run(method: str, seed: int, budget: int, args, demo, sft, world_di
 def _mc_comparison(seed: int, args, sft: Path, world_dir: Path, index_dir: Path) -> dict:
     """MC labels on the pipeline's questions at about its simulation count, a PRM on them,
     and both PRMs on both label sets' held-out questions."""
-    from seekrl.config import LabelConfig, PRMConfig
+    from seekrl.config import LabelConfig, PRMConfig, load_config
     from seekrl.rl.mcts import run_labelling
     from seekrl.rl.prm import load_scorer, prm_metrics, read_labels, split_labels, train_prm
 
@@ -144,20 +147,14 @@ def _mc_comparison(seed: int, args, sft: Path, world_dir: Path, index_dir: Path)
         return json.loads(done.read_text())
     pipe = args.work_dir / "runs" / f"prorag-s{seed}"
     mcts_cfg = json.loads((pipe / "pipeline.json").read_text())
-    # MC: `samples` episodes + mc_samples continuations per intermediate step; 4 + 4 x ~1.5
-    # steps is about 10 simulations a question, near MCTS's default 8
-    labels = run_labelling(LabelConfig(model=str(sft), data=str(world_dir / "train.jsonl"),
-                                       index=str(index_dir), out=str(out / "labels"),
-                                       questions=args.label_questions, seed=seed,
-                                       device=args.device,
-                                       search={"method": "mc", "samples": 4, "mc_samples": 2},
-                                       rollout={"max_turns": 4, "max_new_tokens": 64, "topk": 2,
-                                                "max_info_tokens": 256, "temperature": 0.9,
-                                                "batch_size": 64}),
-                           resume=(out / "labels" / "progress.json").is_file())
-    prm = train_prm(PRMConfig(model=str(sft), labels=[str(out / "labels")], out=str(out / "prm"),
-                              steps=args.prm_steps, dev_share=0.2, train_layers=16, seed=seed,
-                              device=args.device, optim={"lr": 5e-5, "warmup_steps": 2}))
+    # the pipeline's own labelling and PRM settings, with MC labels instead: 4 episodes + 2
+    # continuations per intermediate step (~1.5 of them) is about 7-10 simulations a
+    # question, near the pipeline's MCTS budget
+    labels = run_labelling(load_config(LabelConfig, pipe / "labels" / "config.yaml", [
+        f"out={out / 'labels'}", "search.method=mc", "search.samples=4",
+        "search.mc_samples=2"]), resume=(out / "labels" / "progress.json").is_file())
+    prm = train_prm(load_config(PRMConfig, pipe / "prm" / "config.yaml", [
+        f"labels={out / 'labels'}", f"out={out / 'prm'}"]))
     sets = {"mcts": split_labels(read_labels([pipe / "labels"]), 0.2)[1],
             "mc": split_labels(read_labels([out / "labels"]), 0.2)[1]}
     scorers = {"mcts": load_scorer(pipe / "prm" / "final", device=args.device),

@@ -118,7 +118,7 @@ def test_auc_and_quality_figures(tiny, episodes):
                        for i in range(len(t.steps))], [], labelled)
     m = prm_metrics(Fixed(), labels)
     assert m["auc"] == 1.0 and m["first_error_accuracy"] == 1.0
-    assert m["first_error_baseline"] == 0.0
+    assert m["first_error_baseline"] == 0.0      # truth: the second step, in both episodes
 
 
 def test_train_save_load_score_on_mcts_labels(tiny, tmp_path):
@@ -144,3 +144,16 @@ def test_train_save_load_score_on_mcts_labels(tiny, tmp_path):
     assert all(0.0 < v < 1.0 for r in scores for v in r)
     with pytest.raises(FileNotFoundError, match="not a process reward model"):
         load_scorer(tmp_path / "labels")
+
+
+def test_loading_and_saving_print_no_third_party_progress_bars(tiny, tmp_path, capfd):
+    from seekrl.models import load_policy
+    from seekrl.rl.common import save_policy
+
+    model, tok = tiny
+    save_policy(model, tok, tmp_path / "m")
+    load_policy(str(tmp_path / "m"))
+    save_policy(model, tok, tmp_path / "m")
+    captured = capfd.readouterr()
+    assert "Loading weights" not in captured.err + captured.out
+    assert "Writing model shards" not in captured.err + captured.out

@@ -130,3 +130,16 @@ def test_rft_recipe_filters_and_finetunes(tiny, tmp_path):
     assert all(t.answer == "Tarrow" and all(s.query != "Noise" for s in t.steps) for t in kept)
     assert (tmp_path / "rft" / "sft" / "final" / "config.json").is_file()
     assert result["final"].endswith("final")
+
+
+def test_quantile_threshold_follows_the_prm_scale():
+    from seekrl.rl.refine import quantile_threshold
+
+    outcomes = [1.0, 1.0, 0.0, 1.0]
+    scores = [[0.03, 0.04], [0.05], [0.9, 0.9], [0.02, 0.06]]
+    # the right episodes' steps: 0.02 0.03 0.04 0.05 0.06; the wrong one's 0.9 never counts
+    assert quantile_threshold(outcomes, scores, 1.0, 0.25, default=0.5) == 0.03
+    assert quantile_threshold(outcomes, scores, 1.0, 0.0, default=0.5) == 0.02
+    assert quantile_threshold([0.0], [[0.1]], 1.0, 0.25, default=0.5) == 0.5
+    kept, why = keep_for_rft([], [], [], min_outcome=1.0, threshold=0.03, max_per_question=2)
+    assert kept == [] and sum(why.values()) == 0

@@ -186,6 +186,9 @@ class RefineConfig(Strict):
     reward: str = "em"
     min_outcome: float = 1.0           # keep episodes whose outcome reaches this
     threshold: float = Field(0.5, ge=0, le=1)   # ... and whose every step scores this
+    # or: the threshold is this quantile of the right episodes' step scores (PRMs trained on
+    # soft Q score a weak policy far below 0.5 everywhere)
+    threshold_quantile: float | None = Field(None, ge=0, lt=1)
     max_per_question: int = Field(2, ge=1)
     rollout: RolloutSettings = RolloutSettings(temperature=0.9)
     # step_dpo

@@ -89,6 +89,13 @@ def resolve_model(name: str | None) -> str:
     return name
 
 
+def quiet_transformers() -> None:
+    """transformers' own progress bars ("Loading weights", "Writing model shards") would
+    interleave with seekrl's stage output in every recipe; seekrl reports its own progress."""
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+
+
 def load_tokenizer(name: str | None = DEFAULT_MODEL):
     from transformers import AutoTokenizer
 
@@ -105,6 +112,7 @@ def load_policy(name: str | None = DEFAULT_MODEL, *, dtype: str = "float32",
 
     if dtype not in DTYPES:
         raise ModelError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    quiet_transformers()
     path = resolve_model(name)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])

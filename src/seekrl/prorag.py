@@ -82,16 +82,19 @@ def stage_configs(cfg: ProragConfig, paths: dict[str, str]) -> dict[str, Any]:
         # episode's F1, the gap rule keeps only clear differences); raise both at GPU scale
         "search": {"simulations": 12, "expansions": 4, "trees_per_batch": 16,
                    "min_visits": 1, "min_gap": 0.5}})
+    # a PRM step reads 3 x batch_size episodes (points, better, worse): on a CPU, few
+    # episodes and the top 4 blocks (backpropagation stops there) keep it to minutes
     stages["prm"] = build("prm", PRMConfig, {
         "model": sft_final, "labels": [stages["labels"].out], "out": str(out / "prm"),
-        "steps": 20, "batch_size": 8, "loss": "both", "dev_share": 0.2,
-        "train_layers": cfg.train_layers, "seed": cfg.seed, "log_every": 5,
-        "optim": {"lr": 5e-5, "warmup_steps": 2}})
+        "steps": 12, "batch_size": 4, "loss": "both", "dev_share": 0.2,
+        "train_layers": min(4, cfg.train_layers or 4), "seed": cfg.seed, "log_every": 2,
+        "optim": {"lr": 1e-4, "warmup_steps": 2}})
     prm_final = str(Path(stages["prm"].out) / "final")
     stages["refine"] = build("refine", RefineConfig, {
         "model": sft_final, "method": "rft" if cfg.refine_method == "none"
         else cfg.refine_method, "out": str(out / "refine"), "data": paths["train"],
         "index": paths["index"], "prm": prm_final, "pairs": [stages["labels"].out],
+        "threshold_quantile": 0.25,
         "questions": 16, "samples": 4, "steps": 8, "batch_size": 8,
         "train_layers": cfg.train_layers, "seed": cfg.seed, "rollout": rollout,
         "optim": {"lr": 5e-5, "warmup_steps": 2}})

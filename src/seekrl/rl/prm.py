@@ -13,7 +13,8 @@ Training reads the label folders of `seekrl mcts` (rl/mcts.py):
 Held-out questions (a stable hash of the question id, `dev_share`) give the quality
 figures: AUC of the scores against Q >= `threshold`, pair accuracy, and first-error
 localisation (on fully labelled episodes, the first step with Q below the threshold, or
-none, against the first step the model scores below it).
+none, against the first step the model scores below it; `first_error_baseline` is the
+better of the two constant guesses, "no error" and "the first step").
 
 The saved folder is a plain Hugging Face checkpoint of the backbone (LoRA merged) plus
 `prm_head.pt` and `prm.json`; `load_scorer(path)` gives the object the `prm` process
@@ -228,9 +229,16 @@ def split_labels(labels: LabelSet, dev_share: float) -> tuple[LabelSet, LabelSet
 # ---------------------------------------------------------------------- losses
 def pointwise_loss(prm: ProcessRewardModel, points: Sequence[PointLabel], pad_id: int, device
                    ) -> torch.Tensor:
-    """Binary cross-entropy of sigmoid(score) against the soft labels."""
-    logits = torch.cat(batch_scores(prm, [(p.traj, [p.index]) for p in points], pad_id, device))
-    target = torch.tensor([p.label for p in points], dtype=logits.dtype, device=logits.device)
+    """Binary cross-entropy of sigmoid(score) against the soft labels. Points on the same
+    episode (an MCTS path's nodes) share one forward pass."""
+    groups: dict[int, list[PointLabel]] = {}
+    for p in points:
+        groups.setdefault(id(p.traj), []).append(p)
+    members = list(groups.values())
+    logits = torch.cat(batch_scores(prm, [(g[0].traj, [p.index for p in g]) for g in members],
+                                    pad_id, device))
+    target = torch.tensor([p.label for g in members for p in g], dtype=logits.dtype,
+                          device=logits.device)
     return nn.functional.binary_cross_entropy_with_logits(logits, target)
 
 
@@ -297,9 +305,10 @@ def prm_metrics(scorer: PRMScorer, labels: LabelSet, threshold: float = 0.5) -> 
                 for e, p in zip(full, probs)]
         out["first_error_accuracy"] = sum(hits) / len(hits)
         out["first_error_episodes"] = len(full)
-        # what always saying "no error" would score: the bar the PRM has to clear
-        out["first_error_baseline"] = sum(first_below([s.value for s in e.steps], threshold)
-                                          is None for e in full) / len(full)
+        # what a constant guess scores, "no error" or "the first step": the bar to clear
+        truth = [first_below([s.value for s in e.steps], threshold) for e in full]
+        out["first_error_baseline"] = max(sum(t is None for t in truth),
+                                          sum(t == 0 for t in truth)) / len(full)
     return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}
 
 

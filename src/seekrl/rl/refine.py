@@ -57,6 +57,18 @@ def keep_for_rft(trajs: Sequence[Trajectory], outcomes: Sequence[float],
     return kept, why
 
 
+def quantile_threshold(outcomes: Sequence[float], step_scores: Sequence[Sequence[float]],
+                       min_outcome: float, q: float, *, default: float) -> float:
+    """The q-quantile of the step scores of the right episodes. A PRM trained on soft Q
+    labels scores on the policy's own success scale (a weak policy's steps all sit far below
+    0.5), so a fixed threshold can keep nothing; this one drops the right episodes holding
+    the lowest-scored steps, whatever the scale. `default` when no episode is right."""
+    scores = sorted(v for o, row in zip(outcomes, step_scores) if o >= min_outcome for v in row)
+    if not scores:
+        return default
+    return scores[min(len(scores) - 1, int(q * len(scores)))]
+
+
 # ---------------------------------------------------------------------- step-level DPO
 def step_mask(traj: Trajectory, index: int) -> list[int]:
     """1 on the generated tokens of step `index`, 0 elsewhere."""
@@ -225,8 +237,12 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
         for t, row in zip(trajs, step_scores):
             for s, v in zip(t.steps, row):
                 s.value = float(v)
+    threshold = cfg.threshold
+    if step_scores is not None and cfg.threshold_quantile is not None:
+        threshold = quantile_threshold(outcomes, step_scores, cfg.min_outcome,
+                                       cfg.threshold_quantile, default=cfg.threshold)
     kept, why = keep_for_rft(trajs, outcomes, step_scores, min_outcome=cfg.min_outcome,
-                             threshold=cfg.threshold, max_per_question=cfg.max_per_question)
+                             threshold=threshold, max_per_question=cfg.max_per_question)
     generated = sum(t.n_generated for t in trajs)
     write_trajectories(out / "samples.jsonl", trajs)
     data = out / "rft_data.jsonl"
@@ -236,7 +252,8 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     summary = {"method": "rft", "sampled": len(trajs), "kept": len(kept), "left_out": why,
                "right_share": round(sum(o >= cfg.min_outcome for o in outcomes)
                                     / max(len(trajs), 1), 4),
-               "generated_tokens": generated, "prm": cfg.prm or None}
+               "generated_tokens": generated, "prm": cfg.prm or None,
+               "threshold": None if step_scores is None else round(threshold, 6)}
     if not kept:
         say("[yellow]RFT kept no episode: the policy is returned unchanged[/]")
         final = save_policy(model, tokenizer, out / "final")
