@@ -394,16 +394,17 @@ def prm_train(
 @prm_app.command("score")
 def prm_score(
     prm: Annotated[Path, typer.Option(help="a `seekrl prm train` folder (its final/)")],
-    trajectories: Annotated[Path, typer.Option(help="trajectory JSONL (e.g. an eval run's trajectories.jsonl)")],
-    out: Annotated[Path, typer.Option(help="where the scored trajectories go (each step's value = PRM score)")],
+    trajectories: Annotated[Path, typer.Option(
+        help="trajectory JSONL (e.g. an eval run's trajectories.jsonl)")],
+    out: Annotated[Path, typer.Option(
+        help="where the scored trajectories go (each step's value = PRM score)")],
     batch_size: Annotated[int, typer.Option(help="episodes per forward pass")] = 8,
     device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
 ):
     """Score every step of a trajectory file with a PRM (one forward pass per episode batch)."""
     from seekrl.agent.trajectory import read_trajectories, write_trajectories
-    from seekrl.rl.prm import load_scorer
-
     from seekrl.models import ModelError
+    from seekrl.rl.prm import load_scorer
 
     try:
         trajs = read_trajectories(trajectories)

@@ -17,6 +17,28 @@ import torch
 from seekrl.config import ConfigError, EvalConfig, LoRAConfig, OptimConfig
 
 
+def rollout_config(settings, *, seed: int, n_samples: int = 1):
+    """The rollout engine's settings from a recipe's `rollout:` section (`RolloutSettings`)."""
+    from seekrl.agent.rollout import RolloutConfig
+
+    return RolloutConfig(max_turns=settings.max_turns, max_new_tokens=settings.max_new_tokens,
+                         max_total_tokens=settings.max_total_tokens, topk=settings.topk,
+                         max_info_tokens=settings.max_info_tokens,
+                         batch_size=settings.batch_size, n_samples=n_samples,
+                         temperature=settings.temperature, top_p=settings.top_p, seed=seed,
+                         method=settings.method)
+
+
+def open_index(index: str | None, what: str):
+    """The retriever an `index` key names (a folder or a server url); `what` says who needs
+    it when the key is empty."""
+    from seekrl.retrieval.open import open_retriever
+
+    if not index:
+        raise ValueError(f"index: {what}; it needs an index folder or a retrieval server url")
+    return open_retriever(index)
+
+
 def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)

@@ -19,11 +19,12 @@ node, and all their expansions go to the rollout engine in one call (prefix cont
 so the shared context is prefilled once).
 
 Output (a folder, `LabelWriter`): `nodes.jsonl` (one line per node: question, parent,
-depth, the step, the path of steps to it, N, Q), `labels.jsonl` (`Trajectory` records whose labelled steps carry
-`Step.value` = Q and `metadata["visits"]` = N per step; for MCTS one episode per leaf, its
-path labelled), and `pairs.jsonl` (sibling steps from the same prefix, better and worse,
-with their Q gap) filtered by rules: both visited at least `min_visits` times, a Q gap of
-at least `min_gap`, the better step well-formed and not repeating an earlier query.
+depth, the step, the path of steps to it, N, Q), `labels.jsonl` (`Trajectory` records
+whose labelled steps carry `Step.value` = Q and `metadata["visits"]` = N per step; for
+MCTS one episode per leaf, its path labelled), and `pairs.jsonl` (sibling steps from the
+same prefix, better and worse, with their Q gap) filtered by rules: both visited at least
+`min_visits` times, a Q gap of at least `min_gap` (ties never pair), the better step
+well-formed and not repeating an earlier query.
 
 Monte-Carlo labels (Math-Shepherd style): `samples` episodes per question, and for every
 step an episode went on from, `mc_samples` continuations; a step's label is the mean reward
@@ -438,12 +439,11 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
     with simulations per second. `backend` (with `tokenizer`) replaces the policy: tests
     play a scripted one."""
     from seekrl.agent.backends import HFBackend
-    from seekrl.agent.rollout import RolloutConfig
     from seekrl.config import dump_config
     from seekrl.data.qa import load_qa
     from seekrl.models import load_policy
     from seekrl.rewards.outcome import get_outcome
-    from seekrl.rl.common import set_seed
+    from seekrl.rl.common import open_index, rollout_config, set_seed
 
     search = cfg.search
     # everything that decides the labels (a resumed run may label more questions)
@@ -458,19 +458,10 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
     if model is None and backend is None:
         model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
     if retriever is None:
-        from seekrl.retrieval.open import open_retriever
-        if not cfg.index:
-            raise ValueError("index: labelling plays search episodes; it needs an index folder "
-                             "or a retrieval server url")
-        retriever = open_retriever(cfg.index)
+        retriever = open_index(cfg.index, "labelling plays search episodes")
     dump_config(cfg, Path(cfg.out) / "config.yaml")
-    r = cfg.rollout
     engine = RolloutEngine(backend or HFBackend(model.eval(), tokenizer), tokenizer, retriever,
-                           RolloutConfig(max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
-                                         max_total_tokens=r.max_total_tokens, topk=r.topk,
-                                         max_info_tokens=r.max_info_tokens,
-                                         batch_size=r.batch_size, temperature=r.temperature,
-                                         top_p=r.top_p, seed=cfg.seed))
+                           rollout_config(cfg.rollout, seed=cfg.seed))
     outcome = get_outcome(cfg.reward)
     score = lambda t: outcome(t.answer, t.golden_answers)          # noqa: E731
     rules = PairRules(min_visits=search.min_visits, min_gap=search.min_gap)

@@ -159,6 +159,8 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
         apply_lora,
         make_optimizer,
         make_scheduler,
+        open_index,
+        rollout_config,
         save_policy,
         set_seed,
         train_top_layers,
@@ -208,7 +210,7 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
 
     # RFT: sample, filter, fine-tune
     from seekrl.agent.backends import HFBackend
-    from seekrl.agent.rollout import RolloutConfig, RolloutEngine
+    from seekrl.agent.rollout import RolloutEngine
     from seekrl.data.qa import load_qa
     from seekrl.rewards.outcome import get_outcome
 
@@ -216,19 +218,10 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     if cfg.questions is not None:
         questions = questions[:cfg.questions]
     if retriever is None:
-        from seekrl.retrieval.open import open_retriever
-        if not cfg.index:
-            raise ValueError("index: RFT samples search episodes; it needs an index folder or "
-                             "a retrieval server url")
-        retriever = open_retriever(cfg.index)
+        retriever = open_index(cfg.index, "RFT samples search episodes")
     r = cfg.rollout
     engine = RolloutEngine(backend or HFBackend(model.eval(), tokenizer), tokenizer, retriever,
-                           RolloutConfig(max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
-                                         max_total_tokens=r.max_total_tokens, topk=r.topk,
-                                         max_info_tokens=r.max_info_tokens,
-                                         batch_size=r.batch_size, n_samples=cfg.samples,
-                                         temperature=r.temperature, top_p=r.top_p,
-                                         seed=cfg.seed))
+                           rollout_config(r, seed=cfg.seed, n_samples=cfg.samples))
     trajs = engine.run(questions, dataset="rft")
     outcome = get_outcome(cfg.reward)
     outcomes = [outcome(t.answer, t.golden_answers) for t in trajs]
@@ -247,11 +240,13 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     write_trajectories(out / "samples.jsonl", trajs)
     data = out / "rft_data.jsonl"
     write_trajectories(data, kept)
-    say(f"RFT: {len(trajs)} episodes sampled ({generated} tokens), {sum(o >= cfg.min_outcome for o in outcomes)} "
-        f"right, {len(kept)} kept; left out: " + ", ".join(f"{k} {v}" for k, v in why.items()))
+    n_right = sum(o >= cfg.min_outcome for o in outcomes)
+    say(f"RFT: {len(trajs)} episodes sampled ({generated} tokens), {n_right} right, "
+        f"{len(kept)} kept" + (f" (step threshold {threshold:.3g})" if step_scores else "")
+        + "; left out: "
+        + ", ".join(f"{k} {v}" for k, v in why.items()))
     summary = {"method": "rft", "sampled": len(trajs), "kept": len(kept), "left_out": why,
-               "right_share": round(sum(o >= cfg.min_outcome for o in outcomes)
-                                    / max(len(trajs), 1), 4),
+               "right_share": round(n_right / max(len(trajs), 1), 4),
                "generated_tokens": generated, "prm": cfg.prm or None,
                "threshold": None if step_scores is None else round(threshold, 6)}
     if not kept:

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from seekrl.agent.backends import HFBackend
-from seekrl.agent.rollout import RolloutConfig, RolloutEngine, grow_trees
+from seekrl.agent.rollout import RolloutEngine, grow_trees
 from seekrl.agent.trajectory import Trajectory, group_indices
 from seekrl.config import ConfigError, TrainConfig, dump_config
 from seekrl.data.qa import QAExample, load_qa
@@ -76,6 +76,7 @@ from seekrl.rl.common import (
     make_scheduler,
     replace_dir,
     rng_state,
+    rollout_config,
     save_policy,
     set_rng_state,
     set_seed,
@@ -183,13 +184,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ 2. rollouts
     def engine(self, seed: int, n_samples: int | None = None) -> RolloutEngine:
-        r = self.cfg.rollout
-        cfg = RolloutConfig(max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
-                            max_total_tokens=r.max_total_tokens, topk=r.topk,
-                            max_info_tokens=r.max_info_tokens, batch_size=r.batch_size,
-                            n_samples=n_samples or self.cfg.group_size,
-                            temperature=r.temperature, top_p=r.top_p, seed=seed,
-                            method=r.method)
+        cfg = rollout_config(self.cfg.rollout, seed=seed,
+                             n_samples=n_samples or self.cfg.group_size)
         self.model.eval()
         return RolloutEngine(HFBackend(self.model, self.tokenizer), self.tokenizer,
                              self.retriever, cfg)
