@@ -157,3 +157,23 @@ def test_loading_and_saving_print_no_third_party_progress_bars(tiny, tmp_path, c
     captured = capfd.readouterr()
     assert "Loading weights" not in captured.err + captured.out
     assert "Writing model shards" not in captured.err + captured.out
+
+
+def test_rollouts_of_one_question_share_the_prompt_pass(tiny, monkeypatch):
+    from seekrl.agent.rollout import RolloutConfig, RolloutEngine
+    from seekrl.rl import prm as prm_module
+
+    model, tok = tiny
+    engine = RolloutEngine(Dice(tok, OPTIONS), tok, Docs(), RolloutConfig(max_turns=3,
+                                                                          n_samples=3, seed=2))
+    group = engine.run(questions(2))               # 2 questions x 3 rollouts
+    scorer = PRMScorer(random_prm(model), tok, batch_size=6)
+    calls = []
+    real = prm_module.suffix_hidden
+    monkeypatch.setattr(prm_module, "suffix_hidden",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    together = scorer.logits(group)
+    assert calls                                   # the shared-prompt path ran
+    for t, row in zip(group, together):
+        alone = scorer.logits([t])[0]
+        assert row == pytest.approx(alone, abs=1e-4)

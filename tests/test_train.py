@@ -100,8 +100,8 @@ def test_sharing_prompt_passes_leaves_the_update_unchanged(world, tiny, tmp_path
     from seekrl.rl import forward
 
     shared_calls = []
-    real = forward._suffix_hidden
-    monkeypatch.setattr(forward, "_suffix_hidden",
+    real = forward.suffix_hidden
+    monkeypatch.setattr(forward, "suffix_hidden",
                         lambda *a, **k: shared_calls.append(1) or real(*a, **k))
     params = []
     for share in (False, True):

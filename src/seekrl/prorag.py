@@ -76,7 +76,7 @@ def stage_configs(cfg: ProragConfig, paths: dict[str, str]) -> dict[str, Any]:
     sft_final = paths.get("sft_final", str(Path(stages["sft"].out) / "final"))
     stages["labels"] = build("labels", LabelConfig, {
         "model": sft_final, "data": paths["train"], "index": paths["index"],
-        "out": str(out / "labels"), "questions": 16, "reward": "f1", "seed": cfg.seed,
+        "out": str(out / "labels"), "questions": 12, "reward": "f1", "seed": cfg.seed,
         "rollout": rollout,
         # a pair needs both siblings visited: one visit each at demo size (their Q is one
         # episode's F1, the gap rule keeps only clear differences); raise both at GPU scale
@@ -95,7 +95,7 @@ def stage_configs(cfg: ProragConfig, paths: dict[str, str]) -> dict[str, Any]:
         else cfg.refine_method, "out": str(out / "refine"), "data": paths["train"],
         "index": paths["index"], "prm": prm_final, "pairs": [stages["labels"].out],
         "threshold_quantile": 0.25,
-        "questions": 16, "samples": 4, "steps": 8, "batch_size": 8,
+        "questions": 16, "samples": 4, "steps": 6, "batch_size": 8,
         "train_layers": cfg.train_layers, "seed": cfg.seed, "rollout": rollout,
         "optim": {"lr": 5e-5, "warmup_steps": 2}})
     demo = _demo(cfg)

@@ -76,7 +76,7 @@ def shared_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: 
     return (cuts, index) if len(seen) < len(cuts) else None
 
 
-def _suffix_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+def suffix_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    cuts: list[int], index: list[int]) -> torch.Tensor | None:
     """Hidden states of each row from its cut on, [batch, longest suffix, hidden], with each
     distinct prompt run once (right-padded) and its KV cache repeated for the rows that
@@ -125,7 +125,7 @@ def masked_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     the policy's features but its loss never moves the policy."""
     sel = mask[:, 1:].bool()                       # token t is predicted at t - 1
     shared = shared_prompts(input_ids, attention_mask, mask) if share_prompts else None
-    h = _suffix_hidden(model, input_ids, attention_mask, *shared) if shared else None
+    h = suffix_hidden(model, input_ids, attention_mask, *shared) if shared else None
     if h is None:
         picked = hidden_states(model, input_ids, attention_mask)[:, :-1][sel]
     else:  # the same rows and positions, read from the suffix pass (row-major order kept)

@@ -38,7 +38,7 @@ from torch import nn
 from seekrl.agent.trajectory import Trajectory, iter_trajectories
 from seekrl.data.jsonl import iter_jsonl
 from seekrl.errors import DataError
-from seekrl.rl.forward import collate, hidden_states
+from seekrl.rl.forward import collate, hidden_states, shared_prompts, suffix_hidden
 
 PRM_MARKER = "prm.json"
 
@@ -55,10 +55,19 @@ class ProcessRewardModel(nn.Module):
             nn.init.zeros_(self.head.bias)
 
     def step_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Scores (logits) at `(rows[i], positions[i])`, one per requested step end."""
-        h = hidden_states(self.lm, input_ids, attention_mask)
-        return self.head(h[rows, positions].float()).squeeze(-1)
+                    rows: torch.Tensor, positions: torch.Tensor,
+                    policy_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Scores (logits) at `(rows[i], positions[i])`, one per requested step end. With
+        `policy_mask` (1 on generated tokens), rows that share their prompt (a question's
+        rollouts) run it once and reuse its KV cache, as the policy's forward does."""
+        shared = shared_prompts(input_ids, attention_mask, policy_mask) \
+            if policy_mask is not None else None
+        h = suffix_hidden(self.lm, input_ids, attention_mask, *shared) if shared else None
+        if h is None:
+            h = hidden_states(self.lm, input_ids, attention_mask)
+            return self.head(h[rows, positions].float()).squeeze(-1)
+        cuts = torch.tensor(shared[0], dtype=torch.long, device=positions.device)
+        return self.head(h[rows, positions - cuts[rows]].float()).squeeze(-1)
 
 
 def step_end(traj: Trajectory, index: int) -> int:
@@ -74,12 +83,13 @@ def batch_scores(prm: ProcessRewardModel, items: Sequence[tuple[Trajectory, list
     (each episode cut after the last step asked for)."""
     ends = [[step_end(t, i) for i in idx] for t, idx in items]
     cut = [max(e) + 1 if e else 1 for e in ends]
-    ids, attn, _ = collate([t.token_ids[:c] for (t, _), c in zip(items, cut)],
-                           [[0] * c for c in cut], pad_id, device)
+    ids, attn, policy = collate([t.token_ids[:c] for (t, _), c in zip(items, cut)],
+                                [t.loss_mask[:c] for (t, _), c in zip(items, cut)], pad_id, device)
     rows = torch.tensor([r for r, e in enumerate(ends) for _ in e], dtype=torch.long,
                         device=ids.device)
     pos = torch.tensor([p for e in ends for p in e], dtype=torch.long, device=ids.device)
-    flat = prm.step_logits(ids, attn, rows, pos) if len(pos) else torch.zeros(0, device=ids.device)
+    flat = prm.step_logits(ids, attn, rows, pos, policy) if len(pos) \
+        else torch.zeros(0, device=ids.device)
     out, i = [], 0
     for e in ends:
         out.append(flat[i:i + len(e)])
