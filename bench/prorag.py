@@ -17,6 +17,10 @@ Setting: the demo's synthetic world and SFT warm-up (built once, or `--sft DIR`;
    simulations, a PRM trained on them like the pipeline's, and both PRMs' quality (AUC, pair
    accuracy, first-error localisation) on the held-out questions of each label set.
 
+`--pipeline DIR` takes the first seed's pipeline from a finished `seekrl prorag` run (the
+demo-size default builds the same world and SFT checkpoint): its labels, PRM and policies are
+reused and evaluated on the bench's questions, which saves its training time on a CPU.
+
 Every policy is evaluated greedily on the same `--n-test` questions. Results are kept per run
 (`WORK/runs/NAME/result.json`) and not recomputed. Prints `key=value` figures (mean and std
 over seeds) and ends with a one-line summary holding `prorag_gain=` (the pipeline's mean test
@@ -49,6 +53,10 @@ def main() -> None:
     ap.add_argument("--prm-steps", type=int, default=None, help="default: the pipeline's")
     ap.add_argument("--rl-steps", type=int, default=3, help="RL steps of the pipeline")
     ap.add_argument("--skip-mc", action="store_true", help="no MC-label PRM comparison")
+    ap.add_argument("--pipeline", type=Path, default=None,
+                    help="a finished `seekrl prorag` run on the same world and SFT checkpoint "
+                         "(the demo-size default): the first seed reuses its labels, PRM and "
+                         "policies and only evaluates them on the bench's test questions")
     ap.add_argument("--eval-batch", type=int, default=64)
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
@@ -79,8 +87,15 @@ def main() -> None:
                 _baseline_run(args.step_method, seed, budget, args, demo, sft, world_dir,
                               index_dir, test_file)
             if not args.skip_mc:
-                _mc_comparison(seed, args, sft, world_dir, index_dir)
+                _mc_comparison(seed, args)
     _report(args.work_dir, started, args.step_method)
+
+
+def _pipeline_dir(args, seed: int) -> Path:
+    if args.pipeline is not None and seed == int(json.loads(
+            (args.pipeline / "pipeline.json").read_text())["config"]["seed"]):
+        return args.pipeline
+    return args.work_dir / "runs" / f"prorag-s{seed}"
 
 
 def _pipeline(seed: int, args, sft: Path, world_dir: Path, index_dir: Path, test_file: Path
@@ -88,10 +103,13 @@ def _pipeline(seed: int, args, sft: Path, world_dir: Path, index_dir: Path, test
     from seekrl.config import ProragConfig
     from seekrl.prorag import run_prorag
 
-    out = args.work_dir / "runs" / f"prorag-s{seed}"
-    done = out / "result.json"
+    done = args.work_dir / "runs" / f"prorag-s{seed}" / "result.json"
     if done.is_file():
         return json.loads(done.read_text())
+    done.parent.mkdir(parents=True, exist_ok=True)
+    if _pipeline_dir(args, seed) != done.parent:
+        return _reuse_pipeline(seed, args, index_dir, test_file, done)
+    out = done.parent
     t0 = time.time()
     labels: dict = {"device": args.device}
     if args.label_questions:
@@ -118,6 +136,37 @@ def _pipeline(seed: int, args, sft: Path, world_dir: Path, index_dir: Path, test
     return result
 
 
+def _reuse_pipeline(seed: int, args, index_dir: Path, test_file: Path, done: Path) -> dict:
+    """A finished pipeline's policies evaluated on the bench's test questions."""
+    from process_ablation import _evaluate
+
+    from seekrl.demo import DemoConfig
+
+    t0 = time.time()
+    stages = json.loads((args.pipeline / "pipeline.json").read_text())["stages"]
+    demo = DemoConfig(n_test=args.n_test)
+    ns = argparse.Namespace(n_test=args.n_test, eval_batch=args.eval_batch, device=args.device)
+    evals = {name: _evaluate(Path(stages[stage]["final"]), done.parent / f"eval-{name}",
+                             index_dir, test_file, demo, ns)
+             for name, stage in (("sft", "sft"), ("refine", "refine"), ("rl", "rl"))}
+    tokens = {k: stages[k].get("generated_tokens", 0) for k in ("labels", "refine", "rl")}
+    avg = evals["rl"]["average"]
+    result = {"method": "prorag", "seed": seed, "reused": str(args.pipeline),
+              "em_sft": evals["sft"]["average"]["em"],
+              "em_refine": evals["refine"]["average"]["em"], "em": avg["em"], "f1": avg["f1"],
+              "searches": avg["searches"], "generated_tokens": sum(tokens.values()),
+              "tokens_by_stage": tokens, "prm_dev": stages["prm"].get("dev") or {},
+              "labels": {k: stages["labels"].get(k) for k in ("simulations", "pairs")},
+              "refine": {k: stages["refine"].get(k) for k in ("sampled", "kept")},
+              "em_by_type": _by_type(done.parent / "eval-rl"),
+              "minutes": round((time.time() - t0) / 60, 2), "device": args.device}
+    done.write_text(json.dumps(result, indent=1))
+    print(f"prorag seed {seed} (reused {args.pipeline}): EM sft {result['em_sft']:.3f} -> "
+          f"refine {result['em_refine']:.3f} -> rl {result['em']:.3f}, "
+          f"{result['generated_tokens']} generated tokens", flush=True)
+    return result
+
+
 def _by_type(run_dir: Path) -> dict:
     metrics = json.loads((run_dir / "metrics.json").read_text())
     return {k: v["em"] for k, v in next(iter(metrics["by_type"].values()), {}).items()}
@@ -134,7 +183,7 @@ def _baseline_run(method: str, seed: int, budget: int, args, demo, sft, world_di
     return _run(method, seed, budget, ns, demo, sft, world_dir, index_dir, test_file)
 
 
-def _mc_comparison(seed: int, args, sft: Path, world_dir: Path, index_dir: Path) -> dict:
+def _mc_comparison(seed: int, args) -> dict:
     """MC labels on the pipeline's questions at about its simulation count, a PRM on them,
     and both PRMs on both label sets' held-out questions."""
     from seekrl.config import LabelConfig, PRMConfig, load_config
@@ -145,7 +194,7 @@ def _mc_comparison(seed: int, args, sft: Path, world_dir: Path, index_dir: Path)
     done = out / "result.json"
     if done.is_file():
         return json.loads(done.read_text())
-    pipe = args.work_dir / "runs" / f"prorag-s{seed}"
+    pipe = _pipeline_dir(args, seed)
     mcts_cfg = json.loads((pipe / "pipeline.json").read_text())
     # the pipeline's own labelling and PRM settings, with MC labels instead: 4 episodes + 2
     # continuations per intermediate step (~1.5 of them) is about 7-10 simulations a
