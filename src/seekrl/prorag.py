@@ -236,11 +236,14 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
 
     def eval_rl() -> dict:
         avg = _evaluate(rl_out["final"], out / "eval_rl", **ev)
-        _score_viewer(out / "eval_rl", prm_out["final"], cfg)
+        _score_viewer(out / "eval_rl", prm_out["final"], device=stages["rl"].device)
         return avg
 
     pipe.run("eval_rl", "evaluate the final policy; PRM scores into its viewer", eval_rl)
-    return _report(cfg, pipe.state["stages"], console) | {"peak_rss_mb": _peak_rss_mb()}
+    summary = _report(cfg, pipe.state["stages"], console)
+    summary["peak_rss_mb"] = _peak_rss_mb()    # this process (a resumed run: since resuming)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary
 
 
 def _data(cfg: ProragConfig, paths: dict[str, str], console: Console) -> dict:
@@ -267,7 +270,7 @@ def _data(cfg: ProragConfig, paths: dict[str, str], console: Console) -> dict:
             "sft_data": paths["sft_data"]}
 
 
-def _score_viewer(run_dir: Path, prm_dir: str, cfg: ProragConfig) -> None:
+def _score_viewer(run_dir: Path, prm_dir: str, *, device: str = "cpu") -> None:
     """The PRM's score of every step of the evaluated episodes, kept as `Step.value`, and
     the viewer drawn again with them."""
     from seekrl.agent.trajectory import read_trajectories, write_trajectories
@@ -276,7 +279,7 @@ def _score_viewer(run_dir: Path, prm_dir: str, cfg: ProragConfig) -> None:
 
     path = run_dir / "trajectories.jsonl"
     trajs = read_trajectories(path)
-    scorer = load_scorer(prm_dir)
+    scorer = load_scorer(prm_dir, device=device)
     for t, row in zip(trajs, scorer.score_steps(trajs)):
         for s, v in zip(t.steps, row):
             s.value = round(v, 4)
