@@ -85,3 +85,49 @@ def test_train_process_option_sets_the_methods_keys(tmp_path, monkeypatch):
     assert r.exit_code == 2 and "process method: expected one of" in r.output
     r = run("train", "--process", "tree", "data=q.jsonl", "group_size=3")
     assert r.exit_code == 2 and "group_size must be even" in r.output
+
+
+def test_process_supervision_commands_fail_fast_with_one_line(tmp_path):
+    r = run("mcts", "data=" + str(tmp_path / "missing.jsonl"), f"out={tmp_path / 'labels'}")
+    assert r.exit_code == 2 and "missing.jsonl" in r.output
+    assert not (tmp_path / "labels").exists()          # nothing written before the check
+    r = run("mcts", "data=x.jsonl", "search.simulatons=3")
+    assert r.exit_code == 2 and "search.simulatons: unknown key" in r.output
+    r = run("prm", "train", f"labels={tmp_path / 'nowhere'}", f"out={tmp_path / 'prm'}")
+    assert r.exit_code == 2 and "no labels.jsonl" in r.output
+    r = run("prm", "score", "--prm", tmp_path, "--trajectories", tmp_path / "t.jsonl",
+            "--out", tmp_path / "s.jsonl")
+    assert r.exit_code == 2
+    r = run("refine", "method=step_dpo", f"out={tmp_path / 'r'}")
+    assert r.exit_code == 2 and "pairs" in r.output
+    r = run("prorag", f"out={tmp_path / 'p'}", "train=t.jsonl")
+    assert r.exit_code == 2 and "train, test and index go together" in r.output
+
+
+def test_prm_score_and_eval_on_files(tmp_path):
+    import copy
+
+    from seekrl.config import LabelConfig
+    from seekrl.models import tiny_policy
+    from seekrl.rl.mcts import run_labelling
+    from seekrl.rl.prm import ProcessRewardModel, save_prm
+    from tests.test_mcts import OPTIONS, Dice, questions
+    from tests.test_rollout import Docs
+
+    model, tok = tiny_policy(seed=0)
+    run_labelling(LabelConfig(data="unused", out=str(tmp_path / "labels"),
+                              search={"simulations": 6, "expansions": 3, "min_visits": 1,
+                                      "min_gap": 0.01}, rollout={"max_turns": 3}),
+                  backend=Dice(tok, OPTIONS), tokenizer=tok, retriever=Docs(),
+                  questions=questions(6))
+    save_prm(ProcessRewardModel(copy.deepcopy(model)), tok, tmp_path / "prm", {"dev_share": 0.5})
+    r = run("prm", "score", "--prm", tmp_path / "prm", "--trajectories",
+            tmp_path / "labels" / "labels.jsonl", "--out", tmp_path / "scored.jsonl")
+    assert r.exit_code == 0, r.output
+    scored = [json.loads(x) for x in (tmp_path / "scored.jsonl").read_text().splitlines()]
+    assert scored and all(s["value"] == 0.5 for t in scored for s in t["steps"])  # zero head
+    r = run("prm", "eval", "--prm", tmp_path / "prm", "--labels", tmp_path / "labels",
+            "--split", "all")
+    assert r.exit_code == 0, r.output
+    figures = json.loads(r.output)
+    assert figures["split"] == "all" and figures["pair_accuracy"] == 0.5   # all ties

@@ -448,12 +448,12 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
     search = cfg.search
     # everything that decides the labels (a resumed run may label more questions)
     settings = _dotted(cfg.model_dump(mode="json", exclude={"out", "questions", "device"}))
-    writer = LabelWriter(cfg.out, resume=resume, settings=settings)   # refuses before loading
     questions = list(questions) if questions is not None else load_qa(cfg.data)
     if cfg.questions is not None:
         questions = questions[:cfg.questions]
     if not questions:
         raise ValueError(f"data: {cfg.data} has no questions")
+    writer = LabelWriter(cfg.out, resume=resume, settings=settings)   # refuses before loading
     set_seed(cfg.seed)
     if model is None and backend is None:
         model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
