@@ -45,6 +45,8 @@ def test_world_index_search_oracle(tmp_path):
 def test_bad_inputs_exit_2_with_a_clear_message(tmp_path):
     r = run("world", "--out", tmp_path / "w", "--difficulty", "impossible")
     assert r.exit_code == 2 and "difficulty" in r.output
+    r = run("world", "--out", tmp_path / "w", "--hop-mix", "2-0.5")
+    assert r.exit_code == 2 and "--hop-mix: '2-0.5' is not HOPS:WEIGHT" in r.output
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "contents": "Tarrow\\nA city by the river."}\n{"id": "b"}\n')
@@ -131,3 +133,17 @@ def test_prm_score_and_eval_on_files(tmp_path):
     assert r.exit_code == 0, r.output
     figures = json.loads(r.output)
     assert figures["split"] == "all" and figures["pair_accuracy"] == 0.5   # all ties
+
+
+def test_sft_and_train_name_a_missing_data_file_before_loading_a_model(tmp_path, monkeypatch):
+    import seekrl.models
+
+    def no_model(*a, **k):
+        raise AssertionError("a model was loaded before the data was checked")
+
+    monkeypatch.setattr(seekrl.models, "load_policy", no_model)
+    r = run("sft", f"data={tmp_path / 'missing.jsonl'}", f"out={tmp_path / 's'}")
+    assert r.exit_code == 2 and "data: " in r.output and "missing.jsonl" in r.output
+    r = run("train", f"data={tmp_path / 'missing.jsonl'}", f"out={tmp_path / 't'}",
+            f"index={tmp_path}")
+    assert r.exit_code == 2 and "data: " in r.output and "missing.jsonl" in r.output

@@ -44,7 +44,14 @@ def world(
     try:
         mix = None
         if hop_mix:
-            mix = {int(h): float(w) for h, w in (p.split(":") for p in hop_mix.split(","))}
+            mix = {}
+            for part in hop_mix.split(","):
+                hops, sep, weight = part.partition(":")
+                try:
+                    mix[int(hops)] = float(weight)
+                except ValueError:
+                    raise ValueError(f"--hop-mix: {part!r} is not HOPS:WEIGHT (expected e.g. "
+                                     "'2:0.5,3:0.3,4:0.2')") from None
         cfg = WorldConfig(seed=seed, difficulty=difficulty, entities=entities, n_train=n_train,
                           n_dev=n_dev, n_test=n_test, distractors=distractors, hop_mix=mix,
                           comparison_share=comparison_share)

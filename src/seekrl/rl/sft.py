@@ -155,6 +155,9 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None) -> dict
     from seekrl.models import load_policy
 
     started = time.time()
+    if not Path(cfg.data).is_file():     # before a model is loaded: fail in seconds
+        raise FileNotFoundError(f"data: {cfg.data}: no such file (trajectory JSONL: oracle "
+                                "episodes or Trajectory records)")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, out / "config.yaml")

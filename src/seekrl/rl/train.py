@@ -74,6 +74,7 @@ from seekrl.rl.common import (
     eval_policy,
     make_optimizer,
     make_scheduler,
+    open_index,
     replace_dir,
     rng_state,
     rollout_config,
@@ -108,6 +109,16 @@ class Trainer:
             from seekrl.rl.prm import load_scorer
             prm_scorer = load_scorer(cfg.reward.prm, device=cfg.device)
         self.prm_scorer = prm_scorer
+        # the questions and the index before the model: a bad path fails in seconds
+        try:
+            self.questions = list(questions) if questions is not None else load_qa(cfg.data)
+        except FileNotFoundError as err:
+            raise FileNotFoundError(f"data: {err}") from None
+        if not self.questions:
+            raise ValueError(f"data: {cfg.data} has no questions")
+        if retriever is None and cfg.rollout.method != "direct":
+            retriever = open_index(cfg.index, f"rollout.method {cfg.rollout.method!r} searches")
+        self.retriever = retriever
         set_seed(cfg.seed)
         if model is None:
             model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
@@ -132,16 +143,6 @@ class Trainer:
         self.optimizer = make_optimizer(trainable_parameters(self.model), cfg.optim,
                                         extra_groups=extra)
         self.scheduler = make_scheduler(self.optimizer, cfg.optim, cfg.steps)
-        if retriever is None and cfg.rollout.method != "direct":
-            if not cfg.index:
-                raise ValueError(f"index: rollout.method {cfg.rollout.method!r} needs an index "
-                                 "folder or a retrieval server url")
-            from seekrl.retrieval.open import open_retriever
-            retriever = open_retriever(cfg.index)
-        self.retriever = retriever
-        self.questions = list(questions) if questions is not None else load_qa(cfg.data)
-        if not self.questions:
-            raise ValueError(f"data: {cfg.data} has no questions")
         self.reward_fn = reward_fn or (lambda t: episode_reward(
             t, outcome=cfg.reward.outcome, format_reward=cfg.reward.format_reward,
             invalid_penalty=cfg.reward.invalid_penalty,
