@@ -167,10 +167,6 @@ class SearchStats:
     rounds: int = 0
     seconds: float = 0.0
 
-    def add(self, other: "SearchStats") -> None:
-        for name in ("simulations", "rollouts", "generated_tokens", "rounds", "seconds"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
 
 def _new_tokens(t: Trajectory) -> int:
     return t.n_generated - int(t.metadata.get("prefix_tokens", 0))

@@ -105,11 +105,7 @@ class Trainer:
         self.out = Path(cfg.out)
         self.console = console
         _check_step_settings(cfg, prm_scorer)   # before a model is loaded: fail in seconds
-        if prm_scorer is None and "prm" in cfg.reward.process:
-            from seekrl.rl.prm import load_scorer
-            prm_scorer = load_scorer(cfg.reward.prm, device=cfg.device)
-        self.prm_scorer = prm_scorer
-        # the questions and the index before the model: a bad path fails in seconds
+        # the questions and the index before any model: a bad path fails in seconds
         try:
             self.questions = list(questions) if questions is not None else load_qa(cfg.data)
         except FileNotFoundError as err:
@@ -119,6 +115,10 @@ class Trainer:
         if retriever is None and cfg.rollout.method != "direct":
             retriever = open_index(cfg.index, f"rollout.method {cfg.rollout.method!r} searches")
         self.retriever = retriever
+        if prm_scorer is None and "prm" in cfg.reward.process:
+            from seekrl.rl.prm import load_scorer
+            prm_scorer = load_scorer(cfg.reward.prm, device=cfg.device)
+        self.prm_scorer = prm_scorer
         set_seed(cfg.seed)
         if model is None:
             model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
