@@ -147,6 +147,23 @@ def _world(work: Path, demo) -> tuple[Path, Path]:
     return world_dir, index_dir
 
 
+def _setup(work: Path, demo, n_test: int, sft: Path | None, device: str
+           ) -> tuple[Path, Path, Path, Path]:
+    """The demo's world, its first `n_test` test questions in a file, and the SFT
+    checkpoint (trained once, or `sft`): (world dir, index dir, test file, SFT dir)."""
+    from seekrl.data.qa import read_qa_jsonl, write_qa_jsonl
+
+    world_dir, index_dir = _world(work, demo)
+    test_file = work / "test_questions.jsonl"
+    test = read_qa_jsonl(world_dir / "test.jsonl")[:n_test]
+    if len(test) < n_test:
+        raise SystemExit(f"--n-test: the world has {len(test)} test questions")
+    write_qa_jsonl(test_file, test)
+    sft = sft or _sft(work, demo, index_dir, device)
+    print(f"sft_checkpoint={sft}", flush=True)
+    return world_dir, index_dir, test_file, sft
+
+
 def _sft(work: Path, demo, index_dir: Path, device: str) -> Path:
     from seekrl.config import SFTConfig
     from seekrl.rl.sft import run_sft

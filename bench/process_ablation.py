@@ -35,7 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main() -> None:
-    from seekrl.data.qa import read_qa_jsonl, write_qa_jsonl
     from seekrl.demo import DemoConfig
     from seekrl.rl.methods import PROCESS_METHODS
 
@@ -67,7 +66,7 @@ def main() -> None:
     methods.sort(key=lambda m: m != "outcome")
     seeds = [int(s) for s in args.seeds.split(",")]
 
-    from learning import _sft, _world
+    from learning import _setup
 
     demo = DemoConfig(n_test=args.n_test)
     if args.questions_per_step:
@@ -77,14 +76,8 @@ def main() -> None:
     work = args.work_dir
     started = time.time()
     if args.stage != "report":
-        world_dir, index_dir = _world(work, demo)
-        test_file = work / "test_questions.jsonl"
-        test = read_qa_jsonl(world_dir / "test.jsonl")[:args.n_test]
-        if len(test) < args.n_test:
-            raise SystemExit(f"--n-test: the world has {len(test)} test questions")
-        write_qa_jsonl(test_file, test)
-        sft = args.sft or _sft(work, demo, index_dir, args.device)
-        print(f"sft_checkpoint={sft}", flush=True)
+        world_dir, index_dir, test_file, sft = _setup(work, demo, args.n_test, args.sft,
+                                                      args.device)
         if args.stage in ("all", "rl"):
             for seed in seeds:
                 budget = None

@@ -66,21 +66,14 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     started = time.time()
     if args.stage == "all":
-        from learning import _sft, _world
+        from learning import _setup
 
-        from seekrl.data.qa import read_qa_jsonl, write_qa_jsonl
         from seekrl.demo import DemoConfig
 
         demo = DemoConfig(n_test=args.n_test)
         work = args.work_dir
-        world_dir, index_dir = _world(work, demo)
-        test_file = work / "test_questions.jsonl"
-        test = read_qa_jsonl(world_dir / "test.jsonl")[:args.n_test]
-        if len(test) < args.n_test:
-            raise SystemExit(f"--n-test: the world has {len(test)} test questions")
-        write_qa_jsonl(test_file, test)
-        sft = args.sft or _sft(work, demo, index_dir, args.device)
-        print(f"sft_checkpoint={sft}", flush=True)
+        world_dir, index_dir, test_file, sft = _setup(work, demo, args.n_test, args.sft,
+                                                      args.device)
         for seed in seeds:
             pipeline = _pipeline(seed, args, sft, world_dir, index_dir, test_file)
             budget = pipeline["generated_tokens"]
