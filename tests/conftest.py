@@ -19,6 +19,13 @@ def _shared_dir() -> Path | None:
     return None
 
 
+@pytest.fixture(scope="module")
+def tiny():
+    """The tiny random model with the bundled tokenizer (one per test module)."""
+    from seekrl.models import tiny_policy
+    return tiny_policy(seed=0)
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
     found = _shared_dir()

@@ -13,7 +13,6 @@ from seekrl.agent.rollout import RolloutConfig, RolloutEngine
 from seekrl.agent.trajectory import Step, Trajectory
 from seekrl.config import LabelConfig
 from seekrl.data.qa import QAExample
-from seekrl.models import tiny_policy
 from seekrl.rl.mcts import (
     LabelWriter,
     PairRules,
@@ -25,11 +24,6 @@ from seekrl.rl.mcts import (
     tree_labels,
 )
 from tests.test_rollout import Docs
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return tiny_policy(seed=0)
 
 
 def episode(actions: list[tuple[str, str]], qid: str = "q") -> Trajectory:

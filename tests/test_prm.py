@@ -12,7 +12,6 @@ import torch
 
 from seekrl.agent.trajectory import Trajectory
 from seekrl.config import LabelConfig, PRMConfig
-from seekrl.models import tiny_policy
 from seekrl.rl.mcts import run_labelling
 from seekrl.rl.prm import (
     LabelSet,
@@ -30,11 +29,6 @@ from seekrl.rl.prm import (
 )
 from tests.test_mcts import OPTIONS, Dice, dice_engine, questions
 from tests.test_rollout import Docs
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return tiny_policy(seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -12,16 +12,10 @@ import pytest
 import torch
 
 from seekrl.config import LabelConfig, RefineConfig
-from seekrl.models import tiny_policy
 from seekrl.rl.mcts import run_labelling, step_key
 from seekrl.rl.refine import keep_for_rft, run_refine, step_dpo_loss, step_logps, step_mask
 from tests.test_mcts import OPTIONS, Dice, dice_engine, questions
 from tests.test_rollout import Docs
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return tiny_policy(seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -107,8 +107,15 @@ class PRMScorer:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
             else tokenizer.eos_token_id
 
-    @torch.no_grad()
     def logits(self, trajectories: Sequence[Trajectory]) -> list[list[float]]:
+        return self._rows(trajectories, probabilities=False)
+
+    def score_steps(self, trajectories: Sequence[Trajectory]) -> list[list[float]]:
+        return self._rows(trajectories, probabilities=True)
+
+    @torch.no_grad()
+    def _rows(self, trajectories: Sequence[Trajectory], *, probabilities: bool
+              ) -> list[list[float]]:
         was = self.prm.training
         self.prm.eval()
         out: list[list[float]] = [[] for _ in trajectories]
@@ -122,14 +129,10 @@ class PRMScorer:
                                                   list(range(len(trajectories[i].steps))))
                                                  for i in chunk], self.pad_id, self.device)
                 for i, s in zip(chunk, scores):
-                    out[i] = s.tolist()
+                    out[i] = (torch.sigmoid(s) if probabilities else s).tolist()
         finally:
             self.prm.train(was)
         return out
-
-    def score_steps(self, trajectories: Sequence[Trajectory]) -> list[list[float]]:
-        return [[float(torch.sigmoid(torch.tensor(v))) for v in row]
-                for row in self.logits(trajectories)]
 
 
 def save_prm(prm: ProcessRewardModel, tokenizer, path: str | Path, info: dict | None = None
@@ -370,26 +373,22 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None) -> dict[str, Any
         f"({len(dev.points)} / {len(dev.pairs)} held out), loss {cfg.loss}, {cfg.steps} steps")
     rng = random.Random(cfg.seed)
     start_metrics = prm_metrics(scorer, dev, cfg.threshold) if cfg.eval_at_start else {}
+    losses = [(name, fn, data) for name, fn, data, on in (
+        ("pointwise_loss", pointwise_loss, train.points, use_points),
+        ("pairwise_loss", pairwise_loss, train.pairs, use_pairs)) if on]
+    params = trainable_parameters(lm) + list(prm.head.parameters())
     last: dict[str, Any] = {}
     for step in range(1, cfg.steps + 1):
         t0 = time.time()
         loss = torch.zeros((), device=cfg.device)
         rec: dict[str, Any] = {"step": step}
-        if use_points:
-            lp = pointwise_loss(prm, rng.sample(train.points, min(cfg.batch_size,
-                                                                  len(train.points))),
-                                pad_id, cfg.device)
-            loss = loss + lp
-            rec["pointwise_loss"] = round(float(lp.detach()), 5)
-        if use_pairs:
-            lq = pairwise_loss(prm, rng.sample(train.pairs, min(cfg.batch_size,
-                                                                len(train.pairs))),
-                               pad_id, cfg.device)
-            loss = loss + lq
-            rec["pairwise_loss"] = round(float(lq.detach()), 5)
+        for name, loss_fn, data in losses:
+            part = loss_fn(prm, rng.sample(data, min(cfg.batch_size, len(data))), pad_id,
+                           cfg.device)
+            loss = loss + part
+            rec[name] = round(float(part.detach()), 5)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        params = trainable_parameters(lm) + list(prm.head.parameters())
         rec["grad_norm"] = round(float(torch.nn.utils.clip_grad_norm_(
             params, cfg.optim.max_grad_norm or float("inf"))), 4)
         optimizer.step()
