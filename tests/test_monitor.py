@@ -50,7 +50,7 @@ def healthy_stream(n: int, seed: int = 0) -> list[dict]:
             "grad_norm": rng.lognormvariate(0.0, 0.4) * (0 if rng.random() < 0.05 else 1),
             "entropy": max(0.0, rng.gauss(0.6 - 0.001 * i, 0.05)),
             "valid_format": min(1.0, max(0.0, rng.gauss(0.85, 0.06))),
-            "correct_logp": None if rng.random() < 0.1 else rng.gauss(-0.7, 0.1),
+            "correct_logp_shift": None if rng.random() < 0.1 else rng.gauss(0.003, 0.005),
             "searches": max(0.0, rng.gauss(2.0, 0.3)),
             "reward_by_type": by_type,
             # a step now and then where every group tied, by chance
@@ -102,9 +102,11 @@ def test_entropy_collapse_warns_then_collapses():
 
 
 def test_falling_correct_logp_alerts_once_and_again_after_recovery():
-    # lazy likelihood displacement: baseline -0.5, warn 0.5 nats below, collapse 1.0 below
+    # likelihood displacement: each update lowers the right episodes' log-prob; the check
+    # reads the mean shift of the last 5 updates (warn below -0.01, collapse below -0.02)
     m = monitor()
-    stream = series("correct_logp", [-0.5] * 10 + [-3.5] * 10 + [-0.5] * 10 + [-3.5] * 2)
+    stream = series("correct_logp_shift",
+                    [0.002] * 10 + [-0.05] * 10 + [0.002] * 10 + [-0.05] * 3)
     health = []
     alerts = {}
     for step, metrics in enumerate(stream, start=1):
@@ -112,14 +114,36 @@ def test_falling_correct_logp_alerts_once_and_again_after_recovery():
         if got:
             alerts[step] = [(a.kind, a.severity) for a in got]
         health.append(m.healthy)
-    # -3.5 drags the 5-step mean 0.6 below at once (warn), 1.2 below the step after (collapse)
-    assert alerts == {11: [("correct_logp_falling", "warn")], 12: [("correct_logp_falling", "collapse")],
-                      31: [("correct_logp_falling", "warn")], 32: [("correct_logp_falling", "collapse")]}
-    # unhealthy from the collapse until the mean is back within 1 nat: step 24 (-3.5, -0.5 x 4:
-    # -1.1, a warn, already said); the signal has recovered at step 25, so step 31 alerts again
+    # one falling update is not a trend (mean -0.0084); two are (-0.0188), three collapse
+    assert alerts == {12: [("correct_logp_falling", "warn")], 13: [("correct_logp_falling", "collapse")],
+                      32: [("correct_logp_falling", "warn")], 33: [("correct_logp_falling", "collapse")]}
+    # unhealthy from the collapse until the mean is back above -0.02: step 23 (-0.0188, a
+    # warn, already said); the signal has recovered at step 24, so step 32 alerts again
     first_healthy_again = next(i + 1 for i in range(12, len(health)) if health[i])
-    assert first_healthy_again == 24
-    assert health[10] and not health[11] and not health[31]
+    assert first_healthy_again == 23
+    assert health[11] and not health[12] and not health[32]
+
+
+def test_a_rising_grad_norm_as_a_weak_policy_starts_succeeding_is_not_an_explosion():
+    """More groups with signal step after step makes the gradient grow 17x over 30 steps: a
+    baseline fixed at the first steps called that an explosion; the rolling one does not,
+    and a spike on top of it still stands out."""
+    norms = [0.05 * 1.1 ** i for i in range(30)]
+    assert feed(monitor(), series("grad_norm", norms)) == {}
+    assert feed(monitor(), series("grad_norm", norms + [norms[-1] * 30])) == {
+        31: [("grad_norm_explosion", "collapse")]}
+
+
+def test_no_signal_because_every_group_is_right_only_warns():
+    m = monitor()  # no_signal_steps 3
+    stream = [{"groups_with_signal": 0.0, "groups_solved": 1.0}] * 8
+    assert feed(m, stream) == {3: [("no_signal", "warn")]}
+    assert m.healthy
+    # a mix of solved and failed ties is still a collapse at twice the steps
+    m = monitor()
+    stream = [{"groups_with_signal": 0.0, "groups_solved": 0.5}] * 6
+    assert feed(m, stream) == {3: [("no_signal", "warn")], 6: [("no_signal", "collapse")]}
+    assert not m.healthy
 
 
 def test_valid_format_collapse():

@@ -133,6 +133,53 @@ def test_kl_estimators_and_entropy():
     assert float(entropy_from_logits(uniform)) == pytest.approx(math.log(4))
 
 
+def test_dual_clip_caps_the_loss_of_a_negative_advantage():
+    """A = -1 at ratio 50: the clipped surrogate alone is 50 and grows with the ratio; dual
+    clipping caps it at clip_c = 3 and the capped token gets no gradient."""
+    mask = torch.ones(1, 2)
+    adv = torch.tensor([[-1.0, 1.0]])
+    old = torch.zeros(1, 2)
+    new = torch.tensor([[math.log(50.0), math.log(50.0)]], requires_grad=True)
+    loss, stats = policy_loss(new, old, adv, mask, clip_c=None)
+    assert float(loss) == pytest.approx((50.0 - 1.28) / 2, rel=1e-5)
+    loss, stats = policy_loss(new, old, adv, mask, clip_c=3.0)
+    assert float(loss) == pytest.approx((3.0 - 1.28) / 2, rel=1e-5)
+    assert stats["dual_clip_frac"] == pytest.approx(0.5)
+    loss.backward()
+    assert new.grad.abs().sum() == 0   # token 0 capped, token 1 clipped above: both constant
+    # near the old policy nothing changes
+    near = torch.tensor([[0.1, -0.1]])
+    assert float(policy_loss(near, old, adv, mask, clip_c=3.0)[0]) == \
+        float(policy_loss(near, old, adv, mask, clip_c=None)[0])
+    with pytest.raises(ValueError, match="clip_c"):
+        policy_loss(near, old, adv, mask, clip_c=0.5)
+
+
+def test_kl_is_clamped_and_k1_is_refused_as_a_loss_term():
+    from seekrl.config import ConfigError, TrainConfig, build_config
+
+    far = kl_penalty(torch.tensor([0.0]), torch.tensor([-40.0]), "k3")
+    assert float(far) == 10.0   # exp(40) would dominate any batch
+    assert float(kl_penalty(torch.tensor([-40.0]), torch.tensor([0.0]), "k1")) == -10.0
+    with pytest.raises(ConfigError, match="kl_estimator: k1 as a loss term"):
+        build_config(TrainConfig, {"data": "x"}, ["algo.kl_coef=0.1", "algo.kl_estimator=k1"])
+    with pytest.raises(ConfigError, match="kl_in_reward"):
+        build_config(TrainConfig, {"data": "x"}, ["algo.kl_in_reward=true"])   # dr_grpo
+    cfg = build_config(TrainConfig, {"data": "x"}, ["algo.kl_coef=0.1", "algo.kl_estimator=k1",
+                                                    "algo.kl_in_reward=true",
+                                                    "algo.advantage=reinforce_pp"])
+    assert cfg.algo.kl_in_reward
+
+
+def test_token_rewards_join_the_token_view_and_the_totals():
+    from seekrl.rl.advantages import Rewards
+
+    t = traj("a", [1, 1, 0, 1])
+    r = Rewards([1.0], [[]], tokens=[torch.tensor([0.0, -0.1, 0.0, -0.2])])
+    assert r.totals() == pytest.approx([0.7])
+    assert r.token_level([t])[0].tolist() == pytest.approx([0.0, -0.1, 0.0, 0.8])
+
+
 def test_value_loss_clipping():
     v, old, ret = torch.tensor([[1.0]]), torch.tensor([[0.0]]), torch.tensor([[0.0]])
     m = torch.ones(1, 1)

@@ -263,3 +263,28 @@ def test_rag_documents_get_the_information_token_budget(tiny):
                          RolloutConfig(method="rag", max_info_tokens=1000)).run([ex("q", "Q4")])[0]
     assert full.prompt_len - short.prompt_len > 300
     assert short.metadata["prompt_hits"] == ["d-long"]
+
+
+def test_kept_cache_has_no_hole_columns_however_many_episodes_pass(tiny):
+    """Between turns the cache holds each row's attended columns only, right-aligned: its
+    width is the longest row's, not the history of every episode that shared the batch
+    (which made decoding slower and memory larger with every question evaluated)."""
+    model, tok = tiny
+    seen = []
+
+    class Watch(HFBackend):
+        def generate(self, contexts, max_new_tokens, sampling, keys=None):
+            out = super().generate(contexts, max_new_tokens, sampling, keys=keys)
+            m = self._kept.mask
+            counts = m.sum(1)
+            seen.append((m.shape[1], int(counts.max())))
+            right = torch.arange(m.shape[1])[None, :] >= (m.shape[1] - counts)[:, None]
+            assert torch.equal(m.bool(), right)  # attended columns contiguous at the right
+            return out
+
+    cfg = RolloutConfig(max_turns=3, max_new_tokens=10, batch_size=3, seed=1)
+    examples = [ex(f"q{i}", f"Question {'long ' * (i % 4)}number {i}?") for i in range(10)]
+    trajs = RolloutEngine(Watch(model, tok, stop_strings=(" the", "s")), tok, Docs(),
+                          cfg).run(examples)
+    assert len(seen) > 6 and all(t.finish_reason for t in trajs)
+    assert all(width == longest for width, longest in seen)

@@ -181,14 +181,15 @@ def test_group_signal_counts_varied_groups_of_two_or_more():
     from seekrl.agent.trajectory import Step
     from seekrl.rl.train import _group_signal
 
-    trajs = [SimpleNamespace(group_id=g, steps=[Step(0, 1, "answer")]) for g in "aabbbc"]
+    trajs = [SimpleNamespace(group_id=g, steps=[Step(0, 1, "answer")]) for g in "aabbbcdd"]
     parts = [RewardParts(total=r, outcome=r, format=0.0, penalty=0.0)
-             for r in (1.0, 0.0, 0.5, 0.5, 0.5, 1.0)]
-    assert _group_signal(trajs, parts) == (1, 2)   # a varies, b ties, c is alone
-    assert _group_signal(trajs[-1:], parts[-1:]) == (0, 0)   # logged as None, not 0
+             for r in (1.0, 0.0, 0.5, 0.5, 0.5, 1.0, 1.0, 1.0)]
+    # a varies, b ties, c is alone, d ties with every answer right (solved)
+    assert _group_signal(trajs, parts) == (1, 3, 1)
+    assert _group_signal(trajs[5:6], parts[5:6]) == (0, 0, 0)   # logged as None, not 0
     trajs[2].steps[0].process_reward = 0.5          # b's scores tie, its step rewards do not
     trajs[3].steps[0].process_reward = 0.0
-    assert _group_signal(trajs, parts) == (2, 2)
+    assert _group_signal(trajs, parts) == (2, 3, 1)
 
 
 def test_questions_are_balanced_over_types_and_reproducible(world, tiny, tmp_path):
@@ -405,8 +406,8 @@ def test_gigpo_groups_with_tied_scores_still_carry_signal():
 
     trajs = [t(1, 0), t(3, 1)]
     parts = [RewardParts(total=1.0, outcome=1.0, format=0.0, penalty=0.0)] * 2
-    assert _group_signal(trajs, parts, "dr_grpo") == (0, 1)
-    assert _group_signal(trajs, parts, "gigpo", AdvantageConfig(step_gamma=0.9)) == (1, 1)
+    assert _group_signal(trajs, parts, "dr_grpo") == (0, 1, 1)
+    assert _group_signal(trajs, parts, "gigpo", AdvantageConfig(step_gamma=0.9)) == (1, 1, 0)
 
 
 def test_saved_rollouts_keep_a_question_drawn_twice(world, tiny, tmp_path):
@@ -419,3 +420,109 @@ def test_saved_rollouts_keep_a_question_drawn_twice(world, tiny, tmp_path):
 
     saved = read_trajectories(tmp_path / "run" / "rollouts" / "step-1" / "trajectories.jsonl")
     assert len(saved) == 4 and sorted(t.sample_index for t in saved) == [0, 1, 2, 3]
+
+
+def test_a_skipped_update_still_advances_the_schedule(world, tiny, tmp_path):
+    """Dynamic sampling that finds no group with signal skips the update; step k must still
+    get step k's learning rate (a cosine schedule over 4 steps)."""
+    flat = lambda t: RewardParts(total=0.0, outcome=0.0, format=0.0, penalty=0.0)  # noqa: E731
+    cfg = make_cfg(tmp_path, **{"algo.dynamic_sampling": True, "algo.max_refills": 0,
+                                "steps": 4, "optim": {"lr": 1e-3, "schedule": "cosine",
+                                                      "warmup_steps": 0}})
+    trainer = make_trainer(cfg, world, tiny, reward_fn=flat)
+    lrs = [trainer.step(s)["lr"] for s in (1, 2)]
+    reference = make_trainer(cfg, world, tiny)   # the same schedule, with updates
+    expected = [reference.step(s)["lr"] for s in (1, 2)]
+    assert trainer.scheduler.last_epoch == 2
+    assert lrs == pytest.approx(expected) and lrs[0] > lrs[1]
+
+
+def test_the_update_runs_in_the_mode_of_the_old_logprobs(world, tiny, tmp_path, monkeypatch):
+    """With LoRA dropout 0.5, old log-probs in eval mode and new ones in train mode made the
+    first ratio of an update far from 1; in one mode it is exactly 1."""
+    from seekrl.rl import train as train_mod
+
+    ratios = []
+    real = train_mod.policy_loss
+    monkeypatch.setattr(train_mod, "policy_loss",
+                        lambda *a, **k: (lambda out: ratios.append(out[1]["ratio_mean"]) or out)(
+                            real(*a, **k)))
+    cfg = make_cfg(tmp_path, **{"lora": {"enabled": True, "r": 4, "dropout": 0.5},
+                                "algo.kl_coef": 0.0, "algo.epochs": 1,
+                                "algo.mini_batch_size": 2, "algo.micro_batch_size": 2})
+    trainer = make_trainer(cfg, world, tiny)
+    with torch.no_grad():   # LoRA's B starts at zero, where dropout changes nothing
+        for name, p in trainer.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.5)
+    trainer.step(1)
+    assert ratios[0] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_kl_in_reward_puts_the_penalty_into_the_returns(world, tiny, tmp_path, monkeypatch):
+    from seekrl.rl import train as train_mod
+
+    seen = []
+    real = train_mod.compute_advantages
+    monkeypatch.setattr(train_mod, "compute_advantages",
+                        lambda name, trajs, rewards, *a, **k: seen.append((trajs, rewards)) or
+                        real(name, trajs, rewards, *a, **k))
+    cfg = make_cfg(tmp_path, **{"algo.advantage": "reinforce_pp", "algo.kl_in_reward": True,
+                                "algo.kl_estimator": "k1", "algo.kl_coef": 0.5})
+    trainer = make_trainer(cfg, world, tiny)
+    trainer.step(1)                       # the policy moves away from the reference
+    record = trainer.step(2)
+    trajs, rewards = seen[-1]
+    assert rewards.tokens is not None and record["kl"] != 0.0
+    assert any(float(x.abs().sum()) > 0 for x in rewards.tokens)
+    for t, x in zip(trajs, rewards.tokens):   # only on the policy's own tokens
+        assert float(x[torch.tensor(t.loss_mask) == 0].abs().sum()) == 0
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_correct_logp_shift_measures_the_same_episodes_after_the_update(world, tiny, tmp_path,
+                                                                         sign):
+    """Pushing the right episodes up raises their log-prob, pushing them down lowers it
+    (likelihood displacement); with no update in between the shift is exactly 0."""
+    cfg = make_cfg(tmp_path, **{"algo.kl_coef": 0.0, "algo.entropy_coef": 0.0,
+                                "algo.epochs": 1, "algo.mini_batch_size": 4,
+                                "algo.micro_batch_size": 4, "optim": {"lr": 3e-3}})
+    trainer = make_trainer(cfg, world, tiny)
+    trajs = trainer.rollout(trainer.sample_questions(1, 2), seed=1)
+    for t in trajs[:2]:   # the tiny model never answers right: make two of them right
+        t.answer = t.golden_answers[0]
+    old, _ = trainer.batch_logprobs(trajs)
+    assert trainer._displacement(trajs, old, {})["correct_logp_shift"] == 0.0
+    adv = [torch.tensor(t.loss_mask, dtype=torch.float32) * (sign if i < 2 else 0.0)
+           for i, t in enumerate(trajs)]
+    update = trainer._update(trajs, adv, old, None, None, None)
+    shift = trainer._displacement(trajs, old, update["correct_logps"])["correct_logp_shift"]
+    assert shift * sign > 0
+
+
+@pytest.mark.parametrize("agg", ["seq-mean-token-sum-norm", "seq-mean-token-mean"])
+def test_entropy_bonus_is_aggregated_like_the_policy_loss(world, tiny, tmp_path, agg):
+    from seekrl.rl.forward import collate, masked_logprobs
+    from seekrl.rl.loss import aggregate
+
+    cfg = make_cfg(tmp_path, **{"algo.kl_coef": 0.0, "algo.entropy_coef": 0.0,
+                                "algo.loss_agg": agg})
+    trainer = make_trainer(cfg, world, tiny)
+    trajs = trainer.rollout(trainer.sample_questions(1, 2), seed=1)
+    first = trajs[0].loss_mask.index(1)   # rows with different numbers of policy tokens
+    trajs[0].loss_mask[first:first + 4] = [0] * 4
+    adv = [torch.tensor(t.loss_mask, dtype=torch.float32) for t in trajs]
+    micro, norm = [0, 1, 2], 50
+
+    def loss(coef: float) -> float:
+        trainer.cfg.algo.entropy_coef = coef
+        with torch.no_grad():
+            return float(trainer._micro_loss(trajs, micro, adv, None, None, None, None, norm,
+                                             {})[0])
+
+    ids, attn, mask = collate([trajs[i].token_ids for i in micro],
+                              [trajs[i].loss_mask for i in micro], trainer.pad_id)
+    with torch.no_grad():
+        ent = masked_logprobs(trainer.model, ids, attn, mask, entropy=True)["entropy"]
+    expected = -0.5 * float(aggregate(ent, mask, agg, norm))
+    assert loss(0.5) - loss(0.0) == pytest.approx(expected, rel=1e-4, abs=1e-6)

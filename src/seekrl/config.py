@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 
 class ConfigError(ValueError):
@@ -241,6 +242,9 @@ class RewardConfig(Strict):
         return _known_outcome(value)
 
 
+KL_IN_REWARD_ESTIMATORS = ("reinforce_pp", "gae")   # the estimators that read token rewards
+
+
 class AlgoConfig(Strict):
     advantage: str = "dr_grpo"          # a registered estimator; gae means PPO with a critic
                                         # (dr_grpo: GRPO without the std, which collapsed
@@ -250,10 +254,13 @@ class AlgoConfig(Strict):
     micro_batch_size: int = Field(8, ge=1)   # episodes per forward/backward
     clip_low: float = Field(0.2, ge=0, lt=1)
     clip_high: float = Field(0.28, ge=0)
+    clip_ratio_c: float | None = Field(3.0, gt=1)   # dual clip: cap -A x c on negative A
     loss_agg: str = "token-mean"       # seq-mean-token-sum-norm is Dr. GRPO's (sum per episode
                                        # / rollout.max_turns x rollout.max_new_tokens)
     kl_coef: float = Field(0.0, ge=0)
     kl_estimator: Literal["k1", "k3"] = "k3"
+    kl_in_reward: bool = False          # subtract kl_coef x KL per token from the rewards
+                                        # (reinforce_pp / gae) instead of a loss term
     entropy_coef: float = Field(0.0, ge=0)
     dynamic_sampling: bool = False      # drop zero-variance groups and refill
     max_refills: int = Field(2, ge=0)
@@ -282,6 +289,20 @@ class AlgoConfig(Strict):
             raise ValueError(f"expected one of {', '.join(sorted(ESTIMATORS))}")
         return value
 
+    @model_validator(mode="after")
+    def _kl_where_it_works(self) -> "AlgoConfig":
+        if self.kl_coef > 0 and not self.kl_in_reward and self.kl_estimator == "k1":
+            raise ValueError(
+                "kl_estimator: k1 as a loss term has zero expected gradient (grad of log p - "
+                "log q is grad log p), so it regularises nothing; use k3, or k1 with "
+                "algo.kl_in_reward: true")
+        if self.kl_in_reward and self.advantage not in KL_IN_REWARD_ESTIMATORS:
+            raise ValueError(
+                f"kl_in_reward: the per-token KL reward is read by "
+                f"{' and '.join(KL_IN_REWARD_ESTIMATORS)} only; algo.advantage is "
+                f"{self.advantage!r} (use the KL loss term there: kl_in_reward: false)")
+        return self
+
     @field_validator("loss_agg")
     @classmethod
     def _known_aggregation(cls, value: str) -> str:
@@ -298,7 +319,8 @@ class MonitorConfig(Strict):
     grad_norm_factor: float = Field(10.0, gt=1)    # explosion: > factor x baseline median
     entropy_floor_ratio: float = Field(0.2, gt=0, lt=1)  # collapse: < ratio x baseline
     valid_format_drop: float = Field(0.3, gt=0, le=1)    # absolute drop from baseline
-    correct_logp_drop: float = Field(0.5, gt=0)          # nats per token below baseline
+    correct_logp_drop: float = Field(0.01, gt=0)   # nats/token the right episodes lose
+                                                   # per update (mean over the window)
     type_reward_drop: float = Field(0.3, gt=0, le=1)     # a question type's reward falls
     searches_drift: float = Field(0.5, gt=0)             # relative change of searches/episode
     no_signal_steps: int = Field(3, ge=1)          # steps in a row with no group's rewards varying

@@ -64,12 +64,15 @@ def _growing_layer_class():
 
     transformers' DynamicLayer does `torch.cat([keys, new])` on every decode step, copying
     the whole cache each time: with 30 episodes of 700 tokens that is ~1 GB per step on
-    CPU. This one keeps a buffer with room to spare and writes new positions in place."""
+    CPU. This one keeps a buffer with room to spare and writes new positions in place.
+    `spare` is the room added when a buffer is (re)allocated: the backend sets it to the
+    turn's token budget, so one allocation at prefill holds the whole turn's decoding."""
     from transformers.cache_utils import DynamicLayer
 
     class GrowingLayer(DynamicLayer):
         _buf_k: torch.Tensor | None = None
         _buf_v: torch.Tensor | None = None
+        spare: int = 64
 
         def update(self, key_states, value_states, *args, **kwargs):
             if not self.is_initialized:
@@ -82,9 +85,9 @@ def _growing_layer_class():
                     and self.keys.data_ptr() == buf.data_ptr())
             if not fits:  # first use, or the rows / columns were changed from outside
                 b, h, _, d = key_states.shape
-                room = need + max(64, need // 2)
-                self._buf_k = key_states.new_zeros((b, h, room, d))
-                self._buf_v = value_states.new_zeros((b, h, room, d))
+                room = need + max(1, self.spare)   # columns past `need` are never read
+                self._buf_k = key_states.new_empty((b, h, room, d))
+                self._buf_v = value_states.new_empty((b, h, room, d))
                 if cur:
                     self._buf_k[:, :, :cur] = self.keys
                     self._buf_v[:, :, :cur] = self.values
@@ -124,41 +127,67 @@ def _layers(cache):
     return layers
 
 
-def _extend(cache, rows_to_add: int, cols_to_add: int) -> None:
-    """Grow every layer's KV: zero rows at the bottom, zero columns on the right. The new
-    cells are masked out, so their (zero) values are never attended to."""
+def _extend(cache, rows_to_add: int) -> None:
+    """Grow every layer's KV by zero rows at the bottom (their columns are masked out, so
+    their zero values are never attended to)."""
     for layer in _layers(cache):
         for name in ("keys", "values"):
             t = getattr(layer, name)
-            b, h, s, d = t.shape
-            grown = t.new_zeros((b + rows_to_add, h, s + cols_to_add, d))
-            grown[:b, :, :s] = t
+            grown = t.new_zeros((t.shape[0] + rows_to_add, *t.shape[1:]))
+            grown[:t.shape[0]] = t
             setattr(layer, name, grown)
         _drop_spare(layer)
 
 
-def _merge(a: _Batch, b: _Batch) -> _Batch:
-    """Stack two row sets with the same columns into one batch."""
-    for la, lb in zip(_layers(a.cache), _layers(b.cache)):
-        la.keys = torch.cat([la.keys, lb.keys], dim=0)
-        la.values = torch.cat([la.values, lb.values], dim=0)
-        _drop_spare(la)
-        _drop_spare(lb)
-    return _Batch(a.cache, a.keys + b.keys, a.seen + b.seen, torch.cat([a.mask, b.mask]),
-                  torch.cat([a.next_pos, b.next_pos]))
+def _compact(parts: list[_Batch]) -> _Batch:
+    """Stack row sets into one batch holding only the columns each row attends to.
 
-
-def _trim_left(batch: _Batch) -> None:
-    """Drop leading cache columns that no row attends to any more."""
-    used = batch.mask.any(dim=0).nonzero()
-    start = int(used[0]) if len(used) else batch.mask.shape[1]
-    if start == 0:
-        return
-    for layer in _layers(batch.cache):
-        layer.keys = layer.keys[:, :, start:].contiguous()
-        layer.values = layer.values[:, :, start:].contiguous()
-        _drop_spare(layer)
-    batch.mask = batch.mask[:, start:]
+    Every row's attended columns are gathered, in order, to the right end of a cache as
+    wide as the longest row; shorter rows get masked columns on the left. Column order
+    is free (a row's positions live in its rotary keys and `next_pos`, and masked columns
+    weigh exactly zero), so this is the same cache without the holes: columns left by
+    rows that stopped early in a turn, left padding of prefill chunks, and rows of
+    different ages. Padding narrower row sets on the right instead kept every row
+    starting at column 0, so the width grew with each turn of every episode that ever
+    shared the batch (1656 columns for 1006 tokens at most, 96 questions at batch 32),
+    and decoding, which reads the whole cache per token, slowed down with it."""
+    counts = [p.mask.sum(dim=1) for p in parts]
+    width = max(int(c.max()) if len(c) else 0 for c in counts)
+    index, masks = [], []
+    for p, c in zip(parts, counts):
+        rows, cols = p.mask.shape
+        order = torch.sort(p.mask, dim=1, stable=True).indices  # unattended first, in order
+        if cols >= width:
+            idx = order[:, cols - width:]
+        else:  # a narrower row set: point the extra columns at column 0 (masked)
+            idx = torch.cat([order.new_zeros((rows, width - cols)), order], dim=1)
+        index.append(idx)
+        masks.append((torch.arange(width, device=p.mask.device)[None, :]
+                      >= (width - c)[:, None]).to(p.mask.dtype))
+    total = sum(len(c) for c in counts)
+    layers = [_layers(p.cache) for p in parts]
+    for n, out_layer in enumerate(layers[0]):
+        for name in ("keys", "values"):
+            first = getattr(out_layer, name)
+            _, h, _, d = first.shape
+            out = first.new_empty((total, h, width, d))
+            r = 0
+            for part_layers, idx in zip(layers, index):
+                src = getattr(part_layers[n], name)
+                b = src.shape[0]
+                if src.shape[2]:
+                    torch.gather(src, 2, idx[:, None, :, None].expand(b, h, width, d),
+                                 out=out[r:r + b])
+                else:  # never attended, but must be finite: 0 x NaN is NaN in attention
+                    out[r:r + b].zero_()
+                r += b
+                if part_layers is not layers[0]:
+                    setattr(part_layers[n], name, None)  # free it before the next layer
+            setattr(out_layer, name, out)
+        _drop_spare(out_layer)
+    return _Batch(parts[0].cache, [k for p in parts for k in p.keys],
+                  [s for p in parts for s in p.seen], torch.cat(masks),
+                  torch.cat([p.next_pos for p in parts]))
 
 
 class HFBackend:
@@ -263,7 +292,7 @@ class HFBackend:
         # Rows back in context order, so that sampling does not depend on the grouping.
         where = {i: b for b, i in enumerate(order)}
         perm = [where[same_as[i]] for i in range(len(contexts))]
-        batch = self._reassemble(parts)
+        batch = _compact(parts)
         if perm != list(range(len(perm))):
             batch = batch.select(perm)
             batch.keys = [keys[i] if keys else None for i in range(len(contexts))]
@@ -276,7 +305,7 @@ class HFBackend:
         fresh = [e for e in group if e[1] is None]
         if reused:
             batch = old.select([r for _, r, _ in reused])
-            _extend(batch.cache, len(fresh), 0)
+            _extend(batch.cache, len(fresh))
             cols = batch.mask.shape[1]
             batch.mask = torch.cat([batch.mask, batch.mask.new_zeros((len(fresh), cols))])
             batch.next_pos = torch.cat([batch.next_pos, batch.next_pos.new_zeros(len(fresh))])
@@ -311,6 +340,7 @@ class HFBackend:
         keys = list(keys) if keys is not None else None
         if keys is not None and len(set(keys)) != len(keys):
             raise ValueError("keys must be unique: one per episode")
+        _growing_layer_class().spare = max_new_tokens
         batch, logits, order = self._prefill(contexts, keys)
         results: list[list[int]] = [[] for _ in contexts]
         tails = [""] * len(contexts)
@@ -357,19 +387,5 @@ class HFBackend:
             batch.next_pos = batch.next_pos + live
             logits = out.logits[:, -1, :]
         if keys is not None:
-            self._kept = self._reassemble(parked)
+            self._kept = _compact(parked)
         return results
-
-    def _reassemble(self, parts: list[_Batch]) -> _Batch:
-        """Stack parked row sets into one batch: pad each to the widest with masked columns."""
-        width = max(p.mask.shape[1] for p in parts)
-        merged = None
-        for p in parts:
-            extra = width - p.mask.shape[1]
-            if extra:
-                _extend(p.cache, 0, extra)
-                p.mask = torch.cat([p.mask, p.mask.new_zeros((p.mask.shape[0], extra))], dim=1)
-            merged = p if merged is None else _merge(merged, p)
-        _trim_left(merged)
-        return merged
-

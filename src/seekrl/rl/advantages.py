@@ -80,9 +80,12 @@ class AdvantageConfig:
 
 @dataclass
 class Rewards:
-    """Each episode's outcome and each step's process reward."""
+    """Each episode's outcome and each step's process reward; `tokens`, when given, one
+    tensor per episode of rewards on single tokens (the KL penalty of `algo.kl_in_reward`),
+    added to the token-level view and to the totals."""
     outcome: list[float]
     steps: list[list[float]]
+    tokens: list[torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         if len(self.outcome) != len(self.steps):
@@ -101,7 +104,9 @@ class Rewards:
                    [[float(s.process_reward or 0.0) for s in t.steps] for t in trajectories])
 
     def totals(self) -> list[float]:
-        return [o + sum(s) for o, s in zip(self.outcome, self.steps)]
+        extra = [float(x.sum()) for x in self.tokens] if self.tokens is not None \
+            else [0.0] * len(self.outcome)
+        return [o + sum(s) + e for o, s, e in zip(self.outcome, self.steps, extra)]
 
     def token_level(self, trajectories: Sequence[Trajectory]) -> list[torch.Tensor]:
         """One tensor per trajectory: the outcome on its last policy token, each step's
@@ -115,6 +120,8 @@ class Rewards:
                 for step, value in zip(t.steps, steps):
                     r[step_reward_position(t, step)] += value
             out.append(r)
+        if self.tokens is not None:
+            out = [r + x[:len(r)].to(r.dtype) for r, x in zip(out, self.tokens)]
         return out
 
 

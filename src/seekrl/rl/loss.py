@@ -39,40 +39,62 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean"
 
 def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor, *, clip_low: float = 0.2, clip_high: float = 0.28,
-                agg: str = "token-mean", norm_length: int | None = None
-                ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO's clipped surrogate with separate low / high ranges (clip-higher, DAPO).
+                clip_c: float | None = 3.0, agg: str = "token-mean",
+                norm_length: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's clipped surrogate with separate low / high ranges (clip-higher, DAPO) and dual
+    clipping (Ye et al., 2020): for a negative advantage the clipped surrogate
+    max(-A r, -A clip(r)) grows without bound in the ratio (A = -1, r = 50: 50), so it is
+    capped at -A * clip_c (3 by default, as in verl). That only matters once the policy has
+    moved away from the one that sampled: several epochs or mini-batches per batch.
 
-    Returns the loss and its diagnostics: clip fraction, approximate KL to the old policy
-    (k3), and the mean ratio, all over policy tokens."""
+    Returns the loss and its diagnostics: clip fraction, dual-clip fraction, approximate KL
+    to the old policy (k3), and the mean ratio, all over policy tokens."""
+    if clip_c is not None and clip_c <= 1.0:
+        raise ValueError(f"clip_c: expected a value > 1 (or None), got {clip_c}")
     log_ratio = (logprobs - old_logprobs) * mask  # masked first: no inf * 0 at padding
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     per_token = torch.maximum(unclipped, clipped)
+    dual = torch.zeros_like(per_token, dtype=torch.bool)
+    if clip_c is not None:
+        cap = -advantages * clip_c
+        dual = (advantages < 0) & (per_token > cap)
+        per_token = torch.where(dual, cap, per_token)
     loss = aggregate(per_token, mask, agg, norm_length)
     with torch.no_grad():
         m = mask.to(ratio.dtype)
         n = m.sum().clamp(min=1.0)
         stats = {
             "clip_frac": float(((clipped > unclipped).to(m.dtype) * m).sum() / n),
+            "dual_clip_frac": float((dual.to(m.dtype) * m).sum() / n),
             "approx_kl": float((((ratio - 1) - log_ratio) * m).sum() / n),
             "ratio_mean": float((ratio * m).sum() / n),
         }
     return loss, stats
 
 
+KL_CLAMP = 10.0
+
+
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k3"
                ) -> torch.Tensor:
     """Per-token KL(policy || reference) estimates (Schulman's k1 and k3).
 
-    k1 = log p - log q (unbiased, can be negative); k3 = (q/p - 1) - log(q/p) (unbiased,
-    always >= 0, lower variance). Multiply by the mask and aggregate like the loss."""
+    k1 = log p - log q: unbiased as a *value*, so it belongs in the reward (it is what
+    `algo.kl_in_reward` subtracts). As a loss term it regularises nothing: its gradient is
+    grad log p, whose expectation under the sampling policy is zero.
+    k3 = q/p - 1 - log(q/p), with q/p = exp(log q - log p): always >= 0, lower variance. Its
+    gradient is (1 - q/p) grad log p, which pushes log p down where the policy puts more
+    mass than the reference (q/p < 1) and up where less: a real pull towards the reference
+    (in expectation the gradient of KL(q || p), the reverse KL, as analysed by Tang & Munos
+    2025). Both are clamped to [-10, 10] as verl does, so one token whose probability
+    collapsed cannot dominate the batch."""
     diff = logprobs - ref_logprobs
     if kind == "k1":
-        return diff
+        return diff.clamp(-KL_CLAMP, KL_CLAMP)
     if kind == "k3":
-        return torch.exp(-diff) - 1 + diff
+        return (torch.exp(-diff) - 1 + diff).clamp(-KL_CLAMP, KL_CLAMP)
     raise ValueError(f"kl estimator: expected 'k1' or 'k3', got {kind!r}")
 
 
@@ -83,15 +105,15 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-               mask: torch.Tensor, *, clip: float | None = 0.2, agg: str = "token-mean"
-               ) -> torch.Tensor:
+               mask: torch.Tensor, *, clip: float | None = 0.2, agg: str = "token-mean",
+               norm_length: int | None = None) -> torch.Tensor:
     """The critic's loss on policy tokens only: 0.5 * max of clipped / unclipped squared
     error (PPO's value clipping; `clip=None` turns it off)."""
     err = (values - returns) ** 2
     if clip is not None:
         clipped = old_values + torch.clamp(values - old_values, -clip, clip)
         err = torch.maximum(err, (clipped - returns) ** 2)
-    return 0.5 * aggregate(err, mask, agg)
+    return 0.5 * aggregate(err, mask, agg, norm_length)
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,11 @@ exists and compare the mean of its last `window` observed values with it (one no
 not a trend). The checks, for GRPO / PPO on a search agent:
 
 - grad_norm_explosion: the latest gradient norm is above `grad_norm_factor` x baseline.
-  Explosions are single-step spikes, so the latest value is compared, not a mean. A nan / inf
+  Explosions are single-step spikes, so the latest value is compared, not a mean, and the
+  baseline rolls: the median of the previous `4 x window` norms. A fixed baseline from the
+  first steps false-alarms on a healthy run whose weak policy starts succeeding (more groups
+  with signal, so a larger gradient, step after step); a spike still stands out against
+  the steps just before it. A nan / inf
   norm is a collapse at once, before any baseline: the update itself is broken. A zero norm
   (every group's rewards tied: no advantage, no update) says nothing about the gradient's
   scale and is not an observation, or a run that starts with tied groups would get a
@@ -16,11 +20,13 @@ not a trend). The checks, for GRPO / PPO on a search agent:
   `entropy_floor_ratio` x baseline. A near-deterministic policy samples the same episode
   for every member of a group, the group's advantages are zero and exploration stops
   (entropy collapse; Cui et al., 2025).
-- correct_logp_falling: the mean per-token log-prob of the responses whose answer was
-  correct falls more than `correct_logp_drop` nats below baseline. The negative gradient of
-  the wrong responses, which share most tokens with the right ones, pushes the right ones
-  down too: lazy likelihood displacement (Deng et al., 2025), which precedes GRPO's collapse
-  on Search-R1-style tool use.
+- correct_logp_falling: the update lowered the likelihood of the very episodes it was shown
+  as right: `correct_logp_shift` (per-token log-prob of the batch's right episodes after
+  the update minus before) averages below -`correct_logp_drop` over the last `window`
+  updates. The negative gradient of the wrong responses, which share most tokens with the
+  right ones, pushes the right ones down too: lazy likelihood displacement (Deng et al.,
+  2025), which precedes GRPO's collapse on Search-R1-style tool use. It needs no baseline:
+  a healthy update raises the positives' likelihood.
 - valid_format_collapse: the fraction of episodes with a valid protocol trace falls more than
   `valid_format_drop` (absolute) below baseline. Malformed tags end episodes early, every
   reward becomes the format penalty, and the group has nothing left to compare.
@@ -42,10 +48,11 @@ not a trend). The checks, for GRPO / PPO on a search agent:
   collapse once the multi-hop reward has lost half its baseline.
 - no_signal: for `no_signal_steps` steps in a row no group's rewards varied
   (`groups_with_signal` is 0): every group-relative advantage is zero and the outcome reward
-  teaches nothing. It is where the other collapses end (every rollout invalid, or all
-  right) and where a run starts that is too hard or too easy for its policy. It needs no
-  baseline, so it fires even when the collapse began inside the baseline window; twice as
-  many steps in a row is a collapse.
+  teaches nothing. It is where the other collapses end (every rollout invalid) and where a
+  run starts that is too hard for its policy. It needs no baseline, so it fires even when
+  the collapse began inside the baseline window; twice as many steps in a row is a
+  collapse. When every tied group answered right (`groups_solved` is 1) the policy is not
+  broken, the questions are too easy for it: that only warns.
 
 Severity is "warn" past the threshold and "collapse" twice past it: grad norm above
 2 x factor x baseline, entropy below ratio / 2 x baseline, a log-prob, format or type-reward
@@ -93,14 +100,19 @@ class Alert:
         return asdict(self)
 
 
+ROLLING = 4   # the grad norm's baseline: the median of the previous ROLLING x window norms
+
+
 class _Signal:
     """One metric's history: its first `window` values (the baseline), its last `window`
-    values (the recent value), and where its check stands."""
+    values (the recent value), its last `ROLLING x window` values (a rolling baseline), and
+    where its check stands."""
 
     def __init__(self, window: int):
         self.window = window
         self.first: list[float] = []
         self.last: deque[float] = deque(maxlen=window)
+        self.rolling: deque[float] = deque(maxlen=ROLLING * window)
         self.level: str | None = None     # the latest check's severity
         self.alerted: str | None = None   # the highest severity alerted since it last passed
 
@@ -108,6 +120,7 @@ class _Signal:
         if len(self.first) < self.window:
             self.first.append(value)
         self.last.append(value)
+        self.rolling.append(value)
 
     @property
     def baseline(self) -> float | None:
@@ -129,14 +142,15 @@ class _Signal:
         return False
 
     def state_dict(self) -> dict:
-        return {"first": list(self.first), "last": list(self.last), "level": self.level,
-                "alerted": self.alerted}
+        return {"first": list(self.first), "last": list(self.last),
+                "rolling": list(self.rolling), "level": self.level, "alerted": self.alerted}
 
     @classmethod
     def from_state(cls, state: dict, window: int) -> _Signal:
         s = cls(window)
         s.first = [float(v) for v in state["first"]][:window]
         s.last.extend(float(v) for v in state["last"])
+        s.rolling.extend(float(v) for v in state.get("rolling", state["last"]))
         s.level, s.alerted = state["level"], state["alerted"]
         return s
 
@@ -176,11 +190,12 @@ def check_entropy(recent: float, baseline: float, cfg: MonitorConfig) -> tuple[s
     return severity, f"entropy {recent:.3g} is {recent / baseline:.0%} of its baseline {baseline:.3g}"
 
 
-def check_correct_logp(recent: float, baseline: float, cfg: MonitorConfig) -> tuple[str | None, str]:
-    drop = baseline - recent
+def check_correct_logp(recent_shift: float, cfg: MonitorConfig) -> tuple[str | None, str]:
+    drop = -recent_shift
     severity = _severity(drop > cfg.correct_logp_drop, drop > 2 * cfg.correct_logp_drop)
-    return severity, (f"log-prob of correct responses {recent:.3g} nats/token is {drop:.2f} below "
-                      f"its baseline {baseline:.3g}")
+    return severity, (f"the updates lowered the log-prob of the episodes they were shown as "
+                      f"right by {drop:.3g} nats/token each (mean of the last "
+                      f"{cfg.window}): likelihood displacement")
 
 
 def check_valid_format(recent: float, baseline: float, cfg: MonitorConfig) -> tuple[str | None, str]:
@@ -220,7 +235,6 @@ def check_search_collapse(searches: float, searches_base: float, multihop: float
 
 
 _CHECKS = (("entropy", "entropy_collapse", check_entropy),
-           ("correct_logp", "correct_logp_falling", check_correct_logp),
            ("valid_format", "valid_format_collapse", check_valid_format),
            ("searches", "searches_drift", check_searches))
 
@@ -228,7 +242,7 @@ _CHECKS = (("entropy", "entropy_collapse", check_entropy),
 class Monitor:
     """Feed it each step's metrics; it returns the alerts that step raised."""
 
-    SIGNALS = ("grad_norm", "entropy", "correct_logp", "valid_format", "searches",
+    SIGNALS = ("grad_norm", "entropy", "correct_logp_shift", "valid_format", "searches",
                "reward_multihop")
 
     def __init__(self, cfg: MonitorConfig):
@@ -250,6 +264,13 @@ class Monitor:
             return []
         grad_norm = self.signals["grad_norm"]
         verdicts = [(grad_norm, "grad_norm_explosion", self._check_grad_norm(metrics.get("grad_norm")))]
+        shift = self.signals["correct_logp_shift"]
+        value = _finite(metrics.get("correct_logp_shift"))
+        if value is not None:
+            shift.observe(value)
+            verdicts.append((shift, "correct_logp_falling",
+                             check_correct_logp(shift.recent, self.cfg)
+                             if len(shift.last) == self.cfg.window else None))
         for name, kind, check in _CHECKS:
             value = _finite(metrics.get(name))
             if value is not None:
@@ -267,7 +288,8 @@ class Monitor:
                          self._check_search_collapse(_finite(metrics.get("searches")),
                                                      _finite(metrics.get("reward_multihop")))))
         verdicts.append((self.no_signal, "no_signal",
-                         self._check_no_signal(_finite(metrics.get("groups_with_signal")))))
+                         self._check_no_signal(_finite(metrics.get("groups_with_signal")),
+                                               _finite(metrics.get("groups_solved")))))
         alerts = []
         for signal, kind, verdict in verdicts:
             if verdict is None:   # nothing to compare with yet: the signal stays as it was
@@ -288,12 +310,13 @@ class Monitor:
             return None
         if not math.isfinite(value):
             return "collapse", f"grad norm is {value}: the update is not finite"
-        if value > 0:   # zero: no update happened, which says nothing about the scale
-            signal.observe(value)
-        baseline = signal.baseline
-        if baseline is None or value <= 0:
+        if value <= 0:   # zero: no update happened, which says nothing about the scale
+            return None, ""
+        previous = list(signal.rolling)
+        signal.observe(value)
+        if len(previous) < self.cfg.window:
             return None, ""   # finite, and no explosion (which also ends a nan's collapse)
-        return check_grad_norm(value, baseline, self.cfg)
+        return check_grad_norm(value, statistics.median(previous), self.cfg)
 
     def _check_search_collapse(self, searches: float | None, multihop: float | None
                                ) -> tuple[str | None, str] | None:
@@ -308,14 +331,20 @@ class Monitor:
             return None
         return check_search_collapse(sr.recent, sr.baseline, mh.recent, mh.baseline, self.cfg)
 
-    def _check_no_signal(self, share: float | None) -> tuple[str | None, str] | None:
+    def _check_no_signal(self, share: float | None, solved: float | None
+                         ) -> tuple[str | None, str] | None:
         if share is None:
             return None
         self.no_signal_run = self.no_signal_run + 1 if share <= 0 else 0
         n, steps = self.no_signal_run, self.cfg.no_signal_steps
+        s = "s" if n != 1 else ""
+        if solved is not None and solved >= 1.0:   # every group all right: too easy
+            return _severity(n >= steps, False), (
+                f"every group answered right for {n} step{s} in a row: the questions are too "
+                "easy for the policy and teach it nothing (harder data, or dynamic sampling)")
         return _severity(n >= steps, n >= 2 * steps), (
-            f"no group's rewards varied for {n} step{'s' if n != 1 else ''} in a row: every "
-            "group-relative advantage is zero and the outcome reward teaches nothing")
+            f"no group's rewards varied for {n} step{s} in a row: every group-relative "
+            "advantage is zero and the outcome reward teaches nothing")
 
     def state_dict(self) -> dict:
         return {"signals": {name: s.state_dict() for name, s in self.signals.items()},

@@ -39,6 +39,7 @@ import os
 import random
 import shutil
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -299,17 +300,25 @@ class Trainer:
         record = self._episode_metrics(step, trajs, parts, n_sampled, refills)
         record.update(rollout_tokens=step_tokens, rollout_tokens_total=self.rollout_tokens,
                       **{f"process_{k}": round(v, 4) for k, v in sorted(process_stats.items())})
-        varied, multi = signal
+        varied, multi, solved = signal
         record["groups_with_signal"] = round(varied / multi, 4) if multi else None
+        record["groups_solved"] = round(solved / multi, 4) if multi else None
         self._save_rollouts(step, trajs)
         if not trajs:  # dynamic sampling found no group with signal: nothing to learn
-            record.update(time_rollout=round(t_rollout, 2), skipped_update=True)
+            # the schedule still counts the step, so step k has the lr of step k whatever
+            # was skipped before it (torch warns when no optimizer step came first)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                self.scheduler.step()
+            record.update(time_rollout=round(t_rollout, 2), skipped_update=True,
+                          lr=self.scheduler.get_last_lr()[0])
             return record
 
         t2 = time.time()
         one_update = algo.epochs == 1 and algo.mini_batch_size >= len(trajs)
+        kl_reward = algo.kl_coef > 0 and algo.kl_in_reward
         old_logps, old_values = (None, None)
-        if not one_update or self.value_head is not None:
+        if not one_update or self.value_head is not None or kl_reward:
             old_logps, old_values = self.batch_logprobs(trajs)
         ref_logps = None
         if algo.kl_coef > 0:
@@ -317,8 +326,11 @@ class Trainer:
         t_old = time.time() - t2
 
         adv_cfg = self.advantage_config()
-        advantages, returns = compute_advantages(algo.advantage, trajs,
-                                                 Rewards.from_trajectories(trajs), adv_cfg,
+        rewards = Rewards.from_trajectories(trajs)
+        if kl_reward:   # -kl_coef x KL on every policy token, read by the estimator
+            rewards.tokens, record["kl"] = _kl_rewards(trajs, old_logps, ref_logps, algo)
+            ref_logps = None   # and no KL loss term
+        advantages, returns = compute_advantages(algo.advantage, trajs, rewards, adv_cfg,
                                                  values=old_values)
         record.update(advantage_stats(advantages, trajs))
         record.update(adv_cfg.diagnostics)
@@ -331,14 +343,7 @@ class Trainer:
         self.scheduler.step()
         generated = sum(t.n_generated for t in trajs)
         trained = sum(len(t.token_ids) for t in trajs) * algo.epochs
-        # the log-prob of correct episodes under the policy that sampled them: from the
-        # old log-probs when there are any, else as measured during the (only) update
-        record["correct_logp"] = update.pop("correct_logp", None)
-        if old_logps is not None:
-            correct = [lp[torch.tensor(t.loss_mask, dtype=torch.bool)].mean().item()
-                       for t, lp, p in zip(trajs, old_logps, parts) if p.outcome >= 1.0
-                       and t.n_generated]
-            record["correct_logp"] = round(sum(correct) / len(correct), 4) if correct else None
+        record.update(self._displacement(trajs, old_logps, update.pop("correct_logps")))
         record.update(update)
         record.update(lr=self.scheduler.get_last_lr()[0], time_rollout=round(t_rollout, 2),
                       time_scoring=round(t_scoring, 3), time_old_logprobs=round(t_old, 2),
@@ -359,10 +364,13 @@ class Trainer:
     def _update(self, trajs, advantages, old_logps, ref_logps, old_values, returns
                 ) -> dict[str, Any]:
         cfg, algo = self.cfg, self.cfg.algo
-        self.model.train()
+        # Eval mode, as for the old log-probs: with dropout on (LoRA's) the first ratio of
+        # an update would not be 1, and the clip would act on noise. Gradients flow all the
+        # same; dropout is simply not used in RL.
+        self.model.eval()
         stats: dict[str, list[float]] = defaultdict(list)       # one value per mini-batch
         mini_stats: dict[str, float] = defaultdict(float)
-        correct_logps: list[float] = []
+        correct_logps: dict[int, float] = {}   # episode -> its mean log-prob, first pass
         order_rng = random.Random(f"{cfg.seed}/update/{self.step_done}")
         # seq-mean-token-sum-norm's constant: the most policy tokens an episode can have
         norm_length = cfg.rollout.max_turns * cfg.rollout.max_new_tokens
@@ -396,9 +404,33 @@ class Trainer:
                 stats["grad_norm"].append(self._optimizer_step())
         out = {k: round(sum(v) / len(v), 5) for k, v in stats.items()}
         out["grad_norm"] = round(max(stats["grad_norm"]), 4)
-        out["correct_logp"] = round(sum(correct_logps) / len(correct_logps), 4) \
-            if correct_logps else None
+        out["correct_logps"] = correct_logps
         return out
+
+    def _displacement(self, trajs, old_logps, during_update: dict[int, float]
+                      ) -> dict[str, float | None]:
+        """How the update moved the likelihood of the episodes it was shown as right (exact
+        match): `correct_logp`, their mean per-token log-prob before the update (under the
+        policy that sampled them), and `correct_logp_shift`, after minus before on the same
+        episodes. A falling likelihood of the positives while the policy learns from them is
+        likelihood displacement (Deng et al., 2025), which precedes GRPO's collapse on tool
+        use; comparing fresh samples from step to step instead measures little more than the
+        policy's entropy. At most `algo.logprob_chunk` episodes are measured again."""
+        right = [i for i, t in enumerate(trajs) if self._correct(t) and t.n_generated]
+        if not right:
+            return {"correct_logp": None, "correct_logp_shift": None}
+
+        def mean_logp(lp, t) -> float:
+            return lp[torch.tensor(t.loss_mask, dtype=torch.bool)].mean().item()
+
+        before = {i: mean_logp(old_logps[i], trajs[i]) for i in right} \
+            if old_logps is not None else during_update
+        picked = [i for i in right if i in before][:self.cfg.algo.logprob_chunk]
+        after, _ = self.batch_logprobs([trajs[i] for i in picked])
+        shift = [mean_logp(lp, trajs[i]) - before[i] for i, lp in zip(picked, after)]
+        return {"correct_logp": round(sum(before[i] for i in right if i in before)
+                                      / len([i for i in right if i in before]), 4),
+                "correct_logp_shift": round(sum(shift) / len(shift), 5) if shift else None}
 
     def _micro_loss(self, trajs, micro, advantages, old_logps, ref_logps, old_values, returns,
                     norm_length, correct_logps) -> tuple[torch.Tensor, dict[str, float]]:
@@ -423,12 +455,13 @@ class Trainer:
         adv = grid(advantages)
         old = grid(old_logps) if old_logps is not None else logp.detach()
         loss, s = policy_loss(logp, old, adv, mask, clip_low=algo.clip_low,
-                              clip_high=algo.clip_high, agg=algo.loss_agg, norm_length=norm_length)
-        ent = aggregate(out["entropy"], mask, "token-mean")
-        s["entropy"] = float(ent.detach())
+                              clip_high=algo.clip_high, clip_c=algo.clip_ratio_c,
+                              agg=algo.loss_agg, norm_length=norm_length)
+        s["entropy"] = float(aggregate(out["entropy"].detach(), mask, "token-mean"))  # to read
         s["pg_loss"] = float(loss.detach())
-        if algo.entropy_coef > 0:
-            loss = loss - algo.entropy_coef * ent
+        if algo.entropy_coef > 0:   # aggregated like the policy loss it is added to
+            loss = loss - algo.entropy_coef * aggregate(out["entropy"], mask, algo.loss_agg,
+                                                        norm_length)
         if ref_logps is not None:
             kl = aggregate(kl_penalty(logp, grid(ref_logps), algo.kl_estimator), mask,
                            algo.loss_agg, norm_length)
@@ -436,15 +469,15 @@ class Trainer:
             loss = loss + algo.kl_coef * kl
         if self.value_head is not None:
             vl = value_loss(out["values"], grid(old_values), grid(returns), mask,
-                            clip=algo.value_clip)
+                            clip=algo.value_clip, agg=algo.loss_agg, norm_length=norm_length)
             s["value_loss"] = float(vl.detach())
             s["explained_var"] = _explained_variance(out["values"], grid(returns), mask)
             loss = loss + algo.value_coef * vl
-        with torch.no_grad():  # for the monitor: how likely are the correct answers now
+        with torch.no_grad():  # for the monitor: the right episodes before the update
             for r, i in enumerate(micro):
-                if self._correct(trajs[i]):
+                if self._correct(trajs[i]) and i not in correct_logps:
                     n = mask[r].sum().clamp(min=1)
-                    correct_logps.append(float((logp[r] * mask[r]).sum() / n))
+                    correct_logps[i] = float((logp[r] * mask[r]).sum() / n)
         return loss, s
 
     @staticmethod
@@ -699,13 +732,29 @@ def _informative(trajs, parts, members: list[int], advantage: str | None = None,
     return group_has_signal(group, totals)
 
 
+def _kl_rewards(trajs, logps, ref_logps, algo) -> tuple[list[torch.Tensor], float]:
+    """-kl_coef x KL(policy || reference) per policy token (the estimator named by
+    `algo.kl_estimator`; k1 is the usual one here), and the mean KL per policy token."""
+    out, total, n = [], 0.0, 0
+    for t, lp, ref in zip(trajs, logps, ref_logps):
+        m = torch.tensor(t.loss_mask, dtype=torch.float32)
+        kl = kl_penalty(lp.float(), ref.float(), algo.kl_estimator) * m
+        out.append(-algo.kl_coef * kl)
+        total, n = total + float(kl.sum()), n + int(m.sum())
+    return out, round(total / max(n, 1), 5)
+
+
 def _group_signal(trajs, parts, advantage: str | None = None,
-                  adv_cfg: AdvantageConfig | None = None) -> tuple[int, int]:
-    """(informative groups, groups of two or more episodes): a group-relative advantage is
-    zero for every member of a tied group, and undefined for a lone episode."""
+                  adv_cfg: AdvantageConfig | None = None) -> tuple[int, int, int]:
+    """(informative groups, groups of two or more episodes, tied groups whose every episode
+    was right): a group-relative advantage is zero for every member of a tied group, and
+    undefined for a lone episode. A tied group of right answers is a solved question, not a
+    broken policy; the monitor tells the two apart."""
     groups = [m for m in group_indices(trajs).values() if len(m) > 1]
-    return sum(1 for m in groups if _informative(trajs, parts, m, advantage, adv_cfg)), \
-        len(groups)
+    varied = [_informative(trajs, parts, m, advantage, adv_cfg) for m in groups]
+    solved = sum(1 for m, v in zip(groups, varied)
+                 if not v and all(parts[i].outcome >= 1.0 for i in m))
+    return sum(varied), len(groups), solved
 
 
 def _keep_varied(trajs, parts, advantage: str | None = None,
