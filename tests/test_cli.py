@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from seekrl.cli import app
@@ -147,3 +148,17 @@ def test_sft_and_train_name_a_missing_data_file_before_loading_a_model(tmp_path,
     r = run("train", f"data={tmp_path / 'missing.jsonl'}", f"out={tmp_path / 't'}",
             f"index={tmp_path}")
     assert r.exit_code == 2 and "data: " in r.output and "missing.jsonl" in r.output
+
+
+def test_model_names_are_checked_before_the_hub_is_asked(tmp_path):
+    from seekrl.models import ModelError, resolve_model
+
+    with pytest.raises(ModelError, match="did you mean smollm2-135m"):
+        resolve_model("smolm2-135m")
+    with pytest.raises(ModelError, match="does not exist"):
+        resolve_model(str(tmp_path / "no-such-checkpoint"))
+    with pytest.raises(ModelError, match="does not exist"):
+        resolve_model("./runs/sft/fianl")
+    assert resolve_model("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert resolve_model("gpt2") == "gpt2"
+    assert resolve_model(str(tmp_path)) == str(tmp_path)

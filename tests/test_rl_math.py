@@ -336,3 +336,39 @@ def test_shared_prompt_forward_with_activation_checkpointing():
     out = masked_logprobs(model, ids, attn, mask)["logprobs"]
     out.sum().backward()
     torch.testing.assert_close(out.detach(), plain, atol=2e-5, rtol=1e-4)
+
+
+def test_training_logprobs_apply_the_models_logit_softcapping():
+    """Gemma 2 soft-caps its final logits inside its forward; the trainer's LM-head shortcut
+    must do the same, or its log-probs differ from the sampler's."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    from seekrl.rl.forward import masked_logprobs
+
+    torch.manual_seed(0)
+    cfg = Gemma2Config(vocab_size=300, hidden_size=32, intermediate_size=64,
+                       num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                       head_dim=16, final_logit_softcapping=0.5)
+    model = Gemma2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(50)   # logits well past the cap, where it matters
+    ids = torch.randint(3, 300, (2, 9))
+    attn = torch.ones_like(ids)
+    mask = torch.zeros(2, 9)
+    mask[:, 5:] = 1
+    with torch.no_grad():
+        ours = masked_logprobs(model, ids, attn, mask, share_prompts=False)["logprobs"]
+        ref = torch.log_softmax(model(input_ids=ids).logits.float(), -1)[:, :-1].gather(
+            -1, ids[:, 1:, None]).squeeze(-1)
+    torch.testing.assert_close(ours[:, 6:], ref[:, 5:], atol=1e-4, rtol=1e-4)
+
+
+def test_alibi_models_are_refused_with_one_line():
+    from transformers import BloomConfig, BloomForCausalLM
+
+    from seekrl.agent.backends import HFBackend
+    from seekrl.models import ModelError, load_tokenizer
+
+    model = BloomForCausalLM(BloomConfig(vocab_size=300, hidden_size=32, n_layer=1, n_head=2))
+    with pytest.raises(ModelError, match="ALiBi"):
+        HFBackend(model, load_tokenizer())

@@ -10,6 +10,7 @@ use loads that in well under a second.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
 import shutil
@@ -83,10 +84,67 @@ def bundled_checkpoint(home: Path | None = None) -> Path:
 
 
 def resolve_model(name: str | None) -> str:
-    """A local path for the bundled alias; anything else (HF id or path) unchanged."""
+    """A local path for the bundled alias; an existing path or a hub id unchanged.
+
+    Checked here, before transformers spends its retries on the hub: a name written as a
+    path (`/...`, `./...`, `~/...`, or with more than one `/`) must exist, and a bare name
+    one typo away from a bundled alias is a typo ("did you mean smollm2-135m?")."""
     if name is None or name.lower() in BUNDLED_ALIASES:
         return str(bundled_checkpoint())
+    if Path(name).expanduser().exists():
+        return str(Path(name).expanduser())
+    if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
+        raise ModelError(f"model: {name} does not exist (a path was given; no such folder)")
+    if "/" not in name:
+        close = difflib.get_close_matches(name.lower(), sorted(BUNDLED_ALIASES), n=1,
+                                          cutoff=0.75)
+        if close:
+            raise ModelError(f"model: {name!r} is neither a folder nor a bundled model; did "
+                             f"you mean {close[0]}?")
     return name
+
+
+def _config(model):
+    get_base = getattr(model, "get_base_model", None)   # under a peft wrapper
+    return getattr(get_base() if callable(get_base) else model, "config", None)
+
+
+def logit_transform(model):
+    """What the model's own forward does to its LM head's output, as a function of the
+    logits (None when nothing): Gemma 2/3's final-logit soft-capping, cap * tanh(x / cap),
+    and Cohere's `logit_scale`. Training computes log-probs from the LM head directly, so
+    it must apply the same or its ratios compare two different distributions."""
+    config = _config(model)
+    cap = getattr(config, "final_logit_softcapping", None)
+    scale = getattr(config, "logit_scale", None)
+    if not cap and scale in (None, 1, 1.0):
+        return None
+
+    def transform(logits: torch.Tensor) -> torch.Tensor:
+        if scale not in (None, 1, 1.0):
+            logits = logits * scale
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+    return transform
+
+
+def check_positions(model) -> None:
+    """Refuse models whose attention position is not given by `position_ids` (ALiBi: BLOOM,
+    MPT, Falcon with alibi). seekrl passes explicit position ids when it keeps an episode's
+    KV cache between turns and when a group's episodes share one prompt pass; an ALiBi
+    model would ignore them and attend with wrong distances, silently."""
+    config = _config(model)
+    attn = getattr(config, "attn_config", None)
+    alibi = (getattr(config, "alibi", False) is True
+             or getattr(config, "model_type", "") in ("bloom", "mpt")
+             or getattr(config, "position_embedding_type", "") == "alibi"
+             or (isinstance(attn, dict) and attn.get("alibi") is True))
+    if alibi:
+        raise ModelError(f"{getattr(config, 'model_type', 'this model')}: ALiBi attention is "
+                         "not supported (seekrl's rollouts and prompt sharing set position "
+                         "ids, which ALiBi ignores); use a model with rotary or absolute "
+                         "positions (Llama, Qwen, Mistral, Gemma, SmolLM, ...)")
 
 
 def quiet_transformers() -> None:

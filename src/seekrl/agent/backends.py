@@ -206,6 +206,9 @@ class HFBackend:
     prefill adds."""
 
     def __init__(self, model, tokenizer, *, stop_strings: tuple[str, ...] = STOP_STRINGS):
+        from seekrl.models import check_positions
+
+        check_positions(model)   # the cache between turns relies on explicit position ids
         self.model = model
         self.tokenizer = tokenizer
         self.stop_strings = tuple(stop_strings)

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from seekrl.models import check_positions, logit_transform
+
 
 def collate(token_ids: Sequence[Sequence[int]], masks: Sequence[Sequence[int]], pad_id: int,
             device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -83,6 +85,7 @@ def suffix_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     share it. Position ids are explicit: a suffix continues at its own prompt's length.
     None when the model returned no cache (activation checkpointing turns it off)."""
     dev = input_ids.device
+    check_positions(model)
     backbone = _backbone(model)
     if backbone.training and getattr(backbone, "gradient_checkpointing", False):
         return None   # HF models return no cache then: skip the prompt pass, not waste it
@@ -136,6 +139,9 @@ def masked_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
             s_sel[r, :part.shape[0]] = part
         picked = h[s_sel]                          # [n_policy_tokens, hidden]
     logits = _causal_lm(model).get_output_embeddings()(picked).float()
+    transform = logit_transform(model)   # soft-capping / logit scale, as the sampler saw
+    if transform is not None:
+        logits = transform(logits)
     if temperature != 1.0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
