@@ -114,7 +114,7 @@ def _run_estimator(name, args, demo, sft: Path, world_dir: Path, index_dir: Path
         eval={"data": str(test_file), "n": args.n_test, "every": args.eval_every,
               "at_start": False,   # evaluated below, as step 0
               "max_turns": demo.eval_max_turns, "max_new_tokens": demo.eval_max_new_tokens})
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg, overwrite=True)
     start_em = trainer.evaluate(out / "eval" / "step-0")["em"]
     print(f"em_{name}_step0={start_em:.4f}", flush=True)
     trainer.train()
@@ -174,7 +174,8 @@ def _sft(work: Path, demo, index_dir: Path, device: str) -> Path:
                           out=str(work / "sft"), seed=demo.seed, max_steps=demo.sft_steps,
                           batch_size=demo.sft_batch, max_info_tokens=demo.max_info_tokens,
                           topk=demo.k, train_layers=demo.train_layers, device=device,
-                          optim={"lr": demo.sft_lr, "warmup_steps": 2, "min_lr_ratio": 0.1}))
+                          optim={"lr": demo.sft_lr, "warmup_steps": 2, "min_lr_ratio": 0.1}),
+                overwrite=True)   # a run killed before `final` is redone
     return final
 
 

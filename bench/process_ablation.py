@@ -120,7 +120,7 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
                         "batch_size": args.eval_batch}
     keys = method_overrides(method, group_size=demo.group_size, baseline_advantage=args.baseline)
     cfg = TrainConfig.model_validate(apply_overrides(tree, keys))
-    summary = Trainer(cfg).train()
+    summary = Trainer(cfg, overwrite=True).train()
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "episodes" in r]
     tokens_at = {r["step"]: r["rollout_tokens_total"] for r in steps}

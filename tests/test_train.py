@@ -63,6 +63,7 @@ def make_cfg(tmp_path, **over) -> TrainConfig:
 
 def make_trainer(cfg, world, tiny, **kw):
     model, tok = tiny
+    kw.setdefault("overwrite", not kw.get("resume"))   # tests reuse their folders
     return Trainer(cfg, model=copy.deepcopy(model), tokenizer=tok, retriever=world["index"],
                    questions=world["train"], reward_fn=kw.pop("reward_fn", parity_reward), **kw)
 
@@ -526,3 +527,30 @@ def test_entropy_bonus_is_aggregated_like_the_policy_loss(world, tiny, tmp_path,
         ent = masked_logprobs(trainer.model, ids, attn, mask, entropy=True)["entropy"]
     expected = -0.5 * float(aggregate(ent, mask, agg, norm))
     assert loss(0.5) - loss(0.0) == pytest.approx(expected, rel=1e-4, abs=1e-6)
+
+
+def test_an_existing_run_is_refused_replaced_or_resumed_with_its_differences(world, tiny,
+                                                                             tmp_path):
+    """Writing a new run into an old one's folder truncated its metrics and replaced its
+    config without a word: refused unless --overwrite; --resume says what changed and
+    drops the alerts of the steps it redoes, like their metric lines."""
+    from rich.console import Console
+
+    cfg = make_cfg(tmp_path, steps=2)
+    make_trainer(cfg, world, tiny).train(until=1)
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError, match="already holds a run.*--resume.*--overwrite"):
+        make_trainer(cfg, world, tiny, overwrite=False)
+    assert (run / "metrics.jsonl").read_text()     # untouched
+    (run / "alerts.jsonl").write_text(json.dumps({"step": 1, "kind": "x"}) + "\n"
+                                      + json.dumps({"step": 2, "kind": "y"}) + "\n")
+    console = Console(record=True, width=200)
+    resumed = make_trainer(make_cfg(tmp_path, steps=3), world, tiny, resume=True,
+                           console=console)
+    assert "steps: 2 -> 3" in console.export_text()
+    assert [json.loads(x)["step"] for x in (run / "alerts.jsonl").read_text().splitlines()] \
+        == [1]
+    assert resumed.step_done == 1
+    fresh = make_trainer(cfg, world, tiny, overwrite=True)
+    assert fresh.step_done == 0 and not (run / "checkpoints").exists()
+    assert not (run / "alerts.jsonl").exists()

@@ -288,6 +288,7 @@ def sft(
     = None,
     overrides: Annotated[Optional[list[str]], typer.Argument(
         help="key.sub=value overrides, e.g. optim.lr=1e-4 max_steps=20", show_default=False)] = None,
+    overwrite: Annotated[bool, typer.Option(help="replace a run already in out")] = False,
 ):
     """Supervised warm-up on trajectory JSONL (oracle episodes): loss on policy tokens only."""
     from seekrl.config import ConfigError, SFTConfig, load_config
@@ -296,7 +297,7 @@ def sft(
 
     try:
         cfg = load_config(SFTConfig, config, overrides or [])
-        summary = run_sft(cfg, console=console)
+        summary = run_sft(cfg, console=console, overwrite=overwrite)
     except (ConfigError, DataError, RetrievalError, ModelError, FileNotFoundError, ValueError) as err:
         _fail(err)
     console.print(f"final model -> {summary['final']} (load it with `seekrl eval --model "
@@ -310,6 +311,7 @@ def train(
     overrides: Annotated[Optional[list[str]], typer.Argument(
         help="key.sub=value overrides, e.g. algo.advantage=rloo steps=50", show_default=False)] = None,
     resume: Annotated[bool, typer.Option(help="continue from the run's latest checkpoint")] = False,
+    overwrite: Annotated[bool, typer.Option(help="replace a run already in out")] = False,
     process: Annotated[Optional[str], typer.Option(
         help="a process-supervision method: evidence | gigpo | gigpo_evidence | mc_value | "
              "stratified | tree (its keys replace the config file's; key=value overrides win)")] = None,
@@ -332,7 +334,7 @@ def train(
             overrides = [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}"
                          .replace("\n...", "") for k, v in keys.items()] + list(overrides or [])
         cfg = load_config(TrainConfig, config, overrides or [])
-        summary = Trainer(cfg, console=console, resume=resume).train()
+        summary = Trainer(cfg, console=console, resume=resume, overwrite=overwrite).train()
     except (ConfigError, DataError, RetrievalError, ModelError, FileNotFoundError, ValueError) as err:
         _fail(err)
     if summary.get("stopped"):

@@ -152,7 +152,7 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
                         batch_size=cfg.sft_batch, max_info_tokens=cfg.max_info_tokens,
                         topk=cfg.k, train_layers=cfg.train_layers,
                         optim={"lr": cfg.sft_lr, "warmup_steps": 2, "min_lr_ratio": 0.1})
-    sft = run_sft(sft_cfg, console=console)
+    sft = run_sft(sft_cfg, console=console, overwrite=True)
 
     clock.stage("eval_sft", "evaluate the SFT checkpoint on the same test questions")
     after_sft = _evaluate(sft["final"], out / "eval_sft", **eval_kw)
@@ -284,7 +284,7 @@ def _rl(out: Path, keys: dict, *, cfg: DemoConfig, sft_final: str, paths, index,
                           steps=cfg.rl_steps if budget_tokens is None else 4 * cfg.rl_steps)
     tree["log"] = {"save_rollouts": 1}
     rl_cfg = TrainConfig.model_validate(apply_overrides(tree, keys))
-    return Trainer(rl_cfg, console=console, retriever=index).train()
+    return Trainer(rl_cfg, console=console, retriever=index, overwrite=True).train()
 
 
 def _show_retrieval(console: Console, index, test, cfg: DemoConfig) -> tuple[float, float]:

@@ -182,7 +182,7 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
         if cfg.sft_model:
             return {"final": cfg.sft_model, "skipped": True, "generated_tokens": 0}
         from seekrl.rl.sft import run_sft
-        s = run_sft(stages["sft"], console=console)
+        s = run_sft(stages["sft"], console=console, overwrite=True)
         return {"final": s["final"], "steps": s["steps"], "loss": s["loss"],
                 "generated_tokens": 0}
 
@@ -228,7 +228,7 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
         from seekrl.rl.train import Trainer
         rl_cfg = stages["rl"].model_copy(update={"model": ref["final"]})
         rl_cfg.reward = rl_cfg.reward.model_copy(update={"prm": prm_out["final"]})
-        r = Trainer(rl_cfg, console=console, retriever=retriever).train()
+        r = Trainer(rl_cfg, console=console, retriever=retriever, overwrite=True).train()
         return {"final": r["final"], "steps": r["steps"], "generated_tokens": r["rollout_tokens"],
                 "stopped": r.get("stopped")}
 

@@ -39,6 +39,55 @@ def open_index(index: str | None, what: str):
     return open_retriever(index)
 
 
+RUN_MARKERS = ("metrics.jsonl", "checkpoints")      # a folder holding these holds a run
+RUN_OUTPUTS = ("metrics.jsonl", "alerts.jsonl", "checkpoints", "final", "eval", "rollouts",
+               "config.yaml", "report.html", "report_files")
+
+
+def claim_run_dir(out: Path, *, resume: bool = False, overwrite: bool = False) -> None:
+    """Make `out` ready for a new run, refusing to write over an old one.
+
+    A run folder written into again would lose its metrics (truncated) and its config
+    (replaced) without a word. With `overwrite` the old run's files are removed first;
+    with `resume` the caller continues the run and nothing is touched here."""
+    out.mkdir(parents=True, exist_ok=True)
+    if resume:
+        return
+    held = [name for name in RUN_MARKERS if (out / name).exists()]
+    if not held:
+        return
+    if not overwrite:
+        raise ConfigError(f"out: {out} already holds a run ({', '.join(held)}); pass "
+                          "--resume to continue it, --overwrite to replace it, or choose "
+                          "another out")
+    for name in RUN_OUTPUTS:
+        path = out / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def config_changes(saved: Path, cfg) -> list[str]:
+    """`key: old -> new` for every setting that differs from the run's saved config.yaml."""
+    import yaml
+
+    if not saved.is_file():
+        return []
+    old = yaml.safe_load(saved.read_text()) or {}
+    new = cfg.model_dump(mode="json")
+    out: list[str] = []
+
+    def walk(a, b, prefix: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b), key=str):
+                walk(a.get(k), b.get(k), f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix[:-1]}: {a!r} -> {b!r}")
+    walk(old, new, "")
+    return out
+
+
 def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)

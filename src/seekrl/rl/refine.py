@@ -259,6 +259,7 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
                         train_layers=cfg.train_layers, lora=cfg.lora, optim=cfg.optim,
                         dtype=cfg.dtype, device=cfg.device, log_every=5)
     from seekrl.rl.sft import run_sft
-    sft = run_sft(sft_cfg, console=console, model=model, tokenizer=tokenizer)
+    sft = run_sft(sft_cfg, console=console, model=model, tokenizer=tokenizer,
+                  overwrite=True)
     return {**summary, "final": sft["final"], "loss": sft["loss"],
             "minutes": round((time.time() - started) / 60, 2)}

@@ -32,6 +32,7 @@ from seekrl.errors import DataError
 from seekrl.rl.common import (
     MetricsLog,
     apply_lora,
+    claim_run_dir,
     eval_policy,
     make_optimizer,
     make_scheduler,
@@ -149,9 +150,11 @@ def sft_loss(model, micro: list[SFTExample], pad_id: int, device) -> tuple[torch
     return -(logp * mask).sum(), int(mask.sum())
 
 
-def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None) -> dict[str, Any]:
+def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
+            overwrite: bool = False) -> dict[str, Any]:
     """Train, evaluate, save; returns a summary (steps, loss, dev EM, paths, minutes).
-    `model` / `tokenizer` override `cfg.model` (tests pass the tiny model)."""
+    `model` / `tokenizer` override `cfg.model` (tests pass the tiny model). An `out` that
+    holds a run already is refused unless `overwrite`."""
     from seekrl.models import load_policy
 
     started = time.time()
@@ -159,7 +162,7 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None) -> dict
         raise FileNotFoundError(f"data: {cfg.data}: no such file (trajectory JSONL: oracle "
                                 "episodes or Trajectory records)")
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    claim_run_dir(out, overwrite=overwrite)
     dump_config(cfg, out / "config.yaml")
     set_seed(cfg.seed)
     if model is None:

@@ -72,6 +72,8 @@ from seekrl.rl.advantages import (
 from seekrl.rl.common import (
     MetricsLog,
     apply_lora,
+    claim_run_dir,
+    config_changes,
     eval_policy,
     make_optimizer,
     make_scheduler,
@@ -99,13 +101,18 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, *, model=None, tokenizer=None, retriever=None,
                  questions: Sequence[QAExample] | None = None, reward_fn: RewardFn | None = None,
-                 prm_scorer: StepScorer | None = None, console=None, resume: bool = False):
+                 prm_scorer: StepScorer | None = None, console=None, resume: bool = False,
+                 overwrite: bool = False):
         from seekrl.models import load_policy
 
         self.cfg = cfg
         self.out = Path(cfg.out)
         self.console = console
         _check_step_settings(cfg, prm_scorer)   # before a model is loaded: fail in seconds
+        if resume and not (self.out / "checkpoints" / "latest").is_file():
+            raise FileNotFoundError(f"--resume: {self.out / 'checkpoints' / 'latest'} does not "
+                                    "exist (no checkpoint yet)")
+        claim_run_dir(self.out, resume=resume, overwrite=overwrite)
         # the questions and the index before any model: a bad path fails in seconds
         try:
             self.questions = list(questions) if questions is not None else load_qa(cfg.data)
@@ -154,8 +161,11 @@ class Trainer:
         self.healthy_checkpoint: str | None = None
         self.stopped_reason: str | None = None
         self.stopped_budget: str | None = None
-        self.out.mkdir(parents=True, exist_ok=True)
         if resume:
+            changed = config_changes(self.out / "config.yaml", cfg)
+            if changed and console is not None:
+                console.print("[yellow]--resume with settings that differ from the run's "
+                              "config.yaml[/]: " + "; ".join(changed))
             self._resume()
         else:
             dump_config(cfg, self.out / "config.yaml")
@@ -620,12 +630,14 @@ class Trainer:
         self.rollout_tokens = int(meta.get("rollout_tokens", 0))
         self.monitor.load_state_dict(meta["monitor"])
         self.healthy_checkpoint = meta.get("healthy_checkpoint")
-        # drop log lines of steps after the checkpoint: they are about to be redone
-        log = self.out / "metrics.jsonl"
-        if log.is_file():
-            lines = [ln for ln in log.read_text().splitlines()
-                     if ln and json.loads(ln).get("step", 0) <= self.step_done]
-            log.write_text("".join(ln + "\n" for ln in lines))
+        # drop the log and alert lines of steps after the checkpoint: they are about to be
+        # redone, and their lines come back
+        for name in ("metrics.jsonl", "alerts.jsonl"):
+            path = self.out / name
+            if path.is_file():
+                lines = [ln for ln in path.read_text().splitlines()
+                         if ln and json.loads(ln).get("step", 0) <= self.step_done]
+                path.write_text("".join(ln + "\n" for ln in lines))
 
     # ------------------------------------------------------------------ the run
     def train(self, until: int | None = None) -> dict[str, Any]:
