@@ -189,6 +189,15 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MB (Linux reports KiB, macOS bytes)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--questions", type=int, default=8)
@@ -225,6 +234,7 @@ def main() -> None:
     if not args.skip_agent:
         agent = seekrl_step(args, "agent", questions, work, retriever=retriever)
         torch.set_num_threads(threads)
+        print(f"agent_peak_rss_mb={peak_rss_mb()}")   # the agent step runs first
         print(f"agent_episodes={agent['episodes']} agent_generated_tokens={agent['generated']} "
               f"agent_searches={agent['searches']} agent_valid_format={agent['valid_format']} "
               f"agent_reward={agent['reward']}")
@@ -307,6 +317,9 @@ def main() -> None:
         summary.append(f"agent_step={agent['wall']:.1f}s (rollout {agent['time_rollout']:.1f}s "
                        f"at {agent['tokens_per_s']} tok/s, old_logprobs "
                        f"{agent['time_old_logprobs']:.1f}s, update {agent['time_update']:.1f}s)")
+    peak = peak_rss_mb()
+    print(f"peak_rss_mb={peak}")   # the whole run's peak (the largest side sets it)
+    summary.append(f"peak_rss_mb={peak}")
     print(" ".join(summary))
 
 

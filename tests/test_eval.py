@@ -206,6 +206,23 @@ def test_load_eval_data_limits_and_keeps_same_named_files_apart(tmp_path):
         load_eval_data([tmp_path / "nope.jsonl"])
 
 
+def test_load_eval_data_skips_bad_lines_only_when_asked_and_says_why(tmp_path):
+    from seekrl.errors import DataError
+
+    path = tmp_path / "test.jsonl"
+    path.write_text('{"id": "a", "question": "q?", "golden_answers": ["x"]}\n{broken\n'
+                    '{"id": "b", "question": "r?"}\n'
+                    '{"id": "c", "question": "s?", "golden_answers": ["y"]}\n')
+    with pytest.raises(DataError, match="test.jsonl:2"):
+        load_eval_data([path])
+    skipped: list = []
+    data = load_eval_data([path], skipped=skipped)
+    assert [ex.id for ex in next(iter(data.values()))] == ["a", "c"]
+    (report,) = skipped
+    assert report.count == 2 and [line for line, _ in report.skipped] == [2, 3]
+    assert "golden_answers" in str(report)
+
+
 def test_eval_rollout_config_defaults_to_greedy_for_one_sample():
     assert eval_rollout_config().greedy
     cfg = eval_rollout_config(n_samples=4)

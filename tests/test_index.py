@@ -270,6 +270,8 @@ def test_build_skip_bad_records_skipped_lines(tmp_path):
     out = build_index(path, tmp_path / "idx", skip_bad=True, show_progress=False)
     index = load_index(out)
     assert index.manifest["skipped_lines"] == 2
+    assert [line for line, _ in index.manifest["skipped_examples"]] == [2, 3]
+    assert "contents" in index.manifest["skipped_examples"][1][1]
     assert index.doc_count == 2
     assert list(index.store.ids) == ["a", "c"]
 
@@ -352,6 +354,29 @@ def test_load_unknown_retriever_in_manifest(tmp_path, bm25_path):
     edit_manifest(path, retriever="splade")
     with pytest.raises(RetrievalError, match="field 'retriever'.*bm25, dense, hybrid"):
         load_index(path)
+
+
+def test_a_manifest_over_the_wrong_files_names_what_is_missing(tmp_path, bm25_path):
+    path = copy_index(bm25_path, tmp_path)
+    edit_manifest(path, retriever="dense")      # says dense; the files are BM25's
+    with pytest.raises(RetrievalError, match=r"says a dense index but dense/encoder.json, "
+                                             r"dense/index.faiss are missing"):
+        load_index(path)
+    edit_manifest(path, retriever="bm25")
+    (path / "doc_contents.bin").unlink()          # a copy cut short
+    with pytest.raises(RetrievalError, match="doc_contents.bin is missing"):
+        load_index(path)
+
+
+def test_a_damaged_index_file_is_one_line_not_a_traceback(tmp_path, bm25_path):
+    path = copy_index(bm25_path, tmp_path)
+    (path / "bm25" / "params.index.json").write_text("{not json")
+    with pytest.raises(RetrievalError, match=r"the bm25 index is damaged \(JSONDecodeError"):
+        load_index(path)
+    path2 = copy_index(bm25_path, tmp_path / "b")
+    (path2 / "doc_ids.offsets.npy").write_bytes(b"\x93NUMPY garbage")
+    with pytest.raises(RetrievalError, match="damaged"):
+        load_index(path2)
 
 
 def test_load_dense_vector_count_mismatch(tmp_path, dense_path):

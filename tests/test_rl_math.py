@@ -10,7 +10,7 @@ import torch
 
 from seekrl.agent.trajectory import Trajectory
 from seekrl.rl.advantages import ESTIMATORS, AdvantageConfig, compute_advantages
-from seekrl.rl.loss import aggregate, entropy_from_logits, kl_penalty, policy_loss, token_logprobs, value_loss
+from seekrl.rl.loss import aggregate, kl_penalty, policy_loss, value_loss
 
 
 def traj(group: str, mask: list[int]) -> Trajectory:
@@ -129,8 +129,6 @@ def test_kl_estimators_and_entropy():
     assert kl_penalty(lp, ref, "k1").tolist() == pytest.approx([0.5, 0.0])
     assert kl_penalty(lp, ref, "k3").tolist() == pytest.approx([math.exp(-0.5) - 1 + 0.5, 0.0])
     assert (kl_penalty(torch.randn(50), torch.randn(50), "k3") >= 0).all()
-    uniform = torch.zeros(1, 4)
-    assert float(entropy_from_logits(uniform)) == pytest.approx(math.log(4))
 
 
 def test_dual_clip_caps_the_loss_of_a_negative_advantage():
@@ -188,29 +186,37 @@ def test_value_loss_clipping():
 
 
 def test_masked_tokens_get_exactly_zero_gradient():
-    """The loss through a real forward: gradient w.r.t. the logits of masked positions is 0."""
+    """The loss through the trainer's own forward (`masked_logprobs`): the gradient reaching
+    the final hidden states is exactly 0 at every position whose next token is not the
+    policy's (prompt, retrieved documents, padding), and non-zero at the policy's."""
     from seekrl.models import tiny_policy
+    from seekrl.rl.forward import _backbone, masked_logprobs
 
     model, _ = tiny_policy(seed=1)
     ids = torch.randint(5, 500, (2, 12))
+    attn = torch.ones_like(ids)
+    attn[1, 10:] = 0                                # row 1 is padded
     # prompt 0..3, policy 4..6, retrieved 7..9, policy 10..11 (row 1 shorter policy run)
-    mask = torch.zeros(2, 12, dtype=torch.long)
+    mask = torch.zeros(2, 12)
     mask[0, 4:7] = 1
     mask[0, 10:12] = 1
     mask[1, 4:6] = 1
-    logits = model(input_ids=ids).logits
-    logits.retain_grad()
-    lp = token_logprobs(logits, ids)            # [2, 11]: position t predicts token t + 1
-    target_mask = mask[:, 1:]
-    loss, _ = policy_loss(lp, lp.detach(), torch.ones_like(lp), target_mask)
-    kl = aggregate(kl_penalty(lp, lp.detach() - 0.1, "k3"), target_mask)
-    (loss + 0.1 * kl).backward()
-    grad = logits.grad  # logits at position t are trained iff token t + 1 is a policy token
-    trained_rows = torch.zeros(2, 12, dtype=torch.bool)
-    trained_rows[:, :-1] = target_mask.bool()
-    assert torch.count_nonzero(grad[~trained_rows]) == 0
-    assert torch.count_nonzero(grad[trained_rows]) > 0
-    # and the parameters receive gradient only through those positions
+    final = {}
+    hook = _backbone(model).norm.register_forward_hook(
+        lambda mod, inp, out: final.setdefault("h", out).retain_grad())
+    try:
+        out = masked_logprobs(model, ids, attn, mask, entropy=True, share_prompts=False)
+    finally:
+        hook.remove()
+    lp = out["logprobs"]
+    loss, _ = policy_loss(lp, lp.detach(), torch.ones_like(lp), mask)
+    kl = aggregate(kl_penalty(lp, lp.detach() - 0.1, "k3"), mask)
+    (loss + 0.1 * kl - 0.01 * aggregate(out["entropy"], mask)).backward()
+    grad = final["h"].grad.abs().sum(-1)   # hidden state t predicts token t + 1
+    trained = torch.zeros(2, 12, dtype=torch.bool)
+    trained[:, :-1] = mask[:, 1:].bool()
+    assert torch.count_nonzero(grad[~trained]) == 0
+    assert bool((grad[trained] > 0).all())
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
 
 

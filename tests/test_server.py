@@ -349,3 +349,35 @@ def test_index_process_reports_a_bad_index_dir(tmp_path):
 
     with pytest.raises(RetrievalError, match="not a seekrl index"):
         IndexProcess(tmp_path)
+
+
+def test_serve_on_a_busy_port_fails_in_one_line_before_loading_the_index(tmp_path):
+    from typer.testing import CliRunner
+
+    from seekrl.cli import app
+
+    busy = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    port = busy.getsockname()[1]
+    try:
+        # the index does not exist: had it been loaded first, that would be the error
+        r = CliRunner().invoke(app, ["serve", "--index", str(tmp_path / "missing"),
+                                     "--port", str(port)])
+    finally:
+        busy.close()
+    assert r.exit_code == 2
+    assert f"127.0.0.1:{port} is already in use" in r.output
+    assert "Traceback" not in r.output
+
+
+def test_openapi_schema_describes_retrieve():
+    """Schema-driven clients and fuzzers see /retrieve, its request and its answers."""
+    with TestClient(create_app(FakeRetriever())) as client:
+        schema = client.get("/openapi.json").json()
+    post = schema["paths"]["/retrieve"]["post"]
+    ref = post["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    request = schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    assert {"queries", "topk", "return_scores"} <= set(request["properties"])
+    assert {"200", "400", "413", "422"} <= set(post["responses"])
+    assert "/health" in schema["paths"]

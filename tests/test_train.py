@@ -554,3 +554,25 @@ def test_an_existing_run_is_refused_replaced_or_resumed_with_its_differences(wor
     fresh = make_trainer(cfg, world, tiny, overwrite=True)
     assert fresh.step_done == 0 and not (run / "checkpoints").exists()
     assert not (run / "alerts.jsonl").exists()
+
+
+def test_a_checkpoint_is_flushed_with_its_folder_and_the_latest_pointer(world, tiny, tmp_path,
+                                                                        monkeypatch):
+    import os
+    import stat
+
+    synced = []
+    real = os.fsync
+
+    def spy(fd):
+        st = os.fstat(fd)
+        synced.append(("dir" if stat.S_ISDIR(st.st_mode) else "file", st.st_ino))
+        return real(fd)
+
+    trainer = make_trainer(make_cfg(tmp_path, steps=1), world, tiny)
+    monkeypatch.setattr(os, "fsync", spy)
+    trainer.save_checkpoint(1)
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert ("dir", os.stat(ckpts).st_ino) in synced          # the renames are on disk
+    assert ("file", os.stat(ckpts / "latest").st_ino) in synced   # the pointer's content
+    assert ("file", os.stat(ckpts / "step-1" / "policy.pt").st_ino) in synced

@@ -8,13 +8,24 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from seekrl.errors import DataError
+from seekrl.errors import SeekrlError
 from seekrl.retrieval.base import RetrievalError
+
+# what a command reports in one line (bad input, a missing file or resource), never a bug's
+# traceback: every seekrl error derives from SeekrlError
+ERRORS = (SeekrlError, FileNotFoundError, FileExistsError, ValueError)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Train LLM search agents with RL and process supervision.")
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
+
+
+def _print_config(cfg) -> None:
+    """The config as YAML, every key with its value: a starting point for a config file."""
+    import yaml
+
+    print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
 
 
 def _fail(err: Exception) -> None:
@@ -83,12 +94,17 @@ def index(
     try:
         path = build_index(corpus, out, retriever, encoder=encoder, index_type=index_type,
                            overwrite=overwrite, skip_bad=skip_bad)
-    except (DataError, RetrievalError, FileExistsError, FileNotFoundError, ValueError) as err:
+    except ERRORS as err:
         _fail(err)
     m = read_manifest(path)
     skipped = f", skipped {m['skipped_lines']} bad lines" if m["skipped_lines"] else ""
     console.print(f"indexed {m['doc_count']} documents ({retriever}) in "
                   f"{m['build_seconds']} s{skipped} -> {path}")
+    for line, reason in m.get("skipped_examples", [])[:10]:   # and why
+        console.print(f"  line {line}: {reason}", markup=False, highlight=False)
+    if m["skipped_lines"] > 10:
+        console.print(f"  ... {m['skipped_lines'] - 10} more (manifest.json lists the "
+                      "first 20)", markup=False)
 
 
 @app.command()
@@ -104,7 +120,7 @@ def search(
     try:
         retriever = _retriever(index, url)
         results = retriever.search(query, k)
-    except (RetrievalError, DataError) as err:
+    except ERRORS as err:
         _fail(err)
     for q, hits in zip(query, results):
         print_hits(console, q, hits)
@@ -129,7 +145,6 @@ def serve(
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
 ):
     """Serve an index over HTTP, wire-compatible with the Search-R1 retrieval server."""
-    from pydantic import ValidationError
 
     from seekrl.retrieval.server import run_server
 
@@ -139,7 +154,7 @@ def serve(
                    max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
                    cache_size=cache_size, default_topk=default_topk, max_topk=max_topk,
                    max_queries=max_queries, max_query_chars=max_query_chars)
-    except (RetrievalError, ValidationError) as err:
+    except ERRORS as err:
         _fail(err)
 
 
@@ -160,7 +175,7 @@ def oracle(
     try:
         examples = read_qa_jsonl(world_dir / f"{split}.jsonl")[:limit]
         stats = write_oracle_trajectories(examples, load_index(index), out, k=k)
-    except (DataError, RetrievalError, FileNotFoundError, ValueError) as err:
+    except ERRORS as err:
         _fail(err)
     console.print(f"{stats.summary()} -> {out}")
 
@@ -192,7 +207,6 @@ def demo(
     """The whole pipeline on the built-in synthetic world, on CPU: world, index, untrained
     eval, SFT warm-up, eval, RL, eval, report (about 30 minutes on 2 cores)."""
     from seekrl.demo import DemoConfig, run_demo
-    from seekrl.models import ModelError
 
     cfg = DemoConfig(seed=seed, difficulty=difficulty, model=model, n_test=eval_questions,
                      sft_steps=sft_steps, sft_batch=sft_batch, rl_steps=rl_steps,
@@ -201,7 +215,7 @@ def demo(
                      train_layers=train_layers or None)
     try:
         run_demo(out, cfg, console=console)
-    except (DataError, RetrievalError, ModelError, ValueError) as err:
+    except ERRORS as err:
         _fail(err)
 
 
@@ -228,10 +242,11 @@ def eval_(
     seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
     dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16")] = "float32",
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
+    skip_bad: Annotated[bool, typer.Option(help="skip malformed question lines, and report them")] = False,
 ):
     """Evaluate a policy (agent, rag or direct) on QA files: trajectories and metrics."""
     from seekrl.eval.evaluate import eval_rollout_config, evaluate, load_eval_data
-    from seekrl.models import ModelError, load_policy
+    from seekrl.models import load_policy
 
     files = [*data, *(more_data or [])]
     try:
@@ -239,7 +254,10 @@ def eval_(
                                   topk=topk, max_turns=max_turns, max_new_tokens=max_new_tokens,
                                   max_total_tokens=max_total_tokens, batch_size=batch_size,
                                   seed=seed)
-        examples = load_eval_data(files, limit=limit)
+        skipped: list | None = [] if skip_bad else None
+        examples = load_eval_data(files, limit=limit, skipped=skipped)
+        for report in skipped or []:
+            console.print(str(report), markup=False, highlight=False)
         retriever = None
         if index is not None and retriever_url is not None:
             raise RetrievalError("give one of --index DIR or --retriever-url URL, not both")
@@ -252,7 +270,7 @@ def eval_(
                     "limit": limit, "dtype": dtype, "device": device}
         metrics = evaluate(policy, tokenizer, retriever, examples, cfg, out, run_info=run_info,
                            console=console)
-    except (DataError, RetrievalError, ModelError, FileNotFoundError, ValueError) as err:
+    except ERRORS as err:
         _fail(err)
     from seekrl.eval.report import metrics_markdown
 
@@ -272,12 +290,12 @@ def inspect_(
 ):
     """Write a self-contained HTML viewer of a run: metrics, then every episode turn by turn."""
     from seekrl.eval.report import write_viewer
-    from seekrl.models import ModelError, load_tokenizer
+    from seekrl.models import load_tokenizer
 
     try:
         tokenizer = load_tokenizer(model) if model else None
         path = write_viewer(run_dir, out, tokenizer=tokenizer, max_episodes=limit)
-    except (DataError, ModelError, FileNotFoundError, ValueError) as err:
+    except ERRORS as err:
         _fail(err)
     console.print(f"viewer -> {path}")
 
@@ -289,16 +307,20 @@ def sft(
     overrides: Annotated[Optional[list[str]], typer.Argument(
         help="key.sub=value overrides, e.g. optim.lr=1e-4 max_steps=20", show_default=False)] = None,
     overwrite: Annotated[bool, typer.Option(help="replace a run already in out")] = False,
+    print_config: Annotated[bool, typer.Option(
+        help="print the resolved config (every key, defaults filled in) and stop")] = False,
 ):
     """Supervised warm-up on trajectory JSONL (oracle episodes): loss on policy tokens only."""
-    from seekrl.config import ConfigError, SFTConfig, load_config
-    from seekrl.models import ModelError
+    from seekrl.config import SFTConfig, load_config
     from seekrl.rl.sft import run_sft
 
     try:
         cfg = load_config(SFTConfig, config, overrides or [])
+        if print_config:
+            _print_config(cfg)
+            return
         summary = run_sft(cfg, console=console, overwrite=overwrite)
-    except (ConfigError, DataError, RetrievalError, ModelError, FileNotFoundError, ValueError) as err:
+    except ERRORS as err:
         _fail(err)
     console.print(f"final model -> {summary['final']} (load it with `seekrl eval --model "
                   f"{summary['final']}`)")
@@ -312,6 +334,8 @@ def train(
         help="key.sub=value overrides, e.g. algo.advantage=rloo steps=50", show_default=False)] = None,
     resume: Annotated[bool, typer.Option(help="continue from the run's latest checkpoint")] = False,
     overwrite: Annotated[bool, typer.Option(help="replace a run already in out")] = False,
+    print_config: Annotated[bool, typer.Option(
+        help="print the resolved config (every key, defaults filled in) and stop")] = False,
     process: Annotated[Optional[str], typer.Option(
         help="a process-supervision method: evidence | gigpo | gigpo_evidence | mc_value | "
              "stratified | tree (its keys replace the config file's; key=value overrides win)")] = None,
@@ -320,8 +344,7 @@ def train(
     the step-level estimators (dual_granularity, gigpo, stratified_grpo, tree_grpo)."""
     import yaml
 
-    from seekrl.config import ConfigError, TrainConfig, load_config
-    from seekrl.models import ModelError
+    from seekrl.config import TrainConfig, load_config
     from seekrl.rl.train import Trainer
 
     try:
@@ -334,15 +357,15 @@ def train(
             overrides = [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}"
                          .replace("\n...", "") for k, v in keys.items()] + list(overrides or [])
         cfg = load_config(TrainConfig, config, overrides or [])
+        if print_config:
+            _print_config(cfg)
+            return
         summary = Trainer(cfg, console=console, resume=resume, overwrite=overwrite).train()
-    except (ConfigError, DataError, RetrievalError, ModelError, FileNotFoundError, ValueError) as err:
+    except ERRORS as err:
         _fail(err)
     if summary.get("stopped"):
         console.print(f"[bold red]stopped early[/]: {summary['stopped']}")
     console.print(f"final model -> {summary['final']}; report: `seekrl report {cfg.out}`")
-
-
-_ERRORS = (DataError, RetrievalError, FileNotFoundError, FileExistsError, ValueError)
 
 
 def _load(schema_name: str, config: Optional[Path], overrides: Optional[list[str]]):
@@ -362,13 +385,12 @@ def mcts(
 ):
     """Step labels for a process reward model: MCTS over search steps (or Monte-Carlo
     rollouts with search.method=mc) -> OUT/nodes.jsonl, labels.jsonl, pairs.jsonl."""
-    from seekrl.models import ModelError
     from seekrl.rl.mcts import run_labelling
 
     try:
         cfg = _load("LabelConfig", config, overrides)
         summary = run_labelling(cfg, console=console, resume=resume)
-    except (*_ERRORS, ModelError) as err:
+    except ERRORS as err:
         _fail(err)
     console.print(f"{summary['questions']} questions, {summary['simulations']:.0f} simulations "
                   f"({summary['simulations_per_s']} per s), {summary['generated_tokens']:.0f} "
@@ -388,13 +410,12 @@ def prm_train(
         show_default=False)] = None,
 ):
     """Train a PRM (LM + scalar head at each step's last token) on label folders."""
-    from seekrl.models import ModelError
     from seekrl.rl.prm import train_prm
 
     try:
         cfg = _load("PRMConfig", config, overrides)
         summary = train_prm(cfg, console=console)
-    except (*_ERRORS, ModelError) as err:
+    except ERRORS as err:
         _fail(err)
     console.print(f"PRM -> {summary['final']} (use it in RL: reward.process.prm=1.0 "
                   f"reward.prm={summary['final']})")
@@ -412,7 +433,6 @@ def prm_score(
 ):
     """Score every step of a trajectory file with a PRM (one forward pass per episode batch)."""
     from seekrl.agent.trajectory import read_trajectories, write_trajectories
-    from seekrl.models import ModelError
     from seekrl.rl.prm import load_scorer
 
     try:
@@ -422,7 +442,7 @@ def prm_score(
             for s, v in zip(t.steps, row):
                 s.value = round(v, 6)
         write_trajectories(out, trajs)
-    except (*_ERRORS, ModelError) as err:
+    except ERRORS as err:
         _fail(err)
     steps = [s.value for t in trajs for s in t.steps]
     mean = sum(steps) / len(steps) if steps else float("nan")
@@ -442,7 +462,6 @@ def prm_eval(
     """PRM quality on labelled trees: AUC, pair accuracy, first-error localisation."""
     import json
 
-    from seekrl.models import ModelError
     from seekrl.rl.prm import PRM_MARKER, load_scorer, prm_metrics, read_labels, split_labels
 
     try:
@@ -454,7 +473,7 @@ def prm_eval(
                 else {}
             data = split_labels(data, float(info.get("dev_share", 0.1)))[1]
         metrics = prm_metrics(load_scorer(prm, device=device), data, threshold)
-    except (*_ERRORS, ModelError) as err:
+    except ERRORS as err:
         _fail(err)
     console.print(json.dumps({"split": split, **metrics}, indent=1))
 
@@ -469,13 +488,12 @@ def refine(
 ):
     """PRM-guided refinement: RFT (keep right episodes whose every step the PRM accepts) or
     step-level DPO on sibling pairs."""
-    from seekrl.models import ModelError
     from seekrl.rl.refine import run_refine
 
     try:
         cfg = _load("RefineConfig", config, overrides)
         summary = run_refine(cfg, console=console)
-    except (*_ERRORS, ModelError) as err:
+    except ERRORS as err:
         _fail(err)
     console.print(f"refined policy -> {summary['final']}")
 
@@ -491,14 +509,12 @@ def prorag(
 ):
     """ProRAG end to end: SFT -> MCTS labels -> PRM -> refinement -> PRM-supervised RL, with
     the evaluation after each stage (default: the synthetic world at demo size, on a CPU)."""
-    from seekrl.config import ConfigError
-    from seekrl.models import ModelError
     from seekrl.prorag import run_prorag
 
     try:
         cfg = _load("ProragConfig", config, overrides)
         run_prorag(cfg, console=console, resume=resume)
-    except (*_ERRORS, ConfigError, ModelError) as err:
+    except ERRORS as err:
         _fail(err)
 
 
@@ -512,7 +528,7 @@ def report(
 
     try:
         path = report_for_run(run_dir, out)
-    except (DataError, FileNotFoundError, ValueError) as err:
+    except ERRORS as err:
         _fail(err)
     console.print(f"report -> {path}")
 

@@ -14,8 +14,10 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from seekrl.errors import SeekrlError
 
-class ConfigError(ValueError):
+
+class ConfigError(SeekrlError, ValueError):
     """A config file or override that does not fit the recipe's schema."""
 
 

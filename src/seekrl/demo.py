@@ -79,12 +79,14 @@ class _Clock:
         self.started = time.time()
         self.stage_started = self.started
         self.taken: dict[str, float] = {}
+        self.peak_mb: dict[str, float | None] = {}   # the process's peak RSS after each stage
         self.i = 0
 
     def stage(self, key: str, what: str) -> None:
         now = time.time()
         if self.i:
             self.taken[list(self.plan)[self.i - 1]] = (now - self.stage_started) / 60
+            self.peak_mb[list(self.plan)[self.i - 1]] = _peak_rss_mb()
         self.stage_started = now
         self.i += 1
         left = sum(v for k, v in list(self.plan.items())[self.i - 1:])
@@ -194,6 +196,8 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
         "oracle_incomplete": oracle_stats.incomplete,
         "rl_rollout_tokens": rl["rollout_tokens"],
         "stage_minutes": {k: round(v, 2) for k, v in clock.taken.items()},
+        # peak RSS so far at the end of each stage: the stage where it rises set the peak
+        "stage_peak_rss_mb": dict(clock.peak_mb),
         "minutes": clock.minutes(),
     }
     notes = [f"Test EM on the same {len(test)} questions: untrained {untrained['em']:.3f}, "

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 
-class DataError(ValueError):
+class SeekrlError(Exception):
+    """The base of the errors seekrl raises for bad input or a missing resource (data,
+    config, model, index): the command line prints their one-line message, no traceback.
+    Each also keeps its older built-in base (ValueError / RuntimeError) for callers that
+    catch that."""
+
+
+class DataError(SeekrlError, ValueError):
     """Malformed input data: names the file, the line (1-based) and the field."""
 
     def __init__(self, message: str, *, path: str | None = None, line: int | None = None,

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from seekrl.errors import SeekrlError
+
 BUNDLED_ALIASES = {"smollm2-135m", "smollm2-135m-instruct", "smollm2"}
 DEFAULT_MODEL = "smollm2-135m"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -26,7 +28,7 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 
-class ModelError(RuntimeError):
+class ModelError(SeekrlError, RuntimeError):
     """A policy could not be found or loaded."""
 
 

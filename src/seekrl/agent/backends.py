@@ -42,20 +42,39 @@ class _Batch:
         self.cache, self.keys, self.seen, self.mask, self.next_pos = \
             cache, keys, seen, mask, next_pos
 
-    def select(self, rows: list[int]) -> "_Batch":
-        """A new batch of the given rows; this one is left as it was."""
+    def select(self, rows: list[int], *, room: int = 0, extra: int = 0) -> "_Batch":
+        """A new batch of the given rows, then `extra` empty rows (masked zero columns, no
+        tokens yet); this one is left as it was. With `room`, each layer's copy is made
+        with that many spare columns, so the next `room` positions are written in place
+        (one allocation for a whole turn's prefill and decoding, instead of a copy now and
+        another when the cache first grows)."""
         idx = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
+        n = len(rows) + extra
         cache = copy.copy(self.cache)
         cache.layers = [copy.copy(layer) for layer in _layers(self.cache)]
         for layer in cache.layers:
             if getattr(layer, "is_initialized", True) and layer.keys.numel():
-                layer.keys = layer.keys.index_select(0, idx)
-                layer.values = layer.values.index_select(0, idx)
-            _drop_spare(layer)
+                for name, buf_name in (("keys", "_buf_k"), ("values", "_buf_v")):
+                    t = getattr(layer, name)
+                    _, h, cols, d = t.shape
+                    buf = t.new_empty((n, h, cols + room, d))
+                    if room:
+                        buf[:len(rows), :, :cols].copy_(t.index_select(0, idx))
+                    else:   # buf[:len(rows)] is contiguous: copy straight into it
+                        torch.index_select(t, 0, idx, out=buf[:len(rows)])
+                    buf[len(rows):, :, :cols].zero_()   # never attended, but finite
+                    setattr(layer, name, buf[:, :, :cols])
+                    setattr(layer, buf_name, buf if room else None)
+            else:
+                _drop_spare(layer)
         once = len(set(rows)) == len(rows)   # a repeated row gets its own list of tokens
-        return _Batch(cache, [self.keys[r] for r in rows],
-                      [self.seen[r] if once else list(self.seen[r]) for r in rows],
-                      self.mask[idx], self.next_pos[idx])
+        mask, next_pos = self.mask[idx], self.next_pos[idx]
+        if extra:
+            mask = torch.cat([mask, mask.new_zeros((extra, mask.shape[1]))])
+            next_pos = torch.cat([next_pos, next_pos.new_zeros(extra)])
+        return _Batch(cache, [self.keys[r] for r in rows] + [None] * extra,
+                      [self.seen[r] if once else list(self.seen[r]) for r in rows]
+                      + [[] for _ in range(extra)], mask, next_pos)
 
 
 @functools.cache
@@ -127,19 +146,7 @@ def _layers(cache):
     return layers
 
 
-def _extend(cache, rows_to_add: int) -> None:
-    """Grow every layer's KV by zero rows at the bottom (their columns are masked out, so
-    their zero values are never attended to)."""
-    for layer in _layers(cache):
-        for name in ("keys", "values"):
-            t = getattr(layer, name)
-            grown = t.new_zeros((t.shape[0] + rows_to_add, *t.shape[1:]))
-            grown[:t.shape[0]] = t
-            setattr(layer, name, grown)
-        _drop_spare(layer)
-
-
-def _compact(parts: list[_Batch]) -> _Batch:
+def _compact(parts: list[_Batch], room: int = 0) -> _Batch:
     """Stack row sets into one batch holding only the columns each row attends to.
 
     Every row's attended columns are gathered, in order, to the right end of a cache as
@@ -150,7 +157,11 @@ def _compact(parts: list[_Batch]) -> _Batch:
     different ages. Padding narrower row sets on the right instead kept every row
     starting at column 0, so the width grew with each turn of every episode that ever
     shared the batch (1656 columns for 1006 tokens at most, 96 questions at batch 32),
-    and decoding, which reads the whole cache per token, slowed down with it."""
+    and decoding, which reads the whole cache per token, slowed down with it.
+
+    `room` spare columns are allocated with it (see `_Batch.select`); each row set's
+    buffers are freed layer by layer as the new cache is filled, so the two never both
+    exist whole."""
     counts = [p.mask.sum(dim=1) for p in parts]
     width = max(int(c.max()) if len(c) else 0 for c in counts)
     index, masks = [], []
@@ -167,24 +178,31 @@ def _compact(parts: list[_Batch]) -> _Batch:
     total = sum(len(c) for c in counts)
     layers = [_layers(p.cache) for p in parts]
     for n, out_layer in enumerate(layers[0]):
+        bufs = []
         for name in ("keys", "values"):
             first = getattr(out_layer, name)
             _, h, _, d = first.shape
-            out = first.new_empty((total, h, width, d))
+            buf = first.new_empty((total, h, width + room, d))
             r = 0
             for part_layers, idx in zip(layers, index):
                 src = getattr(part_layers[n], name)
                 b = src.shape[0]
-                if src.shape[2]:
+                if not src.shape[2]:  # never attended, but must be finite (0 x NaN is NaN)
+                    buf[r:r + b, :, :width].zero_()
+                elif room:
+                    buf[r:r + b, :, :width].copy_(
+                        torch.gather(src, 2, idx[:, None, :, None].expand(b, h, width, d)))
+                else:
                     torch.gather(src, 2, idx[:, None, :, None].expand(b, h, width, d),
-                                 out=out[r:r + b])
-                else:  # never attended, but must be finite: 0 x NaN is NaN in attention
-                    out[r:r + b].zero_()
+                                 out=buf[r:r + b])
                 r += b
-                if part_layers is not layers[0]:
-                    setattr(part_layers[n], name, None)  # free it before the next layer
-            setattr(out_layer, name, out)
-        _drop_spare(out_layer)
+            bufs.append(buf)
+        for part_layers in layers:   # free the row sets' copies of this layer now
+            part_layers[n].keys = part_layers[n].values = None
+            _drop_spare(part_layers[n])
+        out_layer.keys, out_layer.values = bufs[0][:, :, :width], bufs[1][:, :, :width]
+        if room:
+            out_layer._buf_k, out_layer._buf_v = bufs
     return _Batch(parts[0].cache, [k for p in parts for k in p.keys],
                   [s for p in parts for s in p.seen], torch.cat(masks),
                   torch.cat([p.next_pos for p in parts]))
@@ -258,8 +276,8 @@ class HFBackend:
     # ---- prefill
     def _prefill(self, contexts: list[list[int]], keys: list | None):
         """Bring every context into one cache batch: reuse each episode's cache where it
-        holds a prefix of the context and prefill only the rest. Returns (batch, logits of
-        each row's last position, batch row -> context index)."""
+        holds a prefix of the context and prefill only the rest. Returns the batch (row i
+        holds context i) and the logits of each row's last position."""
         old = self._kept if keys is not None else None
         self._kept = None
         by_key = {k: r for r, k in enumerate(old.keys)} if old is not None else {}
@@ -286,37 +304,51 @@ class HFBackend:
                 groups[-1].append(e)
             else:
                 groups.append([e])
+        spare = _growing_layer_class().spare
+        # Every group's rows are copied out of the old cache first (with room for their
+        # chunk and the turn), so the old cache is freed before any forward pass runs.
+        prepared = [self._group_batch(old, group, contexts, spare) for group in groups]
+        del old
         parts, logits, order = [], [], []
-        for group in groups:
-            batch, last, rows = self._prefill_group(old, group, contexts, keys)
+        for group, batch in zip(groups, prepared):
+            batch, last, rows = self._prefill_group(batch, group, contexts, keys)
             parts.append(batch)
             logits.append(last)
             order += rows
+        del prepared
         # Rows back in context order, so that sampling does not depend on the grouping.
         where = {i: b for b, i in enumerate(order)}
         perm = [where[same_as[i]] for i in range(len(contexts))]
-        batch = _compact(parts)
+        batch = _compact(parts, room=spare)
+        del parts
         if perm != list(range(len(perm))):
             batch = batch.select(perm)
             batch.keys = [keys[i] if keys else None for i in range(len(contexts))]
-        return batch, torch.cat(logits)[torch.tensor(perm, device=self.device)], \
-            list(range(len(contexts)))
+        return batch, torch.cat(logits)[torch.tensor(perm, device=self.device)]
 
-    def _prefill_group(self, old: _Batch | None, group: list[tuple], contexts, keys):
-        dev = self.device
-        reused = [e for e in group if e[1] is not None]
-        fresh = [e for e in group if e[1] is None]
+    @staticmethod
+    def _rows_of(group: list[tuple]) -> list[tuple]:
+        """A group's entries, the rows with a cache to reuse first."""
+        return [e for e in group if e[1] is not None] + [e for e in group if e[1] is None]
+
+    def _group_batch(self, old: _Batch | None, group: list[tuple], contexts, spare: int
+                     ) -> _Batch:
+        """The cache a group's prefill starts from: its reused rows copied out of the old
+        cache, then empty rows for the fresh contexts, with room for the chunk and `spare`
+        more positions (the turn's decoding)."""
+        rows = self._rows_of(group)
+        reused = [r for _, r, _ in rows if r is not None]
         if reused:
-            batch = old.select([r for _, r, _ in reused])
-            _extend(batch.cache, len(fresh))
-            cols = batch.mask.shape[1]
-            batch.mask = torch.cat([batch.mask, batch.mask.new_zeros((len(fresh), cols))])
-            batch.next_pos = torch.cat([batch.next_pos, batch.next_pos.new_zeros(len(fresh))])
-        else:
-            batch = _Batch(_new_cache(), [], [], torch.zeros((len(fresh), 0), dtype=torch.long,
-                                                               device=dev),
-                           torch.zeros(len(fresh), dtype=torch.long, device=dev))
-        rows = reused + fresh
+            width = max(len(contexts[i]) - seen for i, _, seen in rows)
+            return old.select(reused, room=width + spare, extra=len(rows) - len(reused))
+        dev = self.device
+        return _Batch(_new_cache(), [], [], torch.zeros((len(rows), 0), dtype=torch.long,
+                                                        device=dev),
+                      torch.zeros(len(rows), dtype=torch.long, device=dev))
+
+    def _prefill_group(self, batch: _Batch, group: list[tuple], contexts, keys):
+        dev = self.device
+        rows = self._rows_of(group)
         suffixes = [contexts[i][seen:] for i, _, seen in rows]
         width = max(len(x) for x in suffixes)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
@@ -344,10 +376,10 @@ class HFBackend:
         if keys is not None and len(set(keys)) != len(keys):
             raise ValueError("keys must be unique: one per episode")
         _growing_layer_class().spare = max_new_tokens
-        batch, logits, order = self._prefill(contexts, keys)
+        batch, logits = self._prefill(contexts, keys)
         results: list[list[int]] = [[] for _ in contexts]
         tails = [""] * len(contexts)
-        rows = order[:]                      # batch row -> context index
+        rows = list(range(len(contexts)))    # batch row -> context index
         parked: list[_Batch] = []
         dev = self.device
         alive = [True] * len(rows)
@@ -373,7 +405,7 @@ class HFBackend:
                 keep = [b for b, a in enumerate(alive) if a]
                 if keys is not None:  # keep the stopped rows' cache for their next turn
                     parked.append(batch.select(idle))
-                batch = batch.select(keep)
+                batch = batch.select(keep, room=max_new_tokens - step)
                 tokens = [tokens[b] for b in keep]
                 rows = [rows[b] for b in keep]
                 alive = [True] * len(rows)

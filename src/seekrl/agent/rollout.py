@@ -167,7 +167,7 @@ class RolloutEngine:
                         "prefix_tokens": sum(t.loss_mask[:cut])}
                 traj = replace(t, token_ids=list(t.token_ids[:cut]),
                                loss_mask=list(t.loss_mask[:cut]), steps=steps, answer=None,
-                               finish_reason="", outcome_reward=None, old_logprobs=None,
+                               finish_reason="", outcome_reward=None,
                                sample_index=j, metadata=meta,
                                gold_doc_ids=list(t.gold_doc_ids))
                 e = _Episode(traj, set(traj.gold_doc_ids))

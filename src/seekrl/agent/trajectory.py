@@ -56,7 +56,6 @@ class Trajectory:
     answer: str | None = None
     finish_reason: str = ""          # answer | max_turns | length
     outcome_reward: float | None = None
-    old_logprobs: list[float] | None = None
     sample_index: int = 0            # which of the group's samples
     dataset: str = ""
     metadata: dict = field(default_factory=dict)
@@ -106,6 +105,7 @@ class Trajectory:
     @classmethod
     def from_dict(cls, d: dict) -> "Trajectory":
         d = dict(d)
+        d.pop("old_logprobs", None)   # an unused field of files written before 2026-11-23
         d["steps"] = [Step(**s) for s in d.get("steps", [])]
         return cls(**d)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -526,10 +527,13 @@ class _Builder:
             fillers = FILLER[e.type][:]
             rng.shuffle(fillers)
             while sum(len(s.split()) for s in body) < target and fillers:
+                adj, adj2 = rng.choice(ADJ), rng.choice(ADJ)
+                if adj2 == adj:   # "ambitious and ambitious": the next one (no extra draw)
+                    adj2 = ADJ[(ADJ.index(adj) + 1) % len(ADJ)]
                 body.insert(rng.randrange(1, len(body) + 1), fillers.pop().format(
-                    s=e.name, adj=rng.choice(ADJ), adj2=rng.choice(ADJ),
-                    noun=rng.choice(NOUN), noun2=rng.choice(NOUN)))
-            docs.append({"entity": e.key, "title": e.name, "text": " ".join(body)})
+                    s=e.name, adj=adj, adj2=adj2, noun=rng.choice(NOUN), noun2=rng.choice(NOUN)))
+            docs.append({"entity": e.key, "title": e.name,
+                         "text": fix_articles(" ".join(body))})
         rng.shuffle(docs)
         out = []
         for i, d in enumerate(docs):
@@ -744,8 +748,27 @@ class _Builder:
         return out
 
 
+# Vowel letters that sound like a consonant ("a university") and silent h's ("an hour").
+_A_BEFORE = ("uni", "use", "usu", "uti", "ura", "ukr", "uto", "eu", "one", "once")
+_AN_BEFORE = ("hour", "honest", "honour", "honor", "heir")
+_ARTICLE = re.compile(r"\b([Aa])n? (?=([A-Za-z]+))")
+
+
+def _article(word: str) -> str:
+    w = word.lower()
+    if w.startswith(_AN_BEFORE):
+        return "an"
+    return "an" if w[:1] in ("a", "e", "i", "o", "u") and not w.startswith(_A_BEFORE) else "a"
+
+
 def _a(noun: str) -> str:
-    return ("an " if noun[0].lower() in "aeiou" else "a ") + noun
+    return f"{_article(noun)} {noun}"
+
+
+def fix_articles(text: str) -> str:
+    """"a" or "an" before every word as it is said: templates write "a {kind}" and the kind
+    may be "album"."""
+    return _ARTICLE.sub(lambda m: (m.group(1) + _article(m.group(2))[1:]) + " ", text)
 
 
 def _attr_text(template: str, name: str, value) -> str:

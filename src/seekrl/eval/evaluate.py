@@ -70,10 +70,12 @@ def dataset_name(path: str | Path) -> str:
     return path.resolve().parent.name or path.stem
 
 
-def load_eval_data(paths: Sequence[str | Path], *, limit: int | None = None
-                   ) -> OrderedDict[str, list[QAExample]]:
+def load_eval_data(paths: Sequence[str | Path], *, limit: int | None = None,
+                   skipped: list | None = None) -> OrderedDict[str, list[QAExample]]:
     """{dataset name: examples} for the given files, in order; the first `limit` questions
-    of each. Two files with the same name get `-2`, `-3`, ... suffixes."""
+    of each. Two files with the same name get `-2`, `-3`, ... suffixes. With a `skipped`
+    list, malformed lines are skipped instead of refused and one `SkipReport` per file
+    that had any is appended to it."""
     if limit is not None and limit < 1:
         raise ValueError(f"limit: expected a positive integer, got {limit}")
     data: OrderedDict[str, list[QAExample]] = OrderedDict()
@@ -83,7 +85,15 @@ def load_eval_data(paths: Sequence[str | Path], *, limit: int | None = None
         while name in data:
             n += 1
             name = f"{base}-{n}"
-        examples = load_qa(path)
+        if skipped is None:
+            examples = load_qa(path)
+        else:
+            from seekrl.data.jsonl import SkipReport
+
+            report = SkipReport(path=str(path))
+            examples = load_qa(path, skip_bad=True, report=report)
+            if report:
+                skipped.append(report)
         if not examples:
             raise DataError("no questions in the file", path=str(path))
         data[name] = examples[:limit] if limit is not None else examples

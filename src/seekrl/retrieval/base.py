@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Protocol, runtime_checkable
 
+from seekrl.errors import SeekrlError
+
 
 @dataclass(frozen=True)
 class Hit:
@@ -44,5 +46,5 @@ class Retriever(Protocol):
     def search(self, queries: list[str], k: int) -> list[list[Hit]]: ...
 
 
-class RetrievalError(RuntimeError):
+class RetrievalError(SeekrlError, RuntimeError):
     """A retriever could not answer (bad index, unreachable server, bad request)."""

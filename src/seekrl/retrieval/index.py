@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from seekrl import __version__
 from seekrl.data.jsonl import SkipReport
+from seekrl.errors import DataError
 from seekrl.retrieval.base import Hit, RetrievalError
 from seekrl.retrieval.bm25 import BM25Retriever
 from seekrl.retrieval.corpus import DocStore, file_sha256, iter_corpus
@@ -93,6 +95,7 @@ def _build_into(tmp: Path, corpus: Path, retriever: str, *, encoder: str | None,
         "corpus_sha256": file_sha256(corpus),
         "doc_count": n,
         "skipped_lines": report.count,
+        "skipped_examples": [[line, reason] for line, reason in report.skipped],
         "encoder": (encoder or DEFAULT_ENCODER) if retriever != "bm25" else None,
         "index_type": index_type if retriever != "bm25" else None,
         "seekrl_version": __version__,
@@ -100,6 +103,33 @@ def _build_into(tmp: Path, corpus: Path, retriever: str, *, encoder: str | None,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+
+
+def index_documents(docs: Iterable[dict | tuple[str, str]], retriever: str = "bm25", *,
+                    encoder: str | None = None, device: str = "cpu") -> LocalIndex:
+    """An index over documents given in memory, for a notebook or a test: `{"id",
+    "contents"}` dicts (contents = title, newline, text) or `(id, contents)` pairs. It lives
+    in a temporary folder that is removed when the index object is garbage-collected."""
+    import tempfile
+    import weakref
+
+    folder = Path(tempfile.mkdtemp(prefix="seekrl-index-"))
+    try:
+        corpus = folder / "corpus.jsonl"
+        with open(corpus, "w", encoding="utf-8") as f:
+            for n, d in enumerate(docs, start=1):
+                doc_id, contents = (d["id"], d["contents"]) if isinstance(d, dict) else d
+                if not isinstance(doc_id, str) or not isinstance(contents, str):
+                    raise DataError(f"document {n}: expected a string id and contents, got "
+                                    f"{type(doc_id).__name__} / {type(contents).__name__}")
+                f.write(json.dumps({"id": doc_id, "contents": contents}) + "\n")
+        build_index(corpus, folder / "index", retriever, encoder=encoder, show_progress=False)
+        index = load_index(folder / "index", device=device)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    weakref.finalize(index, shutil.rmtree, folder, True)
+    return index
 
 
 def read_manifest(path: str | Path) -> dict:
@@ -123,24 +153,52 @@ def read_manifest(path: str | Path) -> dict:
     return manifest
 
 
+STORE_FILES = ("doc_ids.bin", "doc_ids.offsets.npy", "doc_contents.bin",
+               "doc_contents.offsets.npy")
+RETRIEVER_FILES = {"bm25": ("bm25/params.index.json", "bm25/vocab.index.json",
+                            "bm25/data.csc.index.npy", "bm25/indices.csc.index.npy",
+                            "bm25/indptr.csc.index.npy"),
+                   "dense": ("dense/encoder.json", "dense/index.faiss")}
+
+
+def _check_files(path: Path, kind: str) -> None:
+    """Every file the manifest's retriever needs, named in one line when some are missing
+    (a copy cut short, or a manifest that says dense over BM25 files)."""
+    parts = ("bm25", "dense") if kind == "hybrid" else (kind,)
+    needed = STORE_FILES + tuple(f for part in parts for f in RETRIEVER_FILES[part])
+    missing = [f for f in needed if not (path / f).is_file()]
+    if missing:
+        raise RetrievalError(f"{path}: the manifest says a {kind} index but "
+                             f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                             "missing; rebuild the index (`seekrl index`)")
+
+
 def load_index(path: str | Path, *, device: str = "cpu") -> LocalIndex:
     """Load an index folder; the documents and BM25 matrices are memory-mapped."""
     path = Path(path)
     manifest = read_manifest(path)
-    store = DocStore(path)
-    if len(store) != manifest["doc_count"]:
-        raise RetrievalError(f"{path}: manifest says {manifest['doc_count']} documents, "
-                             f"the store has {len(store)}; rebuild the index")
     kind = manifest["retriever"]
-    if kind == "bm25":
-        retriever = BM25Retriever.load(path / "bm25", store)
-    elif kind == "dense":
-        retriever = DenseRetriever.load(path / "dense", store, device=device)
-    elif kind == "hybrid":
-        retriever = HybridRetriever(BM25Retriever.load(path / "bm25", store),
-                                    DenseRetriever.load(path / "dense", store, device=device),
-                                    store)
-    else:
+    if kind not in RETRIEVERS:
         raise RetrievalError(f"{path / MANIFEST}: field 'retriever': expected one of "
                              f"{', '.join(RETRIEVERS)}, got {kind!r}")
+    _check_files(path, kind)
+    try:
+        store = DocStore(path)
+        if len(store) != manifest["doc_count"]:
+            raise RetrievalError(f"{path}: manifest says {manifest['doc_count']} documents, "
+                                 f"the store has {len(store)}; rebuild the index")
+        if kind == "bm25":
+            retriever = BM25Retriever.load(path / "bm25", store)
+        elif kind == "dense":
+            retriever = DenseRetriever.load(path / "dense", store, device=device)
+        else:
+            retriever = HybridRetriever(BM25Retriever.load(path / "bm25", store),
+                                        DenseRetriever.load(path / "dense", store,
+                                                            device=device), store)
+    except (OSError, ValueError, KeyError, RuntimeError, EOFError) as err:
+        if isinstance(err, RetrievalError):
+            raise
+        first = str(err).splitlines()[0][:200] if str(err) else ""
+        raise RetrievalError(f"{path}: the {kind} index is damaged ({type(err).__name__}: "
+                             f"{first}); rebuild it (`seekrl index`)") from err
     return LocalIndex(path, manifest, store, retriever)

@@ -18,12 +18,14 @@ so that retrieval and HTTP handling do not take turns on one GIL.
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import json
 import logging
 import math
 import multiprocessing
 import signal
+import socket
 import threading
 import time
 from collections import OrderedDict
@@ -423,6 +425,51 @@ def format_result(results: list[list[Hit]], return_scores: bool) -> dict[str, An
 # --- the app -------------------------------------------------------------------------------
 
 
+_REF = "#/components/schemas/{}"
+_DOCUMENT = {"type": "object", "required": ["id", "contents"],
+             "properties": {"id": {"type": "string"},
+                            "contents": {"type": "string",
+                                         "description": "title, a newline, the text"}}}
+_RETRIEVE_SCHEMAS = {
+    "RetrieveRequest": RetrieveRequest.model_json_schema(),
+    "Document": _DOCUMENT,
+    "ScoredDocument": {"type": "object", "required": ["document", "score"],
+                       "properties": {"document": {"$ref": _REF.format("Document")},
+                                      "score": {"type": "number"}}},
+    "RetrieveResponse": {
+        "type": "object", "required": ["result"],
+        "properties": {"result": {
+            "type": "array", "description": "one list of hits per query, best first",
+            "items": {"type": "array", "items": {"oneOf": [
+                {"$ref": _REF.format("Document")}, {"$ref": _REF.format("ScoredDocument")}]}}}}},
+    "RetrieveError": {"type": "object", "required": ["error"],
+                      "properties": {"error": {"type": "string"}, "detail": {}}},
+}
+
+
+def _retrieve_path(config: ServerConfig) -> dict:
+    """The OpenAPI description of POST /retrieve (a plain route FastAPI cannot see)."""
+    def error(what: str) -> dict:
+        return {"description": what, "content": {"application/json": {
+            "schema": {"$ref": _REF.format("RetrieveError")}}}}
+    return {"post": {
+        "summary": "Search: the Search-R1 retrieval request",
+        "description": (f"`queries` (at most {config.max_queries}, each at most "
+                        f"{config.max_query_chars} characters), `topk` (default "
+                        f"{config.default_topk}, at most {config.max_topk}); with "
+                        "`return_scores` each hit is {document, score}."),
+        "operationId": "retrieve",
+        "requestBody": {"required": True, "content": {"application/json": {
+            "schema": {"$ref": _REF.format("RetrieveRequest")}}}},
+        "responses": {
+            "200": {"description": "hits per query", "content": {"application/json": {
+                "schema": {"$ref": _REF.format("RetrieveResponse")}}}},
+            "400": error("malformed JSON body"),
+            "413": error("request body larger than max_body_bytes"),
+            "422": error("a field is missing, of the wrong type or past a limit"),
+            "500": error("the retriever failed (the server keeps serving)")}}}
+
+
 def create_app(retriever: Retriever, manifest: dict | None = None,
                config: ServerConfig | None = None) -> FastAPI:
     """The FastAPI app serving `retriever`; `manifest` is shown by /health."""
@@ -470,7 +517,21 @@ def create_app(retriever: Retriever, manifest: dict | None = None,
 
     # A plain Starlette route: it skips FastAPI's per-request dependency solving, which costs
     # more than the rest of this handler; the body is parsed and validated above anyway.
+    # FastAPI does not see such a route, so its schema is added to /openapi.json by hand.
     app.add_route("/retrieve", retrieve, methods=["POST"])
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(
+                _RETRIEVE_SCHEMAS)
+            schema.setdefault("paths", {})["/retrieve"] = _retrieve_path(config)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
 
     @app.get("/health")
     async def health() -> Response:
@@ -590,6 +651,28 @@ def _index_process_main(index_dir: str, device: str, conn: Any) -> None:
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to (host, port), or a `RetrievalError` in one line when the address
+    is taken or cannot be bound. Bound before the index loads (minutes for a large one),
+    so a busy port fails at once and no other process can take it in the meantime."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as err:
+        raise RetrievalError(f"--host {host}: cannot resolve it ({err.strerror})") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as uvicorn does
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise RetrievalError(f"--port {port}: {host}:{port} is already in use (another "
+                                 "server?); pick another port") from None
+        raise RetrievalError(f"--host {host} --port {port}: cannot bind "
+                             f"({err.strerror})") from None
+    return sock
+
+
 def run_server(index_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
                log_level: str = "info", device: str = "cpu", index_process: bool = True,
                **config: Any) -> None:
@@ -605,6 +688,7 @@ def run_server(index_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
     from seekrl.retrieval.index import load_index
 
     server_config = ServerConfig(**config)  # checked before the (slow) index load
+    sock = bind_socket(host, port)          # so is the port, and it stays ours meanwhile
     if index_process:
         retriever = IndexProcess(index_dir, device=device)
         manifest, doc_count = retriever.manifest, retriever.doc_count
@@ -617,7 +701,9 @@ def run_server(index_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
         app = create_app(retriever, manifest=manifest, config=server_config)
         log.info("serving %s (%d docs) on http://%s:%d/retrieve", index_dir, doc_count,
                  host, port)
-        uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+        uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                      access_log=False)).run(sockets=[sock])
     finally:
+        sock.close()
         if isinstance(retriever, IndexProcess):
             retriever.close()

@@ -98,12 +98,6 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "
     raise ValueError(f"kl estimator: expected 'k1' or 'k3', got {kind!r}")
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Per-position entropy of the categorical distribution the logits define."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
-
-
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
                mask: torch.Tensor, *, clip: float | None = 0.2, agg: str = "token-mean",
                norm_length: int | None = None) -> torch.Tensor:
@@ -114,12 +108,3 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
         clipped = old_values + torch.clamp(values - old_values, -clip, clip)
         err = torch.maximum(err, (clipped - returns) ** 2)
     return 0.5 * aggregate(err, mask, agg, norm_length)
-
-
-def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """log p(token_ids[:, t] | < t) from logits of positions t - 1: shape [batch, seq - 1].
-
-    Works per row with log-softmax and gather; callers chunk over the batch so the full
-    [batch, seq, vocab] log-softmax is never materialised at once."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    return logp.gather(-1, token_ids[:, 1:, None]).squeeze(-1)

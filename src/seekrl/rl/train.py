@@ -592,9 +592,14 @@ class Trainer:
             "rollout_tokens": self.rollout_tokens}))
         _fsync_dir(tmp)
         replace_dir(tmp, target)
+        _fsync_dir(self.ckpt_dir, files=False)     # the checkpoint's rename is on disk
         pointer = self.ckpt_dir / f".latest.tmp{os.getpid()}"
-        pointer.write_text(target.name)
+        with open(pointer, "w", encoding="utf-8") as fh:
+            fh.write(target.name)
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(pointer, self.ckpt_dir / "latest")
+        _fsync_dir(self.ckpt_dir, files=False)     # and so is the pointer's
         self._prune()
         return target
 
@@ -835,10 +840,20 @@ def _trainable_names(model) -> set[str]:
     return {n for n, p in model.named_parameters() if p.requires_grad}
 
 
-def _fsync_dir(path: Path) -> None:
-    for f in path.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+def _fsync_dir(path: Path, *, files: bool = True) -> None:
+    """Flush a folder's files (with `files`) and then the folder itself, whose entries (a
+    new name, a rename) are data of their own: without it a power cut can leave `latest`
+    naming a checkpoint whose rename was never written."""
+    if files:
+        for f in path.iterdir():
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _line(r: dict, total: int, elapsed: float) -> str:
