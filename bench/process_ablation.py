@@ -148,9 +148,9 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
 def _evaluate(model_dir: Path, out: Path, index_dir: Path, test_file: Path, demo, args) -> dict:
     """Greedy agent evaluation on the test questions with the demo's settings; cached."""
     from seekrl.config import EvalConfig
+    from seekrl.eval.evaluate import eval_policy
     from seekrl.models import load_policy
     from seekrl.retrieval.index import load_index
-    from seekrl.rl.common import eval_policy
 
     if (out / "metrics.json").is_file():
         return json.loads((out / "metrics.json").read_text())

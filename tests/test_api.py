@@ -32,3 +32,17 @@ def test_an_index_from_documents_in_memory_searches_and_cleans_up():
     assert not folder.exists()
     with pytest.raises(seekrl.SeekrlError, match="document 1"):
         seekrl.index_documents([{"id": 1, "contents": "x"}])
+
+
+@pytest.mark.slow
+def test_the_readme_python_example_runs():
+    """The README's "From Python" block, as written, with the real bundled model."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (code,) = re.findall(r"```python\n(import seekrl\n.*?)```", readme, re.S)
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    episodes = scope["episodes"]
+    assert len(episodes) == 4 and all(t.finish_reason for t in episodes)

@@ -162,7 +162,9 @@ def test_kl_is_clamped_and_k1_is_refused_as_a_loss_term():
     with pytest.raises(ConfigError, match="kl_estimator: k1 as a loss term"):
         build_config(TrainConfig, {"data": "x"}, ["algo.kl_coef=0.1", "algo.kl_estimator=k1"])
     with pytest.raises(ConfigError, match="kl_in_reward"):
-        build_config(TrainConfig, {"data": "x"}, ["algo.kl_in_reward=true"])   # dr_grpo
+        build_config(TrainConfig, {"data": "x"}, ["algo.kl_in_reward=true",   # dr_grpo
+                                                   "algo.kl_coef=0.1"])
+    build_config(TrainConfig, {"data": "x"}, ["algo.kl_in_reward=true"])   # KL off: fine
     cfg = build_config(TrainConfig, {"data": "x"}, ["algo.kl_coef=0.1", "algo.kl_estimator=k1",
                                                     "algo.kl_in_reward=true",
                                                     "algo.advantage=reinforce_pp"])
@@ -344,18 +346,31 @@ def test_shared_prompt_forward_with_activation_checkpointing():
     torch.testing.assert_close(out.detach(), plain, atol=2e-5, rtol=1e-4)
 
 
-def test_training_logprobs_apply_the_models_logit_softcapping():
-    """Gemma 2 soft-caps its final logits inside its forward; the trainer's LM-head shortcut
-    must do the same, or its log-probs differ from the sampler's."""
+def _gemma2():
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
+    return Gemma2ForCausalLM(Gemma2Config(
+        vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, final_logit_softcapping=0.5))
+
+
+def _granite():
+    from transformers import GraniteConfig, GraniteForCausalLM
+
+    return GraniteForCausalLM(GraniteConfig(
+        vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, logits_scaling=8.0))
+
+
+@pytest.mark.parametrize("build", [_gemma2, _granite])
+def test_training_logprobs_apply_the_models_logit_postprocessing(build):
+    """Gemma 2 soft-caps its final logits inside its forward, Granite divides them by
+    `logits_scaling`; the trainer's LM-head shortcut must do the same, or its log-probs
+    differ from the sampler's."""
     from seekrl.rl.forward import masked_logprobs
 
     torch.manual_seed(0)
-    cfg = Gemma2Config(vocab_size=300, hidden_size=32, intermediate_size=64,
-                       num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                       head_dim=16, final_logit_softcapping=0.5)
-    model = Gemma2ForCausalLM(cfg).eval()
+    model = build().eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(50)   # logits well past the cap, where it matters
     ids = torch.randint(3, 300, (2, 9))

@@ -381,3 +381,16 @@ def test_openapi_schema_describes_retrieve():
     assert {"queries", "topk", "return_scores"} <= set(request["properties"])
     assert {"200", "400", "413", "422"} <= set(post["responses"])
     assert "/health" in schema["paths"]
+
+
+def test_a_second_server_cannot_take_a_bound_port_while_the_first_loads():
+    """Both set SO_REUSEADDR, which lets two sockets bind one port until one listens: the
+    first listens at once, so the second fails at once, not after loading its index."""
+    from seekrl.retrieval.server import bind_socket
+
+    first = bind_socket("127.0.0.1", 0)
+    try:
+        with pytest.raises(RetrievalError, match="already in use"):
+            bind_socket("127.0.0.1", first.getsockname()[1])
+    finally:
+        first.close()

@@ -151,3 +151,18 @@ def test_run_sft_saves_a_model_that_loads_and_evaluates(world, tiny, tmp_path, l
     with torch.no_grad():  # get_peft_model put the adapters into `model` itself
         model.eval()
         assert torch.allclose(loaded(ids).logits, model(ids).logits, atol=1e-4)
+
+
+def test_a_non_finite_gradient_never_reaches_the_weights():
+    """SFT, RL, PRM and step-DPO step through one helper: a nan / inf gradient norm skips
+    the optimizer step (SFT used to take it) and clears the gradient."""
+    from seekrl.rl.common import clip_and_step
+
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.AdamW([w], lr=0.1)
+    w.grad = torch.tensor([1.0, float("nan"), 0.0])
+    norm = clip_and_step([w], opt, 1.0)
+    assert norm != norm and torch.equal(w.detach(), torch.ones(3)) and w.grad is None
+    w.grad = torch.tensor([3.0, 4.0, 0.0])
+    assert clip_and_step([w], opt, 1.0) == pytest.approx(5.0)
+    assert not torch.equal(w.detach(), torch.ones(3))

@@ -576,3 +576,32 @@ def test_a_checkpoint_is_flushed_with_its_folder_and_the_latest_pointer(world, t
     assert ("dir", os.stat(ckpts).st_ino) in synced          # the renames are on disk
     assert ("file", os.stat(ckpts / "latest").st_ino) in synced   # the pointer's content
     assert ("file", os.stat(ckpts / "step-1" / "policy.pt").st_ino) in synced
+
+
+def test_overwrite_deletes_the_old_run_only_once_the_new_one_has_loaded(world, tiny, tmp_path):
+    """A bad data path with --overwrite must not cost the old run; and a run that would
+    delete the model it starts from is refused."""
+    cfg = make_cfg(tmp_path, steps=1)
+    make_trainer(cfg, world, tiny).train()
+    run = tmp_path / "run"
+    bad = cfg.model_copy(update={"data": str(tmp_path / "missing.jsonl")})
+    model, tok = tiny
+    with pytest.raises(FileNotFoundError, match="data"):
+        Trainer(bad, model=model, tokenizer=tok, retriever=world["index"], overwrite=True)
+    assert (run / "metrics.jsonl").is_file() and (run / "final").exists()
+    inside = cfg.model_copy(update={"model": str(run / "final")})
+    with pytest.raises(ConfigError, match="inside out"):
+        Trainer(inside, retriever=world["index"], questions=world["train"], overwrite=True)
+    assert (run / "final").exists()
+
+
+def test_activation_checkpointing_keeps_train_mode_with_dropout_off(tiny):
+    from seekrl.rl.train import _no_dropout_mode
+
+    model = copy.deepcopy(tiny[0])
+    _no_dropout_mode(model)
+    assert not model.training
+    model.gradient_checkpointing_enable()
+    model.model.layers[0].mlp.add_module("drop", torch.nn.Dropout(0.5))
+    _no_dropout_mode(model)
+    assert model.training and not model.model.layers[0].mlp.drop.training

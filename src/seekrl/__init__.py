@@ -4,12 +4,13 @@ The names a notebook needs, importable from the package (each loads its module o
 use, so `import seekrl` stays light):
 
     import seekrl
-    world = seekrl.generate_world(seed=0)
+    world = seekrl.generate_world(seed=0, entities=300)
     index = seekrl.index_documents(world.docs)              # BM25, in memory
     index.search(["Where was Ilsa Marrow born?"], 3)
     model, tok = seekrl.load_policy()                       # the bundled SmolLM2-135M
-    engine = seekrl.RolloutEngine(seekrl.HFBackend(model, tok), tok, index)
-    episodes = engine.run(world.splits["test"][:8])
+    cfg = seekrl.RolloutConfig(max_turns=2, max_new_tokens=32)
+    engine = seekrl.RolloutEngine(seekrl.HFBackend(model, tok), tok, index, cfg)
+    episodes = engine.run(world.splits["test"][:4])
 """
 
 __version__ = "0.1.0"

@@ -297,7 +297,8 @@ class AlgoConfig(Strict):
                 "kl_estimator: k1 as a loss term has zero expected gradient (grad of log p - "
                 "log q is grad log p), so it regularises nothing; use k3, or k1 with "
                 "algo.kl_in_reward: true")
-        if self.kl_in_reward and self.advantage not in KL_IN_REWARD_ESTIMATORS:
+        if self.kl_coef > 0 and self.kl_in_reward \
+                and self.advantage not in KL_IN_REWARD_ESTIMATORS:
             raise ValueError(
                 f"kl_in_reward: the per-token KL reward is read by "
                 f"{' and '.join(KL_IN_REWARD_ESTIMATORS)} only; algo.advantage is "

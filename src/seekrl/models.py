@@ -114,17 +114,21 @@ def _config(model):
 def logit_transform(model):
     """What the model's own forward does to its LM head's output, as a function of the
     logits (None when nothing): Gemma 2/3's final-logit soft-capping, cap * tanh(x / cap),
-    and Cohere's `logit_scale`. Training computes log-probs from the LM head directly, so
-    it must apply the same or its ratios compare two different distributions."""
+    Cohere's `logit_scale` and Granite's `logits_scaling`. Training computes log-probs from
+    the LM head directly, so it must apply the same or its ratios compare two different
+    distributions."""
     config = _config(model)
     cap = getattr(config, "final_logit_softcapping", None)
     scale = getattr(config, "logit_scale", None)
-    if not cap and scale in (None, 1, 1.0):
+    divide = getattr(config, "logits_scaling", None)      # Granite divides by it
+    if not cap and scale in (None, 1, 1.0) and divide in (None, 1, 1.0):
         return None
 
     def transform(logits: torch.Tensor) -> torch.Tensor:
         if scale not in (None, 1, 1.0):
             logits = logits * scale
+        if divide not in (None, 1, 1.0):
+            logits = logits / divide
         if cap:
             logits = torch.tanh(logits / cap) * cap
         return logits
@@ -146,7 +150,7 @@ def check_positions(model) -> None:
         raise ModelError(f"{getattr(config, 'model_type', 'this model')}: ALiBi attention is "
                          "not supported (seekrl's rollouts and prompt sharing set position "
                          "ids, which ALiBi ignores); use a model with rotary or absolute "
-                         "positions (Llama, Qwen, Mistral, Gemma, SmolLM, ...)")
+                         "positions (Llama, Qwen, SmolLM, ...)")
 
 
 def quiet_transformers() -> None:

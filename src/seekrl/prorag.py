@@ -70,7 +70,7 @@ def stage_configs(cfg: ProragConfig, paths: dict[str, str]) -> dict[str, Any]:
     stages: dict[str, Any] = {}
     stages["sft"] = build("sft", SFTConfig, {
         "model": cfg.model, "data": paths["sft_data"], "out": str(out / "sft"),
-        "seed": cfg.seed, "max_steps": 20, "batch_size": 8,
+        "seed": cfg.seed, "max_steps": 20, "batch_size": 2, "grad_accum": 4,   # 8 per step
         "max_info_tokens": cfg.max_info_tokens, "topk": cfg.k, "train_layers": cfg.train_layers,
         "optim": {"lr": 2e-4, "warmup_steps": 2, "min_lr_ratio": 0.1}})
     sft_final = paths.get("sft_final", str(Path(stages["sft"].out) / "final"))
@@ -228,7 +228,11 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
         from seekrl.rl.train import Trainer
         rl_cfg = stages["rl"].model_copy(update={"model": ref["final"]})
         rl_cfg.reward = rl_cfg.reward.model_copy(update={"prm": prm_out["final"]})
-        r = Trainer(rl_cfg, console=console, retriever=retriever, overwrite=True).train()
+        # an RL stage interrupted after a checkpoint goes on from it (pipeline.json has
+        # already refused a changed config); otherwise its folder is the stage's own
+        partial = (Path(rl_cfg.out) / "checkpoints" / "latest").is_file()
+        r = Trainer(rl_cfg, console=console, retriever=retriever, resume=partial,
+                    overwrite=not partial).train()
         return {"final": r["final"], "steps": r["steps"], "generated_tokens": r["rollout_tokens"],
                 "stopped": r.get("stopped")}
 

@@ -307,7 +307,7 @@ class HFBackend:
         spare = _growing_layer_class().spare
         # Every group's rows are copied out of the old cache first (with room for their
         # chunk and the turn), so the old cache is freed before any forward pass runs.
-        prepared = [self._group_batch(old, group, contexts, spare) for group in groups]
+        prepared = [self._group_batch(old, group, contexts) for group in groups]
         del old
         parts, logits, order = [], [], []
         for group, batch in zip(groups, prepared):
@@ -319,10 +319,11 @@ class HFBackend:
         # Rows back in context order, so that sampling does not depend on the grouping.
         where = {i: b for b, i in enumerate(order)}
         perm = [where[same_as[i]] for i in range(len(contexts))]
-        batch = _compact(parts, room=spare)
+        identity = perm == list(range(len(perm)))
+        batch = _compact(parts, room=spare if identity else 0)
         del parts
-        if perm != list(range(len(perm))):
-            batch = batch.select(perm)
+        if not identity:   # the copy that reorders takes the turn's room instead
+            batch = batch.select(perm, room=spare)
             batch.keys = [keys[i] if keys else None for i in range(len(contexts))]
         return batch, torch.cat(logits)[torch.tensor(perm, device=self.device)]
 
@@ -331,16 +332,15 @@ class HFBackend:
         """A group's entries, the rows with a cache to reuse first."""
         return [e for e in group if e[1] is not None] + [e for e in group if e[1] is None]
 
-    def _group_batch(self, old: _Batch | None, group: list[tuple], contexts, spare: int
-                     ) -> _Batch:
+    def _group_batch(self, old: _Batch | None, group: list[tuple], contexts) -> _Batch:
         """The cache a group's prefill starts from: its reused rows copied out of the old
-        cache, then empty rows for the fresh contexts, with room for the chunk and `spare`
-        more positions (the turn's decoding)."""
+        cache, then empty rows for the fresh contexts, with room for the chunk (the
+        turn's decoding happens in the compacted cache, which gets its own room)."""
         rows = self._rows_of(group)
         reused = [r for _, r, _ in rows if r is not None]
         if reused:
             width = max(len(contexts[i]) - seen for i, _, seen in rows)
-            return old.select(reused, room=width + spare, extra=len(rows) - len(reused))
+            return old.select(reused, room=width, extra=len(rows) - len(reused))
         dev = self.device
         return _Batch(_new_cache(), [], [], torch.zeros((len(rows), 0), dtype=torch.long,
                                                         device=dev),

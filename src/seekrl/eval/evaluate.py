@@ -333,6 +333,30 @@ def evaluate(model, tokenizer, retriever: Retriever | None,
     return metrics
 
 
+def eval_policy(model, tokenizer, retriever, cfg, out_dir: str | Path, *, topk: int,
+                max_info_tokens: int = 384, console=None, run_info: dict | None = None,
+                limit: int | None = None) -> dict[str, Any]:
+    """Greedy agent evaluation on the first `cfg.n` questions of `cfg.data` (`cfg`: an
+    `EvalConfig`, the `eval:` section of the SFT and RL configs), as the recipes run it
+    during and after training; writes the run folder (tables, trajectories, viewer) and
+    returns the average metrics row."""
+    from seekrl.eval.report import write_viewer
+
+    data = load_eval_data([cfg.data], limit=limit or cfg.n)
+    rollout = eval_rollout_config(method="agent", topk=topk, max_turns=cfg.max_turns,
+                                  max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
+                                  max_info_tokens=max_info_tokens)
+    was_training = model.training
+    model.eval()
+    try:
+        metrics = evaluate(model, tokenizer, retriever, data, rollout, out_dir,
+                           run_info=run_info, progress=console is not None, console=console)
+    finally:
+        model.train(was_training)
+    write_viewer(out_dir, tokenizer=tokenizer)
+    return metrics
+
+
 def write_run(out_dir: str | Path, trajectories: Sequence[Trajectory], metrics: dict,
               tokenizer=None) -> None:
     """trajectories.jsonl, episodes.jsonl (when a tokenizer is given), metrics.json/.md."""

@@ -57,7 +57,9 @@ def metric_columns(metrics: dict) -> list[tuple[str, str, str]]:
     return columns
 
 
-def _cell(row: dict, key: str, fmt: str) -> str:
+def cell(row: dict, key: str, fmt: str) -> str:
+    """One table cell: the row's value formatted, "n/a" when it is missing (shared with the
+    training report)."""
     value = row.get(key)
     if value is None:
         return "n/a"
@@ -78,12 +80,12 @@ def metrics_markdown(metrics: dict) -> str:
     lines = ["# Evaluation", ""]
     cfg = metrics.get("config") or {}
     if cfg:
-        lines += [_config_line(cfg), ""]
+        lines += [config_line(cfg), ""]
     lines += ["| dataset | " + " | ".join(label for _, label, _ in columns) + " |",
               "|---|" + "---:|" * len(columns)]
     for name, row in _table_rows(metrics):
         label = "**average**" if name == "average" else _md(name)
-        lines.append(f"| {label} | " + " | ".join(_cell(row, k, f) for k, _, f in columns)
+        lines.append(f"| {label} | " + " | ".join(cell(row, k, f) for k, _, f in columns)
                      + " |")
     by_type = metrics.get("by_type") or {}
     if by_type:
@@ -93,7 +95,7 @@ def metrics_markdown(metrics: dict) -> str:
         for name, types in by_type.items():
             for type_name, row in types.items():
                 lines.append(f"| {_md(name)} | {_md(type_name)} | "
-                             + " | ".join(_cell(row, k, f) for k, _, f in columns) + " |")
+                             + " | ".join(cell(row, k, f) for k, _, f in columns) + " |")
     lines.append("")
     if any(row.get("evidence_recall") is None for _, row in _table_rows(metrics)):
         lines.append("evidence recall: n/a where the data has no `metadata.gold_doc_ids`.")
@@ -104,7 +106,8 @@ def _md(text: str) -> str:
     return str(text).replace("|", "\\|")
 
 
-def _config_line(cfg: dict) -> str:
+def config_line(cfg: dict) -> str:
+    """A run's config in one line (model, method, rollout settings, retriever)."""
     rollout = cfg.get("rollout") or {}
     parts = [f"model `{cfg['model']}`"] if cfg.get("model") else []
     parts.append(f"method `{rollout.get('method', '?')}`")
@@ -189,7 +192,8 @@ def read_episodes(path: str | Path) -> dict[str, list[dict]]:
 _TAG = re.compile(r"&lt;(/?)(think|search|answer|information)&gt;")
 
 
-def _esc(text: Any) -> str:
+def escape_html(text: Any) -> str:
+    """Text made safe for HTML (None is empty)."""
     return html.escape("" if text is None else str(text), quote=True)
 
 
@@ -197,21 +201,22 @@ def _esc_tags(text: str) -> str:
     """Escape, then colour the protocol tags. Runs on escaped text and only matches the
     four fixed tag names, so nothing the model wrote can become markup."""
     return _TAG.sub(lambda m: f'<span class="tag">&lt;{m.group(1)}{m.group(2)}&gt;</span>',
-                    _esc(text))
+                    escape_html(text))
 
 
 def _fmt(value: Any, fmt: str = "{:.3f}") -> str:
     return "n/a" if value is None else fmt.format(value)
 
 
-def _metrics_table_html(metrics: dict) -> str:
+def metrics_table_html(metrics: dict) -> str:
+    """The metrics of an evaluation run as an HTML table, one row per data set."""
     columns = metric_columns(metrics)
-    head = "".join(f"<th>{_esc(label)}</th>" for _, label, _ in columns)
+    head = "".join(f"<th>{escape_html(label)}</th>" for _, label, _ in columns)
     body = []
     for name, row in _table_rows(metrics):
         cls = ' class="avg"' if name == "average" else ""
-        cells = "".join(f"<td>{_esc(_cell(row, k, f))}</td>" for k, _, f in columns)
-        body.append(f"<tr{cls}><th>{_esc(name)}</th>{cells}</tr>")
+        cells = "".join(f"<td>{escape_html(cell(row, k, f))}</td>" for k, _, f in columns)
+        body.append(f"<tr{cls}><th>{escape_html(name)}</th>{cells}</tr>")
     parts = [(f'<table class="metrics"><thead><tr><th>dataset</th>{head}</tr></thead>'
               f'<tbody>{"".join(body)}</tbody></table>')]
     by_type = metrics.get("by_type") or {}
@@ -219,8 +224,8 @@ def _metrics_table_html(metrics: dict) -> str:
         rows = []
         for name, types in by_type.items():
             for type_name, row in types.items():
-                cells = "".join(f"<td>{_esc(_cell(row, k, f))}</td>" for k, _, f in columns)
-                rows.append(f"<tr><th>{_esc(name)}</th><th>{_esc(type_name)}</th>{cells}</tr>")
+                cells = "".join(f"<td>{escape_html(cell(row, k, f))}</td>" for k, _, f in columns)
+                rows.append(f"<tr><th>{escape_html(name)}</th><th>{escape_html(type_name)}</th>{cells}</tr>")
         parts.append(f'<h3>By question type</h3><table class="metrics"><thead><tr>'
                      f'<th>dataset</th><th>type</th>{head}</tr></thead>'
                      f'<tbody>{"".join(rows)}</tbody></table>')
@@ -236,8 +241,8 @@ def _hits_html(ids: Sequence[str], titles: Sequence[str], gold: set[str]) -> str
         is_gold = doc_id in gold
         mark = '<span class="goldmark" title="gold document">&#9733; gold</span> ' \
             if is_gold else ""
-        items.append(f'<li class="{"gold" if is_gold else ""}">{mark}{_esc(title)} '
-                     f'<code>{_esc(doc_id)}</code></li>')
+        items.append(f'<li class="{"gold" if is_gold else ""}">{mark}{escape_html(title)} '
+                     f'<code>{escape_html(doc_id)}</code></li>')
     return f'<ol class="hits">{"".join(items)}</ol>'
 
 
@@ -246,8 +251,8 @@ def _segment_html(seg: dict) -> str:
     cls = "trained" if trained else "masked"
     label = f'{seg.get("kind", "?")} · {seg.get("tokens", "?")} tokens · ' \
             f'{"trained (loss mask 1)" if trained else "masked (loss mask 0)"}'
-    return (f'<div class="seg {cls} k-{_esc(seg.get("kind", ""))}"><div class="seglabel">'
-            f'{_esc(label)}</div><pre>{_esc_tags(seg.get("text", ""))}</pre></div>')
+    return (f'<div class="seg {cls} k-{escape_html(seg.get("kind", ""))}"><div class="seglabel">'
+            f'{escape_html(label)}</div><pre>{_esc_tags(seg.get("text", ""))}</pre></div>')
 
 
 def _episode_html(t: Trajectory, segments: list[dict] | None, index: int,
@@ -259,20 +264,20 @@ def _episode_html(t: Trajectory, segments: list[dict] | None, index: int,
     type_name = str(t.metadata.get("type", "")) if isinstance(t.metadata, dict) else ""
     reward = _fmt(t.outcome_reward, "{:g}")
     verdict = '<span class="ok">&#10003;</span>' if em == 1 else '<span class="bad">&#10007;</span>'
-    answer = _esc(t.answer) if t.answer is not None else '<i>no answer</i>'
-    golds = " | ".join(_esc(g) for g in t.golden_answers)
+    answer = escape_html(t.answer) if t.answer is not None else '<i>no answer</i>'
+    golds = " | ".join(escape_html(g) for g in t.golden_answers)
     recall = t.evidence_recall()
-    summary = (f'<summary>{verdict} <span class="ds">{_esc(t.dataset)}</span> '
-               f'<span class="q">{_esc(t.question)}</span> '
+    summary = (f'<summary>{verdict} <span class="ds">{escape_html(t.dataset)}</span> '
+               f'<span class="q">{escape_html(t.question)}</span> '
                f'<span class="arrow">&rarr;</span> <span class="ans">{answer}</span> '
                f'<span class="gold-ans">gold: {golds}</span> '
                f'<span class="stats">EM {em:g} · F1 {f1:.2f} · reward {reward} · '
-               f'{searches} search{"es" if searches != 1 else ""} · {_esc(t.finish_reason)}'
+               f'{searches} search{"es" if searches != 1 else ""} · {escape_html(t.finish_reason)}'
                f'</span></summary>')
-    meta = (f'<div class="meta">id <code>{_esc(t.example_id)}</code> · sample {t.sample_index}'
+    meta = (f'<div class="meta">id <code>{escape_html(t.example_id)}</code> · sample {t.sample_index}'
             f' · {t.n_generated} generated of {len(t.token_ids)} tokens'
-            + (f' · type {_esc(type_name)}' if type_name else "")
-            + (f' · gold docs {" ".join(f"<code>{_esc(d)}</code>" for d in t.gold_doc_ids)}'
+            + (f' · type {escape_html(type_name)}' if type_name else "")
+            + (f' · gold docs {" ".join(f"<code>{escape_html(d)}</code>" for d in t.gold_doc_ids)}'
                f' · evidence recall {_fmt(recall)}' if gold else "")
             + '</div>')
     body = [meta]
@@ -287,23 +292,23 @@ def _episode_html(t: Trajectory, segments: list[dict] | None, index: int,
         for seg in by_step.get(None, []):
             if seg.get("kind") == "prompt":
                 body.append(f'<details class="prompt"><summary>prompt · '
-                            f'{_esc(seg.get("tokens"))} tokens · masked</summary>'
+                            f'{escape_html(seg.get("tokens"))} tokens · masked</summary>'
                             f'{_segment_html(seg)}</details>')
     else:
         body.append(f'<div class="seg masked k-prompt"><div class="seglabel">prompt · '
                     f'{t.prompt_len} tokens · masked (text not stored: question shown)</div>'
-                    f'<pre>{_esc(t.question)}</pre></div>')
+                    f'<pre>{escape_html(t.question)}</pre></div>')
     for i, step in enumerate(t.steps):
         head = [f"turn {i + 1}",
-                f'<span class="act act-{_esc(step.action)}">{_esc(step.action)}</span>']
+                f'<span class="act act-{escape_html(step.action)}">{escape_html(step.action)}</span>']
         if step.query is not None:
-            head.append(f'query <span class="query">{_esc(step.query)}</span>')
+            head.append(f'query <span class="query">{escape_html(step.query)}</span>')
         if step.reason:
-            head.append(f'invalid: {_esc(step.reason)}')
+            head.append(f'invalid: {escape_html(step.reason)}')
         if step.gold_hit is not None:
             head.append('gold hit &#10003;' if step.gold_hit else 'no gold hit')
         if step.process_reward is not None:
-            parts = ", ".join(f"{_esc(k)} {v:+.3g}" for k, v in
+            parts = ", ".join(f"{escape_html(k)} {v:+.3g}" for k, v in
                               (getattr(step, "process_parts", None) or {}).items())
             head.append(f'<span class="preward">process reward {step.process_reward:+.3g}'
                         + (f" ({parts})" if parts else "") + "</span>")
@@ -328,15 +333,15 @@ def _episode_html(t: Trajectory, segments: list[dict] | None, index: int,
             body.append(_segment_html(seg))
     body.append(f'<div class="verdict {"right" if em == 1 else "wrong"}">answer '
                 f'<b>{answer}</b> · gold {golds} · EM {em:g} · F1 {f1:.2f} · '
-                f'reward {reward} · finish {_esc(t.finish_reason)}</div>')
-    attrs = (f'data-dataset="{_esc(t.dataset)}" data-correct="{int(em == 1)}" '
-             f'data-searches="{searches}" data-type="{_esc(type_name)}" '
-             f'data-text="{_esc((t.question + " " + (t.answer or "")).lower())}"')
+                f'reward {reward} · finish {escape_html(t.finish_reason)}</div>')
+    attrs = (f'data-dataset="{escape_html(t.dataset)}" data-correct="{int(em == 1)}" '
+             f'data-searches="{searches}" data-type="{escape_html(type_name)}" '
+             f'data-text="{escape_html((t.question + " " + (t.answer or "")).lower())}"')
     return (f'<details class="ep" id="ep{index}" {attrs}{" open" if open_ else ""}>'
             f'{summary}<div class="body">{"".join(body)}</div></details>')
 
 
-_CSS = """
+VIEWER_CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;
  color:#1d232a;background:#fff}
 header{background:#1f3a5f;color:#fff;padding:14px 22px}
@@ -434,8 +439,8 @@ _JS = """
 
 
 def _select(id_: str, label: str, options: Iterable[tuple[str, str]]) -> str:
-    opts = "".join(f'<option value="{_esc(v)}">{_esc(text)}</option>' for v, text in options)
-    return f'<label>{_esc(label)} <select id="{id_}"><option value="">all</option>{opts}' \
+    opts = "".join(f'<option value="{escape_html(v)}">{escape_html(text)}</option>' for v, text in options)
+    return f'<label>{escape_html(label)} <select id="{id_}"><option value="">all</option>{opts}' \
            f'</select></label>'
 
 
@@ -468,10 +473,10 @@ def render_viewer(trajectories: Sequence[Trajectory], metrics: dict | None = Non
                 '<span id="f-count" class="note"></span>']
     cfg_line = ""
     if metrics and metrics.get("config"):
-        cfg_line = f'<div class="cfg">{_esc(_config_line(metrics["config"]))}</div>'
-    parts = [f'<header><h1>{_esc(title)}</h1>{cfg_line}</header><main>']
+        cfg_line = f'<div class="cfg">{escape_html(config_line(metrics["config"]))}</div>'
+    parts = [f'<header><h1>{escape_html(title)}</h1>{cfg_line}</header><main>']
     if metrics:
-        parts.append("<h2>Metrics</h2>" + _metrics_table_html(metrics))
+        parts.append("<h2>Metrics</h2>" + metrics_table_html(metrics))
     parts.append('<div class="legend">tokens: <span class="trained">policy-generated, trained '
                  '(loss mask 1)</span><span class="masked">prompt, masked</span>'
                  '<span class="seg k-information masked">information / correction from the '
@@ -486,8 +491,8 @@ def render_viewer(trajectories: Sequence[Trajectory], metrics: dict | None = Non
         parts.append(_episode_html(t, segs, i, i < open_first))
     parts.append("</main>")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<meta name=\"viewport\" content=\"width=device-width\"><title>{_esc(title)}"
-            f"</title><style>{_CSS}</style></head><body>{''.join(parts)}"
+            f"<meta name=\"viewport\" content=\"width=device-width\"><title>{escape_html(title)}"
+            f"</title><style>{VIEWER_CSS}</style></head><body>{''.join(parts)}"
             f"<script>{_JS}</script></body></html>\n")
 
 

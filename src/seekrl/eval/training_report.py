@@ -33,13 +33,13 @@ from urllib.parse import quote
 from seekrl.data.jsonl import SkipReport, iter_jsonl
 from seekrl.errors import DataError
 from seekrl.eval.report import (
-    _CSS,
     METRICS_FILE,
-    _cell,
-    _config_line,
-    _esc,
-    _metrics_table_html,
+    VIEWER_CSS,
+    cell,
+    config_line,
+    escape_html,
     metric_columns,
+    metrics_table_html,
 )
 
 __all__ = ["comparison_table", "plot_curves", "read_metrics_log", "report_for_run", "time_stacks",
@@ -305,7 +305,7 @@ def _summary_row(metrics: dict) -> dict:
 
 
 def _with_delta(value: Any, first: Any, fmt: str) -> str:
-    text = _cell({"v": value}, "v", fmt)
+    text = cell({"v": value}, "v", fmt)
     if _number(value) is None or _number(first) is None or fmt == "{:d}":
         return text
     return f"{text} ({fmt.replace('{:', '{:+', 1).format(value - first)})"
@@ -337,7 +337,7 @@ def comparison_table(evals: Mapping[str, dict]) -> tuple[list[str], list[list[st
         vals = values(m)
         if first is None:
             first = vals
-            rows.append([label, *(_cell({"v": v}, "v", f) for v, f in zip(vals, formats))])
+            rows.append([label, *(cell({"v": v}, "v", f) for v, f in zip(vals, formats))])
         else:
             rows.append([label, *(_with_delta(v, f0, f) for v, f0, f in zip(vals, first, formats))])
     return header, rows
@@ -377,12 +377,12 @@ def _table_html(header: Sequence[str], rows: Sequence[Sequence[str]],
                 extra: tuple[str, Sequence[str]] | None = None) -> str:
     """A table of text cells (escaped here), the first column as row headers; `extra` is a
     last column of ready HTML."""
-    head = "".join(f"<th>{_esc(h)}</th>" for h in header)
+    head = "".join(f"<th>{escape_html(h)}</th>" for h in header)
     if extra is not None:
-        head += f"<th>{_esc(extra[0])}</th>"
+        head += f"<th>{escape_html(extra[0])}</th>"
     body = []
     for i, row in enumerate(rows):
-        cells = f"<th>{_esc(row[0])}</th>" + "".join(f"<td>{_esc(c)}</td>" for c in row[1:])
+        cells = f"<th>{escape_html(row[0])}</th>" + "".join(f"<td>{escape_html(c)}</td>" for c in row[1:])
         if extra is not None:
             cells += f"<td>{extra[1][i]}</td>"
         body.append(f"<tr>{cells}</tr>")
@@ -402,12 +402,12 @@ def _logs_html(logs: Mapping[str, Path], records: Mapping[str, list[dict]],
         steps = sorted({s for r in recs if (s := _number(r.get("step"))) is not None})
         span = f"{steps[0]:g} to {steps[-1]:g}" if steps else "none"
         row = [name, _relative(logs[name], base), str(len(recs)), span]
-        row += [_cell({"v": (_series(recs, k)[1] or [None])[-1]}, "v", "{:.4g}") for k, _ in shown]
+        row += [cell({"v": (_series(recs, k)[1] or [None])[-1]}, "v", "{:.4g}") for k, _ in shown]
         rows.append(row)
     parts = [_table_html(["log", "file", "records", "steps", *(label for _, label in shown)], rows)]
     for name, report in skipped.items():
         if report:
-            parts.append(f'<p class="note">{_esc(name)}: {_esc(str(report))}</p>')
+            parts.append(f'<p class="note">{escape_html(name)}: {escape_html(str(report))}</p>')
     return "".join(parts)
 
 
@@ -419,13 +419,13 @@ def _alerts_html(alerts: list[tuple[str, dict]], several_sources: bool) -> str:
     for source, a in alerts:
         severity = str(a.get("severity", ""))
         cls = re.sub(r"[^a-z]", "", severity.lower())  # a class name from untrusted text
-        cells = ([f"<td>{_esc(source)}</td>"] if several_sources else []) + [
-            f"<td>{_esc(a.get('step', ''))}</td>",
-            f'<td class="sev sev-{cls}">{_esc(severity)}</td>',
-            f"<td>{_esc(a.get('kind', ''))}</td>",
-            f'<td class="msg">{_esc(a.get("message", ""))}</td>']
+        cells = ([f"<td>{escape_html(source)}</td>"] if several_sources else []) + [
+            f"<td>{escape_html(a.get('step', ''))}</td>",
+            f'<td class="sev sev-{cls}">{escape_html(severity)}</td>',
+            f"<td>{escape_html(a.get('kind', ''))}</td>",
+            f'<td class="msg">{escape_html(a.get("message", ""))}</td>']
         rows.append(f"<tr>{''.join(cells)}</tr>")
-    head = "".join(f"<th>{_esc(h)}</th>" for h in header)
+    head = "".join(f"<th>{escape_html(h)}</th>" for h in header)
     return (f'<table class="metrics alerts"><thead><tr>{head}</tr></thead>'
             f'<tbody>{"".join(rows)}</tbody></table>')
 
@@ -469,20 +469,20 @@ def write_training_report(out: str | Path, *, logs: Mapping[str, str | Path] | N
 
     out.parent.mkdir(parents=True, exist_ok=True)
     files_dir = out.parent / f"{out.stem}_files"
-    parts = [f"<header><h1>{_esc(title)}</h1></header><main>"]
-    parts += [f'<p class="notes">{_esc(note)}</p>' for note in notes]
+    parts = [f"<header><h1>{escape_html(title)}</h1></header><main>"]
+    parts += [f'<p class="notes">{escape_html(note)}</p>' for note in notes]
 
     if loaded:
         header, rows = comparison_table({name: m for name, (_, m) in loaded.items()})
         links = []
         for folder, _ in loaded.values():
             viewer = folder / VIEWER_FILE
-            links.append(f'<a href="{_esc(_href(viewer, out.parent))}">episodes</a>'
+            links.append(f'<a href="{escape_html(_href(viewer, out.parent))}">episodes</a>'
                          if viewer.is_file() else '<span class="note">no viewer</span>')
         parts.append("<h2>Before and after</h2>" + _table_html(header, rows, ("viewer", links)))
         if len(loaded) > 1:
             parts.append(f'<p class="note">Differences in brackets are against '
-                         f'{_esc(next(iter(loaded)))}.</p>')
+                         f'{escape_html(next(iter(loaded)))}.</p>')
 
     if alert_paths:
         alert_list = [(source, a) for source, p in alert_paths.items()
@@ -497,8 +497,8 @@ def write_training_report(out: str | Path, *, logs: Mapping[str, str | Path] | N
         titles.update({REWARD_BY_TYPE: "Reward by question type", TIME_SPLIT: "Time per step"})
         for png in pngs:
             caption = titles.get(png.stem, png.stem)
-            parts.append(f'<figure class="curve"><img src="{_esc(_href(png, out.parent))}" '
-                         f'alt="{_esc(caption)}"><figcaption>{_esc(caption)}</figcaption></figure>')
+            parts.append(f'<figure class="curve"><img src="{escape_html(_href(png, out.parent))}" '
+                         f'alt="{escape_html(caption)}"><figcaption>{escape_html(caption)}</figcaption></figure>')
         if not pngs:
             parts.append('<p class="note">The logs hold no numeric metrics to plot.</p>')
         else:
@@ -510,14 +510,14 @@ def write_training_report(out: str | Path, *, logs: Mapping[str, str | Path] | N
         parts.append("<h2>Eval runs</h2>")
         for name, (folder, metrics) in loaded.items():
             cfg = metrics.get("config") or {}
-            cfg_line = f'<p class="note">{_esc(_config_line(cfg))}</p>' if cfg else ""
-            where = _esc(_relative(folder, out.parent))
-            parts.append(f"<details><summary>{_esc(name)} · <code>{where}</code>"
-                         f"</summary>{cfg_line}{_metrics_table_html(metrics)}</details>")
+            cfg_line = f'<p class="note">{escape_html(config_line(cfg))}</p>' if cfg else ""
+            where = escape_html(_relative(folder, out.parent))
+            parts.append(f"<details><summary>{escape_html(name)} · <code>{where}</code>"
+                         f"</summary>{cfg_line}{metrics_table_html(metrics)}</details>")
     parts.append("</main>")
     page = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<meta name=\"viewport\" content=\"width=device-width\"><title>{_esc(title)}"
-            f"</title><style>{_CSS}{_REPORT_CSS}</style></head><body>{''.join(parts)}"
+            f"<meta name=\"viewport\" content=\"width=device-width\"><title>{escape_html(title)}"
+            f"</title><style>{VIEWER_CSS}{_REPORT_CSS}</style></head><body>{''.join(parts)}"
             f"</body></html>\n")
     out.write_text(page, encoding="utf-8")
     return out

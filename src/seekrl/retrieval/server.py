@@ -17,22 +17,15 @@ so that retrieval and HTTP handling do not take turns on one GIL.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import gc
 import json
 import logging
 import math
-import multiprocessing
-import signal
 import socket
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +34,11 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from seekrl.retrieval.base import Hit, RetrievalError, Retriever
+from seekrl.retrieval.batching import LRUCache, SearchRunner
+from seekrl.retrieval.index_process import IndexProcess
+
+__all__ = ["IndexProcess", "LRUCache", "RetrieveRequest", "SearchRunner", "ServerConfig",
+           "bind_socket", "create_app", "format_result", "parse_request", "run_server"]
 
 log = logging.getLogger(__name__)
 
@@ -80,239 +78,6 @@ class RequestError(Exception):
     def __init__(self, status: int, message: str, detail: Any = None):
         super().__init__(message)
         self.status, self.message, self.detail = status, message, detail
-
-
-# --- the LRU cache -------------------------------------------------------------------------
-
-
-class LRUCache:
-    """(query, k) -> hits. Only touched from the event loop thread, so it needs no lock."""
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self._items: OrderedDict[tuple[str, int], list[Hit]] = OrderedDict()
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, key: tuple[str, int]) -> list[Hit] | None:
-        if self.capacity == 0:
-            return None
-        value = self._items.get(key)
-        if value is None:
-            self.misses += 1
-            return None
-        self._items.move_to_end(key)
-        self.hits += 1
-        return value
-
-    def put(self, key: tuple[str, int], value: list[Hit]) -> None:
-        if self.capacity == 0:
-            return
-        self._items[key] = value
-        self._items.move_to_end(key)
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
-
-    def stats(self) -> dict[str, Any]:
-        lookups = self.hits + self.misses
-        return {
-            "capacity": self.capacity,
-            "size": len(self._items),
-            "hits": self.hits,
-            "misses": self.misses,
-            "hit_rate": round(self.hits / lookups, 4) if lookups else 0.0,
-        }
-
-
-# --- calling the retriever -----------------------------------------------------------------
-
-
-@dataclass
-class _Pending:
-    queries: list[str]
-    k: int
-    future: asyncio.Future
-
-
-@dataclass
-class _SearchStats:
-    requests: int = 0
-    queries: int = 0
-    retriever_calls: int = 0
-    retriever_queries: int = 0
-    retriever_errors: int = 0
-    retriever_seconds: float = 0.0
-    max_batch_queries: int = 0
-    batch_sizes: dict[int, int] = field(default_factory=dict)  # requests merged -> count
-
-
-class SearchRunner:
-    """Runs `retriever.search` in one worker thread, merging concurrent requests when batching.
-
-    `search(queries, k)` is awaited by request handlers. With batching, a background task
-    drains an asyncio queue: it takes the first pending request, gathers more for at most
-    `max_wait_ms` or until `max_batch_size` queries, and makes one retriever call per distinct k.
-    Batches run one after another: while one is in the worker thread the next one fills up,
-    so batches grow with load by themselves and `max_wait_ms` only matters when idle.
-    """
-
-    def __init__(self, retriever: Retriever, config: ServerConfig):
-        self.retriever = retriever
-        self.config = config
-        self.stats = _SearchStats()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seekrl-retriever")
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: asyncio.Queue[_Pending] | None = None
-        self._task: asyncio.Task | None = None
-        self._carry: _Pending | None = None  # taken from the queue but too big for the last batch
-
-    # lifecycle: the queue and task belong to one event loop; (re)create them lazily for the
-    # running loop, so the app works whether or not the ASGI lifespan was run.
-    def _ensure_started(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self._loop is loop and self._task is not None and not self._task.done():
-            return
-        self._loop = loop
-        self._queue = asyncio.Queue()
-        self._carry = None
-        self._task = loop.create_task(self._batch_loop(), name="seekrl-batcher")
-
-    async def stop(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-        self._task = None
-
-    def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
-    async def search(self, queries: list[str], k: int) -> list[list[Hit]]:
-        self.stats.requests += 1
-        self.stats.queries += len(queries)
-        if not self.config.batching:
-            return await self._call_retriever(queries, k)
-        self._ensure_started()
-        future = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Pending(queries, k, future))
-        return await future
-
-    def _timed_search(self, queries: list[str], k: int) -> list[list[Hit]]:
-        # timed inside the worker thread, so that waiting for the thread is not counted
-        start = time.perf_counter()
-        try:
-            return self.retriever.search(queries, k)
-        finally:
-            self.stats.retriever_seconds += time.perf_counter() - start
-
-    async def _call_retriever(self, queries: list[str], k: int) -> list[list[Hit]]:
-        loop = asyncio.get_running_loop()
-        self.stats.retriever_calls += 1
-        self.stats.retriever_queries += len(queries)
-        try:
-            results = await loop.run_in_executor(self._executor, self._timed_search, queries, k)
-        except Exception:
-            self.stats.retriever_errors += 1
-            raise
-        if not isinstance(results, list) or len(results) != len(queries):
-            got = len(results) if isinstance(results, list) else type(results).__name__
-            raise RuntimeError(
-                f"retriever returned {got} result lists for {len(queries)} queries"
-            )
-        return results
-
-    async def _next_batch(self) -> list[_Pending]:
-        first = self._carry or await self._queue.get()
-        self._carry = None
-        batch, size = [first], len(first.queries)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.max_wait_ms / 1000
-        while size < self.config.max_batch_size:
-            try:
-                item = self._queue.get_nowait()
-            except asyncio.QueueEmpty:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                try:
-                    item = await asyncio.wait_for(self._queue.get(), remaining)
-                except TimeoutError:
-                    break
-            if size + len(item.queries) > self.config.max_batch_size:
-                self._carry = item  # starts the next batch; a lone oversized request runs alone
-                break
-            batch.append(item)
-            size += len(item.queries)
-        return batch
-
-    async def _batch_loop(self) -> None:
-        while True:
-            batch = await self._next_batch()
-            n_requests, n_queries = len(batch), sum(len(p.queries) for p in batch)
-            self.stats.batch_sizes[n_requests] = self.stats.batch_sizes.get(n_requests, 0) + 1
-            self.stats.max_batch_queries = max(self.stats.max_batch_queries, n_queries)
-            by_k: dict[int, list[_Pending]] = {}
-            for pending in batch:
-                by_k.setdefault(pending.k, []).append(pending)
-            try:
-                for k, group in by_k.items():
-                    await self._run_group(group, k)
-            except Exception as exc:  # a bug here must fail these requests, not hang them
-                log.exception("batch loop failed")
-                for pending in batch:
-                    _resolve(pending.future, exc)
-
-    async def _run_group(self, group: list[_Pending], k: int) -> None:
-        # Identical queries in flight at once (e.g. the first search of every rollout of one
-        # question in a GRPO group) are retrieved once.
-        unique = list(dict.fromkeys(q for pending in group for q in pending.queries))
-        try:
-            results = await self._call_retriever(unique, k)
-        except Exception as exc:  # noqa: BLE001 - any retriever failure goes back to the caller
-            if len(group) == 1:
-                _resolve(group[0].future, exc)
-                return
-            # One bad query must not fail everyone's request: retry each request alone.
-            log.warning("batched retriever call failed (%s); retrying request by request", exc)
-            for pending in group:
-                try:
-                    _resolve(pending.future, await self._call_retriever(pending.queries, k))
-                except Exception as single_exc:  # noqa: BLE001 - as above
-                    _resolve(pending.future, single_exc)
-            return
-        by_query = dict(zip(unique, results))
-        for pending in group:
-            _resolve(pending.future, [by_query[q] for q in pending.queries])
-
-    def stats_dict(self) -> dict[str, Any]:
-        s = self.stats
-        batches = sum(s.batch_sizes.values())
-        merged = sum(n * c for n, c in s.batch_sizes.items())
-        return {
-            "enabled": self.config.batching,
-            "max_batch_size": self.config.max_batch_size,
-            "max_wait_ms": self.config.max_wait_ms,
-            "requests": s.requests,
-            "queries": s.queries,
-            "batches": batches,
-            "mean_requests_per_batch": round(merged / batches, 3) if batches else 0.0,
-            "max_queries_per_batch": s.max_batch_queries,
-            "retriever_calls": s.retriever_calls,
-            "retriever_queries": s.retriever_queries,
-            "retriever_errors": s.retriever_errors,
-            "retriever_seconds": round(s.retriever_seconds, 4),
-        }
-
-
-def _resolve(future: asyncio.Future, outcome: Any) -> None:
-    if future.done():  # the client went away and its handler was cancelled
-        return
-    if isinstance(outcome, BaseException):
-        future.set_exception(outcome)
-    else:
-        future.set_result(outcome)
 
 
 # --- request parsing and responses ---------------------------------------------------------
@@ -551,106 +316,6 @@ def create_app(retriever: Retriever, manifest: dict | None = None,
     return app
 
 
-# --- the index in its own process ------------------------------------------------------------
-
-
-class IndexProcess:
-    """A `Retriever` that loads `index_dir` in a child process and searches there.
-
-    Why: BM25 scoring and the HTTP handling are both Python and would take turns on one GIL.
-    In a child process retrieval of one batch runs in parallel with the parsing and answering
-    of the requests around it, which raises throughput and cuts latency under load. Only the
-    queries and the hits cross the pipe. A child that dies is restarted on the next search.
-    """
-
-    def __init__(self, index_dir: str | Path, device: str = "cpu", start_timeout: float = 600):
-        self.index_dir, self.device, self.start_timeout = str(index_dir), device, start_timeout
-        self.manifest: dict = {}
-        self.doc_count: int | None = None
-        self._lock = threading.Lock()  # one request on the pipe at a time
-        self._start()
-
-    def _start(self) -> None:
-        ctx = multiprocessing.get_context("spawn")  # fork is unsafe with threads and torch
-        self._conn, child_conn = ctx.Pipe()
-        self._proc = ctx.Process(target=_index_process_main, name="seekrl-index",
-                                 args=(self.index_dir, self.device, child_conn), daemon=True)
-        self._proc.start()
-        child_conn.close()
-        if not self._conn.poll(self.start_timeout):
-            self.close()
-            raise RetrievalError(f"{self.index_dir}: the index process did not load the index "
-                                 f"within {self.start_timeout:.0f} s")
-        status, *payload = self._recv()
-        if status != "ready":
-            self.close()
-            raise RetrievalError(f"{self.index_dir}: {payload[0]}")
-        self.manifest, self.doc_count = payload
-
-    def _recv(self) -> tuple:
-        try:
-            return self._conn.recv()
-        except (EOFError, OSError):
-            self._proc.join(timeout=5)
-            raise RetrievalError(f"{self.index_dir}: the index process exited "
-                                 f"(code {self._proc.exitcode})") from None
-
-    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
-        with self._lock:
-            if not self._proc.is_alive():
-                log.warning("index process is gone (code %s); restarting it", self._proc.exitcode)
-                self._start()
-            try:
-                self._conn.send((list(queries), int(k)))
-            except (BrokenPipeError, OSError):
-                raise RetrievalError(f"{self.index_dir}: the index process exited") from None
-            status, payload = self._recv()
-        if status != "ok":
-            raise RetrievalError(payload)
-        return payload
-
-    def close(self) -> None:
-        try:
-            self._conn.send(None)
-        except (BrokenPipeError, OSError):
-            pass
-        self._proc.join(timeout=10)
-        if self._proc.is_alive():
-            self._proc.kill()
-            self._proc.join(timeout=10)
-        self._conn.close()
-
-
-def _index_process_main(index_dir: str, device: str, conn: Any) -> None:
-    # The parent owns the life of this process: Ctrl-C reaches the whole process group, and
-    # the parent stops the child itself when its server has shut down.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from seekrl.retrieval.index import load_index
-
-    try:
-        index = load_index(index_dir, device=device)
-    except Exception as exc:  # noqa: BLE001 - the parent reports it
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
-        return
-    # The index and encoder are many long-lived objects; moving them out of the collector's
-    # reach keeps full collections (latency spikes) short.
-    gc.collect()
-    gc.freeze()
-    conn.send(("ready", index.manifest, index.doc_count))
-    while True:
-        try:
-            message = conn.recv()
-        except EOFError:  # the parent is gone
-            return
-        if message is None:
-            return
-        queries, k = message
-        try:
-            conn.send(("ok", index.search(queries, k)))
-        except Exception as exc:  # noqa: BLE001 - the parent turns it into a 500
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
-
-
 def bind_socket(host: str, port: int) -> socket.socket:
     """A socket bound to (host, port), or a `RetrievalError` in one line when the address
     is taken or cannot be bound. Bound before the index loads (minutes for a large one),
@@ -670,6 +335,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
                                  "server?); pick another port") from None
         raise RetrievalError(f"--host {host} --port {port}: cannot bind "
                              f"({err.strerror})") from None
+    # Listening now, not when uvicorn starts: two sockets with SO_REUSEADDR may both bind
+    # a port until one listens, so a second server would load its index before failing.
+    sock.listen(2048)
     return sock
 
 

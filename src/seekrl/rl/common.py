@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from seekrl.config import ConfigError, EvalConfig, LoRAConfig, OptimConfig
+from seekrl.config import ConfigError, LoRAConfig, OptimConfig
 
 
 def rollout_config(settings, *, seed: int, n_samples: int = 1):
@@ -44,14 +44,14 @@ RUN_OUTPUTS = ("metrics.jsonl", "alerts.jsonl", "checkpoints", "final", "eval", 
                "config.yaml", "report.html", "report_files")
 
 
-def claim_run_dir(out: Path, *, resume: bool = False, overwrite: bool = False) -> None:
-    """Make `out` ready for a new run, refusing to write over an old one.
+def check_run_dir(out: Path, *, resume: bool = False, overwrite: bool = False,
+                  model: str | None = None) -> None:
+    """Refuse to write a new run over an old one, before anything slow happens.
 
     A run folder written into again would lose its metrics (truncated) and its config
-    (replaced) without a word. With `overwrite` the old run's files are removed first;
-    with `resume` the caller continues the run and nothing is touched here."""
-    out.mkdir(parents=True, exist_ok=True)
-    if resume:
+    (replaced) without a word: that needs `overwrite` (or `resume`, which continues the
+    run). Overwriting a run whose own files hold the model to start from is refused too."""
+    if resume or not out.exists():
         return
     held = [name for name in RUN_MARKERS if (out / name).exists()]
     if not held:
@@ -60,6 +60,18 @@ def claim_run_dir(out: Path, *, resume: bool = False, overwrite: bool = False) -
         raise ConfigError(f"out: {out} already holds a run ({', '.join(held)}); pass "
                           "--resume to continue it, --overwrite to replace it, or choose "
                           "another out")
+    if model and Path(model).exists() and Path(model).resolve().is_relative_to(out.resolve()):
+        raise ConfigError(f"model: {model} is inside out ({out}), which --overwrite would "
+                          "delete; copy the model elsewhere or choose another out")
+
+
+def claim_run_dir(out: Path, *, resume: bool = False, overwrite: bool = False) -> None:
+    """Make `out` ready for the run: with `overwrite`, the old run's files go (call
+    `check_run_dir` first, and this only once the run's inputs have loaded, so a bad
+    config never costs the old run); with `resume` nothing is touched."""
+    out.mkdir(parents=True, exist_ok=True)
+    if resume or not overwrite:
+        return
     for name in RUN_OUTPUTS:
         path = out / name
         if path.is_dir():
@@ -153,6 +165,18 @@ def trainable_parameters(*modules) -> list[torch.nn.Parameter]:
     return [p for m in modules if m is not None for p in m.parameters() if p.requires_grad]
 
 
+def clip_and_step(params, optimizer, max_norm: float | None) -> float:
+    """Clip the gradient to `max_norm` (None or 0: measure only), take the optimizer step
+    only when the norm is finite, clear the gradient; returns the norm (nan / inf when the
+    step was skipped). Every recipe (SFT, RL, PRM, step-DPO) steps through here, so a
+    non-finite gradient never reaches the weights in any of them."""
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
+    if torch.isfinite(norm):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(norm)
+
+
 def make_optimizer(params, cfg: OptimConfig, *, extra_groups: list[dict] = ()):
     groups = [{"params": list(params)}, *extra_groups]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas),
@@ -204,29 +228,6 @@ def replace_dir(tmp: Path, target: Path) -> None:
     tmp.rename(target)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def eval_policy(model, tokenizer, retriever, cfg: EvalConfig, out_dir: str | Path, *, topk: int,
-                max_info_tokens: int = 384, console=None, run_info: dict | None = None,
-                limit: int | None = None) -> dict[str, Any]:
-    """Greedy agent evaluation on the first `cfg.n` questions of `cfg.data`; writes the
-    run folder (tables, trajectories, viewer) and returns the average metrics row."""
-    from seekrl.eval.evaluate import eval_rollout_config, evaluate, load_eval_data
-    from seekrl.eval.report import write_viewer
-
-    data = load_eval_data([cfg.data], limit=limit or cfg.n)
-    rollout = eval_rollout_config(method="agent", topk=topk, max_turns=cfg.max_turns,
-                                  max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
-                                  max_info_tokens=max_info_tokens)
-    was_training = model.training
-    model.eval()
-    try:
-        metrics = evaluate(model, tokenizer, retriever, data, rollout, out_dir,
-                           run_info=run_info, progress=console is not None, console=console)
-    finally:
-        model.train(was_training)
-    write_viewer(out_dir, tokenizer=tokenizer)
-    return metrics
 
 
 class MetricsLog:

@@ -334,6 +334,7 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None) -> dict[str, Any
     from seekrl.rl.common import (
         MetricsLog,
         apply_lora,
+        clip_and_step,
         make_optimizer,
         make_scheduler,
         set_seed,
@@ -389,9 +390,7 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None) -> dict[str, Any
             rec[name] = round(float(part.detach()), 5)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        rec["grad_norm"] = round(float(torch.nn.utils.clip_grad_norm_(
-            params, cfg.optim.max_grad_norm or float("inf"))), 4)
-        optimizer.step()
+        rec["grad_norm"] = round(clip_and_step(params, optimizer, cfg.optim.max_grad_norm), 4)
         scheduler.step()
         rec["loss"] = round(float(loss.detach()), 5)
         rec["seconds"] = round(time.time() - t0, 2)

@@ -105,7 +105,7 @@ def train_step_dpo(model, tokenizer, pairs, *, steps: int, batch_size: int, beta
                    max_grad_norm: float | None = 1.0) -> dict[str, Any]:
     """Step-DPO updates of `model` on `pairs` (`prm.PairLabel`s); the reference log-probs
     are the model's own before the first update."""
-    from seekrl.rl.common import trainable_parameters
+    from seekrl.rl.common import clip_and_step, trainable_parameters
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
         else tokenizer.eos_token_id
@@ -133,9 +133,7 @@ def train_step_dpo(model, tokenizer, pairs, *, steps: int, batch_size: int, beta
         loss, stats = step_dpo_loss(pb, pw, ref_b[pick], ref_w[pick], beta)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(model),
-                                              max_grad_norm or float("inf"))
-        optimizer.step()
+        norm = clip_and_step(trainable_parameters(model), optimizer, max_grad_norm)
         scheduler.step()
         last = {"step": step, "loss": round(float(loss.detach()), 5),
                 "grad_norm": round(float(norm), 4), **{k: round(v, 4) for k, v in stats.items()},

@@ -29,11 +29,13 @@ from seekrl.agent.rollout import information_ids
 from seekrl.config import SFTConfig, dump_config
 from seekrl.data.jsonl import iter_jsonl
 from seekrl.errors import DataError
+from seekrl.eval.evaluate import eval_policy
 from seekrl.rl.common import (
     MetricsLog,
     apply_lora,
+    check_run_dir,
     claim_run_dir,
-    eval_policy,
+    clip_and_step,
     make_optimizer,
     make_scheduler,
     save_policy,
@@ -162,11 +164,12 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
         raise FileNotFoundError(f"data: {cfg.data}: no such file (trajectory JSONL: oracle "
                                 "episodes or Trajectory records)")
     out = Path(cfg.out)
-    claim_run_dir(out, overwrite=overwrite)
-    dump_config(cfg, out / "config.yaml")
+    check_run_dir(out, overwrite=overwrite, model=cfg.model if model is None else None)
     set_seed(cfg.seed)
     if model is None:
         model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
+    claim_run_dir(out, overwrite=overwrite)   # the old run goes only once the model loaded
+    dump_config(cfg, out / "config.yaml")
     examples, skipped = load_sft_examples(cfg.data, tokenizer, max_info_tokens=cfg.max_info_tokens,
                                           max_len=cfg.max_len, only_complete=cfg.only_complete,
                                           limit=cfg.limit)
@@ -203,10 +206,9 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
             nll, _ = sft_loss(model, micro, pad_id, cfg.device)
             (nll / n_tokens).backward()
             total_nll += float(nll.detach())
-        grad_norm = _clip(model, cfg.optim.max_grad_norm)
-        optimizer.step()
+        grad_norm = round(clip_and_step(trainable_parameters(model), optimizer,
+                                        cfg.optim.max_grad_norm), 4)
         scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
         seconds = time.time() - t0
         tokens = sum(len(e.token_ids) for mb in micro_batches for e in mb)
         last = {"step": step, "loss": round(total_nll / n_tokens, 5), "grad_norm": grad_norm,
@@ -234,12 +236,6 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
     return {"steps": total_steps, "episodes": len(examples), "skipped": skipped,
             "loss": last.get("loss"), "dev": dev, "final": str(final),
             "minutes": round((time.time() - started) / 60, 2)}
-
-
-def _clip(model, max_norm: float | None) -> float:
-    params = trainable_parameters(model)
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
-    return round(float(norm), 4)
 
 
 def _eval_retriever(cfg: SFTConfig):

@@ -53,6 +53,7 @@ from seekrl.agent.rollout import RolloutEngine, grow_trees
 from seekrl.agent.trajectory import Trajectory, group_indices
 from seekrl.config import ConfigError, TrainConfig, dump_config
 from seekrl.data.qa import QAExample, load_qa
+from seekrl.eval.evaluate import eval_policy
 from seekrl.rewards.metrics import exact_match
 from seekrl.rewards.outcome import RewardParts, episode_reward
 from seekrl.rewards.process import (
@@ -72,9 +73,10 @@ from seekrl.rl.advantages import (
 from seekrl.rl.common import (
     MetricsLog,
     apply_lora,
+    check_run_dir,
     claim_run_dir,
+    clip_and_step,
     config_changes,
-    eval_policy,
     make_optimizer,
     make_scheduler,
     open_index,
@@ -112,7 +114,8 @@ class Trainer:
         if resume and not (self.out / "checkpoints" / "latest").is_file():
             raise FileNotFoundError(f"--resume: {self.out / 'checkpoints' / 'latest'} does not "
                                     "exist (no checkpoint yet)")
-        claim_run_dir(self.out, resume=resume, overwrite=overwrite)
+        check_run_dir(self.out, resume=resume, overwrite=overwrite,
+                      model=cfg.model if model is None else None)
         # the questions and the index before any model: a bad path fails in seconds
         try:
             self.questions = list(questions) if questions is not None else load_qa(cfg.data)
@@ -161,6 +164,7 @@ class Trainer:
         self.healthy_checkpoint: str | None = None
         self.stopped_reason: str | None = None
         self.stopped_budget: str | None = None
+        claim_run_dir(self.out, resume=resume, overwrite=overwrite)   # inputs loaded: now
         if resume:
             changed = config_changes(self.out / "config.yaml", cfg)
             if changed and console is not None:
@@ -374,10 +378,11 @@ class Trainer:
     def _update(self, trajs, advantages, old_logps, ref_logps, old_values, returns
                 ) -> dict[str, Any]:
         cfg, algo = self.cfg, self.cfg.algo
-        # Eval mode, as for the old log-probs: with dropout on (LoRA's) the first ratio of
-        # an update would not be 1, and the clip would act on noise. Gradients flow all the
-        # same; dropout is simply not used in RL.
-        self.model.eval()
+        # No dropout, as for the old log-probs: with it (LoRA's) the first ratio of an update
+        # would not be 1 and the clip would act on noise. Eval mode, where gradients flow
+        # all the same; a model with activation checkpointing, which transformers applies
+        # only in train mode, stays in train mode with its dropout layers switched off.
+        _no_dropout_mode(self.model)
         stats: dict[str, list[float]] = defaultdict(list)       # one value per mini-batch
         mini_stats: dict[str, float] = defaultdict(float)
         correct_logps: dict[int, float] = {}   # episode -> its mean log-prob, first pass
@@ -496,13 +501,8 @@ class Trainer:
         return bool(exact_match(t.answer, t.golden_answers))
 
     def _optimizer_step(self) -> float:
-        params = trainable_parameters(self.model, self.value_head)
-        max_norm = self.cfg.optim.max_grad_norm
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
-        if torch.isfinite(norm):
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        return clip_and_step(trainable_parameters(self.model, self.value_head), self.optimizer,
+                             self.cfg.optim.max_grad_norm)
 
     # ------------------------------------------------------------------ metrics
     def _episode_metrics(self, step, trajs, parts, n_sampled, refills) -> dict[str, Any]:
@@ -747,6 +747,24 @@ def _informative(trajs, parts, members: list[int], advantage: str | None = None,
     totals = [parts[j].total + sum(s.process_reward or 0.0 for s in trajs[j].steps)
               for j in members]
     return group_has_signal(group, totals)
+
+
+def _no_dropout_mode(model) -> None:
+    """Eval mode; but train mode with every dropout layer in eval mode when activation
+    checkpointing is on (transformers checkpoints only while training)."""
+    from seekrl.rl.forward import _backbone
+
+    try:
+        checkpointing = bool(getattr(_backbone(model), "gradient_checkpointing", False))
+    except AttributeError:
+        checkpointing = False
+    if not checkpointing:
+        model.eval()
+        return
+    model.train()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.eval()
 
 
 def _kl_rewards(trajs, logps, ref_logps, algo) -> tuple[list[torch.Tensor], float]:
