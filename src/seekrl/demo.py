@@ -67,6 +67,9 @@ class DemoConfig:
     questions_per_step: int = 8
     group_size: int = 4
     rl_lr: float = 3e-5
+    rl_micro_batch: int = 4          # episodes per forward / backward in the update (one
+                                     # question's group, which shares its prompt pass; 8
+                                     # at once set the demo's peak, 8.5 GB)
     temperature: float = 1.0
     kl_coef: float = 0.0
     process: str | None = None       # a process method (rl/methods.py) run next to outcome RL
@@ -281,7 +284,8 @@ def rl_config_tree(cfg: DemoConfig, *, model: str, train_file: str | Path,
                     "topk": cfg.k, "max_info_tokens": cfg.max_info_tokens,
                     "temperature": cfg.temperature},
         "algo": {"advantage": cfg.advantage, "kl_coef": cfg.kl_coef,
-                 "mini_batch_size": cfg.questions_per_step * cfg.group_size},
+                 "mini_batch_size": cfg.questions_per_step * cfg.group_size,
+                 "micro_batch_size": cfg.rl_micro_batch},
         "optim": {"lr": cfg.rl_lr, "schedule": "constant"}}
 
 
