@@ -199,6 +199,7 @@ class RefineConfig(Strict):
     # training (both)
     steps: int = Field(20, ge=1)
     batch_size: int = Field(8, ge=1)
+    grad_accum: int = Field(1, ge=1)   # rft: micro-batches of batch_size per optimizer step
     train_layers: int | None = Field(None, ge=1)
     lora: LoRAConfig = LoRAConfig()
     optim: OptimConfig = OptimConfig(lr=2e-5, warmup_steps=2)

@@ -95,7 +95,11 @@ def stage_configs(cfg: ProragConfig, paths: dict[str, str]) -> dict[str, Any]:
         else cfg.refine_method, "out": str(out / "refine"), "data": paths["train"],
         "index": paths["index"], "prm": prm_final, "pairs": [stages["labels"].out],
         "threshold_quantile": 0.25,
-        "questions": 16, "samples": 4, "steps": 6, "batch_size": 8,
+        "questions": 16, "samples": 4, "steps": 6,
+        # RFT (an SFT run) in micro-batches of 2 x 4 like the warm-up; step-DPO's pairs
+        # per step stay 8 (it has no accumulation)
+        **({"batch_size": 8} if cfg.refine_method == "step_dpo"
+           else {"batch_size": 2, "grad_accum": 4}),
         "train_layers": cfg.train_layers, "seed": cfg.seed, "rollout": rollout,
         "optim": {"lr": 5e-5, "warmup_steps": 2}})
     demo = _demo(cfg)
