@@ -58,10 +58,7 @@ class _Batch:
                     t = getattr(layer, name)
                     _, h, cols, d = t.shape
                     buf = t.new_empty((n, h, cols + room, d))
-                    if room:
-                        buf[:len(rows), :, :cols].copy_(t.index_select(0, idx))
-                    else:   # buf[:len(rows)] is contiguous: copy straight into it
-                        torch.index_select(t, 0, idx, out=buf[:len(rows)])
+                    buf[:len(rows), :, :cols] = t.index_select(0, idx)
                     buf[len(rows):, :, :cols].zero_()   # never attended, but finite
                     setattr(layer, name, buf[:, :, :cols])
                     setattr(layer, buf_name, buf if room else None)
@@ -187,14 +184,11 @@ def _compact(parts: list[_Batch], room: int = 0) -> _Batch:
             for part_layers, idx in zip(layers, index):
                 src = getattr(part_layers[n], name)
                 b = src.shape[0]
-                if not src.shape[2]:  # never attended, but must be finite (0 x NaN is NaN)
+                if src.shape[2]:
+                    buf[r:r + b, :, :width] = torch.gather(
+                        src, 2, idx[:, None, :, None].expand(b, h, width, d))
+                else:  # never attended, but must be finite (0 x NaN is NaN)
                     buf[r:r + b, :, :width].zero_()
-                elif room:
-                    buf[r:r + b, :, :width].copy_(
-                        torch.gather(src, 2, idx[:, None, :, None].expand(b, h, width, d)))
-                else:
-                    torch.gather(src, 2, idx[:, None, :, None].expand(b, h, width, d),
-                                 out=buf[r:r + b])
                 r += b
             bufs.append(buf)
         for part_layers in layers:   # free the row sets' copies of this layer now
@@ -274,10 +268,11 @@ class HFBackend:
         return picked.clamp(max=probs.shape[-1] - 1)
 
     # ---- prefill
-    def _prefill(self, contexts: list[list[int]], keys: list | None):
+    def _prefill(self, contexts: list[list[int]], keys: list | None, spare: int):
         """Bring every context into one cache batch: reuse each episode's cache where it
-        holds a prefix of the context and prefill only the rest. Returns the batch (row i
-        holds context i) and the logits of each row's last position."""
+        holds a prefix of the context and prefill only the rest, leaving `spare` columns for
+        the turn's decoding. Returns the batch (row i holds context i) and the logits of
+        each row's last position."""
         old = self._kept if keys is not None else None
         self._kept = None
         by_key = {k: r for r, k in enumerate(old.keys)} if old is not None else {}
@@ -304,7 +299,6 @@ class HFBackend:
                 groups[-1].append(e)
             else:
                 groups.append([e])
-        spare = _growing_layer_class().spare
         # Every group's rows are copied out of the old cache first (with room for their
         # chunk and the turn), so the old cache is freed before any forward pass runs.
         prepared = [self._group_batch(old, group, contexts) for group in groups]
@@ -376,7 +370,7 @@ class HFBackend:
         if keys is not None and len(set(keys)) != len(keys):
             raise ValueError("keys must be unique: one per episode")
         _growing_layer_class().spare = max_new_tokens
-        batch, logits = self._prefill(contexts, keys)
+        batch, logits = self._prefill(contexts, keys, spare=max_new_tokens)
         results: list[list[int]] = [[] for _ in contexts]
         tails = [""] * len(contexts)
         rows = list(range(len(contexts)))    # batch row -> context index

@@ -440,12 +440,14 @@ class Trainer:
 
         before = {i: mean_logp(old_logps[i], trajs[i]) for i in right} \
             if old_logps is not None else during_update
-        picked = [i for i in right if i in before][:self.cfg.algo.logprob_chunk]
+        measured = [i for i in right if i in before]
+        if not measured:
+            return {"correct_logp": None, "correct_logp_shift": None}
+        picked = measured[:self.cfg.algo.logprob_chunk]
         after, _ = self.batch_logprobs([trajs[i] for i in picked])
         shift = [mean_logp(lp, trajs[i]) - before[i] for i, lp in zip(picked, after)]
-        return {"correct_logp": round(sum(before[i] for i in right if i in before)
-                                      / len([i for i in right if i in before]), 4),
-                "correct_logp_shift": round(sum(shift) / len(shift), 5) if shift else None}
+        return {"correct_logp": round(sum(before[i] for i in measured) / len(measured), 4),
+                "correct_logp_shift": round(sum(shift) / len(shift), 5)}
 
     def _micro_loss(self, trajs, micro, advantages, old_logps, ref_logps, old_values, returns,
                     norm_length, correct_logps) -> tuple[torch.Tensor, dict[str, float]]:
@@ -627,9 +629,7 @@ class Trainer:
         return json.loads((path / "trainer.json").read_text())
 
     def _resume(self) -> None:
-        pointer = self.ckpt_dir / "latest"
-        if not pointer.is_file():
-            raise FileNotFoundError(f"--resume: {pointer} does not exist (no checkpoint yet)")
+        pointer = self.ckpt_dir / "latest"   # its existence was checked before any loading
         meta = self.load_checkpoint(self.ckpt_dir / pointer.read_text().strip())
         self.step_done = meta["step"]
         self.rollout_tokens = int(meta.get("rollout_tokens", 0))
