@@ -221,11 +221,13 @@ def demo(
 
 @app.command("eval")
 def eval_(
-    data: Annotated[list[Path], typer.Option(
-        "--data", help="QA file(s): FlashRAG JSONL or Search-R1 parquet (--data a b, or repeat)")],
+    data: Annotated[list[str], typer.Option(
+        "--data", help="QA data (--data a b, or repeat): a FlashRAG JSONL or Search-R1 parquet "
+        "file, a FlashRAG folder[:SPLIT], hf:NAME[:CONFIG]:SPLIT, or flashrag:NAME[:SPLIT] "
+        "(nq, triviaqa, popqa, hotpotqa, 2wiki, musique, bamboogle)")],
     out: Annotated[Path, typer.Option(help="run folder to write")],
-    more_data: Annotated[Optional[list[Path]], typer.Argument(
-        help="more QA files, so that `--data a.jsonl b.jsonl` works", show_default=False)] = None,
+    more_data: Annotated[Optional[list[str]], typer.Argument(
+        help="more QA data, so that `--data a.jsonl b.jsonl` works", show_default=False)] = None,
     model: Annotated[str, typer.Option(help="HF id or path, or the bundled smollm2-135m")] = "smollm2-135m",
     index: Annotated[Optional[Path], typer.Option(help="index folder (in-process retrieval)")] = None,
     retriever_url: Annotated[Optional[str], typer.Option(help="a running `seekrl serve` instead")] = None,

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from seekrl.agent.protocol import step_format_problem
+from seekrl.agent.protocol import normalise_text, step_format_problem
 from seekrl.data.jsonl import iter_jsonl
 from seekrl.errors import DataError
 
@@ -74,15 +74,30 @@ class Trajectory:
         """Ended with an answer, and every turn followed the protocol exactly."""
         return self.finish_reason == "answer" and all(s.well_formed for s in self.steps)
 
+    def evidence_keys(self) -> tuple[set[str], list[set[str]], set[str]]:
+        """(gold, what each step retrieved, what the retrieval with the question found, for
+        `rag`) as comparable keys: document ids where the gold ids are known (the synthetic
+        world, `gold_doc_ids`), else normalised titles against `metadata["supporting_titles"]`
+        (HotpotQA, 2Wiki and MuSiQue name their supporting passages by title). Gold is empty
+        when neither is known."""
+        if self.gold_doc_ids:
+            return (set(self.gold_doc_ids), [set(s.hits) for s in self.steps],
+                    set(self.metadata.get("prompt_hits") or []))
+        titles = self.metadata.get("supporting_titles") or []
+        if not titles:
+            return set(), [set() for _ in self.steps], set()
+        return ({normalise_text(x) for x in titles},
+                [{normalise_text(x) for x in s.hit_titles} for s in self.steps],
+                {normalise_text(x) for x in self.metadata.get("prompt_hit_titles") or []})
+
     def evidence_recall(self) -> float | None:
         """Share of the gold documents retrieved at some point of the episode: by its
-        searches, and for `rag` by the retrieval with the question (`metadata["prompt_hits"]`).
-        None when the gold documents are unknown."""
-        gold = set(self.gold_doc_ids)
+        searches, and for `rag` by the retrieval with the question. None when the gold
+        documents are unknown (see `evidence_keys`)."""
+        gold, steps, prompt = self.evidence_keys()
         if not gold:
             return None
-        seen = {d for s in self.steps for d in s.hits}
-        seen.update(self.metadata.get("prompt_hits") or [])
+        seen = prompt.union(*steps)
         return len(gold & seen) / len(gold)
 
     def check(self) -> None:

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from seekrl.data.benchmarks import (FLASHRAG_HUB, flashrag_dir, hop_class, parse_flashrag_spec,
+                                    parse_hf_spec, with_supporting_titles)
 from seekrl.data.jsonl import SkipReport, iter_jsonl, reason_of
 from seekrl.errors import DataError
 
@@ -122,7 +124,7 @@ class QAExample:
         extras = {k: v for k, v in d.items()
                   if k not in ("id", "question", "golden_answers", "metadata")}
         return cls(id=str(raw_id), question=question, golden_answers=answers,
-                   metadata={**extras, **metadata})
+                   metadata=with_supporting_titles({**extras, **metadata}))
 
 
 # ---------------------------------------------------------------------------- FlashRAG JSONL
@@ -405,7 +407,7 @@ def read_searchr1_parquet(path: str | os.PathLike[str]) -> list[QAExample]:
 # -------------------------------------------------------------------- Hugging Face datasets
 
 _DEFAULT_ANSWER_FIELDS = ("golden_answers", "answers", "answer", "possible_answers")
-_DEFAULT_METADATA_FIELDS = ("type", "level", "hops")
+_DEFAULT_METADATA_FIELDS = ("type", "level", "hops", "supporting_facts")
 _HF_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
@@ -480,8 +482,11 @@ def load_hf_qa(
             raise DataError(f"unknown file type {local.suffix!r}; expected one of "
                             f"{sorted(_HF_BUILDERS)}", path=name)
         builder, data_files = _HF_BUILDERS[local.suffix.lower()], {split: str(local)}
-    dataset = datasets.load_dataset(builder, config, split=split, data_files=data_files,
-                                    **load_kwargs)
+    if data_files is None and _saved_to_disk(local):
+        dataset = _load_saved(datasets, local, split)
+    else:
+        dataset = datasets.load_dataset(builder, config, split=split, data_files=data_files,
+                                        **load_kwargs)
 
     source = f"{name}[{split}]"  # where errors point: dataset and split, then the row
     columns = list(dataset.column_names)
@@ -518,6 +523,22 @@ def load_hf_qa(
     return examples
 
 
+def _saved_to_disk(path: Path) -> bool:
+    """A folder written by `Dataset.save_to_disk` / `DatasetDict.save_to_disk`."""
+    return path.is_dir() and any((path / f).is_file() for f in
+                                 ("dataset_dict.json", "state.json", "dataset_info.json"))
+
+
+def _load_saved(datasets, path: Path, split: str):
+    saved = datasets.load_from_disk(str(path))
+    if isinstance(saved, datasets.DatasetDict):
+        if split not in saved:
+            raise DataError(f"no split {split!r}; the saved dataset has {sorted(saved)}",
+                            path=str(path))
+        return saved[split]
+    return saved   # a single Dataset: it is the split
+
+
 # ----------------------------------------------------------------------------- dispatch
 
 _SPLIT_FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -529,13 +550,34 @@ def load_qa(path_or_name: str | os.PathLike[str], split: str | None = None,
 
     - `.jsonl` / `.json` -> FlashRAG (`read_qa_jsonl`; a `.json` holding an array also works)
     - `.parquet` -> Search-R1 (`read_searchr1_parquet`)
-    - a folder with `{split}.jsonl|.json|.parquet` inside (FlashRAG's layout) -> that file
+    - a folder with `{split}.jsonl|.json|.parquet` inside (FlashRAG's layout) -> that file;
+      `FOLDER:SPLIT` says which, and without a split the first of test, dev, validation,
+      val, train that is there
+    - `hf:NAME[:CONFIG]:SPLIT` -> `load_hf_qa(NAME, SPLIT, config=CONFIG)`
+    - `flashrag:NAME[+NAME...][:SPLIT]` -> the standard suite (`seekrl.data.benchmarks`)
     - anything else -> `load_hf_qa(path_or_name, split or "train", **kw)`
 
     `kw` goes to the chosen reader (e.g. `skip_bad=True` for JSONL, `config=` for HF).
     A path with one of the suffixes above that does not exist raises FileNotFoundError.
     """
-    path = Path(path_or_name)
+    spec = os.fspath(path_or_name)
+    if spec.startswith("hf:"):
+        name, config, hf_split = parse_hf_spec(spec)
+        return load_hf_qa(name, hf_split, config=config, **kw)
+    if spec.startswith("flashrag:"):
+        return _load_flashrag(spec, split, **kw)
+    path = Path(spec)
+    if not path.exists() and ":" in spec:       # FOLDER:SPLIT
+        folder, _, named = spec.rpartition(":")
+        if Path(folder).is_dir():
+            path, split = Path(folder), named
+            if not any((path / f"{split}{s}").is_file() for s in _SPLIT_FILE_SUFFIXES):
+                raise FileNotFoundError(f"{path}: no {split}.jsonl, {split}.json or "
+                                        f"{split}.parquet inside")
+    if split is None and path.is_dir() and not _saved_to_disk(path):
+        split = next((s for s in ("test", "dev", "validation", "val", "train")
+                      if any((path / f"{s}{x}").is_file() for x in _SPLIT_FILE_SUFFIXES)),
+                     None)   # none of them: `datasets` reads the folder (below)
     if split is not None and path.is_dir():
         for suffix in _SPLIT_FILE_SUFFIXES:
             if (path / f"{split}{suffix}").is_file():
@@ -551,7 +593,35 @@ def load_qa(path_or_name: str | os.PathLike[str], split: str | None = None,
                 else read_qa_jsonl(path, **kw))
     if suffix == ".parquet":
         return read_searchr1_parquet(path, **kw)
-    return load_hf_qa(os.fspath(path_or_name), split or "train", **kw)
+    if not path.exists() and hop_class(spec) is not None:
+        raise FileNotFoundError(f"{spec}: no such file or folder; for the FlashRAG set write "
+                                f"flashrag:{spec}, for a hub dataset hf:NAME[:CONFIG]:SPLIT")
+    return load_hf_qa(spec, split or "train", **kw)
+
+
+def _load_flashrag(spec: str, split: str | None, **kw: Any) -> list[QAExample]:
+    """The suite's sets from `$SEEKRL_FLASHRAG_DIR` (offline) or the hub; with several sets
+    the ids get a `NAME-` prefix and `metadata["source"]` says which set a question is from."""
+    entries, named = parse_flashrag_spec(spec)
+    split = named or split
+    local = flashrag_dir()
+    out: list[QAExample] = []
+    for entry in entries:
+        which = split or entry.eval_split
+        if local is not None:
+            folder = local / entry.name
+            if not folder.is_dir():
+                raise FileNotFoundError(f"{spec}: $SEEKRL_FLASHRAG_DIR is {local} but it has "
+                                        f"no {entry.name}/ folder")
+            examples = load_qa(folder, which, **kw)
+        else:
+            examples = load_hf_qa(FLASHRAG_HUB, which, config=entry.name, **kw)
+        if len(entries) > 1:
+            for ex in examples:
+                ex.id = f"{entry.name}-{ex.id}"
+                ex.metadata.setdefault("source", entry.name)
+        out.extend(examples)
+    return out
 
 
 def _starts_with_bracket(path: Path) -> bool:

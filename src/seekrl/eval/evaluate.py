@@ -26,6 +26,7 @@ evidence recall counts them.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -59,8 +60,17 @@ def dataset_name(path: str | Path) -> str:
 
     The file stem (`nq.jsonl` -> `nq`), except for split-like stems (`questions`, `test`,
     `dev`, `train`, ...), which name the folder instead: `data/hotpotqa/questions.jsonl` ->
-    `hotpotqa`; a synthetic world (`world.json` beside the file) -> `world`."""
+    `hotpotqa`; a synthetic world (`world.json` beside the file) -> `world`; `hf:` and
+    `flashrag:` specs -> the set's name (`flashrag:2wiki` -> `2wikimultihopqa`), a
+    `FOLDER:SPLIT` -> the folder's name."""
+    from seekrl.data.benchmarks import spec_name
+
+    named = spec_name(os.fspath(path))
+    if named:
+        return named
     path = Path(path)
+    if not path.exists() and ":" in path.name and Path(str(path).rpartition(":")[0]).is_dir():
+        path = Path(str(path).rpartition(":")[0])
     if path.is_dir():
         return path.name
     if path.stem.lower() not in GENERIC_STEMS:

@@ -98,7 +98,7 @@ def metrics_markdown(metrics: dict) -> str:
                              + " | ".join(cell(row, k, f) for k, _, f in columns) + " |")
     lines.append("")
     if any(row.get("evidence_recall") is None for _, row in _table_rows(metrics)):
-        lines.append("evidence recall: n/a where the data has no `metadata.gold_doc_ids`.")
+        lines.append("evidence recall: n/a where the data has neither `metadata.gold_doc_ids` nor `metadata.supporting_titles`.")
     return "\n".join(lines) + "\n"
 
 

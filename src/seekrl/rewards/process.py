@@ -109,24 +109,16 @@ def score_steps(trajectories: Sequence[Trajectory], weights: Mapping[str, float]
 def evidence(trajectories: Sequence[Trajectory], ctx: ProcessContext) -> list[list[float]]:
     out = []
     for t in trajectories:
-        # gold by document id; else by title (HotpotQA-style `supporting_titles`)
-        gold = set(t.gold_doc_ids)
-        found = lambda ids, titles: set(ids)            # noqa: E731
-        prompt_seen = set(t.metadata.get("prompt_hits") or [])
-        if not gold and t.metadata.get("supporting_titles"):
-            gold = {normalise_text(x) for x in t.metadata["supporting_titles"]}
-            found = lambda ids, titles: {normalise_text(x) for x in titles}   # noqa: E731
-            prompt_seen = {normalise_text(x) for x in t.metadata.get("prompt_hit_titles") or []}
+        gold, step_keys, seen = t.evidence_keys()   # by document id, else by title
         if not gold:
             ctx.stats["evidence_no_gold"] += 1
             out.append([0.0] * len(t.steps))
             continue
-        seen, row = prompt_seen, []
-        for s in t.steps:
-            hits = found(s.hits, s.hit_titles)
+        row = []
+        for s, hits in zip(t.steps, step_keys):
             new = (gold & hits) - seen if s.action == "search" else set()
             row.append(len(new) / len(gold))
-            seen |= hits
+            seen = seen | hits
         out.append(row)
     return out
 

@@ -1,0 +1,152 @@
+"""The standard QA suite of the agentic-search papers, and data specs that name it.
+
+Search-R1, ProRAG, StepSearch and most of their successors report EM on seven sets, in the
+FlashRAG collection's names and splits: three single-hop (NQ, TriviaQA, PopQA) and four
+multi-hop (HotpotQA, 2WikiMultiHopQA, MuSiQue, Bamboogle), on `test` where the set has one
+and `dev` otherwise. Search-R1 trains on NQ + HotpotQA `train`.
+
+A data spec (`--data`, `data:` in a config) is one of:
+
+- a file (`.jsonl` / `.json` FlashRAG lines, `.parquet` Search-R1 rows), or a FlashRAG
+  dataset folder (`nq/` holding `test.jsonl`, ...), optionally `FOLDER:SPLIT`;
+- `hf:NAME[:CONFIG]:SPLIT`: `datasets.load_dataset(NAME, CONFIG, split=SPLIT)`, where NAME
+  may also be a folder written by `Dataset.save_to_disk` (loaded offline);
+- `flashrag:NAME[+NAME...][:SPLIT]`: sets of the standard suite by name (`nq`, `2wiki`, ...);
+  `flashrag:nq+hotpotqa:train` is Search-R1's training mix. They load from the folder in
+  `$SEEKRL_FLASHRAG_DIR` (FlashRAG's layout, `NAME/SPLIT.jsonl`) when it is set, else from
+  the hub (`RUC-NLPIR/FlashRAG_datasets`).
+
+Supporting facts become `metadata["supporting_titles"]` (HotpotQA and 2Wiki
+`supporting_facts`, MuSiQue `paragraphs[].is_supporting`), so evidence recall and the
+`evidence` step reward work on real data by title. The distractor passages those records
+carry (`context`, `paragraphs`) are dropped once the titles are taken: seekrl retrieves from
+a corpus, and every trajectory copies its question's metadata.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from seekrl.errors import DataError
+
+__all__ = ["BENCHMARKS", "FLASHRAG_HUB", "Benchmark", "benchmark", "flashrag_dir",
+           "hop_class", "parse_hf_spec", "spec_name", "supporting_titles"]
+
+FLASHRAG_HUB = "RUC-NLPIR/FlashRAG_datasets"
+FLASHRAG_DIR_ENV = "SEEKRL_FLASHRAG_DIR"
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str          # FlashRAG's config / folder name
+    eval_split: str    # the split the papers report
+    hops: str          # "single" | "multi"
+
+
+BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
+    Benchmark("nq", "test", "single"),
+    Benchmark("triviaqa", "test", "single"),
+    Benchmark("popqa", "test", "single"),
+    Benchmark("hotpotqa", "dev", "multi"),
+    Benchmark("2wikimultihopqa", "dev", "multi"),
+    Benchmark("musique", "dev", "multi"),
+    Benchmark("bamboogle", "test", "multi"),
+)}
+_ALIASES = {"2wiki": "2wikimultihopqa", "2wikimqa": "2wikimultihopqa", "trivia_qa": "triviaqa",
+            "natural_questions": "nq", "hotpot_qa": "hotpotqa", "nq_open": "nq"}
+
+
+def benchmark(name: str) -> Benchmark:
+    """The suite entry for a name or alias (case-insensitive); a DataError listing the names
+    otherwise."""
+    key = _ALIASES.get(name.lower(), name.lower())
+    if key not in BENCHMARKS:
+        raise DataError(f"unknown benchmark {name!r}; expected one of "
+                        f"{', '.join(BENCHMARKS)} (or 2wiki)", field="flashrag")
+    return BENCHMARKS[key]
+
+
+def hop_class(dataset: str) -> str | None:
+    """"single" / "multi" for a data set of the standard suite (by its table name), else None."""
+    key = _ALIASES.get(dataset.lower(), dataset.lower())
+    entry = BENCHMARKS.get(key)
+    return entry.hops if entry else None
+
+
+def flashrag_dir() -> Path | None:
+    value = os.environ.get(FLASHRAG_DIR_ENV)
+    return Path(value) if value else None
+
+
+def parse_hf_spec(spec: str) -> tuple[str, str | None, str]:
+    """`hf:NAME[:CONFIG]:SPLIT` -> (NAME, CONFIG or None, SPLIT)."""
+    body = spec[len("hf:"):] if spec.startswith("hf:") else spec
+    parts = body.split(":")
+    if len(parts) == 2 and all(parts):
+        return parts[0], None, parts[1]
+    if len(parts) == 3 and parts[0] and parts[2]:
+        return parts[0], parts[1] or None, parts[2]
+    raise DataError(f"expected hf:NAME:SPLIT or hf:NAME:CONFIG:SPLIT "
+                    f"(e.g. hf:{FLASHRAG_HUB}:hotpotqa:dev), got {spec!r}", field="data")
+
+
+def parse_flashrag_spec(spec: str) -> tuple[list[Benchmark], str | None]:
+    """`flashrag:NAME[+NAME...][:SPLIT]` -> (suite entries, SPLIT or None = each one's
+    evaluation split)."""
+    body = spec[len("flashrag:"):]
+    names, _, split = body.partition(":")
+    entries = [benchmark(n.strip()) for n in names.split("+") if n.strip()]
+    if not entries:
+        raise DataError(f"expected flashrag:NAME[:SPLIT] with NAME from "
+                        f"{', '.join(BENCHMARKS)}, got {spec!r}", field="data")
+    return entries, split or None
+
+
+def spec_name(spec: str) -> str | None:
+    """The table name of a `hf:` / `flashrag:` spec (None for paths): the FlashRAG set's
+    name, or the hub config, or the dataset's last path part."""
+    if spec.startswith("flashrag:"):
+        entries, _ = parse_flashrag_spec(spec)
+        return "+".join(e.name for e in entries)
+    if spec.startswith("hf:"):
+        name, config, _ = parse_hf_spec(spec)
+        return config or Path(name.rstrip("/")).name
+    return None
+
+
+def _titles_from_facts(facts: Any) -> list[str]:
+    """HotpotQA / 2Wiki supporting facts: `{"title": [...], "sent_id": [...]}` (the HF and
+    FlashRAG shape) or `[[title, sentence], ...]` (the original JSON)."""
+    if isinstance(facts, Mapping):
+        titles = facts.get("title") or []
+        return [t for t in titles if isinstance(t, str)]
+    if isinstance(facts, (list, tuple)):
+        return [f[0] for f in facts if isinstance(f, (list, tuple)) and f and isinstance(f[0], str)]
+    return []
+
+
+def supporting_titles(metadata: Mapping[str, Any]) -> list[str]:
+    """The titles of a question's supporting passages, in order, each once ([] if none)."""
+    titles = _titles_from_facts(metadata.get("supporting_facts"))
+    paragraphs = metadata.get("paragraphs")
+    if not titles and isinstance(paragraphs, (list, tuple)):   # MuSiQue
+        titles = [p["title"] for p in paragraphs if isinstance(p, Mapping)
+                  and p.get("is_supporting") and isinstance(p.get("title"), str)]
+    return list(dict.fromkeys(titles))
+
+
+def with_supporting_titles(metadata: dict[str, Any]) -> dict[str, Any]:
+    """`metadata` with `supporting_titles` filled from the record's supporting facts and the
+    distractor passages (`context`, `paragraphs`) dropped once their titles are taken."""
+    if "supporting_titles" in metadata:
+        return metadata
+    titles = supporting_titles(metadata)
+    if not titles:
+        return metadata
+    out = {k: v for k, v in metadata.items() if k not in ("context", "paragraphs")}
+    out["supporting_titles"] = titles
+    return out

@@ -1,0 +1,171 @@
+"""Data specs for the standard QA suite: `hf:` (offline, from a dataset saved to disk),
+`flashrag:` (from a local FlashRAG-layout mirror), FlashRAG folders with a split, and the
+supporting-fact titles real multi-hop data carries."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from seekrl.agent.trajectory import Step, Trajectory
+from seekrl.data.benchmarks import (BENCHMARKS, hop_class, parse_hf_spec, spec_name,
+                                    supporting_titles)
+from seekrl.data.qa import QAExample, load_qa
+from seekrl.errors import DataError
+from seekrl.eval.evaluate import dataset_name, load_eval_data
+from seekrl.rewards.process import ProcessContext, score_steps
+
+needs_datasets = pytest.mark.skipif(importlib.util.find_spec("datasets") is None,
+                                    reason="needs the `datasets` package (seekrl[hf])")
+
+HOTPOT_ROW = {
+    "id": "5a8b", "question": "Which band formed first, Kasabian or Muse?",
+    "golden_answers": ["Muse"],
+    "metadata": {"type": "comparison", "level": "hard",
+                 "supporting_facts": {"title": ["Muse (band)", "Kasabian", "Muse (band)"],
+                                      "sent_id": [0, 0, 1]},
+                 "context": {"title": ["Muse (band)", "Kasabian", "Blur"],
+                             "sentences": [["Muse are ..."], ["Kasabian are ..."], ["..."]]}},
+}
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _rows(prefix: str, n: int) -> list[dict]:
+    return [{"id": f"{prefix}{i}", "question": f"{prefix} question {i}?",
+             "golden_answers": [f"a{i}"]} for i in range(n)]
+
+
+def test_hf_spec_parsing() -> None:
+    assert parse_hf_spec("hf:nq_open:validation") == ("nq_open", None, "validation")
+    assert parse_hf_spec("hf:RUC-NLPIR/FlashRAG_datasets:hotpotqa:dev") == \
+        ("RUC-NLPIR/FlashRAG_datasets", "hotpotqa", "dev")
+    for bad in ("hf:nq_open", "hf:", "hf:a:b:c:d", "hf::dev"):
+        with pytest.raises(DataError, match="hf:NAME:SPLIT"):
+            parse_hf_spec(bad)
+
+
+def test_suite_names_and_table_names() -> None:
+    assert [b for b in BENCHMARKS] == ["nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa",
+                                       "musique", "bamboogle"]
+    assert [hop_class(n) for n in ("nq", "popqa", "2wiki", "MuSiQue", "bamboogle", "world")] == \
+        ["single", "single", "multi", "multi", "multi", None]
+    assert spec_name("flashrag:2wiki") == "2wikimultihopqa"
+    assert spec_name("flashrag:nq+hotpotqa:train") == "nq+hotpotqa"
+    assert spec_name("hf:RUC-NLPIR/FlashRAG_datasets:musique:dev") == "musique"
+    assert spec_name("hf:/data/saved/popqa:test") == "popqa"
+    assert dataset_name("flashrag:bamboogle") == "bamboogle"
+    assert spec_name("data/nq.jsonl") is None
+
+
+def test_supporting_titles_shapes() -> None:
+    ex = QAExample.from_dict(HOTPOT_ROW)
+    assert ex.metadata["supporting_titles"] == ["Muse (band)", "Kasabian"]   # once each
+    assert "context" not in ex.metadata and ex.metadata["type"] == "comparison"
+    # the original HotpotQA JSON: [[title, sentence], ...] at the top level
+    raw = {"id": 1, "question": "q?", "golden_answers": ["x"],
+           "supporting_facts": [["A", 0], ["B", 2]]}
+    assert QAExample.from_dict(raw).metadata["supporting_titles"] == ["A", "B"]
+    musique = {"paragraphs": [{"idx": 0, "title": "P", "is_supporting": False},
+                              {"idx": 1, "title": "Q", "is_supporting": True},
+                              {"idx": 2, "title": "R", "is_supporting": True}]}
+    assert supporting_titles(musique) == ["Q", "R"]
+    assert supporting_titles({"type": "bridge"}) == []
+    # titles given already are kept as they are
+    given = {**HOTPOT_ROW, "metadata": {"supporting_titles": ["Z"], "context": {"title": []}}}
+    assert QAExample.from_dict(given).metadata == {"supporting_titles": ["Z"],
+                                                   "context": {"title": []}}
+
+
+def test_flashrag_folder_with_and_without_split(tmp_path: Path) -> None:
+    folder = tmp_path / "hotpotqa"
+    _write_jsonl(folder / "train.jsonl", _rows("t", 3))
+    _write_jsonl(folder / "dev.jsonl", [HOTPOT_ROW, *_rows("d", 1)])
+    assert [e.id for e in load_qa(folder)] == ["5a8b", "d0"]           # dev before train
+    assert [e.id for e in load_qa(f"{folder}:train")] == ["t0", "t1", "t2"]
+    assert [e.id for e in load_qa(folder, "train")] == ["t0", "t1", "t2"]
+    with pytest.raises(FileNotFoundError, match="no test.jsonl"):
+        load_qa(f"{folder}:test")
+    assert dataset_name(f"{folder}:train") == "hotpotqa"
+    assert load_qa(folder)[0].metadata["supporting_titles"] == ["Muse (band)", "Kasabian"]
+
+
+def test_bare_benchmark_name_says_how_to_name_it(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="flashrag:musique"):
+        load_qa("musique")
+
+
+def test_flashrag_specs_from_a_local_mirror(tmp_path: Path, monkeypatch) -> None:
+    mirror = tmp_path / "flashrag"
+    _write_jsonl(mirror / "nq" / "train.jsonl", _rows("n", 2))
+    _write_jsonl(mirror / "nq" / "test.jsonl", _rows("nt", 4))
+    _write_jsonl(mirror / "hotpotqa" / "train.jsonl", _rows("h", 3))
+    _write_jsonl(mirror / "hotpotqa" / "dev.jsonl", [HOTPOT_ROW])
+    monkeypatch.setenv("SEEKRL_FLASHRAG_DIR", str(mirror))
+    assert len(load_qa("flashrag:nq")) == 4                        # test: nq's eval split
+    assert [e.id for e in load_qa("flashrag:hotpotqa")] == ["5a8b"]  # dev: hotpotqa's
+    mix = load_qa("flashrag:nq+hotpotqa:train")                     # Search-R1's training mix
+    assert [e.id for e in mix] == ["nq-n0", "nq-n1", "hotpotqa-h0", "hotpotqa-h1", "hotpotqa-h2"]
+    assert {e.metadata["source"] for e in mix} == {"nq", "hotpotqa"}
+    with pytest.raises(DataError, match="unknown benchmark 'squad'"):
+        load_qa("flashrag:squad")
+    with pytest.raises(FileNotFoundError, match="no popqa/ folder"):
+        load_qa("flashrag:popqa")
+    data = load_eval_data(["flashrag:nq", "flashrag:2wiki"][:1] + ["flashrag:hotpotqa"], limit=2)
+    assert list(data) == ["nq", "hotpotqa"] and len(data["nq"]) == 2
+
+
+@needs_datasets
+def test_hf_spec_loads_a_dataset_saved_to_disk(tmp_path: Path) -> None:
+    import datasets
+
+    rows = {"id": ["a", "b"], "question": ["Who?", "Where?"],
+            "answer": ["Ann", "Paris"], "type": ["bridge", "comparison"],
+            "supporting_facts": [{"title": ["X", "Y"], "sent_id": [0, 1]},
+                                 {"title": ["Z"], "sent_id": [3]}]}
+    dd = datasets.DatasetDict({"validation": datasets.Dataset.from_dict(rows),
+                               "train": datasets.Dataset.from_dict(rows)})
+    dd.save_to_disk(str(tmp_path / "hotpot"))
+    examples = load_qa(f"hf:{tmp_path / 'hotpot'}:validation")
+    assert [e.golden_answers for e in examples] == [["Ann"], ["Paris"]]
+    assert examples[0].metadata["supporting_titles"] == ["X", "Y"]
+    assert examples[1].metadata["type"] == "comparison"
+    with pytest.raises(DataError, match=r"no split 'test'; the saved dataset has \['train', "
+                                        r"'validation'\]"):
+        load_qa(f"hf:{tmp_path / 'hotpot'}:test")
+    # one Dataset (no splits) is its own split
+    datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "single"))
+    assert len(load_qa(f"hf:{tmp_path / 'single'}:test")) == 2
+    assert dataset_name(f"hf:{tmp_path / 'hotpot'}:validation") == "hotpot"
+
+
+def test_evidence_by_title_when_ids_are_unknown() -> None:
+    def traj(hit_titles: list[list[str]]) -> Trajectory:
+        steps, pos = [], 10
+        for titles in hit_titles:
+            steps.append(Step(start=pos, end=pos + 2, action="search", query="q",
+                              hits=[f"id{i}" for i in range(len(titles))], hit_titles=titles))
+            pos += 2
+        steps.append(Step(start=pos, end=pos + 2, action="answer", answer="x"))
+        pos += 2
+        return Trajectory(example_id="e", group_id="g", question="q?", golden_answers=["x"],
+                          token_ids=[0] * pos, loss_mask=[0] * 10 + [1] * (pos - 10),
+                          prompt_len=10, steps=steps,
+                          metadata={"supporting_titles": ["Muse (band)", "Kasabian"]})
+
+    t = traj([["muse (band)", "Blur"], ["Muse (band)", "Kasabian"]])
+    assert t.evidence_recall() == 1.0
+    assert traj([["Blur"]]).evidence_recall() == 0.0
+    score_steps([t], {"evidence": 1.0}, ProcessContext())
+    assert [s.process_parts["evidence"] for s in t.steps] == [0.5, 0.5, 0.0]
+    # no gold of either kind: unknown, not zero
+    t.metadata = {}
+    assert t.evidence_recall() is None
