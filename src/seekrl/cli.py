@@ -85,15 +85,40 @@ def index(
     encoder: Annotated[Optional[str], typer.Option(
         help="dense encoder: name or path (default: bundled all-MiniLM-L6-v2)")] = None,
     index_type: Annotated[str, typer.Option(help="dense index: flat | hnsw")] = "flat",
+    pooling: Annotated[Optional[str], typer.Option(
+        help="dense: mean | cls | max | lasttoken (default: the encoder family's, e.g. mean "
+        "for e5)")] = None,
+    query_prefix: Annotated[Optional[str], typer.Option(
+        help="dense: text before each query (default: the family's, 'query: ' for e5)")] = None,
+    doc_prefix: Annotated[Optional[str], typer.Option(
+        help="dense: text before each document (default: the family's, 'passage: ' for e5)")] = None,
+    faiss: Annotated[Optional[Path], typer.Option(
+        "--faiss", help="import this existing faiss index (Search-R1 / FlashRAG e5_Flat.index, "
+        "built over CORPUS with --encoder) instead of encoding")] = None,
+    copy_faiss: Annotated[bool, typer.Option(
+        help="with --faiss: copy the file (default: hard link, else symlink)")] = False,
     overwrite: Annotated[bool, typer.Option(help="replace an existing index")] = False,
     skip_bad: Annotated[bool, typer.Option(help="skip malformed corpus lines, and report them")] = False,
 ):
-    """Index a corpus for retrieval and persist it with a manifest."""
-    from seekrl.retrieval.index import build_index, read_manifest
+    """Index a corpus for retrieval and persist it with a manifest (or import a faiss index)."""
+    from seekrl.retrieval.index import build_index, import_faiss_index, read_manifest
 
     try:
-        path = build_index(corpus, out, retriever, encoder=encoder, index_type=index_type,
-                           overwrite=overwrite, skip_bad=skip_bad)
+        if faiss is not None:
+            if encoder is None:
+                raise RetrievalError("--faiss needs --encoder: the model the index was built "
+                                     "with (e.g. intfloat/e5-base-v2)")
+            if skip_bad:
+                raise RetrievalError("--faiss cannot --skip-bad: a skipped corpus line would "
+                                     "shift every later document off its vector")
+            path = import_faiss_index(corpus, faiss, out, encoder=encoder, pooling=pooling,
+                                      query_prefix=query_prefix, doc_prefix=doc_prefix,
+                                      copy=copy_faiss, overwrite=overwrite)
+            retriever = "dense, imported"
+        else:
+            path = build_index(corpus, out, retriever, encoder=encoder, index_type=index_type,
+                               overwrite=overwrite, skip_bad=skip_bad, pooling=pooling,
+                               query_prefix=query_prefix, doc_prefix=doc_prefix)
     except ERRORS as err:
         _fail(err)
     m = read_manifest(path)

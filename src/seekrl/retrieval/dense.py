@@ -1,7 +1,13 @@
 """Dense retrieval: a sentence-transformers encoder and a faiss inner-product index.
 
-Embeddings are L2-normalised, so inner product is cosine similarity. `Flat` is exact;
-`HNSW` trades a little recall for sub-linear search on large corpora (wiki-18).
+Embeddings are L2-normalised by default, so inner product is cosine similarity. `Flat` is
+exact; `HNSW` trades a little recall for sub-linear search on large corpora (wiki-18).
+
+An encoder is only as good as the conventions it was trained with: e5 wants `query: ` /
+`passage: ` prefixes and mean pooling, bge v1.5 an instruction before queries and CLS
+pooling. `encoder_conventions` knows these families; what a build or an import used
+(pooling, prefixes, normalisation) goes into `dense/encoder.json`, and loading applies the
+same, so queries are encoded exactly as the documents were.
 """
 
 from __future__ import annotations
@@ -39,31 +45,110 @@ def resolve_encoder(name: str | None) -> str:
     return name
 
 
-def load_encoder(name: str | None, device: str = "cpu"):
+POOLING_MODES = ("mean", "cls", "max", "lasttoken")
+_BGE_QUERY = "Represent this sentence for searching relevant passages: "
+
+
+def encoder_conventions(name: str | None) -> dict:
+    """What an encoder family expects: `query_prefix`, `doc_prefix`, `pooling` (empty for
+    an unknown model: its own sentence-transformers config then decides the pooling)."""
+    base = (name or DEFAULT_ENCODER).lower().rstrip("/").rsplit("/", 1)[-1]
+    if base.startswith(("e5-", "multilingual-e5")) and "mistral" not in base:
+        return {"query_prefix": "query: ", "doc_prefix": "passage: ", "pooling": "mean"}
+    if base.startswith("bge-m3"):
+        return {"query_prefix": "", "doc_prefix": "", "pooling": "cls"}
+    if base.startswith("bge-") and base.endswith("-en-v1.5"):
+        return {"query_prefix": _BGE_QUERY, "doc_prefix": "", "pooling": "cls"}
+    if "minilm" in base or "mpnet" in base:
+        return {"query_prefix": "", "doc_prefix": "", "pooling": "mean"}
+    return {}
+
+
+def encoder_settings(name: str | None, *, pooling: str | None = None,
+                     query_prefix: str | None = None, doc_prefix: str | None = None,
+                     normalize: bool = True) -> dict:
+    """The settings a dense index records: given values first, then the family's
+    conventions, then the model's own (pooling None, no prefixes)."""
+    known = encoder_conventions(name)
+    pooling = pooling if pooling is not None else known.get("pooling")
+    if pooling is not None and pooling not in POOLING_MODES:
+        raise ValueError(f"pooling: expected one of {', '.join(POOLING_MODES)}, got {pooling!r}")
+    return {"pooling": pooling,
+            "query_prefix": query_prefix if query_prefix is not None else
+            known.get("query_prefix", ""),
+            "doc_prefix": doc_prefix if doc_prefix is not None else known.get("doc_prefix", ""),
+            "normalize": bool(normalize)}
+
+
+def load_encoder(name: str | None, device: str = "cpu", *, pooling: str | None = None,
+                 local_only: bool = False):
+    """A SentenceTransformer for `name` (the bundled MiniLM for None), with its pooling set
+    to `pooling` when given. `local_only`: a local folder or the HF cache, never the hub;
+    a RetrievalError in one line when it is not there."""
     from sentence_transformers import SentenceTransformer
 
     # A local folder (the bundled default) loads without touching the network
     # (tests/test_index.py checks it with sockets blocked). No HF_HUB_OFFLINE here: set
     # in os.environ it would leak into every subprocess (vLLM workers, a spawned server)
     # and stop them fetching hub models.
-    return SentenceTransformer(resolve_encoder(name), device=device)
+    kwargs = {"local_files_only": True} if local_only else {}
+    try:
+        model = SentenceTransformer(resolve_encoder(name), device=device, **kwargs)
+    except OSError as err:
+        if not local_only:
+            raise
+        first = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
+        raise RetrievalError(f"encoder {name!r} cannot be loaded offline ({first}); download "
+                             f"it first (`huggingface-cli download {name}`) or give a local "
+                             "folder") from None
+    if pooling is not None:
+        _set_pooling(model, pooling)
+    return model
+
+
+def _set_pooling(model, mode: str) -> None:
+    """Replace the model's pooling module by one of `mode` (no-op when it is already)."""
+    for key, module in model.named_children():
+        if hasattr(module, "pooling_mode"):
+            if module.pooling_mode == mode:
+                return
+            dim = getattr(module, "embedding_dimension", None) or \
+                getattr(module, "word_embedding_dimension")
+            model._modules[key] = type(module)(dim, pooling_mode=mode)
+            return
+    raise RetrievalError(f"cannot set pooling {mode!r}: the encoder has no pooling module")
+
+
+def pooling_of(model) -> str | None:
+    """The pooling mode the encoder applies (what an index records when none was given)."""
+    for module in model.children():
+        mode = getattr(module, "pooling_mode", None)
+        if mode is not None:
+            return mode if isinstance(mode, str) else "+".join(mode)
+    return None
+
+
+def embedding_dim(model) -> int:
+    # sentence-transformers 6 renamed the method (the old name warns); 3.x has only the old
+    return getattr(model, "get_embedding_dimension", model.get_sentence_embedding_dimension)()
 
 
 class DenseRetriever(StoreRetriever):
     name = "dense"
 
     def __init__(self, encoder, index, store: DocStore, *, query_prefix: str = "",
-                 ef_search: int | None = None):
+                 ef_search: int | None = None, normalize: bool = True):
         self.encoder = encoder
         self.index = index
         self.store = store
         self.query_prefix = query_prefix
+        self.normalize = normalize
         if ef_search is not None and hasattr(index, "hnsw"):
             index.hnsw.efSearch = ef_search
 
     def encode_queries(self, queries: list[str]) -> np.ndarray:
         emb = self.encoder.encode([self.query_prefix + q for q in queries], batch_size=64,
-                                  normalize_embeddings=True, convert_to_numpy=True,
+                                  normalize_embeddings=self.normalize, convert_to_numpy=True,
                                   show_progress_bar=False)
         return np.ascontiguousarray(emb, dtype=np.float32)
 
@@ -75,17 +160,20 @@ class DenseRetriever(StoreRetriever):
     @classmethod
     def build(cls, store: DocStore, out: str | Path, *, encoder: str | None = None,
               index_type: str = "flat", hnsw_m: int = 32, batch_size: int = 128,
-              doc_prefix: str = "", query_prefix: str = "", device: str = "cpu",
+              doc_prefix: str | None = None, query_prefix: str | None = None,
+              pooling: str | None = None, normalize: bool = True, device: str = "cpu",
               show_progress: bool = True) -> "DenseRetriever":
         import faiss
 
         if index_type not in ("flat", "hnsw"):
             raise ValueError(f"index_type: expected 'flat' or 'hnsw', got {index_type!r}")
+        settings = encoder_settings(encoder, pooling=pooling, query_prefix=query_prefix,
+                                    doc_prefix=doc_prefix, normalize=normalize)
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        model = load_encoder(encoder, device)
-        # sentence-transformers 6 renamed the method (the old name warns); 3.x has only the old
-        dim = getattr(model, "get_embedding_dimension", model.get_sentence_embedding_dimension)()
+        model = load_encoder(encoder, device, pooling=settings["pooling"])
+        settings["pooling"] = pooling_of(model)
+        dim = embedding_dim(model)
         index = faiss.IndexFlatIP(dim) if index_type == "flat" else \
             faiss.IndexHNSWFlat(dim, hnsw_m, faiss.METRIC_INNER_PRODUCT)
         from rich.progress import Progress
@@ -94,32 +182,46 @@ class DenseRetriever(StoreRetriever):
         with Progress(disable=not show_progress, transient=True) as progress:
             task = progress.add_task("encoding documents", total=n)
             for start in range(0, n, batch_size * 8):
-                texts = [doc_prefix + store.contents[i]
+                texts = [settings["doc_prefix"] + store.contents[i]
                          for i in range(start, min(start + batch_size * 8, n))]
-                emb = model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
+                emb = model.encode(texts, batch_size=batch_size, normalize_embeddings=normalize,
                                    convert_to_numpy=True, show_progress_bar=False)
                 index.add(np.ascontiguousarray(emb, dtype=np.float32))
                 progress.advance(task, len(texts))
         faiss.write_index(index, str(out / "index.faiss"))
-        meta = {"encoder": encoder or DEFAULT_ENCODER, "dim": dim, "index_type": index_type,
-                "hnsw_m": hnsw_m, "doc_prefix": doc_prefix, "query_prefix": query_prefix}
-        (out / "encoder.json").write_text(json.dumps(meta, indent=2))
-        return cls(model, index, store, query_prefix=query_prefix)
+        write_encoder_meta(out, encoder=encoder or DEFAULT_ENCODER, dim=dim,
+                           index_type=index_type, hnsw_m=hnsw_m, metric="inner_product",
+                           **settings)
+        return cls(model, index, store, query_prefix=settings["query_prefix"],
+                   normalize=normalize)
 
     @classmethod
     def load(cls, directory: str | Path, store: DocStore, *, device: str = "cpu",
              ef_search: int | None = None) -> "DenseRetriever":
-        import faiss
-
         directory = Path(directory)
         meta = json.loads((directory / "encoder.json").read_text())
-        try:  # flat indexes memory-map; others load normally
-            index = faiss.read_index(str(directory / "index.faiss"), faiss.IO_FLAG_MMAP)
-        except RuntimeError:
-            index = faiss.read_index(str(directory / "index.faiss"))
+        index = read_faiss(directory / "index.faiss")
         if index.ntotal != len(store):
             raise RetrievalError(f"{directory}: faiss index has {index.ntotal} vectors but the "
                                  f"document store has {len(store)}; rebuild the index")
-        model = load_encoder(meta["encoder"], device)
+        model = load_encoder(meta["encoder"], device, pooling=meta.get("pooling"))
+        if embedding_dim(model) != index.d:
+            raise RetrievalError(f"{directory}: the encoder {meta['encoder']!r} gives "
+                                 f"{embedding_dim(model)}-dimensional vectors but the faiss "
+                                 f"index holds {index.d}-dimensional ones")
         return cls(model, index, store, query_prefix=meta.get("query_prefix", ""),
-                   ef_search=ef_search)
+                   ef_search=ef_search, normalize=meta.get("normalize", True))
+
+
+def read_faiss(path: str | Path):
+    """A faiss index, memory-mapped where faiss can (flat indexes), else read into memory."""
+    import faiss
+
+    try:
+        return faiss.read_index(str(path), faiss.IO_FLAG_MMAP)
+    except RuntimeError:
+        return faiss.read_index(str(path))
+
+
+def write_encoder_meta(directory: Path, **meta) -> None:
+    (Path(directory) / "encoder.json").write_text(json.dumps(meta, indent=2))

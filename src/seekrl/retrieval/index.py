@@ -9,6 +9,7 @@ a half-written index that loads.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections.abc import Iterable
@@ -20,7 +21,9 @@ from seekrl.errors import DataError
 from seekrl.retrieval.base import Hit, RetrievalError
 from seekrl.retrieval.bm25 import BM25Retriever
 from seekrl.retrieval.corpus import DocStore, file_sha256, iter_corpus
-from seekrl.retrieval.dense import DEFAULT_ENCODER, DenseRetriever
+from seekrl.retrieval.dense import (DEFAULT_ENCODER, DenseRetriever, embedding_dim,
+                                    encoder_settings, load_encoder, pooling_of, read_faiss,
+                                    write_encoder_meta)
 from seekrl.retrieval.hybrid import HybridRetriever
 
 RETRIEVERS = ("bm25", "dense", "hybrid")
@@ -50,23 +53,116 @@ class LocalIndex:
 
 def build_index(corpus: str | Path, out: str | Path, retriever: str = "bm25", *,
                 encoder: str | None = None, index_type: str = "flat", overwrite: bool = False,
-                skip_bad: bool = False, show_progress: bool = True,
-                batch_size: int = 128) -> Path:
-    """Index a JSONL corpus (`{"id", "contents"}` lines) into folder `out`."""
+                skip_bad: bool = False, show_progress: bool = True, batch_size: int = 128,
+                pooling: str | None = None, query_prefix: str | None = None,
+                doc_prefix: str | None = None) -> Path:
+    """Index a JSONL corpus (`{"id", "contents"}` lines) into folder `out`. The dense
+    encoder's pooling and prefixes default to its family's conventions
+    (`dense.encoder_conventions`)."""
     if retriever not in RETRIEVERS:
         raise ValueError(f"retriever: expected one of {', '.join(RETRIEVERS)}, got {retriever!r}")
+    corpus = _checked_paths(corpus, out, overwrite)
+
+    def fill(tmp: Path) -> dict:
+        started = time.time()
+        n, report = _store(tmp, corpus, skip_bad)
+        store = DocStore(tmp)
+        if retriever in ("bm25", "hybrid"):
+            BM25Retriever.build(store, tmp / "bm25", show_progress=show_progress)
+        if retriever in ("dense", "hybrid"):
+            DenseRetriever.build(store, tmp / "dense", encoder=encoder, index_type=index_type,
+                                 batch_size=batch_size, show_progress=show_progress,
+                                 pooling=pooling, query_prefix=query_prefix,
+                                 doc_prefix=doc_prefix)
+        return _manifest(retriever, corpus, n, report, started,
+                         encoder=(encoder or DEFAULT_ENCODER) if retriever != "bm25" else None,
+                         index_type=index_type if retriever != "bm25" else None)
+
+    return _write_atomically(Path(out), fill)
+
+
+def import_faiss_index(corpus: str | Path, faiss_file: str | Path, out: str | Path, *,
+                       encoder: str, pooling: str | None = None,
+                       query_prefix: str | None = None, doc_prefix: str | None = None,
+                       normalize: bool = True, copy: bool = False,
+                       overwrite: bool = False) -> Path:
+    """A seekrl dense index from an existing Search-R1 / FlashRAG one, without re-encoding:
+    the corpus JSONL (row i = vector i), the faiss index file (`e5_Flat.index`) and the
+    encoder that made it (`intfloat/e5-base-v2`, loaded offline: a local folder or the HF
+    cache). The faiss file is hard-linked into `out` where the filesystem allows, else
+    symlinked (wiki-18's flat index is 60+ GB); `copy=True` copies it. Refused, in one line
+    naming the numbers: a vector count other than the corpus's document count, a dimension
+    other than the encoder's, an encoder that is not available offline. There is no
+    `skip_bad` here: a skipped corpus line would shift every later document off its vector."""
+    corpus = _checked_paths(corpus, out, overwrite)
+    faiss_file = Path(faiss_file)
+    if not faiss_file.is_file():
+        raise FileNotFoundError(f"faiss index file not found: {faiss_file}")
+    settings = encoder_settings(encoder, pooling=pooling, query_prefix=query_prefix,
+                                doc_prefix=doc_prefix, normalize=normalize)
+    try:
+        index = read_faiss(faiss_file)
+    except RuntimeError as err:
+        raise RetrievalError(f"{faiss_file}: not a faiss index "
+                             f"({str(err).splitlines()[0][:160] if str(err) else err!r})") from None
+    vectors, dim, kind = index.ntotal, index.d, type(index).__name__
+    metric = "inner_product" if index.metric_type == 0 else "l2"
+    del index
+    model = load_encoder(encoder, pooling=settings["pooling"], local_only=True)
+    settings["pooling"] = pooling_of(model)
+    if embedding_dim(model) != dim:
+        raise RetrievalError(f"{faiss_file}: the index holds {dim}-dimensional vectors but "
+                             f"the encoder {encoder!r} gives {embedding_dim(model)}-dimensional "
+                             "ones; give the encoder the index was built with")
+    del model
+
+    def fill(tmp: Path) -> dict:
+        started = time.time()
+        n, report = _store(tmp, corpus, skip_bad=False)
+        if n != vectors:
+            raise RetrievalError(f"{faiss_file} holds {vectors} vectors but {corpus} has {n} "
+                                 "documents; the corpus must be the one the index was built "
+                                 "from, line i = vector i")
+        dense = tmp / "dense"
+        dense.mkdir()
+        _place(faiss_file, dense / "index.faiss", copy)
+        write_encoder_meta(dense, encoder=encoder, dim=dim, index_type=kind, metric=metric,
+                           imported_from=str(faiss_file.resolve()), **settings)
+        return _manifest("dense", corpus, n, report, started, encoder=encoder,
+                         index_type=kind, imported_from=str(faiss_file.resolve()))
+
+    return _write_atomically(Path(out), fill)
+
+
+def _place(source: Path, target: Path, copy: bool) -> None:
+    if copy:
+        shutil.copyfile(source, target)
+        return
+    try:
+        os.link(source, target)
+    except OSError:      # another filesystem (or no hard links): point at it instead
+        target.symlink_to(source.resolve())
+
+
+def _checked_paths(corpus: str | Path, out: str | Path, overwrite: bool) -> Path:
     corpus, out = Path(corpus), Path(out)
     if not corpus.is_file():
         raise FileNotFoundError(f"corpus file not found: {corpus}")
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite)")
+    return corpus
+
+
+def _write_atomically(out: Path, fill) -> Path:
+    """Run `fill(tmp)` in a sibling folder, write its manifest, and rename it to `out`: a
+    failed build (bad line, Ctrl-C) leaves nothing behind and never half an index."""
     tmp = out.with_name(out.name + ".building")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        _build_into(tmp, corpus, retriever, encoder=encoder, index_type=index_type,
-                    skip_bad=skip_bad, show_progress=show_progress, batch_size=batch_size)
-    except BaseException:  # a failed build (bad line, Ctrl-C) leaves nothing behind
+        manifest = fill(tmp)
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if out.exists():
@@ -75,20 +171,17 @@ def build_index(corpus: str | Path, out: str | Path, retriever: str = "bm25", *,
     return out
 
 
-def _build_into(tmp: Path, corpus: Path, retriever: str, *, encoder: str | None,
-                index_type: str, skip_bad: bool, show_progress: bool, batch_size: int) -> None:
-    started = time.time()
+def _store(tmp: Path, corpus: Path, skip_bad: bool) -> tuple[int, SkipReport]:
     report = SkipReport()
     n = DocStore.build(tmp, iter_corpus(corpus, skip_bad=skip_bad, report=report))
     if n == 0:
         raise RetrievalError(f"{corpus}: no documents to index")
-    store = DocStore(tmp)
-    if retriever in ("bm25", "hybrid"):
-        BM25Retriever.build(store, tmp / "bm25", show_progress=show_progress)
-    if retriever in ("dense", "hybrid"):
-        DenseRetriever.build(store, tmp / "dense", encoder=encoder, index_type=index_type,
-                             batch_size=batch_size, show_progress=show_progress)
-    manifest = {
+    return n, report
+
+
+def _manifest(retriever: str, corpus: Path, n: int, report: SkipReport, started: float,
+              **extra) -> dict:
+    return {
         "format": FORMAT_VERSION,
         "retriever": retriever,
         "corpus": str(corpus.resolve()),
@@ -96,13 +189,11 @@ def _build_into(tmp: Path, corpus: Path, retriever: str, *, encoder: str | None,
         "doc_count": n,
         "skipped_lines": report.count,
         "skipped_examples": [[line, reason] for line, reason in report.skipped],
-        "encoder": (encoder or DEFAULT_ENCODER) if retriever != "bm25" else None,
-        "index_type": index_type if retriever != "bm25" else None,
+        **extra,
         "seekrl_version": __version__,
         "build_seconds": round(time.time() - started, 2),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
 
 
 def index_documents(docs: Iterable[dict | tuple[str, str]], retriever: str = "bm25", *,

@@ -1,0 +1,156 @@
+"""Importing a Search-R1 / FlashRAG dense index (corpus JSONL + faiss file + encoder name)
+without re-encoding, and the encoder conventions a dense index records."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from seekrl.retrieval.base import RetrievalError
+from seekrl.retrieval.dense import (bundled_encoder_path, encoder_conventions,
+                                    encoder_settings, load_encoder)
+from seekrl.retrieval.index import import_faiss_index, load_index, read_manifest
+from seekrl.retrieval.server import ServerConfig, create_app
+
+faiss = pytest.importorskip("faiss")
+
+DOCS = [(f"wiki-{i}", f"{title}\n{text}") for i, (title, text) in enumerate([
+    ("Paris", "Paris is the capital and largest city of France."),
+    ("Kasabian", "Kasabian are an English rock band formed in Leicester in 1997."),
+    ("Muse (band)", "Muse are an English rock band from Teignmouth, Devon, formed in 1994."),
+    ("Photosynthesis", "Photosynthesis turns light energy into chemical energy in plants."),
+    ("Mount Everest", "Mount Everest is Earth's highest mountain above sea level."),
+    ("Python", "Python is a high-level general-purpose programming language."),
+])]
+
+
+def write_corpus(path: Path, docs=DOCS) -> Path:
+    path.write_text("".join(json.dumps({"id": i, "contents": c}) + "\n" for i, c in docs))
+    return path
+
+
+def write_faiss(path: Path, vectors: np.ndarray) -> Path:
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+    faiss.write_index(index, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return load_encoder(None)
+
+
+def encode(model, texts: list[str]) -> np.ndarray:
+    return model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
+
+
+def test_conventions_by_family() -> None:
+    assert encoder_conventions("intfloat/e5-base-v2") == \
+        {"query_prefix": "query: ", "doc_prefix": "passage: ", "pooling": "mean"}
+    assert encoder_conventions("intfloat/multilingual-e5-large")["query_prefix"] == "query: "
+    assert encoder_conventions("BAAI/bge-large-en-v1.5")["pooling"] == "cls"
+    assert encoder_conventions("BAAI/bge-large-en-v1.5")["query_prefix"].startswith("Represent")
+    assert encoder_conventions("BAAI/bge-m3") == \
+        {"query_prefix": "", "doc_prefix": "", "pooling": "cls"}
+    assert encoder_conventions(None)["pooling"] == "mean"            # the bundled MiniLM
+    assert encoder_conventions("my-org/custom-encoder") == {}
+    # given values win over the family's
+    assert encoder_settings("intfloat/e5-base-v2", query_prefix="")["query_prefix"] == ""
+    with pytest.raises(ValueError, match="pooling: expected one of"):
+        encoder_settings("x", pooling="average")
+
+
+def test_imported_index_searches_and_serves_like_the_original(tmp_path, encoder) -> None:
+    corpus = write_corpus(tmp_path / "corpus.jsonl")
+    vectors = encode(encoder, [c for _, c in DOCS])
+    flat = write_faiss(tmp_path / "e5_Flat.index", vectors)
+    out = import_faiss_index(corpus, flat, tmp_path / "index", encoder=bundled_encoder_path())
+
+    manifest = read_manifest(out)
+    assert manifest["retriever"] == "dense" and manifest["doc_count"] == len(DOCS)
+    assert manifest["index_type"] == "IndexFlatIP"
+    assert manifest["imported_from"] == str(flat.resolve())
+    meta = json.loads((out / "dense" / "encoder.json").read_text())
+    assert meta["dim"] == 384 and meta["metric"] == "inner_product" and meta["pooling"] == "mean"
+    assert os.stat(out / "dense" / "index.faiss").st_ino == os.stat(flat).st_ino  # hard link
+
+    index = load_index(out)
+    hits = index.search(["Which band was formed in Leicester?", "highest mountain"], 2)
+    assert hits[0][0].doc_id == "wiki-1" and hits[0][0].title == "Kasabian"
+    assert hits[1][0].doc_id == "wiki-4"
+    # a query equal to a document finds it with cosine ~1: the query side is encoded the
+    # way the stored vectors were
+    exact = index.search([DOCS[3][1]], 1)[0][0]
+    assert exact.doc_id == "wiki-3" and exact.score == pytest.approx(1.0, abs=1e-4)
+
+    app = create_app(index, manifest=manifest, config=ServerConfig())
+    with TestClient(app) as client:
+        r = client.post("/retrieve", json={"queries": ["capital of France"], "topk": 1,
+                                           "return_scores": True})
+        assert r.status_code == 200
+        assert r.json()["result"][0][0]["document"]["id"] == "wiki-0"
+
+
+def test_recorded_pooling_and_prefix_are_applied_to_queries(tmp_path) -> None:
+    cls_model = load_encoder(None, pooling="cls")
+    docs = [c for _, c in DOCS]
+    vectors = encode(cls_model, ["passage: " + d for d in docs])
+    assert not np.allclose(vectors, encode(load_encoder(None), ["passage: " + d for d in docs]))
+    out = import_faiss_index(write_corpus(tmp_path / "c.jsonl"),
+                             write_faiss(tmp_path / "f.index", vectors), tmp_path / "index",
+                             encoder=bundled_encoder_path(), pooling="cls",
+                             query_prefix="passage: ", doc_prefix="passage: ", copy=True)
+    assert os.stat(out / "dense" / "index.faiss").st_ino != os.stat(tmp_path / "f.index").st_ino
+    hit = load_index(out).search([docs[5]], 1)[0][0]
+    assert hit.doc_id == "wiki-5" and hit.score == pytest.approx(1.0, abs=1e-4)
+
+
+def test_import_refuses_mismatches_in_one_line(tmp_path, encoder) -> None:
+    corpus = write_corpus(tmp_path / "corpus.jsonl")
+    vectors = encode(encoder, [c for _, c in DOCS])
+    short = write_faiss(tmp_path / "short.index", vectors[:-1])
+    with pytest.raises(RetrievalError, match=r"holds 5 vectors but .*corpus.jsonl has 6 "
+                                             r"documents"):
+        import_faiss_index(corpus, short, tmp_path / "a", encoder=bundled_encoder_path())
+    assert not (tmp_path / "a").exists() and not (tmp_path / "a.building").exists()
+
+    wide = write_faiss(tmp_path / "wide.index", np.random.default_rng(0).normal(size=(6, 768)))
+    with pytest.raises(RetrievalError, match=r"768-dimensional vectors but the encoder .* gives "
+                                             r"384-dimensional"):
+        import_faiss_index(corpus, wide, tmp_path / "b", encoder=bundled_encoder_path())
+
+    not_faiss = tmp_path / "junk.index"
+    not_faiss.write_bytes(b"not an index at all")
+    with pytest.raises(RetrievalError, match="not a faiss index"):
+        import_faiss_index(corpus, not_faiss, tmp_path / "c", encoder=bundled_encoder_path())
+
+    flat = write_faiss(tmp_path / "ok.index", vectors)
+    with pytest.raises(RetrievalError, match="cannot be loaded offline"):
+        import_faiss_index(corpus, flat, tmp_path / "d",
+                           encoder="seekrl-test/no-such-encoder-anywhere")
+    with pytest.raises(FileNotFoundError, match="faiss index file not found"):
+        import_faiss_index(corpus, tmp_path / "missing.index", tmp_path / "e",
+                           encoder=bundled_encoder_path())
+
+
+def test_cli_imports_with_faiss_option(tmp_path, encoder) -> None:
+    from typer.testing import CliRunner
+
+    from seekrl.cli import app
+
+    corpus = write_corpus(tmp_path / "corpus.jsonl")
+    flat = write_faiss(tmp_path / "e5_Flat.index", encode(encoder, [c for _, c in DOCS]))
+    runner = CliRunner()
+    r = runner.invoke(app, ["index", "--corpus", str(corpus), "--out", str(tmp_path / "i"),
+                            "--faiss", str(flat)])
+    assert r.exit_code == 2 and "--faiss needs --encoder" in r.output
+    r = runner.invoke(app, ["index", "--corpus", str(corpus), "--out", str(tmp_path / "i"),
+                            "--faiss", str(flat), "--encoder", bundled_encoder_path()])
+    assert r.exit_code == 0, r.output
+    assert "indexed 6 documents (dense, imported)" in r.output
