@@ -169,3 +169,59 @@ def test_evidence_by_title_when_ids_are_unknown() -> None:
     # no gold of either kind: unknown, not zero
     t.metadata = {}
     assert t.evidence_recall() is None
+
+
+def _fake_run(tmp_path: Path, name: str, method: str, em: dict[str, float]) -> Path:
+    from seekrl.eval.evaluate import hop_averages
+
+    run = tmp_path / name
+    run.mkdir()
+    datasets = {d: {"questions": 10, "em": v, "f1": v + 0.05} for d, v in em.items()}
+    metrics = {"config": {"model": "/ckpt/policy-7b", "rollout": {"method": method}},
+               "datasets": datasets,
+               "average": {"em": sum(em.values()) / len(em)},
+               "hops": hop_averages(datasets)}
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    return run
+
+
+def test_search_r1_layout_averages_single_and_multi_hop(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from seekrl.cli import app
+    from seekrl.eval.evaluate import hop_averages, score_trajectories
+    from seekrl.eval.report import metrics_markdown, suite_table
+
+    rows = {"hotpotqa": {"em": 0.2, "f1": 0.3}, "nq": {"em": 0.4, "f1": 0.5},
+            "popqa": {"em": 0.3, "f1": 0.4}, "world": {"em": 0.9, "f1": 0.9}}
+    hops = hop_averages(rows)
+    assert list(hops) == ["single", "multi"]
+    assert hops["single"]["em"] == pytest.approx(0.35) and hops["single"]["datasets"] == 2
+    assert hops["multi"] == {"datasets": 1, "em": 0.2, "f1": 0.3}
+    assert hop_averages({"world": {"em": 1.0}}) == {}
+
+    agent = _fake_run(tmp_path, "agent", "agent", {"nq": 0.4, "hotpotqa": 0.2, "bamboogle": 0.1})
+    rag = _fake_run(tmp_path, "rag", "rag", {"nq": 0.3, "hotpotqa": 0.25})
+    table = suite_table([("agent", json.loads((agent / "metrics.json").read_text())),
+                         ("rag", json.loads((rag / "metrics.json").read_text()))])
+    header, _, first, second = table.splitlines()
+    # the suite's order, whatever order the runs list their sets in
+    assert header.startswith("| | nq | hotpotqa | bamboogle | single-hop avg.")
+    assert first == "| agent | 0.400 | 0.200 | 0.100 | 0.400 | 0.150 | 0.233 |"
+    assert second == "| rag | 0.300 | 0.250 | n/a | 0.300 | 0.250 | 0.275 |"
+
+    r = CliRunner().invoke(app, ["table", str(agent), str(rag), "--metric", "f1"])
+    assert r.exit_code == 0, r.output
+    assert "| agent · policy-7b | 0.450 | 0.250 | 0.150 |" in r.output
+    assert "| rag · policy-7b | 0.350 | 0.300 | n/a |" in r.output
+    r = CliRunner().invoke(app, ["table", str(tmp_path)])
+    assert r.exit_code == 2 and "no metrics.json" in r.output
+
+    # an evaluation over suite sets carries the averages and prints the layout
+    t = Trajectory(example_id="q", group_id="q", question="q?", golden_answers=["x"],
+                   token_ids=[0, 1], loss_mask=[0, 1], prompt_len=1,
+                   steps=[Step(start=1, end=2, action="answer", answer="x")], answer="x",
+                   finish_reason="answer", dataset="musique")
+    scored = score_trajectories([t])
+    assert scored["hops"]["multi"]["em"] == 1.0
+    assert "## Search-R1 / FlashRAG layout" in metrics_markdown(scored)

@@ -244,6 +244,34 @@ def demo(
         _fail(err)
 
 
+@app.command()
+def table(
+    runs: Annotated[list[Path], typer.Argument(help="run folders written by `seekrl eval`")],
+    metric: Annotated[str, typer.Option(help="em | f1 | cover_em | searches | ...")] = "em",
+    label: Annotated[Optional[list[str]], typer.Option(
+        help="a row name per run, in order (default: method · model)")] = None,
+):
+    """Compare evaluation runs in the Search-R1 / FlashRAG layout: a row per run, a column
+    per data set, single-hop / multi-hop / overall averages."""
+    import json
+
+    from seekrl.eval.report import METRICS_FILE, run_label, suite_table
+
+    try:
+        if label and len(label) != len(runs):
+            raise ValueError(f"--label: {len(label)} labels for {len(runs)} runs")
+        rows = []
+        for i, run in enumerate(runs):
+            path = run / METRICS_FILE
+            if not path.is_file():
+                raise FileNotFoundError(f"{run}: no {METRICS_FILE} (not a `seekrl eval` run)")
+            metrics = json.loads(path.read_text())
+            rows.append((label[i] if label else run_label(metrics, run.name), metrics))
+    except ERRORS as err:
+        _fail(err)
+    console.print(suite_table(rows, key=metric), markup=False, highlight=False, soft_wrap=True)
+
+
 @app.command("eval")
 def eval_(
     data: Annotated[list[str], typer.Option(

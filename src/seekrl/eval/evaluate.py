@@ -44,8 +44,8 @@ from seekrl.retrieval.base import RetrievalError, Retriever
 from seekrl.rewards.metrics import cover_em, exact_match, f1_score
 
 __all__ = ["GENERIC_STEMS", "answer_scores", "dataset_name", "describe_retriever",
-           "eval_rollout_config", "evaluate", "load_eval_data",
-           "pass_at_k", "score_trajectories", "write_run"]
+           "eval_rollout_config", "evaluate", "hop_averages", "load_eval_data",
+           "pass_at_k", "protocol_record", "score_trajectories", "write_run"]
 
 # File stems that say which split, not which data set: the folder names the data set.
 GENERIC_STEMS = frozenset({"questions", "test", "dev", "train", "val", "validation", "data"})
@@ -222,8 +222,42 @@ def score_trajectories(trajectories: Sequence[Trajectory], *,
                    "trajectories": sum(r["trajectories"] for r in rows)}
         for key in (*_METRIC_KEYS, "evidence_recall", *(f"pass@{k}" for k in pass_ks)):
             average[key] = _mean(r[key] for r in rows)
-    return {"n_samples": n_samples, "pass_ks": list(pass_ks), "datasets": dict(datasets),
-            "average": average, "by_type": {k: dict(v) for k, v in by_type.items()}}
+    out = {"n_samples": n_samples, "pass_ks": list(pass_ks), "datasets": dict(datasets),
+           "average": average, "by_type": {k: dict(v) for k, v in by_type.items()}}
+    hops = hop_averages(datasets, (*_METRIC_KEYS, "evidence_recall"))
+    if hops:
+        out["hops"] = hops
+    return out
+
+
+def hop_averages(datasets: dict[str, dict], keys: Sequence[str] = ("em", "f1")
+                 ) -> dict[str, dict]:
+    """Macro means over the single-hop and the multi-hop sets of the standard suite (NQ,
+    TriviaQA, PopQA | HotpotQA, 2Wiki, MuSiQue, Bamboogle), as the Search-R1 tables average
+    them; {} when no data set belongs to the suite."""
+    from seekrl.data.benchmarks import hop_class
+
+    classes: dict[str, list[dict]] = {}
+    for name, row in datasets.items():
+        hop = hop_class(name)
+        if hop is not None:
+            classes.setdefault(hop, []).append(row)
+    return {hop: {"datasets": len(rows), **{k: _mean(r.get(k) for r in rows) for k in keys}}
+            for hop, rows in sorted(classes.items(), key=lambda kv: kv[0] != "single")}
+
+
+def protocol_record(cfg: RolloutConfig, tokenizer) -> dict[str, Any]:
+    """What makes two evaluations comparable beyond the rollout settings: fingerprints of the
+    instruction the model sees and of the chat template that wraps it."""
+    import hashlib
+
+    from seekrl.agent.protocol import user_message
+
+    def digest(text: str | None) -> str | None:
+        return hashlib.sha256(text.encode()).hexdigest()[:16] if text else None
+
+    return {"instruction_sha256": digest(user_message("{question}", cfg.method)),
+            "chat_template_sha256": digest(getattr(tokenizer, "chat_template", None))}
 
 
 # ------------------------------------------------------------------------------- running
@@ -335,7 +369,8 @@ def evaluate(model, tokenizer, retriever: Retriever | None,
             bar.stop()
 
     config = {"seekrl_version": _version(), **(run_info or {}),
-              "rollout": asdict(cfg), "retriever": describe_retriever(retriever),
+              "rollout": asdict(cfg), "protocol": protocol_record(cfg, tokenizer),
+              "retriever": describe_retriever(retriever),
               "datasets": {name: len(v) for name, v in data.items()}}
     metrics = {"config": config, **score_trajectories(trajectories),
                "seconds": {"total": round(time.time() - started, 2), "datasets": seconds}}

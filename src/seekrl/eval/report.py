@@ -96,10 +96,49 @@ def metrics_markdown(metrics: dict) -> str:
             for type_name, row in types.items():
                 lines.append(f"| {_md(name)} | {_md(type_name)} | "
                              + " | ".join(cell(row, k, f) for k, _, f in columns) + " |")
+    if metrics.get("hops"):
+        lines += ["", "## Search-R1 / FlashRAG layout", "",
+                  suite_table([("EM", metrics), ("F1", metrics)], keys=["em", "f1"])]
     lines.append("")
     if any(row.get("evidence_recall") is None for _, row in _table_rows(metrics)):
         lines.append("evidence recall: n/a where the data has neither `metadata.gold_doc_ids` nor `metadata.supporting_titles`.")
     return "\n".join(lines) + "\n"
+
+
+def suite_table(runs: Sequence[tuple[str, dict]], keys: Sequence[str] | None = None,
+                key: str = "em") -> str:
+    """The table layout of the Search-R1 / FlashRAG papers, as markdown: a row per run
+    (label, metrics.json dict), a column per data set (the standard suite in its usual
+    order, then any others), then the single-hop, multi-hop and overall macro averages.
+    `keys` gives each row its own metric (for EM and F1 rows of one run); else `key`."""
+    from seekrl.data.benchmarks import BENCHMARKS
+    from seekrl.eval.evaluate import hop_averages
+
+    names: list[str] = []
+    for _, m in runs:
+        names += [n for n in m.get("datasets", {}) if n not in names]
+    order = {name: i for i, name in enumerate(BENCHMARKS)}
+    names.sort(key=lambda n: order.get(n, len(order)))
+    keys = list(keys) if keys is not None else [key] * len(runs)
+    lines = ["| | " + " | ".join(_md(n) for n in names)
+             + " | single-hop avg. | multi-hop avg. | avg. |",
+             "|---|" + "---:|" * (len(names) + 3)]
+    for (label, m), k in zip(runs, keys):
+        datasets = m.get("datasets", {})
+        hops = hop_averages(datasets, [k])
+        cells = [cell(datasets.get(n, {}), k, "{:.3f}") for n in names]
+        cells += [cell(hops.get(h, {}), k, "{:.3f}") for h in ("single", "multi")]
+        cells.append(cell(m.get("average", {}), k, "{:.3f}"))
+        lines.append(f"| {_md(label)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run_label(metrics: dict, fallback: str) -> str:
+    """`method · model` for a run's row in a comparison table."""
+    cfg = metrics.get("config") or {}
+    method = (cfg.get("rollout") or {}).get("method")
+    model = str(cfg.get("model") or "").rstrip("/").rsplit("/", 1)[-1]
+    return " · ".join(x for x in (method, model) if x) or fallback
 
 
 def _md(text: str) -> str:
