@@ -125,6 +125,23 @@ def test_rft_recipe_filters_and_finetunes(tiny, tmp_path):
     assert result["final"].endswith("final")
 
 
+def test_rft_with_zero_steps_writes_rejection_sampled_sft_data_only(tiny, tmp_path):
+    model, tok = tiny
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = RefineConfig(method="rft", out=str(tmp_path / "rs"), samples=4, steps=0,
+                       rollout={"max_turns": 3})
+    result = run_refine(cfg, model=model, tokenizer=tok, backend=Dice(tok, OPTIONS),
+                        retriever=Docs(), questions=questions(4))
+    from seekrl.agent.trajectory import read_trajectories
+    kept = read_trajectories(result["data"])
+    assert result["final"] is None and len(kept) == result["kept"] > 0
+    assert all(t.answer == "Tarrow" and t.valid_format for t in kept)   # right, well-formed
+    assert not (tmp_path / "rs" / "sft").exists()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    with pytest.raises(ValueError, match="step_dpo needs at least 1 step"):
+        RefineConfig(method="step_dpo", steps=0)
+
+
 def test_quantile_threshold_follows_the_prm_scale():
     from seekrl.rl.refine import quantile_threshold
 

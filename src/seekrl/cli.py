@@ -550,7 +550,8 @@ def refine(
         summary = run_refine(cfg, console=console)
     except ERRORS as err:
         _fail(err)
-    console.print(f"refined policy -> {summary['final']}")
+    if summary.get("final"):
+        console.print(f"refined policy -> {summary['final']}")
 
 
 @app.command()

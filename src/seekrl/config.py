@@ -197,7 +197,9 @@ class RefineConfig(Strict):
     pairs: list[str] = []              # label folders with pairs.jsonl
     beta: float = Field(0.1, gt=0)
     # training (both)
-    steps: int = Field(20, ge=1)
+    # rft with 0: sample and filter only; rft_data.jsonl is rejection-sampled SFT data for
+    # real questions (`seekrl sft data=OUT/rft_data.jsonl`)
+    steps: int = Field(20, ge=0)
     batch_size: int = Field(8, ge=1)
     grad_accum: int = Field(1, ge=1)   # rft: micro-batches of batch_size per optimizer step
     train_layers: int | None = Field(None, ge=1)
@@ -211,6 +213,13 @@ class RefineConfig(Strict):
     @classmethod
     def _known_reward(cls, value: str) -> str:
         return _known_outcome(value)
+
+    @model_validator(mode="after")
+    def _dpo_trains(self):
+        if self.method == "step_dpo" and self.steps == 0:
+            raise ValueError("steps: step_dpo needs at least 1 step (steps: 0 is for rft: "
+                             "sample and filter only)")
+        return self
 
     @field_validator("pairs", mode="before")
     @classmethod

@@ -247,6 +247,10 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
                "right_share": round(n_right / max(len(trajs), 1), 4),
                "generated_tokens": generated, "prm": cfg.prm or None,
                "threshold": None if step_scores is None else round(threshold, 6)}
+    if cfg.steps == 0:      # rejection sampling only: the data, no fine-tuning
+        say(f"rejection-sampled SFT data -> {data}")
+        return {**summary, "final": None, "data": str(data),
+                "minutes": round((time.time() - started) / 60, 2)}
     if not kept:
         say("[yellow]RFT kept no episode: the policy is returned unchanged[/]")
         final = save_policy(model, tokenizer, out / "final")
