@@ -225,3 +225,55 @@ def test_search_r1_layout_averages_single_and_multi_hop(tmp_path: Path) -> None:
     scored = score_trajectories([t])
     assert scored["hops"]["multi"]["em"] == 1.0
     assert "## Search-R1 / FlashRAG layout" in metrics_markdown(scored)
+
+
+def test_standard_recipe_at_toy_scale(hotpotqa_dir: Path, tmp_path: Path, tiny,
+                                      monkeypatch) -> None:
+    """The README's standard-benchmark recipe on the shared HotpotQA sample: a FlashRAG
+    mirror, a Search-R1-style faiss index imported without re-encoding, agent and rag
+    evaluations over `flashrag:hotpotqa`, compared with `seekrl table`."""
+    import shutil
+
+    import faiss
+    from typer.testing import CliRunner
+
+    from seekrl.cli import app
+    from seekrl.retrieval.corpus import iter_corpus
+    from seekrl.retrieval.dense import load_encoder
+
+    mirror = tmp_path / "flashrag" / "hotpotqa"
+    mirror.mkdir(parents=True)
+    shutil.copy(hotpotqa_dir / "questions.jsonl", mirror / "dev.jsonl")
+    monkeypatch.setenv("SEEKRL_FLASHRAG_DIR", str(tmp_path / "flashrag"))
+    # the index as Search-R1 ships one: vectors of the corpus lines, in order, in a flat file
+    texts = [c for _, c in iter_corpus(hotpotqa_dir / "corpus.jsonl")]
+    vectors = load_encoder(None).encode(texts, batch_size=64, normalize_embeddings=True)
+    flat = faiss.IndexFlatIP(vectors.shape[1])
+    flat.add(vectors)
+    faiss.write_index(flat, str(tmp_path / "e5_Flat.index"))
+    model, tok = tiny
+    model.save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+
+    runner = CliRunner()
+
+    def run(*args) -> str:
+        r = runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        return r.output
+
+    run("index", "--corpus", hotpotqa_dir / "corpus.jsonl", "--out", tmp_path / "wiki",
+        "--faiss", tmp_path / "e5_Flat.index", "--encoder", "all-MiniLM-L6-v2")
+    for method in ("agent", "rag"):
+        run("eval", "--model", tmp_path / "tiny", "--data", "flashrag:hotpotqa", "--index",
+            tmp_path / "wiki", "--limit", 3, "--max-turns", 2, "--max-new-tokens", 8,
+            "--method", method, "--out", tmp_path / f"eval-{method}")
+    metrics = json.loads((tmp_path / "eval-rag" / "metrics.json").read_text())
+    assert list(metrics["datasets"]) == ["hotpotqa"] and metrics["datasets"]["hotpotqa"][
+        "questions"] == 3
+    assert metrics["hops"]["multi"]["datasets"] == 1
+    assert metrics["datasets"]["hotpotqa"]["evidence_recall"] is not None   # rag retrieved
+    assert metrics["config"]["protocol"]["instruction_sha256"]
+    out = run("table", tmp_path / "eval-agent", tmp_path / "eval-rag")
+    assert "| | hotpotqa | single-hop avg. | multi-hop avg. | avg. |" in out
+    assert "| agent · tiny |" in out and "| rag · tiny |" in out
