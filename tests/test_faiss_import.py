@@ -154,3 +154,33 @@ def test_cli_imports_with_faiss_option(tmp_path, encoder) -> None:
                             "--faiss", str(flat), "--encoder", bundled_encoder_path()])
     assert r.exit_code == 0, r.output
     assert "indexed 6 documents (dense, imported)" in r.output
+
+
+def test_index_types_and_their_recall(tmp_path) -> None:
+    from seekrl.retrieval.dense import _train_and_add, new_faiss_index
+    from seekrl.retrieval.index import build_index
+
+    rng = np.random.default_rng(0)
+    n, dim = 3000, 32
+    vectors = rng.standard_normal((n, dim)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    exact = new_faiss_index("flat", dim, n)
+    exact.add(vectors)
+    queries = vectors[:100] + 0.05 * rng.standard_normal((100, dim)).astype(np.float32)
+    _, truth = exact.search(queries, 10)
+    for kind, floor in (("hnsw", 0.9), ("ivfpq", 0.3)):
+        index = new_faiss_index(kind, dim, n)
+        _train_and_add(index, [vectors[:1000], vectors[1000:]])
+        assert index.ntotal == n
+        if kind == "hnsw":
+            index.hnsw.efSearch = 64
+        _, got = index.search(queries, 10)
+        recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(truth, got)])
+        assert recall >= floor, (kind, recall)
+        assert got[:, 0].tolist().count(-1) == 0
+    with pytest.raises(RetrievalError, match="ivfpq needs at least 256 documents"):
+        build_index(write_corpus(tmp_path / "c.jsonl"), tmp_path / "i", "dense",
+                    index_type="ivfpq", show_progress=False)
+    with pytest.raises(ValueError, match="index_type: expected one of flat, hnsw, ivfpq"):
+        build_index(write_corpus(tmp_path / "c.jsonl"), tmp_path / "i", "dense",
+                    index_type="pq", show_progress=False)

@@ -305,7 +305,7 @@ def test_build_unknown_retriever_names_the_choices(tmp_path, corpus):
 
 
 def test_build_unknown_dense_index_type(tmp_path, corpus):
-    with pytest.raises(ValueError, match="'flat' or 'hnsw'"):
+    with pytest.raises(ValueError, match="expected one of flat, hnsw, ivfpq"):
         build_index(corpus, tmp_path / "idx", "dense", index_type="ivf", show_progress=False)
     assert list(tmp_path.iterdir()) == []
 

@@ -84,7 +84,9 @@ def index(
     retriever: Annotated[str, typer.Option(help="bm25 | dense | hybrid")] = "bm25",
     encoder: Annotated[Optional[str], typer.Option(
         help="dense encoder: name or path (default: bundled all-MiniLM-L6-v2)")] = None,
-    index_type: Annotated[str, typer.Option(help="dense index: flat | hnsw")] = "flat",
+    index_type: Annotated[str, typer.Option(
+        help="dense index: flat (exact) | hnsw (fast, ~flat's memory) | ivfpq (compressed, "
+        "lower recall)")] = "flat",
     pooling: Annotated[Optional[str], typer.Option(
         help="dense: mean | cls | max | lasttoken (default: the encoder family's, e.g. mean "
         "for e5)")] = None,

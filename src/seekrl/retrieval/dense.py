@@ -143,8 +143,8 @@ class DenseRetriever(StoreRetriever):
         self.store = store
         self.query_prefix = query_prefix
         self.normalize = normalize
-        if ef_search is not None and hasattr(index, "hnsw"):
-            index.hnsw.efSearch = ef_search
+        if hasattr(index, "hnsw"):   # faiss's default of 16 loses recall for little speed
+            index.hnsw.efSearch = ef_search or EF_SEARCH
 
     def encode_queries(self, queries: list[str]) -> np.ndarray:
         emb = self.encoder.encode([self.query_prefix + q for q in queries], batch_size=64,
@@ -163,22 +163,28 @@ class DenseRetriever(StoreRetriever):
               doc_prefix: str | None = None, query_prefix: str | None = None,
               pooling: str | None = None, normalize: bool = True, device: str = "cpu",
               show_progress: bool = True) -> "DenseRetriever":
+        """Encode every document and index the vectors. On a GPU the encoder runs in fp16.
+        `ivfpq` trains its quantisers on the first TRAIN_VECTORS vectors, then adds the rest
+        as they are encoded (memory: 1/64 of flat's at 768 dimensions)."""
         import faiss
 
-        if index_type not in ("flat", "hnsw"):
-            raise ValueError(f"index_type: expected 'flat' or 'hnsw', got {index_type!r}")
+        if index_type not in INDEX_TYPES:
+            raise ValueError(f"index_type: expected one of {', '.join(INDEX_TYPES)}, got "
+                             f"{index_type!r}")
         settings = encoder_settings(encoder, pooling=pooling, query_prefix=query_prefix,
                                     doc_prefix=doc_prefix, normalize=normalize)
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         model = load_encoder(encoder, device, pooling=settings["pooling"])
+        if device.startswith("cuda"):
+            model.half()
         settings["pooling"] = pooling_of(model)
         dim = embedding_dim(model)
-        index = faiss.IndexFlatIP(dim) if index_type == "flat" else \
-            faiss.IndexHNSWFlat(dim, hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        n = len(store)
+        index = new_faiss_index(index_type, dim, n, hnsw_m=hnsw_m)
+        pending: list[np.ndarray] = []    # ivfpq: vectors held until the quantisers train
         from rich.progress import Progress
 
-        n = len(store)
         with Progress(disable=not show_progress, transient=True) as progress:
             task = progress.add_task("encoding documents", total=n)
             for start in range(0, n, batch_size * 8):
@@ -186,8 +192,16 @@ class DenseRetriever(StoreRetriever):
                          for i in range(start, min(start + batch_size * 8, n))]
                 emb = model.encode(texts, batch_size=batch_size, normalize_embeddings=normalize,
                                    convert_to_numpy=True, show_progress_bar=False)
-                index.add(np.ascontiguousarray(emb, dtype=np.float32))
+                emb = np.ascontiguousarray(emb, dtype=np.float32)
+                if index.is_trained:
+                    index.add(emb)
+                else:
+                    pending.append(emb)
+                    if sum(len(p) for p in pending) >= min(TRAIN_VECTORS, n):
+                        _train_and_add(index, pending)
                 progress.advance(task, len(texts))
+        if pending:
+            _train_and_add(index, pending)
         faiss.write_index(index, str(out / "index.faiss"))
         write_encoder_meta(out, encoder=encoder or DEFAULT_ENCODER, dim=dim,
                            index_type=index_type, hnsw_m=hnsw_m, metric="inner_product",
@@ -201,6 +215,8 @@ class DenseRetriever(StoreRetriever):
         directory = Path(directory)
         meta = json.loads((directory / "encoder.json").read_text())
         index = read_faiss(directory / "index.faiss")
+        if hasattr(index, "nprobe"):
+            index.nprobe = min(NPROBE, index.nlist)
         if index.ntotal != len(store):
             raise RetrievalError(f"{directory}: faiss index has {index.ntotal} vectors but the "
                                  f"document store has {len(store)}; rebuild the index")
@@ -209,8 +225,61 @@ class DenseRetriever(StoreRetriever):
             raise RetrievalError(f"{directory}: the encoder {meta['encoder']!r} gives "
                                  f"{embedding_dim(model)}-dimensional vectors but the faiss "
                                  f"index holds {index.d}-dimensional ones")
-        return cls(model, index, store, query_prefix=meta.get("query_prefix", ""),
-                   ef_search=ef_search, normalize=meta.get("normalize", True))
+        return cls(model, to_gpu_if_asked(index, device), store,
+                   query_prefix=meta.get("query_prefix", ""), ef_search=ef_search,
+                   normalize=meta.get("normalize", True))
+
+
+INDEX_TYPES = ("flat", "hnsw", "ivfpq")
+EF_SEARCH = 64             # hnsw: candidates kept per search
+TRAIN_VECTORS = 100_000    # ivfpq: vectors its coarse and product quantisers train on
+NPROBE = 32                # ivfpq: inverted lists searched per query
+
+
+def new_faiss_index(index_type: str, dim: int, n: int, *, hnsw_m: int = 32):
+    """An empty inner-product index. The trade-off: `flat` is exact and holds n x dim x 4
+    bytes (wiki-18 at 768 dimensions: 60 GB) with search time linear in n; `hnsw` (M = 32,
+    efSearch 64) adds a graph to flat's bytes and searches in sub-linear time at a small
+    recall cost; `ivfpq` (4 sqrt(n) lists, 64-byte codes, 32 lists probed) holds about
+    72 bytes per document (wiki-18: 1.5 GB) at a larger recall cost, and needs 256 documents
+    to train. Recall@10 against exact search and QPS as the corpus grows, measured on this
+    project's CPU machine: bench/RESULTS.md, "Retrieval at scale"."""
+    import faiss
+
+    if index_type == "flat":
+        return faiss.IndexFlatIP(dim)
+    if index_type == "hnsw":
+        return faiss.IndexHNSWFlat(dim, hnsw_m, faiss.METRIC_INNER_PRODUCT)
+    if n < 256:
+        raise RetrievalError(f"index_type ivfpq needs at least 256 documents to train its "
+                             f"quantisers, the corpus has {n}; use flat")
+    sub = next(m for m in (64, 48, 32, 24, 16, 8, 4, 2, 1) if dim % m == 0 and m <= dim // 4
+               or m == 1)
+    nlist = max(1, min(int(4 * n ** 0.5), min(n, TRAIN_VECTORS) // 39))
+    index = faiss.IndexIVFPQ(faiss.IndexFlatIP(dim), dim, nlist, sub, 8,
+                             faiss.METRIC_INNER_PRODUCT)
+    index.nprobe = min(NPROBE, nlist)
+    return index
+
+
+def _train_and_add(index, pending: list[np.ndarray]) -> None:
+    vectors = np.concatenate(pending)
+    pending.clear()
+    if not index.is_trained:
+        index.train(vectors)
+    index.add(vectors)
+
+
+def to_gpu_if_asked(index, device: str):
+    """The index on the GPU when `device` is cuda and faiss was built with GPU support
+    (faiss-gpu); else as it is."""
+    import faiss
+
+    if not device.startswith("cuda") or not hasattr(faiss, "StandardGpuResources") \
+            or faiss.get_num_gpus() == 0:
+        return index
+    gpu = int(device.partition(":")[2] or 0)
+    return faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), gpu, index)
 
 
 def read_faiss(path: str | Path):
