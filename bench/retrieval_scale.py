@@ -6,17 +6,19 @@ fitted and extrapolated to wiki-18's 21M passages.
 
 Per size N:
 - a synthetic corpus of N wiki-like passages (100 words each, as wiki-18's are, drawn from a
-  Zipf-distributed vocabulary of 200k words, with a title line), and 4,000 five-word
-  queries taken from random passages;
+  Zipf-distributed vocabulary of 200k words less its 200 most frequent, the stand-in for
+  stop words; with a title line), and 4,000 five-word queries taken from random passages;
 - BM25: `build_index` in a fresh process (seconds and that process's peak RSS), the index
   folder's bytes, the seconds `load_index` takes, then `seekrl serve` on a loopback port
   driven by `--clients` closed-loop clients for `--seconds` (QPS, p99; the load generator of
   `bench/retrieval_server.py`, cache off, one query per request);
 - dense: the index part only, with random unit vectors of `--dim` dimensions in place of an
-  encoder's (encoding is the GPU's job, see the note in bench/RESULTS.md): faiss HNSW
-  (M=32, efSearch=64) built in a fresh process (seconds, peak RSS, bytes), then `--clients`
-  threads issuing one-query searches for `--seconds` (QPS, p99), and recall@10 of HNSW
-  against exact search on 200 queries.
+  encoder's (encoding is the GPU's job, see the note in bench/RESULTS.md): seekrl's HNSW
+  (M=32, efSearch=64) and IVF-PQ (4 sqrt(N) lists, 64-byte codes, nprobe 32) built in a
+  fresh process (seconds, peak RSS, bytes), then `--clients` threads issuing one-query
+  searches for `--seconds` (QPS, p99), and recall@10 against exact search on 200 queries.
+  Random vectors have no cluster structure, the hardest case for both: recall on real
+  embeddings is higher.
 
 Prints one `scale_docs=N ...` line per size, then `fit_METRIC=a*N^b` lines (least squares in
 log-log over the sizes) with the value extrapolated to 21M, and a one-line summary last.
@@ -64,8 +66,11 @@ def make_corpus(path: Path, n: int, seed: int = 0) -> list[str]:
     passage each)."""
     rng = np.random.default_rng(seed)
     words = np.array(_word_list(rng), dtype=object)
+    # Zipf over content words: the 200 most frequent ranks are left out, as the stop words
+    # a BM25 tokenizer drops from real text are (else every query term would hit most
+    # passages, which no real query against wiki-18 does)
     ranks = np.arange(1, VOCAB + 1, dtype=np.float64)
-    p = 1.0 / ranks
+    p = np.where(ranks > 200, 1.0 / ranks, 0.0)
     p /= p.sum()
     queries: list[str] = []
     query_docs = set(rng.choice(n, size=min(QUERIES, n), replace=False).tolist())
@@ -135,13 +140,17 @@ def _random_unit(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
     return x
 
 
-def _build_hnsw(n: int, dim: int, out: str) -> dict:
+def _build_dense(kind: str, n: int, dim: int, out: str) -> dict:
+    """seekrl's own index construction (`new_faiss_index`, trained on the first 100k
+    vectors for ivfpq) over random unit vectors in chunks of 100k."""
     import faiss
 
+    from seekrl.retrieval.dense import _train_and_add, new_faiss_index
+
     rng = np.random.default_rng(1)
-    index = faiss.IndexHNSWFlat(dim, 32, faiss.METRIC_INNER_PRODUCT)
+    index = new_faiss_index(kind, dim, n)
     for start in range(0, n, 100_000):
-        index.add(_random_unit(rng, min(100_000, n - start), dim))
+        _train_and_add(index, [_random_unit(rng, min(100_000, n - start), dim)])
     faiss.write_index(index, out)
     return {}
 
@@ -159,15 +168,20 @@ def bm25_service(index_dir: Path, queries: list[str], clients: int, seconds: flo
         return asyncio.run(drive(url, queries, clients, seconds, warmup=2.0))
 
 
-def hnsw_service(path: str, n: int, dim: int, clients: int, seconds: float) -> dict:
+def dense_service(path: str, n: int, dim: int, clients: int, seconds: float) -> dict:
     """Closed-loop one-query searches from `clients` threads (faiss releases the GIL), and
-    recall@10 against exact search."""
+    recall@10 against exact search (the same random vectors, regenerated)."""
     import faiss
+
+    from seekrl.retrieval.dense import EF_SEARCH, NPROBE
 
     t0 = time.perf_counter()
     index = faiss.read_index(path)
     load_s = time.perf_counter() - t0
-    index.hnsw.efSearch = 64
+    if hasattr(index, "hnsw"):
+        index.hnsw.efSearch = EF_SEARCH
+    if hasattr(index, "nprobe"):
+        index.nprobe = min(NPROBE, index.nlist)
     faiss.omp_set_num_threads(1)     # one thread per search: the clients are the parallelism
     rng = np.random.default_rng(2)
     queries = _random_unit(rng, 2000, dim)
@@ -198,15 +212,14 @@ def hnsw_service(path: str, n: int, dim: int, clients: int, seconds: float) -> d
         t.join()
     # recall@10 against exact inner-product search over the same vectors
     faiss.omp_set_num_threads(os.cpu_count() or 1)
-    vectors = index.storage.reconstruct_n(0, n) if hasattr(index, "storage") else None
-    recall = float("nan")
-    if vectors is not None:
-        exact = faiss.IndexFlatIP(dim)
-        exact.add(vectors)
-        q = queries[:200]
-        _, truth = exact.search(q, 10)
-        _, got = index.search(q, 10)
-        recall = float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(truth, got)]))
+    exact = faiss.IndexFlatIP(dim)
+    rng_docs = np.random.default_rng(1)
+    for start in range(0, n, 100_000):
+        exact.add(_random_unit(rng_docs, min(100_000, n - start), dim))
+    q = queries[:200]
+    _, truth = exact.search(q, 10)
+    _, got = index.search(q, 10)
+    recall = float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(truth, got)]))
     ms = np.array(latencies) * 1000
     return {"qps": len(latencies) / seconds, "p99_ms": float(np.percentile(ms, 99)),
             "p50_ms": float(np.percentile(ms, 50)), "load_s": load_s, "recall10": recall}
@@ -254,24 +267,24 @@ def main() -> None:
                    bm25_serve_rss_mb=round(loaded["peak_rss_mb"]),
                    bm25_qps=round(served["qps"], 1), bm25_p99_ms=round(served["p99_ms"], 1),
                    bm25_errors=served["errors"])
-        if not args.skip_dense:
-            hnsw_path = folder / f"hnsw{args.dim}.faiss"
-            built = in_fresh_process(_build_hnsw, n, args.dim, str(hnsw_path))
-            searched = hnsw_service(str(hnsw_path), n, args.dim, args.clients, args.seconds)
-            row.update(hnsw_build_s=round(built["seconds"], 1),
-                       hnsw_build_peak_rss_mb=round(built["peak_rss_mb"]),
-                       hnsw_index_mb=round(dir_mb(hnsw_path), 1),
-                       hnsw_load_s=round(searched["load_s"], 2),
-                       hnsw_qps=round(searched["qps"], 1),
-                       hnsw_p99_ms=round(searched["p99_ms"], 2),
-                       hnsw_recall10=round(searched["recall10"], 3))
+        for kind in ([] if args.skip_dense else ["hnsw", "ivfpq"]):
+            path = folder / f"{kind}{args.dim}.faiss"
+            built = in_fresh_process(_build_dense, kind, n, args.dim, str(path))
+            searched = dense_service(str(path), n, args.dim, args.clients, args.seconds)
+            row.update({f"{kind}_build_s": round(built["seconds"], 1),
+                        f"{kind}_build_peak_rss_mb": round(built["peak_rss_mb"]),
+                        f"{kind}_index_mb": round(dir_mb(path), 1),
+                        f"{kind}_load_s": round(searched["load_s"], 2),
+                        f"{kind}_qps": round(searched["qps"], 1),
+                        f"{kind}_p99_ms": round(searched["p99_ms"], 2),
+                        f"{kind}_recall10": round(searched["recall10"], 3)})
         rows.append(row)
         print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
 
     extrapolated: dict[str, float] = {}
     if len(rows) >= 2:
         for key in rows[0]:
-            if key in ("scale_docs", "bm25_errors", "hnsw_recall10", "corpus_gen_s"):
+            if key in ("scale_docs", "bm25_errors", "corpus_gen_s") or key.endswith("recall10"):
                 continue
             values = [r[key] for r in rows]
             if any(not isinstance(v, (int, float)) or v <= 0 for v in values):
@@ -283,9 +296,11 @@ def main() -> None:
     summary = (f"retrieval_scale: sizes {','.join(str(s) for s in sizes)}; at {sizes[-1]} docs "
                f"BM25 build {last['bm25_build_s']} s, {last['bm25_build_peak_rss_mb']} MB peak, "
                f"load {last['bm25_load_s']} s, {last['bm25_qps']} QPS p99 {last['bm25_p99_ms']} ms")
-    if "hnsw_qps" in last:
-        summary += (f"; HNSW build {last['hnsw_build_s']} s, {last['hnsw_qps']} QPS, "
-                    f"recall@10 {last['hnsw_recall10']}")
+    for kind in ("hnsw", "ivfpq"):
+        if f"{kind}_qps" in last:
+            summary += (f"; {kind} build {last[f'{kind}_build_s']} s, "
+                        f"{last[f'{kind}_index_mb']} MB, {last[f'{kind}_qps']} QPS, "
+                        f"recall@10 {last[f'{kind}_recall10']}")
     if extrapolated:
         summary += (f"; extrapolated to 21M: BM25 build "
                     f"{extrapolated.get('bm25_build_s', float('nan')) / 60:.0f} min, "
