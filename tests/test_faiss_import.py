@@ -184,3 +184,48 @@ def test_index_types_and_their_recall(tmp_path) -> None:
     with pytest.raises(ValueError, match="index_type: expected one of flat, hnsw, ivfpq"):
         build_index(write_corpus(tmp_path / "c.jsonl"), tmp_path / "i", "dense",
                     index_type="pq", show_progress=False)
+
+
+def test_dense_build_resumes_from_saved_shards(tmp_path, monkeypatch) -> None:
+    import seekrl.retrieval.dense as dense_mod
+    from seekrl.retrieval.index import build_index
+
+    model = load_encoder(None)
+    real_encode = model.encode
+    calls: list[int] = []
+    fail_at = {"call": 3}
+
+    def encode(texts, **kw):
+        calls.append(len(texts))
+        if len(calls) == fail_at["call"]:
+            raise KeyboardInterrupt       # the build killed while encoding the third shard
+        return real_encode(texts, **kw)
+
+    model.encode = encode
+    monkeypatch.setattr(dense_mod, "load_encoder", lambda *a, **k: model)
+    corpus = write_corpus(tmp_path / "corpus.jsonl")
+    out = tmp_path / "index"
+    with pytest.raises(KeyboardInterrupt) as info:
+        build_index(corpus, out, "dense", shard_size=2, show_progress=False)
+    assert "--resume" in info.value.__notes__[0]
+    shards = sorted(p.name for p in (tmp_path / "index.building" / "dense-shards").iterdir())
+    assert shards == ["00000.npy", "00001.npy"] and not out.exists()
+
+    with pytest.raises(RetrievalError, match=r"other settings \(index_type: 'flat' -> 'hnsw'\)"):
+        build_index(corpus, out, "dense", shard_size=2, index_type="hnsw", resume=True,
+                    show_progress=False)
+    calls.clear()
+    fail_at["call"] = 0
+    build_index(corpus, out, "dense", shard_size=2, resume=True, show_progress=False)
+    assert calls == [2]                          # only the third shard was encoded again
+    assert not (tmp_path / "index.building").exists()
+    assert not (out / "dense-shards").exists() and not (out / "build.json").exists()
+    resumed = load_index(out)
+
+    clean = build_index(corpus, tmp_path / "clean", "dense", show_progress=False)
+    queries = ["rock band from Devon", "programming language", "capital of France"]
+    for a, b in zip(resumed.search(queries, 3), load_index(clean).search(queries, 3)):
+        assert [h.doc_id for h in a] == [h.doc_id for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+    with pytest.raises(ValueError, match="only dense and hybrid builds"):
+        build_index(corpus, tmp_path / "b", "bm25", resume=True, show_progress=False)

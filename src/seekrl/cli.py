@@ -30,6 +30,8 @@ def _print_config(cfg) -> None:
 
 def _fail(err: Exception) -> None:
     err_console.print(f"[bold red]error:[/] {err}")
+    for note in getattr(err, "__notes__", ()):     # e.g. how to resume a dense build
+        err_console.print(f"  {note}", markup=False, highlight=False)
     raise typer.Exit(2)
 
 
@@ -99,6 +101,9 @@ def index(
         "built over CORPUS with --encoder) instead of encoding")] = None,
     copy_faiss: Annotated[bool, typer.Option(
         help="with --faiss: copy the file (default: hard link, else symlink)")] = False,
+    resume: Annotated[bool, typer.Option(
+        help="dense: continue a build that stopped, from the shards it saved")] = False,
+    device: Annotated[str, typer.Option(help="dense: where the encoder runs, cpu | cuda")] = "cpu",
     overwrite: Annotated[bool, typer.Option(help="replace an existing index")] = False,
     skip_bad: Annotated[bool, typer.Option(help="skip malformed corpus lines, and report them")] = False,
 ):
@@ -120,7 +125,8 @@ def index(
         else:
             path = build_index(corpus, out, retriever, encoder=encoder, index_type=index_type,
                                overwrite=overwrite, skip_bad=skip_bad, pooling=pooling,
-                               query_prefix=query_prefix, doc_prefix=doc_prefix)
+                               query_prefix=query_prefix, doc_prefix=doc_prefix,
+                               resume=resume, device=device)
     except ERRORS as err:
         _fail(err)
     m = read_manifest(path)

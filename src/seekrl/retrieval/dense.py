@@ -133,6 +133,13 @@ def embedding_dim(model) -> int:
     return getattr(model, "get_embedding_dimension", model.get_sentence_embedding_dimension)()
 
 
+INDEX_TYPES = ("flat", "hnsw", "ivfpq")
+SHARD_DOCS = 50_000        # documents encoded (and, resumable, saved) at a time
+EF_SEARCH = 64             # hnsw: candidates kept per search
+TRAIN_VECTORS = 100_000    # ivfpq: vectors its coarse and product quantisers train on
+NPROBE = 32                # ivfpq: inverted lists searched per query
+
+
 class DenseRetriever(StoreRetriever):
     name = "dense"
 
@@ -162,15 +169,23 @@ class DenseRetriever(StoreRetriever):
               index_type: str = "flat", hnsw_m: int = 32, batch_size: int = 128,
               doc_prefix: str | None = None, query_prefix: str | None = None,
               pooling: str | None = None, normalize: bool = True, device: str = "cpu",
-              show_progress: bool = True) -> "DenseRetriever":
+              show_progress: bool = True, shards: Path | None = None,
+              shard_size: int = SHARD_DOCS) -> "DenseRetriever":
         """Encode every document and index the vectors. On a GPU the encoder runs in fp16.
-        `ivfpq` trains its quantisers on the first TRAIN_VECTORS vectors, then adds the rest
-        as they are encoded (memory: 1/64 of flat's at 768 dimensions)."""
+
+        Documents are encoded `shard_size` at a time; with a `shards` folder each shard's
+        vectors are saved there as they are done (NNNNN.npy, written then renamed) and a
+        shard already there is read instead of encoded again, so a build that was killed
+        continues where it stopped (`build_index(..., resume=True)`). Memory stays at one
+        shard plus the index itself; `ivfpq` trains its quantisers on the first
+        TRAIN_VECTORS vectors and then holds only codes (72 bytes a document)."""
         import faiss
 
         if index_type not in INDEX_TYPES:
             raise ValueError(f"index_type: expected one of {', '.join(INDEX_TYPES)}, got "
                              f"{index_type!r}")
+        if shard_size < 1:
+            raise ValueError(f"shard_size: expected a positive integer, got {shard_size}")
         settings = encoder_settings(encoder, pooling=pooling, query_prefix=query_prefix,
                                     doc_prefix=doc_prefix, normalize=normalize)
         out = Path(out)
@@ -183,23 +198,44 @@ class DenseRetriever(StoreRetriever):
         n = len(store)
         index = new_faiss_index(index_type, dim, n, hnsw_m=hnsw_m)
         pending: list[np.ndarray] = []    # ivfpq: vectors held until the quantisers train
+        if shards is not None:
+            shards.mkdir(parents=True, exist_ok=True)
         from rich.progress import Progress
+
+        def encode(lo: int, hi: int, progress, task) -> np.ndarray:
+            parts = []
+            for start in range(lo, hi, batch_size * 8):
+                texts = [settings["doc_prefix"] + store.contents[i]
+                         for i in range(start, min(start + batch_size * 8, hi))]
+                parts.append(model.encode(texts, batch_size=batch_size,
+                                          normalize_embeddings=normalize,
+                                          convert_to_numpy=True, show_progress_bar=False))
+                progress.advance(task, len(texts))
+            return np.ascontiguousarray(np.concatenate(parts), dtype=np.float32)
 
         with Progress(disable=not show_progress, transient=True) as progress:
             task = progress.add_task("encoding documents", total=n)
-            for start in range(0, n, batch_size * 8):
-                texts = [settings["doc_prefix"] + store.contents[i]
-                         for i in range(start, min(start + batch_size * 8, n))]
-                emb = model.encode(texts, batch_size=batch_size, normalize_embeddings=normalize,
-                                   convert_to_numpy=True, show_progress_bar=False)
-                emb = np.ascontiguousarray(emb, dtype=np.float32)
+            for number, lo in enumerate(range(0, n, shard_size)):
+                hi = min(lo + shard_size, n)
+                saved = shards / f"{number:05d}.npy" if shards is not None else None
+                if saved is not None and saved.is_file():
+                    emb = np.load(saved)
+                    if emb.shape != (hi - lo, dim):
+                        raise RetrievalError(f"{saved}: expected {hi - lo} x {dim} vectors, "
+                                             f"found {emb.shape}; delete it to re-encode")
+                    progress.advance(task, hi - lo)
+                else:
+                    emb = encode(lo, hi, progress, task)
+                    if saved is not None:
+                        part = saved.with_suffix(".part.npy")
+                        np.save(part, emb)
+                        part.rename(saved)
                 if index.is_trained:
                     index.add(emb)
                 else:
                     pending.append(emb)
                     if sum(len(p) for p in pending) >= min(TRAIN_VECTORS, n):
                         _train_and_add(index, pending)
-                progress.advance(task, len(texts))
         if pending:
             _train_and_add(index, pending)
         faiss.write_index(index, str(out / "index.faiss"))
@@ -228,12 +264,6 @@ class DenseRetriever(StoreRetriever):
         return cls(model, to_gpu_if_asked(index, device), store,
                    query_prefix=meta.get("query_prefix", ""), ef_search=ef_search,
                    normalize=meta.get("normalize", True))
-
-
-INDEX_TYPES = ("flat", "hnsw", "ivfpq")
-EF_SEARCH = 64             # hnsw: candidates kept per search
-TRAIN_VECTORS = 100_000    # ivfpq: vectors its coarse and product quantisers train on
-NPROBE = 32                # ivfpq: inverted lists searched per query
 
 
 def new_faiss_index(index_type: str, dim: int, n: int, *, hnsw_m: int = 32):

@@ -9,6 +9,7 @@ a half-written index that loads.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -21,10 +22,12 @@ from seekrl.errors import DataError
 from seekrl.retrieval.base import Hit, RetrievalError
 from seekrl.retrieval.bm25 import BM25Retriever
 from seekrl.retrieval.corpus import DocStore, file_sha256, iter_corpus
-from seekrl.retrieval.dense import (DEFAULT_ENCODER, DenseRetriever, embedding_dim,
+from seekrl.retrieval.dense import (DEFAULT_ENCODER, SHARD_DOCS, DenseRetriever, embedding_dim,
                                     encoder_settings, load_encoder, pooling_of, read_faiss,
                                     write_encoder_meta)
 from seekrl.retrieval.hybrid import HybridRetriever
+
+log = logging.getLogger(__name__)
 
 RETRIEVERS = ("bm25", "dense", "hybrid")
 MANIFEST = "manifest.json"
@@ -55,13 +58,25 @@ def build_index(corpus: str | Path, out: str | Path, retriever: str = "bm25", *,
                 encoder: str | None = None, index_type: str = "flat", overwrite: bool = False,
                 skip_bad: bool = False, show_progress: bool = True, batch_size: int = 128,
                 pooling: str | None = None, query_prefix: str | None = None,
-                doc_prefix: str | None = None) -> Path:
+                doc_prefix: str | None = None, resume: bool = False,
+                shard_size: int | None = None, device: str = "cpu") -> Path:
     """Index a JSONL corpus (`{"id", "contents"}` lines) into folder `out`. The dense
     encoder's pooling and prefixes default to its family's conventions
-    (`dense.encoder_conventions`)."""
+    (`dense.encoder_conventions`).
+
+    Dense vectors are saved shard by shard in `OUT.building/dense-shards/` while they are
+    encoded. A dense build that fails or is killed keeps that folder; `resume=True`
+    (`seekrl index --resume`) builds again reading the saved shards instead of encoding
+    them, provided the corpus and the encoder settings are the same (else a RetrievalError
+    naming what changed)."""
     if retriever not in RETRIEVERS:
         raise ValueError(f"retriever: expected one of {', '.join(RETRIEVERS)}, got {retriever!r}")
     corpus = _checked_paths(corpus, out, overwrite)
+    dense = retriever in ("dense", "hybrid")
+    plan = {"corpus_sha256": file_sha256(corpus), "retriever": retriever,
+            "encoder": encoder or DEFAULT_ENCODER, "index_type": index_type,
+            "pooling": pooling, "query_prefix": query_prefix, "doc_prefix": doc_prefix,
+            "shard_size": shard_size or SHARD_DOCS, "skip_bad": skip_bad}
 
     def fill(tmp: Path) -> dict:
         started = time.time()
@@ -69,16 +84,23 @@ def build_index(corpus: str | Path, out: str | Path, retriever: str = "bm25", *,
         store = DocStore(tmp)
         if retriever in ("bm25", "hybrid"):
             BM25Retriever.build(store, tmp / "bm25", show_progress=show_progress)
-        if retriever in ("dense", "hybrid"):
+        if dense:
             DenseRetriever.build(store, tmp / "dense", encoder=encoder, index_type=index_type,
                                  batch_size=batch_size, show_progress=show_progress,
                                  pooling=pooling, query_prefix=query_prefix,
-                                 doc_prefix=doc_prefix)
-        return _manifest(retriever, corpus, n, report, started,
+                                 doc_prefix=doc_prefix, device=device,
+                                 shards=tmp / SHARDS, shard_size=plan["shard_size"])
+            shutil.rmtree(tmp / SHARDS)
+        (tmp / PLAN).unlink(missing_ok=True)
+        return _manifest(retriever, corpus, n, report, started, sha=plan["corpus_sha256"],
                          encoder=(encoder or DEFAULT_ENCODER) if retriever != "bm25" else None,
                          index_type=index_type if retriever != "bm25" else None)
 
-    return _write_atomically(Path(out), fill)
+    return _write_atomically(Path(out), fill, plan=plan if dense else None, resume=resume)
+
+
+SHARDS = "dense-shards"     # in OUT.building: the dense vectors encoded so far
+PLAN = "build.json"         # in OUT.building: what the saved shards were made from
 
 
 def import_faiss_index(corpus: str | Path, faiss_file: str | Path, out: str | Path, *,
@@ -153,22 +175,48 @@ def _checked_paths(corpus: str | Path, out: str | Path, overwrite: bool) -> Path
     return corpus
 
 
-def _write_atomically(out: Path, fill) -> Path:
+def _write_atomically(out: Path, fill, *, plan: dict | None = None,
+                      resume: bool = False) -> Path:
     """Run `fill(tmp)` in a sibling folder, write its manifest, and rename it to `out`: a
-    failed build (bad line, Ctrl-C) leaves nothing behind and never half an index."""
+    failed build (bad line, Ctrl-C) never leaves half an index at `out`. With a `plan`
+    (a dense build) the folder survives a failure once it holds encoded shards, and
+    `resume` reuses it when the plan is the same."""
     tmp = out.with_name(out.name + ".building")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    if resume and plan is not None and (tmp / PLAN).is_file():
+        _check_plan(tmp / PLAN, plan)
+    else:
+        if resume and plan is None:
+            raise ValueError("resume: only dense and hybrid builds save progress to resume")
+        shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True, exist_ok=True)
+    if plan is not None:
+        (tmp / PLAN).write_text(json.dumps(plan, indent=2))
     try:
         manifest = fill(tmp)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as err:
+        done = len(list((tmp / SHARDS).glob("[0-9]*.npy"))) if plan is not None else 0
+        if done:
+            hint = (f"{tmp} keeps the {done} dense shard(s) encoded so far; build again "
+                    "with --resume (resume=True) to continue from there")
+            err.add_note(hint)
+            log.warning("%s", hint)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
     return out
+
+
+def _check_plan(saved: Path, plan: dict) -> None:
+    old = json.loads(saved.read_text())
+    changed = [f"{k}: {old.get(k)!r} -> {plan[k]!r}" for k in plan if old.get(k) != plan[k]]
+    if changed:
+        raise RetrievalError(f"--resume: the saved shards in {saved.parent} were made with "
+                             f"other settings ({'; '.join(changed)}); build without --resume "
+                             "to start over")
 
 
 def _store(tmp: Path, corpus: Path, skip_bad: bool) -> tuple[int, SkipReport]:
@@ -180,12 +228,12 @@ def _store(tmp: Path, corpus: Path, skip_bad: bool) -> tuple[int, SkipReport]:
 
 
 def _manifest(retriever: str, corpus: Path, n: int, report: SkipReport, started: float,
-              **extra) -> dict:
+              sha: str | None = None, **extra) -> dict:
     return {
         "format": FORMAT_VERSION,
         "retriever": retriever,
         "corpus": str(corpus.resolve()),
-        "corpus_sha256": file_sha256(corpus),
+        "corpus_sha256": sha or file_sha256(corpus),
         "doc_count": n,
         "skipped_lines": report.count,
         "skipped_examples": [[line, reason] for line, reason in report.skipped],
