@@ -204,3 +204,21 @@ def test_example_configs_are_the_readmes_and_validate(tmp_path):
     printed = yaml.safe_load(r.output)
     assert printed["algo"]["advantage"] == "rloo" and printed["algo"]["clip_ratio_c"] == 3.0
     assert printed["model"] == "runs/sft/final"
+
+
+def test_episode_limit_defaults_agree_everywhere():
+    """The rollout engine, the `rollout:` and `eval:` config sections and `seekrl eval`
+    describe the same episode: their defaults must not drift (they once said 96 vs 128)."""
+    import inspect
+
+    from seekrl.agent.rollout import RolloutConfig
+    from seekrl.cli import eval_
+    from seekrl.config import EvalConfig, RolloutSettings
+
+    engine, settings, ev = RolloutConfig(), RolloutSettings(), EvalConfig()
+    cli = {k: p.default for k, p in inspect.signature(eval_).parameters.items()}
+    for key in ("max_turns", "max_new_tokens", "batch_size"):
+        assert getattr(engine, key) == getattr(settings, key) == getattr(ev, key) == cli[key], key
+    for key in ("max_total_tokens", "topk"):
+        assert getattr(engine, key) == getattr(settings, key) == cli[key], key
+    assert engine.max_info_tokens == settings.max_info_tokens

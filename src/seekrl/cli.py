@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+from seekrl.agent import protocol as limits   # episode-limit defaults
 from seekrl.errors import SeekrlError
 from seekrl.retrieval.base import RetrievalError
 
@@ -295,11 +296,14 @@ def eval_(
     method: Annotated[str, typer.Option(help="agent | rag | direct")] = "agent",
     limit: Annotated[Optional[int], typer.Option(help="only the first N questions per file")] = None,
     n_samples: Annotated[int, typer.Option(help="samples per question (K); pass@K when K > 1")] = 1,
-    topk: Annotated[int, typer.Option(help="documents per search")] = 3,
-    max_turns: Annotated[int, typer.Option(help="model turns per episode")] = 4,
-    max_new_tokens: Annotated[int, typer.Option(help="generated tokens per turn")] = 128,
-    max_total_tokens: Annotated[int, typer.Option(help="token budget of an episode")] = 2048,
-    batch_size: Annotated[int, typer.Option(help="episodes generating together")] = 32,
+    topk: Annotated[int, typer.Option(help="documents per search")] = limits.DEFAULT_TOPK,
+    max_turns: Annotated[int, typer.Option(help="model turns per episode")] = limits.DEFAULT_MAX_TURNS,
+    max_new_tokens: Annotated[int, typer.Option(
+        help="generated tokens per turn")] = limits.DEFAULT_MAX_NEW_TOKENS,
+    max_total_tokens: Annotated[int, typer.Option(
+        help="token budget of an episode")] = limits.DEFAULT_MAX_TOTAL_TOKENS,
+    batch_size: Annotated[int, typer.Option(
+        help="episodes generating together")] = limits.DEFAULT_BATCH_SIZE,
     temperature: Annotated[Optional[float], typer.Option(
         help="0 = greedy; default: greedy for K = 1, 1.0 for K > 1")] = None,
     seed: Annotated[int, typer.Option(help="sampling seed")] = 0,

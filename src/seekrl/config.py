@@ -14,6 +14,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from seekrl.agent import protocol as limits   # the episode-limit defaults (torch-free)
 from seekrl.errors import SeekrlError
 
 
@@ -57,9 +58,9 @@ class EvalConfig(Strict):
     n: int = Field(32, ge=1)       # first n questions of it
     every: int = Field(0, ge=0)    # every N optimizer steps (0: only at the end)
     at_start: bool = True          # also the starting policy (eval/start), unless resuming
-    max_turns: int = Field(4, ge=1)
-    max_new_tokens: int = Field(96, ge=1)
-    batch_size: int = Field(32, ge=1)
+    max_turns: int = Field(limits.DEFAULT_MAX_TURNS, ge=1)
+    max_new_tokens: int = Field(limits.DEFAULT_MAX_NEW_TOKENS, ge=1)
+    batch_size: int = Field(limits.DEFAULT_BATCH_SIZE, ge=1)
 
 
 class SFTConfig(Strict):
@@ -103,12 +104,12 @@ class TreeSettings(Strict):
 
 class RolloutSettings(Strict):
     method: Literal["agent", "rag", "direct"] = "agent"   # direct: one turn, no retriever
-    max_turns: int = Field(4, ge=1)
-    max_new_tokens: int = Field(96, ge=1)
-    max_total_tokens: int = Field(2048, ge=16)
-    max_info_tokens: int = Field(384, ge=8)
-    topk: int = Field(3, ge=1)
-    batch_size: int = Field(32, ge=1)
+    max_turns: int = Field(limits.DEFAULT_MAX_TURNS, ge=1)
+    max_new_tokens: int = Field(limits.DEFAULT_MAX_NEW_TOKENS, ge=1)
+    max_total_tokens: int = Field(limits.DEFAULT_MAX_TOTAL_TOKENS, ge=16)
+    max_info_tokens: int = Field(limits.DEFAULT_MAX_INFO_TOKENS, ge=8)
+    topk: int = Field(limits.DEFAULT_TOPK, ge=1)
+    batch_size: int = Field(limits.DEFAULT_BATCH_SIZE, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     tree: TreeSettings | None = None   # tree rollouts instead of group_size chains

@@ -22,6 +22,16 @@ THINK, SEARCH, INFORMATION, ANSWER = "think", "search", "information", "answer"
 STOP_STRINGS = (f"</{SEARCH}>", f"</{ANSWER}>")
 MAX_QUERY_CHARS = 500
 
+# An episode's limits by default. The rollout engine (`RolloutConfig`), the recipes'
+# `rollout:` and `eval:` config sections and `seekrl eval` all take these, so the same
+# run described three ways cannot drift apart.
+DEFAULT_MAX_TURNS = 4          # model turns per episode
+DEFAULT_MAX_NEW_TOKENS = 128   # generated tokens per turn
+DEFAULT_MAX_TOTAL_TOKENS = 2048
+DEFAULT_MAX_INFO_TOKENS = 384  # token cap of one <information> block
+DEFAULT_TOPK = 3               # documents per search
+DEFAULT_BATCH_SIZE = 32        # episodes generating together
+
 AGENT_INSTRUCTION = (
     "Answer the question below. The facts you need are in a document collection that you "
     "can search; do not rely on memory. Each turn, first reason briefly inside <think> and "

@@ -18,6 +18,12 @@ import torch
 
 from seekrl.agent.backends import GenerationBackend, Sampling
 from seekrl.agent.protocol import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_INFO_TOKENS,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_MAX_TOTAL_TOKENS,
+    DEFAULT_MAX_TURNS,
+    DEFAULT_TOPK,
     INFORMATION,
     build_prompt,
     format_hits,
@@ -32,12 +38,12 @@ from seekrl.retrieval.base import Hit, Retriever
 
 @dataclass
 class RolloutConfig:
-    max_turns: int = 4               # model turns per episode
-    max_new_tokens: int = 128        # generated tokens per turn
-    max_total_tokens: int = 2048     # prompt + everything after it
-    topk: int = 3                    # documents per search
-    max_info_tokens: int = 384       # token cap of one <information> block
-    batch_size: int = 32             # episodes generating together
+    max_turns: int = DEFAULT_MAX_TURNS                 # model turns per episode
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS       # generated tokens per turn
+    max_total_tokens: int = DEFAULT_MAX_TOTAL_TOKENS   # prompt + everything after it
+    topk: int = DEFAULT_TOPK                           # documents per search
+    max_info_tokens: int = DEFAULT_MAX_INFO_TOKENS     # token cap of one <information> block
+    batch_size: int = DEFAULT_BATCH_SIZE               # episodes generating together
     n_samples: int = 1               # rollouts per question (the GRPO group size)
     greedy: bool = False
     temperature: float = 1.0
