@@ -51,17 +51,24 @@ class BM25Retriever(StoreRetriever):
     @classmethod
     def build(cls, store: DocStore, out: str | Path, *, k1: float = 0.9, b: float = 0.4,
               chunk: int = 100_000, show_progress: bool = True) -> "BM25Retriever":
+        from rich.progress import Progress
+
         stemmer = _stemmer()
         tokens: list[list[str]] = []
         # tokenise in chunks so peak memory is the token lists, not a second copy of the text
-        for start in range(0, len(store), chunk):
-            texts = [store.contents[i] for i in range(start, min(start + chunk, len(store)))]
-            tokens.extend(_tokenize(texts, stemmer, show_progress=False))
+        with Progress(disable=not show_progress, transient=True) as progress:
+            task = progress.add_task("tokenising documents", total=len(store))
+            for start in range(0, len(store), chunk):
+                texts = [store.contents[i]
+                         for i in range(start, min(start + chunk, len(store)))]
+                tokens.extend(_tokenize(texts, stemmer, show_progress=False))
+                progress.advance(task, len(texts))
         if not any(tokens):
             raise RetrievalError("the corpus has no indexable words (all documents are empty "
                                  "or stop words)")
         model = _bm25s().BM25(k1=k1, b=b)
-        model.index(tokens, show_progress=show_progress)
+        # bm25s's own bars ("BM25S Create Vocab", ...) would interleave with seekrl's output
+        model.index(tokens, show_progress=False)
         model.save(str(out))
         return cls(model, store, stemmer)
 
