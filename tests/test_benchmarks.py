@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from seekrl.agent.trajectory import Step, Trajectory
-from seekrl.data.benchmarks import (BENCHMARKS, hop_class, parse_hf_spec, spec_name,
-                                    supporting_titles)
+from seekrl.data.benchmarks import BENCHMARKS, hop_class, parse_hf_spec, spec_name, supporting_titles
 from seekrl.data.qa import QAExample, load_qa
 from seekrl.errors import DataError
 from seekrl.eval.evaluate import dataset_name, load_eval_data

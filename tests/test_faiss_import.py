@@ -12,8 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from seekrl.retrieval.base import RetrievalError
-from seekrl.retrieval.dense import (bundled_encoder_path, encoder_conventions,
-                                    encoder_settings, load_encoder)
+from seekrl.retrieval.dense import bundled_encoder_path, encoder_conventions, encoder_settings, load_encoder
 from seekrl.retrieval.index import import_faiss_index, load_index, read_manifest
 from seekrl.retrieval.server import ServerConfig, create_app
 

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from seekrl.agent import protocol as limits   # episode-limit defaults
+from seekrl.agent import protocol as limits  # episode-limit defaults
 from seekrl.errors import SeekrlError
 from seekrl.retrieval.base import RetrievalError
 

@@ -14,7 +14,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from seekrl.agent import protocol as limits   # the episode-limit defaults (torch-free)
+from seekrl.agent import protocol as limits  # the episode-limit defaults (torch-free)
 from seekrl.errors import SeekrlError
 
 

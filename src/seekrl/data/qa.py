@@ -21,8 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from seekrl.data.benchmarks import (FLASHRAG_HUB, flashrag_dir, hop_class, parse_flashrag_spec,
-                                    parse_hf_spec, with_supporting_titles)
+from seekrl.data.benchmarks import (
+    FLASHRAG_HUB,
+    flashrag_dir,
+    hop_class,
+    parse_flashrag_spec,
+    parse_hf_spec,
+    with_supporting_titles,
+)
 from seekrl.data.jsonl import SkipReport, iter_jsonl, reason_of
 from seekrl.errors import DataError
 

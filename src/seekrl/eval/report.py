@@ -101,7 +101,8 @@ def metrics_markdown(metrics: dict) -> str:
                   suite_table([("EM", metrics), ("F1", metrics)], keys=["em", "f1"])]
     lines.append("")
     if any(row.get("evidence_recall") is None for _, row in _table_rows(metrics)):
-        lines.append("evidence recall: n/a where the data has neither `metadata.gold_doc_ids` nor `metadata.supporting_titles`.")
+        lines.append("evidence recall: n/a where the data has neither `metadata.gold_doc_ids` "
+                     "nor `metadata.supporting_titles`.")
     return "\n".join(lines) + "\n"
 
 

@@ -116,7 +116,7 @@ def _set_pooling(model, mode: str) -> None:
             if module.pooling_mode == mode:
                 return
             dim = getattr(module, "embedding_dimension", None) or \
-                getattr(module, "word_embedding_dimension")
+                module.word_embedding_dimension
             model._modules[key] = type(module)(dim, pooling_mode=mode)
             return
     raise RetrievalError(f"cannot set pooling {mode!r}: the encoder has no pooling module")

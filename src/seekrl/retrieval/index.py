@@ -22,9 +22,17 @@ from seekrl.errors import DataError
 from seekrl.retrieval.base import Hit, RetrievalError
 from seekrl.retrieval.bm25 import BM25Retriever
 from seekrl.retrieval.corpus import DocStore, file_sha256, iter_corpus
-from seekrl.retrieval.dense import (DEFAULT_ENCODER, SHARD_DOCS, DenseRetriever, embedding_dim,
-                                    encoder_settings, load_encoder, pooling_of, read_faiss,
-                                    write_encoder_meta)
+from seekrl.retrieval.dense import (
+    DEFAULT_ENCODER,
+    SHARD_DOCS,
+    DenseRetriever,
+    embedding_dim,
+    encoder_settings,
+    load_encoder,
+    pooling_of,
+    read_faiss,
+    write_encoder_meta,
+)
 from seekrl.retrieval.hybrid import HybridRetriever
 
 log = logging.getLogger(__name__)

@@ -145,6 +145,22 @@ def _blocks(model) -> torch.nn.ModuleList:
     raise ValueError("train_layers: cannot find this model's list of transformer blocks")
 
 
+def prepare_trainable(model, train_layers: int | None, lora: LoRAConfig):
+    """The one policy set-up of SFT, RL, the PRM and step-DPO: freeze all but the top
+    `train_layers` blocks, add LoRA adapters when enabled, and turn off the generation KV
+    cache (training forwards never reuse it; keeping it costs memory)."""
+    model = apply_lora(train_top_layers(model, train_layers), lora)
+    if hasattr(model, "config"):
+        model.config.use_cache = False
+    return model
+
+
+def pad_id_of(tokenizer) -> int:
+    """The padding id: the tokenizer's own, else its EOS (SmolLM2 and Llama define none)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
+        else tokenizer.eos_token_id
+
+
 def apply_lora(model, cfg: LoRAConfig):
     """Wrap `model` with LoRA adapters (peft) when enabled; else return it unchanged."""
     if not cfg.enabled:

@@ -38,6 +38,7 @@ from torch import nn
 from seekrl.agent.trajectory import Trajectory, iter_trajectories
 from seekrl.data.jsonl import iter_jsonl
 from seekrl.errors import DataError
+from seekrl.rl.common import pad_id_of
 from seekrl.rl.forward import collate, hidden_states, shared_prompts, suffix_hidden
 
 PRM_MARKER = "prm.json"
@@ -104,8 +105,7 @@ class PRMScorer:
     def __init__(self, prm: ProcessRewardModel, tokenizer, *, device: str = "cpu",
                  batch_size: int = 8):
         self.prm, self.tokenizer, self.device, self.batch_size = prm, tokenizer, device, batch_size
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
-            else tokenizer.eos_token_id
+        self.pad_id = pad_id_of(tokenizer)
 
     def logits(self, trajectories: Sequence[Trajectory]) -> list[list[float]]:
         return self._rows(trajectories, probabilities=False)
@@ -333,12 +333,11 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None) -> dict[str, Any
     from seekrl.models import load_policy
     from seekrl.rl.common import (
         MetricsLog,
-        apply_lora,
         clip_and_step,
         make_optimizer,
         make_scheduler,
+        prepare_trainable,
         set_seed,
-        train_top_layers,
         trainable_parameters,
     )
 
@@ -357,16 +356,13 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None) -> dict[str, Any
     set_seed(cfg.seed)
     if model is None:
         model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
-    lm = apply_lora(train_top_layers(model, cfg.train_layers), cfg.lora)
-    if hasattr(lm, "config"):
-        lm.config.use_cache = False
+    lm = prepare_trainable(model, cfg.train_layers, cfg.lora)
     prm = ProcessRewardModel(lm).to(cfg.device)
     prm.train()
     optimizer = make_optimizer(trainable_parameters(lm), cfg.optim, extra_groups=[
         {"params": list(prm.head.parameters()), "lr": cfg.optim.lr * cfg.head_lr_factor}])
     scheduler = make_scheduler(optimizer, cfg.optim, cfg.steps)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
-        else tokenizer.eos_token_id
+    pad_id = pad_id_of(tokenizer)
     scorer = PRMScorer(prm, tokenizer, device=cfg.device, batch_size=cfg.batch_size)
     log = MetricsLog(out / "metrics.jsonl")
     say = console.print if console is not None else (lambda *a, **k: None)

@@ -105,10 +105,9 @@ def train_step_dpo(model, tokenizer, pairs, *, steps: int, batch_size: int, beta
                    max_grad_norm: float | None = 1.0) -> dict[str, Any]:
     """Step-DPO updates of `model` on `pairs` (`prm.PairLabel`s); the reference log-probs
     are the model's own before the first update."""
-    from seekrl.rl.common import clip_and_step, trainable_parameters
+    from seekrl.rl.common import clip_and_step, pad_id_of, trainable_parameters
 
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
-        else tokenizer.eos_token_id
+    pad_id = pad_id_of(tokenizer)
     model.eval()
     with torch.no_grad():
         ref_b, ref_w = [], []
@@ -154,14 +153,13 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     from seekrl.models import load_policy
     from seekrl.rl.common import (
         MetricsLog,
-        apply_lora,
         make_optimizer,
         make_scheduler,
         open_index,
+        prepare_trainable,
         rollout_config,
         save_policy,
         set_seed,
-        train_top_layers,
         trainable_parameters,
     )
 
@@ -190,9 +188,7 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
         model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
 
     if cfg.method == "step_dpo":
-        model = apply_lora(train_top_layers(model, cfg.train_layers), cfg.lora)
-        if hasattr(model, "config"):
-            model.config.use_cache = False
+        model = prepare_trainable(model, cfg.train_layers, cfg.lora)
         optimizer = make_optimizer(trainable_parameters(model), cfg.optim)
         scheduler = make_scheduler(optimizer, cfg.optim, cfg.steps)
         log = MetricsLog(out / "metrics.jsonl")

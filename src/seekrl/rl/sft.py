@@ -32,15 +32,15 @@ from seekrl.errors import DataError
 from seekrl.eval.evaluate import eval_policy
 from seekrl.rl.common import (
     MetricsLog,
-    apply_lora,
     check_run_dir,
     claim_run_dir,
     clip_and_step,
     make_optimizer,
     make_scheduler,
+    pad_id_of,
+    prepare_trainable,
     save_policy,
     set_seed,
-    train_top_layers,
     trainable_parameters,
 )
 from seekrl.rl.forward import collate, masked_logprobs
@@ -173,18 +173,15 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
     examples, skipped = load_sft_examples(cfg.data, tokenizer, max_info_tokens=cfg.max_info_tokens,
                                           max_len=cfg.max_len, only_complete=cfg.only_complete,
                                           limit=cfg.limit)
-    model = apply_lora(train_top_layers(model, cfg.train_layers), cfg.lora)
+    model = prepare_trainable(model, cfg.train_layers, cfg.lora)
     model.train()
-    if hasattr(model, "config"):
-        model.config.use_cache = False
     per_epoch = max(1, len(examples) // (cfg.batch_size * cfg.grad_accum))
     total_steps = cfg.max_steps or max(1, round(per_epoch * cfg.epochs))
     optimizer = make_optimizer(trainable_parameters(model), cfg.optim)
     scheduler = make_scheduler(optimizer, cfg.optim, total_steps)
     retriever = _eval_retriever(cfg)
     log = MetricsLog(out / "metrics.jsonl")
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
-        else tokenizer.eos_token_id
+    pad_id = pad_id_of(tokenizer)
     say = console.print if console is not None else (lambda *a, **k: None)
     say(f"SFT on {len(examples)} episodes ({skipped['incomplete']} incomplete skipped, "
         f"{skipped['truncated']} cut to {cfg.max_len} tokens): {total_steps} steps of "

@@ -72,7 +72,6 @@ from seekrl.rl.advantages import (
 )
 from seekrl.rl.common import (
     MetricsLog,
-    apply_lora,
     check_run_dir,
     claim_run_dir,
     clip_and_step,
@@ -80,13 +79,14 @@ from seekrl.rl.common import (
     make_optimizer,
     make_scheduler,
     open_index,
+    pad_id_of,
+    prepare_trainable,
     replace_dir,
     rng_state,
     rollout_config,
     save_policy,
     set_rng_state,
     set_seed,
-    train_top_layers,
     trainable_parameters,
 )
 from seekrl.rl.forward import ValueHead, collate, masked_logprobs
@@ -134,16 +134,13 @@ class Trainer:
         if model is None:
             model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
         self.tokenizer = tokenizer
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
-            else tokenizer.eos_token_id
+        self.pad_id = pad_id_of(tokenizer)
         # The frozen reference for the KL term: with LoRA, the same weights with the
         # adapters switched off; with full fine-tuning, a frozen copy of the start.
         self.ref_model = None
         if cfg.algo.kl_coef > 0 and not cfg.lora.enabled:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-        self.model = apply_lora(train_top_layers(model, cfg.train_layers), cfg.lora)
-        if hasattr(self.model, "config"):
-            self.model.config.use_cache = False
+        self.model = prepare_trainable(model, cfg.train_layers, cfg.lora)
         self.value_head = None
         extra = []
         if needs_values(cfg.algo.advantage):
