@@ -9,6 +9,8 @@ import json
 import pytest
 import torch
 from conftest import build_world_and_index
+from hypothesis import given
+from hypothesis import strategies as st
 
 from seekrl.config import ConfigError, TrainConfig, build_config, load_config
 from seekrl.data.qa import read_qa_jsonl
@@ -120,6 +122,49 @@ def test_sharing_prompt_passes_leaves_the_update_unchanged(world, tiny, tmp_path
         torch.testing.assert_close(a[n], b[n], atol=1e-5, rtol=1e-4, msg=n)
     for key in ("pg_loss", "kl", "entropy", "clip_frac"):
         assert ra[key] == pytest.approx(rb[key], abs=1e-4), key
+
+
+def test_token_budget_micro_batches_leave_the_update_unchanged(world, tiny, tmp_path,
+                                                               monkeypatch):
+    """`algo.micro_batch_tokens` cuts micro-batches by padded tokens instead of a fixed
+    count of episodes: smaller forwards, the same step up to float rounding."""
+    from seekrl.rl import common, train
+
+    cuts_seen = []
+    real = common.split_micro_batches
+    monkeypatch.setattr(train, "split_micro_batches",
+                        lambda *a, **k: cuts_seen.append(r := real(*a, **k)) or r)
+    params = []
+    for budget in (None, 200):
+        cfg = make_cfg(tmp_path / str(budget), **{"algo.micro_batch_size": 6,
+                                                   "algo.micro_batch_tokens": budget,
+                                                   "questions_per_step": 2, "group_size": 3,
+                                                   "algo.mini_batch_size": 6})
+        trainer = make_trainer(cfg, world, tiny)
+        record = trainer.step(1)
+        params.append(({n: p.detach().clone() for n, p in trainer.model.named_parameters()},
+                       record))
+    assert max(len(c) for c in cuts_seen[-1:]) > 1      # the budget did split the batch
+    (a, ra), (b, rb) = params
+    for n in a:
+        torch.testing.assert_close(a[n], b[n], atol=1e-5, rtol=1e-4, msg=n)
+    for key in ("pg_loss", "entropy", "clip_frac"):
+        assert ra[key] == pytest.approx(rb[key], abs=1e-4), key
+
+
+@given(st.lists(st.integers(1, 300), max_size=40), st.integers(1, 8),
+       st.one_of(st.none(), st.integers(1, 1200)))
+def test_split_micro_batches_properties(lengths, max_episodes, max_tokens):
+    from seekrl.rl.common import split_micro_batches
+
+    cuts = split_micro_batches(lengths, max_episodes, max_tokens)
+    assert [p for c in cuts for p in c] == list(range(len(lengths)))   # all, once, in order
+    for c in cuts:
+        assert 1 <= len(c) <= max_episodes
+        if max_tokens is not None and len(c) > 1:
+            assert len(c) * max(lengths[p] for p in c) <= max_tokens
+    if max_tokens is None:      # episodes only: as full as allowed
+        assert all(len(c) == max_episodes for c in cuts[:-1])
 
 
 def test_resume_continues_identically(world, tiny, tmp_path):

@@ -263,7 +263,10 @@ class AlgoConfig(Strict):
                                         # one of two long runs in bench/RESULTS.md)
     epochs: int = Field(1, ge=1)        # passes over each batch (K)
     mini_batch_size: int = Field(32, ge=1)   # episodes per optimizer step
-    micro_batch_size: int = Field(8, ge=1)   # episodes per forward/backward
+    micro_batch_size: int = Field(8, ge=1)   # episodes per forward/backward (at most)
+    # ... and at most this many padded tokens (episodes x the longest one) per forward, so
+    # memory follows the batch's tokens, not its episode count; None: episodes only
+    micro_batch_tokens: int | None = Field(None, ge=1)
     clip_low: float = Field(0.2, ge=0, lt=1)
     clip_high: float = Field(0.28, ge=0)
     clip_ratio_c: float | None = Field(3.0, gt=1)   # dual clip: cap -A x c on negative A

@@ -8,6 +8,7 @@ import math
 import os
 import random
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +154,28 @@ def prepare_trainable(model, train_layers: int | None, lora: LoRAConfig):
     if hasattr(model, "config"):
         model.config.use_cache = False
     return model
+
+
+def split_micro_batches(lengths: Sequence[int], max_episodes: int,
+                        max_tokens: int | None = None) -> list[list[int]]:
+    """Consecutive positions of `lengths` (episode lengths, in the order given) cut into
+    micro-batches of at most `max_episodes` episodes and, when `max_tokens` is set, at most
+    that many padded tokens (episodes x the longest): a micro-batch's activations grow
+    with that product. An episode longer than `max_tokens` gets a micro-batch alone."""
+    out: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for pos, n in enumerate(lengths):
+        wider = max(longest, n)
+        if current and (len(current) >= max_episodes
+                        or (max_tokens is not None and wider * (len(current) + 1) > max_tokens)):
+            out.append(current)
+            current, wider = [], n
+        current.append(pos)
+        longest = wider
+    if current:
+        out.append(current)
+    return out
 
 
 def pad_id_of(tokenizer) -> int:

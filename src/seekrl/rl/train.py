@@ -87,6 +87,7 @@ from seekrl.rl.common import (
     save_policy,
     set_rng_state,
     set_seed,
+    split_micro_batches,
     trainable_parameters,
 )
 from seekrl.rl.forward import ValueHead, collate, masked_logprobs
@@ -240,7 +241,8 @@ class Trainer:
     def batch_logprobs(self, trajs: Sequence[Trajectory], *, reference: bool = False
                        ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """Per-trajectory log-probs of the policy tokens (and the critic's values), in
-        chunks of `algo.logprob_chunk` episodes; `reference` uses the frozen reference."""
+        chunks of `algo.logprob_chunk` episodes (and `algo.micro_batch_tokens` padded
+        tokens); `reference` uses the frozen reference."""
         chunk = self.cfg.algo.logprob_chunk
         logps, values = [], [] if self.value_head is not None and not reference else None
         if reference:
@@ -249,9 +251,11 @@ class Trainer:
         else:
             model, ctx = self.model, nullcontext()
         model.eval()
+        cuts = split_micro_batches([len(t.token_ids) for t in trajs], chunk,
+                                   self.cfg.algo.micro_batch_tokens)
         with ctx:
-            for i in range(0, len(trajs), chunk):
-                part = trajs[i:i + chunk]
+            for positions in cuts:
+                part = [trajs[p] for p in positions]
                 ids, attn, mask = collate([t.token_ids for t in part], [t.loss_mask for t in part],
                                           self.pad_id, self.cfg.device)
                 out = masked_logprobs(model, ids, attn, mask,
@@ -397,8 +401,10 @@ class Trainer:
                         trajs[i].group_id for i in mini)))}
                     mini.sort(key=lambda i: rank[trajs[i].group_id])
                 mini_tokens = sum(trajs[i].n_generated for i in mini)
-                for u in range(0, len(mini), algo.micro_batch_size):
-                    micro = mini[u:u + algo.micro_batch_size]
+                cuts = split_micro_batches([len(trajs[i].token_ids) for i in mini],
+                                           algo.micro_batch_size, algo.micro_batch_tokens)
+                for positions in cuts:
+                    micro = [mini[p] for p in positions]
                     # each micro-batch's share of the mini-batch's loss, so that the
                     # accumulated gradient equals that of one mini-batch forward
                     if algo.loss_agg == "token-mean":
