@@ -358,3 +358,28 @@ def test_alibi_models_are_refused_with_one_line():
     model = BloomForCausalLM(BloomConfig(vocab_size=300, hidden_size=32, n_layer=1, n_head=2))
     with pytest.raises(ModelError, match="ALiBi"):
         HFBackend(model, load_tokenizer())
+
+
+def test_sliding_window_models_are_refused_past_their_window():
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from seekrl.agent.backends import HFBackend, Sampling
+    from seekrl.models import ModelError, load_tokenizer, sliding_window
+    from seekrl.rl.forward import masked_logprobs
+
+    small = dict(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                 num_attention_heads=2, num_key_value_heads=1)
+    mistral = MistralForCausalLM(MistralConfig(sliding_window=16, **small)).eval()
+    assert sliding_window(mistral) == 16
+    # Qwen2 carries a window it does not use
+    assert sliding_window(Qwen2ForCausalLM(Qwen2Config(sliding_window=16,
+                                                       use_sliding_window=False, **small))) is None
+    tok = load_tokenizer()
+    backend = HFBackend(mistral, tok)
+    greedy = Sampling(greedy=True)
+    assert len(backend.generate([[1, 2, 3, 4]], 4, greedy)[0]) <= 4     # inside: fine
+    with pytest.raises(ModelError, match="exceeds the model's sliding attention window of 16"):
+        backend.generate([list(range(1, 15))], 4, greedy)
+    ids = torch.randint(3, 300, (1, 20))
+    with pytest.raises(ModelError, match="sliding attention window"):
+        masked_logprobs(mistral, ids, torch.ones_like(ids), torch.ones(1, 20))

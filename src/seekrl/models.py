@@ -153,6 +153,34 @@ def check_positions(model) -> None:
                          "positions (Llama, Qwen, SmolLM, ...)")
 
 
+def sliding_window(model) -> int | None:
+    """The attention window of a model that restricts some layers to the last W tokens
+    (Mistral v0.1, Gemma 2/3, Phi-3 small/mini, Qwen2 with `use_sliding_window`), else None."""
+    config = _config(model)
+    window = getattr(config, "sliding_window", None)
+    if not isinstance(window, int) or window <= 0:
+        return None
+    if getattr(config, "use_sliding_window", True) is False:   # Qwen2: present, switched off
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    return window
+
+
+def check_window(model, tokens: int) -> None:
+    """Refuse sequences longer than a sliding attention window. seekrl's KV cache between
+    turns is compacted (each row's columns gathered, right-aligned) and a group's shared
+    prompt pass is reused for its suffixes; both keep exact positions but not the window's
+    cut, so past the window the model would attend where it was never trained to."""
+    window = sliding_window(model)
+    if window is not None and tokens > window:
+        raise ModelError(f"{getattr(_config(model), 'model_type', 'this model')}: an episode "
+                         f"of {tokens} tokens exceeds the model's sliding attention window "
+                         f"of {window}; set rollout.max_total_tokens (seekrl eval "
+                         f"--max-total-tokens) to at most {window}")
+
+
 def quiet_transformers() -> None:
     """transformers' own progress bars ("Loading weights", "Writing model shards") would
     interleave with seekrl's stage output in every recipe; seekrl reports its own progress."""

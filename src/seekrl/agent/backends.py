@@ -369,6 +369,9 @@ class HFBackend:
         keys = list(keys) if keys is not None else None
         if keys is not None and len(set(keys)) != len(keys):
             raise ValueError("keys must be unique: one per episode")
+        from seekrl.models import check_window
+
+        check_window(self.model, max(map(len, contexts)) + max_new_tokens)
         _growing_layer_class().spare = max_new_tokens
         batch, logits = self._prefill(contexts, keys, spare=max_new_tokens)
         results: list[list[int]] = [[] for _ in contexts]

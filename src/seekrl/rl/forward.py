@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from seekrl.models import check_positions, logit_transform
+from seekrl.models import check_positions, check_window, logit_transform
 
 
 def collate(token_ids: Sequence[Sequence[int]], masks: Sequence[Sequence[int]], pad_id: int,
@@ -126,6 +126,7 @@ def masked_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
 
     `values` come from the value head on the *detached* hidden states: the critic shares
     the policy's features but its loss never moves the policy."""
+    check_window(model, input_ids.shape[1])
     sel = mask[:, 1:].bool()                       # token t is predicted at t - 1
     shared = shared_prompts(input_ids, attention_mask, mask) if share_prompts else None
     h = suffix_hidden(model, input_ids, attention_mask, *shared) if shared else None
