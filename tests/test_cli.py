@@ -222,3 +222,27 @@ def test_episode_limit_defaults_agree_everywhere():
     for key in ("max_total_tokens", "topk"):
         assert getattr(engine, key) == getattr(settings, key) == cli[key], key
     assert engine.max_info_tokens == settings.max_info_tokens
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(),
+                    reason="checks a machine without CUDA")
+def test_asking_for_cuda_without_it_fails_in_one_line(tmp_path):
+    from seekrl.config import ConfigError, TrainConfig, build_config
+    from seekrl.models import ModelError, check_device, device_problem
+
+    assert device_problem("cpu") is None
+    assert "expected cpu, cuda, cuda:N or mps, got 'tpu'" in device_problem("tpu")
+    with pytest.raises(ModelError, match="is a CPU build; install a CUDA build"):
+        check_device("cuda:0")
+    with pytest.raises(ConfigError, match=r"device: device 'cuda'"):
+        build_config(TrainConfig, {"data": "q.jsonl"}, ["device=cuda"], "overrides")
+    q = tmp_path / "q.jsonl"
+    q.write_text('{"id": "1", "question": "q?", "golden_answers": ["a"]}\n')
+    for args in (["eval", "--data", q, "--out", tmp_path / "e", "--method", "direct",
+                  "--device", "cuda"],
+                 ["serve", "--index", tmp_path, "--device", "cuda"],
+                 ["train", f"data={q}", "device=cuda", f"out={tmp_path / 'r'}"]):
+        r = runner.invoke(app, [str(a) for a in args])
+        assert r.exit_code == 2, (args, r.output)
+        assert "CPU build" in r.output and "Traceback" not in r.output
+        assert len([x for x in r.output.splitlines() if x.strip()]) <= 2, r.output

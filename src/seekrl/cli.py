@@ -183,6 +183,9 @@ def serve(
     from seekrl.retrieval.server import run_server
 
     try:
+        if device != "cpu":
+            from seekrl.models import check_device
+            check_device(device)
         run_server(index, host=host, port=port, log_level=log_level, device=device,
                    index_process=not no_index_process, batching=not no_batching,
                    max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,

@@ -9,10 +9,11 @@ expected one of ...`), never silently ignored.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError,
+                      field_validator, model_validator)
 
 from seekrl.agent import protocol as limits  # the episode-limit defaults (torch-free)
 from seekrl.errors import SeekrlError
@@ -52,6 +53,22 @@ class OptimConfig(Strict):
     max_grad_norm: float | None = Field(1.0, gt=0)
 
 
+def _usable_device(value: str) -> str:
+    """Configs name a device that exists here, checked when the config loads (seconds),
+    not when the model does (minutes)."""
+    if value == "cpu":
+        return value
+    from seekrl.models import device_problem   # imports torch: only for other devices
+
+    problem = device_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+Device = Annotated[str, AfterValidator(_usable_device)]
+
+
 class EvalConfig(Strict):
     """Greedy evaluation of the policy as a search agent during and after training."""
     data: str | None = None        # QA file (JSONL / parquet); None: no evaluation
@@ -69,7 +86,7 @@ class SFTConfig(Strict):
     out: str = "runs/sft"
     index: str | None = None       # for the dev evaluation
     dtype: str = "float32"
-    device: str = "cpu"
+    device: Device = "cpu"
     seed: int = 0
     limit: int | None = Field(None, ge=1)      # first N usable episodes
     only_complete: bool = True     # skip oracle episodes that never found a gold document
@@ -137,7 +154,7 @@ class LabelConfig(Strict):
     questions: int | None = Field(None, ge=1)   # first N questions of `data`
     reward: str = "f1"                 # outcome reward of an episode: em | f1 | cover_em
     dtype: str = "float32"
-    device: str = "cpu"
+    device: Device = "cpu"
     seed: int = 0
     search: SearchSettings = SearchSettings()
     rollout: RolloutSettings = RolloutSettings(temperature=0.9)   # ProRAG samples at 0.9
@@ -163,7 +180,7 @@ class PRMConfig(Strict):
     lora: LoRAConfig = LoRAConfig()
     optim: OptimConfig = OptimConfig(lr=2e-5, warmup_steps=2)
     dtype: str = "float32"
-    device: str = "cpu"
+    device: Device = "cpu"
     seed: int = 0
     eval_every: int = Field(0, ge=0)
     eval_at_start: bool = True
@@ -207,7 +224,7 @@ class RefineConfig(Strict):
     lora: LoRAConfig = LoRAConfig()
     optim: OptimConfig = OptimConfig(lr=2e-5, warmup_steps=2)
     dtype: str = "float32"
-    device: str = "cpu"
+    device: Device = "cpu"
     seed: int = 0
 
     @field_validator("reward")
@@ -360,7 +377,7 @@ class TrainConfig(Strict):
                                        # (required unless rollout.method is direct)
     out: str = "runs/train"
     dtype: str = "float32"
-    device: str = "cpu"
+    device: Device = "cpu"
     seed: int = 0
     steps: int = Field(20, ge=1)
     max_minutes: float | None = Field(None, gt=0)  # stop after the step that passes this

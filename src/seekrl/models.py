@@ -197,11 +197,43 @@ def load_tokenizer(name: str | None = DEFAULT_MODEL):
     return tokenizer
 
 
+def device_problem(device: str) -> str | None:
+    """Why `device` cannot be used here, in one line, or None when it can: cpu, cuda,
+    cuda:N, mps."""
+    kind, _, index = device.partition(":")
+    if kind == "cpu" and not index:
+        return None
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            if torch.version.cuda is None:
+                return (f"device {device!r}: this torch ({torch.__version__}) is a CPU build; "
+                        "install a CUDA build first (`make setup-gpu`, see the README's GPU "
+                        "section)")
+            return (f"device {device!r}: torch has CUDA {torch.version.cuda} but sees no GPU "
+                    "(check nvidia-smi and CUDA_VISIBLE_DEVICES)")
+        if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+            return (f"device {device!r}: expected cuda or cuda:N with N below "
+                    f"{torch.cuda.device_count()} (the GPUs torch sees)")
+        return None
+    if kind == "mps" and not index:
+        return None if torch.backends.mps.is_available() else \
+            f"device {device!r}: MPS is not available on this machine"
+    return f"device: expected cpu, cuda, cuda:N or mps, got {device!r}"
+
+
+def check_device(device: str) -> None:
+    """A ModelError in one line for a device that cannot be used (before anything loads)."""
+    problem = device_problem(device)
+    if problem:
+        raise ModelError(problem)
+
+
 def load_policy(name: str | None = DEFAULT_MODEL, *, dtype: str = "float32",
                 device: str = "cpu"):
     """(model, tokenizer) for a causal LM: the bundled alias, a local path or a hub id."""
     from transformers import AutoModelForCausalLM
 
+    check_device(device)
     if dtype not in DTYPES:
         raise ModelError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
     quiet_transformers()
