@@ -313,6 +313,8 @@ def eval_(
     dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16")] = "float32",
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
     skip_bad: Annotated[bool, typer.Option(help="skip malformed question lines, and report them")] = False,
+    backend: Annotated[str, typer.Option(
+        help="hf (seekrl's decoding loop) | vllm (needs vllm, a GPU machine)")] = "hf",
 ):
     """Evaluate a policy (agent, rag or direct) on QA files: trajectories and metrics."""
     from seekrl.eval.evaluate import eval_rollout_config, evaluate, load_eval_data
@@ -335,11 +337,23 @@ def eval_(
             retriever = _retriever(index, retriever_url)
         elif method != "direct":
             raise RetrievalError(f"method {method!r} needs --index DIR or --retriever-url URL")
-        policy, tokenizer = load_policy(model, dtype=dtype, device=device)
+        generator = None
+        if backend == "vllm":
+            from seekrl.agent.vllm_backend import VLLMBackend
+            from seekrl.models import check_device, load_tokenizer, resolve_model
+
+            check_device(device)
+            policy, tokenizer = None, load_tokenizer(resolve_model(model))
+            generator = VLLMBackend(resolve_model(model), tokenizer, dtype=dtype, seed=seed,
+                                    max_model_len=max_total_tokens)
+        elif backend == "hf":
+            policy, tokenizer = load_policy(model, dtype=dtype, device=device)
+        else:
+            raise ValueError(f"--backend: expected hf or vllm, got {backend!r}")
         run_info = {"model": model, "data": {name: str(f) for name, f in zip(examples, files)},
-                    "limit": limit, "dtype": dtype, "device": device}
+                    "limit": limit, "dtype": dtype, "device": device, "backend": backend}
         metrics = evaluate(policy, tokenizer, retriever, examples, cfg, out, run_info=run_info,
-                           console=console)
+                           console=console, backend=generator)
     except ERRORS as err:
         _fail(err)
     from seekrl.eval.report import metrics_markdown

@@ -12,8 +12,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError,
-                      field_validator, model_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from seekrl.agent import protocol as limits  # the episode-limit defaults (torch-free)
 from seekrl.errors import SeekrlError
@@ -58,7 +65,7 @@ def _usable_device(value: str) -> str:
     not when the model does (minutes)."""
     if value == "cpu":
         return value
-    from seekrl.models import device_problem   # imports torch: only for other devices
+    from seekrl.models import device_problem  # imports torch: only for other devices
 
     problem = device_problem(value)
     if problem:
@@ -130,6 +137,10 @@ class RolloutSettings(Strict):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     tree: TreeSettings | None = None   # tree rollouts instead of group_size chains
+    # hf: seekrl's decoding loop on the policy itself; vllm: a colocated vLLM engine that
+    # gets the policy's weights before each rollout (agent/vllm_backend.py; needs vllm)
+    backend: Literal["hf", "vllm"] = "hf"
+    vllm_gpu_memory: float = Field(0.4, gt=0, lt=1)   # the share of GPU memory vLLM takes
 
 
 class SearchSettings(Strict):

@@ -112,6 +112,10 @@ class Trainer:
         self.out = Path(cfg.out)
         self.console = console
         _check_step_settings(cfg, prm_scorer)   # before a model is loaded: fail in seconds
+        self._vllm = None
+        if cfg.rollout.backend == "vllm":
+            from seekrl.agent.vllm_backend import import_vllm
+            import_vllm()
         if resume and not (self.out / "checkpoints" / "latest").is_file():
             raise FileNotFoundError(f"--resume: {self.out / 'checkpoints' / 'latest'} does not "
                                     "exist (no checkpoint yet)")
@@ -201,8 +205,24 @@ class Trainer:
         cfg = rollout_config(self.cfg.rollout, seed=seed,
                              n_samples=n_samples or self.cfg.group_size)
         self.model.eval()
-        return RolloutEngine(HFBackend(self.model, self.tokenizer), self.tokenizer,
-                             self.retriever, cfg)
+        return RolloutEngine(self._generation_backend(), self.tokenizer, self.retriever, cfg)
+
+    def _generation_backend(self):
+        """seekrl's own decoding loop on the policy, or the colocated vLLM engine with the
+        policy's weights of this step (pushed once per step, before its first rollout)."""
+        if self.cfg.rollout.backend == "hf":
+            return HFBackend(self.model, self.tokenizer)
+        if self._vllm is None:
+            from seekrl.agent.vllm_backend import VLLMBackend
+            from seekrl.models import resolve_model
+
+            self._vllm = VLLMBackend(resolve_model(self.cfg.model), self.tokenizer,
+                                     dtype=self.cfg.dtype, seed=self.cfg.seed,
+                                     gpu_memory_utilization=self.cfg.rollout.vllm_gpu_memory,
+                                     max_model_len=self.cfg.rollout.max_total_tokens)
+        if self._vllm.synced_version != self.step_done:
+            self._vllm.sync_weights(self.model, self.step_done)
+        return self._vllm
 
     def rollout(self, questions: Sequence[QAExample], seed: int) -> list[Trajectory]:
         tree = self.cfg.rollout.tree

@@ -1,0 +1,145 @@
+"""A vLLM generation backend (`rollout.backend: vllm`), for GPU machines that have vLLM.
+
+The same interface as `HFBackend` (`GenerationBackend`): token ids in, token ids out.
+
+- Prompts go to vLLM as `TokensPrompt(prompt_token_ids=...)`, exactly the ids the rollout
+  engine holds; text is never re-tokenised, so what the policy is trained on is what it
+  generated (re-tokenisation drift is the most reported bug of agentic RL stacks).
+- Generation stops at `</search>` / `</answer>` (kept in the output, as `HFBackend` keeps
+  them) or EOS; every turn is one request per episode, and vLLM's prefix caching reuses
+  the episode's earlier turns, as `HFBackend`'s kept KV cache does.
+- Colocated weight sync: `sync_weights(policy)` pushes the policy's current weights into
+  the engine (`load_weights`, HF parameter names; LoRA adapters merged into the base
+  weights first) and resets the prefix cache, whose entries the old weights computed. The
+  trainer calls it before each rollout that follows an optimizer step.
+
+Not verified on a GPU in this project (the lent GPU machines have no vLLM, and vLLM 0.33
+needs torch 2.14): the tests run this module against a stand-in `vllm` package that
+records what it is asked. The engine's internals for in-process weight loading differ
+between vLLM versions; `_engine_model` tries the known paths and says so when none fits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator, Sequence
+
+import torch
+
+from seekrl.agent.backends import Sampling
+from seekrl.agent.protocol import STOP_STRINGS
+from seekrl.models import ModelError
+
+# where the engine keeps its torch model when it runs in this process, by vLLM generation
+_MODEL_PATHS = ("model_executor.driver_worker.model_runner.model",            # V0 engine
+                "model_executor.driver_worker.worker.model_runner.model")     # V1, in process
+
+
+def import_vllm():
+    try:
+        import vllm
+    except ImportError:
+        raise ModelError("rollout.backend vllm needs the vllm package (a CUDA machine: "
+                         "pip install vllm, at the version that matches your torch)") from None
+    return vllm
+
+
+class VLLMBackend:
+    """Generation with a colocated `vllm.LLM` (or one passed in as `llm`)."""
+
+    def __init__(self, model: str, tokenizer, *, dtype: str = "bfloat16",
+                 gpu_memory_utilization: float = 0.4, max_model_len: int = 4096,
+                 seed: int = 0, llm=None, stop_strings: tuple[str, ...] = STOP_STRINGS):
+        vllm = import_vllm()
+        self._vllm = vllm
+        self.tokenizer = tokenizer
+        self.stop_strings = list(stop_strings)
+        self.llm = llm if llm is not None else vllm.LLM(
+            model=model, tokenizer=model, dtype=dtype, seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+            enable_prefix_caching=True)
+        self.synced_version: int | None = None   # the trainer's step the weights are from
+
+    def generate(self, contexts: list[list[int]], max_new_tokens: int, sampling: Sampling,
+                 keys: Sequence[Hashable] | None = None) -> list[list[int]]:
+        """One continuation per context, as token ids ending at the first stop string or EOS
+        (kept). `keys` are not needed: vLLM's prefix cache finds the shared history itself."""
+        if not contexts or max_new_tokens <= 0:
+            return [[] for _ in contexts]
+        from vllm.inputs import TokensPrompt
+
+        params = self._vllm.SamplingParams(
+            n=1, max_tokens=max_new_tokens,
+            temperature=0.0 if sampling.greedy else sampling.temperature,
+            top_p=1.0 if sampling.greedy else sampling.top_p,
+            stop=self.stop_strings, include_stop_str_in_output=True)
+        prompts = [TokensPrompt(prompt_token_ids=list(c)) for c in contexts]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        if len(outputs) != len(contexts):
+            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(contexts)} "
+                               "prompts")
+        return [list(out.outputs[0].token_ids) for out in outputs]
+
+    def sync_weights(self, policy: torch.nn.Module, version: int | None = None) -> int:
+        """Load `policy`'s weights into the engine; returns how many tensors were pushed."""
+        target = _engine_model(self.llm)
+        count = 0
+
+        def counted() -> Iterator[tuple[str, torch.Tensor]]:
+            nonlocal count
+            for item in hf_weights(policy):
+                count += 1
+                yield item
+
+        target.load_weights(counted())
+        reset = getattr(self.llm, "reset_prefix_cache", None)
+        if callable(reset):
+            reset()
+        self.synced_version = version
+        return count
+
+
+def _engine_model(llm):
+    engine = getattr(llm, "llm_engine", None)
+    for path in _MODEL_PATHS:
+        obj = engine
+        try:
+            for attr in path.split("."):
+                obj = getattr(obj, attr)
+        except AttributeError:
+            continue
+        if hasattr(obj, "load_weights"):
+            return obj
+    raise ModelError("cannot reach the vLLM engine's model in this process to load the new "
+                     "weights (this vLLM runs it in a worker process); run with "
+                     "VLLM_ENABLE_V1_MULTIPROCESSING=0 for colocated training")
+
+
+@torch.no_grad()
+def hf_weights(policy: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF parameter name, tensor) for every weight of the policy as a plain HF model would
+    name it. A peft LoRA model is read with its adapters merged into the base weights
+    (W + scale x B A) and the peft prefixes and `base_layer` parts dropped; the adapter
+    matrices themselves are not yielded. Tensors are detached views, not copies, where no
+    merge is needed."""
+    lora_delta: dict[str, torch.Tensor] = {}
+    for name, module in policy.named_modules():
+        if hasattr(module, "get_delta_weight") and hasattr(module, "active_adapters"):
+            delta = None
+            for adapter in module.active_adapters:
+                if adapter in getattr(module, "lora_A", {}):
+                    d = module.get_delta_weight(adapter)
+                    delta = d if delta is None else delta + d
+            if delta is not None:
+                lora_delta[f"{name}.base_layer.weight"] = delta
+    for name, tensor in policy.state_dict(keep_vars=False).items():
+        if ".lora_" in name or "lora_embedding" in name:
+            continue
+        if name in lora_delta:
+            tensor = tensor + lora_delta[name].to(tensor.dtype)
+        yield _hf_name(name), tensor.detach()
+
+
+def _hf_name(name: str) -> str:
+    if name.startswith("base_model.model."):
+        name = name[len("base_model.model."):]
+    return name.replace(".base_layer.", ".")

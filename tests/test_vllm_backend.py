@@ -1,0 +1,151 @@
+"""The vLLM backend against a stand-in `vllm` package (vLLM itself needs a CUDA machine):
+token ids in and out, the sampling settings it asks for, LoRA-merged weights under HF
+names, and the trainer's weight sync before each rollout that follows an update."""
+
+from __future__ import annotations
+
+import copy
+import sys
+import types
+
+import pytest
+import torch
+from test_train import make_cfg, parity_reward, world  # noqa: F401  (world: a fixture)
+
+from seekrl.agent.backends import Sampling
+from seekrl.agent.protocol import STOP_STRINGS
+from seekrl.models import tiny_policy
+
+
+class FakeEngineModel:
+    def __init__(self):
+        self.loads: list[dict[str, torch.Tensor]] = []
+
+    def load_weights(self, weights):
+        self.loads.append({n: t.clone() for n, t in weights})
+
+
+class FakeLLM:
+    """Records every request; answers each prompt with `reply` token ids."""
+
+    instances: list[FakeLLM] = []
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        self.requests: list[tuple[list, object]] = []
+        self.reply: list[int] = []
+        self.resets = 0
+        self.engine_model = FakeEngineModel()
+        self.llm_engine = types.SimpleNamespace(model_executor=types.SimpleNamespace(
+            driver_worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(
+                model=self.engine_model))))
+        FakeLLM.instances.append(self)
+
+    def generate(self, prompts, params, use_tqdm=True):
+        self.requests.append((prompts, params))
+        done = types.SimpleNamespace(token_ids=tuple(self.reply), finish_reason="stop")
+        return [types.SimpleNamespace(outputs=[done]) for _ in prompts]
+
+    def reset_prefix_cache(self):
+        self.resets += 1
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    vllm = types.ModuleType("vllm")
+    vllm.LLM = FakeLLM
+    vllm.SamplingParams = lambda **kw: types.SimpleNamespace(**kw)
+    inputs = types.ModuleType("vllm.inputs")
+    inputs.TokensPrompt = lambda **kw: dict(kw)
+    vllm.inputs = inputs
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    FakeLLM.instances.clear()
+    return vllm
+
+
+def test_without_vllm_the_backend_says_how_to_get_it(monkeypatch):
+    from seekrl.agent.vllm_backend import VLLMBackend
+    from seekrl.models import ModelError
+
+    monkeypatch.setitem(sys.modules, "vllm", None)     # import fails
+    with pytest.raises(ModelError, match="needs the vllm package"):
+        VLLMBackend("m", None)
+
+
+def test_token_ids_in_and_out_with_the_protocol_stops(fake_vllm):
+    from seekrl.agent.vllm_backend import VLLMBackend
+
+    backend = VLLMBackend("/models/policy", None, dtype="bfloat16", max_model_len=2048, seed=7)
+    llm = FakeLLM.instances[-1]
+    assert llm.kwargs["enable_prefix_caching"] is True and llm.kwargs["model"] == "/models/policy"
+    assert llm.kwargs["seed"] == 7 and llm.kwargs["max_model_len"] == 2048
+    llm.reply = [11, 12, 13]
+    contexts = [[1, 2, 3], [1, 2, 3, 4, 5]]
+    out = backend.generate(contexts, 32, Sampling(greedy=True))
+    assert out == [[11, 12, 13], [11, 12, 13]]
+    prompts, params = llm.requests[-1]
+    # the exact ids, never text: no re-tokenisation between turns
+    assert prompts == [{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [1, 2, 3, 4, 5]}]
+    assert params.stop == list(STOP_STRINGS) and params.include_stop_str_in_output is True
+    assert params.max_tokens == 32 and params.temperature == 0.0 and params.n == 1
+    backend.generate(contexts, 8, Sampling(temperature=0.7, top_p=0.9))
+    params = llm.requests[-1][1]
+    assert params.temperature == 0.7 and params.top_p == 0.9
+    assert backend.generate([], 8, Sampling()) == [] and len(llm.requests) == 2
+
+
+def test_lora_weights_are_merged_under_hf_names():
+    from peft import LoraConfig, get_peft_model
+
+    from seekrl.agent.vllm_backend import hf_weights
+
+    model, _ = tiny_policy(seed=1)
+    plain = dict(hf_weights(model))
+    assert plain.keys() == model.state_dict().keys()
+    lora = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, lora_alpha=8,
+                                                           target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():      # B starts at zero: make the adapters do something
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    pushed = dict(hf_weights(lora))
+    merged = copy.deepcopy(lora).merge_and_unload().state_dict()
+    assert pushed.keys() == merged.keys() == model.state_dict().keys()
+    for name in merged:
+        torch.testing.assert_close(pushed[name], merged[name], msg=name)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.allclose(pushed[q], plain[q])      # the adapter's change is in it
+
+
+def test_trainer_pushes_the_updated_policy_before_each_rollout(fake_vllm, world, tmp_path):  # noqa: F811
+    from seekrl.rl.train import Trainer
+
+    model, tok = tiny_policy(seed=3)
+    cfg = make_cfg(tmp_path, steps=2, **{"rollout.backend": "vllm", "algo.kl_coef": 0.0})
+    trainer = Trainer(cfg, model=model, tokenizer=tok, retriever=world["index"],
+                      questions=world["train"], reward_fn=parity_reward,
+                      overwrite=True)
+    # every turn answers (and differently per sample: the reward above varies in a group)
+    answer = tok.encode("<answer> Tarrow </answer>", add_special_tokens=False)
+    original = FakeLLM.generate
+
+    def generate(self, prompts, params, use_tqdm=True):
+        self.reply = answer
+        return original(self, prompts, params, use_tqdm)
+
+    FakeLLM.generate = generate
+    try:
+        trainer.train()
+    finally:
+        FakeLLM.generate = original
+    llm = FakeLLM.instances[-1]
+    loads = llm.engine_model.loads
+    assert len(loads) == 2 and llm.resets == 2          # once per step, before its rollout
+    # step 1 rolled out the starting weights, step 2 those after step 1's update
+    start = dict(tiny_policy(seed=3)[0].state_dict())
+    assert all(torch.equal(loads[0][n], start[n]) for n in start)
+    changed = [n for n in start if not torch.equal(loads[1][n], start[n])]
+    assert changed
+    final = trainer.model.state_dict()      # step 2's own update came after its rollout
+    assert any(not torch.equal(loads[1][n], final[n]) for n in changed)
