@@ -100,7 +100,11 @@ def _peak_rss_mb() -> float:
 
 def _child(fn, args, queue) -> None:
     started = time.perf_counter()
-    extra = fn(*args) or {}
+    try:
+        extra = fn(*args) or {}
+    except BaseException as err:          # the parent must not wait forever
+        queue.put({"error": f"{type(err).__name__}: {err}"})
+        raise
     queue.put({"seconds": time.perf_counter() - started, "peak_rss_mb": _peak_rss_mb(),
                **extra})
 
@@ -111,10 +115,17 @@ def in_fresh_process(fn, *args) -> dict:
     queue = ctx.Queue()
     proc = ctx.Process(target=_child, args=(fn, args, queue))
     proc.start()
-    result = queue.get()
+    while True:            # a child killed outright (out of memory) puts nothing
+        try:
+            result = queue.get(timeout=5)
+            break
+        except Exception:
+            if not proc.is_alive():
+                raise RuntimeError(f"{fn.__name__}: the process died (exit code "
+                                   f"{proc.exitcode})") from None
     proc.join()
-    if proc.exitcode != 0:
-        raise RuntimeError(f"{fn.__name__} failed (exit code {proc.exitcode})")
+    if "error" in result or proc.exitcode != 0:
+        raise RuntimeError(f"{fn.__name__} failed: {result.get('error', proc.exitcode)}")
     return result
 
 

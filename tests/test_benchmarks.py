@@ -92,7 +92,7 @@ def test_flashrag_folder_with_and_without_split(tmp_path: Path) -> None:
     assert [e.id for e in load_qa(folder, "train")] == ["t0", "t1", "t2"]
     with pytest.raises(FileNotFoundError, match="no test.jsonl"):
         load_qa(f"{folder}:test")
-    assert dataset_name(f"{folder}:train") == "hotpotqa"
+    assert dataset_name(f"{folder}:train") == "hotpotqa-train"   # not the reported split
     assert load_qa(folder)[0].metadata["supporting_titles"] == ["Muse (band)", "Kasabian"]
 
 
@@ -276,3 +276,34 @@ def test_standard_recipe_at_toy_scale(hotpotqa_dir: Path, tmp_path: Path, tiny,
     out = run("table", tmp_path / "eval-agent", tmp_path / "eval-rag")
     assert "| | hotpotqa | single-hop avg. | multi-hop avg. | avg. |" in out
     assert "| agent · tiny |" in out and "| rag · tiny |" in out
+
+
+@needs_datasets
+def test_skip_bad_rows_of_an_hf_dataset_are_reported_not_fatal(tmp_path: Path) -> None:
+    import datasets
+
+    from seekrl.data.jsonl import SkipReport
+
+    rows = {"id": ["a", "b", "c"], "question": ["Who?", "", "Where?"],
+            "answer": ["Ann", "Bo", "Paris"]}
+    datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "d"))
+    with pytest.raises(DataError, match="field 'question'"):
+        load_qa(f"hf:{tmp_path / 'd'}:test")
+    report = SkipReport()
+    kept = load_qa(f"hf:{tmp_path / 'd'}:test", skip_bad=True, report=report)
+    assert [e.id for e in kept] == ["a", "c"] and report.count == 1
+    assert report.skipped[0][0] == 2 and "question" in report.skipped[0][1]
+
+
+def test_training_reads_the_train_split_of_a_folder(tmp_path: Path, monkeypatch) -> None:
+    folder = tmp_path / "nq"
+    _write_jsonl(folder / "train.jsonl", _rows("t", 2))
+    _write_jsonl(folder / "test.jsonl", _rows("e", 3))
+    assert [e.id for e in load_qa(folder, "train")] == ["t0", "t1"]
+    monkeypatch.setenv("SEEKRL_FLASHRAG_DIR", str(tmp_path))
+    assert [e.id for e in load_qa("flashrag:nq", "train")] == ["t0", "t1"]
+    assert [e.id for e in load_qa("flashrag:nq:test", "train")] == ["e0", "e1", "e2"]  # named
+    # a split other than the one the papers report is named apart in the tables
+    assert dataset_name("flashrag:nq:train") == "nq-train"
+    assert dataset_name("flashrag:nq:test") == dataset_name("flashrag:nq") == "nq"
+    assert dataset_name(f"{folder}:train") == "nq-train" and dataset_name(f"{folder}:test") == "nq"

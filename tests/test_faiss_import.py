@@ -228,3 +228,32 @@ def test_dense_build_resumes_from_saved_shards(tmp_path, monkeypatch) -> None:
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
     with pytest.raises(ValueError, match="only dense and hybrid builds"):
         build_index(corpus, tmp_path / "b", "bm25", resume=True, show_progress=False)
+
+
+def test_import_refuses_l2_and_id_mapped_indexes(tmp_path, encoder) -> None:
+    corpus = write_corpus(tmp_path / "corpus.jsonl")
+    vectors = encode(encoder, [c for _, c in DOCS])
+    l2 = faiss.IndexFlatL2(vectors.shape[1])
+    l2.add(vectors)
+    faiss.write_index(l2, str(tmp_path / "l2.index"))
+    with pytest.raises(RetrievalError, match="ranks by L2 distance"):
+        import_faiss_index(corpus, tmp_path / "l2.index", tmp_path / "a",
+                           encoder=bundled_encoder_path())
+    mapped = faiss.IndexIDMap(faiss.IndexFlatIP(vectors.shape[1]))
+    mapped.add_with_ids(vectors, np.arange(100, 100 + len(vectors)))
+    faiss.write_index(mapped, str(tmp_path / "map.index"))
+    with pytest.raises(RetrievalError, match="maps vectors to its own ids"):
+        import_faiss_index(corpus, tmp_path / "map.index", tmp_path / "b",
+                           encoder=bundled_encoder_path())
+
+
+def test_ivfpq_trains_on_a_sample_of_every_shard(tmp_path) -> None:
+    from seekrl.retrieval.dense import _sample_shards
+
+    sizes = [50, 50, 30]
+    for number, size in enumerate(sizes):     # shard k's vectors all hold the value k
+        np.save(tmp_path / f"{number:05d}.npy", np.full((size, 4), number, dtype=np.float32))
+    sample = _sample_shards(tmp_path, len(sizes), sum(sizes), 60)
+    assert sample.shape == (60, 4) and sample.dtype == np.float32
+    assert set(np.unique(sample[:, 0]).tolist()) == {0.0, 1.0, 2.0}   # from all of them
+    assert len(_sample_shards(tmp_path, len(sizes), sum(sizes), 10_000)) == sum(sizes)

@@ -379,7 +379,12 @@ def test_sliding_window_models_are_refused_past_their_window():
     greedy = Sampling(greedy=True)
     assert len(backend.generate([[1, 2, 3, 4]], 4, greedy)[0]) <= 4     # inside: fine
     with pytest.raises(ModelError, match="exceeds the model's sliding attention window of 16"):
-        backend.generate([list(range(1, 15))], 4, greedy)
+        backend.generate([list(range(1, 18))], 4, greedy)
+    # the engine checks the episode budget once: max_total_tokens above the window is refused
+    from seekrl.agent.rollout import RolloutConfig, RolloutEngine
+    RolloutEngine(backend, tok, None, RolloutConfig(max_total_tokens=16, method="direct"))
+    with pytest.raises(ModelError, match="set rollout.max_total_tokens .* to at most 16"):
+        RolloutEngine(backend, tok, None, RolloutConfig(max_total_tokens=17, method="direct"))
     ids = torch.randint(3, 300, (1, 20))
     with pytest.raises(ModelError, match="sliding attention window"):
         masked_logprobs(mistral, ids, torch.ones_like(ids), torch.ones(1, 20))

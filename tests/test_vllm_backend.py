@@ -149,3 +149,18 @@ def test_trainer_pushes_the_updated_policy_before_each_rollout(fake_vllm, world,
     assert changed
     final = trainer.model.state_dict()      # step 2's own update came after its rollout
     assert any(not torch.equal(loads[1][n], final[n]) for n in changed)
+
+
+def test_refine_and_labelling_refuse_the_vllm_backend(tmp_path):
+    from seekrl.config import LabelConfig, RefineConfig
+    from seekrl.rl.mcts import run_labelling
+    from seekrl.rl.refine import run_refine
+
+    model, tok = tiny_policy(seed=0)
+    with pytest.raises(ValueError, match="rollout.backend: refine samples"):
+        run_refine(RefineConfig(out=str(tmp_path / "r"), rollout={"backend": "vllm"}),
+                   model=model, tokenizer=tok, retriever=object(), questions=[])
+    with pytest.raises(ValueError, match="rollout.backend: labelling"):
+        run_labelling(LabelConfig(out=str(tmp_path / "m"), data="q.jsonl",
+                                   rollout={"backend": "vllm"}), model=model, tokenizer=tok,
+                      questions=[])

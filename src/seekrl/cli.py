@@ -343,6 +343,9 @@ def eval_(
             from seekrl.models import check_device, load_tokenizer, resolve_model
 
             check_device(device)
+            if device not in ("cuda", "cuda:0"):
+                raise ValueError(f"--backend vllm uses the first GPU it sees, not {device!r}: "
+                                 "choose it with CUDA_VISIBLE_DEVICES and --device cuda")
             policy, tokenizer = None, load_tokenizer(resolve_model(model))
             generator = VLLMBackend(resolve_model(model), tokenizer, dtype=dtype, seed=seed,
                                     max_model_len=max_total_tokens)

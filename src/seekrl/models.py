@@ -157,6 +157,8 @@ def sliding_window(model) -> int | None:
     """The attention window of a model that restricts some layers to the last W tokens
     (Mistral v0.1, Gemma 2/3, Phi-3 small/mini, Qwen2 with `use_sliding_window`), else None."""
     config = _config(model)
+    text = getattr(config, "get_text_config", None)   # Gemma 3: the window sits in text_config
+    config = text() if callable(text) else config
     window = getattr(config, "sliding_window", None)
     if not isinstance(window, int) or window <= 0:
         return None

@@ -371,7 +371,9 @@ class HFBackend:
             raise ValueError("keys must be unique: one per episode")
         from seekrl.models import check_window
 
-        check_window(self.model, max(map(len, contexts)) + max_new_tokens)
+        # the episode's whole budget is checked once by the rollout engine; here what the
+        # caller gives (`max_new_tokens` is the batch's largest, not each row's, budget)
+        check_window(self.model, max(map(len, contexts)))
         _growing_layer_class().spare = max_new_tokens
         batch, logits = self._prefill(contexts, keys, spare=max_new_tokens)
         results: list[list[int]] = [[] for _ in contexts]

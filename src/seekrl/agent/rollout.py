@@ -94,6 +94,11 @@ class RolloutEngine:
         self.tokenizer = tokenizer
         self.retriever = retriever
         self.cfg = cfg or RolloutConfig()
+        policy = getattr(backend, "model", None)
+        if isinstance(policy, torch.nn.Module):   # an episode must fit a sliding window
+            from seekrl.models import check_window
+
+            check_window(policy, self.cfg.max_total_tokens)
         # the tokens a backend ends a turn on (kept in the ids, left out of the text)
         self._end_ids = set(getattr(backend, "stop_ids", None) or ()) | {
             i for i in (getattr(tokenizer, "eos_token_id", None),

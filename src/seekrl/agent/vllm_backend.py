@@ -21,6 +21,7 @@ between vLLM versions; `_engine_model` tries the known paths and says so when no
 
 from __future__ import annotations
 
+import os
 from collections.abc import Hashable, Iterator, Sequence
 
 import torch
@@ -49,6 +50,10 @@ class VLLMBackend:
     def __init__(self, model: str, tokenizer, *, dtype: str = "bfloat16",
                  gpu_memory_utilization: float = 0.4, max_model_len: int = 4096,
                  seed: int = 0, llm=None, stop_strings: tuple[str, ...] = STOP_STRINGS):
+        if llm is None:
+            # colocated weight sync loads weights into the engine's model in this process;
+            # vLLM's V1 engine runs it in a worker process unless told otherwise
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         vllm = import_vllm()
         self._vllm = vllm
         self.tokenizer = tokenizer

@@ -413,7 +413,7 @@ def read_searchr1_parquet(path: str | os.PathLike[str]) -> list[QAExample]:
 # -------------------------------------------------------------------- Hugging Face datasets
 
 _DEFAULT_ANSWER_FIELDS = ("golden_answers", "answers", "answer", "possible_answers")
-_DEFAULT_METADATA_FIELDS = ("type", "level", "hops", "supporting_facts")
+_DEFAULT_METADATA_FIELDS = ("type", "level", "hops", "supporting_facts", "paragraphs")
 _HF_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
@@ -470,6 +470,8 @@ def load_hf_qa(
     id_field: str = "id",
     metadata_fields: Iterable[str] = _DEFAULT_METADATA_FIELDS,
     data_files: Any = None,
+    skip_bad: bool = False,
+    report: SkipReport | None = None,
     **load_kwargs: Any,
 ) -> list[QAExample]:
     """Load QA examples with `datasets.load_dataset`.
@@ -509,23 +511,30 @@ def load_hf_qa(
                         field=answers_field)
     keep = [c for c in metadata_fields if c in columns]
 
+    own = report if report is not None else SkipReport(path=source)
     examples = []
     for row_no, row in enumerate(dataset, start=1):
         try:
-            answers = _answers_from_value(row[answers_field])
-        except ValueError as e:
-            raise DataError(str(e), path=source, line=row_no, field=answers_field) from None
-        raw_meta = row.get("metadata")
-        metadata = dict(raw_meta) if isinstance(raw_meta, Mapping) else {}
-        metadata.update({c: row[c] for c in keep})
-        row_id = row.get(id_field)
-        record = {
-            "id": row_id if row_id not in (None, "") else f"{split}-{row_no - 1}",
-            "question": row[question_field],
-            "golden_answers": answers,
-            "metadata": metadata,
-        }
-        examples.append(QAExample.from_dict(record, path=source, line=row_no))
+            try:
+                answers = _answers_from_value(row[answers_field])
+            except ValueError as e:
+                raise DataError(str(e), path=source, line=row_no, field=answers_field) from None
+            raw_meta = row.get("metadata")
+            metadata = dict(raw_meta) if isinstance(raw_meta, Mapping) else {}
+            metadata.update({c: row[c] for c in keep})
+            row_id = row.get(id_field)
+            record = {
+                "id": row_id if row_id not in (None, "") else f"{split}-{row_no - 1}",
+                "question": row[question_field],
+                "golden_answers": answers,
+                "metadata": metadata,
+            }
+            examples.append(QAExample.from_dict(record, path=source, line=row_no))
+        except DataError as err:
+            if not skip_bad:
+                raise
+            own.add(row_no, reason_of(err))
+    _finish_skips(own, report)
     return examples
 
 

@@ -63,14 +63,15 @@ def dataset_name(path: str | Path) -> str:
     `hotpotqa`; a synthetic world (`world.json` beside the file) -> `world`; `hf:` and
     `flashrag:` specs -> the set's name (`flashrag:2wiki` -> `2wikimultihopqa`), a
     `FOLDER:SPLIT` -> the folder's name."""
-    from seekrl.data.benchmarks import spec_name
+    from seekrl.data.benchmarks import spec_name, split_name
 
     named = spec_name(os.fspath(path))
     if named:
         return named
     path = Path(path)
-    if not path.exists() and ":" in path.name and Path(str(path).rpartition(":")[0]).is_dir():
-        path = Path(str(path).rpartition(":")[0])
+    folder, _, split = str(path).rpartition(":")
+    if not path.exists() and folder and Path(folder).is_dir():    # FOLDER:SPLIT
+        return split_name(Path(folder).name, split)
     if path.is_dir():
         return path.name
     if path.stem.lower() not in GENERIC_STEMS:

@@ -13,12 +13,15 @@ same, so queries are encoded exactly as the documents were.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
 
 from seekrl.retrieval.base import RetrievalError
 from seekrl.retrieval.corpus import DocStore, StoreRetriever
+
+log = logging.getLogger(__name__)
 
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 _BUNDLED = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2", "minilm"}
@@ -110,25 +113,38 @@ def load_encoder(name: str | None, device: str = "cpu", *, pooling: str | None =
     return model
 
 
+def _pooling_mode(module) -> str | None:
+    """A pooling module's mode: `pooling_mode` (sentence-transformers 6), else
+    `get_pooling_mode_str()` (3.x to 5.x); None for any other module."""
+    mode = getattr(module, "pooling_mode", None)
+    if mode is None and callable(getattr(module, "get_pooling_mode_str", None)):
+        mode = module.get_pooling_mode_str()
+    if mode is None:
+        return None
+    return mode if isinstance(mode, str) else "+".join(mode)
+
+
 def _set_pooling(model, mode: str) -> None:
     """Replace the model's pooling module by one of `mode` (no-op when it is already)."""
     for key, module in model.named_children():
-        if hasattr(module, "pooling_mode"):
-            if module.pooling_mode == mode:
-                return
-            dim = getattr(module, "embedding_dimension", None) or \
-                module.word_embedding_dimension
-            model._modules[key] = type(module)(dim, pooling_mode=mode)
+        current = _pooling_mode(module)
+        if current is None:
+            continue
+        if current == mode:
             return
+        dim = getattr(module, "embedding_dimension", None) or \
+            module.word_embedding_dimension
+        model._modules[key] = type(module)(dim, pooling_mode=mode)
+        return
     raise RetrievalError(f"cannot set pooling {mode!r}: the encoder has no pooling module")
 
 
 def pooling_of(model) -> str | None:
     """The pooling mode the encoder applies (what an index records when none was given)."""
     for module in model.children():
-        mode = getattr(module, "pooling_mode", None)
+        mode = _pooling_mode(module)
         if mode is not None:
-            return mode if isinstance(mode, str) else "+".join(mode)
+            return mode
     return None
 
 
@@ -181,8 +197,9 @@ class DenseRetriever(StoreRetriever):
         vectors are saved there as they are done (NNNNN.npy, written then renamed) and a
         shard already there is read instead of encoded again, so a build that was killed
         continues where it stopped (`build_index(..., resume=True)`). Memory stays at one
-        shard plus the index itself; `ivfpq` trains its quantisers on the first
-        TRAIN_VECTORS vectors and then holds only codes (72 bytes a document)."""
+        shard plus the index itself; `ivfpq` encodes every shard first, trains its
+        quantisers on TRAIN_VECTORS vectors drawn from all of them, then holds only codes
+        (72 bytes a document)."""
         import faiss
 
         if index_type not in INDEX_TYPES:
@@ -217,29 +234,44 @@ class DenseRetriever(StoreRetriever):
                 progress.advance(task, len(texts))
             return np.ascontiguousarray(np.concatenate(parts), dtype=np.float32)
 
+        def shard(number: int, lo: int, progress, task) -> np.ndarray:
+            """The vectors of documents [lo, lo + shard_size): saved ones read back."""
+            hi = min(lo + shard_size, n)
+            saved = shards / f"{number:05d}.npy" if shards is not None else None
+            if saved is not None and saved.is_file():
+                emb = np.load(saved, mmap_mode="r")
+                if emb.shape != (hi - lo, dim):
+                    raise RetrievalError(f"{saved}: expected {hi - lo} x {dim} vectors, "
+                                         f"found {emb.shape}; delete it to re-encode")
+                progress.advance(task, hi - lo)
+                return emb
+            emb = encode(lo, hi, progress, task)
+            if saved is not None:
+                part = saved.with_name(saved.stem + ".part.npy")
+                np.save(part, emb)
+                part.rename(saved)
+            return emb
+
+        spans = list(enumerate(range(0, n, shard_size)))
         with Progress(disable=not show_progress, transient=True) as progress:
             task = progress.add_task("encoding documents", total=n)
-            for number, lo in enumerate(range(0, n, shard_size)):
-                hi = min(lo + shard_size, n)
-                saved = shards / f"{number:05d}.npy" if shards is not None else None
-                if saved is not None and saved.is_file():
-                    emb = np.load(saved)
-                    if emb.shape != (hi - lo, dim):
-                        raise RetrievalError(f"{saved}: expected {hi - lo} x {dim} vectors, "
-                                             f"found {emb.shape}; delete it to re-encode")
-                    progress.advance(task, hi - lo)
-                else:
-                    emb = encode(lo, hi, progress, task)
-                    if saved is not None:
-                        part = saved.with_suffix(".part.npy")
-                        np.save(part, emb)
-                        part.rename(saved)
-                if index.is_trained:
-                    index.add(emb)
-                else:
-                    pending.append(emb)
-                    if sum(len(p) for p in pending) >= min(TRAIN_VECTORS, n):
-                        _train_and_add(index, pending)
+            if index_type == "ivfpq" and shards is not None:
+                # train on a random sample of the whole corpus (wiki-18 is ordered by
+                # article: its first 100k passages are a poor sample), then add
+                for number, lo in spans:
+                    shard(number, lo, progress, task)
+                index.train(_sample_shards(shards, len(spans), n, TRAIN_VECTORS))
+                for number, _ in spans:
+                    index.add(np.ascontiguousarray(np.load(shards / f"{number:05d}.npy")))
+            else:
+                for number, lo in spans:
+                    emb = np.ascontiguousarray(shard(number, lo, progress, task))
+                    if index.is_trained:
+                        index.add(emb)
+                    else:
+                        pending.append(emb)
+                        if sum(len(p) for p in pending) >= min(TRAIN_VECTORS, n):
+                            _train_and_add(index, pending)
         if pending:
             _train_and_add(index, pending)
         faiss.write_index(index, str(out / "index.faiss"))
@@ -251,7 +283,7 @@ class DenseRetriever(StoreRetriever):
 
     @classmethod
     def load(cls, directory: str | Path, store: DocStore, *, device: str = "cpu",
-             ef_search: int | None = None) -> "DenseRetriever":
+             ef_search: int | None = None, faiss_gpu: bool = False) -> "DenseRetriever":
         directory = Path(directory)
         meta = json.loads((directory / "encoder.json").read_text())
         index = read_faiss(directory / "index.faiss")
@@ -265,7 +297,7 @@ class DenseRetriever(StoreRetriever):
             raise RetrievalError(f"{directory}: the encoder {meta['encoder']!r} gives "
                                  f"{embedding_dim(model)}-dimensional vectors but the faiss "
                                  f"index holds {index.d}-dimensional ones")
-        return cls(model, to_gpu_if_asked(index, device), store,
+        return cls(model, search_on_gpu(index, device) if faiss_gpu else index, store,
                    query_prefix=meta.get("query_prefix", ""), ef_search=ef_search,
                    normalize=meta.get("normalize", True))
 
@@ -274,10 +306,11 @@ def new_faiss_index(index_type: str, dim: int, n: int, *, hnsw_m: int = 32):
     """An empty inner-product index. The trade-off: `flat` is exact and holds n x dim x 4
     bytes (wiki-18 at 768 dimensions: 60 GB) with search time linear in n; `hnsw` (M = 32,
     efSearch 64) adds a graph to flat's bytes and searches in sub-linear time at a small
-    recall cost; `ivfpq` (4 sqrt(n) lists, 64-byte codes, 32 lists probed) holds about
-    72 bytes per document (wiki-18: 1.5 GB) at a larger recall cost, and needs 256 documents
-    to train. Recall@10 against exact search and QPS as the corpus grows, measured on this
-    project's CPU machine: bench/RESULTS.md, "Retrieval at scale"."""
+    recall cost; `ivfpq` (min(4 sqrt(n), training vectors / 39) lists, 64-byte codes, 32
+    lists probed) holds about 72 bytes per document (wiki-18: 1.5 GB) at a larger recall
+    cost, and needs 256 documents to train (on a random sample of up to 100k). Recall@10
+    against exact search and QPS as the corpus grows, measured on this project's CPU
+    machine: bench/RESULTS.md, "Retrieval at scale"."""
     import faiss
 
     if index_type == "flat":
@@ -296,6 +329,18 @@ def new_faiss_index(index_type: str, dim: int, n: int, *, hnsw_m: int = 32):
     return index
 
 
+def _sample_shards(shards: Path, count: int, n: int, size: int, seed: int = 0) -> np.ndarray:
+    """`size` vectors drawn uniformly without replacement from saved shards 0..count-1."""
+    rows = np.sort(np.random.default_rng(seed).choice(n, size=min(size, n), replace=False))
+    parts, offset = [], 0
+    for number in range(count):
+        emb = np.load(shards / f"{number:05d}.npy", mmap_mode="r")
+        inside = rows[(rows >= offset) & (rows < offset + len(emb))] - offset
+        parts.append(np.asarray(emb[inside], dtype=np.float32))
+        offset += len(emb)
+    return np.ascontiguousarray(np.concatenate(parts))
+
+
 def _train_and_add(index, pending: list[np.ndarray]) -> None:
     vectors = np.concatenate(pending)
     pending.clear()
@@ -304,13 +349,21 @@ def _train_and_add(index, pending: list[np.ndarray]) -> None:
     index.add(vectors)
 
 
-def to_gpu_if_asked(index, device: str):
-    """The index on the GPU when `device` is cuda and faiss was built with GPU support
-    (faiss-gpu); else as it is."""
+def search_on_gpu(index, device: str):
+    """The index copied to the GPU for search (`faiss_gpu=True`, opt-in: wiki-18's flat
+    index is 60 GB), when `device` is cuda and faiss has GPU support (faiss-gpu); flat and
+    IVF indexes only (faiss has no GPU HNSW). Otherwise, with a warning, as it is."""
     import faiss
 
-    if not device.startswith("cuda") or not hasattr(faiss, "StandardGpuResources") \
-            or faiss.get_num_gpus() == 0:
+    why = None
+    if not device.startswith("cuda"):
+        why = f"device is {device!r}"
+    elif not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() == 0:
+        why = "this faiss has no GPU support (install faiss-gpu)"
+    elif hasattr(index, "hnsw"):
+        why = "faiss cannot search HNSW indexes on a GPU"
+    if why is not None:
+        log.warning("faiss_gpu: searching on the CPU: %s", why)
         return index
     gpu = int(device.partition(":")[2] or 0)
     return faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), gpu, index)

@@ -19,6 +19,7 @@ from pathlib import Path
 from seekrl import __version__
 from seekrl.data.jsonl import SkipReport
 from seekrl.errors import DataError
+from seekrl.models import check_device
 from seekrl.retrieval.base import Hit, RetrievalError
 from seekrl.retrieval.bm25 import BM25Retriever
 from seekrl.retrieval.corpus import DocStore, file_sha256, iter_corpus
@@ -81,7 +82,9 @@ def build_index(corpus: str | Path, out: str | Path, retriever: str = "bm25", *,
         raise ValueError(f"retriever: expected one of {', '.join(RETRIEVERS)}, got {retriever!r}")
     corpus = _checked_paths(corpus, out, overwrite)
     dense = retriever in ("dense", "hybrid")
-    plan = {"corpus_sha256": file_sha256(corpus), "retriever": retriever,
+    if dense:
+        check_device(device)       # before hours of corpus work, not after
+    plan = {"corpus_sha256": file_sha256(corpus), "retriever": retriever, "device": device,
             "encoder": encoder or DEFAULT_ENCODER, "index_type": index_type,
             "pooling": pooling, "query_prefix": query_prefix, "doc_prefix": doc_prefix,
             "shard_size": shard_size or SHARD_DOCS, "skip_bad": skip_bad}
@@ -136,7 +139,14 @@ def import_faiss_index(corpus: str | Path, faiss_file: str | Path, out: str | Pa
         raise RetrievalError(f"{faiss_file}: not a faiss index "
                              f"({str(err).splitlines()[0][:160] if str(err) else err!r})") from None
     vectors, dim, kind = index.ntotal, index.d, type(index).__name__
-    metric = "inner_product" if index.metric_type == 0 else "l2"
+    if kind.startswith("IndexIDMap"):
+        raise RetrievalError(f"{faiss_file}: a {kind} maps vectors to its own ids; seekrl "
+                             "needs vector i = corpus line i (an index without an id map)")
+    if index.metric_type != 0:     # faiss.METRIC_INNER_PRODUCT
+        raise RetrievalError(f"{faiss_file}: the index ranks by L2 distance (metric "
+                             f"{index.metric_type}); seekrl expects inner product (scores "
+                             "where higher is better, as Search-R1's e5 index has)")
+    metric = "inner_product"
     del index
     model = load_encoder(encoder, pooling=settings["pooling"], local_only=True)
     settings["pooling"] = pooling_of(model)
@@ -203,7 +213,8 @@ def _write_atomically(out: Path, fill, *, plan: dict | None = None,
         manifest = fill(tmp)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
     except BaseException as err:
-        done = len(list((tmp / SHARDS).glob("[0-9]*.npy"))) if plan is not None else 0
+        done = len(list((tmp / SHARDS).glob("[0-9][0-9][0-9][0-9][0-9].npy"))) \
+            if plan is not None else 0
         if done:
             hint = (f"{tmp} keeps the {done} dense shard(s) encoded so far; build again "
                     "with --resume (resume=True) to continue from there")
@@ -320,8 +331,9 @@ def _check_files(path: Path, kind: str) -> None:
                              "missing; rebuild the index (`seekrl index`)")
 
 
-def load_index(path: str | Path, *, device: str = "cpu") -> LocalIndex:
-    """Load an index folder; the documents and BM25 matrices are memory-mapped."""
+def load_index(path: str | Path, *, device: str = "cpu", faiss_gpu: bool = False) -> LocalIndex:
+    """Load an index folder; the documents and BM25 matrices are memory-mapped.
+    `faiss_gpu`: search a flat / IVF dense index on the GPU (`device` cuda, faiss-gpu)."""
     path = Path(path)
     manifest = read_manifest(path)
     kind = manifest["retriever"]
@@ -337,11 +349,13 @@ def load_index(path: str | Path, *, device: str = "cpu") -> LocalIndex:
         if kind == "bm25":
             retriever = BM25Retriever.load(path / "bm25", store)
         elif kind == "dense":
-            retriever = DenseRetriever.load(path / "dense", store, device=device)
+            retriever = DenseRetriever.load(path / "dense", store, device=device,
+                                            faiss_gpu=faiss_gpu)
         else:
             retriever = HybridRetriever(BM25Retriever.load(path / "bm25", store),
                                         DenseRetriever.load(path / "dense", store,
-                                                            device=device), store)
+                                                            device=device, faiss_gpu=faiss_gpu),
+                                        store)
     except (OSError, ValueError, KeyError, RuntimeError, EOFError) as err:
         if isinstance(err, RetrievalError):
             raise

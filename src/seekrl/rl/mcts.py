@@ -443,8 +443,12 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
 
     search = cfg.search
     # everything that decides the labels (a resumed run may label more questions)
+    if cfg.rollout.backend != "hf":
+        raise ValueError("rollout.backend: labelling continues prefixes with seekrl's own "
+                         f"decoding loop (hf); {cfg.rollout.backend!r} is for seekrl train "
+                         "and seekrl eval")
     settings = _dotted(cfg.model_dump(mode="json", exclude={"out", "questions", "device"}))
-    questions = list(questions) if questions is not None else load_qa(cfg.data)
+    questions = list(questions) if questions is not None else load_qa(cfg.data, "train")
     if cfg.questions is not None:
         questions = questions[:cfg.questions]
     if not questions:

@@ -167,6 +167,9 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     out = Path(cfg.out)
     say = console.print if console is not None else (lambda *a, **k: None)
     pairs = None
+    if cfg.rollout.backend != "hf":
+        raise ValueError("rollout.backend: refine samples with seekrl's own decoding loop "
+                         f"(hf); {cfg.rollout.backend!r} is for seekrl train and seekrl eval")
     if cfg.method == "step_dpo":
         from seekrl.rl.prm import read_labels
         if not cfg.pairs:
@@ -208,7 +211,7 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     from seekrl.data.qa import load_qa
     from seekrl.rewards.outcome import get_outcome
 
-    questions = list(questions) if questions is not None else load_qa(cfg.data)
+    questions = list(questions) if questions is not None else load_qa(cfg.data, "train")
     if cfg.questions is not None:
         questions = questions[:cfg.questions]
     if retriever is None:

@@ -123,7 +123,8 @@ class Trainer:
                       model=cfg.model if model is None else None)
         # the questions and the index before any model: a bad path fails in seconds
         try:
-            self.questions = list(questions) if questions is not None else load_qa(cfg.data)
+            self.questions = list(questions) if questions is not None \
+                else load_qa(cfg.data, "train")   # a folder or flashrag: name: its train split
         except FileNotFoundError as err:
             raise FileNotFoundError(f"data: {err}") from None
         if not self.questions:
