@@ -228,11 +228,12 @@ def test_episode_limit_defaults_agree_everywhere():
                     reason="checks a machine without CUDA")
 def test_asking_for_cuda_without_it_fails_in_one_line(tmp_path):
     from seekrl.config import ConfigError, TrainConfig, build_config
-    from seekrl.models import ModelError, check_device, device_problem
+    from seekrl.errors import DeviceError
+    from seekrl.runtime import check_device, device_problem
 
     assert device_problem("cpu") is None
     assert "expected cpu, cuda, cuda:N or mps, got 'tpu'" in device_problem("tpu")
-    with pytest.raises(ModelError, match="is a CPU build; install a CUDA build"):
+    with pytest.raises(DeviceError, match="is a CPU build; install a CUDA build"):
         check_device("cuda:0")
     with pytest.raises(ConfigError, match=r"device: device 'cuda'"):
         build_config(TrainConfig, {"data": "q.jsonl"}, ["device=cuda"], "overrides")

@@ -184,7 +184,7 @@ def serve(
 
     try:
         if device != "cpu":
-            from seekrl.models import check_device
+            from seekrl.runtime import check_device
             check_device(device)
         run_server(index, host=host, port=port, log_level=log_level, device=device,
                    index_process=not no_index_process, batching=not no_batching,
@@ -340,7 +340,8 @@ def eval_(
         generator = None
         if backend == "vllm":
             from seekrl.agent.vllm_backend import VLLMBackend
-            from seekrl.models import check_device, load_tokenizer, resolve_model
+            from seekrl.models import load_tokenizer, resolve_model
+            from seekrl.runtime import check_device
 
             check_device(device)
             if device not in ("cuda", "cuda:0"):

@@ -65,7 +65,7 @@ def _usable_device(value: str) -> str:
     not when the model does (minutes)."""
     if value == "cpu":
         return value
-    from seekrl.models import device_problem  # imports torch: only for other devices
+    from seekrl.runtime import device_problem  # imports torch: only for other devices
 
     problem = device_problem(value)
     if problem:

@@ -25,3 +25,7 @@ class DataError(SeekrlError, ValueError):
         if field is not None:
             where += f"field '{field}': "
         super().__init__(where + message)
+
+
+class DeviceError(SeekrlError, RuntimeError):
+    """A device torch cannot use here (cuda on a CPU build, a GPU index past the count)."""

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from seekrl.errors import SeekrlError
+from seekrl.runtime import check_device, device_problem, quiet_transformers  # noqa: F401
 
 BUNDLED_ALIASES = {"smollm2-135m", "smollm2-135m-instruct", "smollm2"}
 DEFAULT_MODEL = "smollm2-135m"
@@ -183,13 +184,6 @@ def check_window(model, tokens: int) -> None:
                          f"--max-total-tokens) to at most {window}")
 
 
-def quiet_transformers() -> None:
-    """transformers' own progress bars ("Loading weights", "Writing model shards") would
-    interleave with seekrl's stage output in every recipe; seekrl reports its own progress."""
-    from transformers.utils import logging as hf_logging
-    hf_logging.disable_progress_bar()
-
-
 def load_tokenizer(name: str | None = DEFAULT_MODEL):
     from transformers import AutoTokenizer
 
@@ -197,37 +191,6 @@ def load_tokenizer(name: str | None = DEFAULT_MODEL):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
-
-
-def device_problem(device: str) -> str | None:
-    """Why `device` cannot be used here, in one line, or None when it can: cpu, cuda,
-    cuda:N, mps."""
-    kind, _, index = device.partition(":")
-    if kind == "cpu" and not index:
-        return None
-    if kind == "cuda":
-        if not torch.cuda.is_available():
-            if torch.version.cuda is None:
-                return (f"device {device!r}: this torch ({torch.__version__}) is a CPU build; "
-                        "install a CUDA build first (`make setup-gpu`, see the README's GPU "
-                        "section)")
-            return (f"device {device!r}: torch has CUDA {torch.version.cuda} but sees no GPU "
-                    "(check nvidia-smi and CUDA_VISIBLE_DEVICES)")
-        if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
-            return (f"device {device!r}: expected cuda or cuda:N with N below "
-                    f"{torch.cuda.device_count()} (the GPUs torch sees)")
-        return None
-    if kind == "mps" and not index:
-        return None if torch.backends.mps.is_available() else \
-            f"device {device!r}: MPS is not available on this machine"
-    return f"device: expected cpu, cuda, cuda:N or mps, got {device!r}"
-
-
-def check_device(device: str) -> None:
-    """A ModelError in one line for a device that cannot be used (before anything loads)."""
-    problem = device_problem(device)
-    if problem:
-        raise ModelError(problem)
 
 
 def load_policy(name: str | None = DEFAULT_MODEL, *, dtype: str = "float32",

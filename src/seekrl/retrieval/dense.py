@@ -94,7 +94,7 @@ def load_encoder(name: str | None, device: str = "cpu", *, pooling: str | None =
     # (tests/test_index.py checks it with sockets blocked). No HF_HUB_OFFLINE here: set
     # in os.environ it would leak into every subprocess (vLLM workers, a spawned server)
     # and stop them fetching hub models.
-    from seekrl.models import check_device, quiet_transformers
+    from seekrl.runtime import check_device, quiet_transformers
 
     check_device(device)
     quiet_transformers()     # no "Loading weights" bar in seekrl's output

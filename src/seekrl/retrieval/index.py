@@ -19,7 +19,6 @@ from pathlib import Path
 from seekrl import __version__
 from seekrl.data.jsonl import SkipReport
 from seekrl.errors import DataError
-from seekrl.models import check_device
 from seekrl.retrieval.base import Hit, RetrievalError
 from seekrl.retrieval.bm25 import BM25Retriever
 from seekrl.retrieval.corpus import DocStore, file_sha256, iter_corpus
@@ -35,6 +34,7 @@ from seekrl.retrieval.dense import (
     write_encoder_meta,
 )
 from seekrl.retrieval.hybrid import HybridRetriever
+from seekrl.runtime import check_device
 
 log = logging.getLogger(__name__)
 

@@ -240,7 +240,7 @@ def save_policy(model, tokenizer, path: str | Path, *, before_rename=None) -> Pa
     `seekrl eval --model` and any transformers code can load; written to a temporary folder
     and renamed, so a killed run never leaves half a model under `path`. `before_rename`
     (folder -> None) adds files to the temporary folder first."""
-    from seekrl.models import quiet_transformers
+    from seekrl.runtime import quiet_transformers
 
     quiet_transformers()
     path = Path(path)
