@@ -67,9 +67,10 @@ class DemoConfig:
     questions_per_step: int = 8
     group_size: int = 4
     rl_lr: float = 3e-5
-    rl_micro_batch: int = 4          # episodes per forward / backward in the update (one
-                                     # question's group, which shares its prompt pass; 8
-                                     # at once set the demo's peak, 8.5 GB)
+    rl_micro_batch: int = 2          # episodes per forward / backward in the update: each
+                                     # costs ~0.8 GB of activations (8 at once peaked at
+                                     # 8.5 GB, 4 at 5.2 GB); 2 halves a group's shared
+                                     # prompt pass
     temperature: float = 1.0
     kl_coef: float = 0.0
     process: str | None = None       # a process method (rl/methods.py) run next to outcome RL
