@@ -248,6 +248,10 @@ def test_parquet_errors_name_file_row_and_field(tmp_path: Path) -> None:
     with pytest.raises(DataError) as info:
         read_searchr1_parquet(bad_target)
     assert (info.value.line, info.value.field) == (2, "golden_answers")
+    report = SkipReport()       # --skip-bad: the bad row is left out and said, not fatal
+    kept = load_qa(bad_target, skip_bad=True, report=report)
+    assert [e.question for e in kept] == ["q1?"] and report.count == 1
+    assert report.skipped[0][0] == 2 and "golden_answers" in report.skipped[0][1]
 
     not_parquet = _write_lines(tmp_path / "x.parquet", ["hello"])
     with pytest.raises(DataError, match="not a readable parquet file"):

@@ -379,12 +379,14 @@ def _searchr1_record(row: dict[str, Any], row_no: int, path: str) -> dict[str, A
             "metadata": metadata}
 
 
-def read_searchr1_parquet(path: str | os.PathLike[str]) -> list[QAExample]:
+def read_searchr1_parquet(path: str | os.PathLike[str], *, skip_bad: bool = False,
+                          report: SkipReport | None = None) -> list[QAExample]:
     """Read a Search-R1 parquet file (written here or by Search-R1's scripts).
 
     Questions come from `extra_info.question`, a `question` column, or the prompt after
     "Question: "; golden answers from `reward_model.ground_truth.target`. Errors name the
-    file, the 1-based row and the field.
+    file, the 1-based row and the field; with `skip_bad=True` a bad row is skipped and
+    recorded in `report` instead (a file that is not parquet is still an error).
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -401,12 +403,19 @@ def read_searchr1_parquet(path: str | os.PathLike[str]) -> list[QAExample]:
     wanted = [c for c in (*_SEARCHR1_COLUMNS, "id", "question", "golden_answers", "metadata")
               if c in names]
     examples, row_no = [], 0
+    own = report if report is not None else SkipReport(path=path_str)
     # Batches keep memory flat on big training files; only the needed columns are read.
     for batch in parquet.iter_batches(columns=wanted):
         for row in batch.to_pylist():
             row_no += 1
-            record = _searchr1_record(row, row_no, path_str)
-            examples.append(QAExample.from_dict(record, path=path_str, line=row_no))
+            try:
+                record = _searchr1_record(row, row_no, path_str)
+                examples.append(QAExample.from_dict(record, path=path_str, line=row_no))
+            except DataError as err:
+                if not skip_bad:
+                    raise
+                own.add(row_no, reason_of(err))
+    _finish_skips(own, report)
     return examples
 
 
