@@ -171,7 +171,7 @@ def test_evidence_by_title_when_ids_are_unknown() -> None:
 
 
 def _fake_run(tmp_path: Path, name: str, method: str, em: dict[str, float]) -> Path:
-    from seekrl.eval.evaluate import hop_averages
+    from seekrl.data.benchmarks import hop_averages
 
     run = tmp_path / name
     run.mkdir()
@@ -188,7 +188,8 @@ def test_search_r1_layout_averages_single_and_multi_hop(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from seekrl.cli import app
-    from seekrl.eval.evaluate import hop_averages, score_trajectories
+    from seekrl.data.benchmarks import hop_averages
+    from seekrl.eval.evaluate import score_trajectories
     from seekrl.eval.report import metrics_markdown, suite_table
 
     rows = {"hotpotqa": {"em": 0.2, "f1": 0.3}, "nq": {"em": 0.4, "f1": 0.5},

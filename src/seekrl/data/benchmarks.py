@@ -26,7 +26,7 @@ a corpus, and every trajectory copies its question's metadata.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from typing import Any
 from seekrl.errors import DataError
 
 __all__ = ["BENCHMARKS", "FLASHRAG_HUB", "Benchmark", "benchmark", "flashrag_dir",
-           "hop_class", "parse_hf_spec", "spec_name", "supporting_titles"]
+           "hop_averages", "hop_class", "parse_hf_spec", "spec_name", "supporting_titles"]
 
 FLASHRAG_HUB = "RUC-NLPIR/FlashRAG_datasets"
 FLASHRAG_DIR_ENV = "SEEKRL_FLASHRAG_DIR"
@@ -75,6 +75,25 @@ def hop_class(dataset: str) -> str | None:
     key = _ALIASES.get(dataset.lower(), dataset.lower())
     entry = BENCHMARKS.get(key)
     return entry.hops if entry else None
+
+
+def hop_averages(datasets: dict[str, dict], keys: Sequence[str] = ("em", "f1")
+                 ) -> dict[str, dict]:
+    """Macro means over the single-hop and the multi-hop sets of the standard suite (NQ,
+    TriviaQA, PopQA | HotpotQA, 2Wiki, MuSiQue, Bamboogle), as the Search-R1 tables average
+    them; {} when no data set belongs to the suite."""
+    classes: dict[str, list[dict]] = {}
+    for name, row in datasets.items():
+        hop = hop_class(name)
+        if hop is not None:
+            classes.setdefault(hop, []).append(row)
+
+    def mean(values: list) -> float | None:
+        vals = [v for v in values if v is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    return {hop: {"datasets": len(rows), **{k: mean([r.get(k) for r in rows]) for k in keys}}
+            for hop, rows in sorted(classes.items(), key=lambda kv: kv[0] != "single")}
 
 
 def flashrag_dir() -> Path | None:

@@ -44,7 +44,7 @@ from seekrl.retrieval.base import RetrievalError, Retriever
 from seekrl.rewards.metrics import cover_em, exact_match, f1_score
 
 __all__ = ["GENERIC_STEMS", "answer_scores", "dataset_name", "describe_retriever",
-           "eval_rollout_config", "evaluate", "hop_averages", "load_eval_data",
+           "eval_rollout_config", "evaluate", "load_eval_data",
            "pass_at_k", "protocol_record", "score_trajectories", "write_run"]
 
 # File stems that say which split, not which data set: the folder names the data set.
@@ -225,26 +225,12 @@ def score_trajectories(trajectories: Sequence[Trajectory], *,
             average[key] = _mean(r[key] for r in rows)
     out = {"n_samples": n_samples, "pass_ks": list(pass_ks), "datasets": dict(datasets),
            "average": average, "by_type": {k: dict(v) for k, v in by_type.items()}}
+    from seekrl.data.benchmarks import hop_averages
+
     hops = hop_averages(datasets, (*_METRIC_KEYS, "evidence_recall"))
     if hops:
         out["hops"] = hops
     return out
-
-
-def hop_averages(datasets: dict[str, dict], keys: Sequence[str] = ("em", "f1")
-                 ) -> dict[str, dict]:
-    """Macro means over the single-hop and the multi-hop sets of the standard suite (NQ,
-    TriviaQA, PopQA | HotpotQA, 2Wiki, MuSiQue, Bamboogle), as the Search-R1 tables average
-    them; {} when no data set belongs to the suite."""
-    from seekrl.data.benchmarks import hop_class
-
-    classes: dict[str, list[dict]] = {}
-    for name, row in datasets.items():
-        hop = hop_class(name)
-        if hop is not None:
-            classes.setdefault(hop, []).append(row)
-    return {hop: {"datasets": len(rows), **{k: _mean(r.get(k) for r in rows) for k in keys}}
-            for hop, rows in sorted(classes.items(), key=lambda kv: kv[0] != "single")}
 
 
 def protocol_record(cfg: RolloutConfig, tokenizer) -> dict[str, Any]:

@@ -112,8 +112,7 @@ def suite_table(runs: Sequence[tuple[str, dict]], keys: Sequence[str] | None = N
     (label, metrics.json dict), a column per data set (the standard suite in its usual
     order, then any others), then the single-hop, multi-hop and overall macro averages.
     `keys` gives each row its own metric (for EM and F1 rows of one run); else `key`."""
-    from seekrl.data.benchmarks import BENCHMARKS
-    from seekrl.eval.evaluate import hop_averages
+    from seekrl.data.benchmarks import BENCHMARKS, hop_averages
 
     names: list[str] = []
     for _, m in runs:
