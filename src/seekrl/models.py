@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from seekrl.errors import SeekrlError
-from seekrl.runtime import check_device, device_problem, quiet_transformers  # noqa: F401
+from seekrl.runtime import check_device, quiet_transformers
 
 BUNDLED_ALIASES = {"smollm2-135m", "smollm2-135m-instruct", "smollm2"}
 DEFAULT_MODEL = "smollm2-135m"
@@ -182,6 +182,12 @@ def check_window(model, tokens: int) -> None:
                          f"of {tokens} tokens exceeds the model's sliding attention window "
                          f"of {window}; set rollout.max_total_tokens (seekrl eval "
                          f"--max-total-tokens) to at most {window}")
+
+
+def pad_id_of(tokenizer) -> int:
+    """The padding id: the tokenizer's own, else its EOS (SmolLM2 and Llama define none)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
+        else tokenizer.eos_token_id
 
 
 def load_tokenizer(name: str | None = DEFAULT_MODEL):

@@ -218,15 +218,14 @@ class HFBackend:
     prefill adds."""
 
     def __init__(self, model, tokenizer, *, stop_strings: tuple[str, ...] = STOP_STRINGS):
-        from seekrl.models import check_positions
+        from seekrl.models import check_positions, pad_id_of
 
         check_positions(model)   # the cache between turns relies on explicit position ids
         self.model = model
         self.tokenizer = tokenizer
         self.stop_strings = tuple(stop_strings)
         self._tail = max(len(x) for x in self.stop_strings) + 8
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
-            else tokenizer.eos_token_id
+        self.pad_id = pad_id_of(tokenizer)
         self.stop_ids = {tokenizer.eos_token_id, self.pad_id}
         extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         if isinstance(extra, int):

@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import reprlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,6 +134,21 @@ class QAExample:
 
 
 # ---------------------------------------------------------------------------- FlashRAG JSONL
+
+def _valid_rows(rows: Iterable[tuple[int, Callable[[], QAExample]]], *, skip_bad: bool,
+                report: SkipReport | None, path: str | None) -> Iterator[QAExample]:
+    """The examples `rows` build ((row number, builder) pairs). A row whose builder raises
+    DataError is an error, or with `skip_bad` left out and recorded in `report`."""
+    own = report if report is not None else SkipReport(path=path)
+    for row_no, build in rows:
+        try:
+            yield build()
+        except DataError as err:
+            if not skip_bad:
+                raise
+            own.add(row_no, reason_of(err))
+    _finish_skips(own, report)
+
 
 def _finish_skips(report: SkipReport, caller_report: SkipReport | None) -> None:
     # The caller prints its own report; without one, a skip must still not go unnoticed.
@@ -402,21 +417,15 @@ def read_searchr1_parquet(path: str | os.PathLike[str], *, skip_bad: bool = Fals
                         f"'golden_answers'; columns are {sorted(names)}", path=path_str)
     wanted = [c for c in (*_SEARCHR1_COLUMNS, "id", "question", "golden_answers", "metadata")
               if c in names]
-    examples, row_no = [], 0
-    own = report if report is not None else SkipReport(path=path_str)
+    def example(row: dict, row_no: int) -> QAExample:
+        return QAExample.from_dict(_searchr1_record(row, row_no, path_str), path=path_str,
+                                   line=row_no)
+
     # Batches keep memory flat on big training files; only the needed columns are read.
-    for batch in parquet.iter_batches(columns=wanted):
-        for row in batch.to_pylist():
-            row_no += 1
-            try:
-                record = _searchr1_record(row, row_no, path_str)
-                examples.append(QAExample.from_dict(record, path=path_str, line=row_no))
-            except DataError as err:
-                if not skip_bad:
-                    raise
-                own.add(row_no, reason_of(err))
-    _finish_skips(own, report)
-    return examples
+    rows = (row for batch in parquet.iter_batches(columns=wanted) for row in batch.to_pylist())
+    return list(_valid_rows(((n, lambda r=row, n=n: example(r, n))
+                             for n, row in enumerate(rows, start=1)),
+                            skip_bad=skip_bad, report=report, path=path_str))
 
 
 # -------------------------------------------------------------------- Hugging Face datasets
@@ -520,31 +529,26 @@ def load_hf_qa(
                         field=answers_field)
     keep = [c for c in metadata_fields if c in columns]
 
-    own = report if report is not None else SkipReport(path=source)
-    examples = []
-    for row_no, row in enumerate(dataset, start=1):
+    def example(row: dict, row_no: int) -> QAExample:
         try:
-            try:
-                answers = _answers_from_value(row[answers_field])
-            except ValueError as e:
-                raise DataError(str(e), path=source, line=row_no, field=answers_field) from None
-            raw_meta = row.get("metadata")
-            metadata = dict(raw_meta) if isinstance(raw_meta, Mapping) else {}
-            metadata.update({c: row[c] for c in keep})
-            row_id = row.get(id_field)
-            record = {
-                "id": row_id if row_id not in (None, "") else f"{split}-{row_no - 1}",
-                "question": row[question_field],
-                "golden_answers": answers,
-                "metadata": metadata,
-            }
-            examples.append(QAExample.from_dict(record, path=source, line=row_no))
-        except DataError as err:
-            if not skip_bad:
-                raise
-            own.add(row_no, reason_of(err))
-    _finish_skips(own, report)
-    return examples
+            answers = _answers_from_value(row[answers_field])
+        except ValueError as e:
+            raise DataError(str(e), path=source, line=row_no, field=answers_field) from None
+        raw_meta = row.get("metadata")
+        metadata = dict(raw_meta) if isinstance(raw_meta, Mapping) else {}
+        metadata.update({c: row[c] for c in keep})
+        row_id = row.get(id_field)
+        record = {
+            "id": row_id if row_id not in (None, "") else f"{split}-{row_no - 1}",
+            "question": row[question_field],
+            "golden_answers": answers,
+            "metadata": metadata,
+        }
+        return QAExample.from_dict(record, path=source, line=row_no)
+
+    return list(_valid_rows(((n, lambda r=row, n=n: example(r, n))
+                             for n, row in enumerate(dataset, start=1)),
+                            skip_bad=skip_bad, report=report, path=source))
 
 
 def _saved_to_disk(path: Path) -> bool:
@@ -591,22 +595,17 @@ def load_qa(path_or_name: str | os.PathLike[str], split: str | None = None,
     if spec.startswith("flashrag:"):
         return _load_flashrag(spec, split, **kw)
     path = Path(spec)
-    if not path.exists() and ":" in spec:       # FOLDER:SPLIT
-        folder, _, named = spec.rpartition(":")
-        if Path(folder).is_dir():
-            path, split = Path(folder), named
-            if not any((path / f"{split}{s}").is_file() for s in _SPLIT_FILE_SUFFIXES):
-                raise FileNotFoundError(f"{path}: no {split}.jsonl, {split}.json or "
-                                        f"{split}.parquet inside")
-    if split is None and path.is_dir() and not _saved_to_disk(path):
-        split = next((s for s in ("test", "dev", "validation", "val", "train")
-                      if any((path / f"{s}{x}").is_file() for x in _SPLIT_FILE_SUFFIXES)),
-                     None)   # none of them: `datasets` reads the folder (below)
-    if split is not None and path.is_dir():
-        for suffix in _SPLIT_FILE_SUFFIXES:
-            if (path / f"{split}{suffix}").is_file():
-                path = path / f"{split}{suffix}"
-                break
+    folder, _, named = spec.rpartition(":")
+    if not path.exists() and folder and Path(folder).is_dir():      # FOLDER:SPLIT
+        path = _split_file(Path(folder), named)
+        if path is None:
+            raise FileNotFoundError(f"{folder}: no {named}.jsonl, {named}.json or "
+                                    f"{named}.parquet inside")
+    elif path.is_dir() and not _saved_to_disk(path):
+        # FlashRAG's layout; with no such file `datasets` reads the folder (below)
+        tried = [split] if split is not None else ["test", "dev", "validation", "val", "train"]
+        found = (_split_file(path, s) for s in tried)
+        path = next((f for f in found if f is not None), path)
     suffix = path.suffix.lower()
     if suffix in _SPLIT_FILE_SUFFIXES and not path.is_file():
         raise FileNotFoundError(f"{path}: no such QA file")
@@ -621,6 +620,12 @@ def load_qa(path_or_name: str | os.PathLike[str], split: str | None = None,
         raise FileNotFoundError(f"{spec}: no such file or folder; for the FlashRAG set write "
                                 f"flashrag:{spec}, for a hub dataset hf:NAME[:CONFIG]:SPLIT")
     return load_hf_qa(spec, split or "train", **kw)
+
+
+def _split_file(folder: Path, split: str) -> Path | None:
+    """`FOLDER/SPLIT.jsonl` (or .json, .parquet), as FlashRAG lays a data set out."""
+    return next((folder / f"{split}{x}" for x in _SPLIT_FILE_SUFFIXES
+                 if (folder / f"{split}{x}").is_file()), None)
 
 
 def _load_flashrag(spec: str, split: str | None, **kw: Any) -> list[QAExample]:

@@ -178,12 +178,6 @@ def split_micro_batches(lengths: Sequence[int], max_episodes: int,
     return out
 
 
-def pad_id_of(tokenizer) -> int:
-    """The padding id: the tokenizer's own, else its EOS (SmolLM2 and Llama define none)."""
-    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
-        else tokenizer.eos_token_id
-
-
 def apply_lora(model, cfg: LoRAConfig):
     """Wrap `model` with LoRA adapters (peft) when enabled; else return it unchanged."""
     if not cfg.enabled:

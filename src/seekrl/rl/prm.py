@@ -38,7 +38,7 @@ from torch import nn
 from seekrl.agent.trajectory import Trajectory, iter_trajectories
 from seekrl.data.jsonl import iter_jsonl
 from seekrl.errors import DataError
-from seekrl.rl.common import pad_id_of
+from seekrl.models import pad_id_of
 from seekrl.rl.forward import collate, hidden_states, shared_prompts, suffix_hidden
 
 PRM_MARKER = "prm.json"

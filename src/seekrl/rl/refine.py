@@ -105,7 +105,8 @@ def train_step_dpo(model, tokenizer, pairs, *, steps: int, batch_size: int, beta
                    max_grad_norm: float | None = 1.0) -> dict[str, Any]:
     """Step-DPO updates of `model` on `pairs` (`prm.PairLabel`s); the reference log-probs
     are the model's own before the first update."""
-    from seekrl.rl.common import clip_and_step, pad_id_of, trainable_parameters
+    from seekrl.models import pad_id_of
+    from seekrl.rl.common import clip_and_step, trainable_parameters
 
     pad_id = pad_id_of(tokenizer)
     model.eval()

@@ -30,6 +30,7 @@ from seekrl.config import SFTConfig, dump_config
 from seekrl.data.jsonl import iter_jsonl
 from seekrl.errors import DataError
 from seekrl.eval.evaluate import eval_policy
+from seekrl.models import pad_id_of
 from seekrl.rl.common import (
     MetricsLog,
     check_run_dir,
@@ -37,7 +38,6 @@ from seekrl.rl.common import (
     clip_and_step,
     make_optimizer,
     make_scheduler,
-    pad_id_of,
     prepare_trainable,
     save_policy,
     set_seed,

@@ -54,6 +54,7 @@ from seekrl.agent.trajectory import Trajectory, group_indices
 from seekrl.config import ConfigError, TrainConfig, dump_config
 from seekrl.data.qa import QAExample, load_qa
 from seekrl.eval.evaluate import eval_policy
+from seekrl.models import pad_id_of
 from seekrl.rewards.metrics import exact_match
 from seekrl.rewards.outcome import RewardParts, episode_reward
 from seekrl.rewards.process import (
@@ -79,7 +80,6 @@ from seekrl.rl.common import (
     make_optimizer,
     make_scheduler,
     open_index,
-    pad_id_of,
     prepare_trainable,
     replace_dir,
     rng_state,
