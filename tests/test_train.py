@@ -650,3 +650,24 @@ def test_activation_checkpointing_keeps_train_mode_with_dropout_off(tiny):
     model.model.layers[0].mlp.add_module("drop", torch.nn.Dropout(0.5))
     _no_dropout_mode(model)
     assert model.training and not model.model.layers[0].mlp.drop.training
+
+
+def test_gradient_checkpointing_gives_the_same_update(world, tiny, tmp_path):
+    """`gradient_checkpointing: true` recomputes activations; the step it takes is the same."""
+    from seekrl.agent.trajectory import read_trajectories, write_trajectories
+
+    plain = make_trainer(make_cfg(tmp_path / "a", **{"algo.kl_coef": 0.0}), world, tiny)
+    trajs = plain.rollout(plain.sample_questions(1, 2), seed=3)
+    plain.score(trajs)
+    write_trajectories(tmp_path / "batch.jsonl", trajs)
+    checked = make_trainer(make_cfg(tmp_path / "b", gradient_checkpointing=True,
+                                    **{"algo.kl_coef": 0.0}), world, tiny)
+    from seekrl.rl.forward import _backbone
+
+    assert _backbone(checked.model).gradient_checkpointing   # on: the test means something
+    assert not getattr(_backbone(plain.model), "gradient_checkpointing", False)
+    a, b = plain.learn(trajs), checked.learn(read_trajectories(tmp_path / "batch.jsonl"))
+    assert a["pg_loss"] == pytest.approx(b["pg_loss"], abs=1e-6)
+    assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    for (n, p), q in zip(plain.model.named_parameters(), checked.model.parameters()):
+        assert torch.allclose(p, q, atol=1e-6), n

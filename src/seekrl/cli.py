@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -448,12 +449,14 @@ def train(
         if print_config:
             _print_config(cfg)
             return
-        summary = Trainer(cfg, console=console, resume=resume, overwrite=overwrite).train()
+        # under torchrun every process runs this command; rank 0 speaks for them all
+        out = console if os.environ.get("RANK", "0") == "0" else Console(quiet=True)
+        summary = Trainer(cfg, console=out, resume=resume, overwrite=overwrite).train()
     except ERRORS as err:
         _fail(err)
     if summary.get("stopped"):
-        console.print(f"[bold red]stopped early[/]: {summary['stopped']}")
-    console.print(f"final model -> {summary['final']}; report: `seekrl report {cfg.out}`")
+        out.print(f"[bold red]stopped early[/]: {summary['stopped']}")
+    out.print(f"final model -> {summary['final']}; report: `seekrl report {cfg.out}`")
 
 
 def _load(schema_name: str, config: Optional[Path], overrides: Optional[list[str]]):

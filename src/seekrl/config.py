@@ -402,6 +402,9 @@ class TrainConfig(Strict):
     algo: AlgoConfig = AlgoConfig()
     train_layers: int | None = Field(None, ge=1)   # train only the top N blocks (None: all)
     lora: LoRAConfig = LoRAConfig()
+    # recompute each block's activations in the backward pass instead of keeping them:
+    # less memory for long episodes and big models, about a third more update time
+    gradient_checkpointing: bool = False
     optim: OptimConfig = OptimConfig(lr=1e-6, schedule="constant", warmup_steps=0)
     eval: EvalConfig = EvalConfig()
     save_every: int = Field(5, ge=0)   # checkpoint every N steps (0: final only)

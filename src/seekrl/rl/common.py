@@ -156,6 +156,20 @@ def prepare_trainable(model, train_layers: int | None, lora: LoRAConfig):
     return model
 
 
+def enable_activation_checkpointing(model) -> None:
+    """Activation (gradient) checkpointing of the model's blocks, non-reentrant (which needs
+    no input that requires grad, so it works with LoRA and frozen lower blocks). It acts in
+    train mode only: rollouts (eval mode) keep their KV cache."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):     # transformers >= 5.18
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise ValueError(f"gradient_checkpointing: {type(model).__name__} does not support "
+                         "activation checkpointing")
+
+
 def split_micro_batches(lengths: Sequence[int], max_episodes: int,
                         max_tokens: int | None = None) -> list[list[int]]:
     """Consecutive positions of `lengths` (episode lengths, in the order given) cut into

@@ -77,6 +77,7 @@ from seekrl.rl.common import (
     claim_run_dir,
     clip_and_step,
     config_changes,
+    enable_activation_checkpointing,
     make_optimizer,
     make_scheduler,
     open_index,
@@ -90,6 +91,7 @@ from seekrl.rl.common import (
     split_micro_batches,
     trainable_parameters,
 )
+from seekrl.rl.distributed import Dist
 from seekrl.rl.forward import ValueHead, collate, masked_logprobs
 from seekrl.rl.loss import aggregate, kl_penalty, policy_loss, value_loss
 from seekrl.rl.monitor import Monitor
@@ -105,13 +107,16 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, *, model=None, tokenizer=None, retriever=None,
                  questions: Sequence[QAExample] | None = None, reward_fn: RewardFn | None = None,
                  prm_scorer: StepScorer | None = None, console=None, resume: bool = False,
-                 overwrite: bool = False):
+                 overwrite: bool = False, dist: Dist | None = None):
         from seekrl.models import load_policy
 
         self.cfg = cfg
         self.out = Path(cfg.out)
-        self.console = console
         _check_step_settings(cfg, prm_scorer)   # before a model is loaded: fail in seconds
+        # one process, or one of several (torchrun): see rl/distributed.py
+        self.dist, self.device = (dist, cfg.device) if dist is not None \
+            else Dist.from_env(cfg.device)
+        self.console = console if self.dist.main else None
         self._vllm = None
         if cfg.rollout.backend == "vllm":
             from seekrl.agent.vllm_backend import import_vllm
@@ -119,8 +124,9 @@ class Trainer:
         if resume and not (self.out / "checkpoints" / "latest").is_file():
             raise FileNotFoundError(f"--resume: {self.out / 'checkpoints' / 'latest'} does not "
                                     "exist (no checkpoint yet)")
-        check_run_dir(self.out, resume=resume, overwrite=overwrite,
-                      model=cfg.model if model is None else None)
+        if self.dist.main:   # the run folder is rank 0's
+            check_run_dir(self.out, resume=resume, overwrite=overwrite,
+                          model=cfg.model if model is None else None)
         # the questions and the index before any model: a bad path fails in seconds
         try:
             self.questions = list(questions) if questions is not None \
@@ -134,11 +140,11 @@ class Trainer:
         self.retriever = retriever
         if prm_scorer is None and "prm" in cfg.reward.process:
             from seekrl.rl.prm import load_scorer
-            prm_scorer = load_scorer(cfg.reward.prm, device=cfg.device)
+            prm_scorer = load_scorer(cfg.reward.prm, device=self.device)
         self.prm_scorer = prm_scorer
         set_seed(cfg.seed)
         if model is None:
-            model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
+            model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=self.device)
         self.tokenizer = tokenizer
         self.pad_id = pad_id_of(tokenizer)
         # The frozen reference for the KL term: with LoRA, the same weights with the
@@ -147,15 +153,18 @@ class Trainer:
         if cfg.algo.kl_coef > 0 and not cfg.lora.enabled:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.model = prepare_trainable(model, cfg.train_layers, cfg.lora)
+        if cfg.gradient_checkpointing:
+            enable_activation_checkpointing(self.model)
         self.value_head = None
         extra = []
         if needs_values(cfg.algo.advantage):
             hidden = _hidden_size(self.model)
-            self.value_head = ValueHead(hidden).to(cfg.device)
+            self.value_head = ValueHead(hidden).to(self.device)
             extra = [{"params": list(self.value_head.parameters()),
                       "lr": cfg.algo.value_lr or cfg.optim.lr * 10}]
         self.optimizer = make_optimizer(trainable_parameters(self.model), cfg.optim,
                                         extra_groups=extra)
+        self.dist.broadcast_parameters(trainable_parameters(self.model, self.value_head))
         self.scheduler = make_scheduler(self.optimizer, cfg.optim, cfg.steps)
         self.reward_fn = reward_fn or (lambda t: episode_reward(
             t, outcome=cfg.reward.outcome, format_reward=cfg.reward.format_reward,
@@ -167,18 +176,21 @@ class Trainer:
         self.healthy_checkpoint: str | None = None
         self.stopped_reason: str | None = None
         self.stopped_budget: str | None = None
-        claim_run_dir(self.out, resume=resume, overwrite=overwrite)   # inputs loaded: now
+        if self.dist.main:
+            claim_run_dir(self.out, resume=resume, overwrite=overwrite)   # inputs loaded: now
+            if resume:
+                changed = config_changes(self.out / "config.yaml", cfg)
+                if changed and self.console is not None:
+                    self.console.print("[yellow]--resume with settings that differ from the "
+                                       "run's config.yaml[/]: " + "; ".join(changed))
+            else:
+                dump_config(cfg, self.out / "config.yaml")
         if resume:
-            changed = config_changes(self.out / "config.yaml", cfg)
-            if changed and console is not None:
-                console.print("[yellow]--resume with settings that differ from the run's "
-                              "config.yaml[/]: " + "; ".join(changed))
             self._resume()
-        else:
-            dump_config(cfg, self.out / "config.yaml")
         self.log = MetricsLog(self.out / "metrics.jsonl", tensorboard=cfg.log.tensorboard,
                               wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project,
-                              config=cfg.model_dump(mode="json"), resume=resume)
+                              config=cfg.model_dump(mode="json"), resume=resume) \
+            if self.dist.main else _NoLog()
 
     # ------------------------------------------------------------------ 1. questions
     def sample_questions(self, step: int, n: int, draw: int = 0) -> list[QAExample]:
@@ -278,7 +290,7 @@ class Trainer:
             for positions in cuts:
                 part = [trajs[p] for p in positions]
                 ids, attn, mask = collate([t.token_ids for t in part], [t.loss_mask for t in part],
-                                          self.pad_id, self.cfg.device)
+                                          self.pad_id, self.device)
                 out = masked_logprobs(model, ids, attn, mask,
                                       temperature=self.cfg.rollout.temperature,
                                       value_head=None if reference else self.value_head,
@@ -303,12 +315,17 @@ class Trainer:
             t = time.time()
             questions = self.sample_questions(step, cfg.questions_per_step, draw=draw_no)
             seed = base_seed + 7919 * draw_no
-            trajs = self.rollout(questions, seed=seed)
-            fresh_tokens[0] += sum(x.n_generated - x.metadata.get("prefix_tokens", 0)
-                                   for x in trajs)
+            # each rank plays and scores its share of the questions; all get the whole batch
+            trajs = self.rollout(self.dist.share(questions), seed=seed)
             clock["rollout"] += time.time() - t
             t = time.time()
-            parts = self.score(trajs, seed=seed, stats=process_stats)
+            stats: dict[str, float] = {}
+            parts = self.score(trajs, seed=seed, stats=stats)
+            trajs, parts = self.dist.gather(trajs), self.dist.gather(parts)
+            for k, v in self.dist.sum_values(stats).items():
+                process_stats[k] = process_stats.get(k, 0.0) + v
+            fresh_tokens[0] += sum(x.n_generated - x.metadata.get("prefix_tokens", 0)
+                                   for x in trajs)
             clock["scoring"] += time.time() - t
             return trajs, parts
 
@@ -339,7 +356,8 @@ class Trainer:
         varied, multi, solved = signal
         record["groups_with_signal"] = round(varied / multi, 4) if multi else None
         record["groups_solved"] = round(solved / multi, 4) if multi else None
-        self._save_rollouts(step, trajs)
+        if self.dist.main:
+            self._save_rollouts(step, trajs)
         if not trajs:  # dynamic sampling found no group with signal: nothing to learn
             # the schedule still counts the step, so step k has the lr of step k whatever
             # was skipped before it (torch warns when no optimizer step came first)
@@ -349,16 +367,28 @@ class Trainer:
             record.update(time_rollout=round(t_rollout, 2), skipped_update=True,
                           lr=self.scheduler.get_last_lr()[0])
             return record
+        record.update(self.learn(trajs))
+        generated = sum(t.n_generated for t in trajs)
+        record.update(time_rollout=round(t_rollout, 2), time_scoring=round(t_scoring, 3),
+                      time_step=round(time.time() - t0, 2),
+                      tokens_per_s=round(generated / max(t_rollout, 1e-9), 1))
+        return record
 
+    def learn(self, trajs: Sequence[Trajectory]) -> dict[str, Any]:
+        """Steps 4-6 on a scored batch (every rank holds the same one): log-probs,
+        advantages and the updates, then the learning-rate schedule's step. Returns the
+        step record's part about the update."""
+        algo = self.cfg.algo
+        record: dict[str, Any] = {}
         t2 = time.time()
         one_update = algo.epochs == 1 and algo.mini_batch_size >= len(trajs)
         kl_reward = algo.kl_coef > 0 and algo.kl_in_reward
         old_logps, old_values = (None, None)
         if not one_update or self.value_head is not None or kl_reward:
-            old_logps, old_values = self.batch_logprobs(trajs)
+            old_logps, old_values = self._shared_logprobs(trajs)
         ref_logps = None
         if algo.kl_coef > 0:
-            ref_logps, _ = self.batch_logprobs(trajs, reference=True)
+            ref_logps, _ = self._shared_logprobs(trajs, reference=True)
         t_old = time.time() - t2
 
         adv_cfg = self.advantage_config()
@@ -377,17 +407,19 @@ class Trainer:
         update = self._update(trajs, advantages, old_logps, ref_logps, old_values, returns)
         t_update = time.time() - t3
         self.scheduler.step()
-        generated = sum(t.n_generated for t in trajs)
         trained = sum(len(t.token_ids) for t in trajs) * algo.epochs
         record.update(self._displacement(trajs, old_logps, update.pop("correct_logps")))
         record.update(update)
-        record.update(lr=self.scheduler.get_last_lr()[0], time_rollout=round(t_rollout, 2),
-                      time_scoring=round(t_scoring, 3), time_old_logprobs=round(t_old, 2),
+        record.update(lr=self.scheduler.get_last_lr()[0], time_old_logprobs=round(t_old, 2),
                       time_update=round(t_update, 2),
-                      time_step=round(time.time() - t0, 2),
-                      tokens_per_s=round(generated / max(t_rollout, 1e-9), 1),
                       train_tokens_per_s=round(trained / max(t_update + t_old, 1e-9), 1))
         return record
+
+    def _shared_logprobs(self, trajs: Sequence[Trajectory], *, reference: bool = False):
+        """`batch_logprobs` of the whole batch, each rank computing a share."""
+        logps, values = self.batch_logprobs(self.dist.share(trajs), reference=reference)
+        return self.dist.gather(logps), (self.dist.gather(values) if values is not None
+                                         else None)
 
     def advantage_config(self) -> AdvantageConfig:
         algo = self.cfg.algo
@@ -411,6 +443,7 @@ class Trainer:
         order_rng = random.Random(f"{cfg.seed}/update/{self.step_done}")
         # seq-mean-token-sum-norm's constant: the most policy tokens an episode can have
         norm_length = cfg.rollout.max_turns * cfg.rollout.max_new_tokens
+        turn = 0   # micro-batches go to the ranks in turn (all to this one in one process)
         for _ in range(algo.epochs):
             order = list(range(len(trajs)))
             order_rng.shuffle(order)
@@ -425,6 +458,9 @@ class Trainer:
                 cuts = split_micro_batches([len(trajs[i].token_ids) for i in mini],
                                            algo.micro_batch_size, algo.micro_batch_tokens)
                 for positions in cuts:
+                    turn += 1
+                    if (turn - 1) % self.dist.world != self.dist.rank:
+                        continue
                     micro = [mini[p] for p in positions]
                     # each micro-batch's share of the mini-batch's loss, so that the
                     # accumulated gradient equals that of one mini-batch forward
@@ -437,13 +473,14 @@ class Trainer:
                     (loss * weight).backward()
                     for k, v in s.items():  # each micro-batch's share, as in the loss
                         mini_stats[k] += v * weight
-                for k, v in mini_stats.items():
+                for k, v in self.dist.sum_values(mini_stats).items():
                     stats[k].append(v)
                 mini_stats.clear()
                 stats["grad_norm"].append(self._optimizer_step())
         out = {k: round(sum(v) / len(v), 5) for k, v in stats.items()}
         out["grad_norm"] = round(max(stats["grad_norm"]), 4)
-        out["correct_logps"] = correct_logps
+        out["correct_logps"] = {i: lp for part in self.dist.gather([correct_logps])
+                                for i, lp in part.items()}
         return out
 
     def _displacement(self, trajs, old_logps, during_update: dict[int, float]
@@ -475,7 +512,7 @@ class Trainer:
 
     def _micro_loss(self, trajs, micro, advantages, old_logps, ref_logps, old_values, returns,
                     norm_length, correct_logps) -> tuple[torch.Tensor, dict[str, float]]:
-        algo, dev = self.cfg.algo, self.cfg.device
+        algo, dev = self.cfg.algo, self.device
         part = [trajs[i] for i in micro]
         ids, attn, mask = collate([t.token_ids for t in part], [t.loss_mask for t in part],
                                   self.pad_id, dev)
@@ -527,8 +564,9 @@ class Trainer:
         return bool(exact_match(t.answer, t.golden_answers))
 
     def _optimizer_step(self) -> float:
-        return clip_and_step(trainable_parameters(self.model, self.value_head), self.optimizer,
-                             self.cfg.optim.max_grad_norm)
+        params = trainable_parameters(self.model, self.value_head)
+        self.dist.sum_gradients(params)   # every rank then takes the same step
+        return clip_and_step(params, self.optimizer, self.cfg.optim.max_grad_norm)
 
     # ------------------------------------------------------------------ metrics
     def _episode_metrics(self, step, trajs, parts, n_sampled, refills) -> dict[str, Any]:
@@ -599,8 +637,16 @@ class Trainer:
         return self.out / "checkpoints"
 
     def save_checkpoint(self, step: int) -> Path:
-        """step-N written under a temporary name, then renamed; `latest` updated last."""
+        """step-N written under a temporary name, then renamed; `latest` updated last. With
+        several processes rank 0 writes it (the weights are the same on every rank) and the
+        others wait until it is on disk."""
         target = self.ckpt_dir / f"step-{step}"
+        if self.dist.main:
+            self._write_checkpoint(step, target)
+        self.dist.barrier()
+        return target
+
+    def _write_checkpoint(self, step: int, target: Path) -> None:
         tmp = self.ckpt_dir / f".step-{step}.tmp{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -627,7 +673,6 @@ class Trainer:
         os.replace(pointer, self.ckpt_dir / "latest")
         _fsync_dir(self.ckpt_dir, files=False)     # and so is the pointer's
         self._prune()
-        return target
 
     def _prune(self) -> None:
         keep = {self.healthy_checkpoint}
@@ -638,14 +683,15 @@ class Trainer:
                 shutil.rmtree(p, ignore_errors=True)
 
     def load_checkpoint(self, path: Path) -> dict:
-        state = torch.load(path / "policy.pt", map_location=self.cfg.device)
+        state = torch.load(path / "policy.pt", map_location=self.device)
         missing = set(state) ^ _trainable_names(self.model)
         if missing:
             raise ValueError(f"{path}: checkpoint does not match this model/config "
                              f"(differing parameters, e.g. {sorted(missing)[:3]})")
         self.model.load_state_dict(state, strict=False)
         if self.value_head is not None:
-            self.value_head.load_state_dict(torch.load(path / "value_head.pt"))
+            self.value_head.load_state_dict(torch.load(path / "value_head.pt",
+                                                       map_location=self.device))
         optim = torch.load(path / "optim.pt", weights_only=False)
         self.optimizer.load_state_dict(optim["optimizer"])
         self.scheduler.load_state_dict(optim["scheduler"])
@@ -661,7 +707,7 @@ class Trainer:
         self.healthy_checkpoint = meta.get("healthy_checkpoint")
         # drop the log and alert lines of steps after the checkpoint: they are about to be
         # redone, and their lines come back
-        for name in ("metrics.jsonl", "alerts.jsonl"):
+        for name in ("metrics.jsonl", "alerts.jsonl") if self.dist.main else ():
             path = self.out / name
             if path.is_file():
                 lines = [ln for ln in path.read_text().splitlines()
@@ -677,17 +723,20 @@ class Trainer:
         say = self.console.print if self.console is not None else (lambda *a, **k: None)
         alerts_path = self.out / "alerts.jsonl"
         last: dict[str, Any] = {}
-        if cfg.eval.data and cfg.eval.at_start and self.step_done == 0:
+        main = self.dist.main   # with several processes rank 0 evaluates and writes
+        if cfg.eval.data and cfg.eval.at_start and self.step_done == 0 and main:
             dev = self.evaluate(self.out / "eval" / "start")
             self.log.write({"step": 0, **{f"dev_{k}": v for k, v in dev.items()}})
             say(f"  dev EM {dev['em']:.3f} before training")
         for step in range(self.step_done + 1, cfg.steps + 1):
-            record = self.step(step)
+            # rank 0's record (its timings) on every rank: the monitor, and so the decision
+            # to stop, must be the same everywhere
+            record = self.dist.broadcast(self.step(step))
             self.step_done = step
             alerts = self.monitor.update(step, record)
             record["alerts"] = [a.kind for a in alerts]
             self.log.write(record)
-            if alerts:
+            if alerts and main:
                 with open(alerts_path, "a", encoding="utf-8") as f:
                     for a in alerts:
                         f.write(json.dumps(a.to_dict()) + "\n")
@@ -706,7 +755,7 @@ class Trainer:
                     self.healthy_checkpoint = f"step-{step}"
                 self.save_checkpoint(step)
             if cfg.eval.data and cfg.eval.every and step % cfg.eval.every == 0 \
-                    and step != cfg.steps:
+                    and step != cfg.steps and main:
                 dev = self.evaluate(self.out / "eval" / f"step-{step}")
                 self.log.write({"step": step, **{f"dev_{k}": v for k, v in dev.items()}})
                 say(f"  dev EM {dev['em']:.3f}")
@@ -718,6 +767,7 @@ class Trainer:
             if cfg.max_rollout_tokens is not None and self.rollout_tokens \
                     + record.get("rollout_tokens", 0) / 2 >= cfg.max_rollout_tokens:
                 out_of = f"rollout budget of {cfg.max_rollout_tokens} tokens"
+            out_of = self.dist.broadcast(out_of)   # rank 0's clock decides
             if out_of and step < cfg.steps:
                 say(f"{out_of} used up after step {step}")
                 self.stopped_budget = out_of
@@ -731,17 +781,21 @@ class Trainer:
             self.load_checkpoint(self.ckpt_dir / self.healthy_checkpoint)
         elif self.stopped_reason:
             say("no healthy checkpoint was saved: the final policy is the collapsed one")
-        final = save_policy(self.model, self.tokenizer, self.out / "final")
+        final = self.out / "final"
+        if main:
+            save_policy(self.model, self.tokenizer, final)
         summary = {"steps": self.step_done, "final": str(final),
                    "stopped": self.stopped_reason, "last": last,
                    "rollout_tokens": self.rollout_tokens, "budget": self.stopped_budget,
                    "minutes": round((time.time() - started) / 60, 2)}
-        if cfg.eval.data:
+        if cfg.eval.data and main:
             dev = self.evaluate(self.out / "eval" / "final")
             self.log.write({"step": self.step_done, **{f"dev_{k}": v for k, v in dev.items()}})
             summary["dev"] = dev
         self.log.close()
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        if main:
+            (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        self.dist.barrier()   # the final policy is on disk when any rank returns
         return summary
 
     def evaluate(self, out_dir: Path) -> dict[str, Any]:
@@ -753,6 +807,16 @@ class Trainer:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+class _NoLog:
+    """The metrics log of a rank other than 0: rank 0 writes the run's."""
+
+    def write(self, record: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def _informative(trajs, parts, members: list[int], advantage: str | None = None,

@@ -1,0 +1,208 @@
+"""Data-parallel training (rl/distributed.py): two gloo processes on the tiny model take the
+same update as one process on the same batch, and a whole two-process run trains, writes
+its run folder once and resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import build_world_and_index
+from hypothesis import given
+from hypothesis import strategies as st
+
+from seekrl.agent.trajectory import read_trajectories, write_trajectories
+from seekrl.config import TrainConfig
+from seekrl.data.qa import read_qa_jsonl
+from seekrl.rewards.outcome import RewardParts
+from seekrl.rl.distributed import Dist
+
+
+@given(st.lists(st.integers(), max_size=40), st.integers(1, 6))
+def test_shares_tile_the_items_in_rank_order(items, world):
+    shares = [Dist(rank, world).share(items) for rank in range(world)]
+    assert [x for s in shares for x in s] == items
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+def test_one_process_is_the_identity():
+    d = Dist()
+    assert d.main and not d.active
+    assert d.share([1, 2, 3]) == [1, 2, 3] and d.gather([4]) == [4]
+    assert d.broadcast("x") == "x" and d.sum_values({"a": 1.0}) == {"a": 1.0}
+    p = torch.nn.Parameter(torch.ones(2))
+    p.grad = torch.full((2,), 3.0)
+    d.sum_gradients([p])
+    assert p.grad.tolist() == [3.0, 3.0]
+
+
+def test_from_env_single_process_leaves_the_device(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert Dist.from_env("cpu") == (Dist(), "cpu")
+
+
+def test_from_env_refuses_a_fixed_gpu_with_several_processes(monkeypatch):
+    from seekrl.errors import DeviceError
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(DeviceError, match="cuda:LOCAL_RANK"):
+        Dist.from_env("cuda:1")
+    with pytest.raises(DeviceError, match="cpu \\(gloo\\) or cuda"):
+        Dist.from_env("mps")
+
+
+# ---------------------------------------------------------------- two processes
+
+
+def parity_reward(t) -> RewardParts:
+    r = float(t.sample_index % 2) + 0.1 * (t.n_generated % 3)
+    return RewardParts(total=r, outcome=r, format=0.0, penalty=0.0)
+
+
+def _cfg(out: Path, **over) -> TrainConfig:
+    base = {"data": "unused", "index": "unused", "out": str(out), "steps": 1, "seed": 5,
+            "questions_per_step": 2, "group_size": 4, "save_every": 1,
+            "rollout": {"max_turns": 2, "max_new_tokens": 6, "max_info_tokens": 48, "topk": 2,
+                        "batch_size": 8},
+            "algo": {"mini_batch_size": 4, "micro_batch_size": 1, "epochs": 2, "kl_coef": 0.1,
+                     "entropy_coef": 0.01},
+            "optim": {"lr": 1e-3}}
+    base.update(over)
+    return TrainConfig.model_validate(base)
+
+
+def _trainer(cfg: TrainConfig, world_dir: Path, dist: Dist | None = None, **kw):
+    from seekrl.models import tiny_policy
+    from seekrl.retrieval.index import load_index
+    from seekrl.rl.train import Trainer
+
+    torch.set_num_threads(1)
+    model, tok = tiny_policy(seed=3)
+    return Trainer(cfg, model=model, tokenizer=tok, retriever=load_index(world_dir / "index"),
+                   questions=read_qa_jsonl(world_dir / "train.jsonl"), reward_fn=parity_reward,
+                   dist=dist, **kw)
+
+
+def _trainable(trainer) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters()
+            if p.requires_grad}
+
+
+def _worker(rank: int, job: str, world_dir: str, work: str, port: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
+                      RANK=str(rank), LOCAL_RANK=str(rank))
+    work_dir = Path(work)
+    if job == "update":
+        trainer = _trainer(_cfg(work_dir / "dp-run"), Path(world_dir), overwrite=True)
+        batch = read_trajectories(work_dir / "batch.jsonl")
+        record = trainer.learn(batch)
+        record.pop("correct_logps", None)
+        torch.save({"params": _trainable(trainer), "record": record},
+                   work_dir / f"rank{rank}.pt")
+    else:   # a whole run: 2 steps, then resumed for a third
+        cfg = _cfg(work_dir / "run", steps=2)
+        summary = _trainer(cfg, Path(world_dir), overwrite=True).train()
+        more = _trainer(_cfg(work_dir / "run", steps=3), Path(world_dir), resume=True).train()
+        torch.save({"params": None, "summary": summary, "more": more},
+                   work_dir / f"rank{rank}.pt")
+    import torch.distributed as dist
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(job: str, world_dir: Path, work: Path, timeout: float = 240.0) -> list[dict]:
+    """Two gloo processes on loopback; they are killed if they outlive `timeout`."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(_worker, args=(job, str(world_dir), str(work), _free_port()),
+                             nprocs=2, join=False, start_method="spawn")
+    deadline = time.time() + timeout
+    while not ctx.join(timeout=2):
+        if time.time() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"two-process {job} did not finish in {timeout:.0f} s")
+    return [torch.load(work / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+@pytest.fixture(scope="module")
+def world_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dpworld")
+    build_world_and_index(out, seed=4, difficulty="medium", entities=200, n_train=16,
+                          n_dev=4, n_test=4)
+    return out
+
+
+def test_two_processes_take_the_update_of_one_on_the_same_batch(world_dir, tmp_path):
+    one = _trainer(_cfg(tmp_path / "one"), world_dir, dist=Dist(), overwrite=True)
+    trajs = one.rollout(one.sample_questions(1, 2), seed=11)
+    one.score(trajs)
+    assert len(trajs) == 8 and len({t.outcome_reward for t in trajs}) > 1
+    write_trajectories(tmp_path / "batch.jsonl", trajs)
+    before = _trainable(one)
+    record = one.learn(read_trajectories(tmp_path / "batch.jsonl"))
+    after = _trainable(one)
+
+    ranks = _spawn("update", world_dir, tmp_path)
+    moved = max(float((after[n] - before[n]).abs().max()) for n in after)
+    assert moved > 1e-4   # the update did something
+    for got in ranks:
+        assert got["params"].keys() == after.keys()
+        worst = max(float((got["params"][n] - after[n]).abs().max()) for n in after)
+        assert worst < 1e-5 * max(1.0, moved * 100), worst
+    # the two ranks hold the very same weights: they took the same optimizer steps
+    for n in after:
+        assert torch.equal(ranks[0]["params"][n], ranks[1]["params"][n])
+    for key in ("pg_loss", "clip_frac", "entropy", "kl", "grad_norm"):
+        assert ranks[0]["record"][key] == pytest.approx(record[key], rel=1e-4, abs=1e-6), key
+
+
+def test_a_two_process_run_writes_once_and_resumes(world_dir, tmp_path):
+    ranks = _spawn("run", world_dir, tmp_path, timeout=400.0)
+    run = tmp_path / "run"
+    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if "episodes" in r] == [1, 2, 3]   # once per step
+    assert all(r["episodes"] == 8 for r in steps if "episodes" in r)  # both shares gathered
+    assert (run / "final" / "config.json").is_file()
+    assert sorted(p.name for p in (run / "checkpoints").glob("step-*"))[-1] == "step-3"
+    assert ranks[0]["summary"]["steps"] == ranks[1]["summary"]["steps"] == 2
+    assert ranks[0]["more"]["steps"] == ranks[1]["more"]["steps"] == 3
+    assert ranks[0]["summary"]["final"] == ranks[1]["summary"]["final"]
+
+
+def test_seekrl_train_under_torchrun(world_dir, tmp_path):
+    """The launch the README gives: `torchrun --standalone --nproc_per_node 2 -m seekrl.cli
+    train ...`, on CPU (gloo), one line of output per step from rank 0 only."""
+    import subprocess
+    import sys
+
+    from seekrl.models import tiny_policy
+
+    model, tok = tiny_policy(seed=3)
+    model.save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), "--standalone", "--nproc_per_node", "2", "-m", "seekrl.cli", "train",
+           f"model={tmp_path / 'tiny'}", f"data={world_dir / 'train.jsonl'}",
+           f"index={world_dir / 'index'}", f"out={tmp_path / 'run'}", "steps=2",
+           "questions_per_step=2", "group_size=2", "rollout.max_turns=2",
+           "rollout.max_new_tokens=6", "rollout.max_info_tokens=48", "eval.data=",
+           "algo.mini_batch_size=4", "algo.micro_batch_size=1", "device=cpu"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.count("step 1/2") == 1 and r.stdout.count("final model ->") == 1, r.stdout
+    steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps if "episodes" in s] == [1, 2]
+    assert (tmp_path / "run" / "final" / "config.json").is_file()
