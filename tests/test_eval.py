@@ -15,6 +15,7 @@ import uvicorn
 from conftest import build_world_and_index
 from typer.testing import CliRunner
 
+from seekrl.agent.backends import Backend
 from seekrl.agent.trajectory import Step, Trajectory, read_trajectories
 from seekrl.cli import app
 from seekrl.data.qa import QAExample, write_qa_jsonl
@@ -238,7 +239,7 @@ def test_eval_rollout_config_defaults_to_greedy_for_one_sample():
 # ------------------------------------------------------------------------- real runs
 
 
-class ScriptedBackend:
+class ScriptedBackend(Backend):
     """A stand-in policy that follows the protocol, so every run searches: agent: search the
     question, then the top title, then answer with the top title; rag: answer with the first
     title in the prompt; direct: answer "unknown"."""

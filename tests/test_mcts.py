@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from seekrl.agent.backends import Backend
 from seekrl.agent.rollout import RolloutConfig, RolloutEngine
 from seekrl.agent.trajectory import Step, Trajectory
 from seekrl.config import LabelConfig
@@ -116,7 +117,7 @@ def test_tree_labels_pairs_follow_the_rules():
         {"better_repeats_query": 1}
 
 
-class Dice:
+class Dice(Backend):
     """A scripted stochastic policy: each turn one of a few scripted replies, drawn with
     torch's generator (so the engine's seed fixes the draws)."""
 

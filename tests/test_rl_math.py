@@ -388,3 +388,29 @@ def test_sliding_window_models_are_refused_past_their_window():
     ids = torch.randint(3, 300, (1, 20))
     with pytest.raises(ModelError, match="sliding attention window"):
         masked_logprobs(mistral, ids, torch.ones_like(ids), torch.ones(1, 20))
+
+
+def test_tis_weights_are_the_truncated_ratio_on_policy_tokens_only():
+    from seekrl.rl.loss import tis_weights
+
+    old = torch.tensor([[math.log(0.5), math.log(0.5), math.log(0.9), 0.0]])
+    rollout = torch.tensor([[math.log(0.5), math.log(0.1), math.log(0.3), -7.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    w, stats = tis_weights(old, rollout, mask, cap=2.0)
+    # ratio 1, 5 (capped at 2), 3 (capped at 2); off the mask: 1
+    assert w.tolist()[0] == pytest.approx([1.0, 2.0, 2.0, 1.0])
+    assert stats["tis_weight"] == pytest.approx(5 / 3) and stats["tis_clip_frac"] == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="tis_cap"):
+        tis_weights(old, rollout, mask, cap=0.0)
+
+
+def test_token_weights_scale_each_tokens_gradient():
+    logp = torch.zeros((1, 3), requires_grad=True)
+    adv = torch.ones((1, 3))
+    mask = torch.ones((1, 3))
+    weights = torch.tensor([[1.0, 2.0, 0.5]])
+    loss, _ = policy_loss(logp, logp.detach(), adv, mask, agg="token-mean",
+                          token_weights=weights)
+    loss.backward()
+    # d/dlogp of -A * ratio at ratio 1 is -A / n per token, times its weight
+    assert logp.grad.tolist()[0] == pytest.approx([-1 / 3, -2 / 3, -0.5 / 3])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from seekrl.agent.backends import HFBackend, Sampling
+from seekrl.agent.backends import Backend, HFBackend, Sampling
 from seekrl.agent.rollout import RolloutConfig, RolloutEngine
 from seekrl.agent.trajectory import Trajectory, read_trajectories, write_trajectories
 from seekrl.data.qa import QAExample
@@ -38,7 +38,7 @@ class Docs:
         return out
 
 
-class Scripted:
+class Scripted(Backend):
     """A policy that plays a fixed script per question: turn i returns script[i]."""
 
     def __init__(self, tokenizer, scripts: dict[str, list[str]]):
@@ -154,7 +154,7 @@ def test_backend_stops_at_stop_string(tiny):
         def _next_tokens(self, logits, sampling):  # emit the target sequence, row by row
             self.i = getattr(self, "i", -1) + 1
             return logits.new_full((logits.shape[0],), target[min(self.i, len(target) - 1)],
-                                   dtype=int)
+                                   dtype=int), None
 
     out = Echo(model, tok).generate([tok.encode("hi")], 20, Sampling())[0]
     assert tok.decode(out).endswith("</search>")
@@ -288,3 +288,36 @@ def test_kept_cache_has_no_hole_columns_however_many_episodes_pass(tiny):
                           cfg).run(examples)
     assert len(seen) > 6 and all(t.finish_reason for t in trajs)
     assert all(width == longest for width, longest in seen)
+
+
+def test_sampled_tokens_carry_their_log_probs_and_greedy_ones_none(tiny):
+    """The backend's behaviour log-probs are log softmax(logits / T) of the sampled tokens
+    (what the trainer computes, recomputed here by a full forward pass), one per policy
+    token, kept through continuations; greedy decoding reports none."""
+    from seekrl.rl.forward import collate, masked_logprobs
+
+    model, tok = tiny
+    cfg = RolloutConfig(max_turns=3, max_new_tokens=8, max_info_tokens=32, n_samples=3,
+                        temperature=0.7, seed=2)
+    trajs = RolloutEngine(HFBackend(model, tok), tok, Docs(), cfg).run([ex("q1", "Where was Ilsa born?"), ex("q2", "Which city?")])
+    for t in trajs:
+        t.check()
+        assert t.rollout_logprobs is not None and len(t.rollout_logprobs) == t.n_generated
+    ids, attn, mask = collate([t.token_ids for t in trajs], [t.loss_mask for t in trajs],
+                              tok.pad_token_id)
+    with torch.no_grad():
+        lp = masked_logprobs(model, ids, attn, mask, temperature=0.7)["logprobs"]
+    for r, t in enumerate(trajs):
+        mine = lp[r][mask[r].bool()]
+        assert torch.allclose(mine, torch.tensor(t.rollout_logprobs), atol=1e-4)
+    long = next(t for t in trajs if len(t.steps) > 1 and t.steps[0].info_end is not None)
+    (child,), = RolloutEngine(HFBackend(model, tok), tok, Docs(), cfg).continue_from([(long, 1)])
+    child.check()
+    k = child.metadata["prefix_tokens"]
+    assert child.rollout_logprobs[:k] == long.rollout_logprobs[:k]
+    greedy = RolloutEngine(HFBackend(model, tok), tok, Docs(),
+                           RolloutConfig(max_turns=2, max_new_tokens=6, greedy=True)).run([ex("q1", "Where?")])
+    assert greedy[0].rollout_logprobs is None
+    scripted = RolloutEngine(Scripted(tok, {"Q1": ["<answer> x </answer>"]}), tok, Docs()
+                             ).run([ex("q", "Q1")])
+    assert scripted[0].rollout_logprobs is None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from seekrl.agent.backends import Backend
 from seekrl.agent.rollout import RolloutConfig, RolloutEngine, grow_trees
 from seekrl.agent.trajectory import Step, Trajectory
 from seekrl.data.qa import QAExample
@@ -388,7 +389,7 @@ def test_a_turn_ending_on_eos_keeps_it_as_a_trained_token(tiny):
     """A turn of nothing but EOS is still a step with one policy token to carry credit."""
     model, tok = tiny
 
-    class EosThenAnswer:
+    class EosThenAnswer(Backend):
         def __init__(self):
             self.turn = 0
 
@@ -413,7 +414,7 @@ def test_documents_that_do_not_fit_are_not_credited(tiny):
     were never shown, so the step records none (and evidence gives it nothing)."""
     model, tok = tiny
 
-    class SearchOnce:
+    class SearchOnce(Backend):
         def generate(self, contexts, max_new_tokens, sampling, keys=None):
             return [tok.encode("<search> Tarrow </search>", add_special_tokens=False)
                     for _ in contexts]

@@ -557,6 +557,7 @@ def test_entropy_bonus_is_aggregated_like_the_policy_loss(world, tiny, tmp_path,
     trajs = trainer.rollout(trainer.sample_questions(1, 2), seed=1)
     first = trajs[0].loss_mask.index(1)   # rows with different numbers of policy tokens
     trajs[0].loss_mask[first:first + 4] = [0] * 4
+    trajs[0].rollout_logprobs = None   # no longer one per policy token
     adv = [torch.tensor(t.loss_mask, dtype=torch.float32) for t in trajs]
     micro, norm = [0, 1, 2], 50
 
@@ -564,7 +565,7 @@ def test_entropy_bonus_is_aggregated_like_the_policy_loss(world, tiny, tmp_path,
         trainer.cfg.algo.entropy_coef = coef
         with torch.no_grad():
             return float(trainer._micro_loss(trajs, micro, adv, None, None, None, None, norm,
-                                             {})[0])
+                                             {}, [0.0])[0])
 
     ids, attn, mask = collate([trajs[i].token_ids for i in micro],
                               [trajs[i].loss_mask for i in micro], trainer.pad_id)
@@ -671,3 +672,35 @@ def test_gradient_checkpointing_gives_the_same_update(world, tiny, tmp_path):
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
     for (n, p), q in zip(plain.model.named_parameters(), checked.model.parameters()):
         assert torch.allclose(p, q, atol=1e-6), n
+
+
+def test_rollout_training_gap_is_logged_and_tis_corrects_it(world, tiny, tmp_path):
+    """seekrl's own backend samples from the trainer's distribution: the logged gap is
+    rounding. A backend whose log-probs are off by one nat (as a mismatched engine's could
+    be) gets every token's gradient weighted by the capped ratio."""
+    from seekrl.agent.trajectory import read_trajectories, write_trajectories
+
+    over = {"algo.kl_coef": 0.0, "algo.entropy_coef": 0.0, "algo.epochs": 1,
+            "algo.mini_batch_size": 8, "rollout.temperature": 0.8}
+    plain = make_trainer(make_cfg(tmp_path / "a", **over), world, tiny)
+    trajs = plain.rollout(plain.sample_questions(1, 2), seed=5)
+    plain.score(trajs)
+    assert all(t.rollout_logprobs is not None for t in trajs)
+    write_trajectories(tmp_path / "batch.jsonl", trajs)
+    a = plain.learn(trajs)
+    assert a["rollout_logp_gap"] < 1e-4 and a["rollout_logp_gap_max"] < 1e-3
+    assert "tis_weight" not in a
+
+    off = read_trajectories(tmp_path / "batch.jsonl")
+    for t in off:   # the engine thought every token one nat less likely: ratio e > cap 2
+        t.rollout_logprobs = [x - 1.0 for x in t.rollout_logprobs]
+    tis = make_trainer(make_cfg(tmp_path / "b", **over, **{"algo.tis_cap": 2.0}), world, tiny)
+    b = tis.learn(off)
+    assert b["rollout_logp_gap"] == pytest.approx(1.0, abs=1e-3)
+    assert b["tis_clip_frac"] == 1.0 and b["tis_weight"] == pytest.approx(2.0)
+    assert b["grad_norm"] == pytest.approx(2 * a["grad_norm"], rel=1e-3)
+
+    for t in off:
+        t.rollout_logprobs = None
+    with pytest.raises(ValueError, match="no behaviour log-probs"):
+        tis.learn(off)

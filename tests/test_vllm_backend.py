@@ -43,7 +43,12 @@ class FakeLLM:
 
     def generate(self, prompts, params, use_tqdm=True):
         self.requests.append((prompts, params))
-        done = types.SimpleNamespace(token_ids=tuple(self.reply), finish_reason="stop")
+        # vLLM's shape: with SamplingParams(logprobs=k), one {token id: Logprob} per token
+        logprobs = None if params.logprobs is None else [
+            {tok: types.SimpleNamespace(logprob=-0.25 * (i + 1), rank=1)}
+            for i, tok in enumerate(self.reply)]
+        done = types.SimpleNamespace(token_ids=tuple(self.reply), finish_reason="stop",
+                                     logprobs=logprobs)
         return [types.SimpleNamespace(outputs=[done]) for _ in prompts]
 
     def reset_prefix_cache(self):
@@ -89,9 +94,13 @@ def test_token_ids_in_and_out_with_the_protocol_stops(fake_vllm):
     assert prompts == [{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [1, 2, 3, 4, 5]}]
     assert params.stop == list(STOP_STRINGS) and params.include_stop_str_in_output is True
     assert params.max_tokens == 32 and params.temperature == 0.0 and params.n == 1
-    backend.generate(contexts, 8, Sampling(temperature=0.7, top_p=0.9))
+    assert params.logprobs is None and out[0].logprobs is None    # greedy: nothing to correct
+    # behaviour log-probs after temperature / top-p, the distribution actually sampled
+    assert llm.kwargs["logprobs_mode"] == "processed_logprobs"
+    out = backend.generate(contexts, 8, Sampling(temperature=0.7, top_p=0.9))
     params = llm.requests[-1][1]
-    assert params.temperature == 0.7 and params.top_p == 0.9
+    assert params.temperature == 0.7 and params.top_p == 0.9 and params.logprobs == 0
+    assert out[1] == [11, 12, 13] and out[1].logprobs == [-0.25, -0.5, -0.75]
     assert backend.generate([], 8, Sampling()) == [] and len(llm.requests) == 2
 
 

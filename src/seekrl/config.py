@@ -298,6 +298,10 @@ class AlgoConfig(Strict):
     clip_low: float = Field(0.2, ge=0, lt=1)
     clip_high: float = Field(0.28, ge=0)
     clip_ratio_c: float | None = Field(3.0, gt=1)   # dual clip: cap -A x c on negative A
+    # truncated importance sampling between the rollout backend and the trainer: each
+    # token's policy gradient x min(pi_trainer / pi_rollout, tis_cap) (None: off; 2 is
+    # the usual cap). Needs the backend's log-probs (sampled rollouts, both backends)
+    tis_cap: float | None = Field(None, gt=0)
     loss_agg: str = "token-mean"       # seq-mean-token-sum-norm is Dr. GRPO's (sum per episode
                                        # / rollout.max_turns x rollout.max_new_tokens)
     kl_coef: float = Field(0.0, ge=0)

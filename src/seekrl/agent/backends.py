@@ -1,11 +1,15 @@
 """Generation backends: turn a batch of token contexts into one model turn each.
 
-The rollout engine only needs `generate(contexts, max_new_tokens, sampling, keys) -> new
-tokens per context`, stopping each row at `</search>`, `</answer>` or EOS. `keys` name the
-episodes: a backend may keep an episode's KV cache between its turns and then only has to
-prefill what was appended since (the `<information>` block), not the whole context again.
-Hugging Face transformers is the backend today; a vLLM backend plugs into the same
-interface (vLLM's automatic prefix caching plays the role of `keys`).
+A backend (`Backend`) does three things for the rollout engine and the trainer:
+- `generate(contexts, max_new_tokens, sampling, keys)`: the new tokens of one turn per
+  context, stopping each row at `</search>`, `</answer>` or EOS; a row may come back as a
+  `Generated` list that also holds each token's behaviour log-probability. `keys` name
+  the episodes: a backend may keep an episode's KV cache between its turns and then only
+  has to prefill what was appended since (the `<information>` block);
+- `reset()`: forget cached episodes (the engine calls it when a rollout ends);
+- `sync_weights(policy, version)`: make generation use the policy's current weights (the
+  trainer calls it before every rollout; a no-op where the backend runs the policy itself).
+`HFBackend` (seekrl's own decoding loop) and `agent/vllm_backend.VLLMBackend` implement it.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ import copy
 import functools
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
@@ -28,9 +31,37 @@ class Sampling:
     top_p: float = 1.0
 
 
-class GenerationBackend(Protocol):
+class Generated(list):
+    """One turn's new token ids (a plain list of ints) and `logprobs`: the log-probability
+    of each under the distribution it was sampled from (temperature and top-p applied), as
+    the rollout engine computed it, or None where the backend reports none (greedy decoding,
+    scripted backends). The trainer compares them with its own log-probabilities of the same
+    tokens (the rollout / training mismatch) and can correct for the gap."""
+
+    def __init__(self, tokens=(), logprobs: list[float] | None = None):
+        super().__init__(tokens)
+        self.logprobs = logprobs
+
+    def cut(self, n: int) -> "Generated":
+        return Generated(self[:n], None if self.logprobs is None else self.logprobs[:n])
+
+
+class Backend:
+    """What a generation backend offers (see the module's docstring); the two lifecycle
+    calls do nothing unless a backend needs them."""
+
     def generate(self, contexts: list[list[int]], max_new_tokens: int, sampling: Sampling,
-                 keys: Sequence[Hashable] | None = None) -> list[list[int]]: ...
+                 keys: Sequence[Hashable] | None = None) -> list[list[int]]:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Forget cached episodes."""
+
+    def sync_weights(self, policy, version: int | None = None) -> None:
+        """Generate with `policy`'s current weights from now on."""
+
+
+GenerationBackend = Backend   # the name the rest of seekrl imported first
 
 
 class _Batch:
@@ -202,7 +233,7 @@ def _compact(parts: list[_Batch], room: int = 0) -> _Batch:
                   torch.cat([p.next_pos for p in parts]))
 
 
-class HFBackend:
+class HFBackend(Backend):
     """Batched generation for a Hugging Face causal LM, with its own decoding loop.
 
     Why not `model.generate`: its stop-string criterion rebuilds a vocabulary table on every
@@ -250,9 +281,12 @@ class HFBackend:
             piece = self._pieces[token] = self.tokenizer.decode([token])
         return piece
 
-    def _next_tokens(self, logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    def _next_tokens(self, logits: torch.Tensor, sampling: Sampling
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the next token of each row, its log-probability under the distribution it was
+        drawn from; None when greedy)."""
         if sampling.greedy:
-            return logits.argmax(-1)
+            return logits.argmax(-1), None
         probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
         if sampling.top_p < 1.0:
             sorted_p, order = probs.sort(dim=-1, descending=True)
@@ -264,7 +298,10 @@ class HFBackend:
         cdf = probs.double().cumsum(-1)
         u = torch.rand((probs.shape[0], 1), dtype=torch.float64, device=probs.device)
         picked = torch.searchsorted(cdf, u * cdf[:, -1:]).squeeze(-1)
-        return picked.clamp(max=probs.shape[-1] - 1)
+        picked = picked.clamp(max=probs.shape[-1] - 1)
+        logp = torch.log(probs.gather(-1, picked[:, None]).squeeze(-1).double()
+                         / cdf[:, -1]).float()
+        return picked, logp
 
     # ---- prefill
     def _prefill(self, contexts: list[list[int]], keys: list | None, spare: int):
@@ -362,9 +399,9 @@ class HFBackend:
     # ---- one turn
     @torch.no_grad()
     def generate(self, contexts: list[list[int]], max_new_tokens: int, sampling: Sampling,
-                 keys: Sequence[Hashable] | None = None) -> list[list[int]]:
+                 keys: Sequence[Hashable] | None = None) -> list[Generated]:
         if not contexts or max_new_tokens <= 0:
-            return [[] for _ in contexts]
+            return [Generated() for _ in contexts]
         keys = list(keys) if keys is not None else None
         if keys is not None and len(set(keys)) != len(keys):
             raise ValueError("keys must be unique: one per episode")
@@ -375,18 +412,22 @@ class HFBackend:
         check_window(self.model, max(map(len, contexts)))
         _growing_layer_class().spare = max_new_tokens
         batch, logits = self._prefill(contexts, keys, spare=max_new_tokens)
-        results: list[list[int]] = [[] for _ in contexts]
+        results = [Generated(logprobs=None if sampling.greedy else []) for _ in contexts]
         tails = [""] * len(contexts)
         rows = list(range(len(contexts)))    # batch row -> context index
         parked: list[_Batch] = []
         dev = self.device
         alive = [True] * len(rows)
         for step in range(max_new_tokens):
-            tokens = self._next_tokens(logits, sampling).tolist()
+            picked, logps = self._next_tokens(logits, sampling)
+            tokens = picked.tolist()
+            logps = logps.tolist() if logps is not None else None
             for b, (i, tok) in enumerate(zip(rows, tokens)):
                 if not alive[b]:
                     continue
                 results[i].append(tok)
+                if logps is not None:
+                    results[i].logprobs.append(logps[b])
                 if tok in self.stop_ids:  # kept: the turn's last token, and trained
                     alive[b] = False
                     continue

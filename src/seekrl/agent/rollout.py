@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from seekrl.agent.backends import GenerationBackend, Sampling
+from seekrl.agent.backends import Backend, Generated, Sampling
 from seekrl.agent.protocol import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_INFO_TOKENS,
@@ -88,7 +88,7 @@ def _gold_of(ex: QAExample) -> list[str]:
 class RolloutEngine:
     """Runs episodes for a policy backend against a retriever."""
 
-    def __init__(self, backend: GenerationBackend, tokenizer, retriever: Retriever | None,
+    def __init__(self, backend: Backend, tokenizer, retriever: Retriever | None,
                  cfg: RolloutConfig | None = None):
         self.backend = backend
         self.tokenizer = tokenizer
@@ -143,7 +143,7 @@ class RolloutEngine:
                                       token_ids=list(prompt_ids), loss_mask=[0] * len(prompt_ids),
                                       prompt_len=len(prompt_ids), sample_index=s,
                                       dataset=dataset, metadata=dict(meta),
-                                      gold_doc_ids=_gold_of(ex)))
+                                      gold_doc_ids=_gold_of(ex), rollout_logprobs=[]))
         return out
 
     def continue_from(self, prefixes: Sequence[tuple[Trajectory, int]], n_samples: int = 1,
@@ -174,13 +174,16 @@ class RolloutEngine:
                 steps = [replace(s, hits=list(s.hits), hit_titles=list(s.hit_titles),
                                  process_reward=None, process_parts={}, value=None)
                          for s in t.steps[:k]]
+                policy_tokens = sum(t.loss_mask[:cut])
                 meta = {**copy.deepcopy(t.metadata), "prefix_steps": k,
-                        "prefix_tokens": sum(t.loss_mask[:cut])}
+                        "prefix_tokens": policy_tokens}
                 traj = replace(t, token_ids=list(t.token_ids[:cut]),
                                loss_mask=list(t.loss_mask[:cut]), steps=steps, answer=None,
                                finish_reason="", outcome_reward=None,
                                sample_index=j, metadata=meta,
-                               gold_doc_ids=list(t.gold_doc_ids))
+                               gold_doc_ids=list(t.gold_doc_ids),
+                               rollout_logprobs=None if t.rollout_logprobs is None
+                               else list(t.rollout_logprobs[:policy_tokens]))
                 e = _Episode(traj, set(traj.gold_doc_ids))
                 e.turns = k
                 episodes.append(e)
@@ -210,13 +213,13 @@ class RolloutEngine:
                                              keys=[id(e) for e, _ in go])
                 # each row keeps only what fits its own length budget
                 self._take_turn([e for e, _ in go],
-                                [new[:room] for (_, room), new in zip(go, outs)])
+                                [Generated(new, getattr(new, "logprobs", None)).cut(room)
+                                 for (_, room), new in zip(go, outs)])
             for e in batch:
                 if e.done and on_finish is not None:
                     on_finish(e.traj)
             active = [i for i in active if not episodes[i].done]
-        if hasattr(self.backend, "reset"):
-            self.backend.reset()  # free the cached episodes
+        self.backend.reset()  # free the cached episodes
         return [e.traj for e in episodes]
 
     def _prompts(self, examples: Sequence[QAExample]
@@ -234,7 +237,7 @@ class RolloutEngine:
                                                      documents=documents)))
         return prompts, hits_per
 
-    def _take_turn(self, batch: list[_Episode], outs: list[list[int]]) -> None:
+    def _take_turn(self, batch: list[_Episode], outs: list[Generated]) -> None:
         cfg = self.cfg
         searches: list[tuple[_Episode, Step]] = []
         for e, new in zip(batch, outs):
@@ -243,6 +246,11 @@ class RolloutEngine:
             start = len(t.token_ids)
             t.token_ids.extend(new)
             t.loss_mask.extend([1] * len(new))
+            if t.rollout_logprobs is not None:   # one turn without them: none for the episode
+                if new.logprobs is None or len(new.logprobs) != len(new):
+                    t.rollout_logprobs = None
+                else:
+                    t.rollout_logprobs.extend(new.logprobs)
             # A turn that ends on the end-of-turn token keeps it, trained (mask 1): a turn of
             # nothing but EOS is then still a step with a token to carry its credit, and the
             # policy learns not to end a turn without acting. The text leaves it out.

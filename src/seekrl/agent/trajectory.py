@@ -60,6 +60,10 @@ class Trajectory:
     dataset: str = ""
     metadata: dict = field(default_factory=dict)
     gold_doc_ids: list[str] = field(default_factory=list)
+    # the log-probability of each policy token (the loss_mask == 1 positions, in order) under
+    # the distribution the rollout backend sampled it from; None when a turn had none
+    # (greedy decoding, a scripted backend)
+    rollout_logprobs: list[float] | None = None
 
     @property
     def n_searches(self) -> int:
@@ -113,6 +117,8 @@ class Trajectory:
                 covered[i] = 1
             pos = s.end
         assert covered == list(self.loss_mask), "steps do not tile the generated tokens"
+        assert self.rollout_logprobs is None or len(self.rollout_logprobs) == sum(covered), \
+            "rollout_logprobs and the policy tokens differ in number"
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,6 +1,7 @@
 """A vLLM generation backend (`rollout.backend: vllm`), for GPU machines that have vLLM.
 
-The same interface as `HFBackend` (`GenerationBackend`): token ids in, token ids out.
+The same interface as `HFBackend` (`backends.Backend`): token ids in, token ids out, with
+each sampled token's log-probability.
 
 - Prompts go to vLLM as `TokensPrompt(prompt_token_ids=...)`, exactly the ids the rollout
   engine holds; text is never re-tokenised, so what the policy is trained on is what it
@@ -8,6 +9,9 @@ The same interface as `HFBackend` (`GenerationBackend`): token ids in, token ids
 - Generation stops at `</search>` / `</answer>` (kept in the output, as `HFBackend` keeps
   them) or EOS; every turn is one request per episode, and vLLM's prefix caching reuses
   the episode's earlier turns, as `HFBackend`'s kept KV cache does.
+- Behaviour log-probabilities: each sampled token's (`SamplingParams(logprobs=0)`, after
+  temperature and top-p: `logprobs_mode="processed_logprobs"`), which the trainer compares
+  with its own and corrects for (`algo.tis_cap`).
 - Colocated weight sync: `sync_weights(policy)` pushes the policy's current weights into
   the engine (`load_weights`, HF parameter names; LoRA adapters merged into the base
   weights first) and resets the prefix cache, whose entries the old weights computed. The
@@ -26,7 +30,7 @@ from collections.abc import Hashable, Iterator, Sequence
 
 import torch
 
-from seekrl.agent.backends import Sampling
+from seekrl.agent.backends import Backend, Generated, Sampling
 from seekrl.agent.protocol import STOP_STRINGS
 from seekrl.models import ModelError
 
@@ -44,7 +48,7 @@ def import_vllm():
     return vllm
 
 
-class VLLMBackend:
+class VLLMBackend(Backend):
     """Generation with a colocated `vllm.LLM` (or one passed in as `llm`)."""
 
     def __init__(self, model: str, tokenizer, *, dtype: str = "bfloat16",
@@ -61,31 +65,37 @@ class VLLMBackend:
         self.llm = llm if llm is not None else vllm.LLM(
             model=model, tokenizer=model, dtype=dtype, seed=seed,
             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-            enable_prefix_caching=True)
+            enable_prefix_caching=True, logprobs_mode="processed_logprobs")
         self.synced_version: int | None = None   # the trainer's step the weights are from
 
     def generate(self, contexts: list[list[int]], max_new_tokens: int, sampling: Sampling,
-                 keys: Sequence[Hashable] | None = None) -> list[list[int]]:
+                 keys: Sequence[Hashable] | None = None) -> list[Generated]:
         """One continuation per context, as token ids ending at the first stop string or EOS
-        (kept). `keys` are not needed: vLLM's prefix cache finds the shared history itself."""
+        (kept), with their log-probabilities when sampling. `keys` are not needed: vLLM's
+        prefix cache finds the shared history itself."""
         if not contexts or max_new_tokens <= 0:
-            return [[] for _ in contexts]
+            return [Generated() for _ in contexts]
         from vllm.inputs import TokensPrompt
 
         params = self._vllm.SamplingParams(
             n=1, max_tokens=max_new_tokens,
             temperature=0.0 if sampling.greedy else sampling.temperature,
             top_p=1.0 if sampling.greedy else sampling.top_p,
-            stop=self.stop_strings, include_stop_str_in_output=True)
+            stop=self.stop_strings, include_stop_str_in_output=True,
+            logprobs=None if sampling.greedy else 0)   # 0: the sampled token's only
         prompts = [TokensPrompt(prompt_token_ids=list(c)) for c in contexts]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         if len(outputs) != len(contexts):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(contexts)} "
                                "prompts")
-        return [list(out.outputs[0].token_ids) for out in outputs]
+        return [_generated(out.outputs[0], with_logprobs=not sampling.greedy)
+                for out in outputs]
 
     def sync_weights(self, policy: torch.nn.Module, version: int | None = None) -> int:
-        """Load `policy`'s weights into the engine; returns how many tensors were pushed."""
+        """Load `policy`'s weights into the engine unless they are already those of
+        `version` (the trainer's step count); returns how many tensors were pushed."""
+        if version is not None and version == self.synced_version:
+            return 0
         target = _engine_model(self.llm)
         count = 0
 
@@ -101,6 +111,16 @@ class VLLMBackend:
             reset()
         self.synced_version = version
         return count
+
+
+def _generated(completion, *, with_logprobs: bool) -> Generated:
+    """A vLLM completion as token ids with each token's log-probability: `logprobs` holds one
+    {token id: Logprob} per generated token, the sampled token among them."""
+    ids = list(completion.token_ids)
+    per_token = getattr(completion, "logprobs", None) if with_logprobs else None
+    if not per_token or len(per_token) != len(ids):
+        return Generated(ids)
+    return Generated(ids, [float(step[tok].logprob) for tok, step in zip(ids, per_token)])
 
 
 def _engine_model(llm):

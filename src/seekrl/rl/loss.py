@@ -40,12 +40,16 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean"
 def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor, *, clip_low: float = 0.2, clip_high: float = 0.28,
                 clip_c: float | None = 3.0, agg: str = "token-mean",
-                norm_length: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                norm_length: int | None = None, token_weights: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped surrogate with separate low / high ranges (clip-higher, DAPO) and dual
     clipping (Ye et al., 2020): for a negative advantage the clipped surrogate
     max(-A r, -A clip(r)) grows without bound in the ratio (A = -1, r = 50: 50), so it is
     capped at -A * clip_c (3 by default, as in verl). That only matters once the policy has
     moved away from the one that sampled: several epochs or mini-batches per batch.
+
+    `token_weights` (no gradient) scale each token's surrogate: truncated importance sampling
+    between the rollout engine and the trainer (`tis_weights`).
 
     Returns the loss and its diagnostics: clip fraction, dual-clip fraction, approximate KL
     to the old policy (k3), and the mean ratio, all over policy tokens."""
@@ -61,6 +65,8 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
         cap = -advantages * clip_c
         dual = (advantages < 0) & (per_token > cap)
         per_token = torch.where(dual, cap, per_token)
+    if token_weights is not None:
+        per_token = per_token * token_weights.detach()
     loss = aggregate(per_token, mask, agg, norm_length)
     with torch.no_grad():
         m = mask.to(ratio.dtype)
@@ -72,6 +78,25 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
             "ratio_mean": float((ratio * m).sum() / n),
         }
     return loss, stats
+
+
+def tis_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor,
+                cap: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """Truncated importance sampling (Yao et al., 2025): the rollout engine sampled from
+    pi_rollout, the trainer's own log-probs of the same policy give pi_old, and the two
+    differ numerically (another kernel, another precision, vLLM). Weighting each token's
+    policy gradient by min(pi_old / pi_rollout, cap) corrects for the gap; the cap bounds
+    the variance. Returns the weights (1 off the mask) and their mean and clipped share."""
+    if cap <= 0:
+        raise ValueError(f"tis_cap: expected a positive cap, got {cap}")
+    with torch.no_grad():
+        raw = torch.exp((old_logprobs - rollout_logprobs) * mask)
+        weights = torch.where(mask.bool(), raw.clamp(max=cap), torch.ones_like(raw))
+        m = mask.to(raw.dtype)
+        n = m.sum().clamp(min=1.0)
+        stats = {"tis_weight": float((weights * m).sum() / n),
+                 "tis_clip_frac": float(((raw > cap).to(m.dtype) * m).sum() / n)}
+    return weights, stats
 
 
 KL_CLAMP = 10.0

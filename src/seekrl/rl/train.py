@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from seekrl.agent.backends import HFBackend
+from seekrl.agent.backends import Backend, HFBackend
 from seekrl.agent.rollout import RolloutEngine, grow_trees
 from seekrl.agent.trajectory import Trajectory, group_indices
 from seekrl.config import ConfigError, TrainConfig, dump_config
@@ -93,7 +93,7 @@ from seekrl.rl.common import (
 )
 from seekrl.rl.distributed import Dist
 from seekrl.rl.forward import ValueHead, collate, masked_logprobs
-from seekrl.rl.loss import aggregate, kl_penalty, policy_loss, value_loss
+from seekrl.rl.loss import aggregate, kl_penalty, policy_loss, tis_weights, value_loss
 from seekrl.rl.monitor import Monitor
 
 RewardFn = Callable[[Trajectory], RewardParts]
@@ -117,7 +117,7 @@ class Trainer:
         self.dist, self.device = (dist, cfg.device) if dist is not None \
             else Dist.from_env(cfg.device)
         self.console = console if self.dist.main else None
-        self._vllm = None
+        self._backend: Backend | None = None   # built on first use (see _generation_backend)
         if cfg.rollout.backend == "vllm":
             from seekrl.agent.vllm_backend import import_vllm
             import_vllm()
@@ -220,22 +220,23 @@ class Trainer:
         self.model.eval()
         return RolloutEngine(self._generation_backend(), self.tokenizer, self.retriever, cfg)
 
-    def _generation_backend(self):
-        """seekrl's own decoding loop on the policy, or the colocated vLLM engine with the
-        policy's weights of this step (pushed once per step, before its first rollout)."""
-        if self.cfg.rollout.backend == "hf":
-            return HFBackend(self.model, self.tokenizer)
-        if self._vllm is None:
-            from seekrl.agent.vllm_backend import VLLMBackend
-            from seekrl.models import resolve_model
+    def _generation_backend(self) -> Backend:
+        """The run's one backend (built on first use): seekrl's own decoding loop on the
+        policy, or the colocated vLLM engine, told to use the policy's weights of this step
+        (vLLM pushes them once per step, before its first rollout)."""
+        if self._backend is None:
+            if self.cfg.rollout.backend == "hf":
+                self._backend = HFBackend(self.model, self.tokenizer)
+            else:
+                from seekrl.agent.vllm_backend import VLLMBackend
+                from seekrl.models import resolve_model
 
-            self._vllm = VLLMBackend(resolve_model(self.cfg.model), self.tokenizer,
-                                     dtype=self.cfg.dtype, seed=self.cfg.seed,
-                                     gpu_memory_utilization=self.cfg.rollout.vllm_gpu_memory,
-                                     max_model_len=self.cfg.rollout.max_total_tokens)
-        if self._vllm.synced_version != self.step_done:
-            self._vllm.sync_weights(self.model, self.step_done)
-        return self._vllm
+                self._backend = VLLMBackend(
+                    resolve_model(self.cfg.model), self.tokenizer, dtype=self.cfg.dtype,
+                    seed=self.cfg.seed, gpu_memory_utilization=self.cfg.rollout.vllm_gpu_memory,
+                    max_model_len=self.cfg.rollout.max_total_tokens)
+        self._backend.sync_weights(self.model, self.step_done)
+        return self._backend
 
     def rollout(self, questions: Sequence[QAExample], seed: int) -> list[Trajectory]:
         tree = self.cfg.rollout.tree
@@ -440,6 +441,7 @@ class Trainer:
         stats: dict[str, list[float]] = defaultdict(list)       # one value per mini-batch
         mini_stats: dict[str, float] = defaultdict(float)
         correct_logps: dict[int, float] = {}   # episode -> its mean log-prob, first pass
+        gap_max = [0.0]   # the largest |trainer - rollout| log-prob gap of a policy token
         order_rng = random.Random(f"{cfg.seed}/update/{self.step_done}")
         # seq-mean-token-sum-norm's constant: the most policy tokens an episode can have
         norm_length = cfg.rollout.max_turns * cfg.rollout.max_new_tokens
@@ -469,7 +471,8 @@ class Trainer:
                     else:
                         weight = len(micro) / len(mini)
                     loss, s = self._micro_loss(trajs, micro, advantages, old_logps, ref_logps,
-                                               old_values, returns, norm_length, correct_logps)
+                                               old_values, returns, norm_length, correct_logps,
+                                               gap_max)
                     (loss * weight).backward()
                     for k, v in s.items():  # each micro-batch's share, as in the loss
                         mini_stats[k] += v * weight
@@ -481,6 +484,8 @@ class Trainer:
         out["grad_norm"] = round(max(stats["grad_norm"]), 4)
         out["correct_logps"] = {i: lp for part in self.dist.gather([correct_logps])
                                 for i, lp in part.items()}
+        if "rollout_logp_gap" in out:
+            out["rollout_logp_gap_max"] = round(max(self.dist.gather(gap_max)), 5)
         return out
 
     def _displacement(self, trajs, old_logps, during_update: dict[int, float]
@@ -511,7 +516,8 @@ class Trainer:
                 "correct_logp_shift": round(sum(shift) / len(shift), 5)}
 
     def _micro_loss(self, trajs, micro, advantages, old_logps, ref_logps, old_values, returns,
-                    norm_length, correct_logps) -> tuple[torch.Tensor, dict[str, float]]:
+                    norm_length, correct_logps, gap_max
+                    ) -> tuple[torch.Tensor, dict[str, float]]:
         algo, dev = self.cfg.algo, self.device
         part = [trajs[i] for i in micro]
         ids, attn, mask = collate([t.token_ids for t in part], [t.loss_mask for t in part],
@@ -532,9 +538,26 @@ class Trainer:
 
         adv = grid(advantages)
         old = grid(old_logps) if old_logps is not None else logp.detach()
+        # the rollout / training mismatch: the backend's log-probs of the tokens it sampled
+        # against the trainer's of the same policy
+        behaviour = _rollout_grid(part, mask)
+        weights, mismatch = None, {}
+        if behaviour is not None:
+            with torch.no_grad():
+                gap = ((old - behaviour) * mask).abs()
+                mismatch["rollout_logp_gap"] = float(gap.sum() / mask.sum().clamp(min=1))
+                gap_max[0] = max(gap_max[0], float(gap.max()))
+            if algo.tis_cap:
+                weights, tis = tis_weights(old, behaviour, mask, algo.tis_cap)
+                mismatch.update(tis)
+        elif algo.tis_cap:
+            raise ValueError("algo.tis_cap: these rollouts carry no behaviour log-probs (greedy "
+                             "decoding, or a backend that reports none); turn tis_cap off")
         loss, s = policy_loss(logp, old, adv, mask, clip_low=algo.clip_low,
                               clip_high=algo.clip_high, clip_c=algo.clip_ratio_c,
-                              agg=algo.loss_agg, norm_length=norm_length)
+                              agg=algo.loss_agg, norm_length=norm_length,
+                              token_weights=weights)
+        s.update(mismatch)
         s["entropy"] = float(aggregate(out["entropy"].detach(), mask, "token-mean"))  # to read
         s["pg_loss"] = float(loss.detach())
         if algo.entropy_coef > 0:   # aggregated like the policy loss it is added to
@@ -835,6 +858,18 @@ def _informative(trajs, parts, members: list[int], advantage: str | None = None,
     totals = [parts[j].total + sum(s.process_reward or 0.0 for s in trajs[j].steps)
               for j in members]
     return group_has_signal(group, totals)
+
+
+def _rollout_grid(part: Sequence[Trajectory], mask: torch.Tensor) -> torch.Tensor | None:
+    """The episodes' behaviour log-probs laid out like the trainer's ([rows, seq], at each
+    policy token's position); None when any episode has none."""
+    if any(t.rollout_logprobs is None for t in part):
+        return None
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    for r, t in enumerate(part):
+        cols = [i for i, m in enumerate(t.loss_mask) if m]
+        out[r, cols] = torch.tensor(t.rollout_logprobs, dtype=torch.float32, device=mask.device)
+    return out
 
 
 def _no_dropout_mode(model) -> None:
