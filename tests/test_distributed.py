@@ -98,19 +98,37 @@ def _worker(rank: int, job: str, world_dir: str, work: str, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
                       RANK=str(rank), LOCAL_RANK=str(rank))
     work_dir = Path(work)
-    if job == "update":
+    if job == "grads":
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        d = Dist(rank, 2)
+        params = [torch.nn.Parameter(torch.zeros(3)) for _ in range(3)]
+        params[0].grad = torch.full((3,), float(rank + 1))         # both ranks: 1 + 2
+        if rank == 1:
+            params[1].grad = torch.tensor([1.0, 2.0, 3.0])         # one rank only
+        d.sum_gradients(params)                                     # params[2]: none anywhere
+        torch.save({"grads": [None if p.grad is None else p.grad.tolist() for p in params],
+                    "gathered": d.gather([rank, rank]), "summed": d.sum_values({f"r{rank}": 1.0,
+                                                                                "all": 2.0}),
+                    "broadcast": d.broadcast(f"from {rank}")}, work_dir / f"rank{rank}.pt")
+    elif job == "update":
         trainer = _trainer(_cfg(work_dir / "dp-run"), Path(world_dir), overwrite=True)
         batch = read_trajectories(work_dir / "batch.jsonl")
         record = trainer.learn(batch)
         record.pop("correct_logps", None)
         torch.save({"params": _trainable(trainer), "record": record},
                    work_dir / f"rank{rank}.pt")
-    else:   # a whole run: 2 steps, then resumed for a third
-        cfg = _cfg(work_dir / "run", steps=2)
-        summary = _trainer(cfg, Path(world_dir), overwrite=True).train()
-        more = _trainer(_cfg(work_dir / "run", steps=3), Path(world_dir), resume=True).train()
-        torch.save({"params": None, "summary": summary, "more": more},
-                   work_dir / f"rank{rank}.pt")
+    else:   # a 3-step run stopped after step 2 and resumed; and 3 steps straight
+        cfg = _cfg(work_dir / "run", steps=3)
+        summary = _trainer(cfg, Path(world_dir), overwrite=True).train(until=2)
+        resumed = _trainer(_cfg(work_dir / "run", steps=3), Path(world_dir), resume=True)
+        more = resumed.train()
+        straight = _trainer(_cfg(work_dir / "straight", steps=3), Path(world_dir),
+                            overwrite=True)
+        straight.train()
+        torch.save({"params": _trainable(resumed), "straight": _trainable(straight),
+                    "summary": summary, "more": more}, work_dir / f"rank{rank}.pt")
     import torch.distributed as dist
     dist.destroy_process_group()
 
@@ -142,6 +160,15 @@ def world_dir(tmp_path_factory) -> Path:
     build_world_and_index(out, seed=4, difficulty="medium", entities=200, n_train=16,
                           n_dev=4, n_test=4)
     return out
+
+
+def test_gradients_are_summed_and_none_stays_none(tmp_path):
+    ranks = _spawn("grads", Path("unused"), tmp_path, timeout=120.0)
+    for got in ranks:
+        assert got["grads"] == [[3.0, 3.0, 3.0], [1.0, 2.0, 3.0], None]
+        assert got["gathered"] == [0, 0, 1, 1]
+        assert got["summed"] == {"r0": 1.0, "r1": 1.0, "all": 4.0}
+        assert got["broadcast"] == "from 0"
 
 
 def test_two_processes_take_the_update_of_one_on_the_same_batch(world_dir, tmp_path):
@@ -176,9 +203,13 @@ def test_a_two_process_run_writes_once_and_resumes(world_dir, tmp_path):
     assert all(r["episodes"] == 8 for r in steps if "episodes" in r)  # both shares gathered
     assert (run / "final" / "config.json").is_file()
     assert sorted(p.name for p in (run / "checkpoints").glob("step-*"))[-1] == "step-3"
-    assert ranks[0]["summary"]["steps"] == ranks[1]["summary"]["steps"] == 2
+    assert ranks[0]["summary"] == ranks[1]["summary"] == {"steps": 2, "interrupted": True}
     assert ranks[0]["more"]["steps"] == ranks[1]["more"]["steps"] == 3
-    assert ranks[0]["summary"]["final"] == ranks[1]["summary"]["final"]
+    assert ranks[0]["more"]["final"] == ranks[1]["more"]["final"]
+    # the ranks hold the same weights, and resuming changed nothing: 2 + 1 steps = 3 steps
+    for name, value in ranks[0]["params"].items():
+        assert torch.equal(value, ranks[1]["params"][name]), name
+        assert torch.allclose(value, ranks[0]["straight"][name], atol=1e-6), name
 
 
 def test_seekrl_train_under_torchrun(world_dir, tmp_path):

@@ -321,3 +321,14 @@ def test_sampled_tokens_carry_their_log_probs_and_greedy_ones_none(tiny):
     scripted = RolloutEngine(Scripted(tok, {"Q1": ["<answer> x </answer>"]}), tok, Docs()
                              ).run([ex("q", "Q1")])
     assert scripted[0].rollout_logprobs is None
+
+
+def test_a_backend_must_be_a_backend(tiny):
+    _, tok = tiny
+
+    class Duck:
+        def generate(self, contexts, max_new_tokens, sampling, keys=None):
+            return [[] for _ in contexts]
+
+    with pytest.raises(TypeError, match="expected a seekrl.agent.backends.Backend"):
+        RolloutEngine(Duck(), tok, Docs())

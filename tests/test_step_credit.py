@@ -433,7 +433,7 @@ def test_documents_that_do_not_fit_are_not_credited(tiny):
 def test_continuing_after_a_step_nothing_followed_is_refused(tiny):
     t = ep("g", [search(2, 2), ("search", 2, 0, "q", ())])     # last-turn search: no block
     model, tok = tiny
-    engine = RolloutEngine(object(), tok, Docs(), RolloutConfig())
+    engine = RolloutEngine(Backend(), tok, Docs(), RolloutConfig())
     with pytest.raises(ValueError, match="ended the episode"):
         engine.continue_from([(t, 2)], 1)
 

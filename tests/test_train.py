@@ -704,3 +704,18 @@ def test_rollout_training_gap_is_logged_and_tis_corrects_it(world, tiny, tmp_pat
         t.rollout_logprobs = None
     with pytest.raises(ValueError, match="no behaviour log-probs"):
         tis.learn(off)
+
+
+def test_gradient_checkpointing_leaves_frozen_blocks_out_of_the_backward(world, tiny, tmp_path):
+    """With only the top block trained, nothing below it needs a gradient: checkpointing
+    must not make the embeddings' output require one (transformers does, for its reentrant
+    kind), or the backward pass would run through every frozen block."""
+    trainer = make_trainer(make_cfg(tmp_path, gradient_checkpointing=True, train_layers=1),
+                           world, tiny)
+    seen = []
+    emb = trainer.model.get_input_embeddings()
+    handle = emb.register_forward_hook(lambda m, i, o: seen.append(o.requires_grad))
+    trainer.model.train()
+    trainer.model(input_ids=torch.tensor([[1, 2, 3]]))
+    handle.remove()
+    assert seen == [False]

@@ -173,3 +173,21 @@ def test_refine_and_labelling_refuse_the_vllm_backend(tmp_path):
         run_labelling(LabelConfig(out=str(tmp_path / "m"), data="q.jsonl",
                                    rollout={"backend": "vllm"}), model=model, tokenizer=tok,
                       questions=[])
+
+
+def test_an_old_vllm_without_logprobs_mode_gives_no_behaviour_logprobs(fake_vllm):
+    from seekrl.agent.vllm_backend import VLLMBackend
+
+    class OldLLM(FakeLLM):
+        def __init__(self, **kwargs):
+            if "logprobs_mode" in kwargs:
+                raise TypeError("__init__() got an unexpected keyword argument 'logprobs_mode'")
+            super().__init__(**kwargs)
+
+    fake_vllm.LLM = OldLLM
+    backend = VLLMBackend("/models/policy", None)
+    llm = FakeLLM.instances[-1]
+    llm.reply = [5, 6]
+    out = backend.generate([[1, 2]], 8, Sampling(temperature=1.0))
+    assert out == [[5, 6]] and out[0].logprobs is None      # raw ones would not compare
+    assert llm.requests[-1][1].logprobs is None

@@ -446,11 +446,12 @@ def train(
             overrides = [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}"
                          .replace("\n...", "") for k, v in keys.items()] + list(overrides or [])
         cfg = load_config(TrainConfig, config, overrides or [])
-        if print_config:
-            _print_config(cfg)
-            return
         # under torchrun every process runs this command; rank 0 speaks for them all
         out = console if os.environ.get("RANK", "0") == "0" else Console(quiet=True)
+        if print_config:
+            if out is console:
+                _print_config(cfg)
+            return
         summary = Trainer(cfg, console=out, resume=resume, overwrite=overwrite).train()
     except ERRORS as err:
         _fail(err)

@@ -90,6 +90,9 @@ class RolloutEngine:
 
     def __init__(self, backend: Backend, tokenizer, retriever: Retriever | None,
                  cfg: RolloutConfig | None = None):
+        if not isinstance(backend, Backend):
+            raise TypeError(f"backend: expected a seekrl.agent.backends.Backend (generate, "
+                            f"reset, sync_weights), got {type(backend).__name__}")
         self.backend = backend
         self.tokenizer = tokenizer
         self.retriever = retriever

@@ -62,11 +62,21 @@ class VLLMBackend(Backend):
         self._vllm = vllm
         self.tokenizer = tokenizer
         self.stop_strings = list(stop_strings)
-        self.llm = llm if llm is not None else vllm.LLM(
-            model=model, tokenizer=model, dtype=dtype, seed=seed,
-            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-            enable_prefix_caching=True, logprobs_mode="processed_logprobs")
-        self.synced_version: int | None = None   # the trainer's step the weights are from
+        # behaviour log-probs are only comparable with the trainer's after temperature and
+        # top-p (`processed_logprobs`, vLLM >= 0.10.2); an older vLLM reports none
+        self.logprobs = True
+        if llm is None:
+            settings = dict(model=model, tokenizer=model, dtype=dtype, seed=seed,
+                            gpu_memory_utilization=gpu_memory_utilization,
+                            max_model_len=max_model_len, enable_prefix_caching=True)
+            try:
+                llm = vllm.LLM(**settings, logprobs_mode="processed_logprobs")
+            except TypeError as err:
+                if "logprobs_mode" not in str(err):
+                    raise
+                llm, self.logprobs = vllm.LLM(**settings), False
+        self.llm = llm
+        self.synced_version: int | None = None   # the trainer's update the weights are from
 
     def generate(self, contexts: list[list[int]], max_new_tokens: int, sampling: Sampling,
                  keys: Sequence[Hashable] | None = None) -> list[Generated]:
@@ -82,13 +92,13 @@ class VLLMBackend(Backend):
             temperature=0.0 if sampling.greedy else sampling.temperature,
             top_p=1.0 if sampling.greedy else sampling.top_p,
             stop=self.stop_strings, include_stop_str_in_output=True,
-            logprobs=None if sampling.greedy else 0)   # 0: the sampled token's only
+            logprobs=0 if self.logprobs and not sampling.greedy else None)  # 0: the sampled one
         prompts = [TokensPrompt(prompt_token_ids=list(c)) for c in contexts]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         if len(outputs) != len(contexts):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(contexts)} "
                                "prompts")
-        return [_generated(out.outputs[0], with_logprobs=not sampling.greedy)
+        return [_generated(out.outputs[0], with_logprobs=params.logprobs is not None)
                 for out in outputs]
 
     def sync_weights(self, policy: torch.nn.Module, version: int | None = None) -> int:
@@ -117,8 +127,10 @@ def _generated(completion, *, with_logprobs: bool) -> Generated:
     """A vLLM completion as token ids with each token's log-probability: `logprobs` holds one
     {token id: Logprob} per generated token, the sampled token among them."""
     ids = list(completion.token_ids)
-    per_token = getattr(completion, "logprobs", None) if with_logprobs else None
-    if not per_token or len(per_token) != len(ids):
+    if not with_logprobs:
+        return Generated(ids)
+    per_token = getattr(completion, "logprobs", None) or []
+    if len(per_token) != len(ids):
         return Generated(ids)
     return Generated(ids, [float(step[tok].logprob) for tok, step in zip(ids, per_token)])
 

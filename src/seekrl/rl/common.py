@@ -168,6 +168,14 @@ def enable_activation_checkpointing(model) -> None:
     else:
         raise ValueError(f"gradient_checkpointing: {type(model).__name__} does not support "
                          "activation checkpointing")
+    # transformers also makes the embeddings' output require grad (for the reentrant kind):
+    # with frozen lower blocks the backward pass would then run through all of them
+    undo = getattr(model, "disable_input_require_grads", None)
+    if callable(undo):
+        try:
+            undo()
+        except (AttributeError, RuntimeError):   # no hook was registered
+            pass
 
 
 def split_micro_batches(lengths: Sequence[int], max_episodes: int,

@@ -148,7 +148,8 @@ class Dist:
     def sum_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
         """Replace each parameter's gradient by its sum over the ranks, in float32 buckets.
         A parameter that got no gradient on a rank counts zero there, and has the summed
-        gradient afterwards."""
+        gradient afterwards; one that got none on any rank keeps none (as in one process,
+        where the optimizer then leaves it alone: no weight decay, no momentum)."""
         if not self.active:
             return
         bucket: list[torch.nn.Parameter] = []
@@ -166,14 +167,20 @@ class Dist:
 def _all_reduce(params: list[torch.nn.Parameter]) -> None:
     import torch.distributed as dist
 
+    # the gradients, then one has-a-gradient flag per parameter, in one buffer
     flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p))
-                      .reshape(-1).to(torch.float32) for p in params])
+                      .reshape(-1).to(torch.float32) for p in params]
+                     + [torch.tensor([float(p.grad is not None) for p in params],
+                                     device=params[0].device)])
     dist.all_reduce(flat)
+    has_grad = flat[-len(params):].tolist()
     offset = 0
-    for p in params:
+    for p, flag in zip(params, has_grad):
         g = flat[offset:offset + p.numel()].view_as(p).to(p.dtype)
         offset += p.numel()
-        if p.grad is None:
+        if not flag:
+            p.grad = None
+        elif p.grad is None:
             p.grad = g.clone()
         else:
             p.grad.copy_(g)

@@ -119,6 +119,10 @@ class Trainer:
         self.console = console if self.dist.main else None
         self._backend: Backend | None = None   # built on first use (see _generation_backend)
         if cfg.rollout.backend == "vllm":
+            if self.dist.active:
+                raise ConfigError("rollout.backend vllm: one colocated engine per training "
+                                  "process is not supported yet; train data-parallel with "
+                                  "the hf backend, or vllm in one process")
             from seekrl.agent.vllm_backend import import_vllm
             import_vllm()
         if resume and not (self.out / "checkpoints" / "latest").is_file():
@@ -164,7 +168,10 @@ class Trainer:
                       "lr": cfg.algo.value_lr or cfg.optim.lr * 10}]
         self.optimizer = make_optimizer(trainable_parameters(self.model), cfg.optim,
                                         extra_groups=extra)
-        self.dist.broadcast_parameters(trainable_parameters(self.model, self.value_head))
+        # rank 0's weights everywhere, frozen ones too (a model passed in may differ by rank)
+        self.dist.broadcast_parameters([p for m in (self.model, self.value_head) if m is not None
+                                        for p in m.parameters()])
+        self.updates = 0   # optimizer steps taken by this object (the vLLM sync's version)
         self.scheduler = make_scheduler(self.optimizer, cfg.optim, cfg.steps)
         self.reward_fn = reward_fn or (lambda t: episode_reward(
             t, outcome=cfg.reward.outcome, format_reward=cfg.reward.format_reward,
@@ -235,7 +242,7 @@ class Trainer:
                     resolve_model(self.cfg.model), self.tokenizer, dtype=self.cfg.dtype,
                     seed=self.cfg.seed, gpu_memory_utilization=self.cfg.rollout.vllm_gpu_memory,
                     max_model_len=self.cfg.rollout.max_total_tokens)
-        self._backend.sync_weights(self.model, self.step_done)
+        self._backend.sync_weights(self.model, self.updates)
         return self._backend
 
     def rollout(self, questions: Sequence[QAExample], seed: int) -> list[Trajectory]:
@@ -317,11 +324,13 @@ class Trainer:
             questions = self.sample_questions(step, cfg.questions_per_step, draw=draw_no)
             seed = base_seed + 7919 * draw_no
             # each rank plays and scores its share of the questions; all get the whole batch
-            trajs = self.rollout(self.dist.share(questions), seed=seed)
+            # (with its own random draws: the rank goes into the seed; rank 0's is one process's)
+            rank_seed = seed + 1_000_003 * self.dist.rank
+            trajs = self.rollout(self.dist.share(questions), seed=rank_seed)
             clock["rollout"] += time.time() - t
             t = time.time()
             stats: dict[str, float] = {}
-            parts = self.score(trajs, seed=seed, stats=stats)
+            parts = self.score(trajs, seed=rank_seed, stats=stats)
             trajs, parts = self.dist.gather(trajs), self.dist.gather(parts)
             for k, v in self.dist.sum_values(stats).items():
                 process_stats[k] = process_stats.get(k, 0.0) + v
@@ -380,6 +389,11 @@ class Trainer:
         advantages and the updates, then the learning-rate schedule's step. Returns the
         step record's part about the update."""
         algo = self.cfg.algo
+        if algo.tis_cap and any(t.rollout_logprobs is None for t in trajs):
+            # decided on the whole batch, the same on every rank, before any update
+            raise ValueError("algo.tis_cap: some rollouts carry no behaviour log-probs "
+                             "(greedy decoding, or a backend that reports none); turn "
+                             "tis_cap off")
         record: dict[str, Any] = {}
         t2 = time.time()
         one_update = algo.epochs == 1 and algo.mini_batch_size >= len(trajs)
@@ -550,9 +564,6 @@ class Trainer:
             if algo.tis_cap:
                 weights, tis = tis_weights(old, behaviour, mask, algo.tis_cap)
                 mismatch.update(tis)
-        elif algo.tis_cap:
-            raise ValueError("algo.tis_cap: these rollouts carry no behaviour log-probs (greedy "
-                             "decoding, or a backend that reports none); turn tis_cap off")
         loss, s = policy_loss(logp, old, adv, mask, clip_low=algo.clip_low,
                               clip_high=algo.clip_high, clip_c=algo.clip_ratio_c,
                               agg=algo.loss_agg, norm_length=norm_length,
@@ -587,6 +598,7 @@ class Trainer:
         return bool(exact_match(t.answer, t.golden_answers))
 
     def _optimizer_step(self) -> float:
+        self.updates += 1
         params = trainable_parameters(self.model, self.value_head)
         self.dist.sum_gradients(params)   # every rank then takes the same step
         return clip_and_step(params, self.optimizer, self.cfg.optim.max_grad_norm)
@@ -715,7 +727,7 @@ class Trainer:
         if self.value_head is not None:
             self.value_head.load_state_dict(torch.load(path / "value_head.pt",
                                                        map_location=self.device))
-        optim = torch.load(path / "optim.pt", weights_only=False)
+        optim = torch.load(path / "optim.pt", map_location=self.device, weights_only=False)
         self.optimizer.load_state_dict(optim["optimizer"])
         self.scheduler.load_state_dict(optim["scheduler"])
         set_rng_state(optim["rng"])
