@@ -299,7 +299,8 @@ def test_sampled_tokens_carry_their_log_probs_and_greedy_ones_none(tiny):
     model, tok = tiny
     cfg = RolloutConfig(max_turns=3, max_new_tokens=8, max_info_tokens=32, n_samples=3,
                         temperature=0.7, seed=2)
-    trajs = RolloutEngine(HFBackend(model, tok), tok, Docs(), cfg).run([ex("q1", "Where was Ilsa born?"), ex("q2", "Which city?")])
+    questions = [ex("q1", "Where was Ilsa born?"), ex("q2", "Which city?")]
+    trajs = RolloutEngine(HFBackend(model, tok), tok, Docs(), cfg).run(questions)
     for t in trajs:
         t.check()
         assert t.rollout_logprobs is not None and len(t.rollout_logprobs) == t.n_generated
@@ -316,7 +317,8 @@ def test_sampled_tokens_carry_their_log_probs_and_greedy_ones_none(tiny):
     k = child.metadata["prefix_tokens"]
     assert child.rollout_logprobs[:k] == long.rollout_logprobs[:k]
     greedy = RolloutEngine(HFBackend(model, tok), tok, Docs(),
-                           RolloutConfig(max_turns=2, max_new_tokens=6, greedy=True)).run([ex("q1", "Where?")])
+                           RolloutConfig(max_turns=2, max_new_tokens=6, greedy=True)
+                           ).run([ex("q1", "Where?")])
     assert greedy[0].rollout_logprobs is None
     scripted = RolloutEngine(Scripted(tok, {"Q1": ["<answer> x </answer>"]}), tok, Docs()
                              ).run([ex("q", "Q1")])
