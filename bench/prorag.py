@@ -113,12 +113,18 @@ def _pipeline(seed: int, args, sft: Path, world_dir: Path, index_dir: Path, test
     if args.simulations:
         labels["search"] = {"simulations": args.simulations}
     prm = {"device": args.device} | ({"steps": args.prm_steps} if args.prm_steps else {})
+    # the SFT checkpoint is every seed's and greedy evaluation is deterministic: once is enough
+    sft_em = _sft_em(args.work_dir)
     cfg = ProragConfig(out=str(out), seed=seed, sft_model=str(sft),
                        train=str(world_dir / "train.jsonl"), test=str(test_file),
                        index=str(index_dir), n_test=args.n_test, labels=labels, prm=prm,
                        refine={"device": args.device},
-                       rl={"steps": args.rl_steps, "device": args.device})
+                       rl={"steps": args.rl_steps, "device": args.device},
+                       evaluate=["refine", "rl"] if sft_em is not None else
+                       ["sft", "refine", "rl"])
     s = run_prorag(cfg, resume=(out / "pipeline.json").is_file())
+    if s["em_sft"] is None:
+        s["em_sft"] = sft_em
     result = {"method": "prorag", "seed": seed, "em_sft": s["em_sft"], "em_refine": s["em_refine"],
               "em": s["em_rl"], "f1": s["f1_rl"], "searches": s["searches_rl"],
               "generated_tokens": s["generated_tokens"]["total"],
@@ -130,6 +136,15 @@ def _pipeline(seed: int, args, sft: Path, world_dir: Path, index_dir: Path, test
     print(f"prorag seed {seed}: EM sft {s['em_sft']:.3f} -> refine {s['em_refine']:.3f} -> rl "
           f"{s['em_rl']:.3f}, {result['generated_tokens']} generated tokens", flush=True)
     return result
+
+
+def _sft_em(work: Path) -> float | None:
+    """The SFT checkpoint's test EM from a pipeline result already in `work`, if any."""
+    for path in sorted(work.glob("runs/prorag-s*/result.json")):
+        em = json.loads(path.read_text()).get("em_sft")
+        if em is not None:
+            return em
+    return None
 
 
 def _reuse_pipeline(seed: int, args, index_dir: Path, test_file: Path, done: Path) -> dict:

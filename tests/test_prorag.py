@@ -82,3 +82,16 @@ def test_bad_stage_keys_fail_before_any_work(tmp_path):
     with pytest.raises(ConfigError, match="train, test and index go together"):
         run_prorag(ProragConfig(out=str(tmp_path / "x"), train="t.jsonl"))
     assert not (tmp_path / "x").exists()
+
+
+def test_only_the_asked_for_policies_are_evaluated(tmp_path):
+    torch.set_num_threads(1)
+    summary = run_prorag(tiny_config(tmp_path, evaluate=["rl"]))
+    out = tmp_path / "p"
+    stages = json.loads((out / "pipeline.json").read_text())["stages"]
+    assert "eval_sft" not in stages and "eval_refine" not in stages and "eval_rl" in stages
+    assert summary["em_sft"] is None and summary["em_refine"] is None
+    assert summary["em_rl"] is not None
+    assert not (out / "eval_sft").exists()
+    html = (out / "report.html").read_text()
+    assert "not evaluated" in html and "RL + PRM" in html

@@ -438,6 +438,9 @@ class ProragConfig(Strict):
     max_new_tokens: int = Field(64, ge=1)
     train_layers: int | None = Field(16, ge=1)   # top blocks trained in every stage
     refine_method: Literal["rft", "step_dpo", "none"] = "rft"
+    # the policies evaluated on the test questions (each evaluation of 200 questions is
+    # minutes on a CPU; the SFT checkpoint's is the same for every seed of a benchmark)
+    evaluate: list[Literal["sft", "refine", "rl"]] = ["sft", "refine", "rl"]
     sft: dict[str, Any] = {}           # SFTConfig keys
     labels: dict[str, Any] = {}        # LabelConfig keys
     prm: dict[str, Any] = {}           # PRMConfig keys

@@ -191,8 +191,9 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
                 "generated_tokens": 0}
 
     sft_out = pipe.run("sft", "1. SFT warm-up", sft)
-    pipe.run("eval_sft", "evaluate the SFT policy",
-             lambda: _evaluate(sft_out["final"], out / "eval_sft", **ev))
+    if "sft" in cfg.evaluate:
+        pipe.run("eval_sft", "evaluate the SFT policy",
+                 lambda: _evaluate(sft_out["final"], out / "eval_sft", **ev))
 
     def labels() -> dict:
         from seekrl.rl.mcts import run_labelling
@@ -225,8 +226,9 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
             console=console)
 
     ref = pipe.run("refine", f"3. PRM-guided refinement ({cfg.refine_method})", refine)
-    pipe.run("eval_refine", "evaluate the refined policy",
-             lambda: _evaluate(ref["final"], out / "eval_refine", **ev))
+    if "refine" in cfg.evaluate:
+        pipe.run("eval_refine", "evaluate the refined policy",
+                 lambda: _evaluate(ref["final"], out / "eval_refine", **ev))
 
     def rl() -> dict:
         from seekrl.rl.train import Trainer
@@ -247,7 +249,8 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
         _score_viewer(out / "eval_rl", prm_out["final"], device=stages["rl"].device)
         return avg
 
-    pipe.run("eval_rl", "evaluate the final policy; PRM scores into its viewer", eval_rl)
+    if "rl" in cfg.evaluate:
+        pipe.run("eval_rl", "evaluate the final policy; PRM scores into its viewer", eval_rl)
     summary = _report(cfg, pipe.state["stages"], console)
     summary["peak_rss_mb"] = _peak_rss_mb()    # this process (a resumed run: since resuming)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -301,13 +304,14 @@ def _report(cfg: ProragConfig, stages: dict, console: Console) -> dict:
     out = Path(cfg.out)
     cost = {name: {"minutes": s.get("minutes"), "generated_tokens": s.get("generated_tokens", 0)}
             for name, s in stages.items()}
+    def got(stage: str, key: str):   # None for a policy not evaluated (`evaluate`)
+        return (stages.get(f"eval_{stage}") or {}).get(key)
+
     summary = {
-        "n_test": cfg.n_test, "em_sft": stages["eval_sft"]["em"],
-        "em_refine": stages["eval_refine"]["em"], "em_rl": stages["eval_rl"]["em"],
-        "f1_sft": stages["eval_sft"]["f1"], "f1_refine": stages["eval_refine"]["f1"],
-        "f1_rl": stages["eval_rl"]["f1"],
-        "searches_sft": stages["eval_sft"]["searches"],
-        "searches_rl": stages["eval_rl"]["searches"],
+        "n_test": cfg.n_test, "em_sft": got("sft", "em"), "em_refine": got("refine", "em"),
+        "em_rl": got("rl", "em"), "f1_sft": got("sft", "f1"), "f1_refine": got("refine", "f1"),
+        "f1_rl": got("rl", "f1"), "searches_sft": got("sft", "searches"),
+        "searches_rl": got("rl", "searches"),
         "labels": {k: stages["labels"].get(k) for k in
                    ("questions", "simulations", "simulations_per_s", "pairs", "nodes",
                     "labelled_episodes", "generated_tokens", "rejected")},
@@ -323,9 +327,10 @@ def _report(cfg: ProragConfig, stages: dict, console: Console) -> dict:
     }
     summary["generated_tokens"]["total"] = sum(summary["generated_tokens"].values())
     dev = summary["prm_dev"] or {}
-    notes = [f"Test EM on the same {cfg.n_test} questions: SFT {summary['em_sft']:.3f}, after "
-             f"refinement {summary['em_refine']:.3f}, after PRM-supervised RL "
-             f"{summary['em_rl']:.3f}.",
+    ems = {name: "not evaluated" if summary[key] is None else f"{summary[key]:.3f}"
+           for name, key in (("sft", "em_sft"), ("refine", "em_refine"), ("rl", "em_rl"))}
+    notes = [f"Test EM on the same {cfg.n_test} questions: SFT {ems['sft']}, after "
+             f"refinement {ems['refine']}, after PRM-supervised RL {ems['rl']}.",
              "PRM on held-out questions: " + ", ".join(f"{k} {v}" for k, v in dev.items()) + ".",
              "Cost per stage (minutes, generated tokens): " + "; ".join(
                  f"{k} {v['minutes']} min, {v['generated_tokens']} tok" for k, v in cost.items())
@@ -334,15 +339,17 @@ def _report(cfg: ProragConfig, stages: dict, console: Console) -> dict:
             if (out / name / "metrics.jsonl").is_file()}
     if (out / "refine" / "sft" / "metrics.jsonl").is_file():
         logs["refine"] = out / "refine" / "sft" / "metrics.jsonl"
-    evals = {"SFT": out / "eval_sft", "refined": out / "eval_refine",
-             "RL + PRM": out / "eval_rl"}
+    evals = {label: out / name for label, name in (("SFT", "eval_sft"),
+                                                   ("refined", "eval_refine"),
+                                                   ("RL + PRM", "eval_rl"))
+             if name in stages}
     report = write_training_report(out / "report.html", logs=logs, evals=evals,
                                    title="seekrl prorag", notes=notes)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     console.rule("[bold]done")
-    console.print(f"Test EM ({cfg.n_test} questions): SFT [bold]{summary['em_sft']:.3f}[/] -> "
-                  f"refined [bold]{summary['em_refine']:.3f}[/] -> RL + PRM "
-                  f"[bold]{summary['em_rl']:.3f}[/]; PRM dev AUC {dev.get('auc')}, pair accuracy "
+    console.print(f"Test EM ({cfg.n_test} questions): SFT [bold]{ems['sft']}[/] -> "
+                  f"refined [bold]{ems['refine']}[/] -> RL + PRM "
+                  f"[bold]{ems['rl']}[/]; PRM dev AUC {dev.get('auc')}, pair accuracy "
                   f"{dev.get('pair_accuracy')}\nreport -> {report}\nsummary -> "
                   f"{out / 'summary.json'} ({summary['minutes']} min)")
     return summary
