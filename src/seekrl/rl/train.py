@@ -20,6 +20,11 @@ One step, top to bottom (`Trainer.step`):
 6. `algo.epochs` passes of mini-batch updates: PPO-clip with clip-higher, optional KL to
    the frozen reference and entropy bonus, the critic's loss for PPO.
 
+Under `torchrun` several processes share each step: questions, log-probs and micro-batches
+are split across them, gradients summed (see `rl/distributed.py`). The rollout backend's own
+log-probs of the sampled tokens are compared with the trainer's at step 6 (the rollout /
+training gap, and truncated importance sampling with `algo.tis_cap`).
+
 Everything is logged per step to `RUN_DIR/metrics.jsonl`; the training-health monitor reads
 the same numbers. Checkpoints (`RUN_DIR/checkpoints/step-N`) hold the trainable weights,
 optimizer, scheduler, monitor and RNG state, are written to a temporary folder and renamed,
