@@ -18,11 +18,13 @@ from seekrl.models import tiny_policy
 
 
 class FakeEngineModel:
-    def __init__(self):
+    def __init__(self, calls: list):
         self.loads: list[dict[str, torch.Tensor]] = []
+        self.calls = calls
 
     def load_weights(self, weights):
         self.loads.append({n: t.clone() for n, t in weights})
+        self.calls.append("load")
 
 
 class FakeLLM:
@@ -35,7 +37,8 @@ class FakeLLM:
         self.requests: list[tuple[list, object]] = []
         self.reply: list[int] = []
         self.resets = 0
-        self.engine_model = FakeEngineModel()
+        self.calls: list[str] = []
+        self.engine_model = FakeEngineModel(self.calls)
         self.llm_engine = types.SimpleNamespace(model_executor=types.SimpleNamespace(
             driver_worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(
                 model=self.engine_model))))
@@ -53,6 +56,13 @@ class FakeLLM:
 
     def reset_prefix_cache(self):
         self.resets += 1
+
+    def sleep(self, level=1):
+        assert self.kwargs.get("enable_sleep_mode"), "sleep mode was not enabled"
+        self.calls.append(f"sleep{level}")
+
+    def wake_up(self, tags=None):
+        self.calls.append(f"wake:{','.join(tags or ['all'])}")
 
 
 @pytest.fixture
@@ -191,3 +201,33 @@ def test_an_old_vllm_without_logprobs_mode_gives_no_behaviour_logprobs(fake_vllm
     out = backend.generate([[1, 2]], 8, Sampling(temperature=1.0))
     assert out == [[5, 6]] and out[0].logprobs is None      # raw ones would not compare
     assert llm.requests[-1][1].logprobs is None
+
+
+def test_the_engine_sleeps_through_each_update_and_wakes_for_the_sync(fake_vllm, world,  # noqa: F811
+                                                                      tmp_path):
+    from seekrl.rl.train import Trainer
+
+    model, tok = tiny_policy(seed=3)
+    cfg = make_cfg(tmp_path, steps=2, **{"rollout.backend": "vllm", "rollout.vllm_sleep": 1,
+                                         "algo.kl_coef": 0.0})
+    trainer = Trainer(cfg, model=model, tokenizer=tok, retriever=world["index"],
+                      questions=world["train"], reward_fn=parity_reward, overwrite=True)
+    answer = tok.encode("<answer> Tarrow </answer>", add_special_tokens=False)
+    original = FakeLLM.generate
+
+    def generate(self, prompts, params, use_tqdm=True):
+        self.reply = answer
+        return original(self, prompts, params, use_tqdm)
+
+    FakeLLM.generate = generate
+    try:
+        trainer.train()
+    finally:
+        FakeLLM.generate = original
+    llm = FakeLLM.instances[-1]
+    assert llm.kwargs["enable_sleep_mode"] is True
+    # step 1: push, roll out, sleep through the update; step 2: weights wake, the new ones
+    # are pushed, then the KV cache wakes; roll out; sleep again
+    assert llm.calls == ["load", "sleep1", "wake:weights", "load", "wake:kv_cache", "sleep1"]
+    with pytest.raises(RuntimeError, match="asleep"):
+        trainer._backend.generate([[1, 2]], 4, Sampling())

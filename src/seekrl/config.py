@@ -141,6 +141,9 @@ class RolloutSettings(Strict):
     # gets the policy's weights before each rollout (agent/vllm_backend.py; needs vllm)
     backend: Literal["hf", "vllm"] = "hf"
     vllm_gpu_memory: float = Field(0.4, gt=0, lt=1)   # the share of GPU memory vLLM takes
+    # free vLLM's GPU memory during each update: 1 offloads its weights to CPU memory and
+    # drops its KV cache, 2 drops both (the next sync pushes the weights anyway); 0: never
+    vllm_sleep: Literal[0, 1, 2] = 0
 
 
 class SearchSettings(Strict):

@@ -8,7 +8,8 @@ A backend (`Backend`) does three things for the rollout engine and the trainer:
   has to prefill what was appended since (the `<information>` block);
 - `reset()`: forget cached episodes (the engine calls it when a rollout ends);
 - `sync_weights(policy, version)`: make generation use the policy's current weights (the
-  trainer calls it before every rollout; a no-op where the backend runs the policy itself).
+  trainer calls it before every rollout; a no-op where the backend runs the policy itself);
+- `sleep()`: free the engine's memory while the trainer updates (vLLM's sleep mode).
 `HFBackend` (seekrl's own decoding loop) and `agent/vllm_backend.VLLMBackend` implement it.
 """
 
@@ -58,7 +59,11 @@ class Backend:
         """Forget cached episodes."""
 
     def sync_weights(self, policy, version: int | None = None) -> None:
-        """Generate with `policy`'s current weights from now on."""
+        """Generate with `policy`'s current weights from now on (waking a sleeping engine)."""
+
+    def sleep(self) -> None:
+        """Free generation memory until the next `sync_weights` (the trainer calls it before
+        each update)."""
 
 
 GenerationBackend = Backend   # the name the rest of seekrl imported first

@@ -53,7 +53,8 @@ class VLLMBackend(Backend):
 
     def __init__(self, model: str, tokenizer, *, dtype: str = "bfloat16",
                  gpu_memory_utilization: float = 0.4, max_model_len: int = 4096,
-                 seed: int = 0, llm=None, stop_strings: tuple[str, ...] = STOP_STRINGS):
+                 seed: int = 0, llm=None, stop_strings: tuple[str, ...] = STOP_STRINGS,
+                 sleep_level: int = 0):
         if llm is None:
             # colocated weight sync loads weights into the engine's model in this process;
             # vLLM's V1 engine runs it in a worker process unless told otherwise
@@ -69,6 +70,8 @@ class VLLMBackend(Backend):
             settings = dict(model=model, tokenizer=model, dtype=dtype, seed=seed,
                             gpu_memory_utilization=gpu_memory_utilization,
                             max_model_len=max_model_len, enable_prefix_caching=True)
+            if sleep_level:
+                settings["enable_sleep_mode"] = True
             try:
                 llm = vllm.LLM(**settings, logprobs_mode="processed_logprobs")
             except TypeError as err:
@@ -77,6 +80,8 @@ class VLLMBackend(Backend):
                 llm, self.logprobs = vllm.LLM(**settings), False
         self.llm = llm
         self.synced_version: int | None = None   # the trainer's update the weights are from
+        self.sleep_level = sleep_level
+        self.asleep = False
 
     def generate(self, contexts: list[list[int]], max_new_tokens: int, sampling: Sampling,
                  keys: Sequence[Hashable] | None = None) -> list[Generated]:
@@ -85,6 +90,9 @@ class VLLMBackend(Backend):
         prefix cache finds the shared history itself."""
         if not contexts or max_new_tokens <= 0:
             return [Generated() for _ in contexts]
+        if self.asleep:
+            raise RuntimeError("the vLLM engine is asleep: sync_weights(policy) wakes it with "
+                               "the policy's weights")
         from vllm.inputs import TokensPrompt
 
         params = self._vllm.SamplingParams(
@@ -103,8 +111,13 @@ class VLLMBackend(Backend):
 
     def sync_weights(self, policy: torch.nn.Module, version: int | None = None) -> int:
         """Load `policy`'s weights into the engine unless they are already those of
-        `version` (the trainer's step count); returns how many tensors were pushed."""
-        if version is not None and version == self.synced_version:
+        `version` (the trainer's count of optimizer steps); returns how many tensors were
+        pushed. A sleeping engine wakes: its weights first, then the new ones are pushed
+        (always: after level 2 it holds none), then its KV cache."""
+        waking = self.asleep
+        if waking:
+            _wake(self.llm, "weights")
+        elif version is not None and version == self.synced_version:
             return 0
         target = _engine_model(self.llm)
         count = 0
@@ -119,8 +132,28 @@ class VLLMBackend(Backend):
         reset = getattr(self.llm, "reset_prefix_cache", None)
         if callable(reset):
             reset()
+        if waking:
+            _wake(self.llm, "kv_cache")
+            self.asleep = False
         self.synced_version = version
         return count
+
+    def sleep(self) -> None:
+        """vLLM's sleep mode at `sleep_level` (0: nothing): the update gets the memory."""
+        if self.sleep_level and not self.asleep:
+            self.llm.sleep(level=self.sleep_level)
+            self.asleep = True
+
+
+def _wake(llm, tag: str) -> None:
+    """Wake one part of a sleeping engine (weights before the sync, the KV cache after it,
+    so the two are never both in memory with the trainer's); a vLLM without tags wakes
+    whole at the first call."""
+    try:
+        llm.wake_up(tags=[tag])
+    except TypeError:
+        if tag == "weights":
+            llm.wake_up()
 
 
 def _generated(completion, *, with_logprobs: bool) -> Generated:

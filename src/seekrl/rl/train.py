@@ -246,7 +246,8 @@ class Trainer:
                 self._backend = VLLMBackend(
                     resolve_model(self.cfg.model), self.tokenizer, dtype=self.cfg.dtype,
                     seed=self.cfg.seed, gpu_memory_utilization=self.cfg.rollout.vllm_gpu_memory,
-                    max_model_len=self.cfg.rollout.max_total_tokens)
+                    max_model_len=self.cfg.rollout.max_total_tokens,
+                    sleep_level=self.cfg.rollout.vllm_sleep)
         self._backend.sync_weights(self.model, self.updates)
         return self._backend
 
@@ -382,6 +383,8 @@ class Trainer:
             record.update(time_rollout=round(t_rollout, 2), skipped_update=True,
                           lr=self.scheduler.get_last_lr()[0])
             return record
+        if self._backend is not None:
+            self._backend.sleep()   # the update gets the engine's memory (vllm_sleep)
         record.update(self.learn(trajs))
         generated = sum(t.n_generated for t in trajs)
         record.update(time_rollout=round(t_rollout, 2), time_scoring=round(t_scoring, 3),
