@@ -247,3 +247,8 @@ def test_asking_for_cuda_without_it_fails_in_one_line(tmp_path):
         assert r.exit_code == 2, (args, r.output)
         assert "CPU build" in r.output and "Traceback" not in r.output
         assert len([x for x in r.output.splitlines() if x.strip()]) <= 2, r.output
+
+
+def test_serve_faiss_gpu_needs_a_cuda_device(tmp_path):
+    r = run("serve", "--index", tmp_path, "--faiss-gpu")
+    assert r.exit_code == 2 and "--device cuda" in r.output

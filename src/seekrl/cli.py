@@ -167,6 +167,9 @@ def serve(
     host: Annotated[str, typer.Option(help="bind address (loopback by default)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port")] = 8000,
     device: Annotated[str, typer.Option(help="where a dense encoder runs: cpu | cuda")] = "cpu",
+    faiss_gpu: Annotated[bool, typer.Option(
+        help="search a flat / IVF dense index on the GPU too (needs faiss-gpu, --device cuda)")]
+    = False,
     max_batch_size: Annotated[int, typer.Option(help="queries per micro-batch")] = 16,
     max_wait_ms: Annotated[float, typer.Option(help="how long a micro-batch waits to fill")] = 2.0,
     cache_size: Annotated[int, typer.Option(help="LRU cache entries; 0 disables")] = 10000,
@@ -184,10 +187,14 @@ def serve(
     from seekrl.retrieval.server import run_server
 
     try:
+        if faiss_gpu and not device.startswith("cuda"):
+            raise ValueError("--faiss-gpu: the index goes to the GPU the encoder uses; give "
+                             "--device cuda")
         if device != "cpu":
             from seekrl.runtime import check_device
             check_device(device)
         run_server(index, host=host, port=port, log_level=log_level, device=device,
+                   faiss_gpu=faiss_gpu,
                    index_process=not no_index_process, batching=not no_batching,
                    max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
                    cache_size=cache_size, default_topk=default_topk, max_topk=max_topk,

@@ -28,8 +28,10 @@ class IndexProcess:
     queries and the hits cross the pipe. A child that dies is restarted on the next search.
     """
 
-    def __init__(self, index_dir: str | Path, device: str = "cpu", start_timeout: float = 600):
+    def __init__(self, index_dir: str | Path, device: str = "cpu", start_timeout: float = 600,
+                 faiss_gpu: bool = False):
         self.index_dir, self.device, self.start_timeout = str(index_dir), device, start_timeout
+        self.faiss_gpu = faiss_gpu
         self.manifest: dict = {}
         self.doc_count: int | None = None
         self._lock = threading.Lock()  # one request on the pipe at a time
@@ -39,7 +41,8 @@ class IndexProcess:
         ctx = multiprocessing.get_context("spawn")  # fork is unsafe with threads and torch
         self._conn, child_conn = ctx.Pipe()
         self._proc = ctx.Process(target=_index_process_main, name="seekrl-index",
-                                 args=(self.index_dir, self.device, child_conn), daemon=True)
+                                 args=(self.index_dir, self.device, child_conn,
+                                       self.faiss_gpu), daemon=True)
         self._proc.start()
         child_conn.close()
         if not self._conn.poll(self.start_timeout):
@@ -86,14 +89,15 @@ class IndexProcess:
         self._conn.close()
 
 
-def _index_process_main(index_dir: str, device: str, conn: Any) -> None:
+def _index_process_main(index_dir: str, device: str, conn: Any, faiss_gpu: bool = False
+                        ) -> None:
     # The parent owns the life of this process: Ctrl-C reaches the whole process group, and
     # the parent stops the child itself when its server has shut down.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from seekrl.retrieval.index import load_index
 
     try:
-        index = load_index(index_dir, device=device)
+        index = load_index(index_dir, device=device, faiss_gpu=faiss_gpu)
     except Exception as exc:  # noqa: BLE001 - the parent reports it
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return

@@ -343,13 +343,14 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 def run_server(index_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
                log_level: str = "info", device: str = "cpu", index_process: bool = True,
-               **config: Any) -> None:
+               faiss_gpu: bool = False, **config: Any) -> None:
     """Load the index in `index_dir` and serve it until interrupted.
 
     `config` holds `ServerConfig` fields (e.g. `batching=False`, `cache_size=0`). The default
     host is loopback: pass `host="0.0.0.0"` deliberately to serve other machines. `device`
     is where a dense encoder runs ("cpu", "cuda"). With `index_process` (the default) the
     index lives in a child process (see `IndexProcess`); without, in the server's process.
+    `faiss_gpu` searches a flat / IVF dense index on the GPU too (faiss-gpu, `device` cuda).
     """
     import uvicorn
 
@@ -358,10 +359,10 @@ def run_server(index_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
     server_config = ServerConfig(**config)  # checked before the (slow) index load
     sock = bind_socket(host, port)          # so is the port, and it stays ours meanwhile
     if index_process:
-        retriever = IndexProcess(index_dir, device=device)
+        retriever = IndexProcess(index_dir, device=device, faiss_gpu=faiss_gpu)
         manifest, doc_count = retriever.manifest, retriever.doc_count
     else:
-        retriever = load_index(index_dir, device=device)
+        retriever = load_index(index_dir, device=device, faiss_gpu=faiss_gpu)
         manifest, doc_count = retriever.manifest, retriever.doc_count
         gc.collect()  # see _index_process_main
         gc.freeze()
