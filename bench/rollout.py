@@ -1,13 +1,21 @@
-"""Rollout throughput on CPU with the bundled SmolLM2-135M.
+"""Rollout throughput: seekrl's batched multi-turn engine against `model.generate` loops.
 
 Same questions and token limits for every configuration: generated tokens per second of
-the batched engine at batch 1, 8 and 32, against a sequential loop that runs one episode
-at a time with plain `model.generate`; plus the no-grad forward throughput of the same
-model (tokens/s over full sequences) as the compute ceiling.
+the batched engine at each `--batches` size, against a sequential loop that runs one
+episode at a time with plain `model.generate` (CPU) or a batched `model.generate` loop
+over the same episodes, re-tokenising each row's text every turn (`--baseline batched`,
+the fair one on a GPU); plus the no-grad forward throughput of the same model as the
+compute ceiling, and on a GPU the share of the card's peak bf16 FLOP/s that decoding used.
 
     .venv/bin/python bench/rollout.py [--questions 32] [--max-new-tokens 48] [--max-turns 3]
+    python bench/rollout.py --device cuda --dtype bfloat16 --questions 256 --batches 64,256 \
+        --baseline batched --arch qwen2.5-1.5b
 
-Prints key=value lines; the last line is the summary with speedup_b32 and ceiling_frac_b32.
+`--arch` builds a model of that architecture with random weights (speed depends on the
+shapes, not the weights; the GPU machines have no network): the published Qwen2.5
+0.5B / 1.5B / 3B shapes, with the bundled tokenizer's vocabulary (49,152 rows instead of
+Qwen's 151,936, so the output layer is a third of theirs). Prints key=value lines; the last
+line is the summary with speedup_bN (against the baseline) and ceiling_frac_bN.
 """
 
 from __future__ import annotations
@@ -23,8 +31,33 @@ from seekrl.agent.backends import HFBackend
 from seekrl.agent.protocol import STOP_STRINGS, build_prompt, information_block, invalid_block, parse_action
 from seekrl.agent.rollout import RolloutConfig, RolloutEngine
 from seekrl.data.world import generate_world, write_world
-from seekrl.models import load_policy
+from seekrl.models import load_policy, pad_id_of
 from seekrl.retrieval.index import build_index, load_index
+
+# published shapes (config.json of each model); vocabulary: the bundled tokenizer's
+ARCHS = {
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2),
+    "qwen2.5-3b": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                       num_attention_heads=16, num_key_value_heads=2),
+}
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}   # dense, no sparsity
+
+
+def build_arch(name: str, tok, dtype: torch.dtype, device: str):
+    """A random-weight Qwen2 model of a published size, for speed only."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=len(tok), max_position_embeddings=32768, rope_theta=1e6,
+                      tie_word_embeddings=True, use_sliding_window=False,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=pad_id_of(tok), **ARCHS[name])
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg).to(device=device, dtype=dtype).eval()
+    model.generation_config.eos_token_id = tok.eos_token_id
+    return model
 
 
 def sequential(model, tok, retriever, questions, cfg: RolloutConfig) -> tuple[int, float]:
@@ -34,7 +67,8 @@ def sequential(model, tok, retriever, questions, cfg: RolloutConfig) -> tuple[in
     for q in questions:
         text = build_prompt(tok, q.question)
         for _ in range(cfg.max_turns):
-            ids = tok(text, return_tensors="pt", add_special_tokens=False).input_ids
+            ids = tok(text, return_tensors="pt", add_special_tokens=False).input_ids.to(
+                model.device)
             out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                  max_new_tokens=cfg.max_new_tokens, stop_strings=list(STOP_STRINGS),
                                  tokenizer=tok, pad_token_id=tok.pad_token_id)
@@ -52,15 +86,63 @@ def sequential(model, tok, retriever, questions, cfg: RolloutConfig) -> tuple[in
     return generated, time.perf_counter() - started
 
 
+def batched_generate(model, tok, retriever, questions, cfg: RolloutConfig, batch: int
+                     ) -> tuple[int, float]:
+    """The common GPU loop: `batch` episodes at a time, one left-padded `model.generate` call
+    per turn over every unfinished row, each row's text re-tokenised every turn, no KV
+    cache kept between turns."""
+    device = next(model.parameters()).device
+    generated = 0
+    tok.padding_side = "left"
+    _sync(device)
+    started = time.perf_counter()
+    for start in range(0, len(questions), batch):
+        texts = [build_prompt(tok, q.question) for q in questions[start:start + batch]]
+        live = list(range(len(texts)))
+        for _ in range(cfg.max_turns):
+            if not live:
+                break
+            enc = tok([texts[i] for i in live], return_tensors="pt", padding=True,
+                      add_special_tokens=False).to(device)
+            out = model.generate(**enc, do_sample=False, max_new_tokens=cfg.max_new_tokens,
+                                 stop_strings=list(STOP_STRINGS), tokenizer=tok,
+                                 pad_token_id=pad_id_of(tok))
+            new_rows = out[:, enc.input_ids.shape[1]:]
+            still = []
+            for i, row in zip(live, new_rows):
+                turn = tok.decode(row, skip_special_tokens=True)
+                generated += int((row != pad_id_of(tok)).sum())
+                texts[i] += turn
+                action = parse_action(turn)
+                if action.kind == "answer":
+                    continue
+                if action.kind == "search":
+                    texts[i] += information_block(retriever.search([action.text], cfg.topk)[0])
+                else:
+                    texts[i] += invalid_block(action.text)
+                still.append(i)
+            live = still
+    _sync(device)
+    return generated, time.perf_counter() - started
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
 def forward_ceiling(model, lengths: list[int], batch: int = 8) -> float:
     """Tokens/s of one no-grad forward pass over full sequences: the compute ceiling."""
     seq = int(sum(lengths) / len(lengths))
-    ids = torch.randint(100, 20000, (batch, seq))
+    device = next(model.parameters()).device
+    ids = torch.randint(100, 20000, (batch, seq), device=device)
     with torch.no_grad():
         model(input_ids=ids, logits_to_keep=1)  # warm-up
+        _sync(device)
         started = time.perf_counter()
         for _ in range(2):
             model(input_ids=ids, logits_to_keep=1)
+        _sync(device)
     return 2 * batch * seq / (time.perf_counter() - started)
 
 
@@ -70,16 +152,28 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--max-turns", type=int, default=3)
     p.add_argument("--batches", default="1,8,32")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--arch", default="", choices=("", *ARCHS),
+                   help="random weights of this architecture (default: the bundled model)")
+    p.add_argument("--baseline", default="sequential", choices=("sequential", "batched"))
     args = p.parse_args()
+    dtype = getattr(torch, args.dtype)
 
     work = Path(tempfile.mkdtemp(prefix="seekrl-bench-rollout-"))
     world = generate_world(seed=0, entities=300, n_train=10, n_dev=10, n_test=args.questions)
     paths = write_world(world, work)
     retriever = load_index(build_index(paths["corpus"], work / "index", show_progress=False))
     questions = world.splits["test"][: args.questions]
-    model, tok = load_policy()
+    model, tok = load_policy(dtype=args.dtype, device=args.device)
+    if args.arch:
+        model = build_arch(args.arch, tok, dtype, args.device)
+    params = sum(p.numel() for p in model.parameters())
+    gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else ""
     print(f"questions={len(questions)} max_new_tokens={args.max_new_tokens} "
-          f"max_turns={args.max_turns} threads={torch.get_num_threads()}")
+          f"max_turns={args.max_turns} threads={torch.get_num_threads()} "
+          f"model={args.arch or 'smollm2-135m'} params={params} dtype={args.dtype} "
+          f"device={args.device} gpu={gpu.replace(' ', '_') or '-'}")
 
     results = {}
     lengths: list[int] = []
@@ -87,27 +181,43 @@ def main() -> None:
         cfg = RolloutConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
                             batch_size=b, greedy=True)
         engine = RolloutEngine(HFBackend(model, tok), tok, retriever, cfg)
+        if gpu:
+            torch.cuda.reset_peak_memory_stats()
+        _sync(args.device)
         started = time.perf_counter()
         trajs = engine.run(questions)
+        _sync(args.device)
         seconds = time.perf_counter() - started
+        if gpu:
+            print(f"batched_b{b}_peak_gpu_mb={torch.cuda.max_memory_allocated() / 2**20:.0f}")
         tokens = sum(t.n_generated for t in trajs)
         lengths = [len(t.token_ids) for t in trajs]
         results[b] = tokens / seconds
         print(f"batched_b{b}_tokens={tokens} batched_b{b}_seconds={seconds:.1f} "
               f"batched_b{b}_tok_s={results[b]:.1f}")
     cfg = RolloutConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens)
-    tokens, seconds = sequential(model, tok, retriever, questions, cfg)
+    top = max(results)
+    if args.baseline == "batched":
+        tokens, seconds = batched_generate(model, tok, retriever, questions, cfg, top)
+    else:
+        tokens, seconds = sequential(model, tok, retriever, questions, cfg)
     seq_rate = tokens / seconds
-    print(f"sequential_tokens={tokens} sequential_seconds={seconds:.1f} "
-          f"sequential_tok_s={seq_rate:.1f}")
+    name = "generate_b%d" % top if args.baseline == "batched" else "sequential"
+    print(f"{name}_tokens={tokens} {name}_seconds={seconds:.1f} {name}_tok_s={seq_rate:.1f}")
     ceiling = forward_ceiling(model, lengths)
     print(f"forward_ceiling_tok_s={ceiling:.1f} (no-grad forward, mean episode length "
           f"{sum(lengths) / len(lengths):.0f})")
-    top = max(results)
-    print(f"summary: speedup_b{top}={results[top] / seq_rate:.2f} "
-          f"ceiling_frac_b{top}={results[top] / ceiling:.3f} "
+    extra = ""
+    peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in gpu), None)
+    if peak is not None:   # decoding's FLOP/s (2 x parameters per token) against the card's
+        frac = results[top] * 2 * params / (peak * 1e12)
+        print(f"decode_flops_frac_b{top}={frac:.5f} (of {peak:.0f} bf16 TFLOP/s)")
+        extra = f" decode_flops_frac_b{top}={frac:.5f}"
+    key = "gpu_rollout_speedup" if gpu else f"speedup_b{top}"
+    print(f"summary: {key}={results[top] / seq_rate:.2f} "
+          f"ceiling_frac_b{top}={results[top] / ceiling:.3f}{extra} "
           + " ".join(f"b{b}={r:.1f}tok/s" for b, r in results.items())
-          + f" sequential={seq_rate:.1f}tok/s")
+          + f" {name}={seq_rate:.1f}tok/s")
 
 
 if __name__ == "__main__":
