@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import build_world_and_index
 
+from seekrl.agent.backends import Backend
 from seekrl.agent.oracle import oracle_episode
 from seekrl.agent.protocol import build_prompt
 from seekrl.agent.rollout import RolloutConfig, RolloutEngine
@@ -48,7 +49,7 @@ def test_episode_tokens_match_the_rollout_layout(world, tiny):
     ex = world["train"][0]
     rec = oracle_episode(ex, world["index"], k=2)
     ids, mask = episode_tokens(tok, rec, max_info_tokens=96)
-    engine = RolloutEngine(None, tok, world["index"], RolloutConfig(max_info_tokens=96, topk=2))
+    engine = RolloutEngine(Backend(), tok, world["index"], RolloutConfig(max_info_tokens=96, topk=2))
     expected = tok.encode(build_prompt(tok, ex.question, "agent"), add_special_tokens=False)
     expected_mask = [0] * len(expected)
     for turn in rec["turns"]:
