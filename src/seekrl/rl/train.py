@@ -363,7 +363,10 @@ class Trainer:
                 trajs, parts = trajs + more_t, parts + more_p
             keep = _whole_groups(trajs, cfg.questions_per_step)
             trajs, parts = [trajs[i] for i in keep], [parts[i] for i in keep]
-        t_rollout, t_scoring = clock["rollout"], clock["scoring"]
+        # with several processes: the slowest rank's rollout time (the others waited for it
+        # in the gather, which counts as scoring), so tokens_per_s is the whole group's rate
+        t_rollout = max(self.dist.gather([clock["rollout"]]))
+        t_scoring = clock["scoring"] + clock["rollout"] - t_rollout
         step_tokens = fresh_tokens[0] + int(process_stats.get("mc_tokens", 0))
         self.rollout_tokens += step_tokens
         record = self._episode_metrics(step, trajs, parts, n_sampled, refills)
