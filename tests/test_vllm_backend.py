@@ -137,15 +137,14 @@ def test_lora_weights_are_merged_under_hf_names():
     assert not torch.allclose(pushed[q], plain[q])      # the adapter's change is in it
 
 
-def test_trainer_pushes_the_updated_policy_before_each_rollout(fake_vllm, world, tmp_path):  # noqa: F811
+def _train_on_the_fake_engine(cfg, world):  # noqa: F811
+    """A trainer on the tiny model whose every turn (from the stand-in engine) answers; the
+    reward varies within a group, so each step updates. Returns the trained trainer."""
     from seekrl.rl.train import Trainer
 
     model, tok = tiny_policy(seed=3)
-    cfg = make_cfg(tmp_path, steps=2, **{"rollout.backend": "vllm", "algo.kl_coef": 0.0})
     trainer = Trainer(cfg, model=model, tokenizer=tok, retriever=world["index"],
-                      questions=world["train"], reward_fn=parity_reward,
-                      overwrite=True)
-    # every turn answers (and differently per sample: the reward above varies in a group)
+                      questions=world["train"], reward_fn=parity_reward, overwrite=True)
     answer = tok.encode("<answer> Tarrow </answer>", add_special_tokens=False)
     original = FakeLLM.generate
 
@@ -158,6 +157,12 @@ def test_trainer_pushes_the_updated_policy_before_each_rollout(fake_vllm, world,
         trainer.train()
     finally:
         FakeLLM.generate = original
+    return trainer
+
+
+def test_trainer_pushes_the_updated_policy_before_each_rollout(fake_vllm, world, tmp_path):  # noqa: F811
+    trainer = _train_on_the_fake_engine(make_cfg(tmp_path, steps=2, **{
+        "rollout.backend": "vllm", "algo.kl_coef": 0.0}), world)
     llm = FakeLLM.instances[-1]
     loads = llm.engine_model.loads
     assert len(loads) == 2 and llm.resets == 2          # once per step, before its rollout
@@ -205,25 +210,8 @@ def test_an_old_vllm_without_logprobs_mode_gives_no_behaviour_logprobs(fake_vllm
 
 def test_the_engine_sleeps_through_each_update_and_wakes_for_the_sync(fake_vllm, world,  # noqa: F811
                                                                       tmp_path):
-    from seekrl.rl.train import Trainer
-
-    model, tok = tiny_policy(seed=3)
-    cfg = make_cfg(tmp_path, steps=2, **{"rollout.backend": "vllm", "rollout.vllm_sleep": 1,
-                                         "algo.kl_coef": 0.0})
-    trainer = Trainer(cfg, model=model, tokenizer=tok, retriever=world["index"],
-                      questions=world["train"], reward_fn=parity_reward, overwrite=True)
-    answer = tok.encode("<answer> Tarrow </answer>", add_special_tokens=False)
-    original = FakeLLM.generate
-
-    def generate(self, prompts, params, use_tqdm=True):
-        self.reply = answer
-        return original(self, prompts, params, use_tqdm)
-
-    FakeLLM.generate = generate
-    try:
-        trainer.train()
-    finally:
-        FakeLLM.generate = original
+    trainer = _train_on_the_fake_engine(make_cfg(tmp_path, steps=2, **{
+        "rollout.backend": "vllm", "rollout.vllm_sleep": 1, "algo.kl_coef": 0.0}), world)
     llm = FakeLLM.instances[-1]
     assert llm.kwargs["enable_sleep_mode"] is True
     # step 1: push, roll out, sleep through the update; step 2: weights wake, the new ones
