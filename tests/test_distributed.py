@@ -50,6 +50,9 @@ def test_from_env_refuses_a_fixed_gpu_with_several_processes(monkeypatch):
     from seekrl.errors import DeviceError
 
     monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(DeviceError, match="no RANK"):
+        Dist.from_env("cpu")
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(DeviceError, match="cuda:LOCAL_RANK"):
         Dist.from_env("cuda:1")

@@ -68,6 +68,9 @@ class Dist:
             return cls(), device
         import torch.distributed as dist
 
+        if "RANK" not in os.environ:
+            raise DeviceError(f"WORLD_SIZE={world} but no RANK: launch several training "
+                              "processes with torchrun (or accelerate launch)")
         rank = int(os.environ["RANK"])
         local = int(os.environ.get("LOCAL_RANK", rank))
         kind, _, index = device.partition(":")
