@@ -48,8 +48,8 @@ class Generated(list):
 
 
 class Backend:
-    """What a generation backend offers (see the module's docstring); the two lifecycle
-    calls do nothing unless a backend needs them."""
+    """What a generation backend offers (see the module's docstring); `reset`,
+    `sync_weights` and `sleep` do nothing unless a backend needs them."""
 
     def generate(self, contexts: list[list[int]], max_new_tokens: int, sampling: Sampling,
                  keys: Sequence[Hashable] | None = None) -> list[list[int]]:
@@ -65,8 +65,6 @@ class Backend:
         """Free generation memory until the next `sync_weights` (the trainer calls it before
         each update)."""
 
-
-GenerationBackend = Backend   # the name the rest of seekrl imported first
 
 
 class _Batch:

@@ -92,7 +92,7 @@ class RolloutEngine:
                  cfg: RolloutConfig | None = None):
         if not isinstance(backend, Backend):
             raise TypeError(f"backend: expected a seekrl.agent.backends.Backend (generate, "
-                            f"reset, sync_weights), got {type(backend).__name__}")
+                            f"reset, sync_weights, sleep), got {type(backend).__name__}")
         self.backend = backend
         self.tokenizer = tokenizer
         self.retriever = retriever

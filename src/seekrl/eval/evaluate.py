@@ -35,9 +35,10 @@ from math import comb
 from pathlib import Path
 from typing import Any
 
-from seekrl.agent.backends import GenerationBackend, HFBackend
+from seekrl.agent.backends import Backend, HFBackend
 from seekrl.agent.rollout import RolloutConfig, RolloutEngine
 from seekrl.agent.trajectory import Trajectory, write_trajectories
+from seekrl.data.benchmarks import hop_averages, spec_name, split_name
 from seekrl.data.qa import QAExample, load_qa
 from seekrl.errors import DataError
 from seekrl.retrieval.base import RetrievalError, Retriever
@@ -63,8 +64,6 @@ def dataset_name(path: str | Path) -> str:
     `hotpotqa`; a synthetic world (`world.json` beside the file) -> `world`; `hf:` and
     `flashrag:` specs -> the set's name (`flashrag:2wiki` -> `2wikimultihopqa`), a
     `FOLDER:SPLIT` -> the folder's name."""
-    from seekrl.data.benchmarks import spec_name, split_name
-
     named = spec_name(os.fspath(path))
     if named:
         return named
@@ -225,8 +224,6 @@ def score_trajectories(trajectories: Sequence[Trajectory], *,
             average[key] = _mean(r[key] for r in rows)
     out = {"n_samples": n_samples, "pass_ks": list(pass_ks), "datasets": dict(datasets),
            "average": average, "by_type": {k: dict(v) for k, v in by_type.items()}}
-    from seekrl.data.benchmarks import hop_averages
-
     hops = hop_averages(datasets, (*_METRIC_KEYS, "evidence_recall"))
     if hops:
         out["hops"] = hops
@@ -301,7 +298,7 @@ def _progress(console, total: int):
 
 def evaluate(model, tokenizer, retriever: Retriever | None,
              data: dict[str, list[QAExample]], cfg: RolloutConfig,
-             out_dir: str | Path, *, backend: GenerationBackend | None = None,
+             out_dir: str | Path, *, backend: Backend | None = None,
              run_info: dict[str, Any] | None = None, progress: bool = True,
              console=None, on_finish: Callable[[Trajectory], None] | None = None
              ) -> dict[str, Any]:

@@ -885,13 +885,13 @@ def _informative(trajs, parts, members: list[int], advantage: str | None = None,
 
 def _rollout_grid(part: Sequence[Trajectory], mask: torch.Tensor) -> torch.Tensor | None:
     """The episodes' behaviour log-probs laid out like the trainer's ([rows, seq], at each
-    policy token's position); None when any episode has none."""
+    policy token's position); None when any episode has none. `mask` is the batch's loss
+    mask, whose 1s are the episodes' policy tokens row by row, in order."""
     if any(t.rollout_logprobs is None for t in part):
         return None
     out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-    for r, t in enumerate(part):
-        cols = [i for i, m in enumerate(t.loss_mask) if m]
-        out[r, cols] = torch.tensor(t.rollout_logprobs, dtype=torch.float32, device=mask.device)
+    out[mask.bool()] = torch.tensor([x for t in part for x in t.rollout_logprobs],
+                                    dtype=torch.float32, device=mask.device)
     return out
 
 
