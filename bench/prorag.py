@@ -5,17 +5,22 @@ A long run; never in CI.
     .venv/bin/python bench/prorag.py --work-dir /tmp/seekrl-prorag --seeds 0,1,2 --n-test 200
 
 Setting: the demo's synthetic world and SFT warm-up (built once, or `--sft DIR`; shared with
-`bench/process_ablation.py`). Per seed:
-1. `prorag-sSEED`: `seekrl prorag` from the SFT checkpoint (MCTS labels -> PRM -> RFT ->
-   RL with the PRM's step scores), test EM after each stage. Its compute is the generated
-   tokens of all its stages: MCTS simulations, RFT sampling and RL rollouts.
-2. `outcome-sSEED`: outcome-only RL (`--baseline`) from the same SFT checkpoint, stopped at
+`bench/process_ablation.py`). The runs, in this order, so that a run cut short holds the
+headline figures:
+1. per seed, `prorag-sSEED`: `seekrl prorag` from the SFT checkpoint (MCTS labels -> PRM ->
+   RFT -> RL with the PRM's step scores), test EM after each stage. Its compute is the
+   generated tokens of all its stages: MCTS simulations, RFT sampling and RL rollouts. Then
+   `outcome-sSEED`: outcome-only RL (`--baseline`) from the same SFT checkpoint, stopped at
    the pipeline's total generated tokens (`max_rollout_tokens`).
-3. `STEP-sSEED` (`--step-method`, evidence by default, the best of the step-credit ablation
-   in bench/RESULTS.md): the same budget.
-4. `mc-sSEED`: Monte-Carlo labels on the same questions at about the same number of
-   simulations, a PRM trained on them like the pipeline's, and both PRMs' quality (AUC, pair
-   accuracy, first-error localisation) on the held-out questions of each label set.
+2. per seed, `mc-sSEED`: Monte-Carlo labels on the same questions at about the same number
+   of simulations, a PRM trained on them like the pipeline's, and both PRMs' quality (AUC,
+   pair accuracy, first-error localisation) on the held-out questions of each label set.
+3. per seed, `STEP-sSEED` (`--step-method`; tree by default, the best test EM of the
+   step-credit ablation in bench/RESULTS.md): the pipeline's budget.
+
+`--keep DIR` also writes each finished run's result to `DIR/RUN.json` and takes the runs
+found there as done: on a CPU the whole benchmark is longer than one session's machine, and
+the next machine goes on from the committed results (same SFT checkpoint, checked by digest).
 
 `--pipeline DIR` takes the first seed's pipeline from a finished `seekrl prorag` run (the
 demo-size default builds the same world and SFT checkpoint): its labels, PRM and policies are
@@ -46,7 +51,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--n-test", type=int, default=200)
     ap.add_argument("--baseline", default="grpo", help="the outcome estimator (the demo's)")
-    ap.add_argument("--step-method", default="evidence",
+    ap.add_argument("--step-method", default="tree",
                     help="a step-credit method of rl/methods.py ('' to skip)")
     ap.add_argument("--label-questions", type=int, default=None, help="default: the pipeline's")
     ap.add_argument("--simulations", type=int, default=None, help="default: the pipeline's")
@@ -62,6 +67,11 @@ def main() -> None:
                          "policies and only evaluates them on the bench's test questions")
     ap.add_argument("--eval-batch", type=int, default=64)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="a folder (e.g. bench/prorag_runs in the repo) that also holds each "
+                         "finished run's result as RUN.json; runs found there are not redone, "
+                         "so a benchmark longer than a machine's life goes on in the next one "
+                         "(from the same SFT checkpoint: its weights' digest is checked)")
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     started = time.time()
@@ -74,17 +84,82 @@ def main() -> None:
         work = args.work_dir
         world_dir, index_dir, test_file, sft = _setup(work, demo, args.n_test, args.sft,
                                                       args.device)
+        if args.keep is not None:
+            _restore(work, args.keep, sft)
+        # the headline first (each seed's pipeline and its outcome-only run at the same
+        # budget), then the PRM comparison, then the step-credit method: a run cut short
+        # by the machine's time has the most important figures
+        budgets = {}
         for seed in seeds:
-            pipeline = _pipeline(seed, args, sft, world_dir, index_dir, test_file)
-            budget = pipeline["generated_tokens"]
-            _baseline_run("outcome", seed, budget, args, demo, sft, world_dir, index_dir,
-                          test_file)
-            if args.step_method:
-                _baseline_run(args.step_method, seed, budget, args, demo, sft, world_dir,
-                              index_dir, test_file)
-            if not args.skip_mc:
-                _mc_comparison(seed, args)
+            budgets[seed] = _pipeline(seed, args, sft, world_dir, index_dir,
+                                      test_file)["generated_tokens"]
+            _keep(work, args.keep)
+            _baseline_run("outcome", seed, budgets[seed], args, demo, sft, world_dir,
+                          index_dir, test_file)
+            _keep(work, args.keep)
+        for seed in seeds if not args.skip_mc else ():
+            _mc_comparison(seed, args)
+            _keep(work, args.keep)
+        for seed in seeds if args.step_method else ():
+            _baseline_run(args.step_method, seed, budgets[seed], args, demo, sft, world_dir,
+                          index_dir, test_file)
+            _keep(work, args.keep)
     _report(args.work_dir, started, args.step_method)
+
+
+def _digest(model_dir: Path) -> str:
+    """sha256 over a checkpoint's weight files: the runs of one benchmark share a start."""
+    import hashlib
+
+    h = hashlib.sha256()
+    files = sorted(model_dir.glob("*.safetensors")) or sorted(model_dir.glob("*.bin"))
+    if not files:
+        raise SystemExit(f"{model_dir}: no weight files (*.safetensors, *.bin)")
+    for f in files:
+        with f.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 24), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def _restore(work: Path, keep: Path, sft: Path) -> None:
+    """Put the runs kept in `keep` (RUN.json) back under `work/runs/RUN/result.json`, where
+    the runners find them and do not redo them; refuse when they started from another SFT
+    checkpoint than `sft`."""
+    digest = _digest(sft)
+    mark = keep / "sft.json"
+    if mark.is_file():
+        kept = json.loads(mark.read_text()).get("sha256")
+        if kept != digest:
+            raise SystemExit(
+                f"--keep {keep}: its runs started from an SFT checkpoint with weights "
+                f"sha256 {str(kept)[:16]}..., but {sft} has {digest[:16]}...: they are not "
+                f"comparable with new runs; pass that checkpoint with --sft, or another "
+                f"--keep folder")
+    else:
+        keep.mkdir(parents=True, exist_ok=True)
+        mark.write_text(json.dumps({"sha256": digest, "sft": str(sft)}, indent=1) + "\n")
+    for path in sorted(keep.glob("*.json")):
+        if path.name == "sft.json":
+            continue
+        target = work / "runs" / path.stem / "result.json"
+        if not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(path.read_text())
+            print(f"{path.stem}: kept in {path}", flush=True)
+
+
+def _keep(work: Path, keep: Path | None) -> None:
+    """Copy every finished run's result.json into `keep` as RUN.json."""
+    if keep is None:
+        return
+    keep.mkdir(parents=True, exist_ok=True)
+    for path in sorted(work.glob("runs/*/result.json")):
+        target = keep / f"{path.parent.name}.json"
+        if not target.is_file() or target.read_text() != path.read_text():
+            tmp = target.with_suffix(".tmp")
+            tmp.write_text(path.read_text())
+            tmp.replace(target)
 
 
 def _pipeline_dir(args, seed: int) -> Path:
@@ -207,6 +282,12 @@ def _mc_comparison(seed: int, args) -> dict:
     if done.is_file():
         return json.loads(done.read_text())
     pipe = _pipeline_dir(args, seed)
+    if not (pipe / "prm" / "final").is_dir():
+        # a pipeline kept from an earlier machine (--keep) left its result, not its labels
+        print(f"mc seed {seed}: skipped, the pipeline's labels and PRM are not in {pipe} "
+              f"(it ran on another machine); delete its kept result to run it again",
+              flush=True)
+        return {}
     mcts_cfg = json.loads((pipe / "pipeline.json").read_text())
     # the pipeline's own labelling and PRM settings, with MC labels instead: 4 episodes + 2
     # continuations per intermediate step (~1.5 of them) is about 7-10 simulations a
