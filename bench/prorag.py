@@ -11,11 +11,11 @@ headline figures:
    RFT -> RL with the PRM's step scores), test EM after each stage. Its compute is the
    generated tokens of all its stages: MCTS simulations, RFT sampling and RL rollouts. Then
    `outcome-sSEED`: outcome-only RL (`--baseline`) from the same SFT checkpoint, stopped at
-   the pipeline's total generated tokens (`max_rollout_tokens`).
-2. per seed, `mc-sSEED`: Monte-Carlo labels on the same questions at about the same number
-   of simulations, a PRM trained on them like the pipeline's, and both PRMs' quality (AUC,
-   pair accuracy, first-error localisation) on the held-out questions of each label set.
-3. per seed, `STEP-sSEED` (`--step-method`; tree by default, the best test EM of the
+   the pipeline's total generated tokens (`max_rollout_tokens`). Then `mc-sSEED`:
+   Monte-Carlo labels on the same questions at about the same number of simulations, a PRM
+   trained on them like the pipeline's, and both PRMs' quality (AUC, pair accuracy,
+   first-error localisation) on the held-out questions of each label set.
+2. per seed, `STEP-sSEED` (`--step-method`; tree by default, the best test EM of the
    step-credit ablation in bench/RESULTS.md): the pipeline's budget.
 
 `--keep DIR` also writes each finished run's result to `DIR/RUN.json` and takes the runs
@@ -87,8 +87,8 @@ def main() -> None:
         if args.keep is not None:
             _restore(work, args.keep, sft)
         # the headline first (each seed's pipeline and its outcome-only run at the same
-        # budget), then the PRM comparison, then the step-credit method: a run cut short
-        # by the machine's time has the most important figures
+        # budget, and the MC-label PRM beside the pipeline's while its labels are on this
+        # machine), then the step-credit method: a run cut short holds the main figures
         budgets = {}
         for seed in seeds:
             budgets[seed] = _pipeline(seed, args, sft, world_dir, index_dir,
@@ -97,9 +97,9 @@ def main() -> None:
             _baseline_run("outcome", seed, budgets[seed], args, demo, sft, world_dir,
                           index_dir, test_file)
             _keep(work, args.keep)
-        for seed in seeds if not args.skip_mc else ():
-            _mc_comparison(seed, args)
-            _keep(work, args.keep)
+            if not args.skip_mc:
+                _mc_comparison(seed, args)
+                _keep(work, args.keep)
         for seed in seeds if args.step_method else ():
             _baseline_run(args.step_method, seed, budgets[seed], args, demo, sft, world_dir,
                           index_dir, test_file)
