@@ -9,9 +9,12 @@ from dataclasses import replace
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from seekrl.agent.trajectory import Trajectory
 from seekrl.config import LabelConfig, PRMConfig
+from seekrl.errors import DataError
 from seekrl.rl.mcts import run_labelling
 from seekrl.rl.prm import (
     LabelSet,
@@ -171,3 +174,152 @@ def test_rollouts_of_one_question_share_the_prompt_pass(tiny, monkeypatch):
     for t, row in zip(group, together):
         alone = scorer.logits([t])[0]
         assert row == pytest.approx(alone, abs=1e-4)
+
+
+# ---------------------------------------------------------------- reading label folders
+@pytest.fixture(scope="module")
+def label_dir(tiny, tmp_path_factory):
+    _, tok = tiny
+    out = tmp_path_factory.mktemp("labels") / "labels"
+    summary = run_labelling(
+        LabelConfig(data="unused", out=str(out),
+                    search={"simulations": 6, "expansions": 3, "min_visits": 1, "min_gap": 0.01},
+                    rollout={"max_turns": 3}),
+        backend=Dice(tok, OPTIONS), tokenizer=tok, retriever=Docs(), questions=questions(4))
+    assert summary["pairs"] > 0
+    return out
+
+
+def _copy_labels(src, dst, progress: bool = True):
+    import shutil
+    shutil.copytree(src, dst)
+    if not progress:
+        (dst / "progress.json").unlink()
+    return dst
+
+
+def test_labels_are_read_up_to_the_recorded_bytes(label_dir, tmp_path):
+    """A killed `seekrl mcts` may leave half a chunk after what progress.json records: it is
+    not read (a torn last line would otherwise be a parse error, a whole one a label)."""
+    whole = read_labels([label_dir])
+    d = _copy_labels(label_dir, tmp_path / "l")
+    first_label = (d / "labels.jsonl").read_text().splitlines()[0]
+    first_pair = (d / "pairs.jsonl").read_text().splitlines()[0]
+    with open(d / "labels.jsonl", "a") as f:
+        f.write(first_label.replace('"q0"', '"q-extra"') + "\n" + first_label[:40])
+    with open(d / "pairs.jsonl", "a") as f:
+        f.write(first_pair + "\n")
+    got = read_labels([d])
+    assert (len(got.points), len(got.pairs), len(got.episodes)) == \
+        (len(whole.points), len(whole.pairs), len(whole.episodes))
+    assert all(e.example_id != "q-extra" for e in got.episodes)
+    (d / "labels.jsonl").write_bytes((d / "labels.jsonl").read_bytes()[:50])
+    with pytest.raises(DataError, match="recorded as written"):
+        read_labels([d])
+
+
+def _set(record: dict, dotted: str, value):
+    node = record
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        node = node[int(k)] if isinstance(node, list) else node[k]
+    last = keys[-1]
+    if isinstance(node, list):
+        node[int(last)] = value
+    elif value is _DELETE:
+        del node[last]
+    else:
+        node[last] = value
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize("file,path,value,field", [
+    ("labels", "steps.0.value", 1.5, "steps.value"),
+    ("labels", "steps.0.value", [0.5], "steps.value"),
+    ("labels", "steps.0.end", 10**6, "steps"),
+    ("labels", "steps.0", "a step", None),
+    ("labels", "token_ids.0", -3, "token_ids"),
+    ("labels", "metadata", [1], "metadata"),
+    ("labels", "metadata.node_ids", [1], "metadata.node_ids"),
+    ("labels", "example_id", _DELETE, None),
+    ("pairs", "depth", 99, "depth"),
+    ("pairs", "depth", "0", "depth"),
+    ("pairs", "gap", "big", "gap"),
+    ("pairs", "better", [1, 2], "better"),
+    ("pairs", "worse.steps.0.value", 7, "worse.steps.value"),
+    ("pairs", "worse", _DELETE, "worse"),
+])
+def test_a_malformed_label_record_names_file_line_and_field(label_dir, tmp_path, file, path,
+                                                            value, field):
+    import json
+
+    d = _copy_labels(label_dir, tmp_path / "l", progress=False)
+    lines = (d / f"{file}.jsonl").read_text().splitlines()
+    record = json.loads(lines[1])
+    _set(record, path, value)
+    lines[1] = json.dumps(record)
+    (d / f"{file}.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError) as err:
+        read_labels([d])
+    assert f"{file}.jsonl:2:" in str(err.value)
+    if field is not None:
+        assert err.value.field == field
+
+
+def test_pairs_that_are_not_siblings_are_refused(label_dir, tmp_path):
+    import json
+
+    d = _copy_labels(label_dir, tmp_path / "l", progress=False)
+    lines = (d / "pairs.jsonl").read_text().splitlines()
+    record = json.loads(lines[0])
+    record["worse"]["token_ids"][0] += 1    # the shared prompt differs
+    lines[0] = json.dumps(record)
+    (d / "pairs.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match="pairs.jsonl:1: field 'depth': better and worse differ"):
+        read_labels([d])
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=True)
+    | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                max_size=3),
+    max_leaves=6)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_mangled_label_record_is_read_or_refused_in_one_line(label_dir, tmp_path, data):
+    """Whatever a label line holds, reading it either works or raises DataError (with the
+    file and line): never another exception from deeper in the code."""
+    import json
+    import shutil
+
+    d = tmp_path / "mangled"
+    shutil.rmtree(d, ignore_errors=True)
+    _copy_labels(label_dir, d, progress=False)
+    file = data.draw(st.sampled_from(["labels", "pairs"]))
+    lines = (d / f"{file}.jsonl").read_text().splitlines()
+    record = json.loads(lines[0])
+    paths = []
+
+    def walk(node, prefix):
+        items = node.items() if isinstance(node, dict) else enumerate(node) \
+            if isinstance(node, list) else ()
+        for k, v in items:
+            if isinstance(node, list) and k > 2:
+                break
+            paths.append(f"{prefix}{k}")
+            walk(v, f"{prefix}{k}.")
+
+    walk(record, "")
+    _set(record, data.draw(st.sampled_from(paths)), data.draw(json_values))
+    lines[0] = json.dumps(record)
+    (d / f"{file}.jsonl").write_text("\n".join(lines) + "\n")
+    try:
+        read_labels([d])
+    except DataError as err:
+        assert f"{file}.jsonl:1:" in str(err)

@@ -6,6 +6,7 @@ so `iter_jsonl` reads one line at a time and never holds the file in memory.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -86,12 +87,14 @@ def iter_jsonl(
     *,
     skip_bad: bool = False,
     report: SkipReport | None = None,
+    max_bytes: int | None = None,
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield `(line_no, obj)` for each JSON object line of `path`; line numbers are 1-based.
 
     Blank lines are ignored. A line that is not UTF-8, not JSON or not an object raises
     `DataError` naming file and line; with `skip_bad=True` it is skipped and recorded in
     `report` (or, when no report is given, summarised in a log warning at the end).
+    `max_bytes` reads only the file's first bytes (what a writer recorded as complete).
     """
     path_str = os.fspath(path)
     own_report = report is None
@@ -101,7 +104,8 @@ def iter_jsonl(
         report.path = path_str
     # Binary mode: lines split on b"\n" only, and a bad byte is blamed on its own line.
     with open(path_str, "rb") as f:
-        for line_no, raw in enumerate(f, start=1):
+        lines = f if max_bytes is None else io.BytesIO(f.read(max_bytes))
+        for line_no, raw in enumerate(lines, start=1):
             try:
                 obj = _parse_line(raw, path_str, line_no)
             except DataError as e:

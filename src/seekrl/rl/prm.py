@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from seekrl.agent.trajectory import Trajectory, iter_trajectories
+from seekrl.agent.trajectory import Trajectory
 from seekrl.data.jsonl import iter_jsonl
 from seekrl.errors import DataError
 from seekrl.models import pad_id_of
@@ -192,8 +192,83 @@ def _in_dev(example_id: str, dev_share: float) -> bool:
     return zlib.crc32(example_id.encode()) % 10_000 < dev_share * 10_000
 
 
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x   # not nan
+
+
+def labelled_trajectory(obj: Any, path: Path, line: int, field: str = "") -> Trajectory:
+    """A labelled episode record checked field by field: a bad one raises `DataError`
+    naming the file, line and field (never a traceback from deep in a forward pass)."""
+    at = f"{field}." if field else ""
+    if not isinstance(obj, dict):
+        raise DataError(f"expected a trajectory object, got {type(obj).__name__}",
+                        path=str(path), line=line, field=field or None)
+    try:
+        t = Trajectory.from_dict(obj)
+    except (TypeError, ValueError) as err:
+        raise DataError(f"not a trajectory ({err})", path=str(path), line=line,
+                        field=field or None) from None
+
+    def bad(what: str, name: str) -> DataError:
+        return DataError(what, path=str(path), line=line, field=at + name)
+
+    for name in ("example_id", "group_id", "question"):
+        if not isinstance(getattr(t, name), str):
+            raise bad(f"expected a string, got {getattr(t, name)!r}", name)
+    if not isinstance(t.golden_answers, list) or \
+            not all(isinstance(a, str) for a in t.golden_answers):
+        raise bad("expected a list of strings", "golden_answers")
+    if not isinstance(t.token_ids, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in t.token_ids):
+        raise bad("expected a list of token ids (integers >= 0)", "token_ids")
+    if not isinstance(t.metadata, dict):
+        raise bad(f"expected an object, got {type(t.metadata).__name__}", "metadata")
+    if not isinstance(t.prompt_len, int) or not 0 <= t.prompt_len <= len(t.token_ids):
+        raise bad(f"expected 0..{len(t.token_ids)}, got {t.prompt_len!r}", "prompt_len")
+    for i, s in enumerate(t.steps):
+        if not (isinstance(s.start, int) and isinstance(s.end, int)
+                and t.prompt_len <= s.start < s.end <= len(t.token_ids)):
+            raise bad(f"step {i}: span [{s.start!r}, {s.end!r}) is not a non-empty span of "
+                      f"the {len(t.token_ids)} tokens after the prompt", "steps")
+        if s.value is not None and not (_number(s.value) and 0.0 <= s.value <= 1.0):
+            raise bad(f"step {i}: expected a label in [0, 1] or null, got {s.value!r}",
+                      "steps.value")
+    try:
+        t.check()
+    except (AssertionError, TypeError) as err:
+        raise bad(f"the steps do not match the token layout ({err})", "steps") from None
+    node_ids = t.metadata.get("node_ids")
+    if node_ids is not None and (not isinstance(node_ids, list)
+                                 or len(node_ids) != len(t.steps) or not all(
+                                     n is None or isinstance(n, (int, str)) for n in node_ids)):
+        raise bad(f"expected a list of {len(t.steps)} node ids (one per step)",
+                  "metadata.node_ids")
+    return t
+
+
+def _recorded_lines(folder: Path, name: str):
+    """`iter_jsonl` over a label file, up to the bytes `progress.json` records as written:
+    the tail of a chunk a killed `seekrl mcts` left behind is not a label."""
+    path = folder / name
+    progress = folder / "progress.json"
+    limit = None
+    if progress.is_file():
+        try:
+            limit = int(json.loads(progress.read_text())["bytes"][name])
+        except (ValueError, KeyError, TypeError):
+            raise DataError("expected {\"bytes\": {\"%s\": N, ...}} (written by `seekrl "
+                            "mcts`)" % name, path=str(progress), field="bytes") from None
+        size = path.stat().st_size
+        if size < limit:
+            raise DataError(f"{size} bytes, but {limit} were recorded as written: the file "
+                            "was changed since; label into a new folder", path=str(path))
+    yield from iter_jsonl(path, max_bytes=limit)
+
+
 def read_labels(folders: Sequence[str | Path]) -> LabelSet:
-    """Points, pairs and episodes of label folders (`labels.jsonl`, `pairs.jsonl`)."""
+    """Points, pairs and episodes of label folders (`labels.jsonl`, `pairs.jsonl`), up to
+    what each folder's `progress.json` records as written. A malformed record raises
+    `DataError` naming its file, line and field."""
     points: list[PointLabel] = []
     pairs: list[PairLabel] = []
     episodes: list[Trajectory] = []
@@ -203,31 +278,50 @@ def read_labels(folders: Sequence[str | Path]) -> LabelSet:
         if not (folder / "labels.jsonl").is_file():
             raise FileNotFoundError(f"{folder}: no labels.jsonl (write labels with "
                                     "`seekrl mcts`)")
-        for line_no, t in enumerate(iter_trajectories(folder / "labels.jsonl"), start=1):
+        path = folder / "labels.jsonl"
+        for line_no, obj in _recorded_lines(folder, "labels.jsonl"):
+            t = labelled_trajectory(obj, path, line_no)
             episodes.append(t)
             node_ids = t.metadata.get("node_ids")
             for i, s in enumerate(t.steps):
                 if s.value is None:
                     continue
-                if not 0.0 <= float(s.value) <= 1.0:
-                    raise DataError(f"step {i} label {s.value} is outside [0, 1]",
-                                    path=str(folder / "labels.jsonl"), line=line_no,
-                                    field="steps.value")
                 key = (str(folder), t.example_id, node_ids[i]) if node_ids and \
                     node_ids[i] is not None else (str(folder), line_no, i)
                 if key not in seen:
                     seen.add(key)
                     points.append(PointLabel(t, i, float(s.value)))
         if (folder / "pairs.jsonl").is_file():
-            for line_no, rec in iter_jsonl(folder / "pairs.jsonl"):
-                try:
-                    pairs.append(PairLabel(Trajectory.from_dict(rec["better"]),
-                                           Trajectory.from_dict(rec["worse"]),
-                                           int(rec["depth"]), float(rec["gap"])))
-                except (KeyError, TypeError) as err:
-                    raise DataError(f"not a sibling pair ({err})",
-                                    path=str(folder / "pairs.jsonl"), line=line_no) from None
+            path = folder / "pairs.jsonl"
+            for line_no, rec in _recorded_lines(folder, "pairs.jsonl"):
+                pairs.append(_pair_label(rec, path, line_no))
     return LabelSet(points, pairs, episodes)
+
+
+def _pair_label(rec: dict, path: Path, line: int) -> PairLabel:
+    """A sibling-pair record: two episodes that share their steps before `depth` and
+    differ at it, with `gap` = Q(better) - Q(worse)."""
+    for key in ("better", "worse", "depth", "gap"):
+        if key not in rec:
+            raise DataError("missing (a sibling pair has better, worse, depth, gap)",
+                            path=str(path), line=line, field=key)
+    better = labelled_trajectory(rec["better"], path, line, "better")
+    worse = labelled_trajectory(rec["worse"], path, line, "worse")
+    depth, gap = rec["depth"], rec["gap"]
+    if not isinstance(depth, int) or isinstance(depth, bool) or \
+            not 0 <= depth < min(len(better.steps), len(worse.steps)):
+        raise DataError(f"expected a step index below both episodes' step counts "
+                        f"({len(better.steps)}, {len(worse.steps)}), got {depth!r}",
+                        path=str(path), line=line, field="depth")
+    if not _number(gap):
+        raise DataError(f"expected a number, got {gap!r}", path=str(path), line=line,
+                        field="gap")
+    shared = better.steps[depth].start
+    if better.steps[depth].start != worse.steps[depth].start or \
+            better.token_ids[:shared] != worse.token_ids[:shared]:
+        raise DataError(f"better and worse differ before step {depth}: not siblings",
+                        path=str(path), line=line, field="depth")
+    return PairLabel(better, worse, depth, float(gap))
 
 
 def split_labels(labels: LabelSet, dev_share: float) -> tuple[LabelSet, LabelSet]:
