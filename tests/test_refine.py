@@ -43,26 +43,37 @@ def test_keep_for_rft_rules(episodes):
     assert why2["duplicate"] + why2["question_full"] == 2 * len(kept) - len(doubled)
 
 
-def test_step_dpo_touches_only_the_differing_step(tiny, episodes):
+def test_step_dpo_touches_only_the_differing_step(tiny, episodes, monkeypatch):
+    """Through the recipe's own `step_logps`: the DPO loss's gradient on every token's
+    log-prob is zero outside the differing step (here step 1, so the steps before it are
+    checked too) and non-zero on each of its generated tokens."""
+    import seekrl.rl.refine as refine
+
     model, tok = tiny
     two = [t for t in episodes if len(t.steps) >= 2][:2]
     assert len(two) == 2
     better, worse = two
     idx = [0, 0]
-    mask = step_mask(better, 0)
-    assert sum(mask) == better.steps[0].end - better.steps[0].start
-    # gradient of the loss w.r.t. every token's log-prob is zero outside step 0
-    from seekrl.rl.forward import collate, masked_logprobs
-    ids, attn, m = collate([better.token_ids], [better.loss_mask], tok.pad_token_id)
-    grid = masked_logprobs(model, ids, attn, m, share_prompts=False)["logprobs"].detach()
-    grid.requires_grad_(True)
-    smask = torch.tensor([mask], dtype=grid.dtype)
-    loss, _ = step_dpo_loss((grid * smask).sum(-1), torch.zeros(1), torch.zeros(1),
-                            torch.zeros(1), beta=0.5)
+    grids = []
+    real = refine.masked_logprobs
+
+    def leaf_grid(*args, **kwargs):   # the per-token log-probs as a leaf we can read back
+        out = real(*args, **kwargs)
+        grids.append(out["logprobs"].detach().requires_grad_(True))
+        return {**out, "logprobs": grids[-1]}
+
+    monkeypatch.setattr(refine, "masked_logprobs", leaf_grid)
+    pb = step_logps(model, [better], [1], tok.pad_token_id, "cpu")
+    pw = step_logps(model, [worse], [1], tok.pad_token_id, "cpu")
+    loss, _ = step_dpo_loss(pb, pw, torch.zeros(1), torch.zeros(1), beta=0.5)
     loss.backward()
-    g = grid.grad[0]
-    inside = smask[0].bool()
-    assert torch.all(g[~inside] == 0) and torch.all(g[inside] != 0)
+    for traj, grid in zip((better, worse), grids):
+        s = traj.steps[1]
+        touched = set(torch.nonzero(grid.grad[0]).flatten().tolist())
+        assert touched == {i for i in range(s.start, s.end) if traj.loss_mask[i]}
+        assert touched and min(touched) > traj.steps[0].end - 1   # step 0 untouched
+    monkeypatch.undo()
+    assert sum(step_mask(better, 0)) == better.steps[0].end - better.steps[0].start
     # the episode after the step does not change its step log-likelihood
     cut = better.steps[0].end
     other_tail = replace(better, token_ids=better.token_ids[:cut] + [5, 6, 7] * 4,
