@@ -227,8 +227,9 @@ def test_run_labelling_resumes_and_drops_a_half_written_chunk(tiny, tmp_path):
         LabelWriter(tmp_path / "part", resume=True,
                     settings={**json.loads((tmp_path / "part" / "progress.json").read_text())
                               ["settings"], "search.simulations": 99})
-    # a label file shorter than recorded is refused, never padded
-    (tmp_path / "part" / "pairs.jsonl").write_text("")
-    if json.loads((tmp_path / "part" / "progress.json").read_text())["bytes"]["pairs.jsonl"]:
-        with pytest.raises(ValueError, match="were recorded"):
-            run_labelling(cfg(tmp_path / "part", 3), resume=True, **kw)
+    # a label file shorter than recorded is refused, never padded (nodes.jsonl always has
+    # lines: every tree has a root)
+    assert json.loads((tmp_path / "part" / "progress.json").read_text())["bytes"]["nodes.jsonl"]
+    (tmp_path / "part" / "nodes.jsonl").write_text("")
+    with pytest.raises(ValueError, match="were recorded"):
+        run_labelling(cfg(tmp_path / "part", 3), resume=True, **kw)
