@@ -130,6 +130,20 @@ def test_prm_score_and_eval_on_files(tmp_path):
     assert r.exit_code == 0, r.output
     scored = [json.loads(x) for x in (tmp_path / "scored.jsonl").read_text().splitlines()]
     assert scored and all(s["value"] == 0.5 for t in scored for s in t["steps"])  # zero head
+    # a bad episode is named by file, line and field; ids past the vocabulary by episode
+    lines = (tmp_path / "labels" / "labels.jsonl").read_text().splitlines()
+    bad = json.loads(lines[1])
+    bad["steps"][0]["end"] = len(bad["token_ids"]) + 5
+    (tmp_path / "bad.jsonl").write_text("\n".join([lines[0], json.dumps(bad)]) + "\n")
+    r = run("prm", "score", "--prm", tmp_path / "prm", "--trajectories", tmp_path / "bad.jsonl",
+            "--out", tmp_path / "x.jsonl")
+    assert r.exit_code == 2 and "bad.jsonl:2: field 'steps'" in r.output, r.output
+    alien = json.loads(lines[0])
+    alien["token_ids"][0] = 10**6
+    (tmp_path / "alien.jsonl").write_text(json.dumps(alien) + "\n")
+    r = run("prm", "score", "--prm", tmp_path / "prm", "--trajectories",
+            tmp_path / "alien.jsonl", "--out", tmp_path / "x.jsonl")
+    assert r.exit_code == 2 and "another tokenizer" in r.output, r.output
     r = run("prm", "eval", "--prm", tmp_path / "prm", "--labels", tmp_path / "labels",
             "--split", "all")
     assert r.exit_code == 0, r.output

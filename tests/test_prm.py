@@ -323,3 +323,36 @@ def test_any_mangled_label_record_is_read_or_refused_in_one_line(label_dir, tmp_
         read_labels([d])
     except DataError as err:
         assert f"{file}.jsonl:1:" in str(err)
+
+
+def test_labels_remember_their_tokenizer_and_refuse_another(tiny, label_dir, tmp_path):
+    """Labels are token ids: the PRM's backbone (and a resumed labelling) must read them
+    with the tokenizer that wrote them."""
+    import json
+
+    from seekrl.config import ConfigError
+    from seekrl.models import tokenizer_fingerprint
+    from seekrl.rl.mcts import LabelWriter
+    from seekrl.rl.prm import check_label_tokenizer, labelling_policy
+
+    model, tok = tiny
+    progress = json.loads((label_dir / "progress.json").read_text())
+    assert progress["tokenizer"] == tokenizer_fingerprint(tok)
+    other = copy.deepcopy(tok)
+    other.add_tokens(["<not-in-the-policy>"])
+    assert tokenizer_fingerprint(other) != tokenizer_fingerprint(tok)
+    check_label_tokenizer([label_dir], tok, "model m")           # the same: passes
+    with pytest.raises(ConfigError, match="model m: its tokenizer .* not the one that wrote"):
+        check_label_tokenizer([label_dir], other, "model m")
+    with pytest.raises(ConfigError, match="not the one that wrote"):
+        train_prm(PRMConfig(labels=str(label_dir), out=str(tmp_path / "prm"), steps=1),
+                  model=copy.deepcopy(model), tokenizer=other)
+    d = _copy_labels(label_dir, tmp_path / "l")
+    with pytest.raises(ValueError, match="another tokenizer"):
+        LabelWriter(d, resume=True).check_tokenizer(tokenizer_fingerprint(other))
+    # the PRM's default backbone is the policy that wrote the labels
+    assert PRMConfig(labels=str(d)).model is None
+    assert labelling_policy([d]) == "smollm2-135m"
+    (d / "config.yaml").unlink()
+    with pytest.raises(ConfigError, match="model: the backbone"):
+        labelling_policy([d])

@@ -81,7 +81,25 @@ def test_bad_stage_keys_fail_before_any_work(tmp_path):
         run_prorag(ProragConfig(out=str(tmp_path / "x"), labels={"search": {"simulatons": 3}}))
     with pytest.raises(ConfigError, match="train, test and index go together"):
         run_prorag(ProragConfig(out=str(tmp_path / "x"), train="t.jsonl"))
+    # a key the pipeline fills from the stage before would be overwritten: refused
+    for section, keys, name in (("labels", {"model": "m"}, "labels.model"),
+                                ("refine", {"prm": "p"}, "refine.prm"),
+                                ("rl", {"reward": {"prm": "p"}}, "rl.reward.prm"),
+                                ("prm", {"labels": ["l"]}, "prm.labels")):
+        with pytest.raises(ConfigError, match=f"{name}: the pipeline sets it"):
+            run_prorag(ProragConfig(out=str(tmp_path / "x"), **{section: keys}))
     assert not (tmp_path / "x").exists()
+
+
+def test_the_prm_backbone_is_the_users_choice(tmp_path):
+    from seekrl.prorag import stage_configs
+
+    paths = {"sft_data": "d.jsonl", "train": "t.jsonl", "test": "q.jsonl", "index": "i"}
+    default = stage_configs(ProragConfig(out=str(tmp_path)), paths)
+    assert default["prm"].model == str(tmp_path / "sft" / "final")   # the SFT policy
+    chosen = stage_configs(ProragConfig(out=str(tmp_path), prm={"model": "org/other-lm"}), paths)
+    assert chosen["prm"].model == "org/other-lm"
+    assert chosen["rl"].save_every == 1     # a stopped RL stage resumes from its checkpoint
 
 
 def test_only_the_asked_for_policies_are_evaluated(tmp_path):

@@ -531,11 +531,11 @@ def prm_score(
     device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
 ):
     """Score every step of a trajectory file with a PRM (one forward pass per episode batch)."""
-    from seekrl.agent.trajectory import read_trajectories, write_trajectories
-    from seekrl.rl.prm import load_scorer
+    from seekrl.agent.trajectory import write_trajectories
+    from seekrl.rl.prm import load_scorer, read_episodes
 
     try:
-        trajs = read_trajectories(trajectories)
+        trajs = read_episodes(trajectories)
         scorer = load_scorer(prm, device=device, batch_size=batch_size)
         for t, row in zip(trajs, scorer.score_steps(trajs)):
             for s, v in zip(t.steps, row):

@@ -181,7 +181,10 @@ class LabelConfig(Strict):
 
 class PRMConfig(Strict):
     """`seekrl prm train` (rl/prm.py)."""
-    model: str = "smollm2-135m"        # the backbone to start from (usually the SFT checkpoint)
+    # the backbone to start from; default: the policy that wrote the labels (their
+    # config.yaml's model, usually the SFT checkpoint). Any HF id or path with the same
+    # tokenizer: the labels are token ids
+    model: str | None = None
     labels: list[str]                  # label folders written by `seekrl mcts`
     out: str = "runs/prm"
     loss: Literal["pointwise", "pairwise", "both"] = "both"

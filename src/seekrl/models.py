@@ -211,6 +211,16 @@ def pad_id_of(tokenizer) -> int:
         else tokenizer.eos_token_id
 
 
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A short digest of the tokenizer's token -> id map: token ids written with one
+    tokenizer mean the same under another only when the two digests agree."""
+    import hashlib
+    import json
+
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: (kv[1], kv[0]))
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
 def load_tokenizer(name: str | None = DEFAULT_MODEL):
     from transformers import AutoTokenizer
 

@@ -53,6 +53,17 @@ def _demo(cfg: ProragConfig):
                       eval_max_new_tokens=cfg.max_new_tokens, train_layers=cfg.train_layers)
 
 
+# keys each stage takes from the stage before it: a user's value would be overwritten, so
+# it is refused with what to set instead (the PRM's backbone, `prm.model`, is the user's)
+_FLOW_KEYS = {
+    "labels": {"model": "the SFT policy; start from your own checkpoint with sft_model"},
+    "prm": {"labels": "the labels stage's folder"},
+    "refine": {"model": "the SFT policy; start from your own checkpoint with sft_model",
+               "prm": "the PRM stage's model", "pairs": "the labels stage's folder"},
+    "rl": {"model": "the refined policy", "reward.prm": "the PRM stage's model"},
+}
+
+
 def stage_configs(cfg: ProragConfig, paths: dict[str, str]) -> dict[str, Any]:
     """Every stage's config, the pipeline's settings with the user's keys on top; built at
     the start, each stage reading what the one before it writes (its `out`), so a bad key
@@ -65,6 +76,12 @@ def stage_configs(cfg: ProragConfig, paths: dict[str, str]) -> dict[str, Any]:
                "batch_size": 64}
 
     def build(name: str, schema, tree: dict):
+        for key, why in _FLOW_KEYS.get(name, {}).items():
+            section = getattr(cfg, name)
+            head, _, sub = key.partition(".")
+            if head in section and (not sub or (isinstance(section[head], dict)
+                                                and sub in section[head])):
+                raise ConfigError(f"{name}.{key}: the pipeline sets it ({why})")
         return build_config(schema, _merge(tree, getattr(cfg, name)), source=f"prorag {name}")
 
     stages: dict[str, Any] = {}
@@ -110,6 +127,9 @@ def stage_configs(cfg: ProragConfig, paths: dict[str, str]) -> dict[str, Any]:
                            std_norm=demo.advantage == "grpo")
     rl_tree["reward"] = {"process": {"prm": 1.0}, "prm": prm_final}
     rl_tree["log"] = {"save_rollouts": 1}
+    # a checkpoint after every step (the last one kept), so that a stopped RL stage goes on
+    # from it on --resume instead of starting over (the demo's own RL keeps none)
+    rl_tree.update(save_every=1, keep_last=1)
     stages["rl"] = build("rl", TrainConfig, rl_tree)
     return stages
 
@@ -211,8 +231,9 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
 
     def prm() -> dict:
         from seekrl.rl.prm import train_prm
-        return train_prm(stages["prm"].model_copy(update={"model": sft_out["final"],
-                                                          "labels": [lab["out"]]}),
+        # the SFT policy by default (ProRAG's choice); `prm.model` sets another backbone
+        backbone = {} if "model" in cfg.prm else {"model": sft_out["final"]}
+        return train_prm(stages["prm"].model_copy(update={**backbone, "labels": [lab["out"]]}),
                          console=console)
 
     prm_out = pipe.run("prm", "2b. process reward model", prm)
@@ -302,8 +323,11 @@ def _report(cfg: ProragConfig, stages: dict, console: Console) -> dict:
     from seekrl.eval.training_report import write_training_report
 
     out = Path(cfg.out)
-    cost = {name: {"minutes": s.get("minutes"), "generated_tokens": s.get("generated_tokens", 0)}
-            for name, s in stages.items()}
+    # an evaluation's row holds the mean per episode: its cost is the total over the test
+    # questions (greedy, and outside the training budget the benchmark compares)
+    cost = {name: {"minutes": s.get("minutes"), "generated_tokens": round(
+        (s.get("generated_tokens") or 0) * (cfg.n_test if name.startswith("eval_") else 1))}
+        for name, s in stages.items()}
     def got(stage: str, key: str):   # None for a policy not evaluated (`evaluate`)
         return (stages.get(f"eval_{stage}") or {}).get(key)
 

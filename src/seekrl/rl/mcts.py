@@ -392,6 +392,15 @@ class LabelWriter:
     def done(self) -> set[str]:
         return set(self.progress["done"])
 
+    def check_tokenizer(self, fingerprint: str) -> None:
+        """The labels hold token ids: a resumed folder keeps one tokenizer, and the PRM
+        trained on them must read the same one (`models.tokenizer_fingerprint`)."""
+        had = self.progress.get("tokenizer")
+        if had is not None and had != fingerprint:
+            raise ValueError(f"{self.out}: labelled with another tokenizer (fingerprint {had}, "
+                             f"this policy's is {fingerprint}); label into a new folder")
+        self.progress["tokenizer"] = fingerprint
+
     def write(self, question_ids: Sequence[str], labels: Labels, stats: SearchStats) -> None:
         for name, records in zip(LABEL_FILES, (labels.nodes, labels.labels, labels.pairs)):
             path = self.out / name
@@ -437,7 +446,7 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
     from seekrl.agent.backends import HFBackend
     from seekrl.config import dump_config
     from seekrl.data.qa import load_qa
-    from seekrl.models import load_policy
+    from seekrl.models import load_policy, tokenizer_fingerprint
     from seekrl.rewards.outcome import get_outcome
     from seekrl.rl.common import open_index, rollout_config, set_seed
 
@@ -459,6 +468,7 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
         model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
     if retriever is None:
         retriever = open_index(cfg.index, "labelling plays search episodes")
+    writer.check_tokenizer(tokenizer_fingerprint(tokenizer))
     dump_config(cfg, Path(cfg.out) / "config.yaml")
     engine = RolloutEngine(backend or HFBackend(model.eval(), tokenizer), tokenizer, retriever,
                            rollout_config(cfg.rollout, seed=cfg.seed))

@@ -37,6 +37,7 @@ from torch import nn
 
 from seekrl.agent.trajectory import Trajectory
 from seekrl.data.jsonl import iter_jsonl
+from seekrl.config import ConfigError
 from seekrl.errors import DataError
 from seekrl.models import pad_id_of
 from seekrl.rl.forward import collate, hidden_states, shared_prompts, suffix_hidden
@@ -116,6 +117,12 @@ class PRMScorer:
     @torch.no_grad()
     def _rows(self, trajectories: Sequence[Trajectory], *, probabilities: bool
               ) -> list[list[float]]:
+        vocab = self.prm.lm.get_input_embeddings().num_embeddings
+        for t in trajectories:
+            if t.token_ids and max(t.token_ids) >= vocab:
+                raise DataError(f"episode {t.example_id!r} holds token id {max(t.token_ids)}, "
+                                f"past the PRM's {vocab} embeddings: it was written with "
+                                "another tokenizer", field="token_ids")
         was = self.prm.training
         self.prm.eval()
         out: list[list[float]] = [[] for _ in trajectories]
@@ -196,9 +203,11 @@ def _number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x   # not nan
 
 
-def labelled_trajectory(obj: Any, path: Path, line: int, field: str = "") -> Trajectory:
+def labelled_trajectory(obj: Any, path: Path, line: int, field: str = "", *,
+                        labels: bool = True) -> Trajectory:
     """A labelled episode record checked field by field: a bad one raises `DataError`
-    naming the file, line and field (never a traceback from deep in a forward pass)."""
+    naming the file, line and field (never a traceback from deep in a forward pass).
+    `labels=False` for episodes to score (their step values are not read)."""
     at = f"{field}." if field else ""
     if not isinstance(obj, dict):
         raise DataError(f"expected a trajectory object, got {type(obj).__name__}",
@@ -230,7 +239,7 @@ def labelled_trajectory(obj: Any, path: Path, line: int, field: str = "") -> Tra
                 and t.prompt_len <= s.start < s.end <= len(t.token_ids)):
             raise bad(f"step {i}: span [{s.start!r}, {s.end!r}) is not a non-empty span of "
                       f"the {len(t.token_ids)} tokens after the prompt", "steps")
-        if s.value is not None and not (_number(s.value) and 0.0 <= s.value <= 1.0):
+        if labels and s.value is not None and not (_number(s.value) and 0.0 <= s.value <= 1.0):
             raise bad(f"step {i}: expected a label in [0, 1] or null, got {s.value!r}",
                       "steps.value")
     try:
@@ -244,6 +253,12 @@ def labelled_trajectory(obj: Any, path: Path, line: int, field: str = "") -> Tra
         raise bad(f"expected a list of {len(t.steps)} node ids (one per step)",
                   "metadata.node_ids")
     return t
+
+
+def read_episodes(path: str | Path) -> list[Trajectory]:
+    """A trajectory file to score (`seekrl prm score`), every record checked like a label's."""
+    path = Path(path)
+    return [labelled_trajectory(obj, path, line, labels=False) for line, obj in iter_jsonl(path)]
 
 
 def _recorded_lines(folder: Path, name: str):
@@ -420,6 +435,43 @@ def prm_metrics(scorer: PRMScorer, labels: LabelSet, threshold: float = 0.5) -> 
 
 
 # ---------------------------------------------------------------------- the recipe
+def labelling_policy(folders: Sequence[str | Path]) -> str:
+    """The policy that wrote the first label folder (its config.yaml's `model`): the PRM's
+    default backbone, as in ProRAG (the PRM starts from the SFT policy)."""
+    import yaml
+
+    path = Path(folders[0]) / "config.yaml"
+    try:
+        model = (yaml.safe_load(path.read_text()) or {}).get("model")
+    except (OSError, yaml.YAMLError, AttributeError):
+        model = None
+    if not isinstance(model, str) or not model:
+        raise ConfigError(f"model: the backbone to start the PRM from was not given, and "
+                          f"{path} does not name the policy that wrote the labels; set "
+                          f"model=PATH_OR_ID (usually the SFT checkpoint)")
+    return model
+
+
+def check_label_tokenizer(folders: Sequence[str | Path], tokenizer, who: str) -> None:
+    """Labels are token ids: refuse a model whose tokenizer is not the one that wrote them
+    (recorded in progress.json by `seekrl mcts`; folders without the record pass)."""
+    from seekrl.models import tokenizer_fingerprint
+
+    mine = tokenizer_fingerprint(tokenizer)
+    for folder in folders:
+        path = Path(folder) / "progress.json"
+        if not path.is_file():
+            continue
+        try:
+            theirs = json.loads(path.read_text()).get("tokenizer")
+        except (ValueError, AttributeError):
+            continue    # read_labels has already checked the file
+        if theirs is not None and theirs != mine:
+            raise ConfigError(f"{who}: its tokenizer (fingerprint {mine}) is not the one that "
+                              f"wrote the labels in {folder} ({theirs}); a PRM reads the labels' "
+                              "token ids, so its backbone must share the policy's tokenizer")
+
+
 def train_prm(cfg, *, model=None, tokenizer=None, console=None) -> dict[str, Any]:
     """`seekrl prm train`: fit the PRM on the label folders; save `out/final`; return the
     summary with the dev metrics."""
@@ -444,12 +496,15 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None) -> dict[str, Any
         raise DataError(f"no training labels for loss {cfg.loss!r}: {len(train.points)} "
                         f"labelled steps, {len(train.pairs)} pairs outside the dev split",
                         path=", ".join(map(str, cfg.labels)))
+    if cfg.model is None:
+        cfg = cfg.model_copy(update={"model": labelling_policy(cfg.labels)})
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, out / "config.yaml")
     set_seed(cfg.seed)
     if model is None:
         model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
+    check_label_tokenizer(cfg.labels, tokenizer, f"model {cfg.model}")
     lm = prepare_trainable(model, cfg.train_layers, cfg.lora)
     prm = ProcessRewardModel(lm).to(cfg.device)
     prm.train()
