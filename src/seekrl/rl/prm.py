@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from seekrl.agent.trajectory import Trajectory
-from seekrl.data.jsonl import iter_jsonl
 from seekrl.config import ConfigError
+from seekrl.data.jsonl import iter_jsonl
 from seekrl.errors import DataError
 from seekrl.models import pad_id_of
 from seekrl.rl.forward import collate, hidden_states, shared_prompts, suffix_hidden
