@@ -296,7 +296,7 @@ def _mc_comparison(seed: int, args) -> dict:
         f"out={out / 'labels'}", "search.method=mc", "search.samples=4",
         "search.mc_samples=2"]), resume=(out / "labels" / "progress.json").is_file())
     prm = train_prm(load_config(PRMConfig, pipe / "prm" / "config.yaml", [
-        f"labels={out / 'labels'}", f"out={out / 'prm'}"]))
+        f"labels={out / 'labels'}", f"out={out / 'prm'}"]), overwrite=True)
     sets = {"mcts": split_labels(read_labels([pipe / "labels"]), 0.2)[1],
             "mc": split_labels(read_labels([out / "labels"]), 0.2)[1]}
     scorers = {"mcts": load_scorer(pipe / "prm" / "final", device=args.device),

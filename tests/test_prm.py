@@ -141,6 +141,9 @@ def test_train_save_load_score_on_mcts_labels(tiny, tmp_path):
     assert all(0.0 < v < 1.0 for r in scores for v in r)
     with pytest.raises(FileNotFoundError, match="not a process reward model"):
         load_scorer(tmp_path / "labels")
+    from seekrl.config import ConfigError
+    with pytest.raises(ConfigError, match="already holds a run .* --overwrite"):
+        train_prm(cfg, model=copy.deepcopy(model), tokenizer=tok)   # never silently replaced
 
 
 def test_loading_and_saving_print_no_third_party_progress_bars(tiny, tmp_path, capfd):

@@ -111,6 +111,11 @@ def test_step_dpo_recipe_moves_the_margin(tiny, tmp_path):
         assert p.better.token_ids[:cut] == p.worse.token_ids[:cut]
         assert step_key(p.better.steps[p.index]) != step_key(p.worse.steps[p.index])
     assert (tmp_path / "dpo" / "final" / "config.json").is_file()
+    from seekrl.config import ConfigError
+    with pytest.raises(ConfigError, match="already holds a run"):
+        run_refine(cfg, model=copy.deepcopy(model), tokenizer=tok)
+    run_refine(cfg.model_copy(update={"steps": 1}), model=copy.deepcopy(model), tokenizer=tok,
+               overwrite=True)
     with pytest.raises(ValueError, match="pairs"):
         run_refine(RefineConfig(method="step_dpo", out=str(tmp_path / "x")), model=model,
                    tokenizer=tok)

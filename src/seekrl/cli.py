@@ -507,13 +507,14 @@ def prm_train(
     overrides: Annotated[Optional[list[str]], typer.Argument(
         help="key.sub=value overrides, e.g. labels=runs/labels model=runs/sft/final loss=pairwise",
         show_default=False)] = None,
+    overwrite: Annotated[bool, typer.Option(help="replace a PRM already in out")] = False,
 ):
     """Train a PRM (LM + scalar head at each step's last token) on label folders."""
     from seekrl.rl.prm import train_prm
 
     try:
         cfg = _load("PRMConfig", config, overrides)
-        summary = train_prm(cfg, console=console)
+        summary = train_prm(cfg, console=console, overwrite=overwrite)
     except ERRORS as err:
         _fail(err)
     console.print(f"PRM -> {summary['final']} (use it in RL: reward.process.prm=1.0 "
@@ -584,6 +585,7 @@ def refine(
     overrides: Annotated[Optional[list[str]], typer.Argument(
         help="key.sub=value overrides, e.g. method=rft prm=runs/prm/final data=train.jsonl",
         show_default=False)] = None,
+    overwrite: Annotated[bool, typer.Option(help="replace a refinement already in out")] = False,
 ):
     """PRM-guided refinement: RFT (keep right episodes whose every step the PRM accepts) or
     step-level DPO on sibling pairs."""
@@ -591,7 +593,7 @@ def refine(
 
     try:
         cfg = _load("RefineConfig", config, overrides)
-        summary = run_refine(cfg, console=console)
+        summary = run_refine(cfg, console=console, overwrite=overwrite)
     except ERRORS as err:
         _fail(err)
     if summary.get("final"):

@@ -234,7 +234,7 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
         # the SFT policy by default (ProRAG's choice); `prm.model` sets another backbone
         backbone = {} if "model" in cfg.prm else {"model": sft_out["final"]}
         return train_prm(stages["prm"].model_copy(update={**backbone, "labels": [lab["out"]]}),
-                         console=console)
+                         console=console, overwrite=True)   # a stage cut short is redone
 
     prm_out = pipe.run("prm", "2b. process reward model", prm)
 
@@ -244,7 +244,7 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
         from seekrl.rl.refine import run_refine
         return run_refine(stages["refine"].model_copy(update={
             "model": sft_out["final"], "prm": prm_out["final"], "pairs": [lab["out"]]}),
-            console=console)
+            console=console, overwrite=True)
 
     ref = pipe.run("refine", f"3. PRM-guided refinement ({cfg.refine_method})", refine)
     if "refine" in cfg.evaluate:

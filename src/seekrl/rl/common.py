@@ -46,7 +46,8 @@ RUN_OUTPUTS = ("metrics.jsonl", "alerts.jsonl", "checkpoints", "final", "eval", 
 
 
 def check_run_dir(out: Path, *, resume: bool = False, overwrite: bool = False,
-                  model: str | None = None) -> None:
+                  model: str | None = None, markers: Sequence[str] = RUN_MARKERS,
+                  resumable: bool = True) -> None:
     """Refuse to write a new run over an old one, before anything slow happens.
 
     A run folder written into again would lose its metrics (truncated) and its config
@@ -54,13 +55,13 @@ def check_run_dir(out: Path, *, resume: bool = False, overwrite: bool = False,
     run). Overwriting a run whose own files hold the model to start from is refused too."""
     if resume or not out.exists():
         return
-    held = [name for name in RUN_MARKERS if (out / name).exists()]
+    held = [name for name in markers if (out / name).exists()]
     if not held:
         return
     if not overwrite:
         raise ConfigError(f"out: {out} already holds a run ({', '.join(held)}); pass "
-                          "--resume to continue it, --overwrite to replace it, or choose "
-                          "another out")
+                          + ("--resume to continue it, " if resumable else "")
+                          + "--overwrite to replace it, or choose another out")
     if model and Path(model).exists() and Path(model).resolve().is_relative_to(out.resolve()):
         raise ConfigError(f"model: {model} is inside out ({out}), which --overwrite would "
                           "delete; copy the model elsewhere or choose another out")

@@ -462,12 +462,12 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
         questions = questions[:cfg.questions]
     if not questions:
         raise ValueError(f"data: {cfg.data} has no questions")
+    if retriever is None:       # a missing index is named before anything is written
+        retriever = open_index(cfg.index, "labelling plays search episodes")
     writer = LabelWriter(cfg.out, resume=resume, settings=settings)   # refuses before loading
     set_seed(cfg.seed)
     if model is None and backend is None:
         model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
-    if retriever is None:
-        retriever = open_index(cfg.index, "labelling plays search episodes")
     writer.check_tokenizer(tokenizer_fingerprint(tokenizer))
     dump_config(cfg, Path(cfg.out) / "config.yaml")
     engine = RolloutEngine(backend or HFBackend(model.eval(), tokenizer), tokenizer, retriever,

@@ -472,13 +472,16 @@ def check_label_tokenizer(folders: Sequence[str | Path], tokenizer, who: str) ->
                               "token ids, so its backbone must share the policy's tokenizer")
 
 
-def train_prm(cfg, *, model=None, tokenizer=None, console=None) -> dict[str, Any]:
+def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool = False
+              ) -> dict[str, Any]:
     """`seekrl prm train`: fit the PRM on the label folders; save `out/final`; return the
-    summary with the dev metrics."""
+    summary with the dev metrics. An `out` that holds a PRM run is refused unless
+    `overwrite`."""
     from seekrl.config import dump_config
     from seekrl.models import load_policy
     from seekrl.rl.common import (
         MetricsLog,
+        check_run_dir,
         clip_and_step,
         make_optimizer,
         make_scheduler,
@@ -499,6 +502,8 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None) -> dict[str, Any
     if cfg.model is None:
         cfg = cfg.model_copy(update={"model": labelling_policy(cfg.labels)})
     out = Path(cfg.out)
+    check_run_dir(out, overwrite=overwrite, model=cfg.model if model is None else None,
+                  markers=("metrics.jsonl", "final"), resumable=False)
     out.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, out / "config.yaml")
     set_seed(cfg.seed)

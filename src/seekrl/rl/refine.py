@@ -147,13 +147,16 @@ def train_step_dpo(model, tokenizer, pairs, *, steps: int, batch_size: int, beta
 
 # ---------------------------------------------------------------------- the recipe
 def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
-               questions=None, scorer=None, console=None) -> dict[str, Any]:
+               questions=None, scorer=None, console=None, overwrite: bool = False
+               ) -> dict[str, Any]:
     """`seekrl refine`: RFT or step-DPO from `cfg.model`; returns the summary with `final`,
-    the refined checkpoint."""
+    the refined checkpoint. An `out` that holds a refinement is refused unless
+    `overwrite`."""
     from seekrl.config import SFTConfig, dump_config
     from seekrl.models import load_policy
     from seekrl.rl.common import (
         MetricsLog,
+        check_run_dir,
         make_optimizer,
         make_scheduler,
         open_index,
@@ -166,6 +169,8 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
 
     started = time.time()
     out = Path(cfg.out)
+    check_run_dir(out, overwrite=overwrite, model=cfg.model if model is None else None,
+                  markers=("metrics.jsonl", "final", "sft"), resumable=False)
     say = console.print if console is not None else (lambda *a, **k: None)
     pairs = None
     if cfg.rollout.backend != "hf":
@@ -185,6 +190,8 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     elif scorer is None and cfg.prm:
         from seekrl.rl.prm import load_scorer
         scorer = load_scorer(cfg.prm, device=cfg.device)
+    if cfg.method == "rft" and retriever is None:     # a missing index before a model loads
+        retriever = open_index(cfg.index, "RFT samples search episodes")
     out.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, out / "config.yaml")
     set_seed(cfg.seed)
@@ -215,8 +222,6 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     questions = list(questions) if questions is not None else load_qa(cfg.data, "train")
     if cfg.questions is not None:
         questions = questions[:cfg.questions]
-    if retriever is None:
-        retriever = open_index(cfg.index, "RFT samples search episodes")
     r = cfg.rollout
     engine = RolloutEngine(backend or HFBackend(model.eval(), tokenizer), tokenizer, retriever,
                            rollout_config(r, seed=cfg.seed, n_samples=cfg.samples))
