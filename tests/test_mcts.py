@@ -200,6 +200,27 @@ def test_mc_labels_same_format(tiny):
     for pair in labels.pairs:
         assert pair["depth"] == 0 and pair["gap"] >= 0.3
         assert pair["better"]["steps"][0]["value"] - pair["worse"]["steps"][0]["value"] >= 0.3
+    # nodes in the MCTS format: episodes doing the same thing share a node whose Q is the
+    # sample-weighted mean of their estimates, and each labelled step points at its node
+    nodes = {(n["example_id"], n["node"]): n for n in labels.nodes}
+    assert {n["depth"] for n in labels.nodes} >= {0, 1, 2}
+    per_node: dict = {}
+    for record in labels.labels:
+        t = Trajectory.from_dict(record)
+        for k, (s, nid) in enumerate(zip(t.steps, t.metadata["node_ids"])):
+            node = nodes[(t.example_id, nid)]
+            assert node["depth"] == k + 1 and node["Q"] == s.value
+            assert node["path"][-1] == step_key(s)
+            per_node.setdefault((t.example_id, nid), []).append(t)
+        assert t.metadata["visits"] == [nodes[(t.example_id, i)]["N"]
+                                        for i in t.metadata["node_ids"]]
+    shared = [k for k, ts in per_node.items() if len(ts) > 1]
+    assert shared, "the seed gives episodes that share a first step"
+    for key in shared:
+        assert nodes[key]["N"] >= 2
+    for n in labels.nodes:
+        if n["parent"] is not None:
+            assert n["node"] in nodes[(n["example_id"], n["parent"])]["children"]
 
 
 def test_run_labelling_resumes_and_drops_a_half_written_chunk(tiny, tmp_path):
@@ -233,3 +254,22 @@ def test_run_labelling_resumes_and_drops_a_half_written_chunk(tiny, tmp_path):
     (tmp_path / "part" / "nodes.jsonl").write_text("")
     with pytest.raises(ValueError, match="were recorded"):
         run_labelling(cfg(tmp_path / "part", 3), resume=True, **kw)
+
+
+def test_mc_labelling_folder_reads_like_mcts_labels(tiny, tmp_path):
+    """`seekrl mcts search.method=mc` writes the same three files; a step shared by several
+    episodes is one labelled point, as an MCTS node on several paths is."""
+    from seekrl.rl.prm import read_labels
+
+    _, tok = tiny
+    run_labelling(LabelConfig(data="unused", out=str(tmp_path / "mc"),
+                              search={"method": "mc", "samples": 4, "mc_samples": 2,
+                                      "min_visits": 1, "min_gap": 0.3},
+                              rollout={"max_turns": 3}),
+                  backend=Dice(tok, OPTIONS), tokenizer=tok, retriever=Docs(),
+                  questions=questions(3))
+    nodes = [json.loads(x) for x in (tmp_path / "mc" / "nodes.jsonl").read_text().splitlines()]
+    labels = read_labels([tmp_path / "mc"])
+    assert len(labels.episodes) == 12
+    assert len(labels.points) == sum(1 for n in nodes if n["parent"] is not None)
+    assert len(labels.points) < sum(len(t.steps) for t in labels.episodes)

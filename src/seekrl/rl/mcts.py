@@ -28,8 +28,10 @@ well-formed and not repeating an earlier query.
 
 Monte-Carlo labels (Math-Shepherd style): `samples` episodes per question, and for every
 step an episode went on from, `mc_samples` continuations; a step's label is the mean reward
-of its continuations (the last step's, the episode's own reward). Pairs are first steps of
-the same question (siblings from the prompt).
+of its continuations (the last step's, the episode's own reward). Episodes whose steps do
+the same thing so far share a node (as in MCTS), its label the sample-weighted mean of
+their estimates, written to `nodes.jsonl` in the MCTS format. Pairs are first steps of the
+same question (siblings from the prompt: the only ones sharing their tokens before the step).
 
 Questions are processed in chunks of `trees_per_batch`; each finished chunk is appended to
 the files and recorded in `progress.json` (written atomically), so a killed run resumes
@@ -328,16 +330,17 @@ def mc_labels(engine: RolloutEngine, examples: Sequence[QAExample], score: Score
     by_question: dict[str, list[Trajectory]] = {}
     for t in trajs:
         by_question.setdefault(t.example_id, []).append(t)
-        n = len(t.steps)
-        out.labels.append(_labelled(t, [s.value for s in t.steps],
-                                    [mc_samples] * (n - 1) + [1] if n else [], "mc"))
     for ex_id, group in by_question.items():
-        firsts: dict[str, tuple[Trajectory, float, int]] = {}
-        for t in group:   # first steps are siblings from the prompt; the same action counts once
-            if t.steps:
-                n = mc_samples if len(t.steps) > 1 else 1
-                firsts.setdefault(step_key(t.steps[0]), (t, float(t.steps[0].value), n))
-        kids = sorted(firsts.values(), key=lambda x: -x[1])
+        nodes, paths = _mc_tree(ex_id, group, mc_samples, score)
+        out.nodes.extend(nodes)
+        for t, ids in zip(group, paths):
+            out.labels.append(_labelled(t, [nodes[i]["Q"] for i in ids],
+                                        [nodes[i]["N"] for i in ids], "mc", ids))
+        # first steps are siblings from the prompt (the same token prefix); deeper nodes
+        # of this tree share step keys, not tokens, so they do not pair
+        first = {ids[0]: t for t, ids in zip(group, paths) if ids}
+        kids = sorted(((t, nodes[i]["Q"], nodes[i]["N"]) for i, t in first.items()),
+                      key=lambda x: -x[1])
         for a, b in combinations(kids, 2):
             if a[2] < rules.min_visits or b[2] < rules.min_visits:
                 out.reject("few_visits")
@@ -349,6 +352,47 @@ def mc_labels(engine: RolloutEngine, examples: Sequence[QAExample], score: Score
                 out.pairs.append(_pair_record(ex_id, 0, a, b, "mc"))
     stats.seconds = time.time() - started
     return out, stats
+
+
+def _mc_tree(ex_id: str, group: Sequence[Trajectory], mc_samples: int, score: ScoreFn
+             ) -> tuple[list[dict], list[list[int]]]:
+    """One question's MC-labelled episodes as a tree of node records in the MCTS format:
+    episodes whose steps do the same thing so far (`step_key`) share a node, whose N is
+    its estimates' samples (`mc_samples` continuations, or 1 for an episode's own last
+    step) and whose Q their sample-weighted mean. Returns the records and each episode's
+    node ids, step by step."""
+    rewards = [float(score(t)) for t in group]
+    root = {"example_id": ex_id, "node": 0, "parent": None, "depth": 0, "N": len(group),
+            "Q": round(sum(rewards) / max(1, len(group)), 6), "terminal": False,
+            "reward": None, "action": None, "query": None, "answer": None, "text": None,
+            "path": [], "children": []}
+    nodes, index, sums, paths = [root], {}, {}, []
+    for t, reward in zip(group, rewards):
+        parent, path, ids = root, (), []
+        for k, step in enumerate(t.steps):
+            last = k == len(t.steps) - 1
+            path += (step_key(step),)
+            node = index.get(path)
+            if node is None:
+                node = {"example_id": ex_id, "node": len(nodes), "parent": parent["node"],
+                        "depth": k + 1, "N": 0, "Q": 0.0, "terminal": last, "reward": None,
+                        "action": step.action, "query": step.query, "answer": step.answer,
+                        "text": step.text, "path": list(path), "children": []}
+                index[path] = node
+                nodes.append(node)
+                parent["children"].append(node["node"])
+                sums[node["node"]] = 0.0
+            n = 1 if last else mc_samples
+            node["N"] += n
+            sums[node["node"]] += n * float(step.value)
+            node["terminal"] = node["terminal"] and last   # ended here in every episode
+            node["reward"] = reward if node["terminal"] else None
+            ids.append(node["node"])
+            parent = node
+        paths.append(ids)
+    for i, total in sums.items():
+        nodes[i]["Q"] = round(total / nodes[i]["N"], 6)
+    return nodes, paths
 
 
 # ---------------------------------------------------------------------- the output folder
