@@ -130,9 +130,14 @@ def test_train_save_load_score_on_mcts_labels(tiny, tmp_path):
     # MCTS nodes shared by several labelled paths count once
     node_count = sum(1 for _ in open(tmp_path / "labels" / "nodes.jsonl"))
     assert 0 < len(labels.points) <= node_count - 6
-    cfg = PRMConfig(labels=str(tmp_path / "labels"), out=str(tmp_path / "prm"), steps=3,
-                    batch_size=4, dev_share=0.3)
+    cfg = PRMConfig(labels=str(tmp_path / "labels"), out=str(tmp_path / "prm"), steps=4,
+                    batch_size=4, dev_share=0.3, save_every=1, keep_last=2)
     result = train_prm(cfg, model=copy.deepcopy(model), tokenizer=tok)
+    # checkpoints along the way (the newest two kept), each a PRM the scorer loads
+    saved = sorted(p.name for p in (tmp_path / "prm" / "checkpoints").iterdir())
+    assert saved == ["step-2", "step-3"]
+    assert load_scorer(tmp_path / "prm" / "checkpoints" / "step-3").score_steps(
+        labels.episodes[:1])[0]
     assert result["train_points"] > 0 and set(result["dev"]) >= {"points", "pairs"}
     scorer = load_scorer(result["final"])
     trajs = [t for t in labels.episodes[:3]]

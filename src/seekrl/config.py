@@ -202,6 +202,8 @@ class PRMConfig(Strict):
     eval_every: int = Field(0, ge=0)
     eval_at_start: bool = True
     log_every: int = Field(10, ge=1)
+    save_every: int = Field(0, ge=0)   # a loadable PRM in out/checkpoints/step-N (0: final only)
+    keep_last: int = Field(2, ge=1)    # checkpoints kept on disk
 
     @field_validator("labels", mode="before")
     @classmethod

@@ -472,6 +472,18 @@ def check_label_tokenizer(folders: Sequence[str | Path], tokenizer, who: str) ->
                               "token ids, so its backbone must share the policy's tokenizer")
 
 
+def _save_checkpoint(prm: ProcessRewardModel, tokenizer, folder: Path, step: int,
+                     keep_last: int, info: dict) -> None:
+    """`folder/step-N`, a PRM `load_scorer` reads; only the newest `keep_last` stay."""
+    import shutil
+
+    save_prm(prm, tokenizer, folder / f"step-{step}", info)
+    saved = sorted(folder.glob("step-*"), key=lambda p: int(p.name.split("-")[1])
+                   if p.name.split("-")[1].isdigit() else -1)
+    for old in saved[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool = False
               ) -> dict[str, Any]:
     """`seekrl prm train`: fit the PRM on the label folders; save `out/final`; return the
@@ -550,6 +562,10 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
         last = rec
         if step % cfg.log_every == 0 or step == cfg.steps:
             say(f"step {step}/{cfg.steps}  loss {rec['loss']:.4f}  [{rec['seconds']:.1f}s]")
+        if cfg.save_every and step % cfg.save_every == 0 and step != cfg.steps:
+            _save_checkpoint(prm, tokenizer, out / "checkpoints", step, cfg.keep_last,
+                             {"init": cfg.model, "loss": cfg.loss, "step": step,
+                              "dev_share": cfg.dev_share})
     metrics = prm_metrics(scorer, dev, cfg.threshold)
     log.write({"step": cfg.steps, **{f"dev_{k}": v for k, v in metrics.items()}})
     log.close()
