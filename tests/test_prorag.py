@@ -113,3 +113,12 @@ def test_only_the_asked_for_policies_are_evaluated(tmp_path):
     assert not (out / "eval_sft").exists()
     html = (out / "report.html").read_text()
     assert "not evaluated" in html and "RL + PRM" in html
+
+
+def test_a_prm_no_better_than_chance_is_called_out():
+    from seekrl.prorag import prm_warning
+
+    assert "no better than chance" in prm_warning({"auc": 0.49, "points": 20})
+    assert "could not be measured" in prm_warning({"auc": None, "points": 3,
+                                                   "positive_share": 0.0})
+    assert prm_warning({"auc": 0.71, "points": 40}) is None

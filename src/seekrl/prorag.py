@@ -237,6 +237,9 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
                          console=console, overwrite=True)   # a stage cut short is redone
 
     prm_out = pipe.run("prm", "2b. process reward model", prm)
+    weak = prm_warning(prm_out.get("dev") or {})
+    if weak:
+        console.print(f"[yellow]{weak}[/]")
 
     def refine() -> dict:
         if cfg.refine_method == "none":
@@ -319,6 +322,25 @@ def _score_viewer(run_dir: Path, prm_dir: str, *, device: str = "cpu") -> None:
     write_viewer(run_dir, tokenizer=scorer.tokenizer)
 
 
+PRM_CHANCE_MARGIN = 0.05   # a held-out AUC within this of 0.5 is no better than chance
+
+
+def prm_warning(dev: dict) -> str | None:
+    """A sentence when the PRM's held-out figures do not show it ranks steps better than
+    chance: its scores then add noise, not credit, to refinement's filter and to RL's step
+    advantages (normalised, a near-constant score becomes unit-size noise)."""
+    auc, n = dev.get("auc"), dev.get("points", 0)
+    if auc is None:
+        return (f"The PRM's held-out AUC could not be measured ({n} held-out steps, "
+                f"positive share {dev.get('positive_share')}): nothing shows its step scores "
+                "carry credit; label more questions (labels.questions) before trusting them.")
+    if auc < 0.5 + PRM_CHANCE_MARGIN:
+        return (f"The PRM is no better than chance on held-out steps (AUC {auc:.3f} on {n}): "
+                "its step scores add noise, not credit; label more questions "
+                "(labels.questions, labels.search.simulations) or train it longer (prm.steps).")
+    return None
+
+
 def _report(cfg: ProragConfig, stages: dict, console: Console) -> dict:
     from seekrl.eval.training_report import write_training_report
 
@@ -340,6 +362,7 @@ def _report(cfg: ProragConfig, stages: dict, console: Console) -> dict:
                    ("questions", "simulations", "simulations_per_s", "pairs", "nodes",
                     "labelled_episodes", "generated_tokens", "rejected")},
         "prm_dev": stages["prm"].get("dev"), "prm_dev_at_start": stages["prm"].get("dev_at_start"),
+        "prm_warning": prm_warning(stages["prm"].get("dev") or {}),
         "refine": {k: stages["refine"].get(k) for k in
                    ("method", "sampled", "kept", "left_out", "pairs", "generated_tokens")},
         "rl_steps": stages["rl"].get("steps"),
@@ -355,7 +378,8 @@ def _report(cfg: ProragConfig, stages: dict, console: Console) -> dict:
            for name, key in (("sft", "em_sft"), ("refine", "em_refine"), ("rl", "em_rl"))}
     notes = [f"Test EM on the same {cfg.n_test} questions: SFT {ems['sft']}, after "
              f"refinement {ems['refine']}, after PRM-supervised RL {ems['rl']}.",
-             "PRM on held-out questions: " + ", ".join(f"{k} {v}" for k, v in dev.items()) + ".",
+             "PRM on held-out questions: " + ", ".join(f"{k} {v}" for k, v in dev.items()) + "."
+             + (f" {prm_warning(dev)}" if prm_warning(dev) else ""),
              "Cost per stage (minutes, generated tokens): " + "; ".join(
                  f"{k} {v['minutes']} min, {v['generated_tokens']} tok" for k, v in cost.items())
              + "."]
