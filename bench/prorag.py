@@ -85,7 +85,7 @@ def main() -> None:
         world_dir, index_dir, test_file, sft = _setup(work, demo, args.n_test, args.sft,
                                                       args.device)
         if args.keep is not None:
-            _restore(work, args.keep, sft)
+            _restore(work, args.keep, sft, _settings(args))
         # the headline first (each seed's pipeline and its outcome-only run at the same
         # budget, and the MC-label PRM beside the pipeline's while its labels are on this
         # machine), then the step-credit method: a run cut short holds the main figures
@@ -122,23 +122,37 @@ def _digest(model_dir: Path) -> str:
     return h.hexdigest()
 
 
-def _restore(work: Path, keep: Path, sft: Path) -> None:
+def _settings(args) -> dict:
+    """What must be the same for runs to be compared (kept runs included)."""
+    return {"n_test": args.n_test, "rl_steps": args.rl_steps, "baseline": args.baseline,
+            "label_questions": args.label_questions, "simulations": args.simulations,
+            "prm_steps": args.prm_steps}
+
+
+def _restore(work: Path, keep: Path, sft: Path, settings: dict) -> None:
     """Put the runs kept in `keep` (RUN.json) back under `work/runs/RUN/result.json`, where
     the runners find them and do not redo them; refuse when they started from another SFT
-    checkpoint than `sft`."""
+    checkpoint than `sft`, or with other settings."""
     digest = _digest(sft)
     mark = keep / "sft.json"
     if mark.is_file():
-        kept = json.loads(mark.read_text()).get("sha256")
-        if kept != digest:
+        kept = json.loads(mark.read_text())
+        if kept.get("sha256") != digest:
             raise SystemExit(
                 f"--keep {keep}: its runs started from an SFT checkpoint with weights "
-                f"sha256 {str(kept)[:16]}..., but {sft} has {digest[:16]}...: they are not "
-                f"comparable with new runs; pass that checkpoint with --sft, or another "
-                f"--keep folder")
+                f"sha256 {str(kept.get('sha256'))[:16]}..., but {sft} has {digest[:16]}...: "
+                f"they are not comparable with new runs; pass that checkpoint with --sft, or "
+                f"another --keep folder")
+        differ = sorted(k for k, v in settings.items()
+                        if k in kept.get("settings", {}) and kept["settings"][k] != v)
+        if differ:
+            raise SystemExit(f"--keep {keep}: its runs used other settings ("
+                             + ", ".join(f"{k} {kept['settings'][k]} here {settings[k]}"
+                                         for k in differ) + "); use them, or another --keep")
     else:
         keep.mkdir(parents=True, exist_ok=True)
-        mark.write_text(json.dumps({"sha256": digest, "sft": str(sft)}, indent=1) + "\n")
+        mark.write_text(json.dumps({"sha256": digest, "sft": str(sft), "settings": settings},
+                                   indent=1) + "\n")
     for path in sorted(keep.glob("*.json")):
         if path.name == "sft.json":
             continue

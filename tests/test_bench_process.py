@@ -71,3 +71,29 @@ def test_prorag_bench_report_and_prorag_gain(tmp_path, capsys):
     assert float(figures["prorag_em_refine"]) == pytest.approx(0.2)
     assert float(figures["prm_mc_on_mcts_auc"]) == pytest.approx(0.6)
     assert out[-1].startswith("prorag: ") and "prorag_gain=+0.0400" in out[-1]
+
+
+def test_prorag_bench_keeps_runs_across_machines_from_the_same_start(tmp_path, capsys):
+    """--keep: finished runs are copied out and put back on the next machine; runs from
+    another SFT checkpoint (by weight digest) or other settings are refused."""
+    spec = importlib.util.spec_from_file_location("prorag_bench", BENCH.parent / "prorag.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    (sft / "model.safetensors").write_bytes(b"weights")
+    settings = {"n_test": 200, "rl_steps": 3, "baseline": "grpo"}
+    work, keep = tmp_path / "w", tmp_path / "keep"
+    (work / "runs" / "prorag-s0").mkdir(parents=True)
+    (work / "runs" / "prorag-s0" / "result.json").write_text('{"em": 0.2}')
+    bench._restore(work, keep, sft, settings)
+    bench._keep(work, keep)
+    assert sorted(p.name for p in keep.iterdir()) == ["prorag-s0.json", "sft.json"]
+    fresh = tmp_path / "w2"                                   # the next machine
+    bench._restore(fresh, keep, sft, settings)
+    assert json.loads((fresh / "runs" / "prorag-s0" / "result.json").read_text()) == {"em": 0.2}
+    with pytest.raises(SystemExit, match="other settings .*rl_steps 3 here 2"):
+        bench._restore(fresh, keep, sft, {**settings, "rl_steps": 2})
+    (sft / "model.safetensors").write_bytes(b"other weights")
+    with pytest.raises(SystemExit, match="another SFT checkpoint|not comparable"):
+        bench._restore(fresh, keep, sft, settings)

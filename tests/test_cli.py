@@ -143,7 +143,8 @@ def test_prm_score_and_eval_on_files(tmp_path):
     (tmp_path / "alien.jsonl").write_text(json.dumps(alien) + "\n")
     r = run("prm", "score", "--prm", tmp_path / "prm", "--trajectories",
             tmp_path / "alien.jsonl", "--out", tmp_path / "x.jsonl")
-    assert r.exit_code == 2 and "another tokenizer" in r.output, r.output
+    assert r.exit_code == 2 and "alien.jsonl: field 'token_ids'" in r.output and \
+        "another tokenizer" in r.output, r.output
     r = run("prm", "eval", "--prm", tmp_path / "prm", "--labels", tmp_path / "labels",
             "--split", "all")
     assert r.exit_code == 0, r.output

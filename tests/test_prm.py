@@ -355,6 +355,14 @@ def test_labels_remember_their_tokenizer_and_refuse_another(tiny, label_dir, tmp
     with pytest.raises(ConfigError, match="not the one that wrote"):
         train_prm(PRMConfig(labels=str(label_dir), out=str(tmp_path / "prm"), steps=1),
                   model=copy.deepcopy(model), tokenizer=other)
+    # a PRM scoring the policy's episodes (RL's reward.prm, RFT's filter) shares its tokenizer
+    from types import SimpleNamespace
+
+    from seekrl.rl.prm import check_scorer_tokenizer
+    check_scorer_tokenizer(SimpleNamespace(tokenizer=tok), tok, "reward.prm p")
+    check_scorer_tokenizer(SimpleNamespace(), tok, "a test's scorer")
+    with pytest.raises(ConfigError, match="reward.prm p: the PRM has another tokenizer"):
+        check_scorer_tokenizer(SimpleNamespace(tokenizer=other), tok, "reward.prm p")
     d = _copy_labels(label_dir, tmp_path / "l")
     with pytest.raises(ValueError, match="another tokenizer"):
         LabelWriter(d, resume=True).check_tokenizer(tokenizer_fingerprint(other))

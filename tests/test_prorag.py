@@ -122,3 +122,6 @@ def test_a_prm_no_better_than_chance_is_called_out():
     assert "could not be measured" in prm_warning({"auc": None, "points": 3,
                                                    "positive_share": 0.0})
     assert prm_warning({"auc": 0.71, "points": 40}) is None
+    assert prm_warning({"auc": None, "pairs": 30, "pair_accuracy": 0.8}) is None
+    assert "no better than chance" in prm_warning({"auc": None, "pairs": 9,
+                                                   "pair_accuracy": 0.5})

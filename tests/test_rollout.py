@@ -181,10 +181,12 @@ def test_bundled_conversion_draws_no_third_party_bar(capfd):
     """The first use converts the GGUF with transformers' tqdm bar ("Converting and
     de-quantizing GGUF tensors", which its progress-bar switch does not reach) replaced by
     a pass-through, and puts the bar back afterwards."""
+    import inspect
+
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     from seekrl.models import _no_gguf_bar
-
+    assert "tqdm(" in inspect.getsource(gguf_utils.load_gguf_checkpoint)   # the name it uses
     bar = gguf_utils.tqdm
     with _no_gguf_bar():
         items = list(gguf_utils.tqdm(range(3), desc="Converting and de-quantizing GGUF"))

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from seekrl.agent import protocol as limits  # episode-limit defaults
-from seekrl.errors import SeekrlError
+from seekrl.errors import DataError, SeekrlError
 from seekrl.retrieval.base import RetrievalError
 
 # what a command reports in one line (bad input, a missing file or resource), never a bug's
@@ -538,7 +538,12 @@ def prm_score(
     try:
         trajs = read_episodes(trajectories)
         scorer = load_scorer(prm, device=device, batch_size=batch_size)
-        for t, row in zip(trajs, scorer.score_steps(trajs)):
+        try:
+            scores = scorer.score_steps(trajs)
+        except DataError as err:     # name the file the bad episode came from
+            raise (DataError(str(err), path=str(trajectories)) if err.path is None else err) \
+                from None
+        for t, row in zip(trajs, scores):
             for s, v in zip(t.steps, row):
                 s.value = round(v, 6)
         write_trajectories(out, trajs)

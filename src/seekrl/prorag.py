@@ -330,6 +330,13 @@ def prm_warning(dev: dict) -> str | None:
     chance: its scores then add noise, not credit, to refinement's filter and to RL's step
     advantages (normalised, a near-constant score becomes unit-size noise)."""
     auc, n = dev.get("auc"), dev.get("points", 0)
+    if auc is None and dev.get("pair_accuracy") is not None and dev.get("pairs"):
+        acc = dev["pair_accuracy"]      # a pairwise PRM, or held-out steps of one class
+        if acc < 0.5 + PRM_CHANCE_MARGIN:
+            return (f"The PRM orders held-out sibling steps no better than chance (pair "
+                    f"accuracy {acc:.3f} on {dev['pairs']}): its step scores add noise, not "
+                    "credit; label more questions before trusting them.")
+        return None
     if auc is None:
         return (f"The PRM's held-out AUC could not be measured ({n} held-out steps, "
                 f"positive share {dev.get('positive_share')}): nothing shows its step scores "
@@ -348,7 +355,8 @@ def _report(cfg: ProragConfig, stages: dict, console: Console) -> dict:
     # an evaluation's row holds the mean per episode: its cost is the total over the test
     # questions (greedy, and outside the training budget the benchmark compares)
     cost = {name: {"minutes": s.get("minutes"), "generated_tokens": round(
-        (s.get("generated_tokens") or 0) * (cfg.n_test if name.startswith("eval_") else 1))}
+        (s.get("generated_tokens") or 0)
+        * (s.get("trajectories", cfg.n_test) if name.startswith("eval_") else 1))}
         for name, s in stages.items()}
     def got(stage: str, key: str):   # None for a policy not evaluated (`evaluate`)
         return (stages.get(f"eval_{stage}") or {}).get(key)

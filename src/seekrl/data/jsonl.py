@@ -6,7 +6,6 @@ so `iter_jsonl` reads one line at a time and never holds the file in memory.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
@@ -104,8 +103,11 @@ def iter_jsonl(
         report.path = path_str
     # Binary mode: lines split on b"\n" only, and a bad byte is blamed on its own line.
     with open(path_str, "rb") as f:
-        lines = f if max_bytes is None else io.BytesIO(f.read(max_bytes))
-        for line_no, raw in enumerate(lines, start=1):
+        read = 0
+        for line_no, raw in enumerate(f, start=1):
+            read += len(raw)
+            if max_bytes is not None and read > max_bytes:
+                break      # a line that ends past the limit was not complete at it
             try:
                 obj = _parse_line(raw, path_str, line_no)
             except DataError as e:

@@ -236,9 +236,9 @@ def labelled_trajectory(obj: Any, path: Path, line: int, field: str = "", *,
         raise bad(f"expected 0..{len(t.token_ids)}, got {t.prompt_len!r}", "prompt_len")
     for i, s in enumerate(t.steps):
         if not (isinstance(s.start, int) and isinstance(s.end, int)
-                and t.prompt_len <= s.start < s.end <= len(t.token_ids)):
-            raise bad(f"step {i}: span [{s.start!r}, {s.end!r}) is not a non-empty span of "
-                      f"the {len(t.token_ids)} tokens after the prompt", "steps")
+                and t.prompt_len <= s.start <= s.end <= len(t.token_ids)):
+            raise bad(f"step {i}: span [{s.start!r}, {s.end!r}) is not a span of the "
+                      f"{len(t.token_ids)} tokens after the prompt", "steps")
         if labels and s.value is not None and not (_number(s.value) and 0.0 <= s.value <= 1.0):
             raise bad(f"step {i}: expected a label in [0, 1] or null, got {s.value!r}",
                       "steps.value")
@@ -484,16 +484,30 @@ def _save_checkpoint(prm: ProcessRewardModel, tokenizer, folder: Path, step: int
         shutil.rmtree(old, ignore_errors=True)
 
 
+def check_scorer_tokenizer(scorer: Any, tokenizer, who: str) -> None:
+    """A PRM reads the policy's token ids as they are: refuse one whose tokenizer differs
+    (a scorer without a tokenizer of its own, such as a test's, passes)."""
+    from seekrl.models import tokenizer_fingerprint
+
+    theirs = getattr(scorer, "tokenizer", None)
+    if theirs is None or theirs is tokenizer or not hasattr(theirs, "get_vocab"):
+        return
+    if tokenizer_fingerprint(theirs) != tokenizer_fingerprint(tokenizer):
+        raise ConfigError(f"{who}: the PRM has another tokenizer than the policy; train it "
+                          "on a backbone that shares the policy's tokenizer")
+
+
 def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool = False
               ) -> dict[str, Any]:
     """`seekrl prm train`: fit the PRM on the label folders; save `out/final`; return the
     summary with the dev metrics. An `out` that holds a PRM run is refused unless
     `overwrite`."""
     from seekrl.config import dump_config
-    from seekrl.models import load_policy
+    from seekrl.models import load_policy, load_tokenizer
     from seekrl.rl.common import (
         MetricsLog,
         check_run_dir,
+        claim_run_dir,
         clip_and_step,
         make_optimizer,
         make_scheduler,
@@ -511,17 +525,19 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
         raise DataError(f"no training labels for loss {cfg.loss!r}: {len(train.points)} "
                         f"labelled steps, {len(train.pairs)} pairs outside the dev split",
                         path=", ".join(map(str, cfg.labels)))
-    if cfg.model is None:
+    if cfg.model is None and model is None:
         cfg = cfg.model_copy(update={"model": labelling_policy(cfg.labels)})
     out = Path(cfg.out)
     check_run_dir(out, overwrite=overwrite, model=cfg.model if model is None else None,
-                  markers=("metrics.jsonl", "final"), resumable=False)
-    out.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, out / "config.yaml")
+                  markers=("metrics.jsonl", "final", "checkpoints"), resumable=False)
+    if model is None:   # the tokenizer first: a backbone that cannot read the labels fails fast
+        check_label_tokenizer(cfg.labels, load_tokenizer(cfg.model), f"model {cfg.model}")
     set_seed(cfg.seed)
     if model is None:
         model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
-    check_label_tokenizer(cfg.labels, tokenizer, f"model {cfg.model}")
+    check_label_tokenizer(cfg.labels, tokenizer, f"model {cfg.model or 'given'}")
+    claim_run_dir(out, overwrite=overwrite)   # an old run's files go once the model loaded
+    dump_config(cfg, out / "config.yaml")
     lm = prepare_trainable(model, cfg.train_layers, cfg.lora)
     prm = ProcessRewardModel(lm).to(cfg.device)
     prm.train()

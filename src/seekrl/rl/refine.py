@@ -170,7 +170,8 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     started = time.time()
     out = Path(cfg.out)
     check_run_dir(out, overwrite=overwrite, model=cfg.model if model is None else None,
-                  markers=("metrics.jsonl", "final", "sft"), resumable=False)
+                  markers=("metrics.jsonl", "final", "sft", "samples.jsonl", "rft_data.jsonl"),
+                  resumable=False)
     say = console.print if console is not None else (lambda *a, **k: None)
     pairs = None
     if cfg.rollout.backend != "hf":
@@ -197,6 +198,11 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     set_seed(cfg.seed)
     if model is None:
         model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
+    from seekrl.rl.prm import check_label_tokenizer, check_scorer_tokenizer
+    if pairs is not None:      # step-DPO trains on the pairs' token ids as they are
+        check_label_tokenizer(cfg.pairs, tokenizer, f"model {cfg.model}")
+    if scorer is not None:
+        check_scorer_tokenizer(scorer, tokenizer, f"prm {cfg.prm or '(given)'}")
 
     if cfg.method == "step_dpo":
         model = prepare_trainable(model, cfg.train_layers, cfg.lora)

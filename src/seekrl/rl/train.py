@@ -59,7 +59,7 @@ from seekrl.agent.trajectory import Trajectory, group_indices
 from seekrl.config import ConfigError, TrainConfig, dump_config
 from seekrl.data.qa import QAExample, load_qa
 from seekrl.eval.evaluate import eval_policy
-from seekrl.models import pad_id_of, tokenizer_fingerprint
+from seekrl.models import pad_id_of
 from seekrl.rewards.metrics import exact_match
 from seekrl.rewards.outcome import RewardParts, episode_reward
 from seekrl.rewards.process import (
@@ -156,12 +156,10 @@ class Trainer:
             model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=self.device)
         self.tokenizer = tokenizer
         self.pad_id = pad_id_of(tokenizer)
-        if getattr(prm_scorer, "tokenizer", None) is not None and \
-                tokenizer_fingerprint(prm_scorer.tokenizer) != tokenizer_fingerprint(tokenizer):
-            # the PRM reads the policy's token ids as they are
-            raise ConfigError(f"reward.prm: the PRM at {cfg.reward.prm} has another tokenizer "
-                              f"than the policy {cfg.model}; train it on a backbone that "
-                              "shares the policy's tokenizer")
+        if prm_scorer is not None:
+            from seekrl.rl.prm import check_scorer_tokenizer
+            check_scorer_tokenizer(prm_scorer, tokenizer,
+                                   f"reward.prm {cfg.reward.prm or '(given)'}")
         # The frozen reference for the KL term: with LoRA, the same weights with the
         # adapters switched off; with full fine-tuning, a frozen copy of the start.
         self.ref_model = None
