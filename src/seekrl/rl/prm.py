@@ -530,12 +530,12 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
     out = Path(cfg.out)
     check_run_dir(out, overwrite=overwrite, model=cfg.model if model is None else None,
                   markers=("metrics.jsonl", "final", "checkpoints"), resumable=False)
-    if model is None:   # the tokenizer first: a backbone that cannot read the labels fails fast
-        check_label_tokenizer(cfg.labels, load_tokenizer(cfg.model), f"model {cfg.model}")
+    # the tokenizer before the weights: a backbone that cannot read the labels fails fast
+    check_label_tokenizer(cfg.labels, tokenizer if model is not None
+                          else load_tokenizer(cfg.model), f"model {cfg.model or '(given)'}")
     set_seed(cfg.seed)
     if model is None:
         model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
-    check_label_tokenizer(cfg.labels, tokenizer, f"model {cfg.model or 'given'}")
     claim_run_dir(out, overwrite=overwrite)   # an old run's files go once the model loaded
     dump_config(cfg, out / "config.yaml")
     lm = prepare_trainable(model, cfg.train_layers, cfg.lora)
