@@ -17,6 +17,10 @@ headline figures:
    first-error localisation) on the held-out questions of each label set.
 2. per seed, `STEP-sSEED` (`--step-method`; tree by default, the best test EM of the
    step-credit ablation in bench/RESULTS.md): the pipeline's budget.
+3. per seed, `prorag-beta0-sSEED` (unless `--skip-beta0`): the pipeline's RL stage again
+   from its refined policy with the same config and seed, but beta = 0 (the PRM's step
+   scores weigh nothing, leaving the group-normalised outcome advantage): what the step
+   credit itself does, apart from the pipeline spending less of its budget on RL.
 
 `--keep DIR` also writes each finished run's result to `DIR/RUN.json` and takes the runs
 found there as done: on a CPU the whole benchmark is longer than one session's machine, and
@@ -58,6 +62,8 @@ def main() -> None:
     ap.add_argument("--prm-steps", type=int, default=None, help="default: the pipeline's")
     ap.add_argument("--rl-steps", type=int, default=3, help="RL steps of the pipeline")
     ap.add_argument("--skip-mc", action="store_true", help="no MC-label PRM comparison")
+    ap.add_argument("--skip-beta0", action="store_true",
+                    help="no beta = 0 ablation of the pipeline's RL stage")
     ap.add_argument("--final-only", action="store_true",
                     help="with --pipeline: evaluate its SFT and final policies, not the refined one "
                          "(each evaluation of 200 questions is about 17 minutes on 2 CPU cores)")
@@ -103,6 +109,9 @@ def main() -> None:
         for seed in seeds if args.step_method else ():
             _baseline_run(args.step_method, seed, budgets[seed], args, demo, sft, world_dir,
                           index_dir, test_file)
+            _keep(work, args.keep)
+        for seed in seeds if not args.skip_beta0 else ():
+            _beta0_run(seed, args, demo, index_dir, test_file)
             _keep(work, args.keep)
     _report(args.work_dir, started, args.step_method)
 
@@ -284,6 +293,53 @@ def _baseline_run(method: str, seed: int, budget: int, args, demo, sft, world_di
     return _run(method, seed, budget, ns, demo, sft, world_dir, index_dir, test_file)
 
 
+def _beta0_run(seed: int, args, demo, index_dir: Path, test_file: Path) -> dict:
+    """The pipeline's RL stage with beta = 0, from the same refined policy, config and seed
+    (its first batch of rollouts is the pipeline's own); evaluated like the others."""
+    from process_ablation import _evaluate
+
+    from seekrl.config import TrainConfig, load_config
+    from seekrl.rl.train import Trainer
+
+    out = args.work_dir / "runs" / f"prorag-beta0-s{seed}"
+    done = out / "result.json"
+    if done.is_file():
+        print(f"prorag-beta0 seed {seed}: already in {done}", flush=True)
+        return json.loads(done.read_text())
+    pipe = _pipeline_dir(args, seed)
+    state = pipe / "pipeline.json"
+    stages = json.loads(state.read_text())["stages"] if state.is_file() else {}
+    if not all((stages.get(k) or {}).get("final") for k in ("refine", "prm", "rl")):
+        print(f"prorag-beta0 seed {seed}: skipped, the pipeline's refined policy and PRM are "
+              f"not in {pipe} (it ran on another machine); delete its kept result to run it "
+              f"again", flush=True)
+        return {}
+    t0 = time.time()
+    cfg = load_config(TrainConfig, pipe / "rl" / "config.yaml", [
+        f"out={out}", "algo.beta=0", f"model={stages['refine']['final']}",
+        f"reward.prm={stages['prm']['final']}", f"device={args.device}"])
+    summary = Trainer(cfg, overwrite=True).train()
+    ns = argparse.Namespace(n_test=args.n_test, eval_batch=args.eval_batch, device=args.device)
+    final = _evaluate(Path(summary["final"]), out / "eval-test", index_dir, test_file, demo, ns)
+    avg = final["average"]
+    steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    before = stages["labels"].get("generated_tokens", 0) + stages["refine"].get(
+        "generated_tokens", 0)
+    result = {"method": "prorag_beta0", "seed": seed, "steps": summary["steps"],
+              "rollout_tokens": summary["rollout_tokens"],
+              "generated_tokens": before + summary["rollout_tokens"],
+              "budget": before + stages["rl"].get("generated_tokens", 0),
+              "em": avg["em"], "f1": avg["f1"], "searches": avg["searches"],
+              "evidence_recall": avg["evidence_recall"], "valid_format": avg["valid_format"],
+              "em_by_type": _by_type(out / "eval-test"),
+              "train_searches": [r["searches"] for r in steps if "episodes" in r],
+              "minutes": round((time.time() - t0) / 60, 2), "device": args.device}
+    done.write_text(json.dumps(result, indent=1))
+    print(f"prorag-beta0 seed {seed}: EM {result['em']:.3f}, searches {result['searches']:.2f}",
+          flush=True)
+    return result
+
+
 def _mc_comparison(seed: int, args) -> dict:
     """MC labels on the pipeline's questions at about its simulation count, a PRM on them,
     and both PRMs on both label sets' held-out questions."""
@@ -332,7 +388,8 @@ def _report(work: Path, started: float, step_method: str) -> None:
         raise SystemExit(f"no pipeline results under {work}/runs")
     by = {"prorag": pipes}
     for r in runs:
-        if r.get("method") in ("outcome", step_method) and r.get("budget") is not None:
+        if r.get("method") in ("outcome", "prorag_beta0", step_method) and \
+                r.get("budget") is not None:
             by.setdefault(r["method"], []).append(r)
     rows = {}
     for name, rs in by.items():
@@ -362,6 +419,13 @@ def _report(work: Path, started: float, step_method: str) -> None:
                     if r["quality"][pair].get(key) is not None]
             if vals:
                 print(f"prm_{pair}_{key}={_mean_std(vals)[0]:.4f}")
+    if "prorag_beta0" in by:
+        # paired by seed: the same refined policy, config and seed, beta 0.3 against 0
+        pairs = [(p, b) for b in by["prorag_beta0"] for p in pipes if p["seed"] == b["seed"]]
+        for key in ("em", "searches"):
+            m, s = _mean_std([p[key] - b[key] for p, b in pairs])
+            print(f"step_credit_effect_{key}={m:+.4f} step_credit_effect_{key}_std={s:.4f} "
+                  f"step_credit_pairs={len(pairs)}")
     outcome = rows.get("outcome", (float("nan"),))[0]
     gain = rows["prorag"][0] - outcome
     print("prorag: " + ", ".join(f"{k} {v[0]:.3f}±{v[1]:.3f} ({v[2]} seeds)"
