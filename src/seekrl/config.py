@@ -382,7 +382,7 @@ class MonitorConfig(Strict):
     no_signal_steps: int = Field(3, ge=1)          # steps in a row with no group's rewards varying
     # search collapse: searches per episode fall towards one while multi-hop rewards fall
     search_floor: float = Field(1.25, gt=0)        # searches at or below this count as "one"
-    searches_drop: float = Field(0.3, gt=0)        # absolute fall from baseline
+    searches_drop: float = Field(0.3, gt=0)        # absolute fall from the first step
     multihop_drop: float = Field(0.05, ge=0)       # multi-hop reward below baseline by this
 
 

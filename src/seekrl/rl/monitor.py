@@ -38,14 +38,21 @@ not a trend). The checks, for GRPO / PPO on a search agent:
   (relative) from baseline. Falling is the reported pattern: the policy answers after one
   search, or from its own memory, and stops using the tool. Rising may be the policy learning
   the tool or a search loop, so it is worth a look, never a stop (it only warns).
-- search_collapse: searches per episode fall towards one (at most `search_floor`, and
-  `searches_drop` below baseline, absolute) while the reward on multi-hop questions
-  (`reward_multihop`, hops >= 2) falls more than `multihop_drop` below its own baseline. This
-  is the credit-assignment failure of outcome-only RL on multi-hop search: the policy learns
-  to search once and guess, which holds the mean reward (single-hop and comparison questions
-  gain) while the bridge questions it can no longer answer go to zero. A relative
-  `searches_drift` threshold misses it when the baseline is low (1.6 -> 1.0 is 38%). It is a
-  collapse once the multi-hop reward has lost half its baseline.
+- search_collapse: on data with multi-hop questions (`reward_multihop`, hops >= 2), searches
+  per episode fall towards one: the mean of the last `window` steps is at most `search_floor`
+  and `searches_drop` (absolute) below the *first* step's value, the policy before any
+  update. This is the credit-assignment failure of outcome-only RL on multi-hop search: the
+  policy learns to search once and guess, which holds the mean reward (single-hop and
+  comparison questions gain) while the bridge questions it can no longer answer go to zero.
+  Its baseline is the first step, not the median of the first `window` (measured on three
+  outcome-only GRPO runs, bench/RESULTS.md, 2026-11-24: searches 1.78 -> 1.25 and
+  1.63 -> 1.09 within the first three steps, so a median baseline had already moved most of
+  the way), and a relative `searches_drift` threshold misses it when the start is low
+  (1.6 -> 1.0 is 38%). It warns even while the sampled multi-hop reward holds: in those
+  runs it held or rose (comparison questions gained) while greedy bridge EM fell from 0.19
+  to 0.003, so the training reward cannot be what decides. It is a collapse once the
+  multi-hop reward has also fallen more than `multihop_drop` below its baseline and to
+  less than half of it.
 - no_signal: for `no_signal_steps` steps in a row no group's rewards varied
   (`groups_with_signal` is 0): every group-relative advantage is zero and the outcome reward
   teaches nothing. It is where the other collapses end (every rollout invalid) and where a
@@ -223,15 +230,21 @@ def check_searches(recent: float, baseline: float, cfg: MonitorConfig) -> tuple[
                       f"baseline {baseline:.3g}")
 
 
-def check_search_collapse(searches: float, searches_base: float, multihop: float,
-                          multihop_base: float, cfg: MonitorConfig) -> tuple[str | None, str]:
-    fell_to_one = searches <= cfg.search_floor and searches_base - searches >= cfg.searches_drop
-    drop = multihop_base - multihop
-    warn = fell_to_one and drop > cfg.multihop_drop
-    severity = _severity(warn, warn and multihop < multihop_base / 2)
-    return severity, (f"searches per episode fell to {searches:.2f} (baseline {searches_base:.2f}) "
-                      f"while the multi-hop reward fell to {multihop:.3g} (baseline "
-                      f"{multihop_base:.3g}): the policy is learning to search once and guess")
+def check_search_collapse(searches: float, searches_start: float, multihop: float,
+                          multihop_base: float | None, cfg: MonitorConfig
+                          ) -> tuple[str | None, str]:
+    fell_to_one = searches <= cfg.search_floor and searches_start - searches >= cfg.searches_drop
+    fell = multihop_base is not None and multihop_base - multihop > cfg.multihop_drop
+    severity = _severity(fell_to_one, fell_to_one and fell and multihop < multihop_base / 2)
+    head = (f"searches per episode fell to {searches:.2f} (first step {searches_start:.2f}) "
+            f"while the multi-hop reward ")
+    base = "" if multihop_base is None else f" (baseline {multihop_base:.3g})"
+    if fell:
+        return severity, (head + f"fell to {multihop:.3g}{base}: the policy is learning to "
+                          f"search once and guess")
+    return severity, (head + f"is {multihop:.3g}{base}: outcome-only RL on multi-hop questions "
+                      f"often learns to search once and guess, which sampled rewards hide; "
+                      f"check the bridge questions' EM greedily (seekrl eval)")
 
 
 _CHECKS = (("entropy", "entropy_collapse", check_entropy),
@@ -321,15 +334,15 @@ class Monitor:
     def _check_search_collapse(self, searches: float | None, multihop: float | None
                                ) -> tuple[str | None, str] | None:
         """Reads the searches signal (observed by its own check this step) and observes the
-        multi-hop reward."""
+        multi-hop reward; checks once a full window of searches is in."""
         if multihop is None:
             return None
         mh = self.signals["reward_multihop"]
         mh.observe(multihop)
         sr = self.signals["searches"]
-        if searches is None or mh.baseline is None or sr.baseline is None:
+        if searches is None or len(sr.last) < self.cfg.window:
             return None
-        return check_search_collapse(sr.recent, sr.baseline, mh.recent, mh.baseline, self.cfg)
+        return check_search_collapse(sr.recent, sr.first[0], mh.recent, mh.baseline, self.cfg)
 
     def _check_no_signal(self, share: float | None, solved: float | None
                          ) -> tuple[str | None, str] | None:
