@@ -289,6 +289,35 @@ def test_pairs_that_are_not_siblings_are_refused(label_dir, tmp_path):
         read_labels([d])
 
 
+def test_pairs_whose_differing_step_starts_elsewhere_are_refused(label_dir, tmp_path):
+    """The same tokens, but the worse episode's steps are laid out differently: the step
+    before `depth` (and its retrieved block) ends one token later, so step `depth` starts
+    one token later. The layout is valid on its own (the steps tile the tokens, the mask
+    follows), but the pair does not compare two choices at one point."""
+    import json
+
+    d = _copy_labels(label_dir, tmp_path / "l", progress=False)
+    lines = (d / "pairs.jsonl").read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if json.loads(line)["depth"] >= 1)
+    record = json.loads(lines[at])
+    worse, depth = record["worse"], record["depth"]
+    before, step = worse["steps"][depth - 1], worse["steps"][depth]
+    assert step["end"] - step["start"] > 1
+    mask = worse["loss_mask"]
+    if before.get("info_start") is not None:
+        mask[before["info_start"]] = 1     # the block's first token becomes the step's
+        mask[before["info_end"]] = 0       # and the block takes the next one
+        before["info_start"] += 1
+        before["info_end"] += 1
+    before["end"] += 1
+    step["start"] += 1
+    lines[at] = json.dumps(record)
+    (d / "pairs.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=f"pairs.jsonl:{at + 1}: field 'depth': better and "
+                                        f"worse differ"):
+        read_labels([d])
+
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=True)
     | st.text(max_size=5),
