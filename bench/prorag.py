@@ -254,10 +254,9 @@ def _reuse_pipeline(seed: int, args, index_dir: Path, test_file: Path, done: Pat
     t0 = time.time()
     stages = json.loads((args.pipeline / "pipeline.json").read_text())["stages"]
     demo = DemoConfig(n_test=args.n_test)
-    ns = argparse.Namespace(n_test=args.n_test, eval_batch=args.eval_batch, device=args.device)
     names = ("sft", "rl") if args.final_only else ("sft", "refine", "rl")
     evals = {name: _evaluate(Path(stages[name]["final"]), done.parent / f"eval-{name}",
-                             index_dir, test_file, demo, ns) for name in names}
+                             index_dir, test_file, demo, args) for name in names}
     tokens = {k: stages[k].get("generated_tokens", 0) for k in ("labels", "refine", "rl")}
     avg = evals["rl"]["average"]
     result = {"method": "prorag", "seed": seed, "reused": str(args.pipeline),
@@ -319,8 +318,9 @@ def _beta0_run(seed: int, args, demo, index_dir: Path, test_file: Path) -> dict:
         f"out={out}", "algo.beta=0", f"model={stages['refine']['final']}",
         f"reward.prm={stages['prm']['final']}", f"device={args.device}"])
     summary = Trainer(cfg, overwrite=True).train()
-    ns = argparse.Namespace(n_test=args.n_test, eval_batch=args.eval_batch, device=args.device)
-    final = _evaluate(Path(summary["final"]), out / "eval-test", index_dir, test_file, demo, ns)
+    # the bench's own arguments carry what the evaluation reads (n_test, eval_batch, device)
+    final = _evaluate(Path(summary["final"]), out / "eval-test", index_dir, test_file, demo,
+                      args)
     avg = final["average"]
     steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     before = stages["labels"].get("generated_tokens", 0) + stages["refine"].get(
