@@ -115,22 +115,29 @@ def _worker(rank: int, job: str, world_dir: str, work: str, port: int) -> None:
                     "gathered": d.gather([rank, rank]), "summed": d.sum_values({f"r{rank}": 1.0,
                                                                                 "all": 2.0}),
                     "broadcast": d.broadcast(f"from {rank}")}, work_dir / f"rank{rank}.pt")
-    elif job == "update":
-        trainer = _trainer(_cfg(work_dir / "dp-run"), Path(world_dir), overwrite=True)
+    elif job.startswith("update"):   # update, or update:fsdp
+        over = json.loads((work_dir / "cfg.json").read_text())
+        trainer = _trainer(_cfg(work_dir / "dp-run", **over), Path(world_dir), overwrite=True)
         batch = read_trajectories(work_dir / "batch.jsonl")
         record = trainer.learn(batch)
         record.pop("correct_logps", None)
-        torch.save({"params": _trainable(trainer), "record": record},
-                   work_dir / f"rank{rank}.pt")
+        with trainer.full_weights():
+            params = _trainable(trainer)
+        torch.save({"params": params, "record": record,
+                    "sharded": trainer.sharded is not None}, work_dir / f"rank{rank}.pt")
     else:   # a 3-step run stopped after step 2 and resumed; and 3 steps straight
-        cfg = _cfg(work_dir / "run", steps=3)
+        over = json.loads((work_dir / "cfg.json").read_text())
+        cfg = _cfg(work_dir / "run", steps=3, **over)
         summary = _trainer(cfg, Path(world_dir), overwrite=True).train(until=2)
-        resumed = _trainer(_cfg(work_dir / "run", steps=3), Path(world_dir), resume=True)
+        resumed = _trainer(_cfg(work_dir / "run", steps=3, **over), Path(world_dir),
+                           resume=True)
         more = resumed.train()
-        straight = _trainer(_cfg(work_dir / "straight", steps=3), Path(world_dir),
+        straight = _trainer(_cfg(work_dir / "straight", steps=3, **over), Path(world_dir),
                             overwrite=True)
         straight.train()
-        torch.save({"params": _trainable(resumed), "straight": _trainable(straight),
+        with resumed.full_weights(), straight.full_weights():
+            params, straight_params = _trainable(resumed), _trainable(straight)
+        torch.save({"params": params, "straight": straight_params,
                     "summary": summary, "more": more}, work_dir / f"rank{rank}.pt")
     import torch.distributed as dist
     dist.destroy_process_group()
@@ -174,17 +181,29 @@ def test_gradients_are_summed_and_none_stays_none(tmp_path):
         assert got["broadcast"] == "from 0"
 
 
-def test_two_processes_take_the_update_of_one_on_the_same_batch(world_dir, tmp_path):
-    one = _trainer(_cfg(tmp_path / "one"), world_dir, dist=Dist(), overwrite=True)
+# sharded: micro-batches of 3 out of mini-batches of 8 give the ranks 2 and 1 (a pass of
+# weight 0 evens them); the critic's head joins the shards; the reference is a sharded copy;
+# activation checkpointing recomputes the blocks, gathering them again in the backward pass
+_SHARDED = {"shard": "fsdp", "gradient_checkpointing": True,
+            "algo": {"mini_batch_size": 8, "micro_batch_size": 3, "epochs": 2, "kl_coef": 0.1,
+                     "entropy_coef": 0.01, "advantage": "gae", "value_lr": 1e-3}}
+
+
+@pytest.mark.parametrize("over", [{}, _SHARDED], ids=["replicated", "fsdp"])
+def test_two_processes_take_the_update_of_one_on_the_same_batch(world_dir, tmp_path, over):
+    one = _trainer(_cfg(tmp_path / "one", **{**over, "shard": "none"}), world_dir, dist=Dist(),
+                   overwrite=True)
     trajs = one.rollout(one.sample_questions(1, 2), seed=11)
     one.score(trajs)
     assert len(trajs) == 8 and len({t.outcome_reward for t in trajs}) > 1
     write_trajectories(tmp_path / "batch.jsonl", trajs)
+    (tmp_path / "cfg.json").write_text(json.dumps(over))
     before = _trainable(one)
     record = one.learn(read_trajectories(tmp_path / "batch.jsonl"))
     after = _trainable(one)
 
     ranks = _spawn("update", world_dir, tmp_path)
+    assert [got["sharded"] for got in ranks] == [bool(over)] * 2
     moved = max(float((after[n] - before[n]).abs().max()) for n in after)
     assert moved > 1e-4   # the update did something
     for got in ranks:
@@ -198,14 +217,34 @@ def test_two_processes_take_the_update_of_one_on_the_same_batch(world_dir, tmp_p
         assert ranks[0]["record"][key] == pytest.approx(record[key], rel=1e-4, abs=1e-6), key
 
 
-def test_a_two_process_run_writes_once_and_resumes(world_dir, tmp_path):
+@pytest.mark.parametrize("shard", ["none", "fsdp"])
+def test_a_two_process_run_writes_once_and_resumes(world_dir, tmp_path, shard):
+    over = {"shard": shard}
+    if shard == "fsdp":   # and evaluations: rank 0 alone runs them on the gathered weights
+        over["eval"] = {"data": str(world_dir / "dev.jsonl"), "n": 2, "every": 1,
+                        "max_turns": 2, "max_new_tokens": 6}
+    (tmp_path / "cfg.json").write_text(json.dumps(over))
     ranks = _spawn("run", world_dir, tmp_path, timeout=400.0)
     run = tmp_path / "run"
     steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if "episodes" in r] == [1, 2, 3]   # once per step
     assert all(r["episodes"] == 8 for r in steps if "episodes" in r)  # both shares gathered
     assert (run / "final" / "config.json").is_file()
-    assert sorted(p.name for p in (run / "checkpoints").glob("step-*"))[-1] == "step-3"
+    last = sorted(p for p in (run / "checkpoints").glob("step-*"))[-1]
+    assert last.name == "step-3"
+    # sharded: a shard file per rank and no whole copy of the weights
+    shards = sorted(p.name for p in (last / "shards").glob("*.distcp"))
+    assert shards == ([] if shard == "none" else ["__0_0.distcp", "__1_0.distcp"])
+    assert (last / "policy.pt").is_file() == (shard == "none")
+    if shard == "fsdp":
+        assert [r["step"] for r in steps if "dev_em" in r] == [0, 1, 2, 3]
+        with pytest.raises(ValueError, match="sharded checkpoint; resume it with shard: fsdp"):
+            _trainer(_cfg(run, steps=4), world_dir, dist=Dist(), resume=True)
+        # the final policy gathered from the shards is the trained one, as a plain model
+        from transformers import AutoModelForCausalLM
+        final = dict(AutoModelForCausalLM.from_pretrained(run / "final").named_parameters())
+        for name, value in ranks[0]["params"].items():
+            assert torch.equal(final[name], value), name
     assert ranks[0]["summary"] == ranks[1]["summary"] == {"steps": 2, "interrupted": True}
     assert ranks[0]["more"]["steps"] == ranks[1]["more"]["steps"] == 3
     assert ranks[0]["more"]["final"] == ranks[1]["more"]["final"]
@@ -215,9 +254,11 @@ def test_a_two_process_run_writes_once_and_resumes(world_dir, tmp_path):
         assert torch.allclose(value, ranks[0]["straight"][name], atol=1e-6), name
 
 
-def test_seekrl_train_under_torchrun(world_dir, tmp_path):
+@pytest.mark.parametrize("shard", ["none", "fsdp"])
+def test_seekrl_train_under_torchrun(world_dir, tmp_path, shard):
     """The launch the README gives: `torchrun --standalone --nproc_per_node 2 -m seekrl.cli
-    train ...`, on CPU (gloo), one line of output per step from rank 0 only."""
+    train ...`, on CPU (gloo), one line of output per step from rank 0 only; both ranks
+    exit cleanly (0), the sharded run too."""
     import subprocess
     import sys
 
@@ -232,7 +273,9 @@ def test_seekrl_train_under_torchrun(world_dir, tmp_path):
            f"index={world_dir / 'index'}", f"out={tmp_path / 'run'}", "steps=2",
            "questions_per_step=2", "group_size=2", "rollout.max_turns=2",
            "rollout.max_new_tokens=6", "rollout.max_info_tokens=48", "eval.data=",
-           "algo.mini_batch_size=4", "algo.micro_batch_size=1", "device=cpu"]
+           "algo.mini_batch_size=4", "algo.micro_batch_size=1", "device=cpu", f"shard={shard}"]
+    if shard == "fsdp":   # LoRA adapters sharded with their frozen base; saved merged
+        cmd += ["lora.enabled=true", "lora.r=4", "algo.kl_coef=0.05", "optim.lr=1e-3"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -240,3 +283,9 @@ def test_seekrl_train_under_torchrun(world_dir, tmp_path):
     steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps if "episodes" in s] == [1, 2]
     assert (tmp_path / "run" / "final" / "config.json").is_file()
+    if shard == "fsdp":   # a plain model, the adapters merged, that moved from the start
+        from transformers import AutoModelForCausalLM
+        final = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final")
+        assert not any("lora" in n for n, _ in final.named_parameters())
+        start = dict(model.named_parameters())
+        assert any(not torch.equal(p, start[n]) for n, p in final.named_parameters())

@@ -418,6 +418,10 @@ class TrainConfig(Strict):
     # recompute each block's activations in the backward pass instead of keeping them:
     # less memory for long episodes and big models, about a third more update time
     gradient_checkpointing: bool = False
+    # with several training processes (torchrun): none keeps the whole policy, its gradient
+    # and optimizer state in every process; fsdp shards them over the processes (PyTorch
+    # FSDP2, ZeRO-3's memory), gathering the full weights for rollouts (rl/distributed.py)
+    shard: Literal["none", "fsdp"] = "none"
     optim: OptimConfig = OptimConfig(lr=1e-6, schedule="constant", warmup_steps=0)
     eval: EvalConfig = EvalConfig()
     save_every: int = Field(5, ge=0)   # checkpoint every N steps (0: final only)

@@ -226,7 +226,9 @@ def clip_and_step(params, optimizer, max_norm: float | None) -> float:
     only when the norm is finite, clear the gradient; returns the norm (nan / inf when the
     step was skipped). Every recipe (SFT, RL, PRM, step-DPO) steps through here, so a
     non-finite gradient never reaches the weights in any of them."""
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
+    from seekrl.rl.distributed import clip_grad_norm  # sharded gradients too
+
+    norm = clip_grad_norm(params, max_norm if max_norm else float("inf"))
     if torch.isfinite(norm):
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)

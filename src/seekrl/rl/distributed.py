@@ -21,17 +21,29 @@ What is split across the ranks and what is not:
   rank 0's; the step's record and the decision to stop are broadcast from rank 0, so every
   rank stops at the same step.
 
-The weights are replicated (DDP's memory model), not sharded: a model trains data-parallel
-here when one GPU holds it with its optimizer state (LoRA, or full fine-tuning up to a few
-billion parameters on 80 GB). Sharded training (FSDP / ZeRO) is not part of seekrl.
+By default the weights are replicated (DDP's memory model): each process holds the whole
+policy with its gradient and optimizer state. With `shard: fsdp` they are sharded by PyTorch's
+FSDP2 (`fully_shard`, what accelerate's FSDP2 plugin calls), ZeRO-3's memory model: each
+process keeps 1/N of every trainable weight, its gradient and its optimizer state; the update
+all-gathers one transformer block at a time and reduce-scatters its gradient (`Sharded`).
+Rollouts, the old / reference log-probs and the evaluations are no-grad work whose number of
+forward passes differs from rank to rank (episodes end at different turns), so they run on
+the full weights, gathered once for the phase and freed after it (`Sharded.full`): the memory
+of one replicated copy of the weights, which generation needs in any case. Checkpoints are
+then sharded too (torch.distributed.checkpoint: one file per rank, written in parallel, read
+back at any number of ranks); the final policy is gathered to rank 0 and saved as a plain
+HF folder.
 """
 
 from __future__ import annotations
 
+import copy
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -187,3 +199,177 @@ def _all_reduce(params: list[torch.nn.Parameter]) -> None:
             p.grad = g.clone()
         else:
             p.grad.copy_(g)
+
+
+# ---------------------------------------------------------------------- sharded training
+
+
+class ShardedForward(torch.nn.Module):
+    """The policy's training forward (`masked_logprobs`, with the critic's head) as one module
+    call. FSDP gathers a shard group's weights in its module's forward hook, and seekrl's
+    forward calls the backbone and the LM head apart: this module is the root whose forward
+    holds both, so the weights outside the blocks (embeddings, final norm, LM head, value
+    head) are gathered and their gradients reduced like the blocks'.
+
+    Prompt sharing is off here: it runs the blocks once or twice per micro-batch depending
+    on the data, and every rank must gather each block the same number of times."""
+
+    def __init__(self, policy: torch.nn.Module, value_head: torch.nn.Module | None,
+                 temperature: float):
+        super().__init__()
+        self.policy = policy
+        self.value_head = value_head
+        self.temperature = temperature
+
+    def forward(self, input_ids, attention_mask, mask, entropy: bool = False):
+        from seekrl.rl.forward import masked_logprobs
+
+        return masked_logprobs(self.policy, input_ids, attention_mask, mask,
+                               temperature=self.temperature, entropy=entropy,
+                               value_head=self.value_head, share_prompts=False)
+
+
+def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's transformer blocks (the classes transformers lists in `_no_split_modules`),
+    each a shard group of its own."""
+    names: set[str] = set()
+    for m in model.modules():
+        names.update(getattr(m, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:
+        from seekrl.errors import ConfigError
+        raise ConfigError(f"shard fsdp: cannot find the transformer blocks of "
+                          f"{type(model).__name__} (it lists no _no_split_modules)")
+    return blocks
+
+
+class Sharded:
+    """A `ShardedForward` sharded over the training processes (FSDP2): every transformer
+    block a group, the rest the root's group. FSDP averages the gradients over the ranks;
+    the trainer wants their sum (each rank's micro-batch losses are already its share of
+    the mini-batch's), so it scales its losses by `loss_scale`, the number of ranks.
+
+    Built by every rank from rank 0's weights; keeps a weightless (meta) copy of the policy
+    to save the final model into."""
+
+    def __init__(self, root: ShardedForward, dist: Dist, pad_id: int):
+        try:
+            from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+        except ImportError:
+            from seekrl.errors import ConfigError
+            raise ConfigError(f"shard fsdp: needs torch >= 2.6 (FSDP2); this is torch "
+                              f"{torch.__version__}") from None
+        if not dist.active:
+            raise ValueError("Sharded needs several training processes")
+        self.loss_scale = float(dist.world)
+        self.root = root
+        self.skeleton = _weightless_copy(root.policy)
+        policy = MixedPrecisionPolicy(reduce_dtype=torch.float32)   # bf16 weights: fp32 sums
+        for block in transformer_blocks(root.policy):
+            fully_shard(block, mp_policy=policy)
+        fully_shard(root, mp_policy=policy)
+        self.units = [m for m in root.modules() if isinstance(m, FSDPModule)]
+        self._depth = 0
+        # FSDP takes as its root the first shard group to run forward: run the root once,
+        # before any block is called alone (rollouts call the policy, not this module)
+        device = next(iter(root.parameters())).device
+        ids = torch.full((1, 2), pad_id, dtype=torch.long, device=device)
+        with torch.no_grad():
+            root(ids, torch.ones_like(ids), torch.tensor([[0, 1]], device=device))
+        # the root keeps its weights gathered after a forward: shard them again, so that
+        # the module holds its shards (the optimizer must be built on those)
+        for unit in self.units:
+            unit.reshard()
+
+    @contextmanager
+    def full(self) -> Iterator[None]:
+        """The full weights on every rank for the block (one all-gather per group, a
+        collective: every rank enters), freed after it. Forward passes inside gather nothing,
+        so ranks may run different numbers of them; nested uses gather once."""
+        if self._depth == 0:
+            for unit in self.units:
+                unit.set_reshard_after_forward(False, recurse=False)
+                unit.unshard()
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                for unit in self.units:
+                    unit.reshard()
+                    unit.set_reshard_after_forward(unit is not self.root, recurse=False)
+
+    # ---- checkpoints
+    def _state(self, optimizer) -> dict:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        model, optim = get_state_dict(self.root, optimizer,
+                                      options=StateDictOptions(ignore_frozen_params=True))
+        return {"model": model, "optim": optim}
+
+    def save(self, folder: Path, optimizer) -> None:
+        """The trainable weights and the optimizer state, each rank writing its shards
+        (every rank calls this)."""
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._state(optimizer), checkpoint_id=str(folder))
+
+    def load(self, folder: Path, optimizer) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        state = self._state(optimizer)
+        try:
+            dcp.load(state, checkpoint_id=str(folder))
+        except Exception as err:   # noqa: BLE001 - dcp raises its own kinds, per rank
+            raise ValueError(f"{folder}: sharded checkpoint does not match this model/config "
+                             f"({str(err).splitlines()[0][:300]})") from None
+        set_state_dict(self.root, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"],
+                       options=StateDictOptions(ignore_frozen_params=True, strict=False))
+
+    def gathered_policy(self, main: bool) -> torch.nn.Module | None:
+        """The policy with its full weights as a plain module, on rank 0 (None on the
+        others, which only take part in the gather): what `save_policy` writes."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(self.root, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True))
+        if not main:
+            return None
+        prefix = "policy."
+        plain = copy.deepcopy(self.skeleton)
+        plain.load_state_dict({k[len(prefix):]: v for k, v in full.items()
+                               if k.startswith(prefix)}, assign=True)
+        from seekrl.rl.forward import _causal_lm
+
+        tie = getattr(_causal_lm(plain), "tie_weights", None)
+        if callable(tie):
+            tie()   # assign=True gave tied weights a tensor each
+        return plain
+
+
+def _weightless_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `module` whose parameters are on the meta device (no memory), tied ones
+    still tied; buffers are copied."""
+    memo: dict[int, Any] = {}
+    for p in module.parameters():
+        if id(p) not in memo:
+            memo[id(p)] = torch.nn.Parameter(torch.empty_like(p, device="meta"),
+                                             requires_grad=p.requires_grad)
+    return copy.deepcopy(module, memo)
+
+
+def clip_grad_norm(params: Sequence[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """`clip_grad_norm_` for sharded gradients too: the norm of the whole gradient (a
+    collective when some are shards), then every gradient scaled by the same factor."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not any(hasattr(g, "full_tensor") for g in grads):
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    norm = torch.nn.utils.get_total_norm(grads)
+    full = getattr(norm, "full_tensor", None)
+    if callable(full):
+        norm = full()
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return norm

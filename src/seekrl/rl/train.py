@@ -96,7 +96,7 @@ from seekrl.rl.common import (
     split_micro_batches,
     trainable_parameters,
 )
-from seekrl.rl.distributed import Dist
+from seekrl.rl.distributed import Dist, Sharded, ShardedForward
 from seekrl.rl.forward import ValueHead, collate, masked_logprobs
 from seekrl.rl.loss import aggregate, kl_penalty, policy_loss, tis_weights, value_loss
 from seekrl.rl.monitor import Monitor
@@ -169,17 +169,29 @@ class Trainer:
         if cfg.gradient_checkpointing:
             enable_activation_checkpointing(self.model)
         self.value_head = None
-        extra = []
         if needs_values(cfg.algo.advantage):
-            hidden = _hidden_size(self.model)
-            self.value_head = ValueHead(hidden).to(self.device)
-            extra = [{"params": list(self.value_head.parameters()),
-                      "lr": cfg.algo.value_lr or cfg.optim.lr * 10}]
-        self.optimizer = make_optimizer(trainable_parameters(self.model), cfg.optim,
-                                        extra_groups=extra)
+            self.value_head = ValueHead(_hidden_size(self.model)).to(self.device)
         # rank 0's weights everywhere, frozen ones too (a model passed in may differ by rank)
         self.dist.broadcast_parameters([p for m in (self.model, self.value_head) if m is not None
                                         for p in m.parameters()])
+        # shard: fsdp: the policy (with the critic's head) and the frozen reference sharded
+        # over the processes; the optimizer then holds this rank's shards
+        self.sharded = self.ref_sharded = None
+        if cfg.shard == "fsdp" and self.dist.active:
+            temperature = cfg.rollout.temperature
+            self.sharded = Sharded(ShardedForward(self.model, self.value_head, temperature),
+                                   self.dist, self.pad_id)
+            if self.ref_model is not None:
+                self.ref_sharded = Sharded(ShardedForward(self.ref_model, None, temperature),
+                                           self.dist, self.pad_id)
+        elif cfg.shard == "fsdp" and self.console is not None:
+            self.console.print("shard fsdp: one training process, nothing to shard (launch "
+                               "several with torchrun)")
+        extra = [] if self.value_head is None else [
+            {"params": list(self.value_head.parameters()),
+             "lr": cfg.algo.value_lr or cfg.optim.lr * 10}]
+        self.optimizer = make_optimizer(trainable_parameters(self.model), cfg.optim,
+                                        extra_groups=extra)
         self.updates = 0   # optimizer steps taken by this object (the vLLM sync's version)
         self.scheduler = make_scheduler(self.optimizer, cfg.optim, cfg.steps)
         self.reward_fn = reward_fn or (lambda t: episode_reward(
@@ -287,6 +299,12 @@ class Trainer:
                     stats[k] = stats.get(k, 0.0) + v
         return parts
 
+    def full_weights(self, reference: bool = False):
+        """Context: the policy's (or the frozen reference's) full weights on every rank when
+        they are sharded (a collective: every rank enters); nothing otherwise."""
+        sharded = self.ref_sharded if reference else self.sharded
+        return sharded.full() if sharded is not None else nullcontext()
+
     # ------------------------------------------------------------------ 4. log-probs
     @torch.no_grad()
     def batch_logprobs(self, trajs: Sequence[Trajectory], *, reference: bool = False
@@ -304,7 +322,7 @@ class Trainer:
         model.eval()
         cuts = split_micro_batches([len(t.token_ids) for t in trajs], chunk,
                                    self.cfg.algo.micro_batch_tokens)
-        with ctx:
+        with self.full_weights(reference=reference and self.ref_model is not None), ctx:
             for positions in cuts:
                 part = [trajs[p] for p in positions]
                 ids, attn, mask = collate([t.token_ids for t in part], [t.loss_mask for t in part],
@@ -336,11 +354,12 @@ class Trainer:
             # each rank plays and scores its share of the questions; all get the whole batch
             # (with its own random draws: the rank goes into the seed; rank 0's is one process's)
             rank_seed = seed + 1_000_003 * self.dist.rank
-            trajs = self.rollout(self.dist.share(questions), seed=rank_seed)
-            clock["rollout"] += time.time() - t
-            t = time.time()
-            stats: dict[str, float] = {}
-            parts = self.score(trajs, seed=rank_seed, stats=stats)
+            with self.full_weights():   # sharded: rollouts on the gathered weights
+                trajs = self.rollout(self.dist.share(questions), seed=rank_seed)
+                clock["rollout"] += time.time() - t
+                t = time.time()
+                stats: dict[str, float] = {}
+                parts = self.score(trajs, seed=rank_seed, stats=stats)
             trajs, parts = self.dist.gather(trajs), self.dist.gather(parts)
             for k, v in self.dist.sum_values(stats).items():
                 process_stats[k] = process_stats.get(k, 0.0) + v
@@ -475,6 +494,7 @@ class Trainer:
         # seq-mean-token-sum-norm's constant: the most policy tokens an episode can have
         norm_length = cfg.rollout.max_turns * cfg.rollout.max_new_tokens
         turn = 0   # micro-batches go to the ranks in turn (all to this one in one process)
+        scale = self.sharded.loss_scale if self.sharded is not None else 1.0
         for _ in range(algo.epochs):
             order = list(range(len(trajs)))
             order_rng.shuffle(order)
@@ -488,10 +508,12 @@ class Trainer:
                 mini_tokens = sum(trajs[i].n_generated for i in mini)
                 cuts = split_micro_batches([len(trajs[i].token_ids) for i in mini],
                                            algo.micro_batch_size, algo.micro_batch_tokens)
+                mine = 0
                 for positions in cuts:
                     turn += 1
                     if (turn - 1) % self.dist.world != self.dist.rank:
                         continue
+                    mine += 1
                     micro = [mini[p] for p in positions]
                     # each micro-batch's share of the mini-batch's loss, so that the
                     # accumulated gradient equals that of one mini-batch forward
@@ -502,9 +524,18 @@ class Trainer:
                     loss, s = self._micro_loss(trajs, micro, advantages, old_logps, ref_logps,
                                                old_values, returns, norm_length, correct_logps,
                                                gap_max)
-                    (loss * weight).backward()
+                    (loss * (weight * scale)).backward()
                     for k, v in s.items():  # each micro-batch's share, as in the loss
                         mini_stats[k] += v * weight
+                if self.sharded is not None:
+                    # every rank runs as many forward / backward passes as the busiest
+                    # (each gathers the blocks and reduces their gradients): the others
+                    # add passes of weight 0 on one of the mini-batch's micro-batches
+                    for _ in range(-(-len(cuts) // self.dist.world) - mine):
+                        loss, _ = self._micro_loss(trajs, [mini[p] for p in cuts[0]],
+                                                   advantages, old_logps, ref_logps,
+                                                   old_values, returns, norm_length, {}, [0.0])
+                        (loss * 0.0).backward()
                 for k, v in self.dist.sum_values(mini_stats).items():
                     stats[k].append(v)
                 mini_stats.clear()
@@ -551,10 +582,13 @@ class Trainer:
         part = [trajs[i] for i in micro]
         ids, attn, mask = collate([t.token_ids for t in part], [t.loss_mask for t in part],
                                   self.pad_id, dev)
-        out = masked_logprobs(self.model, ids, attn, mask,
-                              temperature=self.cfg.rollout.temperature,
-                              entropy=True, value_head=self.value_head,
-                              share_prompts=self.cfg.algo.share_prompts)
+        if self.sharded is not None:   # through FSDP's root (see ShardedForward)
+            out = self.sharded.root(ids, attn, mask, entropy=True)
+        else:
+            out = masked_logprobs(self.model, ids, attn, mask,
+                                  temperature=self.cfg.rollout.temperature,
+                                  entropy=True, value_head=self.value_head,
+                                  share_prompts=self.cfg.algo.share_prompts)
         logp = out["logprobs"]
 
         def grid(rows: list[torch.Tensor] | None) -> torch.Tensor | None:
@@ -615,7 +649,8 @@ class Trainer:
     def _optimizer_step(self) -> float:
         self.updates += 1
         params = trainable_parameters(self.model, self.value_head)
-        self.dist.sum_gradients(params)   # every rank then takes the same step
+        if self.sharded is None:   # sharded: FSDP has summed them (reduce-scatter)
+            self.dist.sum_gradients(params)   # every rank then takes the same step
         return clip_and_step(params, self.optimizer, self.cfg.optim.max_grad_norm)
 
     # ------------------------------------------------------------------ metrics
@@ -691,21 +726,34 @@ class Trainer:
         several processes rank 0 writes it (the weights are the same on every rank) and the
         others wait until it is on disk."""
         target = self.ckpt_dir / f"step-{step}"
-        if self.dist.main:
+        if self.sharded is not None:   # every rank writes its shards into rank 0's folder
+            tmp = self.dist.broadcast(self.ckpt_dir / f".step-{step}.tmp{os.getpid()}")
+            if self.dist.main:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            self.dist.barrier()
+            self.sharded.save(tmp / "shards", self.optimizer)
+            if self.dist.main:
+                self._write_checkpoint(step, target, tmp)
+        elif self.dist.main:
             self._write_checkpoint(step, target)
         self.dist.barrier()
         return target
 
-    def _write_checkpoint(self, step: int, target: Path) -> None:
-        tmp = self.ckpt_dir / f".step-{step}.tmp{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        names = _trainable_names(self.model)
-        trainable = {k: v for k, v in self.model.state_dict().items() if k in names}
-        torch.save(trainable, tmp / "policy.pt")
-        if self.value_head is not None:
-            torch.save(self.value_head.state_dict(), tmp / "value_head.pt")
-        torch.save({"optimizer": self.optimizer.state_dict(),
+    def _write_checkpoint(self, step: int, target: Path, tmp: Path | None = None) -> None:
+        """Rank 0's part: the weights (unless the ranks wrote their shards into `tmp`),
+        the schedule, the random state and the trainer's, then the rename."""
+        if tmp is None:
+            tmp = self.ckpt_dir / f".step-{step}.tmp{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            names = _trainable_names(self.model)
+            trainable = {k: v for k, v in self.model.state_dict().items() if k in names}
+            torch.save(trainable, tmp / "policy.pt")
+            if self.value_head is not None:
+                torch.save(self.value_head.state_dict(), tmp / "value_head.pt")
+        torch.save({"optimizer": None if self.sharded is not None
+                    else self.optimizer.state_dict(),   # sharded: in shards/
                     "scheduler": self.scheduler.state_dict(), "rng": rng_state()},
                    tmp / "optim.pt")
         (tmp / "trainer.json").write_text(json.dumps({
@@ -733,6 +781,22 @@ class Trainer:
                 shutil.rmtree(p, ignore_errors=True)
 
     def load_checkpoint(self, path: Path) -> dict:
+        sharded = (path / "shards").is_dir()
+        if sharded != (self.sharded is not None):
+            raise ValueError(f"{path}: a {'sharded' if sharded else 'whole'} checkpoint; "
+                             f"resume it with shard: {'fsdp' if sharded else 'none'} "
+                             f"{'and several processes ' if sharded else ''}(this run has "
+                             f"shard: {self.cfg.shard}, {self.dist.world} process(es))")
+        optim = torch.load(path / "optim.pt", map_location=self.device, weights_only=False)
+        if self.sharded is not None:
+            self.sharded.load(path / "shards", self.optimizer)
+        else:
+            self._load_whole(path, optim["optimizer"])
+        self.scheduler.load_state_dict(optim["scheduler"])
+        set_rng_state(optim["rng"])
+        return json.loads((path / "trainer.json").read_text())
+
+    def _load_whole(self, path: Path, optimizer_state: dict) -> None:
         state = torch.load(path / "policy.pt", map_location=self.device)
         missing = set(state) ^ _trainable_names(self.model)
         if missing:
@@ -742,11 +806,7 @@ class Trainer:
         if self.value_head is not None:
             self.value_head.load_state_dict(torch.load(path / "value_head.pt",
                                                        map_location=self.device))
-        optim = torch.load(path / "optim.pt", map_location=self.device, weights_only=False)
-        self.optimizer.load_state_dict(optim["optimizer"])
-        self.scheduler.load_state_dict(optim["scheduler"])
-        set_rng_state(optim["rng"])
-        return json.loads((path / "trainer.json").read_text())
+        self.optimizer.load_state_dict(optimizer_state)
 
     def _resume(self) -> None:
         pointer = self.ckpt_dir / "latest"   # its existence was checked before any loading
@@ -774,10 +834,11 @@ class Trainer:
         alerts_path = self.out / "alerts.jsonl"
         last: dict[str, Any] = {}
         main = self.dist.main   # with several processes rank 0 evaluates and writes
-        if cfg.eval.data and cfg.eval.at_start and self.step_done == 0 and main:
+        if cfg.eval.data and cfg.eval.at_start and self.step_done == 0:
             dev = self.evaluate(self.out / "eval" / "start")
-            self.log.write({"step": 0, **{f"dev_{k}": v for k, v in dev.items()}})
-            say(f"  dev EM {dev['em']:.3f} before training")
+            if main:
+                self.log.write({"step": 0, **{f"dev_{k}": v for k, v in dev.items()}})
+                say(f"  dev EM {dev['em']:.3f} before training")
         for step in range(self.step_done + 1, cfg.steps + 1):
             # rank 0's record (its timings) on every rank: the monitor, and so the decision
             # to stop, must be the same everywhere
@@ -805,10 +866,11 @@ class Trainer:
                     self.healthy_checkpoint = f"step-{step}"
                 self.save_checkpoint(step)
             if cfg.eval.data and cfg.eval.every and step % cfg.eval.every == 0 \
-                    and step != cfg.steps and main:
+                    and step != cfg.steps:
                 dev = self.evaluate(self.out / "eval" / f"step-{step}")
-                self.log.write({"step": step, **{f"dev_{k}": v for k, v in dev.items()}})
-                say(f"  dev EM {dev['em']:.3f}")
+                if main:
+                    self.log.write({"step": step, **{f"dev_{k}": v for k, v in dev.items()}})
+                    say(f"  dev EM {dev['em']:.3f}")
             out_of = None
             if cfg.max_minutes is not None and time.time() - started > cfg.max_minutes * 60:
                 out_of = f"time budget of {cfg.max_minutes} min"
@@ -832,16 +894,23 @@ class Trainer:
         elif self.stopped_reason:
             say("no healthy checkpoint was saved: the final policy is the collapsed one")
         final = self.out / "final"
-        if main:
+        if self.sharded is not None:   # the full weights gathered to rank 0
+            plain = self.sharded.gathered_policy(main)
+            if main:
+                save_policy(plain, self.tokenizer, final)
+            del plain
+        elif main:
             save_policy(self.model, self.tokenizer, final)
         summary = {"steps": self.step_done, "final": str(final),
                    "stopped": self.stopped_reason, "last": last,
                    "rollout_tokens": self.rollout_tokens, "budget": self.stopped_budget,
                    "minutes": round((time.time() - started) / 60, 2)}
-        if cfg.eval.data and main:
+        if cfg.eval.data:
             dev = self.evaluate(self.out / "eval" / "final")
-            self.log.write({"step": self.step_done, **{f"dev_{k}": v for k, v in dev.items()}})
-            summary["dev"] = dev
+            if main:
+                self.log.write({"step": self.step_done,
+                                **{f"dev_{k}": v for k, v in dev.items()}})
+                summary["dev"] = dev
         self.log.close()
         if main:
             (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -849,9 +918,15 @@ class Trainer:
         return summary
 
     def evaluate(self, out_dir: Path) -> dict[str, Any]:
+        """Rank 0 evaluates the policy on `eval.data` (the others return {}: with sharded
+        weights they take part in gathering them, then go on to the next step's collective,
+        where they wait)."""
         r = self.cfg.rollout
-        metrics = eval_policy(self.model, self.tokenizer, self.retriever, self.cfg.eval, out_dir,
-                              topk=r.topk, max_info_tokens=r.max_info_tokens)
+        with self.full_weights():
+            if not self.dist.main:
+                return {}
+            metrics = eval_policy(self.model, self.tokenizer, self.retriever, self.cfg.eval,
+                                  out_dir, topk=r.topk, max_info_tokens=r.max_info_tokens)
         avg = metrics["average"]
         return {k: avg[k] for k in ("em", "f1", "valid_format", "searches", "questions")}
 
