@@ -229,6 +229,7 @@ def test_a_two_process_run_writes_once_and_resumes(world_dir, tmp_path, shard):
     steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if "episodes" in r] == [1, 2, 3]   # once per step
     assert all(r["episodes"] == 8 for r in steps if "episodes" in r)  # both shares gathered
+    assert all(r["peak_rss_mb"] > 100 for r in steps if "episodes" in r)   # the larger rank's
     assert (run / "final" / "config.json").is_file()
     last = sorted(p for p in (run / "checkpoints").glob("step-*"))[-1]
     assert last.name == "step-3"

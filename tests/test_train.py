@@ -21,7 +21,7 @@ from seekrl.rl.advantages import ESTIMATORS
 from seekrl.rl.train import Trainer
 
 TIMING = {"time_rollout", "time_scoring", "time_old_logprobs", "time_update", "time_step",
-          "tokens_per_s", "train_tokens_per_s"}
+          "tokens_per_s", "train_tokens_per_s", "peak_rss_mb"}   # and memory (CPU)
 
 
 @pytest.fixture(scope="module")

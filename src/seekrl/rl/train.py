@@ -43,6 +43,7 @@ import math
 import os
 import random
 import shutil
+import sys
 import time
 import warnings
 from collections import defaultdict
@@ -343,6 +344,8 @@ class Trainer:
         base_seed = cfg.seed * 1_000_003 + step
         set_seed(base_seed)
         t0 = time.time()
+        if self.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats(self.device)
         clock = {"rollout": 0.0, "scoring": 0.0}
         process_stats: dict[str, float] = {}
         fresh_tokens = [0]   # generated now: shared tree prefixes count once
@@ -407,7 +410,7 @@ class Trainer:
                 warnings.simplefilter("ignore", UserWarning)
                 self.scheduler.step()
             record.update(time_rollout=round(t_rollout, 2), skipped_update=True,
-                          lr=self.scheduler.get_last_lr()[0])
+                          lr=self.scheduler.get_last_lr()[0], **self._peak_memory())
             return record
         if self._backend is not None:
             self._backend.sleep()   # the update gets the engine's memory (vllm_sleep)
@@ -415,8 +418,25 @@ class Trainer:
         generated = sum(t.n_generated for t in trajs)
         record.update(time_rollout=round(t_rollout, 2), time_scoring=round(t_scoring, 3),
                       time_step=round(time.time() - t0, 2),
-                      tokens_per_s=round(generated / max(t_rollout, 1e-9), 1))
+                      tokens_per_s=round(generated / max(t_rollout, 1e-9), 1),
+                      **self._peak_memory())
         return record
+
+    def _peak_memory(self) -> dict[str, float]:
+        """The most memory any rank held: `peak_gpu_mb`, the GPU memory allocated at the
+        step's peak (on CUDA); `peak_rss_mb`, the process's peak resident memory since it
+        started (Linux and macOS)."""
+        out = {}
+        try:
+            import resource
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            out["peak_rss_mb"] = rss / (2**20 if sys.platform == "darwin" else 1024)
+        except ImportError:   # Windows
+            pass
+        if self.device.startswith("cuda"):
+            out["peak_gpu_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        peaks = self.dist.gather([out])
+        return {k: round(max(p[k] for p in peaks), 1) for k in out}
 
     def learn(self, trajs: Sequence[Trajectory]) -> dict[str, Any]:
         """Steps 4-6 on a scored batch (every rank holds the same one): log-probs,
