@@ -425,8 +425,10 @@ class Trainer:
     def _peak_memory(self) -> dict[str, float]:
         """The most memory any rank held: `peak_gpu_mb`, the GPU memory allocated at the
         step's peak (on CUDA); `peak_rss_mb`, the process's peak resident memory since it
-        started (Linux and macOS)."""
-        out = {}
+        started (Linux and macOS); `state_mb`, the tensors of the training state this rank
+        keeps between steps (its weights or their shards, the reference's, the gradients
+        and the optimizer's moments), which sharding divides by the number of ranks."""
+        out = {"state_mb": _state_bytes(self) / 2**20}
         try:
             import resource
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -992,6 +994,26 @@ def _rollout_grid(part: Sequence[Trajectory], mask: torch.Tensor) -> torch.Tenso
     out[mask.bool()] = torch.tensor([x for t in part for x in t.rollout_logprobs],
                                     dtype=torch.float32, device=mask.device)
     return out
+
+
+def _state_bytes(trainer: Trainer) -> int:
+    """Bytes of the training state held by this process (shards count their local part)."""
+    def size(t) -> int:
+        local = getattr(t, "to_local", None)
+        t = local() if callable(local) else t
+        return t.numel() * t.element_size()
+
+    tensors: dict[int, Any] = {}
+    for m in (trainer.model, trainer.value_head, trainer.ref_model):
+        for p in m.parameters() if m is not None else ():
+            tensors[id(p)] = p
+            if p.grad is not None:
+                tensors[id(p.grad)] = p.grad
+    for state in trainer.optimizer.state.values():
+        for v in state.values():
+            if isinstance(v, torch.Tensor):
+                tensors[id(v)] = v
+    return sum(size(t) for t in tensors.values())
 
 
 def _no_dropout_mode(model) -> None:
