@@ -19,9 +19,11 @@ Read from each run's `metrics.jsonl` (every figure the largest over the ranks):
 - The final policies of both sides: `max_weight_diff`. The sharded update skips prompt
   sharing (same function, other float rounding), so sampled episodes may part after the
   first update; on the first step both sides play the same episodes (`same_first_batch`).
+  `--unshared` adds a third side, replicated without prompt sharing, to tell the time the
+  sharded update loses to that from what its collectives cost.
 
     .venv/bin/python bench/shard.py [--nproc 2] [--steps 3] [--questions 4] [--repeats 1]
-        [--device cpu|cuda] [--dtype float32] [--max-new-tokens 32]
+        [--device cpu|cuda] [--dtype float32] [--max-new-tokens 32] [--unshared]
 
 Prints key=value lines; the last one is the summary with `rss_ratio` (fsdp / none, CPU) or
 `gpu_mem_ratio` (CUDA), and `update_time_ratio` (fsdp / none).
@@ -46,6 +48,8 @@ from seekrl.data.world import WorldConfig, generate_world, write_world
 from seekrl.retrieval.index import build_index
 
 SIDES = ("none", "fsdp")
+# the replicated run without prompt sharing, which a sharded update does without (--unshared)
+UNSHARED = "none-unshared"
 
 
 def build_world(work: Path) -> tuple[Path, Path]:
@@ -56,7 +60,8 @@ def build_world(work: Path) -> tuple[Path, Path]:
     return Path(paths["train"]), Path(index)
 
 
-def run_side(args, shard: str, data: Path, index: Path, out: Path) -> dict:
+def run_side(args, side: str, data: Path, index: Path, out: Path) -> dict:
+    shard = "none" if side == UNSHARED else side
     torchrun = Path(sys.executable).with_name("torchrun")
     n = args.questions * 4
     cmd = [str(torchrun), "--standalone", "--nproc_per_node", str(args.nproc),
@@ -69,6 +74,8 @@ def run_side(args, shard: str, data: Path, index: Path, out: Path) -> dict:
            "algo.advantage=grpo", "algo.epochs=1", f"algo.mini_batch_size={n}",
            "algo.micro_batch_size=4", "algo.kl_coef=0.01", "optim.lr=1e-6",
            "optim.schedule=constant", "optim.warmup_steps=0", "log.save_rollouts=1"]
+    if side == UNSHARED:
+        cmd.append("algo.share_prompts=false")
     env = dict(os.environ)
     if args.device == "cpu":
         env.update(OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_=str(1 << 20))
@@ -112,16 +119,19 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--unshared", action="store_true",
+                    help="a third side: replicated without prompt sharing")
     args = ap.parse_args()
+    sides = SIDES + ((UNSHARED,) if args.unshared else ())
     if args.questions % args.nproc:
         raise SystemExit("--questions must be a multiple of --nproc (whole groups per rank)")
     print(f"machine={platform.machine()} cpus={os.cpu_count()} torch={torch.__version__} "
           f"device={args.device} nproc={args.nproc}")
     work = Path(tempfile.mkdtemp(prefix="seekrl-shard-"))
     data, index = build_world(work)
-    runs: dict[str, list[dict]] = {s: [] for s in SIDES}
+    runs: dict[str, list[dict]] = {s: [] for s in sides}
     for rep in range(args.repeats):
-        for side in (SIDES if rep % 2 == 0 else SIDES[::-1]):
+        for side in (sides if rep % 2 == 0 else sides[::-1]):
             got = run_side(args, side, data, index, work / f"{side}-{rep}")
             runs[side].append(got)
             print(f"{side}_rep{rep}_time_step={got['time_step']:.1f} "
@@ -133,7 +143,7 @@ def main() -> None:
 
     def med(side, key):
         return statistics.median(r[key] for r in runs[side])
-    for side in SIDES:
+    for side in sides:
         print(f"{side}_peak_rss_mb={med(side, 'peak_rss_mb'):.0f} "
               f"{side}_peak_gpu_mb={med(side, 'peak_gpu_mb'):.0f} "
               f"{side}_state_mb={med(side, 'state_mb'):.0f} "
@@ -147,6 +157,11 @@ def main() -> None:
     update_ratio = med("fsdp", "time_update") / max(med("none", "time_update"), 1e-9)
     step_ratio = med("fsdp", "time_step") / max(med("none", "time_step"), 1e-9)
     print(f"same_first_batch={same_first} max_weight_diff={diff:.3g}")
+    if args.unshared:   # how much of the sharded update's time is the lost prompt sharing
+        print(f"unshared_update_time_ratio="
+              f"{med(UNSHARED, 'time_update') / max(med('none', 'time_update'), 1e-9):.3f} "
+              f"fsdp_vs_unshared_update_time_ratio="
+              f"{med('fsdp', 'time_update') / max(med(UNSHARED, 'time_update'), 1e-9):.3f}")
     state_ratio = med("fsdp", "state_mb") / med("none", "state_mb")
     memory = f"state_ratio={state_ratio:.3f} rss_ratio={rss_ratio:.3f}"
     if args.device == "cuda":

@@ -80,13 +80,32 @@ def _cfg(out: Path, **over) -> TrainConfig:
     return TrainConfig.model_validate(base)
 
 
-def _trainer(cfg: TrainConfig, world_dir: Path, dist: Dist | None = None, **kw):
-    from seekrl.models import tiny_policy
+def _policy(arch: str):
+    """The tiny Llama (tied embeddings), or a tiny Qwen2 with its own LM head (as
+    Qwen2.5-3B and larger have): under FSDP the LM head is then a weight of its own."""
+    from seekrl.models import load_tokenizer, tiny_policy
+
+    if arch == "llama":
+        return tiny_policy(seed=3)
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tok = load_tokenizer()
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=4096, tie_word_embeddings=False,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id)
+    torch.manual_seed(3)
+    return Qwen2ForCausalLM(config).eval(), tok
+
+
+def _trainer(cfg: TrainConfig, world_dir: Path, dist: Dist | None = None, arch: str = "llama",
+             **kw):
     from seekrl.retrieval.index import load_index
     from seekrl.rl.train import Trainer
 
     torch.set_num_threads(1)
-    model, tok = tiny_policy(seed=3)
+    model, tok = _policy(arch)
     return Trainer(cfg, model=model, tokenizer=tok, retriever=load_index(world_dir / "index"),
                    questions=read_qa_jsonl(world_dir / "train.jsonl"), reward_fn=parity_reward,
                    dist=dist, **kw)
@@ -117,13 +136,17 @@ def _worker(rank: int, job: str, world_dir: str, work: str, port: int) -> None:
                     "broadcast": d.broadcast(f"from {rank}")}, work_dir / f"rank{rank}.pt")
     elif job.startswith("update"):   # update, or update:fsdp
         over = json.loads((work_dir / "cfg.json").read_text())
-        trainer = _trainer(_cfg(work_dir / "dp-run", **over), Path(world_dir), overwrite=True)
+        arch = over.pop("_arch", "llama")
+        trainer = _trainer(_cfg(work_dir / "dp-run", **over), Path(world_dir), overwrite=True,
+                           arch=arch)
         batch = read_trajectories(work_dir / "batch.jsonl")
         record = trainer.learn(batch)
         record.pop("correct_logps", None)
+        from seekrl.rl.train import _state_bytes
+        state = _state_bytes(trainer)
         with trainer.full_weights():
             params = _trainable(trainer)
-        torch.save({"params": params, "record": record,
+        torch.save({"params": params, "record": record, "state": state,
                     "sharded": trainer.sharded is not None}, work_dir / f"rank{rank}.pt")
     else:   # a 3-step run stopped after step 2 and resumed; and 3 steps straight
         over = json.loads((work_dir / "cfg.json").read_text())
@@ -189,10 +212,12 @@ _SHARDED = {"shard": "fsdp", "gradient_checkpointing": True,
                      "entropy_coef": 0.01, "advantage": "gae", "value_lr": 1e-3}}
 
 
-@pytest.mark.parametrize("over", [{}, _SHARDED], ids=["replicated", "fsdp"])
+@pytest.mark.parametrize("over", [{}, _SHARDED, {**_SHARDED, "_arch": "qwen2"}],
+                         ids=["replicated", "fsdp", "fsdp-untied-head"])
 def test_two_processes_take_the_update_of_one_on_the_same_batch(world_dir, tmp_path, over):
-    one = _trainer(_cfg(tmp_path / "one", **{**over, "shard": "none"}), world_dir, dist=Dist(),
-                   overwrite=True)
+    settings = {k: v for k, v in over.items() if k != "_arch"}
+    one = _trainer(_cfg(tmp_path / "one", **{**settings, "shard": "none"}), world_dir,
+                   dist=Dist(), overwrite=True, arch=over.get("_arch", "llama"))
     trajs = one.rollout(one.sample_questions(1, 2), seed=11)
     one.score(trajs)
     assert len(trajs) == 8 and len({t.outcome_reward for t in trajs}) > 1
@@ -204,6 +229,9 @@ def test_two_processes_take_the_update_of_one_on_the_same_batch(world_dir, tmp_p
 
     ranks = _spawn("update", world_dir, tmp_path)
     assert [got["sharded"] for got in ranks] == [bool(over)] * 2
+    if over:   # each rank keeps half of the training state (weights, moments, reference)
+        from seekrl.rl.train import _state_bytes
+        assert ranks[0]["state"] == pytest.approx(_state_bytes(one) / 2, rel=0.02)
     moved = max(float((after[n] - before[n]).abs().max()) for n in after)
     assert moved > 1e-4   # the update did something
     for got in ranks:

@@ -746,7 +746,8 @@ class Trainer:
     def save_checkpoint(self, step: int) -> Path:
         """step-N written under a temporary name, then renamed; `latest` updated last. With
         several processes rank 0 writes it (the weights are the same on every rank) and the
-        others wait until it is on disk."""
+        others wait until it is on disk; sharded, every rank writes its shards of the
+        weights and optimizer state into `shards/` first."""
         target = self.ckpt_dir / f"step-{step}"
         if self.sharded is not None:   # every rank writes its shards into rank 0's folder
             tmp = self.dist.broadcast(self.ckpt_dir / f".step-{step}.tmp{os.getpid()}")
