@@ -205,15 +205,17 @@ def test_gradients_are_summed_and_none_stays_none(tmp_path):
 
 
 # sharded: micro-batches of 3 out of mini-batches of 8 give the ranks 2 and 1 (a pass of
-# weight 0 evens them); the critic's head joins the shards; the reference is a sharded copy;
-# activation checkpointing recomputes the blocks, gathering them again in the backward pass
-_SHARDED = {"shard": "fsdp", "gradient_checkpointing": True,
+# weight 0 evens them); the critic's head joins the shards; the reference is a sharded copy
+_SHARDED = {"shard": "fsdp",
             "algo": {"mini_batch_size": 8, "micro_batch_size": 3, "epochs": 2, "kl_coef": 0.1,
                      "entropy_coef": 0.01, "advantage": "gae", "value_lr": 1e-3}}
+# and a Qwen2 with its own LM head, under activation checkpointing (one pass, recomputed
+# in the backward pass, gathering the blocks again)
+_UNTIED = {**_SHARDED, "_arch": "qwen2", "gradient_checkpointing": True}
 
 
-@pytest.mark.parametrize("over", [{}, _SHARDED, {**_SHARDED, "_arch": "qwen2"}],
-                         ids=["replicated", "fsdp", "fsdp-untied-head"])
+@pytest.mark.parametrize("over", [{}, _SHARDED, _UNTIED],
+                         ids=["replicated", "fsdp", "fsdp-untied-head-checkpointed"])
 def test_two_processes_take_the_update_of_one_on_the_same_batch(world_dir, tmp_path, over):
     settings = {k: v for k, v in over.items() if k != "_arch"}
     one = _trainer(_cfg(tmp_path / "one", **{**settings, "shard": "none"}), world_dir,
