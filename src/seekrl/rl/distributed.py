@@ -1,8 +1,9 @@
 """Data-parallel RL training: several processes, each holding the whole policy, share every
 step's rollouts and gradient.
 
-Launch `seekrl train` with `torchrun --nproc_per_node N` (or `accelerate launch`, which sets
-the same variables); `Dist.from_env` reads RANK / WORLD_SIZE / LOCAL_RANK and joins the
+Launch `seekrl train` with `torchrun --nproc_per_node N` (or `accelerate launch
+--multi_gpu`, which sets the same variables); `Dist.from_env` reads RANK / WORLD_SIZE /
+LOCAL_RANK and joins the
 process group: gloo on CPU, NCCL on CUDA, each process on `cuda:LOCAL_RANK`. Several nodes
 are the same launch with `--nnodes` and a rendezvous address; the run folder must be on a
 filesystem every node sees (rank 0 writes it, the others read its checkpoints on resume).
