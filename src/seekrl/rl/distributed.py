@@ -1,12 +1,12 @@
-"""Data-parallel RL training: several processes, each holding the whole policy, share every
-step's rollouts and gradient.
+"""Data-parallel RL training: several processes, each holding the whole policy or a shard
+of it, share every step's rollouts and gradient.
 
 Launch `seekrl train` with `torchrun --nproc_per_node N` (or `accelerate launch
 --multi_gpu`, which sets the same variables); `Dist.from_env` reads RANK / WORLD_SIZE /
-LOCAL_RANK and joins the
-process group: gloo on CPU, NCCL on CUDA, each process on `cuda:LOCAL_RANK`. Several nodes
-are the same launch with `--nnodes` and a rendezvous address; the run folder must be on a
-filesystem every node sees (rank 0 writes it, the others read its checkpoints on resume).
+LOCAL_RANK and joins the process group: gloo on CPU, NCCL on CUDA, each process on
+`cuda:LOCAL_RANK`. Several nodes are the same launch with `--nnodes` and a rendezvous
+address; the run folder must be on a filesystem every node sees (rank 0 writes it, the
+others read its checkpoints on resume; sharded, every rank writes its shards there).
 
 What is split across the ranks and what is not:
 - the step's questions: each rank plays a contiguous share (whole groups) and scores it; the
