@@ -256,6 +256,39 @@ def test_the_recorded_outcome_only_search_collapses_are_flagged():
     assert first == {0: None, 1: 7, 2: 5}
 
 
+def test_the_recorded_greedy_collapse_of_outcome_seed_0_is_flagged_by_the_evaluations():
+    """Outcome seed 0 kept searching when sampled (its training stream raises nothing) and
+    collapsed greedily: 1.86 searches per question at SFT, 1.05 after training (200 test
+    questions, bench/RESULTS.md 2026-11-24). The evaluations say so."""
+    m = monitor()
+    assert m.update_eval(0, {"searches": 1.86, "em": 0.255}) == []   # nothing to compare yet
+    assert feed(m, [{"searches": s, "reward_multihop": r} for s, r in OUTCOME_RUNS[0]]) == {}
+    alerts = m.update_eval(8, {"searches": 1.05, "em": 0.26})
+    assert [(a.step, a.kind, a.severity) for a in alerts] == [
+        (8, "greedy_search_collapse", "warn")]
+    assert "fell to 1.05 (1.86 at the first evaluation)" in alerts[0].message
+    assert m.healthy                                   # a warning, never a stop
+    assert m.update_eval(9, {"searches": 1.0}) == []   # alerted once
+    assert m.update_eval(10, {"searches": 1.9}) == []  # recovered: re-armed
+    assert len(m.update_eval(11, {"searches": 1.1})) == 1
+
+
+def test_greedy_searches_need_multi_hop_training_questions_and_a_fall():
+    m = monitor()   # single-hop training data: one search is right
+    feed(m, series("searches", [1.6] * 6))
+    assert m.update_eval(0, {"searches": 1.9}) == [] and m.update_eval(6, {"searches": 1.0}) == []
+    m = monitor()
+    feed(m, [{"searches": 1.6, "reward_multihop": 0.2}] * 6)
+    m.update_eval(0, {"searches": 1.2})
+    assert m.update_eval(6, {"searches": 1.0}) == []   # 0.2 below the start: not a fall
+    assert m.update_eval(7, {"em": 0.3}) == []         # no searches reported: nothing read
+    state = json.loads(json.dumps(m.state_dict()))
+    again = monitor()
+    again.load_state_dict(state)
+    assert again.state_dict() == m.state_dict()
+    assert len(again.update_eval(8, {"searches": 0.8})) == 1   # 1.2 -> 0.8: the first's kept
+
+
 def test_searching_more_only_warns():
     m = monitor()
     got = []

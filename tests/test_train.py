@@ -319,6 +319,31 @@ def test_train_evaluates_the_start_and_the_end_for_the_report(world, tiny, tmp_p
     assert [p.name for p in (tmp_path / "b" / "run" / "eval").iterdir()] == ["final"]
 
 
+def test_greedy_evaluations_feed_the_monitor(world, tiny, tmp_path, monkeypatch):
+    """Each evaluation's searches go to the monitor: a greedy fall to one search (which a
+    sampled training signal may not show) is an alert in alerts.jsonl and on the console."""
+    searches = iter([1.9, 1.7, 1.0])   # start, step 1, final
+
+    def fake_eval(self, out_dir):
+        return {"em": 0.1, "f1": 0.1, "valid_format": 1.0, "searches": next(searches),
+                "questions": 2}
+
+    monkeypatch.setattr(Trainer, "evaluate", fake_eval)
+    lines = []
+    console = type("C", (), {"print": lambda self, *a, **k: lines.append(" ".join(map(str, a)))})()
+    cfg = make_cfg(tmp_path, steps=2, save_every=0,
+                   eval={"data": str(world["paths"]["test"]), "every": 1})
+    make_trainer(cfg, world, tiny, console=console).train()
+    run = tmp_path / "run"
+    alerts = [json.loads(x) for x in (run / "alerts.jsonl").read_text().splitlines()]
+    assert [(a["step"], a["kind"]) for a in alerts if a["kind"].startswith("greedy")] == [
+        (2, "greedy_search_collapse")]
+    assert any("searches per question fell to 1.00 (1.90" in x for x in lines)
+    dev = [r["dev_searches"] for r in map(json.loads, (run / "metrics.jsonl").read_text()
+                                          .splitlines()) if "dev_searches" in r]
+    assert dev == [1.9, 1.7, 1.0]
+
+
 def test_stop_on_collapse_keeps_the_last_healthy_checkpoint(world, tiny, tmp_path):
     def tied(t):   # every group's rewards tie: no learning signal at all
         return RewardParts(total=0.0, outcome=0.0, format=0.0, penalty=0.0)

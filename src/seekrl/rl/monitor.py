@@ -53,6 +53,14 @@ not a trend). The checks, for GRPO / PPO on a search agent:
   to 0.003, so the training reward cannot be what decides. It is a collapse once the
   multi-hop reward has also fallen more than `multihop_drop` below its baseline and to
   less than half of it.
+- greedy_search_collapse: the same fall, read from the greedy evaluations on `eval.data`
+  (`Monitor.update_eval`, at every `eval.every` steps and at the end): the searches per
+  question of the latest evaluation are at most `search_floor` and `searches_drop` below
+  those of the first evaluation (the policy before training, with `eval.at_start`), on a
+  run whose training questions include multi-hop ones. A policy can collapse greedily and
+  not when sampled (outcome-only seed 0 of the 2026-11-24 benchmark kept 1.5 sampled
+  searches per episode and ended at 1.05 greedy ones), which no training signal shows. It
+  only warns: an evaluation is a few dozen questions.
 - no_signal: for `no_signal_steps` steps in a row no group's rewards varied
   (`groups_with_signal` is 0): every group-relative advantage is zero and the outcome reward
   teaches nothing. It is where the other collapses end (every rollout invalid) and where a
@@ -89,7 +97,8 @@ from typing import Any
 from seekrl.config import MonitorConfig
 
 KINDS = ("grad_norm_explosion", "entropy_collapse", "correct_logp_falling", "valid_format_collapse",
-         "type_reward_drop", "searches_drift", "search_collapse", "no_signal")
+         "type_reward_drop", "searches_drift", "search_collapse", "greedy_search_collapse",
+         "no_signal")
 SEVERITIES = (None, "warn", "collapse")   # in increasing order
 NEAR_ZERO = 1e-8          # a baseline at or below this has nothing to fall from
 FORMAT_FLOOR = 0.1        # a valid-format rate below this is a collapse
@@ -247,6 +256,15 @@ def check_search_collapse(searches: float, searches_start: float, multihop: floa
                       f"check the bridge questions' EM greedily (seekrl eval)")
 
 
+def check_greedy_searches(searches: float, searches_start: float, cfg: MonitorConfig
+                          ) -> tuple[str | None, str]:
+    fell = searches <= cfg.search_floor and searches_start - searches >= cfg.searches_drop
+    return _severity(fell, False), (
+        f"greedy evaluation: searches per question fell to {searches:.2f} ({searches_start:.2f} "
+        f"at the first evaluation) on a run with multi-hop questions: the policy may have "
+        f"learnt to search once and guess; compare the bridge questions' EM")
+
+
 _CHECKS = (("entropy", "entropy_collapse", check_entropy),
            ("valid_format", "valid_format_collapse", check_valid_format),
            ("searches", "searches_drift", check_searches))
@@ -264,6 +282,7 @@ class Monitor:
         self.types: dict[str, _Signal] = {}   # question type -> its reward signal
         self.no_signal = _Signal(cfg.window)  # only its alert state; the run is counted here
         self.search_collapse = _Signal(cfg.window)   # only its alert state
+        self.greedy_searches = _Signal(cfg.window)   # evaluations: first = the first one's
         self.no_signal_run = 0                # steps in a row without a varied group
 
     @property
@@ -311,6 +330,20 @@ class Monitor:
             if signal.judge(severity):
                 alerts.append(Alert(step, kind, severity, message))
         return alerts
+
+    def update_eval(self, step: int, metrics: dict) -> list[Alert]:
+        """Feed it each greedy evaluation's metrics (`searches` per question); it returns
+        the alerts it raised (greedy_search_collapse)."""
+        searches = _finite(metrics.get("searches"))
+        if not self.cfg.enabled or searches is None:
+            return []
+        signal = self.greedy_searches
+        signal.observe(searches)
+        if len(signal.rolling) < 2 or not self.signals["reward_multihop"].rolling:
+            return []   # nothing to compare with, or no multi-hop question seen in training
+        severity, message = check_greedy_searches(searches, signal.first[0], self.cfg)
+        return [Alert(step, "greedy_search_collapse", severity, message)] \
+            if signal.judge(severity) else []
 
     def _observe(self, signal: _Signal, value: float, check) -> tuple[str | None, str] | None:
         signal.observe(value)
@@ -363,7 +396,8 @@ class Monitor:
         return {"signals": {name: s.state_dict() for name, s in self.signals.items()},
                 "types": {t: s.state_dict() for t, s in self.types.items()},
                 "no_signal": {**self.no_signal.state_dict(), "run": self.no_signal_run},
-                "search_collapse": self.search_collapse.state_dict()}
+                "search_collapse": self.search_collapse.state_dict(),
+                "greedy_searches": self.greedy_searches.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         window = self.cfg.window
@@ -376,3 +410,5 @@ class Monitor:
         self.no_signal_run = int(saved["run"]) if saved else 0
         saved = state.get("search_collapse")
         self.search_collapse = _Signal.from_state(saved, window) if saved else _Signal(window)
+        saved = state.get("greedy_searches")
+        self.greedy_searches = _Signal.from_state(saved, window) if saved else _Signal(window)

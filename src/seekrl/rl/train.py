@@ -857,11 +857,26 @@ class Trainer:
         alerts_path = self.out / "alerts.jsonl"
         last: dict[str, Any] = {}
         main = self.dist.main   # with several processes rank 0 evaluates and writes
+
+        def report(alerts: list) -> None:
+            if alerts and main:
+                with open(alerts_path, "a", encoding="utf-8") as f:
+                    for a in alerts:
+                        f.write(json.dumps(a.to_dict()) + "\n")
+            for a in alerts:
+                say(f"  [bold {'red' if a.severity == 'collapse' else 'yellow'}]"
+                    f"{a.severity}[/]: {a.message}")
+
+        def dev_eval(name: str, step: int, label: str) -> dict[str, Any]:
+            # rank 0's numbers on every rank: the monitor must be the same everywhere
+            dev = self.dist.broadcast(self.evaluate(self.out / "eval" / name))
+            self.log.write({"step": step, **{f"dev_{k}": v for k, v in dev.items()}})
+            say(f"  dev EM {dev['em']:.3f}{label}")
+            report(self.monitor.update_eval(step, dev))
+            return dev
+
         if cfg.eval.data and cfg.eval.at_start and self.step_done == 0:
-            dev = self.evaluate(self.out / "eval" / "start")
-            if main:
-                self.log.write({"step": 0, **{f"dev_{k}": v for k, v in dev.items()}})
-                say(f"  dev EM {dev['em']:.3f} before training")
+            dev_eval("start", 0, " before training")
         for step in range(self.step_done + 1, cfg.steps + 1):
             # rank 0's record (its timings) on every rank: the monitor, and so the decision
             # to stop, must be the same everywhere
@@ -870,14 +885,8 @@ class Trainer:
             alerts = self.monitor.update(step, record)
             record["alerts"] = [a.kind for a in alerts]
             self.log.write(record)
-            if alerts and main:
-                with open(alerts_path, "a", encoding="utf-8") as f:
-                    for a in alerts:
-                        f.write(json.dumps(a.to_dict()) + "\n")
             say(_line(record, cfg.steps, time.time() - started))
-            for a in alerts:
-                say(f"  [bold {'red' if a.severity == 'collapse' else 'yellow'}]"
-                    f"{a.severity}[/]: {a.message}")
+            report(alerts)
             last = record
             if not self.monitor.healthy and cfg.monitor.stop_on_collapse:
                 self.stopped_reason = "; ".join(a.message for a in alerts) or "collapse"
@@ -890,10 +899,7 @@ class Trainer:
                 self.save_checkpoint(step)
             if cfg.eval.data and cfg.eval.every and step % cfg.eval.every == 0 \
                     and step != cfg.steps:
-                dev = self.evaluate(self.out / "eval" / f"step-{step}")
-                if main:
-                    self.log.write({"step": step, **{f"dev_{k}": v for k, v in dev.items()}})
-                    say(f"  dev EM {dev['em']:.3f}")
+                dev_eval(f"step-{step}", step, "")
             out_of = None
             if cfg.max_minutes is not None and time.time() - started > cfg.max_minutes * 60:
                 out_of = f"time budget of {cfg.max_minutes} min"
@@ -929,11 +935,7 @@ class Trainer:
                    "rollout_tokens": self.rollout_tokens, "budget": self.stopped_budget,
                    "minutes": round((time.time() - started) / 60, 2)}
         if cfg.eval.data:
-            dev = self.evaluate(self.out / "eval" / "final")
-            if main:
-                self.log.write({"step": self.step_done,
-                                **{f"dev_{k}": v for k, v in dev.items()}})
-                summary["dev"] = dev
+            summary["dev"] = dev_eval("final", self.step_done, "")
         self.log.close()
         if main:
             (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -941,9 +943,8 @@ class Trainer:
         return summary
 
     def evaluate(self, out_dir: Path) -> dict[str, Any]:
-        """Rank 0 evaluates the policy on `eval.data` (the others return {}: with sharded
-        weights they take part in gathering them, then go on to the next step's collective,
-        where they wait)."""
+        """Rank 0 evaluates the policy on `eval.data`; the others return {} (with sharded
+        weights they take part in gathering them first) and `train` hands them rank 0's."""
         r = self.cfg.rollout
         with self.full_weights():
             if not self.dist.main:
