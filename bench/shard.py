@@ -107,7 +107,8 @@ def max_weight_diff(a: Path, b: Path) -> float:
 
     wa = dict(AutoModelForCausalLM.from_pretrained(a).named_parameters())
     wb = dict(AutoModelForCausalLM.from_pretrained(b).named_parameters())
-    return max(float((wa[n] - wb[n]).abs().max()) for n in wa)
+    with torch.no_grad():
+        return max(float((wa[n] - wb[n]).abs().max()) for n in wa)
 
 
 def main() -> None:
