@@ -744,3 +744,17 @@ def test_gradient_checkpointing_leaves_frozen_blocks_out_of_the_backward(world, 
     trainer.model(input_ids=torch.tensor([[1, 2, 3]]))
     handle.remove()
     assert seen == [False]
+
+
+def test_prune_steps_keeps_the_newest_and_the_named(tmp_path):
+    """The checkpoint pruning of RL and PRM runs: the newest `keep_last` step-N folders,
+    plus the named ones (the last healthy checkpoint), stay; other names are not touched."""
+    from seekrl.rl.common import prune_steps
+
+    for n in (1, 2, 3, 10, 11):
+        (tmp_path / f"step-{n}").mkdir()
+    (tmp_path / "step-notes").mkdir()
+    (tmp_path / "step-12").write_text("a file, not a checkpoint")
+    prune_steps(tmp_path, 2, keep={"step-2", None})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step-10", "step-11", "step-12", "step-2", "step-notes"]   # 11 after 10: by number

@@ -277,6 +277,17 @@ def save_policy(model, tokenizer, path: str | Path, *, before_rename=None) -> Pa
     return path
 
 
+def prune_steps(folder: Path, keep_last: int, keep: set[str | None] = frozenset()) -> None:
+    """Delete all but the newest `keep_last` of the `step-N` folders in `folder` (and those
+    named in `keep`); folders of other names are left alone."""
+    done = sorted((p for p in folder.glob("step-*")
+                   if p.is_dir() and p.name[len("step-"):].isdigit()),
+                  key=lambda p: int(p.name[len("step-"):]))
+    for p in done[:-keep_last]:
+        if p.name not in keep:
+            shutil.rmtree(p, ignore_errors=True)
+
+
 def replace_dir(tmp: Path, target: Path) -> None:
     """Move a finished folder into place; an older one at `target` goes only after."""
     old = None

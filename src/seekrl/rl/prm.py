@@ -475,13 +475,10 @@ def check_label_tokenizer(folders: Sequence[str | Path], tokenizer, who: str) ->
 def _save_checkpoint(prm: ProcessRewardModel, tokenizer, folder: Path, step: int,
                      keep_last: int, info: dict) -> None:
     """`folder/step-N`, a PRM `load_scorer` reads; only the newest `keep_last` stay."""
-    import shutil
+    from seekrl.rl.common import prune_steps
 
     save_prm(prm, tokenizer, folder / f"step-{step}", info)
-    saved = sorted(folder.glob("step-*"), key=lambda p: int(p.name.split("-")[1])
-                   if p.name.split("-")[1].isdigit() else -1)
-    for old in saved[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+    prune_steps(folder, keep_last)
 
 
 def check_scorer_tokenizer(scorer: Any, tokenizer, who: str) -> None:

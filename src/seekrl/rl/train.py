@@ -88,6 +88,7 @@ from seekrl.rl.common import (
     make_scheduler,
     open_index,
     prepare_trainable,
+    prune_steps,
     replace_dir,
     rng_state,
     rollout_config,
@@ -793,15 +794,7 @@ class Trainer:
             os.fsync(fh.fileno())
         os.replace(pointer, self.ckpt_dir / "latest")
         _fsync_dir(self.ckpt_dir, files=False)     # and so is the pointer's
-        self._prune()
-
-    def _prune(self) -> None:
-        keep = {self.healthy_checkpoint}
-        done = sorted((p for p in self.ckpt_dir.glob("step-*") if p.is_dir()),
-                      key=lambda p: int(p.name.split("-")[1]))
-        for p in done[:-self.cfg.keep_last]:
-            if p.name not in keep:
-                shutil.rmtree(p, ignore_errors=True)
+        prune_steps(self.ckpt_dir, self.cfg.keep_last, keep={self.healthy_checkpoint})
 
     def load_checkpoint(self, path: Path) -> dict:
         sharded = (path / "shards").is_dir()
