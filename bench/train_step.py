@@ -28,9 +28,13 @@ GRPO step of seekrl against TRL's `GRPOTrainer` doing the same work.
 
     .venv/bin/python bench/train_step.py [--questions 8] [--group 4] [--max-new-tokens 64]
         [--repeats 1] [--skip-trl] [--skip-agent] [--threads N] [--unshared]
+        [--device cuda --dtype bfloat16]
 
 Prints key=value lines; the last line is the summary with trl_speedup (TRL step seconds /
-seekrl step seconds, medians) and the agent step's headline.
+seekrl step seconds, medians; `trl_speedup_gpu` on a GPU) and the agent step's headline.
+On a GPU both sides run there in `--dtype` (TRL with `bf16` for bfloat16), the clock waits
+for the GPU (`torch.cuda.synchronize`) before it stops, and each side reports its peak GPU
+memory; the agent step also reports the rollout / trainer log-prob gap (mean, max).
 """
 
 from __future__ import annotations
@@ -74,7 +78,8 @@ def seekrl_config(args, method: str, out: Path, share_prompts: bool = True) -> T
     if method == "agent":
         rollout.update(max_turns=4, topk=2, max_info_tokens=256)
     return TrainConfig(
-        data="(in memory)", out=str(out), seed=0, steps=1, save_every=0,
+        data="(in memory)", out=str(out), seed=0, steps=1, save_every=0, device=args.device,
+        dtype=args.dtype,
         questions_per_step=args.questions, group_size=args.group, train_layers=None,
         rollout=rollout,
         algo={"advantage": "grpo", "epochs": 1, "mini_batch_size": n,
@@ -86,12 +91,14 @@ def seekrl_config(args, method: str, out: Path, share_prompts: bool = True) -> T
 def seekrl_step(args, method: str, questions, work: Path, retriever=None,
                 share_prompts: bool = True) -> dict:
     """A fresh model and Trainer (untimed), then one timed `Trainer.step(1)`."""
-    model, tok = load_policy("smollm2-135m")
+    model, tok = load_policy("smollm2-135m", dtype=args.dtype, device=args.device)
     out = Path(tempfile.mkdtemp(prefix=f"seekrl-{method}-", dir=work))
     trainer = Trainer(seekrl_config(args, method, out, share_prompts), model=model, tokenizer=tok,
                       retriever=retriever, questions=questions, console=None)
+    sync(args)
     started = time.perf_counter()
     record = trainer.step(1)
+    sync(args)
     record["wall"] = time.perf_counter() - started
     record["generated"] = round(record["response_length"] * record["episodes"])
     trainer.log.close()
@@ -120,7 +127,8 @@ def trl_step(args, prompts: list[str], golden: list[list[str]], work: Path) -> d
     micro = min(MICRO_BATCH, n)
     if n % micro:
         raise SystemExit(f"questions x group ({n}) must be a multiple of {micro} for TRL")
-    model, tok = load_policy("smollm2-135m")
+    model, tok = load_policy("smollm2-135m", dtype=args.dtype, device=args.device)
+    gpu = args.device.startswith("cuda")
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-", dir=work),
         per_device_train_batch_size=micro, gradient_accumulation_steps=n // micro,
@@ -128,7 +136,8 @@ def trl_step(args, prompts: list[str], golden: list[list[str]], work: Path) -> d
         max_completion_length=args.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
         beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group",
         learning_rate=1e-6, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        max_grad_norm=1.0, optim="adamw_torch", max_steps=1, use_cpu=True, bf16=False,
+        max_grad_norm=1.0, optim="adamw_torch", max_steps=1, use_cpu=not gpu,
+        bf16=args.dtype == "bfloat16",
         fp16=False, activation_checkpointing=False, logging_steps=1, report_to="none",
         save_strategy="no", disable_tqdm=True, seed=0, dataloader_num_workers=0,
         log_completions=False)
@@ -154,8 +163,12 @@ def trl_step(args, prompts: list[str], golden: list[list[str]], work: Path) -> d
     trainer._generate_and_score_completions = timed("rollout",
                                                     trainer._generate_and_score_completions)
     trainer.training_step = timed("training_step", trainer.training_step)
+    if gpu:
+        torch.cuda.reset_peak_memory_stats()
+    sync(args)
     started = time.perf_counter()
     trainer.train()
+    sync(args)
     wall = time.perf_counter() - started
     logged = next((h for h in trainer.state.log_history if "completions/mean_length" in h), {})
     mean_len = logged.get("completions/mean_length", float("nan"))
@@ -168,16 +181,23 @@ def trl_step(args, prompts: list[str], golden: list[list[str]], work: Path) -> d
             "generated": clock["completion_tokens"] - clock["eos"],
             "clipped_ratio": logged.get("completions/clipped_ratio"),
             "reward": logged.get("reward"), "global_step": trainer.state.global_step,
-            "checkpointing": bool(config.activation_checkpointing)}
+            "checkpointing": bool(config.activation_checkpointing),
+            "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if gpu else None}
 
 
 # ---------------------------------------------------------------------- main
 
 
-def warm_up(prompt: str) -> None:
+def sync(args) -> None:
+    """Wait for the GPU's queued work, so that the clock measures it."""
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def warm_up(args, prompt: str) -> None:
     """Process-wide first-call costs (allocator, kernels), paid before any timing."""
-    model, tok = load_policy("smollm2-135m")
-    ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+    model, tok = load_policy("smollm2-135m", dtype=args.dtype, device=args.device)
+    ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids.to(args.device)
     with torch.no_grad():
         model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
                        do_sample=True, pad_token_id=tok.pad_token_id)
@@ -207,6 +227,8 @@ def main() -> None:
     p.add_argument("--skip-trl", action="store_true", help="no single-turn comparison")
     p.add_argument("--skip-agent", action="store_true", help="no multi-turn agent step")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda for the GPU comparison")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--unshared", action="store_true",
                    help="a third single-turn side: seekrl with algo.share_prompts off (every "
                         "episode's prompt run in full in the update), to attribute the gain")
@@ -228,7 +250,7 @@ def main() -> None:
     print(f"questions={len(questions)} group={args.group} max_new_tokens={args.max_new_tokens} "
           f"repeats={args.repeats} threads={threads} torch={torch.__version__} "
           f"transformers={transformers.__version__} docs={len(world.docs)}")
-    warm_up(prompts[0])
+    warm_up(args, prompts[0])
 
     agent = None
     if not args.skip_agent:
@@ -243,6 +265,9 @@ def main() -> None:
               f"agent_time_update={agent['time_update']} agent_time_step={agent['time_step']} "
               f"agent_rollout_tok_s={agent['tokens_per_s']} "
               f"agent_train_tok_s={agent['train_tokens_per_s']}")
+        print(f"agent_rollout_logp_gap={agent.get('rollout_logp_gap')} "
+              f"agent_rollout_logp_gap_max={agent.get('rollout_logp_gap_max')} "
+              f"agent_peak_gpu_mb={agent.get('peak_gpu_mb')}")
 
     trl_runs: list[dict] = []
     seek_runs: list[dict] = []
@@ -274,7 +299,8 @@ def main() -> None:
                           f"completion_tokens_logged={run['completion_tokens_logged']} "
                           f"clipped_ratio={run['clipped_ratio']} reward={run['reward']} "
                           f"optimizer_steps={run['global_step']} "
-                          f"activation_checkpointing={run['checkpointing']}")
+                          f"activation_checkpointing={run['checkpointing']} "
+                          f"peak_gpu_mb={run['peak_gpu_mb']}")
                 else:
                     run = seekrl_step(args, "direct", questions, work,
                                       share_prompts=side == "seekrl")
@@ -284,7 +310,8 @@ def main() -> None:
                           f"old_logprobs_s={run['time_old_logprobs']:.1f} "
                           f"update_s={run['time_update']:.1f} "
                           f"generated_tokens={run['generated']} reward={run['reward']} "
-                          f"valid_format={run['valid_format']}")
+                          f"valid_format={run['valid_format']} "
+                          f"peak_gpu_mb={run.get('peak_gpu_mb')}")
 
     summary = ["summary:"]
     if trl_runs and seek_runs:
@@ -311,7 +338,8 @@ def main() -> None:
             print(f"single_turn_unshared_step_s={un_s:.1f} single_turn_unshared_update_s="
                   f"{un_upd:.1f} share_prompts_update_speedup={un_upd / seek_upd:.2f} "
                   f"trl_speedup_unshared={trl_s / un_s:.2f}")
-        summary.append(f"trl_speedup={trl_s / seek_s:.2f} (TRL {trl_s:.1f}s vs seekrl {seek_s:.1f}s "
+        key = "trl_speedup_gpu" if args.device.startswith("cuda") else "trl_speedup"
+        summary.append(f"{key}={trl_s / seek_s:.2f} (TRL {trl_s:.1f}s vs seekrl {seek_s:.1f}s "
                        f"per single-turn step, {trl_tok:.0f} vs {seek_tok:.0f} tokens)")
     if agent is not None:
         summary.append(f"agent_step={agent['wall']:.1f}s (rollout {agent['time_rollout']:.1f}s "
