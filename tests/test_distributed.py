@@ -5,6 +5,7 @@ its run folder once and resumes."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import time
@@ -148,6 +149,30 @@ def _worker(rank: int, job: str, world_dir: str, work: str, port: int) -> None:
             params = _trainable(trainer)
         torch.save({"params": params, "record": record, "state": state,
                     "sharded": trainer.sharded is not None}, work_dir / f"rank{rank}.pt")
+    elif job == "steps":   # a short run of the settings in cfg.json, bf16 if asked
+        over = json.loads((work_dir / "cfg.json").read_text())
+        bf16 = over.pop("_bf16", False)
+        cfg = _cfg(work_dir / "steps", **over)
+        from seekrl.retrieval.index import load_index
+        from seekrl.rl.train import Trainer
+        model, tok = _policy("llama")
+        if bf16:
+            model = model.to(torch.bfloat16)
+        trainer = Trainer(cfg, model=model, tokenizer=tok,
+                          retriever=load_index(Path(world_dir) / "index"),
+                          questions=read_qa_jsonl(Path(world_dir) / "train.jsonl"),
+                          reward_fn=parity_reward, overwrite=True)
+        records = [trainer.step(step) for step in range(1, cfg.steps + 1)]
+        torch.save({"records": records}, work_dir / f"rank{rank}.pt")
+    elif job == "unstepped":   # a sharded checkpoint of an optimizer that never stepped
+        over = {"shard": "fsdp", "steps": 2, "save_every": 1,
+                "algo": {"dynamic_sampling": True, "max_refills": 0}}
+        first = _trainer(_cfg(work_dir / "run", **over), Path(world_dir), overwrite=True)
+        first.reward_fn = lambda t: RewardParts(total=0.0, outcome=0.0, format=0.0, penalty=0.0)
+        first.train(until=1)
+        resumed = _trainer(_cfg(work_dir / "run", **over), Path(world_dir), resume=True)
+        torch.save({"state": len(resumed.optimizer.state), "step": resumed.step_done},
+                   work_dir / f"rank{rank}.pt")
     else:   # a 3-step run stopped after step 2 and resumed; and 3 steps straight
         over = json.loads((work_dir / "cfg.json").read_text())
         cfg = _cfg(work_dir / "run", steps=3, **over)
@@ -306,7 +331,9 @@ def test_seekrl_train_under_torchrun(world_dir, tmp_path, shard):
            "rollout.max_new_tokens=6", "rollout.max_info_tokens=48", "eval.data=",
            "algo.mini_batch_size=4", "algo.micro_batch_size=1", "device=cpu", f"shard={shard}"]
     if shard == "fsdp":   # LoRA adapters sharded with their frozen base; saved merged
-        cmd += ["lora.enabled=true", "lora.r=4", "algo.kl_coef=0.05", "optim.lr=1e-3"]
+        # (the tiny model earns no reward: the entropy bonus is what moves the adapters)
+        cmd += ["lora.enabled=true", "lora.r=4", "algo.kl_coef=0.05", "optim.lr=1e-3",
+                "algo.entropy_coef=0.01"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -320,3 +347,35 @@ def test_seekrl_train_under_torchrun(world_dir, tmp_path, shard):
         assert not any("lora" in n for n, _ in final.named_parameters())
         start = dict(model.named_parameters())
         assert any(not torch.equal(p, start[n]) for n, p in final.named_parameters())
+
+
+@pytest.mark.parametrize("over", [
+    # one question for two ranks: rank 1 plays nothing, and so runs no block forward while
+    # rank 0 plays; the first backward must not prefetch what one rank ran and not the other
+    {"questions_per_step": 1, "group_size": 4, "steps": 2, "save_every": 0,
+     "algo": {"mini_batch_size": 4, "micro_batch_size": 1, "epochs": 1, "kl_coef": 0.0}},
+    # bfloat16 weights beside the float32 critic's head (a shard group of its own)
+    {"_bf16": True, "dtype": "bfloat16", "steps": 1, "save_every": 0,
+     "algo": {"advantage": "gae", "mini_batch_size": 4, "micro_batch_size": 2,
+              "kl_coef": 0.0}},
+], ids=["rank-without-questions", "bf16-with-critic"])
+def test_sharded_steps_that_once_hung_or_failed(world_dir, tmp_path, over):
+    (tmp_path / "cfg.json").write_text(json.dumps({"shard": "fsdp", **over}))
+    ranks = _spawn("steps", world_dir, tmp_path, timeout=180.0)
+    for got in ranks:
+        assert len(got["records"]) == over["steps"]
+        assert all(math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in got["records"])
+    assert ranks[0]["records"][-1]["grad_norm"] == ranks[1]["records"][-1]["grad_norm"]
+
+
+def test_a_sharded_checkpoint_before_any_optimizer_step_resumes_without_one(world_dir,
+                                                                           tmp_path):
+    """Every group tied, dynamic sampling keeps none: no update, yet a checkpoint. Reading
+    the optimizer's state for it would give the optimizer a step at lr 0 (which counts in
+    AdamW's bias correction); it is saved without one, and resumes without one."""
+    ranks = _spawn("unstepped", world_dir, tmp_path, timeout=180.0)
+    optim = torch.load(tmp_path / "run" / "checkpoints" / "step-1" / "optim.pt",
+                       weights_only=False)
+    assert optim["sharded_optimizer"] is False
+    assert [got["state"] for got in ranks] == [0, 0]
+    assert [got["step"] for got in ranks] == [1, 1]

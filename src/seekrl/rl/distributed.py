@@ -15,12 +15,13 @@ What is split across the ranks and what is not:
   the batch) are one process's;
 - the old / reference log-probs: each rank computes a share, gathered;
 - the update: each mini-batch's micro-batches go to the ranks in turn; before every
-  optimizer step the gradients are summed across ranks (one all-reduce per bucket), so
-  every rank takes the same step from the same weights: the step one process takes after
-  accumulating the same micro-batches;
+  optimizer step the gradients are summed across ranks (one all-reduce per bucket;
+  sharded, FSDP's reduce-scatter of each block), so every rank takes the same step from
+  the same weights: the step one process takes after accumulating the same micro-batches;
 - writes (config, metrics, rollouts, checkpoints, the final policy) and evaluations are
-  rank 0's; the step's record and the decision to stop are broadcast from rank 0, so every
-  rank stops at the same step.
+  rank 0's (sharded, every rank writes its shards of a checkpoint); the step's record, the
+  evaluations' numbers and the decision to stop are broadcast from rank 0, so every rank's
+  monitor agrees and every rank stops at the same step.
 
 By default the weights are replicated (DDP's memory model): each process holds the whole
 policy with its gradient and optimizer state. With `shard: fsdp` they are sharded by PyTorch's
@@ -271,6 +272,8 @@ class Sharded:
         policy = MixedPrecisionPolicy(reduce_dtype=torch.float32)   # bf16 weights: fp32 sums
         for block in transformer_blocks(root.policy):
             fully_shard(block, mp_policy=policy)
+        if root.value_head is not None:   # float32 beside bf16 weights: a group of its own
+            fully_shard(root.value_head, mp_policy=policy)
         fully_shard(root, mp_policy=policy)
         self.units = [m for m in root.modules() if isinstance(m, FSDPModule)]
         self._depth = 0
@@ -282,8 +285,7 @@ class Sharded:
             root(ids, torch.ones_like(ids), torch.tensor([[0, 0, 1]], device=device))
         # the root keeps its weights gathered after a forward: shard them again, so that
         # the module holds its shards (the optimizer must be built on those)
-        for unit in self.units:
-            unit.reshard()
+        self._forget_forwards()
 
     @contextmanager
     def full(self) -> Iterator[None]:
@@ -300,38 +302,73 @@ class Sharded:
         finally:
             self._depth -= 1
             if self._depth == 0:
+                self._forget_forwards()
                 for unit in self.units:
-                    unit.reshard()
                     unit.set_reshard_after_forward(unit is not self.root, recurse=False)
+
+    def _forget_forwards(self) -> None:
+        """Reshard every group, and forget the forward passes run so far. FSDP records
+        each block's forward, no-grad ones too, and the first backward prefetches
+        (all-gathers) the last one recorded: after a phase in which ranks ran different
+        numbers of forwards, one rank would gather where another does not, and wait."""
+        reset = getattr(self.root, "reset_iter_state", None)   # torch >= 2.12
+        if callable(reset):
+            reset()
+            return
+        for unit in self.units:
+            unit.reshard()
+            state = unit._get_fsdp_state()
+            state._comm_ctx.post_forward_order.clear()
+            for group in state._fsdp_param_groups:
+                group._post_forward_indices.clear()
 
     # ---- checkpoints
     def _state(self, optimizer) -> dict:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+        """The trainable weights' shards, with the optimizer's when `optimizer` is given
+        (reading an optimizer's state dict gives a fresh optimizer a state: a step at lr 0,
+        which counts in AdamW's bias correction, so an optimizer that has not stepped yet
+        is saved as nothing)."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_state_dict,
+        )
 
-        model, optim = get_state_dict(self.root, optimizer,
-                                      options=StateDictOptions(ignore_frozen_params=True))
+        options = StateDictOptions(ignore_frozen_params=True)
+        if optimizer is None:
+            return {"model": get_model_state_dict(self.root, options=options)}
+        model, optim = get_state_dict(self.root, optimizer, options=options)
         return {"model": model, "optim": optim}
 
-    def save(self, folder: Path, optimizer) -> None:
+    def save(self, folder: Path, optimizer) -> bool:
         """The trainable weights and the optimizer state, each rank writing its shards
-        (every rank calls this)."""
+        (every rank calls this). Returns whether the optimizer's state is in it."""
         import torch.distributed.checkpoint as dcp
 
-        dcp.save(self._state(optimizer), checkpoint_id=str(folder))
+        stepped = bool(optimizer.state)
+        dcp.save(self._state(optimizer if stepped else None), checkpoint_id=str(folder))
+        return stepped
 
-    def load(self, folder: Path, optimizer) -> None:
+    def load(self, folder: Path, optimizer, with_optimizer: bool = True) -> None:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_state_dict,
+        )
 
-        state = self._state(optimizer)
+        state = self._state(optimizer if with_optimizer else None)
         try:
             dcp.load(state, checkpoint_id=str(folder))
         except Exception as err:   # noqa: BLE001 - dcp raises its own kinds, per rank
             raise ValueError(f"{folder}: sharded checkpoint does not match this model/config "
                              f"({str(err).splitlines()[0][:300]})") from None
-        set_state_dict(self.root, optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"],
-                       options=StateDictOptions(ignore_frozen_params=True, strict=False))
+        options = StateDictOptions(ignore_frozen_params=True, strict=False)
+        if with_optimizer:
+            set_state_dict(self.root, optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"], options=options)
+        else:
+            set_model_state_dict(self.root, state["model"], options=options)
 
     def gathered_policy(self, main: bool) -> torch.nn.Module | None:
         """The policy with its full weights as a plain module, on rank 0 (None on the
@@ -368,6 +405,7 @@ def _weightless_copy(module: torch.nn.Module) -> torch.nn.Module:
 def clip_grad_norm(params: Sequence[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
     """`clip_grad_norm_` for sharded gradients too: the norm of the whole gradient (a
     collective when some are shards), then every gradient scaled by the same factor."""
+    params = list(params)
     grads = [p.grad for p in params if p.grad is not None]
     if not any(hasattr(g, "full_tensor") for g in grads):
         return torch.nn.utils.clip_grad_norm_(params, max_norm)

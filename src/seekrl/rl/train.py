@@ -173,9 +173,10 @@ class Trainer:
         self.value_head = None
         if needs_values(cfg.algo.advantage):
             self.value_head = ValueHead(_hidden_size(self.model)).to(self.device)
-        # rank 0's weights everywhere, frozen ones too (a model passed in may differ by rank)
-        self.dist.broadcast_parameters([p for m in (self.model, self.value_head) if m is not None
-                                        for p in m.parameters()])
+        # rank 0's weights everywhere, frozen ones and the reference's too (a model passed in
+        # may differ by rank)
+        self.dist.broadcast_parameters([p for m in (self.model, self.value_head, self.ref_model)
+                                        if m is not None for p in m.parameters()])
         # shard: fsdp: the policy (with the critic's head) and the frozen reference sharded
         # over the processes; the optimizer then holds this rank's shards
         self.sharded = self.ref_sharded = None
@@ -332,7 +333,10 @@ class Trainer:
                 out = masked_logprobs(model, ids, attn, mask,
                                       temperature=self.cfg.rollout.temperature,
                                       value_head=None if reference else self.value_head,
-                                      share_prompts=self.cfg.algo.share_prompts)
+                                      # sharded: as the update computes them (no sharing), so
+                                      # the first ratio is 1 to the last bit
+                                      share_prompts=self.cfg.algo.share_prompts
+                                      and self.sharded is None)
                 for row, t in enumerate(part):
                     logps.append(out["logprobs"][row, :len(t.token_ids)].cpu())
                     if values is not None:
@@ -427,8 +431,9 @@ class Trainer:
         """The most memory any rank held: `peak_gpu_mb`, the GPU memory allocated at the
         step's peak (on CUDA); `peak_rss_mb`, the process's peak resident memory since it
         started (Linux and macOS); `state_mb`, the tensors of the training state this rank
-        keeps between steps (its weights or their shards, the reference's, the gradients
-        and the optimizer's moments), which sharding divides by the number of ranks."""
+        keeps between steps (its weights or their shards, the reference's and the
+        optimizer's moments; the gradients are freed at each optimizer step), which
+        sharding divides by the number of ranks."""
         out = {"state_mb": _state_bytes(self) / 2**20}
         try:
             import resource
@@ -756,17 +761,19 @@ class Trainer:
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir(parents=True)
             self.dist.barrier()
-            self.sharded.save(tmp / "shards", self.optimizer)
+            stepped = self.sharded.save(tmp / "shards", self.optimizer)
             if self.dist.main:
-                self._write_checkpoint(step, target, tmp)
+                self._write_checkpoint(step, target, tmp, sharded_optimizer=stepped)
         elif self.dist.main:
             self._write_checkpoint(step, target)
         self.dist.barrier()
         return target
 
-    def _write_checkpoint(self, step: int, target: Path, tmp: Path | None = None) -> None:
-        """Rank 0's part: the weights (unless the ranks wrote their shards into `tmp`),
-        the schedule, the random state and the trainer's, then the rename."""
+    def _write_checkpoint(self, step: int, target: Path, tmp: Path | None = None,
+                          sharded_optimizer: bool = False) -> None:
+        """Rank 0's part: the weights (unless the ranks wrote their shards into `tmp`,
+        with the optimizer's state when `sharded_optimizer`), the schedule, the random
+        state and the trainer's, then the rename."""
         if tmp is None:
             tmp = self.ckpt_dir / f".step-{step}.tmp{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
@@ -778,12 +785,15 @@ class Trainer:
                 torch.save(self.value_head.state_dict(), tmp / "value_head.pt")
         torch.save({"optimizer": None if self.sharded is not None
                     else self.optimizer.state_dict(),   # sharded: in shards/
+                    "sharded_optimizer": sharded_optimizer,
                     "scheduler": self.scheduler.state_dict(), "rng": rng_state()},
                    tmp / "optim.pt")
         (tmp / "trainer.json").write_text(json.dumps({
             "step": step, "monitor": self.monitor.state_dict(),
             "healthy_checkpoint": self.healthy_checkpoint,
             "rollout_tokens": self.rollout_tokens}))
+        if (tmp / "shards").is_dir():
+            _fsync_dir(tmp / "shards", files=False)   # dcp flushed the files themselves
         _fsync_dir(tmp)
         replace_dir(tmp, target)
         _fsync_dir(self.ckpt_dir, files=False)     # the checkpoint's rename is on disk
@@ -805,7 +815,8 @@ class Trainer:
                              f"shard: {self.cfg.shard}, {self.dist.world} process(es))")
         optim = torch.load(path / "optim.pt", map_location=self.device, weights_only=False)
         if self.sharded is not None:
-            self.sharded.load(path / "shards", self.optimizer)
+            self.sharded.load(path / "shards", self.optimizer,
+                              with_optimizer=optim.get("sharded_optimizer", True))
         else:
             self._load_whole(path, optim["optimizer"])
         self.scheduler.load_state_dict(optim["scheduler"])
@@ -886,13 +897,14 @@ class Trainer:
                 say(f"[bold red]stopping[/]: training collapsed at step {step}; the last "
                     f"healthy checkpoint is {self.healthy_checkpoint or 'the start'}")
                 break
+            # the evaluation before the checkpoint: the monitor saved with it has seen it
+            if cfg.eval.data and cfg.eval.every and step % cfg.eval.every == 0 \
+                    and step != cfg.steps:
+                dev_eval(f"step-{step}", step, "")
             if cfg.save_every and step % cfg.save_every == 0:
                 if self.monitor.healthy:
                     self.healthy_checkpoint = f"step-{step}"
                 self.save_checkpoint(step)
-            if cfg.eval.data and cfg.eval.every and step % cfg.eval.every == 0 \
-                    and step != cfg.steps:
-                dev_eval(f"step-{step}", step, "")
             out_of = None
             if cfg.max_minutes is not None and time.time() - started > cfg.max_minutes * 60:
                 out_of = f"time budget of {cfg.max_minutes} min"
