@@ -291,7 +291,8 @@ class Sharded:
     def full(self) -> Iterator[None]:
         """The full weights on every rank for the block (one all-gather per group, a
         collective: every rank enters), freed after it. Forward passes inside gather nothing,
-        so ranks may run different numbers of them; nested uses gather once."""
+        and are forgotten on the way out, so ranks may run different numbers of them;
+        nested uses gather once."""
         if self._depth == 0:
             for unit in self.units:
                 unit.set_reshard_after_forward(False, recurse=False)
@@ -311,7 +312,7 @@ class Sharded:
         each block's forward, no-grad ones too, and the first backward prefetches
         (all-gathers) the last one recorded: after a phase in which ranks ran different
         numbers of forwards, one rank would gather where another does not, and wait."""
-        reset = getattr(self.root, "reset_iter_state", None)   # torch >= 2.12
+        reset = getattr(self.root, "reset_iter_state", None)   # recent torch; else by hand
         if callable(reset):
             reset()
             return
