@@ -61,6 +61,27 @@ def test_from_env_refuses_a_fixed_gpu_with_several_processes(monkeypatch):
         Dist.from_env("mps")
 
 
+def test_transformer_blocks_are_the_no_split_classes_or_refused():
+    from seekrl.config import ConfigError
+    from seekrl.models import tiny_policy
+    from seekrl.rl.distributed import transformer_blocks
+
+    model, _ = tiny_policy(seed=0, layers=3)
+    blocks = transformer_blocks(model)
+    assert [type(b).__name__ for b in blocks] == ["LlamaDecoderLayer"] * 3
+    with pytest.raises(ConfigError, match="cannot find the transformer blocks of Sequential"):
+        transformer_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+
+
+def test_shard_fsdp_in_one_process_says_there_is_nothing_to_shard(world_dir, tmp_path):
+    lines = []
+    console = type("C", (), {"print": lambda self, *a, **k: lines.append(" ".join(map(str, a)))})()
+    trainer = _trainer(_cfg(tmp_path / "one", shard="fsdp"), world_dir, dist=Dist(),
+                       overwrite=True, console=console)
+    assert trainer.sharded is None
+    assert any("one training process, nothing to shard" in x for x in lines)
+
+
 # ---------------------------------------------------------------- two processes
 
 

@@ -242,7 +242,7 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
         names.update(getattr(m, "_no_split_modules", None) or ())
     blocks = [m for m in model.modules() if type(m).__name__ in names]
     if not blocks:
-        from seekrl.errors import ConfigError
+        from seekrl.config import ConfigError
         raise ConfigError(f"shard fsdp: cannot find the transformer blocks of "
                           f"{type(model).__name__} (it lists no _no_split_modules)")
     return blocks
@@ -261,7 +261,7 @@ class Sharded:
         try:
             from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
         except ImportError:
-            from seekrl.errors import ConfigError
+            from seekrl.config import ConfigError
             raise ConfigError(f"shard fsdp: needs torch >= 2.6 (FSDP2); this is torch "
                               f"{torch.__version__}") from None
         if not dist.active:
