@@ -122,12 +122,14 @@ def _policy(arch: str):
 
 
 def _trainer(cfg: TrainConfig, world_dir: Path, dist: Dist | None = None, arch: str = "llama",
-             **kw):
+             bf16: bool = False, **kw):
     from seekrl.retrieval.index import load_index
     from seekrl.rl.train import Trainer
 
     torch.set_num_threads(1)
     model, tok = _policy(arch)
+    if bf16:
+        model = model.to(torch.bfloat16)
     return Trainer(cfg, model=model, tokenizer=tok, retriever=load_index(world_dir / "index"),
                    questions=read_qa_jsonl(world_dir / "train.jsonl"), reward_fn=parity_reward,
                    dist=dist, **kw)
@@ -174,15 +176,7 @@ def _worker(rank: int, job: str, world_dir: str, work: str, port: int) -> None:
         over = json.loads((work_dir / "cfg.json").read_text())
         bf16 = over.pop("_bf16", False)
         cfg = _cfg(work_dir / "steps", **over)
-        from seekrl.retrieval.index import load_index
-        from seekrl.rl.train import Trainer
-        model, tok = _policy("llama")
-        if bf16:
-            model = model.to(torch.bfloat16)
-        trainer = Trainer(cfg, model=model, tokenizer=tok,
-                          retriever=load_index(Path(world_dir) / "index"),
-                          questions=read_qa_jsonl(Path(world_dir) / "train.jsonl"),
-                          reward_fn=parity_reward, overwrite=True)
+        trainer = _trainer(cfg, Path(world_dir), overwrite=True, bf16=bf16)
         records = [trainer.step(step) for step in range(1, cfg.steps + 1)]
         torch.save({"records": records}, work_dir / f"rank{rank}.pt")
     elif job == "unstepped":   # a sharded checkpoint of an optimizer that never stepped
