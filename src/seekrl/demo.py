@@ -35,6 +35,7 @@ from seekrl.data.qa import read_qa_jsonl
 from seekrl.data.world import WorldConfig, generate_world, write_world
 from seekrl.eval.show import print_hits
 from seekrl.retrieval.index import build_index, load_index
+from seekrl.runtime import peak_rss_mb
 
 
 @dataclass
@@ -93,7 +94,7 @@ class _Clock:
         now = time.time()
         if self.i:
             self.taken[list(self.plan)[self.i - 1]] = (now - self.stage_started) / 60
-            self.peak_mb[list(self.plan)[self.i - 1]] = _peak_rss_mb()
+            self.peak_mb[list(self.plan)[self.i - 1]] = peak_rss_mb()
         self.stage_started = now
         self.i += 1
         left = sum(v for k, v in list(self.plan.items())[self.i - 1:])
@@ -237,7 +238,7 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
         out / "report.html", logs=logs, evals={k: out / v for k, v in evals.items()},
         alerts=alerts or None, title="seekrl demo", notes=notes)
     summary["minutes"] = clock.minutes()
-    summary["peak_rss_mb"] = _peak_rss_mb()
+    summary["peak_rss_mb"] = peak_rss_mb()
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     console.rule("[bold]done")
     console.print(f"Test EM ({len(test)} questions, greedy): untrained "
@@ -258,17 +259,6 @@ def sft_batching(cfg: DemoConfig) -> dict[str, int]:
     (the same gradient: the loss is normalised over the step's tokens)."""
     accum = max(1, cfg.sft_batch // max(1, cfg.sft_micro_batch))
     return {"batch_size": max(1, cfg.sft_batch // accum), "grad_accum": accum}
-
-
-def _peak_rss_mb() -> float | None:
-    """This process's peak resident memory (Linux reports KiB, macOS bytes)."""
-    try:
-        import resource
-        import sys
-    except ImportError:   # pragma: no cover - not on this platform
-        return None
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return round(peak / (2 ** 20 if sys.platform == "darwin" else 2 ** 10), 1)
 
 
 def rl_config_tree(cfg: DemoConfig, *, model: str, train_file: str | Path,

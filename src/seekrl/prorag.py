@@ -173,8 +173,9 @@ class _Pipeline:
 
 def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: bool = False
                ) -> dict:
-    from seekrl.demo import _evaluate, _peak_rss_mb
+    from seekrl.demo import _evaluate
     from seekrl.retrieval.open import open_retriever
+    from seekrl.runtime import peak_rss_mb
 
     console = console or Console()
     own = [cfg.train, cfg.test, cfg.index]
@@ -276,7 +277,7 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
     if "rl" in cfg.evaluate:
         pipe.run("eval_rl", "evaluate the final policy; PRM scores into its viewer", eval_rl)
     summary = _report(cfg, pipe.state["stages"], console)
-    summary["peak_rss_mb"] = _peak_rss_mb()    # this process (a resumed run: since resuming)
+    summary["peak_rss_mb"] = peak_rss_mb()    # this process (a resumed run: since resuming)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from seekrl.errors import DeviceError
 
-__all__ = ["check_device", "device_problem", "quiet_transformers"]
+__all__ = ["check_device", "device_problem", "peak_rss_mb", "quiet_transformers"]
 
 
 def device_problem(device: str) -> str | None:
@@ -40,6 +40,18 @@ def check_device(device: str) -> None:
     problem = device_problem(device)
     if problem:
         raise DeviceError(problem)
+
+
+def peak_rss_mb() -> float | None:
+    """This process's peak resident memory so far, in MB (Linux reports KiB, macOS bytes);
+    None where there is no `resource` module (Windows)."""
+    try:
+        import resource
+        import sys
+    except ImportError:   # pragma: no cover - not on this platform
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (2 ** 20 if sys.platform == "darwin" else 2 ** 10), 1)
 
 
 def quiet_transformers() -> None:

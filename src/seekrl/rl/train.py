@@ -43,7 +43,6 @@ import math
 import os
 import random
 import shutil
-import sys
 import time
 import warnings
 from collections import defaultdict
@@ -102,6 +101,7 @@ from seekrl.rl.distributed import Dist, Sharded, ShardedForward
 from seekrl.rl.forward import ValueHead, collate, masked_logprobs
 from seekrl.rl.loss import aggregate, kl_penalty, policy_loss, tis_weights, value_loss
 from seekrl.rl.monitor import Monitor
+from seekrl.runtime import peak_rss_mb
 
 RewardFn = Callable[[Trajectory], RewardParts]
 
@@ -435,12 +435,9 @@ class Trainer:
         optimizer's moments; the gradients are freed at each optimizer step), which
         sharding divides by the number of ranks."""
         out = {"state_mb": _state_bytes(self) / 2**20}
-        try:
-            import resource
-            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            out["peak_rss_mb"] = rss / (2**20 if sys.platform == "darwin" else 1024)
-        except ImportError:   # Windows
-            pass
+        rss = peak_rss_mb()
+        if rss is not None:
+            out["peak_rss_mb"] = rss
         if self.device.startswith("cuda"):
             out["peak_gpu_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
         peaks = self.dist.gather([out])
