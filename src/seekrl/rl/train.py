@@ -271,12 +271,16 @@ class Trainer:
         return self._backend
 
     def rollout(self, questions: Sequence[QAExample], seed: int) -> list[Trajectory]:
+        """The episodes of `questions` (`group_size` each, or the configured trees)
+        played by the current policy. With `shard: fsdp` every rank calls it (its own
+        questions, any number): it gathers the full weights first."""
         tree = self.cfg.rollout.tree
-        if tree is None:
-            trajs = self.engine(seed).run(questions, dataset="train")
-        else:
-            trajs = grow_trees(self.engine(seed, n_samples=tree.trees), questions, tree.branches,
-                               tree.rounds, seed)
+        with self.full_weights():
+            if tree is None:
+                trajs = self.engine(seed).run(questions, dataset="train")
+            else:
+                trajs = grow_trees(self.engine(seed, n_samples=tree.trees), questions,
+                                   tree.branches, tree.rounds, seed)
         for t in trajs:  # group ids unique per draw, even if a question comes back
             t.group_id = f"{t.example_id}@{seed}"
         return trajs
@@ -285,7 +289,8 @@ class Trainer:
     def score(self, trajs: Sequence[Trajectory], seed: int = 0,
               stats: dict[str, float] | None = None) -> list[RewardParts]:
         """Outcome of every episode (`outcome_reward`), then the process rewards of every
-        step (`Step.process_reward` and `process_parts`)."""
+        step (`Step.process_reward` and `process_parts`). Sharded, every rank calls it:
+        Monte-Carlo step rewards play continuations on the gathered weights."""
         parts = [self.reward_fn(t) for t in trajs]
         for t, p in zip(trajs, parts):
             t.outcome_reward = p.total
@@ -296,7 +301,8 @@ class Trainer:
                     prefixes, n, seed=seed + 104_729),
                 episode_score=lambda t: self.reward_fn(t).total, scorer=self.prm_scorer,
                 mc_samples=self.cfg.reward.mc_samples)
-            score_steps(trajs, weights, ctx)
+            with self.full_weights():
+                score_steps(trajs, weights, ctx)
             if stats is not None:
                 for k, v in ctx.stats.items():
                     stats[k] = stats.get(k, 0.0) + v
