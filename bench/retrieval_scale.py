@@ -33,13 +33,14 @@ import json
 import math
 import multiprocessing as mp
 import os
-import resource
 import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
+
+from seekrl.runtime import peak_rss_mb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -94,10 +95,6 @@ def make_corpus(path: Path, n: int, seed: int = 0) -> list[str]:
     return queries
 
 
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def _child(fn, args, queue) -> None:
     started = time.perf_counter()
     try:
@@ -105,7 +102,7 @@ def _child(fn, args, queue) -> None:
     except BaseException as err:          # the parent must not wait forever
         queue.put({"error": f"{type(err).__name__}: {err}"})
         raise
-    queue.put({"seconds": time.perf_counter() - started, "peak_rss_mb": _peak_rss_mb(),
+    queue.put({"seconds": time.perf_counter() - started, "peak_rss_mb": peak_rss_mb(),
                **extra})
 
 

@@ -59,6 +59,7 @@ from seekrl.models import load_policy
 from seekrl.retrieval.index import build_index, load_index
 from seekrl.rewards.metrics import exact_match
 from seekrl.rl.train import Trainer
+from seekrl.runtime import peak_rss_mb
 
 MICRO_BATCH = 8
 
@@ -207,15 +208,6 @@ def warm_up(args, prompt: str) -> None:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory so far, in MB (Linux reports KiB, macOS bytes)."""
-    import resource
-    import sys
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)
 
 
 def main() -> None:

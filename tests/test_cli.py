@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -267,3 +268,31 @@ def test_asking_for_cuda_without_it_fails_in_one_line(tmp_path):
 def test_serve_faiss_gpu_needs_a_cuda_device(tmp_path):
     r = run("serve", "--index", tmp_path, "--faiss-gpu")
     assert r.exit_code == 2 and "--device cuda" in r.output
+
+
+def _child_peak(queue) -> None:
+    from seekrl.runtime import peak_rss_mb
+
+    queue.put(peak_rss_mb())
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="needs Linux /proc")
+def test_peak_rss_is_the_process_own_not_its_parents():
+    """A spawned child of a large parent reports its own peak, not the parent's (getrusage's
+    ru_maxrss carries the parent's over exec: step records and benchmark children read it)."""
+    import multiprocessing as mp
+
+    import numpy as np
+
+    from seekrl.runtime import peak_rss_mb
+
+    ballast = np.ones(600 * 2**20 // 8)    # 600 MB touched in this process
+    assert peak_rss_mb() > 600
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_child_peak, args=(queue,))
+    child.start()
+    got = queue.get(timeout=120)
+    child.join()
+    del ballast
+    assert 0 < got < 300, got

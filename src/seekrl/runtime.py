@@ -43,8 +43,21 @@ def check_device(device: str) -> None:
 
 
 def peak_rss_mb() -> float | None:
-    """This process's peak resident memory so far, in MB (Linux reports KiB, macOS bytes);
-    None where there is no `resource` module (Windows)."""
+    """This process's own peak resident memory so far, in MB; None where neither source
+    exists (Windows).
+
+    On Linux it is VmHWM from /proc/self/status: the high-water mark of this process's own
+    memory. `getrusage`'s ru_maxrss is not that: it survives `exec`, so a process started
+    by a large parent (multiprocessing's spawn, a benchmark's subprocess) reports at least
+    the parent's peak (a do-nothing child of a 3 GB parent said 3,099 MB; VmHWM said 27).
+    Elsewhere ru_maxrss is used (macOS reports bytes, Linux KiB)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 2 ** 10, 1)   # kB
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         import resource
         import sys
