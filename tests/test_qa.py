@@ -304,6 +304,19 @@ def test_load_qa_json_array_errors_name_the_item(tmp_path: Path) -> None:
         load_qa(path)
 
 
+def test_load_qa_json_array_skips_name_the_item_number(tmp_path: Path, caplog) -> None:
+    path = tmp_path / "array.json"
+    path.write_text(json.dumps([json.loads(GOOD), {"id": "x"}, json.loads(GOOD)]),
+                    encoding="utf-8")
+    report = SkipReport()
+    assert len(load_qa(path, skip_bad=True, report=report)) == 2
+    assert report.path == str(path)
+    assert [n for n, _ in report.skipped] == [2] and "question" in report.skipped[0][1]
+    with caplog.at_level(logging.WARNING, logger="seekrl"):   # no report: a warning
+        assert len(load_qa(path, skip_bad=True)) == 2
+    assert "skipped 1 bad line(s)" in caplog.text and "array.json" in caplog.text
+
+
 @pytest.mark.skipif(HAVE_DATASETS, reason="checks the message shown without `datasets`")
 def test_hf_without_datasets_says_how_to_install() -> None:
     with pytest.raises(ImportError, match=r"seekrl\[hf\]"):

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -173,13 +174,10 @@ def iter_qa_jsonl(
 ) -> Iterator[QAExample]:
     """Stream `QAExample`s from FlashRAG JSONL (same rules as `read_qa_jsonl`)."""
     own = report if report is not None else SkipReport()
-    for line_no, obj in iter_jsonl(path, skip_bad=skip_bad, report=own):
-        try:
-            yield QAExample.from_dict(obj, path=path, line=line_no)
-        except DataError as e:
-            if not skip_bad:
-                raise
-            own.add(line_no, reason_of(e))
+    # one report for both kinds of bad line (not JSON; not a record), warned about once
+    yield from _valid_rows(((n, functools.partial(QAExample.from_dict, obj, path=path, line=n))
+                            for n, obj in iter_jsonl(path, skip_bad=skip_bad, report=own)),
+                           skip_bad=skip_bad, report=own, path=None)
     _finish_skips(own, report)
 
 
@@ -194,19 +192,14 @@ def _read_qa_json_array(
     if not isinstance(items, list):
         raise DataError(f"expected a JSON array of records, got {type(items).__name__}",
                         path=str(path))
-    own = report if report is not None else SkipReport()
-    own.path = own.path or str(path)
-    examples = []
-    for i, item in enumerate(items):
-        try:
-            # Items have no line numbers: name the array index in the path instead.
-            examples.append(QAExample.from_dict(item, path=f"{path}[{i}]"))
-        except DataError as e:
-            if not skip_bad:
-                raise
-            own.add(i + 1, reason_of(e))  # 1-based item number, like a line number
-    _finish_skips(own, report)
-    return examples
+    if report is not None:
+        report.path = report.path or str(path)
+    # items have no line numbers: the array index goes into the path, and a skipped item
+    # is reported by its 1-based number, like a line
+    return list(_valid_rows(((i + 1, functools.partial(QAExample.from_dict, item,
+                                                       path=f"{path}[{i}]"))
+                             for i, item in enumerate(items)),
+                            skip_bad=skip_bad, report=report, path=str(path)))
 
 
 def _atomic_target(path: str | os.PathLike[str]) -> tuple[Path, Path]:
