@@ -13,6 +13,8 @@ import socket
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from seekrl.errors import DataError
 from seekrl.retrieval.base import Hit, RetrievalError, Retriever
@@ -190,6 +192,53 @@ def test_bm25_batch_equals_per_query(bm25):
     assert batch == [bm25.search([q], 4)[0] for q in queries]
     assert batch[1] == [] and batch[3] == []
     assert batch[0] == batch[-1]
+
+
+_WORDS = ["river", "rivers", "stone", "king", "kings", "the", "and", "of", "glass",
+          "harbour", "north", "x", "Zeta", "zeta", "ore", "a", "mill", "lamp"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(_WORDS), max_size=30).map(" ".join),
+                min_size=1, max_size=40),
+       st.integers(1, 7))
+def test_bm25_streamed_index_is_bm25s_own(tmp_path_factory, docs, chunk):
+    """The streaming build (chunks of any size, empty and stop-word-only documents, words
+    repeated up to 30 times) gives bm25s's own `BM25.index` matrix, term by term."""
+    import numpy as np
+
+    from seekrl.retrieval.bm25 import _bm25s, _score_matrix, _stemmer, _tokenize
+
+    class Store:
+        contents = docs
+
+        def __len__(self):
+            return len(docs)
+
+    stemmer = _stemmer()
+    tokens = _tokenize(list(docs), stemmer)
+    if not any(tokens):
+        with pytest.raises(RetrievalError, match="no indexable words"):
+            _score_matrix(Store(), stemmer, k1=0.9, b=0.4, chunk=chunk)
+        return
+    ours, vocab = _score_matrix(Store(), stemmer, k1=0.9, b=0.4, chunk=chunk)
+    ref = _bm25s().BM25(k1=0.9, b=0.4)
+    ref.index(tokens, show_progress=False)
+    assert set(vocab) == set(ref.vocab_dict) and ours["num_docs"] == ref.scores["num_docs"]
+    assert vocab[""] == len(vocab) - 1
+
+    def column(scores, i):
+        lo, hi = scores["indptr"][i], scores["indptr"][i + 1]
+        return scores["indices"][lo:hi].tolist(), scores["data"][lo:hi]
+
+    for token, i in vocab.items():
+        if token == "":
+            continue
+        docs_ours, data_ours = column(ours, i)
+        docs_ref, data_ref = column(ref.scores, ref.vocab_dict[token])
+        assert docs_ours == docs_ref, token
+        np.testing.assert_allclose(data_ours, data_ref, rtol=1e-6)
+    assert ours["data"].dtype == np.float32 and len(ours["data"]) == len(ref.scores["data"])
 
 
 def test_bm25_keeps_jax_from_preallocating_the_gpu(bm25, monkeypatch):
