@@ -48,7 +48,9 @@ def _score_matrix(store: DocStore, stemmer, *, k1: float, b: float, chunk: int,
     Documents are tokenised `chunk` at a time and kept only as each document's distinct
     term ids (int32) and counts: 6 bytes per (document, term) pair instead of a Python
     string per token. The columns are then filled chunk by chunk through per-term write
-    cursors (a counting sort), so the pairs are never sorted as a whole."""
+    cursors (a counting sort), so the pairs are never sorted as a whole. A chunk's token
+    lists and its scoring temporaries (about 60 bytes a pair) are the working memory, so
+    chunks are small: 10k passages of 100 words are about 1M pairs."""
     vocab: dict[str, int] = {}
     terms, counts, per_doc, lengths = [], [], [], []
     for start in range(0, len(store), chunk):
@@ -117,7 +119,7 @@ class BM25Retriever(StoreRetriever):
 
     @classmethod
     def build(cls, store: DocStore, out: str | Path, *, k1: float = 0.9, b: float = 0.4,
-              chunk: int = 100_000, show_progress: bool = True) -> "BM25Retriever":
+              chunk: int = 10_000, show_progress: bool = True) -> "BM25Retriever":
         """Index `store` with Lucene's BM25 (bm25s's default variant) and save it in bm25s's
         format (`load` memory-maps it). The score matrix is built here in one streaming pass
         rather than by `bm25s.BM25.index`, which needs every document's token list in

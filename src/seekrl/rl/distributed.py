@@ -60,9 +60,8 @@ _BUCKET = 1 << 24   # gradient elements per all-reduce (64 MB of float32)
 _EXIT_HOOK: list[bool] = []   # whether `_leave_at_exit` is registered (once per process)
 
 
-def _leave_at_exit(destroy: bool) -> None:
-    """At interpreter exit, while Python is still whole: give the GIL away for a moment,
-    then destroy the process group if seekrl created it.
+def _leave_at_exit() -> None:
+    """At interpreter exit, while Python is still whole: give the GIL away for a moment.
 
     gloo's worker threads drop a finished collective's last reference after the caller's
     `wait()` has returned, and that drop takes the GIL (the work's tensors own their Python
@@ -70,12 +69,9 @@ def _leave_at_exit(destroy: bool) -> None:
     finalization first; the worker then dies inside `take_gil` and the process aborts with
     "terminate called without an active exception" (PyTorch #190489): 4 of 10 runs of three
     `all_gather_object` calls and exit, 0 of 20 with this pause. The pause lets those
-    workers finish while the interpreter can still serve them."""
-    import torch.distributed as dist
-
+    workers finish while the interpreter can still serve them. The group is not destroyed
+    here: after a crash a destroy can wait on peers that are gone."""
     time.sleep(0.1)
-    if destroy and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 @dataclass(frozen=True)
@@ -121,14 +117,13 @@ class Dist:
         else:
             raise DeviceError(f"device {device!r}: data-parallel training runs on cpu (gloo) "
                               "or cuda (NCCL)")
-        created = not dist.is_initialized()
-        if created:
+        if not dist.is_initialized():
             # rank 0 evaluates and writes checkpoints while the others wait at the next
             # collective: a long evaluation must not time the group out
             dist.init_process_group(backend, timeout=timedelta(hours=3))
         if not _EXIT_HOOK:
             _EXIT_HOOK.append(True)
-            atexit.register(_leave_at_exit, created)
+            atexit.register(_leave_at_exit)
         if dist.get_world_size() != world or dist.get_rank() != rank:
             raise DeviceError(f"process group of {dist.get_world_size()} (rank "
                               f"{dist.get_rank()}) does not match WORLD_SIZE={world} RANK={rank}")
