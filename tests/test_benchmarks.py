@@ -118,8 +118,36 @@ def test_flashrag_specs_from_a_local_mirror(tmp_path: Path, monkeypatch) -> None
         load_qa("flashrag:squad")
     with pytest.raises(FileNotFoundError, match="no popqa/ folder"):
         load_qa("flashrag:popqa")
+    # a mirror without the split asked for names the folder and what it holds
+    with pytest.raises(FileNotFoundError, match=r"nq has no dev.jsonl.*test.jsonl"):
+        load_qa("flashrag:nq:dev")
     data = load_eval_data(["flashrag:nq", "flashrag:2wiki"][:1] + ["flashrag:hotpotqa"], limit=2)
     assert list(data) == ["nq", "hotpotqa"] and len(data["nq"]) == 2
+
+
+@needs_datasets
+def test_hub_failures_are_one_line_data_errors(monkeypatch) -> None:
+    """No network (or no such dataset / split): a DataError naming the dataset and the
+    local mirror, not the datasets library's traceback."""
+    import datasets
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'RUC-NLPIR/FlashRAG_datasets' on the Hub "
+                              "(LocalEntryNotFoundError)")
+
+    monkeypatch.delenv("SEEKRL_FLASHRAG_DIR", raising=False)
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(DataError, match=r"FlashRAG_datasets:bamboogle: cannot load 'test' "
+                                        r"\(ConnectionError: Couldn't reach.*SEEKRL_FLASHRAG_DIR"):
+        load_qa("flashrag:bamboogle")
+
+    def no_split(*args, **kwargs):
+        raise ValueError('Unknown split "train". Should be one of [\'test\'].')
+
+    monkeypatch.setattr(datasets, "load_dataset", no_split)
+    with pytest.raises(DataError, match=r"someone/set: cannot load 'train' \(ValueError: "
+                                        r"Unknown split"):
+        load_qa("hf:someone/set:train")
 
 
 @needs_datasets

@@ -273,6 +273,7 @@ def test_episode_reward_parts():
     ("steps=0", "steps"),
     ("rollout.temperature=-1", "rollout.temperature"),
     ("reward.outcome=bleu", "reward.outcome"),
+    ("reward.process={evidnce: 1.0}", "reward.process"),   # a typo, caught before a run
     ("optim=3", "optim"),
 ])
 def test_bad_config_keys_and_values_name_the_key(override, key):
@@ -296,6 +297,12 @@ def test_config_file_errors(tmp_path):
         load_config(TrainConfig, tmp_path / "missing.yaml")
     with pytest.raises(ConfigError, match="key.sub=value"):
         load_config(TrainConfig, path, ["steps"])
+    # a bad value is blamed on where it came from: the command line, or the file
+    with pytest.raises(ConfigError, match=r"^command line: algo.clip_low:"):
+        load_config(TrainConfig, path, ["algo.clip_low=abc"])
+    path.write_text("data: d\nindex: i\nsteps: 0\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: steps:"):
+        load_config(TrainConfig, path, ["optim.lr=1e-5"])
 
 
 def test_train_evaluates_the_start_and_the_end_for_the_report(world, tiny, tmp_path):

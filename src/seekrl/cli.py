@@ -250,7 +250,7 @@ def demo(
         help="train the top N transformer blocks (0: all of them)")] = 16,
 ):
     """The whole pipeline on the built-in synthetic world, on CPU: world, index, untrained
-    eval, SFT warm-up, eval, RL, eval, report (about 30 minutes on 2 cores)."""
+    eval, SFT warm-up, eval, RL, eval, report (about 20 minutes on 2 cores)."""
     from seekrl.demo import DemoConfig, run_demo
 
     cfg = DemoConfig(seed=seed, difficulty=difficulty, model=model, n_test=eval_questions,

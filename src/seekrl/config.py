@@ -277,9 +277,14 @@ class RewardConfig(Strict):
 
     @field_validator("process")
     @classmethod
-    def _finite_weights(cls, value: dict[str, float]) -> dict[str, float]:
+    def _known_finite_weights(cls, value: dict[str, float]) -> dict[str, float]:
         import math
+
+        from seekrl.rewards.process import PROCESS_REWARDS
         for name, weight in value.items():
+            if name not in PROCESS_REWARDS:   # registered ones too, as outcomes are
+                raise ValueError(f"unknown process reward {name!r}; expected one of "
+                                 f"{', '.join(sorted(PROCESS_REWARDS))}")
             if not math.isfinite(weight):
                 raise ValueError(f"weight of {name!r} must be a finite number")
         return value
@@ -509,13 +514,22 @@ def _describe(schema: type[BaseModel], err: dict) -> str:
 def build_config(schema: type[C], data: dict | None, overrides: list[str] = (),
                  source: str = "config") -> C:
     tree = dict(data or {})
+    given = []     # the keys set on the command line
     for text in overrides:
         key, value = parse_override(text)
         _set(tree, key, value)
+        given.append(key.split("."))
     try:
         return schema.model_validate(tree)
     except ValidationError as err:
         lines = [_describe(schema, e) for e in err.errors()]
+
+        def overridden(loc) -> bool:   # the failing key, or a key above it, was given
+            path = [str(part) for part in loc]
+            return bool(path) and any(path[:len(k)] == k or k[:len(path)] == path for k in given)
+
+        if given and all(overridden(e["loc"]) for e in err.errors()):
+            source = "command line"    # not the file's fault
         raise ConfigError(f"{source}: " + "; ".join(lines)) from None
 
 

@@ -144,7 +144,7 @@ class _Pipeline:
         saved = json.loads(self.path.read_text()) if self.path.is_file() else None
         if saved is not None and not resume:
             raise FileExistsError(f"{self.out} holds a pipeline run; continue it with --resume "
-                                  "or choose another --out")
+                                  "or choose another out=")
         mine = cfg.model_dump(mode="json")
         if saved is not None and saved["config"] != mine:
             differ = sorted(k for k in set(mine) | set(saved["config"])

@@ -504,8 +504,15 @@ def load_hf_qa(
     if data_files is None and _saved_to_disk(local):
         dataset = _load_saved(datasets, local, split)
     else:
-        dataset = datasets.load_dataset(builder, config, split=split, data_files=data_files,
-                                        **load_kwargs)
+        try:
+            dataset = datasets.load_dataset(builder, config, split=split,
+                                            data_files=data_files, **load_kwargs)
+        except (OSError, ValueError) as err:    # no network, no such dataset / split
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            hint = ("; offline, FlashRAG sets read $SEEKRL_FLASHRAG_DIR (a local mirror)"
+                    if isinstance(err, OSError) else "")
+            raise DataError(f"cannot load {split!r} ({type(err).__name__}: {first}){hint}",
+                            path=name if config is None else f"{name}:{config}") from None
 
     source = f"{name}[{split}]"  # where errors point: dataset and split, then the row
     columns = list(dataset.column_names)
@@ -635,6 +642,11 @@ def _load_flashrag(spec: str, split: str | None, **kw: Any) -> list[QAExample]:
             if not folder.is_dir():
                 raise FileNotFoundError(f"{spec}: $SEEKRL_FLASHRAG_DIR is {local} but it has "
                                         f"no {entry.name}/ folder")
+            if not _saved_to_disk(folder) and _split_file(folder, which) is None:
+                raise FileNotFoundError(
+                    f"{spec}: {folder} has no {which}.jsonl, {which}.json or {which}.parquet "
+                    f"(split {which!r}); it has "
+                    f"{sorted(p.name for p in folder.iterdir())[:8] or 'nothing'}")
             examples = load_qa(folder, which, **kw)
         else:
             examples = load_hf_qa(FLASHRAG_HUB, which, config=entry.name, **kw)

@@ -106,8 +106,8 @@ def load_encoder(name: str | None, device: str = "cpu", *, pooling: str | None =
             raise
         first = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
         raise RetrievalError(f"encoder {name!r} cannot be loaded offline ({first}); download "
-                             f"it first (`huggingface-cli download {name}`) or give a local "
-                             "folder") from None
+                             f"it first (`hf download {name}`; `huggingface-cli download` "
+                             "with an older huggingface_hub) or give a local folder") from None
     if pooling is not None:
         _set_pooling(model, pooling)
     return model

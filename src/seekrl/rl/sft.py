@@ -164,7 +164,8 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
         raise FileNotFoundError(f"data: {cfg.data}: no such file (trajectory JSONL: oracle "
                                 "episodes or Trajectory records)")
     out = Path(cfg.out)
-    check_run_dir(out, overwrite=overwrite, model=cfg.model if model is None else None)
+    check_run_dir(out, overwrite=overwrite, model=cfg.model if model is None else None,
+                  resumable=False)   # SFT runs start over; only RL resumes
     set_seed(cfg.seed)
     if model is None:
         model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
