@@ -454,7 +454,6 @@ def test_resume_continues_identically_with_step_rewards(world, tiny, tmp_path):
 
 
 @pytest.mark.parametrize("override,message", [
-    ({"reward.process": {"evidance": 1.0}}, "reward.process.evidance: unknown process reward"),
     ({"reward.process": {"prm": 1.0}}, "reward.process.prm: no process reward model"),
     ({"rollout.tree": {"trees": 2, "branches": 1, "rounds": 1}}, "set group_size=4"),
     ({"algo.advantage": "tree_grpo"}, "tree_grpo needs tree rollouts"),
