@@ -26,6 +26,7 @@ from seekrl.rl.prm import (
     load_scorer,
     pairwise_loss,
     pointwise_loss,
+    prm_folder,
     prm_metrics,
     read_labels,
     train_prm,
@@ -140,6 +141,8 @@ def test_train_save_load_score_on_mcts_labels(tiny, tmp_path):
         labels.episodes[:1])[0]
     assert result["train_points"] > 0 and set(result["dev"]) >= {"points", "pairs"}
     scorer = load_scorer(result["final"])
+    # the run folder names its final PRM too
+    assert prm_folder(tmp_path / "prm") == tmp_path / "prm" / "final"
     trajs = [t for t in labels.episodes[:3]]
     scores = scorer.score_steps(trajs)
     assert [len(r) for r in scores] == [len(t.steps) for t in trajs]

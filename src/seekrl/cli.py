@@ -177,8 +177,10 @@ def serve(
     max_topk: Annotated[int, typer.Option(help="largest topk a request may ask for")] = 100,
     max_queries: Annotated[int, typer.Option(help="queries per request")] = 512,
     max_query_chars: Annotated[int, typer.Option(help="characters per query")] = 4096,
-    no_batching: Annotated[bool, typer.Option(help="one retriever call per request")] = False,
+    no_batching: Annotated[bool, typer.Option(
+        "--no-batching", help="one retriever call per request")] = False,
     no_index_process: Annotated[bool, typer.Option(
+        "--no-index-process",
         help="keep the index in the server process (default: a child process)")] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
 ):
@@ -567,15 +569,15 @@ def prm_eval(
     """PRM quality on labelled trees: AUC, pair accuracy, first-error localisation."""
     import json
 
-    from seekrl.rl.prm import PRM_MARKER, load_scorer, prm_metrics, read_labels, split_labels
+    from seekrl.rl.prm import PRM_MARKER, load_scorer, prm_folder, prm_metrics, read_labels, split_labels
 
     try:
         if split not in ("dev", "all"):
             raise ValueError(f"--split: expected dev or all, got {split!r}")
         data = read_labels(labels)
+        prm = prm_folder(prm)
         if split == "dev":
-            info = json.loads((prm / PRM_MARKER).read_text()) if (prm / PRM_MARKER).is_file() \
-                else {}
+            info = json.loads((prm / PRM_MARKER).read_text())
             data = split_labels(data, float(info.get("dev_share", 0.1)))[1]
         metrics = prm_metrics(load_scorer(prm, device=device), data, threshold)
     except ERRORS as err:

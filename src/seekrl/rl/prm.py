@@ -153,14 +153,23 @@ def save_prm(prm: ProcessRewardModel, tokenizer, path: str | Path, info: dict | 
     return save_policy(prm.lm, tokenizer, path, before_rename=head_and_marker)
 
 
+def prm_folder(path: str | Path) -> Path:
+    """The folder holding a PRM: `path` itself, or the `final/` of a `seekrl prm train` run
+    folder. FileNotFoundError when it holds neither."""
+    path = Path(path)
+    if not (path / PRM_MARKER).is_file() and (path / "final" / PRM_MARKER).is_file():
+        return path / "final"
+    if not (path / PRM_MARKER).is_file():
+        raise FileNotFoundError(f"{path}: not a process reward model folder (no {PRM_MARKER}; "
+                                "`seekrl prm train` writes one in its out/final)")
+    return path
+
+
 def load_prm(path: str | Path, *, dtype: str = "float32", device: str = "cpu"
              ) -> tuple[ProcessRewardModel, Any]:
     from seekrl.models import load_policy
 
-    path = Path(path)
-    if not (path / PRM_MARKER).is_file():
-        raise FileNotFoundError(f"{path}: not a process reward model folder (no {PRM_MARKER}; "
-                                "`seekrl prm train` writes one)")
+    path = prm_folder(path)
     lm, tokenizer = load_policy(str(path), dtype=dtype, device=device)
     head = nn.Linear(lm.config.hidden_size, 1)
     head.load_state_dict(torch.load(path / "prm_head.pt", map_location=device))

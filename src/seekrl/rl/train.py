@@ -1083,13 +1083,14 @@ def _check_step_settings(cfg: TrainConfig, prm_scorer) -> None:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if "prm" in cfg.reward.process and prm_scorer is None:
-        from seekrl.rl.prm import PRM_MARKER
+        from seekrl.rl.prm import prm_folder
         if not cfg.reward.prm:
             raise ConfigError("reward.process.prm: no process reward model given (set "
                               "reward.prm to a `seekrl prm train` folder, e.g. RUN/final)")
-        if not (Path(cfg.reward.prm) / PRM_MARKER).is_file():
-            raise ConfigError(f"reward.prm: {cfg.reward.prm} is not a process reward model "
-                              f"folder (no {PRM_MARKER}; `seekrl prm train` writes one)")
+        try:
+            prm_folder(cfg.reward.prm)
+        except FileNotFoundError as err:
+            raise ConfigError(f"reward.prm: {err}") from None
     tree = cfg.rollout.tree
     if tree is not None:
         if tree.leaves != cfg.group_size:
