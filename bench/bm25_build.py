@@ -66,14 +66,6 @@ def build_seekrl(corpus: str, store_dir: str, out: str) -> dict:
     return {"build_s": time.perf_counter() - started}
 
 
-def rankings(index_dir: str, store_dir: str, queries: list[str]) -> list[list[int]]:
-    from seekrl.retrieval.bm25 import BM25Retriever
-    from seekrl.retrieval.corpus import DocStore
-
-    retriever = BM25Retriever.load(index_dir, DocStore(Path(store_dir)))
-    return [[row for row, _ in ranked] for ranked in retriever._rank(queries, 10)]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="100000,1000000")
@@ -114,7 +106,12 @@ def _prepare(corpus: str, store_dir: str) -> dict:
 
 
 def _ranked(index_dir: str, store_dir: str, queries: list[str]) -> dict:
-    return {"ranked": rankings(index_dir, store_dir, queries)}
+    """Each query's top 10 document rows from the index in `index_dir`."""
+    from seekrl.retrieval.bm25 import BM25Retriever
+    from seekrl.retrieval.corpus import DocStore
+
+    retriever = BM25Retriever.load(index_dir, DocStore(Path(store_dir)))
+    return {"ranked": [[row for row, _ in ranked] for ranked in retriever._rank(queries, 10)]}
 
 
 if __name__ == "__main__":

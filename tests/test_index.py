@@ -202,7 +202,7 @@ _WORDS = ["river", "rivers", "stone", "king", "kings", "the", "and", "of", "glas
 @given(st.lists(st.lists(st.sampled_from(_WORDS), max_size=30).map(" ".join),
                 min_size=1, max_size=40),
        st.integers(1, 7))
-def test_bm25_streamed_index_is_bm25s_own(tmp_path_factory, docs, chunk):
+def test_bm25_streamed_index_is_bm25s_own(docs, chunk):
     """The streaming build (chunks of any size, empty and stop-word-only documents, words
     repeated up to 30 times) gives bm25s's own `BM25.index` matrix, term by term."""
     import numpy as np
