@@ -9,7 +9,8 @@ Setting: the demo's synthetic world (medium, `DemoConfig`), its SFT warm-up (bui
 baseline estimator, `--baseline`, dr_grpo by default) goes first with `--steps` steps; its
 number of generated rollout tokens is the budget every other method of that seed gets
 (`max_rollout_tokens`: Monte-Carlo continuations count, a tree's shared prefixes count once;
-a run stops at the step boundary nearest the budget, at most 4 x --steps steps). Every run's
+its last step plays only the questions the budget has left, at most 10 x --steps steps; a run
+outside 10% of the budget is flagged `budget_met: false`). Every run's
 final policy is evaluated greedily on the same `--n-test` test questions (200 by default: at
 40, 3 vs 9 right is noise); with `--eval-every N`, also every N steps on them (a curve).
 
@@ -44,6 +45,9 @@ def main() -> None:
     ap.add_argument("--stage", choices=("all", "sft", "rl", "report"), default="all")
     ap.add_argument("--methods", default="outcome,evidence,gigpo,mc_value,stratified,tree",
                     help=f"comma-separated, from: {', '.join(PROCESS_METHODS)}")
+    ap.add_argument("--named", default="evidence",
+                    help="the process method named before the runs: process_gain is its mean "
+                         "minus outcome-only's (the best of several noisy means is biased up)")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--baseline", default="dr_grpo", help="the outcome estimator")
     ap.add_argument("--steps", type=int, default=15, help="steps of the outcome run")
@@ -90,7 +94,7 @@ def main() -> None:
             start = _evaluate(sft, work / "eval-sft", index_dir, test_file, demo, args)
             print(f"em_sft={start['average']['em']:.4f}", flush=True)
     if args.stage in ("all", "report"):
-        _report(work, started)
+        _report(work, started, args.named)
 
 
 def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, world_dir: Path,
@@ -111,7 +115,7 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
                                   rl_lr=args.lr or demo.rl_lr)
     tree = rl_config_tree(run_cfg, model=str(sft), train_file=world_dir / "train.jsonl",
                           index_dir=index_dir, out=out, budget_tokens=budget,
-                          steps=args.steps if budget is None else 4 * args.steps)
+                          steps=args.steps if budget is None else 10 * args.steps)
     tree["device"] = args.device
     if args.eval_every:
         tree["eval"] = {"data": str(test_file), "n": args.n_test, "every": args.eval_every,
@@ -130,6 +134,7 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
     by_type = {k: v["em"] for k, v in next(iter(final["by_type"].values()), {}).items()}
     result = {"method": method, "seed": seed, "steps": summary["steps"],
               "rollout_tokens": summary["rollout_tokens"], "budget": budget,
+              "budget_met": summary.get("budget_met", True),
               "em": avg["em"], "f1": avg["f1"], "searches": avg["searches"],
               "evidence_recall": avg["evidence_recall"], "valid_format": avg["valid_format"],
               "em_by_type": by_type, "curve": curve,
@@ -169,7 +174,7 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def _report(work: Path, started: float) -> None:
+def _report(work: Path, started: float, named: str) -> None:
     results = [json.loads(p.read_text()) for p in sorted(work.glob("runs/*/result.json"))]
     if not results:
         raise SystemExit(f"no results under {work}/runs: run the methods first")
@@ -189,12 +194,14 @@ def _report(work: Path, started: float) -> None:
                    "recall": _mean_std([r["evidence_recall"] or 0.0 for r in rs])[0],
                    "steps": _mean_std([r["steps"] for r in rs])[0],
                    "tokens": _mean_std([r["rollout_tokens"] for r in rs])[0],
+                   "budget_missed": sum(not r.get("budget_met", True) for r in rs),
                    "types": {t: _mean_std([r["em_by_type"].get(t, 0.0) for r in rs])
                              for t in types}}
         row = rows[m]
         print(f"em_{m}={row['em']:.4f} em_std_{m}={row['em_sd']:.4f} seeds_{m}={row['seeds']} "
               f"searches_{m}={row['searches']:.2f} evidence_recall_{m}={row['recall']:.3f} "
-              f"steps_{m}={row['steps']:.1f} rollout_tokens_{m}={row['tokens']:.0f}")
+              f"steps_{m}={row['steps']:.1f} rollout_tokens_{m}={row['tokens']:.0f} "
+              f"budget_missed_{m}={row['budget_missed']}")
         for t, (mean, sd) in row["types"].items():
             print(f"em_{m}_{t}={mean:.4f} em_std_{m}_{t}={sd:.4f}")
     if sft_em is not None:
@@ -204,11 +211,14 @@ def _report(work: Path, started: float) -> None:
     outcome = rows.get("outcome", {}).get("em")
     process = {m: r["em"] for m, r in rows.items() if m != "outcome"}
     best = max(process, key=process.get) if process else None
-    gain = process[best] - outcome if best and outcome is not None else float("nan")
+    gain = process[named] - outcome if named in process and outcome is not None \
+        else float("nan")
+    missed = sum(r["budget_missed"] for r in rows.values())
     print("process_ablation: " + ", ".join(f"{m} {r['em']:.3f}±{r['em_sd']:.3f}"
                                            for m, r in rows.items())
           + f" (test EM, {max(r['seeds'] for r in rows.values())} seeds)"
-          + f"; best {best}; process_gain={gain:+.4f}"
+          + f"; best {best} (exploratory); named {named}; process_gain={gain:+.4f}"
+          + (f"; {missed} runs outside 10% of the budget" if missed else "")
           + f" ({(time.time() - started) / 60:.0f} min this run)")
 
 

@@ -192,7 +192,7 @@ def test_evidence_by_title_when_ids_are_unknown() -> None:
     assert t.evidence_recall() == 1.0
     assert traj([["Blur"]]).evidence_recall() == 0.0
     score_steps([t], {"evidence": 1.0}, ProcessContext())
-    assert [s.process_parts["evidence"] for s in t.steps] == [0.5, 0.5, 0.0]
+    assert [s.process_parts["evidence"] for s in t.steps] == [0.5, 0.5, None]   # the answer is not judged
     # no gold of either kind: unknown, not zero
     t.metadata = {}
     assert t.evidence_recall() is None

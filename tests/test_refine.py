@@ -6,11 +6,15 @@ from __future__ import annotations
 import copy
 import json
 import math
+import random
 from dataclasses import replace
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from seekrl.agent.trajectory import Trajectory
 from seekrl.config import LabelConfig, RefineConfig
 from seekrl.rl.mcts import run_labelling, step_key
 from seekrl.rl.refine import keep_for_rft, run_refine, step_dpo_loss, step_logps, step_mask
@@ -36,6 +40,29 @@ def test_keep_for_rft_rules(episodes):
     kept_low, why_low = keep_for_rft(episodes, outcomes, low, min_outcome=1.0, threshold=0.5,
                                      max_per_question=2)
     assert kept_low == [] and why_low["low_step_score"] == len(kept)
+    # a bar per step count: the same bar for every count is the plain float
+    counts = {len(t.steps) for t in episodes}
+    assert len(counts) >= 2
+    assert keep_for_rft(episodes, outcomes, low, min_outcome=1.0,
+                        threshold=dict.fromkeys(counts, 0.5), max_per_question=2) \
+        == (kept_low, why_low)
+    # a bar over 0.9 for one count drops that count's right, valid episodes and no other
+    longest = max(len(t.steps) for t in kept)
+    bars = {n: 0.95 if n == longest else 0.5 for n in counts}
+    kept_bar, why_bar = keep_for_rft(episodes, outcomes, scores, min_outcome=1.0,
+                                     threshold=bars, max_per_question=2)
+    # (a dropped episode frees its question's slot for another: kept_bar may hold more)
+    assert all(len(t.steps) != longest for t in kept_bar)
+    assert all(t in kept_bar for t in kept if len(t.steps) != longest)
+    assert why_bar["low_step_score"] > 0
+    assert len(kept_bar) + sum(why_bar.values()) == len(episodes)
+    # the bar meets the episode's lowest step: at it is kept, just under it is dropped
+    at_min = keep_for_rft(episodes, outcomes, low, min_outcome=1.0,
+                          threshold=dict.fromkeys(counts, 0.1), max_per_question=2)[0]
+    assert at_min == kept
+    with pytest.raises(ValueError, match="no bar for episodes of"):
+        keep_for_rft(episodes, outcomes, scores, min_outcome=1.0,
+                     threshold={n: 0.5 for n in counts if n != longest}, max_per_question=2)
     # the same episode twice counts once; a question gives at most max_per_question
     doubled, why2 = keep_for_rft(kept + kept, [1.0] * 2 * len(kept), None, min_outcome=1.0,
                                  threshold=0.5, max_per_question=1)
@@ -158,14 +185,98 @@ def test_rft_with_zero_steps_writes_rejection_sampled_sft_data_only(tiny, tmp_pa
         RefineConfig(method="step_dpo", steps=0)
 
 
+def test_rft_quantile_bars_are_per_step_count_in_the_summary(tiny, tmp_path):
+    model, tok = tiny
+
+    class Spread:   # a stand-in PRM on a low scale, each step scored from its position
+        def score_steps(self, trajs):
+            return [[0.01 * (1 + (len(t.token_ids) + j) % 7) for j in range(len(t.steps))]
+                    for t in trajs]
+
+    cfg = RefineConfig(method="rft", out=str(tmp_path / "q"), samples=4, steps=0,
+                       threshold_quantile=0.25, max_per_question=4, rollout={"max_turns": 3})
+    result = run_refine(cfg, model=model, tokenizer=tok, backend=Dice(tok, OPTIONS),
+                        retriever=Docs(), questions=questions(4), scorer=Spread())
+    bars = result["threshold"]
+    assert result["left_out"]["low_step_score"] > 0
+    assert isinstance(bars, dict) and bars and all(k.isdigit() for k in bars)
+    assert json.loads(json.dumps(result))["threshold"] == bars
+    from seekrl.agent.trajectory import read_trajectories
+    kept = read_trajectories(result["data"])
+    assert kept and all(min(s.value for s in t.steps) >= bars[str(len(t.steps))] - 1e-6
+                        for t in kept)
+
+
 def test_quantile_threshold_follows_the_prm_scale():
     from seekrl.rl.refine import quantile_threshold
 
-    outcomes = [1.0, 1.0, 0.0, 1.0]
-    scores = [[0.03, 0.04], [0.05], [0.9, 0.9], [0.02, 0.06]]
-    # the right episodes' steps: 0.02 0.03 0.04 0.05 0.06; the wrong one's 0.9 never counts
-    assert quantile_threshold(outcomes, scores, 1.0, 0.25, default=0.5) == 0.03
-    assert quantile_threshold(outcomes, scores, 1.0, 0.0, default=0.5) == 0.02
-    assert quantile_threshold([0.0], [[0.1]], 1.0, 0.25, default=0.5) == 0.5
-    kept, why = keep_for_rft([], [], [], min_outcome=1.0, threshold=0.03, max_per_question=2)
+    one = [[0.05], [0.06], [0.07], [0.08]]                                 # minima .05-.08
+    two = [[0.01, 0.09], [0.04, 0.02], [0.03, 0.08], [0.06, 0.04]]         # minima .01-.04
+    three = [[0.07, 0.05, 0.09]]                                           # alone: minimum .05
+    wrong = [[0.9], [0.9, 0.9]]
+    scores = one + two + three + wrong + [[]]
+    outcomes = [1.0] * (len(one) + len(two) + len(three)) + [0.0] * len(wrong) + [1.0]
+    # each count's bar is a quantile of its own minima (index int(q * 4) = 1): the PRM's low
+    # scale is followed, and the wrong episodes' 0.9s never count. The single 3-step episode
+    # cannot hold a quantile of its own (q * 1 < 1) and takes the pooled minima's: index
+    # int(0.25 * 9) = 2 of .01 .02 .03 .04 .05 .05 .06 .07 .08. The right episode without
+    # scored steps has no minimum and no stratum.
+    bars = quantile_threshold(outcomes, scores, 1.0, 0.25)
+    assert bars == {1: 0.06, 2: 0.02, 3: 0.03}
+    # q = 0 keeps every right episode: each bar is the lowest minimum it is compared with
+    assert quantile_threshold(outcomes, scores, 1.0, 0.0) == {1: 0.01, 2: 0.01, 3: 0.01}
+    assert quantile_threshold([0.0], [[0.1]], 1.0, 0.25) == {}
+    kept, why = keep_for_rft([], [], [], min_outcome=1.0, threshold=bars, max_per_question=2)
     assert kept == [] and sum(why.values()) == 0
+
+
+def _answered(n: int) -> list[Trajectory]:
+    """`n` distinct right, well-formed episodes of distinct questions (the step scores come
+    separately: `keep_for_rft` reads a row's length as the episode's step count)."""
+    return [Trajectory(example_id=f"q{i}", group_id=f"q{i}", question="?", golden_answers=["a"],
+                       token_ids=[i], loss_mask=[1], prompt_len=0, answer="a",
+                       finish_reason="answer") for i in range(n)]
+
+
+def _survival(steps: list[int], scores: list[list[float]], q: float) -> dict[int, float]:
+    """The share of each step count's right episodes that the quantile filter keeps."""
+    from seekrl.rl.refine import quantile_threshold
+
+    outcomes = [1.0] * len(scores)
+    bars = quantile_threshold(outcomes, scores, 1.0, q)
+    kept, _ = keep_for_rft(_answered(len(scores)), outcomes, scores, min_outcome=1.0,
+                           threshold=bars, max_per_question=1)
+    kept_ids = {t.example_id for t in kept}
+    return {n: sum(f"q{i}" in kept_ids for i, k in enumerate(steps) if k == n)
+            / steps.count(n) for n in sorted(set(steps))}
+
+
+def test_uninformative_step_scores_keep_every_step_count_alike():
+    """Issue 27: with step scores that say nothing (iid uniform), the quantile filter keeps
+    ~1 - q of the right episodes whatever their number of steps. One quantile over all step
+    scores kept (1 - q)^n of the n-step ones (here 0.74 / 0.58 / 0.41 of 1 / 2 / 3 steps at
+    q = 0.25), and RFT taught fewer searches."""
+    rng = random.Random(27)
+    steps = [n for n in (1, 2, 3) for _ in range(2000)]
+    rng.shuffle(steps)
+    scores = [[rng.random() for _ in range(n)] for n in steps]
+    for n, share in _survival(steps, scores, 0.25).items():
+        assert share == pytest.approx(0.75, abs=0.03), n
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), q=st.sampled_from([0.1, 0.25, 0.5]),
+       sizes=st.lists(st.integers(10, 120), min_size=2, max_size=4),
+       skew=st.sampled_from([1.0, 3.0]))
+def test_each_step_count_keeps_its_own_share(seed, q, sizes, skew):
+    """Whatever the score scale (a skewed `u ** skew` too) and the stratum sizes, a stratum
+    of k right episodes whose quantile can drop one (q * k >= 1) loses exactly its
+    int(q * k) lowest minima: survival 1 - int(q * k) / k, for short and long alike."""
+    rng = random.Random(seed)
+    steps = [n for n, k in enumerate(sizes, start=1) for _ in range(k)]
+    rng.shuffle(steps)
+    scores = [[rng.random() ** skew for _ in range(n)] for n in steps]
+    survival = _survival(steps, scores, q)
+    for n, k in enumerate(sizes, start=1):
+        if int(q * k) >= 1:
+            assert survival[n] == pytest.approx(1 - int(q * k) / k), (n, k)

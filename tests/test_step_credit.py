@@ -112,6 +112,49 @@ def test_dual_granularity_hand_computed():
     assert torch.equal(returns[0], a1)
 
 
+def test_dual_granularity_normalises_each_source_over_the_steps_it_judges():
+    """Tied outcomes, one search that found gold and one that did not: the searches get
+    +/- their evidence term, and the answers, which evidence cannot judge, get nothing from
+    it (normalised over every step, both answers got a negative term)."""
+    e1 = ep("g", [search(2, 2, query="a", hits=["d1"]), answer(1)], outcome=1.0, gold=["d1"])
+    e2 = ep("g", [search(2, 2, query="b", hits=["d9"]), answer(1)], outcome=1.0, sample=1,
+            gold=["d1"])
+    score_steps([e1, e2], {"evidence": 1.0})
+    rewards = Rewards.from_trajectories([e1, e2], {"evidence": 1.0})
+    assert rewards.sources == {"evidence": (1.0, [[1.0, None], [0.0, None]])}
+    (a1, a2), _ = compute_advantages("dual_granularity", [e1, e2], rewards,
+                                     AdvantageConfig(beta=0.3))
+    z = 0.5 / (1 / 3) ** 0.5   # evidence 1,1 | 0,0 over the four search tokens: std sqrt(1/3)
+    assert a1.tolist() == pytest.approx([0, 0, 0.3 * z, 0.3 * z, 0, 0, 0.0], abs=1e-5)
+    assert a2.tolist() == pytest.approx([0, 0, -0.3 * z, -0.3 * z, 0, 0, 0.0], abs=1e-5)
+    # the summed step rewards alone (no sources) put the answers below the mean
+    (b1, b2), _ = compute_advantages("dual_granularity", [e1, e2],
+                                     Rewards.from_trajectories([e1, e2]))
+    assert float(b1[-1]) < 0 and float(b2[-1]) < 0
+
+
+def test_dual_granularity_sums_the_normalised_sources_with_their_weights():
+    e1 = ep("g", [search(1, 1, query="a", hits=["d1"]), search(1, 1, query="a", hits=["d1"]),
+                  answer(1)], outcome=1.0, gold=["d1"])
+    e2 = ep("g", [search(1, 1, query="b", hits=["d2"]), answer(1)], sample=1, gold=["d1"])
+    weights = {"evidence": 1.0, "redundancy": 0.5}
+    score_steps([e1, e2], weights)
+    rewards = Rewards.from_trajectories([e1, e2], weights)
+    adv, _ = compute_advantages("dual_granularity", [e1, e2], rewards, AdvantageConfig(beta=1))
+    ev = torch.tensor([1.0, 0.0, 0.0])      # the three searches
+    red = torch.tensor([0.0, -1.0, 0.0])
+    zev, zred = (ev - ev.mean()) / ev.std(), (red - red.mean()) / red.std()
+    step = (zev + 0.5 * zred).tolist()
+    # outcome part: 1 - 0.5 and 0 - 0.5; searches carry their z terms, answers none
+    assert adv[0].tolist() == pytest.approx([0, 0, 0.5 + step[0], 0, 0.5 + step[1], 0, 0.5],
+                                            abs=1e-5)
+    assert adv[1].tolist() == pytest.approx([0, 0, -0.5 + step[2], 0, -0.5], abs=1e-5)
+    with pytest.raises(ValueError, match="process source 'evidence'"):
+        compute_advantages("dual_granularity", [e1, e2],
+                           Rewards(rewards.outcome, rewards.steps,
+                                   sources={"evidence": (1.0, [[1.0], [0.0, None]])}))
+
+
 def test_gigpo_hand_computed_with_anchor_states_and_a_singleton_step_group():
     e1 = ep("g", [search(query="x", hits=["d1"]), answer()], outcome=1.0)
     e2 = ep("g", [search(query=" X ", hits=["d1"]), answer()], sample=1)
@@ -191,11 +234,13 @@ def test_evidence_rewards_first_finds_of_gold_documents():
                  answer()], gold=["d1", "d2"])
     lone = ep("h", [search(hits=["d1"]), answer()])              # gold unknown
     ctx = ProcessContext()
-    assert PROCESS_REWARDS["evidence"]([t, lone], ctx) == [[0.5, 0.0, 0.5, 0.0], [0.0, 0.0]]
+    # an answer has no retrieval to judge, nor has an episode without gold: None (not 0)
+    assert PROCESS_REWARDS["evidence"]([t, lone], ctx) == [[0.5, 0.0, 0.5, None],
+                                                             [None, None]]
     assert ctx.stats["evidence_no_gold"] == 1
     rag = ep("r", [search(hits=["d1", "d2"]), answer()], gold=["d1", "d2"],
              meta={"prompt_hits": ["d2"]})                       # d2 was in the prompt
-    assert PROCESS_REWARDS["evidence"]([rag], ctx) == [[0.5, 0.0]]
+    assert PROCESS_REWARDS["evidence"]([rag], ctx) == [[0.5, None]]
 
 
 def test_evidence_falls_back_to_supporting_titles():
@@ -203,13 +248,13 @@ def test_evidence_falls_back_to_supporting_titles():
            meta={"supporting_titles": ["Ed Wood", "Scott Derrickson"]})
     t.steps[0].hit_titles = ["ed  wood"]
     t.steps[1].hit_titles = ["Ed Wood", "Scott Derrickson"]
-    assert PROCESS_REWARDS["evidence"]([t], ProcessContext()) == [[0.5, 0.5, 0.0]]
+    assert PROCESS_REWARDS["evidence"]([t], ProcessContext()) == [[0.5, 0.5, None]]
 
 
 def test_redundancy_penalises_repeated_queries_and_documents():
     t = ep("g", [search(query="a", hits=["d1", "d2"]), search(query="b", hits=["d2", "d3"]),
                  search(query=" A ", hits=["d1", "d2"]), answer()])
-    assert PROCESS_REWARDS["redundancy"]([t], ProcessContext()) == [[0.0, -0.5, -1.0, 0.0]]
+    assert PROCESS_REWARDS["redundancy"]([t], ProcessContext()) == [[0.0, -0.5, -1.0, None]]
 
 
 def test_step_format_checks_the_tag_sequence():
@@ -259,7 +304,7 @@ def test_score_steps_weights_and_keeps_the_parts():
     score_steps([t], {"evidence": 2.0, "redundancy": 0.5})
     assert [s.process_parts for s in t.steps] == [
         {"evidence": 1.0, "redundancy": 0.0}, {"evidence": 0.0, "redundancy": -1.0},
-        {"evidence": 0.0, "redundancy": 0.0}]
+        {"evidence": None, "redundancy": None}]
     assert [s.process_reward for s in t.steps] == [2.0, -0.5, 0.0]
     with pytest.raises(ValueError, match="reward.process.bogus: unknown process reward"):
         check_process_weights({"bogus": 1.0})

@@ -265,6 +265,45 @@ def test_episode_reward_parts():
     assert episode_reward(t, max_turns_penalty=0.5).total == -0.5
 
 
+def test_the_default_reward_ranks_a_broken_protocol_below_a_clean_one(tmp_path):
+    """Bias 1 of the learning review: an episode whose turn broke the protocol (no tag, EOS),
+    was corrected and then answered right scored 1.0 like a clean one."""
+    from seekrl.agent.trajectory import Step, Trajectory
+    clean = Trajectory("q", "q", "?", ["Paris"], [1, 2, 3], [0, 1, 1], 1,
+                       steps=[Step(1, 2, "search", text="<think> a </think>\n<search> q </search>"),
+                              Step(2, 3, "answer", text="<answer> paris </answer>",
+                                   answer="paris")],
+                       answer="paris", finish_reason="answer")
+    broken = copy.deepcopy(clean)
+    broken.steps[0] = Step(1, 2, "invalid", text="<think> a </think>", reason="no tag")
+    wrong = copy.deepcopy(clean)
+    wrong.answer = "rome"
+    r = make_cfg(tmp_path).reward
+    score = {name: episode_reward(t, outcome=r.outcome, format_reward=r.format_reward,
+                                  invalid_penalty=r.invalid_penalty).total
+             for name, t in (("clean", clean), ("broken", broken), ("wrong", wrong))}
+    assert score["clean"] > score["broken"] > score["wrong"]
+    # and the RL optimiser warms up by default, a YAML that sets only the lr included
+    assert make_cfg(tmp_path).optim.warmup_steps == 3
+    assert TrainConfig(data="x", index="y").optim.warmup_steps == 3
+
+
+def test_invalid_turns_get_no_positive_advantage():
+    from seekrl.agent.trajectory import Step, Trajectory
+    from seekrl.rl.advantages import compute_advantages, no_positive_credit_for_invalid_turns
+    right = Trajectory("q", "g", "?", ["a"], [0, 1, 1, 1, 1], [0, 1, 1, 1, 1], 1,
+                       steps=[Step(1, 3, "invalid"), Step(3, 5, "answer")], outcome_reward=1.0,
+                       finish_reason="answer")
+    wrong = Trajectory("q", "g", "?", ["a"], [0, 1, 1, 1, 1], [0, 1, 1, 1, 1], 1,
+                       steps=[Step(1, 3, "invalid"), Step(3, 5, "answer")], outcome_reward=0.0,
+                       sample_index=1, finish_reason="answer")
+    advs, _ = compute_advantages("dr_grpo", [right, wrong], [1.0, 0.0])
+    capped, n = no_positive_credit_for_invalid_turns(advs, [right, wrong])
+    assert advs[0].tolist() == [0, 0.5, 0.5, 0.5, 0.5]         # the estimator's own
+    assert capped[0].tolist() == [0, 0.0, 0.0, 0.5, 0.5] and n == 2
+    assert capped[1].tolist() == advs[1].tolist() == [0, -0.5, -0.5, -0.5, -0.5]
+
+
 @pytest.mark.parametrize("override, key", [
     ("algo.cliplow=0.1", "algo.cliplow"),
     ("algo.clip_low=abc", "algo.clip_low"),
@@ -434,6 +473,26 @@ def test_rollout_token_budget_stops_the_run(world, tiny, tmp_path):
     cfg = make_cfg(tmp_path, steps=5, max_rollout_tokens=1, save_every=0)
     summary = make_trainer(cfg, world, tiny).train()
     assert summary["steps"] == 1 and "rollout budget" in summary["budget"]
+    assert summary["budget_met"] is False and summary["budget_ratio"] > 1.1   # flagged
+
+
+def test_the_last_budgeted_step_plays_only_the_questions_the_budget_pays_for(world, tiny,
+                                                                             tmp_path):
+    """A step of 4 questions, a budget of about 1.5 steps: the second step plays about two
+    questions instead of stopping half a step short or running half a step over."""
+    probe = make_trainer(make_cfg(tmp_path / "probe", steps=1, questions_per_step=4,
+                                  save_every=0, **{"algo.epochs": 1}), world, tiny)
+    probe.train()
+    budget = int(probe.rollout_tokens * 1.5)
+    cfg = make_cfg(tmp_path, steps=5, questions_per_step=4, max_rollout_tokens=budget,
+                   save_every=0, **{"algo.epochs": 1})
+    trainer = make_trainer(cfg, world, tiny)
+    summary = trainer.train()
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text()
+               .splitlines() if '"episodes"' in x]
+    assert [r["episodes"] for r in records][:2] == [8, 4]    # 4 x 2 rollouts, then 2 x 2
+    assert summary["steps"] == 2 and trainer.questions_drawn == 6
+    assert summary["budget_met"] is (abs(summary["budget_ratio"] - 1) <= 0.1)
 
 
 def test_resume_continues_identically_with_step_rewards(world, tiny, tmp_path):

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from seekrl.data.qa import read_qa_jsonl
-from seekrl.data.world import PRESETS, WorldConfig, generate_world, write_world
+from seekrl.data.world import PRESETS, WorldConfig, _Builder, generate_world, write_world
 
 SMALL = dict(entities=240, n_train=150, n_dev=30, n_test=30)
 
@@ -88,7 +88,7 @@ def test_answers_follow_the_chain(world):
             assert meta["judgement"]
             if q.golden_answers[0] in ("yes", "no"):
                 continue
-            # the winner is one of the two entities the question names
+            # the winner is one of the entities the question names
             assert q.golden_answers[0] in {h["subject"] for h in meta["chain"]}
         else:
             assert q.golden_answers[0] == meta["chain"][-1]["answer"]
@@ -173,6 +173,7 @@ def test_explicit_knobs_override_the_preset():
 @pytest.mark.parametrize("kwargs, field", [
     (dict(difficulty="impossible"), "difficulty"),
     (dict(hop_mix={5: 1.0}), "hop_mix"),
+    (dict(hop_mix={2: 0.0}), "hop_mix"),
     (dict(entities=10), "entities"),
     (dict(alias_rate=1.5), "alias_rate"),
 ])
@@ -192,3 +193,88 @@ def test_write_world_files(tmp_path, world):
         assert [q.to_dict() for q in back] == [q.to_dict() for q in world.splits[split]]
     meta = json.loads(paths["world"].read_text())
     assert meta["config"]["difficulty"] == "medium" and meta["stats"]["docs"] == len(world.docs)
+
+
+@pytest.fixture(scope="module")
+def medium():
+    """A medium world with a few hundred questions per split: enough to see its mix."""
+    return generate_world(seed=5, difficulty="medium", entities=600, n_train=400, n_dev=90,
+                          n_test=90)
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 90, 199, 400, 2000])
+def test_quotas_sum_to_n_and_round_each_share(n):
+    cfg = WorldConfig(difficulty="medium")
+    quotas = _Builder(cfg).quotas(n)
+    assert sum(quotas.values()) == n
+    exact = {"comparison": cfg.comparison_share * n}
+    exact |= {h: (1 - cfg.comparison_share) * n * w for h, w in cfg.hop_mix.items()}
+    assert quotas.keys() == exact.keys()
+    assert all(abs(quotas[k] - exact[k]) < 1 for k in exact), (quotas, exact)
+
+
+def test_every_split_holds_the_configured_mix(medium):
+    """Quotas, not draw weights: a failed draw is retried as the same kind, so the kinds
+    that fail more (long chains) are not crowded out by comparisons and 1-hop chains."""
+    cfg = medium.config
+    for split, qs in medium.splits.items():
+        n = len(qs)
+        comparisons = sum(q.metadata["type"] == "comparison" for q in qs)
+        assert abs(comparisons - round(cfg.comparison_share * n)) <= 1, split
+        hops = Counter(q.metadata["hops"] for q in qs if q.metadata["type"] != "comparison")
+        for h, w in cfg.hop_mix.items():
+            assert abs(hops[h] - (1 - cfg.comparison_share) * n * w) < 1, (split, hops)
+        # interleaved, not made in blocks of one kind
+        assert len({q.metadata["type"] for q in qs[:20]}) > 1
+        assert [q.id for q in qs] == [f"{split}-{i}" for i in range(n)]
+
+
+def test_three_way_comparisons_name_the_winner_among_three(medium):
+    by_name = {e.name: e for e in medium.entities.values() if not e.distractor}
+    comparisons = [q for q in medium.splits["train"] if q.metadata["type"] == "comparison"]
+    three = [q for q in comparisons if q.metadata["options"] == 3]
+    assert len(three) >= 10
+    assert all(q.metadata["options"] == 2 for q in comparisons if q not in three)
+    for q in three:
+        chain = q.metadata["chain"]
+        assert q.metadata["hops"] == 3 and len(chain) == 3
+        entities = [by_name[h["subject"]] for h in chain]
+        assert len({e.key for e in entities}) == 3
+        assert all(e.name in q.question or e.alias in q.question for e in entities), q.question
+        values = [int(h["answer"].replace(",", "")) for h in chain]
+        assert len(set(values)) == 3, q.question       # one winner
+        winner = q.golden_answers[0]
+        assert winner in [e.name for e in entities]
+        assert values[[e.name for e in entities].index(winner)] in (min(values), max(values))
+        assert q.metadata["judgement"].count(";") == 2
+        assert " or " in q.question or " and " in q.question
+
+
+def test_yes_no_comparisons_stay_balanced(medium):
+    answers = Counter(q.golden_answers[0] for qs in medium.splits.values() for q in qs
+                      if q.golden_answers[0] in ("yes", "no"))
+    assert answers["yes"] + answers["no"] >= 40
+    assert 0.35 <= answers["yes"] / (answers["yes"] + answers["no"]) <= 0.65
+
+
+def test_no_three_way_comparisons_without_3_hop_questions():
+    w = generate_world(seed=4, difficulty="medium", hop_mix={1: 0.5, 2: 0.5}, **SMALL)
+    comparisons = [q for qs in w.splits.values() for q in qs
+                   if q.metadata["type"] == "comparison"]
+    assert comparisons and all(q.metadata["options"] == 2 and q.metadata["hops"] == 2
+                               for q in comparisons)
+
+
+def test_same_seed_same_questions_in_every_split():
+    a = generate_world(seed=11, difficulty="medium", **SMALL)
+    b = generate_world(seed=11, difficulty="medium", **SMALL)
+    for split in a.splits:
+        assert [q.to_dict() for q in a.splits[split]] == [q.to_dict() for q in b.splits[split]]
+
+
+def test_a_kind_that_cannot_be_filled_is_named(monkeypatch):
+    make = _Builder.chain_question
+    monkeypatch.setattr(_Builder, "chain_question",
+                        lambda self, split, hops: None if hops == 4 else make(self, split, hops))
+    with pytest.raises(RuntimeError, match="train split: could only make 0 of 18 distinct 4-hop chain"):
+        generate_world(seed=3, difficulty="medium", **SMALL)

@@ -225,8 +225,9 @@ class RefineConfig(Strict):
     reward: str = "em"
     min_outcome: float = 1.0           # keep episodes whose outcome reaches this
     threshold: float = Field(0.5, ge=0, le=1)   # ... and whose every step scores this
-    # or: the threshold is this quantile of the right episodes' step scores (PRMs trained on
-    # soft Q score a weak policy far below 0.5 everywhere)
+    # or: a threshold per step count, this quantile of the lowest step scores of the right
+    # episodes with as many steps (PRMs trained on soft Q score a weak policy far below 0.5
+    # everywhere; minima of like length keep ~1 - q of each, see rl/refine.py)
     threshold_quantile: float | None = Field(None, ge=0, lt=1)
     max_per_question: int = Field(2, ge=1)
     rollout: RolloutSettings = RolloutSettings(temperature=0.9)
@@ -266,8 +267,12 @@ class RefineConfig(Strict):
 
 class RewardConfig(Strict):
     outcome: str = "em"                 # a registered outcome reward: em | f1 | cover_em
-    format_reward: float = 0.0          # added for a valid protocol trace
-    invalid_penalty: float = 0.0        # subtracted per invalid action
+    # added for a valid protocol trace / subtracted per invalid action. Not 0 by default: with
+    # outcome alone, an episode that broke the protocol (a turn ended on EOS with no tag,
+    # was corrected, then answered right) scored as much as a clean one, and the demo's RL
+    # lost the format (valid 0.85 -> 0.53) while EM held; 0.1 / 0.1 kept it (0.99)
+    format_reward: float = 0.1
+    invalid_penalty: float = 0.1
     max_turns_penalty: float = 0.0      # subtracted when the episode ran out of turns / tokens
     # process (step) rewards: source name -> weight, e.g. {evidence: 1.0, redundancy: 0.1};
     # sources: evidence, redundancy, step_format, mc_value, prm (rewards/process.py)
@@ -325,6 +330,10 @@ class AlgoConfig(Strict):
     dynamic_sampling: bool = False      # drop zero-variance groups and refill
     max_refills: int = Field(2, ge=0)
     balance_types: bool = True          # draw questions round-robin over metadata["type"]
+    # false: an invalid turn's tokens (a turn without a protocol tag, an unclosed tag, its
+    # EOS) never get a positive advantage: the episode succeeded in spite of them, and an
+    # outcome advantage would teach them with the rest of a right episode
+    credit_invalid_turns: bool = False
     value_coef: float = Field(0.5, ge=0)
     value_clip: float | None = Field(0.2, gt=0)
     value_lr: float | None = Field(None, gt=0)   # critic head lr (default: optim.lr * 10)
@@ -399,6 +408,13 @@ class LogConfig(Strict):
     save_rollouts: int = Field(0, ge=0)   # every N steps, RUN_DIR/rollouts/step-N (0: never)
 
 
+class RLOptimConfig(OptimConfig):
+    """The RL update's optimiser: a few warm-up steps by default. AdamW's first steps move
+    every weight by about lr x sign(gradient), signal or noise alike; with warmup 0 the
+    demo's first update broke the format of a third of its episodes."""
+    warmup_steps: int = Field(3, ge=0)
+
+
 class TrainConfig(Strict):
     model: str = "smollm2-135m"        # usually the SFT checkpoint (RUN_DIR/final)
     data: str                          # training questions (QA JSONL / parquet)
@@ -427,7 +443,7 @@ class TrainConfig(Strict):
     # and optimizer state in every process; fsdp shards them over the processes (PyTorch
     # FSDP2, ZeRO-3's memory), gathering the full weights for rollouts (rl/distributed.py)
     shard: Literal["none", "fsdp"] = "none"
-    optim: OptimConfig = OptimConfig(lr=1e-6, schedule="constant", warmup_steps=0)
+    optim: RLOptimConfig = RLOptimConfig(lr=1e-6, schedule="constant")
     eval: EvalConfig = EvalConfig()
     save_every: int = Field(5, ge=0)   # checkpoint every N steps (0: final only)
     keep_last: int = Field(2, ge=1)    # checkpoints kept on disk

@@ -283,14 +283,14 @@ def rl_config_tree(cfg: DemoConfig, *, model: str, train_file: str | Path,
 def _rl(out: Path, keys: dict, *, cfg: DemoConfig, sft_final: str, paths, index, index_dir,
         console, budget_tokens: int | None = None) -> dict:
     """One RL run from the SFT checkpoint with the demo's settings and `keys` on top. With
-    `budget_tokens`, it stops at that many generated rollout tokens (at most 4x the steps)."""
+    `budget_tokens`, it stops at that many generated rollout tokens (at most 10x the steps)."""
     from seekrl.config import TrainConfig
     from seekrl.rl.methods import apply_overrides
     from seekrl.rl.train import Trainer
 
     tree = rl_config_tree(cfg, model=sft_final, train_file=paths["train"], index_dir=index_dir,
                           out=out, budget_tokens=budget_tokens,
-                          steps=cfg.rl_steps if budget_tokens is None else 4 * cfg.rl_steps)
+                          steps=cfg.rl_steps if budget_tokens is None else 10 * cfg.rl_steps)
     tree["log"] = {"save_rollouts": 1}
     rl_cfg = TrainConfig.model_validate(apply_overrides(tree, keys))
     return Trainer(rl_cfg, console=console, retriever=index, overwrite=True).train()

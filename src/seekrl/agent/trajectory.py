@@ -34,7 +34,8 @@ class Step:
     info_start: int | None = None    # the environment block after it: [info_start, info_end)
     info_end: int | None = None
     process_reward: float | None = None   # filled by process supervision: the weighted sum
-    process_parts: dict[str, float] = field(default_factory=dict)  # each source's reward
+    # each source's reward (None: the source does not apply to this step)
+    process_parts: dict[str, float | None] = field(default_factory=dict)
     value: float | None = None            # filled by an MC estimate / critic / PRM
 
     @property

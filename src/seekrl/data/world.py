@@ -2,7 +2,9 @@
 
 People, organisations, cities, countries and works, linked by typed relations, each with
 one document; plus distractor documents about near-named entities. Questions follow
-relation chains of 1 to 4 hops (HotpotQA-style bridge questions) or compare two entities.
+relation chains of 1 to 4 hops (HotpotQA-style bridge questions) or compare two or three
+entities. The hop mix and the comparison share are quotas, met in every split to the
+nearest question.
 
 What makes it hard (dialled by `difficulty`): facts stated only in the *other* entity's
 document (reverse-stated relations, so the first query must be reformulated), entities
@@ -46,7 +48,7 @@ class WorldConfig:
     split_shares: tuple[float, float, float] = (0.7, 0.15, 0.15)
     # The knobs below default to None: `difficulty` fills the ones left unset.
     hop_mix: dict[int, float] | None = None  # chain length -> weight
-    comparison_share: float | None = None   # share of questions that compare two entities
+    comparison_share: float | None = None   # share of questions that compare entities
     distractors: float | None = None        # mean distractor documents per real entity
     paraphrase: bool | None = None          # several templates per sentence and question
     reverse_rate: float | None = None       # chance a relation is told only in the object's doc
@@ -74,6 +76,9 @@ class WorldConfig:
         bad = [h for h in self.hop_mix if not 1 <= h <= 4]
         if bad:
             raise ValueError(f"hop_mix: hops must be 1..4, got {bad}")
+        if min(self.hop_mix.values(), default=-1) < 0 or sum(self.hop_mix.values()) <= 0:
+            raise ValueError(f"hop_mix: weights must be >= 0 with a positive sum, "
+                             f"got {self.hop_mix}")
         if self.entities < 60:
             raise ValueError(f"entities: need at least 60 to make three splits, "
                              f"got {self.entities}")
@@ -257,6 +262,27 @@ COMPARABLE = {  # attribute -> (question when the smaller value wins, when the l
     "population": (("Which has fewer residents, {a} or {b}?", "Which city is smaller, {a} or {b}?"),
                    ("Which has more residents, {a} or {b}?", "Which city is larger, {a} or {b}?")),
 }
+# The same comparisons among three entities (when the world has 3-hop questions): a guess
+# is right one time in three, not one in two.
+COMPARABLE_THREE = {
+    "birth_year": (("Who was born first: {a}, {b} or {c}?",
+                    "Which of {a}, {b} and {c} was born earliest?"),
+                   ("Who was born last: {a}, {b} or {c}?",
+                    "Which of {a}, {b} and {c} is the youngest?")),
+    "founded_year": (("Which was founded first: {a}, {b} or {c}?",
+                      "Which is the oldest: {a}, {b} or {c}?"),
+                     ("Which was founded most recently: {a}, {b} or {c}?",
+                      "Which of {a}, {b} and {c} was established last?")),
+    "release_year": (("Which came out first: {a}, {b} or {c}?",
+                      "Which of {a}, {b} and {c} was released earliest?"),
+                     ("Which was released last: {a}, {b} or {c}?",
+                      "Which is the newest work: {a}, {b} or {c}?")),
+    "population": (("Which has the fewest residents: {a}, {b} or {c}?",
+                    "Which city is the smallest: {a}, {b} or {c}?"),
+                   ("Which has the most residents: {a}, {b} or {c}?",
+                    "Which city is the largest: {a}, {b} or {c}?")),
+}
+THREE_WAY_SHARE = 0.5  # of "which is larger" questions, where the world has 3-hop questions
 SAME_QUESTIONS = {  # (entity type, path of relations) -> phrasings; answered yes / no
     ("person", ("born_in",)): ("Were {a} and {b} born in the same city?",
                                "Do {a} and {b} share a city of birth?"),
@@ -677,35 +703,53 @@ class _Builder:
         kinds += [("same", k) for k in SAME_QUESTIONS if 2 * len(k[1]) <= max_hops]
         kind, what = rng.choice(kinds)
         if kind == "compare":
-            type_ = ATTRIBUTES[what].type
-            pool = [e for e in self.pool(split, type_) if what in e.attrs]
-            a, b = rng.sample(pool, 2)
-            va, vb = (int(str(x.attrs[what]).replace(",", "")) for x in (a, b))
-            if va == vb:
-                return None
-            larger = rng.random() < 0.5
-            winner = (a if va > vb else b) if larger else (a if va < vb else b)
-            ta, tb = self.mention(a)[0], self.mention(b)[0]
-            question = self._pick(COMPARABLE[what][larger]).format(a=ta, b=tb)
-            path = [self.lookup(a, what), self.lookup(b, what)]
-            judgement = f"{a.name}: {a.attrs[what]}; {b.name}: {b.attrs[what]}"
-            return self._example(question, self.answers(winner.name, winner), path,
-                                 qtype="comparison", extra={"judgement": judgement})
-        type_, rels = what
-        pool = self.pool(split, type_)
-        pool = [e for e in pool if rels[0] in e.rels]
+            k = 3 if max_hops >= 3 and rng.random() < THREE_WAY_SHARE else 2
+            return self._compare_question(split, what, k)
+        return self._same_question(split, *what)
+
+    def _compare_question(self, split: str, what: str, k: int) -> QAExample | None:
+        """Which of k entities has the larger (or smaller) value: one lookup per entity."""
+        rng = self.rng
+        value = lambda e: int(str(e.attrs[what]).replace(",", ""))  # noqa: E731
+        pool = [e for e in self.pool(split, ATTRIBUTES[what].type) if what in e.attrs]
+        if len({value(e) for e in pool}) < k:
+            return None
+        # distinct values, so there is one winner; drawn here rather than failed and redrawn
+        picked: list[Entity] = []
+        while len(picked) < k:
+            e = rng.choice(pool)
+            if all(value(e) != value(p) for p in picked):
+                picked.append(e)
+        larger = rng.random() < 0.5
+        winner = (max if larger else min)(picked, key=value)
+        names = dict(zip("abc", (self.mention(e)[0] for e in picked)))
+        templates = COMPARABLE if k == 2 else COMPARABLE_THREE
+        question = self._pick(templates[what][larger]).format(**names)
+        path = [self.lookup(e, what) for e in picked]
+        judgement = "; ".join(f"{e.name}: {e.attrs[what]}" for e in picked)
+        return self._example(question, self.answers(winner.name, winner), path,
+                             qtype="comparison", extra={"judgement": judgement, "options": k})
+
+    def _same_question(self, split: str, type_: str, rels: tuple[str, ...]) -> QAExample | None:
+        """Do two entities share an end of the relation path: yes or no, drawn 50/50."""
+        rng = self.rng
+        pool = [e for e in self.pool(split, type_) if rels[0] in e.rels]
 
         def end(e: Entity) -> Entity:
             for r in rels:
                 e = self.entities[e.rels[r]]
             return e
 
-        a = rng.choice(pool)
         want_same = rng.random() < 0.5
-        candidates = [b for b in pool if b is not a and (end(b).key == end(a).key) == want_same]
-        if not candidates:
+        # the first entity comes from those with a partner for the drawn answer: a "yes" that
+        # found none and was redrawn would tilt the mix to "no"
+        ends = Counter(end(e).key for e in pool)
+        firsts = [e for e in pool
+                  if (ends[end(e).key] >= 2 if want_same else ends[end(e).key] < len(pool))]
+        if not firsts:
             return None
-        b = rng.choice(candidates)
+        a = rng.choice(firsts)
+        b = rng.choice([b for b in pool if b is not a and (end(b).key == end(a).key) == want_same])
         path = []
         for e in (a, b):
             cur = e
@@ -713,11 +757,11 @@ class _Builder:
                 path.append(self.lookup(cur, r))
                 cur = self.entities[cur.rels[r]]
         ta, tb = self.mention(a)[0], self.mention(b)[0]
-        question = self._pick(SAME_QUESTIONS[what]).format(a=ta, b=tb)
+        question = self._pick(SAME_QUESTIONS[(type_, rels)]).format(a=ta, b=tb)
         answer = "yes" if want_same else "no"
         judgement = f"{a.name}: {end(a).name}; {b.name}: {end(b).name}"
         return self._example(question, [answer], path, qtype="comparison",
-                             extra={"judgement": judgement})
+                             extra={"judgement": judgement, "options": 2})
 
     def _example(self, question: str, golden: list[str], path: list[dict], qtype: str,
                  extra: dict) -> QAExample:
@@ -725,26 +769,47 @@ class _Builder:
                 "gold_doc_ids": [h["doc_id"] for h in path], "chain": path, **extra}
         return QAExample(id="", question=question, golden_answers=golden, metadata=meta)
 
+    def quotas(self, n: int) -> dict[str | int, int]:
+        """How many of n questions each kind gets: "comparison", then each hop count of a
+        chain; largest-remainder rounding, so the counts sum to n."""
+        share = self.cfg.comparison_share
+        total = sum(self.cfg.hop_mix.values())
+        exact = {"comparison": share * n}
+        exact |= {h: (1 - share) * n * w / total for h, w in sorted(self.cfg.hop_mix.items())}
+        out = {kind: int(x) for kind, x in exact.items()}
+        by_remainder = sorted(exact, key=lambda kind: exact[kind] - out[kind], reverse=True)
+        for kind in by_remainder[:n - sum(out.values())]:
+            out[kind] += 1
+        return out
+
     def make_questions(self, split: str, n: int) -> list[QAExample]:
+        """n distinct questions in the configured mix. A failed or repeated draw is retried
+        as the same kind: starting over would favour the kinds that fail least (1-hop
+        chains, comparisons)."""
         rng = self.rng
-        hops, weights = zip(*sorted(self.cfg.hop_mix.items()))
+        max_hops = max(self.cfg.hop_mix)
         seen: set[str] = set()
         out: list[QAExample] = []
-        attempts = 0
-        while len(out) < n:
-            attempts += 1
-            if attempts > 50 * n + 1000:
-                raise RuntimeError(f"could only make {len(out)} distinct {split} questions of "
-                                   f"{n}; raise `entities` or lower the question count")
-            if rng.random() < self.cfg.comparison_share:
-                q = self.comparison_question(split, max(hops))
-            else:
-                q = self.chain_question(split, rng.choices(hops, weights)[0])
-            if q is None or q.question in seen:
-                continue
-            seen.add(q.question)
-            q.id = f"{split}-{len(out)}"
-            out.append(q)
+        for kind, quota in self.quotas(n).items():
+            made = attempts = 0
+            while made < quota:
+                attempts += 1
+                if attempts > 100 * quota + 1000:
+                    what = kind if kind == "comparison" else f"{kind}-hop chain"
+                    raise RuntimeError(
+                        f"{split} split: could only make {made} of {quota} distinct {what} "
+                        f"questions after {attempts - 1} attempts ({len(out)} of {n} questions "
+                        f"in all); raise `entities`, lower the question count or change the mix")
+                q = self.comparison_question(split, max_hops) if kind == "comparison" \
+                    else self.chain_question(split, kind)
+                if q is None or q.question in seen:
+                    continue
+                seen.add(q.question)
+                out.append(q)
+                made += 1
+        rng.shuffle(out)  # kinds were made in blocks
+        for i, q in enumerate(out):
+            q.id = f"{split}-{i}"
         return out
 
 

@@ -348,7 +348,8 @@ def _episode_html(t: Trajectory, segments: list[dict] | None, index: int,
             head.append('gold hit &#10003;' if step.gold_hit else 'no gold hit')
         if step.process_reward is not None:
             parts = ", ".join(f"{escape_html(k)} {v:+.3g}" for k, v in
-                              (getattr(step, "process_parts", None) or {}).items())
+                              (getattr(step, "process_parts", None) or {}).items()
+                              if v is not None)   # None: the source does not judge this step
             head.append(f'<span class="preward">process reward {step.process_reward:+.3g}'
                         + (f" ({parts})" if parts else "") + "</span>")
         if step.value is not None:

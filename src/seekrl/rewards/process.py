@@ -1,20 +1,28 @@
 """Process rewards: one number per step (model turn), batch-first, registered by name.
 
-A source is `f(trajectories, ctx) -> list[list[float]]`: for each trajectory, one reward per
-step. `score_steps` runs the sources a config names with their weights, keeps each source's
-value on the step (`Step.process_parts`) and their weighted sum (`Step.process_reward`); the
-estimators in `rl/advantages.py` place that sum on the step's last token.
+A source is `f(trajectories, ctx) -> list[list[float | None]]`: for each trajectory, one
+reward per step, or None where the source does not apply to that step (evidence and
+redundancy judge searches only: an answer step has no retrieval to judge). `score_steps` runs
+the sources a config names with their weights, keeps each source's value on the step
+(`Step.process_parts`, None kept) and their weighted sum (`Step.process_reward`, None
+counting 0); the estimators in `rl/advantages.py` place that sum on the step's last token.
+An estimator that normalises step scores (`dual_granularity`) normalises each source over
+the steps it applies to, so a step the source cannot judge is neither rewarded nor punished
+by it (normalised over every step, the zeros of answer steps would sit below the mean of
+gold-finding searches and every answer would be pushed down).
 
 The sources:
 - `evidence`: information gain of a search, the share of the episode's gold documents that
   this step retrieved for the first time (documents already in the prompt or found by an
-  earlier step earn nothing). Gold comes from `gold_doc_ids` (the synthetic world's hop
-  chain, any data that has them), else from `metadata["supporting_titles"]` matched against
-  the retrieved titles (HotpotQA, 2Wiki, MuSiQue supporting facts); an episode without gold gets
-  0 on every step, counted in `ctx.stats["evidence_no_gold"]`. Like StepSearch's
+  earlier step earn nothing); None for other steps. Gold comes from `gold_doc_ids` (the
+  synthetic world's hop chain, any data that has them), else from
+  `metadata["supporting_titles"]` matched against the retrieved titles (HotpotQA, 2Wiki,
+  MuSiQue supporting facts); an episode without gold gets None on every step, counted in
+  `ctx.stats["evidence_no_gold"]`. Like StepSearch's
   information-gain reward, against known gold rather than a similarity to it.
 - `redundancy`: over-search penalty, -1 for a query the episode already issued (case and
-  whitespace aside), else minus the share of the step's documents it had already seen.
+  whitespace aside), else minus the share of the step's documents it had already seen; None
+  for other steps.
 - `step_format`: -1 for a turn that does not follow the protocol exactly
   (`protocol.step_format_problem`), else 0.
 - `mc_value`: Monte-Carlo progress ("rewarding progress", Setlur et al., 2024). From the
@@ -58,7 +66,7 @@ class ProcessContext:
     stats: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
 
-ProcessFn = Callable[[Sequence[Trajectory], ProcessContext], list[list[float]]]
+ProcessFn = Callable[[Sequence[Trajectory], ProcessContext], list[list[float | None]]]
 PROCESS_REWARDS: dict[str, ProcessFn] = {}
 
 
@@ -82,7 +90,8 @@ def check_process_weights(weights: Mapping[str, float], key: str = "reward.proce
 def score_steps(trajectories: Sequence[Trajectory], weights: Mapping[str, float],
                 ctx: ProcessContext | None = None) -> None:
     """Fill `process_parts` and `process_reward` of every step from the weighted sources.
-    With no sources, steps keep `process_reward = None`."""
+    With no sources, steps keep `process_reward = None`. A source's None (does not apply)
+    is kept in `process_parts` and adds nothing to `process_reward`."""
     if not weights:
         return
     check_process_weights(weights)
@@ -101,38 +110,40 @@ def score_steps(trajectories: Sequence[Trajectory], weights: Mapping[str, float]
                 raise ValueError(f"process reward {name!r} returned {len(row)} values for an "
                                  f"episode of {len(t.steps)} steps ({t.example_id})")
             for s, v in zip(t.steps, row):
-                s.process_parts[name] = float(v)
-                s.process_reward += float(weight) * float(v)
+                s.process_parts[name] = None if v is None else float(v)
+                if v is not None:
+                    s.process_reward += float(weight) * float(v)
 
 
 @register_process("evidence")
-def evidence(trajectories: Sequence[Trajectory], ctx: ProcessContext) -> list[list[float]]:
-    out = []
+def evidence(trajectories: Sequence[Trajectory], ctx: ProcessContext
+             ) -> list[list[float | None]]:
+    out: list[list[float | None]] = []
     for t in trajectories:
         gold, step_keys, seen = t.evidence_keys()   # by document id, else by title
         if not gold:
             ctx.stats["evidence_no_gold"] += 1
-            out.append([0.0] * len(t.steps))
+            out.append([None] * len(t.steps))
             continue
-        row = []
+        row: list[float | None] = []
         for s, hits in zip(t.steps, step_keys):
-            new = (gold & hits) - seen if s.action == "search" else set()
-            row.append(len(new) / len(gold))
+            row.append(len((gold & hits) - seen) / len(gold) if s.action == "search" else None)
             seen = seen | hits
         out.append(row)
     return out
 
 
 @register_process("redundancy")
-def redundancy(trajectories: Sequence[Trajectory], ctx: ProcessContext) -> list[list[float]]:
-    out = []
+def redundancy(trajectories: Sequence[Trajectory], ctx: ProcessContext
+               ) -> list[list[float | None]]:
+    out: list[list[float | None]] = []
     for t in trajectories:
         queries: set[str] = set()
         seen = set(t.metadata.get("prompt_hits") or [])
-        row = []
+        row: list[float | None] = []
         for s in t.steps:
             if s.action != "search":
-                row.append(0.0)
+                row.append(None)
                 continue
             q = normalise_text(s.query)
             if q in queries:

@@ -49,7 +49,7 @@ second search): none of these estimators groups by turn index. `gigpo` groups by
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 
@@ -82,10 +82,14 @@ class AdvantageConfig:
 class Rewards:
     """Each episode's outcome and each step's process reward; `tokens`, when given, one
     tensor per episode of rewards on single tokens (the KL penalty of `algo.kl_in_reward`),
-    added to the token-level view and to the totals."""
+    added to the token-level view and to the totals. `sources`, when given, the process
+    reward's parts before they were summed: name -> (weight, one value per step of each
+    episode, None where the source does not apply), for the estimators that normalise each
+    source over the steps it judges (`dual_granularity`)."""
     outcome: list[float]
     steps: list[list[float]]
     tokens: list[torch.Tensor] | None = None
+    sources: dict[str, tuple[float, list[list[float | None]]]] | None = None
 
     def __post_init__(self) -> None:
         if len(self.outcome) != len(self.steps):
@@ -98,10 +102,19 @@ class Rewards:
         return cls([float(r) for r in outcome], [[0.0] * len(t.steps) for t in trajectories])
 
     @classmethod
-    def from_trajectories(cls, trajectories: Sequence[Trajectory]) -> "Rewards":
-        """`outcome_reward` and each step's `process_reward` (None counts as 0)."""
+    def from_trajectories(cls, trajectories: Sequence[Trajectory],
+                          weights: Mapping[str, float] | None = None) -> "Rewards":
+        """`outcome_reward` and each step's `process_reward` (None counts as 0); with the
+        process sources' `weights` (`reward.process`), each source's part from
+        `Step.process_parts` as `sources`."""
+        sources = None
+        if weights:
+            sources = {name: (float(w), [[s.process_parts.get(name) for s in t.steps]
+                                         for t in trajectories])
+                       for name, w in weights.items()}
         return cls([float(t.outcome_reward or 0.0) for t in trajectories],
-                   [[float(s.process_reward or 0.0) for s in t.steps] for t in trajectories])
+                   [[float(s.process_reward or 0.0) for s in t.steps] for t in trajectories],
+                   sources=sources)
 
     def totals(self) -> list[float]:
         extra = [float(x.sum()) for x in self.tokens] if self.tokens is not None \
@@ -193,6 +206,11 @@ def compute_advantages(name: str, trajectories: Sequence[Trajectory],
         if len(steps) != len(t.steps):
             raise ValueError(f"rewards: episode {t.example_id!r} has {len(t.steps)} steps but "
                              f"{len(steps)} step rewards")
+    for source, (_, rows) in (rewards.sources or {}).items():
+        if len(rows) != len(trajectories) or any(len(r) != len(t.steps)
+                                                 for r, t in zip(rows, trajectories)):
+            raise ValueError(f"rewards: process source {source!r} does not have one value per "
+                             "step of every episode")
     return get_estimator(name)(trajectories, rewards, cfg or AdvantageConfig(), values=values)
 
 
@@ -208,15 +226,29 @@ def _broadcast(trajectories: Sequence[Trajectory], scalars: Sequence[float]) -> 
     return [m * float(a) for m, a in zip(_masks(trajectories), scalars)]
 
 
-def _per_step(t: Trajectory, values: Sequence[float]) -> torch.Tensor:
-    """Each step's value on that step's tokens (zero outside the steps)."""
+def _per_step(t: Trajectory, values: Sequence[float | None]) -> torch.Tensor:
+    """Each step's value on that step's tokens (zero outside the steps, and for None)."""
     out = torch.zeros(len(t.token_ids), dtype=torch.float32)
     for step, v in zip(t.steps, values):
+        if v is None:
+            continue
         if step.end > step.start:
             out[step.start:step.end] = float(v)
         else:   # a step without tokens (old data): its nearest policy token carries it
             out[step_reward_position(t, step)] += float(v)
     return out * torch.tensor(t.loss_mask, dtype=torch.float32)
+
+
+def _applies(t: Trajectory, values: Sequence[float | None]) -> torch.Tensor:
+    """Boolean per token: a policy token of a step whose value is not None."""
+    out = torch.zeros(len(t.token_ids), dtype=torch.bool)
+    for step, v in zip(t.steps, values):
+        if v is not None:
+            if step.end > step.start:
+                out[step.start:step.end] = True
+            else:
+                out[step_reward_position(t, step)] = True
+    return out & torch.tensor(t.loss_mask, dtype=torch.bool)
 
 
 def _standardise(r: torch.Tensor, epsilon: float) -> torch.Tensor:
@@ -334,27 +366,47 @@ def gae(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
     return (_whiten(advs, trajectories) if cfg.whiten else advs), rets
 
 
+def _normalised_over(trajectories, members: list[int], values: Sequence[Sequence],
+                     epsilon: float) -> list[torch.Tensor] | None:
+    """Each member's step values on its policy tokens, standardised over the tokens of the
+    group's steps that have a value (None: the step is not judged, and gets 0); None when
+    fewer than two such tokens or no spread."""
+    per_token = [_per_step(trajectories[i], values[i]) for i in members]
+    masks = [_applies(trajectories[i], values[i]) for i in members]
+    flat = torch.cat([x[m] for x, m in zip(per_token, masks)])
+    if flat.numel() < 2 or flat.std() == 0:
+        return None
+    mean, std = flat.mean(), flat.std()
+    return [torch.where(m, (x - mean) / (std + epsilon), torch.zeros_like(x))
+            for x, m in zip(per_token, masks)]
+
+
 @register("dual_granularity")
 def dual_granularity(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
     """ProRAG's dual-granularity advantage. The outcome part is the group-relative outcome
     (`std_norm` chooses GRPO's or Dr. GRPO's form); the process part gives each policy token
-    its step's reward, normalised over every policy token of the group's episodes (token-
+    its step's reward, normalised over the policy tokens of the group's episodes (token-
     weighted, so a long step counts as much as its tokens), times beta. seekrl differs from
     ProRAG's code in normalising per group rather than per batch, so that questions of
-    different difficulty do not set each other's scale."""
+    different difficulty do not set each other's scale.
+
+    With `rewards.sources` (the trainer passes them), each source is normalised on its own
+    over the steps it judges (a None step is left out of its mean and std and gets 0 from
+    it), and the normalised sources are summed with their weights. ProRAG's PRM scores every
+    step, so with one source of weight 1 this is the formula above; `evidence`, which judges
+    only searches, would otherwise hand every answer step a negative term whenever a search
+    found gold."""
     outcome = _group_scalars(trajectories, rewards.outcome,
                              lambda r: _centre(r, cfg.epsilon, cfg.std_norm))
     out = _broadcast(trajectories, outcome)
+    parts = list(rewards.sources.values()) if rewards.sources else [(1.0, rewards.steps)]
     for members in group_indices(trajectories).values():
-        per_token = [_per_step(trajectories[i], rewards.steps[i]) for i in members]
-        masks = [torch.tensor(trajectories[i].loss_mask, dtype=torch.bool) for i in members]
-        flat = torch.cat([x[m] for x, m in zip(per_token, masks)])
-        if flat.numel() < 2 or flat.std() == 0:
-            continue
-        mean, std = flat.mean(), flat.std()
-        for i, x, m in zip(members, per_token, masks):
-            out[i] = out[i] + cfg.beta * torch.where(m, (x - mean) / (std + cfg.epsilon),
-                                                     torch.zeros_like(x))
+        for weight, step_values in parts:
+            z = _normalised_over(trajectories, members, step_values, cfg.epsilon)
+            if z is None:
+                continue
+            for i, zi in zip(members, z):
+                out[i] = out[i] + cfg.beta * weight * zi
     return out, [a.clone() for a in out]
 
 
@@ -481,6 +533,25 @@ def tree_grpo(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None)
     return _within_and_group(trajectories, rewards, cfg,
                              lambda t, i: str(t.metadata.get("tree", f"#{i}")),
                              lambda w, g: w + g)
+
+
+def no_positive_credit_for_invalid_turns(advantages: Sequence[torch.Tensor],
+                                        trajectories: Sequence[Trajectory]
+                                        ) -> tuple[list[torch.Tensor], int]:
+    """Caps the advantage of every invalid turn's tokens at 0 (`algo.credit_invalid_turns:
+    false`): a right episode's success does not teach the turn that broke the protocol,
+    while a wrong episode's blame still reaches it. Returns the advantages and how many
+    policy tokens were capped."""
+    out, capped = [], 0
+    for a, t in zip(advantages, trajectories):
+        a = a.clone()
+        for s in t.steps:
+            if s.action == "invalid" and s.end > s.start:
+                span = a[s.start:s.end]
+                capped += int((span > 0).sum())
+                a[s.start:s.end] = span.clamp(max=0.0)
+        out.append(a)
+    return out, capped
 
 
 def advantage_stats(advantages: Sequence[torch.Tensor], trajectories) -> dict[str, float]:

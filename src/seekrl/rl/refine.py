@@ -5,7 +5,12 @@ reward model and the step labels know, before RL.
   policy, keep the right ones (outcome >= `min_outcome`) with a valid trace whose every step
   the PRM scores at or above `threshold` (without a PRM: the right, valid ones), at most
   `max_per_question` distinct episodes per question, and fine-tune on them with the SFT
-  recipe (loss on policy tokens only).
+  recipe (loss on policy tokens only). With `threshold_quantile` the bar is per step count:
+  an episode's lowest step score against the q-quantile of the lowest step scores of the
+  right episodes with as many steps (`quantile_threshold`). One bar over all step scores
+  would drop long episodes for having more steps to fail on (uninformative scores keep
+  (1 - q)^n of the n-step ones: 75 / 56 / 42% of 1 / 2 / 3 steps at q = 0.25), and RFT
+  then taught fewer searches.
 - `step_dpo`: DPO on sibling pairs from the labels (`pairs.jsonl`: a better and a worse step
   from the same prefix). The log-likelihood of an episode counts only the differing step's
   tokens; the reference is the starting policy, whose step log-probs are computed once
@@ -16,7 +21,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +33,12 @@ from seekrl.rl.forward import collate, masked_logprobs
 
 def keep_for_rft(trajs: Sequence[Trajectory], outcomes: Sequence[float],
                  step_scores: Sequence[Sequence[float]] | None, *, min_outcome: float,
-                 threshold: float, max_per_question: int) -> tuple[list[Trajectory], dict]:
-    """The episodes RFT trains on, and why the others were left out."""
+                 threshold: float | Mapping[int, float], max_per_question: int
+                 ) -> tuple[list[Trajectory], dict]:
+    """The episodes RFT trains on, and why the others were left out. `threshold` is one bar
+    for every step, or a bar per number of scored steps (`quantile_threshold`'s); either way
+    an episode goes when its lowest step score falls below its bar, and one without scored
+    steps has nothing below it."""
     kept: list[Trajectory] = []
     why = {"wrong": 0, "invalid_format": 0, "low_step_score": 0, "duplicate": 0,
            "question_full": 0}
@@ -41,9 +50,18 @@ def keep_for_rft(trajs: Sequence[Trajectory], outcomes: Sequence[float],
         if not t.valid_format:
             why["invalid_format"] += 1
             continue
-        if step_scores is not None and any(s < threshold for s in step_scores[i]):
-            why["low_step_score"] += 1
-            continue
+        if step_scores is not None and step_scores[i]:
+            row = step_scores[i]
+            if isinstance(threshold, Mapping):
+                if len(row) not in threshold:
+                    raise ValueError(f"threshold: no bar for episodes of {len(row)} scored "
+                                     f"steps (bars for {sorted(threshold)})")
+                bar = threshold[len(row)]
+            else:
+                bar = threshold
+            if min(row) < bar:
+                why["low_step_score"] += 1
+                continue
         seen = per_question.setdefault(t.example_id, set())
         key = tuple(t.token_ids)
         if key in seen:
@@ -58,15 +76,36 @@ def keep_for_rft(trajs: Sequence[Trajectory], outcomes: Sequence[float],
 
 
 def quantile_threshold(outcomes: Sequence[float], step_scores: Sequence[Sequence[float]],
-                       min_outcome: float, q: float, *, default: float) -> float:
-    """The q-quantile of the step scores of the right episodes. A PRM trained on soft Q
-    labels scores on the policy's own success scale (a weak policy's steps all sit far below
-    0.5), so a fixed threshold can keep nothing; this one drops the right episodes holding
-    the lowest-scored steps, whatever the scale. `default` when no episode is right."""
-    scores = sorted(v for o, row in zip(outcomes, step_scores) if o >= min_outcome for v in row)
-    if not scores:
-        return default
-    return scores[min(len(scores) - 1, int(q * len(scores)))]
+                       min_outcome: float, q: float) -> dict[int, float]:
+    """A bar per number of scored steps, for `keep_for_rft`: the q-quantile of the lowest
+    step scores of the right episodes with that many steps.
+
+    A PRM trained on soft Q labels scores on the policy's own success scale (a weak policy's
+    steps all sit far below 0.5), so a fixed threshold can keep nothing; a quantile drops the
+    right episodes holding the lowest-scored steps, whatever the scale. The episode's minimum
+    is compared with minima of episodes as long as it: against one quantile of all step
+    scores, an n-step episode has n chances to fall below, so even scores that say nothing
+    keep fewer long episodes; within its stratum each step count keeps ~1 - q.
+
+    A stratum too small for its own quantile to drop anyone (q * size < 1: the quantile is
+    its smallest minimum) takes the q-quantile of all right episodes' minima instead, so
+    the PRM still vetoes a clearly bad step there; that pooled bar leans against the
+    longer step counts again, but only for those few episodes. Right episodes without
+    scored steps have no minimum and no stratum; no right episode: no bars."""
+    strata: dict[int, list[float]] = {}
+    for o, row in zip(outcomes, step_scores):
+        if o >= min_outcome and len(row):
+            strata.setdefault(len(row), []).append(min(row))
+
+    def quantile(values: list[float]) -> float:
+        values = sorted(values)
+        return values[min(len(values) - 1, int(q * len(values)))]
+
+    if not strata:
+        return {}
+    pooled = quantile([m for minima in strata.values() for m in minima])
+    return {n: quantile(minima) if int(q * len(minima)) >= 1 else pooled
+            for n, minima in sorted(strata.items())}
 
 
 # ---------------------------------------------------------------------- step-level DPO
@@ -239,10 +278,10 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
         for t, row in zip(trajs, step_scores):
             for s, v in zip(t.steps, row):
                 s.value = float(v)
-    threshold = cfg.threshold
+    threshold: float | dict[int, float] = cfg.threshold
     if step_scores is not None and cfg.threshold_quantile is not None:
         threshold = quantile_threshold(outcomes, step_scores, cfg.min_outcome,
-                                       cfg.threshold_quantile, default=cfg.threshold)
+                                       cfg.threshold_quantile)
     kept, why = keep_for_rft(trajs, outcomes, step_scores, min_outcome=cfg.min_outcome,
                              threshold=threshold, max_per_question=cfg.max_per_question)
     generated = sum(t.n_generated for t in trajs)
@@ -250,14 +289,24 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     data = out / "rft_data.jsonl"
     write_trajectories(data, kept)
     n_right = sum(o >= cfg.min_outcome for o in outcomes)
+    if step_scores is None:
+        shown, bar = None, ""
+    elif isinstance(threshold, dict):   # JSON keys are strings: the step counts as text
+        shown = {str(n): round(v, 6) for n, v in threshold.items()}
+        right_by_steps: dict[int, int] = {}
+        for o, row in zip(outcomes, step_scores):
+            if o >= cfg.min_outcome and len(row):
+                right_by_steps[len(row)] = right_by_steps.get(len(row), 0) + 1
+        bar = " (step threshold by step count: " + ", ".join(
+            f"{n}: {v:.3g} ({right_by_steps[n]} right)" for n, v in threshold.items()) + ")"
+    else:
+        shown, bar = round(threshold, 6), f" (step threshold {threshold:.3g})"
     say(f"RFT: {len(trajs)} episodes sampled ({generated} tokens), {n_right} right, "
-        f"{len(kept)} kept" + (f" (step threshold {threshold:.3g})" if step_scores else "")
-        + "; left out: "
-        + ", ".join(f"{k} {v}" for k, v in why.items()))
+        f"{len(kept)} kept{bar}; left out: " + ", ".join(f"{k} {v}" for k, v in why.items()))
+    # threshold: None without a PRM, the fixed bar, or {steps: bar} from threshold_quantile
     summary = {"method": "rft", "sampled": len(trajs), "kept": len(kept), "left_out": why,
                "right_share": round(n_right / max(len(trajs), 1), 4),
-               "generated_tokens": generated, "prm": cfg.prm or None,
-               "threshold": None if step_scores is None else round(threshold, 6)}
+               "generated_tokens": generated, "prm": cfg.prm or None, "threshold": shown}
     if cfg.steps == 0:      # rejection sampling only: the data, no fine-tuning
         say(f"rejection-sampled SFT data -> {data}")
         return {**summary, "final": None, "data": str(data),

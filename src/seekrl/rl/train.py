@@ -75,6 +75,7 @@ from seekrl.rl.advantages import (
     advantage_stats,
     compute_advantages,
     needs_values,
+    no_positive_credit_for_invalid_turns,
 )
 from seekrl.rl.common import (
     MetricsLog,
@@ -204,6 +205,7 @@ class Trainer:
         self.monitor = Monitor(cfg.monitor)
         self.step_done = 0
         self.rollout_tokens = 0            # generated rollout tokens so far (the compute)
+        self.questions_drawn = 0           # questions played so far (refills included)
         self.healthy_checkpoint: str | None = None
         self.stopped_reason: str | None = None
         self.stopped_budget: str | None = None
@@ -350,8 +352,11 @@ class Trainer:
         return logps, values
 
     # ------------------------------------------------------------------ one step
-    def step(self, step: int) -> dict[str, Any]:
+    def step(self, step: int, n_questions: int | None = None) -> dict[str, Any]:
+        """One step on `n_questions` questions (default `questions_per_step`; fewer on the
+        last step of a run with a rollout-token budget)."""
         cfg, algo = self.cfg, self.cfg.algo
+        n_questions = n_questions or cfg.questions_per_step
         base_seed = cfg.seed * 1_000_003 + step
         set_seed(base_seed)
         t0 = time.time()
@@ -363,7 +368,8 @@ class Trainer:
 
         def draw(draw_no: int) -> tuple[list[Trajectory], list[RewardParts]]:
             t = time.time()
-            questions = self.sample_questions(step, cfg.questions_per_step, draw=draw_no)
+            questions = self.sample_questions(step, n_questions, draw=draw_no)
+            self.questions_drawn += len(questions)
             seed = base_seed + 7919 * draw_no
             # each rank plays and scores its share of the questions; all get the whole batch
             # (with its own random draws: the rank goes into the seed; rank 0's is one process's)
@@ -387,18 +393,19 @@ class Trainer:
         trajs, parts = draw(0)
         n_sampled, refills = len(trajs), 0
         # over every group sampled, before any filter
-        signal = _group_signal(trajs, parts, est, adv_cfg)
+        weights = cfg.reward.process
+        signal = _group_signal(trajs, parts, est, adv_cfg, weights)
         if algo.dynamic_sampling:
-            trajs, parts = _keep_varied(trajs, parts, est, adv_cfg)
+            trajs, parts = _keep_varied(trajs, parts, est, adv_cfg, weights)
             while len(trajs) < n_sampled and refills < algo.max_refills:
                 refills += 1
                 more_t, more_p = draw(refills)
                 n_sampled += len(more_t)
-                signal = tuple(a + b for a, b in zip(signal, _group_signal(more_t, more_p, est,
-                                                                           adv_cfg)))
-                more_t, more_p = _keep_varied(more_t, more_p, est, adv_cfg)
+                signal = tuple(a + b for a, b in zip(signal, _group_signal(
+                    more_t, more_p, est, adv_cfg, weights)))
+                more_t, more_p = _keep_varied(more_t, more_p, est, adv_cfg, weights)
                 trajs, parts = trajs + more_t, parts + more_p
-            keep = _whole_groups(trajs, cfg.questions_per_step)
+            keep = _whole_groups(trajs, n_questions)
             trajs, parts = [trajs[i] for i in keep], [parts[i] for i in keep]
         # with several processes: the slowest rank's rollout time (the others waited for it
         # in the gather, which counts as scoring), so tokens_per_s is the whole group's rate
@@ -432,6 +439,22 @@ class Trainer:
                       tokens_per_s=round(generated / max(t_rollout, 1e-9), 1),
                       **self._peak_memory())
         return record
+
+    def _tokens_per_question(self) -> float:
+        """Generated rollout tokens per question played so far (0 before the first step)."""
+        return self.rollout_tokens / self.questions_drawn if self.questions_drawn else 0.0
+
+    def _questions_for_budget(self) -> int:
+        """`questions_per_step`, or, on a run with `max_rollout_tokens` whose budget has less
+        than a step left, the questions the rest of the budget pays for (by the tokens per
+        question so far): a run's compute then lands within half a question of the budget,
+        not half a step (a Monte-Carlo step can cost more than the whole budget)."""
+        cfg = self.cfg
+        per_question = self._tokens_per_question()
+        if cfg.max_rollout_tokens is None or not per_question:
+            return cfg.questions_per_step
+        left = cfg.max_rollout_tokens - self.rollout_tokens
+        return max(1, min(cfg.questions_per_step, round(left / per_question)))
 
     def _peak_memory(self) -> dict[str, float]:
         """The most memory any rank held: `peak_gpu_mb`, the GPU memory allocated at the
@@ -472,12 +495,15 @@ class Trainer:
         t_old = time.time() - t2
 
         adv_cfg = self.advantage_config()
-        rewards = Rewards.from_trajectories(trajs)
+        rewards = Rewards.from_trajectories(trajs, self.cfg.reward.process)
         if kl_reward:   # -kl_coef x KL on every policy token, read by the estimator
             rewards.tokens, record["kl"] = _kl_rewards(trajs, old_logps, ref_logps, algo)
             ref_logps = None   # and no KL loss term
         advantages, returns = compute_advantages(algo.advantage, trajs, rewards, adv_cfg,
                                                  values=old_values)
+        if not algo.credit_invalid_turns:
+            advantages, record["adv_invalid_capped"] = no_positive_credit_for_invalid_turns(
+                advantages, trajs)
         record.update(advantage_stats(advantages, trajs))
         record.update(adv_cfg.diagnostics)
         if self.value_head is None:
@@ -700,9 +726,9 @@ class Trainer:
         if self.cfg.reward.process and steps:
             process["process_reward"] = round(
                 sum(s.process_reward or 0.0 for s in steps) / len(steps), 4)
-            for name in self.cfg.reward.process:
-                process[f"process_{name}"] = round(
-                    sum(s.process_parts.get(name, 0.0) for s in steps) / len(steps), 4)
+            for name in self.cfg.reward.process:   # over the steps the source judged
+                vals = [v for s in steps if (v := s.process_parts.get(name)) is not None]
+                process[f"process_{name}"] = round(sum(vals) / len(vals), 4) if vals else None
         return {**process,
             "reward_by_hops": {k: round(sum(v) / len(v), 4) for k, v in sorted(by_hops.items())},
             "reward_multihop": round(sum(multihop) / len(multihop), 4) if multihop else None,
@@ -794,7 +820,7 @@ class Trainer:
         (tmp / "trainer.json").write_text(json.dumps({
             "step": step, "monitor": self.monitor.state_dict(),
             "healthy_checkpoint": self.healthy_checkpoint,
-            "rollout_tokens": self.rollout_tokens}))
+            "rollout_tokens": self.rollout_tokens, "questions_drawn": self.questions_drawn}))
         if (tmp / "shards").is_dir():
             _fsync_dir(tmp / "shards", files=False)   # dcp flushed the files themselves
         _fsync_dir(tmp)
@@ -843,6 +869,7 @@ class Trainer:
         meta = self.load_checkpoint(self.ckpt_dir / pointer.read_text().strip())
         self.step_done = meta["step"]
         self.rollout_tokens = int(meta.get("rollout_tokens", 0))
+        self.questions_drawn = int(meta.get("questions_drawn", 0))
         self.monitor.load_state_dict(meta["monitor"])
         self.healthy_checkpoint = meta.get("healthy_checkpoint")
         # drop the log and alert lines of steps after the checkpoint: they are about to be
@@ -887,7 +914,7 @@ class Trainer:
         for step in range(self.step_done + 1, cfg.steps + 1):
             # rank 0's record (its timings) on every rank: the monitor, and so the decision
             # to stop, must be the same everywhere
-            record = self.dist.broadcast(self.step(step))
+            record = self.dist.broadcast(self.step(step, self._questions_for_budget()))
             self.step_done = step
             alerts = self.monitor.update(step, record)
             record["alerts"] = [a.kind for a in alerts]
@@ -911,10 +938,11 @@ class Trainer:
             out_of = None
             if cfg.max_minutes is not None and time.time() - started > cfg.max_minutes * 60:
                 out_of = f"time budget of {cfg.max_minutes} min"
-            # the step boundary nearest the token budget: stop once the next step would
-            # overshoot it by more than this one falls short
+            # the question nearest the token budget: the last step plays only the questions
+            # the budget has left (`_questions_for_budget`), and the run stops once less
+            # than half a question's tokens are left
             if cfg.max_rollout_tokens is not None and self.rollout_tokens \
-                    + record.get("rollout_tokens", 0) / 2 >= cfg.max_rollout_tokens:
+                    + self._tokens_per_question() / 2 >= cfg.max_rollout_tokens:
                 out_of = f"rollout budget of {cfg.max_rollout_tokens} tokens"
             out_of = self.dist.broadcast(out_of)   # rank 0's clock decides
             if out_of and step < cfg.steps:
@@ -942,6 +970,14 @@ class Trainer:
                    "stopped": self.stopped_reason, "last": last,
                    "rollout_tokens": self.rollout_tokens, "budget": self.stopped_budget,
                    "minutes": round((time.time() - started) / 60, 2)}
+        if cfg.max_rollout_tokens is not None:
+            # equal compute means within 10% of the budget: say so when a run is not
+            ratio = self.rollout_tokens / cfg.max_rollout_tokens
+            summary.update(budget_ratio=round(ratio, 4), budget_met=abs(ratio - 1) <= 0.1)
+            if not summary["budget_met"]:
+                say(f"[yellow]rollout budget missed[/]: {self.rollout_tokens} generated "
+                    f"tokens, {ratio:.2f} x the budget of {cfg.max_rollout_tokens} (equal "
+                    "compute is within 10%)")
         if cfg.eval.data:
             summary["dev"] = dev_eval("final", self.step_done, "")
         self.log.close()
@@ -977,7 +1013,8 @@ class _NoLog:
 
 
 def _informative(trajs, parts, members: list[int], advantage: str | None = None,
-                 adv_cfg: AdvantageConfig | None = None) -> bool:
+                 adv_cfg: AdvantageConfig | None = None,
+                 weights: dict[str, float] | None = None) -> bool:
     """Whether a group teaches something. With an estimator that needs no critic: whether
     it gives any of the group's policy tokens a non-zero advantage (a step estimator can
     have signal where the scores tie: GiGPO's discounted step returns, a step reward that
@@ -986,7 +1023,7 @@ def _informative(trajs, parts, members: list[int], advantage: str | None = None,
     group = [trajs[j] for j in members]
     if advantage is not None and not needs_values(advantage) \
             and all(isinstance(t, Trajectory) for t in group):
-        advs, _ = compute_advantages(advantage, group, Rewards.from_trajectories(group),
+        advs, _ = compute_advantages(advantage, group, Rewards.from_trajectories(group, weights),
                                      adv_cfg or AdvantageConfig())
         return any(bool((a.abs() > 1e-9).any()) for a in advs)
     totals = [parts[j].total + sum(s.process_reward or 0.0 for s in trajs[j].steps)
@@ -1057,22 +1094,25 @@ def _kl_rewards(trajs, logps, ref_logps, algo) -> tuple[list[torch.Tensor], floa
 
 
 def _group_signal(trajs, parts, advantage: str | None = None,
-                  adv_cfg: AdvantageConfig | None = None) -> tuple[int, int, int]:
+                  adv_cfg: AdvantageConfig | None = None,
+                  weights: dict[str, float] | None = None) -> tuple[int, int, int]:
     """(informative groups, groups of two or more episodes, tied groups whose every episode
     was right): a group-relative advantage is zero for every member of a tied group, and
     undefined for a lone episode. A tied group of right answers is a solved question, not a
     broken policy; the monitor tells the two apart."""
     groups = [m for m in group_indices(trajs).values() if len(m) > 1]
-    varied = [_informative(trajs, parts, m, advantage, adv_cfg) for m in groups]
+    varied = [_informative(trajs, parts, m, advantage, adv_cfg, weights) for m in groups]
     solved = sum(1 for m, v in zip(groups, varied)
                  if not v and all(parts[i].outcome >= 1.0 for i in m))
     return sum(varied), len(groups), solved
 
 
 def _keep_varied(trajs, parts, advantage: str | None = None,
-                 adv_cfg: AdvantageConfig | None = None):
+                 adv_cfg: AdvantageConfig | None = None,
+                 weights: dict[str, float] | None = None):
     keep = sorted(i for members in group_indices(trajs).values()
-                  if _informative(trajs, parts, members, advantage, adv_cfg) for i in members)
+                  if _informative(trajs, parts, members, advantage, adv_cfg, weights)
+                  for i in members)
     return [trajs[i] for i in keep], [parts[i] for i in keep]
 
 

@@ -1,0 +1,133 @@
+"""SFT curve: test EM against the SFT budget (optimizer steps on oracle episodes), on the
+demo's synthetic world, to choose the shared start of the learning benchmarks.
+
+    .venv/bin/python bench/sft_curve.py --work-dir /tmp/seekrl-sft-curve --budgets 20,50,100,200
+
+Each budget is its own SFT run with the demo's recipe (its batch, learning rate, warm-up and
+cosine decay to 10%, top `train_layers` blocks), so a point is what that budget buys, not a
+mid-run checkpoint of a longer schedule. Every run's final policy is evaluated greedily on the
+same `--n-test` test questions (200 by default) with the demo's rollout settings. A point is
+kept in `WORK/sft-STEPS/point.json` as soon as it is done and not run again, so the curve can
+be grown over several sessions (budgets run smallest first). Prints `key=value` figures per
+budget (EM, F1, valid format, searches, EM per question type, minutes) and ends with a
+one-line summary; draws `sft_curve.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main() -> None:
+    from seekrl.demo import DemoConfig
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/seekrl-sft-curve"))
+    ap.add_argument("--budgets", default="20,50,100,200", help="SFT steps, comma-separated")
+    ap.add_argument("--n-test", type=int, default=200)
+    ap.add_argument("--eval-batch", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--report", action="store_true", help="only print what WORK holds")
+    args = ap.parse_args()
+    budgets = sorted(int(b) for b in args.budgets.split(",") if b.strip())
+    demo = DemoConfig(n_test=args.n_test, seed=args.seed)
+    started = time.time()
+    if not args.report:
+        from learning import _world
+
+        from seekrl.data.qa import read_qa_jsonl, write_qa_jsonl
+
+        world_dir, index_dir = _world(args.work_dir, demo)
+        test = read_qa_jsonl(world_dir / "test.jsonl")[:args.n_test]
+        if len(test) < args.n_test:
+            raise SystemExit(f"--n-test: the world has {len(test)} test questions")
+        test_file = args.work_dir / "test_questions.jsonl"
+        write_qa_jsonl(test_file, test)
+        for steps in budgets:
+            _point(steps, args, demo, index_dir, test_file)
+    _report(args.work_dir, started)
+
+
+def _point(steps: int, args, demo, index_dir: Path, test_file: Path) -> dict:
+    from process_ablation import _evaluate
+
+    from seekrl.config import SFTConfig
+    from seekrl.demo import sft_batching
+    from seekrl.rl.sft import run_sft
+
+    out = args.work_dir / f"sft-{steps}"
+    done = out / "point.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    t0 = time.time()
+    sft = run_sft(SFTConfig(model=demo.model, data=str(args.work_dir / "oracle_train.jsonl"),
+                            out=str(out / "run"), seed=demo.seed, max_steps=steps,
+                            **sft_batching(demo), max_info_tokens=demo.max_info_tokens,
+                            topk=demo.k, train_layers=demo.train_layers, device=args.device,
+                            optim={"lr": demo.sft_lr, "warmup_steps": 2, "min_lr_ratio": 0.1}),
+                  overwrite=True)   # a run killed before its point is redone
+    sft_minutes = (time.time() - t0) / 60
+    metrics = _evaluate(Path(sft["final"]), out / "eval-test", index_dir, test_file, demo, args)
+    avg = metrics["average"]
+    by_type = {k: v["em"] for k, v in next(iter(metrics["by_type"].values()), {}).items()}
+    point = {"steps": steps, "episodes": steps * demo.sft_batch, "em": avg["em"],
+             "f1": avg["f1"], "valid_format": avg["valid_format"], "searches": avg["searches"],
+             "evidence_recall": avg.get("evidence_recall"), "em_by_type": by_type,
+             "final_loss": sft["loss"], "sft_minutes": round(sft_minutes, 2),
+             "minutes": round((time.time() - t0) / 60, 2), "device": args.device,
+             "n_test": args.n_test, "seed": demo.seed}
+    done.write_text(json.dumps(point, indent=1))
+    print(f"sft {steps} steps: EM {avg['em']:.3f} valid {avg['valid_format']:.2f} searches "
+          f"{avg['searches']:.2f} ({point['minutes']:.1f} min)", flush=True)
+    return point
+
+
+def _report(work: Path, started: float) -> None:
+    points = sorted((json.loads(p.read_text()) for p in work.glob("sft-*/point.json")),
+                    key=lambda p: p["steps"])
+    if not points:
+        raise SystemExit(f"no points under {work}: run some budgets first")
+    for p in points:
+        s = p["steps"]
+        print(f"em_sft{s}={p['em']:.4f} f1_sft{s}={p['f1']:.4f} "
+              f"valid_format_sft{s}={p['valid_format']:.3f} searches_sft{s}={p['searches']:.2f} "
+              f"minutes_sft{s}={p['minutes']:.1f}")
+        for t, em in sorted(p["em_by_type"].items()):
+            print(f"em_sft{s}_{t}={em:.4f}")
+    _plot(points, work / "sft_curve.png")
+    print(f"plot={work / 'sft_curve.png'}")
+    best = max(points, key=lambda p: p["em"])
+    print("sft_curve: " + ", ".join(f"{p['steps']} steps EM {p['em']:.3f}" for p in points)
+          + f" on {points[0]['n_test']} test questions; best {best['steps']} steps"
+          + f" ({(time.time() - started) / 60:.0f} min this run)")
+
+
+def _plot(points: list[dict], path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 3.5), dpi=100)
+    ax = fig.add_subplot()
+    xs = [p["steps"] for p in points]
+    ax.plot(xs, [p["em"] for p in points], marker="o", label="EM")
+    types = sorted({t for p in points for t in p["em_by_type"]})
+    for t in types:
+        ax.plot(xs, [p["em_by_type"].get(t, float("nan")) for p in points], marker=".",
+                linestyle="--", label=f"EM {t}")
+    ax.set_xscale("log")
+    ax.set_xlabel("SFT steps (8 oracle episodes each)")
+    ax.set_ylabel(f"test EM (greedy, {points[0]['n_test']} questions)")
+    ax.set_title("seekrl: test EM against the SFT budget")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+if __name__ == "__main__":
+    main()
