@@ -256,6 +256,27 @@ def test_run_labelling_resumes_and_drops_a_half_written_chunk(tiny, tmp_path):
         run_labelling(cfg(tmp_path / "part", 3), resume=True, **kw)
 
 
+def test_labelling_stops_at_a_token_budget_for_either_method(tiny, tmp_path):
+    """MC and MCTS labels compared at equal generated tokens: the run stops within half a
+    question's tokens of `search.max_tokens`, and says so."""
+    _, tok = tiny
+    kw = dict(backend=Dice(tok, OPTIONS), tokenizer=tok, retriever=Docs(),
+              questions=questions(8))
+    search = {"method": "mc", "samples": 2, "mc_samples": 2, "trees_per_batch": 2}
+    full = run_labelling(LabelConfig(data="unused", out=str(tmp_path / "full"), search=search,
+                                     rollout={"max_turns": 3}), **kw)
+    per_question = full["generated_tokens"] / 8
+    budget = int(full["generated_tokens"] * 0.45)
+    for method, extra in (("mc", {}), ("mcts", {"simulations": 4, "expansions": 2})):
+        out = run_labelling(LabelConfig(
+            data="unused", out=str(tmp_path / method), rollout={"max_turns": 3},
+            search={**search, "method": method, **extra, "max_tokens": budget}), **kw)
+        assert 0 < out["questions"] < 8 and "token budget" in out["budget"]
+        if method == "mc":   # the same episodes as the full run, so the same rate
+            assert abs(out["generated_tokens"] - budget) <= per_question / 2 + 1
+    assert full["budget"] is None
+
+
 def test_mc_labelling_folder_reads_like_mcts_labels(tiny, tmp_path):
     """`seekrl mcts search.method=mc` writes the same three files; a step shared by several
     episodes is one labelled point, as an MCTS node on several paths is."""

@@ -158,6 +158,10 @@ class SearchSettings(Strict):
     min_visits: int = Field(2, ge=1)        # pair rule: both siblings visited this often
     min_gap: float = Field(0.2, ge=0)       # pair rule: Q(better) - Q(worse) at least this
     trees_per_batch: int = Field(16, ge=1)  # questions searched together (one chunk)
+    # stop at about this many generated tokens (both methods): MC and MCTS labels compared at
+    # equal compute (at equal simulations MC labels cost 35-41% more tokens); the last chunk
+    # labels only the questions the budget has left, at the tokens per question so far
+    max_tokens: int | None = Field(None, ge=1)
 
 
 class LabelConfig(Strict):

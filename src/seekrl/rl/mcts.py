@@ -480,6 +480,18 @@ def _dotted(tree: dict, prefix: str = "") -> dict:
     return out
 
 
+def _within_budget(part: Sequence[QAExample], stats: dict, n_done: int, max_tokens: int
+                   ) -> list[QAExample]:
+    """The questions of the next chunk that `max_tokens` still pays for, at the generated
+    tokens per question so far (all of them before the first chunk): the total lands
+    within half a question of the budget."""
+    tokens = float(stats.get("generated_tokens", 0))
+    if not n_done or not tokens:
+        return list(part)
+    per_question = tokens / n_done
+    return list(part[:max(0, round((max_tokens - tokens) / per_question))])
+
+
 def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
                   questions: Sequence[QAExample] | None = None, console=None,
                   resume: bool = False) -> dict:
@@ -523,8 +535,16 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
     done = writer.done
     todo = [q for q in questions if q.id not in done]
     chunk = search.trees_per_batch
+    stopped = None
     for c in range(0, len(todo), chunk):
         part = todo[c:c + chunk]
+        if search.max_tokens is not None:
+            part = _within_budget(part, writer.progress["stats"], len(writer.done),
+                                  search.max_tokens)
+            if len(part) < len(todo[c:c + chunk]):
+                stopped = f"token budget of {search.max_tokens}"
+            if not part:
+                break
         seed = cfg.seed + 1_000_003 * (len(writer.done) // chunk + 1)
         if search.method == "mcts":
             trees, stats = grow_search_trees(engine, part, score,
@@ -540,7 +560,12 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
         say(f"{len(writer.done)}/{len(questions)} questions  {total['simulations']:.0f} "
             f"simulations  {total['pairs']:.0f} pairs  "
             f"{total['simulations'] / max(total['seconds'], 1e-9):.2f} sim/s")
+        if stopped:
+            break
+    if stopped:
+        say(f"{stopped} generated tokens reached after {len(writer.done)} questions")
     total = dict(writer.progress["stats"])
+    total["budget"] = stopped
     total["simulations_per_s"] = round(total.get("simulations", 0)
                                        / max(total.get("seconds", 0), 1e-9), 3)
     total["questions"] = len(writer.done)
