@@ -240,15 +240,9 @@ def _per_step(t: Trajectory, values: Sequence[float | None]) -> torch.Tensor:
 
 
 def _applies(t: Trajectory, values: Sequence[float | None]) -> torch.Tensor:
-    """Boolean per token: a policy token of a step whose value is not None."""
-    out = torch.zeros(len(t.token_ids), dtype=torch.bool)
-    for step, v in zip(t.steps, values):
-        if v is not None:
-            if step.end > step.start:
-                out[step.start:step.end] = True
-            else:
-                out[step_reward_position(t, step)] = True
-    return out & torch.tensor(t.loss_mask, dtype=torch.bool)
+    """Boolean per token: a policy token of a step whose value is not None (where
+    `_per_step` puts the value)."""
+    return _per_step(t, [None if v is None else 1.0 for v in values]) > 0
 
 
 def _standardise(r: torch.Tensor, epsilon: float) -> torch.Tensor:

@@ -201,6 +201,16 @@ def split_micro_batches(lengths: Sequence[int], max_episodes: int,
     return out
 
 
+def units_within_budget(budget: int, spent: float, done: int, most: int) -> int:
+    """How many more units (questions) a token budget pays for, at the tokens per unit so
+    far, rounded, so that a run's total lands within half a unit of the budget: between 0
+    and `most`, and `most` before any unit is done (no rate to go by yet). The RL recipe
+    sizes its last step by it, labelling its last chunk."""
+    if not done or not spent:
+        return most
+    return max(0, min(most, round((budget - spent) / (spent / done))))
+
+
 def apply_lora(model, cfg: LoRAConfig):
     """Wrap `model` with LoRA adapters (peft) when enabled; else return it unchanged."""
     if not cfg.enabled:

@@ -480,18 +480,6 @@ def _dotted(tree: dict, prefix: str = "") -> dict:
     return out
 
 
-def _within_budget(part: Sequence[QAExample], stats: dict, n_done: int, max_tokens: int
-                   ) -> list[QAExample]:
-    """The questions of the next chunk that `max_tokens` still pays for, at the generated
-    tokens per question so far (all of them before the first chunk): the total lands
-    within half a question of the budget."""
-    tokens = float(stats.get("generated_tokens", 0))
-    if not n_done or not tokens:
-        return list(part)
-    per_question = tokens / n_done
-    return list(part[:max(0, round((max_tokens - tokens) / per_question))])
-
-
 def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
                   questions: Sequence[QAExample] | None = None, console=None,
                   resume: bool = False) -> dict:
@@ -504,7 +492,7 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
     from seekrl.data.qa import load_qa
     from seekrl.models import load_policy, tokenizer_fingerprint
     from seekrl.rewards.outcome import get_outcome
-    from seekrl.rl.common import open_index, rollout_config, set_seed
+    from seekrl.rl.common import open_index, rollout_config, set_seed, units_within_budget
 
     search = cfg.search
     # everything that decides the labels (a resumed run may label more questions)
@@ -538,11 +526,12 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
     stopped = None
     for c in range(0, len(todo), chunk):
         part = todo[c:c + chunk]
-        if search.max_tokens is not None:
-            part = _within_budget(part, writer.progress["stats"], len(writer.done),
-                                  search.max_tokens)
-            if len(part) < len(todo[c:c + chunk]):
-                stopped = f"token budget of {search.max_tokens}"
+        if search.max_tokens is not None:   # the last chunk: what the budget pays for
+            n = units_within_budget(search.max_tokens,
+                                    writer.progress["stats"].get("generated_tokens", 0),
+                                    len(writer.done), len(part))
+            if n < len(part):
+                stopped, part = f"token budget of {search.max_tokens}", part[:n]
             if not part:
                 break
         seed = cfg.seed + 1_000_003 * (len(writer.done) // chunk + 1)

@@ -97,6 +97,7 @@ from seekrl.rl.common import (
     set_seed,
     split_micro_batches,
     trainable_parameters,
+    units_within_budget,
 )
 from seekrl.rl.distributed import Dist, Sharded, ShardedForward
 from seekrl.rl.forward import ValueHead, collate, masked_logprobs
@@ -440,21 +441,16 @@ class Trainer:
                       **self._peak_memory())
         return record
 
-    def _tokens_per_question(self) -> float:
-        """Generated rollout tokens per question played so far (0 before the first step)."""
-        return self.rollout_tokens / self.questions_drawn if self.questions_drawn else 0.0
-
     def _questions_for_budget(self) -> int:
-        """`questions_per_step`, or, on a run with `max_rollout_tokens` whose budget has less
-        than a step left, the questions the rest of the budget pays for (by the tokens per
-        question so far): a run's compute then lands within half a question of the budget,
-        not half a step (a Monte-Carlo step can cost more than the whole budget)."""
+        """`questions_per_step`, or, on a run with `max_rollout_tokens`, the questions the
+        rest of the budget pays for at the tokens per question so far (0: spent): a run's
+        compute then lands within half a question of the budget, not half a step (a
+        Monte-Carlo step can cost more than the whole budget)."""
         cfg = self.cfg
-        per_question = self._tokens_per_question()
-        if cfg.max_rollout_tokens is None or not per_question:
+        if cfg.max_rollout_tokens is None:
             return cfg.questions_per_step
-        left = cfg.max_rollout_tokens - self.rollout_tokens
-        return max(1, min(cfg.questions_per_step, round(left / per_question)))
+        return units_within_budget(cfg.max_rollout_tokens, self.rollout_tokens,
+                                   self.questions_drawn, cfg.questions_per_step)
 
     def _peak_memory(self) -> dict[str, float]:
         """The most memory any rank held: `peak_gpu_mb`, the GPU memory allocated at the
@@ -914,7 +910,9 @@ class Trainer:
         for step in range(self.step_done + 1, cfg.steps + 1):
             # rank 0's record (its timings) on every rank: the monitor, and so the decision
             # to stop, must be the same everywhere
-            record = self.dist.broadcast(self.step(step, self._questions_for_budget()))
+            # at least one question: the stop below comes after a step, so a budget left
+            # here pays for one
+            record = self.dist.broadcast(self.step(step, max(1, self._questions_for_budget())))
             self.step_done = step
             alerts = self.monitor.update(step, record)
             record["alerts"] = [a.kind for a in alerts]
@@ -939,10 +937,8 @@ class Trainer:
             if cfg.max_minutes is not None and time.time() - started > cfg.max_minutes * 60:
                 out_of = f"time budget of {cfg.max_minutes} min"
             # the question nearest the token budget: the last step plays only the questions
-            # the budget has left (`_questions_for_budget`), and the run stops once less
-            # than half a question's tokens are left
-            if cfg.max_rollout_tokens is not None and self.rollout_tokens \
-                    + self._tokens_per_question() / 2 >= cfg.max_rollout_tokens:
+            # the budget has left, and the run stops once they round to none
+            if cfg.max_rollout_tokens is not None and self._questions_for_budget() == 0:
                 out_of = f"rollout budget of {cfg.max_rollout_tokens} tokens"
             out_of = self.dist.broadcast(out_of)   # rank 0's clock decides
             if out_of and step < cfg.steps:
