@@ -25,7 +25,7 @@ from pathlib import Path
 
 def main() -> None:
     from seekrl.data.qa import read_qa_jsonl, write_qa_jsonl
-    from seekrl.demo import DemoConfig
+    from seekrl.recipes.pipeline import DemoConfig
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/seekrl-learning"))
@@ -89,7 +89,7 @@ def main() -> None:
 def _run_estimator(name, args, demo, sft: Path, world_dir: Path, index_dir: Path,
                    test_file: Path) -> None:
     from seekrl.config import TrainConfig
-    from seekrl.rl.train import Trainer
+    from seekrl.recipes.train import Trainer
 
     out = args.work_dir / (f"rl-{name}-{args.tag}" if args.tag else f"rl-{name}")
     done = out / "curve.json"
@@ -166,8 +166,8 @@ def _setup(work: Path, demo, n_test: int, sft: Path | None, device: str
 
 def _sft(work: Path, demo, index_dir: Path, device: str) -> Path:
     from seekrl.config import SFTConfig
-    from seekrl.demo import sft_batching
-    from seekrl.rl.sft import run_sft
+    from seekrl.recipes.pipeline import sft_batching
+    from seekrl.recipes.sft import run_sft
 
     final = work / "sft" / "final"
     if not (final / "config.json").is_file():

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main() -> None:
-    from seekrl.demo import DemoConfig
+    from seekrl.recipes.pipeline import DemoConfig
     from seekrl.rl.methods import PROCESS_METHODS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -100,9 +100,9 @@ def main() -> None:
 def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, world_dir: Path,
          index_dir: Path, test_file: Path) -> dict:
     from seekrl.config import TrainConfig
-    from seekrl.demo import rl_config_tree
+    from seekrl.recipes.pipeline import rl_config_tree
+    from seekrl.recipes.train import Trainer
     from seekrl.rl.methods import apply_overrides, method_overrides
-    from seekrl.rl.train import Trainer
 
     out = args.work_dir / "runs" / f"{method}-s{seed}"
     done = out / "result.json"

@@ -84,7 +84,7 @@ def main() -> None:
     if args.stage == "all":
         from learning import _setup
 
-        from seekrl.demo import DemoConfig
+        from seekrl.recipes.pipeline import DemoConfig
 
         demo = DemoConfig(n_test=args.n_test)
         work = args.work_dir
@@ -249,7 +249,7 @@ def _reuse_pipeline(seed: int, args, index_dir: Path, test_file: Path, done: Pat
     """A finished pipeline's policies evaluated on the bench's test questions."""
     from process_ablation import _evaluate
 
-    from seekrl.demo import DemoConfig
+    from seekrl.recipes.pipeline import DemoConfig
 
     t0 = time.time()
     stages = json.loads((args.pipeline / "pipeline.json").read_text())["stages"]
@@ -298,7 +298,7 @@ def _beta0_run(seed: int, args, demo, index_dir: Path, test_file: Path) -> dict:
     from process_ablation import _evaluate
 
     from seekrl.config import TrainConfig, load_config
-    from seekrl.rl.train import Trainer
+    from seekrl.recipes.train import Trainer
 
     out = args.work_dir / "runs" / f"prorag-beta0-s{seed}"
     done = out / "result.json"
@@ -344,8 +344,9 @@ def _mc_comparison(seed: int, args) -> dict:
     """MC labels on the pipeline's questions at about its simulation count, a PRM on them,
     and both PRMs on both label sets' held-out questions."""
     from seekrl.config import LabelConfig, PRMConfig, load_config
-    from seekrl.rl.mcts import run_labelling
-    from seekrl.rl.prm import load_scorer, prm_metrics, read_labels, split_labels, train_prm
+    from seekrl.recipes.labels import read_labels, split_labels
+    from seekrl.recipes.mcts import run_labelling
+    from seekrl.recipes.prm import load_scorer, prm_metrics, train_prm
 
     out = args.work_dir / "runs" / f"mc-s{seed}"
     done = out / "result.json"

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main() -> None:
-    from seekrl.demo import DemoConfig
+    from seekrl.recipes.pipeline import DemoConfig
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/seekrl-sft-curve"))
@@ -59,8 +59,8 @@ def _point(steps: int, args, demo, index_dir: Path, test_file: Path) -> dict:
     from process_ablation import _evaluate
 
     from seekrl.config import SFTConfig
-    from seekrl.demo import sft_batching
-    from seekrl.rl.sft import run_sft
+    from seekrl.recipes.pipeline import sft_batching
+    from seekrl.recipes.sft import run_sft
 
     out = args.work_dir / f"sft-{steps}"
     done = out / "point.json"

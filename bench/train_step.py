@@ -56,9 +56,9 @@ from seekrl.agent.protocol import build_prompt, parse_action, plain_answer
 from seekrl.config import TrainConfig
 from seekrl.data.world import WorldConfig, generate_world, write_world
 from seekrl.models import load_policy
+from seekrl.recipes.train import Trainer
 from seekrl.retrieval.index import build_index, load_index
 from seekrl.rewards.metrics import exact_match
-from seekrl.rl.train import Trainer
 from seekrl.runtime import peak_rss_mb
 
 MICRO_BATCH = 8

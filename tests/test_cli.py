@@ -66,7 +66,7 @@ def test_bad_inputs_exit_2_with_a_clear_message(tmp_path):
 
 
 def test_train_process_option_sets_the_methods_keys(tmp_path, monkeypatch):
-    import seekrl.rl.train
+    import seekrl.recipes.train
 
     seen = {}
 
@@ -77,7 +77,7 @@ def test_train_process_option_sets_the_methods_keys(tmp_path, monkeypatch):
         def train(self):
             return {"final": "nowhere"}
 
-    monkeypatch.setattr(seekrl.rl.train, "Trainer", FakeTrainer)
+    monkeypatch.setattr(seekrl.recipes.train, "Trainer", FakeTrainer)
     r = run("train", "--process", "evidence", "data=q.jsonl", "index=idx", "algo.beta=0.5")
     assert r.exit_code == 0, r.output
     cfg = seen["cfg"]
@@ -114,8 +114,8 @@ def test_prm_score_and_eval_on_files(tmp_path):
 
     from seekrl.config import LabelConfig
     from seekrl.models import tiny_policy
-    from seekrl.rl.mcts import run_labelling
-    from seekrl.rl.prm import ProcessRewardModel, save_prm
+    from seekrl.recipes.mcts import run_labelling
+    from seekrl.recipes.prm import ProcessRewardModel, save_prm
     from tests.test_mcts import OPTIONS, Dice, questions
     from tests.test_rollout import Docs
 

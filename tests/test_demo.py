@@ -8,8 +8,9 @@ import json
 import pytest
 import torch
 
-from seekrl.demo import DemoConfig, run_demo
+from seekrl.demo import run_demo
 from seekrl.models import tiny_policy
+from seekrl.recipes.pipeline import DemoConfig
 
 
 @pytest.mark.parametrize("process", [None, "evidence"])

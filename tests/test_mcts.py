@@ -14,8 +14,8 @@ from seekrl.agent.rollout import RolloutConfig, RolloutEngine
 from seekrl.agent.trajectory import Step, Trajectory
 from seekrl.config import LabelConfig
 from seekrl.data.qa import QAExample
-from seekrl.rl.mcts import (
-    LabelWriter,
+from seekrl.recipes.labels import LabelWriter
+from seekrl.recipes.mcts import (
     PairRules,
     Tree,
     grow_search_trees,
@@ -280,7 +280,7 @@ def test_labelling_stops_at_a_token_budget_for_either_method(tiny, tmp_path):
 def test_mc_labelling_folder_reads_like_mcts_labels(tiny, tmp_path):
     """`seekrl mcts search.method=mc` writes the same three files; a step shared by several
     episodes is one labelled point, as an MCTS node on several paths is."""
-    from seekrl.rl.prm import read_labels
+    from seekrl.recipes.labels import read_labels
 
     _, tok = tiny
     run_labelling(LabelConfig(data="unused", out=str(tmp_path / "mc"),

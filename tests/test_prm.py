@@ -15,11 +15,9 @@ from hypothesis import strategies as st
 from seekrl.agent.trajectory import Trajectory
 from seekrl.config import LabelConfig, PRMConfig
 from seekrl.errors import DataError
-from seekrl.rl.mcts import run_labelling
-from seekrl.rl.prm import (
-    LabelSet,
-    PairLabel,
-    PointLabel,
+from seekrl.recipes.labels import LabelSet, PairLabel, PointLabel, read_labels
+from seekrl.recipes.mcts import run_labelling
+from seekrl.recipes.prm import (
     PRMScorer,
     ProcessRewardModel,
     auc,
@@ -28,7 +26,6 @@ from seekrl.rl.prm import (
     pointwise_loss,
     prm_folder,
     prm_metrics,
-    read_labels,
     train_prm,
 )
 from tests.test_mcts import OPTIONS, Dice, dice_engine, questions
@@ -156,7 +153,7 @@ def test_train_save_load_score_on_mcts_labels(tiny, tmp_path):
 
 def test_loading_and_saving_print_no_third_party_progress_bars(tiny, tmp_path, capfd):
     from seekrl.models import load_policy
-    from seekrl.rl.common import save_policy
+    from seekrl.recipes.checkpoint import save_policy
 
     model, tok = tiny
     save_policy(model, tok, tmp_path / "m")
@@ -169,7 +166,7 @@ def test_loading_and_saving_print_no_third_party_progress_bars(tiny, tmp_path, c
 
 def test_rollouts_of_one_question_share_the_prompt_pass(tiny, monkeypatch):
     from seekrl.agent.rollout import RolloutConfig, RolloutEngine
-    from seekrl.rl import prm as prm_module
+    from seekrl.recipes import prm as prm_module
 
     model, tok = tiny
     engine = RolloutEngine(Dice(tok, OPTIONS), tok, Docs(), RolloutConfig(max_turns=3,
@@ -372,8 +369,7 @@ def test_labels_remember_their_tokenizer_and_refuse_another(tiny, label_dir, tmp
 
     from seekrl.config import ConfigError
     from seekrl.models import tokenizer_fingerprint
-    from seekrl.rl.mcts import LabelWriter
-    from seekrl.rl.prm import check_label_tokenizer, labelling_policy
+    from seekrl.recipes.labels import LabelWriter, check_label_tokenizer, labelling_policy
 
     model, tok = tiny
     progress = json.loads((label_dir / "progress.json").read_text())
@@ -390,7 +386,7 @@ def test_labels_remember_their_tokenizer_and_refuse_another(tiny, label_dir, tmp
     # a PRM scoring the policy's episodes (RL's reward.prm, RFT's filter) shares its tokenizer
     from types import SimpleNamespace
 
-    from seekrl.rl.prm import check_scorer_tokenizer
+    from seekrl.recipes.prm import check_scorer_tokenizer
     check_scorer_tokenizer(SimpleNamespace(tokenizer=tok), tok, "reward.prm p")
     check_scorer_tokenizer(SimpleNamespace(), tok, "a test's scorer")
     with pytest.raises(ConfigError, match="reward.prm p: the PRM has another tokenizer"):

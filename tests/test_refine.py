@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from seekrl.agent.trajectory import Trajectory
 from seekrl.config import LabelConfig, RefineConfig
-from seekrl.rl.mcts import run_labelling, step_key
-from seekrl.rl.refine import keep_for_rft, run_refine, step_dpo_loss, step_logps, step_mask
+from seekrl.recipes.mcts import run_labelling, step_key
+from seekrl.recipes.refine import keep_for_rft, run_refine, step_dpo_loss, step_logps, step_mask
 from tests.test_mcts import OPTIONS, Dice, dice_engine, questions
 from tests.test_rollout import Docs
 
@@ -74,7 +74,7 @@ def test_step_dpo_touches_only_the_differing_step(tiny, episodes, monkeypatch):
     """Through the recipe's own `step_logps`: the DPO loss's gradient on every token's
     log-prob is zero outside the differing step (here step 1, so the steps before it are
     checked too) and non-zero on each of its generated tokens."""
-    import seekrl.rl.refine as refine
+    import seekrl.recipes.refine as refine
 
     model, tok = tiny
     two = [t for t in episodes if len(t.steps) >= 2][:2]
@@ -132,7 +132,7 @@ def test_step_dpo_recipe_moves_the_margin(tiny, tmp_path):
     assert first["loss"] == pytest.approx(math.log(2), abs=1e-4)
     assert first["margin"] == pytest.approx(0.0, abs=1e-4)
     # better and worse share every token before the differing step
-    from seekrl.rl.prm import read_labels
+    from seekrl.recipes.labels import read_labels
     for p in read_labels([tmp_path / "labels"]).pairs:
         cut = p.better.steps[p.index].start
         assert p.better.token_ids[:cut] == p.worse.token_ids[:cut]
@@ -208,7 +208,7 @@ def test_rft_quantile_bars_are_per_step_count_in_the_summary(tiny, tmp_path):
 
 
 def test_quantile_threshold_follows_the_prm_scale():
-    from seekrl.rl.refine import quantile_threshold
+    from seekrl.recipes.refine import quantile_threshold
 
     one = [[0.05], [0.06], [0.07], [0.08]]                                 # minima .05-.08
     two = [[0.01, 0.09], [0.04, 0.02], [0.03, 0.08], [0.06, 0.04]]         # minima .01-.04
@@ -240,7 +240,7 @@ def _answered(n: int) -> list[Trajectory]:
 
 def _survival(steps: list[int], scores: list[list[float]], q: float) -> dict[int, float]:
     """The share of each step count's right episodes that the quantile filter keeps."""
-    from seekrl.rl.refine import quantile_threshold
+    from seekrl.recipes.refine import quantile_threshold
 
     outcomes = [1.0] * len(scores)
     bars = quantile_threshold(outcomes, scores, 1.0, q)

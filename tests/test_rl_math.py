@@ -208,7 +208,7 @@ def test_masked_tokens_get_exactly_zero_gradient_in_the_trainers_forward(share):
     final hidden state at a position gets gradient iff it predicts a policy token, so the
     prompt and the retrieved documents are never trained on."""
     from seekrl.models import tiny_policy
-    from seekrl.rl.forward import _backbone, masked_logprobs
+    from seekrl.rl.forward import backbone, masked_logprobs
 
     model, _ = tiny_policy(seed=3)
     ids, attn, mask = _shared_prompt_batch()
@@ -218,7 +218,7 @@ def test_masked_tokens_get_exactly_zero_gradient_in_the_trainers_forward(share):
         output.retain_grad()
         finals.append(output)
 
-    handle = _backbone(model).norm.register_forward_hook(keep)
+    handle = backbone(model).norm.register_forward_hook(keep)
     try:
         out = masked_logprobs(model, ids, attn, mask, entropy=True, share_prompts=share)
     finally:
@@ -304,7 +304,7 @@ def test_shared_prompt_forward_with_activation_checkpointing():
         plain = masked_logprobs(model, ids, attn, mask, share_prompts=False)["logprobs"]
     model.activation_checkpointing_enable()
     model.train()
-    assert forward._backbone(model)(input_ids=ids, attention_mask=attn,
+    assert forward.backbone(model)(input_ids=ids, attention_mask=attn,
                                     use_cache=True).past_key_values is None
     out = masked_logprobs(model, ids, attn, mask)["logprobs"]
     out.sum().backward()

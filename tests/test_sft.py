@@ -17,8 +17,8 @@ from seekrl.config import SFTConfig
 from seekrl.data.qa import read_qa_jsonl
 from seekrl.errors import DataError
 from seekrl.models import load_policy, tiny_policy
+from seekrl.recipes.sft import episode_tokens, load_sft_examples, run_sft, sft_loss
 from seekrl.retrieval.index import load_index
-from seekrl.rl.sft import episode_tokens, load_sft_examples, run_sft, sft_loss
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +157,7 @@ def test_run_sft_saves_a_model_that_loads_and_evaluates(world, tiny, tmp_path, l
 def test_a_non_finite_gradient_never_reaches_the_weights():
     """SFT, RL, PRM and step-DPO step through one helper: a nan / inf gradient norm skips
     the optimizer step (SFT used to take it) and clears the gradient."""
-    from seekrl.rl.common import clip_and_step
+    from seekrl.recipes.setup import clip_and_step
 
     w = torch.nn.Parameter(torch.ones(3))
     opt = torch.optim.AdamW([w], lr=0.1)

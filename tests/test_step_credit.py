@@ -487,7 +487,7 @@ def test_continuing_after_a_step_nothing_followed_is_refused(tiny):
 def test_retrieved_tokens_get_zero_gradient_with_step_rewards(estimator):
     """Step-level advantages differ token by token; the prompt and the retrieved documents
     still get exactly zero gradient through the trainer's forward and loss."""
-    from seekrl.rl.forward import _backbone, collate, masked_logprobs
+    from seekrl.rl.forward import backbone, collate, masked_logprobs
     from seekrl.rl.loss import policy_loss
 
     model, _ = tiny_policy(seed=2)
@@ -514,7 +514,7 @@ def test_retrieved_tokens_get_zero_gradient_with_step_rewards(estimator):
         output.retain_grad()
         finals.append(output)
 
-    handle = _backbone(model).norm.register_forward_hook(keep)
+    handle = backbone(model).norm.register_forward_hook(keep)
     try:
         lp = masked_logprobs(model, ids, attn, mask, share_prompts=False)["logprobs"]
     finally:

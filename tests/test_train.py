@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from seekrl.config import ConfigError, TrainConfig, build_config, load_config
 from seekrl.data.qa import read_qa_jsonl
 from seekrl.models import tiny_policy
+from seekrl.recipes.train import Trainer
 from seekrl.retrieval.index import load_index
 from seekrl.rewards.outcome import RewardParts, episode_reward
 from seekrl.rl.advantages import ESTIMATORS
-from seekrl.rl.train import Trainer
 
 TIMING = {"time_rollout", "time_scoring", "time_old_logprobs", "time_update", "time_step",
           "tokens_per_s", "train_tokens_per_s", "peak_rss_mb"}   # and memory (CPU)
@@ -128,10 +128,11 @@ def test_token_budget_micro_batches_leave_the_update_unchanged(world, tiny, tmp_
                                                                monkeypatch):
     """`algo.micro_batch_tokens` cuts micro-batches by padded tokens instead of a fixed
     count of episodes: smaller forwards, the same step up to float rounding."""
-    from seekrl.rl import common, train
+    from seekrl.recipes import train
+    from seekrl.rl import sampling
 
     cuts_seen = []
-    real = common.split_micro_batches
+    real = sampling.split_micro_batches
     monkeypatch.setattr(train, "split_micro_batches",
                         lambda *a, **k: cuts_seen.append(r := real(*a, **k)) or r)
     params = []
@@ -155,7 +156,7 @@ def test_token_budget_micro_batches_leave_the_update_unchanged(world, tiny, tmp_
 @given(st.lists(st.integers(1, 300), max_size=40), st.integers(1, 8),
        st.one_of(st.none(), st.integers(1, 1200)))
 def test_split_micro_batches_properties(lengths, max_episodes, max_tokens):
-    from seekrl.rl.common import split_micro_batches
+    from seekrl.rl.sampling import split_micro_batches
 
     cuts = split_micro_batches(lengths, max_episodes, max_tokens)
     assert [p for c in cuts for p in c] == list(range(len(lengths)))   # all, once, in order
@@ -225,17 +226,17 @@ def test_group_signal_counts_varied_groups_of_two_or_more():
     from types import SimpleNamespace
 
     from seekrl.agent.trajectory import Step
-    from seekrl.rl.train import _group_signal
+    from seekrl.rl.sampling import group_signal
 
     trajs = [SimpleNamespace(group_id=g, steps=[Step(0, 1, "answer")]) for g in "aabbbcdd"]
     parts = [RewardParts(total=r, outcome=r, format=0.0, penalty=0.0)
              for r in (1.0, 0.0, 0.5, 0.5, 0.5, 1.0, 1.0, 1.0)]
     # a varies, b ties, c is alone, d ties with every answer right (solved)
-    assert _group_signal(trajs, parts) == (1, 3, 1)
-    assert _group_signal(trajs[5:6], parts[5:6]) == (0, 0, 0)   # logged as None, not 0
+    assert group_signal(trajs, parts) == (1, 3, 1)
+    assert group_signal(trajs[5:6], parts[5:6]) == (0, 0, 0)   # logged as None, not 0
     trajs[2].steps[0].process_reward = 0.5          # b's scores tie, its step rewards do not
     trajs[3].steps[0].process_reward = 0.0
-    assert _group_signal(trajs, parts) == (2, 3, 1)
+    assert group_signal(trajs, parts) == (2, 3, 1)
 
 
 def test_questions_are_balanced_over_types_and_reproducible(world, tiny, tmp_path):
@@ -416,7 +417,7 @@ def test_stop_on_collapse_keeps_the_last_healthy_checkpoint(world, tiny, tmp_pat
 def test_logging_backend_missing_names_the_config_key(backend, key, tmp_path, monkeypatch):
     import sys
 
-    from seekrl.rl.common import MetricsLog
+    from seekrl.recipes.setup import MetricsLog
     monkeypatch.setitem(sys.modules, backend, None)   # import then raises ImportError
     flag = key.split(".")[1]
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -530,7 +531,7 @@ def test_gigpo_groups_with_tied_scores_still_carry_signal():
     """Discounted step returns differ with the number of steps even where scores tie."""
     from seekrl.agent.trajectory import Step, Trajectory
     from seekrl.rl.advantages import AdvantageConfig
-    from seekrl.rl.train import _group_signal
+    from seekrl.rl.sampling import group_signal
 
     def t(n_steps: int, sample: int) -> Trajectory:
         steps = [Step(1 + 2 * i, 2 + 2 * i, "search" if i < n_steps - 1 else "answer",
@@ -542,8 +543,8 @@ def test_gigpo_groups_with_tied_scores_still_carry_signal():
 
     trajs = [t(1, 0), t(3, 1)]
     parts = [RewardParts(total=1.0, outcome=1.0, format=0.0, penalty=0.0)] * 2
-    assert _group_signal(trajs, parts, "dr_grpo") == (0, 1, 1)
-    assert _group_signal(trajs, parts, "gigpo", AdvantageConfig(step_gamma=0.9)) == (1, 1, 0)
+    assert group_signal(trajs, parts, "dr_grpo") == (0, 1, 1)
+    assert group_signal(trajs, parts, "gigpo", AdvantageConfig(step_gamma=0.9)) == (1, 1, 0)
 
 
 def test_saved_rollouts_keep_a_question_drawn_twice(world, tiny, tmp_path):
@@ -576,7 +577,7 @@ def test_a_skipped_update_still_advances_the_schedule(world, tiny, tmp_path):
 def test_the_update_runs_in_the_mode_of_the_old_logprobs(world, tiny, tmp_path, monkeypatch):
     """With LoRA dropout 0.5, old log-probs in eval mode and new ones in train mode made the
     first ratio of an update far from 1; in one mode it is exactly 1."""
-    from seekrl.rl import train as train_mod
+    from seekrl.recipes import train as train_mod
 
     ratios = []
     real = train_mod.policy_loss
@@ -596,7 +597,7 @@ def test_the_update_runs_in_the_mode_of_the_old_logprobs(world, tiny, tmp_path, 
 
 
 def test_kl_in_reward_puts_the_penalty_into_the_returns(world, tiny, tmp_path, monkeypatch):
-    from seekrl.rl import train as train_mod
+    from seekrl.recipes import train as train_mod
 
     seen = []
     real = train_mod.compute_advantages
@@ -732,7 +733,7 @@ def test_overwrite_deletes_the_old_run_only_once_the_new_one_has_loaded(world, t
 
 
 def test_activation_checkpointing_keeps_train_mode_with_dropout_off(tiny):
-    from seekrl.rl.train import _no_dropout_mode
+    from seekrl.recipes.train import _no_dropout_mode
 
     model = copy.deepcopy(tiny[0])
     _no_dropout_mode(model)
@@ -753,10 +754,10 @@ def test_gradient_checkpointing_gives_the_same_update(world, tiny, tmp_path):
     write_trajectories(tmp_path / "batch.jsonl", trajs)
     checked = make_trainer(make_cfg(tmp_path / "b", gradient_checkpointing=True,
                                     **{"algo.kl_coef": 0.0}), world, tiny)
-    from seekrl.rl.forward import _backbone
+    from seekrl.rl.forward import backbone
 
-    assert _backbone(checked.model).gradient_checkpointing   # on: the test means something
-    assert not getattr(_backbone(plain.model), "gradient_checkpointing", False)
+    assert backbone(checked.model).gradient_checkpointing   # on: the test means something
+    assert not getattr(backbone(plain.model), "gradient_checkpointing", False)
     a, b = plain.learn(trajs), checked.learn(read_trajectories(tmp_path / "batch.jsonl"))
     assert a["pg_loss"] == pytest.approx(b["pg_loss"], abs=1e-6)
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
@@ -814,7 +815,7 @@ def test_gradient_checkpointing_leaves_frozen_blocks_out_of_the_backward(world, 
 def test_prune_steps_keeps_the_newest_and_the_named(tmp_path):
     """The checkpoint pruning of RL and PRM runs: the newest `keep_last` step-N folders,
     plus the named ones (the last healthy checkpoint), stay; other names are not touched."""
-    from seekrl.rl.common import prune_steps
+    from seekrl.recipes.checkpoint import prune_steps
 
     for n in (1, 2, 3, 10, 11):
         (tmp_path / f"step-{n}").mkdir()

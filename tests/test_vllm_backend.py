@@ -140,7 +140,7 @@ def test_lora_weights_are_merged_under_hf_names():
 def _train_on_the_fake_engine(cfg, world):  # noqa: F811
     """A trainer on the tiny model whose every turn (from the stand-in engine) answers; the
     reward varies within a group, so each step updates. Returns the trained trainer."""
-    from seekrl.rl.train import Trainer
+    from seekrl.recipes.train import Trainer
 
     model, tok = tiny_policy(seed=3)
     trainer = Trainer(cfg, model=model, tokenizer=tok, retriever=world["index"],
@@ -177,8 +177,8 @@ def test_trainer_pushes_the_updated_policy_before_each_rollout(fake_vllm, world,
 
 def test_refine_and_labelling_refuse_the_vllm_backend(tmp_path):
     from seekrl.config import LabelConfig, RefineConfig
-    from seekrl.rl.mcts import run_labelling
-    from seekrl.rl.refine import run_refine
+    from seekrl.recipes.mcts import run_labelling
+    from seekrl.recipes.refine import run_refine
 
     model, tok = tiny_policy(seed=0)
     with pytest.raises(ValueError, match="rollout.backend: refine samples"):

@@ -30,7 +30,7 @@ _API = {
     # evaluation
     "evaluate": "seekrl.eval.evaluate", "load_eval_data": "seekrl.eval.evaluate",
     # training
-    "Trainer": "seekrl.rl.train", "run_sft": "seekrl.rl.sft", "load_config": "seekrl.config",
+    "Trainer": "seekrl.recipes.train", "run_sft": "seekrl.recipes.sft", "load_config": "seekrl.config",
     "TrainConfig": "seekrl.config", "SFTConfig": "seekrl.config",
     # errors
     "SeekrlError": "seekrl.errors",

@@ -253,7 +253,8 @@ def demo(
 ):
     """The whole pipeline on the built-in synthetic world, on CPU: world, index, untrained
     eval, SFT warm-up, eval, RL, eval, report (about 20 minutes on 2 cores)."""
-    from seekrl.demo import DemoConfig, run_demo
+    from seekrl.demo import run_demo
+    from seekrl.recipes.pipeline import DemoConfig
 
     cfg = DemoConfig(seed=seed, difficulty=difficulty, model=model, n_test=eval_questions,
                      sft_steps=sft_steps, sft_batch=sft_batch, rl_steps=rl_steps,
@@ -410,7 +411,7 @@ def sft(
 ):
     """Supervised warm-up on trajectory JSONL (oracle episodes): loss on policy tokens only."""
     from seekrl.config import SFTConfig, load_config
-    from seekrl.rl.sft import run_sft
+    from seekrl.recipes.sft import run_sft
 
     try:
         cfg = load_config(SFTConfig, config, overrides or [])
@@ -443,7 +444,7 @@ def train(
     import yaml
 
     from seekrl.config import TrainConfig, load_config
-    from seekrl.rl.train import Trainer
+    from seekrl.recipes.train import Trainer
 
     try:
         if process is not None:
@@ -486,7 +487,7 @@ def mcts(
 ):
     """Step labels for a process reward model: MCTS over search steps (or Monte-Carlo
     rollouts with search.method=mc) -> OUT/nodes.jsonl, labels.jsonl, pairs.jsonl."""
-    from seekrl.rl.mcts import run_labelling
+    from seekrl.recipes.mcts import run_labelling
 
     try:
         cfg = _load("LabelConfig", config, overrides)
@@ -512,7 +513,7 @@ def prm_train(
     overwrite: Annotated[bool, typer.Option(help="replace a PRM already in out")] = False,
 ):
     """Train a PRM (LM + scalar head at each step's last token) on label folders."""
-    from seekrl.rl.prm import train_prm
+    from seekrl.recipes.prm import train_prm
 
     try:
         cfg = _load("PRMConfig", config, overrides)
@@ -535,7 +536,8 @@ def prm_score(
 ):
     """Score every step of a trajectory file with a PRM (one forward pass per episode batch)."""
     from seekrl.agent.trajectory import write_trajectories
-    from seekrl.rl.prm import load_scorer, read_episodes
+    from seekrl.recipes.labels import read_episodes
+    from seekrl.recipes.prm import load_scorer
 
     try:
         trajs = read_episodes(trajectories)
@@ -569,7 +571,8 @@ def prm_eval(
     """PRM quality on labelled trees: AUC, pair accuracy, first-error localisation."""
     import json
 
-    from seekrl.rl.prm import PRM_MARKER, load_scorer, prm_folder, prm_metrics, read_labels, split_labels
+    from seekrl.recipes.labels import read_labels, split_labels
+    from seekrl.recipes.prm import PRM_MARKER, load_scorer, prm_folder, prm_metrics
 
     try:
         if split not in ("dev", "all"):
@@ -596,7 +599,7 @@ def refine(
 ):
     """PRM-guided refinement: RFT (keep right episodes whose every step the PRM accepts) or
     step-level DPO on sibling pairs."""
-    from seekrl.rl.refine import run_refine
+    from seekrl.recipes.refine import run_refine
 
     try:
         cfg = _load("RefineConfig", config, overrides)

@@ -147,7 +147,7 @@ class RolloutSettings(Strict):
 
 
 class SearchSettings(Strict):
-    """Step labelling (`seekrl mcts`, rl/mcts.py)."""
+    """Step labelling (`seekrl mcts`, recipes/mcts.py)."""
     method: Literal["mcts", "mc"] = "mcts"
     simulations: int = Field(16, ge=1)      # mcts: rollouts per question (the budget)
     expansions: int = Field(4, ge=1)        # mcts: continuations sampled per expansion (K)
@@ -184,7 +184,7 @@ class LabelConfig(Strict):
 
 
 class PRMConfig(Strict):
-    """`seekrl prm train` (rl/prm.py)."""
+    """`seekrl prm train` (recipes/prm.py)."""
     # the backbone to start from; default: the policy that wrote the labels (their
     # config.yaml's model, usually the SFT checkpoint). Any HF id or path with the same
     # tokenizer: the labels are token ids
@@ -216,7 +216,7 @@ class PRMConfig(Strict):
 
 
 class RefineConfig(Strict):
-    """`seekrl refine` (rl/refine.py): RFT filtered by a PRM, or step-level DPO on pairs."""
+    """`seekrl refine` (recipes/refine.py): RFT filtered by a PRM, or step-level DPO on pairs."""
     model: str = "smollm2-135m"        # the policy to refine (usually the SFT checkpoint)
     method: Literal["rft", "step_dpo"] = "rft"
     out: str = "runs/refine"
@@ -231,7 +231,7 @@ class RefineConfig(Strict):
     threshold: float = Field(0.5, ge=0, le=1)   # ... and whose every step scores this
     # or: a threshold per step count, this quantile of the lowest step scores of the right
     # episodes with as many steps (PRMs trained on soft Q score a weak policy far below 0.5
-    # everywhere; minima of like length keep ~1 - q of each, see rl/refine.py)
+    # everywhere; minima of like length keep ~1 - q of each, see recipes/refine.py)
     threshold_quantile: float | None = Field(None, ge=0, lt=1)
     max_per_question: int = Field(2, ge=1)
     rollout: RolloutSettings = RolloutSettings(temperature=0.9)

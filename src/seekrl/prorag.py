@@ -47,7 +47,7 @@ def _merge(base: dict, top: dict) -> dict:
 
 
 def _demo(cfg: ProragConfig):
-    from seekrl.demo import DemoConfig
+    from seekrl.recipes.pipeline import DemoConfig
     return DemoConfig(seed=cfg.seed, model=cfg.model, n_test=cfg.n_test, k=cfg.k,
                       max_info_tokens=cfg.max_info_tokens, eval_max_turns=cfg.max_turns,
                       eval_max_new_tokens=cfg.max_new_tokens, train_layers=cfg.train_layers)
@@ -68,7 +68,7 @@ def stage_configs(cfg: ProragConfig, paths: dict[str, str]) -> dict[str, Any]:
     """Every stage's config, the pipeline's settings with the user's keys on top; built at
     the start, each stage reading what the one before it writes (its `out`), so a bad key
     fails in seconds and a moved output folder is followed."""
-    from seekrl.demo import rl_config_tree
+    from seekrl.recipes.pipeline import rl_config_tree
 
     out = Path(cfg.out)
     rollout = {"max_turns": cfg.max_turns, "max_new_tokens": cfg.max_new_tokens,
@@ -173,7 +173,7 @@ class _Pipeline:
 
 def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: bool = False
                ) -> dict:
-    from seekrl.demo import _evaluate
+    from seekrl.recipes.pipeline import evaluate_greedy
     from seekrl.retrieval.open import open_retriever
     from seekrl.runtime import peak_rss_mb
 
@@ -206,7 +206,7 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
     def sft() -> dict:
         if cfg.sft_model:
             return {"final": cfg.sft_model, "skipped": True, "generated_tokens": 0}
-        from seekrl.rl.sft import run_sft
+        from seekrl.recipes.sft import run_sft
         s = run_sft(stages["sft"], console=console, overwrite=True)
         return {"final": s["final"], "steps": s["steps"], "loss": s["loss"],
                 "generated_tokens": 0}
@@ -214,10 +214,10 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
     sft_out = pipe.run("sft", "1. SFT warm-up", sft)
     if "sft" in cfg.evaluate:
         pipe.run("eval_sft", "evaluate the SFT policy",
-                 lambda: _evaluate(sft_out["final"], out / "eval_sft", **ev))
+                 lambda: evaluate_greedy(sft_out["final"], out / "eval_sft", **ev))
 
     def labels() -> dict:
-        from seekrl.rl.mcts import run_labelling
+        from seekrl.recipes.mcts import run_labelling
         partial = (Path(stages["labels"].out) / "progress.json").is_file()
         result = run_labelling(stages["labels"].model_copy(update={"model": sft_out["final"]}),
                                console=console, resume=partial)
@@ -231,7 +231,7 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
                    f"{stages['labels'].search.simulations} simulations per question)", labels)
 
     def prm() -> dict:
-        from seekrl.rl.prm import train_prm
+        from seekrl.recipes.prm import train_prm
         # the SFT policy by default (ProRAG's choice); `prm.model` sets another backbone
         backbone = {} if "model" in cfg.prm else {"model": sft_out["final"]}
         return train_prm(stages["prm"].model_copy(update={**backbone, "labels": [lab["out"]]}),
@@ -245,7 +245,7 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
     def refine() -> dict:
         if cfg.refine_method == "none":
             return {"final": sft_out["final"], "skipped": True, "generated_tokens": 0}
-        from seekrl.rl.refine import run_refine
+        from seekrl.recipes.refine import run_refine
         return run_refine(stages["refine"].model_copy(update={
             "model": sft_out["final"], "prm": prm_out["final"], "pairs": [lab["out"]]}),
             console=console, overwrite=True)
@@ -253,10 +253,10 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
     ref = pipe.run("refine", f"3. PRM-guided refinement ({cfg.refine_method})", refine)
     if "refine" in cfg.evaluate:
         pipe.run("eval_refine", "evaluate the refined policy",
-                 lambda: _evaluate(ref["final"], out / "eval_refine", **ev))
+                 lambda: evaluate_greedy(ref["final"], out / "eval_refine", **ev))
 
     def rl() -> dict:
-        from seekrl.rl.train import Trainer
+        from seekrl.recipes.train import Trainer
         rl_cfg = stages["rl"].model_copy(update={"model": ref["final"]})
         rl_cfg.reward = rl_cfg.reward.model_copy(update={"prm": prm_out["final"]})
         # an RL stage interrupted after a checkpoint goes on from it (pipeline.json has
@@ -270,7 +270,7 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
     rl_out = pipe.run("rl", "4. RL with PRM step scores (dual-granularity advantage)", rl)
 
     def eval_rl() -> dict:
-        avg = _evaluate(rl_out["final"], out / "eval_rl", **ev)
+        avg = evaluate_greedy(rl_out["final"], out / "eval_rl", **ev)
         _score_viewer(out / "eval_rl", prm_out["final"], device=stages["rl"].device)
         return avg
 
@@ -311,7 +311,7 @@ def _score_viewer(run_dir: Path, prm_dir: str, *, device: str = "cpu") -> None:
     the viewer drawn again with them."""
     from seekrl.agent.trajectory import read_trajectories, write_trajectories
     from seekrl.eval.report import write_viewer
-    from seekrl.rl.prm import load_scorer
+    from seekrl.recipes.prm import load_scorer
 
     path = run_dir / "trajectories.jsonl"
     trajs = read_trajectories(path)

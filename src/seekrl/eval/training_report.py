@@ -2,7 +2,7 @@
 
 `seekrl report RUN_DIR` reads what training wrote there:
 
-- `metrics.jsonl` — one JSON object per step (`seekrl.rl.common.MetricsLog`): `step` and
+- `metrics.jsonl` — one JSON object per step (`seekrl.recipes.setup.MetricsLog`): `step` and
   float metrics (RL: reward, kl, clip_frac, time_* ..., `reward_by_type` a dict; SFT: loss,
   grad_norm, lr ...; eval lines add dev_em, dev_f1, dev_valid_format). Any key may be
   missing on any line, so every curve is drawn from the lines that have it;

@@ -404,9 +404,9 @@ class Sharded:
         plain = copy.deepcopy(self.skeleton)
         plain.load_state_dict({k[len(prefix):]: v for k, v in full.items()
                                if k.startswith(prefix)}, assign=True)
-        from seekrl.rl.forward import _causal_lm
+        from seekrl.rl.forward import causal_lm
 
-        tie = getattr(_causal_lm(plain), "tie_weights", None)
+        tie = getattr(causal_lm(plain), "tie_weights", None)
         if callable(tie):
             tie()   # assign=True gave tied weights a tensor each
         return plain

@@ -39,20 +39,20 @@ def collate(token_ids: Sequence[Sequence[int]], masks: Sequence[Sequence[int]], 
     return ids.to(device), attn.to(device), loss.to(device)
 
 
-def _causal_lm(model) -> nn.Module:
+def causal_lm(model) -> nn.Module:
     """The transformers causal LM under a peft wrapper (or the model itself)."""
     get_base = getattr(model, "get_base_model", None)
     return get_base() if callable(get_base) else model
 
 
-def _backbone(model) -> nn.Module:
-    lm = _causal_lm(model)
+def backbone(model) -> nn.Module:
+    lm = causal_lm(model)
     return getattr(lm, lm.base_model_prefix)
 
 
 def hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """The last hidden layer, [batch, seq, hidden], without the LM head."""
-    return _backbone(model)(input_ids=input_ids, attention_mask=attention_mask,
+    return backbone(model)(input_ids=input_ids, attention_mask=attention_mask,
                             use_cache=False).last_hidden_state
 
 
@@ -86,8 +86,8 @@ def suffix_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     None when the model returned no cache (activation checkpointing turns it off)."""
     dev = input_ids.device
     check_positions(model)
-    backbone = _backbone(model)
-    if backbone.training and getattr(backbone, "gradient_checkpointing", False):
+    body = backbone(model)
+    if body.training and getattr(body, "gradient_checkpointing", False):
         return None   # HF models return no cache then: skip the prompt pass, not waste it
     lengths = attention_mask.sum(-1).tolist()
     prompt_of = {u: r for r, u in reversed(list(enumerate(index)))}   # first row per prompt
@@ -99,7 +99,7 @@ def suffix_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         r = prompt_of[u]
         p_ids[u, :cuts[r]] = input_ids[r, :cuts[r]]
         p_mask[u, :cuts[r]] = 1
-    cache = backbone(input_ids=p_ids, attention_mask=p_mask, use_cache=True,
+    cache = body(input_ids=p_ids, attention_mask=p_mask, use_cache=True,
                      position_ids=torch.arange(width, device=dev)[None].expand(n_prompts, -1)
                      ).past_key_values                 # the model's own kind of cache
     if cache is None:
@@ -114,7 +114,7 @@ def suffix_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         s_mask[r, :n - c] = 1
     positions = torch.tensor(cuts, device=dev)[:, None] + torch.arange(s_width, device=dev)
     full_mask = torch.cat([p_mask[torch.tensor(index, device=dev)], s_mask], dim=1)
-    return backbone(input_ids=s_ids, attention_mask=full_mask, position_ids=positions,
+    return body(input_ids=s_ids, attention_mask=full_mask, position_ids=positions,
                     past_key_values=cache, use_cache=True).last_hidden_state
 
 
@@ -139,7 +139,7 @@ def masked_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
             part = sel[r, c:c + h.shape[1]]
             s_sel[r, :part.shape[0]] = part
         picked = h[s_sel]                          # [n_policy_tokens, hidden]
-    logits = _causal_lm(model).get_output_embeddings()(picked).float()
+    logits = causal_lm(model).get_output_embeddings()(picked).float()
     transform = logit_transform(model)   # soft-capping / logit scale, as the sampler saw
     if transform is not None:
         logits = transform(logits)

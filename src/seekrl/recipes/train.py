@@ -55,18 +55,41 @@ import torch
 
 from seekrl.agent.backends import Backend, HFBackend
 from seekrl.agent.rollout import RolloutEngine, grow_trees
-from seekrl.agent.trajectory import Trajectory, group_indices
+from seekrl.agent.trajectory import Trajectory
 from seekrl.config import ConfigError, TrainConfig, dump_config
 from seekrl.data.qa import QAExample, load_qa
 from seekrl.eval.evaluate import eval_policy
 from seekrl.models import pad_id_of
+from seekrl.recipes.checkpoint import (
+    check_run_dir,
+    claim_run_dir,
+    config_changes,
+    fsync_dir,
+    prune_steps,
+    replace_dir,
+    save_policy,
+)
+from seekrl.recipes.setup import (
+    MetricsLog,
+    clip_and_step,
+    enable_activation_checkpointing,
+    make_optimizer,
+    make_scheduler,
+    open_index,
+    prepare_trainable,
+    rng_state,
+    rollout_config,
+    set_rng_state,
+    set_seed,
+    trainable_parameters,
+    units_within_budget,
+)
 from seekrl.rewards.metrics import exact_match
 from seekrl.rewards.outcome import RewardParts, episode_reward
 from seekrl.rewards.process import (
     ProcessContext,
     StepScorer,
     check_process_weights,
-    group_has_signal,
     score_steps,
 )
 from seekrl.rl.advantages import (
@@ -77,32 +100,11 @@ from seekrl.rl.advantages import (
     needs_values,
     no_positive_credit_for_invalid_turns,
 )
-from seekrl.rl.common import (
-    MetricsLog,
-    check_run_dir,
-    claim_run_dir,
-    clip_and_step,
-    config_changes,
-    enable_activation_checkpointing,
-    make_optimizer,
-    make_scheduler,
-    open_index,
-    prepare_trainable,
-    prune_steps,
-    replace_dir,
-    rng_state,
-    rollout_config,
-    save_policy,
-    set_rng_state,
-    set_seed,
-    split_micro_batches,
-    trainable_parameters,
-    units_within_budget,
-)
 from seekrl.rl.distributed import Dist, Sharded, ShardedForward
 from seekrl.rl.forward import ValueHead, collate, masked_logprobs
 from seekrl.rl.loss import aggregate, kl_penalty, policy_loss, tis_weights, value_loss
 from seekrl.rl.monitor import Monitor
+from seekrl.rl.sampling import group_signal, keep_varied, split_micro_batches, whole_groups
 from seekrl.runtime import peak_rss_mb
 
 RewardFn = Callable[[Trajectory], RewardParts]
@@ -152,7 +154,7 @@ class Trainer:
             retriever = open_index(cfg.index, f"rollout.method {cfg.rollout.method!r} searches")
         self.retriever = retriever
         if prm_scorer is None and "prm" in cfg.reward.process:
-            from seekrl.rl.prm import load_scorer
+            from seekrl.recipes.prm import load_scorer
             prm_scorer = load_scorer(cfg.reward.prm, device=self.device)
         self.prm_scorer = prm_scorer
         set_seed(cfg.seed)
@@ -161,7 +163,7 @@ class Trainer:
         self.tokenizer = tokenizer
         self.pad_id = pad_id_of(tokenizer)
         if prm_scorer is not None:
-            from seekrl.rl.prm import check_scorer_tokenizer
+            from seekrl.recipes.prm import check_scorer_tokenizer
             check_scorer_tokenizer(prm_scorer, tokenizer,
                                    f"reward.prm {cfg.reward.prm or '(given)'}")
         # The frozen reference for the KL term: with LoRA, the same weights with the
@@ -395,18 +397,18 @@ class Trainer:
         n_sampled, refills = len(trajs), 0
         # over every group sampled, before any filter
         weights = cfg.reward.process
-        signal = _group_signal(trajs, parts, est, adv_cfg, weights)
+        signal = group_signal(trajs, parts, est, adv_cfg, weights)
         if algo.dynamic_sampling:
-            trajs, parts = _keep_varied(trajs, parts, est, adv_cfg, weights)
+            trajs, parts = keep_varied(trajs, parts, est, adv_cfg, weights)
             while len(trajs) < n_sampled and refills < algo.max_refills:
                 refills += 1
                 more_t, more_p = draw(refills)
                 n_sampled += len(more_t)
-                signal = tuple(a + b for a, b in zip(signal, _group_signal(
+                signal = tuple(a + b for a, b in zip(signal, group_signal(
                     more_t, more_p, est, adv_cfg, weights)))
-                more_t, more_p = _keep_varied(more_t, more_p, est, adv_cfg, weights)
+                more_t, more_p = keep_varied(more_t, more_p, est, adv_cfg, weights)
                 trajs, parts = trajs + more_t, parts + more_p
-            keep = _whole_groups(trajs, n_questions)
+            keep = whole_groups(trajs, n_questions)
             trajs, parts = [trajs[i] for i in keep], [parts[i] for i in keep]
         # with several processes: the slowest rank's rollout time (the others waited for it
         # in the gather, which counts as scoring), so tokens_per_s is the whole group's rate
@@ -818,17 +820,17 @@ class Trainer:
             "healthy_checkpoint": self.healthy_checkpoint,
             "rollout_tokens": self.rollout_tokens, "questions_drawn": self.questions_drawn}))
         if (tmp / "shards").is_dir():
-            _fsync_dir(tmp / "shards", files=False)   # dcp flushed the files themselves
-        _fsync_dir(tmp)
+            fsync_dir(tmp / "shards", files=False)   # dcp flushed the files themselves
+        fsync_dir(tmp)
         replace_dir(tmp, target)
-        _fsync_dir(self.ckpt_dir, files=False)     # the checkpoint's rename is on disk
+        fsync_dir(self.ckpt_dir, files=False)     # the checkpoint's rename is on disk
         pointer = self.ckpt_dir / f".latest.tmp{os.getpid()}"
         with open(pointer, "w", encoding="utf-8") as fh:
             fh.write(target.name)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(pointer, self.ckpt_dir / "latest")
-        _fsync_dir(self.ckpt_dir, files=False)     # and so is the pointer's
+        fsync_dir(self.ckpt_dir, files=False)     # and so is the pointer's
         prune_steps(self.ckpt_dir, self.cfg.keep_last, keep={self.healthy_checkpoint})
 
     def load_checkpoint(self, path: Path) -> dict:
@@ -1008,25 +1010,6 @@ class _NoLog:
         pass
 
 
-def _informative(trajs, parts, members: list[int], advantage: str | None = None,
-                 adv_cfg: AdvantageConfig | None = None,
-                 weights: dict[str, float] | None = None) -> bool:
-    """Whether a group teaches something. With an estimator that needs no critic: whether
-    it gives any of the group's policy tokens a non-zero advantage (a step estimator can
-    have signal where the scores tie: GiGPO's discounted step returns, a step reward that
-    differs). Otherwise: whether the episodes' scores (outcome + step rewards) or their
-    step rewards differ."""
-    group = [trajs[j] for j in members]
-    if advantage is not None and not needs_values(advantage) \
-            and all(isinstance(t, Trajectory) for t in group):
-        advs, _ = compute_advantages(advantage, group, Rewards.from_trajectories(group, weights),
-                                     adv_cfg or AdvantageConfig())
-        return any(bool((a.abs() > 1e-9).any()) for a in advs)
-    totals = [parts[j].total + sum(s.process_reward or 0.0 for s in trajs[j].steps)
-              for j in members]
-    return group_has_signal(group, totals)
-
-
 def _rollout_grid(part: Sequence[Trajectory], mask: torch.Tensor) -> torch.Tensor | None:
     """The episodes' behaviour log-probs laid out like the trainer's ([rows, seq], at each
     policy token's position); None when any episode has none. `mask` is the batch's loss
@@ -1062,10 +1045,10 @@ def _state_bytes(trainer: Trainer) -> int:
 def _no_dropout_mode(model) -> None:
     """Eval mode; but train mode with every dropout layer in eval mode when activation
     checkpointing is on (transformers checkpoints only while training)."""
-    from seekrl.rl.forward import _backbone
+    from seekrl.rl.forward import backbone
 
     try:
-        checkpointing = bool(getattr(_backbone(model), "gradient_checkpointing", False))
+        checkpointing = bool(getattr(backbone(model), "gradient_checkpointing", False))
     except AttributeError:
         checkpointing = False
     if not checkpointing:
@@ -1089,29 +1072,6 @@ def _kl_rewards(trajs, logps, ref_logps, algo) -> tuple[list[torch.Tensor], floa
     return out, round(total / max(n, 1), 5)
 
 
-def _group_signal(trajs, parts, advantage: str | None = None,
-                  adv_cfg: AdvantageConfig | None = None,
-                  weights: dict[str, float] | None = None) -> tuple[int, int, int]:
-    """(informative groups, groups of two or more episodes, tied groups whose every episode
-    was right): a group-relative advantage is zero for every member of a tied group, and
-    undefined for a lone episode. A tied group of right answers is a solved question, not a
-    broken policy; the monitor tells the two apart."""
-    groups = [m for m in group_indices(trajs).values() if len(m) > 1]
-    varied = [_informative(trajs, parts, m, advantage, adv_cfg, weights) for m in groups]
-    solved = sum(1 for m, v in zip(groups, varied)
-                 if not v and all(parts[i].outcome >= 1.0 for i in m))
-    return sum(varied), len(groups), solved
-
-
-def _keep_varied(trajs, parts, advantage: str | None = None,
-                 adv_cfg: AdvantageConfig | None = None,
-                 weights: dict[str, float] | None = None):
-    keep = sorted(i for members in group_indices(trajs).values()
-                  if _informative(trajs, parts, members, advantage, adv_cfg, weights)
-                  for i in members)
-    return [trajs[i] for i in keep], [parts[i] for i in keep]
-
-
 def _check_step_settings(cfg: TrainConfig, prm_scorer) -> None:
     """The process-supervision keys, checked before anything slow happens."""
     try:
@@ -1119,7 +1079,7 @@ def _check_step_settings(cfg: TrainConfig, prm_scorer) -> None:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if "prm" in cfg.reward.process and prm_scorer is None:
-        from seekrl.rl.prm import prm_folder
+        from seekrl.recipes.prm import prm_folder
         if not cfg.reward.prm:
             raise ConfigError("reward.process.prm: no process reward model given (set "
                               "reward.prm to a `seekrl prm train` folder, e.g. RUN/final)")
@@ -1141,16 +1101,6 @@ def _check_step_settings(cfg: TrainConfig, prm_scorer) -> None:
         raise ConfigError("algo.advantage: tree_grpo needs tree rollouts (rollout.tree)")
 
 
-def _whole_groups(trajs, n_groups: int) -> list[int]:
-    """Indices of at most `n_groups` whole groups, in order."""
-    seen: list[str] = []
-    for t in trajs:
-        if t.group_id not in seen:
-            seen.append(t.group_id)
-    wanted = set(seen[:n_groups])
-    return [i for i, t in enumerate(trajs) if t.group_id in wanted]
-
-
 def _explained_variance(values, returns, mask) -> float:
     m = mask.bool()
     v, r = values[m].detach(), returns[m]
@@ -1170,22 +1120,6 @@ def _hidden_size(model) -> int:
 
 def _trainable_names(model) -> set[str]:
     return {n for n, p in model.named_parameters() if p.requires_grad}
-
-
-def _fsync_dir(path: Path, *, files: bool = True) -> None:
-    """Flush a folder's files (with `files`) and then the folder itself, whose entries (a
-    new name, a rename) are data of their own: without it a power cut can leave `latest`
-    naming a checkpoint whose rename was never written."""
-    if files:
-        for f in path.iterdir():
-            if f.is_file():
-                with open(f, "rb") as fh:
-                    os.fsync(fh.fileno())
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _line(r: dict, total: int, elapsed: float) -> str:

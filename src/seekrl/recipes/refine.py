@@ -145,7 +145,7 @@ def train_step_dpo(model, tokenizer, pairs, *, steps: int, batch_size: int, beta
     """Step-DPO updates of `model` on `pairs` (`prm.PairLabel`s); the reference log-probs
     are the model's own before the first update."""
     from seekrl.models import pad_id_of
-    from seekrl.rl.common import clip_and_step, trainable_parameters
+    from seekrl.recipes.setup import clip_and_step, trainable_parameters
 
     pad_id = pad_id_of(tokenizer)
     model.eval()
@@ -193,15 +193,14 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     `overwrite`."""
     from seekrl.config import SFTConfig, dump_config
     from seekrl.models import load_policy
-    from seekrl.rl.common import (
+    from seekrl.recipes.checkpoint import check_run_dir, save_policy
+    from seekrl.recipes.setup import (
         MetricsLog,
-        check_run_dir,
         make_optimizer,
         make_scheduler,
         open_index,
         prepare_trainable,
         rollout_config,
-        save_policy,
         set_seed,
         trainable_parameters,
     )
@@ -217,7 +216,7 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
         raise ValueError("rollout.backend: refine samples with seekrl's own decoding loop "
                          f"(hf); {cfg.rollout.backend!r} is for seekrl train and seekrl eval")
     if cfg.method == "step_dpo":
-        from seekrl.rl.prm import read_labels
+        from seekrl.recipes.labels import read_labels
         if not cfg.pairs:
             raise ValueError("pairs: step_dpo trains on sibling pairs; give the label folders "
                              "(`seekrl mcts` output)")
@@ -228,7 +227,7 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     elif questions is None and not cfg.data:
         raise ValueError("data: rft samples episodes on questions; give a QA file")
     elif scorer is None and cfg.prm:
-        from seekrl.rl.prm import load_scorer
+        from seekrl.recipes.prm import load_scorer
         scorer = load_scorer(cfg.prm, device=cfg.device)
     if cfg.method == "rft" and retriever is None:     # a missing index before a model loads
         retriever = open_index(cfg.index, "RFT samples search episodes")
@@ -237,7 +236,8 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     set_seed(cfg.seed)
     if model is None:
         model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
-    from seekrl.rl.prm import check_label_tokenizer, check_scorer_tokenizer
+    from seekrl.recipes.labels import check_label_tokenizer
+    from seekrl.recipes.prm import check_scorer_tokenizer
     if pairs is not None:      # step-DPO trains on the pairs' token ids as they are
         check_label_tokenizer(cfg.pairs, tokenizer, f"model {cfg.model}")
     if scorer is not None:
@@ -321,7 +321,7 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
                         max_info_tokens=r.max_info_tokens, topk=r.topk,
                         train_layers=cfg.train_layers, lora=cfg.lora, optim=cfg.optim,
                         dtype=cfg.dtype, device=cfg.device, log_every=5)
-    from seekrl.rl.sft import run_sft
+    from seekrl.recipes.sft import run_sft
     sft = run_sft(sft_cfg, console=console, model=model, tokenizer=tokenizer,
                   overwrite=True)
     return {**summary, "final": sft["final"], "loss": sft["loss"],

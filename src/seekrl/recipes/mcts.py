@@ -40,9 +40,7 @@ after the last whole chunk and never keeps half of one.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +51,7 @@ from seekrl.agent.protocol import normalise_text
 from seekrl.agent.rollout import RolloutEngine
 from seekrl.agent.trajectory import Step, Trajectory
 from seekrl.data.qa import QAExample
+from seekrl.recipes.labels import LabelWriter
 
 ScoreFn = Callable[[Trajectory], float]
 
@@ -395,79 +394,6 @@ def _mc_tree(ex_id: str, group: Sequence[Trajectory], mc_samples: int, score: Sc
     return nodes, paths
 
 
-# ---------------------------------------------------------------------- the output folder
-LABEL_FILES = ("nodes.jsonl", "labels.jsonl", "pairs.jsonl")
-
-
-class LabelWriter:
-    """Appends whole chunks to `nodes.jsonl`, `labels.jsonl`, `pairs.jsonl` and records them
-    in `progress.json` (atomically, after the data is on disk). Opening an existing folder
-    with `resume` cuts the files back to the last recorded chunk and remembers which
-    questions are done; without `resume`, an existing folder is refused."""
-
-    def __init__(self, out: str | Path, *, resume: bool = False, settings: dict | None = None):
-        self.out = Path(out)
-        self.progress_path = self.out / "progress.json"
-        if self.progress_path.exists() and not resume:
-            raise FileExistsError(f"{self.out} already holds labels; resume them (--resume) "
-                                  "or choose another folder")
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.progress: dict = {"done": [], "bytes": {f: 0 for f in LABEL_FILES},
-                               "stats": {}, "rejected": {}, "settings": settings or {}}
-        if resume and self.progress_path.exists():
-            self.progress = json.loads(self.progress_path.read_text())
-            if settings and self.progress.get("settings") and \
-                    self.progress["settings"] != settings:
-                differ = sorted(k for k in set(settings) | set(self.progress["settings"])
-                                if settings.get(k) != self.progress["settings"].get(k))
-                raise ValueError(f"{self.out}: resuming with other settings than the run "
-                                 f"that wrote it (differ: {', '.join(differ)})")
-        for name in LABEL_FILES:   # drop whatever a killed run wrote after its last chunk
-            path = self.out / name
-            recorded = self.progress["bytes"].get(name, 0)
-            if path.exists() and path.stat().st_size < recorded:
-                raise ValueError(f"{path}: {path.stat().st_size} bytes, but {recorded} were "
-                                 "recorded as written; the folder was changed since, label "
-                                 "into a new one")
-            with open(path, "ab") as f:
-                f.truncate(recorded)
-
-    @property
-    def done(self) -> set[str]:
-        return set(self.progress["done"])
-
-    def check_tokenizer(self, fingerprint: str) -> None:
-        """The labels hold token ids: a resumed folder keeps one tokenizer, and the PRM
-        trained on them must read the same one (`models.tokenizer_fingerprint`)."""
-        had = self.progress.get("tokenizer")
-        if had is not None and had != fingerprint:
-            raise ValueError(f"{self.out}: labelled with another tokenizer (fingerprint {had}, "
-                             f"this policy's is {fingerprint}); label into a new folder")
-        self.progress["tokenizer"] = fingerprint
-
-    def write(self, question_ids: Sequence[str], labels: Labels, stats: SearchStats) -> None:
-        for name, records in zip(LABEL_FILES, (labels.nodes, labels.labels, labels.pairs)):
-            path = self.out / name
-            with open(path, "a", encoding="utf-8") as f:
-                for r in records:
-                    f.write(json.dumps(r, ensure_ascii=False) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            self.progress["bytes"][name] = path.stat().st_size
-        self.progress["done"] += list(question_ids)
-        total = self.progress["stats"]
-        for k, v in vars(stats).items():
-            total[k] = round(total.get(k, 0) + v, 3)
-        total["pairs"] = total.get("pairs", 0) + len(labels.pairs)
-        total["labelled_episodes"] = total.get("labelled_episodes", 0) + len(labels.labels)
-        total["nodes"] = total.get("nodes", 0) + len(labels.nodes)
-        for k, v in labels.rejected.items():
-            self.progress["rejected"][k] = self.progress["rejected"].get(k, 0) + v
-        tmp = self.progress_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.progress, indent=1))
-        os.replace(tmp, self.progress_path)
-
-
 # ---------------------------------------------------------------------- the recipe
 def _dotted(tree: dict, prefix: str = "") -> dict:
     """{"a": {"b": 1}} -> {"a.b": 1}."""
@@ -491,8 +417,8 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
     from seekrl.config import dump_config
     from seekrl.data.qa import load_qa
     from seekrl.models import load_policy, tokenizer_fingerprint
+    from seekrl.recipes.setup import open_index, rollout_config, set_seed, units_within_budget
     from seekrl.rewards.outcome import get_outcome
-    from seekrl.rl.common import open_index, rollout_config, set_seed, units_within_budget
 
     search = cfg.search
     # everything that decides the labels (a resumed run may label more questions)

@@ -4,7 +4,7 @@ token (`Step.end - 1`). The model is causal, so the score of a step never sees w
 after it, and one forward pass over a whole episode scores all its steps at once (ProRAG
 calls the model once per step).
 
-Training reads the label folders of `seekrl mcts` (rl/mcts.py):
+Training reads the label folders of `seekrl mcts` (recipes/mcts.py):
 - pointwise: binary cross-entropy of sigmoid(score) against the soft label Q of every
   labelled step (a step shared by several labelled episodes, an MCTS node on many paths,
   counts once);
@@ -26,9 +26,7 @@ from __future__ import annotations
 import json
 import random
 import time
-import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +35,17 @@ from torch import nn
 
 from seekrl.agent.trajectory import Trajectory
 from seekrl.config import ConfigError
-from seekrl.data.jsonl import iter_jsonl
 from seekrl.errors import DataError
 from seekrl.models import pad_id_of
+from seekrl.recipes.labels import (
+    LabelSet,
+    PairLabel,
+    PointLabel,
+    check_label_tokenizer,
+    labelling_policy,
+    read_labels,
+    split_labels,
+)
 from seekrl.rl.forward import collate, hidden_states, shared_prompts, suffix_hidden
 
 PRM_MARKER = "prm.json"
@@ -144,7 +150,7 @@ class PRMScorer:
 
 def save_prm(prm: ProcessRewardModel, tokenizer, path: str | Path, info: dict | None = None
              ) -> Path:
-    from seekrl.rl.common import save_policy
+    from seekrl.recipes.checkpoint import save_policy
 
     def head_and_marker(folder: Path) -> None:   # inside the folder before it is moved in
         torch.save(prm.head.state_dict(), folder / "prm_head.pt")
@@ -179,182 +185,6 @@ def load_prm(path: str | Path, *, dtype: str = "float32", device: str = "cpu"
 def load_scorer(path: str | Path, *, device: str = "cpu", batch_size: int = 8) -> PRMScorer:
     prm, tokenizer = load_prm(path, device=device)
     return PRMScorer(prm, tokenizer, device=device, batch_size=batch_size)
-
-
-# ---------------------------------------------------------------------- labelled data
-@dataclass
-class PointLabel:
-    traj: Trajectory
-    index: int          # which step
-    label: float        # soft label in [0, 1] (Q)
-
-
-@dataclass
-class PairLabel:
-    better: Trajectory
-    worse: Trajectory
-    index: int          # the differing step (both share the steps before it)
-    gap: float
-
-
-@dataclass
-class LabelSet:
-    points: list[PointLabel]
-    pairs: list[PairLabel]
-    episodes: list[Trajectory]     # every labelled episode (first-error localisation)
-
-
-def _in_dev(example_id: str, dev_share: float) -> bool:
-    return zlib.crc32(example_id.encode()) % 10_000 < dev_share * 10_000
-
-
-def _number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x   # not nan
-
-
-def labelled_trajectory(obj: Any, path: Path, line: int, field: str = "", *,
-                        labels: bool = True) -> Trajectory:
-    """A labelled episode record checked field by field: a bad one raises `DataError`
-    naming the file, line and field (never a traceback from deep in a forward pass).
-    `labels=False` for episodes to score (their step values are not read)."""
-    at = f"{field}." if field else ""
-    if not isinstance(obj, dict):
-        raise DataError(f"expected a trajectory object, got {type(obj).__name__}",
-                        path=str(path), line=line, field=field or None)
-    try:
-        t = Trajectory.from_dict(obj)
-    except (TypeError, ValueError) as err:
-        raise DataError(f"not a trajectory ({err})", path=str(path), line=line,
-                        field=field or None) from None
-
-    def bad(what: str, name: str) -> DataError:
-        return DataError(what, path=str(path), line=line, field=at + name)
-
-    for name in ("example_id", "group_id", "question"):
-        if not isinstance(getattr(t, name), str):
-            raise bad(f"expected a string, got {getattr(t, name)!r}", name)
-    if not isinstance(t.golden_answers, list) or \
-            not all(isinstance(a, str) for a in t.golden_answers):
-        raise bad("expected a list of strings", "golden_answers")
-    if not isinstance(t.token_ids, list) or not all(
-            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in t.token_ids):
-        raise bad("expected a list of token ids (integers >= 0)", "token_ids")
-    if not isinstance(t.metadata, dict):
-        raise bad(f"expected an object, got {type(t.metadata).__name__}", "metadata")
-    if not isinstance(t.prompt_len, int) or not 0 <= t.prompt_len <= len(t.token_ids):
-        raise bad(f"expected 0..{len(t.token_ids)}, got {t.prompt_len!r}", "prompt_len")
-    for i, s in enumerate(t.steps):
-        if not (isinstance(s.start, int) and isinstance(s.end, int)
-                and t.prompt_len <= s.start <= s.end <= len(t.token_ids)):
-            raise bad(f"step {i}: span [{s.start!r}, {s.end!r}) is not a span of the "
-                      f"{len(t.token_ids)} tokens after the prompt", "steps")
-        if labels and s.value is not None and not (_number(s.value) and 0.0 <= s.value <= 1.0):
-            raise bad(f"step {i}: expected a label in [0, 1] or null, got {s.value!r}",
-                      "steps.value")
-    try:
-        t.check()
-    except (AssertionError, TypeError) as err:
-        raise bad(f"the steps do not match the token layout ({err})", "steps") from None
-    node_ids = t.metadata.get("node_ids")
-    if node_ids is not None and (not isinstance(node_ids, list)
-                                 or len(node_ids) != len(t.steps) or not all(
-                                     n is None or isinstance(n, (int, str)) for n in node_ids)):
-        raise bad(f"expected a list of {len(t.steps)} node ids (one per step)",
-                  "metadata.node_ids")
-    return t
-
-
-def read_episodes(path: str | Path) -> list[Trajectory]:
-    """A trajectory file to score (`seekrl prm score`), every record checked like a label's."""
-    path = Path(path)
-    return [labelled_trajectory(obj, path, line, labels=False) for line, obj in iter_jsonl(path)]
-
-
-def _recorded_lines(folder: Path, name: str):
-    """`iter_jsonl` over a label file, up to the bytes `progress.json` records as written:
-    the tail of a chunk a killed `seekrl mcts` left behind is not a label."""
-    path = folder / name
-    progress = folder / "progress.json"
-    limit = None
-    if progress.is_file():
-        try:
-            limit = int(json.loads(progress.read_text())["bytes"][name])
-        except (ValueError, KeyError, TypeError):
-            raise DataError("expected {\"bytes\": {\"%s\": N, ...}} (written by `seekrl "
-                            "mcts`)" % name, path=str(progress), field="bytes") from None
-        size = path.stat().st_size
-        if size < limit:
-            raise DataError(f"{size} bytes, but {limit} were recorded as written: the file "
-                            "was changed since; label into a new folder", path=str(path))
-    yield from iter_jsonl(path, max_bytes=limit)
-
-
-def read_labels(folders: Sequence[str | Path]) -> LabelSet:
-    """Points, pairs and episodes of label folders (`labels.jsonl`, `pairs.jsonl`), up to
-    what each folder's `progress.json` records as written. A malformed record raises
-    `DataError` naming its file, line and field."""
-    points: list[PointLabel] = []
-    pairs: list[PairLabel] = []
-    episodes: list[Trajectory] = []
-    seen: set[tuple] = set()
-    for folder in folders:
-        folder = Path(folder)
-        if not (folder / "labels.jsonl").is_file():
-            raise FileNotFoundError(f"{folder}: no labels.jsonl (write labels with "
-                                    "`seekrl mcts`)")
-        path = folder / "labels.jsonl"
-        for line_no, obj in _recorded_lines(folder, "labels.jsonl"):
-            t = labelled_trajectory(obj, path, line_no)
-            episodes.append(t)
-            node_ids = t.metadata.get("node_ids")
-            for i, s in enumerate(t.steps):
-                if s.value is None:
-                    continue
-                key = (str(folder), t.example_id, node_ids[i]) if node_ids and \
-                    node_ids[i] is not None else (str(folder), line_no, i)
-                if key not in seen:
-                    seen.add(key)
-                    points.append(PointLabel(t, i, float(s.value)))
-        if (folder / "pairs.jsonl").is_file():
-            path = folder / "pairs.jsonl"
-            for line_no, rec in _recorded_lines(folder, "pairs.jsonl"):
-                pairs.append(_pair_label(rec, path, line_no))
-    return LabelSet(points, pairs, episodes)
-
-
-def _pair_label(rec: dict, path: Path, line: int) -> PairLabel:
-    """A sibling-pair record: two episodes that share their steps before `depth` and
-    differ at it, with `gap` = Q(better) - Q(worse)."""
-    for key in ("better", "worse", "depth", "gap"):
-        if key not in rec:
-            raise DataError("missing (a sibling pair has better, worse, depth, gap)",
-                            path=str(path), line=line, field=key)
-    better = labelled_trajectory(rec["better"], path, line, "better")
-    worse = labelled_trajectory(rec["worse"], path, line, "worse")
-    depth, gap = rec["depth"], rec["gap"]
-    if not isinstance(depth, int) or isinstance(depth, bool) or \
-            not 0 <= depth < min(len(better.steps), len(worse.steps)):
-        raise DataError(f"expected a step index below both episodes' step counts "
-                        f"({len(better.steps)}, {len(worse.steps)}), got {depth!r}",
-                        path=str(path), line=line, field="depth")
-    if not _number(gap):
-        raise DataError(f"expected a number, got {gap!r}", path=str(path), line=line,
-                        field="gap")
-    shared = better.steps[depth].start
-    if better.steps[depth].start != worse.steps[depth].start or \
-            better.token_ids[:shared] != worse.token_ids[:shared]:
-        raise DataError(f"better and worse differ before step {depth}: not siblings",
-                        path=str(path), line=line, field="depth")
-    return PairLabel(better, worse, depth, float(gap))
-
-
-def split_labels(labels: LabelSet, dev_share: float) -> tuple[LabelSet, LabelSet]:
-    """(train, dev) by question: all labels of a question fall on the same side."""
-    def side(dev: bool) -> LabelSet:
-        return LabelSet([p for p in labels.points if _in_dev(p.traj.example_id, dev_share) == dev],
-                        [p for p in labels.pairs if _in_dev(p.better.example_id, dev_share) == dev],
-                        [e for e in labels.episodes if _in_dev(e.example_id, dev_share) == dev])
-    return side(False), side(True)
 
 
 # ---------------------------------------------------------------------- losses
@@ -444,47 +274,10 @@ def prm_metrics(scorer: PRMScorer, labels: LabelSet, threshold: float = 0.5) -> 
 
 
 # ---------------------------------------------------------------------- the recipe
-def labelling_policy(folders: Sequence[str | Path]) -> str:
-    """The policy that wrote the first label folder (its config.yaml's `model`): the PRM's
-    default backbone, as in ProRAG (the PRM starts from the SFT policy)."""
-    import yaml
-
-    path = Path(folders[0]) / "config.yaml"
-    try:
-        model = (yaml.safe_load(path.read_text()) or {}).get("model")
-    except (OSError, yaml.YAMLError, AttributeError):
-        model = None
-    if not isinstance(model, str) or not model:
-        raise ConfigError(f"model: the backbone to start the PRM from was not given, and "
-                          f"{path} does not name the policy that wrote the labels; set "
-                          f"model=PATH_OR_ID (usually the SFT checkpoint)")
-    return model
-
-
-def check_label_tokenizer(folders: Sequence[str | Path], tokenizer, who: str) -> None:
-    """Labels are token ids: refuse a model whose tokenizer is not the one that wrote them
-    (recorded in progress.json by `seekrl mcts`; folders without the record pass)."""
-    from seekrl.models import tokenizer_fingerprint
-
-    mine = tokenizer_fingerprint(tokenizer)
-    for folder in folders:
-        path = Path(folder) / "progress.json"
-        if not path.is_file():
-            continue
-        try:
-            theirs = json.loads(path.read_text()).get("tokenizer")
-        except (ValueError, AttributeError):
-            continue    # read_labels has already checked the file
-        if theirs is not None and theirs != mine:
-            raise ConfigError(f"{who}: its tokenizer (fingerprint {mine}) is not the one that "
-                              f"wrote the labels in {folder} ({theirs}); a PRM reads the labels' "
-                              "token ids, so its backbone must share the policy's tokenizer")
-
-
 def _save_checkpoint(prm: ProcessRewardModel, tokenizer, folder: Path, step: int,
                      keep_last: int, info: dict) -> None:
     """`folder/step-N`, a PRM `load_scorer` reads; only the newest `keep_last` stay."""
-    from seekrl.rl.common import prune_steps
+    from seekrl.recipes.checkpoint import prune_steps
 
     save_prm(prm, tokenizer, folder / f"step-{step}", info)
     prune_steps(folder, keep_last)
@@ -510,10 +303,9 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
     `overwrite`."""
     from seekrl.config import dump_config
     from seekrl.models import load_policy, load_tokenizer
-    from seekrl.rl.common import (
+    from seekrl.recipes.checkpoint import check_run_dir, claim_run_dir
+    from seekrl.recipes.setup import (
         MetricsLog,
-        check_run_dir,
-        claim_run_dir,
         clip_and_step,
         make_optimizer,
         make_scheduler,

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
-import shutil
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,68 +35,6 @@ def open_index(index: str | None, what: str):
     if not index:
         raise ValueError(f"index: {what}; it needs an index folder or a retrieval server url")
     return open_retriever(index)
-
-
-RUN_MARKERS = ("metrics.jsonl", "checkpoints")      # a folder holding these holds a run
-RUN_OUTPUTS = ("metrics.jsonl", "alerts.jsonl", "checkpoints", "final", "eval", "rollouts",
-               "config.yaml", "report.html", "report_files")
-
-
-def check_run_dir(out: Path, *, resume: bool = False, overwrite: bool = False,
-                  model: str | None = None, markers: Sequence[str] = RUN_MARKERS,
-                  resumable: bool = True) -> None:
-    """Refuse to write a new run over an old one, before anything slow happens.
-
-    A run folder written into again would lose its metrics (truncated) and its config
-    (replaced) without a word: that needs `overwrite` (or `resume`, which continues the
-    run). Overwriting a run whose own files hold the model to start from is refused too."""
-    if resume or not out.exists():
-        return
-    held = [name for name in markers if (out / name).exists()]
-    if not held:
-        return
-    if not overwrite:
-        raise ConfigError(f"out: {out} already holds a run ({', '.join(held)}); pass "
-                          + ("--resume to continue it, " if resumable else "")
-                          + "--overwrite to replace it, or choose another out")
-    if model and Path(model).exists() and Path(model).resolve().is_relative_to(out.resolve()):
-        raise ConfigError(f"model: {model} is inside out ({out}), which --overwrite would "
-                          "delete; copy the model elsewhere or choose another out")
-
-
-def claim_run_dir(out: Path, *, resume: bool = False, overwrite: bool = False) -> None:
-    """Make `out` ready for the run: with `overwrite`, the old run's files go (call
-    `check_run_dir` first, and this only once the run's inputs have loaded, so a bad
-    config never costs the old run); with `resume` nothing is touched."""
-    out.mkdir(parents=True, exist_ok=True)
-    if resume or not overwrite:
-        return
-    for name in RUN_OUTPUTS:
-        path = out / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
-
-
-def config_changes(saved: Path, cfg) -> list[str]:
-    """`key: old -> new` for every setting that differs from the run's saved config.yaml."""
-    import yaml
-
-    if not saved.is_file():
-        return []
-    old = yaml.safe_load(saved.read_text()) or {}
-    new = cfg.model_dump(mode="json")
-    out: list[str] = []
-
-    def walk(a, b, prefix: str) -> None:
-        if isinstance(a, dict) and isinstance(b, dict):
-            for k in sorted(set(a) | set(b), key=str):
-                walk(a.get(k), b.get(k), f"{prefix}{k}.")
-        elif a != b:
-            out.append(f"{prefix[:-1]}: {a!r} -> {b!r}")
-    walk(old, new, "")
-    return out
 
 
 def set_seed(seed: int) -> None:
@@ -179,28 +114,6 @@ def enable_activation_checkpointing(model) -> None:
             pass
 
 
-def split_micro_batches(lengths: Sequence[int], max_episodes: int,
-                        max_tokens: int | None = None) -> list[list[int]]:
-    """Consecutive positions of `lengths` (episode lengths, in the order given) cut into
-    micro-batches of at most `max_episodes` episodes and, when `max_tokens` is set, at most
-    that many padded tokens (episodes x the longest): a micro-batch's activations grow
-    with that product. An episode longer than `max_tokens` gets a micro-batch alone."""
-    out: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for pos, n in enumerate(lengths):
-        wider = max(longest, n)
-        if current and (len(current) >= max_episodes
-                        or (max_tokens is not None and wider * (len(current) + 1) > max_tokens)):
-            out.append(current)
-            current, wider = [], n
-        current.append(pos)
-        longest = wider
-    if current:
-        out.append(current)
-    return out
-
-
 def units_within_budget(budget: int, spent: float, done: int, most: int) -> int:
     """How many more units (questions) a token budget pays for, at the tokens per unit so
     far, rounded, so that a run's total lands within half a unit of the budget: between 0
@@ -262,51 +175,6 @@ def make_scheduler(optimizer, cfg: OptimConfig, total_steps: int):
         progress = min(1.0, (step - cfg.warmup_steps) / span)
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-def save_policy(model, tokenizer, path: str | Path, *, before_rename=None) -> Path:
-    """A plain HF checkpoint (LoRA merged into a copy of the weights) that `load_policy`,
-    `seekrl eval --model` and any transformers code can load; written to a temporary folder
-    and renamed, so a killed run never leaves half a model under `path`. `before_rename`
-    (folder -> None) adds files to the temporary folder first."""
-    from seekrl.runtime import quiet_transformers
-
-    quiet_transformers()
-    path = Path(path)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    to_save = model
-    if hasattr(model, "merge_and_unload"):
-        import copy
-        to_save = copy.deepcopy(model).merge_and_unload()
-    to_save.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if before_rename is not None:
-        before_rename(tmp)
-    replace_dir(tmp, path)
-    return path
-
-
-def prune_steps(folder: Path, keep_last: int, keep: set[str | None] = frozenset()) -> None:
-    """Delete all but the newest `keep_last` of the `step-N` folders in `folder` (and those
-    named in `keep`); folders of other names are left alone."""
-    done = sorted((p for p in folder.glob("step-*")
-                   if p.is_dir() and p.name[len("step-"):].isdigit()),
-                  key=lambda p: int(p.name[len("step-"):]))
-    for p in done[:-keep_last]:
-        if p.name not in keep:
-            shutil.rmtree(p, ignore_errors=True)
-
-
-def replace_dir(tmp: Path, target: Path) -> None:
-    """Move a finished folder into place; an older one at `target` goes only after."""
-    old = None
-    if target.exists():
-        old = target.with_name(target.name + f".old{os.getpid()}")
-        target.rename(old)
-    tmp.rename(target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 class MetricsLog:

@@ -31,15 +31,13 @@ from seekrl.data.jsonl import iter_jsonl
 from seekrl.errors import DataError
 from seekrl.eval.evaluate import eval_policy
 from seekrl.models import pad_id_of
-from seekrl.rl.common import (
+from seekrl.recipes.checkpoint import check_run_dir, claim_run_dir, save_policy
+from seekrl.recipes.setup import (
     MetricsLog,
-    check_run_dir,
-    claim_run_dir,
     clip_and_step,
     make_optimizer,
     make_scheduler,
     prepare_trainable,
-    save_policy,
     set_seed,
     trainable_parameters,
 )

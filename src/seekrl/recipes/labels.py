@@ -1,0 +1,308 @@
+"""The label format of process supervision, written and read in one place: `seekrl mcts`
+appends whole chunks to `nodes.jsonl`, `labels.jsonl` (episodes with a soft label Q on
+their steps) and `pairs.jsonl` (sibling pairs) and records them in `progress.json`; the PRM
+and step-DPO read them back up to what was recorded, every record checked field by field
+(a bad one names its file, line and field)."""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from seekrl.agent.trajectory import Trajectory
+from seekrl.config import ConfigError
+from seekrl.data.jsonl import iter_jsonl
+from seekrl.errors import DataError
+
+if TYPE_CHECKING:   # the records it writes
+    from seekrl.recipes.mcts import Labels, SearchStats
+
+# ---------------------------------------------------------------------- the output folder
+LABEL_FILES = ("nodes.jsonl", "labels.jsonl", "pairs.jsonl")
+
+
+class LabelWriter:
+    """Appends whole chunks to `nodes.jsonl`, `labels.jsonl`, `pairs.jsonl` and records them
+    in `progress.json` (atomically, after the data is on disk). Opening an existing folder
+    with `resume` cuts the files back to the last recorded chunk and remembers which
+    questions are done; without `resume`, an existing folder is refused."""
+
+    def __init__(self, out: str | Path, *, resume: bool = False, settings: dict | None = None):
+        self.out = Path(out)
+        self.progress_path = self.out / "progress.json"
+        if self.progress_path.exists() and not resume:
+            raise FileExistsError(f"{self.out} already holds labels; resume them (--resume) "
+                                  "or choose another folder")
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.progress: dict = {"done": [], "bytes": {f: 0 for f in LABEL_FILES},
+                               "stats": {}, "rejected": {}, "settings": settings or {}}
+        if resume and self.progress_path.exists():
+            self.progress = json.loads(self.progress_path.read_text())
+            if settings and self.progress.get("settings") and \
+                    self.progress["settings"] != settings:
+                differ = sorted(k for k in set(settings) | set(self.progress["settings"])
+                                if settings.get(k) != self.progress["settings"].get(k))
+                raise ValueError(f"{self.out}: resuming with other settings than the run "
+                                 f"that wrote it (differ: {', '.join(differ)})")
+        for name in LABEL_FILES:   # drop whatever a killed run wrote after its last chunk
+            path = self.out / name
+            recorded = self.progress["bytes"].get(name, 0)
+            if path.exists() and path.stat().st_size < recorded:
+                raise ValueError(f"{path}: {path.stat().st_size} bytes, but {recorded} were "
+                                 "recorded as written; the folder was changed since, label "
+                                 "into a new one")
+            with open(path, "ab") as f:
+                f.truncate(recorded)
+
+    @property
+    def done(self) -> set[str]:
+        return set(self.progress["done"])
+
+    def check_tokenizer(self, fingerprint: str) -> None:
+        """The labels hold token ids: a resumed folder keeps one tokenizer, and the PRM
+        trained on them must read the same one (`models.tokenizer_fingerprint`)."""
+        had = self.progress.get("tokenizer")
+        if had is not None and had != fingerprint:
+            raise ValueError(f"{self.out}: labelled with another tokenizer (fingerprint {had}, "
+                             f"this policy's is {fingerprint}); label into a new folder")
+        self.progress["tokenizer"] = fingerprint
+
+    def write(self, question_ids: Sequence[str], labels: Labels, stats: SearchStats) -> None:
+        for name, records in zip(LABEL_FILES, (labels.nodes, labels.labels, labels.pairs)):
+            path = self.out / name
+            with open(path, "a", encoding="utf-8") as f:
+                for r in records:
+                    f.write(json.dumps(r, ensure_ascii=False) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            self.progress["bytes"][name] = path.stat().st_size
+        self.progress["done"] += list(question_ids)
+        total = self.progress["stats"]
+        for k, v in vars(stats).items():
+            total[k] = round(total.get(k, 0) + v, 3)
+        total["pairs"] = total.get("pairs", 0) + len(labels.pairs)
+        total["labelled_episodes"] = total.get("labelled_episodes", 0) + len(labels.labels)
+        total["nodes"] = total.get("nodes", 0) + len(labels.nodes)
+        for k, v in labels.rejected.items():
+            self.progress["rejected"][k] = self.progress["rejected"].get(k, 0) + v
+        tmp = self.progress_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.progress, indent=1))
+        os.replace(tmp, self.progress_path)
+
+
+# ---------------------------------------------------------------------- labelled data
+@dataclass
+class PointLabel:
+    traj: Trajectory
+    index: int          # which step
+    label: float        # soft label in [0, 1] (Q)
+
+
+@dataclass
+class PairLabel:
+    better: Trajectory
+    worse: Trajectory
+    index: int          # the differing step (both share the steps before it)
+    gap: float
+
+
+@dataclass
+class LabelSet:
+    points: list[PointLabel]
+    pairs: list[PairLabel]
+    episodes: list[Trajectory]     # every labelled episode (first-error localisation)
+
+
+def _in_dev(example_id: str, dev_share: float) -> bool:
+    return zlib.crc32(example_id.encode()) % 10_000 < dev_share * 10_000
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x   # not nan
+
+
+def labelled_trajectory(obj: Any, path: Path, line: int, field: str = "", *,
+                        labels: bool = True) -> Trajectory:
+    """A labelled episode record checked field by field: a bad one raises `DataError`
+    naming the file, line and field (never a traceback from deep in a forward pass).
+    `labels=False` for episodes to score (their step values are not read)."""
+    at = f"{field}." if field else ""
+    if not isinstance(obj, dict):
+        raise DataError(f"expected a trajectory object, got {type(obj).__name__}",
+                        path=str(path), line=line, field=field or None)
+    try:
+        t = Trajectory.from_dict(obj)
+    except (TypeError, ValueError) as err:
+        raise DataError(f"not a trajectory ({err})", path=str(path), line=line,
+                        field=field or None) from None
+
+    def bad(what: str, name: str) -> DataError:
+        return DataError(what, path=str(path), line=line, field=at + name)
+
+    for name in ("example_id", "group_id", "question"):
+        if not isinstance(getattr(t, name), str):
+            raise bad(f"expected a string, got {getattr(t, name)!r}", name)
+    if not isinstance(t.golden_answers, list) or \
+            not all(isinstance(a, str) for a in t.golden_answers):
+        raise bad("expected a list of strings", "golden_answers")
+    if not isinstance(t.token_ids, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in t.token_ids):
+        raise bad("expected a list of token ids (integers >= 0)", "token_ids")
+    if not isinstance(t.metadata, dict):
+        raise bad(f"expected an object, got {type(t.metadata).__name__}", "metadata")
+    if not isinstance(t.prompt_len, int) or not 0 <= t.prompt_len <= len(t.token_ids):
+        raise bad(f"expected 0..{len(t.token_ids)}, got {t.prompt_len!r}", "prompt_len")
+    for i, s in enumerate(t.steps):
+        if not (isinstance(s.start, int) and isinstance(s.end, int)
+                and t.prompt_len <= s.start <= s.end <= len(t.token_ids)):
+            raise bad(f"step {i}: span [{s.start!r}, {s.end!r}) is not a span of the "
+                      f"{len(t.token_ids)} tokens after the prompt", "steps")
+        if labels and s.value is not None and not (_number(s.value) and 0.0 <= s.value <= 1.0):
+            raise bad(f"step {i}: expected a label in [0, 1] or null, got {s.value!r}",
+                      "steps.value")
+    try:
+        t.check()
+    except (AssertionError, TypeError) as err:
+        raise bad(f"the steps do not match the token layout ({err})", "steps") from None
+    node_ids = t.metadata.get("node_ids")
+    if node_ids is not None and (not isinstance(node_ids, list)
+                                 or len(node_ids) != len(t.steps) or not all(
+                                     n is None or isinstance(n, (int, str)) for n in node_ids)):
+        raise bad(f"expected a list of {len(t.steps)} node ids (one per step)",
+                  "metadata.node_ids")
+    return t
+
+
+def read_episodes(path: str | Path) -> list[Trajectory]:
+    """A trajectory file to score (`seekrl prm score`), every record checked like a label's."""
+    path = Path(path)
+    return [labelled_trajectory(obj, path, line, labels=False) for line, obj in iter_jsonl(path)]
+
+
+def _recorded_lines(folder: Path, name: str):
+    """`iter_jsonl` over a label file, up to the bytes `progress.json` records as written:
+    the tail of a chunk a killed `seekrl mcts` left behind is not a label."""
+    path = folder / name
+    progress = folder / "progress.json"
+    limit = None
+    if progress.is_file():
+        try:
+            limit = int(json.loads(progress.read_text())["bytes"][name])
+        except (ValueError, KeyError, TypeError):
+            raise DataError("expected {\"bytes\": {\"%s\": N, ...}} (written by `seekrl "
+                            "mcts`)" % name, path=str(progress), field="bytes") from None
+        size = path.stat().st_size
+        if size < limit:
+            raise DataError(f"{size} bytes, but {limit} were recorded as written: the file "
+                            "was changed since; label into a new folder", path=str(path))
+    yield from iter_jsonl(path, max_bytes=limit)
+
+
+def read_labels(folders: Sequence[str | Path]) -> LabelSet:
+    """Points, pairs and episodes of label folders (`labels.jsonl`, `pairs.jsonl`), up to
+    what each folder's `progress.json` records as written. A malformed record raises
+    `DataError` naming its file, line and field."""
+    points: list[PointLabel] = []
+    pairs: list[PairLabel] = []
+    episodes: list[Trajectory] = []
+    seen: set[tuple] = set()
+    for folder in folders:
+        folder = Path(folder)
+        if not (folder / "labels.jsonl").is_file():
+            raise FileNotFoundError(f"{folder}: no labels.jsonl (write labels with "
+                                    "`seekrl mcts`)")
+        path = folder / "labels.jsonl"
+        for line_no, obj in _recorded_lines(folder, "labels.jsonl"):
+            t = labelled_trajectory(obj, path, line_no)
+            episodes.append(t)
+            node_ids = t.metadata.get("node_ids")
+            for i, s in enumerate(t.steps):
+                if s.value is None:
+                    continue
+                key = (str(folder), t.example_id, node_ids[i]) if node_ids and \
+                    node_ids[i] is not None else (str(folder), line_no, i)
+                if key not in seen:
+                    seen.add(key)
+                    points.append(PointLabel(t, i, float(s.value)))
+        if (folder / "pairs.jsonl").is_file():
+            path = folder / "pairs.jsonl"
+            for line_no, rec in _recorded_lines(folder, "pairs.jsonl"):
+                pairs.append(_pair_label(rec, path, line_no))
+    return LabelSet(points, pairs, episodes)
+
+
+def _pair_label(rec: dict, path: Path, line: int) -> PairLabel:
+    """A sibling-pair record: two episodes that share their steps before `depth` and
+    differ at it, with `gap` = Q(better) - Q(worse)."""
+    for key in ("better", "worse", "depth", "gap"):
+        if key not in rec:
+            raise DataError("missing (a sibling pair has better, worse, depth, gap)",
+                            path=str(path), line=line, field=key)
+    better = labelled_trajectory(rec["better"], path, line, "better")
+    worse = labelled_trajectory(rec["worse"], path, line, "worse")
+    depth, gap = rec["depth"], rec["gap"]
+    if not isinstance(depth, int) or isinstance(depth, bool) or \
+            not 0 <= depth < min(len(better.steps), len(worse.steps)):
+        raise DataError(f"expected a step index below both episodes' step counts "
+                        f"({len(better.steps)}, {len(worse.steps)}), got {depth!r}",
+                        path=str(path), line=line, field="depth")
+    if not _number(gap):
+        raise DataError(f"expected a number, got {gap!r}", path=str(path), line=line,
+                        field="gap")
+    shared = better.steps[depth].start
+    if better.steps[depth].start != worse.steps[depth].start or \
+            better.token_ids[:shared] != worse.token_ids[:shared]:
+        raise DataError(f"better and worse differ before step {depth}: not siblings",
+                        path=str(path), line=line, field="depth")
+    return PairLabel(better, worse, depth, float(gap))
+
+
+def split_labels(labels: LabelSet, dev_share: float) -> tuple[LabelSet, LabelSet]:
+    """(train, dev) by question: all labels of a question fall on the same side."""
+    def side(dev: bool) -> LabelSet:
+        return LabelSet([p for p in labels.points if _in_dev(p.traj.example_id, dev_share) == dev],
+                        [p for p in labels.pairs if _in_dev(p.better.example_id, dev_share) == dev],
+                        [e for e in labels.episodes if _in_dev(e.example_id, dev_share) == dev])
+    return side(False), side(True)
+
+
+def labelling_policy(folders: Sequence[str | Path]) -> str:
+    """The policy that wrote the first label folder (its config.yaml's `model`): the PRM's
+    default backbone, as in ProRAG (the PRM starts from the SFT policy)."""
+    import yaml
+
+    path = Path(folders[0]) / "config.yaml"
+    try:
+        model = (yaml.safe_load(path.read_text()) or {}).get("model")
+    except (OSError, yaml.YAMLError, AttributeError):
+        model = None
+    if not isinstance(model, str) or not model:
+        raise ConfigError(f"model: the backbone to start the PRM from was not given, and "
+                          f"{path} does not name the policy that wrote the labels; set "
+                          f"model=PATH_OR_ID (usually the SFT checkpoint)")
+    return model
+
+
+def check_label_tokenizer(folders: Sequence[str | Path], tokenizer, who: str) -> None:
+    """Labels are token ids: refuse a model whose tokenizer is not the one that wrote them
+    (recorded in progress.json by `seekrl mcts`; folders without the record pass)."""
+    from seekrl.models import tokenizer_fingerprint
+
+    mine = tokenizer_fingerprint(tokenizer)
+    for folder in folders:
+        path = Path(folder) / "progress.json"
+        if not path.is_file():
+            continue
+        try:
+            theirs = json.loads(path.read_text()).get("tokenizer")
+        except (ValueError, AttributeError):
+            continue    # read_labels has already checked the file
+        if theirs is not None and theirs != mine:
+            raise ConfigError(f"{who}: its tokenizer (fingerprint {mine}) is not the one that "
+                              f"wrote the labels in {folder} ({theirs}); a PRM reads the labels' "
+                              "token ids, so its backbone must share the policy's tokenizer")

@@ -1,0 +1,85 @@
+"""Sampling rules of a training step: micro-batches by episodes and tokens, whether a
+group carries a learning signal (DAPO's dynamic sampling keeps only those), and whole
+groups of a batch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from seekrl.agent.trajectory import Trajectory, group_indices
+from seekrl.rewards.process import group_has_signal
+from seekrl.rl.advantages import AdvantageConfig, Rewards, compute_advantages, needs_values
+
+
+def split_micro_batches(lengths: Sequence[int], max_episodes: int,
+                        max_tokens: int | None = None) -> list[list[int]]:
+    """Consecutive positions of `lengths` (episode lengths, in the order given) cut into
+    micro-batches of at most `max_episodes` episodes and, when `max_tokens` is set, at most
+    that many padded tokens (episodes x the longest): a micro-batch's activations grow
+    with that product. An episode longer than `max_tokens` gets a micro-batch alone."""
+    out: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for pos, n in enumerate(lengths):
+        wider = max(longest, n)
+        if current and (len(current) >= max_episodes
+                        or (max_tokens is not None and wider * (len(current) + 1) > max_tokens)):
+            out.append(current)
+            current, wider = [], n
+        current.append(pos)
+        longest = wider
+    if current:
+        out.append(current)
+    return out
+
+
+def informative(trajs, parts, members: list[int], advantage: str | None = None,
+                 adv_cfg: AdvantageConfig | None = None,
+                 weights: dict[str, float] | None = None) -> bool:
+    """Whether a group teaches something. With an estimator that needs no critic: whether
+    it gives any of the group's policy tokens a non-zero advantage (a step estimator can
+    have signal where the scores tie: GiGPO's discounted step returns, a step reward that
+    differs). Otherwise: whether the episodes' scores (outcome + step rewards) or their
+    step rewards differ."""
+    group = [trajs[j] for j in members]
+    if advantage is not None and not needs_values(advantage) \
+            and all(isinstance(t, Trajectory) for t in group):
+        advs, _ = compute_advantages(advantage, group, Rewards.from_trajectories(group, weights),
+                                     adv_cfg or AdvantageConfig())
+        return any(bool((a.abs() > 1e-9).any()) for a in advs)
+    totals = [parts[j].total + sum(s.process_reward or 0.0 for s in trajs[j].steps)
+              for j in members]
+    return group_has_signal(group, totals)
+
+
+def group_signal(trajs, parts, advantage: str | None = None,
+                  adv_cfg: AdvantageConfig | None = None,
+                  weights: dict[str, float] | None = None) -> tuple[int, int, int]:
+    """(informative groups, groups of two or more episodes, tied groups whose every episode
+    was right): a group-relative advantage is zero for every member of a tied group, and
+    undefined for a lone episode. A tied group of right answers is a solved question, not a
+    broken policy; the monitor tells the two apart."""
+    groups = [m for m in group_indices(trajs).values() if len(m) > 1]
+    varied = [informative(trajs, parts, m, advantage, adv_cfg, weights) for m in groups]
+    solved = sum(1 for m, v in zip(groups, varied)
+                 if not v and all(parts[i].outcome >= 1.0 for i in m))
+    return sum(varied), len(groups), solved
+
+
+def keep_varied(trajs, parts, advantage: str | None = None,
+                 adv_cfg: AdvantageConfig | None = None,
+                 weights: dict[str, float] | None = None):
+    keep = sorted(i for members in group_indices(trajs).values()
+                  if informative(trajs, parts, members, advantage, adv_cfg, weights)
+                  for i in members)
+    return [trajs[i] for i in keep], [parts[i] for i in keep]
+
+
+def whole_groups(trajs, n_groups: int) -> list[int]:
+    """Indices of at most `n_groups` whole groups, in order."""
+    seen: list[str] = []
+    for t in trajs:
+        if t.group_id not in seen:
+            seen.append(t.group_id)
+    wanted = set(seen[:n_groups])
+    return [i for i, t in enumerate(trajs) if t.group_id in wanted]
