@@ -220,6 +220,10 @@ def test_example_configs_are_the_readmes_and_validate(tmp_path):
     printed = yaml.safe_load(r.output)
     assert printed["algo"]["advantage"] == "rloo" and printed["algo"]["clip_ratio_c"] == 3.0
     assert printed["model"] == "runs/sft/final"
+    # --print-config runs the recipe's own check: a name the trainer would refuse is refused
+    r = runner.invoke(app, ["train", "--config", str(root / "configs" / "rl.yaml"),
+                            "--print-config", "algo.advantage=ppo2"])
+    assert r.exit_code == 2 and "algo.advantage: expected one of" in r.output, r.output
 
 
 def test_episode_limit_defaults_agree_everywhere():

@@ -79,6 +79,11 @@ def test_pipeline_runs_every_stage_and_resumes(tmp_path):
 def test_bad_stage_keys_fail_before_any_work(tmp_path):
     with pytest.raises(ConfigError, match="prorag labels: search.simulatons: unknown key"):
         run_prorag(ProragConfig(out=str(tmp_path / "x"), labels={"search": {"simulatons": 3}}))
+    # registry names are the recipes' to check, and still fail before any work
+    with pytest.raises(ConfigError, match="prorag rl: algo.advantage: expected one of"):
+        run_prorag(ProragConfig(out=str(tmp_path / "x"), rl={"algo": {"advantage": "ppo2"}}))
+    with pytest.raises(ConfigError, match="prorag labels: reward: expected one of"):
+        run_prorag(ProragConfig(out=str(tmp_path / "x"), labels={"reward": "bleu"}))
     with pytest.raises(ConfigError, match="train, test and index go together"):
         run_prorag(ProragConfig(out=str(tmp_path / "x"), train="t.jsonl"))
     # a key the pipeline fills from the stage before would be overwritten: refused

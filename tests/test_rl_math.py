@@ -159,15 +159,20 @@ def test_kl_is_clamped_and_k1_is_refused_as_a_loss_term():
     far = kl_penalty(torch.tensor([0.0]), torch.tensor([-40.0]), "k3")
     assert float(far) == 10.0   # exp(40) would dominate any batch
     assert float(kl_penalty(torch.tensor([-40.0]), torch.tensor([0.0]), "k1")) == -10.0
+    from seekrl.recipes.train import check_config
+
+    def checked(*overrides):
+        cfg = build_config(TrainConfig, {"data": "x"}, list(overrides))
+        check_config(cfg)
+        return cfg
+
     with pytest.raises(ConfigError, match="kl_estimator: k1 as a loss term"):
-        build_config(TrainConfig, {"data": "x"}, ["algo.kl_coef=0.1", "algo.kl_estimator=k1"])
-    with pytest.raises(ConfigError, match="kl_in_reward"):
-        build_config(TrainConfig, {"data": "x"}, ["algo.kl_in_reward=true",   # dr_grpo
-                                                   "algo.kl_coef=0.1"])
-    build_config(TrainConfig, {"data": "x"}, ["algo.kl_in_reward=true"])   # KL off: fine
-    cfg = build_config(TrainConfig, {"data": "x"}, ["algo.kl_coef=0.1", "algo.kl_estimator=k1",
-                                                    "algo.kl_in_reward=true",
-                                                    "algo.advantage=reinforce_pp"])
+        checked("algo.kl_coef=0.1", "algo.kl_estimator=k1")
+    with pytest.raises(ConfigError, match="kl_in_reward: .* read by gae and reinforce_pp only"):
+        checked("algo.kl_in_reward=true", "algo.kl_coef=0.1")   # dr_grpo
+    checked("algo.kl_in_reward=true")   # KL off: fine
+    cfg = checked("algo.kl_coef=0.1", "algo.kl_estimator=k1", "algo.kl_in_reward=true",
+                  "algo.advantage=reinforce_pp")
     assert cfg.algo.kl_in_reward
 
 

@@ -16,7 +16,6 @@ from seekrl.retrieval.base import Hit
 from seekrl.rewards.process import (
     PROCESS_REWARDS,
     ProcessContext,
-    check_process_weights,
     group_has_signal,
     score_steps,
 )
@@ -306,8 +305,8 @@ def test_score_steps_weights_and_keeps_the_parts():
         {"evidence": 1.0, "redundancy": 0.0}, {"evidence": 0.0, "redundancy": -1.0},
         {"evidence": None, "redundancy": None}]
     assert [s.process_reward for s in t.steps] == [2.0, -0.5, 0.0]
-    with pytest.raises(ValueError, match="reward.process.bogus: unknown process reward"):
-        check_process_weights({"bogus": 1.0})
+    with pytest.raises(ValueError, match="process reward: expected one of .*, got 'bogus'"):
+        score_steps([t], {"bogus": 1.0})
     with pytest.raises(ValueError, match="scorer"):
         score_steps([t], {"prm": 1.0})
 

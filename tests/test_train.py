@@ -313,12 +313,16 @@ def test_invalid_turns_get_no_positive_advantage():
     ("steps=0", "steps"),
     ("rollout.temperature=-1", "rollout.temperature"),
     ("reward.outcome=bleu", "reward.outcome"),
-    ("reward.process={evidnce: 1.0}", "reward.process"),   # a typo, caught before a run
+    ("reward.process={evidnce: 1.0}", "reward.process.evidnce"),   # a typo, before a run
     ("optim=3", "optim"),
 ])
 def test_bad_config_keys_and_values_name_the_key(override, key):
+    """Types and ranges fail when the config is read; registry names (estimators, losses,
+    rewards) when the recipe checks it, before anything loads."""
+    from seekrl.recipes.train import check_config
+
     with pytest.raises(ConfigError) as err:
-        build_config(TrainConfig, {"data": "d", "index": "i"}, [override])
+        check_config(build_config(TrainConfig, {"data": "d", "index": "i"}, [override]))
     assert f"{key}:" in str(err.value)
 
 

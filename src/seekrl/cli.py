@@ -444,7 +444,7 @@ def train(
     import yaml
 
     from seekrl.config import TrainConfig, load_config
-    from seekrl.recipes.train import Trainer
+    from seekrl.recipes.train import Trainer, check_config
 
     try:
         if process is not None:
@@ -459,6 +459,7 @@ def train(
         # under torchrun every process runs this command; rank 0 speaks for them all
         out = console if os.environ.get("RANK", "0") == "0" else Console(quiet=True)
         if print_config:
+            check_config(cfg)   # the keys the trainer would refuse, refused here too
             if out is console:
                 _print_config(cfg)
             return

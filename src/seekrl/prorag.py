@@ -131,6 +131,13 @@ def stage_configs(cfg: ProragConfig, paths: dict[str, str]) -> dict[str, Any]:
     # from it on --resume instead of starting over (the demo's own RL keeps none)
     rl_tree.update(save_every=1, keep_last=1)
     stages["rl"] = build("rl", TrainConfig, rl_tree)
+    from seekrl.recipes import mcts, refine, train
+    for name, check in (("labels", mcts.check_config), ("refine", refine.check_config),
+                        ("rl", train.check_config)):
+        try:
+            check(stages[name])
+        except ConfigError as err:
+            raise ConfigError(f"prorag {name}: {err}") from None
     return stages
 
 

@@ -10,19 +10,38 @@ import json
 import os
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from seekrl.agent.trajectory import Trajectory
 from seekrl.config import ConfigError
 from seekrl.data.jsonl import iter_jsonl
 from seekrl.errors import DataError
 
-if TYPE_CHECKING:   # the records it writes
-    from seekrl.recipes.mcts import Labels, SearchStats
 
 # ---------------------------------------------------------------------- the output folder
+@dataclass
+class SearchStats:
+    simulations: int = 0
+    rollouts: int = 0                # episodes generated
+    generated_tokens: int = 0        # policy tokens generated (the compute)
+    rounds: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class Labels:
+    """What one chunk of questions produced, as JSON-ready records."""
+    nodes: list[dict] = field(default_factory=list)
+    labels: list[dict] = field(default_factory=list)
+    pairs: list[dict] = field(default_factory=list)
+    rejected: dict[str, int] = field(default_factory=dict)
+
+    def reject(self, why: str) -> None:
+        self.rejected[why] = self.rejected.get(why, 0) + 1
+
+
 LABEL_FILES = ("nodes.jsonl", "labels.jsonl", "pairs.jsonl")
 
 

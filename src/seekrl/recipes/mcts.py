@@ -50,8 +50,9 @@ from pathlib import Path
 from seekrl.agent.protocol import normalise_text
 from seekrl.agent.rollout import RolloutEngine
 from seekrl.agent.trajectory import Step, Trajectory
+from seekrl.config import ConfigError
 from seekrl.data.qa import QAExample
-from seekrl.recipes.labels import LabelWriter
+from seekrl.recipes.labels import Labels, LabelWriter, SearchStats
 
 ScoreFn = Callable[[Trajectory], float]
 
@@ -160,15 +161,6 @@ class Tree:
         return out[::-1]
 
 
-@dataclass
-class SearchStats:
-    simulations: int = 0
-    rollouts: int = 0                # episodes generated
-    generated_tokens: int = 0        # policy tokens generated (the compute)
-    rounds: int = 0
-    seconds: float = 0.0
-
-
 def _new_tokens(t: Trajectory) -> int:
     return t.n_generated - int(t.metadata.get("prefix_tokens", 0))
 
@@ -218,18 +210,6 @@ def grow_search_trees(engine: RolloutEngine, examples: Sequence[QAExample], scor
 class PairRules:
     min_visits: int = 2
     min_gap: float = 0.2
-
-
-@dataclass
-class Labels:
-    """What one chunk of questions produced, as JSON-ready records."""
-    nodes: list[dict] = field(default_factory=list)
-    labels: list[dict] = field(default_factory=list)
-    pairs: list[dict] = field(default_factory=list)
-    rejected: dict[str, int] = field(default_factory=dict)
-
-    def reject(self, why: str) -> None:
-        self.rejected[why] = self.rejected.get(why, 0) + 1
 
 
 def _labelled(traj: Trajectory, values: Sequence[float | None], visits: Sequence[int | None],
@@ -406,6 +386,18 @@ def _dotted(tree: dict, prefix: str = "") -> dict:
     return out
 
 
+def check_config(cfg) -> None:
+    """The labelling recipe's registry names and cross-key rules (`LabelConfig`)."""
+    from seekrl.recipes.setup import check_name
+    from seekrl.rewards.outcome import OUTCOMES
+
+    check_name("reward", cfg.reward, OUTCOMES)
+    if cfg.rollout.backend != "hf":
+        raise ConfigError("rollout.backend: labelling continues prefixes with seekrl's own "
+                          f"decoding loop (hf); {cfg.rollout.backend!r} is for seekrl train "
+                          "and seekrl eval")
+
+
 def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
                   questions: Sequence[QAExample] | None = None, console=None,
                   resume: bool = False) -> dict:
@@ -420,12 +412,9 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
     from seekrl.recipes.setup import open_index, rollout_config, set_seed, units_within_budget
     from seekrl.rewards.outcome import get_outcome
 
+    check_config(cfg)
     search = cfg.search
     # everything that decides the labels (a resumed run may label more questions)
-    if cfg.rollout.backend != "hf":
-        raise ValueError("rollout.backend: labelling continues prefixes with seekrl's own "
-                         f"decoding loop (hf); {cfg.rollout.backend!r} is for seekrl train "
-                         "and seekrl eval")
     settings = _dotted(cfg.model_dump(mode="json", exclude={"out", "questions", "device"}))
     questions = list(questions) if questions is not None else load_qa(cfg.data, "train")
     if cfg.questions is not None:

@@ -185,6 +185,18 @@ def train_step_dpo(model, tokenizer, pairs, *, steps: int, batch_size: int, beta
 
 
 # ---------------------------------------------------------------------- the recipe
+def check_config(cfg) -> None:
+    """The refinement recipe's registry names and cross-key rules (`RefineConfig`)."""
+    from seekrl.config import ConfigError
+    from seekrl.recipes.setup import check_name
+    from seekrl.rewards.outcome import OUTCOMES
+
+    check_name("reward", cfg.reward, OUTCOMES)
+    if cfg.rollout.backend != "hf":
+        raise ConfigError("rollout.backend: refine samples with seekrl's own decoding loop "
+                          f"(hf); {cfg.rollout.backend!r} is for seekrl train and seekrl eval")
+
+
 def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
                questions=None, scorer=None, console=None, overwrite: bool = False
                ) -> dict[str, Any]:
@@ -205,6 +217,7 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
         trainable_parameters,
     )
 
+    check_config(cfg)
     started = time.time()
     out = Path(cfg.out)
     check_run_dir(out, overwrite=overwrite, model=cfg.model if model is None else None,
@@ -212,9 +225,6 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
                   resumable=False)
     say = console.print if console is not None else (lambda *a, **k: None)
     pairs = None
-    if cfg.rollout.backend != "hf":
-        raise ValueError("rollout.backend: refine samples with seekrl's own decoding loop "
-                         f"(hf); {cfg.rollout.backend!r} is for seekrl train and seekrl eval")
     if cfg.method == "step_dpo":
         from seekrl.recipes.labels import read_labels
         if not cfg.pairs:

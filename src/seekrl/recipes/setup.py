@@ -15,6 +15,12 @@ import torch
 from seekrl.config import ConfigError, LoRAConfig, OptimConfig
 
 
+def check_name(key: str, value: str, known) -> None:
+    """A registry name from a config key: unknown ones name the key and the known names."""
+    if value not in known:
+        raise ConfigError(f"{key}: expected one of {', '.join(sorted(known))}, got {value!r}")
+
+
 def rollout_config(settings, *, seed: int, n_samples: int = 1):
     """The rollout engine's settings from a recipe's `rollout:` section (`RolloutSettings`)."""
     from seekrl.agent.rollout import RolloutConfig

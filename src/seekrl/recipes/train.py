@@ -71,6 +71,7 @@ from seekrl.recipes.checkpoint import (
 )
 from seekrl.recipes.setup import (
     MetricsLog,
+    check_name,
     clip_and_step,
     enable_activation_checkpointing,
     make_optimizer,
@@ -89,7 +90,6 @@ from seekrl.rewards.outcome import RewardParts, episode_reward
 from seekrl.rewards.process import (
     ProcessContext,
     StepScorer,
-    check_process_weights,
     score_steps,
 )
 from seekrl.rl.advantages import (
@@ -123,7 +123,13 @@ class Trainer:
 
         self.cfg = cfg
         self.out = Path(cfg.out)
-        _check_step_settings(cfg, prm_scorer)   # before a model is loaded: fail in seconds
+        check_config(cfg)   # before a model is loaded: fail in seconds
+        if prm_scorer is None and "prm" in cfg.reward.process:
+            from seekrl.recipes.prm import prm_folder
+            try:
+                prm_folder(cfg.reward.prm)
+            except FileNotFoundError as err:
+                raise ConfigError(f"reward.prm: {err}") from None
         # one process, or one of several (torchrun): see rl/distributed.py
         self.dist, self.device = (dist, cfg.device) if dist is not None \
             else Dist.from_env(cfg.device)
@@ -1072,21 +1078,36 @@ def _kl_rewards(trajs, logps, ref_logps, algo) -> tuple[list[torch.Tensor], floa
     return out, round(total / max(n, 1), 5)
 
 
-def _check_step_settings(cfg: TrainConfig, prm_scorer) -> None:
-    """The process-supervision keys, checked before anything slow happens."""
-    try:
-        check_process_weights(cfg.reward.process)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-    if "prm" in cfg.reward.process and prm_scorer is None:
-        from seekrl.recipes.prm import prm_folder
-        if not cfg.reward.prm:
-            raise ConfigError("reward.process.prm: no process reward model given (set "
-                              "reward.prm to a `seekrl prm train` folder, e.g. RUN/final)")
-        try:
-            prm_folder(cfg.reward.prm)
-        except FileNotFoundError as err:
-            raise ConfigError(f"reward.prm: {err}") from None
+def check_config(cfg: TrainConfig) -> None:
+    """The RL recipe's registry names and cross-key rules, checked before anything slow
+    happens (the trainer, and `seekrl train --print-config`, call it). Schema types and
+    ranges are `TrainConfig`'s own."""
+    from seekrl.rewards.outcome import OUTCOMES
+    from seekrl.rewards.process import PROCESS_REWARDS
+    from seekrl.rl.advantages import ESTIMATORS, FACTS
+    from seekrl.rl.loss import AGGREGATIONS
+
+    algo = cfg.algo
+    check_name("reward.outcome", cfg.reward.outcome, OUTCOMES)
+    for name in cfg.reward.process:
+        check_name(f"reward.process.{name}", name, PROCESS_REWARDS)
+    check_name("algo.advantage", algo.advantage, ESTIMATORS)
+    check_name("algo.loss_agg", algo.loss_agg, AGGREGATIONS)
+    facts = FACTS[algo.advantage]
+    if algo.kl_coef > 0 and not algo.kl_in_reward and algo.kl_estimator == "k1":
+        raise ConfigError(
+            "algo.kl_estimator: k1 as a loss term has zero expected gradient (grad of log p - "
+            "log q is grad log p), so it regularises nothing; use k3, or k1 with "
+            "algo.kl_in_reward: true")
+    if algo.kl_coef > 0 and algo.kl_in_reward and not facts.reads_token_rewards:
+        readers = sorted(n for n, f in FACTS.items() if f.reads_token_rewards)
+        raise ConfigError(
+            f"algo.kl_in_reward: the per-token KL reward is read by {' and '.join(readers)} "
+            f"only; algo.advantage is {algo.advantage!r} (use the KL loss term there: "
+            "kl_in_reward: false)")
+    if "prm" in cfg.reward.process and not cfg.reward.prm:
+        raise ConfigError("reward.process.prm: no process reward model given (set "
+                          "reward.prm to a `seekrl prm train` folder, e.g. RUN/final)")
     tree = cfg.rollout.tree
     if tree is not None:
         if tree.leaves != cfg.group_size:
@@ -1097,8 +1118,8 @@ def _check_step_settings(cfg: TrainConfig, prm_scorer) -> None:
         if cfg.rollout.method != "agent":
             raise ConfigError("rollout.tree: tree rollouts branch at search steps; they need "
                               "rollout.method: agent")
-    if cfg.algo.advantage == "tree_grpo" and tree is None:
-        raise ConfigError("algo.advantage: tree_grpo needs tree rollouts (rollout.tree)")
+    if facts.needs_tree and tree is None:
+        raise ConfigError(f"algo.advantage: {algo.advantage} needs tree rollouts (rollout.tree)")
 
 
 def _explained_variance(values, returns, mask) -> float:

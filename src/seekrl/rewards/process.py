@@ -79,12 +79,11 @@ def register_process(name: str) -> Callable[[ProcessFn], ProcessFn]:
     return wrap
 
 
-def check_process_weights(weights: Mapping[str, float], key: str = "reward.process") -> None:
-    """Unknown source names raise ValueError naming the key and the known names."""
-    for name in weights:
-        if name not in PROCESS_REWARDS:
-            raise ValueError(f"{key}.{name}: unknown process reward; expected one of "
-                             f"{', '.join(sorted(PROCESS_REWARDS))}")
+def get_process(name: str) -> ProcessFn:
+    if name not in PROCESS_REWARDS:
+        raise ValueError(f"process reward: expected one of {', '.join(sorted(PROCESS_REWARDS))}, "
+                         f"got {name!r}")
+    return PROCESS_REWARDS[name]
 
 
 def score_steps(trajectories: Sequence[Trajectory], weights: Mapping[str, float],
@@ -94,14 +93,14 @@ def score_steps(trajectories: Sequence[Trajectory], weights: Mapping[str, float]
     is kept in `process_parts` and adds nothing to `process_reward`."""
     if not weights:
         return
-    check_process_weights(weights)
+    sources = {name: get_process(name) for name in weights}   # an unknown name: before any work
     ctx = ctx or ProcessContext()
     for t in trajectories:
         for s in t.steps:
             s.process_parts = {}
             s.process_reward = 0.0
     for name, weight in weights.items():
-        values = PROCESS_REWARDS[name](trajectories, ctx)
+        values = sources[name](trajectories, ctx)
         if len(values) != len(trajectories):
             raise ValueError(f"process reward {name!r} returned {len(values)} lists for "
                              f"{len(trajectories)} trajectories")

@@ -10,8 +10,8 @@ its formula needs it, the decomposition (the outcome alone, the per-step rewards
 Every estimator has the shape `f(trajectories, rewards, cfg, values=None) -> (advantages,
 returns)`: one float tensor each per trajectory, aligned with `token_ids`, advantages zero
 wherever `loss_mask` is 0 (prompt, retrieved documents). Whitening and returns live here,
-not in the recipe. Estimators are registered by name; `needs_values(name)` says which need
-the critic's values.
+not in the recipe. Estimators are registered by name with their facts (`facts(name)`: needs a critic's
+values, reads per-token rewards, needs tree rollouts), which the recipes check configs by.
 
 Outcome estimators (one advantage for every policy token of an episode, from the episode's
 total score, outcome plus step rewards):
@@ -162,16 +162,26 @@ def step_reward_position(t: Trajectory, step) -> int:
 
 Estimator = Callable[..., tuple[list[torch.Tensor], list[torch.Tensor]]]
 ESTIMATORS: dict[str, Estimator] = {}
-_NEEDS_VALUES: set[str] = set()
 
 
-def register(name: str, *, needs_values: bool = False) -> Callable[[Estimator], Estimator]:
+@dataclass(frozen=True)
+class EstimatorFacts:
+    """What a recipe must know about an estimator before it runs one."""
+    needs_values: bool = False        # a critic (a value head trained next to the policy)
+    reads_token_rewards: bool = False  # per-token rewards (a KL penalty in the reward) count
+    needs_tree: bool = False          # tree rollouts (`metadata["tree"]` on every episode)
+
+
+FACTS: dict[str, EstimatorFacts] = {}
+
+
+def register(name: str, *, needs_values: bool = False, reads_token_rewards: bool = False,
+             needs_tree: bool = False) -> Callable[[Estimator], Estimator]:
     def wrap(fn: Estimator) -> Estimator:
         if name in ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
         ESTIMATORS[name] = fn
-        if needs_values:
-            _NEEDS_VALUES.add(name)
+        FACTS[name] = EstimatorFacts(needs_values, reads_token_rewards, needs_tree)
         return fn
     return wrap
 
@@ -183,10 +193,14 @@ def get_estimator(name: str) -> Estimator:
     return ESTIMATORS[name]
 
 
+def facts(name: str) -> EstimatorFacts:
+    get_estimator(name)
+    return FACTS[name]
+
+
 def needs_values(name: str) -> bool:
     """Whether the estimator needs a critic (a value head trained next to the policy)."""
-    get_estimator(name)
-    return name in _NEEDS_VALUES
+    return facts(name).needs_values
 
 
 def compute_advantages(name: str, trajectories: Sequence[Trajectory],
@@ -326,7 +340,7 @@ def rloo(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
                                                        leave_one_out))
 
 
-@register("reinforce_pp")
+@register("reinforce_pp", reads_token_rewards=True)
 def reinforce_pp(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
     token_rewards = rewards.token_level(trajectories)
     returns = [_returns_to_go(t, r, cfg.gamma) for t, r in zip(trajectories, token_rewards)]
@@ -336,7 +350,7 @@ def reinforce_pp(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=No
 # ---------------------------------------------------------------------- token / step estimators
 
 
-@register("gae", needs_values=True)
+@register("gae", needs_values=True, reads_token_rewards=True)
 def gae(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
     """GAE over policy tokens only. `values`: one tensor per trajectory aligned with
     token_ids (the critic's V at each token). Returns = advantages + values (the critic's
@@ -517,7 +531,7 @@ def stratified_grpo(trajectories, rewards: Rewards, cfg: AdvantageConfig, values
                              lambda w, g: cfg.alpha * w + (1 - cfg.alpha) * g)
 
 
-@register("tree_grpo")
+@register("tree_grpo", needs_tree=True)
 def tree_grpo(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
     """Tree-relative advantage for tree rollouts (`rollout.tree`): each leaf's score is
     normalised within its tree (`metadata["tree"]`) and over the whole group, and the two
