@@ -643,6 +643,7 @@ def test_correct_logp_shift_measures_the_same_episodes_after_the_update(world, t
 
 @pytest.mark.parametrize("agg", ["seq-mean-token-sum-norm", "seq-mean-token-mean"])
 def test_entropy_bonus_is_aggregated_like_the_policy_loss(world, tiny, tmp_path, agg):
+    from seekrl.recipes.train import _Probe, _UpdateBatch
     from seekrl.rl.forward import collate, masked_logprobs
     from seekrl.rl.loss import aggregate
 
@@ -659,8 +660,8 @@ def test_entropy_bonus_is_aggregated_like_the_policy_loss(world, tiny, tmp_path,
     def loss(coef: float) -> float:
         trainer.cfg.algo.entropy_coef = coef
         with torch.no_grad():
-            return float(trainer._micro_loss(trajs, micro, adv, None, None, None, None, norm,
-                                             {}, [0.0])[0])
+            batch = _UpdateBatch(trajs, adv, None, None, None, None, norm_length=norm)
+            return float(trainer._micro_loss(batch, micro, _Probe())[0])
 
     ids, attn, mask = collate([trajs[i].token_ids for i in micro],
                               [trajs[i].loss_mask for i in micro], trainer.pad_id)

@@ -48,6 +48,8 @@ import warnings
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +102,7 @@ from seekrl.rl.advantages import (
     needs_values,
     no_positive_credit_for_invalid_turns,
 )
-from seekrl.rl.distributed import Dist, Sharded, ShardedForward
+from seekrl.rl.distributed import Dist, make_runtime
 from seekrl.rl.forward import ValueHead, collate, masked_logprobs
 from seekrl.rl.loss import aggregate, kl_penalty, policy_loss, tis_weights, value_loss
 from seekrl.rl.monitor import Monitor
@@ -187,17 +189,15 @@ class Trainer:
         # may differ by rank)
         self.dist.broadcast_parameters([p for m in (self.model, self.value_head, self.ref_model)
                                         if m is not None for p in m.parameters()])
-        # shard: fsdp: the policy (with the critic's head) and the frozen reference sharded
-        # over the processes; the optimizer then holds this rank's shards
-        self.sharded = self.ref_sharded = None
-        if cfg.shard == "fsdp" and self.dist.active:
-            temperature = cfg.rollout.temperature
-            self.sharded = Sharded(ShardedForward(self.model, self.value_head, temperature),
-                                   self.dist, self.pad_id)
-            if self.ref_model is not None:
-                self.ref_sharded = Sharded(ShardedForward(self.ref_model, None, temperature),
-                                           self.dist, self.pad_id)
-        elif cfg.shard == "fsdp" and self.console is not None:
+        # how the weights live across the processes (rl/distributed.py): whole in each, or,
+        # shard: fsdp, the policy (with the critic's head) and the frozen reference sharded
+        # over them; the optimizer then holds this rank's shards
+        runtime = partial(make_runtime, dist=self.dist, shard=cfg.shard == "fsdp",
+                          pad_id=self.pad_id, temperature=cfg.rollout.temperature,
+                          share_prompts=cfg.algo.share_prompts)
+        self.runtime = runtime(self.model, self.value_head)
+        self.ref_runtime = runtime(self.ref_model, None) if self.ref_model is not None else None
+        if cfg.shard == "fsdp" and not self.dist.active and self.console is not None:
             self.console.print("shard fsdp: one training process, nothing to shard (launch "
                                "several with torchrun)")
         extra = [] if self.value_head is None else [
@@ -322,8 +322,8 @@ class Trainer:
     def full_weights(self, reference: bool = False):
         """Context: the policy's (or the frozen reference's) full weights on every rank when
         they are sharded (a collective: every rank enters); nothing otherwise."""
-        sharded = self.ref_sharded if reference else self.sharded
-        return sharded.full() if sharded is not None else nullcontext()
+        runtime = self.ref_runtime if reference else self.runtime
+        return runtime.full() if runtime is not None else nullcontext()
 
     # ------------------------------------------------------------------ 4. log-probs
     @torch.no_grad()
@@ -350,10 +350,9 @@ class Trainer:
                 out = masked_logprobs(model, ids, attn, mask,
                                       temperature=self.cfg.rollout.temperature,
                                       value_head=None if reference else self.value_head,
-                                      # sharded: as the update computes them (no sharing), so
+                                      # as the update computes them (sharded: no sharing), so
                                       # the first ratio is 1 to the last bit
-                                      share_prompts=self.cfg.algo.share_prompts
-                                      and self.sharded is None)
+                                      share_prompts=self.runtime.share_prompts)
                 for row, t in enumerate(part):
                     logps.append(out["logprobs"][row, :len(t.token_ids)].cpu())
                     if values is not None:
@@ -549,13 +548,14 @@ class Trainer:
         _no_dropout_mode(self.model)
         stats: dict[str, list[float]] = defaultdict(list)       # one value per mini-batch
         mini_stats: dict[str, float] = defaultdict(float)
-        correct_logps: dict[int, float] = {}   # episode -> its mean log-prob, first pass
-        gap_max = [0.0]   # the largest |trainer - rollout| log-prob gap of a policy token
+        probe = _Probe()
         order_rng = random.Random(f"{cfg.seed}/update/{self.step_done}")
-        # seq-mean-token-sum-norm's constant: the most policy tokens an episode can have
-        norm_length = cfg.rollout.max_turns * cfg.rollout.max_new_tokens
+        batch = _UpdateBatch(trajs, advantages, old_logps, ref_logps, old_values, returns,
+                             # seq-mean-token-sum-norm's constant: the most policy tokens
+                             # an episode can have
+                             norm_length=cfg.rollout.max_turns * cfg.rollout.max_new_tokens)
         turn = 0   # micro-batches go to the ranks in turn (all to this one in one process)
-        scale = self.sharded.loss_scale if self.sharded is not None else 1.0
+        scale = self.runtime.loss_scale
         for _ in range(algo.epochs):
             order = list(range(len(trajs)))
             order_rng.shuffle(order)
@@ -569,12 +569,9 @@ class Trainer:
                 mini_tokens = sum(trajs[i].n_generated for i in mini)
                 cuts = split_micro_batches([len(trajs[i].token_ids) for i in mini],
                                            algo.micro_batch_size, algo.micro_batch_tokens)
-                mine = 0
-                for positions in cuts:
-                    turn += 1
-                    if (turn - 1) % self.dist.world != self.dist.rank:
-                        continue
-                    mine += 1
+                # this rank's micro-batches; sharded, passes of weight 0 (not `live`) too,
+                # so that every rank runs as many as the busiest
+                for positions, live in self.runtime.assign(cuts, turn):
                     micro = [mini[p] for p in positions]
                     # each micro-batch's share of the mini-batch's loss, so that the
                     # accumulated gradient equals that of one mini-batch forward
@@ -582,31 +579,21 @@ class Trainer:
                         weight = sum(trajs[i].n_generated for i in micro) / max(1, mini_tokens)
                     else:
                         weight = len(micro) / len(mini)
-                    loss, s = self._micro_loss(trajs, micro, advantages, old_logps, ref_logps,
-                                               old_values, returns, norm_length, correct_logps,
-                                               gap_max)
-                    (loss * (weight * scale)).backward()
-                    for k, v in s.items():  # each micro-batch's share, as in the loss
+                    loss, s = self._micro_loss(batch, micro, probe if live else _Probe())
+                    (loss * (weight * scale if live else 0.0)).backward()
+                    for k, v in s.items() if live else ():  # each one's share, as in the loss
                         mini_stats[k] += v * weight
-                if self.sharded is not None:
-                    # every rank runs as many forward / backward passes as the busiest
-                    # (each gathers the blocks and reduces their gradients): the others
-                    # add passes of weight 0 on one of the mini-batch's micro-batches
-                    for _ in range(-(-len(cuts) // self.dist.world) - mine):
-                        loss, _ = self._micro_loss(trajs, [mini[p] for p in cuts[0]],
-                                                   advantages, old_logps, ref_logps,
-                                                   old_values, returns, norm_length, {}, [0.0])
-                        (loss * 0.0).backward()
+                turn += len(cuts)
                 for k, v in self.dist.sum_values(mini_stats).items():
                     stats[k].append(v)
                 mini_stats.clear()
                 stats["grad_norm"].append(self._optimizer_step())
         out = {k: round(sum(v) / len(v), 5) for k, v in stats.items()}
         out["grad_norm"] = round(max(stats["grad_norm"]), 4)
-        out["correct_logps"] = {i: lp for part in self.dist.gather([correct_logps])
+        out["correct_logps"] = {i: lp for part in self.dist.gather([probe.correct_logps])
                                 for i, lp in part.items()}
         if "rollout_logp_gap" in out:
-            out["rollout_logp_gap_max"] = round(max(self.dist.gather(gap_max)), 5)
+            out["rollout_logp_gap_max"] = round(max(self.dist.gather([probe.gap_max])), 5)
         return out
 
     def _displacement(self, trajs, old_logps, during_update: dict[int, float]
@@ -636,20 +623,16 @@ class Trainer:
         return {"correct_logp": round(sum(before[i] for i in measured) / len(measured), 4),
                 "correct_logp_shift": round(sum(shift) / len(shift), 5)}
 
-    def _micro_loss(self, trajs, micro, advantages, old_logps, ref_logps, old_values, returns,
-                    norm_length, correct_logps, gap_max
+    def _micro_loss(self, batch: _UpdateBatch, micro: list[int], probe: _Probe
                     ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss of the episodes `micro` of `batch` (and its figures); `probe` collects
+        what the monitor reads of the first pass."""
         algo, dev = self.cfg.algo, self.device
+        trajs, norm_length = batch.trajs, batch.norm_length
         part = [trajs[i] for i in micro]
         ids, attn, mask = collate([t.token_ids for t in part], [t.loss_mask for t in part],
                                   self.pad_id, dev)
-        if self.sharded is not None:   # through FSDP's root (see ShardedForward)
-            out = self.sharded.root(ids, attn, mask, entropy=True)
-        else:
-            out = masked_logprobs(self.model, ids, attn, mask,
-                                  temperature=self.cfg.rollout.temperature,
-                                  entropy=True, value_head=self.value_head,
-                                  share_prompts=self.cfg.algo.share_prompts)
+        out = self.runtime.forward(ids, attn, mask, entropy=True)
         logp = out["logprobs"]
 
         def grid(rows: list[torch.Tensor] | None) -> torch.Tensor | None:
@@ -660,8 +643,8 @@ class Trainer:
                 g[r, :len(rows[i])] = rows[i].to(dev)
             return g
 
-        adv = grid(advantages)
-        old = grid(old_logps) if old_logps is not None else logp.detach()
+        adv = grid(batch.advantages)
+        old = grid(batch.old_logps) if batch.old_logps is not None else logp.detach()
         # the rollout / training mismatch: the backend's log-probs of the tokens it sampled
         # against the trainer's of the same policy
         behaviour = _rollout_grid(part, mask)
@@ -670,7 +653,7 @@ class Trainer:
             with torch.no_grad():
                 gap = ((old - behaviour) * mask).abs()
                 mismatch["rollout_logp_gap"] = float(gap.sum() / mask.sum().clamp(min=1))
-                gap_max[0] = max(gap_max[0], float(gap.max()))
+                probe.gap_max = max(probe.gap_max, float(gap.max()))
             if algo.tis_cap:
                 weights, tis = tis_weights(old, behaviour, mask, algo.tis_cap)
                 mismatch.update(tis)
@@ -684,22 +667,23 @@ class Trainer:
         if algo.entropy_coef > 0:   # aggregated like the policy loss it is added to
             loss = loss - algo.entropy_coef * aggregate(out["entropy"], mask, algo.loss_agg,
                                                         norm_length)
-        if ref_logps is not None:
-            kl = aggregate(kl_penalty(logp, grid(ref_logps), algo.kl_estimator), mask,
+        if batch.ref_logps is not None:
+            kl = aggregate(kl_penalty(logp, grid(batch.ref_logps), algo.kl_estimator), mask,
                            algo.loss_agg, norm_length)
             s["kl"] = float(kl.detach())
             loss = loss + algo.kl_coef * kl
         if self.value_head is not None:
-            vl = value_loss(out["values"], grid(old_values), grid(returns), mask,
+            returns = grid(batch.returns)
+            vl = value_loss(out["values"], grid(batch.old_values), returns, mask,
                             clip=algo.value_clip, agg=algo.loss_agg, norm_length=norm_length)
             s["value_loss"] = float(vl.detach())
-            s["explained_var"] = _explained_variance(out["values"], grid(returns), mask)
+            s["explained_var"] = _explained_variance(out["values"], returns, mask)
             loss = loss + algo.value_coef * vl
         with torch.no_grad():  # for the monitor: the right episodes before the update
             for r, i in enumerate(micro):
-                if self._correct(trajs[i]) and i not in correct_logps:
+                if self._correct(trajs[i]) and i not in probe.correct_logps:
                     n = mask[r].sum().clamp(min=1)
-                    correct_logps[i] = float((logp[r] * mask[r]).sum() / n)
+                    probe.correct_logps[i] = float((logp[r] * mask[r]).sum() / n)
         return loss, s
 
     @staticmethod
@@ -710,8 +694,7 @@ class Trainer:
     def _optimizer_step(self) -> float:
         self.updates += 1
         params = trainable_parameters(self.model, self.value_head)
-        if self.sharded is None:   # sharded: FSDP has summed them (reduce-scatter)
-            self.dist.sum_gradients(params)   # every rank then takes the same step
+        self.runtime.reduce_gradients(params)
         return clip_and_step(params, self.optimizer, self.cfg.optim.max_grad_norm)
 
     # ------------------------------------------------------------------ metrics
@@ -784,42 +767,25 @@ class Trainer:
 
     def save_checkpoint(self, step: int) -> Path:
         """step-N written under a temporary name, then renamed; `latest` updated last. With
-        several processes rank 0 writes it (the weights are the same on every rank) and the
-        others wait until it is on disk; sharded, every rank writes its shards of the
-        weights and optimizer state into `shards/` first."""
+        several processes the runtime writes the weights (rank 0 the whole ones; sharded,
+        every rank its shards of the weights and optimizer state), rank 0 the rest, and
+        the others wait until it is on disk."""
         target = self.ckpt_dir / f"step-{step}"
-        if self.sharded is not None:   # every rank writes its shards into rank 0's folder
-            tmp = self.dist.broadcast(self.ckpt_dir / f".step-{step}.tmp{os.getpid()}")
-            if self.dist.main:
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp.mkdir(parents=True)
-            self.dist.barrier()
-            stepped = self.sharded.save(tmp / "shards", self.optimizer)
-            if self.dist.main:
-                self._write_checkpoint(step, target, tmp, sharded_optimizer=stepped)
-        elif self.dist.main:
-            self._write_checkpoint(step, target)
+        tmp = self.dist.broadcast(self.ckpt_dir / f".step-{step}.tmp{os.getpid()}")
+        if self.dist.main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self.dist.barrier()
+        optimizer = self.runtime.save(tmp, self.optimizer)
+        if self.dist.main:
+            self._write_checkpoint(step, target, tmp, optimizer)
         self.dist.barrier()
         return target
 
-    def _write_checkpoint(self, step: int, target: Path, tmp: Path | None = None,
-                          sharded_optimizer: bool = False) -> None:
-        """Rank 0's part: the weights (unless the ranks wrote their shards into `tmp`,
-        with the optimizer's state when `sharded_optimizer`), the schedule, the random
-        state and the trainer's, then the rename."""
-        if tmp is None:
-            tmp = self.ckpt_dir / f".step-{step}.tmp{os.getpid()}"
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            names = _trainable_names(self.model)
-            trainable = {k: v for k, v in self.model.state_dict().items() if k in names}
-            torch.save(trainable, tmp / "policy.pt")
-            if self.value_head is not None:
-                torch.save(self.value_head.state_dict(), tmp / "value_head.pt")
-        torch.save({"optimizer": None if self.sharded is not None
-                    else self.optimizer.state_dict(),   # sharded: in shards/
-                    "sharded_optimizer": sharded_optimizer,
-                    "scheduler": self.scheduler.state_dict(), "rng": rng_state()},
+    def _write_checkpoint(self, step: int, target: Path, tmp: Path, optimizer: dict) -> None:
+        """Rank 0's part, beside the weights in `tmp`: the optimizer's state as the runtime
+        gave it, the schedule, the random state and the trainer's, then the rename."""
+        torch.save({**optimizer, "scheduler": self.scheduler.state_dict(), "rng": rng_state()},
                    tmp / "optim.pt")
         (tmp / "trainer.json").write_text(json.dumps({
             "step": step, "monitor": self.monitor.state_dict(),
@@ -840,33 +806,11 @@ class Trainer:
         prune_steps(self.ckpt_dir, self.cfg.keep_last, keep={self.healthy_checkpoint})
 
     def load_checkpoint(self, path: Path) -> dict:
-        sharded = (path / "shards").is_dir()
-        if sharded != (self.sharded is not None):
-            raise ValueError(f"{path}: a {'sharded' if sharded else 'whole'} checkpoint; "
-                             f"resume it with shard: {'fsdp' if sharded else 'none'} "
-                             f"{'and several processes ' if sharded else ''}(this run has "
-                             f"shard: {self.cfg.shard}, {self.dist.world} process(es))")
         optim = torch.load(path / "optim.pt", map_location=self.device, weights_only=False)
-        if self.sharded is not None:
-            self.sharded.load(path / "shards", self.optimizer,
-                              with_optimizer=optim.get("sharded_optimizer", True))
-        else:
-            self._load_whole(path, optim["optimizer"])
+        self.runtime.load(path, self.optimizer, optim)
         self.scheduler.load_state_dict(optim["scheduler"])
         set_rng_state(optim["rng"])
         return json.loads((path / "trainer.json").read_text())
-
-    def _load_whole(self, path: Path, optimizer_state: dict) -> None:
-        state = torch.load(path / "policy.pt", map_location=self.device)
-        missing = set(state) ^ _trainable_names(self.model)
-        if missing:
-            raise ValueError(f"{path}: checkpoint does not match this model/config "
-                             f"(differing parameters, e.g. {sorted(missing)[:3]})")
-        self.model.load_state_dict(state, strict=False)
-        if self.value_head is not None:
-            self.value_head.load_state_dict(torch.load(path / "value_head.pt",
-                                                       map_location=self.device))
-        self.optimizer.load_state_dict(optimizer_state)
 
     def _resume(self) -> None:
         pointer = self.ckpt_dir / "latest"   # its existence was checked before any loading
@@ -963,13 +907,10 @@ class Trainer:
         elif self.stopped_reason:
             say("no healthy checkpoint was saved: the final policy is the collapsed one")
         final = self.out / "final"
-        if self.sharded is not None:   # the full weights gathered to rank 0
-            plain = self.sharded.gathered_policy(main)
-            if main:
-                save_policy(plain, self.tokenizer, final)
-            del plain
-        elif main:
-            save_policy(self.model, self.tokenizer, final)
+        plain = self.runtime.gathered_policy()   # sharded: the full weights, on rank 0
+        if main:
+            save_policy(plain, self.tokenizer, final)
+        del plain
         summary = {"steps": self.step_done, "final": str(final),
                    "stopped": self.stopped_reason, "last": last,
                    "rollout_tokens": self.rollout_tokens, "budget": self.stopped_budget,
@@ -1004,6 +945,27 @@ class Trainer:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+@dataclass
+class _UpdateBatch:
+    """What the update reads of a step's batch, per episode (log-probs, values and returns
+    are None when the run has none)."""
+    trajs: Sequence[Trajectory]
+    advantages: list[torch.Tensor]
+    old_logps: list[torch.Tensor] | None
+    ref_logps: list[torch.Tensor] | None
+    old_values: list[torch.Tensor] | None
+    returns: list[torch.Tensor] | None
+    norm_length: int
+
+
+@dataclass
+class _Probe:
+    """What the monitor reads of the update's passes: each right episode's mean log-prob
+    at its first pass, and the largest trainer / rollout log-prob gap of a policy token."""
+    correct_logps: dict[int, float] = field(default_factory=dict)
+    gap_max: float = 0.0
 
 
 class _NoLog:
@@ -1137,10 +1099,6 @@ def _hidden_size(model) -> int:
         if config is not None and hasattr(config, name):
             return int(getattr(config, name))
     raise ValueError("cannot tell the model's hidden size for the value head")
-
-
-def _trainable_names(model) -> set[str]:
-    return {n for n, p in model.named_parameters() if p.requires_grad}
 
 
 def _line(r: dict, total: int, elapsed: float) -> str:

@@ -44,7 +44,7 @@ import copy
 import os
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -223,6 +223,100 @@ def _all_reduce(params: list[torch.nn.Parameter]) -> None:
             p.grad.copy_(g)
 
 
+# ---------------------------------------------------------------------- the training runtime
+# One interface for one process, data-parallel and FSDP training, so that the PPO loop reads
+# the same for all three: `forward` (the policy's training forward, with the critic's head),
+# `full()` (the full weights for rollouts and no-grad passes), `loss_scale`, `assign` (which
+# micro-batches this rank runs), `reduce_gradients`, `save` / `load` (a checkpoint's
+# weights and optimizer state) and `gathered_policy` (the whole policy on rank 0).
+
+
+def _in_turn(cuts: Sequence[list[int]], start: int, dist: Dist) -> list[tuple[list[int], bool]]:
+    """The micro-batches that fall to this rank when they are dealt out in turn, counting
+    from `start` (micro-batches dealt before)."""
+    return [(list(c), True) for i, c in enumerate(cuts)
+            if (start + i) % dist.world == dist.rank]
+
+
+def trainable_names(model: torch.nn.Module) -> set[str]:
+    return {n for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _check_kind(folder: Path, *, sharded: bool) -> None:
+    held = (folder / "shards").is_dir()
+    if held != sharded:
+        raise ValueError(f"{folder}: a {'sharded' if held else 'whole'} checkpoint; resume "
+                         f"it with shard: {'fsdp and several processes' if held else 'none'} "
+                         f"(this run is {'sharded' if sharded else 'not sharded'})")
+
+
+class Replicated:
+    """The whole policy in every process: one process, or data-parallel training in which
+    every rank takes the same step on the gradients summed over the ranks. Rank 0 writes
+    whole checkpoints (the weights are the same everywhere)."""
+
+    loss_scale = 1.0
+
+    def __init__(self, policy: torch.nn.Module, value_head: torch.nn.Module | None,
+                 dist: Dist, *, temperature: float, share_prompts: bool):
+        self.policy, self.value_head, self.dist = policy, value_head, dist
+        self.temperature = temperature
+        self.share_prompts = share_prompts
+
+    def forward(self, input_ids, attention_mask, mask, entropy: bool = False) -> dict:
+        from seekrl.rl.forward import masked_logprobs
+
+        return masked_logprobs(self.policy, input_ids, attention_mask, mask,
+                               temperature=self.temperature, entropy=entropy,
+                               value_head=self.value_head, share_prompts=self.share_prompts)
+
+    def full(self):
+        return nullcontext()
+
+    def assign(self, cuts: Sequence[list[int]], start: int) -> list[tuple[list[int], bool]]:
+        return _in_turn(cuts, start, self.dist)
+
+    def reduce_gradients(self, params) -> None:
+        self.dist.sum_gradients(params)   # every rank then takes the same step
+
+    def save(self, folder: Path, optimizer) -> dict:
+        """Rank 0 writes the trainable weights (and the critic's head) into `folder`;
+        returns what `optim.pt` records: the whole optimizer state."""
+        if self.dist.main:
+            names = trainable_names(self.policy)
+            torch.save({k: v for k, v in self.policy.state_dict().items() if k in names},
+                       folder / "policy.pt")
+            if self.value_head is not None:
+                torch.save(self.value_head.state_dict(), folder / "value_head.pt")
+        return {"optimizer": optimizer.state_dict(), "sharded_optimizer": False}
+
+    def load(self, folder: Path, optimizer, saved: dict) -> None:
+        _check_kind(folder, sharded=False)
+        device = next(iter(self.policy.parameters())).device
+        state = torch.load(folder / "policy.pt", map_location=device)
+        missing = set(state) ^ trainable_names(self.policy)
+        if missing:
+            raise ValueError(f"{folder}: checkpoint does not match this model/config "
+                             f"(differing parameters, e.g. {sorted(missing)[:3]})")
+        self.policy.load_state_dict(state, strict=False)
+        if self.value_head is not None:
+            self.value_head.load_state_dict(torch.load(folder / "value_head.pt",
+                                                       map_location=device))
+        optimizer.load_state_dict(saved["optimizer"])
+
+    def gathered_policy(self) -> torch.nn.Module | None:
+        return self.policy if self.dist.main else None
+
+
+def make_runtime(policy: torch.nn.Module, value_head: torch.nn.Module | None, dist: Dist, *,
+                 shard: bool, pad_id: int, temperature: float, share_prompts: bool):
+    """`Sharded` when asked for and there are several processes, else `Replicated`."""
+    if shard and dist.active:
+        return Sharded(ShardedForward(policy, value_head, temperature), dist, pad_id)
+    return Replicated(policy, value_head, dist, temperature=temperature,
+                      share_prompts=share_prompts)
+
+
 # ---------------------------------------------------------------------- sharded training
 
 
@@ -277,6 +371,8 @@ class Sharded:
     Built by every rank from rank 0's weights; keeps a weightless (meta) copy of the policy
     to save the final model into."""
 
+    share_prompts = False   # see ShardedForward
+
     def __init__(self, root: ShardedForward, dist: Dist, pad_id: int):
         try:
             from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -286,6 +382,7 @@ class Sharded:
                               f"{torch.__version__}") from None
         if not dist.active:
             raise ValueError("Sharded needs several training processes")
+        self.dist = dist
         self.loss_scale = float(dist.world)
         self.root = root
         self.skeleton = _weightless_copy(root.policy)
@@ -343,6 +440,20 @@ class Sharded:
             for group in state._fsdp_param_groups:
                 group._post_forward_indices.clear()
 
+    def forward(self, input_ids, attention_mask, mask, entropy: bool = False) -> dict:
+        return self.root(input_ids, attention_mask, mask, entropy=entropy)
+
+    def assign(self, cuts: Sequence[list[int]], start: int) -> list[tuple[list[int], bool]]:
+        """This rank's micro-batches in turn, then passes of weight 0 (`False`) on the first
+        one until it runs as many as the busiest rank: every pass gathers the blocks and
+        reduces their gradients, a collective every rank must enter."""
+        mine = _in_turn(cuts, start, self.dist)
+        busiest = -(-len(cuts) // self.dist.world)
+        return mine + [(list(cuts[0]), False)] * (busiest - len(mine))
+
+    def reduce_gradients(self, params) -> None:
+        """Nothing: FSDP has summed them in the backward (reduce-scatter)."""
+
     # ---- checkpoints
     def _state(self, optimizer) -> dict:
         """The trainable weights' shards, with the optimizer's when `optimizer` is given
@@ -361,16 +472,24 @@ class Sharded:
         model, optim = get_state_dict(self.root, optimizer, options=options)
         return {"model": model, "optim": optim}
 
-    def save(self, folder: Path, optimizer) -> bool:
-        """The trainable weights and the optimizer state, each rank writing its shards
-        (every rank calls this). Returns whether the optimizer's state is in it."""
+    def save(self, folder: Path, optimizer) -> dict:
+        """The trainable weights and the optimizer state, each rank writing its shards into
+        `folder/shards` (every rank calls this). Returns what `optim.pt` records of them:
+        no whole optimizer state, and whether the shards hold the optimizer's."""
         import torch.distributed.checkpoint as dcp
 
         stepped = bool(optimizer.state)
-        dcp.save(self._state(optimizer if stepped else None), checkpoint_id=str(folder))
-        return stepped
+        dcp.save(self._state(optimizer if stepped else None),
+                 checkpoint_id=str(folder / "shards"))
+        return {"optimizer": None, "sharded_optimizer": stepped}
 
-    def load(self, folder: Path, optimizer, with_optimizer: bool = True) -> None:
+    def load(self, folder: Path, optimizer, saved: dict) -> None:
+        """A checkpoint `save` wrote; `saved` is its `optim.pt`."""
+        _check_kind(folder, sharded=True)
+        self._load_shards(folder / "shards", optimizer,
+                          with_optimizer=saved.get("sharded_optimizer", True))
+
+    def _load_shards(self, folder: Path, optimizer, with_optimizer: bool = True) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
@@ -391,9 +510,10 @@ class Sharded:
         else:
             set_model_state_dict(self.root, state["model"], options=options)
 
-    def gathered_policy(self, main: bool) -> torch.nn.Module | None:
+    def gathered_policy(self) -> torch.nn.Module | None:
         """The policy with its full weights as a plain module, on rank 0 (None on the
         others, which only take part in the gather): what `save_policy` writes."""
+        main = self.dist.main
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         full = get_model_state_dict(self.root, options=StateDictOptions(
