@@ -121,8 +121,6 @@ class Trainer:
                  questions: Sequence[QAExample] | None = None, reward_fn: RewardFn | None = None,
                  prm_scorer: StepScorer | None = None, console=None, resume: bool = False,
                  overwrite: bool = False, dist: Dist | None = None):
-        from seekrl.models import load_policy
-
         self.cfg = cfg
         self.out = Path(cfg.out)
         check_config(cfg)   # before a model is loaded: fail in seconds
@@ -150,7 +148,15 @@ class Trainer:
         if self.dist.main:   # the run folder is rank 0's
             check_run_dir(self.out, resume=resume, overwrite=overwrite,
                           model=cfg.model if model is None else None)
-        # the questions and the index before any model: a bad path fails in seconds
+        self._open_inputs(questions, retriever, prm_scorer)
+        self._build_policy(model, tokenizer)
+        self._build_optimizer(reward_fn)
+        self._open_run(resume, overwrite)
+
+    def _open_inputs(self, questions, retriever, prm_scorer) -> None:
+        """The questions, the index and the PRM, before any model: a bad path fails in
+        seconds."""
+        cfg = self.cfg
         try:
             self.questions = list(questions) if questions is not None \
                 else load_qa(cfg.data, "train")   # a folder or flashrag: name: its train split
@@ -165,14 +171,21 @@ class Trainer:
             from seekrl.recipes.prm import load_scorer
             prm_scorer = load_scorer(cfg.reward.prm, device=self.device)
         self.prm_scorer = prm_scorer
+
+    def _build_policy(self, model, tokenizer) -> None:
+        """The policy (its trainable part), the frozen reference, the critic's head, and
+        the runtime that holds them across the processes."""
+        from seekrl.models import load_policy
+
+        cfg = self.cfg
         set_seed(cfg.seed)
         if model is None:
             model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=self.device)
         self.tokenizer = tokenizer
         self.pad_id = pad_id_of(tokenizer)
-        if prm_scorer is not None:
+        if self.prm_scorer is not None:
             from seekrl.recipes.prm import check_scorer_tokenizer
-            check_scorer_tokenizer(prm_scorer, tokenizer,
+            check_scorer_tokenizer(self.prm_scorer, tokenizer,
                                    f"reward.prm {cfg.reward.prm or '(given)'}")
         # The frozen reference for the KL term: with LoRA, the same weights with the
         # adapters switched off; with full fine-tuning, a frozen copy of the start.
@@ -200,6 +213,10 @@ class Trainer:
         if cfg.shard == "fsdp" and not self.dist.active and self.console is not None:
             self.console.print("shard fsdp: one training process, nothing to shard (launch "
                                "several with torchrun)")
+
+    def _build_optimizer(self, reward_fn) -> None:
+        """The optimizer and schedule, the reward, the monitor and the run's counters."""
+        cfg = self.cfg
         extra = [] if self.value_head is None else [
             {"params": list(self.value_head.parameters()),
              "lr": cfg.algo.value_lr or cfg.optim.lr * 10}]
@@ -218,6 +235,10 @@ class Trainer:
         self.healthy_checkpoint: str | None = None
         self.stopped_reason: str | None = None
         self.stopped_budget: str | None = None
+
+    def _open_run(self, resume: bool, overwrite: bool) -> None:
+        """The run folder (rank 0's), its config, a resumed checkpoint, the metrics log."""
+        cfg = self.cfg
         if self.dist.main:
             claim_run_dir(self.out, resume=resume, overwrite=overwrite)   # inputs loaded: now
             if resume:
@@ -308,8 +329,9 @@ class Trainer:
         weights = self.cfg.reward.process
         if weights:
             ctx = ProcessContext(
-                continue_episodes=lambda prefixes, n: self.engine(seed + 104_729).continue_from(
-                    prefixes, n, seed=seed + 104_729),
+                continue_episodes=lambda prefixes, n: self.engine(
+                    seeds.continuations(seed)).continue_from(
+                    prefixes, n, seed=seeds.continuations(seed)),
                 episode_score=lambda t: self.reward_fn(t).total, scorer=self.prm_scorer,
                 mc_samples=self.cfg.reward.mc_samples)
             with self.full_weights():
@@ -363,67 +385,23 @@ class Trainer:
     def step(self, step: int, n_questions: int | None = None) -> dict[str, Any]:
         """One step on `n_questions` questions (default `questions_per_step`; fewer on the
         last step of a run with a rollout-token budget)."""
-        cfg, algo = self.cfg, self.cfg.algo
-        n_questions = n_questions or cfg.questions_per_step
-        base_seed = cfg.seed * 1_000_003 + step
-        set_seed(base_seed)
+        n_questions = n_questions or self.cfg.questions_per_step
+        set_seed(seeds.step(self.cfg.seed, step))
         t0 = time.time()
         if self.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats(self.device)
-        clock = {"rollout": 0.0, "scoring": 0.0}
-        process_stats: dict[str, float] = {}
-        fresh_tokens = [0]   # generated now: shared tree prefixes count once
-
-        def draw(draw_no: int) -> tuple[list[Trajectory], list[RewardParts]]:
-            t = time.time()
-            questions = self.sample_questions(step, n_questions, draw=draw_no)
-            self.questions_drawn += len(questions)
-            seed = base_seed + 7919 * draw_no
-            # each rank plays and scores its share of the questions; all get the whole batch
-            # (with its own random draws: the rank goes into the seed; rank 0's is one process's)
-            rank_seed = seed + 1_000_003 * self.dist.rank
-            with self.full_weights():   # sharded: rollouts on the gathered weights
-                trajs = self.rollout(self.dist.share(questions), seed=rank_seed)
-                clock["rollout"] += time.time() - t
-                t = time.time()
-                stats: dict[str, float] = {}
-                parts = self.score(trajs, seed=rank_seed, stats=stats)
-            trajs, parts = self.dist.gather(trajs), self.dist.gather(parts)
-            for k, v in self.dist.sum_values(stats).items():
-                process_stats[k] = process_stats.get(k, 0.0) + v
-            fresh_tokens[0] += sum(x.n_generated - x.metadata.get("prefix_tokens", 0)
-                                   for x in trajs)
-            clock["scoring"] += time.time() - t
-            return trajs, parts
-
-        adv_cfg = self.advantage_config()
-        est = algo.advantage
-        trajs, parts = draw(0)
-        n_sampled, refills = len(trajs), 0
-        # over every group sampled, before any filter
-        weights = cfg.reward.process
-        signal = group_signal(trajs, parts, est, adv_cfg, weights)
-        if algo.dynamic_sampling:
-            trajs, parts = keep_varied(trajs, parts, est, adv_cfg, weights)
-            while len(trajs) < n_sampled and refills < algo.max_refills:
-                refills += 1
-                more_t, more_p = draw(refills)
-                n_sampled += len(more_t)
-                signal = tuple(a + b for a, b in zip(signal, group_signal(
-                    more_t, more_p, est, adv_cfg, weights)))
-                more_t, more_p = keep_varied(more_t, more_p, est, adv_cfg, weights)
-                trajs, parts = trajs + more_t, parts + more_p
-            keep = whole_groups(trajs, n_questions)
-            trajs, parts = [trajs[i] for i in keep], [parts[i] for i in keep]
+        draws = _Draws()
+        trajs, parts, n_sampled, refills, signal = self._sample(step, n_questions, draws)
         # with several processes: the slowest rank's rollout time (the others waited for it
         # in the gather, which counts as scoring), so tokens_per_s is the whole group's rate
-        t_rollout = max(self.dist.gather([clock["rollout"]]))
-        t_scoring = clock["scoring"] + clock["rollout"] - t_rollout
-        step_tokens = fresh_tokens[0] + int(process_stats.get("mc_tokens", 0))
+        t_rollout = max(self.dist.gather([draws.rollout_s]))
+        t_scoring = draws.scoring_s + draws.rollout_s - t_rollout
+        step_tokens = draws.fresh_tokens + int(draws.process_stats.get("mc_tokens", 0))
         self.rollout_tokens += step_tokens
         record = self._episode_metrics(step, trajs, parts, n_sampled, refills)
         record.update(rollout_tokens=step_tokens, rollout_tokens_total=self.rollout_tokens,
-                      **{f"process_{k}": round(v, 4) for k, v in sorted(process_stats.items())})
+                      **{f"process_{k}": round(v, 4)
+                         for k, v in sorted(draws.process_stats.items())})
         varied, multi, solved = signal
         record["groups_with_signal"] = round(varied / multi, 4) if multi else None
         record["groups_solved"] = round(solved / multi, 4) if multi else None
@@ -447,6 +425,52 @@ class Trainer:
                       tokens_per_s=round(generated / max(t_rollout, 1e-9), 1),
                       **self._peak_memory())
         return record
+
+    def _sample(self, step: int, n_questions: int, draws: _Draws):
+        """The step's batch: one draw of questions, and with dynamic sampling, refills
+        until the groups with signal fill it (at most `max_refills`). Returns (episodes,
+        their reward parts, episodes sampled, refills, the signal counts of every group
+        sampled before any filter)."""
+        algo, weights = self.cfg.algo, self.cfg.reward.process
+        rule = (algo.advantage, self.advantage_config(), weights)
+        trajs, parts = self._draw(step, n_questions, 0, draws)
+        n_sampled, refills = len(trajs), 0
+        signal = group_signal(trajs, parts, *rule)
+        if not algo.dynamic_sampling:
+            return trajs, parts, n_sampled, refills, signal
+        trajs, parts = keep_varied(trajs, parts, *rule)
+        while len(trajs) < n_sampled and refills < algo.max_refills:
+            refills += 1
+            more_t, more_p = self._draw(step, n_questions, refills, draws)
+            n_sampled += len(more_t)
+            signal = tuple(a + b for a, b in zip(signal, group_signal(more_t, more_p, *rule)))
+            more_t, more_p = keep_varied(more_t, more_p, *rule)
+            trajs, parts = trajs + more_t, parts + more_p
+        keep = whole_groups(trajs, n_questions)
+        return [trajs[i] for i in keep], [parts[i] for i in keep], n_sampled, refills, signal
+
+    def _draw(self, step: int, n_questions: int, draw: int, draws: _Draws):
+        """Draw `draw` of the step: its questions played and scored, each rank its share,
+        all ranks getting the whole batch; its time, process figures and generated tokens
+        go into `draws`."""
+        t = time.time()
+        questions = self.sample_questions(step, n_questions, draw=draw)
+        self.questions_drawn += len(questions)
+        # each rank draws its own random numbers (rank 0's are one process's)
+        seed = seeds.rank(seeds.draw(seeds.step(self.cfg.seed, step), draw), self.dist.rank)
+        with self.full_weights():   # sharded: rollouts on the gathered weights
+            trajs = self.rollout(self.dist.share(questions), seed=seed)
+            draws.rollout_s += time.time() - t
+            t = time.time()
+            stats: dict[str, float] = {}
+            parts = self.score(trajs, seed=seed, stats=stats)
+        trajs, parts = self.dist.gather(trajs), self.dist.gather(parts)
+        for k, v in self.dist.sum_values(stats).items():
+            draws.process_stats[k] = draws.process_stats.get(k, 0.0) + v
+        draws.fresh_tokens += sum(x.n_generated - x.metadata.get("prefix_tokens", 0)
+                                  for x in trajs)   # shared tree prefixes count once
+        draws.scoring_s += time.time() - t
+        return trajs, parts
 
     def _questions_for_budget(self) -> int:
         """`questions_per_step`, or, on a run with `max_rollout_tokens`, the questions the
@@ -835,77 +859,67 @@ class Trainer:
         after that step instead, as if the run were killed there (after its checkpoint)."""
         cfg = self.cfg
         started = time.time()
-        say = self.console.print if self.console is not None else (lambda *a, **k: None)
-        alerts_path = self.out / "alerts.jsonl"
         last: dict[str, Any] = {}
-        main = self.dist.main   # with several processes rank 0 evaluates and writes
-
-        def report(alerts: list) -> None:
-            if alerts and main:
-                with open(alerts_path, "a", encoding="utf-8") as f:
-                    for a in alerts:
-                        f.write(json.dumps(a.to_dict()) + "\n")
-            for a in alerts:
-                say(f"  [bold {'red' if a.severity == 'collapse' else 'yellow'}]"
-                    f"{a.severity}[/]: {a.message}")
-
-        def dev_eval(name: str, step: int, label: str) -> dict[str, Any]:
-            # rank 0's numbers on every rank: the monitor must be the same everywhere
-            dev = self.dist.broadcast(self.evaluate(self.out / "eval" / name))
-            self.log.write({"step": step, **{f"dev_{k}": v for k, v in dev.items()}})
-            say(f"  dev EM {dev['em']:.3f}{label}")
-            report(self.monitor.update_eval(step, dev))
-            return dev
-
         if cfg.eval.data and cfg.eval.at_start and self.step_done == 0:
-            dev_eval("start", 0, " before training")
+            self._dev_eval("start", 0, " before training")
         for step in range(self.step_done + 1, cfg.steps + 1):
             # rank 0's record (its timings) on every rank: the monitor, and so the decision
-            # to stop, must be the same everywhere
-            # at least one question: the stop below comes after a step, so a budget left
-            # here pays for one
-            record = self.dist.broadcast(self.step(step, max(1, self._questions_for_budget())))
+            # to stop, must be the same everywhere; at least one question: the stop below
+            # comes after a step, so a budget left here pays for one
+            last = self.dist.broadcast(self.step(step, max(1, self._questions_for_budget())))
             self.step_done = step
-            alerts = self.monitor.update(step, record)
-            record["alerts"] = [a.kind for a in alerts]
-            self.log.write(record)
-            say(_line(record, cfg.steps, time.time() - started))
-            report(alerts)
-            last = record
-            if not self.monitor.healthy and cfg.monitor.stop_on_collapse:
-                self.stopped_reason = "; ".join(a.message for a in alerts) or "collapse"
-                say(f"[bold red]stopping[/]: training collapsed at step {step}; the last "
-                    f"healthy checkpoint is {self.healthy_checkpoint or 'the start'}")
-                break
-            # the evaluation before the checkpoint: the monitor saved with it has seen it
-            if cfg.eval.data and cfg.eval.every and step % cfg.eval.every == 0 \
-                    and step != cfg.steps:
-                dev_eval(f"step-{step}", step, "")
-            if cfg.save_every and step % cfg.save_every == 0:
-                if self.monitor.healthy:
-                    self.healthy_checkpoint = f"step-{step}"
-                self.save_checkpoint(step)
-            out_of = None
-            if cfg.max_minutes is not None and time.time() - started > cfg.max_minutes * 60:
-                out_of = f"time budget of {cfg.max_minutes} min"
-            # the question nearest the token budget: the last step plays only the questions
-            # the budget has left, and the run stops once they round to none
-            if cfg.max_rollout_tokens is not None and self._questions_for_budget() == 0:
-                out_of = f"rollout budget of {cfg.max_rollout_tokens} tokens"
-            out_of = self.dist.broadcast(out_of)   # rank 0's clock decides
-            if out_of and step < cfg.steps:
-                say(f"{out_of} used up after step {step}")
-                self.stopped_budget = out_of
-                if cfg.save_every and step % cfg.save_every != 0:
-                    self.save_checkpoint(step)  # so --resume can go on from here
+            if self._after_step(step, last, started):
                 break
             if until is not None and step >= until and step < cfg.steps:
                 self.log.close()
                 return {"steps": step, "interrupted": True}
+        return self._finish(started, last)
+
+    def _after_step(self, step: int, record: dict[str, Any], started: float) -> bool:
+        """Log the step, check its health, evaluate and checkpoint when due; whether the run
+        stops here (a collapse with stop_on_collapse, or a time or token budget spent)."""
+        cfg = self.cfg
+        alerts = self.monitor.update(step, record)
+        record["alerts"] = [a.kind for a in alerts]
+        self.log.write(record)
+        self._say(_line(record, cfg.steps, time.time() - started))
+        self._report(alerts)
+        if not self.monitor.healthy and cfg.monitor.stop_on_collapse:
+            self.stopped_reason = "; ".join(a.message for a in alerts) or "collapse"
+            self._say(f"[bold red]stopping[/]: training collapsed at step {step}; the last "
+                      f"healthy checkpoint is {self.healthy_checkpoint or 'the start'}")
+            return True
+        # the evaluation before the checkpoint: the monitor saved with it has seen it
+        if cfg.eval.data and cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.steps:
+            self._dev_eval(f"step-{step}", step, "")
+        if cfg.save_every and step % cfg.save_every == 0:
+            if self.monitor.healthy:
+                self.healthy_checkpoint = f"step-{step}"
+            self.save_checkpoint(step)
+        out_of = None
+        if cfg.max_minutes is not None and time.time() - started > cfg.max_minutes * 60:
+            out_of = f"time budget of {cfg.max_minutes} min"
+        # the question nearest the token budget: the last step plays only the questions
+        # the budget has left, and the run stops once they round to none
+        if cfg.max_rollout_tokens is not None and self._questions_for_budget() == 0:
+            out_of = f"rollout budget of {cfg.max_rollout_tokens} tokens"
+        out_of = self.dist.broadcast(out_of)   # rank 0's clock decides
+        if not out_of or step >= cfg.steps:
+            return False
+        self._say(f"{out_of} used up after step {step}")
+        self.stopped_budget = out_of
+        if cfg.save_every and step % cfg.save_every != 0:
+            self.save_checkpoint(step)  # so --resume can go on from here
+        return True
+
+    def _finish(self, started: float, last: dict[str, Any]) -> dict[str, Any]:
+        """The final policy (the last healthy one after a collapse) saved and evaluated;
+        the run's summary."""
+        cfg, main = self.cfg, self.dist.main   # with several processes rank 0 writes
         if self.stopped_reason and self.healthy_checkpoint:
             self.load_checkpoint(self.ckpt_dir / self.healthy_checkpoint)
         elif self.stopped_reason:
-            say("no healthy checkpoint was saved: the final policy is the collapsed one")
+            self._say("no healthy checkpoint was saved: the final policy is the collapsed one")
         final = self.out / "final"
         plain = self.runtime.gathered_policy()   # sharded: the full weights, on rank 0
         if main:
@@ -920,16 +934,38 @@ class Trainer:
             ratio = self.rollout_tokens / cfg.max_rollout_tokens
             summary.update(budget_ratio=round(ratio, 4), budget_met=abs(ratio - 1) <= 0.1)
             if not summary["budget_met"]:
-                say(f"[yellow]rollout budget missed[/]: {self.rollout_tokens} generated "
-                    f"tokens, {ratio:.2f} x the budget of {cfg.max_rollout_tokens} (equal "
-                    "compute is within 10%)")
+                self._say(f"[yellow]rollout budget missed[/]: {self.rollout_tokens} generated "
+                          f"tokens, {ratio:.2f} x the budget of {cfg.max_rollout_tokens} "
+                          "(equal compute is within 10%)")
         if cfg.eval.data:
-            summary["dev"] = dev_eval("final", self.step_done, "")
+            summary["dev"] = self._dev_eval("final", self.step_done, "")
         self.log.close()
         if main:
             (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         self.dist.barrier()   # the final policy is on disk when any rank returns
         return summary
+
+    def _say(self, text: str) -> None:
+        if self.console is not None:
+            self.console.print(text)
+
+    def _report(self, alerts: list) -> None:
+        """Alerts into `alerts.jsonl` (rank 0) and onto the console."""
+        if alerts and self.dist.main:
+            with open(self.out / "alerts.jsonl", "a", encoding="utf-8") as f:
+                for a in alerts:
+                    f.write(json.dumps(a.to_dict()) + "\n")
+        for a in alerts:
+            self._say(f"  [bold {'red' if a.severity == 'collapse' else 'yellow'}]"
+                      f"{a.severity}[/]: {a.message}")
+
+    def _dev_eval(self, name: str, step: int, label: str) -> dict[str, Any]:
+        # rank 0's numbers on every rank: the monitor must be the same everywhere
+        dev = self.dist.broadcast(self.evaluate(self.out / "eval" / name))
+        self.log.write({"step": step, **{f"dev_{k}": v for k, v in dev.items()}})
+        self._say(f"  dev EM {dev['em']:.3f}{label}")
+        self._report(self.monitor.update_eval(step, dev))
+        return dev
 
     def evaluate(self, out_dir: Path) -> dict[str, Any]:
         """Rank 0 evaluates the policy on `eval.data`; the others return {} (with sharded
@@ -945,6 +981,38 @@ class Trainer:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+class seeds:
+    """Every random stream of a run, from its seed: different steps, draws (dynamic
+    sampling's refills), ranks and Monte-Carlo continuations never share one. The
+    multipliers are primes, so the streams stay apart for any seed."""
+
+    @staticmethod
+    def step(run_seed: int, step: int) -> int:
+        return run_seed * 1_000_003 + step
+
+    @staticmethod
+    def draw(step_seed: int, draw: int) -> int:
+        return step_seed + 7919 * draw
+
+    @staticmethod
+    def rank(draw_seed: int, rank: int) -> int:
+        return draw_seed + 1_000_003 * rank
+
+    @staticmethod
+    def continuations(seed: int) -> int:
+        return seed + 104_729
+
+
+@dataclass
+class _Draws:
+    """What a step's draws add up to: rollout and scoring seconds, the process rewards'
+    figures, and the tokens generated (shared tree prefixes once)."""
+    rollout_s: float = 0.0
+    scoring_s: float = 0.0
+    process_stats: dict[str, float] = field(default_factory=dict)
+    fresh_tokens: int = 0
 
 
 @dataclass
