@@ -99,10 +99,10 @@ def main() -> None:
 
 def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, world_dir: Path,
          index_dir: Path, test_file: Path) -> dict:
-    from seekrl.config import TrainConfig
+    from seekrl.config import TrainConfig, with_keys
     from seekrl.recipes.pipeline import rl_config_tree
     from seekrl.recipes.train import Trainer
-    from seekrl.rl.methods import apply_overrides, method_overrides
+    from seekrl.rl.methods import method_overrides
 
     out = args.work_dir / "runs" / f"{method}-s{seed}"
     done = out / "result.json"
@@ -123,7 +123,7 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
                         "max_new_tokens": demo.eval_max_new_tokens,
                         "batch_size": args.eval_batch}
     keys = method_overrides(method, group_size=demo.group_size, baseline_advantage=args.baseline)
-    cfg = TrainConfig.model_validate(apply_overrides(tree, keys))
+    cfg = TrainConfig.model_validate(with_keys(tree, keys))
     summary = Trainer(cfg, overwrite=True).train()
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "episodes" in r]

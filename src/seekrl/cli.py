@@ -348,23 +348,22 @@ def eval_(
             retriever = _retriever(index, retriever_url)
         elif method != "direct":
             raise RetrievalError(f"method {method!r} needs --index DIR or --retriever-url URL")
+        from seekrl.agent.backends import backend_refusal, make_backend
+
+        why = backend_refusal(backend, "eval", device=device)
+        if why:
+            raise ValueError(f"--backend: {why}")
         generator = None
         if backend == "vllm":
-            from seekrl.agent.vllm_backend import VLLMBackend
             from seekrl.models import load_tokenizer, resolve_model
             from seekrl.runtime import check_device
 
             check_device(device)
-            if device not in ("cuda", "cuda:0"):
-                raise ValueError(f"--backend vllm uses the first GPU it sees, not {device!r}: "
-                                 "choose it with CUDA_VISIBLE_DEVICES and --device cuda")
             policy, tokenizer = None, load_tokenizer(resolve_model(model))
-            generator = VLLMBackend(resolve_model(model), tokenizer, dtype=dtype, seed=seed,
-                                    max_model_len=max_total_tokens)
-        elif backend == "hf":
-            policy, tokenizer = load_policy(model, dtype=dtype, device=device)
+            generator = make_backend("vllm", tokenizer, model_name=resolve_model(model),
+                                     dtype=dtype, seed=seed, max_model_len=max_total_tokens)
         else:
-            raise ValueError(f"--backend: expected hf or vllm, got {backend!r}")
+            policy, tokenizer = load_policy(model, dtype=dtype, device=device)
         run_info = {"model": model, "data": {name: str(f) for name, f in zip(examples, files)},
                     "limit": limit, "dtype": dtype, "device": device, "backend": backend}
         metrics = evaluate(policy, tokenizer, retriever, examples, cfg, out, run_info=run_info,

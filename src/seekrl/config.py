@@ -8,6 +8,7 @@ expected one of ...`), never silently ignored.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -429,15 +430,50 @@ class ProragConfig(Strict):
 C = TypeVar("C", bound=BaseModel)
 
 
-def _set(tree: dict, dotted: str, value: Any) -> None:
+# ---------------------------------------------------------------------- dotted keys
+# The one home of `a.b.c` keys over nested config trees (overrides, method keys, a stage's
+# settings, the labeller's record of them).
+
+
+def set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    """`tree[a][b] = value` for "a.b", in place; a missing (or null) section is created."""
     keys = dotted.split(".")
     node = tree
     for k in keys[:-1]:
-        nxt = node.setdefault(k, {})
-        if not isinstance(nxt, dict):
+        if node.get(k) is None:
+            node[k] = {}
+        if not isinstance(node[k], dict):
             raise ConfigError(f"{dotted}: {k!r} is a value, not a section")
-        node = nxt
+        node = node[k]
     node[keys[-1]] = value
+
+
+def with_keys(tree: dict, keys: dict[str, Any]) -> dict:
+    """A copy of `tree` with the dotted `keys` set (the original is left alone)."""
+    out = copy.deepcopy(tree)
+    for dotted, value in keys.items():
+        set_dotted(out, dotted, value)
+    return out
+
+
+def merged(base: dict, top: dict) -> dict:
+    """`top`'s keys over a copy of `base`, section by section."""
+    out = copy.deepcopy(base)
+    for k, v in top.items():
+        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) \
+            else copy.deepcopy(v)
+    return out
+
+
+def flat_keys(tree: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1} (an empty section stays a key of its own)."""
+    out: dict = {}
+    for k, v in tree.items():
+        if isinstance(v, dict) and v:
+            out.update(flat_keys(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -477,7 +513,7 @@ def build_config(schema: type[C], data: dict | None, overrides: list[str] = (),
     given = []     # the keys set on the command line
     for text in overrides:
         key, value = parse_override(text)
-        _set(tree, key, value)
+        set_dotted(tree, key, value)
         given.append(key.split("."))
     try:
         return schema.model_validate(tree)

@@ -219,15 +219,14 @@ def _rl(out: Path, keys: dict, *, cfg: DemoConfig, sft_final: str, paths, index,
         console, budget_tokens: int | None = None) -> dict:
     """One RL run from the SFT checkpoint with the demo's settings and `keys` on top. With
     `budget_tokens`, it stops at that many generated rollout tokens (at most 10x the steps)."""
-    from seekrl.config import TrainConfig
+    from seekrl.config import TrainConfig, with_keys
     from seekrl.recipes.train import Trainer
-    from seekrl.rl.methods import apply_overrides
 
     tree = rl_config_tree(cfg, model=sft_final, train_file=paths["train"], index_dir=index_dir,
                           out=out, budget_tokens=budget_tokens,
                           steps=cfg.rl_steps if budget_tokens is None else 10 * cfg.rl_steps)
     tree["log"] = {"save_rollouts": 1}
-    rl_cfg = TrainConfig.model_validate(apply_overrides(tree, keys))
+    rl_cfg = TrainConfig.model_validate(with_keys(tree, keys))
     return Trainer(rl_cfg, console=console, retriever=index, overwrite=True).train()
 
 

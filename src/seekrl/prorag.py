@@ -14,7 +14,6 @@ PRM's score on every step in the trajectory viewer (`OUT/eval_rl/viewer.html`).
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import time
@@ -32,18 +31,10 @@ from seekrl.config import (
     SFTConfig,
     TrainConfig,
     build_config,
+    merged,
 )
 
 STAGES = ("data", "sft", "eval_sft", "labels", "prm", "refine", "eval_refine", "rl", "eval_rl")
-
-
-def _merge(base: dict, top: dict) -> dict:
-    """`top`'s keys over `base`, section by section."""
-    out = copy.deepcopy(base)
-    for k, v in top.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) \
-            else copy.deepcopy(v)
-    return out
 
 
 def _demo(cfg: ProragConfig):
@@ -82,7 +73,7 @@ def stage_configs(cfg: ProragConfig, paths: dict[str, str]) -> dict[str, Any]:
             if head in section and (not sub or (isinstance(section[head], dict)
                                                 and sub in section[head])):
                 raise ConfigError(f"{name}.{key}: the pipeline sets it ({why})")
-        return build_config(schema, _merge(tree, getattr(cfg, name)), source=f"prorag {name}")
+        return build_config(schema, merged(tree, getattr(cfg, name)), source=f"prorag {name}")
 
     stages: dict[str, Any] = {}
     stages["sft"] = build("sft", SFTConfig, {

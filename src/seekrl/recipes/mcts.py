@@ -47,10 +47,11 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
 
+from seekrl.agent.backends import backend_refusal
 from seekrl.agent.protocol import normalise_text
 from seekrl.agent.rollout import RolloutEngine
 from seekrl.agent.trajectory import Step, Trajectory
-from seekrl.config import ConfigError
+from seekrl.config import ConfigError, flat_keys
 from seekrl.data.qa import QAExample
 from seekrl.recipes.labels import Labels, LabelWriter, SearchStats
 
@@ -375,27 +376,15 @@ def _mc_tree(ex_id: str, group: Sequence[Trajectory], mc_samples: int, score: Sc
 
 
 # ---------------------------------------------------------------------- the recipe
-def _dotted(tree: dict, prefix: str = "") -> dict:
-    """{"a": {"b": 1}} -> {"a.b": 1}."""
-    out: dict = {}
-    for k, v in tree.items():
-        if isinstance(v, dict) and v:
-            out.update(_dotted(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def check_config(cfg) -> None:
     """The labelling recipe's registry names and cross-key rules (`LabelConfig`)."""
     from seekrl.recipes.setup import check_name
     from seekrl.rewards.outcome import OUTCOMES
 
     check_name("reward", cfg.reward, OUTCOMES)
-    if cfg.rollout.backend != "hf":
-        raise ConfigError("rollout.backend: labelling continues prefixes with seekrl's own "
-                          f"decoding loop (hf); {cfg.rollout.backend!r} is for seekrl train "
-                          "and seekrl eval")
+    why = backend_refusal(cfg.rollout.backend, "labelling")
+    if why:
+        raise ConfigError(f"rollout.backend: {why}")
 
 
 def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
@@ -415,7 +404,7 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
     check_config(cfg)
     search = cfg.search
     # everything that decides the labels (a resumed run may label more questions)
-    settings = _dotted(cfg.model_dump(mode="json", exclude={"out", "questions", "device"}))
+    settings = flat_keys(cfg.model_dump(mode="json", exclude={"out", "questions", "device"}))
     questions = list(questions) if questions is not None else load_qa(cfg.data, "train")
     if cfg.questions is not None:
         questions = questions[:cfg.questions]

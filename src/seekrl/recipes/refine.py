@@ -192,9 +192,11 @@ def check_config(cfg) -> None:
     from seekrl.rewards.outcome import OUTCOMES
 
     check_name("reward", cfg.reward, OUTCOMES)
-    if cfg.rollout.backend != "hf":
-        raise ConfigError("rollout.backend: refine samples with seekrl's own decoding loop "
-                          f"(hf); {cfg.rollout.backend!r} is for seekrl train and seekrl eval")
+    from seekrl.agent.backends import backend_refusal
+
+    why = backend_refusal(cfg.rollout.backend, "refine")
+    if why:
+        raise ConfigError(f"rollout.backend: {why}")
 
 
 def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,

@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 
-from seekrl.agent.backends import Backend, HFBackend
+from seekrl.agent.backends import Backend, backend_refusal, make_backend
 from seekrl.agent.rollout import RolloutEngine, grow_trees
 from seekrl.agent.trajectory import Trajectory
 from seekrl.config import ConfigError, TrainConfig, dump_config
@@ -135,11 +135,10 @@ class Trainer:
             else Dist.from_env(cfg.device)
         self.console = console if self.dist.main else None
         self._backend: Backend | None = None   # built on first use (see _generation_backend)
+        why = backend_refusal(cfg.rollout.backend, "train", processes=self.dist.world)
+        if why:
+            raise ConfigError(f"rollout.backend {cfg.rollout.backend}: {why}")
         if cfg.rollout.backend == "vllm":
-            if self.dist.active:
-                raise ConfigError("rollout.backend vllm: one colocated engine per training "
-                                  "process is not supported yet; train data-parallel with "
-                                  "the hf backend, or vllm in one process")
             from seekrl.agent.vllm_backend import import_vllm
             import_vllm()
         if resume and not (self.out / "checkpoints" / "latest").is_file():
@@ -288,17 +287,14 @@ class Trainer:
         policy, or the colocated vLLM engine, told to use the policy's weights of this step
         (vLLM pushes them once per step, before its first rollout)."""
         if self._backend is None:
-            if self.cfg.rollout.backend == "hf":
-                self._backend = HFBackend(self.model, self.tokenizer)
-            else:
-                from seekrl.agent.vllm_backend import VLLMBackend
-                from seekrl.models import resolve_model
+            from seekrl.models import resolve_model
 
-                self._backend = VLLMBackend(
-                    resolve_model(self.cfg.model), self.tokenizer, dtype=self.cfg.dtype,
-                    seed=self.cfg.seed, gpu_memory_utilization=self.cfg.rollout.vllm_gpu_memory,
-                    max_model_len=self.cfg.rollout.max_total_tokens,
-                    sleep_level=self.cfg.rollout.vllm_sleep)
+            r = self.cfg.rollout
+            self._backend = make_backend(
+                r.backend, self.tokenizer, model=self.model,
+                model_name=resolve_model(self.cfg.model) if r.backend != "hf" else None,
+                dtype=self.cfg.dtype, seed=self.cfg.seed, gpu_memory=r.vllm_gpu_memory,
+                max_model_len=r.max_total_tokens, sleep_level=r.vllm_sleep)
         self._backend.sync_weights(self.model, self.updates)
         return self._backend
 

@@ -53,16 +53,3 @@ def method_overrides(name: str, *, group_size: int, baseline_advantage: str = "d
                              f"tree), got {group_size}")
         keys["rollout.tree"] = {"trees": group_size // 2, "branches": 1, "rounds": 1}
     return keys
-
-
-def apply_overrides(tree: dict, keys: dict[str, Any]) -> dict:
-    """Set dotted keys in a nested config dict (a copy of each section it touches)."""
-    out = dict(tree)
-    for dotted, value in keys.items():
-        node = out
-        *parents, last = dotted.split(".")
-        for p in parents:
-            node[p] = dict(node.get(p) or {})
-            node = node[p]
-        node[last] = value
-    return out
