@@ -164,7 +164,8 @@ def test_gigpo_hand_computed_with_anchor_states_and_a_singleton_step_group():
     assert anchor_states(e4, "docs") == [(), ("d2",)]
     assert step_returns(1.0, [0.0, 0.0], 0.5) == [0.5, 1.0]
     cfg = AdvantageConfig(step_gamma=0.5, step_weight=1.0)
-    advs, _ = compute_advantages("gigpo", trajs, [1.0, 0.0, 0.0, 0.0], cfg)
+    estimate = compute_advantages("gigpo", trajs, [1.0, 0.0, 0.0, 0.0], cfg)
+    advs, _ = estimate
     # episode: totals 1,0,0,0 -> mean 0.25. Step group () : returns 0.5,0,0,0 -> mean 0.125.
     # step group ("x",): 1, 0 -> mean 0.5. ("y",): alone -> 0.
     step0 = [0.75 + 0.375, -0.25 - 0.125, -0.25 - 0.125, -0.25 - 0.125]
@@ -174,7 +175,7 @@ def test_gigpo_hand_computed_with_anchor_states_and_a_singleton_step_group():
         if s1 is not None:
             assert float(a[t.steps[1].start]) == pytest.approx(s1)
         assert torch.count_nonzero(a[torch.tensor(t.loss_mask) == 0]) == 0
-    assert cfg.diagnostics["step_groups"] == 3
+    assert estimate.diagnostics["step_groups"] == 3
 
 
 def test_gigpo_similarity_joins_near_identical_queries():

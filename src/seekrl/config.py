@@ -323,6 +323,8 @@ class AlgoConfig(Strict):
     anchor: Literal["queries", "docs"] = "queries"  # gigpo: what makes two states equal
     anchor_similarity: float | None = Field(None, gt=0, lt=1)  # gigpo: fuzzy query match
     alpha: float = Field(0.5, ge=0, le=1)    # stratified_grpo: within-stratum weight
+    epsilon: float = Field(1e-6, ge=0)       # added to a std before dividing by it
+    whiten: bool = True                      # gae: whiten advantages over the batch's tokens
     logprob_chunk: int = Field(8, ge=1)  # episodes per no-grad forward for old / ref log-probs
     share_prompts: bool = True           # one prompt pass per group in the update (same math)
 

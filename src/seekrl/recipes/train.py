@@ -95,7 +95,6 @@ from seekrl.rewards.process import (
     score_steps,
 )
 from seekrl.rl.advantages import (
-    AdvantageConfig,
     Rewards,
     advantage_stats,
     compute_advantages,
@@ -428,7 +427,7 @@ class Trainer:
         their reward parts, episodes sampled, refills, the signal counts of every group
         sampled before any filter)."""
         algo, weights = self.cfg.algo, self.cfg.reward.process
-        rule = (algo.advantage, self.advantage_config(), weights)
+        rule = (algo.advantage, algo, weights)
         trajs, parts = self._draw(step, n_questions, 0, draws)
         n_sampled, refills = len(trajs), 0
         signal = group_signal(trajs, parts, *rule)
@@ -517,18 +516,17 @@ class Trainer:
             ref_logps, _ = self._shared_logprobs(trajs, reference=True)
         t_old = time.time() - t2
 
-        adv_cfg = self.advantage_config()
         rewards = Rewards.from_trajectories(trajs, self.cfg.reward.process)
         if kl_reward:   # -kl_coef x KL on every policy token, read by the estimator
             rewards.tokens, record["kl"] = _kl_rewards(trajs, old_logps, ref_logps, algo)
             ref_logps = None   # and no KL loss term
-        advantages, returns = compute_advantages(algo.advantage, trajs, rewards, adv_cfg,
-                                                 values=old_values)
+        estimate = compute_advantages(algo.advantage, trajs, rewards, algo, values=old_values)
+        advantages, returns = estimate
         if not algo.credit_invalid_turns:
             advantages, record["adv_invalid_capped"] = no_positive_credit_for_invalid_turns(
                 advantages, trajs)
         record.update(advantage_stats(advantages, trajs))
-        record.update(adv_cfg.diagnostics)
+        record.update(estimate.diagnostics)
         if self.value_head is None:
             returns = None   # only a critic has targets
 
@@ -549,13 +547,6 @@ class Trainer:
         logps, values = self.batch_logprobs(self.dist.share(trajs), reference=reference)
         return self.dist.gather(logps), (self.dist.gather(values) if values is not None
                                          else None)
-
-    def advantage_config(self) -> AdvantageConfig:
-        algo = self.cfg.algo
-        return AdvantageConfig(gamma=algo.gamma, lam=algo.lam, std_norm=algo.std_norm,
-                               beta=algo.beta, step_weight=algo.step_weight,
-                               step_gamma=algo.step_gamma, anchor=algo.anchor,
-                               anchor_similarity=algo.anchor_similarity, alpha=algo.alpha)
 
     # ------------------------------------------------------------------ 6. updates
     def _update(self, trajs, advantages, old_logps, ref_logps, old_values, returns

@@ -57,22 +57,24 @@ import torch
 
 from seekrl.agent.protocol import normalise_text
 from seekrl.agent.trajectory import Trajectory, group_indices
+from seekrl.config import AlgoConfig
+
+# The estimators read the algorithm config itself (`algo:`): gamma, lam, whiten, epsilon,
+# std_norm, beta, step_weight, step_gamma, anchor, anchor_similarity, alpha, with one
+# default each. `AdvantageConfig(beta=0.5)` builds one with the other keys at their defaults.
+AdvantageConfig = AlgoConfig
 
 
 @dataclass
-class AdvantageConfig:
-    epsilon: float = 1e-6
-    gamma: float = 1.0       # per policy token (gae, reinforce_pp)
-    lam: float = 1.0         # GAE lambda
-    whiten: bool = True      # gae: whiten advantages over the batch's policy tokens
-    std_norm: bool = False   # episode-level part of the step estimators: divide by the std
-    beta: float = 0.3        # dual_granularity: weight of the normalised step score
-    step_weight: float = 1.0  # gigpo: weight of the step-level advantage
-    step_gamma: float = 0.95  # gigpo: discount per step for the step returns
-    anchor: str = "queries"  # gigpo: queries | docs (what makes two steps' states equal)
-    anchor_similarity: float | None = None   # gigpo: fuzzy query match threshold in (0, 1)
-    alpha: float = 0.5       # stratified_grpo: weight of the within-stratum advantage
-    diagnostics: dict = field(default_factory=dict)   # filled by estimators, for logging
+class Estimate:
+    """An estimator's result: per-episode advantages and returns (aligned with `token_ids`)
+    and what it reports for the step's record. Unpacks as `(advantages, returns)`."""
+    advantages: list[torch.Tensor]
+    returns: list[torch.Tensor]
+    diagnostics: dict[str, float] = field(default_factory=dict)
+
+    def __iter__(self):
+        return iter((self.advantages, self.returns))
 
 
 # ---------------------------------------------------------------------- rewards as data
@@ -204,8 +206,8 @@ def needs_values(name: str) -> bool:
 
 
 def compute_advantages(name: str, trajectories: Sequence[Trajectory],
-                       rewards: Rewards | Sequence[float], cfg: AdvantageConfig | None = None,
-                       values=None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+                       rewards: Rewards | Sequence[float], cfg: AlgoConfig | None = None,
+                       values=None) -> Estimate:
     """`rewards`: a `Rewards`, or one outcome per trajectory (no step rewards)."""
     if not isinstance(rewards, Rewards):
         rewards = list(rewards)
@@ -225,7 +227,8 @@ def compute_advantages(name: str, trajectories: Sequence[Trajectory],
                                                  for r, t in zip(rows, trajectories)):
             raise ValueError(f"rewards: process source {source!r} does not have one value per "
                              "step of every episode")
-    return get_estimator(name)(trajectories, rewards, cfg or AdvantageConfig(), values=values)
+    out = get_estimator(name)(trajectories, rewards, cfg or AlgoConfig(), values=values)
+    return out if isinstance(out, Estimate) else Estimate(*out)
 
 
 # ---------------------------------------------------------------------- helpers
@@ -318,21 +321,21 @@ def _whiten(tensors: list[torch.Tensor], trajectories, epsilon: float = 1e-8
 
 
 @register("grpo")
-def grpo(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
+def grpo(trajectories, rewards: Rewards, cfg: AlgoConfig, values=None):
     scalars = _group_scalars(trajectories, rewards.totals(),
                              lambda r: _standardise(r, cfg.epsilon))
     return _scalar_result(trajectories, scalars)
 
 
 @register("dr_grpo")
-def dr_grpo(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
+def dr_grpo(trajectories, rewards: Rewards, cfg: AlgoConfig, values=None):
     scalars = _group_scalars(trajectories, rewards.totals(),
                              lambda r: _centre(r, cfg.epsilon, std_norm=False))
     return _scalar_result(trajectories, scalars)
 
 
 @register("rloo")
-def rloo(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
+def rloo(trajectories, rewards: Rewards, cfg: AlgoConfig, values=None):
     def leave_one_out(r: torch.Tensor) -> torch.Tensor:
         n = len(r)
         return torch.zeros_like(r) if n < 2 else r - (r.sum() - r) / (n - 1)
@@ -341,7 +344,7 @@ def rloo(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
 
 
 @register("reinforce_pp", reads_token_rewards=True)
-def reinforce_pp(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
+def reinforce_pp(trajectories, rewards: Rewards, cfg: AlgoConfig, values=None):
     token_rewards = rewards.token_level(trajectories)
     returns = [_returns_to_go(t, r, cfg.gamma) for t, r in zip(trajectories, token_rewards)]
     return _whiten(returns, trajectories, cfg.epsilon), returns
@@ -351,7 +354,7 @@ def reinforce_pp(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=No
 
 
 @register("gae", needs_values=True, reads_token_rewards=True)
-def gae(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
+def gae(trajectories, rewards: Rewards, cfg: AlgoConfig, values=None):
     """GAE over policy tokens only. `values`: one tensor per trajectory aligned with
     token_ids (the critic's V at each token). Returns = advantages + values (the critic's
     targets, before whitening)."""
@@ -390,7 +393,7 @@ def _normalised_over(trajectories, members: list[int], values: Sequence[Sequence
 
 
 @register("dual_granularity")
-def dual_granularity(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
+def dual_granularity(trajectories, rewards: Rewards, cfg: AlgoConfig, values=None):
     """ProRAG's dual-granularity advantage. The outcome part is the group-relative outcome
     (`std_norm` chooses GRPO's or Dr. GRPO's form); the process part gives each policy token
     its step's reward, normalised over the policy tokens of the group's episodes (token-
@@ -457,15 +460,40 @@ def step_returns(outcome: float, steps: Sequence[float], gamma: float) -> list[f
     return out
 
 
+def gigpo_step_groups(trajectories, members: Sequence[int], rewards: Rewards, cfg: AlgoConfig
+                      ) -> list[list[tuple[int, int, float]]]:
+    """GiGPO's step groups within one question's group: the steps taken from the same
+    anchor state (the queries issued so far, or the documents seen so far), each as
+    (episode, step index, discounted step return)."""
+    entries = []   # (trajectory index, step index, anchor, return)
+    for i in members:
+        rets = step_returns(rewards.outcome[i], rewards.steps[i], cfg.step_gamma)
+        for k, anchor in enumerate(anchor_states(trajectories[i], cfg.anchor)):
+            entries.append((i, k, anchor, rets[k]))
+    clusters: dict[int, list[int]] = defaultdict(list)
+    for e, c in enumerate(_cluster([a for _, _, a, _ in entries], cfg.anchor_similarity)):
+        clusters[c].append(e)
+    return [[(entries[e][0], entries[e][1], entries[e][3]) for e in group]
+            for group in clusters.values()]
+
+
+def gigpo_step_advantages(step_group: Sequence[tuple[int, int, float]], cfg: AlgoConfig
+                          ) -> list[float]:
+    """Each step's return against its step group's mean (/ std with `std_norm`); a step
+    alone in its group gets 0."""
+    g = torch.tensor([ret for _, _, ret in step_group])
+    return [float(a) for a in _centre(g, cfg.epsilon, cfg.std_norm)]
+
+
 @register("gigpo")
-def gigpo(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
-    """GiGPO for search agents. Episode level: the group-relative total score. Step level:
-    within a question's group, the steps taken from the same anchor state form a step group,
-    and each step's discounted return is compared with its step group's mean (divided by
-    the std with `std_norm`). The anchor is the environment's state, the queries issued so far
-    (or the documents seen so far with `anchor: docs`), not the policy's text, which never
-    repeats exactly. Every first step shares the empty state, so step groups always exist;
-    a step whose state nobody else reached gets step advantage 0."""
+def gigpo(trajectories, rewards: Rewards, cfg: AlgoConfig, values=None) -> Estimate:
+    """GiGPO for search agents: A = A_episode + step_weight x A_step. Episode level: the
+    group-relative total score. Step level: within a question's group, the steps taken from
+    the same anchor state form a step group (`gigpo_step_groups`), and each step's
+    discounted return is compared with its step group's (`gigpo_step_advantages`). The
+    anchor is the environment's state, the queries issued so far (or the documents seen so
+    far with `anchor: docs`), not the policy's text, which never repeats exactly. Every first
+    step shares the empty state, so step groups always exist."""
     if cfg.anchor not in ("queries", "docs"):
         raise ValueError(f"anchor: expected queries or docs, got {cfg.anchor!r}")
     episode = _group_scalars(trajectories, rewards.totals(),
@@ -473,33 +501,22 @@ def gigpo(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
     out = _broadcast(trajectories, episode)
     sizes: list[int] = []
     for members in group_indices(trajectories).values():
-        entries = []   # (trajectory index, step index, anchor, return)
-        for i in members:
-            t = trajectories[i]
-            rets = step_returns(rewards.outcome[i], rewards.steps[i], cfg.step_gamma)
-            for k, anchor in enumerate(anchor_states(t, cfg.anchor)):
-                entries.append((i, k, anchor, rets[k]))
-        clusters: dict[int, list[int]] = defaultdict(list)
-        for e, c in enumerate(_cluster([a for _, _, a, _ in entries], cfg.anchor_similarity)):
-            clusters[c].append(e)
-        step_adv: dict[int, list[float]] = {i: [0.0] * len(trajectories[i].steps)
-                                            for i in members}
-        for group in clusters.values():
-            sizes.append(len(group))
-            g = torch.tensor([entries[e][3] for e in group])
-            for e, a in zip(group, _centre(g, cfg.epsilon, cfg.std_norm)):
-                i, k = entries[e][0], entries[e][1]
-                step_adv[i][k] = float(a)
+        step_adv = {i: [0.0] * len(trajectories[i].steps) for i in members}
+        for step_group in gigpo_step_groups(trajectories, members, rewards, cfg):
+            sizes.append(len(step_group))
+            for (i, k, _), a in zip(step_group, gigpo_step_advantages(step_group, cfg)):
+                step_adv[i][k] = a
         for i in members:
             out[i] = out[i] + cfg.step_weight * _per_step(trajectories[i], step_adv[i])
+    diagnostics = {}
     if sizes:
-        cfg.diagnostics["step_groups"] = len(sizes)
-        cfg.diagnostics["step_group_size"] = round(sum(sizes) / len(sizes), 3)
-        cfg.diagnostics["step_groups_shared"] = round(sum(s > 1 for s in sizes) / len(sizes), 4)
-    return out, [a.clone() for a in out]
+        diagnostics = {"step_groups": len(sizes),
+                       "step_group_size": round(sum(sizes) / len(sizes), 3),
+                       "step_groups_shared": round(sum(s > 1 for s in sizes) / len(sizes), 4)}
+    return Estimate(out, [a.clone() for a in out], diagnostics)
 
 
-def _within_and_group(trajectories, rewards: Rewards, cfg: AdvantageConfig, part_of, combine
+def _within_and_group(trajectories, rewards: Rewards, cfg: AlgoConfig, part_of, combine
                       ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """For each question's group: its scores centred over the group and within the parts
     that `part_of(trajectory)` names (a part of one gets 0 there), joined per episode by
@@ -522,7 +539,7 @@ def _within_and_group(trajectories, rewards: Rewards, cfg: AdvantageConfig, part
 
 
 @register("stratified_grpo")
-def stratified_grpo(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
+def stratified_grpo(trajectories, rewards: Rewards, cfg: AlgoConfig, values=None):
     """Stratified advantage normalisation: within each question's group, episodes with the
     same number of searches form a stratum and are normalised among themselves (a stratum of
     one gets 0 from this part); blended with the group-normalised score as
@@ -532,7 +549,7 @@ def stratified_grpo(trajectories, rewards: Rewards, cfg: AdvantageConfig, values
 
 
 @register("tree_grpo", needs_tree=True)
-def tree_grpo(trajectories, rewards: Rewards, cfg: AdvantageConfig, values=None):
+def tree_grpo(trajectories, rewards: Rewards, cfg: AlgoConfig, values=None):
     """Tree-relative advantage for tree rollouts (`rollout.tree`): each leaf's score is
     normalised within its tree (`metadata["tree"]`) and over the whole group, and the two
     are added. Leaves share their ancestors' tokens, so a shared prefix collects the sum of

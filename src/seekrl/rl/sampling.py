@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from seekrl.agent.trajectory import Trajectory, group_indices
+from seekrl.config import AlgoConfig
 from seekrl.rewards.process import group_has_signal
-from seekrl.rl.advantages import AdvantageConfig, Rewards, compute_advantages, needs_values
+from seekrl.rl.advantages import Rewards, compute_advantages, needs_values
 
 
 def split_micro_batches(lengths: Sequence[int], max_episodes: int,
@@ -34,7 +35,7 @@ def split_micro_batches(lengths: Sequence[int], max_episodes: int,
 
 
 def informative(trajs, parts, members: list[int], advantage: str | None = None,
-                 adv_cfg: AdvantageConfig | None = None,
+                 adv_cfg: AlgoConfig | None = None,
                  weights: dict[str, float] | None = None) -> bool:
     """Whether a group teaches something. With an estimator that needs no critic: whether
     it gives any of the group's policy tokens a non-zero advantage (a step estimator can
@@ -45,7 +46,7 @@ def informative(trajs, parts, members: list[int], advantage: str | None = None,
     if advantage is not None and not needs_values(advantage) \
             and all(isinstance(t, Trajectory) for t in group):
         advs, _ = compute_advantages(advantage, group, Rewards.from_trajectories(group, weights),
-                                     adv_cfg or AdvantageConfig())
+                                     adv_cfg or AlgoConfig())
         return any(bool((a.abs() > 1e-9).any()) for a in advs)
     totals = [parts[j].total + sum(s.process_reward or 0.0 for s in trajs[j].steps)
               for j in members]
@@ -53,7 +54,7 @@ def informative(trajs, parts, members: list[int], advantage: str | None = None,
 
 
 def group_signal(trajs, parts, advantage: str | None = None,
-                  adv_cfg: AdvantageConfig | None = None,
+                  adv_cfg: AlgoConfig | None = None,
                   weights: dict[str, float] | None = None) -> tuple[int, int, int]:
     """(informative groups, groups of two or more episodes, tied groups whose every episode
     was right): a group-relative advantage is zero for every member of a tied group, and
@@ -67,7 +68,7 @@ def group_signal(trajs, parts, advantage: str | None = None,
 
 
 def keep_varied(trajs, parts, advantage: str | None = None,
-                 adv_cfg: AdvantageConfig | None = None,
+                 adv_cfg: AlgoConfig | None = None,
                  weights: dict[str, float] | None = None):
     keep = sorted(i for members in group_indices(trajs).values()
                   if informative(trajs, parts, members, advantage, adv_cfg, weights)
