@@ -534,7 +534,7 @@ def test_step_settings_fail_before_the_model_loads(override, message, tmp_path, 
 def test_gigpo_groups_with_tied_scores_still_carry_signal():
     """Discounted step returns differ with the number of steps even where scores tie."""
     from seekrl.agent.trajectory import Step, Trajectory
-    from seekrl.rl.advantages import AdvantageConfig
+    from seekrl.rl.advantages import AdvantageConfig, compute_advantages
     from seekrl.rl.sampling import group_signal
 
     def t(n_steps: int, sample: int) -> Trajectory:
@@ -547,8 +547,12 @@ def test_gigpo_groups_with_tied_scores_still_carry_signal():
 
     trajs = [t(1, 0), t(3, 1)]
     parts = [RewardParts(total=1.0, outcome=1.0, format=0.0, penalty=0.0)] * 2
-    assert group_signal(trajs, parts, "dr_grpo") == (0, 1, 1)
-    assert group_signal(trajs, parts, "gigpo", AdvantageConfig(step_gamma=0.9)) == (1, 1, 0)
+    def advantages(name, cfg=None):
+        return compute_advantages(name, trajs, [1.0, 1.0], cfg).advantages
+
+    assert group_signal(trajs, parts, advantages("dr_grpo")) == (0, 1, 1)
+    assert group_signal(trajs, parts, advantages("gigpo", AdvantageConfig(step_gamma=0.9))) \
+        == (1, 1, 0)
 
 
 def test_saved_rollouts_keep_a_question_drawn_twice(world, tiny, tmp_path):
@@ -618,6 +622,24 @@ def test_kl_in_reward_puts_the_penalty_into_the_returns(world, tiny, tmp_path, m
     assert any(float(x.abs().sum()) > 0 for x in rewards.tokens)
     for t, x in zip(trajs, rewards.tokens):   # only on the policy's own tokens
         assert float(x[torch.tensor(t.loss_mask) == 0].abs().sum()) == 0
+
+
+@pytest.mark.parametrize("over, calls", [
+    ({}, 1),                                   # the signal check's advantages are the update's
+    ({"algo.advantage": "gae"}, 1),            # a critic: only the update computes them
+    ({"algo.dynamic_sampling": True}, 2),      # the batch was filtered: computed again
+])
+def test_advantages_are_computed_once_per_step(world, tiny, tmp_path, monkeypatch, over, calls):
+    from seekrl.recipes import train as train_mod
+
+    seen = []
+    real = train_mod.compute_advantages
+    monkeypatch.setattr(train_mod, "compute_advantages",
+                        lambda *a, **k: seen.append(1) or real(*a, **k))
+    trainer = make_trainer(make_cfg(tmp_path, **over), world, tiny)
+    record = trainer.step(1)
+    assert len(seen) == calls + record["refills"]
+    assert record["groups_with_signal"] is not None
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])

@@ -95,6 +95,7 @@ from seekrl.rewards.process import (
     score_steps,
 )
 from seekrl.rl.advantages import (
+    Estimate,
     Rewards,
     advantage_stats,
     compute_advantages,
@@ -386,7 +387,8 @@ class Trainer:
         if self.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats(self.device)
         draws = _Draws()
-        trajs, parts, n_sampled, refills, signal = self._sample(step, n_questions, draws)
+        trajs, parts, n_sampled, refills, signal, estimate = self._sample(step, n_questions,
+                                                                          draws)
         # with several processes: the slowest rank's rollout time (the others waited for it
         # in the gather, which counts as scoring), so tokens_per_s is the whole group's rate
         t_rollout = max(self.dist.gather([draws.rollout_s]))
@@ -413,7 +415,7 @@ class Trainer:
             return record
         if self._backend is not None:
             self._backend.sleep()   # the update gets the engine's memory (vllm_sleep)
-        record.update(self.learn(trajs))
+        record.update(self.learn(trajs, estimate=estimate))
         generated = sum(t.n_generated for t in trajs)
         record.update(time_rollout=round(t_rollout, 2), time_scoring=round(t_scoring, 3),
                       time_step=round(time.time() - t0, 2),
@@ -426,23 +428,50 @@ class Trainer:
         until the groups with signal fill it (at most `max_refills`). Returns (episodes,
         their reward parts, episodes sampled, refills, the signal counts of every group
         sampled before any filter)."""
-        algo, weights = self.cfg.algo, self.cfg.reward.process
-        rule = (algo.advantage, algo, weights)
+        algo = self.cfg.algo
         trajs, parts = self._draw(step, n_questions, 0, draws)
         n_sampled, refills = len(trajs), 0
-        signal = group_signal(trajs, parts, *rule)
+        estimate = self._signal_estimate(trajs)
+        signal = group_signal(trajs, parts, estimate and estimate[0].advantages)
         if not algo.dynamic_sampling:
-            return trajs, parts, n_sampled, refills, signal
-        trajs, parts = keep_varied(trajs, parts, *rule)
+            return trajs, parts, n_sampled, refills, signal, estimate
+        trajs, parts = keep_varied(trajs, parts, estimate and estimate[0].advantages)
         while len(trajs) < n_sampled and refills < algo.max_refills:
             refills += 1
             more_t, more_p = self._draw(step, n_questions, refills, draws)
             n_sampled += len(more_t)
-            signal = tuple(a + b for a, b in zip(signal, group_signal(more_t, more_p, *rule)))
-            more_t, more_p = keep_varied(more_t, more_p, *rule)
+            more = self._signal_estimate(more_t)
+            more_a = more and more[0].advantages
+            signal = tuple(a + b for a, b in zip(signal, group_signal(more_t, more_p, more_a)))
+            more_t, more_p = keep_varied(more_t, more_p, more_a)
             trajs, parts = trajs + more_t, parts + more_p
         keep = whole_groups(trajs, n_questions)
-        return [trajs[i] for i in keep], [parts[i] for i in keep], n_sampled, refills, signal
+        # the batch is not the one the advantages were computed on: the update computes
+        # them again (an estimator that whitens over the batch gives other numbers)
+        return [trajs[i] for i in keep], [parts[i] for i in keep], n_sampled, refills, \
+            signal, None
+
+    def estimate(self, trajs: Sequence[Trajectory], *, values=None, token_rewards=None
+                 ) -> tuple[Estimate, int | None]:
+        """The run's advantages of a batch, as the update uses them: the estimator on the
+        outcome and step rewards (and per-token rewards, a KL penalty in the reward), then,
+        unless `algo.credit_invalid_turns`, no positive credit for invalid turns. Returns the
+        estimate and how many tokens that cap changed (None when it is off)."""
+        algo = self.cfg.algo
+        rewards = Rewards.from_trajectories(trajs, self.cfg.reward.process)
+        rewards.tokens = token_rewards
+        est = compute_advantages(algo.advantage, trajs, rewards, algo, values=values)
+        capped = None
+        if not algo.credit_invalid_turns:
+            est.advantages, capped = no_positive_credit_for_invalid_turns(est.advantages, trajs)
+        return est, capped
+
+    def _signal_estimate(self, trajs):
+        """The advantages the signal check reads, computed once for the draw: None when the
+        estimator needs a critic (the scores decide then)."""
+        if not trajs or needs_values(self.cfg.algo.advantage):
+            return None
+        return self.estimate(trajs)
 
     def _draw(self, step: int, n_questions: int, draw: int, draws: _Draws):
         """Draw `draw` of the step: its questions played and scored, each rank its share,
@@ -494,10 +523,11 @@ class Trainer:
         peaks = self.dist.gather([out])
         return {k: round(max(p[k] for p in peaks), 1) for k in out}
 
-    def learn(self, trajs: Sequence[Trajectory]) -> dict[str, Any]:
+    def learn(self, trajs: Sequence[Trajectory], estimate=None) -> dict[str, Any]:
         """Steps 4-6 on a scored batch (every rank holds the same one): log-probs,
-        advantages and the updates, then the learning-rate schedule's step. Returns the
-        step record's part about the update."""
+        advantages (`estimate`'s, the signal check's of this very batch, when given and
+        nothing else enters them) and the updates, then the learning-rate schedule's step.
+        Returns the step record's part about the update."""
         algo = self.cfg.algo
         if algo.tis_cap and any(t.rollout_logprobs is None for t in trajs):
             # decided on the whole batch, the same on every rank, before any update
@@ -516,15 +546,16 @@ class Trainer:
             ref_logps, _ = self._shared_logprobs(trajs, reference=True)
         t_old = time.time() - t2
 
-        rewards = Rewards.from_trajectories(trajs, self.cfg.reward.process)
+        token_rewards = None
         if kl_reward:   # -kl_coef x KL on every policy token, read by the estimator
-            rewards.tokens, record["kl"] = _kl_rewards(trajs, old_logps, ref_logps, algo)
+            token_rewards, record["kl"] = _kl_rewards(trajs, old_logps, ref_logps, algo)
             ref_logps = None   # and no KL loss term
-        estimate = compute_advantages(algo.advantage, trajs, rewards, algo, values=old_values)
+        if estimate is None or kl_reward or self.value_head is not None:
+            estimate = self.estimate(trajs, values=old_values, token_rewards=token_rewards)
+        estimate, capped = estimate
+        if capped is not None:
+            record["adv_invalid_capped"] = capped
         advantages, returns = estimate
-        if not algo.credit_invalid_turns:
-            advantages, record["adv_invalid_capped"] = no_positive_credit_for_invalid_turns(
-                advantages, trajs)
         record.update(advantage_stats(advantages, trajs))
         record.update(estimate.diagnostics)
         if self.value_head is None:

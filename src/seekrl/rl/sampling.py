@@ -6,10 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from seekrl.agent.trajectory import Trajectory, group_indices
-from seekrl.config import AlgoConfig
+from seekrl.agent.trajectory import group_indices
 from seekrl.rewards.process import group_has_signal
-from seekrl.rl.advantages import Rewards, compute_advantages, needs_values
 
 
 def split_micro_batches(lengths: Sequence[int], max_episodes: int,
@@ -34,45 +32,35 @@ def split_micro_batches(lengths: Sequence[int], max_episodes: int,
     return out
 
 
-def informative(trajs, parts, members: list[int], advantage: str | None = None,
-                 adv_cfg: AlgoConfig | None = None,
-                 weights: dict[str, float] | None = None) -> bool:
-    """Whether a group teaches something. With an estimator that needs no critic: whether
-    it gives any of the group's policy tokens a non-zero advantage (a step estimator can
-    have signal where the scores tie: GiGPO's discounted step returns, a step reward that
-    differs). Otherwise: whether the episodes' scores (outcome + step rewards) or their
-    step rewards differ."""
-    group = [trajs[j] for j in members]
-    if advantage is not None and not needs_values(advantage) \
-            and all(isinstance(t, Trajectory) for t in group):
-        advs, _ = compute_advantages(advantage, group, Rewards.from_trajectories(group, weights),
-                                     adv_cfg or AlgoConfig())
-        return any(bool((a.abs() > 1e-9).any()) for a in advs)
+def informative(trajs, parts, members: list[int], advantages=None) -> bool:
+    """Whether a group teaches something. With the step's advantages (an estimator that
+    needs no critic, computed once on the whole batch): whether any of the group's policy
+    tokens has a non-zero one (a step estimator can have signal where the scores tie:
+    GiGPO's discounted step returns, a step reward that differs). Otherwise: whether the
+    episodes' scores (outcome + step rewards) or their step rewards differ."""
+    if advantages is not None:
+        return any(bool((advantages[j].abs() > 1e-9).any()) for j in members)
     totals = [parts[j].total + sum(s.process_reward or 0.0 for s in trajs[j].steps)
               for j in members]
-    return group_has_signal(group, totals)
+    return group_has_signal([trajs[j] for j in members], totals)
 
 
-def group_signal(trajs, parts, advantage: str | None = None,
-                  adv_cfg: AlgoConfig | None = None,
-                  weights: dict[str, float] | None = None) -> tuple[int, int, int]:
+def group_signal(trajs, parts, advantages=None) -> tuple[int, int, int]:
     """(informative groups, groups of two or more episodes, tied groups whose every episode
     was right): a group-relative advantage is zero for every member of a tied group, and
     undefined for a lone episode. A tied group of right answers is a solved question, not a
     broken policy; the monitor tells the two apart."""
     groups = [m for m in group_indices(trajs).values() if len(m) > 1]
-    varied = [informative(trajs, parts, m, advantage, adv_cfg, weights) for m in groups]
+    varied = [informative(trajs, parts, m, advantages) for m in groups]
     solved = sum(1 for m, v in zip(groups, varied)
                  if not v and all(parts[i].outcome >= 1.0 for i in m))
     return sum(varied), len(groups), solved
 
 
-def keep_varied(trajs, parts, advantage: str | None = None,
-                 adv_cfg: AlgoConfig | None = None,
-                 weights: dict[str, float] | None = None):
+def keep_varied(trajs, parts, advantages=None):
+    """The episodes (and their reward parts) of the groups that teach something."""
     keep = sorted(i for members in group_indices(trajs).values()
-                  if informative(trajs, parts, members, advantage, adv_cfg, weights)
-                  for i in members)
+                  if informative(trajs, parts, members, advantages) for i in members)
     return [trajs[i] for i in keep], [parts[i] for i in keep]
 
 
