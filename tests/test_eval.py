@@ -161,7 +161,7 @@ def test_pass_at_k_unbiased_estimator():
 def test_evidence_recall_counts_rag_prompt_hits():
     t = make_traj("A", "q", 0, "x", ["x"], gold_docs=["d1", "d2"], steps=[("answer", [], 1)])
     assert t.evidence_recall() == 0.0
-    t.metadata["prompt_hits"] = ["d2", "d9"]
+    t.prompt_hits = ["d2", "d9"]
     assert t.evidence_recall() == 0.5
     assert make_traj("A", "q", 0, "x", ["x"], steps=[]).evidence_recall() is None
 
@@ -346,7 +346,7 @@ def test_in_process_and_server_retrieval_give_the_same_run(world_index, tiny, tm
         assert row["searches"] == 2.0 and row["valid_format"] == 1.0
         assert all(len(t.steps) == 3 and t.steps[0].hits for t in t_local)
     else:
-        assert all(t.metadata["prompt_hits"] and len(t.metadata["prompt_hit_titles"]) == 3
+        assert all(t.prompt_hits and len(t.prompt_hit_titles) == 3
                    for t in t_local)
 
 

@@ -263,7 +263,7 @@ def test_one_turn_methods_take_an_untagged_reply_as_the_answer(tiny):
     (t,) = RolloutEngine(Scripted(tok, scripts), tok, Docs(), RolloutConfig(method="rag")).run(
         [ex("q", "Q3")])
     assert t.answer == "Tarrow" and not t.valid_format and t.finish_reason == "max_turns"
-    assert t.metadata["prompt_hits"]  # the documents put in the prompt are recorded
+    assert t.prompt_hits  # the documents put in the prompt are recorded
     (t,) = RolloutEngine(Scripted(tok, scripts), tok, Docs(), RolloutConfig(max_turns=1)).run(
         [ex("q", "Q3")])
     assert t.answer is None  # the agent must use the protocol
@@ -281,7 +281,7 @@ def test_rag_documents_get_the_information_token_budget(tiny):
     full = RolloutEngine(Scripted(tok, scripts), tok, Long(),
                          RolloutConfig(method="rag", max_info_tokens=1000)).run([ex("q", "Q4")])[0]
     assert full.prompt_len - short.prompt_len > 300
-    assert short.metadata["prompt_hits"] == ["d-long"]
+    assert short.prompt_hits == ["d-long"]
 
 
 def test_kept_cache_has_no_hole_columns_however_many_episodes_pass(tiny):
@@ -333,7 +333,7 @@ def test_sampled_tokens_carry_their_log_probs_and_greedy_ones_none(tiny):
     long = next(t for t in trajs if len(t.steps) > 1 and t.steps[0].info_end is not None)
     (child,), = RolloutEngine(HFBackend(model, tok), tok, Docs(), cfg).continue_from([(long, 1)])
     child.check()
-    k = child.metadata["prefix_tokens"]
+    k = child.prefix_tokens
     assert child.rollout_logprobs[:k] == long.rollout_logprobs[:k]
     greedy = RolloutEngine(HFBackend(model, tok), tok, Docs(),
                            RolloutConfig(max_turns=2, max_new_tokens=6, greedy=True)
@@ -353,3 +353,20 @@ def test_a_backend_must_be_a_backend(tiny):
 
     with pytest.raises(TypeError, match="expected a seekrl.agent.backends.Backend"):
         RolloutEngine(Duck(), tok, Docs())
+
+
+def test_where_an_episode_came_from_is_typed_and_old_files_still_read():
+    """prompt_hits, prefix_steps / prefix_tokens and tree / parent are fields of their own;
+    a file written when they were metadata keys reads into the fields, the rest of its
+    metadata untouched, and a round trip keeps everything."""
+    from seekrl.agent.trajectory import Trajectory
+
+    old = {"example_id": "q", "group_id": "q", "question": "?", "golden_answers": ["a"],
+           "token_ids": [0, 1], "loss_mask": [0, 1], "prompt_len": 1,
+           "metadata": {"type": "bridge", "prompt_hits": ["d1"], "prompt_hit_titles": ["T"],
+                        "prefix_steps": 1, "prefix_tokens": 3, "tree": 2, "parent": 0}}
+    t = Trajectory.from_dict(old)
+    assert (t.prompt_hits, t.prompt_hit_titles, t.prefix_steps, t.prefix_tokens, t.tree,
+            t.parent) == (["d1"], ["T"], 1, 3, 2, 0)
+    assert t.metadata == {"type": "bridge"} and "prompt_hits" in old["metadata"]
+    assert Trajectory.from_dict(t.to_dict()) == t

@@ -47,10 +47,13 @@ def ep(group: str, spec: list[tuple], *, prompt: int = 2, outcome: float = 0.0,
             mask += [0] * info
             s.info_end = len(ids)
         steps.append(s)
+    meta = dict(meta or {})
+    origin = {k: meta.pop(k) for k in ("prompt_hits", "tree", "parent", "prefix_steps")
+              if k in meta}   # fields of their own
     t = Trajectory(example_id=group, group_id=group, question="q", golden_answers=["a"],
                    token_ids=ids, loss_mask=mask, prompt_len=prompt, steps=steps,
                    outcome_reward=outcome, sample_index=sample, gold_doc_ids=list(gold),
-                   metadata=dict(meta or {}), finish_reason="answer")
+                   metadata=meta, finish_reason="answer", **origin)
     t.check()
     return t
 
@@ -376,7 +379,7 @@ def test_greedy_continuation_reproduces_the_full_greedy_rollout(tiny):
         assert c.loss_mask == t.loss_mask
         assert [s.action for s in c.steps] == [s.action for s in t.steps]
         assert [(s.start, s.end) for s in c.steps] == [(s.start, s.end) for s in t.steps]
-        assert c.finish_reason == t.finish_reason and c.metadata["prefix_steps"] == k
+        assert c.finish_reason == t.finish_reason and c.prefix_steps == k
         c.check()
     with pytest.raises(ValueError, match="cannot continue after step"):
         engine.continue_from([(full[0], len(full[0].steps) + 1)], 1)
@@ -396,7 +399,7 @@ def test_sampled_continuations_share_the_prefix_exactly(tiny):
     assert len(group) == 4
     for c in group:
         assert c.token_ids[:cut] == t.token_ids[:cut] and c.steps[0].text == t.steps[0].text
-        assert c.metadata["prefix_tokens"] == sum(t.loss_mask[:cut])
+        assert c.prefix_tokens == sum(t.loss_mask[:cut])
         assert c.steps[0].process_reward is None and c.outcome_reward is None
         c.check()
     assert len({tuple(c.token_ids) for c in group}) > 1     # they do differ after the prefix
@@ -417,17 +420,17 @@ def test_tree_rollouts_share_prefixes_and_name_their_tree(tiny):
         t.check()
     for group in by_q.values():
         assert sorted(t.sample_index for t in group) == list(range(6))
-        assert sorted(t.metadata["tree"] for t in group) == [0, 0, 0, 1, 1, 1]
+        assert sorted(t.tree for t in group) == [0, 0, 0, 1, 1, 1]
         for t in group:
-            parent_index = t.metadata["parent"]
+            parent_index = t.parent
             if parent_index is None:
                 continue
             parent = next(p for p in group if p.sample_index == parent_index)
-            k = t.metadata["prefix_steps"]
+            k = t.prefix_steps
             cut = (parent.steps[k - 1].info_end or parent.steps[k - 1].end) if k \
                 else parent.prompt_len
             assert t.token_ids[:cut] == parent.token_ids[:cut]
-            assert t.metadata["tree"] == parent.metadata["tree"]
+            assert t.tree == parent.tree
 
 
 def test_a_turn_ending_on_eos_keeps_it_as_a_trained_token(tiny):

@@ -137,16 +137,17 @@ class RolloutEngine:
         out: list[Trajectory] = []
         for ex, prompt_ids, hits in zip(examples, prompts, prompt_hits):
             meta = {k: v for k, v in ex.metadata.items() if k != "chain"}
-            if cfg.method == "rag":  # the documents in the prompt count as retrieved
-                meta["prompt_hits"] = [h.doc_id for h in hits]
-                meta["prompt_hit_titles"] = [h.title for h in hits]
+            rag = cfg.method == "rag"   # the documents in the prompt count as retrieved
             for s in range(n_samples):
                 out.append(Trajectory(example_id=ex.id, group_id=ex.id, question=ex.question,
                                       golden_answers=list(ex.golden_answers),
                                       token_ids=list(prompt_ids), loss_mask=[0] * len(prompt_ids),
                                       prompt_len=len(prompt_ids), sample_index=s,
                                       dataset=dataset, metadata=dict(meta),
-                                      gold_doc_ids=_gold_of(ex), rollout_logprobs=[]))
+                                      gold_doc_ids=_gold_of(ex), rollout_logprobs=[],
+                                      prompt_hits=[h.doc_id for h in hits] if rag else None,
+                                      prompt_hit_titles=[h.title for h in hits] if rag
+                                      else None))
         return out
 
     def continue_from(self, prefixes: Sequence[tuple[Trajectory, int]], n_samples: int = 1,
@@ -156,8 +157,8 @@ class RolloutEngine:
         played to the end with this engine's settings. Returns one list per prefix.
 
         A continuation is a new `Trajectory` holding the prefix's tokens and steps (copied,
-        process fields cleared) and what was generated after them; `metadata["prefix_steps"]`
-        is `k` and `metadata["prefix_tokens"]` the prefix's policy tokens, so a caller can
+        process fields cleared) and what was generated after them; its `prefix_steps` is `k`
+        and its `prefix_tokens` the prefix's policy tokens, so a caller can
         count only the tokens generated now. Continuations of one prefix have equal contexts
         and the backend prefills them once; greedy continuation of a greedy episode's prefix
         reproduces that episode. `k = 0` starts again from the prompt; step k must have an
@@ -178,12 +179,11 @@ class RolloutEngine:
                                  process_reward=None, process_parts={}, value=None)
                          for s in t.steps[:k]]
                 policy_tokens = sum(t.loss_mask[:cut])
-                meta = {**copy.deepcopy(t.metadata), "prefix_steps": k,
-                        "prefix_tokens": policy_tokens}
                 traj = replace(t, token_ids=list(t.token_ids[:cut]),
                                loss_mask=list(t.loss_mask[:cut]), steps=steps, answer=None,
                                finish_reason="", outcome_reward=None,
-                               sample_index=j, metadata=meta,
+                               sample_index=j, metadata=copy.deepcopy(t.metadata),
+                               prefix_steps=k, prefix_tokens=policy_tokens,
                                gold_doc_ids=list(t.gold_doc_ids),
                                rollout_logprobs=None if t.rollout_logprobs is None
                                else list(t.rollout_logprobs[:policy_tokens]))
@@ -321,16 +321,15 @@ def grow_trees(engine: RolloutEngine, examples: Sequence[QAExample], branches: i
     trees' first leaves; then, `rounds` times, each tree grows `branches` leaves, each the
     continuation of one of the tree's leaves cut after a step chosen at random among the
     tree's step boundaries (a search or invalid turn the episode went on from; the prompt
-    when there is none). A leaf's `metadata` names its `tree`, the `parent` leaf it branched
-    from and `prefix_steps`; its shared prefix's tokens were generated once
-    (`metadata["prefix_tokens"]`) but are trained in every leaf, so a prefix gets the summed
+    when there is none). A leaf names its `tree`, the `parent` leaf it branched from and its
+    `prefix_steps`; its shared prefix's tokens were generated once (`prefix_tokens`) but
+    are trained in every leaf, so a prefix gets the summed
     credit of its leaves."""
     rng = random.Random(f"tree/{seed}")
     chains = engine.run(examples, dataset="train")
     leaves: dict[str, list[list[Trajectory]]] = {}
     for t in chains:
-        t.metadata["tree"] = t.sample_index
-        t.metadata["parent"] = None
+        t.tree, t.parent = t.sample_index, None
         leaves.setdefault(t.example_id, []).append([t])
     next_index = {ex_id: len(trees) for ex_id, trees in leaves.items()}
     for r in range(rounds):
@@ -338,15 +337,14 @@ def grow_trees(engine: RolloutEngine, examples: Sequence[QAExample], branches: i
         for trees in leaves.values():
             for tree in trees:
                 nodes = [(leaf, k) for leaf in tree for k in range(1, len(leaf.steps))
-                         if k > leaf.metadata.get("prefix_steps", 0)]
+                         if k > leaf.prefix_steps]
                 for _ in range(branches):
                     leaf, k = rng.choice(nodes) if nodes else (tree[0], 0)
                     prefixes.append((leaf, k))
                     owners.append(tree)
         grown = engine.continue_from(prefixes, 1, seed=seed + 500_009 * (r + 1))
         for (parent, _), tree, (child,) in zip(prefixes, owners, grown):
-            child.metadata["tree"] = parent.metadata["tree"]
-            child.metadata["parent"] = parent.sample_index
+            child.tree, child.parent = parent.tree, parent.sample_index
             child.sample_index = next_index[child.example_id]
             next_index[child.example_id] += 1
             tree.append(child)

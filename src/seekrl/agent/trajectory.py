@@ -65,6 +65,13 @@ class Trajectory:
     # the distribution the rollout backend sampled it from; None when a turn had none
     # (greedy decoding, a scripted backend)
     rollout_logprobs: list[float] | None = None
+    # where the episode came from, set by the rollout engine
+    prompt_hits: list[str] | None = None        # rag: the documents retrieved with the question
+    prompt_hit_titles: list[str] | None = None  # ... and their titles
+    prefix_steps: int = 0        # a continuation: the steps copied from the episode it grew from
+    prefix_tokens: int = 0       # ... and their policy tokens (generated before, once)
+    tree: int | None = None      # tree rollouts: the tree of the group it grew in
+    parent: int | None = None    # ... and the leaf it branched from (None: the tree's first)
 
     @property
     def n_searches(self) -> int:
@@ -87,13 +94,13 @@ class Trajectory:
         when neither is known."""
         if self.gold_doc_ids:
             return (set(self.gold_doc_ids), [set(s.hits) for s in self.steps],
-                    set(self.metadata.get("prompt_hits") or []))
+                    set(self.prompt_hits or []))
         titles = self.metadata.get("supporting_titles") or []
         if not titles:
             return set(), [set() for _ in self.steps], set()
         return ({normalise_text(x) for x in titles},
                 [{normalise_text(x) for x in s.hit_titles} for s in self.steps],
-                {normalise_text(x) for x in self.metadata.get("prompt_hit_titles") or []})
+                {normalise_text(x) for x in self.prompt_hit_titles or []})
 
     def evidence_recall(self) -> float | None:
         """Share of the gold documents retrieved at some point of the episode: by its
@@ -128,8 +135,18 @@ class Trajectory:
     def from_dict(cls, d: dict) -> "Trajectory":
         d = dict(d)
         d.pop("old_logprobs", None)   # an unused field of files written before 2026-11-23
+        meta = d.get("metadata")
+        if isinstance(meta, dict) and any(k in meta for k in _ORIGIN):   # before 2026-11-25
+            d["metadata"] = {k: v for k, v in meta.items() if k not in _ORIGIN}
+            for k in _ORIGIN:
+                if k in meta and k not in d:
+                    d[k] = meta[k]
         d["steps"] = [Step(**s) for s in d.get("steps", [])]
         return cls(**d)
+
+
+# the fields that files written before 2026-11-25 kept in `metadata`
+_ORIGIN = ("prompt_hits", "prompt_hit_titles", "prefix_steps", "prefix_tokens", "tree", "parent")
 
 
 def group_indices(trajectories: Sequence[Trajectory]) -> dict[str, list[int]]:

@@ -19,7 +19,7 @@ FlashRAG tables). With K > 1 samples, pass@k uses the unbiased estimator of Chen
 (2021): 1 - C(n-c, k) / C(n, k) for c correct of n samples, averaged over questions.
 
 For `rag`, the documents retrieved with the question go into the prompt and into no `Step`;
-the rollout engine records them as `metadata["prompt_hits"]` / `["prompt_hit_titles"]`, and
+the rollout engine records them as `Trajectory.prompt_hits` / `prompt_hit_titles`, and
 evidence recall counts them.
 """
 

@@ -320,10 +320,9 @@ def _episode_html(t: Trajectory, segments: list[dict] | None, index: int,
                f' · evidence recall {_fmt(recall)}' if gold else "")
             + '</div>')
     body = [meta]
-    prompt_hits = t.metadata.get("prompt_hits") if isinstance(t.metadata, dict) else None
-    if prompt_hits:
+    if t.prompt_hits:
         body.append('<div class="turnhead">retrieved with the question (in the prompt)</div>'
-                    + _hits_html(prompt_hits, t.metadata.get("prompt_hit_titles") or [], gold))
+                    + _hits_html(t.prompt_hits, t.prompt_hit_titles or [], gold))
     by_step: dict[int | None, list[dict]] = {}
     if segments is not None:
         for seg in segments:

@@ -163,7 +163,7 @@ class Tree:
 
 
 def _new_tokens(t: Trajectory) -> int:
-    return t.n_generated - int(t.metadata.get("prefix_tokens", 0))
+    return t.n_generated - t.prefix_tokens
 
 
 def grow_search_trees(engine: RolloutEngine, examples: Sequence[QAExample], score: ScoreFn, *,

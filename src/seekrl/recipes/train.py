@@ -491,7 +491,7 @@ class Trainer:
         trajs, parts = self.dist.gather(trajs), self.dist.gather(parts)
         for k, v in self.dist.sum_values(stats).items():
             draws.process_stats[k] = draws.process_stats.get(k, 0.0) + v
-        draws.fresh_tokens += sum(x.n_generated - x.metadata.get("prefix_tokens", 0)
+        draws.fresh_tokens += sum(x.n_generated - x.prefix_tokens
                                   for x in trajs)   # shared tree prefixes count once
         draws.scoring_s += time.time() - t
         return trajs, parts

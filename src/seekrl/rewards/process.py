@@ -138,7 +138,7 @@ def redundancy(trajectories: Sequence[Trajectory], ctx: ProcessContext
     out: list[list[float | None]] = []
     for t in trajectories:
         queries: set[str] = set()
-        seen = set(t.metadata.get("prompt_hits") or [])
+        seen = set(t.prompt_hits or [])
         row: list[float | None] = []
         for s in t.steps:
             if s.action != "search":

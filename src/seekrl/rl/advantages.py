@@ -171,7 +171,7 @@ class EstimatorFacts:
     """What a recipe must know about an estimator before it runs one."""
     needs_values: bool = False        # a critic (a value head trained next to the policy)
     reads_token_rewards: bool = False  # per-token rewards (a KL penalty in the reward) count
-    needs_tree: bool = False          # tree rollouts (`metadata["tree"]` on every episode)
+    needs_tree: bool = False          # tree rollouts (`Trajectory.tree` on every episode)
 
 
 FACTS: dict[str, EstimatorFacts] = {}
@@ -424,7 +424,7 @@ def dual_granularity(trajectories, rewards: Rewards, cfg: AlgoConfig, values=Non
 def anchor_states(t: Trajectory, kind: str) -> list[tuple]:
     """The state before each step: the queries so far (in order; invalid turns count as a
     turn), or the set of documents retrieved so far."""
-    states, queries, docs = [], [], set(t.metadata.get("prompt_hits") or [])
+    states, queries, docs = [], [], set(t.prompt_hits or [])
     for s in t.steps:
         states.append(tuple(queries) if kind == "queries" else tuple(sorted(docs)))
         queries.append(normalise_text(s.query) if s.action == "search" else f"<{s.action}>")
@@ -551,12 +551,12 @@ def stratified_grpo(trajectories, rewards: Rewards, cfg: AlgoConfig, values=None
 @register("tree_grpo", needs_tree=True)
 def tree_grpo(trajectories, rewards: Rewards, cfg: AlgoConfig, values=None):
     """Tree-relative advantage for tree rollouts (`rollout.tree`): each leaf's score is
-    normalised within its tree (`metadata["tree"]`) and over the whole group, and the two
+    normalised within its tree (`Trajectory.tree`) and over the whole group, and the two
     are added. Leaves share their ancestors' tokens, so a shared prefix collects the sum of
     its leaves' advantages in the gradient: that is the implicit step-level credit. Without
     tree metadata every episode is its own tree and this is GRPO."""
     return _within_and_group(trajectories, rewards, cfg,
-                             lambda t, i: str(t.metadata.get("tree", f"#{i}")),
+                             lambda t, i: str(t.tree) if t.tree is not None else f"#{i}",
                              lambda w, g: w + g)
 
 
