@@ -419,3 +419,43 @@ def test_token_weights_scale_each_tokens_gradient():
     loss.backward()
     # d/dlogp of -A * ratio at ratio 1 is -A / n per token, times its weight
     assert logp.grad.tolist()[0] == pytest.approx([-1 / 3, -2 / 3, -0.5 / 3])
+
+
+def test_llds_regularises_only_fallen_tokens_of_fallen_non_negative_actions():
+    from seekrl.rl.loss import llds_penalty
+
+    # prompt | action 0: tokens 1, 2 | information | action 1: tokens 4, 5
+    mask = torch.tensor([[0, 1, 1, 0, 1, 1]], dtype=torch.float32)
+    actions = torch.tensor([[-1, 0, 0, -1, 1, 1]])
+    old = torch.tensor([[0.0, -1.0, -1.0, 0.0, -1.0, -1.0]])
+    # action 0 lost 0.5 - 0.2 = 0.3 (fell); action 1 lost 0.05 - 0.2 = -0.15 (rose)
+    new = torch.tensor([[0.0, -1.5, -0.8, 0.0, -1.05, -0.8]], requires_grad=True)
+    adv = torch.ones(1, 6)
+    loss, stats = llds_penalty(new, old, adv, mask, actions, gate="action")
+    assert float(loss) == pytest.approx(0.5 / 4)            # token 1 only, over 4 tokens
+    assert stats["llds_frac"] == pytest.approx(1 / 4)
+    loss.backward()
+    assert new.grad[0].tolist() == pytest.approx([0, -0.25, 0, 0, 0, 0])
+    # the whole response fell (0.3 - 0.15 > 0): every fallen token counts, token 4 too
+    resp, _ = llds_penalty(new, old, adv, mask, actions, gate="response")
+    assert float(resp) == pytest.approx((0.5 + 0.05) / 4)
+    # a negative advantage: the update means to lower it, LLDS leaves it alone
+    neg = torch.tensor([[0.0, -1.0, -1.0, 0.0, 1.0, 1.0]])
+    assert float(llds_penalty(new, old, neg, mask, actions)[0]) == 0.0
+    # before any update the policy is the sampling one: nothing to preserve
+    same = old.clone().requires_grad_(True)
+    zero, _ = llds_penalty(same, old, adv, mask, actions)
+    zero.backward()
+    assert float(zero) == 0.0 and not same.grad.any()
+
+
+def test_llds_needs_an_update_to_compare_with_and_logs_itself(tmp_path):
+    from seekrl.config import ConfigError, TrainConfig, build_config
+    from seekrl.recipes.train import check_config
+
+    one_update = build_config(TrainConfig, {"data": "x"}, [
+        "algo.llds_coef=0.1", "questions_per_step=2", "group_size=2", "algo.mini_batch_size=4"])
+    with pytest.raises(ConfigError, match="algo.llds_coef: .* one update per batch"):
+        check_config(one_update)
+    check_config(build_config(TrainConfig, {"data": "x"}, [
+        "algo.llds_coef=0.1", "questions_per_step=2", "group_size=2", "algo.mini_batch_size=2"]))

@@ -642,6 +642,12 @@ def test_advantages_are_computed_once_per_step(world, tiny, tmp_path, monkeypatc
     assert record["groups_with_signal"] is not None
 
 
+def test_a_step_with_llds_logs_what_it_regularised(world, tiny, tmp_path):
+    cfg = make_cfg(tmp_path, **{"algo.llds_coef": 1.0})   # 2 mini-batches x 2 epochs
+    record = make_trainer(cfg, world, tiny).step(1)
+    assert record["llds"] >= 0.0 and 0.0 <= record["llds_frac"] <= 1.0
+
+
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_correct_logp_shift_measures_the_same_episodes_after_the_update(world, tiny, tmp_path,
                                                                          sign):

@@ -323,6 +323,11 @@ class AlgoConfig(Strict):
     anchor: Literal["queries", "docs"] = "queries"  # gigpo: what makes two states equal
     anchor_similarity: float | None = Field(None, gt=0, lt=1)  # gigpo: fuzzy query match
     alpha: float = Field(0.5, ge=0, le=1)    # stratified_grpo: within-stratum weight
+    # LLDS (Deng et al., 2025): a term that keeps non-negative-advantage actions whose
+    # likelihood fell from falling further, on the tokens that fell (0: off); it acts
+    # once an update has moved the policy, so it needs several mini-batches or epochs
+    llds_coef: float = Field(0.0, ge=0)
+    llds_gate: Literal["action", "response"] = "action"   # whose likelihood decides
     epsilon: float = Field(1e-6, ge=0)       # added to a std before dividing by it
     whiten: bool = True                      # gae: whiten advantages over the batch's tokens
     logprob_chunk: int = Field(8, ge=1)  # episodes per no-grad forward for old / ref log-probs

@@ -104,7 +104,14 @@ from seekrl.rl.advantages import (
 )
 from seekrl.rl.distributed import Dist, make_runtime
 from seekrl.rl.forward import ValueHead, collate, masked_logprobs
-from seekrl.rl.loss import aggregate, kl_penalty, policy_loss, tis_weights, value_loss
+from seekrl.rl.loss import (
+    aggregate,
+    kl_penalty,
+    llds_penalty,
+    policy_loss,
+    tis_weights,
+    value_loss,
+)
 from seekrl.rl.monitor import Monitor
 from seekrl.rl.sampling import group_signal, keep_varied, split_micro_batches, whole_groups
 from seekrl.runtime import peak_rss_mb
@@ -709,6 +716,12 @@ class Trainer:
         if algo.entropy_coef > 0:   # aggregated like the policy loss it is added to
             loss = loss - algo.entropy_coef * aggregate(out["entropy"], mask, algo.loss_agg,
                                                         norm_length)
+        if algo.llds_coef > 0:
+            llds, llds_stats = llds_penalty(logp, old, adv, mask, _action_grid(part, logp),
+                                            gate=algo.llds_gate, agg=algo.loss_agg,
+                                            norm_length=norm_length)
+            s.update(llds_stats)
+            loss = loss + algo.llds_coef * llds
         if batch.ref_logps is not None:
             kl = aggregate(kl_penalty(logp, grid(batch.ref_logps), algo.kl_estimator), mask,
                            algo.loss_agg, norm_length)
@@ -1064,6 +1077,16 @@ class _NoLog:
         pass
 
 
+def _action_grid(part: Sequence[Trajectory], like: torch.Tensor) -> torch.Tensor:
+    """Which step (model turn) each token of the micro-batch belongs to, laid out like
+    `like` ([rows, seq]); -1 outside every step."""
+    out = torch.full(like.shape, -1, dtype=torch.long, device=like.device)
+    for r, t in enumerate(part):
+        for k, step in enumerate(t.steps):
+            out[r, step.start:step.end] = k
+    return out
+
+
 def _rollout_grid(part: Sequence[Trajectory], mask: torch.Tensor) -> torch.Tensor | None:
     """The episodes' behaviour log-probs laid out like the trainer's ([rows, seq], at each
     policy token's position); None when any episode has none. `mask` is the batch's loss
@@ -1166,6 +1189,13 @@ def check_config(cfg: TrainConfig) -> None:
         if cfg.rollout.method != "agent":
             raise ConfigError("rollout.tree: tree rollouts branch at search steps; they need "
                               "rollout.method: agent")
+    if algo.llds_coef > 0 and algo.epochs == 1 \
+            and algo.mini_batch_size >= cfg.questions_per_step * cfg.group_size:
+        raise ConfigError(
+            "algo.llds_coef: LLDS compares each token's log-prob with the sampling policy's, "
+            "which with one update per batch (epochs 1, mini_batch_size >= questions_per_step "
+            "x group_size) has not moved yet: the term would always be 0; use several "
+            "mini-batches (a smaller algo.mini_batch_size) or epochs")
     if facts.needs_tree and tree is None:
         raise ConfigError(f"algo.advantage: {algo.advantage} needs tree rollouts (rollout.tree)")
 

@@ -133,3 +133,37 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
         clipped = old_values + torch.clamp(values - old_values, -clip, clip)
         err = torch.maximum(err, (clipped - returns) ** 2)
     return 0.5 * aggregate(err, mask, agg, norm_length)
+
+
+def llds_penalty(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                 mask: torch.Tensor, actions: torch.Tensor, *, gate: str = "action",
+                 agg: str = "token-mean", norm_length: int | None = None
+                 ) -> tuple[torch.Tensor, dict[str, float]]:
+    """LLDS, the likelihood-preserving term against lazy likelihood displacement (Deng et
+    al., 2025): on actions the update should not make less likely (a non-negative
+    advantage) whose likelihood has fallen below the sampling policy's, each token whose
+    log-prob fell pays what it lost, max(0, log pi_old - log pi). Tokens whose log-prob
+    rose, and actions whose likelihood did not fall, get no gradient from it.
+
+    `actions` ([batch, seq], long): which action (model turn) each policy token belongs to;
+    `gate`: `action`, an action's own likelihood decides (the paper's best), or `response`,
+    the whole episode's. The old log-probs are the sampling policy's: the term is zero
+    until an update has moved the policy (several mini-batches or epochs per batch).
+    Returns the aggregated term and the share of policy tokens it regularised."""
+    if gate not in ("action", "response"):
+        raise ValueError(f"llds gate: expected action or response, got {gate!r}")
+    mask = mask.to(logprobs.dtype)
+    drop = ((old_logprobs - logprobs) * mask).detach()   # > 0 where a token lost likelihood
+    if gate == "response":
+        fell = drop.sum(-1, keepdim=True) > 0
+    else:   # an action's summed drop, read back on each of its tokens
+        groups = (actions.clamp(min=0) + 1) * (actions >= 0)   # 0: no action
+        width = int(groups.max()) + 1 if groups.numel() else 1
+        per_action = torch.zeros(drop.shape[0], width, dtype=drop.dtype, device=drop.device)
+        per_action.scatter_add_(1, groups, drop)
+        fell = (per_action.gather(1, groups) > 0) & (groups > 0)
+    chosen = mask * (fell & (advantages >= 0) & (drop > 0)).to(mask.dtype)
+    term = torch.relu(old_logprobs - logprobs) * chosen
+    loss = aggregate(term, mask, agg, norm_length)
+    share = float(chosen.sum() / mask.sum().clamp(min=1.0))
+    return loss, {"llds": float(loss.detach()), "llds_frac": share}
