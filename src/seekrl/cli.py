@@ -348,7 +348,7 @@ def eval_(
             retriever = _retriever(index, retriever_url)
         elif method != "direct":
             raise RetrievalError(f"method {method!r} needs --index DIR or --retriever-url URL")
-        from seekrl.agent.backends import backend_refusal, make_backend
+        from seekrl.agent.factory import backend_refusal, make_backend
 
         why = backend_refusal(backend, "eval", device=device)
         if why:

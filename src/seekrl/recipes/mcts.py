@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
 
-from seekrl.agent.backends import backend_refusal
+from seekrl.agent.factory import backend_refusal
 from seekrl.agent.protocol import normalise_text
 from seekrl.agent.rollout import RolloutEngine
 from seekrl.agent.trajectory import Step, Trajectory

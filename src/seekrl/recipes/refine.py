@@ -192,7 +192,7 @@ def check_config(cfg) -> None:
     from seekrl.rewards.outcome import OUTCOMES
 
     check_name("reward", cfg.reward, OUTCOMES)
-    from seekrl.agent.backends import backend_refusal
+    from seekrl.agent.factory import backend_refusal
 
     why = backend_refusal(cfg.rollout.backend, "refine")
     if why:

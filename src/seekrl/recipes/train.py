@@ -55,7 +55,8 @@ from typing import Any
 
 import torch
 
-from seekrl.agent.backends import Backend, backend_refusal, make_backend
+from seekrl.agent.backends import Backend
+from seekrl.agent.factory import backend_refusal, make_backend
 from seekrl.agent.rollout import RolloutEngine, grow_trees
 from seekrl.agent.trajectory import Trajectory
 from seekrl.config import ConfigError, TrainConfig, dump_config
