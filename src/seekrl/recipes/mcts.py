@@ -47,11 +47,10 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
 
-from seekrl.agent.factory import backend_refusal
 from seekrl.agent.protocol import normalise_text
 from seekrl.agent.rollout import RolloutEngine
 from seekrl.agent.trajectory import Step, Trajectory
-from seekrl.config import ConfigError, flat_keys
+from seekrl.config import flat_keys
 from seekrl.data.qa import QAExample
 from seekrl.recipes.labels import Labels, LabelWriter, SearchStats
 
@@ -378,13 +377,9 @@ def _mc_tree(ex_id: str, group: Sequence[Trajectory], mc_samples: int, score: Sc
 # ---------------------------------------------------------------------- the recipe
 def check_config(cfg) -> None:
     """The labelling recipe's registry names and cross-key rules (`LabelConfig`)."""
-    from seekrl.recipes.setup import check_name
-    from seekrl.rewards.outcome import OUTCOMES
+    from seekrl.recipes.setup import check_episode_recipe
 
-    check_name("reward", cfg.reward, OUTCOMES)
-    why = backend_refusal(cfg.rollout.backend, "labelling")
-    if why:
-        raise ConfigError(f"rollout.backend: {why}")
+    check_episode_recipe(cfg, "labelling")
 
 
 def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,

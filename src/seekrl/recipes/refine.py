@@ -187,16 +187,9 @@ def train_step_dpo(model, tokenizer, pairs, *, steps: int, batch_size: int, beta
 # ---------------------------------------------------------------------- the recipe
 def check_config(cfg) -> None:
     """The refinement recipe's registry names and cross-key rules (`RefineConfig`)."""
-    from seekrl.config import ConfigError
-    from seekrl.recipes.setup import check_name
-    from seekrl.rewards.outcome import OUTCOMES
+    from seekrl.recipes.setup import check_episode_recipe
 
-    check_name("reward", cfg.reward, OUTCOMES)
-    from seekrl.agent.factory import backend_refusal
-
-    why = backend_refusal(cfg.rollout.backend, "refine")
-    if why:
-        raise ConfigError(f"rollout.backend: {why}")
+    check_episode_recipe(cfg, "refine")
 
 
 def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,

@@ -21,6 +21,18 @@ def check_name(key: str, value: str, known) -> None:
         raise ConfigError(f"{key}: expected one of {', '.join(sorted(known))}, got {value!r}")
 
 
+def check_episode_recipe(cfg, command: str) -> None:
+    """What the recipes that play episodes with an outcome reward (labelling, refine)
+    check alike: the `reward` name, and that `rollout.backend` can serve `command`."""
+    from seekrl.agent.factory import backend_refusal
+    from seekrl.rewards.outcome import OUTCOMES
+
+    check_name("reward", cfg.reward, OUTCOMES)
+    why = backend_refusal(cfg.rollout.backend, command)
+    if why:
+        raise ConfigError(f"rollout.backend: {why}")
+
+
 def rollout_config(settings, *, seed: int, n_samples: int = 1):
     """The rollout engine's settings from a recipe's `rollout:` section (`RolloutSettings`)."""
     from seekrl.agent.rollout import RolloutConfig
