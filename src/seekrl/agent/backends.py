@@ -78,34 +78,56 @@ class _Batch:
 
     def select(self, rows: list[int], *, room: int = 0, extra: int = 0) -> "_Batch":
         """A new batch of the given rows, then `extra` empty rows (masked zero columns, no
-        tokens yet); this one is left as it was. With `room`, each layer's copy is made
-        with that many spare columns, so the next `room` positions are written in place
-        (one allocation for a whole turn's prefill and decoding, instead of a copy now and
-        another when the cache first grows)."""
-        idx = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
-        n = len(rows) + extra
-        cache = copy.copy(self.cache)
-        cache.layers = [copy.copy(layer) for layer in _layers(self.cache)]
-        for layer in cache.layers:
-            if getattr(layer, "is_initialized", True) and layer.keys.numel():
+        tokens yet), using this batch up (see `split`). With `room`, each layer's copy is
+        made with that many spare columns, so the next `room` positions are written in
+        place (one allocation for a whole turn's prefill and decoding, instead of a copy
+        now and another when the cache first grows)."""
+        return self.split([(rows, room, extra)])[0]
+
+    def split(self, picks: Sequence[tuple[list[int], int, int]]) -> list["_Batch"]:
+        """Several selections at once, each (rows, room, extra) as in `select`, that use
+        this batch up: layer by layer, its keys and values are copied into every pick and
+        then freed, so the cache never exists twice whole (one layer does). Copying all of
+        it first and dropping it after held two caches at once: the peak of a greedy
+        evaluation was 2 x its KV cache plus the weights."""
+        dev = self.mask.device
+        idxs = [torch.tensor(rows, dtype=torch.long, device=dev) for rows, _, _ in picks]
+        source = _layers(self.cache)
+        out_layers = [[copy.copy(layer) for layer in source] for _ in picks]
+        for n, layer in enumerate(source):
+            if getattr(layer, "is_initialized", True) and layer.keys is not None \
+                    and layer.keys.numel():
                 for name, buf_name in (("keys", "_buf_k"), ("values", "_buf_v")):
                     t = getattr(layer, name)
                     _, h, cols, d = t.shape
-                    buf = t.new_empty((n, h, cols + room, d))
-                    buf[:len(rows), :, :cols] = t.index_select(0, idx)
-                    buf[len(rows):, :, :cols].zero_()   # never attended, but finite
-                    setattr(layer, name, buf[:, :, :cols])
-                    setattr(layer, buf_name, buf if room else None)
+                    for (rows, room, extra), idx, layers in zip(picks, idxs, out_layers):
+                        buf = t.new_empty((len(rows) + extra, h, cols + room, d))
+                        buf[:len(rows), :, :cols] = t.index_select(0, idx)
+                        buf[len(rows):, :, :cols].zero_()   # never attended, but finite
+                        setattr(layers[n], name, buf[:, :, :cols])
+                        setattr(layers[n], buf_name, buf if room else None)
+                layer.keys = layer.values = None   # this layer is copied: free it now
             else:
-                _drop_spare(layer)
-        once = len(set(rows)) == len(rows)   # a repeated row gets its own list of tokens
-        mask, next_pos = self.mask[idx], self.next_pos[idx]
-        if extra:
-            mask = torch.cat([mask, mask.new_zeros((extra, mask.shape[1]))])
-            next_pos = torch.cat([next_pos, next_pos.new_zeros(extra)])
-        return _Batch(cache, [self.keys[r] for r in rows] + [None] * extra,
-                      [self.seen[r] if once else list(self.seen[r]) for r in rows]
-                      + [[] for _ in range(extra)], mask, next_pos)
+                for layers in out_layers:
+                    _drop_spare(layers[n])
+            _drop_spare(layer)
+        counts: dict[int, int] = {}
+        for rows, _, _ in picks:
+            for r in rows:
+                counts[r] = counts.get(r, 0) + 1
+        out = []
+        for (rows, _, extra), idx, layers in zip(picks, idxs, out_layers):
+            cache = copy.copy(self.cache)
+            cache.layers = layers
+            mask, next_pos = self.mask[idx], self.next_pos[idx]
+            if extra:
+                mask = torch.cat([mask, mask.new_zeros((extra, mask.shape[1]))])
+                next_pos = torch.cat([next_pos, next_pos.new_zeros(extra)])
+            # a row picked more than once gets its own list of tokens
+            seen = [self.seen[r] if counts[r] == 1 else list(self.seen[r]) for r in rows]
+            out.append(_Batch(cache, [self.keys[r] for r in rows] + [None] * extra,
+                              seen + [[] for _ in range(extra)], mask, next_pos))
+        return out
 
 
 @functools.cache
@@ -338,9 +360,9 @@ class HFBackend(Backend):
                 groups[-1].append(e)
             else:
                 groups.append([e])
-        # Every group's rows are copied out of the old cache first (with room for their
-        # chunk and the turn), so the old cache is freed before any forward pass runs.
-        prepared = [self._group_batch(old, group, contexts) for group in groups]
+        # Every group's rows are copied out of the old cache, layer by layer (with room for
+        # their chunk), and the old cache freed as they are, before any forward pass runs.
+        prepared = self._group_batches(old, groups, contexts)
         del old
         parts, logits, order = [], [], []
         for group, batch in zip(groups, prepared):
@@ -365,19 +387,27 @@ class HFBackend(Backend):
         """A group's entries, the rows with a cache to reuse first."""
         return [e for e in group if e[1] is not None] + [e for e in group if e[1] is None]
 
-    def _group_batch(self, old: _Batch | None, group: list[tuple], contexts) -> _Batch:
-        """The cache a group's prefill starts from: its reused rows copied out of the old
-        cache, then empty rows for the fresh contexts, with room for the chunk (the
-        turn's decoding happens in the compacted cache, which gets its own room)."""
-        rows = self._rows_of(group)
-        reused = [r for _, r, _ in rows if r is not None]
-        if reused:
-            width = max(len(contexts[i]) - seen for i, _, seen in rows)
-            return old.select(reused, room=width, extra=len(rows) - len(reused))
+    def _group_batches(self, old: _Batch | None, groups: list[list[tuple]], contexts
+                       ) -> list[_Batch]:
+        """The caches the groups' prefills start from: each group's reused rows copied out
+        of the old cache (which this uses up), then empty rows for its fresh contexts, with
+        room for the chunk (the turn's decoding happens in the compacted cache, which gets
+        its own room)."""
+        picks, which = [], []
+        for g, group in enumerate(groups):
+            rows = self._rows_of(group)
+            reused = [r for _, r, _ in rows if r is not None]
+            if reused:
+                width = max(len(contexts[i]) - seen for i, _, seen in rows)
+                picks.append((reused, width, len(rows) - len(reused)))
+                which.append(g)
+        copied = dict(zip(which, old.split(picks))) if picks else {}
         dev = self.device
-        return _Batch(_new_cache(), [], [], torch.zeros((len(rows), 0), dtype=torch.long,
-                                                        device=dev),
-                      torch.zeros(len(rows), dtype=torch.long, device=dev))
+        return [copied[g] if g in copied else _Batch(
+                    _new_cache(), [], [], torch.zeros((len(group), 0), dtype=torch.long,
+                                                      device=dev),
+                    torch.zeros(len(group), dtype=torch.long, device=dev))
+                for g, group in enumerate(groups)]
 
     def _prefill_group(self, batch: _Batch, group: list[tuple], contexts, keys):
         dev = self.device
@@ -446,8 +476,11 @@ class HFBackend(Backend):
             if len(idle) >= max(1, len(rows) // 4):
                 keep = [b for b, a in enumerate(alive) if a]
                 if keys is not None:  # keep the stopped rows' cache for their next turn
-                    parked.append(batch.select(idle))
-                batch = batch.select(keep, room=max_new_tokens - step)
+                    stopped, batch = batch.split([(idle, 0, 0),
+                                                  (keep, max_new_tokens - step, 0)])
+                    parked.append(stopped)
+                else:
+                    batch = batch.select(keep, room=max_new_tokens - step)
                 tokens = [tokens[b] for b in keep]
                 rows = [rows[b] for b in keep]
                 alive = [True] * len(rows)
