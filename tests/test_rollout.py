@@ -370,3 +370,29 @@ def test_where_an_episode_came_from_is_typed_and_old_files_still_read():
             t.parent) == (["d1"], ["T"], 1, 3, 2, 0)
     assert t.metadata == {"type": "bridge"} and "prompt_hits" in old["metadata"]
     assert Trajectory.from_dict(t.to_dict()) == t
+
+
+def test_split_moves_rows_layer_by_layer_and_uses_the_source_up(tiny):
+    """`_Batch.split` (every row move of the KV cache): each pick holds exactly its rows'
+    keys and values (then its empty rows, zero), with its room; the source's layers are
+    freed, so two whole caches never coexist; a row picked twice gets its own token list."""
+    from seekrl.agent.backends import _Batch, _layers, _new_cache
+
+    model, tok = tiny
+    ids = torch.randint(5, 200, (3, 7))
+    cache = _new_cache()
+    with torch.no_grad():
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in _layers(cache)]
+    batch = _Batch(cache, ["a", "b", "c"], [list(r) for r in ids.tolist()],
+                   torch.ones(3, 7, dtype=torch.long), torch.full((3,), 7))
+    two, one = batch.split([([2, 0, 2], 5, 1), ([1], 0, 0)])
+    for n, (k, v) in enumerate(before):
+        got = _layers(two.cache)[n]
+        assert torch.equal(got.keys[:3], k[[2, 0, 2]]) and torch.equal(got.values[:3], v[[2, 0, 2]])
+        assert not got.keys[3].any() and got._buf_k.shape[2] == 7 + 5   # room for 5
+        assert torch.equal(_layers(one.cache)[n].keys, k[[1]])
+        assert _layers(cache)[n].keys is None and getattr(_layers(cache)[n], "_buf_k", None) is None
+    assert two.keys == ["c", "a", "c", None] and one.keys == ["b"]
+    assert two.seen[0] == two.seen[2] and two.seen[0] is not two.seen[2]
+    assert two.mask.shape == (4, 7) and not two.mask[3].any()
