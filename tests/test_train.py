@@ -451,6 +451,23 @@ def test_a_step_with_step_rewards_fills_the_steps_and_logs_them(world, tiny, tmp
     assert "process reward" in (saved / "viewer.html").read_text()
 
 
+def test_a_prm_object_stands_in_for_reward_prm(world, tiny, tmp_path):
+    """`Trainer(prm_scorer=...)` needs no `reward.prm` folder (the README's way to pass one);
+    without either, the config is refused before anything loads."""
+    from seekrl.recipes.train import check_config
+
+    class Constant:
+        def score_steps(self, trajectories):
+            return [[0.5] * len(t.steps) for t in trajectories]
+
+    cfg = make_cfg(tmp_path, **{"algo.advantage": "dual_granularity",
+                                "reward.process": {"prm": 1.0}})
+    with pytest.raises(ConfigError, match="reward.process.prm: no process reward model"):
+        check_config(cfg)
+    record = make_trainer(cfg, world, tiny, prm_scorer=Constant()).step(1)
+    assert record["process_prm"] == 0.5
+
+
 def test_mc_value_counts_its_continuations_as_rollout_compute(world, tiny, tmp_path):
     cfg = make_cfg(tmp_path, **{"algo.advantage": "dual_granularity",
                                 "reward.process": {"mc_value": 1.0}, "reward.mc_samples": 2,

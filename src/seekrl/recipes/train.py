@@ -131,7 +131,7 @@ class Trainer:
                  overwrite: bool = False, dist: Dist | None = None):
         self.cfg = cfg
         self.out = Path(cfg.out)
-        check_config(cfg)   # before a model is loaded: fail in seconds
+        check_config(cfg, scorer_given=prm_scorer is not None)   # before a model loads
         if prm_scorer is None and "prm" in cfg.reward.process:
             from seekrl.recipes.prm import prm_folder
             try:
@@ -1150,10 +1150,11 @@ def _kl_rewards(trajs, logps, ref_logps, algo) -> tuple[list[torch.Tensor], floa
     return out, round(total / max(n, 1), 5)
 
 
-def check_config(cfg: TrainConfig) -> None:
+def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
     """The RL recipe's registry names and cross-key rules, checked before anything slow
     happens (the trainer, and `seekrl train --print-config`, call it). Schema types and
-    ranges are `TrainConfig`'s own."""
+    ranges are `TrainConfig`'s own. `scorer_given`: a PRM object is passed in
+    (`Trainer(prm_scorer=...)`), so `reward.prm` need not name one."""
     from seekrl.rewards.outcome import OUTCOMES
     from seekrl.rewards.process import PROCESS_REWARDS
     from seekrl.rl.advantages import ESTIMATORS, FACTS
@@ -1177,7 +1178,7 @@ def check_config(cfg: TrainConfig) -> None:
             f"algo.kl_in_reward: the per-token KL reward is read by {' and '.join(readers)} "
             f"only; algo.advantage is {algo.advantage!r} (use the KL loss term there: "
             "kl_in_reward: false)")
-    if "prm" in cfg.reward.process and not cfg.reward.prm:
+    if "prm" in cfg.reward.process and not cfg.reward.prm and not scorer_given:
         raise ConfigError("reward.process.prm: no process reward model given (set "
                           "reward.prm to a `seekrl prm train` folder, e.g. RUN/final)")
     tree = cfg.rollout.tree
