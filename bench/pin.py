@@ -136,12 +136,9 @@ def train_runs(root: Path) -> dict[str, dict]:
 
 
 def prorag_run(root: Path) -> dict:
-    try:
-        from seekrl.recipes.prorag import run_prorag
-    except ImportError:
-        from seekrl.prorag import run_prorag
     from seekrl.config import ProragConfig
     from seekrl.models import load_policy
+    from seekrl.prorag import run_prorag
 
     model, tok = tiny_policy(seed=0)
     model.save_pretrained(root / "tiny")
