@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from conftest import build_world_and_index  # noqa: E402
 
 import seekrl  # noqa: E402
-from seekrl.config import TrainConfig  # noqa: E402
+from seekrl.config import TrainConfig, flat_keys, with_keys  # noqa: E402
 from seekrl.data.qa import read_qa_jsonl  # noqa: E402
 from seekrl.models import tiny_policy  # noqa: E402
 from seekrl.retrieval.index import load_index  # noqa: E402
@@ -103,23 +103,18 @@ def train_runs(root: Path) -> dict[str, dict]:
     variants["critic-gae"] = {"algo.advantage": "gae"}
     variants["budget"] = {"steps": 4, "max_rollout_tokens": 60}
     variants["one-update"] = {"algo.epochs": 1, "algo.mini_batch_size": 4}
+    base = {"data": "unused", "index": "unused", "steps": 2, "questions_per_step": 2,
+            "group_size": 2, "save_every": 1, "seed": 7,
+            "rollout": {"max_turns": 2, "max_new_tokens": 6, "max_info_tokens": 48,
+                        "topk": 2, "batch_size": 8},
+            "algo": {"mini_batch_size": 2, "micro_batch_size": 1, "epochs": 2,
+                     "kl_coef": 0.1, "entropy_coef": 0.01},
+            "optim": {"lr": 1e-3}}
     out = {}
     for name, over in variants.items():
-        base = {"data": "unused", "index": "unused", "out": str(root / name), "steps": 2,
-                "questions_per_step": 2, "group_size": 2, "save_every": 1, "seed": 7,
-                "rollout": {"max_turns": 2, "max_new_tokens": 6, "max_info_tokens": 48,
-                            "topk": 2, "batch_size": 8},
-                "algo": {"mini_batch_size": 2, "micro_batch_size": 1, "epochs": 2,
-                         "kl_coef": 0.1, "entropy_coef": 0.01},
-                "optim": {"lr": 1e-3}}
-        for key, value in over.items():
-            node = base
-            *parents, last = key.split(".")
-            for p in parents:
-                node = node.setdefault(p, {})
-            node[last] = value
+        tree = with_keys(base, {"out": str(root / name), **over})
         try:
-            cfg = TrainConfig.model_validate(base)
+            cfg = TrainConfig.model_validate(tree)
         except Exception as e:   # a variant this version cannot express: pinned as such
             out[name] = {"config_error": str(e).splitlines()[0]}
             continue
@@ -164,16 +159,6 @@ def prorag_run(root: Path) -> dict:
     return out
 
 
-def flatten(d, prefix="") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def same(a, b) -> bool:
     if isinstance(a, float) and isinstance(b, float):
         return a == b or (math.isnan(a) and math.isnan(b))
@@ -196,12 +181,12 @@ def main() -> None:
     if only:
         runs = {k: v for k, v in runs.items() if k in only}
     Path(args.out).write_text(json.dumps(runs, indent=1, sort_keys=True))
-    figures = flatten(runs)
+    figures = flat_keys(runs)
     for name, run in runs.items():
-        print(f"run={name} figures={len(flatten(run))}")
+        print(f"run={name} figures={len(flat_keys(run))}")
     line = f"pinned={len(figures)} runs={len(runs)}"
     if args.compare:
-        before = flatten(json.loads(Path(args.compare).read_text()))
+        before = flat_keys(json.loads(Path(args.compare).read_text()))
         moved = sorted(k for k in set(before) | set(figures)
                        if not same(before.get(k), figures.get(k)))
         for k in moved[:50]:

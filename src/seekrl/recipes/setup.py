@@ -1,5 +1,6 @@
-"""What the SFT and RL recipes share: seeding, LoRA, optimizer and schedule, saving a policy
-so `seekrl eval --model DIR` loads it, greedy evaluation, and the metrics log."""
+"""What the recipes share at set-up: config name checks, rollout settings and the index,
+seeding, trainable layers and LoRA, optimizer and schedule, a token budget's share, and
+the metrics log (checkpoint I/O is in `checkpoint.py`)."""
 
 from __future__ import annotations
 
