@@ -70,15 +70,27 @@ def _usable_device(value: str) -> str:
 Device = Annotated[str, AfterValidator(_usable_device)]
 
 
+# An episode's limits, each range written once: the `rollout:` section, the engine's
+# settings (`RolloutConfig`, agent/rollout.py) and the sections that set one of them on
+# their own (eval:, the SFT's dev evaluation, the ProRAG pipeline) all take these types;
+# the defaults are agent/protocol.py's.
+MaxTurns = Annotated[int, Field(ge=1)]          # model turns per episode
+MaxNewTokens = Annotated[int, Field(ge=1)]      # generated tokens per turn
+MaxTotalTokens = Annotated[int, Field(ge=16)]   # prompt + everything after it
+MaxInfoTokens = Annotated[int, Field(ge=8)]     # token cap of one <information> block
+TopK = Annotated[int, Field(ge=1)]              # documents per search
+EpisodeBatch = Annotated[int, Field(ge=1)]      # episodes generating together
+
+
 class EvalConfig(Strict):
     """Greedy evaluation of the policy as a search agent during and after training."""
     data: str | None = None        # QA file (JSONL / parquet); None: no evaluation
     n: int = Field(32, ge=1)       # first n questions of it
     every: int = Field(0, ge=0)    # every N optimizer steps (0: only at the end)
     at_start: bool = True          # also the starting policy (eval/start), unless resuming
-    max_turns: int = Field(limits.DEFAULT_MAX_TURNS, ge=1)
-    max_new_tokens: int = Field(limits.DEFAULT_MAX_NEW_TOKENS, ge=1)
-    batch_size: int = Field(limits.DEFAULT_BATCH_SIZE, ge=1)
+    max_turns: MaxTurns = limits.DEFAULT_MAX_TURNS
+    max_new_tokens: MaxNewTokens = limits.DEFAULT_MAX_NEW_TOKENS
+    batch_size: EpisodeBatch = limits.DEFAULT_BATCH_SIZE
 
 
 class SFTConfig(Strict):
@@ -96,8 +108,8 @@ class SFTConfig(Strict):
     batch_size: int = Field(8, ge=1)           # episodes per micro-batch
     grad_accum: int = Field(1, ge=1)           # micro-batches per optimizer step
     max_len: int = Field(2048, ge=16)          # longer episodes are cut (the tail is lost)
-    max_info_tokens: int = Field(384, ge=8)    # as the rollout engine cuts <information>
-    topk: int = Field(3, ge=1)                 # documents per search, for the dev evaluation
+    max_info_tokens: MaxInfoTokens = limits.DEFAULT_MAX_INFO_TOKENS   # as rollouts cut it
+    topk: TopK = limits.DEFAULT_TOPK           # documents per search, for the dev evaluation
     train_layers: int | None = Field(None, ge=1)   # train only the top N blocks (None: all)
     lora: LoRAConfig = LoRAConfig()
     optim: OptimConfig = OptimConfig(lr=5e-5, warmup_steps=5)
@@ -120,16 +132,25 @@ class TreeSettings(Strict):
         return self.trees * (1 + self.branches * self.rounds)
 
 
-class RolloutSettings(Strict):
+class EpisodeSettings(Strict):
+    """How the rollout engine plays an episode: the method, the limits, the decoding. The
+    one declaration of these settings: the `rollout:` section (`RolloutSettings`) is these
+    plus how rollouts are organised and served, and the engine's `RolloutConfig`
+    (agent/rollout.py) is these plus one run's choices (samples per question, greedy, seed)."""
     method: Literal["agent", "rag", "direct"] = "agent"   # direct: one turn, no retriever
-    max_turns: int = Field(limits.DEFAULT_MAX_TURNS, ge=1)
-    max_new_tokens: int = Field(limits.DEFAULT_MAX_NEW_TOKENS, ge=1)
-    max_total_tokens: int = Field(limits.DEFAULT_MAX_TOTAL_TOKENS, ge=16)
-    max_info_tokens: int = Field(limits.DEFAULT_MAX_INFO_TOKENS, ge=8)
-    topk: int = Field(limits.DEFAULT_TOPK, ge=1)
-    batch_size: int = Field(limits.DEFAULT_BATCH_SIZE, ge=1)
+    max_turns: MaxTurns = limits.DEFAULT_MAX_TURNS
+    max_new_tokens: MaxNewTokens = limits.DEFAULT_MAX_NEW_TOKENS
+    max_total_tokens: MaxTotalTokens = limits.DEFAULT_MAX_TOTAL_TOKENS
+    max_info_tokens: MaxInfoTokens = limits.DEFAULT_MAX_INFO_TOKENS
+    topk: TopK = limits.DEFAULT_TOPK
+    batch_size: EpisodeBatch = limits.DEFAULT_BATCH_SIZE
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
+
+
+class RolloutSettings(EpisodeSettings):
+    """The `rollout:` section of a config: the episode settings (above), then tree rollouts
+    and the generation backend."""
     tree: TreeSettings | None = None   # tree rollouts instead of group_size chains
     # hf: seekrl's decoding loop on the policy itself; vllm: a colocated vLLM engine that
     # gets the policy's weights before each rollout (agent/vllm_backend.py; needs vllm)
@@ -418,10 +439,10 @@ class ProragConfig(Strict):
     test: str | None = None            # questions for the evaluations
     index: str | None = None           # an index folder or a retrieval server url
     n_test: int = Field(40, ge=1)
-    k: int = Field(2, ge=1)            # documents per search
-    max_info_tokens: int = Field(256, ge=8)
-    max_turns: int = Field(4, ge=1)
-    max_new_tokens: int = Field(64, ge=1)
+    k: TopK = 2                        # documents per search
+    max_info_tokens: MaxInfoTokens = 256
+    max_turns: MaxTurns = 4
+    max_new_tokens: MaxNewTokens = 64
     train_layers: int | None = Field(16, ge=1)   # top blocks trained in every stage
     refine_method: Literal["rft", "step_dpo", "none"] = "rft"
     # the policies evaluated on the test questions (each evaluation of 200 questions is
