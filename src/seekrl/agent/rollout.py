@@ -12,18 +12,14 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
+from typing import Any
 
 import torch
+from pydantic import BaseModel, Field
 
 from seekrl.agent.backends import Backend, Generated, Sampling
 from seekrl.agent.protocol import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_MAX_INFO_TOKENS,
-    DEFAULT_MAX_NEW_TOKENS,
-    DEFAULT_MAX_TOTAL_TOKENS,
-    DEFAULT_MAX_TURNS,
-    DEFAULT_TOPK,
     INFORMATION,
     build_prompt,
     format_hits,
@@ -32,34 +28,27 @@ from seekrl.agent.protocol import (
     plain_answer,
 )
 from seekrl.agent.trajectory import Step, Trajectory
+from seekrl.config import EpisodeSettings, build_config
 from seekrl.data.qa import QAExample
 from seekrl.retrieval.base import Hit, Retriever
 
 
-@dataclass
-class RolloutConfig:
-    max_turns: int = DEFAULT_MAX_TURNS                 # model turns per episode
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS       # generated tokens per turn
-    max_total_tokens: int = DEFAULT_MAX_TOTAL_TOKENS   # prompt + everything after it
-    topk: int = DEFAULT_TOPK                           # documents per search
-    max_info_tokens: int = DEFAULT_MAX_INFO_TOKENS     # token cap of one <information> block
-    batch_size: int = DEFAULT_BATCH_SIZE               # episodes generating together
-    n_samples: int = 1               # rollouts per question (the GRPO group size)
+class RolloutConfig(EpisodeSettings):
+    """The engine's settings: the episode settings of a `rollout:` section (the same names,
+    defaults and ranges: `seekrl.config.EpisodeSettings`) and one run's choices."""
+    n_samples: int = Field(1, ge=1)  # rollouts per question (the GRPO group size)
     greedy: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
     seed: int = 0
-    method: str = "agent"            # agent | rag | direct
 
-    def __post_init__(self) -> None:
-        for name in ("max_turns", "max_new_tokens", "max_total_tokens", "topk",
-                     "max_info_tokens", "batch_size", "n_samples"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)}")
-        if self.method not in ("agent", "rag", "direct"):
-            raise ValueError(f"method: expected agent, rag or direct, got {self.method!r}")
-        if not self.greedy and self.temperature <= 0:
-            raise ValueError("temperature: expected > 0 when sampling (or set greedy)")
+    @classmethod
+    def of(cls, section: BaseModel | None = None, **run: Any) -> RolloutConfig:
+        """The engine's settings from a config section: the episode settings it holds (all
+        of a `rollout:` section's, the limits an `eval:` section sets; None: the defaults)
+        with `run` on top (`seed`, `n_samples`, `greedy`, settings the section lacks). A
+        bad value is a `ConfigError` that names the setting."""
+        own = {k: getattr(section, k) for k in EpisodeSettings.model_fields
+               if k in getattr(type(section), "model_fields", {})}
+        return build_config(cls, {**own, **run}, source="rollout settings")
 
 
 def information_ids(encode: Callable[[str], list[int]], body: str, max_tokens: int) -> list[int]:
@@ -86,17 +75,19 @@ def _gold_of(ex: QAExample) -> list[str]:
 
 
 class RolloutEngine:
-    """Runs episodes for a policy backend against a retriever."""
+    """Runs episodes for a policy backend against a retriever, with a `RolloutConfig` (or a
+    config's `rollout:` section, `RolloutSettings`, as one sample per question, seed 0)."""
 
     def __init__(self, backend: Backend, tokenizer, retriever: Retriever | None,
-                 cfg: RolloutConfig | None = None):
+                 cfg: EpisodeSettings | None = None):
         if not isinstance(backend, Backend):
             raise TypeError(f"backend: expected a seekrl.agent.backends.Backend (generate, "
                             f"reset, sync_weights, sleep), got {type(backend).__name__}")
         self.backend = backend
         self.tokenizer = tokenizer
         self.retriever = retriever
-        self.cfg = cfg or RolloutConfig()
+        # a config's `rollout:` section plays as it is (one sample, seed 0)
+        self.cfg = cfg if isinstance(cfg, RolloutConfig) else RolloutConfig.of(cfg)
         policy = getattr(backend, "model", None)
         if isinstance(policy, torch.nn.Module):   # an episode must fit a sliding window
             from seekrl.models import check_window

@@ -30,7 +30,6 @@ import os
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict
 from math import comb
 from pathlib import Path
 from typing import Any
@@ -247,17 +246,18 @@ def protocol_record(cfg: RolloutConfig, tokenizer) -> dict[str, Any]:
 # ------------------------------------------------------------------------------- running
 
 
-def eval_rollout_config(*, method: str = "agent", n_samples: int = 1,
+def eval_rollout_config(section=None, *, method: str = "agent", n_samples: int = 1,
                         temperature: float | None = None, **kw: Any) -> RolloutConfig:
-    """A `RolloutConfig` with the eval defaults for decoding: greedy for one sample,
-    sampling at T = 1.0 for K > 1; `temperature=0` forces greedy."""
+    """The engine's settings for an evaluation (`RolloutConfig.of(section, **kw)`: an
+    `eval:` section's limits, or the defaults) with the eval defaults for decoding: greedy
+    for one sample, sampling at T = 1.0 for K > 1; `temperature=0` forces greedy."""
     if temperature is None:
         temperature = 0.0 if n_samples == 1 else 1.0
     if temperature < 0:
         raise ValueError(f"temperature: expected >= 0 (0 = greedy), got {temperature}")
     greedy = temperature == 0
-    return RolloutConfig(method=method, n_samples=n_samples, greedy=greedy,
-                         temperature=1.0 if greedy else temperature, **kw)
+    return RolloutConfig.of(section, **kw, method=method, n_samples=n_samples, greedy=greedy,
+                            temperature=1.0 if greedy else temperature)
 
 
 def describe_retriever(retriever: Retriever | None) -> dict[str, Any] | None:
@@ -353,7 +353,7 @@ def evaluate(model, tokenizer, retriever: Retriever | None,
             bar.stop()
 
     config = {"seekrl_version": _version(), **(run_info or {}),
-              "rollout": asdict(cfg), "protocol": protocol_record(cfg, tokenizer),
+              "rollout": cfg.model_dump(mode="json"), "protocol": protocol_record(cfg, tokenizer),
               "retriever": describe_retriever(retriever),
               "datasets": {name: len(v) for name, v in data.items()}}
     metrics = {"config": config, **score_trajectories(trajectories),
@@ -372,9 +372,7 @@ def eval_policy(model, tokenizer, retriever, cfg, out_dir: str | Path, *, topk: 
     from seekrl.eval.report import write_viewer
 
     data = load_eval_data([cfg.data], limit=limit or cfg.n)
-    rollout = eval_rollout_config(method="agent", topk=topk, max_turns=cfg.max_turns,
-                                  max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
-                                  max_info_tokens=max_info_tokens)
+    rollout = eval_rollout_config(cfg, method="agent", topk=topk, max_info_tokens=max_info_tokens)
     was_training = model.training
     model.eval()
     try:

@@ -48,7 +48,7 @@ from itertools import combinations
 from pathlib import Path
 
 from seekrl.agent.protocol import normalise_text
-from seekrl.agent.rollout import RolloutEngine
+from seekrl.agent.rollout import RolloutConfig, RolloutEngine
 from seekrl.agent.trajectory import Step, Trajectory
 from seekrl.config import flat_keys
 from seekrl.data.qa import QAExample
@@ -393,7 +393,7 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
     from seekrl.config import dump_config
     from seekrl.data.qa import load_qa
     from seekrl.models import load_policy, tokenizer_fingerprint
-    from seekrl.recipes.setup import open_index, rollout_config, set_seed, units_within_budget
+    from seekrl.recipes.setup import open_index, set_seed, units_within_budget
     from seekrl.rewards.outcome import get_outcome
 
     check_config(cfg)
@@ -414,7 +414,7 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
     writer.check_tokenizer(tokenizer_fingerprint(tokenizer))
     dump_config(cfg, Path(cfg.out) / "config.yaml")
     engine = RolloutEngine(backend or HFBackend(model.eval(), tokenizer), tokenizer, retriever,
-                           rollout_config(cfg.rollout, seed=cfg.seed))
+                           RolloutConfig.of(cfg.rollout, seed=cfg.seed))
     outcome = get_outcome(cfg.reward)
     score = lambda t: outcome(t.answer, t.golden_answers)          # noqa: E731
     rules = PairRules(min_visits=search.min_visits, min_gap=search.min_gap)

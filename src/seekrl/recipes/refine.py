@@ -207,7 +207,6 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
         make_scheduler,
         open_index,
         prepare_trainable,
-        rollout_config,
         set_seed,
         trainable_parameters,
     )
@@ -265,7 +264,7 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
 
     # RFT: sample, filter, fine-tune
     from seekrl.agent.backends import HFBackend
-    from seekrl.agent.rollout import RolloutEngine
+    from seekrl.agent.rollout import RolloutConfig, RolloutEngine
     from seekrl.data.qa import load_qa
     from seekrl.rewards.outcome import get_outcome
 
@@ -274,7 +273,7 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
         questions = questions[:cfg.questions]
     r = cfg.rollout
     engine = RolloutEngine(backend or HFBackend(model.eval(), tokenizer), tokenizer, retriever,
-                           rollout_config(r, seed=cfg.seed, n_samples=cfg.samples))
+                           RolloutConfig.of(r, seed=cfg.seed, n_samples=cfg.samples))
     trajs = engine.run(questions, dataset="rft")
     outcome = get_outcome(cfg.reward)
     outcomes = [outcome(t.answer, t.golden_answers) for t in trajs]

@@ -1,4 +1,4 @@
-"""What the recipes share at set-up: config name checks, rollout settings and the index,
+"""What the recipes share at set-up: config name checks, the index,
 seeding, trainable layers and LoRA, optimizer and schedule, a token budget's share, and
 the metrics log (checkpoint I/O is in `checkpoint.py`)."""
 
@@ -32,18 +32,6 @@ def check_episode_recipe(cfg, command: str) -> None:
     why = backend_refusal(cfg.rollout.backend, command)
     if why:
         raise ConfigError(f"rollout.backend: {why}")
-
-
-def rollout_config(settings, *, seed: int, n_samples: int = 1):
-    """The rollout engine's settings from a recipe's `rollout:` section (`RolloutSettings`)."""
-    from seekrl.agent.rollout import RolloutConfig
-
-    return RolloutConfig(max_turns=settings.max_turns, max_new_tokens=settings.max_new_tokens,
-                         max_total_tokens=settings.max_total_tokens, topk=settings.topk,
-                         max_info_tokens=settings.max_info_tokens,
-                         batch_size=settings.batch_size, n_samples=n_samples,
-                         temperature=settings.temperature, top_p=settings.top_p, seed=seed,
-                         method=settings.method)
 
 
 def open_index(index: str | None, what: str):

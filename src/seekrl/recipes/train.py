@@ -57,7 +57,7 @@ import torch
 
 from seekrl.agent.backends import Backend
 from seekrl.agent.factory import backend_refusal, make_backend
-from seekrl.agent.rollout import RolloutEngine, grow_trees
+from seekrl.agent.rollout import RolloutConfig, RolloutEngine, grow_trees
 from seekrl.agent.trajectory import Trajectory
 from seekrl.config import ConfigError, TrainConfig, dump_config
 from seekrl.data.qa import QAExample, load_qa
@@ -82,7 +82,6 @@ from seekrl.recipes.setup import (
     open_index,
     prepare_trainable,
     rng_state,
-    rollout_config,
     set_rng_state,
     set_seed,
     trainable_parameters,
@@ -285,8 +284,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ 2. rollouts
     def engine(self, seed: int, n_samples: int | None = None) -> RolloutEngine:
-        cfg = rollout_config(self.cfg.rollout, seed=seed,
-                             n_samples=n_samples or self.cfg.group_size)
+        cfg = RolloutConfig.of(self.cfg.rollout, seed=seed,
+                               n_samples=n_samples or self.cfg.group_size)
         self.model.eval()
         return RolloutEngine(self._generation_backend(), self.tokenizer, self.retriever, cfg)
 
