@@ -177,6 +177,28 @@ def test_bad_config_names_the_field():
         RolloutConfig(method="telepathy")
 
 
+def test_engine_settings_are_the_config_sections(tiny):
+    """One declaration per rollout setting: the engine's `RolloutConfig` is a `rollout:`
+    section's episode settings plus one run's choices, built from a section without a copy."""
+    from seekrl.config import ConfigError, EpisodeSettings, EvalConfig, RolloutSettings
+
+    assert set(RolloutConfig.model_fields) == {*EpisodeSettings.model_fields,
+                                                "n_samples", "greedy", "seed"}
+    section = RolloutSettings(method="rag", max_turns=3, topk=2, temperature=0.5, top_p=0.9,
+                              tree={"trees": 2}, backend="vllm")
+    cfg = RolloutConfig.of(section, seed=5, n_samples=2)
+    assert cfg.model_dump() == {**section.model_dump(include=set(EpisodeSettings.model_fields)),
+                                "n_samples": 2, "greedy": False, "seed": 5}
+    assert RolloutConfig.of(EvalConfig(max_turns=2, batch_size=4), topk=5).model_dump(
+        include={"max_turns", "batch_size", "topk", "max_new_tokens"}) == {
+        "max_turns": 2, "batch_size": 4, "topk": 5, "max_new_tokens": 128}
+    with pytest.raises(ConfigError, match="n_samples"):
+        RolloutConfig.of(section, n_samples=0)
+    _, tok = tiny
+    engine = RolloutEngine(Scripted(tok, {}), tok, Docs(), section)   # a section as it is
+    assert engine.cfg == RolloutConfig.of(section)
+
+
 def test_bundled_conversion_draws_no_third_party_bar(capfd):
     """The first use converts the GGUF with transformers' tqdm bar ("Converting and
     de-quantizing GGUF tensors", which its progress-bar switch does not reach) replaced by
