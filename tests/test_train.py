@@ -625,10 +625,10 @@ def test_kl_in_reward_puts_the_penalty_into_the_returns(world, tiny, tmp_path, m
     from seekrl.recipes import train as train_mod
 
     seen = []
-    real = train_mod.compute_advantages
-    monkeypatch.setattr(train_mod, "compute_advantages",
-                        lambda name, trajs, rewards, *a, **k: seen.append((trajs, rewards)) or
-                        real(name, trajs, rewards, *a, **k))
+    real = train_mod.estimate_advantages
+    monkeypatch.setattr(train_mod, "estimate_advantages",
+                        lambda name, batch, *a, **k: seen.append(
+                            (batch.trajectories, batch.rewards)) or real(name, batch, *a, **k))
     cfg = make_cfg(tmp_path, **{"algo.advantage": "reinforce_pp", "algo.kl_in_reward": True,
                                 "algo.kl_estimator": "k1", "algo.kl_coef": 0.5})
     trainer = make_trainer(cfg, world, tiny)
@@ -650,8 +650,8 @@ def test_advantages_are_computed_once_per_step(world, tiny, tmp_path, monkeypatc
     from seekrl.recipes import train as train_mod
 
     seen = []
-    real = train_mod.compute_advantages
-    monkeypatch.setattr(train_mod, "compute_advantages",
+    real = train_mod.estimate_advantages
+    monkeypatch.setattr(train_mod, "estimate_advantages",
                         lambda *a, **k: seen.append(1) or real(*a, **k))
     trainer = make_trainer(make_cfg(tmp_path, **over), world, tiny)
     record = trainer.step(1)

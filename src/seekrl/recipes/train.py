@@ -96,9 +96,8 @@ from seekrl.rewards.process import (
 )
 from seekrl.rl.advantages import (
     Estimate,
-    Rewards,
     advantage_stats,
-    compute_advantages,
+    estimate_advantages,
     needs_values,
     no_positive_credit_for_invalid_turns,
 )
@@ -114,6 +113,7 @@ from seekrl.rl.loss import (
 )
 from seekrl.rl.monitor import Monitor
 from seekrl.rl.sampling import group_signal, keep_varied, split_micro_batches, whole_groups
+from seekrl.rl.step_batch import Rewards, StepBatch
 from seekrl.runtime import peak_rss_mb
 
 RewardFn = Callable[[Trajectory], RewardParts]
@@ -461,13 +461,15 @@ class Trainer:
     def estimate(self, trajs: Sequence[Trajectory], *, values=None, token_rewards=None
                  ) -> tuple[Estimate, int | None]:
         """The run's advantages of a batch, as the update uses them: the estimator on the
-        outcome and step rewards (and per-token rewards, a KL penalty in the reward), then,
-        unless `algo.credit_invalid_turns`, no positive credit for invalid turns. Returns the
+        batch's step batch (outcome and step rewards, each process source's part, per-token
+        rewards: a KL penalty in the reward; the critic's values), then, unless
+        `algo.credit_invalid_turns`, no positive credit for invalid turns. Returns the
         estimate and how many tokens that cap changed (None when it is off)."""
         algo = self.cfg.algo
         rewards = Rewards.from_trajectories(trajs, self.cfg.reward.process)
         rewards.tokens = token_rewards
-        est = compute_advantages(algo.advantage, trajs, rewards, algo, values=values)
+        batch = StepBatch.build(trajs, rewards, values=values)
+        est = estimate_advantages(algo.advantage, batch, algo)
         capped = None
         if not algo.credit_invalid_turns:
             est.advantages, capped = no_positive_credit_for_invalid_turns(est.advantages, trajs)

@@ -5,7 +5,8 @@ reward per step, or None where the source does not apply to that step (evidence 
 redundancy judge searches only: an answer step has no retrieval to judge). `score_steps` runs
 the sources a config names with their weights, keeps each source's value on the step
 (`Step.process_parts`, None kept) and their weighted sum (`Step.process_reward`, None
-counting 0); the estimators in `rl/advantages.py` place that sum on the step's last token.
+counting 0); the step batch the estimators read (`rl/step_batch.py`) places that sum on the
+step's last token.
 An estimator that normalises step scores (`dual_granularity`) normalises each source over
 the steps it applies to, so a step the source cannot judge is neither rewarded nor punished
 by it (normalised over every step, the zeros of answer steps would sit below the mean of

@@ -1,17 +1,25 @@
-"""Advantage estimators: pure functions from trajectories and token-level rewards to
-token-level advantages and returns.
+"""Advantage estimators: pure tensor functions from a step batch to token-level advantages
+and returns, registered by name with their facts (the shape of verl's `core_algos.py`).
 
-Rewards are token-level, as in verl's `core_algos.py`: an episode's score is its outcome
-(outcome + format reward - penalties, placed on the last policy token) plus one process
-reward per step (placed on that step's last token, `Step.end - 1`). `Rewards` keeps both
-parts as plain data, so an estimator can read the token-level view (`token_level`) and, where
-its formula needs it, the decomposition (the outcome alone, the per-step rewards).
+Rewards are token-level: an episode's outcome (outcome + format reward - penalties) sits on
+its last policy token, each step's process reward on that step's last token (`Step.end - 1`).
+A `StepBatch` (`rl/step_batch.py`) is built once per step from the trajectories and their
+`Rewards`: padded (B, T) token rewards, loss mask and step index per token, (B, S) step
+rewards and each process source's values with the steps it applies to, group ids, a critic's
+values.
 
-Every estimator has the shape `f(trajectories, rewards, cfg, values=None) -> (advantages,
-returns)`: one float tensor each per trajectory, aligned with `token_ids`, advantages zero
-wherever `loss_mask` is 0 (prompt, retrieved documents). Whitening and returns live here,
-not in the recipe. Estimators are registered by name with their facts (`facts(name)`: needs a critic's
-values, reads per-token rewards, needs tree rollouts), which the recipes check configs by.
+Every estimator has the shape `f(batch: StepBatch, cfg: AlgoConfig) -> (advantages, returns)`
+or `(advantages, returns, diagnostics)`: (B, T) float tensors, advantages zero wherever
+`loss_mask` is 0 (prompt, retrieved documents, padding), and a dict of figures for the step's
+record. Whitening and returns live here, not in the recipe. Estimators are registered by name
+with their facts (`facts(name)`: needs a critic's values, reads per-token rewards, needs tree
+rollouts), which the recipes check configs by. `estimate_advantages(name, batch, cfg)` runs
+one and returns an `Estimate`, one 1-D tensor per episode aligned with its `token_ids`;
+`compute_advantages(name, trajectories, rewards, cfg, values=)` builds the batch first. An
+estimator registered with the per-episode signature of seekrl before the step batch,
+`f(trajectories, rewards, cfg, values=None)` (three or more positional parameters), still
+runs: it gets the batch's trajectories, its `Rewards` and the values as one float32 tensor
+per episode, and returns one tensor per episode.
 
 Outcome estimators (one advantage for every policy token of an episode, from the episode's
 total score, outcome plus step rewards):
@@ -48,16 +56,25 @@ second search): none of these estimators groups by turn index. `gigpo` groups by
 
 from __future__ import annotations
 
+import inspect
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 
 import torch
 
-from seekrl.agent.protocol import normalise_text
-from seekrl.agent.trajectory import Trajectory, group_indices
+from seekrl.agent.trajectory import Trajectory
 from seekrl.config import AlgoConfig
+from seekrl.rl.step_batch import (  # noqa: F401  (Rewards and its helpers are imported from here)
+    Rewards,
+    StepBatch,
+    StepSource,
+    anchor_states,
+    as_rewards,
+    last_policy_token,
+    step_reward_position,
+)
 
 # The estimators read the algorithm config itself (`algo:`): gamma, lam, whiten, epsilon,
 # std_norm, beta, step_weight, step_gamma, anchor, anchor_similarity, alpha, with one
@@ -77,92 +94,10 @@ class Estimate:
         return iter((self.advantages, self.returns))
 
 
-# ---------------------------------------------------------------------- rewards as data
-
-
-@dataclass
-class Rewards:
-    """Each episode's outcome and each step's process reward; `tokens`, when given, one
-    tensor per episode of rewards on single tokens (the KL penalty of `algo.kl_in_reward`),
-    added to the token-level view and to the totals. `sources`, when given, the process
-    reward's parts before they were summed: name -> (weight, one value per step of each
-    episode, None where the source does not apply), for the estimators that normalise each
-    source over the steps it judges (`dual_granularity`)."""
-    outcome: list[float]
-    steps: list[list[float]]
-    tokens: list[torch.Tensor] | None = None
-    sources: dict[str, tuple[float, list[list[float | None]]]] | None = None
-
-    def __post_init__(self) -> None:
-        if len(self.outcome) != len(self.steps):
-            raise ValueError(f"rewards: {len(self.outcome)} outcomes but {len(self.steps)} "
-                             "step lists")
-
-    @classmethod
-    def outcome_only(cls, trajectories: Sequence[Trajectory], outcome: Sequence[float]
-                     ) -> "Rewards":
-        return cls([float(r) for r in outcome], [[0.0] * len(t.steps) for t in trajectories])
-
-    @classmethod
-    def from_trajectories(cls, trajectories: Sequence[Trajectory],
-                          weights: Mapping[str, float] | None = None) -> "Rewards":
-        """`outcome_reward` and each step's `process_reward` (None counts as 0); with the
-        process sources' `weights` (`reward.process`), each source's part from
-        `Step.process_parts` as `sources`."""
-        sources = None
-        if weights:
-            sources = {name: (float(w), [[s.process_parts.get(name) for s in t.steps]
-                                         for t in trajectories])
-                       for name, w in weights.items()}
-        return cls([float(t.outcome_reward or 0.0) for t in trajectories],
-                   [[float(s.process_reward or 0.0) for s in t.steps] for t in trajectories],
-                   sources=sources)
-
-    def totals(self) -> list[float]:
-        extra = [float(x.sum()) for x in self.tokens] if self.tokens is not None \
-            else [0.0] * len(self.outcome)
-        return [o + sum(s) + e for o, s, e in zip(self.outcome, self.steps, extra)]
-
-    def token_level(self, trajectories: Sequence[Trajectory]) -> list[torch.Tensor]:
-        """One tensor per trajectory: the outcome on its last policy token, each step's
-        reward on that step's last token."""
-        out = []
-        for t, outcome, steps in zip(trajectories, self.outcome, self.steps):
-            r = torch.zeros(len(t.token_ids), dtype=torch.float32)
-            last = last_policy_token(t)
-            if last is not None:
-                r[last] += outcome
-                for step, value in zip(t.steps, steps):
-                    r[step_reward_position(t, step)] += value
-            out.append(r)
-        if self.tokens is not None:
-            out = [r + x[:len(r)].to(r.dtype) for r, x in zip(out, self.tokens)]
-        return out
-
-
-def last_policy_token(t: Trajectory) -> int | None:
-    for i in range(len(t.loss_mask) - 1, -1, -1):
-        if t.loss_mask[i]:
-            return i
-    return None
-
-
-def step_reward_position(t: Trajectory, step) -> int:
-    """Where a step's reward goes: its last token. A step without tokens (only in data
-    written before turns kept their end-of-turn token) hands it to the nearest policy token
-    before it, else after it, so no reward is lost."""
-    if step.end > step.start:
-        return step.end - 1
-    for i in range(min(step.start, len(t.loss_mask)) - 1, -1, -1):
-        if t.loss_mask[i]:
-            return i
-    last = last_policy_token(t)
-    return last if last is not None else 0
-
-
 # ---------------------------------------------------------------------- registry
 
-Estimator = Callable[..., tuple[list[torch.Tensor], list[torch.Tensor]]]
+# f(batch, cfg) -> (advantages, returns[, diagnostics]), each (B, T)
+Estimator = Callable[..., tuple]
 ESTIMATORS: dict[str, Estimator] = {}
 
 
@@ -175,15 +110,30 @@ class EstimatorFacts:
 
 
 FACTS: dict[str, EstimatorFacts] = {}
+# estimators with the per-episode signature f(trajectories, rewards, cfg, values=None)
+_PER_EPISODE: set[str] = set()
+
+
+def _per_episode_form(fn: Estimator) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params) >= 3
 
 
 def register(name: str, *, needs_values: bool = False, reads_token_rewards: bool = False,
              needs_tree: bool = False) -> Callable[[Estimator], Estimator]:
+    """Registers `fn(batch: StepBatch, cfg) -> (advantages, returns[, diagnostics])` under
+    `name` with its facts; a function of three or more positional parameters is taken for
+    the per-episode form `fn(trajectories, rewards, cfg, values=None)`."""
     def wrap(fn: Estimator) -> Estimator:
         if name in ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
         ESTIMATORS[name] = fn
         FACTS[name] = EstimatorFacts(needs_values, reads_token_rewards, needs_tree)
+        if _per_episode_form(fn):
+            _PER_EPISODE.add(name)
         return fn
     return wrap
 
@@ -205,61 +155,33 @@ def needs_values(name: str) -> bool:
     return facts(name).needs_values
 
 
+def estimate_advantages(name: str, batch: StepBatch, cfg: AlgoConfig | None = None
+                        ) -> Estimate:
+    """The estimator `name` on a step batch, its (B, T) results cut back to one tensor per
+    episode."""
+    fn, cfg = get_estimator(name), cfg or AlgoConfig()
+    if name in _PER_EPISODE:
+        values = batch.unpad(batch.values) if batch.values is not None else None
+        out = fn(batch.trajectories, batch.rewards, cfg, values=values)
+        return out if isinstance(out, Estimate) else Estimate(*out)
+    out = fn(batch, cfg)
+    advantages, returns, diagnostics = (*out, {}) if len(out) == 2 else out
+    for what, x in (("advantages", advantages), ("returns", returns)):
+        if tuple(x.shape) != batch.shape:
+            raise ValueError(f"advantage estimator {name!r}: {what} of shape "
+                             f"{tuple(x.shape)}, expected the batch's {batch.shape}")
+    return Estimate(batch.unpad(advantages), batch.unpad(returns), dict(diagnostics))
+
+
 def compute_advantages(name: str, trajectories: Sequence[Trajectory],
                        rewards: Rewards | Sequence[float], cfg: AlgoConfig | None = None,
                        values=None) -> Estimate:
-    """`rewards`: a `Rewards`, or one outcome per trajectory (no step rewards)."""
-    if not isinstance(rewards, Rewards):
-        rewards = list(rewards)
-        if len(rewards) != len(trajectories):
-            raise ValueError(f"rewards: expected one per trajectory ({len(trajectories)}), "
-                             f"got {len(rewards)}")
-        rewards = Rewards.outcome_only(trajectories, rewards)
-    if len(rewards.outcome) != len(trajectories):
-        raise ValueError(f"rewards: expected one per trajectory ({len(trajectories)}), "
-                         f"got {len(rewards.outcome)}")
-    for t, steps in zip(trajectories, rewards.steps):
-        if len(steps) != len(t.steps):
-            raise ValueError(f"rewards: episode {t.example_id!r} has {len(t.steps)} steps but "
-                             f"{len(steps)} step rewards")
-    for source, (_, rows) in (rewards.sources or {}).items():
-        if len(rows) != len(trajectories) or any(len(r) != len(t.steps)
-                                                 for r, t in zip(rows, trajectories)):
-            raise ValueError(f"rewards: process source {source!r} does not have one value per "
-                             "step of every episode")
-    out = get_estimator(name)(trajectories, rewards, cfg or AlgoConfig(), values=values)
-    return out if isinstance(out, Estimate) else Estimate(*out)
+    """`rewards`: a `Rewards`, or one outcome per trajectory (no step rewards). `values`: a
+    critic's, one tensor per trajectory aligned with `token_ids`."""
+    return estimate_advantages(name, StepBatch.build(trajectories, rewards, values), cfg)
 
 
-# ---------------------------------------------------------------------- helpers
-
-
-def _masks(trajectories: Sequence[Trajectory]) -> list[torch.Tensor]:
-    return [torch.tensor(t.loss_mask, dtype=torch.float32) for t in trajectories]
-
-
-def _broadcast(trajectories: Sequence[Trajectory], scalars: Sequence[float]) -> list[torch.Tensor]:
-    """Each trajectory's scalar on its policy tokens, zero elsewhere."""
-    return [m * float(a) for m, a in zip(_masks(trajectories), scalars)]
-
-
-def _per_step(t: Trajectory, values: Sequence[float | None]) -> torch.Tensor:
-    """Each step's value on that step's tokens (zero outside the steps, and for None)."""
-    out = torch.zeros(len(t.token_ids), dtype=torch.float32)
-    for step, v in zip(t.steps, values):
-        if v is None:
-            continue
-        if step.end > step.start:
-            out[step.start:step.end] = float(v)
-        else:   # a step without tokens (old data): its nearest policy token carries it
-            out[step_reward_position(t, step)] += float(v)
-    return out * torch.tensor(t.loss_mask, dtype=torch.float32)
-
-
-def _applies(t: Trajectory, values: Sequence[float | None]) -> torch.Tensor:
-    """Boolean per token: a policy token of a step whose value is not None (where
-    `_per_step` puts the value)."""
-    return _per_step(t, [None if v is None else 1.0 for v in values]) > 0
+# ---------------------------------------------------------------------- tensor helpers
 
 
 def _standardise(r: torch.Tensor, epsilon: float) -> torch.Tensor:
@@ -279,121 +201,131 @@ def _centre(r: torch.Tensor, epsilon: float, std_norm: bool) -> torch.Tensor:
     return r - r.mean() if len(r) > 1 else torch.zeros_like(r)
 
 
-def _group_scalars(trajectories, scores: Sequence[float], fn) -> list[float]:
-    """fn(tensor of a group's scores) -> tensor of advantages, applied group by group."""
-    out = [0.0] * len(scores)
-    for members in group_indices(trajectories).values():
-        adv = fn(torch.tensor([float(scores[i]) for i in members]))
-        for i, a in zip(members, adv):
-            out[i] = float(a)
+def group_scalars(batch: StepBatch, scores: torch.Tensor, fn) -> torch.Tensor:
+    """(B,) float32: fn(a group's scores, float32) -> their advantages, group by group."""
+    out = torch.zeros(len(scores), dtype=torch.float32)
+    for idx in batch.groups:
+        out[idx] = fn(scores[idx].to(torch.float32))
     return out
 
 
-def _scalar_result(trajectories, scalars) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    adv = _broadcast(trajectories, scalars)
-    return adv, [a.clone() for a in adv]
+def broadcast(batch: StepBatch, scalars: torch.Tensor) -> torch.Tensor:
+    """(B, T): each episode's scalar on its policy tokens, zero elsewhere."""
+    return batch.loss_mask * scalars[:, None]
 
 
-def _returns_to_go(t: Trajectory, rewards: torch.Tensor, gamma: float) -> torch.Tensor:
-    """Discounted sum of the token rewards from each policy token on (policy tokens only)."""
-    out = torch.zeros(len(t.token_ids), dtype=torch.float32)
-    running = 0.0
-    for i in range(len(t.token_ids) - 1, -1, -1):
-        if t.loss_mask[i]:
-            running = float(rewards[i]) + gamma * running
-            out[i] = running
-    return out
+def _policy_columns(mask: torch.Tensor) -> list[int]:
+    """The columns where some row has a policy token, last first (a backward recurrence over
+    the policy tokens leaves its state as it is on the others)."""
+    return mask.any(dim=0).nonzero().flatten().flip(0).tolist()
 
 
-def _whiten(tensors: list[torch.Tensor], trajectories, epsilon: float = 1e-8
-            ) -> list[torch.Tensor]:
-    """Zero mean, unit variance over all policy tokens of the batch."""
-    masks = [torch.tensor(t.loss_mask, dtype=torch.bool) for t in trajectories]
-    flat = torch.cat([a[m] for a, m in zip(tensors, masks)]) if tensors else torch.zeros(0)
+def returns_to_go(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float
+                  ) -> torch.Tensor:
+    """(B, T) float32: the discounted sum of the token rewards from each policy token on,
+    over the policy tokens only (`mask`, bool); zero elsewhere. Summed in float64."""
+    B, T = token_rewards.shape
+    rewards = token_rewards.to(torch.float64)
+    out = torch.zeros(B, T, dtype=torch.float64)
+    running = torch.zeros(B, dtype=torch.float64)
+    for t in _policy_columns(mask):
+        m = mask[:, t]
+        running = torch.where(m, rewards[:, t] + gamma * running, running)
+        out[:, t] = torch.where(m, running, 0.0)
+    return out.to(torch.float32)
+
+
+def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                   gamma: float, lam: float) -> torch.Tensor:
+    """(B, T) float32: generalised advantage estimation over the policy tokens (`mask`,
+    bool), the others skipped: the running advantage and the next policy token's value carry
+    across them, and the value after an episode's last policy token is 0. Summed in float64."""
+    B, T = token_rewards.shape
+    rewards, values = token_rewards.to(torch.float64), values.to(torch.float64)
+    out = torch.zeros(B, T, dtype=torch.float64)
+    running = torch.zeros(B, dtype=torch.float64)
+    next_value = torch.zeros(B, dtype=torch.float64)
+    decay = gamma * lam
+    for t in _policy_columns(mask):
+        m = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        running = torch.where(m, delta + decay * running, running)
+        next_value = torch.where(m, values[:, t], next_value)
+        out[:, t] = torch.where(m, running, 0.0)
+    return out.to(torch.float32)
+
+
+def whiten(x: torch.Tensor, mask: torch.Tensor, epsilon: float = 1e-8) -> torch.Tensor:
+    """Zero mean, unit variance over the masked entries (bool) of the batch; zero elsewhere."""
+    flat = x[mask]
     if flat.numel() < 2:
-        return [torch.zeros_like(a) for a in tensors]
+        return torch.zeros_like(x)
     mean, std = flat.mean(), flat.std()
-    return [torch.where(m, (a - mean) / (std + epsilon), torch.zeros_like(a))
-            for a, m in zip(tensors, masks)]
+    return torch.where(mask, (x - mean) / (std + epsilon), torch.zeros_like(x))
+
+
+def _scalar_result(batch: StepBatch, scalars: torch.Tensor):
+    adv = broadcast(batch, scalars)
+    return adv, adv.clone()
 
 
 # ---------------------------------------------------------------------- outcome estimators
 
 
 @register("grpo")
-def grpo(trajectories, rewards: Rewards, cfg: AlgoConfig, values=None):
-    scalars = _group_scalars(trajectories, rewards.totals(),
-                             lambda r: _standardise(r, cfg.epsilon))
-    return _scalar_result(trajectories, scalars)
+def grpo(batch: StepBatch, cfg: AlgoConfig):
+    return _scalar_result(batch, group_scalars(batch, batch.totals,
+                                               lambda r: _standardise(r, cfg.epsilon)))
 
 
 @register("dr_grpo")
-def dr_grpo(trajectories, rewards: Rewards, cfg: AlgoConfig, values=None):
-    scalars = _group_scalars(trajectories, rewards.totals(),
-                             lambda r: _centre(r, cfg.epsilon, std_norm=False))
-    return _scalar_result(trajectories, scalars)
+def dr_grpo(batch: StepBatch, cfg: AlgoConfig):
+    return _scalar_result(batch, group_scalars(
+        batch, batch.totals, lambda r: _centre(r, cfg.epsilon, std_norm=False)))
 
 
 @register("rloo")
-def rloo(trajectories, rewards: Rewards, cfg: AlgoConfig, values=None):
+def rloo(batch: StepBatch, cfg: AlgoConfig):
     def leave_one_out(r: torch.Tensor) -> torch.Tensor:
         n = len(r)
         return torch.zeros_like(r) if n < 2 else r - (r.sum() - r) / (n - 1)
-    return _scalar_result(trajectories, _group_scalars(trajectories, rewards.totals(),
-                                                       leave_one_out))
+    return _scalar_result(batch, group_scalars(batch, batch.totals, leave_one_out))
 
 
 @register("reinforce_pp", reads_token_rewards=True)
-def reinforce_pp(trajectories, rewards: Rewards, cfg: AlgoConfig, values=None):
-    token_rewards = rewards.token_level(trajectories)
-    returns = [_returns_to_go(t, r, cfg.gamma) for t, r in zip(trajectories, token_rewards)]
-    return _whiten(returns, trajectories, cfg.epsilon), returns
+def reinforce_pp(batch: StepBatch, cfg: AlgoConfig):
+    returns = returns_to_go(batch.token_rewards, batch.policy, cfg.gamma)
+    return whiten(returns, batch.policy, cfg.epsilon), returns
 
 
 # ---------------------------------------------------------------------- token / step estimators
 
 
 @register("gae", needs_values=True, reads_token_rewards=True)
-def gae(trajectories, rewards: Rewards, cfg: AlgoConfig, values=None):
-    """GAE over policy tokens only. `values`: one tensor per trajectory aligned with
-    token_ids (the critic's V at each token). Returns = advantages + values (the critic's
-    targets, before whitening)."""
-    if values is None:
+def gae(batch: StepBatch, cfg: AlgoConfig):
+    """GAE over policy tokens only, on the critic's values (`batch.values`, V at each token).
+    Returns = advantages + values (the critic's targets, before whitening)."""
+    if batch.values is None:
         raise ValueError("gae needs the critic's values (a value head): pass values=")
-    advs, rets = [], []
-    for t, r, v in zip(trajectories, rewards.token_level(trajectories), values):
-        positions = torch.tensor(t.loss_mask, dtype=torch.bool).nonzero().flatten().tolist()
-        adv = torch.zeros(len(t.token_ids), dtype=torch.float32)
-        vals = v.detach().float().cpu()
-        running = 0.0
-        for j in range(len(positions) - 1, -1, -1):
-            p = positions[j]
-            next_value = float(vals[positions[j + 1]]) if j + 1 < len(positions) else 0.0
-            delta = float(r[p]) + cfg.gamma * next_value - float(vals[p])
-            running = delta + cfg.gamma * cfg.lam * running
-            adv[p] = running
-        advs.append(adv)
-        rets.append(adv + vals * torch.tensor(t.loss_mask, dtype=torch.float32))
-    return (_whiten(advs, trajectories) if cfg.whiten else advs), rets
+    adv = gae_advantages(batch.token_rewards, batch.values, batch.policy, cfg.gamma, cfg.lam)
+    returns = adv + batch.values * batch.loss_mask
+    return (whiten(adv, batch.policy) if cfg.whiten else adv), returns
 
 
-def _normalised_over(trajectories, members: list[int], values: Sequence[Sequence],
-                     epsilon: float) -> list[torch.Tensor] | None:
-    """Each member's step values on its policy tokens, standardised over the tokens of the
-    group's steps that have a value (None: the step is not judged, and gets 0); None when
-    fewer than two such tokens or no spread."""
-    per_token = [_per_step(trajectories[i], values[i]) for i in members]
-    masks = [_applies(trajectories[i], values[i]) for i in members]
-    flat = torch.cat([x[m] for x, m in zip(per_token, masks)])
+def normalised_over(per_token: torch.Tensor, applies: torch.Tensor, epsilon: float
+                    ) -> torch.Tensor | None:
+    """Step values on policy tokens (rows of a group), standardised over the tokens where
+    they apply (`applies`; the others get 0); None when fewer than two such tokens or no
+    spread."""
+    flat = per_token[applies]
     if flat.numel() < 2 or flat.std() == 0:
         return None
     mean, std = flat.mean(), flat.std()
-    return [torch.where(m, (x - mean) / (std + epsilon), torch.zeros_like(x))
-            for x, m in zip(per_token, masks)]
+    return torch.where(applies, (per_token - mean) / (std + epsilon), torch.zeros_like(per_token))
 
 
 @register("dual_granularity")
-def dual_granularity(trajectories, rewards: Rewards, cfg: AlgoConfig, values=None):
+def dual_granularity(batch: StepBatch, cfg: AlgoConfig):
     """ProRAG's dual-granularity advantage. The outcome part is the group-relative outcome
     (`std_norm` chooses GRPO's or Dr. GRPO's form); the process part gives each policy token
     its step's reward, normalised over the policy tokens of the group's episodes (token-
@@ -401,35 +333,24 @@ def dual_granularity(trajectories, rewards: Rewards, cfg: AlgoConfig, values=Non
     ProRAG's code in normalising per group rather than per batch, so that questions of
     different difficulty do not set each other's scale.
 
-    With `rewards.sources` (the trainer passes them), each source is normalised on its own
-    over the steps it judges (a None step is left out of its mean and std and gets 0 from
-    it), and the normalised sources are summed with their weights. ProRAG's PRM scores every
-    step, so with one source of weight 1 this is the formula above; `evidence`, which judges
-    only searches, would otherwise hand every answer step a negative term whenever a search
-    found gold."""
-    outcome = _group_scalars(trajectories, rewards.outcome,
-                             lambda r: _centre(r, cfg.epsilon, cfg.std_norm))
-    out = _broadcast(trajectories, outcome)
-    parts = list(rewards.sources.values()) if rewards.sources else [(1.0, rewards.steps)]
-    for members in group_indices(trajectories).values():
-        for weight, step_values in parts:
-            z = _normalised_over(trajectories, members, step_values, cfg.epsilon)
-            if z is None:
-                continue
-            for i, zi in zip(members, z):
-                out[i] = out[i] + cfg.beta * weight * zi
-    return out, [a.clone() for a in out]
-
-
-def anchor_states(t: Trajectory, kind: str) -> list[tuple]:
-    """The state before each step: the queries so far (in order; invalid turns count as a
-    turn), or the set of documents retrieved so far."""
-    states, queries, docs = [], [], set(t.prompt_hits or [])
-    for s in t.steps:
-        states.append(tuple(queries) if kind == "queries" else tuple(sorted(docs)))
-        queries.append(normalise_text(s.query) if s.action == "search" else f"<{s.action}>")
-        docs.update(s.hits)
-    return states
+    With the rewards' process sources (the trainer passes them), each source is normalised on
+    its own over the steps it judges (a None step is left out of its mean and std and gets 0
+    from it), and the normalised sources are summed with their weights. ProRAG's PRM scores
+    every step, so with one source of weight 1 this is the formula above; `evidence`, which
+    judges only searches, would otherwise hand every answer step a negative term whenever a
+    search found gold."""
+    out = broadcast(batch, group_scalars(batch, batch.outcome,
+                                         lambda r: _centre(r, cfg.epsilon, cfg.std_norm)))
+    sources = list(batch.sources.values()) or [StepSource(1.0, batch.step_rewards,
+                                                          batch.step_mask)]
+    parts = [(s.weight, batch.per_step(s.values, s.applies), batch.applies(s.applies))
+             for s in sources]
+    for idx in batch.groups:
+        for weight, per_token, applies in parts:
+            z = normalised_over(per_token[idx], applies[idx], cfg.epsilon)
+            if z is not None:
+                out[idx] = out[idx] + cfg.beta * weight * z
+    return out, out.clone()
 
 
 def _cluster(keys: list[tuple], similarity: float | None) -> list[int]:
@@ -452,7 +373,8 @@ def _cluster(keys: list[tuple], similarity: float | None) -> list[int]:
 
 
 def step_returns(outcome: float, steps: Sequence[float], gamma: float) -> list[float]:
-    """G_k = sum_{j >= k} gamma^(j-k) r_j, with the outcome arriving on the last step."""
+    """G_k = sum_{j >= k} gamma^(j-k) r_j, with the outcome arriving on the last step (one
+    episode; `discounted_step_returns` is the batch's)."""
     out, running = [0.0] * len(steps), 0.0
     for k in range(len(steps) - 1, -1, -1):
         running = steps[k] + (outcome if k == len(steps) - 1 else 0.0) + gamma * running
@@ -460,15 +382,30 @@ def step_returns(outcome: float, steps: Sequence[float], gamma: float) -> list[f
     return out
 
 
-def gigpo_step_groups(trajectories, members: Sequence[int], rewards: Rewards, cfg: AlgoConfig
-                      ) -> list[list[tuple[int, int, float]]]:
+def discounted_step_returns(batch: StepBatch, gamma: float) -> torch.Tensor:
+    """(B, S) float64: `step_returns` of every episode, zero on padding."""
+    B, S = batch.step_rewards.shape
+    last = batch.step_mask.sum(dim=1) - 1
+    out = torch.zeros(B, S, dtype=torch.float64)
+    running = torch.zeros(B, dtype=torch.float64)
+    for k in range(S - 1, -1, -1):
+        m = batch.step_mask[:, k]
+        arrived = torch.where(last == k, batch.outcome, 0.0)
+        running = torch.where(m, batch.step_rewards[:, k] + arrived + gamma * running, running)
+        out[:, k] = torch.where(m, running, 0.0)
+    return out
+
+
+def gigpo_step_groups(batch: StepBatch, members: Sequence[int], returns: torch.Tensor,
+                      cfg: AlgoConfig) -> list[list[tuple[int, int, float]]]:
     """GiGPO's step groups within one question's group: the steps taken from the same
     anchor state (the queries issued so far, or the documents seen so far), each as
-    (episode, step index, discounted step return)."""
-    entries = []   # (trajectory index, step index, anchor, return)
+    (episode, step index, discounted step return; `returns`, B x S)."""
+    anchors = batch.anchor_states(cfg.anchor)
+    entries = []   # (episode, step index, anchor, return)
     for i in members:
-        rets = step_returns(rewards.outcome[i], rewards.steps[i], cfg.step_gamma)
-        for k, anchor in enumerate(anchor_states(trajectories[i], cfg.anchor)):
+        rets = returns[i].tolist()
+        for k, anchor in enumerate(anchors[i]):
             entries.append((i, k, anchor, rets[k]))
     clusters: dict[int, list[int]] = defaultdict(list)
     for e, c in enumerate(_cluster([a for _, _, a, _ in entries], cfg.anchor_similarity)):
@@ -478,15 +415,15 @@ def gigpo_step_groups(trajectories, members: Sequence[int], rewards: Rewards, cf
 
 
 def gigpo_step_advantages(step_group: Sequence[tuple[int, int, float]], cfg: AlgoConfig
-                          ) -> list[float]:
+                          ) -> torch.Tensor:
     """Each step's return against its step group's mean (/ std with `std_norm`); a step
     alone in its group gets 0."""
     g = torch.tensor([ret for _, _, ret in step_group])
-    return [float(a) for a in _centre(g, cfg.epsilon, cfg.std_norm)]
+    return _centre(g, cfg.epsilon, cfg.std_norm)
 
 
 @register("gigpo")
-def gigpo(trajectories, rewards: Rewards, cfg: AlgoConfig, values=None) -> Estimate:
+def gigpo(batch: StepBatch, cfg: AlgoConfig):
     """GiGPO for search agents: A = A_episode + step_weight x A_step. Episode level: the
     group-relative total score. Step level: within a question's group, the steps taken from
     the same anchor state form a step group (`gigpo_step_groups`), and each step's
@@ -496,69 +433,63 @@ def gigpo(trajectories, rewards: Rewards, cfg: AlgoConfig, values=None) -> Estim
     step shares the empty state, so step groups always exist."""
     if cfg.anchor not in ("queries", "docs"):
         raise ValueError(f"anchor: expected queries or docs, got {cfg.anchor!r}")
-    episode = _group_scalars(trajectories, rewards.totals(),
-                             lambda r: _centre(r, cfg.epsilon, cfg.std_norm))
-    out = _broadcast(trajectories, episode)
+    episode = group_scalars(batch, batch.totals,
+                            lambda r: _centre(r, cfg.epsilon, cfg.std_norm))
+    returns = discounted_step_returns(batch, cfg.step_gamma)
+    step_adv = torch.zeros(batch.step_rewards.shape, dtype=torch.float32)
     sizes: list[int] = []
-    for members in group_indices(trajectories).values():
-        step_adv = {i: [0.0] * len(trajectories[i].steps) for i in members}
-        for step_group in gigpo_step_groups(trajectories, members, rewards, cfg):
+    for idx in batch.groups:
+        for step_group in gigpo_step_groups(batch, idx.tolist(), returns, cfg):
             sizes.append(len(step_group))
-            for (i, k, _), a in zip(step_group, gigpo_step_advantages(step_group, cfg)):
-                step_adv[i][k] = a
-        for i in members:
-            out[i] = out[i] + cfg.step_weight * _per_step(trajectories[i], step_adv[i])
+            episodes, steps = zip(*[(i, k) for i, k, _ in step_group])
+            step_adv[list(episodes), list(steps)] = gigpo_step_advantages(step_group, cfg)
+    out = broadcast(batch, episode) + cfg.step_weight * batch.per_step(step_adv)
     diagnostics = {}
     if sizes:
         diagnostics = {"step_groups": len(sizes),
                        "step_group_size": round(sum(sizes) / len(sizes), 3),
                        "step_groups_shared": round(sum(s > 1 for s in sizes) / len(sizes), 4)}
-    return Estimate(out, [a.clone() for a in out], diagnostics)
+    return out, out.clone(), diagnostics
 
 
-def _within_and_group(trajectories, rewards: Rewards, cfg: AlgoConfig, part_of, combine
-                      ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _within_and_group(batch: StepBatch, cfg: AlgoConfig, parts_of: Sequence, combine):
     """For each question's group: its scores centred over the group and within the parts
-    that `part_of(trajectory)` names (a part of one gets 0 there), joined per episode by
-    `combine(within, group)`."""
-    totals = rewards.totals()
-    scalars = [0.0] * len(totals)
-    for members in group_indices(trajectories).values():
-        r = torch.tensor([totals[i] for i in members])
+    that `parts_of` names (one key per episode; a part of one gets 0 there), joined per
+    episode by `combine(within, group)`."""
+    scalars = torch.zeros(len(batch.totals), dtype=torch.float32)
+    for idx in batch.groups:
+        r = batch.totals[idx].to(torch.float32)
         group = _centre(r, cfg.epsilon, cfg.std_norm)
         parts: dict[object, list[int]] = defaultdict(list)
-        for pos, i in enumerate(members):
-            parts[part_of(trajectories[i], i)].append(pos)
+        for pos, i in enumerate(idx.tolist()):
+            parts[parts_of[i]].append(pos)
         within = torch.zeros_like(r)
         for positions in parts.values():
-            idx = torch.tensor(positions)
-            within[idx] = _centre(r[idx], cfg.epsilon, cfg.std_norm)
-        for pos, i in enumerate(members):
-            scalars[i] = float(combine(within[pos], group[pos]))
-    return _scalar_result(trajectories, scalars)
+            p = torch.tensor(positions)
+            within[p] = _centre(r[p], cfg.epsilon, cfg.std_norm)
+        scalars[idx] = combine(within, group)
+    return _scalar_result(batch, scalars)
 
 
 @register("stratified_grpo")
-def stratified_grpo(trajectories, rewards: Rewards, cfg: AlgoConfig, values=None):
+def stratified_grpo(batch: StepBatch, cfg: AlgoConfig):
     """Stratified advantage normalisation: within each question's group, episodes with the
     same number of searches form a stratum and are normalised among themselves (a stratum of
     one gets 0 from this part); blended with the group-normalised score as
     alpha * A_stratum + (1 - alpha) * A_group."""
-    return _within_and_group(trajectories, rewards, cfg, lambda t, i: t.n_searches,
+    return _within_and_group(batch, cfg, batch.n_searches.tolist(),
                              lambda w, g: cfg.alpha * w + (1 - cfg.alpha) * g)
 
 
 @register("tree_grpo", needs_tree=True)
-def tree_grpo(trajectories, rewards: Rewards, cfg: AlgoConfig, values=None):
+def tree_grpo(batch: StepBatch, cfg: AlgoConfig):
     """Tree-relative advantage for tree rollouts (`rollout.tree`): each leaf's score is
     normalised within its tree (`Trajectory.tree`) and over the whole group, and the two
     are added. Leaves share their ancestors' tokens, so a shared prefix collects the sum of
     its leaves' advantages in the gradient: that is the implicit step-level credit. Without
     tree metadata every episode is its own tree and this is GRPO."""
-    return _within_and_group(trajectories, rewards, cfg,
-                             lambda t, i: str(t.tree) if t.tree is not None else f"#{i}",
-                             lambda w, g: w + g)
-
+    trees = [str(tree) if tree is not None else f"#{i}" for i, tree in enumerate(batch.tree_ids)]
+    return _within_and_group(batch, cfg, trees, lambda w, g: w + g)
 
 def no_positive_credit_for_invalid_turns(advantages: Sequence[torch.Tensor],
                                         trajectories: Sequence[Trajectory]
