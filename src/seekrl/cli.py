@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from seekrl.agent import protocol as limits  # episode-limit defaults
+from seekrl import config as limits  # episode-limit defaults
 from seekrl.errors import DataError, SeekrlError
 from seekrl.retrieval.base import RetrievalError
 

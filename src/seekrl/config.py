@@ -23,8 +23,18 @@ from pydantic import (
     model_validator,
 )
 
-from seekrl.agent import protocol as limits  # the episode-limit defaults (torch-free)
 from seekrl.errors import SeekrlError
+
+# An episode's limits by default. `EpisodeSettings` (the recipes' `rollout:` section and the
+# rollout engine's `RolloutConfig` are both of it), the `eval:` section, the SFT warm-up's
+# information cap and `seekrl eval` all take these, so one run described several ways
+# cannot drift apart.
+DEFAULT_MAX_TURNS = 4          # model turns per episode
+DEFAULT_MAX_NEW_TOKENS = 128   # generated tokens per turn
+DEFAULT_MAX_TOTAL_TOKENS = 2048
+DEFAULT_MAX_INFO_TOKENS = 384  # token cap of one <information> block
+DEFAULT_TOPK = 3               # documents per search
+DEFAULT_BATCH_SIZE = 32        # episodes generating together
 
 
 class ConfigError(SeekrlError, ValueError):
@@ -88,9 +98,9 @@ class EvalConfig(Strict):
     n: int = Field(32, ge=1)       # first n questions of it
     every: int = Field(0, ge=0)    # every N optimizer steps (0: only at the end)
     at_start: bool = True          # also the starting policy (eval/start), unless resuming
-    max_turns: MaxTurns = limits.DEFAULT_MAX_TURNS
-    max_new_tokens: MaxNewTokens = limits.DEFAULT_MAX_NEW_TOKENS
-    batch_size: EpisodeBatch = limits.DEFAULT_BATCH_SIZE
+    max_turns: MaxTurns = DEFAULT_MAX_TURNS
+    max_new_tokens: MaxNewTokens = DEFAULT_MAX_NEW_TOKENS
+    batch_size: EpisodeBatch = DEFAULT_BATCH_SIZE
 
 
 class SFTConfig(Strict):
@@ -108,8 +118,8 @@ class SFTConfig(Strict):
     batch_size: int = Field(8, ge=1)           # episodes per micro-batch
     grad_accum: int = Field(1, ge=1)           # micro-batches per optimizer step
     max_len: int = Field(2048, ge=16)          # longer episodes are cut (the tail is lost)
-    max_info_tokens: MaxInfoTokens = limits.DEFAULT_MAX_INFO_TOKENS   # as rollouts cut it
-    topk: TopK = limits.DEFAULT_TOPK           # documents per search, for the dev evaluation
+    max_info_tokens: MaxInfoTokens = DEFAULT_MAX_INFO_TOKENS   # as rollouts cut it
+    topk: TopK = DEFAULT_TOPK           # documents per search, for the dev evaluation
     train_layers: int | None = Field(None, ge=1)   # train only the top N blocks (None: all)
     lora: LoRAConfig = LoRAConfig()
     optim: OptimConfig = OptimConfig(lr=5e-5, warmup_steps=5)
@@ -138,12 +148,12 @@ class EpisodeSettings(Strict):
     plus how rollouts are organised and served, and the engine's `RolloutConfig`
     (agent/rollout.py) is these plus one run's choices (samples per question, greedy, seed)."""
     method: Literal["agent", "rag", "direct"] = "agent"   # direct: one turn, no retriever
-    max_turns: MaxTurns = limits.DEFAULT_MAX_TURNS
-    max_new_tokens: MaxNewTokens = limits.DEFAULT_MAX_NEW_TOKENS
-    max_total_tokens: MaxTotalTokens = limits.DEFAULT_MAX_TOTAL_TOKENS
-    max_info_tokens: MaxInfoTokens = limits.DEFAULT_MAX_INFO_TOKENS
-    topk: TopK = limits.DEFAULT_TOPK
-    batch_size: EpisodeBatch = limits.DEFAULT_BATCH_SIZE
+    max_turns: MaxTurns = DEFAULT_MAX_TURNS
+    max_new_tokens: MaxNewTokens = DEFAULT_MAX_NEW_TOKENS
+    max_total_tokens: MaxTotalTokens = DEFAULT_MAX_TOTAL_TOKENS
+    max_info_tokens: MaxInfoTokens = DEFAULT_MAX_INFO_TOKENS
+    topk: TopK = DEFAULT_TOPK
+    batch_size: EpisodeBatch = DEFAULT_BATCH_SIZE
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
 

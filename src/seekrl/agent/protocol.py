@@ -22,15 +22,6 @@ THINK, SEARCH, INFORMATION, ANSWER = "think", "search", "information", "answer"
 STOP_STRINGS = (f"</{SEARCH}>", f"</{ANSWER}>")
 MAX_QUERY_CHARS = 500
 
-# An episode's limits by default. `seekrl.config.EpisodeSettings` (the recipes' `rollout:`
-# section and the rollout engine's `RolloutConfig` are both of it), the `eval:` section
-# and `seekrl eval` all take these, so the same run described three ways cannot drift apart.
-DEFAULT_MAX_TURNS = 4          # model turns per episode
-DEFAULT_MAX_NEW_TOKENS = 128   # generated tokens per turn
-DEFAULT_MAX_TOTAL_TOKENS = 2048
-DEFAULT_MAX_INFO_TOKENS = 384  # token cap of one <information> block
-DEFAULT_TOPK = 3               # documents per search
-DEFAULT_BATCH_SIZE = 32        # episodes generating together
 
 AGENT_INSTRUCTION = (
     "Answer the question below. The facts you need are in a document collection that you "

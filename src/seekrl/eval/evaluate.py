@@ -37,6 +37,7 @@ from typing import Any
 from seekrl.agent.backends import Backend, HFBackend
 from seekrl.agent.rollout import RolloutConfig, RolloutEngine
 from seekrl.agent.trajectory import Trajectory, write_trajectories
+from seekrl.config import DEFAULT_MAX_INFO_TOKENS
 from seekrl.data.benchmarks import hop_averages, spec_name, split_name
 from seekrl.data.qa import QAExample, load_qa
 from seekrl.errors import DataError
@@ -363,8 +364,8 @@ def evaluate(model, tokenizer, retriever: Retriever | None,
 
 
 def eval_policy(model, tokenizer, retriever, cfg, out_dir: str | Path, *, topk: int,
-                max_info_tokens: int = 384, console=None, run_info: dict | None = None,
-                limit: int | None = None) -> dict[str, Any]:
+                max_info_tokens: int = DEFAULT_MAX_INFO_TOKENS, console=None,
+                run_info: dict | None = None, limit: int | None = None) -> dict[str, Any]:
     """Greedy agent evaluation on the first `cfg.n` questions of `cfg.data` (`cfg`: an
     `EvalConfig`, the `eval:` section of the SFT and RL configs), as the recipes run it
     during and after training; writes the run folder (tables, trajectories, viewer) and

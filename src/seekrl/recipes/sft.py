@@ -26,7 +26,7 @@ import torch
 
 from seekrl.agent.protocol import INFORMATION, build_prompt
 from seekrl.agent.rollout import information_ids
-from seekrl.config import SFTConfig, dump_config
+from seekrl.config import DEFAULT_MAX_INFO_TOKENS, SFTConfig, dump_config
 from seekrl.data.jsonl import iter_jsonl
 from seekrl.errors import DataError
 from seekrl.eval.evaluate import eval_policy
@@ -51,8 +51,9 @@ class SFTExample:
     source: str                    # "file:line", for error messages and the log
 
 
-def episode_tokens(tokenizer, record: dict, *, max_info_tokens: int = 384,
-                   where: str = "") -> tuple[list[int], list[int]]:
+def episode_tokens(tokenizer, record: dict, *,
+                   max_info_tokens: int = DEFAULT_MAX_INFO_TOKENS, where: str = ""
+                   ) -> tuple[list[int], list[int]]:
     """(token_ids, loss_mask) of one oracle episode, laid out as a rollout would be."""
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False)
@@ -91,9 +92,10 @@ def episode_tokens(tokenizer, record: dict, *, max_info_tokens: int = 384,
     return ids, mask
 
 
-def load_sft_examples(path: str | Path, tokenizer, *, max_info_tokens: int = 384,
-                      max_len: int = 2048, only_complete: bool = True,
-                      limit: int | None = None) -> tuple[list[SFTExample], dict[str, int]]:
+def load_sft_examples(path: str | Path, tokenizer, *,
+                      max_info_tokens: int = DEFAULT_MAX_INFO_TOKENS, max_len: int = 2048,
+                      only_complete: bool = True, limit: int | None = None
+                      ) -> tuple[list[SFTExample], dict[str, int]]:
     """The usable episodes of a file, and counts of what was left out and why."""
     examples: list[SFTExample] = []
     skipped = {"incomplete": 0, "truncated": 0}
