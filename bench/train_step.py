@@ -26,9 +26,15 @@ GRPO step of seekrl against TRL's `GRPOTrainer` doing the same work.
    defaults, so a group's shared prompt goes through the model once (`algo.share_prompts`);
    `--unshared` adds a third side with that off, to attribute the difference.
 
+3. With `--demo-policy DIR` (a trained agent, e.g. an SFT checkpoint of the demo's world):
+   the demo's own RL step (`rl_config_tree`: 8 questions x G=4, micro-batches of 2, the top
+   16 blocks trained, lr 3e-5) from that policy, as it ran before (float32, every right
+   episode measured again after the update) and as it runs now (`dtype: bf16-mixed`, at
+   most 4 measured again), alternating which goes first; `demo_step_ratio` = now / before.
+
     .venv/bin/python bench/train_step.py [--questions 8] [--group 4] [--max-new-tokens 64]
         [--repeats 1] [--skip-trl] [--skip-agent] [--threads N] [--unshared]
-        [--device cuda --dtype bfloat16]
+        [--device cuda --dtype bfloat16] [--demo-policy DIR]
 
 Prints key=value lines; the last line is the summary with trl_speedup (TRL step seconds /
 seekrl step seconds, medians; `trl_speedup_gpu` on a GPU) and the agent step's headline.
@@ -195,6 +201,46 @@ def sync(args) -> None:
         torch.cuda.synchronize()
 
 
+DEMO_SIDES = {"before": {"dtype": "float32", "monitor": {"displacement_episodes": 8}},
+              "now": {"dtype": "bf16-mixed", "monitor": {"displacement_episodes": 4}}}
+
+
+def demo_steps(args, work: Path) -> str:
+    """The demo's RL step (`rl_config_tree`: its batch, micro-batches, trained layers and
+    rollout limits) from `--demo-policy` on the demo's world, for each side of
+    `DEMO_SIDES`, `--repeats` times in alternating order; the same seed, so the first
+    rollout draws the same questions. Returns the summary's part."""
+    from seekrl.config import merged
+    from seekrl.recipes.pipeline import DemoConfig, rl_config_tree
+
+    demo = DemoConfig()
+    runs: dict[str, list[dict]] = {side: [] for side in DEMO_SIDES}
+    for r in range(args.repeats):
+        for side in (list(DEMO_SIDES) if r % 2 == 0 else list(DEMO_SIDES)[::-1]):
+            out = Path(tempfile.mkdtemp(prefix=f"seekrl-demo-{side}-", dir=work))
+            tree = rl_config_tree(demo, model=args.demo_policy, index_dir=work / "index",
+                                  train_file=work / "world" / "train.jsonl", out=out, steps=1)
+            trainer = Trainer(TrainConfig(**merged(tree, DEMO_SIDES[side])), console=None)
+            started = time.perf_counter()
+            record = trainer.step(1)
+            record["wall"] = time.perf_counter() - started
+            trainer.log.close()
+            runs[side].append(record)
+            print(f"repeat={r} demo_side={side} step_s={record['wall']:.1f} "
+                  f"rollout_s={record['time_rollout']:.1f} update_s={record['time_update']:.1f} "
+                  f"generated_tokens={record['rollout_tokens']} "
+                  f"valid_format={record['valid_format']} reward={record['reward']} "
+                  f"rollout_logp_gap={record.get('rollout_logp_gap')}", flush=True)
+    step = {side: median([x["wall"] for x in rs]) for side, rs in runs.items()}
+    for side, rs in runs.items():
+        print(f"demo_step_s_{side}={step[side]:.1f} "
+              f"demo_rollout_s_{side}={median([x['time_rollout'] for x in rs]):.1f} "
+              f"demo_update_s_{side}={median([x['time_update'] for x in rs]):.1f} "
+              f"demo_rollout_tok_s_{side}={median([x['tokens_per_s'] for x in rs]):.1f}")
+    return (f"demo_step_ratio={step['now'] / step['before']:.2f} (demo RL step {step['now']:.1f}s "
+            f"now vs {step['before']:.1f}s before)")
+
+
 def warm_up(args, prompt: str) -> None:
     """Process-wide first-call costs (allocator, kernels), paid before any timing."""
     model, tok = load_policy("smollm2-135m", dtype=args.dtype, device=args.device)
@@ -220,7 +266,12 @@ def main() -> None:
     p.add_argument("--skip-agent", action="store_true", help="no multi-turn agent step")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--device", default="cpu", help="cpu, or cuda for the GPU comparison")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "bf16-mixed"))
+    p.add_argument("--demo-policy", type=Path, default=None,
+                   help="a trained agent (e.g. an SFT checkpoint): time the demo's own RL step "
+                        "from it (its RL config, 8 x 4 episodes, top 16 layers), as it was "
+                        "(float32, every right episode measured again after the update) and "
+                        "as the demo runs it now (bf16-mixed, 4 measured again), alternating")
     p.add_argument("--unshared", action="store_true",
                    help="a third single-turn side: seekrl with algo.share_prompts off (every "
                         "episode's prompt run in full in the update), to attribute the gain")
@@ -244,6 +295,7 @@ def main() -> None:
           f"transformers={transformers.__version__} docs={len(world.docs)}")
     warm_up(args, prompts[0])
 
+    demo_summary = demo_steps(args, work) if args.demo_policy else None
     agent = None
     if not args.skip_agent:
         agent = seekrl_step(args, "agent", questions, work, retriever=retriever)
@@ -333,6 +385,8 @@ def main() -> None:
         key = "trl_speedup_gpu" if args.device.startswith("cuda") else "trl_speedup"
         summary.append(f"{key}={trl_s / seek_s:.2f} (TRL {trl_s:.1f}s vs seekrl {seek_s:.1f}s "
                        f"per single-turn step, {trl_tok:.0f} vs {seek_tok:.0f} tokens)")
+    if demo_summary:
+        summary.append(demo_summary)
     if agent is not None:
         summary.append(f"agent_step={agent['wall']:.1f}s (rollout {agent['time_rollout']:.1f}s "
                        f"at {agent['tokens_per_s']} tok/s, old_logprobs "

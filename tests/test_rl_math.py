@@ -212,8 +212,8 @@ def test_masked_tokens_get_exactly_zero_gradient_in_the_trainers_forward(share):
     """The path the trainer takes (`masked_logprobs`, with and without prompt sharing): the
     final hidden state at a position gets gradient iff it predicts a policy token, so the
     prompt and the retrieved documents are never trained on."""
-    from seekrl.models import tiny_policy
-    from seekrl.rl.forward import backbone, masked_logprobs
+    from seekrl.models import backbone, tiny_policy
+    from seekrl.rl.forward import masked_logprobs
 
     model, _ = tiny_policy(seed=3)
     ids, attn, mask = _shared_prompt_batch()
@@ -299,8 +299,7 @@ def test_shared_prompts_only_when_rows_share_one():
 def test_shared_prompt_forward_with_activation_checkpointing():
     """A model that returns no KV cache (activation checkpointing in training) takes the
     plain path: still the right log-probs."""
-    from seekrl.models import tiny_policy
-    from seekrl.rl import forward
+    from seekrl.models import backbone, tiny_policy
     from seekrl.rl.forward import masked_logprobs
 
     model, _ = tiny_policy(seed=2)
@@ -309,8 +308,8 @@ def test_shared_prompt_forward_with_activation_checkpointing():
         plain = masked_logprobs(model, ids, attn, mask, share_prompts=False)["logprobs"]
     model.activation_checkpointing_enable()
     model.train()
-    assert forward.backbone(model)(input_ids=ids, attention_mask=attn,
-                                    use_cache=True).past_key_values is None
+    assert backbone(model)(input_ids=ids, attention_mask=attn,
+                           use_cache=True).past_key_values is None
     out = masked_logprobs(model, ids, attn, mask)["logprobs"]
     out.sum().backward()
     torch.testing.assert_close(out.detach(), plain, atol=2e-5, rtol=1e-4)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 
 import pytest
 import torch
@@ -686,6 +687,30 @@ def test_correct_logp_shift_measures_the_same_episodes_after_the_update(world, t
     assert shift * sign > 0
 
 
+@pytest.mark.parametrize("cap", [0, 1, 3])
+def test_displacement_measures_at_most_monitor_displacement_episodes(world, tiny, tmp_path,
+                                                                      cap, monkeypatch):
+    """The after-update forward takes at most `monitor.displacement_episodes` of the right
+    episodes, the first ones in batch order (0: none, and no shift; the log-prob before
+    the update, which costs nothing, is still reported)."""
+    cfg = make_cfg(tmp_path, **{"monitor.displacement_episodes": cap})
+    trainer = make_trainer(cfg, world, tiny)
+    trajs = trainer.rollout(trainer.sample_questions(1, 2), seed=1)
+    for t in trajs:   # all four right
+        t.answer = t.golden_answers[0]
+    old, _ = trainer.batch_logprobs(trajs)
+    seen = []
+    real = trainer.batch_logprobs
+    monkeypatch.setattr(trainer, "batch_logprobs",
+                        lambda ts, **kw: (seen.append(list(ts)), real(ts, **kw))[1])
+    out = trainer._displacement(trajs, old, {})
+    if cap == 0:
+        assert seen == [] and out["correct_logp_shift"] is None
+    else:
+        assert seen == [trajs[:min(cap, len(trajs))]] and out["correct_logp_shift"] == 0.0
+    assert out["correct_logp"] < 0
+
+
 @pytest.mark.parametrize("agg", ["seq-mean-token-sum-norm", "seq-mean-token-mean"])
 def test_entropy_bonus_is_aggregated_like_the_policy_loss(world, tiny, tmp_path, agg):
     from seekrl.recipes.train import _Probe, _UpdateBatch
@@ -804,7 +829,7 @@ def test_gradient_checkpointing_gives_the_same_update(world, tiny, tmp_path):
     write_trajectories(tmp_path / "batch.jsonl", trajs)
     checked = make_trainer(make_cfg(tmp_path / "b", gradient_checkpointing=True,
                                     **{"algo.kl_coef": 0.0}), world, tiny)
-    from seekrl.rl.forward import backbone
+    from seekrl.models import backbone
 
     assert backbone(checked.model).gradient_checkpointing   # on: the test means something
     assert not getattr(backbone(plain.model), "gradient_checkpointing", False)
@@ -874,3 +899,19 @@ def test_prune_steps_keeps_the_newest_and_the_named(tmp_path):
     prune_steps(tmp_path, 2, keep={"step-2", None})
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "step-10", "step-11", "step-12", "step-2", "step-notes"]   # 11 after 10: by number
+
+
+def test_a_step_under_bf16_mixed_updates_float32_weights(world, tiny, tmp_path):
+    """dtype: bf16-mixed through the whole step (rollout, update, displacement): the
+    weights stay float32 and move, the loss and the rollout/trainer gap are finite."""
+    from seekrl.models import mixed_precision
+
+    model, tok = tiny
+    mixed = mixed_precision(copy.deepcopy(model))
+    trainer = make_trainer(make_cfg(tmp_path), world, (mixed, tok))
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    record = trainer.step(1)
+    assert math.isfinite(record["pg_loss"]) and math.isfinite(record["grad_norm"])
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+    assert not torch.is_autocast_enabled("cpu")

@@ -321,7 +321,7 @@ def eval_(
     temperature: Annotated[Optional[float], typer.Option(
         help="0 = greedy; default: greedy for K = 1, 1.0 for K > 1")] = None,
     seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
-    dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16")] = "float32",
+    dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16 | bf16-mixed")] = "float32",
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
     skip_bad: Annotated[bool, typer.Option(help="skip malformed question lines, and report them")] = False,
     backend: Annotated[str, typer.Option(

@@ -374,6 +374,9 @@ class MonitorConfig(Strict):
     valid_format_drop: float = Field(0.3, gt=0, le=1)    # absolute drop from baseline
     correct_logp_drop: float = Field(0.01, gt=0)   # nats/token the right episodes lose
                                                    # per update (mean over the window)
+    # right episodes measured again after each update (a no-grad forward each) for
+    # correct_logp_shift, the likelihood-displacement signal; 0: not measured
+    displacement_episodes: int = Field(4, ge=0)
     type_reward_drop: float = Field(0.3, gt=0, le=1)     # a question type's reward falls
     searches_drift: float = Field(0.5, gt=0)             # relative change of searches/episode
     no_signal_steps: int = Field(3, ge=1)          # steps in a row with no group's rewards varying

@@ -43,7 +43,10 @@ def make_backend(kind: str, tokenizer, *, model=None, model_name: str | None = N
     if kind != "vllm":
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {kind!r}")
     from seekrl.agent.vllm_backend import VLLMBackend
+    from seekrl.models import MIXED
 
+    if dtype in MIXED:   # the engine keeps one copy of the weights: in the products' dtype
+        dtype = str(MIXED[dtype]).removeprefix("torch.")
     return VLLMBackend(model_name, tokenizer, dtype=dtype, seed=seed,
                        gpu_memory_utilization=gpu_memory, max_model_len=max_model_len,
                        sleep_level=sleep_level)

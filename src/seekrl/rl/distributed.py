@@ -524,7 +524,7 @@ class Sharded:
         plain = copy.deepcopy(self.skeleton)
         plain.load_state_dict({k[len(prefix):]: v for k, v in full.items()
                                if k.startswith(prefix)}, assign=True)
-        from seekrl.rl.forward import causal_lm
+        from seekrl.models import causal_lm
 
         tie = getattr(causal_lm(plain), "tie_weights", None)
         if callable(tie):

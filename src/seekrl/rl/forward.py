@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from seekrl.models import check_positions, check_window, logit_transform
+from seekrl.models import backbone, causal_lm, check_positions, check_window, logit_transform
 
 
 def collate(token_ids: Sequence[Sequence[int]], masks: Sequence[Sequence[int]], pad_id: int,
@@ -37,17 +37,6 @@ def collate(token_ids: Sequence[Sequence[int]], masks: Sequence[Sequence[int]], 
         attn[row, :len(t)] = 1
         loss[row, :len(m)] = torch.tensor(m, dtype=torch.float32)
     return ids.to(device), attn.to(device), loss.to(device)
-
-
-def causal_lm(model) -> nn.Module:
-    """The transformers causal LM under a peft wrapper (or the model itself)."""
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
-
-
-def backbone(model) -> nn.Module:
-    lm = causal_lm(model)
-    return getattr(lm, lm.base_model_prefix)
 
 
 def hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

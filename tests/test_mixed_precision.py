@@ -1,0 +1,85 @@
+"""dtype: bf16-mixed: float32 weights, bfloat16 matrix products under autocast, float32
+logits; hooks, so copies compute with their own weights and nothing leaks."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from seekrl.models import ModelError, backbone, load_policy, mixed_precision, tiny_policy
+
+
+def _ids(n: int = 2, t: int = 12) -> torch.Tensor:
+    return torch.randint(5, 500, (n, t), generator=torch.Generator().manual_seed(0))
+
+
+def test_matmuls_run_in_bfloat16_and_logits_come_back_in_float32():
+    model, _ = tiny_policy(seed=1)
+    with torch.no_grad():
+        plain = model(input_ids=_ids()).logits
+    mixed_precision(model)
+    seen = []
+    proj = backbone(model).layers[0].self_attn.q_proj
+    handle = proj.register_forward_hook(lambda m, a, out: seen.append(out.dtype))
+    with torch.no_grad():
+        logits = model(input_ids=_ids()).logits
+    handle.remove()
+    assert seen == [torch.bfloat16]
+    assert logits.dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert not torch.equal(logits, plain)   # it did change the arithmetic
+    torch.testing.assert_close(logits, plain, atol=0.05, rtol=0.05)
+    assert not torch.is_autocast_enabled("cpu")   # nothing left open
+
+
+def test_a_deep_copy_computes_with_its_own_weights():
+    model, _ = tiny_policy(seed=1)
+    mixed_precision(model)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(0.5)
+        a, b = model(input_ids=_ids()).logits, twin(input_ids=_ids()).logits
+    assert not torch.allclose(a, b)
+    assert b.dtype == torch.float32
+
+
+def test_applying_it_twice_adds_no_second_hook():
+    model, _ = tiny_policy(seed=1)
+    mixed_precision(model)
+    hooks = len(backbone(model)._forward_pre_hooks)
+    mixed_precision(model)
+    assert len(backbone(model)._forward_pre_hooks) == hooks == 1
+
+
+def test_autocast_is_closed_when_the_forward_raises():
+    model, _ = tiny_policy(seed=1)
+    mixed_precision(model)
+    with pytest.raises(IndexError):
+        backbone(model)(input_ids=torch.full((1, 3), 10**7))   # outside the vocabulary
+    assert not torch.is_autocast_enabled("cpu")
+    assert backbone(model)._seekrl_autocast_open == []
+
+
+def test_training_keeps_float32_weights_and_small_updates():
+    """The optimizer updates float32 weights: a step too small for bfloat16 to resolve
+    still moves them (pure bfloat16 weights would round it away)."""
+    model, _ = tiny_policy(seed=1)
+    mixed_precision(model)
+    w = backbone(model).layers[0].mlp.up_proj.weight
+    before = w.detach().clone()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    out = model(input_ids=_ids()).logits
+    out.logsumexp(-1).mean().backward()
+    assert w.grad is not None and w.grad.dtype == torch.float32
+    opt.step()
+    moved = w.detach() != before
+    assert moved.any()
+    assert (before.bfloat16().float() == (w.detach().bfloat16().float())).float().mean() > 0.9
+
+
+def test_load_policy_names_the_mixed_dtype_when_refusing_another():
+    with pytest.raises(ModelError, match="bf16-mixed"):
+        load_policy("smollm2-135m", dtype="bf16-mixd")
