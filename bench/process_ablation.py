@@ -60,6 +60,9 @@ def main() -> None:
     ap.add_argument("--skip-sft-eval", action="store_true",
                     help="do not evaluate the SFT checkpoint on the test questions")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32",
+                    help="the RL runs' and every evaluation's dtype (bf16-mixed: float32 weights, "
+                         "bfloat16 products; 0.72x the float32 step on an AVX-512 BF16 CPU)")
     args = ap.parse_args()
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
@@ -116,7 +119,7 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
     tree = rl_config_tree(run_cfg, model=str(sft), train_file=world_dir / "train.jsonl",
                           index_dir=index_dir, out=out, budget_tokens=budget,
                           steps=args.steps if budget is None else 10 * args.steps)
-    tree["device"] = args.device
+    tree["device"], tree["dtype"] = args.device, args.dtype
     if args.eval_every:
         tree["eval"] = {"data": str(test_file), "n": args.n_test, "every": args.eval_every,
                         "at_start": False, "max_turns": demo.eval_max_turns,
@@ -159,7 +162,8 @@ def _evaluate(model_dir: Path, out: Path, index_dir: Path, test_file: Path, demo
 
     if (out / "metrics.json").is_file():
         return json.loads((out / "metrics.json").read_text())
-    policy, tokenizer = load_policy(str(model_dir), device=args.device)
+    policy, tokenizer = load_policy(str(model_dir), device=args.device,
+                                    dtype=getattr(args, "dtype", "float32"))
     return eval_policy(policy, tokenizer, load_index(index_dir),
                        EvalConfig(data=str(test_file), n=args.n_test,
                                   max_turns=demo.eval_max_turns,

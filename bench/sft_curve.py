@@ -34,6 +34,8 @@ def main() -> None:
     ap.add_argument("--eval-batch", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", help="SFT's and the evaluation's (bf16-mixed: "
+                    "float32 weights, bfloat16 products); a point records it")
     ap.add_argument("--report", action="store_true", help="only print what WORK holds")
     args = ap.parse_args()
     budgets = sorted(int(b) for b in args.budgets.split(",") if b.strip())
@@ -52,7 +54,7 @@ def main() -> None:
         write_qa_jsonl(test_file, test)
         for steps in budgets:
             _point(steps, args, demo, index_dir, test_file)
-    _report(args.work_dir, started)
+    _report(args.work_dir, started, args.dtype)
 
 
 def _point(steps: int, args, demo, index_dir: Path, test_file: Path) -> dict:
@@ -62,7 +64,7 @@ def _point(steps: int, args, demo, index_dir: Path, test_file: Path) -> dict:
     from seekrl.recipes.pipeline import sft_batching
     from seekrl.recipes.sft import run_sft
 
-    out = args.work_dir / f"sft-{steps}"
+    out = args.work_dir / (f"sft-{steps}" if args.dtype == "float32" else f"sft-{steps}-{args.dtype}")
     done = out / "point.json"
     if done.is_file():
         return json.loads(done.read_text())
@@ -71,6 +73,7 @@ def _point(steps: int, args, demo, index_dir: Path, test_file: Path) -> dict:
                             out=str(out / "run"), seed=demo.seed, max_steps=steps,
                             **sft_batching(demo), max_info_tokens=demo.max_info_tokens,
                             topk=demo.k, train_layers=demo.train_layers, device=args.device,
+                            dtype=args.dtype,
                             optim={"lr": demo.sft_lr, "warmup_steps": 2, "min_lr_ratio": 0.1}),
                   overwrite=True)   # a run killed before its point is redone
     sft_minutes = (time.time() - t0) / 60
@@ -82,6 +85,7 @@ def _point(steps: int, args, demo, index_dir: Path, test_file: Path) -> dict:
              "evidence_recall": avg.get("evidence_recall"), "em_by_type": by_type,
              "final_loss": sft["loss"], "sft_minutes": round(sft_minutes, 2),
              "minutes": round((time.time() - t0) / 60, 2), "device": args.device,
+             "dtype": args.dtype,
              "n_test": args.n_test, "seed": demo.seed}
     done.write_text(json.dumps(point, indent=1))
     print(f"sft {steps} steps: EM {avg['em']:.3f} valid {avg['valid_format']:.2f} searches "
@@ -89,11 +93,12 @@ def _point(steps: int, args, demo, index_dir: Path, test_file: Path) -> dict:
     return point
 
 
-def _report(work: Path, started: float) -> None:
-    points = sorted((json.loads(p.read_text()) for p in work.glob("sft-*/point.json")),
-                    key=lambda p: p["steps"])
+def _report(work: Path, started: float, dtype: str) -> None:
+    """The points of `dtype` (older points, without the field, were float32)."""
+    points = sorted((p for p in (json.loads(f.read_text()) for f in work.glob("sft-*/point.json"))
+                     if p.get("dtype", "float32") == dtype), key=lambda p: p["steps"])
     if not points:
-        raise SystemExit(f"no points under {work}: run some budgets first")
+        raise SystemExit(f"no {dtype} points under {work}: run some budgets first")
     for p in points:
         s = p["steps"]
         print(f"em_sft{s}={p['em']:.4f} f1_sft{s}={p['f1']:.4f} "
