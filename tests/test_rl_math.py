@@ -299,7 +299,7 @@ def test_shared_prompts_only_when_rows_share_one():
 def test_shared_prompt_forward_with_activation_checkpointing():
     """A model that returns no KV cache (activation checkpointing in training) takes the
     plain path: still the right log-probs."""
-    from seekrl.models import backbone, tiny_policy
+    from seekrl.models import backbone, output_cache, tiny_policy
     from seekrl.rl.forward import masked_logprobs
 
     model, _ = tiny_policy(seed=2)
@@ -308,8 +308,8 @@ def test_shared_prompt_forward_with_activation_checkpointing():
         plain = masked_logprobs(model, ids, attn, mask, share_prompts=False)["logprobs"]
     model.activation_checkpointing_enable()
     model.train()
-    assert backbone(model)(input_ids=ids, attention_mask=attn,
-                           use_cache=True).past_key_values is None
+    assert output_cache(backbone(model)(input_ids=ids, attention_mask=attn,
+                                        use_cache=True)) is None
     out = masked_logprobs(model, ids, attn, mask)["logprobs"]
     out.sum().backward()
     torch.testing.assert_close(out.detach(), plain, atol=2e-5, rtol=1e-4)

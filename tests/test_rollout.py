@@ -399,12 +399,13 @@ def test_split_moves_rows_layer_by_layer_and_uses_the_source_up(tiny):
     keys and values (then its empty rows, zero), with its room; the source's layers are
     freed, so two whole caches never coexist; a row picked twice gets its own token list."""
     from seekrl.agent.backends import _Batch, _layers, _new_cache
+    from seekrl.models import cache_kwarg
 
     model, tok = tiny
     ids = torch.randint(5, 200, (3, 7))
     cache = _new_cache()
     with torch.no_grad():
-        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        model(input_ids=ids, use_cache=True, **{cache_kwarg(model): cache})
     before = [(layer.keys.clone(), layer.values.clone()) for layer in _layers(cache)]
     batch = _Batch(cache, ["a", "b", "c"], [list(r) for r in ids.tolist()],
                    torch.ones(3, 7, dtype=torch.long), torch.full((3,), 7))

@@ -270,6 +270,34 @@ def backbone(model) -> torch.nn.Module:
     return getattr(lm, lm.base_model_prefix)
 
 
+def cache_kwarg(module) -> str:
+    """The keyword this transformers version's forward takes the KV cache under: `cache`
+    (newer releases, which warn on every call given the old name) or `past_key_values`."""
+    import inspect
+
+    forward = causal_lm(module).forward
+    key = getattr(type(module), "__name__", ""), getattr(forward, "__qualname__", "")
+    if key not in _CACHE_KWARG:
+        try:
+            params = inspect.signature(forward).parameters
+        except (TypeError, ValueError):
+            params = {}
+        _CACHE_KWARG[key] = "cache" if "cache" in params else "past_key_values"
+    return _CACHE_KWARG[key]
+
+
+_CACHE_KWARG: dict[tuple[str, str], str] = {}
+
+
+def output_cache(out):
+    """The KV cache a forward returned, under either name (None without one)."""
+    for name in ("cache", "past_key_values"):
+        cache = out.get(name) if hasattr(out, "get") else getattr(out, name, None)
+        if cache is not None:
+            return cache
+    return None
+
+
 def mixed_precision(model, dtype: torch.dtype = torch.bfloat16):
     """Run the model's backbone and LM head under `torch.autocast(dtype)` on whatever device
     they sit, their weights unchanged (float32 stays float32); the LM head's logits come

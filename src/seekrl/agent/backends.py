@@ -274,10 +274,11 @@ class HFBackend(Backend):
     prefill adds."""
 
     def __init__(self, model, tokenizer, *, stop_strings: tuple[str, ...] = STOP_STRINGS):
-        from seekrl.models import check_positions, pad_id_of
+        from seekrl.models import cache_kwarg, check_positions, pad_id_of
 
         check_positions(model)   # the cache between turns relies on explicit position ids
         self.model = model
+        self._cache_kw = cache_kwarg(model)
         self.tokenizer = tokenizer
         self.stop_strings = tuple(stop_strings)
         self._tail = max(len(x) for x in self.stop_strings) + 8
@@ -423,7 +424,7 @@ class HFBackend(Backend):
         positions = batch.next_pos[:, None] + (chunk_mask.cumsum(-1) - 1).clamp(min=0)
         mask = torch.cat([batch.mask, chunk_mask], dim=1)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=batch.cache, use_cache=True, logits_to_keep=1)
+                         use_cache=True, logits_to_keep=1, **{self._cache_kw: batch.cache})
         batch = _Batch(batch.cache, [keys[i] if keys else None for i, _, _ in rows],
                        [list(contexts[i]) for i, _, _ in rows], mask,
                        batch.next_pos + chunk_mask.sum(-1))
@@ -493,7 +494,7 @@ class HFBackend(Backend):
             batch.mask = torch.cat([batch.mask, live[:, None]], dim=1)
             out = self.model(input_ids=torch.tensor(tokens, device=dev)[:, None],
                              attention_mask=batch.mask, position_ids=batch.next_pos[:, None],
-                             past_key_values=batch.cache, use_cache=True, logits_to_keep=1)
+                             use_cache=True, logits_to_keep=1, **{self._cache_kw: batch.cache})
             batch.next_pos = batch.next_pos + live
             logits = out.logits[:, -1, :]
         if keys is not None:

@@ -22,7 +22,15 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from seekrl.models import backbone, causal_lm, check_positions, check_window, logit_transform
+from seekrl.models import (
+    backbone,
+    cache_kwarg,
+    causal_lm,
+    check_positions,
+    check_window,
+    logit_transform,
+    output_cache,
+)
 
 
 def collate(token_ids: Sequence[Sequence[int]], masks: Sequence[Sequence[int]], pad_id: int,
@@ -88,9 +96,9 @@ def suffix_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         r = prompt_of[u]
         p_ids[u, :cuts[r]] = input_ids[r, :cuts[r]]
         p_mask[u, :cuts[r]] = 1
-    cache = body(input_ids=p_ids, attention_mask=p_mask, use_cache=True,
-                     position_ids=torch.arange(width, device=dev)[None].expand(n_prompts, -1)
-                     ).past_key_values                 # the model's own kind of cache
+    cache = output_cache(body(   # the model's own kind of cache
+        input_ids=p_ids, attention_mask=p_mask, use_cache=True,
+        position_ids=torch.arange(width, device=dev)[None].expand(n_prompts, -1)))
     if cache is None:
         return None
     cache.reorder_cache(torch.tensor(index, dtype=torch.long, device=dev))   # a row per episode
@@ -104,7 +112,7 @@ def suffix_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     positions = torch.tensor(cuts, device=dev)[:, None] + torch.arange(s_width, device=dev)
     full_mask = torch.cat([p_mask[torch.tensor(index, device=dev)], s_mask], dim=1)
     return body(input_ids=s_ids, attention_mask=full_mask, position_ids=positions,
-                    past_key_values=cache, use_cache=True).last_hidden_state
+                use_cache=True, **{cache_kwarg(body): cache}).last_hidden_state
 
 
 def masked_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
