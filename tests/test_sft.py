@@ -144,6 +144,8 @@ def test_run_sft_saves_a_model_that_loads_and_evaluates(world, tiny, tmp_path, l
     assert summary["steps"] == 2
     log = [json.loads(x) for x in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log if "loss" in r] == [1, 2]
+    # the rate each step applied: warm-up over 1 step, then cosine from 1e-3 (not the next one's)
+    assert [r["lr"] for r in log if "loss" in r] == pytest.approx([1e-3, 1e-3])
     assert any("dev_em" in r for r in log)
     assert (tmp_path / "sft" / "eval" / "final" / "viewer.html").is_file()
     loaded, _ = load_policy(summary["final"])

@@ -600,6 +600,17 @@ def test_a_skipped_update_still_advances_the_schedule(world, tiny, tmp_path):
     assert lrs == pytest.approx(expected) and lrs[0] > lrs[1]
 
 
+def test_the_logged_lr_is_the_one_the_step_applied(world, tiny, tmp_path):
+    """A cosine schedule without warm-up applies the full rate at step 1 (it was logged one
+    step late: the rate of step 2)."""
+    cfg = make_cfg(tmp_path, **{"steps": 4, "optim": {"lr": 1e-3, "schedule": "cosine",
+                                                      "warmup_steps": 0, "min_lr_ratio": 0.1}})
+    trainer = make_trainer(cfg, world, tiny)
+    first = trainer.optimizer.param_groups[0]["lr"]
+    assert trainer.step(1)["lr"] == pytest.approx(first) == pytest.approx(1e-3)
+    assert trainer.step(2)["lr"] < first
+
+
 def test_the_update_runs_in_the_mode_of_the_old_logprobs(world, tiny, tmp_path, monkeypatch):
     """With LoRA dropout 0.5, old log-probs in eval mode and new ones in train mode made the
     first ratio of an update far from 1; in one mode it is exactly 1."""

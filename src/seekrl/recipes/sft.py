@@ -206,11 +206,12 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
             total_nll += float(nll.detach())
         grad_norm = round(clip_and_step(trainable_parameters(model), optimizer,
                                         cfg.optim.max_grad_norm), 4)
+        lr = optimizer.param_groups[0]["lr"]   # the rate this step applied
         scheduler.step()
         seconds = time.time() - t0
         tokens = sum(len(e.token_ids) for mb in micro_batches for e in mb)
         last = {"step": step, "loss": round(total_nll / n_tokens, 5), "grad_norm": grad_norm,
-                "lr": scheduler.get_last_lr()[0], "policy_tokens": n_tokens,
+                "lr": lr, "policy_tokens": n_tokens,
                 "tokens_per_s": round(tokens / seconds, 1), "seconds": round(seconds, 2)}
         if cfg.eval.data and cfg.eval.every and step % cfg.eval.every == 0 \
                 and step != total_steps:

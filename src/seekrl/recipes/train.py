@@ -414,11 +414,12 @@ class Trainer:
         if not trajs:  # dynamic sampling found no group with signal: nothing to learn
             # the schedule still counts the step, so step k has the lr of step k whatever
             # was skipped before it (torch warns when no optimizer step came first)
+            lr = self.optimizer.param_groups[0]["lr"]   # the rate this step had
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
                 self.scheduler.step()
-            record.update(time_rollout=round(t_rollout, 2), skipped_update=True,
-                          lr=self.scheduler.get_last_lr()[0], **self._peak_memory())
+            record.update(time_rollout=round(t_rollout, 2), skipped_update=True, lr=lr,
+                          **self._peak_memory())
             return record
         if self._backend is not None:
             self._backend.sleep()   # the update gets the engine's memory (vllm_sleep)
@@ -573,11 +574,12 @@ class Trainer:
         t3 = time.time()
         update = self._update(trajs, advantages, old_logps, ref_logps, old_values, returns)
         t_update = time.time() - t3
+        lr = self.optimizer.param_groups[0]["lr"]   # the rate this step's updates applied
         self.scheduler.step()
         trained = sum(len(t.token_ids) for t in trajs) * algo.epochs
         record.update(self._displacement(trajs, old_logps, update.pop("correct_logps")))
         record.update(update)
-        record.update(lr=self.scheduler.get_last_lr()[0], time_old_logprobs=round(t_old, 2),
+        record.update(lr=lr, time_old_logprobs=round(t_old, 2),
                       time_update=round(t_update, 2),
                       train_tokens_per_s=round(trained / max(t_update + t_old, 1e-9), 1))
         return record
