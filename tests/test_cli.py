@@ -209,7 +209,7 @@ def test_example_configs_are_the_readmes_and_validate(tmp_path):
     blocks = dict((name, body) for body, name in re.findall(
         r"```yaml\n(# (\S+\.yaml)\n.*?)```", (root / "README.md").read_text(), re.S))
     files = sorted((root / "configs").glob("*.yaml"))
-    assert {f.name for f in files} == set(blocks) == {"sft.yaml", "rl.yaml"}
+    assert {f.name for f in files} == set(blocks) == {"sft.yaml", "rl.yaml", "own_parts.yaml"}
     for f in files:
         assert f.read_text() == blocks[f.name], f"{f.name} differs from the README's"
         schema = SFTConfig if f.name.startswith("sft") else TrainConfig

@@ -307,6 +307,9 @@ def eval_(
     model: Annotated[str, typer.Option(help="HF id or path, or the bundled smollm2-135m")] = "smollm2-135m",
     index: Annotated[Optional[Path], typer.Option(help="index folder (in-process retrieval)")] = None,
     retriever_url: Annotated[Optional[str], typer.Option(help="a running `seekrl serve` instead")] = None,
+    own_retriever: Annotated[Optional[str], typer.Option(
+        "--retriever", help="your own retriever by import path, e.g. mypkg.search:MyRetriever "
+        "(a class or function, called with --index's value when given)")] = None,
     method: Annotated[str, typer.Option(help="agent | rag | direct")] = "agent",
     limit: Annotated[Optional[int], typer.Option(help="only the first N questions per file")] = None,
     n_samples: Annotated[int, typer.Option(help="samples per question (K); pass@K when K > 1")] = 1,
@@ -344,10 +347,19 @@ def eval_(
         retriever = None
         if index is not None and retriever_url is not None:
             raise RetrievalError("give one of --index DIR or --retriever-url URL, not both")
-        if index is not None or retriever_url is not None:
+        if own_retriever is not None:
+            if retriever_url is not None:
+                raise RetrievalError("give one of --retriever MODULE:ATTR or --retriever-url "
+                                     "URL, not both")
+            from seekrl.plugins import make_retriever
+
+            retriever = make_retriever("--retriever", own_retriever,
+                                       None if index is None else str(index))
+        elif index is not None or retriever_url is not None:
             retriever = _retriever(index, retriever_url)
         elif method != "direct":
-            raise RetrievalError(f"method {method!r} needs --index DIR or --retriever-url URL")
+            raise RetrievalError(f"method {method!r} needs --index DIR, --retriever-url URL or "
+                                 "--retriever MODULE:ATTR")
         from seekrl.agent.factory import backend_refusal, make_backend
 
         why = backend_refusal(backend, "eval", device=device)

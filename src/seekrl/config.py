@@ -193,6 +193,7 @@ class LabelConfig(Strict):
     model: str = "smollm2-135m"        # the policy that plays (usually the SFT checkpoint)
     data: str                          # questions (QA JSONL / parquet)
     index: str | None = None
+    retriever: str | None = None       # your own by import path (TrainConfig.retriever)
     out: str = "runs/labels"
     questions: int | None = Field(None, ge=1)   # first N questions of `data`
     reward: str = "f1"                 # outcome reward of an episode: em | f1 | cover_em
@@ -243,6 +244,7 @@ class RefineConfig(Strict):
     # rft: sample, keep, fine-tune
     data: str | None = None            # questions to sample on
     index: str | None = None
+    retriever: str | None = None       # your own by import path (TrainConfig.retriever)
     prm: str | None = None             # a `seekrl prm train` folder (None: right answers only)
     questions: int | None = Field(None, ge=1)
     samples: int = Field(4, ge=1)      # episodes per question
@@ -286,6 +288,10 @@ class RefineConfig(Strict):
 
 class RewardConfig(Strict):
     outcome: str = "em"                 # a registered outcome reward: em | f1 | cover_em
+    # your own episode reward by import path, `mypkg.rewards:judge`: f(trajectory) ->
+    # RewardParts, as Trainer(reward_fn=...); it replaces outcome, format_reward and the
+    # penalties below (None: those make the reward)
+    fn: str | None = None
     # added for a valid protocol trace / subtracted per invalid action. Not 0 by default: with
     # outcome alone, an episode that broke the protocol (a turn ended on EOS with no tag,
     # was corrected, then answered right) scored as much as a clean one, and the demo's RL
@@ -294,7 +300,8 @@ class RewardConfig(Strict):
     invalid_penalty: float = 0.1
     max_turns_penalty: float = 0.0      # subtracted when the episode ran out of turns / tokens
     # process (step) rewards: source name -> weight, e.g. {evidence: 1.0, redundancy: 0.1};
-    # sources: evidence, redundancy, step_format, mc_value, prm (rewards/process.py)
+    # sources: evidence, redundancy, step_format, mc_value, prm (rewards/process.py), or your
+    # own by import path, {mypkg.steps:novelty: 0.5}
     process: dict[str, float] = {}
     mc_samples: int = Field(4, ge=1)    # mc_value: continuations per step prefix
     prm: str | None = None              # prm: a `seekrl prm train` folder (its final/)
@@ -311,7 +318,8 @@ class RewardConfig(Strict):
 
 
 class AlgoConfig(Strict):
-    advantage: str = "dr_grpo"          # a registered estimator; gae means PPO with a critic
+    advantage: str = "dr_grpo"          # a registered estimator (or your own by import path,
+                                        # mypkg.credit:median_baseline); gae: PPO with a critic
                                         # (dr_grpo: GRPO without the std, which collapsed
                                         # one of two long runs in bench/RESULTS.md)
     epochs: int = Field(1, ge=1)        # passes over each batch (K)
@@ -405,7 +413,12 @@ class TrainConfig(Strict):
     model: str = "smollm2-135m"        # usually the SFT checkpoint (RUN_DIR/final)
     data: str                          # training questions (QA JSONL / parquet)
     index: str | None = None           # an index folder or an http:// retrieval server
-                                       # (required unless rollout.method is direct)
+                                       # (required unless rollout.method is direct or
+                                       # retriever is set)
+    # your own retriever by import path, `mypkg.search:MyRetriever`: a class or function
+    # called with `index` when that is set (no arguments otherwise), or an object with
+    # search(queries, k); it replaces the index folder / server
+    retriever: str | None = None
     out: str = "runs/train"
     dtype: str = "float32"
     device: Device = "cpu"

@@ -62,10 +62,11 @@ class LabelWriter:
                                "stats": {}, "rejected": {}, "settings": settings or {}}
         if resume and self.progress_path.exists():
             self.progress = json.loads(self.progress_path.read_text())
-            if settings and self.progress.get("settings") and \
-                    self.progress["settings"] != settings:
-                differ = sorted(k for k in set(settings) | set(self.progress["settings"])
-                                if settings.get(k) != self.progress["settings"].get(k))
+            before = self.progress.get("settings") or {}
+            # a key one side lacks counts as None (a key added to LabelConfig since, unset)
+            differ = sorted(k for k in set(settings or {}) | set(before)
+                            if settings.get(k) != before.get(k)) if settings and before else []
+            if differ:
                 raise ValueError(f"{self.out}: resuming with other settings than the run "
                                  f"that wrote it (differ: {', '.join(differ)})")
         for name in LABEL_FILES:   # drop whatever a killed run wrote after its last chunk

@@ -406,7 +406,7 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
     if not questions:
         raise ValueError(f"data: {cfg.data} has no questions")
     if retriever is None:       # a missing index is named before anything is written
-        retriever = open_index(cfg.index, "labelling plays search episodes")
+        retriever = open_index(cfg.index, "labelling plays search episodes", cfg.retriever)
     writer = LabelWriter(cfg.out, resume=resume, settings=settings)   # refuses before loading
     set_seed(cfg.seed)
     if model is None and backend is None:

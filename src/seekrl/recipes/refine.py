@@ -234,7 +234,7 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
         from seekrl.recipes.prm import load_scorer
         scorer = load_scorer(cfg.prm, device=cfg.device)
     if cfg.method == "rft" and retriever is None:     # a missing index before a model loads
-        retriever = open_index(cfg.index, "RFT samples search episodes")
+        retriever = open_index(cfg.index, "RFT samples search episodes", cfg.retriever)
     out.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, out / "config.yaml")
     set_seed(cfg.seed)

@@ -29,18 +29,28 @@ def check_episode_recipe(cfg, command: str) -> None:
     from seekrl.rewards.outcome import OUTCOMES
 
     check_name("reward", cfg.reward, OUTCOMES)
+    if cfg.retriever:
+        from seekrl.plugins import check_retriever
+
+        check_retriever("retriever", cfg.retriever, cfg.index)
     why = backend_refusal(cfg.rollout.backend, command)
     if why:
         raise ConfigError(f"rollout.backend: {why}")
 
 
-def open_index(index: str | None, what: str):
-    """The retriever an `index` key names (a folder or a server url); `what` says who needs
-    it when the key is empty."""
+def open_index(index: str | None, what: str, retriever: str | None = None):
+    """The retriever the `retriever` key names by import path (made with `index` when that
+    is set), else the one the `index` key names (a folder or a server url); `what` says
+    who needs one when neither is set."""
+    if retriever:
+        from seekrl.plugins import make_retriever
+
+        return make_retriever("retriever", retriever, index)
     from seekrl.retrieval.open import open_retriever
 
     if not index:
-        raise ValueError(f"index: {what}; it needs an index folder or a retrieval server url")
+        raise ValueError(f"index: {what}; it needs an index folder or a retrieval server url "
+                         "(or `retriever`: your own by import path)")
     return open_retriever(index)
 
 

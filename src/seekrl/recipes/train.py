@@ -88,7 +88,7 @@ from seekrl.recipes.setup import (
     units_within_budget,
 )
 from seekrl.rewards.metrics import exact_match
-from seekrl.rewards.outcome import RewardParts, episode_reward
+from seekrl.rewards.outcome import RewardParts, episode_reward, load_reward_fn
 from seekrl.rewards.process import (
     ProcessContext,
     StepScorer,
@@ -171,7 +171,8 @@ class Trainer:
         if not self.questions:
             raise ValueError(f"data: {cfg.data} has no questions")
         if retriever is None and cfg.rollout.method != "direct":
-            retriever = open_index(cfg.index, f"rollout.method {cfg.rollout.method!r} searches")
+            retriever = open_index(cfg.index, f"rollout.method {cfg.rollout.method!r} searches",
+                                   cfg.retriever)
         self.retriever = retriever
         if prm_scorer is None and "prm" in cfg.reward.process:
             from seekrl.recipes.prm import load_scorer
@@ -230,6 +231,8 @@ class Trainer:
                                         extra_groups=extra)
         self.updates = 0   # optimizer steps taken by this object (the vLLM sync's version)
         self.scheduler = make_scheduler(self.optimizer, cfg.optim, cfg.steps)
+        if reward_fn is None and cfg.reward.fn:
+            reward_fn = load_reward_fn(cfg.reward.fn)
         self.reward_fn = reward_fn or (lambda t: episode_reward(
             t, outcome=cfg.reward.outcome, format_reward=cfg.reward.format_reward,
             invalid_penalty=cfg.reward.invalid_penalty,
@@ -1162,16 +1165,27 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
     """The RL recipe's registry names and cross-key rules, checked before anything slow
     happens (the trainer, and `seekrl train --print-config`, call it). Schema types and
     ranges are `TrainConfig`'s own. `scorer_given`: a PRM object is passed in
-    (`Trainer(prm_scorer=...)`), so `reward.prm` need not name one."""
+    (`Trainer(prm_scorer=...)`), so `reward.prm` need not name one. Your own parts by
+    import path (`reward.fn`, `retriever`, a `reward.process` source, `algo.advantage`) are
+    imported here and checked for their kind (seekrl/plugins.py); sources and estimators
+    are registered under their path."""
+    from seekrl.plugins import check_retriever, is_import_path
     from seekrl.rewards.outcome import OUTCOMES
-    from seekrl.rewards.process import PROCESS_REWARDS
-    from seekrl.rl.advantages import ESTIMATORS, FACTS
+    from seekrl.rewards.process import PROCESS_REWARDS, add_process_path
+    from seekrl.rl.advantages import ESTIMATORS, FACTS, add_estimator_path
     from seekrl.rl.loss import AGGREGATIONS
 
     algo = cfg.algo
-    check_name("reward.outcome", cfg.reward.outcome, OUTCOMES)
+    if cfg.reward.fn:
+        load_reward_fn(cfg.reward.fn)
+    else:
+        check_name("reward.outcome", cfg.reward.outcome, OUTCOMES)
     for name in cfg.reward.process:
+        if is_import_path(name) and name not in PROCESS_REWARDS:
+            add_process_path(name)
         check_name(f"reward.process.{name}", name, PROCESS_REWARDS)
+    if is_import_path(algo.advantage) and algo.advantage not in ESTIMATORS:
+        add_estimator_path(algo.advantage)
     check_name("algo.advantage", algo.advantage, ESTIMATORS)
     check_name("algo.loss_agg", algo.loss_agg, AGGREGATIONS)
     facts = FACTS[algo.advantage]
@@ -1186,6 +1200,8 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
             f"algo.kl_in_reward: the per-token KL reward is read by {' and '.join(readers)} "
             f"only; algo.advantage is {algo.advantage!r} (use the KL loss term there: "
             "kl_in_reward: false)")
+    if cfg.retriever:
+        check_retriever("retriever", cfg.retriever, cfg.index)
     if "prm" in cfg.reward.process and not cfg.reward.prm and not scorer_given:
         raise ConfigError("reward.process.prm: no process reward model given (set "
                           "reward.prm to a `seekrl prm train` folder, e.g. RUN/final)")

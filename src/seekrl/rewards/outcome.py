@@ -52,3 +52,26 @@ def episode_reward(t: Trajectory, *, outcome: str = "em", format_reward: float =
     ran_out = t.finish_reason in ("max_turns", "length") and t.answer is None
     penalty = invalid_penalty * n_invalid + (max_turns_penalty if ran_out else 0.0)
     return RewardParts(total=out + fmt - penalty, outcome=out, format=fmt, penalty=penalty)
+
+
+REWARD_FN_SHAPE = "f(trajectory) -> RewardParts(total, outcome, format, penalty)"
+
+
+def load_reward_fn(path: str, key: str = "reward.fn") -> Callable[[Trajectory], RewardParts]:
+    """The episode reward an import path names (`reward.fn: mypkg.rewards:judge`): the
+    contract of `Trainer(reward_fn=...)`, one `RewardParts` per finished episode (it
+    replaces the outcome, format reward and penalties of `reward:`). What it returns is
+    checked on every call: a wrong type fails naming the key."""
+    from seekrl.plugins import load_function
+
+    fn = load_function(key, path, args=(1,), shape=REWARD_FN_SHAPE)
+
+    def reward(t: Trajectory) -> RewardParts:
+        parts = fn(t)
+        if not isinstance(parts, RewardParts):
+            raise TypeError(f"{key}: {path} returned a {type(parts).__name__}; expected "
+                            f"RewardParts(total, outcome, format, penalty) "
+                            "(seekrl.rewards.outcome)")
+        return parts
+
+    return reward

@@ -2,7 +2,9 @@
 
 A source is `f(trajectories, ctx) -> list[list[float | None]]`: for each trajectory, one
 reward per step, or None where the source does not apply to that step (evidence and
-redundancy judge searches only: an answer step has no retrieval to judge). `score_steps` runs
+redundancy judge searches only: an answer step has no retrieval to judge). A config may name a
+source of its own by import path (`reward.process: {mypkg.steps:novelty: 0.5}`: imported
+and registered under the path, `add_process_path`). `score_steps` runs
 the sources a config names with their weights, keeps each source's value on the step
 (`Step.process_parts`, None kept) and their weighted sum (`Step.process_reward`, None
 counting 0); the step batch the estimators read (`rl/step_batch.py`) places that sum on the
@@ -80,7 +82,26 @@ def register_process(name: str) -> Callable[[ProcessFn], ProcessFn]:
     return wrap
 
 
+PROCESS_SHAPE = "f(trajectories, ctx) -> list[list[float | None]] (one value per step, None: n/a)"
+
+
+def add_process_path(path: str, key: str | None = None) -> ProcessFn:
+    """The source an import path names (`reward.process: {mypkg.steps:novelty: 0.5}`),
+    imported and registered under the path itself; `key` names the config key in errors."""
+    from seekrl.plugins import load_function
+
+    fn = load_function(key or f"reward.process.{path}", path, args=(2,), shape=PROCESS_SHAPE)
+    PROCESS_REWARDS[path] = fn
+    return fn
+
+
 def get_process(name: str) -> ProcessFn:
+    """A source by registered name, or by import path (`pkg.mod:func`, registered when
+    first named)."""
+    from seekrl.plugins import is_import_path
+
+    if name not in PROCESS_REWARDS and is_import_path(name):
+        add_process_path(name)
     if name not in PROCESS_REWARDS:
         raise ValueError(f"process reward: expected one of {', '.join(sorted(PROCESS_REWARDS))}, "
                          f"got {name!r}")

@@ -13,7 +13,9 @@ or `(advantages, returns, diagnostics)`: (B, T) float tensors, advantages zero w
 `loss_mask` is 0 (prompt, retrieved documents, padding), and a dict of figures for the step's
 record. Whitening and returns live here, not in the recipe. Estimators are registered by name
 with their facts (`facts(name)`: needs a critic's values, reads per-token rewards, needs tree
-rollouts), which the recipes check configs by. `estimate_advantages(name, batch, cfg)` runs
+rollouts), which the recipes check configs by; a config may also name one by import path
+(`mypkg.credit:median_baseline`, `add_estimator_path`), registered under the path when first
+named. `estimate_advantages(name, batch, cfg)` runs
 one and returns an `Estimate`, one 1-D tensor per episode aligned with its `token_ids`;
 `compute_advantages(name, trajectories, rewards, cfg, values=)` builds the batch first. An
 estimator registered with the per-episode signature of seekrl before the step batch,
@@ -138,7 +140,32 @@ def register(name: str, *, needs_values: bool = False, reads_token_rewards: bool
     return wrap
 
 
+ESTIMATOR_SHAPE = "f(batch: StepBatch, cfg) -> (advantages, returns[, diagnostics])"
+
+
+def add_estimator_path(path: str, key: str = "algo.advantage") -> Estimator:
+    """The estimator an import path names (`algo.advantage: mypkg.credit:median_baseline`),
+    imported and registered under the path itself. Its facts are those it was registered
+    with (`@register(name, needs_values=...)` in its module, run on import); a function
+    never registered has none (no critic, no per-token rewards, no tree)."""
+    from seekrl.plugins import load_function
+
+    fn = load_function(key, path, args=(2, 3), shape=ESTIMATOR_SHAPE)
+    known = next((n for n, f in ESTIMATORS.items() if f is fn and n != path), None)
+    ESTIMATORS[path] = fn
+    FACTS[path] = FACTS[known] if known is not None else EstimatorFacts()
+    if _per_episode_form(fn):
+        _PER_EPISODE.add(path)
+    return fn
+
+
 def get_estimator(name: str) -> Estimator:
+    """An estimator by registered name, or by import path (`pkg.mod:func`, registered when
+    first named)."""
+    from seekrl.plugins import is_import_path
+
+    if name not in ESTIMATORS and is_import_path(name):
+        add_estimator_path(name)
     if name not in ESTIMATORS:
         raise ValueError(f"advantage estimator: expected one of {', '.join(sorted(ESTIMATORS))}, "
                          f"got {name!r}")
