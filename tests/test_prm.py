@@ -400,3 +400,21 @@ def test_labels_remember_their_tokenizer_and_refuse_another(tiny, label_dir, tmp
     (d / "config.yaml").unlink()
     with pytest.raises(ConfigError, match="model: the backbone"):
         labelling_policy([d])
+
+
+def test_label_warnings_say_what_the_labels_leave_out():
+    """Training `both` on labels without pairs, or measuring on an empty dev split, is said
+    (it trained on 0 pairs with `auc None` and no word)."""
+    from seekrl.recipes.labels import LabelSet
+    from seekrl.recipes.prm import label_warnings
+
+    point, pair = object(), object()
+    full = LabelSet(points=[point], pairs=[pair], episodes=[])
+    assert label_warnings("both", full, full) == []
+    no_pairs = LabelSet(points=[point], pairs=[], episodes=[])
+    assert any("pointwise loss only" in n for n in label_warnings("both", no_pairs, full))
+    assert label_warnings("pointwise", no_pairs, full) == []
+    empty = LabelSet(points=[], pairs=[], episodes=[])
+    assert any("dev split holds no labels" in n for n in label_warnings("pointwise", full, empty))
+    only_pairs = LabelSet(points=[], pairs=[pair], episodes=[])
+    assert any("no held-out AUC" in n for n in label_warnings("pairwise", full, only_pairs))

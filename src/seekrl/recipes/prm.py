@@ -348,6 +348,9 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
     say = console.print if console is not None else (lambda *a, **k: None)
     say(f"PRM on {len(train.points)} labelled steps and {len(train.pairs)} pairs "
         f"({len(dev.points)} / {len(dev.pairs)} held out), loss {cfg.loss}, {cfg.steps} steps")
+    notes = label_warnings(cfg.loss, train, dev)
+    for note in notes:
+        say(f"[yellow]warning:[/] {note}")
     rng = random.Random(cfg.seed)
     start_metrics = prm_metrics(scorer, dev, cfg.threshold) if cfg.eval_at_start else {}
     losses = [(name, fn, data) for name, fn, data, on in (
@@ -381,6 +384,10 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
                              {"init": cfg.model, "loss": cfg.loss, "step": step,
                               "dev_share": cfg.dev_share})
     metrics = prm_metrics(scorer, dev, cfg.threshold)
+    if dev.points and metrics.get("auc") is None:
+        notes.append(f"dev AUC undefined: all {len(dev.points)} held-out step labels are on one "
+                     f"side of the threshold {cfg.threshold}")
+        say(f"[yellow]warning:[/] {notes[-1]}")
     log.write({"step": cfg.steps, **{f"dev_{k}": v for k, v in metrics.items()}})
     log.close()
     final = save_prm(prm, tokenizer, out / "final", {"init": cfg.model, "loss": cfg.loss,
@@ -390,4 +397,21 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
     return {"final": str(final), "steps": cfg.steps, "loss": last.get("loss"),
             "dev": metrics, "dev_at_start": start_metrics,
             "train_points": len(train.points), "train_pairs": len(train.pairs),
-            "minutes": round((time.time() - started) / 60, 2)}
+            "warnings": notes, "minutes": round((time.time() - started) / 60, 2)}
+
+
+def label_warnings(loss: str, train: LabelSet, dev: LabelSet) -> list[str]:
+    """What the labels leave out that a user would not guess from the loss asked for: a
+    half of `both` with nothing to train on, and a dev split with nothing to measure."""
+    notes = []
+    if loss == "both" and not train.pairs:
+        notes.append("no sibling pairs outside the dev split: training on the pointwise loss "
+                     "only (MCTS labels with search.min_visits / min_gap met give pairs)")
+    if loss == "both" and not train.points:
+        notes.append("no labelled steps outside the dev split: training on the pairwise loss only")
+    if not dev.points and not dev.pairs:
+        notes.append("the dev split holds no labels: no held-out AUC or pair accuracy (raise "
+                     "dev_share, or label more questions)")
+    elif not dev.points:
+        notes.append("the dev split holds no labelled steps: no held-out AUC")
+    return notes
