@@ -255,8 +255,12 @@ def test_asking_for_cuda_without_it_fails_in_one_line(tmp_path):
     assert "expected cpu, cuda, cuda:N or mps, got 'tpu'" in device_problem("tpu")
     with pytest.raises(DeviceError, match="is a CPU build; install a CUDA build"):
         check_device("cuda:0")
-    with pytest.raises(ConfigError, match=r"device: device 'cuda'"):
+    with pytest.raises(ConfigError) as err:
         build_config(TrainConfig, {"data": "q.jsonl"}, ["device=cuda"], "overrides")
+    assert "device 'cuda': this torch" in str(err.value) and "device: device" not in str(err.value)
+    with pytest.raises(ConfigError) as err:   # the key and the value said once each
+        build_config(TrainConfig, {"data": "q.jsonl"}, ["device=cdua"], "overrides")
+    assert str(err.value).count("device") == 1 and str(err.value).count("'cdua'") == 1
     q = tmp_path / "q.jsonl"
     q.write_text('{"id": "1", "question": "q?", "golden_answers": ["a"]}\n')
     for args in (["eval", "--data", q, "--out", tmp_path / "e", "--method", "direct",

@@ -557,8 +557,14 @@ def _describe(schema: type[BaseModel], err: dict) -> str:
         return f"{loc}: required key is missing"
     got = err.get("input")
     msg = err["msg"].removeprefix("Value error, ")
-    return f"{loc or '(top level)'}: {msg} (got {got!r})" if not isinstance(got, dict) \
-        else f"{loc or '(top level)'}: {msg}"
+    last = str(err["loc"][-1]) if err["loc"] else ""
+    if last and msg.startswith(last) and msg[len(last):len(last) + 1] in (" ", ":"):
+        text = loc[:len(loc) - len(last)] + msg   # a check's message that names its key
+    else:
+        text = f"{loc or '(top level)'}: {msg}"
+    if isinstance(got, dict) or repr(got) in msg:   # said once
+        return text
+    return f"{text} (got {got!r})"
 
 
 def build_config(schema: type[C], data: dict | None, overrides: list[str] = (),
