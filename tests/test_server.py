@@ -394,3 +394,61 @@ def test_a_second_server_cannot_take_a_bound_port_while_the_first_loads():
             bind_socket("127.0.0.1", first.getsockname()[1])
     finally:
         first.close()
+
+
+def test_health_shows_the_corpus_by_name_not_its_path():
+    app = create_app(FakeRetriever(), manifest={"retriever": "bm25", "corpus_sha256": "ab",
+                                                "corpus": "/home/someone/data/corpus.jsonl"})
+    with TestClient(app) as client:
+        shown = client.get("/health").json()["manifest"]
+    assert shown == {"retriever": "bm25", "corpus_sha256": "ab", "corpus": "corpus.jsonl"}
+
+
+@pytest.mark.parametrize("port", [-1, 65536, 99999])
+def test_a_port_out_of_range_is_one_line(port):
+    from seekrl.retrieval.server import bind_socket
+
+    with pytest.raises(RetrievalError, match=rf"--port {port}: expected 0 to 65535"):
+        bind_socket("127.0.0.1", port)
+
+
+def test_the_url_is_the_bound_address():
+    from seekrl.retrieval.server import bind_socket, server_url
+
+    sock = bind_socket("127.0.0.1", 0)   # any free port, on loopback
+    try:
+        assert server_url(sock) == f"http://127.0.0.1:{sock.getsockname()[1]}"
+        assert sock.getsockname()[1] > 0
+    finally:
+        sock.close()
+
+
+def test_serve_prints_the_address_it_listens_on(tmp_path):
+    """`seekrl serve --port 0` says where it listens (the port the system picked), and that
+    address answers; the server is stopped by the test (loopback only)."""
+    import re
+    import subprocess
+    import sys
+
+    from seekrl.retrieval.index import build_index
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"id": "d0", "contents": "Oslo\nOslo is in Norway."}) + "\n")
+    index_dir = build_index(corpus, tmp_path / "index", "bm25", show_progress=False)
+    proc = subprocess.Popen([sys.executable, "-m", "seekrl.cli", "serve", "--index",
+                             str(index_dir), "--port", "0", "--no-index-process",
+                             "--log-level", "warning"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = ""
+        deadline = time.time() + 60
+        while time.time() < deadline and "serving" not in line:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, "the server exited before saying where it is"
+        found = re.search(r"on (http://127\.0\.0\.1:(\d+))/retrieve", line)
+        assert found and int(found.group(2)) > 0, line
+        health = httpx.get(f"{found.group(1)}/health", timeout=10).json()
+        assert health["status"] == "ok" and health["manifest"]["corpus"] == "corpus.jsonl"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

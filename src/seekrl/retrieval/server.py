@@ -237,8 +237,11 @@ def _retrieve_path(config: ServerConfig) -> dict:
 
 def create_app(retriever: Retriever, manifest: dict | None = None,
                config: ServerConfig | None = None) -> FastAPI:
-    """The FastAPI app serving `retriever`; `manifest` is shown by /health."""
+    """The FastAPI app serving `retriever`; `manifest` is shown by /health, its corpus path
+    cut to the file name: a server bound beyond loopback should not show the machine's folder
+    layout, and the corpus's sha256 next to it identifies the corpus anyway."""
     config = config or ServerConfig()
+    manifest = public_manifest(manifest)
     runner = SearchRunner(retriever, config)
     cache = LRUCache(config.cache_size)
     started = time.time()
@@ -316,10 +319,20 @@ def create_app(retriever: Retriever, manifest: dict | None = None,
     return app
 
 
+def public_manifest(manifest: dict | None) -> dict:
+    """The index manifest as /health shows it: the corpus by file name, not full path."""
+    shown = dict(manifest or {})
+    if isinstance(shown.get("corpus"), str):
+        shown["corpus"] = Path(shown["corpus"]).name
+    return shown
+
+
 def bind_socket(host: str, port: int) -> socket.socket:
     """A socket bound to (host, port), or a `RetrievalError` in one line when the address
     is taken or cannot be bound. Bound before the index loads (minutes for a large one),
     so a busy port fails at once and no other process can take it in the meantime."""
+    if not 0 <= port <= 65535:
+        raise RetrievalError(f"--port {port}: expected 0 to 65535 (0: any free port)")
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     except socket.gaierror as err:
@@ -339,6 +352,12 @@ def bind_socket(host: str, port: int) -> socket.socket:
     # a port until one listens, so a second server would load its index before failing.
     sock.listen(2048)
     return sock
+
+
+def server_url(sock: socket.socket) -> str:
+    """http://host:port of a bound socket (the port it really got; IPv6 hosts bracketed)."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def run_server(index_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
@@ -368,8 +387,9 @@ def run_server(index_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
         gc.freeze()
     try:
         app = create_app(retriever, manifest=manifest, config=server_config)
-        log.info("serving %s (%d docs) on http://%s:%d/retrieve", index_dir, doc_count,
-                 host, port)
+        # said on stdout whatever the logging set-up (a user needs the address; port 0 picks)
+        print(f"serving {index_dir} ({doc_count} docs) on {server_url(sock)}/retrieve "
+              f"(health: {server_url(sock)}/health)", flush=True)
         uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                       access_log=False)).run(sockets=[sock])
     finally:
