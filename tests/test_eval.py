@@ -459,3 +459,20 @@ def test_real_model_agent_eval_on_two_questions(world_index, tmp_path):
     assert 0 < row["generated_tokens"] <= 2 * 32
     trajs = read_trajectories(tmp_path / "trajectories.jsonl")
     assert all(t.steps and t.finish_reason in ("answer", "max_turns", "length") for t in trajs)
+
+
+def test_table_rows_of_an_sft_and_an_rl_run_are_told_apart():
+    """Both models are `.../final`: the row names carry the run folder (they read
+    'agent · final' twice), and labels that still repeat get the eval folder's name."""
+    from seekrl.eval.report import run_label, unique_labels
+
+    def metrics(model):
+        return {"config": {"model": model, "rollout": {"method": "agent"}}}
+
+    sft, rl = metrics("runs/sft/final"), metrics("runs/rl/final/")
+    assert run_label(sft, "x") == "agent · sft/final"
+    assert run_label(rl, "x") == "agent · rl/final"
+    assert run_label(metrics("runs/rl/checkpoints/step-40"), "x") == "agent · checkpoints/step-40"
+    assert run_label(metrics("Qwen/Qwen2.5-3B-Instruct"), "x") == "agent · Qwen2.5-3B-Instruct"
+    assert run_label({}, "eval-1") == "eval-1"
+    assert unique_labels(["a", "b", "a"], ["e1", "e2", "e3"]) == ["a (e1)", "b", "a (e3)"]

@@ -278,7 +278,7 @@ def table(
     per data set, single-hop / multi-hop / overall averages."""
     import json
 
-    from seekrl.eval.report import METRICS_FILE, run_label, suite_table
+    from seekrl.eval.report import METRICS_FILE, run_label, suite_table, unique_labels
 
     try:
         if label and len(label) != len(runs):
@@ -290,6 +290,9 @@ def table(
                 raise FileNotFoundError(f"{run}: no {METRICS_FILE} (not a `seekrl eval` run)")
             metrics = json.loads(path.read_text())
             rows.append((label[i] if label else run_label(metrics, run.name), metrics))
+        if not label:
+            names = unique_labels([r[0] for r in rows], [run.name for run in runs])
+            rows = [(n, m) for n, (_, m) in zip(names, rows)]
     except ERRORS as err:
         _fail(err)
     console.print(suite_table(rows, key=metric), markup=False, highlight=False, soft_wrap=True)

@@ -134,11 +134,24 @@ def suite_table(runs: Sequence[tuple[str, dict]], keys: Sequence[str] | None = N
 
 
 def run_label(metrics: dict, fallback: str) -> str:
-    """`method · model` for a run's row in a comparison table."""
+    """`method · model` for a run's row in a comparison table. A model folder with a
+    generic name (`final`, `step-N`, `checkpoint-N`, as every seekrl run writes) is named
+    with its run folder: `agent · sft/final`, `agent · rl/final`."""
     cfg = metrics.get("config") or {}
     method = (cfg.get("rollout") or {}).get("method")
-    model = str(cfg.get("model") or "").rstrip("/").rsplit("/", 1)[-1]
+    parts = [x for x in str(cfg.get("model") or "").replace("\\", "/").split("/") if x]
+    model = "/".join(parts[-2:]) if len(parts) > 1 and _GENERIC.fullmatch(parts[-1]) \
+        else (parts[-1] if parts else "")
     return " · ".join(x for x in (method, model) if x) or fallback
+
+
+def unique_labels(labels: list[str], names: list[str]) -> list[str]:
+    """Labels that repeat get their run folder's name added: `agent · final (eval-3)`."""
+    seen = {x: labels.count(x) for x in labels}
+    return [f"{x} ({n})" if seen[x] > 1 else x for x, n in zip(labels, names)]
+
+
+_GENERIC = re.compile(r"final|model|best|last|(step|checkpoint|ckpt)[-_]?\d+")
 
 
 def _md(text: str) -> str:
