@@ -35,3 +35,55 @@ def test_a_cache_passed_under_that_name_is_used_and_read_back():
                      position_ids=torch.tensor([[5]]), **{cache_kwarg(model): cache}).logits[:, -1]
     torch.testing.assert_close(last, whole, atol=1e-5, rtol=1e-4)
     assert output_cache({"past_key_values": "kv"}) == "kv"
+
+
+def _fresh_probe(monkeypatch, **env):
+    from seekrl import runtime
+
+    monkeypatch.setattr(runtime, "_HUB", {})
+    for key in ("HF_HUB_OFFLINE", "HF_ENDPOINT"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return runtime
+
+
+def test_hub_unreachable_says_why_at_once(monkeypatch):
+    import socket
+    import time
+
+    runtime = _fresh_probe(monkeypatch, HF_HUB_OFFLINE="1")
+    assert runtime.hub_unreachable() == "HF_HUB_OFFLINE is set"
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))   # bound, never listening: connections are refused
+    port = closed.getsockname()[1]
+    runtime = _fresh_probe(monkeypatch, HF_ENDPOINT=f"http://127.0.0.1:{port}")
+    started = time.time()
+    assert "127.0.0.1 cannot be reached" in runtime.hub_unreachable()
+    assert time.time() - started < 2
+    closed.close()
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(1)
+    runtime = _fresh_probe(monkeypatch, HF_ENDPOINT=f"http://127.0.0.1:{listening.getsockname()[1]}")
+    assert runtime.hub_unreachable() is None
+    listening.close()
+
+
+def test_an_unreachable_hub_gives_the_cache_or_a_one_line_error(monkeypatch, tmp_path):
+    import huggingface_hub.constants as hub_constants
+    import pytest
+
+    from seekrl.models import ModelError, resolve_model
+
+    _fresh_probe(monkeypatch, HF_HUB_OFFLINE="1")
+    snapshot = tmp_path / "models--someorg--somemodel" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "models--someorg--somemodel" / "refs").mkdir()
+    (tmp_path / "models--someorg--somemodel" / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path))
+    assert resolve_model("someorg/somemodel") == str(snapshot)
+    with pytest.raises(ModelError, match="not in the Hugging Face cache, and the hub is out of "
+                                         r"reach \(HF_HUB_OFFLINE is set\)"):
+        resolve_model("someorg/othermodel")

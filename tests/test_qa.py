@@ -380,3 +380,20 @@ def test_junk_only_ever_raises_data_error(tmp_path_factory, lines: list[str],
         examples = read_qa_jsonl(path, skip_bad=True, report=report)
         nonblank = sum(1 for line in content.split(b"\n") if line.strip())
         assert len(examples) + report.count <= nonblank
+
+
+def test_a_hub_dataset_fails_at_once_when_the_hub_is_out_of_reach(monkeypatch):
+    """Offline, a hub dataset comes from the local cache or fails in a second (it spent
+    ~27 s in retries before the same error)."""
+    import time
+
+    from seekrl import runtime
+    from seekrl.data.qa import load_hf_qa
+    from seekrl.errors import DataError
+
+    pytest.importorskip("datasets")
+    monkeypatch.setattr(runtime, "_HUB", {"answer": "example.invalid cannot be reached"})
+    started = time.time()
+    with pytest.raises(DataError, match="someorg/no-such-dataset"):
+        load_hf_qa("someorg/no-such-dataset", split="test")
+    assert time.time() - started < 10

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from seekrl.errors import SeekrlError
-from seekrl.runtime import check_device, quiet_transformers
+from seekrl.runtime import check_device, hub_unreachable, quiet_transformers
 
 BUNDLED_ALIASES = {"smollm2-135m", "smollm2-135m-instruct", "smollm2"}
 DEFAULT_MODEL = "smollm2-135m"
@@ -130,7 +130,25 @@ def resolve_model(name: str | None) -> str:
         if close:
             raise ModelError(f"model: {name!r} is neither a folder nor a bundled model; did "
                              f"you mean {close[0]}?")
+    offline = hub_unreachable()
+    if offline:   # the hub's cache, or a one-line error now instead of a minute of retries
+        cached = _hub_cache_folder(name)
+        if cached is None:
+            raise ModelError(f"model: {name!r} is not a local folder, not in the Hugging Face "
+                             f"cache, and the hub is out of reach ({offline}); download it "
+                             "where there is a network and pass its folder")
+        return cached
     return name
+
+
+def _hub_cache_folder(repo_id: str) -> str | None:
+    """The cached snapshot folder of a hub model (its config.json's folder), or None."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        found = try_to_load_from_cache(repo_id, "config.json")
+    except Exception:   # an id the hub library refuses, or no such library
+        return None
+    return str(Path(found).parent) if isinstance(found, str) else None
 
 
 def _config(model):

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from seekrl.errors import DeviceError
 
-__all__ = ["check_device", "device_problem", "peak_rss_mb", "quiet_transformers"]
+__all__ = ["check_device", "device_problem", "hub_unreachable", "peak_rss_mb",
+           "quiet_transformers"]
 
 
 def device_problem(device: str) -> str | None:
@@ -72,3 +73,34 @@ def quiet_transformers() -> None:
     interleave with seekrl's stage output in every recipe; seekrl reports its own progress."""
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
+
+
+_HUB: dict[str, str | None] = {}
+
+
+def hub_unreachable(timeout: float = 1.5) -> str | None:
+    """Why the Hugging Face hub cannot be reached from here, in a few words, or None when
+    it can: offline mode set (`HF_HUB_OFFLINE`), or no TCP connection to the hub's host
+    ($HF_ENDPOINT, by default huggingface.co) within `timeout` seconds. Asked once per
+    process, so that a hub id fails in a second where the hub libraries would spend 30-50 s
+    in retries before saying the same."""
+    import os
+
+    if "answer" not in _HUB:
+        _HUB["answer"] = _probe_hub(os.environ, timeout)
+    return _HUB["answer"]
+
+
+def _probe_hub(env, timeout: float) -> str | None:
+    import socket
+    from urllib.parse import urlparse
+
+    if env.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set"
+    url = urlparse(env.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as err:
+        return f"{host} cannot be reached ({err.strerror or type(err).__name__})"
+    return None

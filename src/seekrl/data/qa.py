@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -32,6 +33,7 @@ from seekrl.data.benchmarks import (
 )
 from seekrl.data.jsonl import SkipReport, iter_jsonl, reason_of
 from seekrl.errors import DataError
+from seekrl.runtime import hub_unreachable
 
 __all__ = [
     "SEARCH_R1_INSTRUCTION",
@@ -471,6 +473,22 @@ def _import_datasets():
     return datasets
 
 
+@contextlib.contextmanager
+def _offline_if_unreachable(datasets, *, hub: bool):
+    """Offline mode for one hub load when the hub is out of reach (`runtime.hub_unreachable`):
+    the dataset comes from the local cache or fails at once, instead of after ~30 s of
+    retries."""
+    if not hub or hub_unreachable() is None:
+        yield
+        return
+    before = datasets.config.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE = before
+
+
 def load_hf_qa(
     name: str,
     split: str = "train",
@@ -505,8 +523,9 @@ def load_hf_qa(
         dataset = _load_saved(datasets, local, split)
     else:
         try:
-            dataset = datasets.load_dataset(builder, config, split=split,
-                                            data_files=data_files, **load_kwargs)
+            with _offline_if_unreachable(datasets, hub=data_files is None and not local.exists()):
+                dataset = datasets.load_dataset(builder, config, split=split,
+                                                data_files=data_files, **load_kwargs)
         except (OSError, ValueError) as err:    # no network, no such dataset / split
             first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
             hint = ("; offline, FlashRAG sets read $SEEKRL_FLASHRAG_DIR (a local mirror)"
