@@ -17,6 +17,53 @@ def run(*args: str):
     return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
 
 
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A small world, its BM25 index, oracle episodes and the tiny model saved to disk: what
+    the sft / train commands read (paths as strings)."""
+    from conftest import build_world_and_index
+
+    from seekrl.agent.oracle import write_oracle_trajectories
+    from seekrl.data.qa import read_qa_jsonl
+    from seekrl.models import tiny_policy
+    from seekrl.retrieval.index import load_index
+
+    root = tmp_path_factory.mktemp("cli-lab")
+    _, paths, index_dir = build_world_and_index(root / "world", seed=4, entities=200,
+                                                n_train=16, n_dev=4, n_test=4)
+    model, tok = tiny_policy(seed=0)
+    model.save_pretrained(root / "tiny")
+    tok.save_pretrained(root / "tiny")
+    write_oracle_trajectories(read_qa_jsonl(paths["train"])[:8], load_index(index_dir),
+                              root / "oracle.jsonl", k=2)
+    return {"root": root, "world": paths["corpus"].parent, "index": index_dir,
+            "train": paths["train"], "dev": paths["dev"], "model": root / "tiny",
+            "oracle": root / "oracle.jsonl"}
+
+
+# the smallest RL run of the tiny model (one question pair, two short turns)
+SMALL_RL = ["questions_per_step=2", "group_size=2", "save_every=1", "rollout.max_turns=2",
+            "rollout.max_new_tokens=6", "rollout.max_info_tokens=48", "rollout.topk=2",
+            "algo.mini_batch_size=2", "algo.micro_batch_size=1", "optim.lr=1e-3"]
+
+
+def finished_run(out: Path) -> dict[str, str]:
+    """A run folder as a finished run leaves it (metrics of two steps, a checkpoint, the
+    final model): {relative path: content} to compare with afterwards."""
+    files = {"metrics.jsonl": '{"step": 1, "loss": 1.0}\n{"step": 2, "loss": 0.5}\n',
+             "config.yaml": "out: old\n", "checkpoints/latest": "step-2",
+             "final/model.safetensors": "weights"}
+    for name, text in files.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    return files
+
+
+def untouched(out: Path, files: dict[str, str]) -> bool:
+    return all((out / name).is_file() and (out / name).read_text() == text
+               for name, text in files.items())
+
+
 def test_world_index_search_oracle(tmp_path):
     w = tmp_path / "world"
     r = run("world", "--out", w, "--seed", 1, "--entities", 200, "--train", 40, "--dev", 10,
@@ -300,3 +347,40 @@ def test_peak_rss_is_the_process_own_not_its_parents():
     child.join()
     del ballast
     assert 0 < got < 300, got
+
+
+def test_overwrite_checks_every_input_before_it_deletes_the_old_run(lab, tmp_path):
+    """`--overwrite` with a bad input (a corrupt data line, a typo in eval.data, a wandb that
+    is not installed, an index that is not there) fails naming it, and the finished run in
+    out is still all there."""
+    lines = lab["oracle"].read_text().splitlines()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(lines[:3] + ['{"question": "q?", "turns": 7}'] + lines[3:]) + "\n")
+    out = tmp_path / "R"
+    old = finished_run(out)
+    r = run("sft", f"data={bad}", f"out={out}", f"model={lab['model']}", "max_steps=1",
+            "--overwrite")
+    assert r.exit_code == 2 and "bad.jsonl:4" in r.output and "turns" in r.output, r.output
+    assert untouched(out, old)
+    for key in ("eval.data", "index"):
+        wrong = {"eval.data": f"eval.data={tmp_path / 'dev.jsnol'}",
+                 "index": f"index={tmp_path / 'no-index'}"}[key]
+        r = run("sft", f"data={lab['oracle']}", f"out={out}", f"model={lab['model']}",
+                f"index={lab['index']}", f"eval.data={lab['dev']}", wrong, "--overwrite")
+        assert r.exit_code == 2 and key in r.output, (key, r.output)
+        assert untouched(out, old)
+    common = ["train", f"data={lab['train']}", f"index={lab['index']}", f"out={out}",
+              f"model={lab['model']}", *SMALL_RL, "--overwrite"]
+    for wrong, named in ((f"eval.data={tmp_path / 'dev.jsnol'}", "eval.data: "),
+                         ("log.wandb=true", "log.wandb: "),
+                         (f"data={tmp_path / 'train.jsnol'}", "train.jsnol"),
+                         ("train_layers=99", "train_layers: ")):
+        r = run(*common, wrong)
+        assert r.exit_code == 2 and named in r.output, (wrong, r.output)
+        assert untouched(out, old), wrong
+    # and a sound command does replace it
+    r = run("sft", f"data={lab['oracle']}", f"out={out}", f"model={lab['model']}",
+            "max_steps=1", "batch_size=2", "--overwrite")
+    assert r.exit_code == 0, r.output
+    assert not (out / "checkpoints").exists() and (out / "final" / "config.json").is_file()
+

@@ -38,18 +38,25 @@ def check_run_dir(out: Path, *, resume: bool = False, overwrite: bool = False,
                           "delete; copy the model elsewhere or choose another out")
 
 
-def claim_run_dir(out: Path, *, resume: bool = False, overwrite: bool = False) -> None:
-    """Make `out` ready for the run: with `overwrite`, the old run's files go (call
-    `check_run_dir` first, and this only once the run's inputs have loaded, so a bad
-    config never costs the old run); with `resume` nothing is touched."""
+def claim_run_dir(out: Path, *, resume: bool = False, overwrite: bool = False,
+                  outputs: Sequence[str] = RUN_OUTPUTS) -> None:
+    """Make `out` ready for the run: with `overwrite`, the old run's files (`outputs`) go.
+    Call `check_run_dir` first, and this only once every input has been read and checked
+    and the model has loaded, so a bad input never costs the old run; with `resume`
+    nothing is touched."""
     out.mkdir(parents=True, exist_ok=True)
     if resume or not overwrite:
         return
-    for name in RUN_OUTPUTS:
+    remove_outputs(out, outputs)
+
+
+def remove_outputs(out: Path, names: Sequence[str]) -> None:
+    """Delete the named files and folders of `out` (those that exist)."""
+    for name in names:
         path = out / name
-        if path.is_dir():
+        if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
-        elif path.exists():
+        elif path.exists() or path.is_symlink():
             path.unlink()
 
 

@@ -36,12 +36,46 @@ def check_episode_recipe(cfg, command: str) -> None:
 
 def open_index(index: str | None, what: str):
     """The retriever an `index` key names (a folder or a server url); `what` says who needs
-    it when the key is empty."""
+    it when the key is empty. A server is asked one query now, so an address that does not
+    answer fails before a model loads or an old run is replaced, not at the first step."""
+    from seekrl.retrieval.base import RetrievalError
     from seekrl.retrieval.open import open_retriever
 
     if not index:
         raise ValueError(f"index: {what}; it needs an index folder or a retrieval server url")
-    return open_retriever(index)
+    retriever = open_retriever(index)
+    if index.startswith(("http://", "https://")):
+        try:
+            retriever.search(["seekrl connection check"], 1)
+        except (RetrievalError, OSError) as err:
+            raise RetrievalError(f"index: {index} does not answer a search ({err}); start "
+                                 "the server (`seekrl serve`) or fix the url") from None
+    return retriever
+
+
+def check_eval_data(eval_cfg, key: str = "eval.data") -> None:
+    """Read `eval.data` as the evaluation will (its first `eval.n` questions), before a
+    model loads: a typo fails in seconds, naming the key, not after training."""
+    if not eval_cfg.data:
+        return
+    from seekrl.errors import SeekrlError
+    from seekrl.eval.evaluate import load_eval_data
+
+    try:
+        load_eval_data([eval_cfg.data], limit=eval_cfg.n)
+    except (SeekrlError, FileNotFoundError, ValueError) as err:
+        raise ConfigError(f"{key}: {err}") from None
+
+
+def check_log_packages(log) -> None:
+    """`log.tensorboard` / `log.wandb` need their packages: checked before a model loads."""
+    import importlib.util
+
+    for key, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
+        if getattr(log, key) and importlib.util.find_spec(package) is None:
+            raise ConfigError(f"log.{key}: needs the {package} package (pip install "
+                              f"{package}), which is not installed; install it or set "
+                              f"log.{key}=false")
 
 
 def set_seed(seed: int) -> None:

@@ -74,6 +74,8 @@ from seekrl.recipes.checkpoint import (
 )
 from seekrl.recipes.setup import (
     MetricsLog,
+    check_eval_data,
+    check_log_packages,
     check_name,
     clip_and_step,
     enable_activation_checkpointing,
@@ -172,7 +174,10 @@ class Trainer:
             raise ValueError(f"data: {cfg.data} has no questions")
         if retriever is None and cfg.rollout.method != "direct":
             retriever = open_index(cfg.index, f"rollout.method {cfg.rollout.method!r} searches")
+        if retriever is None and cfg.eval.data:
+            retriever = open_index(cfg.index, "eval.data is set: the dev evaluation searches")
         self.retriever = retriever
+        check_eval_data(cfg.eval)   # read now, not at the first evaluation after training
         if prm_scorer is None and "prm" in cfg.reward.process:
             from seekrl.recipes.prm import load_scorer
             prm_scorer = load_scorer(cfg.reward.prm, device=self.device)
@@ -1167,6 +1172,7 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
     from seekrl.rl.loss import AGGREGATIONS
 
     algo = cfg.algo
+    check_log_packages(cfg.log)
     check_name("reward.outcome", cfg.reward.outcome, OUTCOMES)
     for name in cfg.reward.process:
         check_name(f"reward.process.{name}", name, PROCESS_REWARDS)
