@@ -384,3 +384,50 @@ def test_overwrite_checks_every_input_before_it_deletes_the_old_run(lab, tmp_pat
     assert r.exit_code == 0, r.output
     assert not (out / "checkpoints").exists() and (out / "final" / "config.json").is_file()
 
+
+def test_a_run_that_fails_at_start_does_not_block_its_retry(lab, tmp_path, monkeypatch):
+    """A typo in eval.data, or log.wandb without wandb, is named before the model loads and
+    leaves no folder; what an attempt that stopped before its first step left (a config,
+    an empty metrics log, the step-0 evaluation) is not a run: the retry goes ahead, and
+    --resume says why there is nothing to resume."""
+    import seekrl.models
+    from seekrl.config import ConfigError
+    from seekrl.recipes.checkpoint import check_run_dir
+
+    out = tmp_path / "R"
+    common = ["train", f"data={lab['train']}", f"index={lab['index']}", f"out={out}",
+              f"model={lab['model']}", *SMALL_RL]
+    real_load = seekrl.models.load_policy
+
+    def no_model(*a, **k):
+        raise AssertionError("a model was loaded before the config was checked")
+
+    monkeypatch.setattr(seekrl.models, "load_policy", no_model)
+    r = run(*common, f"eval.data={tmp_path / 'dev.jsnol'}")
+    assert r.exit_code == 2 and "eval.data: " in r.output and "dev.jsnol" in r.output, r.output
+    r = run(*common, "log.wandb=true")
+    assert r.exit_code == 2 and "log.wandb: needs the wandb package" in r.output, r.output
+    r = run("sft", f"data={lab['oracle']}", f"out={tmp_path / 'S'}", f"model={lab['model']}",
+            f"index={lab['index']}", f"eval.data={tmp_path / 'dev.jsnol'}")
+    assert r.exit_code == 2 and "eval.data: " in r.output, r.output
+    assert not out.exists() and not (tmp_path / "S").exists()
+    monkeypatch.setattr(seekrl.models, "load_policy", real_load)
+
+    # what a failed start leaves behind holds no run ...
+    out.mkdir()
+    (out / "config.yaml").write_text("out: R\n")
+    (out / "metrics.jsonl").write_text("")
+    check_run_dir(out)
+    (out / "metrics.jsonl").write_text('{"step": 0, "dev_em": 0.0}\n')
+    (out / "checkpoints").mkdir()
+    check_run_dir(out)
+    r = run(*common, "--resume")
+    assert r.exit_code == 2 and "no checkpoint yet" in r.output \
+        and "without --resume" in r.output, r.output
+    # ... a completed step does
+    (out / "metrics.jsonl").write_text('{"step": 1, "reward": 0.0}\n')
+    with pytest.raises(ConfigError, match="already holds a run"):
+        check_run_dir(out)
+    r = run(*common, "--resume")
+    assert r.exit_code == 2 and "before its first checkpoint" in r.output \
+        and "--overwrite" in r.output, r.output

@@ -23,10 +23,12 @@ def check_run_dir(out: Path, *, resume: bool = False, overwrite: bool = False,
 
     A run folder written into again would lose its metrics (truncated) and its config
     (replaced) without a word: that needs `overwrite` (or `resume`, which continues the
-    run). Overwriting a run whose own files hold the model to start from is refused too."""
+    run). Overwriting a run whose own files hold the model to start from is refused too.
+    A folder whose attempt failed at start (no completed step, no checkpoint: see
+    `held_markers`) holds no run, so its retry is not refused."""
     if resume or not out.exists():
         return
-    held = [name for name in markers if (out / name).exists()]
+    held = held_markers(out, markers)
     if not held:
         return
     if not overwrite:
@@ -36,6 +38,42 @@ def check_run_dir(out: Path, *, resume: bool = False, overwrite: bool = False,
     if model and Path(model).exists() and Path(model).resolve().is_relative_to(out.resolve()):
         raise ConfigError(f"model: {model} is inside out ({out}), which --overwrite would "
                           "delete; copy the model elsewhere or choose another out")
+
+
+def held_markers(out: Path, markers: Sequence[str] = RUN_MARKERS) -> list[str]:
+    """The `markers` in `out` that hold work: a folder with something in it, a file with
+    something in it, and for a `metrics.jsonl` a record of a completed step (step >= 1;
+    a line that does not parse counts too). What an attempt that failed at start leaves
+    (its config.yaml, an empty metrics.jsonl or one with the step-0 evaluation only) holds
+    none."""
+    held = []
+    for name in markers:
+        path = out / name
+        if path.is_dir():
+            if any(path.iterdir()):
+                held.append(name)
+        elif path.is_file() and path.stat().st_size:
+            if name != "metrics.jsonl" or completed_steps(path):
+                held.append(name)
+    return held
+
+
+def completed_steps(metrics: Path) -> int:
+    """The last step a metrics log records (0: none; an unreadable line counts as one)."""
+    import json
+
+    last = 0
+    if not metrics.is_file():
+        return 0
+    for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            step = json.loads(line).get("step", 0)
+            last = max(last, int(step))
+        except (ValueError, TypeError, AttributeError):
+            last = max(last, 1)
+    return last
 
 
 def claim_run_dir(out: Path, *, resume: bool = False, overwrite: bool = False,

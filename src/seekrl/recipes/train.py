@@ -68,6 +68,7 @@ from seekrl.recipes.checkpoint import (
     claim_run_dir,
     config_changes,
     fsync_dir,
+    held_markers,
     prune_steps,
     replace_dir,
     save_policy,
@@ -151,8 +152,11 @@ class Trainer:
             from seekrl.agent.vllm_backend import import_vllm
             import_vllm()
         if resume and not (self.out / "checkpoints" / "latest").is_file():
-            raise FileNotFoundError(f"--resume: {self.out / 'checkpoints' / 'latest'} does not "
-                                    "exist (no checkpoint yet)")
+            raise FileNotFoundError(
+                f"--resume: {self.out} has no checkpoint yet (no checkpoints/latest); "
+                + ("it stopped before its first checkpoint (save_every "
+                   f"{cfg.save_every}): start it again with --overwrite"
+                   if held_markers(self.out) else "start the run again without --resume"))
         if self.dist.main:   # the run folder is rank 0's
             check_run_dir(self.out, resume=resume, overwrite=overwrite,
                           model=cfg.model if model is None else None)
