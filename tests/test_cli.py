@@ -431,3 +431,69 @@ def test_a_run_that_fails_at_start_does_not_block_its_retry(lab, tmp_path, monke
     r = run(*common, "--resume")
     assert r.exit_code == 2 and "before its first checkpoint" in r.output \
         and "--overwrite" in r.output, r.output
+
+
+def test_world_oracle_and_eval_refuse_to_replace_without_overwrite(lab, tmp_path):
+    """A second `world`, `oracle` or `eval` into the same out is refused in one line naming
+    the folder and --overwrite; with --overwrite the old evaluation's viewer goes too."""
+    w = tmp_path / "w"
+    args = ["world", "--out", w, "--seed", 1, "--entities", 200, "--train", 10, "--dev", 4,
+            "--test", 4]
+    assert run(*args).exit_code == 0
+    before = (w / "corpus.jsonl").read_text()
+    r = run(*args[:4], 2, *args[5:])
+    assert r.exit_code == 2 and f"{w} already holds a world" in r.output \
+        and "--overwrite" in r.output, r.output
+    assert (w / "corpus.jsonl").read_text() == before
+    r = run(*args[:4], 2, *args[5:], "--overwrite")
+    assert r.exit_code == 0 and (w / "corpus.jsonl").read_text() != before
+
+    o = tmp_path / "o.jsonl"
+    oracle = ["oracle", "--world", lab["world"], "--index", lab["index"], "--out", o,
+              "--limit", 2]
+    assert run(*oracle).exit_code == 0
+    r = run(*oracle[:-1], 3)
+    assert r.exit_code == 2 and f"{o} already holds oracle episodes" in r.output, r.output
+    assert len(o.read_text().splitlines()) == 2
+    assert run(*oracle[:-1], 3, "--overwrite").exit_code == 0
+    assert len(o.read_text().splitlines()) == 3
+
+    e = tmp_path / "e"
+    ev = ["eval", "--data", lab["dev"], "--out", e, "--model", lab["model"], "--method",
+          "direct", "--max-new-tokens", 4, "--limit"]
+    assert run(*ev, 4).exit_code == 0
+    assert run("inspect", e).exit_code == 0 and (e / "viewer.html").is_file()
+    r = run(*ev, 2)
+    assert r.exit_code == 2 and f"{e} already holds an evaluation" in r.output \
+        and "--overwrite" in r.output, r.output
+    assert json.loads((e / "metrics.json").read_text())["average"]["questions"] == 4
+    r = run(*ev, 2, "--overwrite")
+    assert r.exit_code == 0, r.output
+    assert json.loads((e / "metrics.json").read_text())["average"]["questions"] == 2
+    assert not (e / "viewer.html").exists()      # the old run's viewer does not stay
+
+
+def test_demo_refuses_an_old_run_and_overwrite_removes_it_after_the_checks(tmp_path,
+                                                                          monkeypatch):
+    import seekrl.demo
+
+    out = tmp_path / "demo"
+    (out / "rl_process").mkdir(parents=True)
+    (out / "summary.json").write_text("{}")
+    r = run("demo", "--out", out, "--model", tmp_path)
+    assert r.exit_code == 2 and f"{out} already holds a demo run" in r.output \
+        and "--overwrite" in r.output, r.output
+    r = run("demo", "--out", out, "--model", tmp_path, "--process", "magic", "--overwrite")
+    assert r.exit_code == 2 and "process method" in r.output
+    assert (out / "summary.json").is_file() and (out / "rl_process").is_dir()
+
+    class Stop(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Stop
+
+    monkeypatch.setattr(seekrl.demo, "generate_world", stop)
+    with pytest.raises(Stop):
+        run("demo", "--out", out, "--model", tmp_path, "--overwrite")
+    assert sorted(p.name for p in out.iterdir()) == ["demo_config.json"]

@@ -855,6 +855,9 @@ def generate_world(cfg: WorldConfig | None = None, **overrides) -> World:
     return World(cfg, b.entities, docs, splits)
 
 
+WORLD_FILES = ("corpus.jsonl", "train.jsonl", "dev.jsonl", "test.jsonl", "world.json")
+
+
 def write_world(world: World, out_dir: str | Path) -> dict[str, Path]:
     """Write corpus.jsonl, train/dev/test.jsonl (FlashRAG) and world.json (config, stats)."""
     from seekrl.data.qa import write_qa_jsonl
