@@ -497,3 +497,47 @@ def test_demo_refuses_an_old_run_and_overwrite_removes_it_after_the_checks(tmp_p
     with pytest.raises(Stop):
         run("demo", "--out", out, "--model", tmp_path, "--overwrite")
     assert sorted(p.name for p in out.iterdir()) == ["demo_config.json"]
+
+
+def test_an_index_of_another_corpus_than_the_worlds_is_refused(lab, tmp_path, monkeypatch):
+    """A world regenerated after its index was built: oracle, eval and train refuse the
+    stale index, naming both paths, the differing sha256 and the rebuild command; the
+    world command warns about an index kept in its folder."""
+    import seekrl.models
+
+    w = tmp_path / "w"
+    args = ["world", "--out", w, "--seed", 1, "--entities", 200, "--train", 10, "--dev", 4,
+            "--test", 4]
+    assert run(*args).exit_code == 0
+    for idx in (w / "index", tmp_path / "idx"):
+        assert run("index", "--corpus", w / "corpus.jsonl", "--out", idx).exit_code == 0
+    r = run(*args[:4], 2, *args[5:], "--overwrite")
+    assert r.exit_code == 0 and "warning:" in r.output and f"{w / 'index'}" in r.output \
+        and "another corpus" in r.output, r.output
+
+    def refused(r):
+        text = " ".join(r.output.split())   # rich may wrap a long line
+        return (r.exit_code == 2 and f"index {tmp_path / 'idx'} was built from another "
+                f"corpus than {w / 'corpus.jsonl'}" in text and "corpus_sha256" in text
+                and f"seekrl index --corpus {w / 'corpus.jsonl'} --out {tmp_path / 'idx'} "
+                "--overwrite" in text)
+
+    r = run("oracle", "--world", w, "--index", tmp_path / "idx", "--out", tmp_path / "o.jsonl")
+    assert refused(r), r.output
+    assert not (tmp_path / "o.jsonl").exists()
+
+    def no_model(*a, **k):
+        raise AssertionError("a model was loaded before the index was checked")
+
+    monkeypatch.setattr(seekrl.models, "load_policy", no_model)
+    r = run("eval", "--data", w / "test.jsonl", "--out", tmp_path / "e", "--index",
+            tmp_path / "idx", "--model", lab["model"])
+    assert refused(r), r.output
+    r = run("train", f"data={w / 'train.jsonl'}", f"index={tmp_path / 'idx'}",
+            f"out={tmp_path / 'rl'}", f"model={lab['model']}")
+    assert refused(r), r.output
+    # rebuilt, it is accepted
+    assert run("index", "--corpus", w / "corpus.jsonl", "--out", tmp_path / "idx",
+               "--overwrite").exit_code == 0
+    r = run("oracle", "--world", w, "--index", tmp_path / "idx", "--out", tmp_path / "o.jsonl")
+    assert r.exit_code == 0, r.output

@@ -96,6 +96,15 @@ def world(
                   f"({stats['distractor_docs']} distractors), "
                   + ", ".join(f"{s} {v['questions']}" for s, v in stats["splits"].items())
                   + f" questions -> {paths['corpus'].parent}")
+    from seekrl.retrieval.index import MANIFEST, corpus_mismatch
+
+    for folder in sorted(p for p in out.iterdir() if (p / MANIFEST).is_file()):
+        try:
+            why = corpus_mismatch(folder, paths["corpus"])
+        except ERRORS:
+            continue
+        if why:   # an index kept in the world folder, built from the corpus just replaced
+            err_console.print(f"[yellow]warning:[/] {why}", highlight=False)
 
 
 @app.command()
@@ -235,12 +244,15 @@ def oracle(
     """Write oracle trajectories (the ideal search episodes) for the SFT warm-up."""
     from seekrl.agent.oracle import write_oracle_trajectories
     from seekrl.data.qa import read_qa_jsonl
-    from seekrl.retrieval.index import load_index
+    from seekrl.retrieval.index import check_index_corpus, load_index
 
     try:
         _refuse_to_replace(out, "oracle episodes", overwrite=overwrite)
         examples = read_qa_jsonl(world_dir / f"{split}.jsonl")[:limit]
-        stats = write_oracle_trajectories(examples, load_index(index), out, k=k)
+        retriever = load_index(index)
+        if (world_dir / "corpus.jsonl").is_file():   # the index must be this world's
+            check_index_corpus(index, world_dir / "corpus.jsonl")
+        stats = write_oracle_trajectories(examples, retriever, out, k=k)
     except ERRORS as err:
         _fail(err)
     console.print(f"{stats.summary()} -> {out}")
@@ -371,6 +383,9 @@ def eval_(
             raise RetrievalError("give one of --index DIR or --retriever-url URL, not both")
         if index is not None or retriever_url is not None:
             retriever = _retriever(index, retriever_url)
+        if index is not None:             # questions of a world, searched in its own index
+            from seekrl.recipes.setup import check_world_index
+            check_world_index(str(index), *files)
         elif method != "direct":
             raise RetrievalError(f"method {method!r} needs --index DIR or --retriever-url URL")
         from seekrl.agent.factory import backend_refusal, make_backend

@@ -208,6 +208,7 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     from seekrl.recipes.checkpoint import check_run_dir, claim_run_dir, save_policy
     from seekrl.recipes.setup import (
         MetricsLog,
+        check_world_index,
         make_optimizer,
         make_scheduler,
         open_index,
@@ -239,6 +240,7 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
         scorer = load_scorer(cfg.prm, device=cfg.device)
     if cfg.method == "rft" and retriever is None:     # a missing index before a model loads
         retriever = open_index(cfg.index, "RFT samples search episodes")
+        check_world_index(cfg.index, cfg.data)
     if cfg.method == "rft":                            # and the questions
         from seekrl.data.qa import load_qa
         try:

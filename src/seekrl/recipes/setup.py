@@ -53,6 +53,20 @@ def open_index(index: str | None, what: str):
     return retriever
 
 
+def check_world_index(index: str | None, *data: str | None) -> None:
+    """Where questions from a `seekrl world` folder meet an index folder, the index must be
+    the one built from that world's corpus (its manifest's corpus_sha256): a world
+    regenerated after its index was built has other gold documents, and every episode
+    would search the wrong corpus without a word. Servers and data from elsewhere pass."""
+    from seekrl.data.world import world_corpus
+    from seekrl.retrieval.index import MANIFEST, check_index_corpus
+
+    if not index or not (Path(index) / MANIFEST).is_file():
+        return                    # a server, or no index folder (named where it is opened)
+    for corpus in dict.fromkeys(c for c in map(world_corpus, data) if c is not None):
+        check_index_corpus(index, corpus)
+
+
 def check_eval_data(eval_cfg, key: str = "eval.data") -> None:
     """Read `eval.data` as the evaluation will (its first `eval.n` questions), before a
     model loads: a typo fails in seconds, naming the key, not after training."""

@@ -35,6 +35,7 @@ from seekrl.recipes.checkpoint import check_run_dir, claim_run_dir, save_policy
 from seekrl.recipes.setup import (
     MetricsLog,
     check_eval_data,
+    check_world_index,
     clip_and_step,
     make_optimizer,
     make_scheduler,
@@ -169,6 +170,7 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
                   resumable=False)   # SFT runs start over; only RL resumes
     retriever = _eval_retriever(cfg)
     check_eval_data(cfg.eval)
+    check_world_index(cfg.index, cfg.eval.data)
     set_seed(cfg.seed)
     if model is None:   # the data is read with the tokenizer alone: bad lines fail fast
         tokenizer = load_tokenizer(cfg.model)

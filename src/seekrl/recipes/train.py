@@ -78,6 +78,7 @@ from seekrl.recipes.setup import (
     check_eval_data,
     check_log_packages,
     check_name,
+    check_world_index,
     clip_and_step,
     enable_activation_checkpointing,
     make_optimizer,
@@ -182,6 +183,7 @@ class Trainer:
             retriever = open_index(cfg.index, "eval.data is set: the dev evaluation searches")
         self.retriever = retriever
         check_eval_data(cfg.eval)   # read now, not at the first evaluation after training
+        check_world_index(cfg.index, cfg.data, cfg.eval.data)
         if prm_scorer is None and "prm" in cfg.reward.process:
             from seekrl.recipes.prm import load_scorer
             prm_scorer = load_scorer(cfg.reward.prm, device=self.device)
