@@ -541,3 +541,44 @@ def test_an_index_of_another_corpus_than_the_worlds_is_refused(lab, tmp_path, mo
                "--overwrite").exit_code == 0
     r = run("oracle", "--world", w, "--index", tmp_path / "idx", "--out", tmp_path / "o.jsonl")
     assert r.exit_code == 0, r.output
+
+
+def test_an_interrupted_train_says_where_it_stopped_and_how_to_resume(lab, tmp_path,
+                                                                      monkeypatch):
+    """Ctrl-C in a step: exit 130 with the step it stopped at and the command that goes on
+    (plain before any checkpoint, --resume after one); --resume says where it continues."""
+    from seekrl.recipes.train import Trainer
+
+    out = tmp_path / "rl"
+    args = ["train", f"data={lab['train']}", f"index={lab['index']}", f"out={out}",
+            f"model={lab['model']}", *SMALL_RL, "steps=2"]
+    command = "seekrl train " + " ".join(args[1:])
+    real_step = Trainer.step
+
+    def interrupt_at(n):
+        def step(self, step, *a, **k):
+            if step == n:
+                raise KeyboardInterrupt
+            return real_step(self, step, *a, **k)
+        return step
+
+    monkeypatch.setattr(Trainer, "step", interrupt_at(1))
+    r = run(*args)
+    text = " ".join(r.output.split())
+    assert r.exit_code == 130, r.output
+    assert "interrupted during step 1 of 2: nothing to resume; start again with: " \
+        f"{command}" in text and "--resume" not in text, r.output
+    monkeypatch.setattr(Trainer, "step", interrupt_at(2))
+    r = run(*args)             # the same command again: the first attempt blocks nothing
+    text = " ".join(r.output.split())
+    assert r.exit_code == 130, r.output
+    assert f"interrupted during step 2 of 2; the latest checkpoint is " \
+        f"{out / 'checkpoints' / 'step-1'} (step 1); continue from it with: {command} " \
+        "--resume" in text, r.output
+    monkeypatch.setattr(Trainer, "step", real_step)
+    r = run(*args, "--resume")
+    assert r.exit_code == 0, r.output
+    assert "".join(f"resuming from {out / 'checkpoints' / 'step-1'}: 1 of 2 steps done, "
+                   "continuing with step 2 of 2".split()) in "".join(r.output.split()), r.output
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] \
+        == [1, 2]

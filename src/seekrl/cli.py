@@ -482,11 +482,18 @@ def train(
 ):
     """RL from outcome and process (step) rewards: GRPO, Dr. GRPO, RLOO, REINFORCE++, PPO, and
     the step-level estimators (dual_granularity, gigpo, stratified_grpo, tree_grpo)."""
+    import shlex
+
     import yaml
 
     from seekrl.config import TrainConfig, load_config
     from seekrl.recipes.train import Trainer, check_config
 
+    # how this run was started, for the message after an interrupt
+    command = shlex.join(["seekrl", "train", *(["--config", str(config)] if config else []),
+                          *(["--process", process] if process else []), *(overrides or [])])
+    out = console
+    trainer = None
     try:
         if process is not None:
             from seekrl.rl.methods import method_overrides
@@ -504,9 +511,20 @@ def train(
             if out is console:
                 _print_config(cfg)
             return
-        summary = Trainer(cfg, console=out, resume=resume, overwrite=overwrite).train()
+        trainer = Trainer(cfg, console=out, resume=resume, overwrite=overwrite)
+        summary = trainer.train()
     except ERRORS as err:
         _fail(err)
+    except KeyboardInterrupt:
+        out.print("")
+        if trainer is None:   # while starting: what it wrote holds no run
+            flags = " --resume" if resume else " --overwrite" if overwrite else ""
+            out.print(f"interrupted before the first step; start again with: {command}{flags}",
+                      markup=False, highlight=False, soft_wrap=True)
+        else:   # one line, not wrapped: the command is copied from it
+            out.print(trainer.interrupted(command), markup=False, highlight=False,
+                      soft_wrap=True)
+        raise typer.Exit(130) from None
     if summary.get("stopped"):
         out.print(f"[bold red]stopped early[/]: {summary['stopped']}")
     out.print(f"final model -> {summary['final']}; report: `seekrl report {cfg.out}`")

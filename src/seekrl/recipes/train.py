@@ -887,8 +887,14 @@ class Trainer:
 
     def _resume(self) -> None:
         pointer = self.ckpt_dir / "latest"   # its existence was checked before any loading
-        meta = self.load_checkpoint(self.ckpt_dir / pointer.read_text().strip())
+        name = pointer.read_text().strip()
+        meta = self.load_checkpoint(self.ckpt_dir / name)
         self.step_done = meta["step"]
+        steps = self.cfg.steps
+        self._say(f"resuming from {self.ckpt_dir / name}: {self.step_done} of {steps} steps "
+                  "done, " + (f"continuing with step {self.step_done + 1} of {steps}"
+                              if self.step_done < steps else
+                              "saving and evaluating the final model"))
         self.rollout_tokens = int(meta.get("rollout_tokens", 0))
         self.questions_drawn = int(meta.get("questions_drawn", 0))
         self.monitor.load_state_dict(meta["monitor"])
@@ -993,6 +999,25 @@ class Trainer:
             (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         self.dist.barrier()   # the final policy is on disk when any rank returns
         return summary
+
+    def interrupted(self, command: str) -> str:
+        """What to tell a user whose run was interrupted (Ctrl-C): where it stopped and the
+        command that goes on from there (`command`: how the run was started, without
+        --resume or --overwrite)."""
+        steps, done = self.cfg.steps, self.step_done
+        where = (f"during step {done + 1} of {steps}" if done < steps else
+                 f"after its last step ({steps}), before the final model was saved")
+        pointer = self.ckpt_dir / "latest"
+        if pointer.is_file():
+            name = pointer.read_text().strip()
+            at = name.removeprefix("step-")
+            return (f"interrupted {where}; the latest checkpoint is {self.ckpt_dir / name} "
+                    f"(step {at}); continue from it with: {command} --resume")
+        if done:
+            return (f"interrupted {where}, before the first checkpoint (save_every "
+                    f"{self.cfg.save_every}): nothing to resume; start again with: "
+                    f"{command} --overwrite")
+        return f"interrupted {where}: nothing to resume; start again with: {command}"
 
     def _say(self, text: str) -> None:
         if self.console is not None:
