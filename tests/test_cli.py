@@ -17,6 +17,53 @@ def run(*args: str):
     return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
 
 
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A small world, its BM25 index, oracle episodes and the tiny model saved to disk: what
+    the sft / train commands read (paths as strings)."""
+    from conftest import build_world_and_index
+
+    from seekrl.agent.oracle import write_oracle_trajectories
+    from seekrl.data.qa import read_qa_jsonl
+    from seekrl.models import tiny_policy
+    from seekrl.retrieval.index import load_index
+
+    root = tmp_path_factory.mktemp("cli-lab")
+    _, paths, index_dir = build_world_and_index(root / "world", seed=4, entities=200,
+                                                n_train=16, n_dev=4, n_test=4)
+    model, tok = tiny_policy(seed=0)
+    model.save_pretrained(root / "tiny")
+    tok.save_pretrained(root / "tiny")
+    write_oracle_trajectories(read_qa_jsonl(paths["train"])[:8], load_index(index_dir),
+                              root / "oracle.jsonl", k=2)
+    return {"root": root, "world": paths["corpus"].parent, "index": index_dir,
+            "train": paths["train"], "dev": paths["dev"], "model": root / "tiny",
+            "oracle": root / "oracle.jsonl"}
+
+
+# the smallest RL run of the tiny model (one question pair, two short turns)
+SMALL_RL = ["questions_per_step=2", "group_size=2", "save_every=1", "rollout.max_turns=2",
+            "rollout.max_new_tokens=6", "rollout.max_info_tokens=48", "rollout.topk=2",
+            "algo.mini_batch_size=2", "algo.micro_batch_size=1", "optim.lr=1e-3"]
+
+
+def finished_run(out: Path) -> dict[str, str]:
+    """A run folder as a finished run leaves it (metrics of two steps, a checkpoint, the
+    final model): {relative path: content} to compare with afterwards."""
+    files = {"metrics.jsonl": '{"step": 1, "loss": 1.0}\n{"step": 2, "loss": 0.5}\n',
+             "config.yaml": "out: old\n", "checkpoints/latest": "step-2",
+             "final/model.safetensors": "weights"}
+    for name, text in files.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    return files
+
+
+def untouched(out: Path, files: dict[str, str]) -> bool:
+    return all((out / name).is_file() and (out / name).read_text() == text
+               for name, text in files.items())
+
+
 def test_world_index_search_oracle(tmp_path):
     w = tmp_path / "world"
     r = run("world", "--out", w, "--seed", 1, "--entities", 200, "--train", 40, "--dev", 10,
@@ -304,3 +351,238 @@ def test_peak_rss_is_the_process_own_not_its_parents():
     child.join()
     del ballast
     assert 0 < got < 300, got
+
+
+def test_overwrite_checks_every_input_before_it_deletes_the_old_run(lab, tmp_path):
+    """`--overwrite` with a bad input (a corrupt data line, a typo in eval.data, a wandb that
+    is not installed, an index that is not there) fails naming it, and the finished run in
+    out is still all there."""
+    lines = lab["oracle"].read_text().splitlines()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(lines[:3] + ['{"question": "q?", "turns": 7}'] + lines[3:]) + "\n")
+    out = tmp_path / "R"
+    old = finished_run(out)
+    r = run("sft", f"data={bad}", f"out={out}", f"model={lab['model']}", "max_steps=1",
+            "--overwrite")
+    assert r.exit_code == 2 and "bad.jsonl:4" in r.output and "turns" in r.output, r.output
+    assert untouched(out, old)
+    for key in ("eval.data", "index"):
+        wrong = {"eval.data": f"eval.data={tmp_path / 'dev.jsnol'}",
+                 "index": f"index={tmp_path / 'no-index'}"}[key]
+        r = run("sft", f"data={lab['oracle']}", f"out={out}", f"model={lab['model']}",
+                f"index={lab['index']}", f"eval.data={lab['dev']}", wrong, "--overwrite")
+        assert r.exit_code == 2 and key in r.output, (key, r.output)
+        assert untouched(out, old)
+    common = ["train", f"data={lab['train']}", f"index={lab['index']}", f"out={out}",
+              f"model={lab['model']}", *SMALL_RL, "--overwrite"]
+    for wrong, named in ((f"eval.data={tmp_path / 'dev.jsnol'}", "eval.data: "),
+                         ("log.wandb=true", "log.wandb: "),
+                         (f"data={tmp_path / 'train.jsnol'}", "train.jsnol"),
+                         ("train_layers=99", "train_layers: ")):
+        r = run(*common, wrong)
+        assert r.exit_code == 2 and named in r.output, (wrong, r.output)
+        assert untouched(out, old), wrong
+    # and a sound command does replace it
+    r = run("sft", f"data={lab['oracle']}", f"out={out}", f"model={lab['model']}",
+            "max_steps=1", "batch_size=2", "--overwrite")
+    assert r.exit_code == 0, r.output
+    assert not (out / "checkpoints").exists() and (out / "final" / "config.json").is_file()
+
+
+def test_a_run_that_fails_at_start_does_not_block_its_retry(lab, tmp_path, monkeypatch):
+    """A typo in eval.data, or log.wandb without wandb, is named before the model loads and
+    leaves no folder; what an attempt that stopped before its first step left (a config,
+    an empty metrics log, the step-0 evaluation) is not a run: the retry goes ahead, and
+    --resume says why there is nothing to resume."""
+    import seekrl.models
+    from seekrl.config import ConfigError
+    from seekrl.recipes.checkpoint import check_run_dir
+
+    out = tmp_path / "R"
+    common = ["train", f"data={lab['train']}", f"index={lab['index']}", f"out={out}",
+              f"model={lab['model']}", *SMALL_RL]
+    real_load = seekrl.models.load_policy
+
+    def no_model(*a, **k):
+        raise AssertionError("a model was loaded before the config was checked")
+
+    monkeypatch.setattr(seekrl.models, "load_policy", no_model)
+    r = run(*common, f"eval.data={tmp_path / 'dev.jsnol'}")
+    assert r.exit_code == 2 and "eval.data: " in r.output and "dev.jsnol" in r.output, r.output
+    r = run(*common, "log.wandb=true")
+    assert r.exit_code == 2 and "log.wandb: needs the wandb package" in r.output, r.output
+    r = run("sft", f"data={lab['oracle']}", f"out={tmp_path / 'S'}", f"model={lab['model']}",
+            f"index={lab['index']}", f"eval.data={tmp_path / 'dev.jsnol'}")
+    assert r.exit_code == 2 and "eval.data: " in r.output, r.output
+    assert not out.exists() and not (tmp_path / "S").exists()
+    monkeypatch.setattr(seekrl.models, "load_policy", real_load)
+
+    # what a failed start leaves behind holds no run ...
+    out.mkdir()
+    (out / "config.yaml").write_text("out: R\n")
+    (out / "metrics.jsonl").write_text("")
+    check_run_dir(out)
+    (out / "metrics.jsonl").write_text('{"step": 0, "dev_em": 0.0}\n')
+    (out / "checkpoints").mkdir()
+    check_run_dir(out)
+    r = run(*common, "--resume")
+    assert r.exit_code == 2 and "no checkpoint yet" in r.output \
+        and "without --resume" in r.output, r.output
+    # ... a completed step does
+    (out / "metrics.jsonl").write_text('{"step": 1, "reward": 0.0}\n')
+    with pytest.raises(ConfigError, match="already holds a run"):
+        check_run_dir(out)
+    r = run(*common, "--resume")
+    assert r.exit_code == 2 and "before its first checkpoint" in r.output \
+        and "--overwrite" in r.output, r.output
+
+
+def test_world_oracle_and_eval_refuse_to_replace_without_overwrite(lab, tmp_path):
+    """A second `world`, `oracle` or `eval` into the same out is refused in one line naming
+    the folder and --overwrite; with --overwrite the old evaluation's viewer goes too."""
+    w = tmp_path / "w"
+    args = ["world", "--out", w, "--seed", 1, "--entities", 200, "--train", 10, "--dev", 4,
+            "--test", 4]
+    assert run(*args).exit_code == 0
+    before = (w / "corpus.jsonl").read_text()
+    r = run(*args[:4], 2, *args[5:])
+    assert r.exit_code == 2 and f"{w} already holds a world" in r.output \
+        and "--overwrite" in r.output, r.output
+    assert (w / "corpus.jsonl").read_text() == before
+    r = run(*args[:4], 2, *args[5:], "--overwrite")
+    assert r.exit_code == 0 and (w / "corpus.jsonl").read_text() != before
+
+    o = tmp_path / "o.jsonl"
+    oracle = ["oracle", "--world", lab["world"], "--index", lab["index"], "--out", o,
+              "--limit", 2]
+    assert run(*oracle).exit_code == 0
+    r = run(*oracle[:-1], 3)
+    assert r.exit_code == 2 and f"{o} already holds oracle episodes" in r.output, r.output
+    assert len(o.read_text().splitlines()) == 2
+    assert run(*oracle[:-1], 3, "--overwrite").exit_code == 0
+    assert len(o.read_text().splitlines()) == 3
+
+    e = tmp_path / "e"
+    ev = ["eval", "--data", lab["dev"], "--out", e, "--model", lab["model"], "--method",
+          "direct", "--max-new-tokens", 4, "--limit"]
+    assert run(*ev, 4).exit_code == 0
+    assert run("inspect", e).exit_code == 0 and (e / "viewer.html").is_file()
+    r = run(*ev, 2)
+    assert r.exit_code == 2 and f"{e} already holds an evaluation" in r.output \
+        and "--overwrite" in r.output, r.output
+    assert json.loads((e / "metrics.json").read_text())["average"]["questions"] == 4
+    r = run(*ev, 2, "--overwrite")
+    assert r.exit_code == 0, r.output
+    assert json.loads((e / "metrics.json").read_text())["average"]["questions"] == 2
+    assert not (e / "viewer.html").exists()      # the old run's viewer does not stay
+
+
+def test_demo_refuses_an_old_run_and_overwrite_removes_it_after_the_checks(tmp_path,
+                                                                          monkeypatch):
+    import seekrl.demo
+
+    out = tmp_path / "demo"
+    (out / "rl_process").mkdir(parents=True)
+    (out / "summary.json").write_text("{}")
+    r = run("demo", "--out", out, "--model", tmp_path)
+    assert r.exit_code == 2 and f"{out} already holds a demo run" in r.output \
+        and "--overwrite" in r.output, r.output
+    r = run("demo", "--out", out, "--model", tmp_path, "--process", "magic", "--overwrite")
+    assert r.exit_code == 2 and "process method" in r.output
+    assert (out / "summary.json").is_file() and (out / "rl_process").is_dir()
+
+    class Stop(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Stop
+
+    monkeypatch.setattr(seekrl.demo, "generate_world", stop)
+    with pytest.raises(Stop):
+        run("demo", "--out", out, "--model", tmp_path, "--overwrite")
+    assert sorted(p.name for p in out.iterdir()) == ["demo_config.json"]
+
+
+def test_an_index_of_another_corpus_than_the_worlds_is_refused(lab, tmp_path, monkeypatch):
+    """A world regenerated after its index was built: oracle, eval and train refuse the
+    stale index, naming both paths, the differing sha256 and the rebuild command; the
+    world command warns about an index kept in its folder."""
+    import seekrl.models
+
+    w = tmp_path / "w"
+    args = ["world", "--out", w, "--seed", 1, "--entities", 200, "--train", 10, "--dev", 4,
+            "--test", 4]
+    assert run(*args).exit_code == 0
+    for idx in (w / "index", tmp_path / "idx"):
+        assert run("index", "--corpus", w / "corpus.jsonl", "--out", idx).exit_code == 0
+    r = run(*args[:4], 2, *args[5:], "--overwrite")
+    assert r.exit_code == 0 and "warning:" in r.output and f"{w / 'index'}" in r.output \
+        and "another corpus" in r.output, r.output
+
+    def refused(r):
+        text = " ".join(r.output.split())   # rich may wrap a long line
+        return (r.exit_code == 2 and f"index {tmp_path / 'idx'} was built from another "
+                f"corpus than {w / 'corpus.jsonl'}" in text and "corpus_sha256" in text
+                and f"seekrl index --corpus {w / 'corpus.jsonl'} --out {tmp_path / 'idx'} "
+                "--overwrite" in text)
+
+    r = run("oracle", "--world", w, "--index", tmp_path / "idx", "--out", tmp_path / "o.jsonl")
+    assert refused(r), r.output
+    assert not (tmp_path / "o.jsonl").exists()
+
+    def no_model(*a, **k):
+        raise AssertionError("a model was loaded before the index was checked")
+
+    monkeypatch.setattr(seekrl.models, "load_policy", no_model)
+    r = run("eval", "--data", w / "test.jsonl", "--out", tmp_path / "e", "--index",
+            tmp_path / "idx", "--model", lab["model"])
+    assert refused(r), r.output
+    r = run("train", f"data={w / 'train.jsonl'}", f"index={tmp_path / 'idx'}",
+            f"out={tmp_path / 'rl'}", f"model={lab['model']}")
+    assert refused(r), r.output
+    # rebuilt, it is accepted
+    assert run("index", "--corpus", w / "corpus.jsonl", "--out", tmp_path / "idx",
+               "--overwrite").exit_code == 0
+    r = run("oracle", "--world", w, "--index", tmp_path / "idx", "--out", tmp_path / "o.jsonl")
+    assert r.exit_code == 0, r.output
+
+
+def test_an_interrupted_train_says_where_it_stopped_and_how_to_resume(lab, tmp_path,
+                                                                      monkeypatch):
+    """Ctrl-C in a step: exit 130 with the step it stopped at and the command that goes on
+    (plain before any checkpoint, --resume after one); --resume says where it continues."""
+    from seekrl.recipes.train import Trainer
+
+    out = tmp_path / "rl"
+    args = ["train", f"data={lab['train']}", f"index={lab['index']}", f"out={out}",
+            f"model={lab['model']}", *SMALL_RL, "steps=2"]
+    command = "seekrl train " + " ".join(args[1:])
+    real_step = Trainer.step
+
+    def interrupt_at(n):
+        def step(self, step, *a, **k):
+            if step == n:
+                raise KeyboardInterrupt
+            return real_step(self, step, *a, **k)
+        return step
+
+    monkeypatch.setattr(Trainer, "step", interrupt_at(1))
+    r = run(*args)
+    text = " ".join(r.output.split())
+    assert r.exit_code == 130, r.output
+    assert "interrupted during step 1 of 2: nothing to resume; start again with: " \
+        f"{command}" in text and "--resume" not in text, r.output
+    monkeypatch.setattr(Trainer, "step", interrupt_at(2))
+    r = run(*args)             # the same command again: the first attempt blocks nothing
+    text = " ".join(r.output.split())
+    assert r.exit_code == 130, r.output
+    assert f"interrupted during step 2 of 2; the latest checkpoint is " \
+        f"{out / 'checkpoints' / 'step-1'} (step 1); continue from it with: {command} " \
+        "--resume" in text, r.output
+    monkeypatch.setattr(Trainer, "step", real_step)
+    r = run(*args, "--resume")
+    assert r.exit_code == 0, r.output
+    assert "".join(f"resuming from {out / 'checkpoints' / 'step-1'}: 1 of 2 steps done, "
+                   "continuing with step 2 of 2".split()) in "".join(r.output.split()), r.output
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] \
+        == [1, 2]

@@ -141,8 +141,16 @@ def test_step_dpo_recipe_moves_the_margin(tiny, tmp_path):
     from seekrl.config import ConfigError
     with pytest.raises(ConfigError, match="already holds a run"):
         run_refine(cfg, model=copy.deepcopy(model), tokenizer=tok)
+    # --overwrite with a bad input keeps the old run; a sound one leaves nothing stale
+    stale = tmp_path / "dpo" / "rft_data.jsonl"
+    stale.write_text("{}\n")
+    with pytest.raises(FileNotFoundError, match="labels"):
+        run_refine(cfg.model_copy(update={"pairs": [str(tmp_path / "nowhere")]}),
+                   model=copy.deepcopy(model), tokenizer=tok, overwrite=True)
+    assert stale.is_file() and (tmp_path / "dpo" / "final" / "config.json").is_file()
     run_refine(cfg.model_copy(update={"steps": 1}), model=copy.deepcopy(model), tokenizer=tok,
                overwrite=True)
+    assert not stale.exists() and (tmp_path / "dpo" / "final" / "config.json").is_file()
     with pytest.raises(ValueError, match="pairs"):
         run_refine(RefineConfig(method="step_dpo", out=str(tmp_path / "x")), model=model,
                    tokenizer=tok)

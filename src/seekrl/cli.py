@@ -37,6 +37,21 @@ def _fail(err: Exception) -> None:
     raise typer.Exit(2)
 
 
+def _refuse_to_replace(out: Path, what: str, names: tuple[str, ...] = (), *,
+                      overwrite: bool) -> list[str]:
+    """What of an earlier run `out` holds (the `names` in the folder, or the file itself);
+    refused in one line unless `overwrite`."""
+    if names:
+        held = [n for n in names if (out / n).exists()] if out.is_dir() else []
+    else:
+        held = [out.name] if out.exists() else []
+    if held and not overwrite:
+        raise FileExistsError(f"--out: {out} already holds {what}"
+                              + (f" ({', '.join(held)})" if names else "")
+                              + "; pass --overwrite to replace it, or choose another --out")
+    return held
+
+
 @app.command()
 def world(
     out: Annotated[Path, typer.Option(help="output folder")],
@@ -52,11 +67,13 @@ def world(
         help="chain lengths and weights, e.g. '2:0.5,3:0.3,4:0.2' (default: by difficulty)")] = None,
     comparison_share: Annotated[Optional[float], typer.Option(
         help="share of comparison questions (default: by difficulty)")] = None,
+    overwrite: Annotated[bool, typer.Option(help="replace a world already in out")] = False,
 ):
     """Generate the synthetic multi-hop world: corpus.jsonl and train/dev/test.jsonl."""
-    from seekrl.data.world import WorldConfig, generate_world, write_world
+    from seekrl.data.world import WORLD_FILES, WorldConfig, generate_world, write_world
 
     try:
+        _refuse_to_replace(out, "a world", WORLD_FILES, overwrite=overwrite)
         mix = None
         if hop_mix:
             mix = {}
@@ -70,7 +87,7 @@ def world(
         cfg = WorldConfig(seed=seed, difficulty=difficulty, entities=entities, n_train=n_train,
                           n_dev=n_dev, n_test=n_test, distractors=distractors, hop_mix=mix,
                           comparison_share=comparison_share)
-    except ValueError as err:
+    except ERRORS as err:
         _fail(err)
     w = generate_world(cfg)
     paths = write_world(w, out)
@@ -79,6 +96,15 @@ def world(
                   f"({stats['distractor_docs']} distractors), "
                   + ", ".join(f"{s} {v['questions']}" for s, v in stats["splits"].items())
                   + f" questions -> {paths['corpus'].parent}")
+    from seekrl.retrieval.index import MANIFEST, corpus_mismatch
+
+    for folder in sorted(p for p in out.iterdir() if (p / MANIFEST).is_file()):
+        try:
+            why = corpus_mismatch(folder, paths["corpus"])
+        except ERRORS:
+            continue
+        if why:   # an index kept in the world folder, built from the corpus just replaced
+            err_console.print(f"[yellow]warning:[/] {why}", highlight=False)
 
 
 @app.command()
@@ -213,15 +239,20 @@ def oracle(
     split: Annotated[str, typer.Option(help="train | dev | test")] = "train",
     k: Annotated[int, typer.Option("-k", "--topk", help="documents per search")] = 3,
     limit: Annotated[Optional[int], typer.Option(help="only the first N questions")] = None,
+    overwrite: Annotated[bool, typer.Option(help="replace an existing out file")] = False,
 ):
     """Write oracle trajectories (the ideal search episodes) for the SFT warm-up."""
     from seekrl.agent.oracle import write_oracle_trajectories
     from seekrl.data.qa import read_qa_jsonl
-    from seekrl.retrieval.index import load_index
+    from seekrl.retrieval.index import check_index_corpus, load_index
 
     try:
+        _refuse_to_replace(out, "oracle episodes", overwrite=overwrite)
         examples = read_qa_jsonl(world_dir / f"{split}.jsonl")[:limit]
-        stats = write_oracle_trajectories(examples, load_index(index), out, k=k)
+        retriever = load_index(index)
+        if (world_dir / "corpus.jsonl").is_file():   # the index must be this world's
+            check_index_corpus(index, world_dir / "corpus.jsonl")
+        stats = write_oracle_trajectories(examples, retriever, out, k=k)
     except ERRORS as err:
         _fail(err)
     console.print(f"{stats.summary()} -> {out}")
@@ -250,6 +281,7 @@ def demo(
     group_size: Annotated[int, typer.Option(help="RL rollouts per question (G)")] = 4,
     train_layers: Annotated[int, typer.Option(
         help="train the top N transformer blocks (0: all of them)")] = 16,
+    overwrite: Annotated[bool, typer.Option(help="replace a demo run already in out")] = False,
 ):
     """The whole pipeline on the built-in synthetic world, on CPU: world, index, untrained
     eval, SFT warm-up, eval, RL, eval, report (about 20 minutes on 2 cores)."""
@@ -262,7 +294,7 @@ def demo(
                      questions_per_step=questions_per_step, group_size=group_size,
                      train_layers=train_layers or None)
     try:
-        run_demo(out, cfg, console=console)
+        run_demo(out, cfg, console=console, overwrite=overwrite)
     except ERRORS as err:
         _fail(err)
 
@@ -332,13 +364,18 @@ def eval_(
     skip_bad: Annotated[bool, typer.Option(help="skip malformed question lines, and report them")] = False,
     backend: Annotated[str, typer.Option(
         help="hf (seekrl's decoding loop) | vllm (needs vllm, a GPU machine)")] = "hf",
+    overwrite: Annotated[bool, typer.Option(
+        help="replace an evaluation already in out (its viewer.html too)")] = False,
 ):
     """Evaluate a policy (agent, rag or direct) on QA files: trajectories and metrics."""
     from seekrl.eval.evaluate import eval_rollout_config, evaluate, load_eval_data
+    from seekrl.eval.report import EVAL_RUN_FILES
     from seekrl.models import load_policy
+    from seekrl.recipes.checkpoint import remove_outputs
 
     files = [*data, *(more_data or [])]
     try:
+        _refuse_to_replace(out, "an evaluation", EVAL_RUN_FILES, overwrite=overwrite)
         cfg = eval_rollout_config(method=method, n_samples=n_samples, temperature=temperature,
                                   topk=topk, max_turns=max_turns, max_new_tokens=max_new_tokens,
                                   max_total_tokens=max_total_tokens, batch_size=batch_size,
@@ -360,6 +397,9 @@ def eval_(
                                        None if index is None else str(index))
         elif index is not None or retriever_url is not None:
             retriever = _retriever(index, retriever_url)
+        if index is not None:             # questions of a world, searched in its own index
+            from seekrl.recipes.setup import check_world_index
+            check_world_index(str(index), *files)
         elif method != "direct":
             raise RetrievalError(f"method {method!r} needs --index DIR, --retriever-url URL or "
                                  "--retriever MODULE:ATTR")
@@ -381,6 +421,8 @@ def eval_(
             policy, tokenizer = load_policy(model, dtype=dtype, device=device)
         run_info = {"model": model, "data": {name: str(f) for name, f in zip(examples, files)},
                     "limit": limit, "dtype": dtype, "device": device, "backend": backend}
+        if overwrite and out.is_dir():   # the inputs read, the model loaded: the old run goes
+            remove_outputs(out, EVAL_RUN_FILES)
         metrics = evaluate(policy, tokenizer, retriever, examples, cfg, out, run_info=run_info,
                            console=console, backend=generator)
     except ERRORS as err:
@@ -455,11 +497,18 @@ def train(
 ):
     """RL from outcome and process (step) rewards: GRPO, Dr. GRPO, RLOO, REINFORCE++, PPO, and
     the step-level estimators (dual_granularity, gigpo, stratified_grpo, tree_grpo)."""
+    import shlex
+
     import yaml
 
     from seekrl.config import TrainConfig, load_config
     from seekrl.recipes.train import Trainer, check_config
 
+    # how this run was started, for the message after an interrupt
+    command = shlex.join(["seekrl", "train", *(["--config", str(config)] if config else []),
+                          *(["--process", process] if process else []), *(overrides or [])])
+    out = console
+    trainer = None
     try:
         if process is not None:
             from seekrl.rl.methods import method_overrides
@@ -477,9 +526,20 @@ def train(
             if out is console:
                 _print_config(cfg)
             return
-        summary = Trainer(cfg, console=out, resume=resume, overwrite=overwrite).train()
+        trainer = Trainer(cfg, console=out, resume=resume, overwrite=overwrite)
+        summary = trainer.train()
     except ERRORS as err:
         _fail(err)
+    except KeyboardInterrupt:
+        out.print("")
+        if trainer is None:   # while starting: what it wrote holds no run
+            flags = " --resume" if resume else " --overwrite" if overwrite else ""
+            out.print(f"interrupted before the first step; start again with: {command}{flags}",
+                      markup=False, highlight=False, soft_wrap=True)
+        else:   # one line, not wrapped: the command is copied from it
+            out.print(trainer.interrupted(command), markup=False, highlight=False,
+                      soft_wrap=True)
+        raise typer.Exit(130) from None
     if summary.get("stopped"):
         out.print(f"[bold red]stopped early[/]: {summary['stopped']}")
     out.print(f"final model -> {summary['final']}; report: `seekrl report {cfg.out}`")

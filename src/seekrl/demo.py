@@ -71,17 +71,30 @@ class _Clock:
         return round((time.time() - self.started) / 60, 2)
 
 
+# what a demo run writes into its folder: a folder holding any of them holds a demo run,
+# and `overwrite` removes them all before the new one starts
+DEMO_OUTPUTS = ("demo_config.json", "world", "index", "oracle_train.jsonl",
+                "test_questions.jsonl", "eval_untrained", "sft", "eval_sft", "rl", "eval_rl",
+                "rl_process", "eval_rl_process", "report_evals.json", "report.html",
+                "report_files", "summary.json")
+
+
 def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
-             console: Console | None = None) -> dict:
+             console: Console | None = None, overwrite: bool = False) -> dict:
+    """The demo into `out`; a folder that holds a demo run already is refused unless
+    `overwrite`, which removes the old run's files once the settings are checked."""
     from seekrl.config import SFTConfig
     from seekrl.eval.training_report import write_training_report
+    from seekrl.models import resolve_model
+    from seekrl.recipes.checkpoint import remove_outputs
     from seekrl.recipes.sft import run_sft
 
     cfg = cfg or DemoConfig()
     console = console or Console()
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "demo_config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    # the settings first: nothing is written or removed before they are checked
+    world_cfg = WorldConfig(seed=cfg.seed, difficulty=cfg.difficulty, doc_words=cfg.doc_words,
+                            hop_mix=cfg.hop_mix)
     rl_minutes = 3.5 * cfg.rl_steps if cfg.rl_minutes is None else cfg.rl_minutes + 2.0
     plan = {"world": 0.3, "eval_untrained": 4.0, "sft": 7.0, "eval_sft": 3.0,
             "rl": rl_minutes, "eval_rl": 3.0}
@@ -89,11 +102,19 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
         from seekrl.rl.methods import method_overrides
         method_overrides(cfg.process, group_size=cfg.group_size)   # a bad name fails now
         plan.update(rl_process=rl_minutes, eval_rl_process=3.0)
+    resolve_model(cfg.model)      # a path that is not there fails now, not after the world
+    held = [name for name in DEMO_OUTPUTS if (out / name).exists()] if out.is_dir() else []
+    if held and not overwrite:
+        raise FileExistsError(f"--out: {out} already holds a demo run ({', '.join(held[:4])}"
+                              f"{', ...' if len(held) > 4 else ''}); pass --overwrite to "
+                              "replace it, or choose another --out")
+    remove_outputs(out, held)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "demo_config.json").write_text(json.dumps(asdict(cfg), indent=2))
     clock = _Clock(console, {**plan, "report": 0.2})
 
     clock.stage("world", "build the synthetic world, index it (BM25), write oracle episodes")
-    world = generate_world(WorldConfig(seed=cfg.seed, difficulty=cfg.difficulty,
-                                       doc_words=cfg.doc_words, hop_mix=cfg.hop_mix))
+    world = generate_world(world_cfg)
     paths = write_world(world, out / "world")
     stats = world.stats()
     console.print(f"{stats['docs']} documents ({stats['distractor_docs']} distractors, "

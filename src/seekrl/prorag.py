@@ -183,6 +183,9 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
     if all(own) and not (cfg.sft_data or cfg.sft_model):
         raise ConfigError("sft_data or sft_model: with your own data the warm-up needs episodes "
                           "to imitate (trajectory JSONL), or a checkpoint to start from")
+    if all(own):       # questions of a `seekrl world` must meet that world's own index
+        from seekrl.recipes.setup import check_world_index
+        check_world_index(cfg.index, cfg.train, cfg.test)
     out = Path(cfg.out)
     world_paths = {"sft_data": cfg.sft_data or str(out / "oracle_train.jsonl"),
                    "train": cfg.train or str(out / "world" / "train.jsonl"),

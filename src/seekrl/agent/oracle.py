@@ -13,6 +13,7 @@ assistant's `<answer>`; the SFT warm-up tokenises it with the policy's chat temp
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,9 +116,17 @@ def _info_turn(hits: list[Hit]) -> dict:
 
 def write_oracle_trajectories(examples: Iterable[QAExample], retriever: Retriever,
                               out: str | Path, *, k: int = 3) -> OracleStats:
+    """Write the oracle episodes of `examples` to `out`: into a temporary file renamed over
+    `out` at the end, so a run that fails half-way never costs an older file."""
     stats = OracleStats()
-    with open(out, "w", encoding="utf-8") as f:
-        for ex in examples:
-            f.write(json.dumps(oracle_episode(ex, retriever, k=k, stats=stats),
-                               ensure_ascii=False) + "\n")
+    out = Path(out)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for ex in examples:
+                f.write(json.dumps(oracle_episode(ex, retriever, k=k, stats=stats),
+                                   ensure_ascii=False) + "\n")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return stats

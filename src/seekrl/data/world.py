@@ -855,6 +855,27 @@ def generate_world(cfg: WorldConfig | None = None, **overrides) -> World:
     return World(cfg, b.entities, docs, splits)
 
 
+WORLD_FILES = ("corpus.jsonl", "train.jsonl", "dev.jsonl", "test.jsonl", "world.json")
+
+
+def world_corpus(data: str | Path | None) -> Path | None:
+    """The corpus.jsonl of the `seekrl world` folder that QA data comes from (a file in it,
+    the folder, or FOLDER:SPLIT), or None when the data is no world's."""
+    if not data:
+        return None
+    spec = str(data)
+    if spec.startswith(("hf:", "flashrag:", "http://", "https://")):
+        return None
+    path = Path(spec)
+    if not path.exists():
+        folder, _, _ = spec.rpartition(":")
+        path = Path(folder) if folder else path
+    folder = path if path.is_dir() else path.parent
+    if (folder / "world.json").is_file() and (folder / "corpus.jsonl").is_file():
+        return folder / "corpus.jsonl"
+    return None
+
+
 def write_world(world: World, out_dir: str | Path) -> dict[str, Path]:
     """Write corpus.jsonl, train/dev/test.jsonl (FlashRAG) and world.json (config, stats)."""
     from seekrl.data.qa import write_qa_jsonl

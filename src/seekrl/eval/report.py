@@ -33,6 +33,9 @@ __all__ = ["decode_segments", "episode_key", "metric_columns", "metrics_markdown
 
 METRICS_FILE, TRAJECTORIES_FILE, EPISODES_FILE = "metrics.json", "trajectories.jsonl", \
     "episodes.jsonl"
+# what `seekrl eval` (and `seekrl inspect`) write into a run folder: an `--overwrite`
+# removes them all, so no viewer of the old run stays beside the new metrics
+EVAL_RUN_FILES = (METRICS_FILE, "metrics.md", TRAJECTORIES_FILE, EPISODES_FILE, "viewer.html")
 
 # (key in a metrics row, column label, format); pass@k columns are added per run.
 _BASE_COLUMNS: list[tuple[str, str, str]] = [

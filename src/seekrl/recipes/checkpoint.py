@@ -23,10 +23,12 @@ def check_run_dir(out: Path, *, resume: bool = False, overwrite: bool = False,
 
     A run folder written into again would lose its metrics (truncated) and its config
     (replaced) without a word: that needs `overwrite` (or `resume`, which continues the
-    run). Overwriting a run whose own files hold the model to start from is refused too."""
+    run). Overwriting a run whose own files hold the model to start from is refused too.
+    A folder whose attempt failed at start (no completed step, no checkpoint: see
+    `held_markers`) holds no run, so its retry is not refused."""
     if resume or not out.exists():
         return
-    held = [name for name in markers if (out / name).exists()]
+    held = held_markers(out, markers)
     if not held:
         return
     if not overwrite:
@@ -38,18 +40,61 @@ def check_run_dir(out: Path, *, resume: bool = False, overwrite: bool = False,
                           "delete; copy the model elsewhere or choose another out")
 
 
-def claim_run_dir(out: Path, *, resume: bool = False, overwrite: bool = False) -> None:
-    """Make `out` ready for the run: with `overwrite`, the old run's files go (call
-    `check_run_dir` first, and this only once the run's inputs have loaded, so a bad
-    config never costs the old run); with `resume` nothing is touched."""
+def held_markers(out: Path, markers: Sequence[str] = RUN_MARKERS) -> list[str]:
+    """The `markers` in `out` that hold work: a folder with something in it, a file with
+    something in it, and for a `metrics.jsonl` a record of a completed step (step >= 1;
+    a line that does not parse counts too). What an attempt that failed at start leaves
+    (its config.yaml, an empty metrics.jsonl or one with the step-0 evaluation only) holds
+    none."""
+    held = []
+    for name in markers:
+        path = out / name
+        if path.is_dir():
+            if any(path.iterdir()):
+                held.append(name)
+        elif path.is_file() and path.stat().st_size:
+            if name != "metrics.jsonl" or completed_steps(path):
+                held.append(name)
+    return held
+
+
+def completed_steps(metrics: Path) -> int:
+    """The last step a metrics log records (0: none; an unreadable line counts as one)."""
+    import json
+
+    last = 0
+    if not metrics.is_file():
+        return 0
+    for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            step = json.loads(line).get("step", 0)
+            last = max(last, int(step))
+        except (ValueError, TypeError, AttributeError):
+            last = max(last, 1)
+    return last
+
+
+def claim_run_dir(out: Path, *, resume: bool = False, overwrite: bool = False,
+                  outputs: Sequence[str] = RUN_OUTPUTS) -> None:
+    """Make `out` ready for the run: with `overwrite`, the old run's files (`outputs`) go.
+    Call `check_run_dir` first, and this only once every input has been read and checked
+    and the model has loaded, so a bad input never costs the old run; with `resume`
+    nothing is touched."""
     out.mkdir(parents=True, exist_ok=True)
     if resume or not overwrite:
         return
-    for name in RUN_OUTPUTS:
+    remove_outputs(out, outputs)
+
+
+def remove_outputs(out: Path, names: Sequence[str]) -> None:
+    """Delete the named files and folders of `out` (those that exist)."""
+    for name in names:
         path = out / name
-        if path.is_dir():
+        if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
-        elif path.exists():
+        elif path.exists() or path.is_symlink():
             path.unlink()
 
 

@@ -393,7 +393,12 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
     from seekrl.config import dump_config
     from seekrl.data.qa import load_qa
     from seekrl.models import load_policy, tokenizer_fingerprint
-    from seekrl.recipes.setup import open_index, set_seed, units_within_budget
+    from seekrl.recipes.setup import (
+        check_world_index,
+        open_index,
+        set_seed,
+        units_within_budget,
+    )
     from seekrl.rewards.outcome import get_outcome
 
     check_config(cfg)
@@ -407,6 +412,7 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
         raise ValueError(f"data: {cfg.data} has no questions")
     if retriever is None:       # a missing index is named before anything is written
         retriever = open_index(cfg.index, "labelling plays search episodes", cfg.retriever)
+        check_world_index(cfg.index, cfg.data)
     writer = LabelWriter(cfg.out, resume=resume, settings=settings)   # refuses before loading
     set_seed(cfg.seed)
     if model is None and backend is None:

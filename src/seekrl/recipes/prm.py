@@ -334,8 +334,6 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
     set_seed(cfg.seed)
     if model is None:
         model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
-    claim_run_dir(out, overwrite=overwrite)   # an old run's files go once the model loaded
-    dump_config(cfg, out / "config.yaml")
     lm = prepare_trainable(model, cfg.train_layers, cfg.lora)
     prm = ProcessRewardModel(lm).to(cfg.device)
     prm.train()
@@ -344,6 +342,9 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
     scheduler = make_scheduler(optimizer, cfg.optim, cfg.steps)
     pad_id = pad_id_of(tokenizer)
     scorer = PRMScorer(prm, tokenizer, device=cfg.device, batch_size=cfg.batch_size)
+    # the labels read, the model loaded and built (train_layers, lora): now the old run goes
+    claim_run_dir(out, overwrite=overwrite)
+    dump_config(cfg, out / "config.yaml")
     log = MetricsLog(out / "metrics.jsonl")
     say = console.print if console is not None else (lambda *a, **k: None)
     say(f"PRM on {len(train.points)} labelled steps and {len(train.pairs)} pairs "

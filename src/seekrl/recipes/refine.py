@@ -185,6 +185,11 @@ def train_step_dpo(model, tokenizer, pairs, *, steps: int, batch_size: int, beta
 
 
 # ---------------------------------------------------------------------- the recipe
+# a folder holding these holds a refinement; --overwrite removes the outputs
+REFINE_MARKERS = ("metrics.jsonl", "final", "sft", "samples.jsonl", "rft_data.jsonl")
+REFINE_OUTPUTS = (*REFINE_MARKERS, "config.yaml")
+
+
 def check_config(cfg) -> None:
     """The refinement recipe's registry names and cross-key rules (`RefineConfig`)."""
     from seekrl.recipes.setup import check_episode_recipe
@@ -200,9 +205,10 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     `overwrite`."""
     from seekrl.config import SFTConfig, dump_config
     from seekrl.models import load_policy
-    from seekrl.recipes.checkpoint import check_run_dir, save_policy
+    from seekrl.recipes.checkpoint import check_run_dir, claim_run_dir, save_policy
     from seekrl.recipes.setup import (
         MetricsLog,
+        check_world_index,
         make_optimizer,
         make_scheduler,
         open_index,
@@ -215,8 +221,7 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     started = time.time()
     out = Path(cfg.out)
     check_run_dir(out, overwrite=overwrite, model=cfg.model if model is None else None,
-                  markers=("metrics.jsonl", "final", "sft", "samples.jsonl", "rft_data.jsonl"),
-                  resumable=False)
+                  markers=REFINE_MARKERS, resumable=False)
     say = console.print if console is not None else (lambda *a, **k: None)
     pairs = None
     if cfg.method == "step_dpo":
@@ -235,8 +240,17 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
         scorer = load_scorer(cfg.prm, device=cfg.device)
     if cfg.method == "rft" and retriever is None:     # a missing index before a model loads
         retriever = open_index(cfg.index, "RFT samples search episodes", cfg.retriever)
-    out.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, out / "config.yaml")
+        check_world_index(cfg.index, cfg.data)
+    if cfg.method == "rft":                            # and the questions
+        from seekrl.data.qa import load_qa
+        try:
+            questions = list(questions) if questions is not None else load_qa(cfg.data, "train")
+        except FileNotFoundError as err:
+            raise FileNotFoundError(f"data: {err}") from None
+        if cfg.questions is not None:
+            questions = questions[:cfg.questions]
+        if not questions:
+            raise ValueError(f"data: {cfg.data} has no questions")
     set_seed(cfg.seed)
     if model is None:
         model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
@@ -251,6 +265,10 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
         model = prepare_trainable(model, cfg.train_layers, cfg.lora)
         optimizer = make_optimizer(trainable_parameters(model), cfg.optim)
         scheduler = make_scheduler(optimizer, cfg.optim, cfg.steps)
+    # every input read and the model loaded: only now do the old run's files go
+    claim_run_dir(out, overwrite=overwrite, outputs=REFINE_OUTPUTS)
+    dump_config(cfg, out / "config.yaml")
+    if cfg.method == "step_dpo":
         log = MetricsLog(out / "metrics.jsonl")
         say(f"step-DPO on {len(pairs)} sibling pairs, beta {cfg.beta}, {cfg.steps} steps")
         last = train_step_dpo(model, tokenizer, pairs, steps=cfg.steps,
@@ -265,12 +283,8 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     # RFT: sample, filter, fine-tune
     from seekrl.agent.backends import HFBackend
     from seekrl.agent.rollout import RolloutConfig, RolloutEngine
-    from seekrl.data.qa import load_qa
     from seekrl.rewards.outcome import get_outcome
 
-    questions = list(questions) if questions is not None else load_qa(cfg.data, "train")
-    if cfg.questions is not None:
-        questions = questions[:cfg.questions]
     r = cfg.rollout
     engine = RolloutEngine(backend or HFBackend(model.eval(), tokenizer), tokenizer, retriever,
                            RolloutConfig.of(r, seed=cfg.seed, n_samples=cfg.samples))

@@ -41,17 +41,66 @@ def check_episode_recipe(cfg, command: str) -> None:
 def open_index(index: str | None, what: str, retriever: str | None = None):
     """The retriever the `retriever` key names by import path (made with `index` when that
     is set), else the one the `index` key names (a folder or a server url); `what` says
-    who needs one when neither is set."""
+    who needs one when neither is set. A server is asked one query now, so an address that
+    does not answer fails before a model loads or an old run is replaced, not at the first
+    step."""
     if retriever:
         from seekrl.plugins import make_retriever
 
         return make_retriever("retriever", retriever, index)
+    from seekrl.retrieval.base import RetrievalError
     from seekrl.retrieval.open import open_retriever
 
     if not index:
         raise ValueError(f"index: {what}; it needs an index folder or a retrieval server url "
                          "(or `retriever`: your own by import path)")
-    return open_retriever(index)
+    opened = open_retriever(index)
+    if index.startswith(("http://", "https://")):
+        try:
+            opened.search(["seekrl connection check"], 1)
+        except (RetrievalError, OSError) as err:
+            raise RetrievalError(f"index: {index} does not answer a search ({err}); start "
+                                 "the server (`seekrl serve`) or fix the url") from None
+    return opened
+
+
+def check_world_index(index: str | None, *data: str | None) -> None:
+    """Where questions from a `seekrl world` folder meet an index folder, the index must be
+    the one built from that world's corpus (its manifest's corpus_sha256): a world
+    regenerated after its index was built has other gold documents, and every episode
+    would search the wrong corpus without a word. Servers and data from elsewhere pass."""
+    from seekrl.data.world import world_corpus
+    from seekrl.retrieval.index import MANIFEST, check_index_corpus
+
+    if not index or not (Path(index) / MANIFEST).is_file():
+        return                    # a server, or no index folder (named where it is opened)
+    for corpus in dict.fromkeys(c for c in map(world_corpus, data) if c is not None):
+        check_index_corpus(index, corpus)
+
+
+def check_eval_data(eval_cfg, key: str = "eval.data") -> None:
+    """Read `eval.data` as the evaluation will (its first `eval.n` questions), before a
+    model loads: a typo fails in seconds, naming the key, not after training."""
+    if not eval_cfg.data:
+        return
+    from seekrl.errors import SeekrlError
+    from seekrl.eval.evaluate import load_eval_data
+
+    try:
+        load_eval_data([eval_cfg.data], limit=eval_cfg.n)
+    except (SeekrlError, FileNotFoundError, ValueError) as err:
+        raise ConfigError(f"{key}: {err}") from None
+
+
+def check_log_packages(log) -> None:
+    """`log.tensorboard` / `log.wandb` need their packages: checked before a model loads."""
+    import importlib.util
+
+    for key, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
+        if getattr(log, key) and importlib.util.find_spec(package) is None:
+            raise ConfigError(f"log.{key}: needs the {package} package (pip install "
+                              f"{package}), which is not installed; install it or set "
+                              f"log.{key}=false")
 
 
 def set_seed(seed: int) -> None:

@@ -34,6 +34,8 @@ from seekrl.models import pad_id_of
 from seekrl.recipes.checkpoint import check_run_dir, claim_run_dir, save_policy
 from seekrl.recipes.setup import (
     MetricsLog,
+    check_eval_data,
+    check_world_index,
     clip_and_step,
     make_optimizer,
     make_scheduler,
@@ -157,7 +159,7 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
     """Train, evaluate, save; returns a summary (steps, loss, dev EM, paths, minutes).
     `model` / `tokenizer` override `cfg.model` (tests pass the tiny model). An `out` that
     holds a run already is refused unless `overwrite`."""
-    from seekrl.models import load_policy
+    from seekrl.models import load_policy, load_tokenizer
 
     started = time.time()
     if not Path(cfg.data).is_file():     # before a model is loaded: fail in seconds
@@ -166,21 +168,26 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
     out = Path(cfg.out)
     check_run_dir(out, overwrite=overwrite, model=cfg.model if model is None else None,
                   resumable=False)   # SFT runs start over; only RL resumes
+    retriever = _eval_retriever(cfg)
+    check_eval_data(cfg.eval)
+    check_world_index(cfg.index, cfg.eval.data)
     set_seed(cfg.seed)
-    if model is None:
-        model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
-    claim_run_dir(out, overwrite=overwrite)   # the old run goes only once the model loaded
-    dump_config(cfg, out / "config.yaml")
+    if model is None:   # the data is read with the tokenizer alone: bad lines fail fast
+        tokenizer = load_tokenizer(cfg.model)
     examples, skipped = load_sft_examples(cfg.data, tokenizer, max_info_tokens=cfg.max_info_tokens,
                                           max_len=cfg.max_len, only_complete=cfg.only_complete,
                                           limit=cfg.limit)
+    if model is None:
+        model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
     model = prepare_trainable(model, cfg.train_layers, cfg.lora)
     model.train()
     per_epoch = max(1, len(examples) // (cfg.batch_size * cfg.grad_accum))
     total_steps = cfg.max_steps or max(1, round(per_epoch * cfg.epochs))
     optimizer = make_optimizer(trainable_parameters(model), cfg.optim)
     scheduler = make_scheduler(optimizer, cfg.optim, total_steps)
-    retriever = _eval_retriever(cfg)
+    # every input read and the model built: only now may the old run go
+    claim_run_dir(out, overwrite=overwrite)
+    dump_config(cfg, out / "config.yaml")
     log = MetricsLog(out / "metrics.jsonl")
     pad_id = pad_id_of(tokenizer)
     say = console.print if console is not None else (lambda *a, **k: None)
@@ -240,11 +247,8 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
 def _eval_retriever(cfg: SFTConfig):
     if not cfg.eval.data:
         return None
-    if not cfg.index:
-        raise ValueError("eval.data is set: the dev evaluation needs `index` (an index "
-                         "folder or a retrieval server url)")
-    from seekrl.retrieval.open import open_retriever
-    return open_retriever(cfg.index)
+    from seekrl.recipes.setup import open_index
+    return open_index(cfg.index, "eval.data is set: the dev evaluation searches")
 
 
 def _dev_eval(model, tokenizer, retriever, cfg: SFTConfig, out_dir: Path) -> dict[str, Any]:

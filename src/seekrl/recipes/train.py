@@ -68,13 +68,17 @@ from seekrl.recipes.checkpoint import (
     claim_run_dir,
     config_changes,
     fsync_dir,
+    held_markers,
     prune_steps,
     replace_dir,
     save_policy,
 )
 from seekrl.recipes.setup import (
     MetricsLog,
+    check_eval_data,
+    check_log_packages,
     check_name,
+    check_world_index,
     clip_and_step,
     enable_activation_checkpointing,
     make_optimizer,
@@ -149,8 +153,11 @@ class Trainer:
             from seekrl.agent.vllm_backend import import_vllm
             import_vllm()
         if resume and not (self.out / "checkpoints" / "latest").is_file():
-            raise FileNotFoundError(f"--resume: {self.out / 'checkpoints' / 'latest'} does not "
-                                    "exist (no checkpoint yet)")
+            raise FileNotFoundError(
+                f"--resume: {self.out} has no checkpoint yet (no checkpoints/latest); "
+                + ("it stopped before its first checkpoint (save_every "
+                   f"{cfg.save_every}): start it again with --overwrite"
+                   if held_markers(self.out) else "start the run again without --resume"))
         if self.dist.main:   # the run folder is rank 0's
             check_run_dir(self.out, resume=resume, overwrite=overwrite,
                           model=cfg.model if model is None else None)
@@ -173,7 +180,12 @@ class Trainer:
         if retriever is None and cfg.rollout.method != "direct":
             retriever = open_index(cfg.index, f"rollout.method {cfg.rollout.method!r} searches",
                                    cfg.retriever)
+        if retriever is None and cfg.eval.data:
+            retriever = open_index(cfg.index, "eval.data is set: the dev evaluation searches",
+                                   cfg.retriever)
         self.retriever = retriever
+        check_eval_data(cfg.eval)   # read now, not at the first evaluation after training
+        check_world_index(cfg.index, cfg.data, cfg.eval.data)
         if prm_scorer is None and "prm" in cfg.reward.process:
             from seekrl.recipes.prm import load_scorer
             prm_scorer = load_scorer(cfg.reward.prm, device=self.device)
@@ -881,8 +893,14 @@ class Trainer:
 
     def _resume(self) -> None:
         pointer = self.ckpt_dir / "latest"   # its existence was checked before any loading
-        meta = self.load_checkpoint(self.ckpt_dir / pointer.read_text().strip())
+        name = pointer.read_text().strip()
+        meta = self.load_checkpoint(self.ckpt_dir / name)
         self.step_done = meta["step"]
+        steps = self.cfg.steps
+        self._say(f"resuming from {self.ckpt_dir / name}: {self.step_done} of {steps} steps "
+                  "done, " + (f"continuing with step {self.step_done + 1} of {steps}"
+                              if self.step_done < steps else
+                              "saving and evaluating the final model"))
         self.rollout_tokens = int(meta.get("rollout_tokens", 0))
         self.questions_drawn = int(meta.get("questions_drawn", 0))
         self.monitor.load_state_dict(meta["monitor"])
@@ -987,6 +1005,25 @@ class Trainer:
             (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         self.dist.barrier()   # the final policy is on disk when any rank returns
         return summary
+
+    def interrupted(self, command: str) -> str:
+        """What to tell a user whose run was interrupted (Ctrl-C): where it stopped and the
+        command that goes on from there (`command`: how the run was started, without
+        --resume or --overwrite)."""
+        steps, done = self.cfg.steps, self.step_done
+        where = (f"during step {done + 1} of {steps}" if done < steps else
+                 f"after its last step ({steps}), before the final model was saved")
+        pointer = self.ckpt_dir / "latest"
+        if pointer.is_file():
+            name = pointer.read_text().strip()
+            at = name.removeprefix("step-")
+            return (f"interrupted {where}; the latest checkpoint is {self.ckpt_dir / name} "
+                    f"(step {at}); continue from it with: {command} --resume")
+        if done:
+            return (f"interrupted {where}, before the first checkpoint (save_every "
+                    f"{self.cfg.save_every}): nothing to resume; start again with: "
+                    f"{command} --overwrite")
+        return f"interrupted {where}: nothing to resume; start again with: {command}"
 
     def _say(self, text: str) -> None:
         if self.console is not None:
@@ -1176,6 +1213,7 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
     from seekrl.rl.loss import AGGREGATIONS
 
     algo = cfg.algo
+    check_log_packages(cfg.log)
     if cfg.reward.fn:
         load_reward_fn(cfg.reward.fn)
     else:

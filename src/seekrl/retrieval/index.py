@@ -311,6 +311,33 @@ def read_manifest(path: str | Path) -> dict:
     return manifest
 
 
+def corpus_mismatch(index: str | Path, corpus: str | Path) -> str | None:
+    """Why the index at `index` was not built from the file `corpus` (its manifest records
+    another sha256 than the file's), with the command that rebuilds it; None when it was
+    (or the manifest records no sha256)."""
+    manifest = read_manifest(index)
+    built = manifest.get("corpus_sha256")
+    if not built:
+        return None
+    have = file_sha256(corpus)
+    if have == built:
+        return None
+    kind = manifest.get("retriever", "bm25")
+    options = "" if kind == "bm25" else f" --retriever {kind}" + (
+        f" --encoder {manifest['encoder']}" if manifest.get("encoder") else "")
+    return (f"index {index} was built from another corpus than {corpus}: the manifest's "
+            f"corpus_sha256 is {built[:12]}... (built from {manifest.get('corpus', '?')}), the "
+            f"file's is {have[:12]}... (the world regenerated since?); rebuild the index: "
+            f"seekrl index --corpus {corpus} --out {index}{options} --overwrite")
+
+
+def check_index_corpus(index: str | Path, corpus: str | Path) -> None:
+    """Refuse an index that was not built from `corpus` (`corpus_mismatch`)."""
+    why = corpus_mismatch(index, corpus)
+    if why:
+        raise RetrievalError(why)
+
+
 STORE_FILES = ("doc_ids.bin", "doc_ids.offsets.npy", "doc_contents.bin",
                "doc_contents.offsets.npy")
 RETRIEVER_FILES = {"bm25": ("bm25/params.index.json", "bm25/vocab.index.json",
