@@ -338,8 +338,9 @@ def test_in_process_and_server_retrieval_give_the_same_run(world_index, tiny, tm
     t_remote = read_trajectories(tmp_path / "remote" / "trajectories.jsonl")
     assert [t.to_dict() for t in t_local] == [t.to_dict() for t in t_remote]
     assert local["config"]["retriever"]["type"] == "index"
+    from seekrl.retrieval.server import public_manifest
     assert served["config"]["retriever"] == {"type": "remote", "url": server.url,
-                                             "manifest": index.manifest}
+                                             "manifest": public_manifest(index.manifest)}
     row = local["datasets"]["world"]
     assert row["questions"] == 6 and row["evidence_recall"] > 0  # retrieval really happened
     if method == "agent":
