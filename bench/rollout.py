@@ -42,6 +42,9 @@ ARCHS = {
                          num_attention_heads=12, num_key_value_heads=2),
     "qwen2.5-3b": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
                        num_attention_heads=16, num_key_value_heads=2),
+    # not published: the dry run of tools/gpu/run (the --arch code path in seconds on a CPU)
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2),
 }
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}   # dense, no sparsity
 

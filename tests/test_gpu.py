@@ -1,0 +1,99 @@
+"""On a GPU (`pytest -m gpu`, or `tools/gpu/run smoke`): seekrl's paths on CUDA. Skipped
+without CUDA, except under `tools/gpu/run --dry-run` (SEEKRL_GPU_DRY=1), which runs them on
+the CPU so that the agenda's code cannot rot."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if torch.cuda.is_available():
+    DEVICE = "cuda"
+elif os.environ.get("SEEKRL_GPU_DRY") == "1":
+    DEVICE = "cpu"
+else:
+    DEVICE = None
+    pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="needs CUDA (tools/gpu/AGENDA.md)")]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A small world, its BM25 index and the tiny model saved to disk."""
+    from conftest import build_world_and_index
+
+    from seekrl.models import tiny_policy
+
+    root = tmp_path_factory.mktemp("gpu-lab")
+    world, paths, index_dir = build_world_and_index(root / "world", seed=4, entities=200,
+                                                    n_train=16, n_dev=4, n_test=4)
+    model, tok = tiny_policy(seed=0)
+    model.save_pretrained(root / "tiny")
+    tok.save_pretrained(root / "tiny")
+    return {"root": root, "world": world, "index": index_dir, "train": paths["train"],
+            "model": root / "tiny"}
+
+
+def _rollout(model, tok, index_dir, questions):
+    from seekrl.agent.backends import HFBackend
+    from seekrl.agent.rollout import RolloutConfig, RolloutEngine
+    from seekrl.retrieval.index import load_index
+
+    cfg = RolloutConfig(max_turns=2, max_new_tokens=12, greedy=True, batch_size=4)
+    return RolloutEngine(HFBackend(model, tok), tok, load_index(index_dir), cfg).run(questions)
+
+
+def test_greedy_rollout_on_the_device_gives_the_cpus_tokens(lab):
+    from seekrl.models import tiny_policy
+
+    questions = lab["world"].splits["test"][:4]
+    model, tok = tiny_policy(seed=0)
+    on_cpu = _rollout(model, tok, lab["index"], questions)
+    on_dev = _rollout(model.to(DEVICE), tok, lab["index"], questions)
+    same = sum(a.token_ids == b.token_ids for a, b in zip(on_cpu, on_dev))
+    print(f"device={DEVICE} greedy_same_episodes={same}/{len(on_cpu)}")
+    assert same == len(on_cpu)
+
+
+def test_bf16_forward_backward_is_finite():
+    from seekrl.models import tiny_policy
+
+    model, tok = tiny_policy(seed=0)
+    model = model.to(device=DEVICE, dtype=torch.bfloat16).train()
+    ids = torch.tensor([tok.encode("Where was Ilsa Marrow born? <search> Ilsa")], device=DEVICE)
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert math.isfinite(loss.item()) and grads
+    assert all(torch.isfinite(g.float()).all() for g in grads)
+
+
+def test_one_train_step_in_bfloat16_end_to_end(lab, tmp_path):
+    """`seekrl train --device DEVICE dtype=bfloat16`, one step; the rollout/trainer log-prob
+    gap (the same tokens scored by the sampler and by the update's forward) is printed and
+    bounded: bf16 rounding, not a different distribution."""
+    from typer.testing import CliRunner
+
+    from seekrl.cli import app
+
+    out = tmp_path / "run"
+    args = ["train", f"data={lab['train']}", f"index={lab['index']}", f"out={out}",
+            f"model={lab['model']}", f"device={DEVICE}", "dtype=bfloat16", "steps=1",
+            "questions_per_step=2", "group_size=2", "rollout.max_turns=2",
+            "rollout.max_new_tokens=6", "rollout.max_info_tokens=48", "rollout.topk=2",
+            "algo.mini_batch_size=2", "algo.micro_batch_size=1", "optim.lr=1e-3", "--overwrite"]
+    r = CliRunner().invoke(app, args, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if "episodes" in s]
+    assert len(steps) == 1 and math.isfinite(steps[0]["pg_loss"])
+    gap = steps[0].get("rollout_logp_gap")
+    print(f"device={DEVICE} pg_loss={steps[0]['pg_loss']:.4f} rollout_logp_gap={gap}")
+    if gap is not None:
+        assert gap < 0.5
+    assert (out / "final" / "config.json").is_file()

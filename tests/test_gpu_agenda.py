@@ -1,0 +1,59 @@
+"""tools/gpu/run's stages at tiny size on the CPU (`--dry-run`), so that the GPU agenda
+(tools/gpu/AGENDA.md) runs the day a GPU is lent: each stage exits 0 and records its
+key=value lines in summary.txt."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN = ROOT / "tools" / "gpu" / "run"
+
+
+def run(tmp_path: Path, *stages: str) -> str:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
+    env.pop("OUT", None)
+    for stage in stages:
+        r = subprocess.run([sys.executable, str(RUN), stage, "--dry-run", "--out",
+                            str(tmp_path / "out"), "--state", str(tmp_path / "state")],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, (stage, r.stdout[-3000:], r.stderr[-3000:])
+    return (tmp_path / "out" / "summary.txt").read_text()
+
+
+def test_unknown_stage_is_one_line(tmp_path):
+    r = subprocess.run([sys.executable, str(RUN), "nonsense", "--dry-run", "--out",
+                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.strip() == (
+        "run: unknown stage 'nonsense' (see tools/gpu/AGENDA.md)")
+
+
+def test_smoke_dry_run(tmp_path):
+    summary = run(tmp_path, "smoke")
+    assert "stage=smoke dry_run=1 rc=0" in summary
+    assert "greedy_same_episodes=4/4" in (tmp_path / "out" / "smoke.log").read_text() or \
+        "3 passed" in (tmp_path / "out" / "smoke.log").read_text()
+
+
+@pytest.mark.slow
+def test_speed_dry_run(tmp_path):
+    summary = run(tmp_path, "speed")
+    for stage in ("speed-rollout", "speed-arch", "speed-train"):
+        assert f"stage={stage} dry_run=1 rc=0" in summary
+    assert "speedup_b2=" in summary and "agent_step=" in summary
+
+
+@pytest.mark.slow
+def test_learn_dry_run(tmp_path):
+    summary = run(tmp_path, "learn-sft", "learn-outcome-s0", "learn-evidence-s0",
+                  "learn-report")
+    assert "process_gain=" in summary
+    runs = tmp_path / "out" / "learn" / "runs"
+    assert (runs / "outcome-s0" / "result.json").is_file()
+    assert (runs / "evidence-s0" / "result.json").is_file()
+    assert (tmp_path / "out" / "process_ablation.png").is_file()
