@@ -42,7 +42,7 @@ demo: setup
 	$(BIN)/seekrl demo
 
 lint: setup
-	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff check src tests bench examples tools
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info
