@@ -51,3 +51,17 @@ def build_world_and_index(out: Path, **world_kw):
     world = generate_world(**world_kw)
     paths = write_world(world, out)
     return world, paths, build_index(paths["corpus"], out / "index", "bm25", show_progress=False)
+
+
+def build_lab(root: Path):
+    """What the CLI and GPU tests read from disk: a seed-4 world (16 train questions), its
+    BM25 index and the tiny model saved under `root / "tiny"`: (world, paths, index dir,
+    model dir)."""
+    from seekrl.models import tiny_policy
+
+    world, paths, index_dir = build_world_and_index(root / "world", seed=4, entities=200,
+                                                    n_train=16, n_dev=4, n_test=4)
+    model, tok = tiny_policy(seed=0)
+    model.save_pretrained(root / "tiny")
+    tok.save_pretrained(root / "tiny")
+    return world, paths, index_dir, root / "tiny"

@@ -21,19 +21,14 @@ def run(*args: str):
 def lab(tmp_path_factory):
     """A small world, its BM25 index, oracle episodes and the tiny model saved to disk: what
     the sft / train commands read (paths as strings)."""
-    from conftest import build_world_and_index
+    from conftest import build_lab
 
     from seekrl.agent.oracle import write_oracle_trajectories
     from seekrl.data.qa import read_qa_jsonl
-    from seekrl.models import tiny_policy
     from seekrl.retrieval.index import load_index
 
     root = tmp_path_factory.mktemp("cli-lab")
-    _, paths, index_dir = build_world_and_index(root / "world", seed=4, entities=200,
-                                                n_train=16, n_dev=4, n_test=4)
-    model, tok = tiny_policy(seed=0)
-    model.save_pretrained(root / "tiny")
-    tok.save_pretrained(root / "tiny")
+    _, paths, index_dir, _ = build_lab(root)
     write_oracle_trajectories(read_qa_jsonl(paths["train"])[:8], load_index(index_dir),
                               root / "oracle.jsonl", k=2)
     return {"root": root, "world": paths["corpus"].parent, "index": index_dir,

@@ -25,16 +25,10 @@ else:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """A small world, its BM25 index and the tiny model saved to disk."""
-    from conftest import build_world_and_index
-
-    from seekrl.models import tiny_policy
+    from conftest import build_lab
 
     root = tmp_path_factory.mktemp("gpu-lab")
-    world, paths, index_dir = build_world_and_index(root / "world", seed=4, entities=200,
-                                                    n_train=16, n_dev=4, n_test=4)
-    model, tok = tiny_policy(seed=0)
-    model.save_pretrained(root / "tiny")
-    tok.save_pretrained(root / "tiny")
+    world, paths, index_dir, _ = build_lab(root)
     return {"root": root, "world": world, "index": index_dir, "train": paths["train"],
             "model": root / "tiny"}
 
