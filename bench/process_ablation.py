@@ -51,7 +51,9 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--baseline", default="dr_grpo", help="the outcome estimator")
     ap.add_argument("--steps", type=int, default=15, help="steps of the outcome run")
-    ap.add_argument("--eval-every", type=int, default=0, help="steps between test evaluations")
+    ap.add_argument("--eval-every", type=int, default=0,
+                    help="steps between evaluations on the world's dev questions (a curve to "
+                         "tune on; the test questions are evaluated once, at the end)")
     ap.add_argument("--n-test", type=int, default=200)
     ap.add_argument("--questions-per-step", type=int, default=None, help="default: the demo's")
     ap.add_argument("--group-size", type=int, default=None, help="default: the demo's")
@@ -120,14 +122,19 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
                           index_dir=index_dir, out=out, budget_tokens=budget,
                           steps=args.steps if budget is None else 10 * args.steps)
     tree["device"], tree["dtype"] = args.device, args.dtype
+    tree["save_every"], tree["keep_last"] = 1, 1   # a killed run resumes from its last step
     if args.eval_every:
-        tree["eval"] = {"data": str(test_file), "n": args.n_test, "every": args.eval_every,
+        tree["eval"] = {"data": str(world_dir / "dev.jsonl"), "n": args.n_test,
+                        "every": args.eval_every,
                         "at_start": False, "max_turns": demo.eval_max_turns,
                         "max_new_tokens": demo.eval_max_new_tokens,
                         "batch_size": args.eval_batch}
     keys = method_overrides(method, group_size=demo.group_size, baseline_advantage=args.baseline)
     cfg = TrainConfig.model_validate(with_keys(tree, keys))
-    summary = Trainer(cfg, overwrite=True).train()
+    resume = (out / "checkpoints" / "latest").is_file()
+    if resume:
+        print(f"{method} seed {seed}: resuming {out}", flush=True)
+    summary = Trainer(cfg, resume=resume, overwrite=not resume).train()
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "episodes" in r]
     tokens_at = {r["step"]: r["rollout_tokens_total"] for r in steps}
