@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib.util
 import json
 import logging
@@ -170,9 +172,18 @@ def test_iter_jsonl_streams(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------- Search-R1 parquet
 
+def _without_prompts(examples):
+    """A Search-R1 parquet carries each question's prompt; the JSONL examples do not."""
+    return [dataclasses.replace(ex, prompt=None) for ex in examples]
+
+
 def test_parquet_round_trip(tmp_path: Path) -> None:
     path = write_searchr1_parquet(tmp_path / "train.parquet", EXAMPLES)
-    assert read_searchr1_parquet(path) == EXAMPLES
+    back = read_searchr1_parquet(path)
+    # the file's own prompt comes back with each question (`prompt: data` plays it)
+    assert _without_prompts(back) == EXAMPLES
+    assert back[0].prompt == [{"role": "user", "content": SEARCH_R1_INSTRUCTION.format(
+        question="Who wrote Hamlet?")}]
 
 
 def test_parquet_has_search_r1_shape(tmp_path: Path) -> None:
@@ -275,7 +286,7 @@ def test_reads_the_hotpotqa_sample(hotpotqa_dir: Path, tmp_path: Path) -> None:
     assert examples[0].metadata["gold_doc_ids"]
     # Both formats carry every field through.
     parquet = write_searchr1_parquet(tmp_path / "h.parquet", examples, data_source="hotpotqa")
-    assert read_searchr1_parquet(parquet) == examples
+    assert _without_prompts(read_searchr1_parquet(parquet)) == examples
     assert load_qa(hotpotqa_dir / "questions.jsonl") == examples
 
 
@@ -289,7 +300,7 @@ def test_load_qa_dispatches_by_extension(tmp_path: Path) -> None:
     (tmp_path / "array.json").write_text(
         json.dumps([ex.to_dict() for ex in EXAMPLES], indent=1), encoding="utf-8")
     for name in ("a.jsonl", "a.parquet", "lines.json", "array.json"):
-        assert load_qa(tmp_path / name) == EXAMPLES, name
+        assert _without_prompts(load_qa(tmp_path / name)) == EXAMPLES, name
     # A FlashRAG-style folder: <dir>/<split>.jsonl
     write_qa_jsonl(tmp_path / "nq" / "dev.jsonl", EXAMPLES[:1])
     assert load_qa(tmp_path / "nq", split="dev") == EXAMPLES[:1]

@@ -346,6 +346,10 @@ def eval_(
         "--retriever", help="your own retriever by import path, e.g. mypkg.search:MyRetriever "
         "(a class or function, called with --index's value when given)")] = None,
     method: Annotated[str, typer.Option(help="agent | rag | direct")] = "agent",
+    prompt: Annotated[str, typer.Option(
+        help="the agent's prompt: seekrl | search_r1 (Search-R1's template, document lines and "
+        "correction) | data (each question's own, e.g. a Search-R1 parquet's prompt column) | "
+        "file:PATH | a template holding {question}")] = "seekrl",
     limit: Annotated[Optional[int], typer.Option(help="only the first N questions per file")] = None,
     n_samples: Annotated[int, typer.Option(help="samples per question (K); pass@K when K > 1")] = 1,
     topk: Annotated[int, typer.Option(help="documents per search")] = limits.DEFAULT_TOPK,
@@ -379,9 +383,13 @@ def eval_(
         cfg = eval_rollout_config(method=method, n_samples=n_samples, temperature=temperature,
                                   topk=topk, max_turns=max_turns, max_new_tokens=max_new_tokens,
                                   max_total_tokens=max_total_tokens, batch_size=batch_size,
-                                  seed=seed)
+                                  seed=seed, prompt=prompt)
         skipped: list | None = [] if skip_bad else None
         examples = load_eval_data(files, limit=limit, skipped=skipped)
+        if prompt == "data" and method == "agent":   # before the model loads
+            from seekrl.agent.rollout import require_own_prompts
+            for name, questions in examples.items():
+                require_own_prompts(questions, name)
         for report in skipped or []:
             console.print(str(report), markup=False, highlight=False)
         retriever = None

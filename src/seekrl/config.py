@@ -92,6 +92,42 @@ TopK = Annotated[int, Field(ge=1)]              # documents per search
 EpisodeBatch = Annotated[int, Field(ge=1)]      # episodes generating together
 
 
+# The agent's prompt (`prompt:` of the rollout, SFT and eval settings): a preset of
+# agent/protocol.py's PROMPTS, `data` (each question's own prompt, e.g. a Search-R1
+# parquet's `prompt` column), `file:PATH` (an instruction template in a UTF-8 file) or an
+# instruction template itself; a template holds `{question}` exactly once.
+PROMPT_PRESETS = ("seekrl", "search_r1")
+DATA_PROMPT = "data"
+
+
+def prompt_template(spec: str) -> str | None:
+    """The instruction template a `prompt` setting gives (a file's text, or the setting
+    itself); None for a preset or `data`. A bad setting is a ValueError saying why."""
+    if spec in PROMPT_PRESETS or spec == DATA_PROMPT:
+        return None
+    template, source = spec, ""
+    if spec.startswith("file:"):
+        path = Path(spec[len("file:"):]).expanduser()
+        try:
+            template = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"cannot read the prompt file {path} ({e})") from None
+        source = f" (the text of {path})"
+    if template.count("{question}") != 1:
+        raise ValueError(f"expected a preset ({', '.join(PROMPT_PRESETS)}), {DATA_PROMPT!r}, "
+                         f"file:PATH or a template holding {{question}} exactly once; got "
+                         f"{template[:60]!r}{source}")
+    return template
+
+
+def _check_prompt(value: str) -> str:
+    prompt_template(value)
+    return value
+
+
+Prompt = Annotated[str, AfterValidator(_check_prompt)]
+
+
 class EvalConfig(Strict):
     """Greedy evaluation of the policy as a search agent during and after training."""
     data: str | None = None        # QA file (JSONL / parquet); None: no evaluation
@@ -120,6 +156,7 @@ class SFTConfig(Strict):
     max_len: int = Field(2048, ge=16)          # longer episodes are cut (the tail is lost)
     max_info_tokens: MaxInfoTokens = DEFAULT_MAX_INFO_TOKENS   # as rollouts cut it
     topk: TopK = DEFAULT_TOPK           # documents per search, for the dev evaluation
+    prompt: Prompt = "seekrl"      # the agent's prompt the episodes are laid out with
     train_layers: int | None = Field(None, ge=1)   # train only the top N blocks (None: all)
     lora: LoRAConfig = LoRAConfig()
     optim: OptimConfig = OptimConfig(lr=5e-5, warmup_steps=5)
@@ -148,6 +185,7 @@ class EpisodeSettings(Strict):
     plus how rollouts are organised and served, and the engine's `RolloutConfig`
     (agent/rollout.py) is these plus one run's choices (samples per question, greedy, seed)."""
     method: Literal["agent", "rag", "direct"] = "agent"   # direct: one turn, no retriever
+    prompt: Prompt = "seekrl"      # the agent's instruction (above): seekrl, search_r1, data, ...
     max_turns: MaxTurns = DEFAULT_MAX_TURNS
     max_new_tokens: MaxNewTokens = DEFAULT_MAX_NEW_TOKENS
     max_total_tokens: MaxTotalTokens = DEFAULT_MAX_TOTAL_TOKENS

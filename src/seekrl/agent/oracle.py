@@ -111,7 +111,9 @@ def _search_turn(think: str, query: str) -> dict:
 
 
 def _info_turn(hits: list[Hit]) -> dict:
-    return {"role": "information", "content": information_block(hits).strip("\n")}
+    # the documents themselves too, so SFT can lay them out in any prompt style
+    return {"role": "information", "content": information_block(hits).strip("\n"),
+            "hits": [{"id": h.doc_id, "title": h.title, "text": h.text} for h in hits]}
 
 
 def write_oracle_trajectories(examples: Iterable[QAExample], retriever: Retriever,

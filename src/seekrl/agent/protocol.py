@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from seekrl.config import DATA_PROMPT, prompt_template
+from seekrl.data.qa import SEARCH_R1_INSTRUCTION
 from seekrl.retrieval.base import Hit
 
 THINK, SEARCH, INFORMATION, ANSWER = "think", "search", "information", "answer"
@@ -43,37 +45,89 @@ INVALID_MESSAGE = ("That was not a valid action ({reason}). Write <search> query
                    "to search, or <answer> text </answer> to answer.")
 
 
+# Search-R1's correction after a turn with neither tag (search_r1/llm_agent/generation.py)
+SEARCH_R1_INVALID = ("\nMy previous action is invalid. If I want to search, I should put the "
+                     "query between <search> and </search>. If I want to give the final answer, "
+                     "I should put the answer between <answer> and </answer>. Let me try "
+                     "again.\n")
+
+
+@dataclass(frozen=True)
+class PromptStyle:
+    """How the environment speaks to the agent: the instruction (a template holding one
+    `{question}`), each document's line in an `<information>` block (`{i}`, `{title}`,
+    `{text}`), and the text after an invalid turn (`{reason}` optional). The `prompt`
+    setting picks one (`prompt_style`); the tags and the parser are the same for all."""
+    name: str
+    instruction: str
+    doc: str = "Doc {i} (Title: {title}) {text}"
+    invalid: str = "\n\n<information>" + INVALID_MESSAGE + "</information>\n\n"
+    question_mark: bool = False    # end the question with "?" as Search-R1's data scripts do
+
+    def user(self, question: str) -> str:
+        question = question.strip()
+        if self.question_mark and not question.endswith("?"):
+            question += "?"
+        return self.instruction.replace("{question}", question)
+
+
+PROMPTS = {
+    "seekrl": PromptStyle("seekrl", f"{AGENT_INSTRUCTION}\n\nQuestion: {{question}}"),
+    # token for token the prompt the released Search-R1 checkpoints were trained with
+    # (make_prefix(template_type="base") through the model's chat template), its document
+    # lines and its correction text
+    "search_r1": PromptStyle("search_r1", SEARCH_R1_INSTRUCTION,
+                             doc="Doc {i}(Title: {title}) {text}", invalid=SEARCH_R1_INVALID,
+                             question_mark=True),
+}
+
+
+def prompt_style(spec: str | None) -> PromptStyle:
+    """The style a `prompt` setting names (`seekrl.config.prompt_template` says which
+    settings there are): a preset, `data` (each question's own prompt; documents and
+    corrections as `seekrl`'s), or an instruction template (given or in a file) with
+    `seekrl`'s documents and corrections."""
+    spec = spec or "seekrl"
+    if spec in PROMPTS:
+        return PROMPTS[spec]
+    template = prompt_template(spec)
+    if template is None:   # DATA_PROMPT
+        return replace(PROMPTS["seekrl"], name=DATA_PROMPT)
+    return PromptStyle(spec if spec.startswith("file:") else "custom", template)
+
+
 def tag(name: str, body: str) -> str:
     return f"<{name}> {body.strip()} </{name}>"
 
 
-def format_hits(hits: Sequence[Hit]) -> str:
-    """Documents as the policy reads them: `Doc i (Title: ...) text`, one per line, or a
-    short notice when the search found nothing."""
+def format_hits(hits: Sequence[Hit], style: PromptStyle | None = None) -> str:
+    """Documents as the policy reads them, one per line (`Doc i (Title: ...) text` in
+    seekrl's style), or a short notice when the search found nothing."""
     if not hits:
         return "No documents matched the query."
-    return "\n".join(f"Doc {i} (Title: {h.title}) {h.text}" for i, h in enumerate(hits, 1))
+    doc = (style or PROMPTS["seekrl"]).doc
+    return "\n".join(doc.format(i=i, title=h.title, text=h.text) for i, h in enumerate(hits, 1))
 
 
-def information_block(hits: Sequence[Hit]) -> str:
+def information_block(hits: Sequence[Hit], style: PromptStyle | None = None) -> str:
     """The environment's turn after a search: the block and the blank lines around it."""
-    return f"\n\n<{INFORMATION}>{format_hits(hits)}</{INFORMATION}>\n\n"
+    return f"\n\n<{INFORMATION}>{format_hits(hits, style)}</{INFORMATION}>\n\n"
 
 
-def invalid_block(reason: str) -> str:
+def invalid_block(reason: str, style: PromptStyle | None = None) -> str:
     """The environment's turn after an invalid action: a short correction, then go on."""
-    return f"\n\n<{INFORMATION}>{INVALID_MESSAGE.format(reason=reason)}</{INFORMATION}>\n\n"
+    return (style or PROMPTS["seekrl"]).invalid.replace("{reason}", reason)
 
 
 def user_message(question: str, method: str = "agent", hits: Sequence[Hit] = (),
-                 documents: str | None = None) -> str:
+                 documents: str | None = None, style: PromptStyle | None = None) -> str:
     """`documents` (for rag) overrides `hits` with text already formatted, e.g. cut to a
-    token budget."""
-    question = question.strip()
+    token budget. `style` sets the agent's instruction; rag and direct keep their own."""
     if method == "agent":
-        return f"{AGENT_INSTRUCTION}\n\nQuestion: {question}"
+        return (style or PROMPTS["seekrl"]).user(question)
+    question = question.strip()
     if method == "rag":
-        docs = documents if documents is not None else format_hits(hits)
+        docs = documents if documents is not None else format_hits(hits, style)
         return f"{RAG_INSTRUCTION}\n\n{docs}\n\nQuestion: {question}"
     if method == "direct":
         return f"{DIRECT_INSTRUCTION}\n\nQuestion: {question}"
@@ -81,13 +135,18 @@ def user_message(question: str, method: str = "agent", hits: Sequence[Hit] = (),
 
 
 def build_prompt(tokenizer, question: str, method: str = "agent",
-                 hits: Sequence[Hit] = (), documents: str | None = None) -> str:
-    """The prompt text through the model's chat template (plain text if it has none)."""
-    content = user_message(question, method, hits, documents)
+                 hits: Sequence[Hit] = (), documents: str | None = None, *,
+                 style: PromptStyle | None = None,
+                 messages: Sequence[dict] | None = None) -> str:
+    """The prompt text through the model's chat template (plain text if it has none).
+    `messages`: the question's own chat messages (`prompt: data`), used as they are."""
+    if messages is None:
+        messages = [{"role": "user", "content": user_message(question, method, hits,
+                                                             documents, style)}]
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template([{"role": "user", "content": content}],
-                                             tokenize=False, add_generation_prompt=True)
-    return f"{content}\n\n"
+        return tokenizer.apply_chat_template(list(messages), tokenize=False,
+                                             add_generation_prompt=True)
+    return "\n\n".join(m["content"] for m in messages) + "\n\n"
 
 
 @dataclass(frozen=True)

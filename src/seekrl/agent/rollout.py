@@ -26,9 +26,10 @@ from seekrl.agent.protocol import (
     invalid_block,
     parse_action,
     plain_answer,
+    prompt_style,
 )
 from seekrl.agent.trajectory import Step, Trajectory
-from seekrl.config import EpisodeSettings, build_config
+from seekrl.config import DATA_PROMPT, EpisodeSettings, build_config
 from seekrl.data.qa import QAExample
 from seekrl.retrieval.base import Hit, Retriever
 
@@ -61,6 +62,17 @@ def information_ids(encode: Callable[[str], list[int]], body: str, max_tokens: i
     return head + encode(body)[:max(1, max_tokens - len(head) - len(tail))] + tail
 
 
+def require_own_prompts(examples: Sequence[QAExample], source: str = "") -> None:
+    """`prompt: data` plays each question with its own prompt: every one must carry one."""
+    missing = [ex.id for ex in examples if ex.prompt is None]
+    if missing:
+        raise ValueError(
+            f"prompt: {DATA_PROMPT!r} plays each question with its own prompt, but "
+            f"{len(missing)} of {len(examples)} questions{' of ' + source if source else ''} "
+            f"carry none (first: {missing[0]!r}); give the data a prompt column or key, or "
+            f"name a prompt (seekrl, search_r1, file:PATH, a template)")
+
+
 class _Episode:
     def __init__(self, traj: Trajectory, gold: set[str]):
         self.traj = traj
@@ -88,6 +100,7 @@ class RolloutEngine:
         self.retriever = retriever
         # a config's `rollout:` section plays as it is (one sample, seed 0)
         self.cfg = cfg if isinstance(cfg, RolloutConfig) else RolloutConfig.of(cfg)
+        self.style = prompt_style(self.cfg.prompt)
         policy = getattr(backend, "model", None)
         if isinstance(policy, torch.nn.Module):   # an episode must fit a sliding window
             from seekrl.models import check_window
@@ -106,10 +119,11 @@ class RolloutEngine:
 
     def information_ids(self, hits: Sequence[Hit]) -> list[int]:
         """The `<information>` block as tokens, its documents cut to `max_info_tokens`."""
-        return information_ids(self._encode, format_hits(hits), self.cfg.max_info_tokens)
+        return information_ids(self._encode, format_hits(hits, self.style),
+                               self.cfg.max_info_tokens)
 
     def _document_ids(self, hits: Sequence[Hit], budget: int) -> list[int]:
-        return self._encode(format_hits(hits))[:max(1, budget)]
+        return self._encode(format_hits(hits, self.style))[:max(1, budget)]
 
     # ---- the loop
     def run(self, examples: Sequence[QAExample], *, dataset: str = "",
@@ -219,6 +233,9 @@ class RolloutEngine:
     def _prompts(self, examples: Sequence[QAExample]
                  ) -> tuple[list[list[int]], list[Sequence[Hit]]]:
         cfg = self.cfg
+        own = cfg.prompt == DATA_PROMPT and cfg.method == "agent"
+        if own:
+            require_own_prompts(examples)
         hits_per: list[Sequence[Hit]] = [()] * len(examples)
         if cfg.method == "rag":  # one retrieval with the question, before the only turn
             hits_per = self.retriever.search([ex.question for ex in examples], cfg.topk)
@@ -227,8 +244,9 @@ class RolloutEngine:
             documents = None
             if cfg.method == "rag":  # the same token budget as an <information> block
                 documents = self.tokenizer.decode(self._document_ids(hits, cfg.max_info_tokens))
-            prompts.append(self._encode(build_prompt(self.tokenizer, ex.question, cfg.method,
-                                                     documents=documents)))
+            prompts.append(self._encode(build_prompt(
+                self.tokenizer, ex.question, cfg.method, documents=documents, style=self.style,
+                messages=ex.prompt if own else None)))
         return prompts, hits_per
 
     def _take_turn(self, batch: list[_Episode], outs: list[Generated]) -> None:
@@ -286,7 +304,7 @@ class RolloutEngine:
         for e in batch:
             step = e.traj.steps[-1]
             if not e.done and step.action == "invalid":
-                self._append_env(e, step, self._encode(invalid_block(step.reason or "")))
+                self._append_env(e, step, self._encode(invalid_block(step.reason or "", self.style)))
 
     def _append_env(self, e: _Episode, step: Step, ids: list[int]) -> bool:
         """Append the environment's block after `step`; False (and the episode ends) when

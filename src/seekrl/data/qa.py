@@ -73,14 +73,20 @@ class QAExample:
     question: str
     golden_answers: list[str]
     metadata: dict[str, Any] = field(default_factory=dict)
+    # the question's own prompt when the data carries one (a Search-R1 parquet's `prompt`
+    # column, a `prompt` key): chat messages [{"role", "content"}]; used with `prompt: data`
+    prompt: list[dict[str, str]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "id": self.id,
             "question": self.question,
             "golden_answers": list(self.golden_answers),
             "metadata": self.metadata,
         }
+        if self.prompt is not None:
+            out["prompt"] = [dict(m) for m in self.prompt]
+        return out
 
     @classmethod
     def from_dict(
@@ -130,10 +136,37 @@ class QAExample:
         if not isinstance(metadata, Mapping):
             raise DataError(f"expected an object or null, got {_describe(metadata)}",
                             field="metadata", **where)
+        prompt = prompt_messages(d.get("prompt"), where)
         extras = {k: v for k, v in d.items()
-                  if k not in ("id", "question", "golden_answers", "metadata")}
+                  if k not in ("id", "question", "golden_answers", "metadata", "prompt")}
         return cls(id=str(raw_id), question=question, golden_answers=answers,
-                   metadata=with_supporting_titles({**extras, **metadata}))
+                   metadata=with_supporting_titles({**extras, **metadata}), prompt=prompt)
+
+
+def prompt_messages(raw: Any, where: dict) -> list[dict[str, str]] | None:
+    """A record's own prompt as chat messages: a string is one user message; a list must
+    hold {"role": str, "content": str} objects and end with a user message."""
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        raw = [{"role": "user", "content": raw}]
+    if isinstance(raw, tuple):
+        raw = list(raw)
+    if not isinstance(raw, list) or not raw:
+        raise DataError(f"expected a string or a non-empty list of chat messages, got "
+                        f"{_describe(raw)}", field="prompt", **where)
+    messages = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) \
+                or not isinstance(m.get("content"), str):
+            raise DataError(f"expected {{'role': str, 'content': str}}, got {_describe(m)}",
+                            field=f"prompt[{i}]", **where)
+        messages.append({"role": m["role"], "content": m["content"]})
+    if messages[-1]["role"] != "user":
+        raise DataError(f"expected the last message to be the user's, got role "
+                        f"{messages[-1]['role']!r}", field=f"prompt[{len(messages) - 1}]",
+                        **where)
+    return messages
 
 
 # ---------------------------------------------------------------------------- FlashRAG JSONL
@@ -386,7 +419,7 @@ def _searchr1_record(row: dict[str, Any], row_no: int, path: str) -> dict[str, A
         metadata = dict(row.get("metadata") or {})
         metadata.setdefault("data_source", data_source)
     return {"id": example_id, "question": question, "golden_answers": answers,
-            "metadata": metadata}
+            "metadata": metadata, "prompt": row.get("prompt")}
 
 
 def read_searchr1_parquet(path: str | os.PathLike[str], *, skip_bad: bool = False,

@@ -37,7 +37,7 @@ from typing import Any
 from seekrl.agent.backends import Backend, HFBackend
 from seekrl.agent.rollout import RolloutConfig, RolloutEngine
 from seekrl.agent.trajectory import Trajectory, write_trajectories
-from seekrl.config import DEFAULT_MAX_INFO_TOKENS
+from seekrl.config import DATA_PROMPT, DEFAULT_MAX_INFO_TOKENS
 from seekrl.data.benchmarks import hop_averages, spec_name, split_name
 from seekrl.data.qa import QAExample, load_qa
 from seekrl.errors import DataError
@@ -230,18 +230,29 @@ def score_trajectories(trajectories: Sequence[Trajectory], *,
     return out
 
 
-def protocol_record(cfg: RolloutConfig, tokenizer) -> dict[str, Any]:
+def protocol_record(cfg: RolloutConfig, tokenizer,
+                    data: dict[str, list[QAExample]] | None = None) -> dict[str, Any]:
     """What makes two evaluations comparable beyond the rollout settings: fingerprints of the
-    instruction the model sees and of the chat template that wraps it."""
+    instruction the model sees (with `prompt: data`, of the questions' own prompts), of the
+    documents' and corrections' layout when not seekrl's, and of the chat template."""
     import hashlib
+    import json
 
-    from seekrl.agent.protocol import user_message
+    from seekrl.agent.protocol import PROMPTS, prompt_style, user_message
 
     def digest(text: str | None) -> str | None:
         return hashlib.sha256(text.encode()).hexdigest()[:16] if text else None
 
-    return {"instruction_sha256": digest(user_message("{question}", cfg.method)),
-            "chat_template_sha256": digest(getattr(tokenizer, "chat_template", None))}
+    style = prompt_style(cfg.prompt)
+    out = {"instruction_sha256": digest(user_message("{question}", cfg.method, style=style)),
+           "chat_template_sha256": digest(getattr(tokenizer, "chat_template", None))}
+    if cfg.prompt == DATA_PROMPT and cfg.method == "agent":
+        out["instruction_sha256"] = None
+        out["data_prompts_sha256"] = digest(json.dumps(
+            [ex.prompt for examples in (data or {}).values() for ex in examples]))
+    if style.doc != PROMPTS["seekrl"].doc or style.invalid != PROMPTS["seekrl"].invalid:
+        out["layout_sha256"] = digest(style.doc + "\x00" + style.invalid)
+    return out
 
 
 # ------------------------------------------------------------------------------- running
@@ -354,7 +365,7 @@ def evaluate(model, tokenizer, retriever: Retriever | None,
             bar.stop()
 
     config = {"seekrl_version": _version(), **(run_info or {}),
-              "rollout": cfg.model_dump(mode="json"), "protocol": protocol_record(cfg, tokenizer),
+              "rollout": cfg.model_dump(mode="json"), "protocol": protocol_record(cfg, tokenizer, data),
               "retriever": describe_retriever(retriever),
               "datasets": {name: len(v) for name, v in data.items()}}
     metrics = {"config": config, **score_trajectories(trajectories),
@@ -364,8 +375,9 @@ def evaluate(model, tokenizer, retriever: Retriever | None,
 
 
 def eval_policy(model, tokenizer, retriever, cfg, out_dir: str | Path, *, topk: int,
-                max_info_tokens: int = DEFAULT_MAX_INFO_TOKENS, console=None,
-                run_info: dict | None = None, limit: int | None = None) -> dict[str, Any]:
+                max_info_tokens: int = DEFAULT_MAX_INFO_TOKENS, prompt: str = "seekrl",
+                console=None, run_info: dict | None = None, limit: int | None = None
+                ) -> dict[str, Any]:
     """Greedy agent evaluation on the first `cfg.n` questions of `cfg.data` (`cfg`: an
     `EvalConfig`, the `eval:` section of the SFT and RL configs), as the recipes run it
     during and after training; writes the run folder (tables, trajectories, viewer) and
@@ -373,7 +385,8 @@ def eval_policy(model, tokenizer, retriever, cfg, out_dir: str | Path, *, topk: 
     from seekrl.eval.report import write_viewer
 
     data = load_eval_data([cfg.data], limit=limit or cfg.n)
-    rollout = eval_rollout_config(cfg, method="agent", topk=topk, max_info_tokens=max_info_tokens)
+    rollout = eval_rollout_config(cfg, method="agent", topk=topk, max_info_tokens=max_info_tokens,
+                                  prompt=prompt)
     was_training = model.training
     model.eval()
     try:

@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 
-from seekrl.agent.protocol import INFORMATION, build_prompt
+from seekrl.agent.protocol import INFORMATION, PROMPTS, build_prompt, format_hits, prompt_style
 from seekrl.agent.rollout import information_ids
-from seekrl.config import DEFAULT_MAX_INFO_TOKENS, SFTConfig, dump_config
+from seekrl.config import DATA_PROMPT, DEFAULT_MAX_INFO_TOKENS, SFTConfig, dump_config
 from seekrl.data.jsonl import iter_jsonl
+from seekrl.data.qa import prompt_messages
 from seekrl.errors import DataError
 from seekrl.eval.evaluate import eval_policy
 from seekrl.models import pad_id_of
@@ -43,6 +44,7 @@ from seekrl.recipes.setup import (
     set_seed,
     trainable_parameters,
 )
+from seekrl.retrieval.base import Hit
 from seekrl.rl.forward import collate, masked_logprobs
 
 
@@ -54,9 +56,13 @@ class SFTExample:
 
 
 def episode_tokens(tokenizer, record: dict, *,
-                   max_info_tokens: int = DEFAULT_MAX_INFO_TOKENS, where: str = ""
-                   ) -> tuple[list[int], list[int]]:
-    """(token_ids, loss_mask) of one oracle episode, laid out as a rollout would be."""
+                   max_info_tokens: int = DEFAULT_MAX_INFO_TOKENS, where: str = "",
+                   prompt: str = "seekrl") -> tuple[list[int], list[int]]:
+    """(token_ids, loss_mask) of one oracle episode, laid out as a rollout with the same
+    `prompt` setting would lay it out: its instruction, and the documents of each
+    information turn in its style (from the turn's `hits`; a turn without them is used
+    as written, which only `seekrl`'s document lines match)."""
+    style = prompt_style(prompt)
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False)
 
@@ -66,7 +72,13 @@ def episode_tokens(tokenizer, record: dict, *,
         raise DataError("expected a non-empty string", path=where, field="question")
     if not isinstance(turns, list) or not turns:
         raise DataError("expected a non-empty list of turns", path=where, field="turns")
-    ids = encode(build_prompt(tokenizer, question, "agent"))
+    messages = None
+    if prompt == DATA_PROMPT:
+        messages = prompt_messages(record.get("prompt"), {"path": where})
+        if messages is None:
+            raise DataError(f"no prompt: {DATA_PROMPT!r} takes each episode's own prompt",
+                            path=where, field="prompt")
+    ids = encode(build_prompt(tokenizer, question, "agent", style=style, messages=messages))
     mask = [0] * len(ids)
     head, tail = f"<{INFORMATION}>", f"</{INFORMATION}>"
     for i, turn in enumerate(turns):
@@ -82,6 +94,13 @@ def episode_tokens(tokenizer, record: dict, *,
             body = content.strip()
             if body.startswith(head) and body.endswith(tail):
                 body = body[len(head):-len(tail)]
+            if turn.get("hits") is not None:
+                body = format_hits(_turn_hits(turn["hits"], f"{where} turns[{i}].hits"), style)
+            elif style.doc != PROMPTS["seekrl"].doc:
+                raise DataError(f"an information turn without its documents (`hits`) cannot "
+                                f"be laid out in the {style.name} style; write the oracle "
+                                f"file again (seekrl oracle) or use prompt: seekrl",
+                                path=where, field=f"turns[{i}]")
             new = information_ids(encode, body, max_info_tokens)
             ids += new
             mask += [0] * len(new)
@@ -94,11 +113,26 @@ def episode_tokens(tokenizer, record: dict, *,
     return ids, mask
 
 
+def _turn_hits(raw, where: str) -> list[Hit]:
+    if not isinstance(raw, list):
+        raise DataError("expected a list of documents", path=where)
+    hits = []
+    for j, h in enumerate(raw):
+        if not isinstance(h, dict) or not all(isinstance(h.get(k), str)
+                                              for k in ("id", "title", "text")):
+            raise DataError("expected {'id': str, 'title': str, 'text': str}", path=where,
+                            field=f"[{j}]")
+        hits.append(Hit(doc_id=h["id"], title=h["title"], text=h["text"], score=0.0))
+    return hits
+
+
 def load_sft_examples(path: str | Path, tokenizer, *,
                       max_info_tokens: int = DEFAULT_MAX_INFO_TOKENS, max_len: int = 2048,
-                      only_complete: bool = True, limit: int | None = None
-                      ) -> tuple[list[SFTExample], dict[str, int]]:
-    """The usable episodes of a file, and counts of what was left out and why."""
+                      only_complete: bool = True, limit: int | None = None,
+                      prompt: str = "seekrl") -> tuple[list[SFTExample], dict[str, int]]:
+    """The usable episodes of a file, and counts of what was left out and why. Oracle
+    episodes are laid out with the `prompt` setting (`episode_tokens`); trajectories keep
+    the tokens they were played with."""
     examples: list[SFTExample] = []
     skipped = {"incomplete": 0, "truncated": 0}
     for line_no, rec in iter_jsonl(path):
@@ -108,7 +142,7 @@ def load_sft_examples(path: str | Path, tokenizer, *,
                 skipped["incomplete"] += 1
                 continue
             ids, mask = episode_tokens(tokenizer, rec, max_info_tokens=max_info_tokens,
-                                       where=where)
+                                       where=where, prompt=prompt)
         elif "token_ids" in rec and "loss_mask" in rec:
             ids, mask = list(rec["token_ids"]), list(rec["loss_mask"])
             if len(ids) != len(mask):
@@ -176,7 +210,7 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
         tokenizer = load_tokenizer(cfg.model)
     examples, skipped = load_sft_examples(cfg.data, tokenizer, max_info_tokens=cfg.max_info_tokens,
                                           max_len=cfg.max_len, only_complete=cfg.only_complete,
-                                          limit=cfg.limit)
+                                          limit=cfg.limit, prompt=cfg.prompt)
     if model is None:
         model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
     model = prepare_trainable(model, cfg.train_layers, cfg.lora)
@@ -253,6 +287,6 @@ def _eval_retriever(cfg: SFTConfig):
 
 def _dev_eval(model, tokenizer, retriever, cfg: SFTConfig, out_dir: Path) -> dict[str, Any]:
     metrics = eval_policy(model, tokenizer, retriever, cfg.eval, out_dir, topk=cfg.topk,
-                          max_info_tokens=cfg.max_info_tokens)
+                          max_info_tokens=cfg.max_info_tokens, prompt=cfg.prompt)
     avg = metrics["average"]
     return {k: avg[k] for k in ("em", "f1", "valid_format", "searches", "questions")}

@@ -1055,7 +1055,8 @@ class Trainer:
             if not self.dist.main:
                 return {}
             metrics = eval_policy(self.model, self.tokenizer, self.retriever, self.cfg.eval,
-                                  out_dir, topk=r.topk, max_info_tokens=r.max_info_tokens)
+                                  out_dir, topk=r.topk, max_info_tokens=r.max_info_tokens,
+                                  prompt=r.prompt)
         avg = metrics["average"]
         return {k: avg[k] for k in ("em", "f1", "valid_format", "searches", "questions")}
 
