@@ -69,13 +69,15 @@ def _point(steps: int, args, demo, index_dir: Path, test_file: Path) -> dict:
     if done.is_file():
         return json.loads(done.read_text())
     t0 = time.time()
+    # a run killed before its point goes on from its last checkpoint (every 10 steps)
+    resume = (out / "run" / "checkpoints" / "latest").is_file()
     sft = run_sft(SFTConfig(model=demo.model, data=str(args.work_dir / "oracle_train.jsonl"),
                             out=str(out / "run"), seed=demo.seed, max_steps=steps,
                             **sft_batching(demo), max_info_tokens=demo.max_info_tokens,
                             topk=demo.k, train_layers=demo.train_layers, device=args.device,
-                            dtype=args.dtype,
+                            dtype=args.dtype, save_every=10, keep_last=1,
                             optim={"lr": demo.sft_lr, "warmup_steps": 2, "min_lr_ratio": 0.1}),
-                  overwrite=True)   # a run killed before its point is redone
+                  overwrite=not resume, resume=resume)
     sft_minutes = (time.time() - t0) / 60
     metrics = _evaluate(Path(sft["final"]), out / "eval-test", index_dir, test_file, demo, args)
     avg = metrics["average"]
@@ -85,7 +87,7 @@ def _point(steps: int, args, demo, index_dir: Path, test_file: Path) -> dict:
              "evidence_recall": avg.get("evidence_recall"), "em_by_type": by_type,
              "final_loss": sft["loss"], "sft_minutes": round(sft_minutes, 2),
              "minutes": round((time.time() - t0) / 60, 2), "device": args.device,
-             "dtype": args.dtype,
+             "dtype": args.dtype, "resumed": resume,
              "n_test": args.n_test, "seed": demo.seed}
     done.write_text(json.dumps(point, indent=1))
     print(f"sft {steps} steps: EM {avg['em']:.3f} valid {avg['valid_format']:.2f} searches "

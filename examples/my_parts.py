@@ -74,3 +74,40 @@ class KeywordRetriever:
             best = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
             out.append([Hit.from_contents(d, self.docs[d], float(n)) for d, n in best])
         return out
+
+
+# rollout.tools: a tool the agent calls as <calc> 12 * 7 </calc> (seekrl/agent/tools.py):
+# every call of a turn comes in one list; each gets the text shown inside <information>.
+class Calculator:
+    tag = "calc"
+    counts_as_search = False       # not a search: no documents, not in searches per episode
+    instruction = "To compute, write an arithmetic expression inside <calc> and </calc>."
+
+    def call(self, calls):
+        from seekrl.agent.tools import ToolResult
+
+        return [ToolResult(_arithmetic(c.argument)) for c in calls]
+
+
+def _arithmetic(expression: str) -> str:
+    """+ - * / ( ) on numbers, nothing else (no names, no calls)."""
+    import ast
+    import operator
+
+    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+           ast.Div: operator.truediv, ast.USub: operator.neg}
+
+    def value(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            return ops[type(node.op)](value(node.left), value(node.right))
+        if isinstance(node, ast.UnaryOp) and type(node.op) in ops:
+            return ops[type(node.op)](value(node.operand))
+        raise ValueError("only numbers and + - * / ( )")
+
+    try:
+        result = value(ast.parse(expression, mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError) as err:
+        return f"Cannot compute {expression!r}: {err}"
+    return f"{expression} = {result:g}"

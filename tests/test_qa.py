@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import importlib.util
 import json
 import logging
@@ -408,3 +407,15 @@ def test_a_hub_dataset_fails_at_once_when_the_hub_is_out_of_reach(monkeypatch):
     with pytest.raises(DataError, match="someorg/no-such-dataset"):
         load_hf_qa("someorg/no-such-dataset", split="test")
     assert time.time() - started < 10
+
+
+@pytest.mark.parametrize("name, hint", [("x.jsnol", "did you mean x.jsonl?"),
+                                        ("x.parqet", "did you mean x.parquet?"),
+                                        ("x.csv", "end in .jsonl, .json or .parquet")])
+def test_a_mistyped_file_is_not_taken_for_a_hub_dataset(tmp_path: Path, name, hint) -> None:
+    with pytest.raises(FileNotFoundError, match="no such QA file") as err:
+        load_qa(tmp_path / name)
+    assert hint in str(err.value)
+    # a missing name in a folder that is here is a file too, whatever its suffix
+    with pytest.raises(FileNotFoundError, match="no such QA file"):
+        load_qa(tmp_path / "questions.v2")

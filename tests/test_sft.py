@@ -169,3 +169,57 @@ def test_a_non_finite_gradient_never_reaches_the_weights():
     w.grad = torch.tensor([3.0, 4.0, 0.0])
     assert clip_and_step([w], opt, 1.0) == pytest.approx(5.0)
     assert not torch.equal(w.detach(), torch.ones(3))
+
+
+def test_a_resumed_run_ends_where_a_straight_one_does(world, tiny, tmp_path, monkeypatch):
+    """Ctrl-C after step 2 of 4 (checkpoints every step), then --resume: the same weights
+    and the same logged losses as a run that never stopped."""
+    import copy
+
+    import seekrl.recipes.sft as sft_module
+    from seekrl.config import ConfigError
+    from seekrl.recipes.sft import Interrupted
+
+    model, tok = tiny
+
+    def cfg(out):
+        return SFTConfig(data=str(world["oracle"]), out=str(tmp_path / out), max_steps=4,
+                         batch_size=2, grad_accum=2, max_info_tokens=64, save_every=1,
+                         keep_last=1, optim={"lr": 1e-3, "warmup_steps": 1})
+
+    straight = run_sft(cfg("a"), model=copy.deepcopy(model), tokenizer=tok)
+    real, calls = sft_module.sft_loss, []
+
+    def stop_in_step_3(*a, **k):
+        calls.append(1)
+        if len(calls) == 5:   # 2 micro-batches a step: the first of step 3
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(sft_module, "sft_loss", stop_in_step_3)
+    with pytest.raises(Interrupted) as err:
+        run_sft(cfg("b"), model=copy.deepcopy(model), tokenizer=tok)
+    assert err.value.done == 2 and err.value.checkpoint == tmp_path / "b" / "checkpoints" / "step-2"
+    assert err.value.message("seekrl sft out=b") == (
+        f"interrupted after step 2; the latest checkpoint is {tmp_path / 'b/checkpoints/step-2'}"
+        "; continue from it with: seekrl sft out=b --resume")
+    assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == \
+        ["latest", "step-2"]   # keep_last 1
+    monkeypatch.setattr(sft_module, "sft_loss", real)
+    with pytest.raises(ConfigError, match="already holds a run"):
+        run_sft(cfg("b"), model=copy.deepcopy(model), tokenizer=tok)
+    resumed = run_sft(cfg("b"), model=copy.deepcopy(model), tokenizer=tok, resume=True)
+    assert resumed["steps"] == 4
+    a, b = load_policy(straight["final"])[0], load_policy(resumed["final"])[0]
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), name
+
+    def losses(out):
+        return [(r["step"], r["loss"], r["lr"]) for r in map(
+            json.loads, (tmp_path / out / "metrics.jsonl").read_text().splitlines())]
+    assert losses("b") == losses("a")
+    with pytest.raises(ConfigError, match="no SFT checkpoint"):
+        run_sft(cfg("c"), model=copy.deepcopy(model), tokenizer=tok, resume=True)
+    no_ckpt = Interrupted(0, None, 0).message("seekrl sft")
+    assert no_ckpt == ("interrupted before the first step, with no checkpoint (save_every is "
+                       "0); start again with: seekrl sft --overwrite")

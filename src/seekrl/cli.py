@@ -470,21 +470,34 @@ def sft(
     overrides: Annotated[Optional[list[str]], typer.Argument(
         help="key.sub=value overrides, e.g. optim.lr=1e-4 max_steps=20", show_default=False)] = None,
     overwrite: Annotated[bool, typer.Option(help="replace a run already in out")] = False,
+    resume: Annotated[bool, typer.Option(
+        help="continue the run in out from its latest checkpoint (save_every)")] = False,
     print_config: Annotated[bool, typer.Option(
         help="print the resolved config (every key, defaults filled in) and stop")] = False,
 ):
     """Supervised warm-up on trajectory JSONL (oracle episodes): loss on policy tokens only."""
-    from seekrl.config import SFTConfig, load_config
-    from seekrl.recipes.sft import run_sft
+    import shlex
 
+    from seekrl.config import SFTConfig, load_config
+    from seekrl.recipes.sft import Interrupted, run_sft
+
+    command = shlex.join(["seekrl", "sft", *(["--config", str(config)] if config else []),
+                          *(overrides or [])])
     try:
         cfg = load_config(SFTConfig, config, overrides or [])
         if print_config:
             _print_config(cfg)
             return
-        summary = run_sft(cfg, console=console, overwrite=overwrite)
+        summary = run_sft(cfg, console=console, overwrite=overwrite, resume=resume)
     except ERRORS as err:
         _fail(err)
+    except KeyboardInterrupt as err:   # one line, not wrapped: the command is copied from it
+        console.print("")
+        console.print(err.message(command) if isinstance(err, Interrupted) else
+                      "interrupted before the first step; start again with: " + command
+                      + (" --resume" if resume else " --overwrite" if overwrite else ""),
+                      markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(130) from None
     console.print(f"final model -> {summary['final']} (load it with `seekrl eval --model "
                   f"{summary['final']}`)")
 

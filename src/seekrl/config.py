@@ -161,7 +161,9 @@ class SFTConfig(Strict):
     lora: LoRAConfig = LoRAConfig()
     optim: OptimConfig = OptimConfig(lr=5e-5, warmup_steps=5)
     eval: EvalConfig = EvalConfig()
-    save_every: int = Field(0, ge=0)           # checkpoint every N steps (0: final only)
+    save_every: int = Field(0, ge=0)           # checkpoint every N steps (0: final only);
+                                               # --resume continues from the latest
+    keep_last: int = Field(2, ge=1)            # checkpoints kept on disk
     log_every: int = Field(1, ge=1)
 
 
@@ -186,6 +188,10 @@ class EpisodeSettings(Strict):
     (agent/rollout.py) is these plus one run's choices (samples per question, greedy, seed)."""
     method: Literal["agent", "rag", "direct"] = "agent"   # direct: one turn, no retriever
     prompt: Prompt = "seekrl"      # the agent's instruction (above): seekrl, search_r1, data, ...
+    # tools beyond <search> (agent/tools.py): "open" (a shown document in full) or import
+    # paths of your own; snippet_words: a search shows each document's first N words
+    tools: list[str] = []
+    snippet_words: int | None = Field(None, ge=1)
     max_turns: MaxTurns = DEFAULT_MAX_TURNS
     max_new_tokens: MaxNewTokens = DEFAULT_MAX_NEW_TOKENS
     max_total_tokens: MaxTotalTokens = DEFAULT_MAX_TOTAL_TOKENS

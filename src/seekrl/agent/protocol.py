@@ -64,19 +64,27 @@ class PromptStyle:
     invalid: str = "\n\n<information>" + INVALID_MESSAGE + "</information>\n\n"
     question_mark: bool = False    # end the question with "?" as Search-R1's data scripts do
 
-    def user(self, question: str) -> str:
+    def user(self, question: str, tools: str = "") -> str:
+        """The agent's user message; `tools`: sentences on the tools beyond search, put
+        where the template says `{tools}`, else after the instruction."""
         question = question.strip()
         if self.question_mark and not question.endswith("?"):
             question += "?"
-        return self.instruction.replace("{question}", question)
+        text = self.instruction
+        if "{tools}" in text:
+            text = text.replace("{tools}", f" {tools}" if tools else "")
+        elif tools:
+            text = f"{text.rstrip()}\n\n{tools}\n"
+        return text.replace("{question}", question)
 
 
 PROMPTS = {
-    "seekrl": PromptStyle("seekrl", f"{AGENT_INSTRUCTION}\n\nQuestion: {{question}}"),
+    "seekrl": PromptStyle("seekrl", f"{AGENT_INSTRUCTION}{{tools}}\n\nQuestion: {{question}}"),
     # token for token the prompt the released Search-R1 checkpoints were trained with
     # (make_prefix(template_type="base") through the model's chat template), its document
     # lines and its correction text
-    "search_r1": PromptStyle("search_r1", SEARCH_R1_INSTRUCTION,
+    "search_r1": PromptStyle("search_r1", SEARCH_R1_INSTRUCTION.replace(
+                                 " Question: {question}", "{tools} Question: {question}"),
                              doc="Doc {i}(Title: {title}) {text}", invalid=SEARCH_R1_INVALID,
                              question_mark=True),
 }
@@ -120,11 +128,13 @@ def invalid_block(reason: str, style: PromptStyle | None = None) -> str:
 
 
 def user_message(question: str, method: str = "agent", hits: Sequence[Hit] = (),
-                 documents: str | None = None, style: PromptStyle | None = None) -> str:
+                 documents: str | None = None, style: PromptStyle | None = None,
+                 tools: str = "") -> str:
     """`documents` (for rag) overrides `hits` with text already formatted, e.g. cut to a
-    token budget. `style` sets the agent's instruction; rag and direct keep their own."""
+    token budget. `style` sets the agent's instruction (and `tools` the sentences on its
+    tools beyond search); rag and direct keep their own."""
     if method == "agent":
-        return (style or PROMPTS["seekrl"]).user(question)
+        return (style or PROMPTS["seekrl"]).user(question, tools)
     question = question.strip()
     if method == "rag":
         docs = documents if documents is not None else format_hits(hits, style)
@@ -137,12 +147,12 @@ def user_message(question: str, method: str = "agent", hits: Sequence[Hit] = (),
 def build_prompt(tokenizer, question: str, method: str = "agent",
                  hits: Sequence[Hit] = (), documents: str | None = None, *,
                  style: PromptStyle | None = None,
-                 messages: Sequence[dict] | None = None) -> str:
+                 messages: Sequence[dict] | None = None, tools: str = "") -> str:
     """The prompt text through the model's chat template (plain text if it has none).
     `messages`: the question's own chat messages (`prompt: data`), used as they are."""
     if messages is None:
         messages = [{"role": "user", "content": user_message(question, method, hits,
-                                                             documents, style)}]
+                                                             documents, style, tools)}]
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(list(messages), tokenize=False,
                                              add_generation_prompt=True)
@@ -161,6 +171,14 @@ class Action:
 
 _OWN_INFORMATION = re.compile(rf"<{INFORMATION}>.*?(</{INFORMATION}>|$)", re.S)
 _ACTION = re.compile(rf"<({SEARCH}|{ANSWER})>(.*?)</\1>", re.S)
+_ACTIONS: dict[tuple[str, ...], re.Pattern] = {(SEARCH,): _ACTION}
+
+
+def _action_pattern(tools: tuple[str, ...]) -> re.Pattern:
+    if tools not in _ACTIONS:
+        _ACTIONS[tools] = re.compile(
+            rf"<({'|'.join(map(re.escape, (*tools, ANSWER)))})>(.*?)</\1>", re.S)
+    return _ACTIONS[tools]
 
 
 def strip_own_information(text: str) -> str:
@@ -168,42 +186,49 @@ def strip_own_information(text: str) -> str:
     return _OWN_INFORMATION.sub(" ", text)
 
 
-def parse_action(text: str) -> Action:
-    """Exactly one action for any text. The first complete search/answer tag wins, as
-    generation stops at the first closing tag."""
+def parse_action(text: str, tools: Sequence[str] = (SEARCH,)) -> Action:
+    """Exactly one action for any text: the first complete tag of a tool (`tools`, by
+    default search alone) or of the answer wins, as generation stops at the first closing
+    tag. The action's kind is the tag."""
     if not isinstance(text, str):
         return Action("invalid", "no text")
+    tools = tuple(tools)
     clean = strip_own_information(text)
-    match = _ACTION.search(clean)
+    match = _action_pattern(tools).search(clean)
     if match is None:
-        if f"<{SEARCH}>" in clean or f"<{ANSWER}>" in clean:
+        if any(f"<{name}>" in clean for name in (*tools, ANSWER)):
             return Action("invalid", "unclosed tag")
-        return Action("invalid", "no <search> or <answer> tag")
+        names = [f"<{name}>" for name in (*tools, ANSWER)]
+        return Action("invalid", f"no {', '.join(names[:-1])} or {names[-1]} tag")
     kind, body = match.group(1), " ".join(match.group(2).split())
     if not body:
         return Action("invalid", f"empty {kind}")
-    if kind == SEARCH and len(body) > MAX_QUERY_CHARS:
-        return Action("invalid", f"query longer than {MAX_QUERY_CHARS} characters")
+    if len(body) > MAX_QUERY_CHARS:
+        what = "query" if kind == SEARCH else f"{kind} argument"
+        return Action("invalid", f"{what} longer than {MAX_QUERY_CHARS} characters")
     return Action(kind, body)
 
 
 _PROTOCOL_TAG = re.compile(rf"</?({THINK}|{SEARCH}|{ANSWER}|{INFORMATION})>")
 _WELL_FORMED = re.compile(
-    rf"\s*(?:<{THINK}>(?P<think>.*?)</{THINK}>\s*)?<(?P<kind>{SEARCH}|{ANSWER})>(?P<body>.*?)"
-    rf"</(?P=kind)>\s*", re.S)
+    rf"\s*(?:<{THINK}>(?P<think>.*?)</{THINK}>\s*)?"
+    rf"<(?P<kind>(?!{THINK}>|{INFORMATION}>)[a-z][a-z0-9_]*)>(?P<body>.*?)</(?P=kind)>\s*", re.S)
+_ANY_ACTION = re.compile(rf"<((?!{THINK}>|{INFORMATION}>)[a-z][a-z0-9_]*)>(.*?)</\1>", re.S)
 
 
 def step_format_problem(text: str) -> str | None:
     """None when a turn follows the protocol exactly: an optional `<think>` block, then one
-    `<search>` or `<answer>` with a non-empty body, nothing outside the tags but whitespace,
-    and no protocol tag inside another. Otherwise a short reason. This is stricter than
-    `parse_action`, which finds an action in any text: a turn can act and still be sloppy
-    (text before `<think>`, a second `<search>` inside the reasoning)."""
+    action tag (`<search>`, `<answer>`, another tool's) with a non-empty body, nothing
+    outside the tags but whitespace, and no protocol tag inside another. Otherwise a short
+    reason. This is stricter than `parse_action`, which finds an action in any text: a turn
+    can act and still be sloppy (text before `<think>`, a second `<search>` inside the
+    reasoning). Which tags are actions is the parser's call: a step it found no action in
+    is not well formed whatever this says."""
     if not isinstance(text, str):
         return "no text"
     m = _WELL_FORMED.fullmatch(text)
     if m is None:
-        if not _ACTION.search(text):
+        if not _ANY_ACTION.search(text):
             return "no complete <search> or <answer>"
         return "text outside the tags"
     if _PROTOCOL_TAG.search(m.group("think") or "") or _PROTOCOL_TAG.search(m.group("body")):

@@ -28,6 +28,7 @@ from seekrl.agent.protocol import (
     plain_answer,
     prompt_style,
 )
+from seekrl.agent.tools import ToolCall, make_tools
 from seekrl.agent.trajectory import Step, Trajectory
 from seekrl.config import DATA_PROMPT, EpisodeSettings, build_config
 from seekrl.data.qa import QAExample
@@ -79,6 +80,8 @@ class _Episode:
         self.gold = gold
         self.turns = 0
         self.done = False
+        self.seen: list[Hit] = []   # the documents its tools have shown, in order
+        self.last: list[Hit] = []   # ... and its latest search's
 
 
 def _gold_of(ex: QAExample) -> list[str]:
@@ -101,6 +104,15 @@ class RolloutEngine:
         # a config's `rollout:` section plays as it is (one sample, seed 0)
         self.cfg = cfg if isinstance(cfg, RolloutConfig) else RolloutConfig.of(cfg)
         self.style = prompt_style(self.cfg.prompt)
+        # the agent's tools by tag: search (with a retriever), then rollout.tools
+        self.tools = make_tools(self.cfg.tools, retriever=retriever, k=self.cfg.topk,
+                                style=self.style, snippet_words=self.cfg.snippet_words) \
+            if self.cfg.method == "agent" else {}
+        self._tool_text = " ".join(t.instruction for t in self.tools.values() if t.instruction)
+        # the documents the tools showed since the last `run`, by id, when a tool reads
+        # them (continuations get theirs back); `run` starts afresh, so it stays one step's
+        self._shown: dict[str, Hit] = {}
+        self._keep_shown = any(not t.counts_as_search for t in self.tools.values())
         policy = getattr(backend, "model", None)
         if isinstance(policy, torch.nn.Module):   # an episode must fit a sliding window
             from seekrl.models import check_window
@@ -129,6 +141,7 @@ class RolloutEngine:
     def run(self, examples: Sequence[QAExample], *, dataset: str = "",
             on_finish: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
         torch.manual_seed(self.cfg.seed)
+        self._shown = {}
         episodes = [_Episode(t, set(t.gold_doc_ids))
                     for t in self.prompt_episodes(examples, self.cfg.n_samples, dataset=dataset)]
         return self._play(episodes, on_finish)
@@ -194,6 +207,7 @@ class RolloutEngine:
                                else list(t.rollout_logprobs[:policy_tokens]))
                 e = _Episode(traj, set(traj.gold_doc_ids))
                 e.turns = k
+                self._restore_shown(e)
                 episodes.append(e)
         self._play(episodes)
         return [[e.traj for e in episodes[i * n_samples:(i + 1) * n_samples]]
@@ -246,12 +260,12 @@ class RolloutEngine:
                 documents = self.tokenizer.decode(self._document_ids(hits, cfg.max_info_tokens))
             prompts.append(self._encode(build_prompt(
                 self.tokenizer, ex.question, cfg.method, documents=documents, style=self.style,
-                messages=ex.prompt if own else None)))
+                messages=ex.prompt if own else None, tools=self._tool_text)))
         return prompts, hits_per
 
     def _take_turn(self, batch: list[_Episode], outs: list[Generated]) -> None:
         cfg = self.cfg
-        searches: list[tuple[_Episode, Step]] = []
+        calls: dict[str, list[tuple[_Episode, Step]]] = {}
         for e, new in zip(batch, outs):
             t = e.traj
             e.turns += 1
@@ -268,22 +282,24 @@ class RolloutEngine:
             # policy learns not to end a turn without acting. The text leaves it out.
             body = new[:-1] if new and new[-1] in self._end_ids else new
             text = self.tokenizer.decode(body, skip_special_tokens=False)
-            action = parse_action(text)
+            action = parse_action(text, tuple(self.tools) or ("search",))
             if cfg.method != "agent" and action.kind == "search":
                 action = type(action)("invalid", "no search in this mode")
-            step = Step(start=start, end=len(t.token_ids), action=action.kind, text=text)
+            tool = self.tools.get(action.kind)
+            kind = "search" if tool is not None and tool.counts_as_search else action.kind
+            step = Step(start=start, end=len(t.token_ids), action=kind, text=text)
             t.steps.append(step)
             if action.kind == "answer":
                 step.answer = t.answer = action.text
                 self._finish(e, "answer")
                 continue
             last_turn = cfg.method != "agent" or e.turns >= cfg.max_turns
-            if action.kind == "search":
+            if tool is not None:
                 step.query = action.text
-                # on the last allowed turn nothing would show the documents to the policy:
-                # such a search is not run, and so earns no evidence credit
+                # on the last allowed turn nothing would show the result to the policy:
+                # such a call is not run, and a search so earns no evidence credit
                 if not last_turn:
-                    searches.append((e, step))
+                    calls.setdefault(action.kind, []).append((e, step))
             else:
                 step.reason = action.text
                 if cfg.method != "agent":
@@ -292,19 +308,39 @@ class RolloutEngine:
                     t.answer = plain_answer(text) or None
             if last_turn:
                 self._finish(e, "max_turns")
-        if searches and self.retriever is not None:
-            results = self.retriever.search([s.query for _, s in searches], cfg.topk)
-            for (e, step), hits in zip(searches, results):
+        for tag, pending in calls.items():   # each tool once, for the whole batch
+            tool = self.tools[tag]
+            results = tool.call([ToolCall(s.query or "", e.traj.question, e.seen, e.last)
+                                 for e, s in pending])
+            if len(results) != len(pending):
+                raise RuntimeError(f"tool {tag!r} returned {len(results)} results for "
+                                   f"{len(pending)} calls")
+            for (e, step), result in zip(pending, results):
+                ids = information_ids(self._encode, result.text, cfg.max_info_tokens)
                 # documents count as retrieved only when the policy gets to read them: a
                 # block that does not fit ends the episode and credits nothing
-                if self._append_env(e, step, self.information_ids(hits)):
-                    step.hits = [h.doc_id for h in hits]
-                    step.hit_titles = [h.title for h in hits]
+                if not self._append_env(e, step, ids):
+                    continue
+                e.seen.extend(result.hits)
+                if self._keep_shown:
+                    self._shown.update((h.doc_id, h) for h in result.hits)
+                if tool.counts_as_search:
+                    e.last = list(result.hits)
+                    step.hits = [h.doc_id for h in result.hits]
+                    step.hit_titles = [h.title for h in result.hits]
                     step.gold_hit = bool(e.gold & set(step.hits)) if e.gold else None
         for e in batch:
             step = e.traj.steps[-1]
             if not e.done and step.action == "invalid":
                 self._append_env(e, step, self._encode(invalid_block(step.reason or "", self.style)))
+
+    def _restore_shown(self, e: _Episode) -> None:
+        """A continuation's tools see the documents its copied steps were shown (those this
+        engine showed: a tool that reads documents, `open`, finds no others)."""
+        for s in e.traj.steps:
+            if s.action == "search" and s.info_end is not None:
+                e.last = [self._shown[i] for i in s.hits if i in self._shown]
+                e.seen.extend(e.last)
 
     def _append_env(self, e: _Episode, step: Step, ids: list[int]) -> bool:
         """Append the environment's block after `step`; False (and the episode ends) when

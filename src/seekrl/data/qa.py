@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import json
 import logging
@@ -668,10 +669,25 @@ def load_qa(path_or_name: str | os.PathLike[str], split: str | None = None,
                 else read_qa_jsonl(path, **kw))
     if suffix == ".parquet":
         return read_searchr1_parquet(path, **kw)
+    if not path.exists() and suffix and _meant_as_file(path, suffix):
+        close = difflib.get_close_matches(suffix, _SPLIT_FILE_SUFFIXES, n=1, cutoff=0.6)
+        raise FileNotFoundError(
+            f"{spec}: no such QA file; QA files end in .jsonl, .json or .parquet"
+            + (f" (did you mean {path.with_suffix(close[0]).name}?)" if close else ""))
     if not path.exists() and hop_class(spec) is not None:
         raise FileNotFoundError(f"{spec}: no such file or folder; for the FlashRAG set write "
                                 f"flashrag:{spec}, for a hub dataset hf:NAME[:CONFIG]:SPLIT")
     return load_hf_qa(spec, split or "train", **kw)
+
+
+def _meant_as_file(path: Path, suffix: str) -> bool:
+    """A spec that names a missing file rather than a hub dataset: its suffix is close to a
+    QA file's (`.jsnol`) or a text format's, or its folder is here."""
+    if difflib.get_close_matches(suffix, _SPLIT_FILE_SUFFIXES, n=1, cutoff=0.6):
+        return True
+    if suffix in (".csv", ".tsv", ".txt", ".gz", ".arrow"):
+        return True
+    return str(path.parent) not in ("", ".") and path.parent.is_dir()
 
 
 def _split_file(folder: Path, split: str) -> Path | None:

@@ -16,6 +16,8 @@ loads like any Hugging Face model.
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -26,13 +28,19 @@ import torch
 
 from seekrl.agent.protocol import INFORMATION, PROMPTS, build_prompt, format_hits, prompt_style
 from seekrl.agent.rollout import information_ids
-from seekrl.config import DATA_PROMPT, DEFAULT_MAX_INFO_TOKENS, SFTConfig, dump_config
+from seekrl.config import DATA_PROMPT, DEFAULT_MAX_INFO_TOKENS, ConfigError, SFTConfig, dump_config
 from seekrl.data.jsonl import iter_jsonl
 from seekrl.data.qa import prompt_messages
 from seekrl.errors import DataError
 from seekrl.eval.evaluate import eval_policy
 from seekrl.models import pad_id_of
-from seekrl.recipes.checkpoint import check_run_dir, claim_run_dir, save_policy
+from seekrl.recipes.checkpoint import (
+    check_run_dir,
+    claim_run_dir,
+    config_changes,
+    prune_steps,
+    save_policy,
+)
 from seekrl.recipes.setup import (
     MetricsLog,
     check_eval_data,
@@ -41,6 +49,8 @@ from seekrl.recipes.setup import (
     make_optimizer,
     make_scheduler,
     prepare_trainable,
+    rng_state,
+    set_rng_state,
     set_seed,
     trainable_parameters,
 )
@@ -188,11 +198,58 @@ def sft_loss(model, micro: list[SFTExample], pad_id: int, device) -> tuple[torch
     return -(logp * mask).sum(), int(mask.sum())
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during SFT: how many steps were done and the checkpoint to resume from."""
+
+    def __init__(self, done: int, checkpoint: Path | None, save_every: int):
+        super().__init__(done)
+        self.done, self.checkpoint, self.save_every = done, checkpoint, save_every
+
+    def message(self, command: str) -> str:
+        where = f"after step {self.done}" if self.done else "before the first step"
+        if self.checkpoint is not None:
+            return (f"interrupted {where}; the latest checkpoint is {self.checkpoint}; "
+                    f"continue from it with: {command} --resume")
+        why = "save_every is 0" if not self.save_every else \
+            f"the first checkpoint comes at step {self.save_every}"
+        return f"interrupted {where}, with no checkpoint ({why}); start again with: " \
+               f"{command} --overwrite"
+
+
+def _latest(out: Path) -> Path | None:
+    pointer = out / "checkpoints" / "latest"
+    return out / "checkpoints" / pointer.read_text().strip() if pointer.is_file() else None
+
+
+def _save_state(out: Path, step: int, model, tokenizer, optimizer, scheduler, rng,
+                queue, index: dict[int, int], keep_last: int) -> Path:
+    """checkpoints/step-N: the policy (loadable as it is), and in state.pt what a resumed
+    run needs to go on exactly: the trained weights, the optimizer and schedule, the random
+    states and the epoch's remaining batches; then `latest` names it."""
+    target = save_policy(model, tokenizer, out / "checkpoints" / f"step-{step}",
+                         before_rename=lambda tmp: torch.save({
+                             "step": step,
+                             "trainable": {n: p.detach().cpu() for n, p in
+                                           model.named_parameters() if p.requires_grad},
+                             "optimizer": optimizer.state_dict(),
+                             "scheduler": scheduler.state_dict(),
+                             "rng": rng_state(), "batches_rng": rng.getstate(),
+                             "queue": [[index[id(e)] for e in mb] for mb in queue]},
+                             tmp / "state.pt"))
+    pointer = out / "checkpoints" / f".latest.tmp{os.getpid()}"
+    pointer.write_text(target.name)
+    os.replace(pointer, out / "checkpoints" / "latest")
+    prune_steps(out / "checkpoints", keep_last)
+    return target
+
+
 def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
-            overwrite: bool = False) -> dict[str, Any]:
+            overwrite: bool = False, resume: bool = False) -> dict[str, Any]:
     """Train, evaluate, save; returns a summary (steps, loss, dev EM, paths, minutes).
     `model` / `tokenizer` override `cfg.model` (tests pass the tiny model). An `out` that
-    holds a run already is refused unless `overwrite`."""
+    holds a run already is refused unless `overwrite`; `resume` continues it from its
+    latest checkpoint (`save_every`), on the same batches as an uninterrupted run. Ctrl-C
+    raises `Interrupted`, which says where the run stopped."""
     from seekrl.models import load_policy, load_tokenizer
 
     started = time.time()
@@ -200,8 +257,15 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
         raise FileNotFoundError(f"data: {cfg.data}: no such file (trajectory JSONL: oracle "
                                 "episodes or Trajectory records)")
     out = Path(cfg.out)
-    check_run_dir(out, overwrite=overwrite, model=cfg.model if model is None else None,
-                  resumable=False)   # SFT runs start over; only RL resumes
+    if resume and overwrite:
+        raise ConfigError("give one of --resume (continue the run in out) or --overwrite "
+                          "(replace it), not both")
+    checkpoint = _latest(out) if resume else None
+    if resume and checkpoint is None:
+        raise ConfigError(f"--resume: {out} has no SFT checkpoint (checkpoints/latest); "
+                          "checkpoints are written every save_every steps")
+    check_run_dir(out, overwrite=overwrite, resume=resume,
+                  model=cfg.model if model is None else None)
     retriever = _eval_retriever(cfg)
     check_eval_data(cfg.eval)
     check_world_index(cfg.index, cfg.eval.data)
@@ -219,53 +283,88 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
     total_steps = cfg.max_steps or max(1, round(per_epoch * cfg.epochs))
     optimizer = make_optimizer(trainable_parameters(model), cfg.optim)
     scheduler = make_scheduler(optimizer, cfg.optim, total_steps)
-    # every input read and the model built: only now may the old run go
-    claim_run_dir(out, overwrite=overwrite)
-    dump_config(cfg, out / "config.yaml")
-    log = MetricsLog(out / "metrics.jsonl")
-    pad_id = pad_id_of(tokenizer)
     say = console.print if console is not None else (lambda *a, **k: None)
+    rng = random.Random(cfg.seed)
+    queue: list[list[SFTExample]] = []
+    done = 0
+    if checkpoint is not None:
+        changed = config_changes(out / "config.yaml", cfg)
+        if changed:
+            say("[yellow]--resume with settings that differ from the run's config.yaml:[/] "
+                + "; ".join(changed))
+        state = torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=False)
+        trained = dict(model.named_parameters())
+        missing = sorted(set(state["trainable"]) ^ {n for n, p in trained.items()
+                                                     if p.requires_grad})
+        if missing:
+            raise ConfigError(f"--resume: {checkpoint} trained other weights than this config "
+                              f"does (train_layers, lora): {', '.join(missing[:3])} ...")
+        with torch.no_grad():
+            for name, value in state["trainable"].items():
+                trained[name].copy_(value)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        rng.setstate(state["batches_rng"])
+        queue = [[examples[i] for i in mb] for mb in state["queue"]]
+        done = int(state["step"])
+        say(f"resuming from {checkpoint}: {done} of {total_steps} steps done")
+        log_path = out / "metrics.jsonl"
+        if log_path.is_file():   # the lines of steps after the checkpoint are redone
+            lines = [ln for ln in log_path.read_text().splitlines()
+                     if ln and json.loads(ln).get("step", 0) <= done]
+            log_path.write_text("".join(ln + "\n" for ln in lines))
+    # every input read and the model built: only now may the old run go
+    claim_run_dir(out, overwrite=overwrite, resume=resume)
+    dump_config(cfg, out / "config.yaml")
+    log = MetricsLog(out / "metrics.jsonl", resume=resume)
+    pad_id = pad_id_of(tokenizer)
     say(f"SFT on {len(examples)} episodes ({skipped['incomplete']} incomplete skipped, "
         f"{skipped['truncated']} cut to {cfg.max_len} tokens): {total_steps} steps of "
         f"{cfg.batch_size} x {cfg.grad_accum} episodes")
-    rng = random.Random(cfg.seed)
-    queue: list[list[SFTExample]] = []
+    index = {id(e): i for i, e in enumerate(examples)}
     last: dict[str, Any] = {}
     dev: dict[str, Any] = {}
-    for step in range(1, total_steps + 1):
-        t0 = time.time()
-        micro_batches = []
-        for _ in range(cfg.grad_accum):
-            if not queue:
-                queue = batches(examples, cfg.batch_size, rng)
-            micro_batches.append(queue.pop())
-        n_tokens = sum(sum(e.loss_mask) for mb in micro_batches for e in mb)
-        total_nll = 0.0
-        for micro in micro_batches:
-            nll, _ = sft_loss(model, micro, pad_id, cfg.device)
-            (nll / n_tokens).backward()
-            total_nll += float(nll.detach())
-        grad_norm = round(clip_and_step(trainable_parameters(model), optimizer,
-                                        cfg.optim.max_grad_norm), 4)
-        lr = optimizer.param_groups[0]["lr"]   # the rate this step applied
-        scheduler.step()
-        seconds = time.time() - t0
-        tokens = sum(len(e.token_ids) for mb in micro_batches for e in mb)
-        last = {"step": step, "loss": round(total_nll / n_tokens, 5), "grad_norm": grad_norm,
-                "lr": lr, "policy_tokens": n_tokens,
-                "tokens_per_s": round(tokens / seconds, 1), "seconds": round(seconds, 2)}
-        if cfg.eval.data and cfg.eval.every and step % cfg.eval.every == 0 \
-                and step != total_steps:
-            dev = _dev_eval(model, tokenizer, retriever, cfg, out / "eval" / f"step-{step}")
-            last.update({f"dev_{k}": v for k, v in dev.items()})
-        log.write(last)
-        if step % cfg.log_every == 0 or step == total_steps:
-            say(f"step {step}/{total_steps}  loss {last['loss']:.4f}  grad {grad_norm:.2f}  "
-                f"lr {last['lr']:.2e}  {last['tokens_per_s']:.0f} tok/s"
-                + (f"  dev EM {dev['em']:.3f}" if "dev_em" in last else "")
-                + f"  [{(time.time() - started) / 60:.1f} min]")
-        if cfg.save_every and step % cfg.save_every == 0 and step != total_steps:
-            save_policy(model, tokenizer, out / "checkpoints" / f"step-{step}")
+    try:
+        for step in range(done + 1, total_steps + 1):
+            t0 = time.time()
+            micro_batches = []
+            for _ in range(cfg.grad_accum):
+                if not queue:
+                    queue = batches(examples, cfg.batch_size, rng)
+                micro_batches.append(queue.pop())
+            n_tokens = sum(sum(e.loss_mask) for mb in micro_batches for e in mb)
+            total_nll = 0.0
+            for micro in micro_batches:
+                nll, _ = sft_loss(model, micro, pad_id, cfg.device)
+                (nll / n_tokens).backward()
+                total_nll += float(nll.detach())
+            grad_norm = round(clip_and_step(trainable_parameters(model), optimizer,
+                                            cfg.optim.max_grad_norm), 4)
+            lr = optimizer.param_groups[0]["lr"]   # the rate this step applied
+            scheduler.step()
+            seconds = time.time() - t0
+            tokens = sum(len(e.token_ids) for mb in micro_batches for e in mb)
+            last = {"step": step, "loss": round(total_nll / n_tokens, 5), "grad_norm": grad_norm,
+                    "lr": lr, "policy_tokens": n_tokens,
+                    "tokens_per_s": round(tokens / seconds, 1), "seconds": round(seconds, 2)}
+            if cfg.eval.data and cfg.eval.every and step % cfg.eval.every == 0 \
+                    and step != total_steps:
+                dev = _dev_eval(model, tokenizer, retriever, cfg, out / "eval" / f"step-{step}")
+                last.update({f"dev_{k}": v for k, v in dev.items()})
+            log.write(last)
+            if step % cfg.log_every == 0 or step == total_steps:
+                say(f"step {step}/{total_steps}  loss {last['loss']:.4f}  grad {grad_norm:.2f}  "
+                    f"lr {last['lr']:.2e}  {last['tokens_per_s']:.0f} tok/s"
+                    + (f"  dev EM {dev['em']:.3f}" if "dev_em" in last else "")
+                    + f"  [{(time.time() - started) / 60:.1f} min]")
+            if cfg.save_every and step % cfg.save_every == 0 and step != total_steps:
+                _save_state(out, step, model, tokenizer, optimizer, scheduler, rng, queue,
+                            index, cfg.keep_last)
+            done = step
+    except KeyboardInterrupt:
+        log.close()
+        raise Interrupted(done, _latest(out), cfg.save_every) from None
     final = save_policy(model, tokenizer, out / "final")
     if cfg.eval.data:
         dev = _dev_eval(model, tokenizer, retriever, cfg, out / "eval" / "final")

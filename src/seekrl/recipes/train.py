@@ -1215,6 +1215,12 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
 
     algo = cfg.algo
     check_log_packages(cfg.log)
+    if cfg.rollout.tools:
+        from seekrl.agent.tools import check_tool_names
+        try:
+            check_tool_names(cfg.rollout.tools)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(str(err)) from None
     if cfg.reward.fn:
         load_reward_fn(cfg.reward.fn)
     else:

@@ -1,0 +1,184 @@
+"""Tools the agent calls by tag: `<search> query </search>` is one, `<open> 2 </open>` another.
+
+A tool is an object with
+
+- `tag`: the tag the model writes (`[a-z][a-z0-9_]*`, not a protocol tag);
+- `counts_as_search`: whether a call is a search: it counts in searches per episode, its
+  documents count as retrieved (evidence recall, the `evidence` step reward, MCTS) and its
+  step's action is "search";
+- `instruction`: one sentence added to the agent's prompt, saying how to call it;
+- `call(calls) -> results`: every call of one turn of the whole batch at once (a list of
+  `ToolCall`), one `ToolResult` each, in order: the text the model reads inside
+  `<information>` and the documents it shows.
+
+The engine cuts a result to `max_info_tokens` like a search's documents. `rollout.tools`
+names the tools beyond `search`: `open` (below) or your own by import path
+(`mypkg.tools:Calculator`, a class called with no arguments, or a tool object).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from seekrl.agent.protocol import (
+    ANSWER,
+    INFORMATION,
+    SEARCH,
+    THINK,
+    PromptStyle,
+    format_hits,
+    normalise_text,
+)
+from seekrl.retrieval.base import Hit, Retriever
+
+TAG = re.compile(r"[a-z][a-z0-9_]*")
+RESERVED = (THINK, ANSWER, INFORMATION)
+
+
+@dataclass
+class ToolCall:
+    argument: str                  # the text between the tags, whitespace collapsed
+    question: str                  # the episode's question
+    seen: list[Hit] = field(default_factory=list)   # the documents shown so far, in order
+    last: list[Hit] = field(default_factory=list)   # the latest search's documents
+
+
+@dataclass
+class ToolResult:
+    text: str                      # what the model reads inside <information>
+    hits: list[Hit] = field(default_factory=list)   # the documents it shows
+
+
+@runtime_checkable
+class Tool(Protocol):
+    tag: str
+    counts_as_search: bool
+    instruction: str
+
+    def call(self, calls: list[ToolCall]) -> list[ToolResult]: ...
+
+
+class SearchTool:
+    """`<search> query </search>`: the top `k` documents of the retriever, all queries of a
+    turn in one batched call. `snippet_words`: show only each document's first N words
+    (the `open` tool shows one whole)."""
+    tag = SEARCH
+    counts_as_search = True
+    instruction = ""               # the presets' instructions describe search already
+
+    def __init__(self, retriever: Retriever, k: int, style: PromptStyle | None = None,
+                 snippet_words: int | None = None):
+        self.retriever, self.k, self.style = retriever, k, style
+        self.snippet_words = snippet_words
+
+    def call(self, calls: list[ToolCall]) -> list[ToolResult]:
+        results = self.retriever.search([c.argument for c in calls], self.k)
+        return [ToolResult(format_hits([self._shown(h) for h in hits], self.style), list(hits))
+                for hits in results]
+
+    def _shown(self, hit: Hit) -> Hit:
+        words = hit.text.split()
+        if self.snippet_words is None or len(words) <= self.snippet_words:
+            return hit
+        return Hit(hit.doc_id, hit.title, " ".join(words[:self.snippet_words]) + " ...",
+                   hit.score)
+
+
+class OpenTool:
+    """`<open> 2 </open>`: one document this episode has been shown, in full: by its number
+    in the latest search's results (`2`, `Doc 2`), its title or its id. Nothing is
+    searched; a reference that matches no document shown gets a short notice."""
+    tag = "open"
+    counts_as_search = False
+    instruction = ("To read a document of the results in full, write its number or title "
+                   "inside <open> and </open>.")
+
+    def __init__(self, style: PromptStyle | None = None):
+        self.style = style
+
+    def call(self, calls: list[ToolCall]) -> list[ToolResult]:
+        out = []
+        for c in calls:
+            hit = resolve_document(c.argument, c.seen, c.last)
+            if hit is None:
+                out.append(ToolResult(f"No document shown so far matches {c.argument!r}: "
+                                      "open takes a number of the latest results, a title or "
+                                      "an id."))
+            else:
+                out.append(ToolResult(format_hits([hit], self.style), [hit]))
+        return out
+
+
+_NUMBER = re.compile(r"(?:doc(?:ument)?\s*)?#?\s*(\d+)", re.I)
+
+
+def resolve_document(reference: str, seen: Sequence[Hit], last: Sequence[Hit]) -> Hit | None:
+    """The document `reference` names: a number of the latest results (1-based, `Doc 2`
+    too), else an id or a title (case and spacing ignored) of any document shown, the
+    latest first."""
+    ref = reference.strip()
+    m = _NUMBER.fullmatch(ref)
+    if m is not None:
+        i = int(m.group(1))
+        return last[i - 1] if 1 <= i <= len(last) else None
+    key = normalise_text(ref)
+    for hit in reversed(seen):
+        if hit.doc_id == ref or normalise_text(hit.title) == key:
+            return hit
+    return None
+
+
+BUILT_IN = {"open": OpenTool}
+
+
+def check_tool(tool: object, where: str) -> Tool:
+    """`tool` has what the engine needs, and a tag it can use; a TypeError/ValueError naming
+    `where` otherwise."""
+    missing = [a for a in ("tag", "counts_as_search", "instruction", "call")
+               if not hasattr(tool, a)]
+    if missing:
+        raise TypeError(f"{where}: a tool needs tag, counts_as_search, instruction and "
+                        f"call(calls); {type(tool).__name__} lacks {', '.join(missing)}")
+    tag = tool.tag
+    if not isinstance(tag, str) or not TAG.fullmatch(tag) or tag in RESERVED:
+        raise ValueError(f"{where}: tag {tag!r}: expected lower-case letters, digits and _ "
+                         f"(starting with a letter), not one of {', '.join(RESERVED)}")
+    return tool
+
+
+def _named_tool(name: str, where: str, style: PromptStyle | None) -> Tool:
+    if name in BUILT_IN:
+        return check_tool(BUILT_IN[name](style), where)
+    from seekrl.plugins import is_import_path, load
+
+    if not is_import_path(name):
+        raise ValueError(f"{where}: {name!r}: expected a built-in tool ({', '.join(BUILT_IN)}) "
+                         "or an import path module:attribute")
+    obj = load(where, name)
+    return check_tool(obj() if isinstance(obj, type) else obj, where)
+
+
+def check_tool_names(names: Sequence[str]) -> None:
+    """`rollout.tools` at config time: each name a built-in or an importable tool, and no
+    two tools with one tag (search's included)."""
+    make_tools(names, retriever=None, k=1, style=None)
+
+
+def make_tools(names: Sequence[str], *, retriever: Retriever | None, k: int,
+               style: PromptStyle | None, snippet_words: int | None = None
+               ) -> dict[str, Tool]:
+    """The tools of an agent episode by tag: `search` (with a retriever), then `names` (the
+    `rollout.tools` setting) in order."""
+    tools: dict[str, Tool] = {}
+    if retriever is not None:
+        tools[SEARCH] = SearchTool(retriever, k, style, snippet_words)
+    for i, name in enumerate(names):
+        where = f"rollout.tools[{i}]"
+        tool = _named_tool(name, where, style)
+        if tool.tag in tools or tool.tag == SEARCH:
+            raise ValueError(f"{where}: a second tool with tag {tool.tag!r}")
+        tools[tool.tag] = tool
+    return tools
