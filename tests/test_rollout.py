@@ -158,6 +158,12 @@ def test_backend_stops_at_stop_string(tiny):
 
     out = Echo(model, tok).generate([tok.encode("hi")], 20, Sampling())[0]
     assert tok.decode(out).endswith("</search>")
+    # a tool's closing tag stops it too when the engine names it (Sampling.stop)
+    target = tok.encode(" 2 </open> y y y </search>", add_special_tokens=False)
+    out = Echo(model, tok).generate([tok.encode("hi")], 20, Sampling())[0]
+    assert tok.decode(out).endswith("</search>")
+    out = Echo(model, tok).generate([tok.encode("hi")], 20, Sampling(stop=("</open>",)))[0]
+    assert tok.decode(out).endswith("</open>")
 
 
 def test_trajectory_jsonl_round_trip(tmp_path, tiny):

@@ -184,3 +184,24 @@ def test_the_parser_takes_any_tool_tag_and_never_raises(parts):
     # calc is not a tool here: its tags alone are no action
     if all(p in ("<calc>", "</calc>", " 2 ", "x") for p in parts):
         assert action.kind == "invalid"
+
+
+def test_the_engine_asks_the_backend_to_stop_at_each_tools_closing_tag(tiny, monkeypatch):
+    import pathlib
+
+    monkeypatch.chdir(pathlib.Path(__file__).resolve().parents[1])   # examples/ importable
+    _, tok = tiny
+    seen = []
+
+    class Spy(Script):
+        def generate(self, contexts, max_new_tokens, sampling, keys=None):
+            seen.append(sampling.stop)
+            return super().generate(contexts, max_new_tokens, sampling, keys)
+
+    engine = RolloutEngine(Spy(tok, ["<answer> x </answer>"]), tok, Docs(),
+                           RolloutConfig(tools=["open", "examples.my_parts:Calculator"]))
+    engine.run([QAExample("a", "q?", ["x"])])
+    assert seen == [("</open>", "</calc>")]
+    plain = RolloutEngine(Spy(tok, ["<answer> x </answer>"]), tok, Docs(), RolloutConfig())
+    plain.run([QAExample("a", "q?", ["x"])])
+    assert seen[-1] == ()

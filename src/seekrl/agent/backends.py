@@ -30,6 +30,7 @@ class Sampling:
     greedy: bool = False
     temperature: float = 1.0
     top_p: float = 1.0
+    stop: tuple[str, ...] = ()     # stop strings beyond the backend's own (a tool's closing tag)
 
 
 class Generated(list):
@@ -448,6 +449,8 @@ class HFBackend(Backend):
         batch, logits = self._prefill(contexts, keys, spare=max_new_tokens)
         results = [Generated(logprobs=None if sampling.greedy else []) for _ in contexts]
         tails = [""] * len(contexts)
+        stops = self.stop_strings + tuple(sampling.stop)
+        tail = max(self._tail, max((len(x) for x in sampling.stop), default=0) + 8)
         rows = list(range(len(contexts)))    # batch row -> context index
         parked: list[_Batch] = []
         dev = self.device
@@ -465,8 +468,8 @@ class HFBackend(Backend):
                 if tok in self.stop_ids:  # kept: the turn's last token, and trained
                     alive[b] = False
                     continue
-                tails[i] = (tails[i] + self._piece(tok))[-self._tail:]
-                if any(s in tails[i] for s in self.stop_strings):
+                tails[i] = (tails[i] + self._piece(tok))[-tail:]
+                if any(s in tails[i] for s in stops):
                     alive[b] = False
             if not any(alive) or step == max_new_tokens - 1:
                 parked.append(batch)

@@ -216,7 +216,8 @@ class RolloutEngine:
     def _play(self, episodes: list[_Episode],
               on_finish: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
         cfg = self.cfg
-        sampling = Sampling(greedy=cfg.greedy, temperature=cfg.temperature, top_p=cfg.top_p)
+        sampling = Sampling(greedy=cfg.greedy, temperature=cfg.temperature, top_p=cfg.top_p,
+                            stop=tuple(f"</{tag}>" for tag in self.tools if tag != "search"))
         waiting = list(range(len(episodes)))[::-1]
         active: list[int] = []
         while waiting or active:

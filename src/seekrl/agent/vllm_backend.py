@@ -99,7 +99,7 @@ class VLLMBackend(Backend):
             n=1, max_tokens=max_new_tokens,
             temperature=0.0 if sampling.greedy else sampling.temperature,
             top_p=1.0 if sampling.greedy else sampling.top_p,
-            stop=self.stop_strings, include_stop_str_in_output=True,
+            stop=self.stop_strings + list(sampling.stop), include_stop_str_in_output=True,
             logprobs=0 if self.logprobs and not sampling.greedy else None)  # 0: the sampled one
         prompts = [TokensPrompt(prompt_token_ids=list(c)) for c in contexts]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
