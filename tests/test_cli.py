@@ -265,6 +265,17 @@ def test_example_configs_are_the_readmes_and_validate(tmp_path):
     printed = yaml.safe_load(r.output)
     assert printed["algo"]["advantage"] == "rloo" and printed["algo"]["clip_ratio_c"] == 3.0
     assert printed["model"] == "runs/sft/final"
+    # every key with what it means (the schema's own comments), and it loads back as it was
+    lines = r.output.splitlines()
+    assert "save_every: 5  # checkpoint every N steps (0: final only)" in lines
+    assert "  clip_ratio_c: 3.0  # dual clip: cap -A x c on negative A" in lines
+    assert any(ln.startswith("  snippet_words: null  # a search shows") for ln in lines)
+    cfg = load_config(TrainConfig, root / "configs" / "rl.yaml", ["algo.advantage=rloo"])
+    assert TrainConfig.model_validate(printed) == cfg
+    for schema in (SFTConfig, TrainConfig):   # comments never break the YAML
+        from seekrl.config import annotated_yaml
+        base = schema.model_validate({"data": "d.jsonl"})
+        assert schema.model_validate(yaml.safe_load(annotated_yaml(base))) == base
     # --print-config runs the recipe's own check: a name the trainer would refuse is refused
     r = runner.invoke(app, ["train", "--config", str(root / "configs" / "rl.yaml"),
                             "--print-config", "algo.advantage=ppo2"])

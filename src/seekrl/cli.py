@@ -24,10 +24,11 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 
 def _print_config(cfg) -> None:
-    """The config as YAML, every key with its value: a starting point for a config file."""
-    import yaml
+    """The config as YAML, every key with its value and what it means: a starting point
+    for a config file."""
+    from seekrl.config import annotated_yaml
 
-    print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
+    print(annotated_yaml(cfg), end="")
 
 
 def _fail(err: Exception) -> None:
