@@ -94,17 +94,20 @@ def test_score_trajectories_matches_hand_computed_values():
     # A: q1 em (1+0)/2, f1 (1 + 2/3)/2 ("paris france" vs "paris": P 1/2, R 1), cover 1,
     #    searches (2+1)/2, tokens (10+6)/2, recall (1 + 1/2)/2, pass@2 1 (one of two right)
     #    q2 em 1/2, f1 1/2, cover 1/2, valid 1/2, searches 1/2, tokens 6, recall 0, pass@2 1
+    #    turns: q1 (3+2)/2, q2 (2+1)/2; queries as searches (no sub-queries)
     assert a == approx({"questions": 2, "trajectories": 4, "em": 0.5, "f1": (5 / 6 + 0.5) / 2,
                         "cover_em": 0.75, "valid_format": 0.75, "searches": 1.0,
+                        "turns": 2.0, "queries": 1.0,
                         "generated_tokens": 7.0, "evidence_recall": 0.375, "pass@2": 1.0})
     # B: q3 one of two right, q4 none; no gold documents -> evidence recall None (n/a)
     assert b == approx({"questions": 2, "trajectories": 4, "em": 0.25, "f1": 0.25,
                         "cover_em": 0.25, "valid_format": 1.0, "searches": 0.0,
-                        "generated_tokens": 5.0, "evidence_recall": None, "pass@2": 0.5})
+                        "turns": 1.0, "queries": 0.0, "generated_tokens": 5.0, "evidence_recall": None, "pass@2": 0.5})
     # macro average over the two data sets; evidence recall only where known
     assert avg == approx({"questions": 4, "trajectories": 8, "em": 0.375,
                           "f1": (2 / 3 + 0.25) / 2, "cover_em": 0.5, "valid_format": 0.875,
-                          "searches": 0.5, "generated_tokens": 6.0, "evidence_recall": 0.375,
+                          "searches": 0.5, "turns": 1.5, "queries": 0.5,
+                          "generated_tokens": 6.0, "evidence_recall": 0.375,
                           "pass@2": 0.75})
     # per type: only A has types; each type is one question here
     assert list(m["by_type"]) == ["A"]

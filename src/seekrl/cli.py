@@ -240,6 +240,9 @@ def oracle(
     split: Annotated[str, typer.Option(help="train | dev | test")] = "train",
     k: Annotated[int, typer.Option("-k", "--topk", help="documents per search")] = 3,
     limit: Annotated[Optional[int], typer.Option(help="only the first N questions")] = None,
+    max_queries: Annotated[int, typer.Option(
+        help="sub-queries per search turn: above 1, independent lookups are searched together "
+             "(q1 ## q2), for training with rollout.max_queries")] = 1,
     overwrite: Annotated[bool, typer.Option(help="replace an existing out file")] = False,
 ):
     """Write oracle trajectories (the ideal search episodes) for the SFT warm-up."""
@@ -253,7 +256,9 @@ def oracle(
         retriever = load_index(index)
         if (world_dir / "corpus.jsonl").is_file():   # the index must be this world's
             check_index_corpus(index, world_dir / "corpus.jsonl")
-        stats = write_oracle_trajectories(examples, retriever, out, k=k)
+        if not 1 <= max_queries <= 8:
+            raise ValueError(f"--max-queries: expected 1 to 8, got {max_queries}")
+        stats = write_oracle_trajectories(examples, retriever, out, k=k, max_queries=max_queries)
     except ERRORS as err:
         _fail(err)
     console.print(f"{stats.summary()} -> {out}")

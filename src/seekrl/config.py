@@ -157,6 +157,9 @@ class SFTConfig(Strict):
     max_info_tokens: MaxInfoTokens = DEFAULT_MAX_INFO_TOKENS   # as rollouts cut it
     topk: TopK = DEFAULT_TOPK           # documents per search, for the dev evaluation
     prompt: Prompt = "seekrl"      # the agent's prompt the episodes are laid out with
+    # sub-queries per search the episodes teach (seekrl oracle --max-queries): the prompt
+    # says so, and the dev evaluation allows as many (rollout.max_queries of the RL run)
+    max_queries: int = Field(1, ge=1, le=8)
     train_layers: int | None = Field(None, ge=1)   # train only the top N blocks (None: all)
     lora: LoRAConfig = LoRAConfig()
     optim: OptimConfig = OptimConfig(lr=5e-5, warmup_steps=5)
@@ -192,6 +195,9 @@ class EpisodeSettings(Strict):
     # paths of your own
     tools: list[str] = []
     snippet_words: int | None = Field(None, ge=1)   # a search shows each document's first N words
+    # parallel sub-queries (ParallelSearch): a search turn may hold up to this many queries
+    # separated by ##, run in one batched retriever call (agent/protocol.py); 1: one query
+    max_queries: int = Field(1, ge=1, le=8)
     max_turns: MaxTurns = DEFAULT_MAX_TURNS
     max_new_tokens: MaxNewTokens = DEFAULT_MAX_NEW_TOKENS
     max_total_tokens: MaxTotalTokens = DEFAULT_MAX_TOTAL_TOKENS
@@ -343,6 +349,9 @@ class RewardConfig(Strict):
     format_reward: float = 0.1
     invalid_penalty: float = 0.1
     max_turns_penalty: float = 0.0      # subtracted when the episode ran out of turns / tokens
+    # subtracted per model turn (ParallelSearch's cost of LLM calls: with rollout.max_queries > 1,
+    # one turn of several sub-queries costs less than as many turns of one)
+    turn_cost: float = Field(0.0, ge=0)
     # process (step) rewards: source name -> weight, e.g. {evidence: 1.0, redundancy: 0.1};
     # sources: evidence, redundancy, step_format, mc_value, prm (rewards/process.py), or your
     # own by import path, {mypkg.steps:novelty: 0.5}

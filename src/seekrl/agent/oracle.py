@@ -4,7 +4,11 @@ protocol, searching the real index so the retrieved text is what the agent would
 The oracle follows the question's hop chain (`metadata["chain"]`): one search per distinct
 gold document, with the query an expert would write. When that query misses the gold
 document it writes the failed search and a reformulation (the document's title), which
-teaches recovery as well as the happy path. An episode is a list of turns:
+teaches recovery as well as the happy path. With `max_queries` > 1 (parallel sub-queries),
+lookups that do not depend on each other (the entities of a comparison, the first hop of
+each branch of a "same" question) go into one search turn of several `##`-separated
+sub-queries, in waves: a lookup waits only for the lookups whose answers it names. An
+episode is a list of turns:
 `{"role": "assistant", "content": "<think>...</think>\\n<search>...</search>"}` and
 `{"role": "information", "content": "<information>...</information>"}`, ending with the
 assistant's `<answer>`; the SFT warm-up tokenises it with the policy's chat template.
@@ -18,7 +22,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from seekrl.agent.protocol import ANSWER, SEARCH, THINK, information_block, tag
+from seekrl.agent.protocol import (
+    ANSWER,
+    INFORMATION,
+    SEARCH,
+    THINK,
+    format_query_results,
+    information_block,
+    tag,
+)
 from seekrl.data.qa import QAExample
 from seekrl.retrieval.base import Hit, Retriever
 
@@ -51,9 +63,22 @@ def _want(hops: list[dict]) -> str:
         f"{hops[0]['subject']}"
 
 
+def _waves(steps: list[list[dict]]) -> list[list[int]]:
+    """The search steps in waves: a step goes one wave after the latest step whose answer
+    its subject is (what it cannot search for before it is known); order kept within a
+    wave."""
+    depth: list[int] = []
+    for i, hops in enumerate(steps):
+        needs = [depth[j] for j in range(i)
+                 if any(h["answer"] == hops[0]["subject"] for h in steps[j])]
+        depth.append(1 + max(needs) if needs else 0)
+    return [[i for i, d in enumerate(depth) if d == w] for w in range(max(depth, default=-1) + 1)]
+
+
 def oracle_episode(example: QAExample, retriever: Retriever, *, k: int = 3,
-                   stats: OracleStats | None = None) -> dict:
-    """The ideal episode for one question whose metadata carries a hop `chain`."""
+                   stats: OracleStats | None = None, max_queries: int = 1) -> dict:
+    """The ideal episode for one question whose metadata carries a hop `chain`; with
+    `max_queries` > 1, independent lookups share a search turn."""
     chain = example.metadata.get("chain")
     if not chain:
         raise ValueError(f"question {example.id}: metadata has no 'chain'; oracle trajectories "
@@ -61,6 +86,8 @@ def oracle_episode(example: QAExample, retriever: Retriever, *, k: int = 3,
     stats = stats if stats is not None else OracleStats()
     stats.questions += 1
     steps = _search_steps(chain)
+    if max_queries > 1:
+        return _parallel_episode(example, retriever, steps, k, stats, max_queries)
     turns: list[dict] = []
     complete = True
     lead = (f"To answer this I need {len(steps)} lookup{'s' * (len(steps) > 1)}. "
@@ -90,16 +117,68 @@ def oracle_episode(example: QAExample, retriever: Retriever, *, k: int = 3,
             lead = f"The document says: {facts} Next I need {_want(steps[i + 1])}."
         else:
             lead = f"The document says: {facts}"
-    judgement = example.metadata.get("judgement")
-    answer = example.golden_answers[0]
-    final = lead + (f" Comparing: {judgement}." if judgement else "") + \
-        f" So the answer is {answer}."
-    turns.append({"role": "assistant", "content": f"{tag(THINK, final)}\n{tag(ANSWER, answer)}"})
+    turns.append(_answer_turn(example, lead))
     if not complete:
         stats.incomplete += 1
     return {"id": example.id, "question": example.question,
             "golden_answers": example.golden_answers, "metadata": example.metadata,
             "turns": turns, "oracle_complete": complete}
+
+
+def _parallel_episode(example: QAExample, retriever: Retriever, steps: list[list[dict]],
+                      k: int, stats: OracleStats, max_queries: int) -> dict:
+    """`oracle_episode` with independent lookups searched together (see the module)."""
+    chunks = [wave[i:i + max_queries] for wave in _waves(steps)
+              for i in range(0, len(wave), max_queries)]
+    turns: list[dict] = []
+    complete = True
+    lead = (f"To answer this I need {len(steps)} lookup{'s' * (len(steps) > 1)}. "
+            + _plan(steps, chunks[0], first=True))
+    facts: list[str] = []
+    for c, chunk in enumerate(chunks):
+        queries = [steps[i][0]["query"] for i in chunk]
+        hits = retriever.search(queries, k)
+        stats.searches += len(queries)
+        turns.append(_search_turn(lead, " ## ".join(queries)))
+        turns.append(_info_turn_many(queries, hits))
+        missed = [i for i, found in zip(chunk, hits) if not _found(found, steps[i][0]["doc_id"])]
+        if missed:
+            # the misses again, each by its subject's name alone (never the answer)
+            retry = [steps[i][0]["subject"] for i in missed]
+            think = (f"These documents do not give {' or '.join(_want(steps[i]) for i in missed)}. "
+                     f"I will search for {' and '.join(retry)} alone.")
+            again = retriever.search(retry, k)
+            stats.searches += len(retry)
+            stats.reformulated += len(retry)
+            complete &= all(_found(h, steps[i][0]["doc_id"]) for i, h in zip(missed, again))
+            turns.append(_search_turn(think, " ## ".join(retry)))
+            turns.append(_info_turn_many(retry, again))
+        facts = [h["fact"] for i in chunk for h in steps[i]]
+        lead = f"The documents say: {' '.join(facts)}"
+        if c + 1 < len(chunks):
+            lead += " " + _plan(steps, chunks[c + 1])
+    turns.append(_answer_turn(example, lead))
+    if not complete:
+        stats.incomplete += 1
+    return {"id": example.id, "question": example.question,
+            "golden_answers": example.golden_answers, "metadata": example.metadata,
+            "turns": turns, "oracle_complete": complete}
+
+
+def _plan(steps: list[list[dict]], chunk: list[int], first: bool = False) -> str:
+    wants = [_want(steps[i]) for i in chunk]
+    if len(wants) == 1:
+        return f"{'First I will look for' if first else 'Next I need'} {wants[0]}."
+    return (f"{'First' if first else 'Next'} I need {', '.join(wants[:-1])} and {wants[-1]}, "
+            "which do not depend on each other: I will search for them together.")
+
+
+def _answer_turn(example: QAExample, lead: str) -> dict:
+    judgement = example.metadata.get("judgement")
+    answer = example.golden_answers[0]
+    final = lead + (f" Comparing: {judgement}." if judgement else "") + \
+        f" So the answer is {answer}."
+    return {"role": "assistant", "content": f"{tag(THINK, final)}\n{tag(ANSWER, answer)}"}
 
 
 def _found(hits: list[Hit], gold: str) -> bool:
@@ -116,8 +195,19 @@ def _info_turn(hits: list[Hit]) -> dict:
             "hits": [{"id": h.doc_id, "title": h.title, "text": h.text} for h in hits]}
 
 
+def _info_turn_many(queries: list[str], hits: list[list[Hit]]) -> dict:
+    """The information turn of a search of one or several sub-queries."""
+    if len(queries) == 1:
+        return _info_turn(hits[0])
+    body = format_query_results(queries, hits)
+    return {"role": "information", "content": f"<{INFORMATION}>{body}</{INFORMATION}>",
+            "queries": list(queries),
+            "hits": [[{"id": h.doc_id, "title": h.title, "text": h.text} for h in found]
+                     for found in hits]}
+
+
 def write_oracle_trajectories(examples: Iterable[QAExample], retriever: Retriever,
-                              out: str | Path, *, k: int = 3) -> OracleStats:
+                              out: str | Path, *, k: int = 3, max_queries: int = 1) -> OracleStats:
     """Write the oracle episodes of `examples` to `out`: into a temporary file renamed over
     `out` at the end, so a run that fails half-way never costs an older file."""
     stats = OracleStats()
@@ -126,7 +216,8 @@ def write_oracle_trajectories(examples: Iterable[QAExample], retriever: Retrieve
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             for ex in examples:
-                f.write(json.dumps(oracle_episode(ex, retriever, k=k, stats=stats),
+                f.write(json.dumps(oracle_episode(ex, retriever, k=k, stats=stats,
+                                                  max_queries=max_queries),
                                    ensure_ascii=False) + "\n")
         os.replace(tmp, out)
     finally:

@@ -8,6 +8,16 @@
 Generation stops at `</search>`, `</answer>` or EOS. `parse_action` maps any text the model
 writes to exactly one action and never raises. Whatever the model writes inside its own
 `<information>` tags is removed before parsing: only the environment supplies documents.
+
+Parallel sub-queries (`rollout.max_queries` > 1, as in ParallelSearch): one search turn may
+carry up to that many independent queries separated by `##`,
+
+    <search> population of Tarrow ## population of Kelbaan </search>
+
+all run in the same batched retriever call; the `<information>` block then shows each
+sub-query's documents under a `Query i: ...` line, numbered on from one sub-query to the
+next (`split_queries`, `format_query_results`). With `max_queries` 1 (the default) a `##`
+is just part of the one query.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from seekrl.retrieval.base import Hit
 THINK, SEARCH, INFORMATION, ANSWER = "think", "search", "information", "answer"
 STOP_STRINGS = (f"</{SEARCH}>", f"</{ANSWER}>")
 MAX_QUERY_CHARS = 500
+QUERY_SEPARATOR = "##"      # between the sub-queries of one search turn (max_queries > 1)
 
 
 AGENT_INSTRUCTION = (
@@ -108,13 +119,50 @@ def tag(name: str, body: str) -> str:
     return f"<{name}> {body.strip()} </{name}>"
 
 
-def format_hits(hits: Sequence[Hit], style: PromptStyle | None = None) -> str:
+def format_hits(hits: Sequence[Hit], style: PromptStyle | None = None, *,
+                first: int = 1) -> str:
     """Documents as the policy reads them, one per line (`Doc i (Title: ...) text` in
-    seekrl's style), or a short notice when the search found nothing."""
+    seekrl's style, numbered from `first`), or a short notice when the search found
+    nothing."""
     if not hits:
         return "No documents matched the query."
     doc = (style or PROMPTS["seekrl"]).doc
-    return "\n".join(doc.format(i=i, title=h.title, text=h.text) for i, h in enumerate(hits, 1))
+    return "\n".join(doc.format(i=i, title=h.title, text=h.text)
+                     for i, h in enumerate(hits, first))
+
+
+def format_query_results(queries: Sequence[str], hits: Sequence[Sequence[Hit]],
+                         style: PromptStyle | None = None) -> str:
+    """The documents of one search turn: for one query, `format_hits`; for several
+    sub-queries, each one's documents under a `Query i: ...` line, numbered on across the
+    turn (so `Doc 3` names one document of the block, as the `open` tool reads it)."""
+    if len(queries) != len(hits):
+        raise ValueError(f"{len(queries)} queries but {len(hits)} result lists")
+    if len(queries) == 1:
+        return format_hits(hits[0], style)
+    parts, first = [], 1
+    for i, (query, found) in enumerate(zip(queries, hits), 1):
+        parts.append(f"Query {i}: {query}\n{format_hits(found, style, first=first)}")
+        first += len(found)
+    return "\n".join(parts)
+
+
+def split_queries(body: str, max_queries: int) -> tuple[list[str], str | None]:
+    """The sub-queries of a search's text (`QUERY_SEPARATOR` between them, whitespace
+    collapsed), and None; or ([], why) when the turn is not a valid search: an empty
+    sub-query (`a ## ## b`, a trailing `##`) or more than `max_queries`. With
+    `max_queries` 1 the whole text is the one query, `##` and all."""
+    text = " ".join(str(body).split())
+    if not text:
+        return [], "empty search"
+    if max_queries <= 1:
+        return [text], None
+    queries = [" ".join(q.split()) for q in text.split(QUERY_SEPARATOR)]
+    if any(not q for q in queries):
+        return [], f"an empty sub-query (write {QUERY_SEPARATOR} only between queries)"
+    if len(queries) > max_queries:
+        return [], f"{len(queries)} sub-queries; at most {max_queries} in one search"
+    return queries, None
 
 
 def information_block(hits: Sequence[Hit], style: PromptStyle | None = None) -> str:

@@ -27,6 +27,7 @@ from seekrl.agent.protocol import (
     parse_action,
     plain_answer,
     prompt_style,
+    split_queries,
 )
 from seekrl.agent.tools import ToolCall, make_tools
 from seekrl.agent.trajectory import Step, Trajectory
@@ -106,7 +107,8 @@ class RolloutEngine:
         self.style = prompt_style(self.cfg.prompt)
         # the agent's tools by tag: search (with a retriever), then rollout.tools
         self.tools = make_tools(self.cfg.tools, retriever=retriever, k=self.cfg.topk,
-                                style=self.style, snippet_words=self.cfg.snippet_words) \
+                                style=self.style, snippet_words=self.cfg.snippet_words,
+                                max_queries=self.cfg.max_queries) \
             if self.cfg.method == "agent" else {}
         self._tool_text = " ".join(t.instruction for t in self.tools.values() if t.instruction)
         # the documents the tools showed since the last `run`, by id, when a tool reads
@@ -286,6 +288,10 @@ class RolloutEngine:
             action = parse_action(text, tuple(self.tools) or ("search",))
             if cfg.method != "agent" and action.kind == "search":
                 action = type(action)("invalid", "no search in this mode")
+            elif action.kind == "search" and cfg.max_queries > 1:
+                problem = split_queries(action.text, cfg.max_queries)[1]
+                if problem is not None:   # a malformed multi-query turn: corrected, not run
+                    action = type(action)("invalid", problem)
             tool = self.tools.get(action.kind)
             kind = "search" if tool is not None and tool.counts_as_search else action.kind
             step = Step(start=start, end=len(t.token_ids), action=kind, text=text)
@@ -330,6 +336,8 @@ class RolloutEngine:
                     step.hits = [h.doc_id for h in result.hits]
                     step.hit_titles = [h.title for h in result.hits]
                     step.gold_hit = bool(e.gold & set(step.hits)) if e.gold else None
+                    step.sub_queries = list(result.sub_queries)
+                    step.sub_hits = [[h.doc_id for h in hs] for hs in result.sub_hits]
         for e in batch:
             step = e.traj.steps[-1]
             if not e.done and step.action == "invalid":

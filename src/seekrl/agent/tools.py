@@ -26,11 +26,14 @@ from typing import Protocol, runtime_checkable
 from seekrl.agent.protocol import (
     ANSWER,
     INFORMATION,
+    QUERY_SEPARATOR,
     SEARCH,
     THINK,
     PromptStyle,
     format_hits,
+    format_query_results,
     normalise_text,
+    split_queries,
 )
 from seekrl.retrieval.base import Hit, Retriever
 
@@ -50,6 +53,10 @@ class ToolCall:
 class ToolResult:
     text: str                      # what the model reads inside <information>
     hits: list[Hit] = field(default_factory=list)   # the documents it shows
+    # a search of several sub-queries (rollout.max_queries > 1): each sub-query and the
+    # documents it found (`hits` is their concatenation, in order); empty otherwise
+    sub_queries: list[str] = field(default_factory=list)
+    sub_hits: list[list[Hit]] = field(default_factory=list)
 
 
 @runtime_checkable
@@ -61,23 +68,51 @@ class Tool(Protocol):
     def call(self, calls: list[ToolCall]) -> list[ToolResult]: ...
 
 
+def search_instruction(max_queries: int) -> str:
+    """The prompt's sentence on search beyond what the presets say: none for one query a
+    turn, the `##` syntax for parallel sub-queries (SFT lays oracle episodes out with it)."""
+    if max_queries <= 1:
+        return ""
+    return (f"To look up several independent facts at once, put up to {max_queries} queries in "
+            f"one search, separated by {QUERY_SEPARATOR}: <search> first query "
+            f"{QUERY_SEPARATOR} second query </search>.")
+
+
 class SearchTool:
     """`<search> query </search>`: the top `k` documents of the retriever, all queries of a
     turn in one batched call. `snippet_words`: show only each document's first N words
-    (the `open` tool shows one whole)."""
+    (the `open` tool shows one whole). `max_queries` > 1: a call may hold that many
+    sub-queries separated by `##` (the engine refuses a turn `split_queries` finds
+    malformed before it gets here); every sub-query of every call of the turn goes to the
+    retriever in the same one call."""
     tag = SEARCH
     counts_as_search = True
-    instruction = ""               # the presets' instructions describe search already
 
     def __init__(self, retriever: Retriever, k: int, style: PromptStyle | None = None,
-                 snippet_words: int | None = None):
+                 snippet_words: int | None = None, max_queries: int = 1):
         self.retriever, self.k, self.style = retriever, k, style
         self.snippet_words = snippet_words
+        self.max_queries = max_queries
+        self.instruction = search_instruction(max_queries)
 
     def call(self, calls: list[ToolCall]) -> list[ToolResult]:
-        results = self.retriever.search([c.argument for c in calls], self.k)
-        return [ToolResult(format_hits([self._shown(h) for h in hits], self.style), list(hits))
-                for hits in results]
+        split = []
+        for c in calls:
+            queries, problem = split_queries(c.argument, self.max_queries)
+            if problem is not None:
+                raise ValueError(f"search {c.argument!r}: {problem}")
+            split.append(queries)
+        found = iter(self.retriever.search([q for qs in split for q in qs], self.k))
+        out = []
+        for queries in split:
+            hits = [list(next(found)) for _ in queries]
+            text = format_query_results(queries, [[self._shown(h) for h in hs] for hs in hits],
+                                        self.style)
+            many = len(queries) > 1
+            out.append(ToolResult(text, [h for hs in hits for h in hs],
+                                  sub_queries=list(queries) if many else [],
+                                  sub_hits=hits if many else []))
+        return out
 
     def _shown(self, hit: Hit) -> Hit:
         words = hit.text.split()
@@ -168,13 +203,13 @@ def check_tool_names(names: Sequence[str]) -> None:
 
 
 def make_tools(names: Sequence[str], *, retriever: Retriever | None, k: int,
-               style: PromptStyle | None, snippet_words: int | None = None
-               ) -> dict[str, Tool]:
+               style: PromptStyle | None, snippet_words: int | None = None,
+               max_queries: int = 1) -> dict[str, Tool]:
     """The tools of an agent episode by tag: `search` (with a retriever), then `names` (the
     `rollout.tools` setting) in order."""
     tools: dict[str, Tool] = {}
     if retriever is not None:
-        tools[SEARCH] = SearchTool(retriever, k, style, snippet_words)
+        tools[SEARCH] = SearchTool(retriever, k, style, snippet_words, max_queries)
     for i, name in enumerate(names):
         where = f"rollout.tools[{i}]"
         tool = _named_tool(name, where, style)

@@ -31,6 +31,10 @@ class Step:
     hits: list[str] = field(default_factory=list)          # retrieved doc ids
     hit_titles: list[str] = field(default_factory=list)
     gold_hit: bool | None = None     # a gold document retrieved (None: gold unknown)
+    # a search of several sub-queries (rollout.max_queries > 1): each sub-query and the ids
+    # it retrieved (`query` is the turn's whole text, `hits` the concatenation); else empty
+    sub_queries: list[str] = field(default_factory=list)
+    sub_hits: list[list[str]] = field(default_factory=list)
     info_start: int | None = None    # the environment block after it: [info_start, info_end)
     info_end: int | None = None
     process_reward: float | None = None   # filled by process supervision: the weighted sum

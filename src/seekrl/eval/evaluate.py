@@ -50,7 +50,10 @@ __all__ = ["GENERIC_STEMS", "answer_scores", "dataset_name", "describe_retriever
 
 # File stems that say which split, not which data set: the folder names the data set.
 GENERIC_STEMS = frozenset({"questions", "test", "dev", "train", "val", "validation", "data"})
-_METRIC_KEYS = ("em", "f1", "cover_em", "valid_format", "searches", "generated_tokens")
+# turns: model turns per episode; queries: retriever queries per episode (a search of
+# several sub-queries counts each; otherwise as searches)
+_METRIC_KEYS = ("em", "f1", "cover_em", "valid_format", "searches", "turns", "queries",
+                "generated_tokens")
 
 
 # ------------------------------------------------------------------------------ data files
@@ -134,6 +137,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def _trajectory_scores(t: Trajectory) -> dict[str, Any]:
     scores: dict[str, Any] = answer_scores(t.answer, t.golden_answers)
     scores.update(valid_format=float(t.valid_format), searches=float(t.n_searches),
+                  turns=float(len(t.steps)),
+                  queries=float(sum(max(1, len(s.sub_queries)) for s in t.steps
+                                    if s.action == "search")),
                   generated_tokens=float(t.n_generated), evidence_recall=t.evidence_recall())
     return scores
 
@@ -376,17 +382,18 @@ def evaluate(model, tokenizer, retriever: Retriever | None,
 
 def eval_policy(model, tokenizer, retriever, cfg, out_dir: str | Path, *, topk: int,
                 max_info_tokens: int = DEFAULT_MAX_INFO_TOKENS, prompt: str = "seekrl",
-                console=None, run_info: dict | None = None, limit: int | None = None
-                ) -> dict[str, Any]:
+                console=None, run_info: dict | None = None, limit: int | None = None,
+                **episode: Any) -> dict[str, Any]:
     """Greedy agent evaluation on the first `cfg.n` questions of `cfg.data` (`cfg`: an
     `EvalConfig`, the `eval:` section of the SFT and RL configs), as the recipes run it
     during and after training; writes the run folder (tables, trajectories, viewer) and
-    returns the average metrics row."""
+    returns the average metrics row. `episode`: more episode settings of the run's
+    `rollout:` section (tools, snippet_words, max_queries) the policy plays with."""
     from seekrl.eval.report import write_viewer
 
     data = load_eval_data([cfg.data], limit=limit or cfg.n)
     rollout = eval_rollout_config(cfg, method="agent", topk=topk, max_info_tokens=max_info_tokens,
-                                  prompt=prompt)
+                                  prompt=prompt, **episode)
     was_training = model.training
     model.eval()
     try:

@@ -26,7 +26,14 @@ from typing import Any
 
 import torch
 
-from seekrl.agent.protocol import INFORMATION, PROMPTS, build_prompt, format_hits, prompt_style
+from seekrl.agent.protocol import (
+    INFORMATION,
+    PROMPTS,
+    build_prompt,
+    format_hits,
+    format_query_results,
+    prompt_style,
+)
 from seekrl.agent.rollout import information_ids
 from seekrl.config import DATA_PROMPT, DEFAULT_MAX_INFO_TOKENS, ConfigError, SFTConfig, dump_config
 from seekrl.data.jsonl import iter_jsonl
@@ -67,11 +74,13 @@ class SFTExample:
 
 def episode_tokens(tokenizer, record: dict, *,
                    max_info_tokens: int = DEFAULT_MAX_INFO_TOKENS, where: str = "",
-                   prompt: str = "seekrl") -> tuple[list[int], list[int]]:
+                   prompt: str = "seekrl", max_queries: int = 1) -> tuple[list[int], list[int]]:
     """(token_ids, loss_mask) of one oracle episode, laid out as a rollout with the same
-    `prompt` setting would lay it out: its instruction, and the documents of each
-    information turn in its style (from the turn's `hits`; a turn without them is used
-    as written, which only `seekrl`'s document lines match)."""
+    `prompt` (and `max_queries`) setting would lay it out: its instruction, and the
+    documents of each information turn in its style (from the turn's `hits`; a turn
+    without them is used as written, which only `seekrl`'s document lines match)."""
+    from seekrl.agent.tools import search_instruction
+
     style = prompt_style(prompt)
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False)
@@ -88,7 +97,8 @@ def episode_tokens(tokenizer, record: dict, *,
         if messages is None:
             raise DataError(f"no prompt: {DATA_PROMPT!r} takes each episode's own prompt",
                             path=where, field="prompt")
-    ids = encode(build_prompt(tokenizer, question, "agent", style=style, messages=messages))
+    ids = encode(build_prompt(tokenizer, question, "agent", style=style, messages=messages,
+                              tools=search_instruction(max_queries)))
     mask = [0] * len(ids)
     head, tail = f"<{INFORMATION}>", f"</{INFORMATION}>"
     for i, turn in enumerate(turns):
@@ -104,7 +114,9 @@ def episode_tokens(tokenizer, record: dict, *,
             body = content.strip()
             if body.startswith(head) and body.endswith(tail):
                 body = body[len(head):-len(tail)]
-            if turn.get("hits") is not None:
+            if turn.get("queries") is not None:   # a search of several sub-queries
+                body = _many_results(turn, style, f"{where} turns[{i}]")
+            elif turn.get("hits") is not None:
                 body = format_hits(_turn_hits(turn["hits"], f"{where} turns[{i}].hits"), style)
             elif style.doc != PROMPTS["seekrl"].doc:
                 raise DataError(f"an information turn without its documents (`hits`) cannot "
@@ -123,6 +135,19 @@ def episode_tokens(tokenizer, record: dict, *,
     return ids, mask
 
 
+def _many_results(turn: dict, style, where: str) -> str:
+    """The block of an oracle search turn of several sub-queries: `queries` and, per
+    query, its documents in `hits`."""
+    queries, hits = turn["queries"], turn.get("hits")
+    if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
+        raise DataError("expected a list of strings", path=where, field="queries")
+    if not isinstance(hits, list) or len(hits) != len(queries):
+        raise DataError(f"expected one list of documents per query ({len(queries)})",
+                        path=where, field="hits")
+    return format_query_results(queries, [_turn_hits(h, f"{where}.hits[{j}]")
+                                          for j, h in enumerate(hits)], style)
+
+
 def _turn_hits(raw, where: str) -> list[Hit]:
     if not isinstance(raw, list):
         raise DataError("expected a list of documents", path=where)
@@ -139,7 +164,8 @@ def _turn_hits(raw, where: str) -> list[Hit]:
 def load_sft_examples(path: str | Path, tokenizer, *,
                       max_info_tokens: int = DEFAULT_MAX_INFO_TOKENS, max_len: int = 2048,
                       only_complete: bool = True, limit: int | None = None,
-                      prompt: str = "seekrl") -> tuple[list[SFTExample], dict[str, int]]:
+                      prompt: str = "seekrl", max_queries: int = 1
+                      ) -> tuple[list[SFTExample], dict[str, int]]:
     """The usable episodes of a file, and counts of what was left out and why. Oracle
     episodes are laid out with the `prompt` setting (`episode_tokens`); trajectories keep
     the tokens they were played with."""
@@ -152,7 +178,7 @@ def load_sft_examples(path: str | Path, tokenizer, *,
                 skipped["incomplete"] += 1
                 continue
             ids, mask = episode_tokens(tokenizer, rec, max_info_tokens=max_info_tokens,
-                                       where=where, prompt=prompt)
+                                       where=where, prompt=prompt, max_queries=max_queries)
         elif "token_ids" in rec and "loss_mask" in rec:
             ids, mask = list(rec["token_ids"]), list(rec["loss_mask"])
             if len(ids) != len(mask):
@@ -274,7 +300,8 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
         tokenizer = load_tokenizer(cfg.model)
     examples, skipped = load_sft_examples(cfg.data, tokenizer, max_info_tokens=cfg.max_info_tokens,
                                           max_len=cfg.max_len, only_complete=cfg.only_complete,
-                                          limit=cfg.limit, prompt=cfg.prompt)
+                                          limit=cfg.limit, prompt=cfg.prompt,
+                                          max_queries=cfg.max_queries)
     if model is None:
         model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
     model = prepare_trainable(model, cfg.train_layers, cfg.lora)
@@ -386,6 +413,7 @@ def _eval_retriever(cfg: SFTConfig):
 
 def _dev_eval(model, tokenizer, retriever, cfg: SFTConfig, out_dir: Path) -> dict[str, Any]:
     metrics = eval_policy(model, tokenizer, retriever, cfg.eval, out_dir, topk=cfg.topk,
-                          max_info_tokens=cfg.max_info_tokens, prompt=cfg.prompt)
+                          max_info_tokens=cfg.max_info_tokens, prompt=cfg.prompt,
+                          max_queries=cfg.max_queries)
     avg = metrics["average"]
     return {k: avg[k] for k in ("em", "f1", "valid_format", "searches", "questions")}

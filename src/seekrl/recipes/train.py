@@ -248,7 +248,7 @@ class Trainer:
         self.reward_fn = reward_fn or (lambda t: episode_reward(
             t, outcome=cfg.reward.outcome, format_reward=cfg.reward.format_reward,
             invalid_penalty=cfg.reward.invalid_penalty,
-            max_turns_penalty=cfg.reward.max_turns_penalty))
+            max_turns_penalty=cfg.reward.max_turns_penalty, turn_cost=cfg.reward.turn_cost))
         self.monitor = Monitor(cfg.monitor)
         self.step_done = 0
         self.rollout_tokens = 0            # generated rollout tokens so far (the compute)
@@ -1056,7 +1056,8 @@ class Trainer:
                 return {}
             metrics = eval_policy(self.model, self.tokenizer, self.retriever, self.cfg.eval,
                                   out_dir, topk=r.topk, max_info_tokens=r.max_info_tokens,
-                                  prompt=r.prompt)
+                                  prompt=r.prompt, tools=r.tools, snippet_words=r.snippet_words,
+                                  max_queries=r.max_queries)
         avg = metrics["average"]
         return {k: avg[k] for k in ("em", "f1", "valid_format", "searches", "questions")}
 

@@ -1,7 +1,7 @@
 """Outcome rewards: one number per finished episode, from its answer and its trace.
 
 `reward = outcome(answer, golden) + format_reward * valid - invalid_penalty * n_invalid
-- max_turns_penalty * (ran out of turns or tokens)`. Outcome functions are registered by
+- max_turns_penalty * (ran out of turns or tokens) - turn_cost * n_turns`. Outcome functions are registered by
 name (`em`, `f1`, `cover_em`), so a recipe picks one from its config and later rewards
 (rubrics, evidence) register next to them.
 """
@@ -45,12 +45,15 @@ class RewardParts:
 
 
 def episode_reward(t: Trajectory, *, outcome: str = "em", format_reward: float = 0.0,
-                   invalid_penalty: float = 0.0, max_turns_penalty: float = 0.0) -> RewardParts:
+                   invalid_penalty: float = 0.0, max_turns_penalty: float = 0.0,
+                   turn_cost: float = 0.0) -> RewardParts:
     out = get_outcome(outcome)(t.answer, t.golden_answers)
     fmt = format_reward if t.valid_format else 0.0
     n_invalid = sum(s.action == "invalid" for s in t.steps)
     ran_out = t.finish_reason in ("max_turns", "length") and t.answer is None
     penalty = invalid_penalty * n_invalid + (max_turns_penalty if ran_out else 0.0)
+    if turn_cost:
+        penalty += turn_cost * len(t.steps)
     return RewardParts(total=out + fmt - penalty, outcome=out, format=fmt, penalty=penalty)
 
 

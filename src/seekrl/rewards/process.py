@@ -25,7 +25,12 @@ The sources:
   information-gain reward, against known gold rather than a similarity to it.
 - `redundancy`: over-search penalty, -1 for a query the episode already issued (case and
   whitespace aside), else minus the share of the step's documents it had already seen; None
-  for other steps.
+  for other steps. A search of several sub-queries scores the mean over its sub-queries,
+  each judged against everything before it (the turn's earlier sub-queries included).
+- `decomposition`: for a search of several sub-queries (`rollout.max_queries` > 1), the
+  share of its sub-queries that found a gold document no other sub-query of the turn
+  found (ParallelSearch's decomposition quality: independent lookups, one gold fact each);
+  None for one-query searches, other steps and episodes without known gold.
 - `step_format`: -1 for a turn that does not follow the protocol exactly
   (`protocol.step_format_problem`), else 0.
 - `mc_value`: Monte-Carlo progress ("rewarding progress", Setlur et al., 2024). From the
@@ -166,15 +171,42 @@ def redundancy(trajectories: Sequence[Trajectory], ctx: ProcessContext
             if s.action != "search":
                 row.append(None)
                 continue
-            q = normalise_text(s.query)
-            if q in queries:
-                row.append(-1.0)
-            elif s.hits:
-                row.append(-sum(h in seen for h in s.hits) / len(s.hits))
-            else:
-                row.append(0.0)
-            queries.add(q)
-            seen.update(s.hits)
+            parts = list(zip(s.sub_queries, s.sub_hits)) or [(s.query, s.hits)]
+            scores = []
+            for query, hits in parts:
+                q = normalise_text(query)
+                if q in queries:
+                    scores.append(-1.0)
+                elif hits:
+                    scores.append(-sum(h in seen for h in hits) / len(hits))
+                else:
+                    scores.append(0.0)
+                queries.add(q)
+                seen.update(hits)
+            row.append(sum(scores) / len(scores))
+        out.append(row)
+    return out
+
+
+@register_process("decomposition")
+def decomposition(trajectories: Sequence[Trajectory], ctx: ProcessContext
+                  ) -> list[list[float | None]]:
+    out: list[list[float | None]] = []
+    for t in trajectories:
+        gold, _, _ = t.evidence_keys()
+        row: list[float | None] = []
+        for s in t.steps:
+            if s.action != "search" or len(s.sub_queries) < 2 or not gold:
+                row.append(None)
+                continue
+            if t.gold_doc_ids:
+                found = [set(hits) & gold for hits in s.sub_hits]
+            else:   # gold by title: the turn's titles, in order, cut at each sub-query
+                titles = iter(normalise_text(x) for x in s.hit_titles)
+                found = [{next(titles) for _ in hits} & gold for hits in s.sub_hits]
+            own = [f - set().union(*(g for j, g in enumerate(found) if j != i))
+                   for i, f in enumerate(found)]
+            row.append(sum(bool(x) for x in own) / len(own))
         out.append(row)
     return out
 

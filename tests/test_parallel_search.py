@@ -1,0 +1,273 @@
+"""Parallel sub-queries (rollout.max_queries > 1, ParallelSearch): the `##` syntax, one
+batched retriever call per turn, the information block, malformed turns, the step rewards
+(decomposition, redundancy per sub-query), the turn cost, and the oracle's waves."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seekrl.agent.backends import Backend
+from seekrl.agent.oracle import _search_steps, _waves, oracle_episode
+from seekrl.agent.protocol import QUERY_SEPARATOR, format_query_results, split_queries
+from seekrl.agent.rollout import RolloutConfig, RolloutEngine
+from seekrl.agent.trajectory import Step, Trajectory
+from seekrl.config import ConfigError, build_config
+from seekrl.data.qa import QAExample
+from seekrl.models import tiny_policy
+from seekrl.retrieval.base import Hit
+from seekrl.rewards.outcome import episode_reward
+from seekrl.rewards.process import ProcessContext, decomposition, redundancy
+
+DOCS = {"tarrow": Hit("d-t", "Tarrow", "Tarrow has 40,000 people.", 2.0),
+        "kelbaan": Hit("d-k", "Kelbaan", "Kelbaan has 90,000 people.", 2.0),
+        "other": Hit("d-o", "Other", "Nothing here.", 1.0)}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_policy(seed=0)
+
+
+class Docs:
+    """Each query finds the document its first word names, then `other`; records calls."""
+
+    def __init__(self):
+        self.calls: list[list[str]] = []
+
+    def search(self, queries, k):
+        self.calls.append(list(queries))
+        return [[DOCS.get(q.split()[0].lower(), DOCS["other"]), DOCS["other"]][:k]
+                for q in queries]
+
+
+class Script(Backend):
+    def __init__(self, tok, turns):
+        self.tok, self.turns, self.calls = tok, turns, 0
+
+    def generate(self, contexts, max_new_tokens, sampling, keys=None):
+        turn = self.turns[min(self.calls, len(self.turns) - 1)]
+        self.calls += 1
+        return [self.tok.encode(turn, add_special_tokens=False) for _ in contexts]
+
+
+def _block(tok, t, i):
+    s = t.steps[i]
+    return tok.decode(t.token_ids[s.info_start:s.info_end])
+
+
+# ---- the syntax
+_query = st.text(st.characters(blacklist_characters="#", blacklist_categories=("Cs",)),
+                 max_size=12).filter(lambda q: q.split())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_query, min_size=1, max_size=6), st.integers(1, 6))
+def test_split_queries_round_trips_and_never_raises(queries, limit):
+    text = f" {QUERY_SEPARATOR} ".join(queries)
+    got, problem = split_queries(text, limit)
+    if limit == 1:   # one query, the separator and all
+        assert (got, problem) == ([" ".join(text.split())], None)
+    elif len(queries) > limit:
+        assert got == [] and f"at most {limit}" in problem
+    else:
+        assert problem is None and got == [" ".join(q.split()) for q in queries]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=40), st.integers(1, 8))
+def test_split_queries_of_any_text_is_queries_or_a_reason(text, limit):
+    got, problem = split_queries(text, limit)
+    assert (problem is None) == bool(got)
+    assert all(q and q == " ".join(q.split()) for q in got) and len(got) <= limit
+
+
+@pytest.mark.parametrize("text, why", [("a ## ## b", "empty sub-query"), ("a ##", "empty sub-query"),
+                                       ("## a", "empty sub-query"), ("a ## b ## c", "3 sub-queries"),
+                                       ("  ", "empty search")])
+def test_malformed_multi_query_texts_say_why(text, why):
+    got, problem = split_queries(text, 2)
+    assert got == [] and why in problem
+
+
+def test_the_block_numbers_documents_on_across_sub_queries():
+    a, b = [DOCS["tarrow"], DOCS["other"]], [DOCS["kelbaan"]]
+    assert format_query_results(["tarrow size", "kelbaan size"], [a, b]) == (
+        "Query 1: tarrow size\nDoc 1 (Title: Tarrow) Tarrow has 40,000 people.\n"
+        "Doc 2 (Title: Other) Nothing here.\n"
+        "Query 2: kelbaan size\nDoc 3 (Title: Kelbaan) Kelbaan has 90,000 people.")
+    assert format_query_results(["q"], [a]).startswith("Doc 1 (Title: Tarrow)")   # as before
+    with pytest.raises(ValueError):
+        format_query_results(["q"], [a, b])
+
+
+def test_max_queries_is_checked_naming_the_key():
+    with pytest.raises(ConfigError, match="max_queries"):
+        build_config(RolloutConfig, {"max_queries": 0})
+    with pytest.raises(ConfigError, match="max_queries"):
+        build_config(RolloutConfig, {"max_queries": 9})
+
+
+# ---- the engine
+def test_a_multi_query_turn_is_one_retriever_call_for_the_whole_batch(tiny):
+    _, tok = tiny
+    backend = Script(tok, ["<think> both </think>\n<search> Tarrow size ## Kelbaan size </search>",
+                           "<answer> Kelbaan </answer>"])
+    docs = Docs()
+    engine = RolloutEngine(backend, tok, docs, RolloutConfig(max_turns=3, topk=2, max_queries=2,
+                                                             batch_size=3))
+    trajs = engine.run([QAExample(str(i), "Which is larger, Tarrow or Kelbaan?", ["Kelbaan"],
+                                  {"gold_doc_ids": ["d-t", "d-k"]}) for i in range(3)])
+    assert docs.calls == [["Tarrow size", "Kelbaan size"] * 3]   # one call, every sub-query
+    for t in trajs:
+        prompt = tok.decode(t.token_ids[:t.prompt_len])
+        assert "separated by ##" in prompt
+        s = t.steps[0]
+        assert s.action == "search" and s.query == "Tarrow size ## Kelbaan size"
+        assert s.sub_queries == ["Tarrow size", "Kelbaan size"]
+        assert s.sub_hits == [["d-t", "d-o"], ["d-k", "d-o"]] and s.hits == ["d-t", "d-o", "d-k", "d-o"]
+        assert s.gold_hit is True and t.evidence_recall() == 1.0 and t.n_searches == 1
+        assert "Query 2: Kelbaan size\nDoc 3 (Title: Kelbaan)" in _block(tok, t, 0)
+        assert t.valid_format and len(t.steps) == 2
+        t.check()
+        # the steps survive the JSONL round trip
+        assert Trajectory.from_dict(json.loads(json.dumps(t.to_dict()))).steps[0] == s
+
+
+def test_a_malformed_multi_query_turn_is_corrected_and_not_searched(tiny):
+    _, tok = tiny
+    backend = Script(tok, ["<search> a ## b ## c </search>", "<search> a ## </search>",
+                           "<answer> x </answer>"])
+    docs = Docs()
+    engine = RolloutEngine(backend, tok, docs, RolloutConfig(max_turns=4, max_queries=2))
+    (t,) = engine.run([QAExample("a", "q?", ["x"])])
+    assert docs.calls == []
+    assert [s.action for s in t.steps] == ["invalid", "invalid", "answer"]
+    assert "3 sub-queries; at most 2" in _block(tok, t, 0)
+    assert "empty sub-query" in _block(tok, t, 1)
+    assert not t.valid_format
+
+
+def test_with_one_query_a_separator_is_just_text(tiny):
+    _, tok = tiny
+    backend = Script(tok, ["<search> Tarrow ## Kelbaan </search>", "<answer> x </answer>"])
+    docs = Docs()
+    engine = RolloutEngine(backend, tok, docs, RolloutConfig(max_turns=3))
+    (t,) = engine.run([QAExample("a", "q?", ["x"])])
+    assert docs.calls == [["Tarrow ## Kelbaan"]]
+    assert t.steps[0].sub_queries == [] and "Query 1" not in _block(tok, t, 0)
+    assert "separated by ##" not in tok.decode(t.token_ids[:t.prompt_len])
+
+
+# ---- rewards
+def _traj(steps, gold=("d-t", "d-k")):
+    return Trajectory("q", "q", "q?", ["x"], [0] * 10, [0] * 10, 10, steps=steps,
+                      gold_doc_ids=list(gold))
+
+
+def _search(queries, hits):
+    many = len(queries) > 1
+    return Step(0, 0, "search", query=" ## ".join(queries),
+                hits=[h for hs in hits for h in hs],
+                sub_queries=list(queries) if many else [], sub_hits=hits if many else [])
+
+
+def test_decomposition_rewards_sub_queries_that_find_distinct_gold():
+    ctx = ProcessContext()
+    good = _search(["t", "k"], [["d-t", "d-o"], ["d-k"]])
+    same = _search(["t", "t2"], [["d-t"], ["d-t"]])       # both found the same gold document
+    half = _search(["t", "x"], [["d-t"], ["d-o"]])
+    one = _search(["t"], [["d-t"]])                       # one query: not judged
+    answer = Step(0, 0, "answer", answer="x")
+    rows = decomposition([_traj([good, same, half, one, answer])], ctx)
+    assert rows == [[1.0, 0.0, 0.5, None, None]]
+    assert decomposition([_traj([good], gold=())], ctx) == [[None]]   # gold unknown
+
+
+def test_decomposition_by_titles_when_only_supporting_titles_are_known():
+    s = _search(["t", "k"], [["1", "2"], ["3"]])
+    s.hit_titles = ["Tarrow", "Other", "Kelbaan"]
+    t = _traj([s], gold=())
+    t.metadata = {"supporting_titles": ["tarrow", "KELBAAN"]}
+    assert decomposition([t], ProcessContext()) == [[1.0]]
+
+
+def test_redundancy_judges_each_sub_query_against_everything_before_it():
+    first = _search(["t"], [["d-t"]])
+    repeat = _search(["T", "k"], [["d-t"], ["d-k", "d-t"]])   # T repeats; k half seen
+    (row,) = redundancy([_traj([first, repeat])], ProcessContext())
+    assert row == [0.0, (-1.0 + -0.5) / 2]
+
+
+def test_turn_cost_counts_model_turns():
+    t = _traj([_search(["t", "k"], [["d-t"], ["d-k"]]), Step(0, 0, "answer", answer="x")])
+    t.answer, t.finish_reason = "x", "answer"
+    assert episode_reward(t, turn_cost=0.05).total == pytest.approx(1.0 - 0.1)
+    assert episode_reward(t).total == 1.0
+
+
+# ---- the oracle
+class WorldDocs:
+    def __init__(self, miss=()):
+        self.miss, self.calls = set(miss), []
+
+    def search(self, queries, k):
+        self.calls.append(list(queries))
+        return [[Hit("x", "X", "x", 0.0) if q in self.miss else Hit(f"d-{q.split()[0]}", q, q, 1.0)]
+                for q in queries]
+
+
+def _hop(subject, answer, doc, query=None):
+    return {"subject": subject, "relation": "size", "answer": answer, "doc_id": doc,
+            "query": query or f"{subject} size", "fact": f"{subject}: {answer}."}
+
+
+def test_oracle_waves_follow_what_each_lookup_needs():
+    compare = [_hop("A", "1", "d-A"), _hop("B", "2", "d-B"), _hop("C", "3", "d-C")]
+    assert _waves(_search_steps(compare)) == [[0, 1, 2]]
+    bridge = [_hop("A", "B", "d-A"), _hop("B", "C", "d-B")]
+    assert _waves(_search_steps(bridge)) == [[0], [1]]
+    same = [_hop("A", "X", "d-A"), _hop("X", "Z", "d-X"), _hop("B", "Y", "d-B"),
+            _hop("Y", "Z", "d-Y")]
+    assert _waves(_search_steps(same)) == [[0, 2], [1, 3]]
+
+
+def test_the_parallel_oracle_searches_independent_lookups_together_and_recovers():
+    ex = QAExample("q1", "Which is larger, A, B or C?", ["C"],
+                   {"chain": [_hop("A", "1", "d-A"), _hop("B", "2", "d-B"), _hop("C", "3", "d-C")],
+                    "judgement": "A: 1; B: 2; C: 3"})
+    docs = WorldDocs(miss={"B size"})
+    ep = oracle_episode(ex, docs, k=1, max_queries=2)
+    searches = [t["content"] for t in ep["turns"] if t["role"] == "assistant"][:-1]
+    assert [s.split("<search>")[1].split("</search>")[0].strip() for s in searches] == [
+        "A size ## B size", "B", "C size"]
+    assert docs.calls == [["A size", "B size"], ["B"], ["C size"]]
+    info = [t for t in ep["turns"] if t["role"] == "information"]
+    assert info[0]["queries"] == ["A size", "B size"] and len(info[0]["hits"]) == 2
+    assert "queries" not in info[1]   # one query: the usual turn
+    assert ep["oracle_complete"] and ep["turns"][-1]["content"].endswith("<answer> C </answer>")
+    # one query per turn: the sequential oracle, unchanged
+    seq = oracle_episode(ex, WorldDocs(), k=1)
+    assert sum(t["role"] == "information" for t in seq["turns"]) == 3
+
+
+def test_sft_lays_out_a_multi_query_oracle_turn_as_the_engine_does(tiny):
+    from seekrl.recipes.sft import episode_tokens
+
+    _, tok = tiny
+    ex = QAExample("q1", "Which is larger, Tarrow or Kelbaan?", ["Kelbaan"],
+                   {"chain": [_hop("Tarrow", "40,000", "d-t"), _hop("Kelbaan", "90,000", "d-k")],
+                    "judgement": "x"})
+    ep = oracle_episode(ex, Docs(), k=2, max_queries=2)
+    ids, mask = episode_tokens(tok, ep)
+    text = tok.decode(ids)
+    assert "Query 1: Tarrow size\nDoc 1 (Title: Tarrow)" in text
+    assert "Query 2: Kelbaan size\nDoc 3 (Title: Kelbaan)" in text
+    bad = dict(ep, turns=[dict(t, hits=t["hits"][:1]) if t.get("queries") else t
+                          for t in ep["turns"]])
+    from seekrl.errors import DataError
+    with pytest.raises(DataError, match="one list of documents per query"):
+        episode_tokens(tok, bad)
