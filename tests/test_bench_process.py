@@ -103,3 +103,27 @@ def test_prorag_bench_keeps_runs_across_machines_from_the_same_start(tmp_path, c
     (sft / "model.safetensors").write_bytes(b"other weights")
     with pytest.raises(SystemExit, match="another SFT checkpoint|not comparable"):
         bench._restore(fresh, keep, sft, settings)
+
+
+def test_parallel_search_bench_report(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("parallel_bench",
+                                                  BENCH.parent / "parallel_search.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = {"sequential": {"comparison": (0.30, 3.0, 2.5), "bridge": (0.25, 3.2, 2.2)},
+            "parallel": {"comparison": (0.40, 2.0, 2.6), "bridge": (0.20, 3.1, 2.1)}}
+    for side, types in rows.items():
+        d = tmp_path / side
+        d.mkdir()
+        by_type = {t: {"em": em, "turns": turns, "queries": q, "questions": 10}
+                   for t, (em, turns, q) in types.items()}
+        avg = {"em": 0.3, "valid_format": 0.9, "turns": 2.5, "queries": 2.4, "searches": 1.6,
+               "generated_tokens": 90.0}
+        (d / "result.json").write_text(json.dumps({"side": side, "average": avg,
+                                                   "by_type": by_type}))
+    bench._report(tmp_path, time.time())
+    out = capsys.readouterr().out.strip().splitlines()
+    figures = dict(kv.split("=") for line in out[:-1] for kv in line.split() if "=" in kv)
+    assert float(figures["turns_parallel_comparison"]) == 2.0
+    assert "turn_ratio_comparison=0.667" in out[-1] and "em_gain_comparison=+0.100" in out[-1]
+    assert "bridge EM -0.050" in out[-1]

@@ -359,6 +359,10 @@ def eval_(
     limit: Annotated[Optional[int], typer.Option(help="only the first N questions per file")] = None,
     n_samples: Annotated[int, typer.Option(help="samples per question (K); pass@K when K > 1")] = 1,
     topk: Annotated[int, typer.Option(help="documents per search")] = limits.DEFAULT_TOPK,
+    max_queries: Annotated[int, typer.Option(
+        help="sub-queries one search may carry, separated by ## (rollout.max_queries)")] = 1,
+    tool: Annotated[Optional[list[str]], typer.Option(
+        help="a tool beyond search (rollout.tools): open, or an import path; repeatable")] = None,
     max_turns: Annotated[int, typer.Option(help="model turns per episode")] = limits.DEFAULT_MAX_TURNS,
     max_new_tokens: Annotated[int, typer.Option(
         help="generated tokens per turn")] = limits.DEFAULT_MAX_NEW_TOKENS,
@@ -389,7 +393,11 @@ def eval_(
         cfg = eval_rollout_config(method=method, n_samples=n_samples, temperature=temperature,
                                   topk=topk, max_turns=max_turns, max_new_tokens=max_new_tokens,
                                   max_total_tokens=max_total_tokens, batch_size=batch_size,
-                                  seed=seed, prompt=prompt)
+                                  seed=seed, prompt=prompt, max_queries=max_queries,
+                                  tools=list(tool or []))
+        if cfg.tools:   # each tool importable, before the model loads
+            from seekrl.agent.tools import check_tool_names
+            check_tool_names(cfg.tools)
         skipped: list | None = [] if skip_bad else None
         examples = load_eval_data(files, limit=limit, skipped=skipped)
         if prompt == "data" and method == "agent":   # before the model loads
