@@ -117,12 +117,7 @@ def oracle_episode(example: QAExample, retriever: Retriever, *, k: int = 3,
             lead = f"The document says: {facts} Next I need {_want(steps[i + 1])}."
         else:
             lead = f"The document says: {facts}"
-    turns.append(_answer_turn(example, lead))
-    if not complete:
-        stats.incomplete += 1
-    return {"id": example.id, "question": example.question,
-            "golden_answers": example.golden_answers, "metadata": example.metadata,
-            "turns": turns, "oracle_complete": complete}
+    return _episode(example, turns, lead, complete, stats)
 
 
 def _parallel_episode(example: QAExample, retriever: Retriever, steps: list[list[dict]],
@@ -157,6 +152,12 @@ def _parallel_episode(example: QAExample, retriever: Retriever, steps: list[list
         lead = f"The documents say: {' '.join(facts)}"
         if c + 1 < len(chunks):
             lead += " " + _plan(steps, chunks[c + 1])
+    return _episode(example, turns, lead, complete, stats)
+
+
+def _episode(example: QAExample, turns: list[dict], lead: str, complete: bool,
+             stats: OracleStats) -> dict:
+    """The episode's record: its turns, then the answer after the last `lead`."""
     turns.append(_answer_turn(example, lead))
     if not complete:
         stats.incomplete += 1
