@@ -190,7 +190,12 @@ def search(
 
 @app.command()
 def serve(
-    index: Annotated[Path, typer.Option(help="index folder")],
+    index: Annotated[Optional[Path], typer.Option(help="index folder")] = None,
+    simulate: Annotated[Optional[str], typer.Option(
+        help="instead of an index: a causal LM (HF id or path, smollm2-135m) that writes each "
+             "query's documents (simulated search, ZeroSearch)")] = None,
+    noise: Annotated[float, typer.Option(
+        help="with --simulate: the share of queries answered with noisy documents")] = 0.0,
     host: Annotated[str, typer.Option(help="bind address (loopback by default)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port")] = 8000,
     device: Annotated[str, typer.Option(help="where a dense encoder runs: cpu | cuda")] = "cpu",
@@ -211,7 +216,8 @@ def serve(
         help="keep the index in the server process (default: a child process)")] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
 ):
-    """Serve an index over HTTP, wire-compatible with the Search-R1 retrieval server."""
+    """Serve an index (or a simulated search engine) over HTTP, wire-compatible with the
+    Search-R1 retrieval server."""
 
     from seekrl.retrieval.server import run_server
 
@@ -222,8 +228,11 @@ def serve(
         if device != "cpu":
             from seekrl.runtime import check_device
             check_device(device)
+        if (index is None) == (simulate is None):
+            raise ValueError("serve: give --index (an index folder) or --simulate MODEL, one "
+                             "of the two")
         run_server(index, host=host, port=port, log_level=log_level, device=device,
-                   faiss_gpu=faiss_gpu,
+                   faiss_gpu=faiss_gpu, simulate=simulate, noise=noise,
                    index_process=not no_index_process, batching=not no_batching,
                    max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
                    cache_size=cache_size, default_topk=default_topk, max_topk=max_topk,
@@ -607,6 +616,32 @@ def mcts(
     console.print(f"{summary['questions']} questions, {summary['simulations']:.0f} simulations "
                   f"({summary['simulations_per_s']} per s), {summary['generated_tokens']:.0f} "
                   f"generated tokens, {summary['pairs']:.0f} pairs -> {summary['out']}")
+
+
+simulator_app = typer.Typer(no_args_is_help=True,
+                            help="Simulated search (ZeroSearch): train a simulator.")
+app.add_typer(simulator_app, name="simulator")
+
+
+@simulator_app.command("train")
+def simulator_train(
+    config: Annotated[Optional[Path], typer.Option(
+        help="YAML config (keys: see seekrl.config.SimulatorTrainConfig)")] = None,
+    overrides: Annotated[Optional[list[str]], typer.Argument(
+        help="key.sub=value overrides, e.g. index=data/index 'data=[data/world/train.jsonl]' "
+             "out=runs/simulator steps=100", show_default=False)] = None,
+    overwrite: Annotated[bool, typer.Option(help="replace a simulator already in out")] = False,
+):
+    """Fine-tune a simulator on the real index's documents for logged queries."""
+    from seekrl.recipes.simulator import train_simulator
+
+    try:
+        cfg = _load("SimulatorTrainConfig", config, overrides)
+        summary = train_simulator(cfg, console=console, overwrite=overwrite)
+    except ERRORS as err:
+        _fail(err)
+    console.print(f"simulator -> {summary['final']} (in RL: simulator.model={summary['final']}; "
+                  f"served: seekrl serve --simulate {summary['final']})")
 
 
 prm_app = typer.Typer(no_args_is_help=True, help="The process reward model: train, score, eval.")

@@ -198,6 +198,10 @@ class EpisodeSettings(Strict):
     # parallel sub-queries (ParallelSearch): a search turn may hold up to this many queries
     # separated by ##, run in one batched retriever call (agent/protocol.py); 1: one query
     max_queries: int = Field(1, ge=1, le=8)
+    # self-search (SSRL): after a search the policy writes the <information> block itself
+    # (the environment opens and closes the tags); those tokens are masked out of the loss
+    # like retrieved ones, and evaluation searches the real index (sim-to-real)
+    self_search: bool = False
     max_turns: MaxTurns = DEFAULT_MAX_TURNS
     max_new_tokens: MaxNewTokens = DEFAULT_MAX_NEW_TOKENS
     max_total_tokens: MaxTotalTokens = DEFAULT_MAX_TOTAL_TOKENS
@@ -462,6 +466,44 @@ class RLOptimConfig(OptimConfig):
     warmup_steps: int = Field(3, ge=0)
 
 
+class SimulatorSettings(Strict):
+    """Simulated search (ZeroSearch, retrieval/simulated.py): a causal LM writes each
+    search's documents during training rollouts; evaluation searches the real `index`."""
+    model: str = "smollm2-135m"        # any HF causal LM (a `seekrl simulator train` final/)
+    # the share of queries answered with noisy documents rises from noise_start to noise_end
+    # over the run's steps along ZeroSearch's exponential curve with this base
+    noise_start: float = Field(0.0, ge=0, le=1)
+    noise_end: float = Field(0.5, ge=0, le=1)
+    noise_base: float = Field(4.0, gt=0)
+    temperature: float = Field(0.8, ge=0)   # 0: greedy
+    max_new_tokens: int = Field(256, ge=8)  # per query
+    batch_size: int = Field(16, ge=1)       # queries generated together
+    words: int = Field(30, ge=5)            # asked-for length of a document
+
+
+class SimulatorTrainConfig(Strict):
+    """`seekrl simulator train` (recipes/simulator.py): SFT of a search simulator on the
+    documents a real index returns for logged queries."""
+    model: str = "smollm2-135m"        # the simulator to fine-tune
+    index: str                         # the real engine: an index folder or a server url
+    trajectories: list[str] = []       # logged episodes whose searches are the queries
+    data: list[str] = []               # QA files: synthetic-world questions' hop queries
+    question_queries: bool = False     # ... and each question itself as a query
+    out: str = "runs/simulator"
+    topk: TopK = DEFAULT_TOPK          # documents per query (what the simulator writes)
+    words: int = Field(30, ge=5)       # the length the prompt asks for
+    limit: int | None = Field(None, ge=1)   # at most this many queries (seeded sample)
+    steps: int = Field(100, ge=1)
+    batch_size: int = Field(8, ge=1)
+    grad_accum: int = Field(1, ge=1)
+    max_len: int = Field(1024, ge=16)
+    train_layers: int | None = Field(None, ge=1)
+    dtype: str = "float32"
+    device: Device = "cpu"
+    seed: int = 0
+    optim: OptimConfig = OptimConfig(lr=5e-5, warmup_steps=5)
+
+
 class TrainConfig(Strict):
     model: str = "smollm2-135m"        # usually the SFT checkpoint (RUN_DIR/final)
     data: str                          # training questions (QA JSONL / parquet)
@@ -472,6 +514,9 @@ class TrainConfig(Strict):
     # called with `index` when that is set (no arguments otherwise), or an object with
     # search(queries, k); it replaces the index folder / server
     retriever: str | None = None
+    # a language model as the search engine during rollouts (ZeroSearch; `index`, when set,
+    # is then the real one evaluations search)
+    simulator: SimulatorSettings | None = None
     out: str = "runs/train"
     dtype: str = "float32"
     device: Device = "cpu"

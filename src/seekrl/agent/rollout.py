@@ -124,7 +124,8 @@ class RolloutEngine:
         self._end_ids = set(getattr(backend, "stop_ids", None) or ()) | {
             i for i in (getattr(tokenizer, "eos_token_id", None),
                         getattr(tokenizer, "pad_token_id", None)) if i is not None}
-        if self.cfg.method != "direct" and retriever is None:
+        if self.cfg.method != "direct" and retriever is None and not (
+                self.cfg.self_search and self.cfg.method == "agent"):
             raise ValueError(f"method {self.cfg.method!r} needs a retriever")
 
     # ---- token helpers
@@ -269,6 +270,7 @@ class RolloutEngine:
     def _take_turn(self, batch: list[_Episode], outs: list[Generated]) -> None:
         cfg = self.cfg
         calls: dict[str, list[tuple[_Episode, Step]]] = {}
+        self_search: list[tuple[_Episode, Step]] = []   # SSRL: the policy writes the block
         for e, new in zip(batch, outs):
             t = e.traj
             e.turns += 1
@@ -293,6 +295,8 @@ class RolloutEngine:
                 if problem is not None:   # a malformed multi-query turn: corrected, not run
                     action = type(action)("invalid", problem)
             tool = self.tools.get(action.kind)
+            if cfg.self_search and action.kind == "search":
+                tool = _SELF_SEARCH
             kind = "search" if tool is not None and tool.counts_as_search else action.kind
             step = Step(start=start, end=len(t.token_ids), action=kind, text=text)
             t.steps.append(step)
@@ -306,7 +310,10 @@ class RolloutEngine:
                 # on the last allowed turn nothing would show the result to the policy:
                 # such a call is not run, and a search so earns no evidence credit
                 if not last_turn:
-                    calls.setdefault(action.kind, []).append((e, step))
+                    if tool is _SELF_SEARCH:
+                        self_search.append((e, step))
+                    else:
+                        calls.setdefault(action.kind, []).append((e, step))
             else:
                 step.reason = action.text
                 if cfg.method != "agent":
@@ -317,7 +324,8 @@ class RolloutEngine:
                 self._finish(e, "max_turns")
         for tag, pending in calls.items():   # each tool once, for the whole batch
             tool = self.tools[tag]
-            results = tool.call([ToolCall(s.query or "", e.traj.question, e.seen, e.last)
+            results = tool.call([ToolCall(s.query or "", e.traj.question, e.seen, e.last,
+                                          list(e.traj.golden_answers))
                                  for e, s in pending])
             if len(results) != len(pending):
                 raise RuntimeError(f"tool {tag!r} returned {len(results)} results for "
@@ -338,10 +346,46 @@ class RolloutEngine:
                     step.gold_hit = bool(e.gold & set(step.hits)) if e.gold else None
                     step.sub_queries = list(result.sub_queries)
                     step.sub_hits = [[h.doc_id for h in hs] for hs in result.sub_hits]
+        if self_search:
+            self._write_own_information(self_search)
         for e in batch:
             step = e.traj.steps[-1]
             if not e.done and step.action == "invalid":
                 self._append_env(e, step, self._encode(invalid_block(step.reason or "", self.style)))
+
+    def _write_own_information(self, pending: list[tuple[_Episode, Step]]) -> None:
+        """Self-search (SSRL): the environment opens `<information>`, the policy writes the
+        documents it expects (up to `max_info_tokens` in all, stopping at the closing tag)
+        and the environment closes the block. Every token of the block has loss mask 0,
+        as SSRL's released scripts mask it: the policy is trained on when and what to search
+        and on answering, not on reproducing documents (which would teach it to trust its
+        own inventions as evidence); its documents are parsed into the step's hits (ids
+        `sim-...`, no corpus document, so no evidence credit)."""
+        from seekrl.retrieval.simulated import document_id, parse_documents
+
+        cfg = self.cfg
+        head = self._encode(f"\n\n<{INFORMATION}>")
+        close = f"</{INFORMATION}>"
+        tail = self._encode(f"{close}\n\n")
+        budget = max(1, cfg.max_info_tokens - len(head) - len(tail))
+        sampling = Sampling(greedy=cfg.greedy, temperature=cfg.temperature, top_p=cfg.top_p,
+                            stop=(close,))
+        outs = self.backend.generate([e.traj.token_ids + head for e, _ in pending], budget,
+                                     sampling, keys=[id(e) for e, _ in pending])
+        for (e, step), new in zip(pending, outs):
+            body = list(new[:budget])
+            while body and body[-1] in self._end_ids:   # an EOS does not end the block
+                body.pop()
+            text = self.tokenizer.decode(body, skip_special_tokens=False)
+            if close in text:   # the policy closed it: keep its documents, the close is ours
+                text = text[:text.index(close)]
+                body = self._encode(text)
+            if not self._append_env(e, step, head + body + tail):
+                continue
+            docs, _ = parse_documents(text, cfg.topk)
+            step.hits = [document_id(t, x) for t, x in docs]
+            step.hit_titles = [t for t, _ in docs]
+            step.gold_hit = bool(e.gold & set(step.hits)) if e.gold else None
 
     def _restore_shown(self, e: _Episode) -> None:
         """A continuation's tools see the documents its copied steps were shown (those this
@@ -367,6 +411,15 @@ class RolloutEngine:
     def _finish(self, e: _Episode, reason: str) -> None:
         e.done = True
         e.traj.finish_reason = reason
+
+
+class _SelfSearch:
+    """The tool of self-search: a search the policy answers itself (no retriever)."""
+    tag = "search"
+    counts_as_search = True
+
+
+_SELF_SEARCH = _SelfSearch()
 
 
 def grow_trees(engine: RolloutEngine, examples: Sequence[QAExample], branches: int, rounds: int,

@@ -47,6 +47,9 @@ class ToolCall:
     question: str                  # the episode's question
     seen: list[Hit] = field(default_factory=list)   # the documents shown so far, in order
     last: list[Hit] = field(default_factory=list)   # the latest search's documents
+    # the episode's gold answers: for an environment that needs them (a simulated search
+    # engine writes useful documents from them, retrieval/simulated.py); never shown as such
+    answers: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -102,7 +105,14 @@ class SearchTool:
             if problem is not None:
                 raise ValueError(f"search {c.argument!r}: {problem}")
             split.append(queries)
-        found = iter(self.retriever.search([q for qs in split for q in qs], self.k))
+        flat = [q for qs in split for q in qs]
+        simulated = getattr(self.retriever, "search_with_context", None)
+        if simulated is not None:   # a simulated engine writes from the question and answer
+            owners = [c for c, qs in zip(calls, split) for _ in qs]
+            found = iter(simulated(flat, self.k, [c.question for c in owners],
+                                   [c.answers[0] if c.answers else None for c in owners]))
+        else:
+            found = iter(self.retriever.search(flat, self.k))
         out = []
         for queries in split:
             hits = [list(next(found)) for _ in queries]

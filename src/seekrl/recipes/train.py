@@ -146,6 +146,7 @@ class Trainer:
             else Dist.from_env(cfg.device)
         self.console = console if self.dist.main else None
         self._backend: Backend | None = None   # built on first use (see _generation_backend)
+        self._simulator = None                 # simulated search's engine, on first use
         why = backend_refusal(cfg.rollout.backend, "train", processes=self.dist.world)
         if why:
             raise ConfigError(f"rollout.backend {cfg.rollout.backend}: {why}")
@@ -177,7 +178,10 @@ class Trainer:
             raise FileNotFoundError(f"data: {err}") from None
         if not self.questions:
             raise ValueError(f"data: {cfg.data} has no questions")
-        if retriever is None and cfg.rollout.method != "direct":
+        # simulated search and self-search need no index for their rollouts, only for
+        # evaluations (sim-to-real)
+        simulated = cfg.simulator is not None or cfg.rollout.self_search
+        if retriever is None and cfg.rollout.method != "direct" and not simulated:
             retriever = open_index(cfg.index, f"rollout.method {cfg.rollout.method!r} searches",
                                    cfg.retriever)
         if retriever is None and cfg.eval.data:
@@ -302,7 +306,28 @@ class Trainer:
         cfg = RolloutConfig.of(self.cfg.rollout, seed=seed,
                                n_samples=n_samples or self.cfg.group_size)
         self.model.eval()
-        return RolloutEngine(self._generation_backend(), self.tokenizer, self.retriever, cfg)
+        return RolloutEngine(self._generation_backend(), self.tokenizer,
+                             self._rollout_retriever(), cfg)
+
+    def _rollout_retriever(self):
+        """What rollouts search: the simulator when `simulator` is set (loaded once, its
+        noise following the curriculum at this step), else the run's retriever."""
+        sim = self.cfg.simulator
+        if sim is None:
+            return self.retriever
+        if self._simulator is None:
+            from seekrl.retrieval.simulated import SimulatedRetriever
+
+            self._simulator = SimulatedRetriever.from_pretrained(
+                sim.model, device=self.device, dtype=self.cfg.dtype,
+                max_new_tokens=sim.max_new_tokens, temperature=sim.temperature,
+                batch_size=sim.batch_size, words=sim.words, seed=self.cfg.seed)
+        from seekrl.retrieval.simulated import noise_probability
+
+        self._simulator.set_noise(noise_probability(self.step_done, self.cfg.steps,
+                                                    sim.noise_start, sim.noise_end,
+                                                    sim.noise_base))
+        return self._simulator
 
     def _generation_backend(self) -> Backend:
         """The run's one backend (built on first use): seekrl's own decoding loop on the
@@ -422,6 +447,13 @@ class Trainer:
                       **{f"process_{k}": round(v, 4)
                          for k, v in sorted(draws.process_stats.items())})
         varied, multi, solved = signal
+        if self._simulator is not None:   # the curriculum's noise and what the engine wrote
+            stats = self._simulator.stats
+            record.update(simulator_noise=round(self._simulator.noise, 4),
+                          simulator_queries_total=stats["queries"],
+                          simulator_noisy_total=stats["noisy"],
+                          simulator_malformed_total=stats["malformed"],
+                          simulator_empty_total=stats["empty"])
         record["groups_with_signal"] = round(varied / multi, 4) if multi else None
         record["groups_solved"] = round(solved / multi, 4) if multi else None
         if self.dist.main:

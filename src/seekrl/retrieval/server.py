@@ -360,10 +360,16 @@ def server_url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def run_server(index_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
+def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int = 8000,
                log_level: str = "info", device: str = "cpu", index_process: bool = True,
-               faiss_gpu: bool = False, **config: Any) -> None:
+               faiss_gpu: bool = False, simulate: str | None = None, noise: float = 0.0,
+               **config: Any) -> None:
     """Load the index in `index_dir` and serve it until interrupted.
+
+    With `simulate` (a causal LM: a Hugging Face id or path, or `smollm2-135m`) and no index,
+    the model writes each query's documents (retrieval/simulated.py; `noise`: the share of
+    queries answered with noisy documents), in the server's process; requests carry queries
+    alone, so its useful documents come from the query, not from a gold answer.
 
     `config` holds `ServerConfig` fields (e.g. `batching=False`, `cache_size=0`). The default
     host is loopback: pass `host="0.0.0.0"` deliberately to serve other machines. `device`
@@ -376,8 +382,19 @@ def run_server(index_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
     from seekrl.retrieval.index import load_index
 
     server_config = ServerConfig(**config)  # checked before the (slow) index load
+    if (index_dir is None) == (simulate is None):
+        raise RetrievalError("serve: give an index folder or a model to simulate search with, "
+                             "one of the two")
+    if not 0 <= noise <= 1:
+        raise RetrievalError(f"--noise: expected a probability from 0 to 1, got {noise}")
     sock = bind_socket(host, port)          # so is the port, and it stays ours meanwhile
-    if index_process:
+    if simulate is not None:
+        from seekrl.retrieval.simulated import SimulatedRetriever
+
+        retriever = SimulatedRetriever.from_pretrained(simulate, device=device, noise=noise)
+        manifest = {"type": "simulated", "model": simulate, "noise": noise}
+        doc_count, index_dir = 0, f"simulated search ({simulate})"
+    elif index_process:
         retriever = IndexProcess(index_dir, device=device, faiss_gpu=faiss_gpu)
         manifest, doc_count = retriever.manifest, retriever.doc_count
     else:
@@ -388,7 +405,7 @@ def run_server(index_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
     try:
         app = create_app(retriever, manifest=manifest, config=server_config)
         # said on stdout whatever the logging set-up (a user needs the address; port 0 picks)
-        print(f"serving {index_dir} ({doc_count} docs) on {server_url(sock)}/retrieve "
+        print(f"serving {index_dir} ({doc_count or 'no'} docs) on {server_url(sock)}/retrieve "
               f"(health: {server_url(sock)}/health)", flush=True)
         uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                       access_log=False)).run(sockets=[sock])

@@ -1,0 +1,260 @@
+"""Simulated search (ZeroSearch): a causal language model plays the search engine.
+
+Given a query, the simulator writes `k` short documents, one a line, in the layout the agent
+reads them in (`Doc i (Title: T) text`), and `parse_documents` turns its text into `Hit`s:
+the same `Retriever.search` interface as an index, so every RL method and command runs on it
+unchanged (and `seekrl serve --simulate MODEL` answers the Search-R1 schema with it).
+
+Two prompts: *useful* documents (relevant to the query and, when the caller knows them, to
+the episode's question and its gold answer: `search_with_context`) and *noisy* ones (they
+look relevant but do not answer it). Each query draws noisy with probability `noise`, which a
+curriculum raises over training (`noise_probability`: ZeroSearch's exponential schedule from
+a start to an end value, base 4 by default). The simulator is an environment: its tokens
+never enter the policy's loss (the engine appends them as an `<information>` block, masked
+like a real retriever's).
+
+Documents get ids `sim-<digest of title and text>`: they never equal a corpus id, so the
+`evidence` reward and evidence recall, which judge by gold ids, give simulated documents no
+credit; `simulator_quality` measures them against the real index instead (gold-document
+title hits and answer containment).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from collections import Counter
+from collections.abc import Sequence
+
+from seekrl.retrieval.base import Hit
+
+USEFUL = "useful"
+NOISY = "noisy"
+
+_ASK = ("You are a search engine. Write {k} short documents (about {words} words each) that a "
+        "search for the query below would return. Write each on its own line as: Doc N "
+        "(Title: a title) the document's text.")
+_USEFUL = (" The documents must be relevant to the query and hold facts that help answer the "
+           "question{answer_hint}.")
+_NOISY = (" The documents must look related to the query but must not contain the information "
+          "that answers it or the question: mention other people, places and numbers.")
+
+
+def simulator_prompt(query: str, k: int, *, kind: str = USEFUL, question: str | None = None,
+                     answer: str | None = None, words: int = 30) -> str:
+    """The user message the simulator answers: what to write (`kind`: useful or noisy), the
+    query, and for useful documents the episode's question and gold answer when known (as
+    ZeroSearch gives them, so a simulator can write documents for questions it does not
+    know the answer to; a noisy prompt leaves the answer out)."""
+    if kind not in (USEFUL, NOISY):
+        raise ValueError(f"kind: expected {USEFUL!r} or {NOISY!r}, got {kind!r}")
+    text = _ASK.format(k=k, words=words)
+    if kind == USEFUL:
+        hint = f", whose answer is {answer}" if answer else ""
+        text += _USEFUL.format(answer_hint=hint)
+    else:
+        text += _NOISY
+    text += f"\n\nQuery: {query.strip()}"
+    if question and kind == USEFUL:
+        text += f"\nQuestion: {question.strip()}"
+    return text
+
+
+def simulator_target(hits: Sequence[Hit]) -> str:
+    """Documents as the simulator should write them (its SFT target): the prompt's layout."""
+    return "\n".join(f"Doc {i} (Title: {h.title}) {' '.join(h.text.split())}"
+                     for i, h in enumerate(hits, 1))
+
+
+# "Doc N (Title: T) text" or "Doc N: text"; an opened "(Title:" must be the title
+_DOC = re.compile(r"^\s*(?:[-*]\s*)?Doc(?:ument)?\s*(\d+)\s*"
+                  r"(?:\(\s*Title:\s*(?P<title>[^)]*)\)|(?!\s*\(\s*Title:))"
+                  r"\s*[:.\-]?\s*(?P<text>.*\S)\s*$", re.I)
+
+
+def parse_documents(text: str, k: int) -> tuple[list[tuple[str, str]], bool]:
+    """The (title, text) documents in a simulator's output, at most `k`, in order, repeats
+    dropped; and whether the output was well formed (every non-empty line a `Doc N` line,
+    at least one). Lines that are not documents are left out but make it malformed; a
+    document without a title gets an empty one."""
+    docs: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    well_formed = True
+    for line in str(text).splitlines():
+        if not line.strip():
+            continue
+        m = _DOC.match(line)
+        if m is None or not m.group("text").strip():
+            well_formed = False
+            continue
+        title = " ".join((m.group("title") or "").split())
+        body = " ".join(m.group("text").split())
+        key = f"{title.lower()}\n{body.lower()}"
+        if key in seen:
+            continue
+        seen.add(key)
+        if len(docs) < k:
+            docs.append((title, body))
+    return docs, well_formed and bool(docs)
+
+
+def document_id(title: str, text: str) -> str:
+    return "sim-" + hashlib.sha1(f"{title}\n{text}".encode()).hexdigest()[:12]
+
+
+def noise_probability(step: int, total: int, start: float, end: float, base: float = 4.0) -> float:
+    """ZeroSearch's curriculum: the probability that a query gets noisy documents at training
+    step `step` of `total`, rising from `start` to `end` along `(base^(step/total) - 1) /
+    (base - 1)`; `end` from `total` on. `base` 1 would be linear (taken as such)."""
+    if total <= 0:
+        raise ValueError(f"total: expected a positive number of steps, got {total}")
+    if not (0 <= start <= 1 and 0 <= end <= 1):
+        raise ValueError(f"noise: start and end must be probabilities, got {start}, {end}")
+    frac = min(max(step, 0) / total, 1.0)
+    shape = frac if abs(base - 1.0) < 1e-9 else (base ** frac - 1) / (base - 1)
+    return start + shape * (end - start)
+
+
+class SimulatedRetriever:
+    """A causal LM writes the documents (see the module). `model` and `tokenizer` are a
+    Hugging Face causal LM and its tokenizer (`from_pretrained` loads one by name, the
+    bundled model by default); generation is batched, `batch_size` queries at a time,
+    sampled at `temperature` (0: greedy), at most `max_new_tokens` per query. `noise` is the
+    probability of a noisy prompt per query (`set_noise`, the curriculum's value). `stats`
+    counts queries, useful and noisy prompts, malformed outputs and empty ones (no document
+    parsed: the agent is then told nothing matched)."""
+
+    def __init__(self, model, tokenizer, *, noise: float = 0.0, max_new_tokens: int = 256,
+                 temperature: float = 0.8, batch_size: int = 16, words: int = 30,
+                 seed: int = 0):
+        if not 0 <= noise <= 1:
+            raise ValueError(f"noise: expected a probability, got {noise}")
+        self.model, self.tokenizer = model, tokenizer
+        self.noise, self.max_new_tokens, self.temperature = noise, max_new_tokens, temperature
+        self.batch_size, self.words = batch_size, words
+        self._rng = random.Random(seed)
+        self._seed = seed
+        self._calls = 0
+        self.stats: Counter = Counter()
+
+    @classmethod
+    def from_pretrained(cls, name: str = "smollm2-135m", *, device: str = "cpu",
+                        dtype: str = "float32", **kw) -> "SimulatedRetriever":
+        from seekrl.models import load_policy
+
+        model, tokenizer = load_policy(name, device=device, dtype=dtype)
+        model.eval()
+        return cls(model, tokenizer, **kw)
+
+    def set_noise(self, noise: float) -> None:
+        if not 0 <= noise <= 1:
+            raise ValueError(f"noise: expected a probability, got {noise}")
+        self.noise = noise
+
+    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        return self.search_with_context(queries, k)
+
+    def search_with_context(self, queries: list[str], k: int,
+                            questions: Sequence[str | None] | None = None,
+                            answers: Sequence[str | None] | None = None) -> list[list[Hit]]:
+        """`search`, with each query's episode question and gold answer for the useful
+        prompt (the rollout engine passes them; the HTTP schema has queries alone)."""
+        n = len(queries)
+        questions = list(questions) if questions is not None else [None] * n
+        answers = list(answers) if answers is not None else [None] * n
+        if len(questions) != n or len(answers) != n:
+            raise ValueError(f"{n} queries but {len(questions)} questions and {len(answers)} "
+                             "answers")
+        kinds = [NOISY if self._rng.random() < self.noise else USEFUL for _ in queries]
+        prompts = [simulator_prompt(q, k, kind=kind, question=qu, answer=a, words=self.words)
+                   for q, kind, qu, a in zip(queries, kinds, questions, answers)]
+        texts: list[str] = []
+        for start in range(0, n, self.batch_size):
+            texts += self.generate(prompts[start:start + self.batch_size])
+        out = []
+        for kind, text in zip(kinds, texts):
+            docs, ok = parse_documents(text, k)
+            self.stats["queries"] += 1
+            self.stats[kind] += 1
+            self.stats["malformed"] += not ok
+            self.stats["empty"] += not docs
+            out.append([Hit(document_id(t, x), t, x, float(len(docs) - i))
+                        for i, (t, x) in enumerate(docs)])
+        return out
+
+    def generate(self, prompts: list[str]) -> list[str]:
+        """The simulator's reply to each user message (chat template, left padding)."""
+        import torch
+
+        tok = self.tokenizer
+        texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                         add_generation_prompt=True)
+                 if getattr(tok, "chat_template", None) else p + "\n\n" for p in prompts]
+        side, tok.padding_side = tok.padding_side, "left"
+        try:
+            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        finally:
+            tok.padding_side = side
+        device = next(self.model.parameters()).device
+        enc = {key: v.to(device) for key, v in enc.items()}
+        self._calls += 1
+        gen = torch.Generator(device="cpu").manual_seed(self._seed * 1_000_003 + self._calls)
+        sample = self.temperature > 0
+        with torch.no_grad(), _seeded(gen):
+            out = self.model.generate(
+                **enc, max_new_tokens=self.max_new_tokens, do_sample=sample,
+                temperature=self.temperature if sample else None, top_p=None, top_k=None,
+                pad_token_id=tok.pad_token_id if tok.pad_token_id is not None
+                else tok.eos_token_id)
+        new = out[:, enc["input_ids"].shape[1]:]
+        return tok.batch_decode(new, skip_special_tokens=True)
+
+
+class _seeded:
+    """Sampling draws from torch's global generator: give it `gen`'s state for the call and
+    put the caller's back after, so the simulator neither depends on nor moves the policy's
+    random stream."""
+
+    def __init__(self, gen):
+        self.gen = gen
+
+    def __enter__(self):
+        import torch
+
+        self.saved = torch.random.get_rng_state()
+        torch.random.set_rng_state(self.gen.get_state())
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.random.set_rng_state(self.saved)
+        return False
+
+
+def simulator_quality(simulated: Sequence[Sequence[Hit]], real: Sequence[Sequence[Hit]],
+                      gold_titles: Sequence[Sequence[str]], answers: Sequence[Sequence[str]]
+                      ) -> dict[str, float]:
+    """How a simulator's documents compare with a real index's for the same queries: the
+    share of queries with a document titled as a gold document (`gold_title_hit`), with
+    a document holding a gold answer (`answer_contained`), both for the simulated and the
+    real results, and the share of queries the simulator returned nothing for."""
+    def norm(s: str) -> str:
+        return " ".join(str(s).lower().split())
+
+    def rates(results) -> tuple[float, float]:
+        title = answer = 0
+        for hits, golds, ans in zip(results, gold_titles, answers):
+            titles = {norm(h.title) for h in hits}
+            title += bool(titles & {norm(g) for g in golds})
+            text = " ".join(norm(h.text) for h in hits)
+            answer += any(norm(a) and norm(a) in text for a in ans)
+        n = max(1, len(results))
+        return title / n, answer / n
+
+    s_title, s_answer = rates(simulated)
+    r_title, r_answer = rates(real)
+    return {"queries": len(simulated), "sim_gold_title_hit": s_title,
+            "sim_answer_contained": s_answer, "real_gold_title_hit": r_title,
+            "real_answer_contained": r_answer,
+            "sim_empty": sum(not h for h in simulated) / max(1, len(simulated))}

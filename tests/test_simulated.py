@@ -1,0 +1,309 @@
+"""Simulated search (ZeroSearch) and self-search (SSRL): the simulator's prompt, parsing its
+documents into hits (malformed output included), the noise curriculum, the retriever in the
+rollout engine and the trainer, the simulator's SFT data, `seekrl serve --simulate`, and which
+self-search tokens are trained."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seekrl.agent.backends import Backend
+from seekrl.agent.rollout import RolloutConfig, RolloutEngine
+from seekrl.data.qa import QAExample
+from seekrl.retrieval.base import Hit
+from seekrl.retrieval.server import create_app
+from seekrl.retrieval.simulated import (
+    NOISY,
+    USEFUL,
+    SimulatedRetriever,
+    noise_probability,
+    parse_documents,
+    simulator_prompt,
+    simulator_quality,
+    simulator_target,
+)
+
+GOOD = ("Doc 1 (Title: Tarrow) Tarrow is a city of 40,000 people.\n"
+        "Doc 2 (Title: Kelbaan) Kelbaan Records was founded in 1986.\n"
+        "Doc 3 (Title: Extra) One too many.")
+
+
+class Scripted(SimulatedRetriever):
+    """The simulator's replies scripted; records the prompts it got."""
+
+    def __init__(self, replies, **kw):
+        super().__init__(None, None, **kw)
+        self.replies, self.prompts = list(replies), []
+
+    def generate(self, prompts):
+        self.prompts += prompts
+        return [self.replies[(len(self.prompts) - len(prompts) + i) % len(self.replies)]
+                for i in range(len(prompts))]
+
+
+# ---- the prompt and the parser
+def test_useful_prompt_holds_query_question_and_answer_noisy_leaves_the_answer_out():
+    useful = simulator_prompt("Tarrow population", 3, question="How big is Tarrow?",
+                              answer="40,000")
+    assert "Query: Tarrow population" in useful and "Question: How big is Tarrow?" in useful
+    assert "whose answer is 40,000" in useful and "Write 3 short documents" in useful
+    noisy = simulator_prompt("Tarrow population", 3, kind=NOISY, question="q?", answer="40,000")
+    assert "40,000" not in noisy and "Question:" not in noisy and "must not contain" in noisy
+    with pytest.raises(ValueError, match="kind"):
+        simulator_prompt("q", 3, kind="helpful")
+
+
+def test_documents_parse_in_order_capped_at_k_and_round_trip_the_target():
+    docs, ok = parse_documents(GOOD, 2)
+    assert ok and docs == [("Tarrow", "Tarrow is a city of 40,000 people."),
+                           ("Kelbaan", "Kelbaan Records was founded in 1986.")]
+    hits = [Hit("a", "T one", "first  text", 1.0), Hit("b", "T two", "second", 0.5)]
+    assert parse_documents(simulator_target(hits), 5) == ([("T one", "first text"),
+                                                          ("T two", "second")], True)
+
+
+@pytest.mark.parametrize("text, docs, ok", [
+    ("", [], False),
+    ("I am a search engine and here are results.", [], False),
+    ("Doc 1: no title here\nDoc 2 (Title: B) b text", [("", "no title here"), ("B", "b text")],
+     True),
+    ("Sure!\nDoc 1 (Title: A) a text", [("A", "a text")], False),    # a stray line: malformed
+    ("Doc 1 (Title: A) same\nDoc 2 (Title: A) same", [("A", "same")], True),   # repeat dropped
+    ("Doc 1 (Title: A)", [], False),                                  # a title, no text
+])
+def test_malformed_simulator_output(text, docs, ok):
+    assert parse_documents(text, 3) == (docs, ok)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=300), st.integers(1, 5))
+def test_parsing_any_text_never_raises(text, k):
+    docs, ok = parse_documents(text, k)
+    assert len(docs) <= k and all(body and body == " ".join(body.split()) for _, body in docs)
+    assert not ok or docs
+
+
+# ---- the curriculum
+def test_noise_rises_from_start_to_end_along_the_exponential_curve():
+    xs = [noise_probability(s, 100, 0.0, 0.5) for s in range(0, 121, 10)]
+    assert xs[0] == 0.0 and xs[10] == pytest.approx(0.5) and xs[-1] == pytest.approx(0.5)
+    assert all(a <= b for a, b in zip(xs, xs[1:]))
+    # base 4: half-way through is (4^0.5 - 1) / 3 = 1/3 of the way
+    assert noise_probability(50, 100, 0.0, 0.6) == pytest.approx(0.2)
+    assert noise_probability(50, 100, 0.2, 0.6, base=1.0) == pytest.approx(0.4)   # linear
+    assert noise_probability(30, 100, 0.5, 0.5) == 0.5
+    with pytest.raises(ValueError):
+        noise_probability(1, 0, 0, 0.5)
+    with pytest.raises(ValueError):
+        noise_probability(1, 10, 0, 1.5)
+
+
+# ---- the retriever
+def test_the_simulator_turns_its_text_into_hits_and_counts_what_went_wrong():
+    sim = Scripted([GOOD, "nothing useful", "Doc 1 (Title: X) x\nstray"], noise=0.0)
+    out = sim.search(["a", "b", "c"], 2)
+    assert [[h.title for h in hits] for hits in out] == [["Tarrow", "Kelbaan"], [], ["X"]]
+    assert all(h.doc_id.startswith("sim-") for hits in out for h in hits)
+    assert [h.score for h in out[0]] == [2.0, 1.0]
+    assert dict(sim.stats) == {"queries": 3, USEFUL: 3, "malformed": 2, "empty": 1}
+    assert all("Question:" not in p for p in sim.prompts)   # search() knows queries alone
+
+
+def test_noise_draws_per_query_and_context_reaches_the_useful_prompt():
+    sim = Scripted([GOOD], noise=1.0)
+    sim.search_with_context(["q1", "q2"], 2, ["Where?", "Who?"], ["Tarrow", None])
+    assert sim.stats[NOISY] == 2 and all("must not contain" in p for p in sim.prompts)
+    sim.set_noise(0.0)
+    sim.search_with_context(["q1"], 2, ["Where?"], ["Tarrow"])
+    assert "whose answer is Tarrow" in sim.prompts[-1] and "Question: Where?" in sim.prompts[-1]
+    with pytest.raises(ValueError):
+        sim.set_noise(2.0)
+    with pytest.raises(ValueError, match="2 queries"):
+        sim.search_with_context(["a", "b"], 1, ["q"], ["x"])
+
+
+def test_the_tiny_model_as_simulator_generates_and_never_breaks(tiny):
+    model, tok = tiny
+    sim = SimulatedRetriever(model, tok, max_new_tokens=12, temperature=1.0, batch_size=2)
+    out = sim.search(["a query", "another", "third"], 2)
+    assert len(out) == 3 and sim.stats["queries"] == 3   # random weights: mostly malformed
+    greedy = SimulatedRetriever(model, tok, max_new_tokens=8, temperature=0.0)
+    assert greedy.generate(["same prompt"]) == greedy.generate(["same prompt"])
+
+
+def test_simulator_quality_against_the_real_index():
+    sim = [[Hit("s1", "Tarrow", "a city of 40,000", 1.0)], []]
+    real = [[Hit("d1", "Tarrow", "Tarrow has 40,000 people", 1.0)],
+            [Hit("d2", "Other", "nothing", 1.0)]]
+    q = simulator_quality(sim, real, [["Tarrow"], ["Kelbaan"]], [["40,000"], ["1986"]])
+    assert q == {"queries": 2, "sim_gold_title_hit": 0.5, "sim_answer_contained": 0.5,
+                 "real_gold_title_hit": 0.5, "real_answer_contained": 0.5, "sim_empty": 0.5}
+
+
+# ---- in the engine
+class Script(Backend):
+    def __init__(self, tok, turns):
+        self.tok, self.turns, self.calls = tok, turns, []
+
+    def generate(self, contexts, max_new_tokens, sampling, keys=None):
+        turn = self.turns[min(len(self.calls), len(self.turns) - 1)]
+        self.calls.append((len(contexts), max_new_tokens, sampling.stop))
+        return [self.tok.encode(turn, add_special_tokens=False) for _ in contexts]
+
+
+def test_the_engine_gives_a_simulator_the_question_and_answer_and_masks_its_documents(tiny):
+    _, tok = tiny
+    sim = Scripted([GOOD])
+    backend = Script(tok, ["<search> Tarrow size </search>", "<answer> 40,000 </answer>"])
+    engine = RolloutEngine(backend, tok, sim, RolloutConfig(max_turns=3, topk=2))
+    (t,) = engine.run([QAExample("a", "How big is Tarrow?", ["40,000"])])
+    assert "whose answer is 40,000" in sim.prompts[0] and "Question: How big is Tarrow?" \
+        in sim.prompts[0]
+    s = t.steps[0]
+    block = tok.decode(t.token_ids[s.info_start:s.info_end])
+    assert "Doc 1 (Title: Tarrow) Tarrow is a city" in block and "Extra" not in block
+    assert set(t.loss_mask[s.info_start:s.info_end]) == {0}
+    assert s.hit_titles == ["Tarrow", "Kelbaan"] and t.answer == "40,000"
+
+
+def test_self_search_the_policy_writes_the_block_and_none_of_it_is_trained(tiny):
+    _, tok = tiny
+    backend = Script(tok, ["<think> look </think>\n<search> Tarrow size </search>",
+                           "Doc 1 (Title: Tarrow) Tarrow has 40,000 people.</information> junk",
+                           "<answer> 40,000 </answer>"])
+    engine = RolloutEngine(backend, tok, None, RolloutConfig(max_turns=3, topk=2,
+                                                             self_search=True,
+                                                             max_info_tokens=64))
+    (t,) = engine.run([QAExample("a", "How big is Tarrow?", ["40,000"],
+                                 {"gold_doc_ids": ["d-t"]})])
+    t.check()
+    # the second call wrote the block: stopped at its closing tag, within the block's budget
+    assert backend.calls[1][2] == ("</information>",) and backend.calls[1][1] < 64
+    s = t.steps[0]
+    assert s.action == "search" and s.query == "Tarrow size" and t.n_searches == 1
+    block = tok.decode(t.token_ids[s.info_start:s.info_end])
+    assert block == "\n\n<information>Doc 1 (Title: Tarrow) Tarrow has 40,000 people." \
+                    "</information>\n\n"
+    assert set(t.loss_mask[s.info_start:s.info_end]) == {0}   # own documents: not trained
+    assert s.hit_titles == ["Tarrow"] and s.hits[0].startswith("sim-") and s.gold_hit is False
+    assert t.evidence_recall() == 0.0 and t.answer == "40,000"
+    # the policy's own turns are trained, and only they carry rollout log-probs
+    assert sum(t.loss_mask) == sum(st.end - st.start for st in t.steps)
+
+
+def test_self_search_needs_no_retriever_but_a_real_search_does(tiny):
+    _, tok = tiny
+    with pytest.raises(ValueError, match="needs a retriever"):
+        RolloutEngine(Script(tok, ["x"]), tok, None, RolloutConfig())
+
+
+# ---- the trainer: rollouts simulated, evaluation on the real index
+def test_a_training_step_with_a_simulator_follows_the_curriculum(tmp_path, tiny):
+    from conftest import build_world_and_index
+
+    from seekrl.config import TrainConfig
+    from seekrl.recipes.train import Trainer
+
+    model, tok = tiny
+    _, paths, index_dir = build_world_and_index(tmp_path / "w", seed=4, entities=200,
+                                                n_train=8, n_dev=4, n_test=4)
+    model.save_pretrained(tmp_path / "sim")
+    tok.save_pretrained(tmp_path / "sim")
+    cfg = TrainConfig(data=str(paths["train"]), index=str(index_dir), out=str(tmp_path / "run"),
+                      steps=2, questions_per_step=2, group_size=2, save_every=0,
+                      rollout={"max_turns": 2, "max_new_tokens": 8},
+                      simulator={"model": str(tmp_path / "sim"), "noise_start": 0.0,
+                                 "noise_end": 1.0, "max_new_tokens": 8, "batch_size": 4},
+                      eval={"data": str(paths["dev"]), "n": 2, "at_start": False,
+                            "max_turns": 2, "max_new_tokens": 8})
+    trainer = Trainer(cfg, model=model, tokenizer=tok)
+    trainer.train()
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    noise = [r["simulator_noise"] for r in records if "simulator_noise" in r]
+    assert noise == [0.0, pytest.approx(1 / 3, abs=1e-4)]   # step 1 at 0/2; 2 at (4^0.5-1)/3
+    assert trainer._simulator is not trainer.retriever   # evaluation kept the real index
+    assert any("dev_em" in r for r in records)
+
+
+def test_a_simulator_run_needs_no_index_for_its_rollouts(tmp_path, tiny):
+    from conftest import build_world_and_index
+
+    from seekrl.config import TrainConfig
+    from seekrl.recipes.train import Trainer
+
+    model, tok = tiny
+    _, paths, _ = build_world_and_index(tmp_path / "w", seed=4, entities=200, n_train=4,
+                                        n_dev=2, n_test=2)
+    cfg = TrainConfig(data=str(paths["train"]), out=str(tmp_path / "run"), steps=1,
+                      rollout={"self_search": True, "max_turns": 2, "max_new_tokens": 8})
+    trainer = Trainer(cfg, model=model, tokenizer=tok)
+    assert trainer.retriever is None
+    trainer.step(1)
+
+
+# ---- the simulator's SFT
+def test_simulator_examples_label_useful_and_noisy_and_train_only_the_documents(tmp_path, tiny):
+    from conftest import build_world_and_index
+
+    from seekrl.config import SimulatorTrainConfig
+    from seekrl.recipes.simulator import examples, interactions, label
+    from seekrl.retrieval.index import load_index
+
+    _, tok = tiny
+    _, paths, index_dir = build_world_and_index(tmp_path / "w", seed=4, entities=200,
+                                                n_train=6, n_dev=2, n_test=2)
+    cfg = SimulatorTrainConfig(index=str(index_dir), data=[str(paths["train"])])
+    records = interactions(cfg)
+    assert records and all(r["gold_ids"] and r["answers"] for r in records)
+    rows, counts = examples(records, load_index(index_dir), tok, 2, 30)
+    assert counts[USEFUL] + counts[NOISY] == len(rows) and counts[USEFUL] > 0
+    for row in rows:
+        target = tok.decode([i for i, m in zip(row["token_ids"], row["loss_mask"]) if m])
+        prompt = tok.decode([i for i, m in zip(row["token_ids"], row["loss_mask"]) if not m])
+        assert target.startswith("Doc 1 (Title: ") and f"Query: {row['query']}" in prompt
+        assert ("must not contain" in prompt) == (row["kind"] == NOISY)
+    r = {"gold_ids": ["g"], "gold_titles": [], "answers": ["1986"]}
+    assert label(r, [Hit("g", "T", "x", 1.0)]) == USEFUL
+    assert label(r, [Hit("o", "T", "founded in 1986", 1.0)]) == USEFUL
+    assert label(r, [Hit("o", "T", "nothing", 1.0)]) == NOISY
+    with pytest.raises(ValueError, match="no search queries"):
+        interactions(SimulatorTrainConfig(index=str(index_dir)))
+
+
+def test_seekrl_simulator_train_runs_from_the_cli(tmp_path):
+    from conftest import build_lab
+    from typer.testing import CliRunner
+
+    from seekrl.cli import app
+
+    _, paths, index_dir, model_dir = build_lab(tmp_path)
+    result = CliRunner().invoke(app, ["simulator", "train", f"model={model_dir}",
+                                      f"index={index_dir}", f"data=[{paths['train']}]",
+                                      f"out={tmp_path / 'sim'}", "steps=2", "limit=12"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
+    assert summary["examples"] == 12 and (tmp_path / "sim" / "sft" / "final").is_dir()
+
+
+# ---- served
+def test_a_simulated_engine_answers_the_search_r1_schema():
+    client = TestClient(create_app(Scripted([GOOD]), manifest={"type": "simulated"}))
+    r = client.post("/retrieve", json={"queries": ["Tarrow"], "topk": 2, "return_scores": True})
+    assert r.status_code == 200
+    (hits,) = r.json()["result"]
+    assert [h["document"]["contents"].split("\n")[0] for h in hits] == ["Tarrow", "Kelbaan"]
+
+
+def test_serve_takes_an_index_or_a_simulator_not_both_nor_neither(tmp_path):
+    from typer.testing import CliRunner
+
+    from seekrl.cli import app
+
+    for args in ([], ["--index", str(tmp_path), "--simulate", "smollm2-135m"]):
+        result = CliRunner().invoke(app, ["serve", *args])
+        assert result.exit_code != 0 and "one of the two" in result.output
