@@ -102,7 +102,8 @@ def test_score_trajectories_matches_hand_computed_values():
     # B: q3 one of two right, q4 none; no gold documents -> evidence recall None (n/a)
     assert b == approx({"questions": 2, "trajectories": 4, "em": 0.25, "f1": 0.25,
                         "cover_em": 0.25, "valid_format": 1.0, "searches": 0.0,
-                        "turns": 1.0, "queries": 0.0, "generated_tokens": 5.0, "evidence_recall": None, "pass@2": 0.5})
+                        "turns": 1.0, "queries": 0.0, "generated_tokens": 5.0,
+                        "evidence_recall": None, "pass@2": 0.5})
     # macro average over the two data sets; evidence recall only where known
     assert avg == approx({"questions": 4, "trajectories": 8, "em": 0.375,
                           "f1": (2 / 3 + 0.25) / 2, "cover_em": 0.5, "valid_format": 0.875,
