@@ -45,7 +45,9 @@ def main() -> None:
     ap.add_argument("--n-test", type=int, default=200)
     ap.add_argument("--eval-batch", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--dtype", default="float32", help="the evaluations' dtype")
+    ap.add_argument("--sft-dtype", default="float32",
+                    help="SFT's dtype (float32, as the learning benchmarks' shared start)")
     ap.add_argument("--report", action="store_true", help="only print what WORK holds")
     args = ap.parse_args()
     demo = DemoConfig(n_test=args.n_test, seed=args.seed)
@@ -93,7 +95,7 @@ def _side(side: str, args, demo, world_dir: Path, index_dir: Path, test_file: Pa
         sft = run_sft(SFTConfig(model=demo.model, data=str(oracle), out=str(out / "sft"),
                                 seed=demo.seed, max_steps=demo.sft_steps, **sft_batching(demo),
                                 max_info_tokens=demo.max_info_tokens, topk=demo.k,
-                                train_layers=demo.train_layers, dtype=args.dtype,
+                                train_layers=demo.train_layers, dtype=args.sft_dtype,
                                 max_queries=max_queries,
                                 optim={"lr": demo.sft_lr, "warmup_steps": 2, "min_lr_ratio": 0.1}),
                       overwrite=True)
@@ -115,7 +117,7 @@ def _side(side: str, args, demo, world_dir: Path, index_dir: Path, test_file: Pa
                           for t, row in next(iter(metrics["by_type"].values()), {}).items()},
               "sft_minutes": round(sft_minutes, 2),
               "minutes": round((time.time() - t0) / 60, 2), "n_test": args.n_test,
-              "dtype": args.dtype}
+              "dtype": args.dtype, "sft_dtype": args.sft_dtype}
     done.write_text(json.dumps(result, indent=1))
     avg = result["average"]
     print(f"{side}: EM {avg['em']:.3f} turns {avg['turns']:.2f} queries {avg['queries']:.2f} "
