@@ -127,3 +127,26 @@ def test_parallel_search_bench_report(tmp_path, capsys):
     assert float(figures["turns_parallel_comparison"]) == 2.0
     assert "turn_ratio_comparison=0.667" in out[-1] and "em_gain_comparison=+0.100" in out[-1]
     assert "bridge EM -0.050" in out[-1]
+
+
+def test_simulated_search_bench_report(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("sim_bench",
+                                                  BENCH.parent / "simulated_search.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    row = {"sim_answer_contained": 0.4, "sim_gold_title_hit": 0.2, "sim_empty": 0.1,
+           "malformed": 0.3, "real_answer_contained": 0.7, "real_gold_title_hit": 0.8,
+           "queries": 50}
+    (tmp_path / "quality-smollm2-135m.json").write_text(json.dumps(
+        {"simulator": "smollm2-135m", "useful": row, "noisy": dict(row, sim_answer_contained=0.05)}))
+    for mode, ems in {"real": [0.30, 0.32], "simulated": [0.20, 0.24], "self": [0.1, 0.1]}.items():
+        for seed, em in enumerate(ems):
+            d = tmp_path / "runs" / f"{mode}-s{seed}"
+            d.mkdir(parents=True)
+            (d / "result.json").write_text(json.dumps({"mode": mode, "seed": seed, "em": em}))
+    bench._report(tmp_path, time.time())
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "quality_smollm2-135m_noisy: sim_answer_contained=0.050" in out[1]
+    figures = dict(kv.split("=") for line in out[:-1] for kv in line.split() if "=" in kv)
+    assert float(figures["em_real"]) == pytest.approx(0.31)
+    assert "sim_to_real_gap=+0.0900" in out[-1] and "6 RL runs" in out[-1]

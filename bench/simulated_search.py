@@ -1,0 +1,185 @@
+"""Simulated search on the demo's world: how a simulator's documents compare with the real
+index's, and what agents trained on real, simulated and self search do with the real one.
+A long run; never in CI.
+
+    .venv/bin/python bench/simulated_search.py --work-dir /tmp/seekrl-sim --stage quality
+    .venv/bin/python bench/simulated_search.py --work-dir /tmp/seekrl-sim --stage rl \\
+        --sft /tmp/seekrl-process/sft/final --seeds 0,1,2 --steps 10
+
+`quality`: the dev questions' hop queries (`--n-queries`), searched in the real BM25 index
+and written by each simulator (the bundled model as it is; `--simulator DIR` a trained one,
+e.g. from `seekrl simulator train`) under the useful prompt (with the question and gold
+answer) and the noisy one: the share of queries with a document titled as the hop's gold
+document, with the gold answer in a document, and with no parsable document.
+
+`rl`: from one SFT checkpoint, per seed, RL with the demo's settings searching the real
+index (`real`), a simulator (`simulated`, the noise curriculum 0 -> 0.5) and the policy itself
+(`self`), every run evaluated greedily with the real index on the same test questions. The
+`real` run's generated rollout tokens are the budget of the other two (the simulator's own
+tokens are the environment's and are not counted). Results go to `WORK/...json` and are not
+run again; the last line holds `sim_to_real_gap=` (real minus simulated test EM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+MODES = ("real", "simulated", "self")
+
+
+def main() -> None:
+    from seekrl.recipes.pipeline import DemoConfig
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/seekrl-sim"))
+    ap.add_argument("--stage", choices=("quality", "rl", "report"), default="quality")
+    ap.add_argument("--simulator", action="append", default=[],
+                    help="a simulator to measure beside the bundled model (repeatable)")
+    ap.add_argument("--n-queries", type=int, default=200)
+    ap.add_argument("--sft", type=Path, default=None, help="rl: the SFT checkpoint to start from")
+    ap.add_argument("--sim-model", default="smollm2-135m", help="rl: the simulated runs' simulator")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--n-test", type=int, default=200)
+    ap.add_argument("--dtype", default="float32")
+    args = ap.parse_args()
+    from learning import _world
+
+    demo = DemoConfig(n_test=args.n_test)
+    started = time.time()
+    if args.stage != "report":
+        world_dir, index_dir = _world(args.work_dir, demo)
+        if args.stage == "quality":
+            for name in ["smollm2-135m", *args.simulator]:
+                _quality(name, args, demo, world_dir, index_dir)
+        else:
+            if args.sft is None:
+                raise SystemExit("--stage rl needs --sft (the shared SFT checkpoint)")
+            for seed in [int(s) for s in args.seeds.split(",")]:
+                budget = None
+                for mode in MODES:
+                    r = _rl(mode, seed, budget, args, demo, world_dir, index_dir)
+                    if mode == "real":
+                        budget = r["rollout_tokens"]
+    _report(args.work_dir, started)
+
+
+def _quality(name: str, args, demo, world_dir: Path, index_dir: Path) -> dict:
+    from seekrl.data.qa import read_qa_jsonl
+    from seekrl.retrieval.base import split_contents
+    from seekrl.retrieval.corpus import iter_corpus
+    from seekrl.retrieval.index import load_index
+    from seekrl.retrieval.simulated import SimulatedRetriever, simulator_quality
+
+    key = name.replace("/", "_")
+    done = args.work_dir / f"quality-{key}.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    t0 = time.time()
+    hops = [(ex, hop) for ex in read_qa_jsonl(world_dir / "dev.jsonl")
+            for hop in ex.metadata.get("chain") or []][:args.n_queries]
+    titles = {doc_id: split_contents(contents)[0]
+              for doc_id, contents in iter_corpus(world_dir / "corpus.jsonl")}
+    real = load_index(index_dir)
+    queries = [hop["query"] for _, hop in hops]
+    real_hits = real.search(queries, demo.k)
+    gold_titles = [[titles[hop["doc_id"]]] for _, hop in hops]
+    answers = [[hop["answer"]] for _, hop in hops]
+    sim = SimulatedRetriever.from_pretrained(name, dtype=args.dtype, max_new_tokens=160,
+                                             temperature=0.0, batch_size=16)
+    result = {"simulator": name, "queries": len(hops)}
+    for kind, noise in (("useful", 0.0), ("noisy", 1.0)):
+        sim.set_noise(noise)
+        sim.stats.clear()
+        got = sim.search_with_context(queries, demo.k, [ex.question for ex, _ in hops],
+                                      [hop["answer"] for _, hop in hops])
+        q = simulator_quality(got, real_hits, gold_titles, answers)
+        result[kind] = {**q, "malformed": sim.stats["malformed"] / max(1, len(hops))}
+    result["minutes"] = round((time.time() - t0) / 60, 2)
+    done.write_text(json.dumps(result, indent=1))
+    print(f"quality {name}: useful answer_contained {result['useful']['sim_answer_contained']:.3f}"
+          f" (real {result['useful']['real_answer_contained']:.3f}), noisy "
+          f"{result['noisy']['sim_answer_contained']:.3f} ({result['minutes']:.1f} min)",
+          flush=True)
+    return result
+
+
+def _rl(mode: str, seed: int, budget: int | None, args, demo, world_dir: Path,
+        index_dir: Path) -> dict:
+    from process_ablation import _evaluate
+
+    from seekrl.config import TrainConfig
+    from seekrl.data.qa import read_qa_jsonl, write_qa_jsonl
+    from seekrl.recipes.pipeline import rl_config_tree
+    from seekrl.recipes.train import Trainer
+
+    out = args.work_dir / "runs" / f"{mode}-s{seed}"
+    done = out / "result.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    t0 = time.time()
+    test_file = args.work_dir / "test_questions.jsonl"
+    if not test_file.is_file():
+        write_qa_jsonl(test_file, read_qa_jsonl(world_dir / "test.jsonl")[:args.n_test])
+    run = dataclasses.replace(demo, seed=seed, advantage="dr_grpo")
+    tree = rl_config_tree(run, model=str(args.sft), train_file=world_dir / "train.jsonl",
+                          index_dir=index_dir, out=out, budget_tokens=budget,
+                          steps=args.steps if budget is None else 10 * args.steps)
+    tree.update(dtype=args.dtype, save_every=1, keep_last=1)
+    if mode == "simulated":
+        tree["simulator"] = {"model": args.sim_model, "noise_start": 0.0, "noise_end": 0.5}
+    elif mode == "self":
+        tree["rollout"]["self_search"] = True
+    resume = (out / "checkpoints" / "latest").is_file()
+    summary = Trainer(TrainConfig.model_validate(tree), resume=resume,
+                      overwrite=not resume).train()
+    final = _evaluate(Path(summary["final"]), out / "eval-test", index_dir, test_file, demo,
+                      argparse.Namespace(n_test=args.n_test, eval_batch=64, device="cpu",
+                                         dtype=args.dtype))
+    avg = final["average"]
+    by_type = {k: v["em"] for k, v in next(iter(final["by_type"].values()), {}).items()}
+    result = {"mode": mode, "seed": seed, "em": avg["em"], "searches": avg["searches"],
+              "valid_format": avg["valid_format"], "em_by_type": by_type,
+              "steps": summary["steps"], "rollout_tokens": summary["rollout_tokens"],
+              "budget": budget, "budget_met": summary.get("budget_met", True),
+              "minutes": round((time.time() - t0) / 60, 2)}
+    done.write_text(json.dumps(result, indent=1))
+    print(f"{mode} seed {seed}: EM {avg['em']:.3f} searches {avg['searches']:.2f}", flush=True)
+    return result
+
+
+def _report(work: Path, started: float) -> None:
+    for path in sorted(work.glob("quality-*.json")):
+        q = json.loads(path.read_text())
+        for kind in ("useful", "noisy"):
+            row = q[kind]
+            print(f"quality_{q['simulator'].replace('/', '_')}_{kind}: "
+                  f"sim_answer_contained={row['sim_answer_contained']:.3f} "
+                  f"sim_gold_title_hit={row['sim_gold_title_hit']:.3f} "
+                  f"sim_empty={row['sim_empty']:.3f} malformed={row['malformed']:.3f} "
+                  f"real_answer_contained={row['real_answer_contained']:.3f} "
+                  f"real_gold_title_hit={row['real_gold_title_hit']:.3f} queries={row['queries']}")
+    runs = [json.loads(p.read_text()) for p in sorted(work.glob("runs/*/result.json"))]
+    ems: dict[str, list[float]] = {}
+    for r in runs:
+        ems.setdefault(r["mode"], []).append(r["em"])
+    for mode, values in ems.items():
+        sd = statistics.stdev(values) if len(values) > 1 else 0.0
+        print(f"em_{mode}={statistics.mean(values):.4f} em_std_{mode}={sd:.4f} seeds_{mode}={len(values)}")
+    gap = (statistics.mean(ems["real"]) - statistics.mean(ems["simulated"])
+           if ems.get("real") and ems.get("simulated") else float("nan"))
+    print(f"simulated_search: {len(list(work.glob('quality-*.json')))} simulators measured, "
+          f"{len(runs)} RL runs; sim_to_real_gap={gap:+.4f} "
+          f"({(time.time() - started) / 60:.0f} min this run)")
+
+
+if __name__ == "__main__":
+    main()
