@@ -271,3 +271,17 @@ def test_sft_lays_out_a_multi_query_oracle_turn_as_the_engine_does(tiny):
     from seekrl.errors import DataError
     with pytest.raises(DataError, match="one list of documents per query"):
         episode_tokens(tok, bad)
+
+
+def test_the_information_budget_is_per_sub_query(tiny):
+    _, tok = tiny
+    backend = Script(tok, ["<search> Tarrow size ## Kelbaan size </search>", "<answer> x </answer>"])
+    budget = 40
+    one = RolloutEngine(Script(tok, backend.turns), tok, Docs(),
+                        RolloutConfig(max_turns=3, topk=2, max_info_tokens=budget))
+    two = RolloutEngine(backend, tok, Docs(), RolloutConfig(max_turns=3, topk=2, max_queries=2,
+                                                            max_info_tokens=budget))
+    (a,) = one.run([QAExample("a", "q?", ["x"])])
+    (b,) = two.run([QAExample("a", "q?", ["x"])])
+    size = lambda t: t.steps[0].info_end - t.steps[0].info_start   # noqa: E731
+    assert size(a) == budget and budget < size(b) <= 2 * budget

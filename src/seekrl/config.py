@@ -196,7 +196,8 @@ class EpisodeSettings(Strict):
     tools: list[str] = []
     snippet_words: int | None = Field(None, ge=1)   # a search shows each document's first N words
     # parallel sub-queries (ParallelSearch): a search turn may hold up to this many queries
-    # separated by ##, run in one batched retriever call (agent/protocol.py); 1: one query
+    # separated by ##, run in one batched retriever call (agent/protocol.py); 1: one query.
+    # max_info_tokens is per query: a block of n sub-queries may hold n times as many
     max_queries: int = Field(1, ge=1, le=8)
     # self-search (SSRL): after a search the policy writes the <information> block itself
     # (the environment opens and closes the tags); those tokens are masked out of the loss

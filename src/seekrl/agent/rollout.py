@@ -331,7 +331,9 @@ class RolloutEngine:
                 raise RuntimeError(f"tool {tag!r} returned {len(results)} results for "
                                    f"{len(pending)} calls")
             for (e, step), result in zip(pending, results):
-                ids = information_ids(self._encode, result.text, cfg.max_info_tokens)
+                # the budget is per query: a turn of n sub-queries may show n times as much
+                ids = information_ids(self._encode, result.text,
+                                      cfg.max_info_tokens * max(1, len(result.sub_queries)))
                 # documents count as retrieved only when the policy gets to read them: a
                 # block that does not fit ends the episode and credits nothing
                 if not self._append_env(e, step, ids):

@@ -123,7 +123,8 @@ def episode_tokens(tokenizer, record: dict, *,
                                 f"be laid out in the {style.name} style; write the oracle "
                                 f"file again (seekrl oracle) or use prompt: seekrl",
                                 path=where, field=f"turns[{i}]")
-            new = information_ids(encode, body, max_info_tokens)
+            # per query, as rollouts cut it: a block of n sub-queries may be n times as long
+            new = information_ids(encode, body, max_info_tokens * len(turn.get("queries") or [0]))
             ids += new
             mask += [0] * len(new)
         else:
