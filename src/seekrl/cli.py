@@ -296,6 +296,9 @@ def demo(
     group_size: Annotated[int, typer.Option(help="RL rollouts per question (G)")] = 4,
     train_layers: Annotated[int, typer.Option(
         help="train the top N transformer blocks (0: all of them)")] = 16,
+    dtype: Annotated[str, typer.Option(
+        help="auto (bf16-mixed where the CPU multiplies bfloat16 natively, else float32) | "
+             "float32 | bf16-mixed")] = "auto",
     overwrite: Annotated[bool, typer.Option(help="replace a demo run already in out")] = False,
 ):
     """The whole pipeline on the built-in synthetic world, on CPU: world, index, untrained
@@ -307,7 +310,7 @@ def demo(
                      sft_steps=sft_steps, sft_batch=sft_batch, rl_steps=rl_steps,
                      rl_minutes=rl_minutes, advantage=advantage, process=process,
                      questions_per_step=questions_per_step, group_size=group_size,
-                     train_layers=train_layers or None)
+                     train_layers=train_layers or None, dtype=dtype)
     try:
         run_demo(out, cfg, console=console, overwrite=overwrite)
     except ERRORS as err:

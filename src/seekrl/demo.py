@@ -34,7 +34,13 @@ from seekrl.agent.oracle import write_oracle_trajectories
 from seekrl.data.qa import read_qa_jsonl
 from seekrl.data.world import WorldConfig, generate_world, write_world
 from seekrl.eval.show import print_hits
-from seekrl.recipes.pipeline import DemoConfig, evaluate_greedy, rl_config_tree, sft_batching
+from seekrl.recipes.pipeline import (
+    DemoConfig,
+    demo_dtype,
+    evaluate_greedy,
+    rl_config_tree,
+    sft_batching,
+)
 from seekrl.retrieval.index import build_index, load_index
 from seekrl.runtime import peak_rss_mb
 
@@ -103,6 +109,11 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
         method_overrides(cfg.process, group_size=cfg.group_size)   # a bad name fails now
         plan.update(rl_process=rl_minutes, eval_rl_process=3.0)
     resolve_model(cfg.model)      # a path that is not there fails now, not after the world
+    from seekrl.models import DTYPES, MIXED
+
+    dtype = demo_dtype(cfg)
+    if dtype not in DTYPES and dtype not in MIXED:
+        raise ValueError(f"--dtype: expected auto, {', '.join([*DTYPES, *MIXED])}; got {cfg.dtype!r}")
     held = [name for name in DEMO_OUTPUTS if (out / name).exists()] if out.is_dir() else []
     if held and not overwrite:
         raise FileExistsError(f"--out: {out} already holds a demo run ({', '.join(held[:4])}"
@@ -142,7 +153,7 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
     sft_cfg = SFTConfig(model=cfg.model, data=str(oracle_path), out=str(out / "sft"),
                         index=str(index_dir), seed=cfg.seed, max_steps=cfg.sft_steps,
                         **sft_batching(cfg), max_info_tokens=cfg.max_info_tokens,
-                        topk=cfg.k, train_layers=cfg.train_layers,
+                        topk=cfg.k, train_layers=cfg.train_layers, dtype=demo_dtype(cfg),
                         optim={"lr": cfg.sft_lr, "warmup_steps": 2, "min_lr_ratio": 0.1})
     sft = run_sft(sft_cfg, console=console, overwrite=True)
 
@@ -173,7 +184,7 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
 
     clock.stage("report", "write the report")
     summary = {
-        "n_test": len(test), "k": cfg.k, "docs": index.doc_count,
+        "n_test": len(test), "k": cfg.k, "docs": index.doc_count, "dtype": dtype,
         "em_untrained": untrained["em"], "em_sft": after_sft["em"], "em_rl": after_rl["em"],
         "f1_untrained": untrained["f1"], "f1_sft": after_sft["f1"], "f1_rl": after_rl["f1"],
         "valid_format_untrained": untrained["valid_format"],

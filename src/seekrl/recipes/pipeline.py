@@ -14,6 +14,10 @@ from rich.console import Console
 class DemoConfig:
     seed: int = 0
     model: str = "smollm2-135m"
+    # every stage's dtype; auto: bf16-mixed on a CPU that multiplies bfloat16 natively
+    # (0.72x the float32 RL step, the same greedy EM: bench/RESULTS.md), float32 elsewhere
+    # (`seekrl demo` says auto; the benchmarks and `seekrl prorag` keep float32 unless told)
+    dtype: str = "float32"
     # the world
     difficulty: str = "medium"
     doc_words: tuple[int, int] = (12, 30)
@@ -50,6 +54,19 @@ class DemoConfig:
     n_show: int = 2                  # test questions whose retrieval is printed
 
 
+def demo_dtype(cfg: DemoConfig) -> str:
+    """The dtype `cfg.dtype` means on this machine (`auto` resolved)."""
+    if cfg.dtype != "auto":
+        return cfg.dtype
+    import torch
+
+    native = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    try:
+        return "bf16-mixed" if native() else "float32"
+    except RuntimeError:    # a build without oneDNN
+        return "float32"
+
+
 def sft_batching(cfg: DemoConfig) -> dict[str, int]:
     """`sft_batch` episodes per optimizer step as micro-batches of `sft_micro_batch`
     (the same gradient: the loss is normalised over the step's tokens)."""
@@ -64,6 +81,7 @@ def rl_config_tree(cfg: DemoConfig, *, model: str, train_file: str | Path,
     return {
         "model": str(model), "data": str(train_file), "index": str(index_dir),
         "out": str(out), "seed": cfg.seed, "save_every": 0, "steps": steps,
+        "dtype": demo_dtype(cfg),
         "max_minutes": cfg.rl_minutes, "max_rollout_tokens": budget_tokens,
         "questions_per_step": cfg.questions_per_step, "group_size": cfg.group_size,
         "train_layers": cfg.train_layers,
@@ -83,7 +101,7 @@ def evaluate_greedy(model_name: str, run_dir: Path, *, index, test_file: Path, c
     from seekrl.eval.evaluate import eval_policy
     from seekrl.models import load_policy
 
-    policy, tokenizer = load_policy(model_name)
+    policy, tokenizer = load_policy(model_name, dtype=demo_dtype(cfg))
     metrics = eval_policy(policy, tokenizer, index,
                           EvalConfig(data=str(test_file), n=cfg.n_test,
                                      max_turns=cfg.eval_max_turns,
