@@ -246,6 +246,18 @@ def test_evidence_rewards_first_finds_of_gold_documents():
     assert PROCESS_REWARDS["evidence"]([rag], ctx) == [[0.5, None]]
 
 
+def test_gold_found_credits_each_hop_alike():
+    bridge = ep("g", [search(hits=["d1", "d3"]), search(hits=["d1", "d4"]), search(hits=["d2"]),
+                      answer()], gold=["d1", "d2", "d5"])
+    single = ep("h", [search(hits=["d9"]), answer()], gold=["d9"])
+    lone = ep("k", [search(hits=["d1"]), answer()])              # gold unknown
+    rows = PROCESS_REWARDS["gold_found"]([bridge, single, lone], ProcessContext())
+    assert rows == [[1.0, 0.0, 1.0, None], [1.0, None], [None, None]]
+    # evidence gives the same two finds 1/3 each against the single hop's 1
+    assert PROCESS_REWARDS["evidence"]([bridge, single], ProcessContext()) == [
+        [pytest.approx(1 / 3), 0.0, pytest.approx(1 / 3), None], [1.0, None]]
+
+
 def test_evidence_falls_back_to_supporting_titles():
     t = ep("g", [search(hits=["x1"]), search(hits=["x2", "x3"]), answer()],
            meta={"supporting_titles": ["Ed Wood", "Scott Derrickson"]})

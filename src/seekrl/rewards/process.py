@@ -23,6 +23,12 @@ The sources:
   MuSiQue supporting facts); an episode without gold gets None on every step, counted in
   `ctx.stats["evidence_no_gold"]`. Like StepSearch's
   information-gain reward, against known gold rather than a similarity to it.
+- `gold_found`: 1 for a search that retrieved a gold document the episode had not seen
+  before, else 0; None for other steps and episodes without known gold. `evidence` divides
+  by the episode's number of gold documents, so each hop of a 3-hop bridge that finds its
+  document earns 1/3 where a single-hop search earns 1: normalised over a batch's searches,
+  the hops of multi-hop episodes then sit below the mean even when every one found its
+  document. `gold_found` credits each successful hop alike.
 - `redundancy`: over-search penalty, -1 for a query the episode already issued (case and
   whitespace aside), else minus the share of the step's documents it had already seen; None
   for other steps. A search of several sub-queries scores the mean over its sub-queries,
@@ -154,6 +160,24 @@ def evidence(trajectories: Sequence[Trajectory], ctx: ProcessContext
         row: list[float | None] = []
         for s, hits in zip(t.steps, step_keys):
             row.append(len((gold & hits) - seen) / len(gold) if s.action == "search" else None)
+            seen = seen | hits
+        out.append(row)
+    return out
+
+
+@register_process("gold_found")
+def gold_found(trajectories: Sequence[Trajectory], ctx: ProcessContext
+               ) -> list[list[float | None]]:
+    out: list[list[float | None]] = []
+    for t in trajectories:
+        gold, step_keys, seen = t.evidence_keys()
+        if not gold:
+            ctx.stats["evidence_no_gold"] += 1
+            out.append([None] * len(t.steps))
+            continue
+        row: list[float | None] = []
+        for s, hits in zip(t.steps, step_keys):
+            row.append(float(bool((gold & hits) - seen)) if s.action == "search" else None)
             seen = seen | hits
         out.append(row)
     return out
