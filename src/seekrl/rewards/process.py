@@ -147,9 +147,10 @@ def score_steps(trajectories: Sequence[Trajectory], weights: Mapping[str, float]
                     s.process_reward += float(weight) * float(v)
 
 
-@register_process("evidence")
-def evidence(trajectories: Sequence[Trajectory], ctx: ProcessContext
-             ) -> list[list[float | None]]:
+def _gold_finds(trajectories: Sequence[Trajectory], ctx: ProcessContext, value
+                ) -> list[list[float | None]]:
+    """`value(new, n_gold)` for each search (`new`: the gold documents it found first),
+    None for other steps and, on every step, for an episode whose gold is unknown."""
     out: list[list[float | None]] = []
     for t in trajectories:
         gold, step_keys, seen = t.evidence_keys()   # by document id, else by title
@@ -159,28 +160,23 @@ def evidence(trajectories: Sequence[Trajectory], ctx: ProcessContext
             continue
         row: list[float | None] = []
         for s, hits in zip(t.steps, step_keys):
-            row.append(len((gold & hits) - seen) / len(gold) if s.action == "search" else None)
+            row.append(value(len((gold & hits) - seen), len(gold)) if s.action == "search"
+                       else None)
             seen = seen | hits
         out.append(row)
     return out
+
+
+@register_process("evidence")
+def evidence(trajectories: Sequence[Trajectory], ctx: ProcessContext
+             ) -> list[list[float | None]]:
+    return _gold_finds(trajectories, ctx, lambda new, n_gold: new / n_gold)
 
 
 @register_process("gold_found")
 def gold_found(trajectories: Sequence[Trajectory], ctx: ProcessContext
                ) -> list[list[float | None]]:
-    out: list[list[float | None]] = []
-    for t in trajectories:
-        gold, step_keys, seen = t.evidence_keys()
-        if not gold:
-            ctx.stats["evidence_no_gold"] += 1
-            out.append([None] * len(t.steps))
-            continue
-        row: list[float | None] = []
-        for s, hits in zip(t.steps, step_keys):
-            row.append(float(bool((gold & hits) - seen)) if s.action == "search" else None)
-            seen = seen | hits
-        out.append(row)
-    return out
+    return _gold_finds(trajectories, ctx, lambda new, n_gold: float(new > 0))
 
 
 @register_process("redundancy")
