@@ -21,14 +21,20 @@ from typing import Any
 
 from rich.console import Console
 
+from seekrl.agent.protocol import normalise_text
 from seekrl.config import SimulatorTrainConfig
-from seekrl.retrieval.simulated import NOISY, USEFUL, simulator_prompt, simulator_target
+from seekrl.retrieval.simulated import (
+    NOISY,
+    USEFUL,
+    simulator_input,
+    simulator_prompt,
+    simulator_target,
+)
 
 
 def interactions(cfg: SimulatorTrainConfig) -> list[dict[str, Any]]:
     """(query, question, answers, gold ids, gold titles) records from the configured
     sources, duplicates (same query and question) once, in a seeded order."""
-    from seekrl.agent.protocol import split_queries
     from seekrl.agent.trajectory import read_trajectories
     from seekrl.data.qa import load_qa
 
@@ -46,7 +52,7 @@ def interactions(cfg: SimulatorTrainConfig) -> list[dict[str, Any]]:
             titles = t.metadata.get("supporting_titles") or []
             for s in t.steps:
                 if s.action == "search" and s.query:
-                    for q in s.sub_queries or split_queries(s.query, 1)[0]:
+                    for q in s.sub_queries or [s.query]:
                         add(q, t.question, t.golden_answers, t.gold_doc_ids, titles)
     for path in cfg.data:
         for ex in load_qa(path):
@@ -69,9 +75,7 @@ def interactions(cfg: SimulatorTrainConfig) -> list[dict[str, Any]]:
 def label(record: dict[str, Any], hits) -> str:
     """useful when the documents hold a gold document (by id, else by title) or a gold
     answer; noisy otherwise."""
-    def norm(s: str) -> str:
-        return " ".join(str(s).lower().split())
-
+    norm = normalise_text
     if record["gold_ids"] and {h.doc_id for h in hits} & set(record["gold_ids"]):
         return USEFUL
     if record["gold_titles"] and {norm(h.title) for h in hits} & {norm(x) for x in
@@ -95,10 +99,7 @@ def examples(records: Sequence[dict[str, Any]], retriever, tokenizer, k: int, wo
         answer = r["answers"][0] if r["answers"] and kind == USEFUL else None
         prompt = simulator_prompt(r["query"], k, kind=kind, question=r["question"],
                                   answer=answer, words=words)
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                             tokenize=False, add_generation_prompt=True) \
-            if getattr(tokenizer, "chat_template", None) else prompt + "\n\n"
-        ids = tokenizer.encode(text, add_special_tokens=False)
+        ids = tokenizer.encode(simulator_input(tokenizer, prompt), add_special_tokens=False)
         target = tokenizer.encode(simulator_target(hits), add_special_tokens=False)
         if tokenizer.eos_token_id is not None:
             target.append(tokenizer.eos_token_id)   # the simulator learns to stop

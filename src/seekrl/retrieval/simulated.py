@@ -61,6 +61,15 @@ def simulator_prompt(query: str, k: int, *, kind: str = USEFUL, question: str | 
     return text
 
 
+def simulator_input(tokenizer, prompt: str) -> str:
+    """The text the simulator reads for a prompt: through its chat template (plain text with
+    a blank line where it has none). Generation and the simulator's SFT both use this."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                             tokenize=False, add_generation_prompt=True)
+    return prompt + "\n\n"
+
+
 def simulator_target(hits: Sequence[Hit]) -> str:
     """Documents as the simulator should write them (its SFT target): the prompt's layout."""
     return "\n".join(f"Doc {i} (Title: {h.title}) {' '.join(h.text.split())}"
@@ -188,9 +197,7 @@ class SimulatedRetriever:
         import torch
 
         tok = self.tokenizer
-        texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                         add_generation_prompt=True)
-                 if getattr(tok, "chat_template", None) else p + "\n\n" for p in prompts]
+        texts = [simulator_input(tok, p) for p in prompts]
         side, tok.padding_side = tok.padding_side, "left"
         try:
             enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
