@@ -167,7 +167,8 @@ def _report(work: Path, started: float) -> None:
                   f"sim_empty={row['sim_empty']:.3f} malformed={row['malformed']:.3f} "
                   f"real_answer_contained={row['real_answer_contained']:.3f} "
                   f"real_gold_title_hit={row['real_gold_title_hit']:.3f} queries={row['queries']}")
-    runs = [json.loads(p.read_text()) for p in sorted(work.glob("runs/*/result.json"))]
+    runs = [r for r in (json.loads(p.read_text()) for p in sorted(work.glob("runs/*/result.json")))
+            if r.get("mode") in MODES]   # a work folder shared with process_ablation has others
     ems: dict[str, list[float]] = {}
     for r in runs:
         ems.setdefault(r["mode"], []).append(r["em"])
