@@ -58,6 +58,15 @@ def main() -> None:
     ap.add_argument("--questions-per-step", type=int, default=None, help="default: the demo's")
     ap.add_argument("--group-size", type=int, default=None, help="default: the demo's")
     ap.add_argument("--lr", type=float, default=None, help="default: the demo's RL lr")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a train-config override for every run (repeatable), e.g. "
+                         "rollout.temperature=0.7 algo.kl_coef=0.05; method keys win over it")
+    ap.add_argument("--runs-dir", default="runs",
+                    help="folder under WORK for this setting's runs, SFT evaluation and plot "
+                         "(one world and SFT, several settings side by side)")
+    ap.add_argument("--final-on", choices=("test", "dev"), default="test",
+                    help="where each run's final policy is evaluated: dev while tuning "
+                         "(the test questions are for the settings chosen, once)")
     ap.add_argument("--eval-batch", type=int, default=64)
     ap.add_argument("--skip-sft-eval", action="store_true",
                     help="do not evaluate the SFT checkpoint on the test questions")
@@ -74,6 +83,12 @@ def main() -> None:
         methods.insert(0, "outcome")   # it sets the budget
     methods.sort(key=lambda m: m != "outcome")
     seeds = [int(s) for s in args.seeds.split(",")]
+    from seekrl.config import parse_override
+
+    try:
+        args.overrides = dict(parse_override(text) for text in args.set)
+    except ValueError as e:
+        raise SystemExit(f"--set: {e}")
 
     from learning import _setup
 
@@ -95,11 +110,26 @@ def main() -> None:
                                   test_file)
                     if method == "outcome":
                         budget = result["rollout_tokens"]
+        if args.final_on == "dev":
+            test_file = _dev_file(work, world_dir, args.n_test)
         if not args.skip_sft_eval:   # the reference line: the starting point of every run
-            start = _evaluate(sft, work / "eval-sft", index_dir, test_file, demo, args)
+            start = _evaluate(sft, work / args.runs_dir / f"eval-sft-{args.final_on}", index_dir,
+                              test_file, demo, args)
             print(f"em_sft={start['average']['em']:.4f}", flush=True)
     if args.stage in ("all", "report"):
-        _report(work, started, args.named)
+        _report(work / args.runs_dir, started, args.named, args.final_on)
+
+
+def _dev_file(work: Path, world_dir: Path, n: int) -> Path:
+    """The world's first `n` dev questions in a file (the periodic evaluation's questions)."""
+    from seekrl.data.qa import read_qa_jsonl, write_qa_jsonl
+
+    dev = read_qa_jsonl(world_dir / "dev.jsonl")[:n]
+    if len(dev) < n:
+        raise SystemExit(f"--n-test: the world has {len(dev)} dev questions")
+    path = work / "dev_questions.jsonl"
+    write_qa_jsonl(path, dev)
+    return path
 
 
 def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, world_dir: Path,
@@ -109,7 +139,7 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
     from seekrl.recipes.train import Trainer
     from seekrl.rl.methods import method_overrides
 
-    out = args.work_dir / "runs" / f"{method}-s{seed}"
+    out = args.work_dir / args.runs_dir / f"{method}-s{seed}"
     done = out / "result.json"
     if done.is_file():
         result = json.loads(done.read_text())
@@ -130,7 +160,7 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
                         "max_new_tokens": demo.eval_max_new_tokens,
                         "batch_size": args.eval_batch}
     keys = method_overrides(method, group_size=demo.group_size, baseline_advantage=args.baseline)
-    cfg = TrainConfig.model_validate(with_keys(tree, keys))
+    cfg = TrainConfig.model_validate(with_keys(with_keys(tree, args.overrides), keys))
     resume = (out / "checkpoints" / "latest").is_file()
     if resume:
         print(f"{method} seed {seed}: resuming {out}", flush=True)
@@ -139,7 +169,8 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
     steps = [r for r in records if "episodes" in r]
     tokens_at = {r["step"]: r["rollout_tokens_total"] for r in steps}
     curve = [(tokens_at.get(r["step"]), r["dev_em"]) for r in records if "dev_em" in r]
-    final = _evaluate(Path(summary["final"]), out / "eval-test", index_dir, test_file, demo, args)
+    final = _evaluate(Path(summary["final"]), out / f"eval-{args.final_on}", index_dir, test_file,
+                      demo, args)
     avg = final["average"]
     by_type = {k: v["em"] for k, v in next(iter(final["by_type"].values()), {}).items()}
     result = {"method": method, "seed": seed, "steps": summary["steps"],
@@ -152,6 +183,7 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
               "train_reward": [r["reward"] for r in steps],
               "alerts": sorted({a for r in steps for a in r.get("alerts", [])}),
               "minutes": round((time.time() - t0) / 60, 2), "device": args.device,
+              "evaluated_on": args.final_on, "overrides": args.overrides,
               "config": cfg.model_dump(mode="json")}
     done.write_text(json.dumps(result, indent=1))
     print(f"{method} seed {seed}: EM {avg['em']:.3f} searches {avg['searches']:.2f} in "
@@ -185,11 +217,13 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def _report(work: Path, started: float, named: str) -> None:
-    results = [json.loads(p.read_text()) for p in sorted(work.glob("runs/*/result.json"))]
+def _report(runs: Path, started: float, named: str, on: str = "test") -> None:
+    results = [json.loads(p.read_text()) for p in sorted(runs.glob("*/result.json"))]
     if not results:
-        raise SystemExit(f"no results under {work}/runs: run the methods first")
-    sft = work / "eval-sft" / "metrics.json"
+        raise SystemExit(f"no results under {runs}: run the methods first")
+    sft = runs / f"eval-sft-{on}" / "metrics.json"
+    if not sft.is_file() and on == "test":
+        sft = runs.parent / "eval-sft" / "metrics.json"   # the layout before --runs-dir
     sft_em = json.loads(sft.read_text())["average"]["em"] if sft.is_file() else None
     by_method: dict[str, list[dict]] = {}
     for r in results:
@@ -217,8 +251,8 @@ def _report(work: Path, started: float, named: str) -> None:
             print(f"em_{m}_{t}={mean:.4f} em_std_{m}_{t}={sd:.4f}")
     if sft_em is not None:
         print(f"em_sft={sft_em:.4f}")
-    _plot(rows, by_method, sft_em, work / "process_ablation.png")
-    print(f"plot={work / 'process_ablation.png'}")
+    _plot(rows, by_method, sft_em, runs / "process_ablation.png")
+    print(f"plot={runs / 'process_ablation.png'}")
     outcome = rows.get("outcome", {}).get("em")
     process = {m: r["em"] for m, r in rows.items() if m != "outcome"}
     best = max(process, key=process.get) if process else None
@@ -227,7 +261,7 @@ def _report(work: Path, started: float, named: str) -> None:
     missed = sum(r["budget_missed"] for r in rows.values())
     print("process_ablation: " + ", ".join(f"{m} {r['em']:.3f}±{r['em_sd']:.3f}"
                                            for m, r in rows.items())
-          + f" (test EM, {max(r['seeds'] for r in rows.values())} seeds)"
+          + f" ({on} EM, {max(r['seeds'] for r in rows.values())} seeds)"
           + f"; best {best} (exploratory); named {named}; process_gain={gain:+.4f}"
           + (f"; {missed} runs outside 10% of the budget" if missed else "")
           + f" ({(time.time() - started) / 60:.0f} min this run)")

@@ -34,7 +34,7 @@ def test_report_means_stds_and_process_gain(tmp_path, capsys):
                 "evidence_recall": 0.6, "steps": 3, "rollout_tokens": 1000,
                 "budget_met": not (method == "gigpo" and seed == 1),
                 "em_by_type": {"bridge": em / 2, "single": em}}))
-    bench._report(tmp_path, time.time(), "evidence")
+    bench._report(tmp_path / "runs", time.time(), "evidence")
     out = capsys.readouterr().out.strip().splitlines()
     figures = dict(kv.split("=") for line in out[:-1] for kv in line.split() if "=" in kv)
     assert float(figures["em_outcome"]) == pytest.approx(0.22)
@@ -44,7 +44,7 @@ def test_report_means_stds_and_process_gain(tmp_path, capsys):
     assert "best gigpo (exploratory)" in out[-1] and "1 runs outside 10% of the budget" \
         in out[-1]
     assert figures["budget_missed_gigpo"] == "1" and figures["budget_missed_evidence"] == "0"
-    assert (tmp_path / "process_ablation.png").stat().st_size > 1000
+    assert (tmp_path / "runs" / "process_ablation.png").stat().st_size > 1000
 
 
 def test_prorag_bench_report_and_prorag_gain(tmp_path, capsys):
@@ -150,3 +150,18 @@ def test_simulated_search_bench_report(tmp_path, capsys):
     figures = dict(kv.split("=") for line in out[:-1] for kv in line.split() if "=" in kv)
     assert float(figures["em_real"]) == pytest.approx(0.31)
     assert "sim_to_real_gap=+0.0900" in out[-1] and "6 RL runs" in out[-1]
+
+
+def test_dev_file_holds_the_first_dev_questions_and_refuses_too_few(tmp_path):
+    from seekrl.data.qa import QAExample, read_qa_jsonl, write_qa_jsonl
+
+    bench = load_bench()
+    world = tmp_path / "world"
+    world.mkdir()
+    write_qa_jsonl(world / "dev.jsonl", [QAExample(id=f"d{i}", question=f"q{i}?",
+                                                   golden_answers=[f"a{i}"])
+                                                   for i in range(5)])
+    path = bench._dev_file(tmp_path, world, 3)
+    assert [q.id for q in read_qa_jsonl(path)] == ["d0", "d1", "d2"]
+    with pytest.raises(SystemExit, match="--n-test: the world has 5 dev questions"):
+        bench._dev_file(tmp_path, world, 6)
