@@ -83,3 +83,37 @@ def test_training_keeps_float32_weights_and_small_updates():
 def test_load_policy_names_the_mixed_dtype_when_refusing_another():
     with pytest.raises(ModelError, match="bf16-mixed"):
         load_policy("smollm2-135m", dtype="bf16-mixd")
+
+
+def test_the_rollout_keeps_a_mixed_policys_kv_cache_in_bfloat16_with_the_same_tokens():
+    """Autocast's attention reads keys and values in bfloat16 whatever they are stored in,
+    so storing the keys in bfloat16 (not the rotary embedding's float32) shrinks the cache and changes no greedy token, across turns
+    on top of the kept cache."""
+    from seekrl.agent.backends import HFBackend, Sampling
+
+    model, tok = tiny_policy(seed=3)
+    mixed_precision(model)
+    ctx = [[int(t) for t in row] for row in _ids(4, 10)]
+    runs = {}
+    for store in (True, False):
+        backend = HFBackend(model, tok)
+        if not store:
+            backend._store_dtype = lambda: None
+        with torch.no_grad():
+            first = backend.generate(ctx, 12, Sampling(greedy=True), keys=[0, 1, 2, 3])
+            nxt = [c + list(g) + [7, 8, 9] for c, g in zip(ctx, first)]
+            second = backend.generate(nxt, 12, Sampling(greedy=True), keys=[0, 1, 2, 3])
+        layer = backend._kept.cache.layers[0]
+        # the values come out of autocast's projection in bfloat16 either way; the keys
+        # out of the float32 rotary embedding
+        assert layer.values.dtype == torch.bfloat16
+        assert layer.keys.dtype == (torch.bfloat16 if store else torch.float32)
+        runs[store] = [list(g) for g in first + second]
+    assert runs[True] == runs[False] and all(runs[True])
+
+
+def test_a_float32_policys_kv_cache_stays_float32():
+    from seekrl.agent.backends import HFBackend
+
+    model, tok = tiny_policy(seed=3)
+    assert HFBackend(model, tok)._store_dtype() is None

@@ -139,15 +139,25 @@ def _growing_layer_class():
     the whole cache each time: with 30 episodes of 700 tokens that is ~1 GB per step on
     CPU. This one keeps a buffer with room to spare and writes new positions in place.
     `spare` is the room added when a buffer is (re)allocated: the backend sets it to the
-    turn's token budget, so one allocation at prefill holds the whole turn's decoding."""
+    turn's token budget, so one allocation at prefill holds the whole turn's decoding.
+
+    `store` is the dtype keys and values are kept in (None: as they come). Under a
+    bf16-mixed policy the backend sets bfloat16: the values come out of autocast's
+    projection in bfloat16 but the keys out of the rotary embedding in float32 (its cos/sin
+    are float32); autocast's attention casts them to bfloat16 before it reads them, so
+    keeping them in bfloat16 changes no number and cuts the cache by a third (35 -> 23 KB
+    a token for the 135M model; float32 throughout is 46)."""
     from transformers.cache_utils import DynamicLayer
 
     class GrowingLayer(DynamicLayer):
         _buf_k: torch.Tensor | None = None
         _buf_v: torch.Tensor | None = None
         spare: int = 64
+        store: torch.dtype | None = None
 
         def update(self, key_states, value_states, *args, **kwargs):
+            if self.store is not None:
+                key_states, value_states = key_states.to(self.store), value_states.to(self.store)
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
             cur = self.keys.shape[-2] if self.keys.numel() else 0
@@ -298,6 +308,13 @@ class HFBackend(Backend):
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def _store_dtype(self) -> torch.dtype | None:
+        """The KV cache's dtype: the autocast dtype of a mixed-precision policy (see
+        `_growing_layer_class`), else the model's own."""
+        from seekrl.models import backbone
+
+        return getattr(backbone(self.model), "_seekrl_autocast", None)
+
     def reset(self) -> None:
         """Forget cached episodes (the engine calls this when a rollout ends)."""
         self._kept = None
@@ -445,7 +462,9 @@ class HFBackend(Backend):
         # the episode's whole budget is checked once by the rollout engine; here what the
         # caller gives (`max_new_tokens` is the batch's largest, not each row's, budget)
         check_window(self.model, max(map(len, contexts)))
-        _growing_layer_class().spare = max_new_tokens
+        layer_class = _growing_layer_class()
+        layer_class.spare = max_new_tokens
+        layer_class.store = self._store_dtype()
         batch, logits = self._prefill(contexts, keys, spare=max_new_tokens)
         results = [Generated(logprobs=None if sampling.greedy else []) for _ in contexts]
         tails = [""] * len(contexts)
