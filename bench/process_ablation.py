@@ -88,7 +88,7 @@ def main() -> None:
     try:
         args.overrides = dict(parse_override(text) for text in args.set)
     except ValueError as e:
-        raise SystemExit(f"--set: {e}")
+        raise SystemExit(f"--set: {e}") from None
 
     from learning import _setup
 

@@ -87,8 +87,8 @@ def test_load_policy_names_the_mixed_dtype_when_refusing_another():
 
 def test_the_rollout_keeps_a_mixed_policys_kv_cache_in_bfloat16_with_the_same_tokens():
     """Autocast's attention reads keys and values in bfloat16 whatever they are stored in,
-    so storing the keys in bfloat16 (not the rotary embedding's float32) shrinks the cache and changes no greedy token, across turns
-    on top of the kept cache."""
+    so storing the keys in bfloat16 (not the rotary embedding's float32) shrinks the cache
+    and changes no greedy token, across turns on top of the kept cache."""
     from seekrl.agent.backends import HFBackend, Sampling
 
     model, tok = tiny_policy(seed=3)

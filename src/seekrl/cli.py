@@ -196,6 +196,11 @@ def serve(
              "query's documents (simulated search, ZeroSearch)")] = None,
     noise: Annotated[float, typer.Option(
         help="with --simulate: the share of queries answered with noisy documents")] = 0.0,
+    ranker: Annotated[Optional[str], typer.Option(
+        help="reorder the index's top --candidates with a ranker (`seekrl ranker train`'s "
+             "final/, or minilm) and answer its best topk")] = None,
+    candidates: Annotated[int, typer.Option(help="with --ranker: first-stage documents it "
+                                            "orders")] = 10,
     host: Annotated[str, typer.Option(help="bind address (loopback by default)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port")] = 8000,
     device: Annotated[str, typer.Option(help="where a dense encoder runs: cpu | cuda")] = "cpu",
@@ -232,8 +237,8 @@ def serve(
             raise ValueError("serve: give --index (an index folder) or --simulate MODEL, one "
                              "of the two")
         run_server(index, host=host, port=port, log_level=log_level, device=device,
-                   faiss_gpu=faiss_gpu, simulate=simulate, noise=noise,
-                   index_process=not no_index_process, batching=not no_batching,
+                   faiss_gpu=faiss_gpu, simulate=simulate, noise=noise, ranker=ranker,
+                   candidates=candidates, index_process=not no_index_process, batching=not no_batching,
                    max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
                    cache_size=cache_size, default_topk=default_topk, max_topk=max_topk,
                    max_queries=max_queries, max_query_chars=max_query_chars)
@@ -375,6 +380,11 @@ def eval_(
         help="sub-queries one search may carry, separated by ## (rollout.max_queries)")] = 1,
     tool: Annotated[Optional[list[str]], typer.Option(
         help="a tool beyond search (rollout.tools): open, or an import path; repeatable")] = None,
+    ranker: Annotated[Optional[str], typer.Option(
+        help="reorder the retriever's top --candidates with a ranker (`seekrl ranker train`'s "
+             "final/, or minilm)")] = None,
+    candidates: Annotated[int, typer.Option(help="with --ranker: first-stage documents it "
+                                            "orders")] = 10,
     max_turns: Annotated[int, typer.Option(help="model turns per episode")] = limits.DEFAULT_MAX_TURNS,
     max_new_tokens: Annotated[int, typer.Option(
         help="generated tokens per turn")] = limits.DEFAULT_MAX_NEW_TOKENS,
@@ -437,6 +447,16 @@ def eval_(
         elif method != "direct":
             raise RetrievalError(f"method {method!r} needs --index DIR, --retriever-url URL or "
                                  "--retriever MODULE:ATTR")
+        if ranker is not None:
+            from seekrl.retrieval.ranker import RerankingRetriever, load_ranker
+
+            if retriever is None:
+                raise RetrievalError("--ranker orders a retriever's candidates: give --index, "
+                                     "--retriever-url or --retriever")
+            if candidates < 1:
+                raise RetrievalError(f"--candidates: expected at least 1, got {candidates}")
+            retriever = RerankingRetriever(retriever, load_ranker(ranker, device=device),
+                                           candidates)
         from seekrl.agent.factory import backend_refusal, make_backend
 
         why = backend_refusal(backend, "eval", device=device)
@@ -454,6 +474,7 @@ def eval_(
         else:
             policy, tokenizer = load_policy(model, dtype=dtype, device=device)
         run_info = {"model": model, "data": {name: str(f) for name, f in zip(examples, files)},
+                    "ranker": ranker, "candidates": candidates if ranker else None,
                     "limit": limit, "dtype": dtype, "device": device, "backend": backend}
         if overwrite and out.is_dir():   # the inputs read, the model loaded: the old run goes
             remove_outputs(out, EVAL_RUN_FILES)
@@ -645,6 +666,68 @@ def simulator_train(
         _fail(err)
     console.print(f"simulator -> {summary['final']} (in RL: simulator.model={summary['final']}; "
                   f"served: seekrl serve --simulate {summary['final']})")
+
+
+ranker_app = typer.Typer(no_args_is_help=True, help="A ranker over first-stage candidates "
+                         "(CoSearch): train, measure recall@k.")
+app.add_typer(ranker_app, name="ranker")
+
+
+@ranker_app.command("train")
+def ranker_train(
+    config: Annotated[Optional[Path], typer.Option(
+        help="YAML config (keys: see seekrl.config.RankerTrainConfig)")] = None,
+    overrides: Annotated[Optional[list[str]], typer.Argument(
+        help="key.sub=value overrides, e.g. index=data/index 'data=[data/world/train.jsonl]' "
+             "'eval_data=[data/world/dev.jsonl]' out=runs/ranker", show_default=False)] = None,
+    overwrite: Annotated[bool, typer.Option(help="replace a ranker already in out")] = False,
+):
+    """Train a ranker on logged searches and synthetic-world hop queries; recall@k before and
+    after on held-out questions."""
+    from seekrl.recipes.ranker import train_ranker
+
+    try:
+        cfg = _load("RankerTrainConfig", config, overrides)
+        summary = train_ranker(cfg, console=console, overwrite=overwrite)
+    except ERRORS as err:
+        _fail(err)
+    console.print(f"ranker -> {summary['final']} (in RL: ranker.model={summary['final']}; "
+                  f"evaluation: seekrl eval --ranker {summary['final']}; served: seekrl serve "
+                  f"--index INDEX --ranker {summary['final']})")
+
+
+@ranker_app.command("eval")
+def ranker_eval(
+    index: Annotated[Path, typer.Option(help="the first stage: an index folder")],
+    data: Annotated[list[str], typer.Option(
+        "--data", help="QA files whose hop queries (synthetic-world metadata.chain) are asked")],
+    ranker: Annotated[Optional[list[str]], typer.Option(
+        help="rankers to compare with the first stage (a folder, or minilm); repeatable")]
+    = None,
+    candidates: Annotated[int, typer.Option(help="first-stage documents a ranker orders")] = 10,
+    topk: Annotated[int, typer.Option(help="k of recall@k")] = limits.DEFAULT_TOPK,
+    device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
+):
+    """recall@k of each hop's gold document: the first stage alone, then with each ranker."""
+    from seekrl.data.qa import load_qa
+    from seekrl.recipes.ranker import hop_recall, qa_records
+    from seekrl.retrieval.index import load_index
+    from seekrl.retrieval.ranker import RerankingRetriever, load_ranker
+
+    try:
+        if candidates < 1:
+            raise ValueError(f"--candidates: expected at least 1, got {candidates}")
+        records = [r for path in data for r in qa_records(load_qa(path))]
+        first = load_index(index)
+        console.print(f"recall@{topk} first_stage={hop_recall(first, records, topk):.4f} "
+                      f"({sum(bool(r.get('hop_gold')) for r in records)} hop queries)",
+                      markup=False, highlight=False, soft_wrap=True)
+        for name in ranker or []:
+            rr = RerankingRetriever(first, load_ranker(name, device=device), candidates)
+            console.print(f"recall@{topk} {name}={hop_recall(rr, records, topk):.4f}",
+                          markup=False, highlight=False, soft_wrap=True)
+    except ERRORS as err:
+        _fail(err)
 
 
 prm_app = typer.Typer(no_args_is_help=True, help="The process reward model: train, score, eval.")

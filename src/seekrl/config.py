@@ -505,6 +505,45 @@ class SimulatorTrainConfig(Strict):
     optim: OptimConfig = OptimConfig(lr=5e-5, warmup_steps=5)
 
 
+class RankerSettings(Strict):
+    """A ranker over the retriever's candidates (retrieval/ranker.py), used by rollouts and
+    evaluations alike; with `train`, trained with the agent: after every RL step, on the
+    step's searches (their gold documents, or the documents of right episodes that hold the
+    answer, as positives; the other candidates as negatives)."""
+    model: str | None = None           # None: the bundled all-MiniLM-L6-v2; or a ranker folder
+    kind: Literal["bi", "cross"] | None = None   # a fresh ranker's kind (None: bi)
+    candidates: int = Field(10, ge=1)  # first-stage documents the ranker orders
+    train: bool = True                 # update it on the rollouts' searches each RL step
+    lr: float = Field(2e-5, gt=0)
+    updates_per_step: int = Field(2, ge=1)   # gradient steps per RL step
+    batch_size: int = Field(16, ge=1)  # searches per gradient step
+    max_len: int = Field(128, ge=8)
+    temperature: float = Field(0.05, gt=0)   # a bi-encoder's cosine over this
+
+
+class RankerTrainConfig(Strict):
+    """`seekrl ranker train` (recipes/ranker.py): a ranker trained on logged searches and
+    synthetic-world hop queries, candidates from `index`."""
+    model: str | None = None           # None: the bundled all-MiniLM-L6-v2
+    kind: Literal["bi", "cross"] | None = None
+    index: str                         # the first stage: an index folder or a server url
+    trajectories: list[str] = []       # logged episodes whose searches are the queries
+    data: list[str] = []               # QA files: synthetic-world questions' hop queries
+    question_queries: bool = False     # ... and each question itself as a query
+    eval_data: list[str] = []          # held-out QA files: recall@k on their hop queries
+    out: str = "runs/ranker"
+    candidates: int = Field(10, ge=1)
+    topk: TopK = DEFAULT_TOPK          # k of recall@k (the documents an agent is shown)
+    limit: int | None = Field(None, ge=1)   # at most this many training queries
+    steps: int = Field(200, ge=1)
+    batch_size: int = Field(16, ge=1)
+    lr: float = Field(2e-5, gt=0)
+    max_len: int = Field(128, ge=8)
+    temperature: float = Field(0.05, gt=0)
+    device: Device = "cpu"
+    seed: int = 0
+
+
 class TrainConfig(Strict):
     model: str = "smollm2-135m"        # usually the SFT checkpoint (RUN_DIR/final)
     data: str                          # training questions (QA JSONL / parquet)
@@ -518,6 +557,8 @@ class TrainConfig(Strict):
     # a language model as the search engine during rollouts (ZeroSearch; `index`, when set,
     # is then the real one evaluations search)
     simulator: SimulatorSettings | None = None
+    # a ranker over the retriever's candidates, trained with the agent (CoSearch-style)
+    ranker: RankerSettings | None = None
     out: str = "runs/train"
     dtype: str = "float32"
     device: Device = "cpu"

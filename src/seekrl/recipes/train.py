@@ -187,6 +187,9 @@ class Trainer:
         if retriever is None and cfg.eval.data:
             retriever = open_index(cfg.index, "eval.data is set: the dev evaluation searches",
                                    cfg.retriever)
+        self.ranker_updater = None
+        if cfg.ranker is not None and retriever is not None:
+            retriever = self._ranked(retriever)
         self.retriever = retriever
         check_eval_data(cfg.eval)   # read now, not at the first evaluation after training
         check_world_index(cfg.index, cfg.data, cfg.eval.data)
@@ -194,6 +197,35 @@ class Trainer:
             from seekrl.recipes.prm import load_scorer
             prm_scorer = load_scorer(cfg.reward.prm, device=self.device)
         self.prm_scorer = prm_scorer
+
+    def _ranked(self, retriever):
+        """The retriever behind the configured ranker (rollouts and evaluations both see its
+        order); with `ranker.train`, its updater."""
+        from seekrl.recipes.ranker import RankerUpdater
+        from seekrl.retrieval.ranker import RerankingRetriever, load_ranker
+
+        rk = self.cfg.ranker
+        if rk.train and self.dist.world > 1:
+            raise ConfigError("ranker.train: the ranker trains in one process; with several "
+                              "processes give a trained ranker and ranker.train: false")
+        ranker = load_ranker(rk.model, kind=rk.kind, device=self.device, max_len=rk.max_len,
+                             temperature=rk.temperature)
+        if rk.train:
+            self.ranker_updater = RankerUpdater(ranker, rk.lr, seed=self.cfg.seed)
+        return RerankingRetriever(retriever, ranker, rk.candidates, keep_candidates=rk.train)
+
+    def _train_ranker(self, trajs: Sequence[Trajectory]) -> dict[str, Any]:
+        """The ranker's update on this step's searches, with the candidates it was given
+        (recipes/ranker.py's labels and loss); the rollouts' own candidates are then
+        forgotten."""
+        from seekrl.recipes.ranker import training_examples, trajectory_records
+
+        rr, rk = self.retriever, self.cfg.ranker
+        records = [r for r in trajectory_records(trajs) if r["query"] in rr.last]
+        examples = training_examples(records, [rr.last[r["query"]] for r in records])
+        rr.forget()
+        stats = self.ranker_updater.update(examples, rk.updates_per_step, rk.batch_size)
+        return {**stats, "ranker_updates": self.ranker_updater.updates}
 
     def _build_policy(self, model, tokenizer) -> None:
         """The policy (its trainable part), the frozen reference, the critic's head, and
@@ -458,6 +490,8 @@ class Trainer:
         record["groups_solved"] = round(solved / multi, 4) if multi else None
         if self.dist.main:
             self._save_rollouts(step, trajs)
+        if self.ranker_updater is not None:   # the ranker learns from what it was shown
+            record.update(self._train_ranker(trajs))
         if not trajs:  # dynamic sampling found no group with signal: nothing to learn
             # the schedule still counts the step, so step k has the lr of step k whatever
             # was skipped before it (torch warns when no optimizer step came first)
@@ -898,6 +932,9 @@ class Trainer:
         gave it, the schedule, the random state and the trainer's, then the rename."""
         torch.save({**optimizer, "scheduler": self.scheduler.state_dict(), "rng": rng_state()},
                    tmp / "optim.pt")
+        if self.ranker_updater is not None:   # the ranker trained with the agent, and its
+            self.retriever.ranker.save(tmp / "ranker")   # optimizer's state
+            torch.save(self.ranker_updater.state_dict(), tmp / "ranker" / "updater.pt")
         (tmp / "trainer.json").write_text(json.dumps({
             "step": step, "monitor": self.monitor.state_dict(),
             "healthy_checkpoint": self.healthy_checkpoint,
@@ -921,7 +958,20 @@ class Trainer:
         self.runtime.load(path, self.optimizer, optim)
         self.scheduler.load_state_dict(optim["scheduler"])
         set_rng_state(optim["rng"])
+        if self.ranker_updater is not None and (path / "ranker").is_dir():
+            self._load_ranker(path / "ranker")
         return json.loads((path / "trainer.json").read_text())
+
+    def _load_ranker(self, folder: Path) -> None:
+        from seekrl.recipes.ranker import RankerUpdater
+        from seekrl.retrieval.ranker import load_ranker
+
+        rk = self.cfg.ranker
+        ranker = load_ranker(str(folder), device=self.device)
+        self.retriever.ranker = ranker
+        self.ranker_updater = RankerUpdater(ranker, rk.lr, seed=self.cfg.seed)
+        self.ranker_updater.load_state_dict(
+            torch.load(folder / "updater.pt", map_location=self.device, weights_only=False))
 
     def _resume(self) -> None:
         pointer = self.ckpt_dir / "latest"   # its existence was checked before any loading
@@ -1017,6 +1067,8 @@ class Trainer:
         plain = self.runtime.gathered_policy()   # sharded: the full weights, on rank 0
         if main:
             save_policy(plain, self.tokenizer, final)
+            if self.ranker_updater is not None:   # the ranker the final policy was trained with
+                self.retriever.ranker.save(final / "ranker")
         del plain
         summary = {"steps": self.step_done, "final": str(final),
                    "stopped": self.stopped_reason, "last": last,
@@ -1302,6 +1354,12 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
             "mini-batches (a smaller algo.mini_batch_size) or epochs")
     if facts.needs_tree and tree is None:
         raise ConfigError(f"algo.advantage: {algo.advantage} needs tree rollouts (rollout.tree)")
+    if cfg.ranker is not None:
+        if cfg.simulator is not None or cfg.rollout.self_search:
+            raise ConfigError("ranker: it orders a real retriever's candidates; simulated "
+                              "search and self-search have none")
+        if cfg.rollout.method == "direct":
+            raise ConfigError("ranker: rollout.method direct does not search")
 
 
 def _explained_variance(values, returns, mask) -> float:

@@ -363,7 +363,7 @@ def server_url(sock: socket.socket) -> str:
 def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int = 8000,
                log_level: str = "info", device: str = "cpu", index_process: bool = True,
                faiss_gpu: bool = False, simulate: str | None = None, noise: float = 0.0,
-               **config: Any) -> None:
+               ranker: str | None = None, candidates: int = 10, **config: Any) -> None:
     """Load the index in `index_dir` and serve it until interrupted.
 
     With `simulate` (a causal LM: a Hugging Face id or path, or `smollm2-135m`) and no index,
@@ -376,6 +376,9 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
     is where a dense encoder runs ("cpu", "cuda"). With `index_process` (the default) the
     index lives in a child process (see `IndexProcess`); without, in the server's process.
     `faiss_gpu` searches a flat / IVF dense index on the GPU too (faiss-gpu, `device` cuda).
+    With `ranker` (a folder `seekrl ranker train` wrote, or an encoder: `minilm`), the index's
+    top `candidates` per query are reordered by it, in the server's process, and the best
+    topk answered (retrieval/ranker.py).
     """
     import uvicorn
 
@@ -387,6 +390,16 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
                              "one of the two")
     if not 0 <= noise <= 1:
         raise RetrievalError(f"--noise: expected a probability from 0 to 1, got {noise}")
+    if ranker is not None and simulate is not None:
+        raise RetrievalError("serve: --ranker orders an index's candidates; a simulated engine "
+                             "has none")
+    if candidates < 1:
+        raise RetrievalError(f"--candidates: expected at least 1, got {candidates}")
+    ordering = None
+    if ranker is not None:                  # loaded before the port is taken: a bad path fails
+        from seekrl.retrieval.ranker import load_ranker
+
+        ordering = load_ranker(ranker, device=device)
     sock = bind_socket(host, port)          # so is the port, and it stays ours meanwhile
     if simulate is not None:
         from seekrl.retrieval.simulated import SimulatedRetriever
@@ -402,8 +415,15 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
         manifest, doc_count = retriever.manifest, retriever.doc_count
         gc.collect()  # see _index_process_main
         gc.freeze()
+    served = retriever
+    if ordering is not None:
+        from seekrl.retrieval.ranker import RerankingRetriever
+
+        served = RerankingRetriever(retriever, ordering, candidates)
+        manifest = {**manifest, "ranker": ranker, "ranker_kind": ordering.kind,
+                    "candidates": candidates}
     try:
-        app = create_app(retriever, manifest=manifest, config=server_config)
+        app = create_app(served, manifest=manifest, config=server_config)
         # said on stdout whatever the logging set-up (a user needs the address; port 0 picks)
         print(f"serving {index_dir} ({doc_count or 'no'} docs) on {server_url(sock)}/retrieve "
               f"(health: {server_url(sock)}/health)", flush=True)

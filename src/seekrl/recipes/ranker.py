@@ -1,0 +1,238 @@
+"""`seekrl ranker train` and the ranker trained with the agent: labels from searches, a
+listwise loss, recall@k before and after.
+
+1. Queries: the searches of logged episodes (an evaluation's `trajectories.jsonl`, an RL
+   run's rollouts) with what each episode knew (its gold document ids, its answers, whether
+   it ended right, which documents it was shown), and the hop queries of synthetic-world
+   questions (`data`), whose gold documents are known.
+2. Candidates: the first stage's top `candidates` for each query.
+3. Labels (`label_candidates`): where the question's gold documents are known, a candidate is
+   positive when it is one of them and negative otherwise; where they are not, a document
+   the episode was shown is positive when the episode ended right and the document holds a
+   gold answer, negative otherwise, and the candidates it was not shown are left out.
+4. Loss: listwise, the log of the positives' share of the softmax over the query's
+   candidates; queries with no positive or no negative teach nothing and are skipped.
+5. recall@k of the first stage alone, the ranker before and after, on the hop queries of
+   held-out questions (`eval_data`).
+
+During RL (`ranker:` in a train config) the same labels and loss run after every step on the
+step's own searches, with the candidates the ranker was given (CoSearch trains its ranker
+with the agent; seekrl's version alternates the two updates).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from seekrl.agent.protocol import normalise_text
+from seekrl.config import RankerTrainConfig
+from seekrl.retrieval.base import Hit
+from seekrl.retrieval.ranker import Ranker, RerankingRetriever, load_ranker, recall_at
+from seekrl.rewards.metrics import exact_match
+
+
+def trajectory_records(trajectories: Iterable) -> list[dict[str, Any]]:
+    """One record per (sub-)query of every search: query, gold ids, answers, the documents
+    shown for it, and whether the episode ended right (EM of its answer)."""
+    out = []
+    for t in trajectories:
+        right = t.answer is not None and exact_match(t.answer, t.golden_answers) > 0
+        for s in t.steps:
+            if s.action != "search" or not s.query:
+                continue
+            pairs = list(zip(s.sub_queries, s.sub_hits)) if s.sub_queries else [(s.query, s.hits)]
+            for q, shown in pairs:
+                out.append({"query": " ".join(q.split()), "gold_ids": list(t.gold_doc_ids),
+                            "answers": list(t.golden_answers), "shown": list(shown),
+                            "right": right})
+    return [r for r in out if r["query"]]
+
+
+def qa_records(examples: Iterable, *, question_queries: bool = False) -> list[dict[str, Any]]:
+    """The hop queries of synthetic-world questions (and the questions themselves), each with
+    the question's gold ids and the hop's own gold document (`hop_gold`, for recall@k)."""
+    out = []
+    for ex in examples:
+        gold = ex.metadata.get("gold_doc_ids") or []
+        for hop in ex.metadata.get("chain") or []:
+            if hop.get("query"):
+                out.append({"query": hop["query"], "gold_ids": list(gold),
+                            "answers": list(ex.golden_answers), "shown": [], "right": None,
+                            "hop_gold": hop.get("doc_id")})
+        if question_queries:
+            out.append({"query": ex.question, "gold_ids": list(gold),
+                        "answers": list(ex.golden_answers), "shown": [], "right": None})
+    return out
+
+
+def label_candidates(record: dict[str, Any], candidates: Sequence[Hit]) -> list[int | None]:
+    """1 positive, 0 negative, None unknown, per candidate (see the module's step 3)."""
+    if record["gold_ids"]:
+        gold = set(record["gold_ids"])
+        return [int(h.doc_id in gold) for h in candidates]
+    shown = set(record["shown"])
+    answers = [normalise_text(a) for a in record["answers"] if normalise_text(a)]
+    out: list[int | None] = []
+    for h in candidates:
+        if h.doc_id not in shown:
+            out.append(None)
+        else:
+            text = normalise_text(h.contents)
+            out.append(int(bool(record["right"]) and any(a in text for a in answers)))
+    return out
+
+
+def training_examples(records: Sequence[dict[str, Any]], pools: Sequence[Sequence[Hit]]
+                      ) -> list[tuple[str, list[str], list[int]]]:
+    """(query, candidate texts, labels) for the queries with a positive and a negative;
+    unknown candidates left out."""
+    out = []
+    for r, pool in zip(records, pools):
+        labels = label_candidates(r, pool)
+        kept = [(h.contents, y) for h, y in zip(pool, labels) if y is not None]
+        ys = [y for _, y in kept]
+        if 1 in ys and 0 in ys:
+            out.append((r["query"], [d for d, _ in kept], ys))
+    return out
+
+
+def listwise_loss(scores: Sequence[torch.Tensor], labels: Sequence[Sequence[int]]
+                  ) -> torch.Tensor:
+    """Mean over queries of -log(sum of the positives' softmax probability)."""
+    losses = []
+    for s, y in zip(scores, labels):
+        pos = torch.tensor(y, dtype=torch.bool, device=s.device)
+        losses.append(torch.logsumexp(s, 0) - torch.logsumexp(s[pos], 0))
+    return torch.stack(losses).mean()
+
+
+class RankerUpdater:
+    """AdamW steps of a ranker on training examples; the ranker stays in eval mode between
+    updates (dropout only while it learns)."""
+
+    def __init__(self, ranker: Ranker, lr: float, *, seed: int = 0):
+        self.ranker = ranker
+        self.optimizer = torch.optim.AdamW(
+            [p for p in ranker.model.parameters() if p.requires_grad], lr=lr)
+        self.rng = random.Random(seed)
+        self.updates = 0
+
+    def update(self, examples: Sequence[tuple[str, list[str], list[int]]], steps: int,
+               batch_size: int) -> dict[str, float]:
+        if not examples:
+            return {"ranker_loss": float("nan"), "ranker_examples": 0}
+        model = self.ranker.model
+        model.train()
+        losses = []
+        try:
+            for _ in range(steps):
+                batch = self.rng.sample(list(examples), min(batch_size, len(examples)))
+                scores = self.ranker.logits([q for q, _, _ in batch], [d for _, d, _ in batch])
+                loss = listwise_loss(scores, [y for _, _, y in batch])
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                self.optimizer.step()
+                losses.append(float(loss.detach()))
+                self.updates += 1
+        finally:
+            model.eval()
+        return {"ranker_loss": round(sum(losses) / len(losses), 5),
+                "ranker_examples": len(examples)}
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "updates": self.updates,
+                "rng": self.rng.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = state["updates"]
+        self.rng.setstate(state["rng"])
+
+
+def hop_recall(retriever, records: Sequence[dict[str, Any]], k: int) -> float:
+    """recall@k of each hop query's own gold document."""
+    rows = [r for r in records if r.get("hop_gold")]
+    if not rows:
+        raise ValueError("eval_data: no hop queries with a gold document (synthetic-world "
+                         "questions carry them in metadata.chain)")
+    return recall_at(retriever, [r["query"] for r in rows], [r["hop_gold"] for r in rows], k)
+
+
+def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
+                 overwrite: bool = False) -> dict[str, Any]:
+    """Build the examples, train, measure recall@k before and after; the summary holds
+    `final` (the ranker's folder)."""
+    from seekrl.agent.trajectory import read_trajectories
+    from seekrl.data.qa import load_qa
+    from seekrl.recipes.setup import open_index
+
+    console = console or Console()
+    out = Path(cfg.out)
+    final = out / "final"
+    if final.exists() and not overwrite:
+        raise FileExistsError(f"out: {out} already holds a trained ranker (final/); pass "
+                              "--overwrite or choose another --out")
+    started = time.time()
+    first = open_index(cfg.index, "the ranker orders its candidates")
+    records: list[dict[str, Any]] = []
+    for path in cfg.trajectories:
+        records += trajectory_records(read_trajectories(path))
+    for path in cfg.data:
+        records += qa_records(load_qa(path), question_queries=cfg.question_queries)
+    seen, unique = set(), []
+    for r in records:   # one record per (query, gold set): the first wins
+        key = (r["query"].lower(), tuple(r["gold_ids"]))
+        if key not in seen:
+            seen.add(key)
+            unique.append(r)
+    random.Random(cfg.seed).shuffle(unique)
+    if cfg.limit is not None:
+        unique = unique[:cfg.limit]
+    if not unique:
+        raise ValueError("trajectories / data: no search queries found (give an evaluation's "
+                         "trajectories.jsonl, rollouts, or synthetic-world questions)")
+    pools = first.search([r["query"] for r in unique], cfg.candidates)
+    examples = training_examples(unique, pools)
+    if not examples:
+        raise ValueError(f"no query of {len(unique)} has both a positive and a negative among "
+                         f"its {cfg.candidates} candidates: nothing to learn from")
+    console.print(f"{len(examples)} ranking examples from {len(unique)} queries "
+                  f"({cfg.candidates} candidates each)")
+    torch.manual_seed(cfg.seed)
+    ranker = load_ranker(cfg.model, kind=cfg.kind, device=cfg.device, max_len=cfg.max_len,
+                         temperature=cfg.temperature)
+    held = [r for path in cfg.eval_data for r in qa_records(load_qa(path))]
+    recall: dict[str, float] = {}
+    if held:
+        recall["first_stage"] = hop_recall(first, held, cfg.topk)
+        recall["before"] = hop_recall(RerankingRetriever(first, ranker, cfg.candidates), held,
+                                      cfg.topk)
+        console.print(f"recall@{cfg.topk} on {len(held)} held-out hop queries: first stage "
+                      f"{recall['first_stage']:.3f}, ranker before training {recall['before']:.3f}")
+    updater = RankerUpdater(ranker, cfg.lr, seed=cfg.seed)
+    log = []
+    for lo in range(0, cfg.steps, 10):
+        stats = updater.update(examples, min(10, cfg.steps - lo), cfg.batch_size)
+        log.append({"step": lo + min(10, cfg.steps - lo), **stats})
+        console.print(f"step {log[-1]['step']}/{cfg.steps}: loss {stats['ranker_loss']:.4f}")
+    if held:
+        recall["after"] = hop_recall(RerankingRetriever(first, ranker, cfg.candidates), held,
+                                     cfg.topk)
+        console.print(f"recall@{cfg.topk} after training: {recall['after']:.3f}")
+    ranker.save(final)
+    summary = {"final": str(final), "kind": ranker.kind, "examples": len(examples),
+               "queries": len(unique), "candidates": cfg.candidates, "k": cfg.topk,
+               "recall": recall, "held_out_queries": len(held), "log": log,
+               "minutes": round((time.time() - started) / 60, 2),
+               "config": cfg.model_dump(mode="json")}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary

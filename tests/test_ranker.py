@@ -1,0 +1,331 @@
+"""Rankers over first-stage candidates (retrieval/ranker.py) and their training from the
+agent's searches (recipes/ranker.py): labels from crafted rollouts, the listwise loss,
+reranking, save / load, the CLI, and the ranker trained with the agent during RL."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from seekrl.agent.backends import Backend, Generated
+from seekrl.agent.trajectory import Step, Trajectory
+from seekrl.recipes.ranker import (
+    RankerUpdater,
+    label_candidates,
+    listwise_loss,
+    qa_records,
+    training_examples,
+    trajectory_records,
+)
+from seekrl.retrieval.base import Hit
+from seekrl.retrieval.ranker import RerankingRetriever, load_ranker, recall_at
+
+
+def hit(i: int, text: str = "", title: str | None = None) -> Hit:
+    return Hit(f"d{i}", title if title is not None else f"T{i}", text or f"text {i}", 1.0 / (i + 1))
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tmp_path_factory):
+    """A 2-layer random BERT with the bundled MiniLM's tokenizer, saved as an encoder."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from seekrl.retrieval.dense import bundled_encoder_path
+
+    path = tmp_path_factory.mktemp("enc")
+    tok = AutoTokenizer.from_pretrained(bundled_encoder_path())
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
+                                 num_attention_heads=2, intermediate_size=64,
+                                 max_position_embeddings=128))
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def traj(answer, gold_ids, steps, golden=("Paris",)) -> Trajectory:
+    return Trajectory(example_id="q", group_id="g", question="Where?",
+                      golden_answers=list(golden), token_ids=[], loss_mask=[], prompt_len=0,
+                      steps=steps, answer=answer, gold_doc_ids=list(gold_ids))
+
+
+# ---- labels from crafted rollouts
+def test_known_gold_documents_label_every_candidate():
+    rec = {"query": "q", "gold_ids": ["d1", "d3"], "answers": ["x"], "shown": ["d0"],
+           "right": False}
+    assert label_candidates(rec, [hit(0), hit(1), hit(2), hit(3)]) == [0, 1, 0, 1]
+
+
+def test_without_gold_ids_shown_documents_of_right_episodes_holding_the_answer_are_positive():
+    cands = [hit(0, "Paris is the capital"), hit(1, "nothing here"), hit(2, "Paris again")]
+    right = {"query": "q", "gold_ids": [], "answers": ["Paris"], "shown": ["d0", "d1"],
+             "right": True}
+    # d2 holds the answer but was not shown: unknown, not a negative
+    assert label_candidates(right, cands) == [1, 0, None]
+    wrong = dict(right, right=False)    # a wrong episode's documents did not lead anywhere
+    assert label_candidates(wrong, cands) == [0, 0, None]
+
+
+def test_trajectory_records_take_every_search_and_sub_query_with_the_episode_facts():
+    steps = [Step(start=0, end=1, action="search", query="a ## b", hits=["d0", "d1", "d2"],
+                  sub_queries=["a", "b"], sub_hits=[["d0"], ["d1", "d2"]]),
+             Step(start=1, end=2, action="search", query="c", hits=["d3"]),
+             Step(start=2, end=3, action="answer")]
+    recs = trajectory_records([traj("Paris", ["d1"], steps)])
+    assert [(r["query"], r["shown"], r["right"]) for r in recs] == [
+        ("a", ["d0"], True), ("b", ["d1", "d2"], True), ("c", ["d3"], True)]
+    assert all(r["gold_ids"] == ["d1"] for r in recs)
+    assert trajectory_records([traj("Rome", [], steps[1:])])[0]["right"] is False
+
+
+def test_qa_records_carry_each_hops_own_gold_document():
+    from seekrl.data.qa import QAExample
+
+    ex = QAExample(id="x", question="Who?", golden_answers=["Z"],
+                   metadata={"gold_doc_ids": ["d1", "d2"], "chain": [
+                       {"query": "A worked for", "doc_id": "d1"},
+                       {"query": "B founded by", "doc_id": "d2"}]})
+    recs = qa_records([ex], question_queries=True)
+    assert [(r["query"], r.get("hop_gold")) for r in recs] == [
+        ("A worked for", "d1"), ("B founded by", "d2"), ("Who?", None)]
+
+
+def test_examples_need_a_positive_and_a_negative_and_leave_unknowns_out():
+    recs = [{"query": "q1", "gold_ids": ["d1"], "answers": [], "shown": [], "right": None},
+            {"query": "q2", "gold_ids": ["d9"], "answers": [], "shown": [], "right": None},
+            {"query": "q3", "gold_ids": [], "answers": ["Paris"], "shown": ["d0", "d1"],
+             "right": True}]
+    pools = [[hit(0), hit(1)], [hit(0), hit(1)], [hit(0, "Paris"), hit(1), hit(2)]]
+    ex = training_examples(recs, pools)
+    assert [(q, y) for q, _, y in ex] == [("q1", [0, 1]), ("q3", [1, 0])]
+    assert len(ex[1][1]) == 2   # d2 was not shown: left out
+
+
+def test_listwise_loss_is_minus_the_log_of_the_positives_share():
+    s = torch.tensor([1.0, 2.0, 0.5])
+    loss = listwise_loss([s], [[1, 0, 1]])
+    p = torch.softmax(s, 0)
+    assert float(loss) == pytest.approx(-math.log(float(p[0] + p[2])), rel=1e-6)
+
+
+# ---- reranking
+class Fixed:
+    """A first stage that returns the same ordered candidates for every query."""
+
+    def __init__(self, n: int):
+        self.calls = []
+        self.n = n
+
+    def search(self, queries, k):
+        self.calls.append(k)
+        return [[hit(i, f"doc {i}") for i in range(min(k, self.n))] for _ in queries]
+
+
+class ByIndex:
+    """A ranker that prefers documents with a higher number."""
+
+    def score(self, queries, docs, **_):
+        return [[float(d.split()[-1]) for d in ds] for ds in docs]
+
+
+def test_the_reranker_asks_for_candidates_and_shows_the_rankers_best_k():
+    first = Fixed(8)
+    rr = RerankingRetriever(first, ByIndex(), candidates=6, keep_candidates=True)
+    (hits,) = rr.search(["q"], 2)
+    assert first.calls == [6]
+    assert [h.doc_id for h in hits] == ["d5", "d4"] and hits[0].score == 5.0
+    assert [h.doc_id for h in rr.last["q"]] == [f"d{i}" for i in range(6)]
+    rr.search(["q"], 7)          # k above the candidates: k documents are asked for
+    assert first.calls[-1] == 7
+    assert recall_at(rr, ["a", "b"], ["d5", "d0"], 1) == 0.5
+    with pytest.raises(ValueError, match="candidates"):
+        RerankingRetriever(first, ByIndex(), candidates=0)
+
+
+@pytest.mark.parametrize("kind", ["bi", "cross"])
+def test_a_ranker_learns_a_toy_preference_and_saves_and_loads(tmp_path, tiny_encoder, kind):
+    torch.manual_seed(0)
+    ranker = load_ranker(tiny_encoder, kind=kind)
+    docs = ["apple orchard", "river stone", "blue sky"]
+    examples = [(f"question {i}", docs, [1, 0, 0]) for i in range(4)]
+    before = ranker.score(["question 9"], [docs])[0]
+    upd = RankerUpdater(ranker, lr=3e-3)
+    first = upd.update(examples, 1, 4)["ranker_loss"]
+    last = upd.update(examples, 30, 4)["ranker_loss"]
+    assert last < first
+    after = ranker.score(["question 9"], [docs])[0]
+    assert max(range(3), key=after.__getitem__) == 0 and after != before
+    assert not ranker.model.training
+    ranker.save(tmp_path / "r")
+    again = load_ranker(str(tmp_path / "r"))
+    assert again.kind == kind
+    assert again.score(["question 9"], [docs])[0] == pytest.approx(after, abs=1e-5)
+    with pytest.raises(Exception, match="asked for"):
+        load_ranker(str(tmp_path / "r"), kind="cross" if kind == "bi" else "bi")
+
+
+def test_the_bundled_encoder_ranks_the_matching_document_first_before_training():
+    ranker = load_ranker("minilm")
+    scores = ranker.score(["who founded the studio"],
+                          [["The weather was mild.", "The studio was founded by Ann Lee."]])[0]
+    assert scores[1] > scores[0]
+    assert ranker.kind == "bi"
+
+
+def test_ranker_updater_state_round_trips(tiny_encoder):
+    ranker = load_ranker(tiny_encoder)
+    upd = RankerUpdater(ranker, lr=1e-3, seed=1)
+    upd.update([("q", ["a", "b"], [1, 0])], 2, 1)
+    state = upd.state_dict()
+    other = RankerUpdater(load_ranker(tiny_encoder), lr=1e-3)
+    other.load_state_dict(state)
+    assert other.updates == 2 and other.rng.getstate() == upd.rng.getstate()
+
+
+# ---- the recipe and the CLI
+def test_seekrl_ranker_train_and_eval_run_from_the_cli(tmp_path, tiny_encoder):
+    from conftest import build_lab
+    from typer.testing import CliRunner
+
+    from seekrl.cli import app
+
+    _, paths, index_dir, _ = build_lab(tmp_path)
+    result = CliRunner().invoke(app, [
+        "ranker", "train", f"model={tiny_encoder}", f"index={index_dir}",
+        f"data=[{paths['train']}]", f"eval_data=[{paths['dev']}]", f"out={tmp_path / 'rk'}",
+        "steps=3", "candidates=5", "topk=2"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "rk" / "summary.json").read_text())
+    assert summary["examples"] > 0 and set(summary["recall"]) == {"first_stage", "before",
+                                                                  "after"}
+    assert all(0 <= v <= 1 for v in summary["recall"].values())
+    again = CliRunner().invoke(app, ["ranker", "train", f"model={tiny_encoder}",
+                                     f"index={index_dir}", f"data=[{paths['train']}]",
+                                     f"out={tmp_path / 'rk'}", "steps=1"])
+    assert again.exit_code != 0 and "--overwrite" in again.output
+    result = CliRunner().invoke(app, ["ranker", "eval", "--index", str(index_dir), "--data",
+                                      str(paths["dev"]), "--ranker", summary["final"],
+                                      "--candidates", "5", "--topk", "2"])
+    assert result.exit_code == 0, result.output
+    assert "recall@2 first_stage=" in result.output and f"recall@2 {summary['final']}=" \
+        in result.output
+
+
+def test_bad_ranker_settings_name_the_key(tmp_path):
+    from pydantic import ValidationError
+
+    from seekrl.config import RankerTrainConfig, TrainConfig
+
+    with pytest.raises(ValidationError, match="kind"):
+        RankerTrainConfig(index="x", kind="listwise")
+    with pytest.raises(ValidationError, match="candidates"):
+        TrainConfig(data="d", ranker={"candidates": 0})
+
+
+def test_a_ranker_with_nothing_to_learn_from_says_so(tmp_path, tiny_encoder):
+    from conftest import build_world_and_index
+
+    from seekrl.config import RankerTrainConfig
+    from seekrl.recipes.ranker import train_ranker
+
+    _, paths, index_dir = build_world_and_index(tmp_path / "w", seed=4, entities=200,
+                                                n_train=4, n_dev=2, n_test=2)
+    with pytest.raises(ValueError, match="no search queries"):
+        train_ranker(RankerTrainConfig(model=tiny_encoder, index=str(index_dir),
+                                       out=str(tmp_path / "r")))
+    # one candidate per query: never a positive and a negative together
+    with pytest.raises(ValueError, match="nothing to learn from"):
+        train_ranker(RankerTrainConfig(model=tiny_encoder, index=str(index_dir),
+                                       data=[str(paths["train"])], candidates=1,
+                                       out=str(tmp_path / "r")))
+
+
+# ---- trained with the agent
+def _rl_config(tmp_path, paths, index_dir, encoder, out="run", **ranker):
+    from seekrl.config import TrainConfig
+
+    return TrainConfig(data=str(paths["train"]), index=str(index_dir), out=str(tmp_path / out),
+                       steps=2, questions_per_step=2, group_size=2, save_every=1,
+                       rollout={"max_turns": 2, "max_new_tokens": 32},
+                       ranker={"model": encoder, "candidates": 5, "lr": 1e-3, **ranker})
+
+
+def test_the_ranker_trains_with_the_agent_and_resumes_where_it_stopped(tmp_path, tiny,
+                                                                       tiny_encoder):
+    """The rollouts search through the ranker; each step it learns from the step's searches
+    (a crafted search policy: the tiny model's own rarely searches); a run stopped after
+    step 1 and resumed ends with the same ranker as one that ran through."""
+    from conftest import build_world_and_index
+
+    from seekrl.recipes.train import Trainer
+
+    _, paths, index_dir = build_world_and_index(tmp_path / "w", seed=4, entities=200,
+                                                n_train=8, n_dev=2, n_test=2)
+    model, tok = tiny
+    finals = {}
+    for name, until in (("through", None), ("resumed", 1)):
+        cfg = _rl_config(tmp_path, paths, index_dir, tiny_encoder, out=name)
+        trainer = Trainer(cfg, model=copy_model(model), tokenizer=tok)
+        assert isinstance(trainer.retriever, RerankingRetriever)
+        searches = _force_searches(trainer)
+        if until:
+            trainer.train(until=until)
+            trainer = Trainer(cfg, model=copy_model(model), tokenizer=tok, resume=True)
+            _force_searches(trainer)
+        summary = trainer.train()
+        records = [json.loads(x) for x in
+                   (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        assert all(r["ranker_examples"] > 0 for r in records if "episodes" in r), records
+        assert records[-1]["ranker_updates"] == 2 * cfg.ranker.updates_per_step
+        finals[name] = load_ranker(summary["final"] + "/ranker")
+        assert searches
+    docs = [["a founded b", "c worked for d", "e was established in 1901"]]
+    through = finals["through"].score(["b founded by"], docs)[0]
+    assert finals["resumed"].score(["b founded by"], docs)[0] == pytest.approx(through, abs=1e-5)
+    fresh = load_ranker(tiny_encoder).score(["b founded by"], docs)[0]
+    assert fresh != pytest.approx(through, abs=1e-4)   # it did learn
+
+
+def copy_model(model):
+    import copy
+    return copy.deepcopy(model)
+
+
+def _force_searches(trainer):
+    """Every first turn of the tiny policy becomes a search (its own random text rarely is),
+    so the ranker has searches to learn from; the turns' tokens are trained as usual."""
+    seen: list[str] = []
+    hops = {q.question: q.metadata["chain"][0]["query"] for q in trainer.questions}
+    backend = _ScriptedBackend(trainer.tokenizer, seen, hops)
+    trainer._generation_backend = lambda: backend
+    return seen
+
+
+class _ScriptedBackend(Backend):
+    def __init__(self, tokenizer, seen, hops):
+        self.tok, self.seen, self.hops = tokenizer, seen, hops
+
+    def generate(self, contexts, max_new_tokens, sampling, keys=None):
+        out = []
+        for c in contexts:
+            text = self.tok.decode(c)
+            query = next(h for q, h in self.hops.items() if q in text)
+            searched = "</information>" in text.rsplit("assistant", 1)[-1]   # this episode's
+            turn = "<answer> x </answer>" if searched \
+                else f"<search> {query} </search>"
+            self.seen.append(turn)
+            ids = self.tok.encode(turn, add_special_tokens=False)
+            out.append(Generated(ids, None if sampling.greedy else [-1.0] * len(ids)))
+        return out
+
+
+def test_a_ranker_in_rl_needs_a_real_retriever(tmp_path):
+    from seekrl.config import ConfigError, TrainConfig
+    from seekrl.recipes.train import check_config
+
+    cfg = TrainConfig(data="d", index="i", ranker={}, rollout={"self_search": True})
+    with pytest.raises(ConfigError, match="ranker"):
+        check_config(cfg)
