@@ -206,12 +206,24 @@ def test_seekrl_ranker_train_and_eval_run_from_the_cli(tmp_path, tiny_encoder):
                                      f"index={index_dir}", f"data=[{paths['train']}]",
                                      f"out={tmp_path / 'rk'}", "steps=1"])
     assert again.exit_code != 0 and "--overwrite" in again.output
+    from seekrl.agent.trajectory import write_trajectories
+    from seekrl.data.qa import read_qa_jsonl
+
+    dev = read_qa_jsonl(paths["dev"])[0]
+    logged = tmp_path / "logged.jsonl"
+    write_trajectories(logged, [traj("x", dev.metadata["gold_doc_ids"], [
+        Step(start=0, end=1, action="search", query=dev.metadata["chain"][0]["query"],
+             hits=[])])])
     result = CliRunner().invoke(app, ["ranker", "eval", "--index", str(index_dir), "--data",
-                                      str(paths["dev"]), "--ranker", summary["final"],
-                                      "--candidates", "5", "--topk", "2"])
+                                      str(paths["dev"]), "--trajectories", str(logged),
+                                      "--ranker", summary["final"], "--candidates", "5",
+                                      "--topk", "2"])
     assert result.exit_code == 0, result.output
     assert "recall@2 first_stage=" in result.output and f"recall@2 {summary['final']}=" \
         in result.output
+    assert "gold_hit@2 first_stage=1.0000 (1 logged searches)" in result.output
+    nothing = CliRunner().invoke(app, ["ranker", "eval", "--index", str(index_dir)])
+    assert nothing.exit_code != 0 and "--trajectories" in nothing.output
 
 
 def test_bad_ranker_settings_name_the_key(tmp_path):

@@ -699,8 +699,12 @@ def ranker_train(
 @ranker_app.command("eval")
 def ranker_eval(
     index: Annotated[Path, typer.Option(help="the first stage: an index folder")],
-    data: Annotated[list[str], typer.Option(
-        "--data", help="QA files whose hop queries (synthetic-world metadata.chain) are asked")],
+    data: Annotated[Optional[list[str]], typer.Option(
+        "--data", help="QA files whose hop queries (synthetic-world metadata.chain) are asked")]
+    = None,
+    trajectories: Annotated[Optional[list[str]], typer.Option(
+        help="logged episodes (an evaluation's trajectories.jsonl) whose searches are asked: "
+             "the share whose top k hold a gold document of their question")] = None,
     ranker: Annotated[Optional[list[str]], typer.Option(
         help="rankers to compare with the first stage (a folder, or minilm); repeatable")]
     = None,
@@ -708,24 +712,35 @@ def ranker_eval(
     topk: Annotated[int, typer.Option(help="k of recall@k")] = limits.DEFAULT_TOPK,
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
 ):
-    """recall@k of each hop's gold document: the first stage alone, then with each ranker."""
+    """recall@k of each hop's gold document (--data) and the gold hit rate of logged searches
+    (--trajectories): the first stage alone, then with each ranker."""
+    from seekrl.agent.trajectory import read_trajectories
     from seekrl.data.qa import load_qa
-    from seekrl.recipes.ranker import hop_recall, qa_records
+    from seekrl.recipes.ranker import gold_hit_rate, hop_recall, qa_records, trajectory_records
     from seekrl.retrieval.index import load_index
     from seekrl.retrieval.ranker import RerankingRetriever, load_ranker
 
     try:
         if candidates < 1:
             raise ValueError(f"--candidates: expected at least 1, got {candidates}")
-        records = [r for path in data for r in qa_records(load_qa(path))]
+        if not data and not trajectories:
+            raise ValueError("ranker eval: give --data QA files, --trajectories, or both")
+        hops = [r for path in data or [] for r in qa_records(load_qa(path))]
+        logged = [r for path in trajectories or []
+                  for r in trajectory_records(read_trajectories(path))]
         first = load_index(index)
-        console.print(f"recall@{topk} first_stage={hop_recall(first, records, topk):.4f} "
-                      f"({sum(bool(r.get('hop_gold')) for r in records)} hop queries)",
-                      markup=False, highlight=False, soft_wrap=True)
-        for name in ranker or []:
-            rr = RerankingRetriever(first, load_ranker(name, device=device), candidates)
-            console.print(f"recall@{topk} {name}={hop_recall(rr, records, topk):.4f}",
-                          markup=False, highlight=False, soft_wrap=True)
+        for name in [None, *(ranker or [])]:
+            rr = first if name is None else \
+                RerankingRetriever(first, load_ranker(name, device=device), candidates)
+            label = name or "first_stage"
+            if hops:
+                console.print(f"recall@{topk} {label}={hop_recall(rr, hops, topk):.4f} ("
+                              f"{sum(bool(r.get('hop_gold')) for r in hops)} hop queries)",
+                              markup=False, highlight=False, soft_wrap=True)
+            if logged:
+                console.print(f"gold_hit@{topk} {label}={gold_hit_rate(rr, logged, topk):.4f} "
+                              f"({sum(bool(r['gold_ids']) for r in logged)} logged searches)",
+                              markup=False, highlight=False, soft_wrap=True)
     except ERRORS as err:
         _fail(err)
 

@@ -531,6 +531,7 @@ class RankerTrainConfig(Strict):
     data: list[str] = []               # QA files: synthetic-world questions' hop queries
     question_queries: bool = False     # ... and each question itself as a query
     eval_data: list[str] = []          # held-out QA files: recall@k on their hop queries
+    eval_trajectories: list[str] = []  # held-out logged episodes: gold hit rate of their searches
     out: str = "runs/ranker"
     candidates: int = Field(10, ge=1)
     topk: TopK = DEFAULT_TOPK          # k of recall@k (the documents an agent is shown)

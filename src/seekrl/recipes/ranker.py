@@ -167,6 +167,22 @@ def hop_recall(retriever, records: Sequence[dict[str, Any]], k: int) -> float:
     return recall_at(retriever, [r["query"] for r in rows], [r["hop_gold"] for r in rows], k)
 
 
+def gold_hit_rate(retriever, records: Sequence[dict[str, Any]], k: int, *,
+                  batch_size: int = 64) -> float:
+    """For logged searches (`trajectory_records`) of questions with known gold documents:
+    the share of queries whose top k hold at least one of them."""
+    rows = [r for r in records if r["gold_ids"]]
+    if not rows:
+        raise ValueError("trajectories: no searches of questions with known gold documents")
+    found = 0
+    for lo in range(0, len(rows), batch_size):
+        part = rows[lo:lo + batch_size]
+        hits = retriever.search([r["query"] for r in part], k)
+        found += sum(bool(set(r["gold_ids"]) & {h.doc_id for h in hs})
+                     for r, hs in zip(part, hits))
+    return found / len(rows)
+
+
 def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
                  overwrite: bool = False) -> dict[str, Any]:
     """Build the examples, train, measure recall@k before and after; the summary holds
@@ -211,27 +227,35 @@ def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
     ranker = load_ranker(cfg.model, kind=cfg.kind, device=cfg.device, max_len=cfg.max_len,
                          temperature=cfg.temperature)
     held = [r for path in cfg.eval_data for r in qa_records(load_qa(path))]
+    logged = [r for path in cfg.eval_trajectories
+              for r in trajectory_records(read_trajectories(path))]
     recall: dict[str, float] = {}
-    if held:
-        recall["first_stage"] = hop_recall(first, held, cfg.topk)
-        recall["before"] = hop_recall(RerankingRetriever(first, ranker, cfg.candidates), held,
-                                      cfg.topk)
-        console.print(f"recall@{cfg.topk} on {len(held)} held-out hop queries: first stage "
-                      f"{recall['first_stage']:.3f}, ranker before training {recall['before']:.3f}")
+    hit: dict[str, float] = {}
+
+    def measure(when: str, retriever) -> None:
+        if held:
+            recall[when] = hop_recall(retriever, held, cfg.topk)
+        if logged:
+            hit[when] = gold_hit_rate(retriever, logged, cfg.topk)
+        if held or logged:
+            console.print(f"{when}: recall@{cfg.topk} of {len(held)} held-out hop queries "
+                          f"{recall.get(when, float('nan')):.3f}, gold hit@{cfg.topk} of "
+                          f"{len(logged)} held-out logged searches {hit.get(when, float('nan')):.3f}")
+
+    measure("first_stage", first)
+    measure("before", RerankingRetriever(first, ranker, cfg.candidates))
     updater = RankerUpdater(ranker, cfg.lr, seed=cfg.seed)
     log = []
     for lo in range(0, cfg.steps, 10):
         stats = updater.update(examples, min(10, cfg.steps - lo), cfg.batch_size)
         log.append({"step": lo + min(10, cfg.steps - lo), **stats})
         console.print(f"step {log[-1]['step']}/{cfg.steps}: loss {stats['ranker_loss']:.4f}")
-    if held:
-        recall["after"] = hop_recall(RerankingRetriever(first, ranker, cfg.candidates), held,
-                                     cfg.topk)
-        console.print(f"recall@{cfg.topk} after training: {recall['after']:.3f}")
+    measure("after", RerankingRetriever(first, ranker, cfg.candidates))
     ranker.save(final)
     summary = {"final": str(final), "kind": ranker.kind, "examples": len(examples),
                "queries": len(unique), "candidates": cfg.candidates, "k": cfg.topk,
-               "recall": recall, "held_out_queries": len(held), "log": log,
+               "recall": recall, "gold_hit": hit, "held_out_queries": len(held),
+               "held_out_searches": len(logged), "log": log,
                "minutes": round((time.time() - started) / 60, 2),
                "config": cfg.model_dump(mode="json")}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
