@@ -169,13 +169,8 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
     steps = [r for r in records if "episodes" in r]
     tokens_at = {r["step"]: r["rollout_tokens_total"] for r in steps}
     curve = [(tokens_at.get(r["step"]), r["dev_em"]) for r in records if "dev_em" in r]
-    trainer_final = out / "eval" / "final" / "metrics.json"
-    if args.final_on == "dev" and args.eval_every and trainer_final.is_file():
-        # the trainer's final evaluation was on these dev questions with these settings
-        final = json.loads(trainer_final.read_text())
-    else:
-        final = _evaluate(Path(summary["final"]), out / f"eval-{args.final_on}", index_dir,
-                          test_file, demo, args)
+    final = _evaluate(Path(summary["final"]), out / f"eval-{args.final_on}", index_dir, test_file,
+                      demo, args)
     avg = final["average"]
     by_type = {k: v["em"] for k, v in next(iter(final["by_type"].values()), {}).items()}
     result = {"method": method, "seed": seed, "steps": summary["steps"],
