@@ -102,6 +102,8 @@ def main() -> None:
     if args.stage != "report":
         world_dir, index_dir, test_file, sft = _setup(work, demo, args.n_test, args.sft,
                                                       args.device)
+        if args.final_on == "dev":   # every final evaluation, the runs' and the SFT start's
+            test_file = _dev_file(work, world_dir, args.n_test)
         if args.stage in ("all", "rl"):
             for seed in seeds:
                 budget = None
@@ -110,8 +112,6 @@ def main() -> None:
                                   test_file)
                     if method == "outcome":
                         budget = result["rollout_tokens"]
-        if args.final_on == "dev":
-            test_file = _dev_file(work, world_dir, args.n_test)
         if not args.skip_sft_eval:   # the reference line: the starting point of every run
             start = _evaluate(sft, work / args.runs_dir / f"eval-sft-{args.final_on}", index_dir,
                               test_file, demo, args)
