@@ -189,7 +189,7 @@ def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
     `final` (the ranker's folder)."""
     from seekrl.agent.trajectory import read_trajectories
     from seekrl.data.qa import load_qa
-    from seekrl.recipes.setup import open_index
+    from seekrl.recipes.setup import open_index, sample_queries
 
     console = console or Console()
     out = Path(cfg.out)
@@ -210,12 +210,7 @@ def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
         if key not in seen:
             seen.add(key)
             unique.append(r)
-    random.Random(cfg.seed).shuffle(unique)
-    if cfg.limit is not None:
-        unique = unique[:cfg.limit]
-    if not unique:
-        raise ValueError("trajectories / data: no search queries found (give an evaluation's "
-                         "trajectories.jsonl, rollouts, or synthetic-world questions)")
+    unique = sample_queries(unique, cfg.seed, cfg.limit)
     pools = first.search([r["query"] for r in unique], cfg.candidates)
     examples = training_examples(unique, pools)
     if not examples:

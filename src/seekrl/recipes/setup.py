@@ -103,6 +103,19 @@ def check_log_packages(log) -> None:
                               f"log.{key}=false")
 
 
+def sample_queries(records: list, seed: int, limit: int | None) -> list:
+    """Search-query records in a seeded order, at most `limit` of them; none is an error
+    (the simulator's and the ranker's training read the same sources)."""
+    records = list(records)
+    random.Random(seed).shuffle(records)
+    if limit is not None:
+        records = records[:limit]
+    if not records:
+        raise ValueError("trajectories / data: no search queries found (give an evaluation's "
+                         "trajectories.jsonl, rollouts, or synthetic-world questions)")
+    return records
+
+
 def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)

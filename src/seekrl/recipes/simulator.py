@@ -14,7 +14,6 @@ through the SFT recipe as token records (the prompt masked, the documents traine
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -62,14 +61,9 @@ def interactions(cfg: SimulatorTrainConfig) -> list[dict[str, Any]]:
                 add(hop["query"], ex.question, ex.golden_answers, gold, titles)
             if cfg.question_queries:
                 add(ex.question, ex.question, ex.golden_answers, gold, titles)
-    records = list(out.values())
-    random.Random(cfg.seed).shuffle(records)
-    if cfg.limit is not None:
-        records = records[:cfg.limit]
-    if not records:
-        raise ValueError("trajectories / data: no search queries found (give an evaluation's "
-                         "trajectories.jsonl, rollouts, or synthetic-world questions)")
-    return records
+    from seekrl.recipes.setup import sample_queries
+
+    return sample_queries(list(out.values()), cfg.seed, cfg.limit)
 
 
 def label(record: dict[str, Any], hits) -> str:
