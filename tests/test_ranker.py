@@ -341,3 +341,21 @@ def test_a_ranker_in_rl_needs_a_real_retriever(tmp_path):
     cfg = TrainConfig(data="d", index="i", ranker={}, rollout={"self_search": True})
     with pytest.raises(ConfigError, match="ranker"):
         check_config(cfg)
+
+
+def test_the_server_answers_the_rankers_order_and_refuses_a_ranker_without_an_index():
+    from fastapi.testclient import TestClient
+
+    from seekrl.retrieval.base import RetrievalError
+    from seekrl.retrieval.server import create_app, run_server
+
+    app = create_app(RerankingRetriever(Fixed(8), ByIndex(), candidates=5),
+                     manifest={"type": "bm25", "ranker": "by-index"})
+    r = TestClient(app).post("/retrieve", json={"queries": ["q"], "topk": 2,
+                                                "return_scores": True})
+    assert r.status_code == 200
+    assert [h["document"]["id"] for h in r.json()["result"][0]] == ["d4", "d3"]
+    with pytest.raises(RetrievalError, match="simulated engine"):
+        run_server(None, simulate="smollm2-135m", ranker="minilm")
+    with pytest.raises(RetrievalError, match="--candidates"):
+        run_server("idx", ranker="minilm", candidates=0)
