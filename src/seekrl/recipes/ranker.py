@@ -167,20 +167,13 @@ def hop_recall(retriever, records: Sequence[dict[str, Any]], k: int) -> float:
     return recall_at(retriever, [r["query"] for r in rows], [r["hop_gold"] for r in rows], k)
 
 
-def gold_hit_rate(retriever, records: Sequence[dict[str, Any]], k: int, *,
-                  batch_size: int = 64) -> float:
+def gold_hit_rate(retriever, records: Sequence[dict[str, Any]], k: int) -> float:
     """For logged searches (`trajectory_records`) of questions with known gold documents:
     the share of queries whose top k hold at least one of them."""
     rows = [r for r in records if r["gold_ids"]]
     if not rows:
         raise ValueError("trajectories: no searches of questions with known gold documents")
-    found = 0
-    for lo in range(0, len(rows), batch_size):
-        part = rows[lo:lo + batch_size]
-        hits = retriever.search([r["query"] for r in part], k)
-        found += sum(bool(set(r["gold_ids"]) & {h.doc_id for h in hs})
-                     for r, hs in zip(part, hits))
-    return found / len(rows)
+    return recall_at(retriever, [r["query"] for r in rows], [r["gold_ids"] for r in rows], k)
 
 
 def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,

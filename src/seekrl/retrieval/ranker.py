@@ -20,7 +20,7 @@ temperature, the model it started from).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import torch
@@ -179,9 +179,10 @@ class RerankingRetriever:
         self.last = {}
 
 
-def recall_at(retriever: Retriever, queries: Sequence[str], gold: Sequence[str], k: int,
-              *, batch_size: int = 64) -> float:
-    """The share of queries whose gold document id is among the top k."""
+def recall_at(retriever: Retriever, queries: Sequence[str],
+              gold: Sequence[str | Collection[str]], k: int, *, batch_size: int = 64) -> float:
+    """The share of queries whose top k hold their gold document: one id, or several (any
+    of them counts)."""
     if len(queries) != len(gold):
         raise ValueError(f"recall_at: {len(queries)} queries but {len(gold)} gold ids")
     if not queries:
@@ -189,5 +190,7 @@ def recall_at(retriever: Retriever, queries: Sequence[str], gold: Sequence[str],
     found = 0
     for lo in range(0, len(queries), batch_size):
         hits = retriever.search(list(queries[lo:lo + batch_size]), k)
-        found += sum(g in {h.doc_id for h in hs} for g, hs in zip(gold[lo:lo + batch_size], hits))
+        for g, hs in zip(gold[lo:lo + batch_size], hits):
+            wanted = {g} if isinstance(g, str) else set(g)
+            found += bool(wanted & {h.doc_id for h in hs})
     return found / len(queries)
