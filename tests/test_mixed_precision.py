@@ -3,6 +3,7 @@ logits; hooks, so copies compute with their own weights and nothing leaks."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -117,3 +118,75 @@ def test_a_float32_policys_kv_cache_stays_float32():
 
     model, tok = tiny_policy(seed=3)
     assert HFBackend(model, tok)._store_dtype() is None
+
+
+def test_cast_weights_gives_the_same_logits_bit_for_bit_and_puts_the_weights_back():
+    """Autocast multiplies in bfloat16 whether it casts a float32 weight itself or finds
+    one cast already: the logits are the same bits, and the float32 parameters (the
+    optimizer's) are back in place on the way out, also when the forward raises."""
+    from seekrl.models import cast_weights, causal_lm
+
+    model, _ = tiny_policy(seed=1)
+    mixed_precision(model)
+    params = {n: p for n, p in model.named_parameters()}
+    with torch.no_grad():
+        plain = model(input_ids=_ids()).logits
+        with cast_weights(model):
+            q = backbone(model).layers[0].self_attn.q_proj
+            assert q.weight.dtype == torch.bfloat16
+            cast = model(input_ids=_ids()).logits
+        assert torch.equal(plain, cast)
+        with pytest.raises(IndexError), cast_weights(model):
+            backbone(model)(input_ids=torch.full((1, 3), 10**7))
+    assert {n: p for n, p in model.named_parameters()} == params
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    lm = causal_lm(model)
+    assert lm.get_output_embeddings().weight is lm.get_input_embeddings().weight   # still tied
+
+
+def test_cast_weights_leaves_a_tied_embedding_in_float32():
+    from seekrl.models import cast_weights, causal_lm
+
+    model, _ = tiny_policy(seed=1)
+    mixed_precision(model)
+    lm = causal_lm(model)
+    assert lm.get_output_embeddings().weight is lm.get_input_embeddings().weight
+    with cast_weights(model):
+        assert lm.get_output_embeddings().weight.dtype == torch.bfloat16
+        assert lm.get_input_embeddings().weight.dtype == torch.float32
+
+
+def test_cast_weights_is_a_no_op_for_a_float32_policy():
+    from seekrl.models import cast_weights
+
+    model, _ = tiny_policy(seed=1)
+    before = {n: p for n, p in model.named_parameters()}
+    with cast_weights(model):
+        assert {n: p for n, p in model.named_parameters()} == before
+
+
+def test_a_mixed_policy_samples_the_same_tokens_and_logprobs_with_cast_weights():
+    """The backend casts a mixed policy's weights once a turn: the sampled tokens and
+    their behaviour log-probabilities equal those of autocast casting on every step."""
+    import seekrl.models as models
+    from seekrl.agent.backends import HFBackend, Sampling
+
+    model, tok = tiny_policy(seed=3)
+    mixed_precision(model)
+    ctx = [[int(t) for t in row] for row in _ids(4, 10)]
+    runs = {}
+    real = models.cast_weights
+    for cast in (True, False):
+        if not cast:
+            models.cast_weights = lambda m: contextlib.nullcontext(m)
+        try:
+            torch.manual_seed(0)
+            backend = HFBackend(model, tok)
+            out = backend.generate(ctx, 12, Sampling(temperature=1.0), keys=[0, 1, 2, 3])
+            nxt = [c + list(g) + [7, 8, 9] for c, g in zip(ctx, out)]
+            out += backend.generate(nxt, 12, Sampling(temperature=1.0), keys=[0, 1, 2, 3])
+        finally:
+            models.cast_weights = real
+        runs[cast] = [(list(g), g.logprobs) for g in out]
+    assert runs[True] == runs[False]
+    assert all(p.dtype == torch.float32 for p in model.parameters())

@@ -454,6 +454,13 @@ class HFBackend(Backend):
                  keys: Sequence[Hashable] | None = None) -> list[Generated]:
         if not contexts or max_new_tokens <= 0:
             return [Generated() for _ in contexts]
+        from seekrl.models import cast_weights
+
+        with cast_weights(self.model):   # a mixed-precision policy's weights cast once a turn
+            return self._generate(contexts, max_new_tokens, sampling, keys)
+
+    def _generate(self, contexts: list[list[int]], max_new_tokens: int, sampling: Sampling,
+                  keys: Sequence[Hashable] | None) -> list[Generated]:
         keys = list(keys) if keys is not None else None
         if keys is not None and len(set(keys)) != len(keys):
             raise ValueError("keys must be unique: one per episode")
