@@ -31,7 +31,7 @@ from seekrl.agent.backends import HFBackend
 from seekrl.agent.protocol import STOP_STRINGS, build_prompt, information_block, invalid_block, parse_action
 from seekrl.agent.rollout import RolloutConfig, RolloutEngine
 from seekrl.data.world import generate_world, write_world
-from seekrl.models import load_policy, pad_id_of
+from seekrl.models import load_policy, mixed_precision, pad_id_of
 from seekrl.retrieval.index import build_index, load_index
 
 # published shapes (config.json of each model); vocabulary: the bundled tokenizer's
@@ -156,12 +156,17 @@ def main() -> None:
     p.add_argument("--max-turns", type=int, default=3)
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--dtype", default="float32",
+                   choices=("float32", "bfloat16", "float16", "bf16-mixed"),
+                   help="bf16-mixed also times the top batch with autocast casting every "
+                        "weight on every decoding step (the engine casts them once a turn): "
+                        "cast_speedup_bN")
     p.add_argument("--arch", default="", choices=("", *ARCHS),
                    help="random weights of this architecture (default: the bundled model)")
-    p.add_argument("--baseline", default="sequential", choices=("sequential", "batched"))
+    p.add_argument("--baseline", default="sequential", choices=("sequential", "batched", "none"),
+                   help="none: only the engine (with bf16-mixed, its cast comparison)")
     args = p.parse_args()
-    dtype = getattr(torch, args.dtype)
+    dtype = torch.bfloat16 if args.dtype == "bf16-mixed" else getattr(torch, args.dtype)
 
     work = Path(tempfile.mkdtemp(prefix="seekrl-bench-rollout-"))
     world = generate_world(seed=0, entities=300, n_train=10, n_dev=10, n_test=args.questions)
@@ -170,7 +175,10 @@ def main() -> None:
     questions = world.splits["test"][: args.questions]
     model, tok = load_policy(dtype=args.dtype, device=args.device)
     if args.arch:
-        model = build_arch(args.arch, tok, dtype, args.device)
+        model = build_arch(args.arch, tok, torch.float32 if args.dtype == "bf16-mixed"
+                           else dtype, args.device)
+        if args.dtype == "bf16-mixed":
+            mixed_precision(model)
     params = sum(p.numel() for p in model.parameters())
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else ""
     print(f"questions={len(questions)} max_new_tokens={args.max_new_tokens} "
@@ -198,8 +206,15 @@ def main() -> None:
         results[b] = tokens / seconds
         print(f"batched_b{b}_tokens={tokens} batched_b{b}_seconds={seconds:.1f} "
               f"batched_b{b}_tok_s={results[b]:.1f}")
-    cfg = RolloutConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens)
     top = max(results)
+    cast_line = ""
+    if args.dtype == "bf16-mixed":
+        cast_line = " " + cast_ab(model, tok, retriever, questions, args, top)
+    if args.baseline == "none":
+        print("summary: " + " ".join(f"b{b}={r:.1f}tok/s" for b, r in results.items())
+              + cast_line)
+        return
+    cfg = RolloutConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens)
     if args.baseline == "batched":
         tokens, seconds = batched_generate(model, tok, retriever, questions, cfg, top)
     else:
@@ -220,7 +235,39 @@ def main() -> None:
     print(f"summary: {key}={results[top] / seq_rate:.2f} "
           f"ceiling_frac_b{top}={results[top] / ceiling:.3f}{extra} "
           + " ".join(f"b{b}={r:.1f}tok/s" for b, r in results.items())
-          + f" {name}={seq_rate:.1f}tok/s")
+          + f" {name}={seq_rate:.1f}tok/s" + cast_line)
+
+
+def cast_ab(model, tok, retriever, questions, args, batch: int, rounds: int = 2) -> str:
+    """The engine at `batch` with the weights cast once a turn (`models.cast_weights`)
+    against autocast casting them on every forward pass, alternated `rounds` times (the
+    order flipped each round); seconds summed per side. The greedy episodes must match."""
+    import contextlib
+
+    import seekrl.models as models
+
+    real = models.cast_weights
+    cfg = RolloutConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
+                        batch_size=batch, greedy=True)
+    seconds = {"cast": 0.0, "autocast": 0.0}
+    tokens: dict[str, list] = {}
+    try:
+        for r in range(rounds):
+            for side in (("cast", "autocast") if r % 2 == 0 else ("autocast", "cast")):
+                models.cast_weights = real if side == "cast" else \
+                    (lambda m: contextlib.nullcontext(m))
+                engine = RolloutEngine(HFBackend(model, tok), tok, retriever, cfg)
+                started = time.perf_counter()
+                trajs = engine.run(questions)
+                seconds[side] += time.perf_counter() - started
+                tokens[side] = [t.token_ids for t in trajs]
+    finally:
+        models.cast_weights = real
+    same = tokens["cast"] == tokens["autocast"]
+    ratio = seconds["autocast"] / seconds["cast"]
+    print(f"cast_b{batch}_seconds={seconds['cast']:.1f} autocast_b{batch}_seconds="
+          f"{seconds['autocast']:.1f} cast_speedup_b{batch}={ratio:.2f} same_tokens={same}")
+    return f"cast_speedup_b{batch}={ratio:.2f} same_tokens={same}"
 
 
 if __name__ == "__main__":
