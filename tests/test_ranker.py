@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -359,3 +360,143 @@ def test_the_server_answers_the_rankers_order_and_refuses_a_ranker_without_an_in
         run_server(None, simulate="smollm2-135m", ranker="minilm")
     with pytest.raises(RetrievalError, match="--candidates"):
         run_server("idx", ranker="minilm", candidates=0)
+
+
+# ---- kind query: the dense index's own query encoder, fine-tuned over its stored vectors
+@pytest.fixture(scope="module")
+def dense_lab(tmp_path_factory, tiny_encoder):
+    """A small world with a dense index (the tiny encoder) and a BM25 index of it."""
+    from conftest import build_world_and_index
+
+    from seekrl.retrieval.index import build_index
+
+    root = tmp_path_factory.mktemp("dense")
+    _, paths, bm25 = build_world_and_index(root / "w", seed=4, entities=200, n_train=8,
+                                           n_dev=4, n_test=2)
+    dense = build_index(paths["corpus"], root / "dense", "dense", encoder=tiny_encoder,
+                        show_progress=False)
+    return paths, dense, bm25
+
+
+def test_the_store_finds_each_documents_row_and_names_a_missing_id(dense_lab):
+    from seekrl.retrieval.index import load_index
+
+    _, dense, _ = dense_lab
+    store = load_index(dense).store
+    ids = [store.ids[r] for r in (5, 0, len(store) - 1, 5)]
+    assert store.rows_of(ids) == [5, 0, len(store) - 1, 5]
+    with pytest.raises(KeyError, match="'nope'"):
+        store.rows_of(["nope"])
+
+
+def test_a_query_encoder_learns_over_the_stored_vectors_and_saves_and_loads(tmp_path,
+                                                                            dense_lab):
+    """Before training it searches exactly like the index; trained towards its sixth
+    candidate it puts that document first among them and higher in the whole index; the
+    index's vectors and its own encoder are untouched; saved and loaded, it scores the
+    same."""
+    from seekrl.retrieval.ranker import QueryEncoderRetriever, dense_part, ranked_retriever
+    from seekrl.retrieval.index import load_index
+
+    _, dense_dir, _ = dense_lab
+    index = load_index(dense_dir)
+    dense = dense_part(index)
+    stored = dense.index.reconstruct_batch(np.arange(4, dtype=np.int64)).copy()
+    encoder_before = [p.detach().clone() for p in dense.encoder.parameters()]
+    torch.manual_seed(0)
+    qe = load_ranker(kind="query", first=index)
+    rr = ranked_retriever(index, qe, candidates=6, keep_candidates=True)
+    assert isinstance(rr, QueryEncoderRetriever)
+    query = "who founded the old mill"
+    assert [h.doc_id for h in rr.search([query], 5)[0]] == \
+        [h.doc_id for h in index.search([query], 5)[0]]
+    pool = rr.last[query]
+    assert len(pool) == 6
+    target = pool[-1]                # the sixth: teach the encoder to put it first
+    labels = [int(h.doc_id == target.doc_id) for h in pool]
+    upd = RankerUpdater(qe, lr=5e-3)
+    first = upd.update([(query, pool, labels)], 1, 1)["ranker_loss"]
+    last = upd.update([(query, pool, labels)], 40, 1)["ranker_loss"]
+    assert last < first
+    scores = qe.score([query], [pool])[0]
+    assert max(range(6), key=scores.__getitem__) == 5      # first among its candidates
+    ranked = [h.doc_id for h in rr.search([query], 50)[0]]  # and higher in the whole index
+    assert ranked.index(target.doc_id) < 5
+    assert np.array_equal(dense.index.reconstruct_batch(np.arange(4, dtype=np.int64)), stored)
+    assert all(torch.equal(a, b) for a, b in zip(encoder_before, dense.encoder.parameters()))
+    with pytest.raises(TypeError, match="Hits"):
+        qe.logits([query], [["a text"]])
+    qe.save(tmp_path / "qe")
+    again = load_ranker(str(tmp_path / "qe"))
+    assert again.kind == "query"
+    again.bind(index)
+    assert again.score([query], [pool])[0] == pytest.approx(qe.score([query], [pool])[0],
+                                                            abs=1e-4)
+
+
+def test_a_query_encoder_needs_a_dense_index(dense_lab):
+    from seekrl.retrieval.base import RetrievalError
+    from seekrl.retrieval.index import load_index
+
+    _, _, bm25 = dense_lab
+    with pytest.raises(RetrievalError, match="dense or hybrid index"):
+        load_ranker(kind="query", first=load_index(bm25))
+    with pytest.raises(RetrievalError, match="give the index"):
+        load_ranker(kind="query")
+
+
+def test_seekrl_ranker_train_fine_tunes_a_query_encoder_from_the_cli(tmp_path, dense_lab):
+    from typer.testing import CliRunner
+
+    from seekrl.cli import app
+
+    paths, dense_dir, _ = dense_lab
+    result = CliRunner().invoke(app, [
+        "ranker", "train", "kind=query", f"index={dense_dir}", f"data=[{paths['train']}]",
+        f"eval_data=[{paths['dev']}]", f"out={tmp_path / 'qe'}", "steps=3", "candidates=5",
+        "topk=2", "lr=1e-3"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "qe" / "summary.json").read_text())
+    assert summary["kind"] == "query"
+    # untrained, the query encoder is the index's own: it searches exactly like the index
+    assert summary["recall"]["before"] == summary["recall"]["first_stage"]
+    result = CliRunner().invoke(app, ["ranker", "eval", "--index", str(dense_dir), "--data",
+                                      str(paths["dev"]), "--ranker", summary["final"],
+                                      "--topk", "2"])
+    assert result.exit_code == 0, result.output
+    assert f"recall@2 {summary['final']}=" in result.output
+
+
+def test_a_query_encoder_trains_with_the_agent_and_resumes_where_it_stopped(tmp_path, tiny,
+                                                                            dense_lab):
+    from seekrl.recipes.train import Trainer
+    from seekrl.retrieval.ranker import QueryEncoderRetriever
+
+    paths, dense_dir, _ = dense_lab
+    model, tok = tiny
+    finals = {}
+    for name, until in (("through", None), ("resumed", 1)):
+        cfg = _rl_config(tmp_path, paths, dense_dir, None, out=name, kind="query")
+        trainer = Trainer(cfg, model=copy_model(model), tokenizer=tok)
+        assert isinstance(trainer.retriever, QueryEncoderRetriever)
+        _force_searches(trainer)
+        if until:
+            trainer.train(until=until)
+            trainer = Trainer(cfg, model=copy_model(model), tokenizer=tok, resume=True)
+            _force_searches(trainer)
+        summary = trainer.train()
+        records = [json.loads(x) for x in
+                   (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        assert all(r["ranker_examples"] > 0 for r in records if "episodes" in r), records
+        finals[name] = load_ranker(summary["final"] + "/ranker")
+    from seekrl.retrieval.index import load_index
+
+    index = load_index(dense_dir)
+    pool = index.search(["b founded by"], 5)
+    for r in finals.values():
+        r.bind(index)
+    through = finals["through"].score(["b founded by"], pool)[0]
+    assert finals["resumed"].score(["b founded by"], pool)[0] == pytest.approx(through, abs=1e-5)
+    fresh = load_ranker(kind="query", first=index)
+    fresh.bind(index)
+    assert fresh.score(["b founded by"], pool)[0] != pytest.approx(through, abs=1e-4)

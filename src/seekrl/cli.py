@@ -448,15 +448,15 @@ def eval_(
             raise RetrievalError(f"method {method!r} needs --index DIR, --retriever-url URL or "
                                  "--retriever MODULE:ATTR")
         if ranker is not None:
-            from seekrl.retrieval.ranker import RerankingRetriever, load_ranker
+            from seekrl.retrieval.ranker import load_ranker, ranked_retriever
 
             if retriever is None:
                 raise RetrievalError("--ranker orders a retriever's candidates: give --index, "
                                      "--retriever-url or --retriever")
             if candidates < 1:
                 raise RetrievalError(f"--candidates: expected at least 1, got {candidates}")
-            retriever = RerankingRetriever(retriever, load_ranker(ranker, device=device),
-                                           candidates)
+            retriever = ranked_retriever(
+                retriever, load_ranker(ranker, device=device, first=retriever), candidates)
         from seekrl.agent.factory import backend_refusal, make_backend
 
         why = backend_refusal(backend, "eval", device=device)
@@ -718,7 +718,7 @@ def ranker_eval(
     from seekrl.data.qa import load_qa
     from seekrl.recipes.ranker import gold_hit_rate, hop_recall, qa_records, trajectory_records
     from seekrl.retrieval.index import load_index
-    from seekrl.retrieval.ranker import RerankingRetriever, load_ranker
+    from seekrl.retrieval.ranker import load_ranker, ranked_retriever
 
     try:
         if candidates < 1:
@@ -731,7 +731,7 @@ def ranker_eval(
         first = load_index(index)
         for name in [None, *(ranker or [])]:
             rr = first if name is None else \
-                RerankingRetriever(first, load_ranker(name, device=device), candidates)
+                ranked_retriever(first, load_ranker(name, device=device, first=first), candidates)
             label = name or "first_stage"
             if hops:
                 console.print(f"recall@{topk} {label}={hop_recall(rr, hops, topk):.4f} ("

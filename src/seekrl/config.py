@@ -511,7 +511,9 @@ class RankerSettings(Strict):
     step's searches (their gold documents, or the documents of right episodes that hold the
     answer, as positives; the other candidates as negatives)."""
     model: str | None = None           # None: the bundled all-MiniLM-L6-v2; or a ranker folder
-    kind: Literal["bi", "cross"] | None = None   # a fresh ranker's kind (None: bi)
+    # a fresh ranker's kind (None: bi); query: the dense index's own query encoder,
+    # fine-tuned over the vectors the index holds (searches the whole index)
+    kind: Literal["bi", "cross", "query"] | None = None
     candidates: int = Field(10, ge=1)  # first-stage documents the ranker orders
     train: bool = True                 # update it on the rollouts' searches each RL step
     lr: float = Field(2e-5, gt=0)
@@ -525,7 +527,7 @@ class RankerTrainConfig(Strict):
     """`seekrl ranker train` (recipes/ranker.py): a ranker trained on logged searches and
     synthetic-world hop queries, candidates from `index`."""
     model: str | None = None           # None: the bundled all-MiniLM-L6-v2
-    kind: Literal["bi", "cross"] | None = None
+    kind: Literal["bi", "cross", "query"] | None = None
     index: str                         # the first stage: an index folder or a server url
     trajectories: list[str] = []       # logged episodes whose searches are the queries
     data: list[str] = []               # QA files: synthetic-world questions' hop queries

@@ -35,7 +35,7 @@ from rich.console import Console
 from seekrl.agent.protocol import normalise_text
 from seekrl.config import RankerTrainConfig
 from seekrl.retrieval.base import Hit
-from seekrl.retrieval.ranker import Ranker, RerankingRetriever, load_ranker, recall_at
+from seekrl.retrieval.ranker import Ranker, load_ranker, ranked_retriever, recall_at
 from seekrl.rewards.metrics import exact_match
 
 
@@ -91,13 +91,14 @@ def label_candidates(record: dict[str, Any], candidates: Sequence[Hit]) -> list[
 
 
 def training_examples(records: Sequence[dict[str, Any]], pools: Sequence[Sequence[Hit]]
-                      ) -> list[tuple[str, list[str], list[int]]]:
-    """(query, candidate texts, labels) for the queries with a positive and a negative;
-    unknown candidates left out."""
+                      ) -> list[tuple[str, list[Hit], list[int]]]:
+    """(query, candidates, labels) for the queries with a positive and a negative;
+    unknown candidates left out. A ranker reads a candidate's text, a query encoder its
+    stored vector (by id)."""
     out = []
     for r, pool in zip(records, pools):
         labels = label_candidates(r, pool)
-        kept = [(h.contents, y) for h, y in zip(pool, labels) if y is not None]
+        kept = [(h, y) for h, y in zip(pool, labels) if y is not None]
         ys = [y for _, y in kept]
         if 1 in ys and 0 in ys:
             out.append((r["query"], [d for d, _ in kept], ys))
@@ -213,7 +214,7 @@ def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
                   f"({cfg.candidates} candidates each)")
     torch.manual_seed(cfg.seed)
     ranker = load_ranker(cfg.model, kind=cfg.kind, device=cfg.device, max_len=cfg.max_len,
-                         temperature=cfg.temperature)
+                         temperature=cfg.temperature, first=first)
     held = [r for path in cfg.eval_data for r in qa_records(load_qa(path))]
     logged = [r for path in cfg.eval_trajectories
               for r in trajectory_records(read_trajectories(path))]
@@ -231,14 +232,14 @@ def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
                           f"{len(logged)} held-out logged searches {hit.get(when, float('nan')):.3f}")
 
     measure("first_stage", first)
-    measure("before", RerankingRetriever(first, ranker, cfg.candidates))
+    measure("before", ranked_retriever(first, ranker, cfg.candidates))
     updater = RankerUpdater(ranker, cfg.lr, seed=cfg.seed)
     log = []
     for lo in range(0, cfg.steps, 10):
         stats = updater.update(examples, min(10, cfg.steps - lo), cfg.batch_size)
         log.append({"step": lo + min(10, cfg.steps - lo), **stats})
         console.print(f"step {log[-1]['step']}/{cfg.steps}: loss {stats['ranker_loss']:.4f}")
-    measure("after", RerankingRetriever(first, ranker, cfg.candidates))
+    measure("after", ranked_retriever(first, ranker, cfg.candidates))
     ranker.save(final)
     summary = {"final": str(final), "kind": ranker.kind, "examples": len(examples),
                "queries": len(unique), "candidates": cfg.candidates, "k": cfg.topk,

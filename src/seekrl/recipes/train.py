@@ -202,17 +202,17 @@ class Trainer:
         """The retriever behind the configured ranker (rollouts and evaluations both see its
         order); with `ranker.train`, its updater."""
         from seekrl.recipes.ranker import RankerUpdater
-        from seekrl.retrieval.ranker import RerankingRetriever, load_ranker
+        from seekrl.retrieval.ranker import load_ranker, ranked_retriever
 
         rk = self.cfg.ranker
         if rk.train and self.dist.world > 1:
             raise ConfigError("ranker.train: the ranker trains in one process; with several "
                               "processes give a trained ranker and ranker.train: false")
         ranker = load_ranker(rk.model, kind=rk.kind, device=self.device, max_len=rk.max_len,
-                             temperature=rk.temperature)
+                             temperature=rk.temperature, first=retriever)
         if rk.train:
             self.ranker_updater = RankerUpdater(ranker, rk.lr, seed=self.cfg.seed)
-        return RerankingRetriever(retriever, ranker, rk.candidates, keep_candidates=rk.train)
+        return ranked_retriever(retriever, ranker, rk.candidates, keep_candidates=rk.train)
 
     def _train_ranker(self, trajs: Sequence[Trajectory]) -> dict[str, Any]:
         """The ranker's update on this step's searches, with the candidates it was given

@@ -3,8 +3,8 @@
 A first-stage retriever (BM25, dense, a server) returns `candidates` documents per query; a
 ranker scores each (query, document) pair and the `RerankingRetriever` shows the best k. The
 same `Retriever.search` interface, so rollouts, evaluation and `seekrl serve` use it
-unchanged. Two kinds, both plain transformers models, so they can be trained (with the agent,
-from its rollouts: `recipes/ranker.py`):
+unchanged. Three kinds, all plain transformers models, so they can be trained (with the
+agent, from its rollouts: `recipes/ranker.py`):
 
 - `bi`: a sentence encoder (by default the bundled all-MiniLM-L6-v2), query and document
   encoded apart, mean-pooled and normalised; the score is their cosine over a temperature.
@@ -12,6 +12,10 @@ from its rollouts: `recipes/ranker.py`):
 - `cross`: a cross-encoder (`AutoModelForSequenceClassification`, one label) reading the
   query and the document together: stronger once trained, but a head started from an
   encoder without one ranks at random until it is (the loader says so).
+- `query` (`QueryEncoder`): a dense or hybrid index's own query encoder, fine-tuned while
+  the document vectors stay the ones the index holds (nothing is re-encoded). It reorders
+  nothing: the `QueryEncoderRetriever` searches the whole index with its queries, and its
+  training scores a query against the stored vectors of its candidates.
 
 A trained ranker is a folder: the model, its tokenizer and `ranker.json` (kind, length,
 temperature, the model it started from).
@@ -19,15 +23,17 @@ temperature, the model it started from).
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from seekrl.retrieval.base import Hit, RetrievalError, Retriever
 
-RANKER_KINDS = ("bi", "cross")
+RANKER_KINDS = ("bi", "cross", "query")
 RANKER_FILE = "ranker.json"
 
 
@@ -46,10 +52,11 @@ class Ranker:
 
     # ------------------------------------------------------------------ scoring
     def logits(self, queries: Sequence[str], docs: Sequence[Sequence[str]]) -> list[torch.Tensor]:
-        """One score tensor per query over its documents, with gradients when the model is
-        in train mode (the training loop's entry)."""
+        """One score tensor per query over its documents (texts or `Hit`s), with gradients
+        when the model is in train mode (the training loop's entry)."""
         if len(queries) != len(docs):
             raise ValueError(f"ranker: {len(queries)} queries but {len(docs)} document lists")
+        docs = [[d.contents if isinstance(d, Hit) else d for d in ds] for ds in docs]
         sizes = [len(d) for d in docs]
         if self.kind == "cross":
             pairs_q = [q for q, ds in zip(queries, docs) for _ in ds]
@@ -110,10 +117,12 @@ class Ranker:
 
 
 def load_ranker(spec: str | None = None, *, kind: str | None = None, device: str = "cpu",
-                max_len: int = 128, temperature: float = 0.05) -> Ranker:
+                max_len: int = 128, temperature: float = 0.05, first=None) -> Ranker:
     """A ranker from a folder `Ranker.save` wrote (its kind and settings recorded), or a
     fresh one from any encoder: None / `minilm` is the bundled all-MiniLM-L6-v2, else an HF
-    id or path; `kind` defaults to `bi` for a fresh one."""
+    id or path; `kind` defaults to `bi` for a fresh one. A fresh `query` ranker starts from
+    the query encoder of `first` (the dense or hybrid index it will search) unless `spec`
+    names another encoder."""
     from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
     from seekrl.retrieval.dense import resolve_encoder
@@ -122,6 +131,7 @@ def load_ranker(spec: str | None = None, *, kind: str | None = None, device: str
     check_device(device)
     quiet_transformers()
     saved = Path(spec) / RANKER_FILE if spec else None
+    meta: dict = {}
     if saved is not None and saved.is_file():
         meta = json.loads(saved.read_text())
         if kind is not None and kind != meta["kind"]:
@@ -135,6 +145,9 @@ def load_ranker(spec: str | None = None, *, kind: str | None = None, device: str
     if kind not in RANKER_KINDS:
         raise RetrievalError(f"ranker kind: expected one of {', '.join(RANKER_KINDS)}, "
                              f"got {kind!r}")
+    if kind == "query":
+        return _load_query_encoder(spec, meta, first, device=device, max_len=max_len,
+                                   temperature=temperature)
     path = resolve_encoder(spec)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -147,6 +160,164 @@ def load_ranker(spec: str | None = None, *, kind: str | None = None, device: str
         raise RetrievalError(f"ranker {spec!r} cannot be loaded ({first})") from None
     return Ranker(model, tokenizer, kind, max_len=max_len, temperature=temperature,
                   base=base, device=device)
+
+
+def dense_part(first):
+    """The `DenseRetriever` inside a first stage (a dense or hybrid index, loaded), or a
+    RetrievalError saying why a query encoder cannot work with it."""
+    from seekrl.retrieval.dense import DenseRetriever
+
+    inner = getattr(first, "retriever", first)          # a LocalIndex holds its retriever
+    dense = getattr(inner, "dense", inner)              # a hybrid its dense half
+    if not isinstance(dense, DenseRetriever):
+        raise RetrievalError(
+            "ranker kind query: it fine-tunes a dense index's query encoder over the vectors "
+            f"the index holds, so the first stage must be a dense or hybrid index folder; got "
+            f"{getattr(inner, 'name', type(inner).__name__)!r}")
+    return dense
+
+
+def _load_query_encoder(spec: str | None, meta: dict, first, *, device: str, max_len: int,
+                        temperature: float) -> "QueryEncoder":
+    from seekrl.retrieval.dense import load_encoder
+
+    if meta:            # a trained query encoder: its folder is a sentence-transformers model
+        model = load_encoder(spec, device)
+        return QueryEncoder(model, max_len=max_len, temperature=temperature,
+                            base=meta.get("base", ""), device=device,
+                            query_prefix=meta.get("query_prefix", ""),
+                            normalize=meta.get("normalize", True))
+    if first is None:
+        raise RetrievalError("ranker kind query: a fresh query encoder starts from the dense "
+                             "index it searches; give the index (or a trained query encoder's "
+                             "folder)")
+    dense = dense_part(first)
+    model = load_encoder(spec, device) if spec else copy.deepcopy(dense.encoder)
+    return QueryEncoder(model, max_len=max_len, temperature=temperature,
+                        base=spec or "the index's encoder", device=device,
+                        query_prefix=dense.query_prefix, normalize=dense.normalize)
+
+
+class QueryEncoder(Ranker):
+    """Kind `query`: a sentence-transformers query encoder scored against the vectors a dense
+    index already holds for its documents (see the module). `bind` attaches the index."""
+
+    def __init__(self, model, *, max_len: int = 128, temperature: float = 0.05, base: str = "",
+                 device: str = "cpu", query_prefix: str = "", normalize: bool = True):
+        self.model, self.tokenizer, self.kind = model.to(device), None, "query"
+        self.max_len, self.temperature, self.base, self.device = \
+            max_len, temperature, base, device
+        self.query_prefix, self.normalize = query_prefix, normalize
+        self.model.max_seq_length = max_len
+        self.model.eval()
+        self.dense = None
+
+    def bind(self, first) -> None:
+        """Score against `first`'s stored vectors (a dense or hybrid index)."""
+        from seekrl.retrieval.dense import embedding_dim
+
+        dense = dense_part(first)
+        if embedding_dim(self.model) != dense.index.d:
+            raise RetrievalError(f"ranker kind query: the encoder gives {embedding_dim(self.model)}"
+                                 f"-dimensional vectors but the index holds {dense.index.d}-"
+                                 "dimensional ones: start from the index's own encoder")
+        self.dense = dense
+
+    def embed(self, queries: Sequence[str]) -> torch.Tensor:
+        """The queries' vectors as the index's encoder makes them (prefix, pooling,
+        normalisation), with gradients in train mode."""
+        # sentence-transformers 6 renamed `tokenize` to `preprocess` (the old name warns)
+        prepare = getattr(self.model, "preprocess", None) or self.model.tokenize
+        features = prepare([self.query_prefix + q for q in queries])
+        features = {k: v.to(self.device) if torch.is_tensor(v) else v
+                    for k, v in features.items()}
+        emb = self.model(features)["sentence_embedding"].float()
+        return torch.nn.functional.normalize(emb, dim=-1) if self.normalize else emb
+
+    def vectors(self, hits: Sequence[Hit]) -> torch.Tensor:
+        """The index's stored vectors of these documents (by id)."""
+        if self.dense is None:
+            raise RetrievalError("ranker kind query: not bound to an index (QueryEncoder.bind)")
+        rows = np.asarray(self.dense.store.rows_of([h.doc_id for h in hits]), dtype=np.int64)
+        return torch.from_numpy(np.asarray(self.dense.index.reconstruct_batch(rows),
+                                           dtype=np.float32)).to(self.device)
+
+    def logits(self, queries: Sequence[str], docs: Sequence[Sequence[Hit]]) -> list[torch.Tensor]:
+        if len(queries) != len(docs):
+            raise ValueError(f"ranker: {len(queries)} queries but {len(docs)} document lists")
+        if any(not isinstance(d, Hit) for ds in docs for d in ds):
+            raise TypeError("ranker kind query scores indexed documents: give Hits, not texts")
+        sizes = [len(d) for d in docs]
+        flat_docs = [d for ds in docs for d in ds]
+        if not flat_docs:
+            return [torch.zeros(0) for _ in queries]
+        q = self.embed(list(queries))
+        d = self.vectors(flat_docs)
+        owner = torch.repeat_interleave(torch.arange(len(queries), device=q.device),
+                                        torch.tensor(sizes, device=q.device))
+        return list(torch.split((q[owner] * d).sum(-1) / self.temperature, sizes))
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save(str(path))
+        (path / RANKER_FILE).write_text(json.dumps({
+            "kind": "query", "max_len": self.max_len, "temperature": self.temperature,
+            "base": self.base, "query_prefix": self.query_prefix,
+            "normalize": self.normalize}, indent=1))
+        return path
+
+
+class QueryEncoderRetriever:
+    """`first` (a dense or hybrid index) searched with `ranker`'s queries over the whole
+    index, not only over candidates; the top `candidates` of each query stay in `last` with
+    `keep_candidates` (the hard negatives its training scores), like `RerankingRetriever`."""
+
+    def __init__(self, first, ranker: QueryEncoder, candidates: int = 10, *,
+                 keep_candidates: bool = False):
+        if candidates < 1:
+            raise ValueError(f"candidates: expected at least 1, got {candidates}")
+        self.first, self.candidates, self.keep_candidates = first, candidates, keep_candidates
+        self.last: dict[str, list[Hit]] = {}
+        self.ranker = ranker
+
+    @property
+    def ranker(self) -> QueryEncoder:
+        return self._ranker
+
+    @ranker.setter
+    def ranker(self, ranker: QueryEncoder) -> None:
+        """Bind a (new) query encoder: the index's retriever again, with its queries."""
+        from seekrl.retrieval.dense import DenseRetriever
+        from seekrl.retrieval.hybrid import HybridRetriever
+
+        ranker.bind(self.first)
+        dense = ranker.dense
+        ef = dense.index.hnsw.efSearch if hasattr(dense.index, "hnsw") else None
+        mine = DenseRetriever(ranker.model, dense.index, dense.store, ef_search=ef,
+                              query_prefix=ranker.query_prefix, normalize=ranker.normalize)
+        inner = getattr(self.first, "retriever", self.first)
+        if isinstance(inner, HybridRetriever):
+            mine = HybridRetriever(inner.bm25, mine, inner.store, depth=inner.depth, c=inner.c)
+        self._ranker, self._search = ranker, mine
+
+    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        pools = self._search.search(list(queries), max(k, self.candidates))
+        if self.keep_candidates:
+            for q, pool in zip(queries, pools):
+                self.last[" ".join(q.split())] = pool
+        return [pool[:k] for pool in pools]
+
+    def forget(self) -> None:
+        self.last = {}
+
+
+def ranked_retriever(first, ranker: Ranker, candidates: int = 10, *,
+                     keep_candidates: bool = False):
+    """The retriever a ranker of any kind gives: a `RerankingRetriever` over `first`'s
+    candidates, or, for a query encoder, `first` searched with its queries."""
+    cls = QueryEncoderRetriever if ranker.kind == "query" else RerankingRetriever
+    return cls(first, ranker, candidates, keep_candidates=keep_candidates)
 
 
 class RerankingRetriever:

@@ -400,6 +400,8 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
         from seekrl.retrieval.ranker import load_ranker
 
         ordering = load_ranker(ranker, device=device)
+        if ordering.kind == "query":   # it searches the faiss index itself, in this process
+            index_process = False
     sock = bind_socket(host, port)          # so is the port, and it stays ours meanwhile
     if simulate is not None:
         from seekrl.retrieval.simulated import SimulatedRetriever
@@ -417,9 +419,9 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
         gc.freeze()
     served = retriever
     if ordering is not None:
-        from seekrl.retrieval.ranker import RerankingRetriever
+        from seekrl.retrieval.ranker import ranked_retriever
 
-        served = RerankingRetriever(retriever, ordering, candidates)
+        served = ranked_retriever(retriever, ordering, candidates)
         manifest = {**manifest, "ranker": ranker, "ranker_kind": ordering.kind,
                     "candidates": candidates}
     try:
