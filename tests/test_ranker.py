@@ -273,16 +273,28 @@ def test_the_ranker_trains_with_the_agent_and_resumes_where_it_stopped(tmp_path,
     step 1 and resumed ends with the same ranker as one that ran through."""
     from conftest import build_world_and_index
 
-    from seekrl.recipes.train import Trainer
-
     _, paths, index_dir = build_world_and_index(tmp_path / "w", seed=4, entities=200,
                                                 n_train=8, n_dev=2, n_test=2)
+    finals = _through_and_resumed(tmp_path, tiny, RerankingRetriever, lambda name: _rl_config(
+        tmp_path, paths, index_dir, tiny_encoder, out=name))
+    docs = [["a founded b", "c worked for d", "e was established in 1901"]]
+    through = finals["through"].score(["b founded by"], docs)[0]
+    assert finals["resumed"].score(["b founded by"], docs)[0] == pytest.approx(through, abs=1e-5)
+    fresh = load_ranker(tiny_encoder).score(["b founded by"], docs)[0]
+    assert fresh != pytest.approx(through, abs=1e-4)   # it did learn
+
+
+def _through_and_resumed(tmp_path, tiny, retriever_type, config) -> dict:
+    """Train with the ranker twice, straight through and stopped after step 1 then resumed
+    (every step with searches the ranker learns from); the final rankers by run."""
+    from seekrl.recipes.train import Trainer
+
     model, tok = tiny
     finals = {}
     for name, until in (("through", None), ("resumed", 1)):
-        cfg = _rl_config(tmp_path, paths, index_dir, tiny_encoder, out=name)
+        cfg = config(name)
         trainer = Trainer(cfg, model=copy_model(model), tokenizer=tok)
-        assert isinstance(trainer.retriever, RerankingRetriever)
+        assert isinstance(trainer.retriever, retriever_type)
         searches = _force_searches(trainer)
         if until:
             trainer.train(until=until)
@@ -295,11 +307,7 @@ def test_the_ranker_trains_with_the_agent_and_resumes_where_it_stopped(tmp_path,
         assert records[-1]["ranker_updates"] == 2 * cfg.ranker.updates_per_step
         finals[name] = load_ranker(summary["final"] + "/ranker")
         assert searches
-    docs = [["a founded b", "c worked for d", "e was established in 1901"]]
-    through = finals["through"].score(["b founded by"], docs)[0]
-    assert finals["resumed"].score(["b founded by"], docs)[0] == pytest.approx(through, abs=1e-5)
-    fresh = load_ranker(tiny_encoder).score(["b founded by"], docs)[0]
-    assert fresh != pytest.approx(through, abs=1e-4)   # it did learn
+    return finals
 
 
 def copy_model(model):
@@ -395,8 +403,8 @@ def test_a_query_encoder_learns_over_the_stored_vectors_and_saves_and_loads(tmp_
     candidate it puts that document first among them and higher in the whole index; the
     index's vectors and its own encoder are untouched; saved and loaded, it scores the
     same."""
-    from seekrl.retrieval.ranker import QueryEncoderRetriever, dense_part, ranked_retriever
     from seekrl.retrieval.index import load_index
+    from seekrl.retrieval.ranker import QueryEncoderRetriever, dense_part, ranked_retriever
 
     _, dense_dir, _ = dense_lab
     index = load_index(dense_dir)
@@ -469,26 +477,11 @@ def test_seekrl_ranker_train_fine_tunes_a_query_encoder_from_the_cli(tmp_path, d
 
 def test_a_query_encoder_trains_with_the_agent_and_resumes_where_it_stopped(tmp_path, tiny,
                                                                             dense_lab):
-    from seekrl.recipes.train import Trainer
     from seekrl.retrieval.ranker import QueryEncoderRetriever
 
     paths, dense_dir, _ = dense_lab
-    model, tok = tiny
-    finals = {}
-    for name, until in (("through", None), ("resumed", 1)):
-        cfg = _rl_config(tmp_path, paths, dense_dir, None, out=name, kind="query")
-        trainer = Trainer(cfg, model=copy_model(model), tokenizer=tok)
-        assert isinstance(trainer.retriever, QueryEncoderRetriever)
-        _force_searches(trainer)
-        if until:
-            trainer.train(until=until)
-            trainer = Trainer(cfg, model=copy_model(model), tokenizer=tok, resume=True)
-            _force_searches(trainer)
-        summary = trainer.train()
-        records = [json.loads(x) for x in
-                   (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-        assert all(r["ranker_examples"] > 0 for r in records if "episodes" in r), records
-        finals[name] = load_ranker(summary["final"] + "/ranker")
+    finals = _through_and_resumed(tmp_path, tiny, QueryEncoderRetriever, lambda name: _rl_config(
+        tmp_path, paths, dense_dir, None, out=name, kind="query"))
     from seekrl.retrieval.index import load_index
 
     index = load_index(dense_dir)

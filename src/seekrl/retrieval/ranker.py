@@ -57,24 +57,26 @@ class Ranker:
         if len(queries) != len(docs):
             raise ValueError(f"ranker: {len(queries)} queries but {len(docs)} document lists")
         docs = [[d.contents if isinstance(d, Hit) else d for d in ds] for ds in docs]
+        if self.kind != "cross":
+            return self._dual(queries, docs, self._embed, self._embed)
+        pairs_q = [q for q, ds in zip(queries, docs) for _ in ds]
+        pairs_d = [d for ds in docs for d in ds]
+        if not pairs_q:
+            return [torch.zeros(0) for _ in queries]
+        flat = self.model(**self._tok(pairs_q, pairs_d)).logits[:, 0].float()
+        return list(torch.split(flat, [len(d) for d in docs]))
+
+    def _dual(self, queries, docs, embed_queries, embed_docs) -> list[torch.Tensor]:
+        """Each query's vector against its documents' vectors, over the temperature."""
         sizes = [len(d) for d in docs]
-        if self.kind == "cross":
-            pairs_q = [q for q, ds in zip(queries, docs) for _ in ds]
-            pairs_d = [d for ds in docs for d in ds]
-            if not pairs_q:
-                return [torch.zeros(0) for _ in queries]
-            enc = self._tok(pairs_q, pairs_d)
-            flat = self.model(**enc).logits[:, 0].float()
-        else:
-            flat_docs = [d for ds in docs for d in ds]
-            if not flat_docs:
-                return [torch.zeros(0) for _ in queries]
-            q = self._embed(list(queries))
-            d = self._embed(flat_docs)
-            owner = torch.repeat_interleave(torch.arange(len(queries), device=q.device),
-                                            torch.tensor(sizes, device=q.device))
-            flat = (q[owner] * d).sum(-1) / self.temperature
-        return list(torch.split(flat, sizes))
+        flat_docs = [d for ds in docs for d in ds]
+        if not flat_docs:
+            return [torch.zeros(0) for _ in queries]
+        q = embed_queries(list(queries))
+        d = embed_docs(flat_docs)
+        owner = torch.repeat_interleave(torch.arange(len(queries), device=q.device),
+                                        torch.tensor(sizes, device=q.device))
+        return list(torch.split((q[owner] * d).sum(-1) / self.temperature, sizes))
 
     @torch.no_grad()
     def score(self, queries: Sequence[str], docs: Sequence[Sequence[str]], *,
@@ -247,15 +249,7 @@ class QueryEncoder(Ranker):
             raise ValueError(f"ranker: {len(queries)} queries but {len(docs)} document lists")
         if any(not isinstance(d, Hit) for ds in docs for d in ds):
             raise TypeError("ranker kind query scores indexed documents: give Hits, not texts")
-        sizes = [len(d) for d in docs]
-        flat_docs = [d for ds in docs for d in ds]
-        if not flat_docs:
-            return [torch.zeros(0) for _ in queries]
-        q = self.embed(list(queries))
-        d = self.vectors(flat_docs)
-        owner = torch.repeat_interleave(torch.arange(len(queries), device=q.device),
-                                        torch.tensor(sizes, device=q.device))
-        return list(torch.split((q[owner] * d).sum(-1) / self.temperature, sizes))
+        return self._dual(queries, docs, self.embed, self.vectors)
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
