@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import inspect
+import os
+import platform
+import subprocess
+import sys
 
+import pytest
 import torch
 
 from seekrl.models import cache_kwarg, output_cache, tiny_policy
@@ -87,3 +92,20 @@ def test_an_unreachable_hub_gives_the_cache_or_a_one_line_error(monkeypatch, tmp
     with pytest.raises(ModelError, match="not in the Hugging Face cache, and the hub is out of "
                                          r"reach \(HF_HUB_OFFLINE is set\)"):
         resolve_model("someorg/othermodel")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_the_mmap_threshold_is_fixed_once_and_left_alone_when_asked(tmp_path):
+    """In a fresh process: fixed (glibc), the second call answers from memory, and
+    SEEKRL_MALLOC=default leaves malloc as it is."""
+    code = ("from seekrl.runtime import fix_mmap_threshold as f, _MALLOPT\n"
+            "print(f(), f(), _MALLOPT)")
+    env = {k: v for k, v in os.environ.items() if k != "SEEKRL_MALLOC"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, check=True).stdout.split()
+    glibc = platform.libc_ver()[0] == "glibc"
+    assert out[:2] == [str(glibc)] * 2
+    env["SEEKRL_MALLOC"] = "default"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert out[:2] == ["False", "False"]

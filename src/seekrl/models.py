@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from seekrl.errors import SeekrlError
-from seekrl.runtime import check_device, hub_unreachable, quiet_transformers
+from seekrl.runtime import check_device, fix_mmap_threshold, hub_unreachable, quiet_transformers
 
 BUNDLED_ALIASES = {"smollm2-135m", "smollm2-135m-instruct", "smollm2"}
 DEFAULT_MODEL = "smollm2-135m"
@@ -263,6 +263,7 @@ def load_policy(name: str | None = DEFAULT_MODEL, *, dtype: str = "float32",
         raise ModelError(f"dtype: expected one of {', '.join([*DTYPES, *MIXED])}, "
                          f"got {dtype!r}")
     quiet_transformers()
+    fix_mmap_threshold()   # every model job loads its policy here (see runtime)
     path = resolve_model(name)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES.get(dtype, torch.float32))
