@@ -19,7 +19,9 @@ so a run can be split: `--stage sft` once, then one process per method or seed (
 parallel on a GPU), then `--stage report`. Prints `key=value` figures (test EM mean and
 std over seeds per method and per question type, searches per episode, evidence recall,
 steps and rollout tokens), draws `process_ablation.png`, and ends with a one-line summary
-holding `process_gain=` (the best process method's mean test EM minus outcome-only's).
+holding `process_gain=` (the named process method's mean test EM minus outcome-only's) and
+`rl_gain=` (outcome-only's mean test EM minus the shared SFT start's; nan before the start
+is evaluated).
 """
 
 from __future__ import annotations
@@ -258,11 +260,13 @@ def _report(runs: Path, started: float, named: str, on: str = "test") -> None:
     best = max(process, key=process.get) if process else None
     gain = process[named] - outcome if named in process and outcome is not None \
         else float("nan")
+    rl_gain = outcome - sft_em if outcome is not None and sft_em is not None else float("nan")
     missed = sum(r["budget_missed"] for r in rows.values())
     print("process_ablation: " + ", ".join(f"{m} {r['em']:.3f}±{r['em_sd']:.3f}"
                                            for m, r in rows.items())
           + f" ({on} EM, {max(r['seeds'] for r in rows.values())} seeds)"
           + f"; best {best} (exploratory); named {named}; process_gain={gain:+.4f}"
+          + f"; rl_gain={rl_gain:+.4f}"
           + (f"; {missed} runs outside 10% of the budget" if missed else "")
           + f" ({(time.time() - started) / 60:.0f} min this run)")
 

@@ -36,6 +36,13 @@ def test_report_means_stds_and_process_gain(tmp_path, capsys):
                 "em_by_type": {"bridge": em / 2, "single": em}}))
     bench._report(tmp_path / "runs", time.time(), "evidence")
     out = capsys.readouterr().out.strip().splitlines()
+    assert "rl_gain=+nan" in out[-1]   # the start not evaluated yet: no gain claimed
+    sft = tmp_path / "runs" / "eval-sft-test"
+    sft.mkdir()
+    (sft / "metrics.json").write_text(json.dumps({"average": {"em": 0.25}}))
+    bench._report(tmp_path / "runs", time.time(), "evidence")
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "rl_gain=-0.0300" in out[-1]   # outcome-only 0.22 against the start's 0.25
     figures = dict(kv.split("=") for line in out[:-1] for kv in line.split() if "=" in kv)
     assert float(figures["em_outcome"]) == pytest.approx(0.22)
     assert float(figures["em_std_outcome"]) == pytest.approx(0.02)
