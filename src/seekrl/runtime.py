@@ -76,21 +76,25 @@ def fix_mmap_threshold() -> bool:
     """Keep glibc's malloc from raising its mmap threshold. By default each large block it
     frees raises the threshold to that block's size (up to 32 MiB), so later tensors of
     that size come from the heap, whose free space fragments and is not given back: the
-    resident set grows past what is alive. Fixed at 128 KiB (mallopt M_MMAP_THRESHOLD, which
-    also turns the adjustment off), every larger block is its own mapping, returned to the
-    system when freed. A bf16-mixed evaluation at batch 32 peaked at 2.14 GB instead of 2.82
-    GB with the same episodes (bench/RESULTS.md, "Evaluation memory"). Once per process;
-    a no-op off glibc, and with SEEKRL_MALLOC=default. True when the threshold is fixed."""
+    resident set grows past what is alive. Fixed (mallopt M_MMAP_THRESHOLD, which also
+    turns the adjustment off), every larger block is its own mapping, returned to the
+    system when freed. Once per process; a no-op off glibc. SEEKRL_MALLOC=default leaves
+    malloc as it is; SEEKRL_MALLOC=<bytes> fixes another threshold. True when fixed."""
     if "done" in _MALLOPT:
         return _MALLOPT["done"]
     import ctypes
     import os
     import sys
 
+    setting = os.environ.get("SEEKRL_MALLOC", "").strip()
+    if setting and setting != "default" and not setting.isdigit():
+        raise ValueError(f"SEEKRL_MALLOC: expected 'default' or a threshold in bytes, "
+                         f"got {setting!r}")
     done = False
-    if sys.platform.startswith("linux") and os.environ.get("SEEKRL_MALLOC") != "default":
+    if sys.platform.startswith("linux") and setting != "default":
+        threshold = int(setting) if setting else MMAP_THRESHOLD
         try:
-            done = bool(ctypes.CDLL("libc.so.6").mallopt(-3, MMAP_THRESHOLD))  # M_MMAP_THRESHOLD
+            done = bool(ctypes.CDLL("libc.so.6").mallopt(-3, threshold))  # M_MMAP_THRESHOLD
         except (OSError, AttributeError):   # musl, or no mallopt
             done = False
     _MALLOPT["done"] = done
