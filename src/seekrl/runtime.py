@@ -68,18 +68,19 @@ def peak_rss_mb() -> float | None:
     return round(peak / (2 ** 20 if sys.platform == "darwin" else 2 ** 10), 1)
 
 
-MMAP_THRESHOLD = 128 * 1024    # glibc's own starting value
 _MALLOPT: dict[str, bool] = {}
 
 
 def fix_mmap_threshold() -> bool:
-    """Keep glibc's malloc from raising its mmap threshold. By default each large block it
-    frees raises the threshold to that block's size (up to 32 MiB), so later tensors of
-    that size come from the heap, whose free space fragments and is not given back: the
-    resident set grows past what is alive. Fixed (mallopt M_MMAP_THRESHOLD, which also
-    turns the adjustment off), every larger block is its own mapping, returned to the
-    system when freed. Once per process; a no-op off glibc. SEEKRL_MALLOC=default leaves
-    malloc as it is; SEEKRL_MALLOC=<bytes> fixes another threshold. True when fixed."""
+    """With SEEKRL_MALLOC=<bytes>, keep glibc's malloc from raising its mmap threshold. By
+    default each large block it frees raises the threshold to that block's size (up to 32
+    MiB), so later tensors of that size come from the heap, whose free space fragments: the
+    resident set grows past what is alive. Fixed (mallopt M_MMAP_THRESHOLD, which also turns
+    the adjustment off), every larger block is its own mapping, returned when freed, and
+    paid for in page faults. Off unless asked: on a bf16-mixed evaluation 131072 saved 19% of
+    the peak and cost 1.48x the time, 8388608 saved nothing (bench/RESULTS.md, "Evaluation
+    memory"); a memory-tight machine may still want the first. Once per process; a no-op off
+    glibc. True when a threshold was fixed."""
     if "done" in _MALLOPT:
         return _MALLOPT["done"]
     import ctypes
@@ -91,10 +92,9 @@ def fix_mmap_threshold() -> bool:
         raise ValueError(f"SEEKRL_MALLOC: expected 'default' or a threshold in bytes, "
                          f"got {setting!r}")
     done = False
-    if sys.platform.startswith("linux") and setting != "default":
-        threshold = int(setting) if setting else MMAP_THRESHOLD
+    if sys.platform.startswith("linux") and setting.isdigit():
         try:
-            done = bool(ctypes.CDLL("libc.so.6").mallopt(-3, threshold))  # M_MMAP_THRESHOLD
+            done = bool(ctypes.CDLL("libc.so.6").mallopt(-3, int(setting)))  # M_MMAP_THRESHOLD
         except (OSError, AttributeError):   # musl, or no mallopt
             done = False
     _MALLOPT["done"] = done
