@@ -99,22 +99,18 @@ def test_the_mmap_threshold_is_fixed_only_when_asked(tmp_path):
     """In a fresh process: malloc left as it is unless SEEKRL_MALLOC gives a threshold in
     bytes (then fixed on glibc, the second call answering from memory); anything but
     default or a number is refused by name."""
-    code = ("from seekrl.runtime import fix_mmap_threshold as f, _MALLOPT\n"
-            "print(f(), f(), _MALLOPT)")
-    env = {k: v for k, v in os.environ.items() if k != "SEEKRL_MALLOC"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, check=True).stdout.split()
+    def run(setting: str | None) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if k != "SEEKRL_MALLOC"}
+        if setting is not None:
+            env["SEEKRL_MALLOC"] = setting
+        return subprocess.run([sys.executable, "-c", "from seekrl.runtime import "
+                               "fix_mmap_threshold as f\nprint(f(), f())"],
+                              env=env, capture_output=True, text=True)
+
     glibc = platform.libc_ver()[0] == "glibc"
-    assert out[:2] == ["False", "False"]   # off unless asked
-    env["SEEKRL_MALLOC"] = "default"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, check=True).stdout.split()
-    assert out[:2] == ["False", "False"]
-    env["SEEKRL_MALLOC"] = str(4 << 20)   # a threshold, in bytes
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, check=True).stdout.split()
-    assert out[:2] == [str(glibc)] * 2
-    env["SEEKRL_MALLOC"] = "4MB"
-    bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run(None).stdout.split()[:2] == ["False", "False"]   # off unless asked
+    assert run("default").stdout.split()[:2] == ["False", "False"]
+    assert run(str(4 << 20)).stdout.split()[:2] == [str(glibc)] * 2   # a threshold, in bytes
+    bad = run("4MB")
     assert bad.returncode != 0 and "SEEKRL_MALLOC: expected 'default' or a threshold in " \
         "bytes, got '4MB'" in bad.stderr

@@ -4,6 +4,8 @@ they live under both (retrieval/ may not import models.py)."""
 
 from __future__ import annotations
 
+import functools
+
 from seekrl.errors import DeviceError
 
 __all__ = ["check_device", "device_problem", "fix_mmap_threshold", "hub_unreachable",
@@ -68,9 +70,7 @@ def peak_rss_mb() -> float | None:
     return round(peak / (2 ** 20 if sys.platform == "darwin" else 2 ** 10), 1)
 
 
-_MALLOPT: dict[str, bool] = {}
-
-
+@functools.cache
 def fix_mmap_threshold() -> bool:
     """With SEEKRL_MALLOC=<bytes>, keep glibc's malloc from raising its mmap threshold. By
     default each large block it frees raises the threshold to that block's size (up to 32
@@ -81,8 +81,6 @@ def fix_mmap_threshold() -> bool:
     the peak and cost 1.48x the time, 8388608 saved nothing (bench/RESULTS.md, "Evaluation
     memory"); a memory-tight machine may still want the first. Once per process; a no-op off
     glibc. True when a threshold was fixed."""
-    if "done" in _MALLOPT:
-        return _MALLOPT["done"]
     import ctypes
     import os
     import sys
@@ -97,7 +95,6 @@ def fix_mmap_threshold() -> bool:
             done = bool(ctypes.CDLL("libc.so.6").mallopt(-3, int(setting)))  # M_MMAP_THRESHOLD
         except (OSError, AttributeError):   # musl, or no mallopt
             done = False
-    _MALLOPT["done"] = done
     return done
 
 
