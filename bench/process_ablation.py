@@ -53,6 +53,10 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--baseline", default="dr_grpo", help="the outcome estimator")
     ap.add_argument("--steps", type=int, default=15, help="steps of the outcome run")
+    ap.add_argument("--budget", type=int, default=None,
+                    help="generated rollout tokens for every method, instead of the outcome "
+                         "run's (which then does not run): a budget measured before, to add "
+                         "a method to a setting without running outcome-only again")
     ap.add_argument("--eval-every", type=int, default=0,
                     help="steps between evaluations on the world's dev questions (a curve to "
                          "tune on; the test questions are evaluated once, at the end)")
@@ -81,7 +85,11 @@ def main() -> None:
     for m in methods:
         if m not in PROCESS_METHODS:
             raise SystemExit(f"--methods: unknown method {m!r}; expected {', '.join(PROCESS_METHODS)}")
-    if "outcome" not in methods:
+    if args.budget is not None:
+        if args.budget < 1:
+            raise SystemExit(f"--budget: expected a positive number of tokens, got {args.budget}")
+        methods = [m for m in methods if m != "outcome"]   # the budget is given
+    elif "outcome" not in methods:
         methods.insert(0, "outcome")   # it sets the budget
     methods.sort(key=lambda m: m != "outcome")
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -108,7 +116,7 @@ def main() -> None:
             test_file = _dev_file(work, world_dir, args.n_test)
         if args.stage in ("all", "rl"):
             for seed in seeds:
-                budget = None
+                budget = args.budget
                 for method in methods:
                     result = _run(method, seed, budget, args, demo, sft, world_dir, index_dir,
                                   test_file)

@@ -926,3 +926,43 @@ def test_a_step_under_bf16_mixed_updates_float32_weights(world, tiny, tmp_path):
     assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
     assert not torch.is_autocast_enabled("cpu")
+
+
+def test_the_recall_bonus_separates_a_group_that_all_answered_wrong(world, tiny, tmp_path):
+    """Outcome alone gives every wrong episode of a bridge group the same reward, so the one
+    that made the second hop gets no more credit than the one that answered after the first;
+    `reward.recall_bonus` (the `recall` method) ranks it above, and never marks a search
+    down: a second search on a single-hop question earns as much as stopping."""
+    from seekrl.agent.trajectory import Step, Trajectory
+    from seekrl.rl.advantages import compute_advantages
+    from seekrl.rl.methods import method_overrides
+
+    def episode(hits: list[list[str]], gold: list[str]) -> Trajectory:
+        n = len(hits) + 1
+        steps = [Step(i, i + 1, "search", text="<think> a </think>\n<search> q </search>",
+                      hits=h) for i, h in enumerate(hits, start=1)]
+        steps.append(Step(n, n + 1, "answer", text="<answer> rome </answer>", answer="rome"))
+        return Trajectory("q", "g", "?", ["Paris"], list(range(n + 1)), [0] + [1] * n, 1,
+                          steps=steps, answer="rome", finish_reason="answer",
+                          gold_doc_ids=gold)
+
+    one_hop = episode([["d1", "x"]], ["d1", "d2"])
+    two_hops = episode([["d1", "x"], ["d2", "y"]], ["d1", "d2"])
+    plain = [episode_reward(t, format_reward=0.1) for t in (one_hop, two_hops)]
+    assert plain[0].total == plain[1].total == pytest.approx(0.1)   # no signal at all
+    bonus = [episode_reward(t, format_reward=0.1, recall_bonus=0.5) for t in (one_hop, two_hops)]
+    assert [p.evidence for p in bonus] == [pytest.approx(0.25), pytest.approx(0.5)]
+    assert [p.total for p in bonus] == [pytest.approx(0.35), pytest.approx(0.6)]
+    assert bonus[0].outcome == bonus[1].outcome == 0.0
+    # in a group, the second hop now carries a positive advantage and stopping a negative one
+    adv, _ = compute_advantages("dr_grpo", [one_hop, two_hops], [p.total for p in bonus])
+    assert adv[0][1] < 0 < adv[1][1]
+    # a single-hop question: the second search costs nothing; unknown gold: no bonus
+    single = [episode([["d1"]], ["d1"]), episode([["d1"], ["z"]], ["d1"])]
+    assert {episode_reward(t, recall_bonus=0.5).evidence for t in single} == {0.5}
+    assert episode_reward(episode([["d1"]], []), recall_bonus=0.5).evidence == 0.0
+    # the named method sets it on the baseline's own estimator, and the trainer uses it
+    keys = method_overrides("recall", group_size=2, baseline_advantage="dr_grpo")
+    assert keys == {"algo.advantage": "dr_grpo", "reward.recall_bonus": 0.5}
+    trainer = make_trainer(make_cfg(tmp_path, **keys), world, tiny, reward_fn=None)
+    assert trainer.reward_fn(two_hops) == bonus[1]

@@ -357,6 +357,10 @@ class RewardConfig(Strict):
     # subtracted per model turn (ParallelSearch's cost of LLM calls: with rollout.max_queries > 1,
     # one turn of several sub-queries costs less than as many turns of one)
     turn_cost: float = Field(0.0, ge=0)
+    # added: this x the share of the episode's gold documents its searches found (evidence
+    # recall), so that in a group where every episode answered wrong the one that made
+    # every hop still ranks above the one that stopped early (the `recall` method: 0.5)
+    recall_bonus: float = Field(0.0, ge=0)
     # process (step) rewards: source name -> weight, e.g. {evidence: 1.0, redundancy: 0.1};
     # sources: evidence, redundancy, step_format, mc_value, prm (rewards/process.py), or your
     # own by import path, {mypkg.steps:novelty: 0.5}

@@ -284,7 +284,8 @@ class Trainer:
         self.reward_fn = reward_fn or (lambda t: episode_reward(
             t, outcome=cfg.reward.outcome, format_reward=cfg.reward.format_reward,
             invalid_penalty=cfg.reward.invalid_penalty,
-            max_turns_penalty=cfg.reward.max_turns_penalty, turn_cost=cfg.reward.turn_cost))
+            max_turns_penalty=cfg.reward.max_turns_penalty, turn_cost=cfg.reward.turn_cost,
+            recall_bonus=cfg.reward.recall_bonus))
         self.monitor = Monitor(cfg.monitor)
         self.step_done = 0
         self.rollout_tokens = 0            # generated rollout tokens so far (the compute)

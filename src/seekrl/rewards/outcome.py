@@ -42,11 +42,18 @@ class RewardParts:
     outcome: float
     format: float
     penalty: float
+    evidence: float = 0.0   # the recall bonus (`reward.recall_bonus`) in `total`
 
 
 def episode_reward(t: Trajectory, *, outcome: str = "em", format_reward: float = 0.0,
                    invalid_penalty: float = 0.0, max_turns_penalty: float = 0.0,
-                   turn_cost: float = 0.0) -> RewardParts:
+                   turn_cost: float = 0.0, recall_bonus: float = 0.0) -> RewardParts:
+    """An episode's reward: the outcome, `format_reward` for a valid protocol trace, minus
+    the penalties; plus `recall_bonus` x the share of the gold documents its searches found
+    (`Trajectory.evidence_recall`; nothing where the gold documents are unknown). The bonus
+    separates the episodes of a group that all answered wrong: on a bridge question the one
+    that made the second hop and found the second document ranks above the one that
+    answered after the first, where outcome alone gives them all the same reward."""
     out = get_outcome(outcome)(t.answer, t.golden_answers)
     fmt = format_reward if t.valid_format else 0.0
     n_invalid = sum(s.action == "invalid" for s in t.steps)
@@ -54,7 +61,10 @@ def episode_reward(t: Trajectory, *, outcome: str = "em", format_reward: float =
     penalty = invalid_penalty * n_invalid + (max_turns_penalty if ran_out else 0.0)
     if turn_cost:
         penalty += turn_cost * len(t.steps)
-    return RewardParts(total=out + fmt - penalty, outcome=out, format=fmt, penalty=penalty)
+    recall = t.evidence_recall() if recall_bonus else None
+    evidence = recall_bonus * recall if recall is not None else 0.0
+    return RewardParts(total=out + fmt + evidence - penalty, outcome=out, format=fmt,
+                       penalty=penalty, evidence=evidence)
 
 
 REWARD_FN_SHAPE = "f(trajectory) -> RewardParts(total, outcome, format, penalty)"

@@ -16,6 +16,12 @@ the benchmark mean the same thing by a name. Every method is plain `TrainConfig`
 - `mc_value`: dual-granularity over Monte-Carlo progress (2 continuations per step prefix by
   the current policy); its continuations count as rollout compute.
 - `stratified`: Stratified GRPO, strata by number of searches, alpha = 0.5.
+- `recall`: the outcome run's estimator on the outcome reward plus 0.5 x the episode's
+  evidence recall (`reward.recall_bonus`): process supervision at the episode's granularity.
+  Within a group that all answered wrong it still ranks the episode that made every hop
+  above the one that answered after the first search, and it never marks a search down
+  (a second search on a single-hop question costs nothing), where the step estimators'
+  normalisation over the batch's searches can.
 - `tree`: Tree-GRPO-style tree rollouts (group_size / 2 trees, one branch each) with the
   tree-relative advantage.
 """
@@ -37,6 +43,7 @@ PROCESS_METHODS: dict[str, dict[str, Any]] = {
                  "reward.mc_samples": 2},
     "stratified": {"algo.advantage": "stratified_grpo"},
     "tree": {"algo.advantage": "tree_grpo"},
+    "recall": {"reward.recall_bonus": 0.5},
 }
 
 
@@ -49,8 +56,8 @@ def method_overrides(name: str, *, group_size: int, baseline_advantage: str = "d
         raise ValueError(f"process method: expected one of {', '.join(PROCESS_METHODS)}, "
                          f"got {name!r}")
     keys = dict(PROCESS_METHODS[name])
-    if name == "outcome":
-        return {"algo.advantage": baseline_advantage}
+    if name in ("outcome", "recall"):   # the baseline's own estimator
+        return {"algo.advantage": baseline_advantage, **keys}
     keys["algo.std_norm"] = baseline_advantage == "grpo"
     if name == "tree":
         if group_size % 2:
