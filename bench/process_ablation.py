@@ -179,8 +179,13 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
     steps = [r for r in records if "episodes" in r]
     tokens_at = {r["step"]: r["rollout_tokens_total"] for r in steps}
     curve = [(tokens_at.get(r["step"]), r["dev_em"]) for r in records if "dev_em" in r]
-    final = _evaluate(Path(summary["final"]), out / f"eval-{args.final_on}", index_dir, test_file,
-                      demo, args)
+    trainers = Path(summary.get("dev_dir") or out / "missing") / "metrics.json"
+    if args.final_on == "dev" and trainers.is_file():
+        # the trainer's own final evaluation: the same dev questions, greedy, same settings
+        final = json.loads(trainers.read_text())
+    else:
+        final = _evaluate(Path(summary["final"]), out / f"eval-{args.final_on}", index_dir,
+                          test_file, demo, args)
     avg = final["average"]
     by_type = {k: v["em"] for k, v in next(iter(final["by_type"].values()), {}).items()}
     result = {"method": method, "seed": seed, "steps": summary["steps"],

@@ -369,6 +369,20 @@ def test_train_evaluates_the_start_and_the_end_for_the_report(world, tiny, tmp_p
         "at_start": False})
     make_trainer(cfg, world, tiny).train()
     assert [p.name for p in (tmp_path / "b" / "run" / "eval").iterdir()] == ["final"]
+    # a run that stops (here: its token budget) right after a periodic evaluation does not
+    # evaluate the same policy again as final
+    cfg = make_cfg(tmp_path / "c", steps=5, save_every=0, max_rollout_tokens=1, eval={
+        "data": str(world["paths"]["test"]), "n": 2, "every": 1, "max_turns": 1,
+        "max_new_tokens": 4, "at_start": False})
+    summary = make_trainer(cfg, world, tiny).train()
+    run = tmp_path / "c" / "run"
+    assert summary["steps"] == 1
+    assert [p.name for p in (run / "eval").iterdir()] == ["step-1"]
+    assert summary["dev_dir"] == str(run / "eval" / "step-1")
+    dev_records = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+                   if "dev_em" in r]
+    assert [r["step"] for r in dev_records] == [1]   # one evaluation of the final policy
+    assert summary["dev"]["em"] == dev_records[0]["dev_em"] and summary["dev"]["questions"] == 2
 
 
 def test_greedy_evaluations_feed_the_monitor(world, tiny, tmp_path, monkeypatch):

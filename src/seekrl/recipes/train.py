@@ -288,6 +288,7 @@ class Trainer:
             recall_bonus=cfg.reward.recall_bonus))
         self.monitor = Monitor(cfg.monitor)
         self.step_done = 0
+        self._last_dev: tuple[int, dict[str, Any], Path] | None = None   # step, figures, folder
         self.rollout_tokens = 0            # generated rollout tokens so far (the compute)
         self.questions_drawn = 0           # questions played so far (refills included)
         self.healthy_checkpoint: str | None = None
@@ -1084,7 +1085,14 @@ class Trainer:
                           f"tokens, {ratio:.2f} x the budget of {cfg.max_rollout_tokens} "
                           "(equal compute is within 10%)")
         if cfg.eval.data:
-            summary["dev"] = self._dev_eval("final", self.step_done, "")
+            last = self._last_dev
+            if last is not None and last[0] == self.step_done:
+                # the run stopped (a budget, the clock) right after a periodic evaluation:
+                # the final policy is the one just evaluated, greedily; not again
+                summary["dev"], summary["dev_dir"] = last[1], str(last[2])
+            else:
+                summary["dev"] = self._dev_eval("final", self.step_done, "")
+                summary["dev_dir"] = str(self.out / "eval" / "final")
         self.log.close()
         if main:
             (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -1127,6 +1135,7 @@ class Trainer:
     def _dev_eval(self, name: str, step: int, label: str) -> dict[str, Any]:
         # rank 0's numbers on every rank: the monitor must be the same everywhere
         dev = self.dist.broadcast(self.evaluate(self.out / "eval" / name))
+        self._last_dev = (step, dev, self.out / "eval" / name)
         self.log.write({"step": step, **{f"dev_{k}": v for k, v in dev.items()}})
         self._say(f"  dev EM {dev['em']:.3f}{label}")
         self._report(self.monitor.update_eval(step, dev))
