@@ -98,18 +98,22 @@ def test_score_trajectories_matches_hand_computed_values():
     assert a == approx({"questions": 2, "trajectories": 4, "em": 0.5, "f1": (5 / 6 + 0.5) / 2,
                         "cover_em": 0.75, "valid_format": 0.75, "searches": 1.0,
                         "turns": 2.0, "queries": 1.0,
-                        "generated_tokens": 7.0, "evidence_recall": 0.375, "pass@2": 1.0})
+                        "generated_tokens": 7.0, "evidence_recall": 0.375, "pass@2": 1.0,
+                        # only q1's first sample found d1 and d2 (and was right)
+                        "evidence_complete": 0.25, "em_evidence_complete": 1.0})
     # B: q3 one of two right, q4 none; no gold documents -> evidence recall None (n/a)
     assert b == approx({"questions": 2, "trajectories": 4, "em": 0.25, "f1": 0.25,
                         "cover_em": 0.25, "valid_format": 1.0, "searches": 0.0,
                         "turns": 1.0, "queries": 0.0, "generated_tokens": 5.0,
-                        "evidence_recall": None, "pass@2": 0.5})
+                        "evidence_recall": None, "pass@2": 0.5,
+                        "evidence_complete": None, "em_evidence_complete": None})
     # macro average over the two data sets; evidence recall only where known
     assert avg == approx({"questions": 4, "trajectories": 8, "em": 0.375,
                           "f1": (2 / 3 + 0.25) / 2, "cover_em": 0.5, "valid_format": 0.875,
                           "searches": 0.5, "turns": 1.5, "queries": 0.5,
                           "generated_tokens": 6.0, "evidence_recall": 0.375,
-                          "pass@2": 0.75})
+                          "pass@2": 0.75, "evidence_complete": 0.25,
+                          "em_evidence_complete": 1.0})
     # per type: only A has types; each type is one question here
     assert list(m["by_type"]) == ["A"]
     bridge, comparison = m["by_type"]["A"]["bridge"], m["by_type"]["A"]["comparison"]
@@ -168,6 +172,44 @@ def test_evidence_recall_counts_rag_prompt_hits():
     t.prompt_hits = ["d2", "d9"]
     assert t.evidence_recall() == 0.5
     assert make_traj("A", "q", 0, "x", ["x"], steps=[]).evidence_recall() is None
+
+
+def test_em_when_every_gold_document_was_found_splits_search_from_reading_failures():
+    """`em_evidence_complete` is the EM of the episodes that retrieved every gold document,
+    pooled over episodes (a question's samples count one by one); `evidence_complete` the
+    share of such episodes. An agent that finds the documents and answers wrong shows a low
+    first figure; one that never finds them a low second one."""
+    found_right = make_traj("A", "q1", 0, "x", ["x"], gold_docs=["d1", "d2"],
+                            steps=[("search", ["d1"], 2), ("search", ["d2"], 2),
+                                   ("answer", [], 2)], type_="bridge")
+    found_wrong = make_traj("A", "q1", 1, "y", ["x"], gold_docs=["d1", "d2"],
+                            steps=[("search", ["d1", "d2"], 2), ("answer", [], 2)],
+                            type_="bridge")
+    missed_right = make_traj("A", "q2", 0, "z", ["z"], gold_docs=["d3"],
+                             steps=[("search", ["d9"], 2), ("answer", [], 2)], type_="single")
+    missed_wrong = make_traj("A", "q2", 1, "w", ["z"], gold_docs=["d3"],
+                             steps=[("answer", [], 2)], type_="single")
+    third = make_traj("A", "q3", 0, "v", ["v"], gold_docs=["d4"],
+                      steps=[("search", ["d4"], 2), ("answer", [], 2)], type_="single")
+    m = score_trajectories([found_right, found_wrong, missed_right, missed_wrong, third],
+                           pass_ks=[1])
+    row = m["datasets"]["A"]
+    # 3 of the 5 episodes found every gold document, 2 of them right: pooled EM 2 / 3, not
+    # the mean of the questions' own rates (0.5 and 1.0); per question 1 / 0 / 1 found them
+    assert row["em_evidence_complete"] == pytest.approx(2 / 3)
+    assert row["evidence_complete"] == pytest.approx(2 / 3)
+    types = m["by_type"]["A"]
+    assert types["bridge"]["em_evidence_complete"] == pytest.approx(0.5)
+    assert types["single"]["em_evidence_complete"] == pytest.approx(1.0)
+    assert m["average"]["em_evidence_complete"] == pytest.approx(2 / 3)
+    assert not any(k.startswith("_") for k in (*row, *m["average"], *types["single"]))
+    # no episode found them all, or no gold documents known: None, shown as n/a
+    none = score_trajectories([missed_wrong])["datasets"]["A"]
+    assert none["em_evidence_complete"] is None and none["evidence_complete"] == 0.0
+    unknown = score_trajectories([make_traj("B", "q", 0, "x", ["x"],
+                                            steps=[("answer", [], 1)])])["datasets"]["B"]
+    assert unknown["em_evidence_complete"] is None and unknown["evidence_complete"] is None
+    assert "EM, all gold found" in metrics_markdown({**m, "config": {"model": "m"}})
 
 
 def test_metrics_markdown_tables():

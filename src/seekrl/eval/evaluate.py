@@ -54,6 +54,7 @@ GENERIC_STEMS = frozenset({"questions", "test", "dev", "train", "val", "validati
 # several sub-queries counts each; otherwise as searches)
 _METRIC_KEYS = ("em", "f1", "cover_em", "valid_format", "searches", "turns", "queries",
                 "generated_tokens")
+_FOUND = "_evidence_complete_em"   # a question row's (episodes with every gold doc, their EM)
 
 
 # ------------------------------------------------------------------------------ data files
@@ -154,6 +155,12 @@ def _question_row(trajs: list[Trajectory], pass_ks: Sequence[int]) -> dict[str, 
     per = [_trajectory_scores(t) for t in trajs]
     row = {key: _mean(s[key] for s in per) for key in _METRIC_KEYS}
     row["evidence_recall"] = _mean(s["evidence_recall"] for s in per)
+    # search failure or reading failure: how often every gold document was retrieved, and
+    # the EM of those episodes (pooled over episodes by `_aggregate`)
+    found = [s["em"] for s in per if s["evidence_recall"] == 1.0]
+    row["evidence_complete"] = _mean(None if s["evidence_recall"] is None
+                                     else float(s["evidence_recall"] == 1.0) for s in per)
+    row[_FOUND] = (len(found), sum(found))
     correct = sum(s["em"] == 1.0 for s in per)
     for k in pass_ks:
         row[f"pass@{k}"] = pass_at_k(len(per), correct, k)
@@ -163,8 +170,12 @@ def _question_row(trajs: list[Trajectory], pass_ks: Sequence[int]) -> dict[str, 
 def _aggregate(question_rows: list[dict[str, Any]], n_trajectories: int,
                pass_ks: Sequence[int]) -> dict[str, Any]:
     row: dict[str, Any] = {"questions": len(question_rows), "trajectories": n_trajectories}
-    for key in (*_METRIC_KEYS, "evidence_recall", *(f"pass@{k}" for k in pass_ks)):
+    for key in (*_METRIC_KEYS, "evidence_recall", "evidence_complete",
+                *(f"pass@{k}" for k in pass_ks)):
         row[key] = _mean(q[key] for q in question_rows)
+    n_found = sum(q[_FOUND][0] for q in question_rows)
+    row["em_evidence_complete"] = (sum(q[_FOUND][1] for q in question_rows) / n_found
+                                   if n_found else None)
     return row
 
 
@@ -176,7 +187,10 @@ def score_trajectories(trajectories: Sequence[Trajectory], *,
     Returns `{"n_samples", "pass_ks", "datasets": {name: row}, "average": row,
     "by_type": {name: {type: row}}}`; a row holds `questions`, `trajectories`, `em`, `f1`,
     `cover_em`, `valid_format`, `searches`, `generated_tokens`, `evidence_recall` (None
-    where no gold documents are known) and `pass@k` for each k in `pass_ks` (default: K,
+    where no gold documents are known), `evidence_complete` (the share of episodes that
+    retrieved every gold document) and `em_evidence_complete` (the EM of those episodes,
+    pooled: low means the agent finds the documents and still answers wrong, a reading
+    failure; None where no episode found them all) and `pass@k` for each k in `pass_ks` (default: K,
     the most samples any question has, when K > 1). `average` is the macro mean of the
     data set rows (`questions` and `trajectories` summed); `by_type` only lists data sets
     with `metadata["type"]`.
@@ -226,7 +240,8 @@ def score_trajectories(trajectories: Sequence[Trajectory], *,
         rows = list(datasets.values())
         average = {"questions": sum(r["questions"] for r in rows),
                    "trajectories": sum(r["trajectories"] for r in rows)}
-        for key in (*_METRIC_KEYS, "evidence_recall", *(f"pass@{k}" for k in pass_ks)):
+        for key in (*_METRIC_KEYS, "evidence_recall", "evidence_complete",
+                    "em_evidence_complete", *(f"pass@{k}" for k in pass_ks)):
             average[key] = _mean(r[key] for r in rows)
     out = {"n_samples": n_samples, "pass_ks": list(pass_ks), "datasets": dict(datasets),
            "average": average, "by_type": {k: dict(v) for k, v in by_type.items()}}

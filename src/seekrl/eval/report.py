@@ -47,6 +47,7 @@ _BASE_COLUMNS: list[tuple[str, str, str]] = [
     ("searches", "searches", "{:.2f}"),
     ("generated_tokens", "gen. tokens", "{:.1f}"),
     ("evidence_recall", "evidence recall", "{:.3f}"),
+    ("em_evidence_complete", "EM, all gold found", "{:.3f}"),
 ]
 
 
