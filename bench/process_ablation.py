@@ -179,10 +179,10 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
     steps = [r for r in records if "episodes" in r]
     tokens_at = {r["step"]: r["rollout_tokens_total"] for r in steps}
     curve = [(tokens_at.get(r["step"]), r["dev_em"]) for r in records if "dev_em" in r]
-    trainers = Path(summary.get("dev_dir") or out / "missing") / "metrics.json"
-    if args.final_on == "dev" and trainers.is_file():
+    dev_dir = summary.get("dev_dir")
+    if args.final_on == "dev" and dev_dir and (Path(dev_dir) / "metrics.json").is_file():
         # the trainer's own final evaluation: the same dev questions, greedy, same settings
-        final = json.loads(trainers.read_text())
+        final = json.loads((Path(dev_dir) / "metrics.json").read_text())
     else:
         final = _evaluate(Path(summary["final"]), out / f"eval-{args.final_on}", index_dir,
                           test_file, demo, args)

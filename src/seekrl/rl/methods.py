@@ -56,7 +56,7 @@ def method_overrides(name: str, *, group_size: int, baseline_advantage: str = "d
         raise ValueError(f"process method: expected one of {', '.join(PROCESS_METHODS)}, "
                          f"got {name!r}")
     keys = dict(PROCESS_METHODS[name])
-    if name in ("outcome", "recall"):   # the baseline's own estimator
+    if "algo.advantage" not in keys:   # outcome, recall: the baseline's own estimator
         return {"algo.advantage": baseline_advantage, **keys}
     keys["algo.std_norm"] = baseline_advantage == "grpo"
     if name == "tree":
