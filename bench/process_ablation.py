@@ -22,6 +22,15 @@ steps and rollout tokens), draws `process_ablation.png`, and ends with a one-lin
 holding `process_gain=` (the named process method's mean test EM minus outcome-only's) and
 `rl_gain=` (outcome-only's mean test EM minus the shared SFT start's; nan before the start
 is evaluated).
+
+The runs answer the same test questions, so the comparisons are also made pair by pair:
+every run keeps its per-question EM (`per_question` in result.json, `per_question.json` of
+an evaluation), and for the named method against outcome-only, and every method against
+the start, the report prints the paired gain (`paired_A_vs_B=`: the mean over questions of
+A's EM minus B's, averaged over the seeds both ran), its 95% interval from a bootstrap that
+resamples seeds and then questions (`ci95_A_vs_B=lo,hi`), the seeds' own gains, and the
+discordant answers summed over seeds (`wins_A_vs_B`: right under A and wrong under B;
+`losses_A_vs_B`: the reverse). An interval that holds 0 is no claim.
 """
 
 from __future__ import annotations
@@ -180,12 +189,13 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
     tokens_at = {r["step"]: r["rollout_tokens_total"] for r in steps}
     curve = [(tokens_at.get(r["step"]), r["dev_em"]) for r in records if "dev_em" in r]
     dev_dir = summary.get("dev_dir")
+    final_dir = out / f"eval-{args.final_on}"
     if args.final_on == "dev" and dev_dir and (Path(dev_dir) / "metrics.json").is_file():
         # the trainer's own final evaluation: the same dev questions, greedy, same settings
-        final = json.loads((Path(dev_dir) / "metrics.json").read_text())
+        final_dir = Path(dev_dir)
+        final = json.loads((final_dir / "metrics.json").read_text())
     else:
-        final = _evaluate(Path(summary["final"]), out / f"eval-{args.final_on}", index_dir,
-                          test_file, demo, args)
+        final = _evaluate(Path(summary["final"]), final_dir, index_dir, test_file, demo, args)
     avg = final["average"]
     by_type = {k: v["em"] for k, v in next(iter(final["by_type"].values()), {}).items()}
     result = {"method": method, "seed": seed, "steps": summary["steps"],
@@ -194,6 +204,7 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
               "em": avg["em"], "f1": avg["f1"], "searches": avg["searches"],
               "evidence_recall": avg["evidence_recall"], "valid_format": avg["valid_format"],
               "em_by_type": by_type, "curve": curve,
+              "per_question": _per_question(final_dir),
               "train_searches": [r["searches"] for r in steps],
               "train_reward": [r["reward"] for r in steps],
               "alerts": sorted({a for r in steps for a in r.get("alerts", [])}),
@@ -215,15 +226,46 @@ def _evaluate(model_dir: Path, out: Path, index_dir: Path, test_file: Path, demo
     from seekrl.retrieval.index import load_index
 
     if (out / "metrics.json").is_file():
+        _per_question(out)
         return json.loads((out / "metrics.json").read_text())
     policy, tokenizer = load_policy(str(model_dir), device=args.device,
                                     dtype=getattr(args, "dtype", "float32"))
-    return eval_policy(policy, tokenizer, load_index(index_dir),
-                       EvalConfig(data=str(test_file), n=args.n_test,
-                                  max_turns=demo.eval_max_turns,
-                                  max_new_tokens=demo.eval_max_new_tokens,
-                                  batch_size=args.eval_batch),
-                       out, topk=demo.k, max_info_tokens=demo.max_info_tokens)
+    metrics = eval_policy(policy, tokenizer, load_index(index_dir),
+                          EvalConfig(data=str(test_file), n=args.n_test,
+                                     max_turns=demo.eval_max_turns,
+                                     max_new_tokens=demo.eval_max_new_tokens,
+                                     batch_size=args.eval_batch),
+                          out, topk=demo.k, max_info_tokens=demo.max_info_tokens)
+    _per_question(out)
+    return metrics
+
+
+def _per_question(eval_dir: Path) -> dict[str, float] | None:
+    """{example id: EM} of an evaluation (the mean over its samples), kept as the folder's
+    `per_question.json` (a few kilobytes, unlike its trajectories); read from there when
+    the trajectories are gone, None when neither is there."""
+    kept = eval_dir / "per_question.json"
+    if kept.is_file():
+        return json.loads(kept.read_text())
+    trajectories = eval_dir / "trajectories.jsonl"
+    if not trajectories.is_file():
+        return None
+    from seekrl.rewards.metrics import exact_match
+
+    ems: dict[str, list[float]] = {}
+    for n, line in enumerate(trajectories.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            t = json.loads(line)
+            ems.setdefault(t["example_id"], []).append(
+                exact_match(t.get("answer"), t["golden_answers"]))
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise SystemExit(f"{trajectories}:{n}: expected a trajectory with example_id, "
+                             f"answer and golden_answers ({e})") from None
+    per = {q: sum(v) / len(v) for q, v in ems.items()}
+    kept.write_text(json.dumps(per, indent=0, sort_keys=True))
+    return per
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -275,13 +317,61 @@ def _report(runs: Path, started: float, named: str, on: str = "test") -> None:
         else float("nan")
     rl_gain = outcome - sft_em if outcome is not None and sft_em is not None else float("nan")
     missed = sum(r["budget_missed"] for r in rows.values())
+    start = _per_question(runs / f"eval-sft-{on}")
+    per_run = {(r["method"], r["seed"]): r.get("per_question")
+               or _per_question(runs / f"{r['method']}-s{r['seed']}" / f"eval-{on}")
+               for r in results}
+    pairs = [(named, "outcome")] if named in rows and "outcome" in rows else []
+    pairs += [(m, "start") for m in order] if start else []
+    interval = ""
+    for a, b in pairs:
+        paired = _paired(per_run, a, b, start)
+        if paired is None:
+            continue
+        print(f"paired_{a}_vs_{b}={paired['gain']:+.4f} "
+              f"ci95_{a}_vs_{b}={paired['lo']:+.4f},{paired['hi']:+.4f} "
+              f"seeds_{a}_vs_{b}={'/'.join(f'{g:+.3f}' for g in paired['by_seed'])} "
+              f"wins_{a}_vs_{b}={paired['wins']} losses_{a}_vs_{b}={paired['losses']} "
+              f"questions_{a}_vs_{b}={paired['questions']}")
+        if (a, b) == (named, "outcome"):
+            interval = f" (95% CI {paired['lo']:+.3f} to {paired['hi']:+.3f}, paired)"
     print("process_ablation: " + ", ".join(f"{m} {r['em']:.3f}±{r['em_sd']:.3f}"
                                            for m, r in rows.items())
           + f" ({on} EM, {max(r['seeds'] for r in rows.values())} seeds)"
-          + f"; best {best} (exploratory); named {named}; process_gain={gain:+.4f}"
+          + f"; best {best} (exploratory); named {named}; process_gain={gain:+.4f}{interval}"
           + f"; rl_gain={rl_gain:+.4f}"
           + (f"; {missed} runs outside 10% of the budget" if missed else "")
           + f" ({(time.time() - started) / 60:.0f} min this run)")
+
+
+def _paired(per_run: dict, a: str, b: str, start: dict | None, resamples: int = 10_000,
+            seed: int = 0) -> dict | None:
+    """Method `a` against method `b` (or "start": the one SFT evaluation, the same for every
+    seed) on the questions and seeds both answered: the mean paired EM gain, a 95% interval
+    from a two-level bootstrap (seeds with replacement, then questions with replacement,
+    `resamples` times), each seed's gain, and the discordant answers summed over seeds.
+    None when no seed has both per-question records."""
+    import numpy as np
+
+    seeds = sorted(s for (m, s), per in per_run.items()
+                   if m == a and per and (start if b == "start" else per_run.get((b, s))))
+    if not seeds:
+        return None
+    other = {s: start if b == "start" else per_run[(b, s)] for s in seeds}
+    questions = sorted(set.intersection(*(set(per_run[(a, s)]) & set(other[s])
+                                          for s in seeds)))
+    if not questions:
+        return None
+    diff = np.array([[per_run[(a, s)][q] - other[s][q] for q in questions] for s in seeds])
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, len(seeds), size=(resamples, len(seeds)))
+    cols = rng.integers(0, len(questions), size=(resamples, len(questions)))
+    boot = np.array([diff[r][:, c].mean() for r, c in zip(rows, cols)])
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return {"gain": float(diff.mean()), "lo": float(lo), "hi": float(hi),
+            "by_seed": [float(d) for d in diff.mean(axis=1)],
+            "wins": int((diff > 0).sum()), "losses": int((diff < 0).sum()),
+            "questions": len(questions)}
 
 
 def _plot(rows: dict, by_method: dict, sft_em: float | None, path: Path) -> None:

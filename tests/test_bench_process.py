@@ -172,3 +172,72 @@ def test_dev_file_holds_the_first_dev_questions_and_refuses_too_few(tmp_path):
     assert [q.id for q in read_qa_jsonl(path)] == ["d0", "d1", "d2"]
     with pytest.raises(SystemExit, match="--n-test: the world has 5 dev questions"):
         bench._dev_file(tmp_path, world, 6)
+
+
+def test_paired_gain_counts_discordant_answers_and_bootstraps_seeds_and_questions():
+    bench = load_bench()
+    qs = [f"q{i}" for i in range(10)]
+    per_run = {("outcome", 0): {q: 0.0 for q in qs}, ("outcome", 1): {q: 1.0 for q in qs},
+               ("recall", 0): {q: float(i < 3) for i, q in enumerate(qs)},   # 3 wins
+               ("recall", 1): {q: float(i != 0) for i, q in enumerate(qs)},  # 1 loss
+               ("recall", 2): {q: 1.0 for q in qs}}   # no outcome run for seed 2: left out
+    paired = bench._paired(per_run, "recall", "outcome", None)
+    assert paired["gain"] == pytest.approx((0.3 - 0.1) / 2)
+    assert paired["by_seed"] == pytest.approx([0.3, -0.1])
+    assert (paired["wins"], paired["losses"], paired["questions"]) == (3, 1, 10)
+    assert paired["lo"] < paired["gain"] < paired["hi"]
+    assert bench._paired(per_run, "recall", "outcome", None) == paired   # seeded: repeatable
+    # against the start: one evaluation shared by every seed; a constant gain has no spread
+    start = {q: 0.0 for q in qs}
+    per_run = {("outcome", s): {q: 0.5 for q in qs} for s in range(3)}
+    paired = bench._paired(per_run, "outcome", "start", start)
+    assert (paired["gain"], paired["lo"], paired["hi"]) == pytest.approx((0.5, 0.5, 0.5))
+    assert bench._paired(per_run, "outcome", "start", None) is None
+    assert bench._paired({("a", 0): None}, "a", "outcome", None) is None
+
+
+def test_per_question_em_from_trajectories_is_kept_and_bad_lines_are_named(tmp_path):
+    bench = load_bench()
+    d = tmp_path / "eval-test"
+    d.mkdir()
+    rows = [{"example_id": "q1", "answer": "Paris", "golden_answers": ["paris"]},
+            {"example_id": "q2", "answer": "Rome", "golden_answers": ["Oslo"]},
+            {"example_id": "q2", "answer": "Oslo", "golden_answers": ["Oslo"]}]
+    (d / "trajectories.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert bench._per_question(d) == {"q1": 1.0, "q2": 0.5}
+    (d / "trajectories.jsonl").unlink()   # kept: read back without the trajectories
+    assert bench._per_question(d) == {"q1": 1.0, "q2": 0.5}
+    assert bench._per_question(tmp_path / "absent") is None
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "trajectories.jsonl").write_text(json.dumps(rows[0]) + "\n{\"answer\": 1}\n")
+    with pytest.raises(SystemExit, match=r"trajectories.jsonl:2: expected a trajectory"):
+        bench._per_question(bad)
+
+
+def test_report_prints_the_paired_comparison_from_kept_per_question_records(tmp_path, capsys):
+    bench = load_bench()
+    runs = tmp_path / "runs"
+    qs = [f"q{i}" for i in range(20)]
+    for method, right in {"outcome": 4, "recall": 8}.items():
+        for seed in range(2):
+            d = runs / f"{method}-s{seed}"
+            d.mkdir(parents=True)
+            per = {q: float(i < right + seed) for i, q in enumerate(qs)}
+            (d / "result.json").write_text(json.dumps({
+                "method": method, "seed": seed, "em": sum(per.values()) / 20, "searches": 2,
+                "evidence_recall": 0.7, "steps": 10, "rollout_tokens": 1000,
+                "em_by_type": {"bridge": 0.1}, "per_question": per}))
+    (runs / "eval-sft-test").mkdir()
+    (runs / "eval-sft-test" / "metrics.json").write_text(json.dumps({"average": {"em": 0.25}}))
+    (runs / "eval-sft-test" / "per_question.json").write_text(
+        json.dumps({q: float(i < 5) for i, q in enumerate(qs)}))
+    bench._report(runs, time.time(), "recall")
+    out = capsys.readouterr().out.strip().splitlines()
+    figures = dict(kv.split("=") for line in out[:-1] for kv in line.split() if "=" in kv)
+    assert float(figures["paired_recall_vs_outcome"]) == pytest.approx(0.2)
+    assert figures["wins_recall_vs_outcome"] == "8" and figures["losses_recall_vs_outcome"] == "0"
+    assert figures["seeds_recall_vs_start"] == "+0.150/+0.200"
+    lo, hi = (float(x) for x in figures["ci95_recall_vs_outcome"].split(","))
+    assert lo < 0.2 < hi
+    assert f"process_gain=+0.2000 (95% CI {lo:+.3f} to {hi:+.3f}, paired)" in out[-1]
