@@ -12,6 +12,7 @@ from rich.console import Console
 from seekrl import config as limits  # episode-limit defaults
 from seekrl.errors import DataError, SeekrlError
 from seekrl.retrieval.base import RetrievalError
+from seekrl.rl.methods import PROCESS_METHODS
 
 # what a command reports in one line (bad input, a missing file or resource), never a bug's
 # traceback: every seekrl error derives from SeekrlError
@@ -21,6 +22,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Train LLM search agents with RL and process supervision.")
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
+# the names `--process` takes (rl/methods.py), for the help texts
+_PROCESS_METHODS = " | ".join(m for m in PROCESS_METHODS if m != "outcome")
 
 
 def _print_config(cfg) -> None:
@@ -294,9 +297,8 @@ def demo(
     advantage: Annotated[str, typer.Option(help="grpo | dr_grpo | rloo | reinforce_pp | gae")]
     = "grpo",
     process: Annotated[Optional[str], typer.Option(
-        help="also run RL with this process-supervision method (evidence | gigpo | "
-             "gigpo_evidence | mc_value | stratified | tree) from the same SFT checkpoint at "
-             "the same rollout-token budget, and compare")] = None,
+        help=f"also run RL with this process-supervision method ({_PROCESS_METHODS}) from "
+             "the same SFT checkpoint at the same rollout-token budget, and compare")] = None,
     questions_per_step: Annotated[int, typer.Option(help="RL questions per step")] = 8,
     group_size: Annotated[int, typer.Option(help="RL rollouts per question (G)")] = 4,
     train_layers: Annotated[int, typer.Option(
@@ -560,8 +562,8 @@ def train(
     print_config: Annotated[bool, typer.Option(
         help="print the resolved config (every key, defaults filled in) and stop")] = False,
     process: Annotated[Optional[str], typer.Option(
-        help="a process-supervision method: evidence | gigpo | gigpo_evidence | mc_value | "
-             "stratified | tree (its keys replace the config file's; key=value overrides win)")] = None,
+        help=f"a process-supervision method: {_PROCESS_METHODS} (its keys replace the "
+             "config file's; key=value overrides win)")] = None,
 ):
     """RL from outcome and process (step) rewards: GRPO, Dr. GRPO, RLOO, REINFORCE++, PPO, and
     the step-level estimators (dual_granularity, gigpo, stratified_grpo, tree_grpo)."""

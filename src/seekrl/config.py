@@ -362,7 +362,8 @@ class RewardConfig(Strict):
     # every hop still ranks above the one that stopped early (the `recall` method: 0.5)
     recall_bonus: float = Field(0.0, ge=0)
     # process (step) rewards: source name -> weight, e.g. {evidence: 1.0, redundancy: 0.1};
-    # sources: evidence, redundancy, step_format, mc_value, prm (rewards/process.py), or your
+    # sources: evidence, gold_found, redundancy, step_format, decomposition, mc_value, prm
+    # (rewards/process.py), or your
     # own by import path, {mypkg.steps:novelty: 0.5}
     process: dict[str, float] = {}
     mc_samples: int = Field(4, ge=1)    # mc_value: continuations per step prefix
