@@ -50,7 +50,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--n-test", type=int, default=200)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="rl: a train-config override for every run (repeatable), e.g. "
+                         "rollout.temperature=0.7 optim.lr=1e-5 (the settings of the process "
+                         "comparison); the modes' own keys win over it")
     args = ap.parse_args()
+    from seekrl.config import parse_override
+
+    try:
+        args.overrides = dict(parse_override(text) for text in args.set)
+    except ValueError as e:
+        raise SystemExit(f"--set: {e}") from None
     from learning import _world
 
     demo = DemoConfig(n_test=args.n_test)
@@ -116,7 +126,7 @@ def _rl(mode: str, seed: int, budget: int | None, args, demo, world_dir: Path,
         index_dir: Path) -> dict:
     from process_ablation import _evaluate
 
-    from seekrl.config import TrainConfig
+    from seekrl.config import TrainConfig, with_keys
     from seekrl.data.qa import read_qa_jsonl, write_qa_jsonl
     from seekrl.recipes.pipeline import rl_config_tree
     from seekrl.recipes.train import Trainer
@@ -134,6 +144,7 @@ def _rl(mode: str, seed: int, budget: int | None, args, demo, world_dir: Path,
                           index_dir=index_dir, out=out, budget_tokens=budget,
                           steps=args.steps if budget is None else 10 * args.steps)
     tree.update(dtype=args.dtype, save_every=1, keep_last=1)
+    tree = with_keys(tree, getattr(args, "overrides", {}))
     if mode == "simulated":
         tree["simulator"] = {"model": args.sim_model, "noise_start": 0.0, "noise_end": 0.5}
     elif mode == "self":
@@ -150,7 +161,7 @@ def _rl(mode: str, seed: int, budget: int | None, args, demo, world_dir: Path,
               "valid_format": avg["valid_format"], "em_by_type": by_type,
               "steps": summary["steps"], "rollout_tokens": summary["rollout_tokens"],
               "budget": budget, "budget_met": summary.get("budget_met", True),
-              "minutes": round((time.time() - t0) / 60, 2)}
+              "overrides": getattr(args, "overrides", {}), "minutes": round((time.time() - t0) / 60, 2)}
     done.write_text(json.dumps(result, indent=1))
     print(f"{mode} seed {seed}: EM {avg['em']:.3f} searches {avg['searches']:.2f}", flush=True)
     return result
