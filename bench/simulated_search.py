@@ -54,6 +54,10 @@ def main() -> None:
                     help="rl: a train-config override for every run (repeatable), e.g. "
                          "rollout.temperature=0.7 optim.lr=1e-5 (the settings of the process "
                          "comparison); the modes' own keys win over it")
+    ap.add_argument("--real-from", type=Path, default=None,
+                    help="rl: a process_ablation runs folder whose outcome-sSEED runs are this "
+                         "bench's real runs (the same start, settings and test questions: the "
+                         "configs are compared, and a run that differs is refused)")
     args = ap.parse_args()
     from seekrl.config import parse_override
 
@@ -149,9 +153,11 @@ def _rl(mode: str, seed: int, budget: int | None, args, demo, world_dir: Path,
         tree["simulator"] = {"model": args.sim_model, "noise_start": 0.0, "noise_end": 0.5}
     elif mode == "self":
         tree["rollout"]["self_search"] = True
+    cfg = TrainConfig.model_validate(tree)
+    if mode == "real" and getattr(args, "real_from", None) is not None:
+        return _borrowed(args.real_from / f"outcome-s{seed}", cfg, done)
     resume = (out / "checkpoints" / "latest").is_file()
-    summary = Trainer(TrainConfig.model_validate(tree), resume=resume,
-                      overwrite=not resume).train()
+    summary = Trainer(cfg, resume=resume, overwrite=not resume).train()
     final = _evaluate(Path(summary["final"]), out / "eval-test", index_dir, test_file, demo,
                       argparse.Namespace(n_test=args.n_test, eval_batch=64, device="cpu",
                                          dtype=args.dtype))
@@ -164,6 +170,32 @@ def _rl(mode: str, seed: int, budget: int | None, args, demo, world_dir: Path,
               "overrides": getattr(args, "overrides", {}), "minutes": round((time.time() - t0) / 60, 2)}
     done.write_text(json.dumps(result, indent=1))
     print(f"{mode} seed {seed}: EM {avg['em']:.3f} searches {avg['searches']:.2f}", flush=True)
+    return result
+
+
+def _borrowed(run: Path, cfg, done: Path) -> dict:
+    """The real-search run of a seed taken from a process_ablation outcome-only run, when
+    that run trained with this config (every key but `out`); kept as this bench's result."""
+    path = run / "result.json"
+    if not path.is_file():
+        raise SystemExit(f"--real-from: {path} is missing (run that outcome seed first)")
+    theirs = json.loads(path.read_text())
+    mine = cfg.model_dump(mode="json")
+    other = dict(theirs.get("config") or {})
+    differ = sorted(k for k in set(mine) | set(other)
+                    if k != "out" and mine.get(k) != other.get(k))
+    if differ:
+        raise SystemExit(f"--real-from: {path} trained with other settings ({', '.join(differ)}"
+                         "); pass the same --set, --steps and --dtype")
+    result = {"mode": "real", "seed": theirs["seed"], "em": theirs["em"],
+              "searches": theirs["searches"], "valid_format": theirs["valid_format"],
+              "em_by_type": theirs["em_by_type"], "steps": theirs["steps"],
+              "rollout_tokens": theirs["rollout_tokens"], "budget": None,
+              "budget_met": theirs.get("budget_met", True), "from": str(run),
+              "minutes": theirs.get("minutes")}
+    done.parent.mkdir(parents=True, exist_ok=True)
+    done.write_text(json.dumps(result, indent=1))
+    print(f"real seed {theirs['seed']}: EM {result['em']:.3f} (from {run})", flush=True)
     return result
 
 

@@ -241,3 +241,33 @@ def test_report_prints_the_paired_comparison_from_kept_per_question_records(tmp_
     lo, hi = (float(x) for x in figures["ci95_recall_vs_outcome"].split(","))
     assert lo < 0.2 < hi
     assert f"process_gain=+0.2000 (95% CI {lo:+.3f} to {hi:+.3f}, paired)" in out[-1]
+
+
+def test_simulated_bench_borrows_real_runs_only_when_trained_the_same_way(tmp_path):
+    spec = importlib.util.spec_from_file_location("sim_bench",
+                                                  BENCH.parent / "simulated_search.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    class Cfg:
+        def __init__(self, **keys):
+            self.keys = keys
+
+        def model_dump(self, mode="json"):
+            return self.keys
+
+    run = tmp_path / "decide" / "outcome-s1"
+    run.mkdir(parents=True)
+    (run / "result.json").write_text(json.dumps({
+        "seed": 1, "em": 0.31, "searches": 2.0, "valid_format": 0.9, "steps": 10,
+        "em_by_type": {"bridge": 0.2}, "rollout_tokens": 4000,
+        "config": {"out": "elsewhere", "seed": 1, "rollout": {"temperature": 0.7}}}))
+    done = tmp_path / "runs" / "real-s1" / "result.json"
+    with pytest.raises(SystemExit, match=r"other settings \(rollout\)"):
+        bench._borrowed(run, Cfg(out="here", seed=1, rollout={"temperature": 1.0}), done)
+    assert not done.exists()
+    got = bench._borrowed(run, Cfg(out="here", seed=1, rollout={"temperature": 0.7}), done)
+    assert got["mode"] == "real" and got["em"] == 0.31 and got["from"] == str(run)
+    assert json.loads(done.read_text()) == got
+    with pytest.raises(SystemExit, match="outcome-s2/result.json is missing"):
+        bench._borrowed(tmp_path / "decide" / "outcome-s2", Cfg(), done)
