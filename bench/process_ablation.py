@@ -45,6 +45,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+DEFAULT_METHODS = "outcome,evidence,gigpo,mc_value,stratified,tree"
+
 
 def main() -> None:
     from seekrl.recipes.pipeline import DemoConfig
@@ -54,8 +56,9 @@ def main() -> None:
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/seekrl-process"))
     ap.add_argument("--sft", type=Path, default=None, help="SFT checkpoint (default: train one)")
     ap.add_argument("--stage", choices=("all", "sft", "rl", "report"), default="all")
-    ap.add_argument("--methods", default="outcome,evidence,gigpo,mc_value,stratified,tree",
-                    help=f"comma-separated, from: {', '.join(PROCESS_METHODS)}")
+    ap.add_argument("--methods", default=None,
+                    help=f"comma-separated, from: {', '.join(PROCESS_METHODS)} (default: "
+                         f"{DEFAULT_METHODS}; with a budget given, outcome runs only if named)")
     ap.add_argument("--named", default="evidence",
                     help="the process method named before the runs: process_gain is its mean "
                          "minus outcome-only's (the best of several noisy means is biased up)")
@@ -64,8 +67,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=15, help="steps of the outcome run")
     ap.add_argument("--budget", type=int, default=None,
                     help="generated rollout tokens for every method, instead of the outcome "
-                         "run's (which then does not run): a budget measured before, to add "
-                         "a method to a setting without running outcome-only again")
+                         "run's (which then runs only if --methods names it): a budget "
+                         "measured before, to add a method to a setting without running "
+                         "outcome-only again")
+    ap.add_argument("--budget-from", type=Path, default=None,
+                    help="a runs folder whose outcome-sSEED/result.json gives each seed's "
+                         "budget (its rollout tokens): a setting compared with another's "
+                         "outcome-only runs, e.g. outcome-only with a ranker against without")
     ap.add_argument("--eval-every", type=int, default=0,
                     help="steps between evaluations on the world's dev questions (a curve to "
                          "tune on; the test questions are evaluated once, at the end)")
@@ -90,14 +98,17 @@ def main() -> None:
                     help="the RL runs' and every evaluation's dtype (bf16-mixed: float32 weights, "
                          "bfloat16 products; 0.72x the float32 step on an AVX-512 BF16 CPU)")
     args = ap.parse_args()
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = [m.strip() for m in (args.methods or DEFAULT_METHODS).split(",") if m.strip()]
     for m in methods:
         if m not in PROCESS_METHODS:
             raise SystemExit(f"--methods: unknown method {m!r}; expected {', '.join(PROCESS_METHODS)}")
-    if args.budget is not None:
-        if args.budget < 1:
+    if args.budget is not None and args.budget_from is not None:
+        raise SystemExit("--budget and --budget-from: give one")
+    if args.budget is not None or args.budget_from is not None:
+        if args.budget is not None and args.budget < 1:
             raise SystemExit(f"--budget: expected a positive number of tokens, got {args.budget}")
-        methods = [m for m in methods if m != "outcome"]   # the budget is given
+        if args.methods is None:   # the budget is given: outcome-only runs only when named
+            methods = [m for m in methods if m != "outcome"]
     elif "outcome" not in methods:
         methods.insert(0, "outcome")   # it sets the budget
     methods.sort(key=lambda m: m != "outcome")
@@ -125,11 +136,12 @@ def main() -> None:
             test_file = _dev_file(work, world_dir, args.n_test)
         if args.stage in ("all", "rl"):
             for seed in seeds:
-                budget = args.budget
+                budget = args.budget if args.budget_from is None \
+                    else _budget_of(args.budget_from, seed)
                 for method in methods:
                     result = _run(method, seed, budget, args, demo, sft, world_dir, index_dir,
                                   test_file)
-                    if method == "outcome":
+                    if method == "outcome" and budget is None:
                         budget = result["rollout_tokens"]
         if not args.skip_sft_eval:   # the reference line: the starting point of every run
             start = _evaluate(sft, work / args.runs_dir / f"eval-sft-{args.final_on}", index_dir,
@@ -137,6 +149,18 @@ def main() -> None:
             print(f"em_sft={start['average']['em']:.4f}", flush=True)
     if args.stage in ("all", "report"):
         _report(work / args.runs_dir, started, args.named, args.final_on)
+
+
+def _budget_of(runs: Path, seed: int) -> int:
+    """The generated rollout tokens of `runs`' outcome-only run of `seed`."""
+    path = runs / f"outcome-s{seed}" / "result.json"
+    if not path.is_file():
+        raise SystemExit(f"--budget-from: {path} is missing (run that outcome seed first)")
+    try:
+        return int(json.loads(path.read_text())["rollout_tokens"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise SystemExit(f"--budget-from: {path}: expected a result with rollout_tokens "
+                         f"({e})") from None
 
 
 def _dev_file(work: Path, world_dir: Path, n: int) -> Path:

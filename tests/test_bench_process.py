@@ -271,3 +271,16 @@ def test_simulated_bench_borrows_real_runs_only_when_trained_the_same_way(tmp_pa
     assert json.loads(done.read_text()) == got
     with pytest.raises(SystemExit, match="outcome-s2/result.json is missing"):
         bench._borrowed(tmp_path / "decide" / "outcome-s2", Cfg(), done)
+
+
+def test_budget_from_reads_each_seeds_outcome_tokens_and_names_what_is_missing(tmp_path):
+    bench = load_bench()
+    (tmp_path / "outcome-s1").mkdir()
+    (tmp_path / "outcome-s1" / "result.json").write_text(json.dumps({"rollout_tokens": 46457}))
+    assert bench._budget_of(tmp_path, 1) == 46457
+    with pytest.raises(SystemExit, match="outcome-s2/result.json is missing"):
+        bench._budget_of(tmp_path, 2)
+    (tmp_path / "outcome-s3").mkdir()
+    (tmp_path / "outcome-s3" / "result.json").write_text("{}")
+    with pytest.raises(SystemExit, match="expected a result with rollout_tokens"):
+        bench._budget_of(tmp_path, 3)
