@@ -31,6 +31,9 @@ A's EM minus B's, averaged over the seeds both ran), its 95% interval from a boo
 resamples seeds and then questions (`ci95_A_vs_B=lo,hi`), the seeds' own gains, and the
 discordant answers summed over seeds (`wins_A_vs_B`: right under A and wrong under B;
 `losses_A_vs_B`: the reverse). An interval that holds 0 is no claim.
+`--budget-from OTHER` and `--against OTHER` compare a setting (e.g. outcome-only with a ranker,
+`--set ranker.model=...`) with another runs folder's at each seed's same budget, method by
+method (`paired_outcome_vs_outcome@OTHER=`).
 """
 
 from __future__ import annotations
@@ -90,6 +93,10 @@ def main() -> None:
     ap.add_argument("--final-on", choices=("test", "dev"), default="test",
                     help="where each run's final policy is evaluated: dev while tuning "
                          "(the test questions are for the settings chosen, once)")
+    ap.add_argument("--against", default=None, metavar="RUNS_DIR",
+                    help="report: also compare each method pair by pair with the same method "
+                         "of another runs folder under WORK (another setting of the same start "
+                         "and questions: e.g. a ranker's runs against decide)")
     ap.add_argument("--eval-batch", type=int, default=64)
     ap.add_argument("--skip-sft-eval", action="store_true",
                     help="do not evaluate the SFT checkpoint on the test questions")
@@ -148,7 +155,8 @@ def main() -> None:
                               test_file, demo, args)
             print(f"em_sft={start['average']['em']:.4f}", flush=True)
     if args.stage in ("all", "report"):
-        _report(work / args.runs_dir, started, args.named, args.final_on)
+        _report(work / args.runs_dir, started, args.named, args.final_on,
+                against=work / args.against if args.against else None)
 
 
 def _budget_of(runs: Path, seed: int) -> int:
@@ -298,8 +306,20 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def _report(runs: Path, started: float, named: str, on: str = "test") -> None:
-    results = [json.loads(p.read_text()) for p in sorted(runs.glob("*/result.json"))]
+def _results(runs: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(runs.glob("*/result.json"))]
+
+
+def _per_run(runs: Path, results: list[dict], on: str, tag: str = "") -> dict:
+    """{(method + tag, seed): {question: EM}} of the runs' final evaluations."""
+    return {(r["method"] + tag, r["seed"]): r.get("per_question")
+            or _per_question(runs / f"{r['method']}-s{r['seed']}" / f"eval-{on}")
+            for r in results}
+
+
+def _report(runs: Path, started: float, named: str, on: str = "test",
+            against: Path | None = None) -> None:
+    results = _results(runs)
     if not results:
         raise SystemExit(f"no results under {runs}: run the methods first")
     sft = runs / f"eval-sft-{on}" / "metrics.json"
@@ -342,11 +362,15 @@ def _report(runs: Path, started: float, named: str, on: str = "test") -> None:
     rl_gain = outcome - sft_em if outcome is not None and sft_em is not None else float("nan")
     missed = sum(r["budget_missed"] for r in rows.values())
     start = _per_question(runs / f"eval-sft-{on}")
-    per_run = {(r["method"], r["seed"]): r.get("per_question")
-               or _per_question(runs / f"{r['method']}-s{r['seed']}" / f"eval-{on}")
-               for r in results}
+    per_run = _per_run(runs, results, on)
     pairs = [(named, "outcome")] if named in rows and "outcome" in rows else []
     pairs += [(m, "start") for m in order] if start else []
+    if against is not None:
+        if not against.is_dir():
+            raise SystemExit(f"--against: {against} is not a runs folder")
+        tag = f"@{against.name}"
+        per_run.update(_per_run(against, _results(against), on, tag))
+        pairs += [(m, m + tag) for m in order]
     interval = ""
     for a, b in pairs:
         paired = _paired(per_run, a, b, start)

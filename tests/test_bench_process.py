@@ -284,3 +284,24 @@ def test_budget_from_reads_each_seeds_outcome_tokens_and_names_what_is_missing(t
     (tmp_path / "outcome-s3" / "result.json").write_text("{}")
     with pytest.raises(SystemExit, match="expected a result with rollout_tokens"):
         bench._budget_of(tmp_path, 3)
+
+
+def test_report_against_another_setting_pairs_each_method_with_its_namesake(tmp_path, capsys):
+    bench = load_bench()
+    qs = [f"q{i}" for i in range(10)]
+    for folder, right in {"ranker": 6, "decide": 4}.items():
+        for seed in range(2):
+            d = tmp_path / folder / f"outcome-s{seed}"
+            d.mkdir(parents=True)
+            per = {q: float(i < right) for i, q in enumerate(qs)}
+            (d / "result.json").write_text(json.dumps({
+                "method": "outcome", "seed": seed, "em": right / 10, "searches": 2,
+                "evidence_recall": 0.7, "steps": 10, "rollout_tokens": 1000,
+                "em_by_type": {"bridge": 0.1}, "per_question": per}))
+    bench._report(tmp_path / "ranker", time.time(), "recall", against=tmp_path / "decide")
+    out = capsys.readouterr().out.strip().splitlines()
+    figures = dict(kv.split("=") for line in out[:-1] for kv in line.split() if "=" in kv)
+    assert float(figures["paired_outcome_vs_outcome@decide"]) == pytest.approx(0.2)
+    assert figures["wins_outcome_vs_outcome@decide"] == "4"
+    with pytest.raises(SystemExit, match="is not a runs folder"):
+        bench._report(tmp_path / "ranker", time.time(), "recall", against=tmp_path / "nope")
