@@ -120,12 +120,7 @@ def main() -> None:
         methods.insert(0, "outcome")   # it sets the budget
     methods.sort(key=lambda m: m != "outcome")
     seeds = [int(s) for s in args.seeds.split(",")]
-    from seekrl.config import parse_override
-
-    try:
-        args.overrides = dict(parse_override(text) for text in args.set)
-    except ValueError as e:
-        raise SystemExit(f"--set: {e}") from None
+    args.overrides = parse_sets(args.set)
 
     from learning import _setup
 
@@ -157,6 +152,16 @@ def main() -> None:
     if args.stage in ("all", "report"):
         _report(work / args.runs_dir, started, args.named, args.final_on,
                 against=work / args.against if args.against else None)
+
+
+def parse_sets(texts: list[str]) -> dict:
+    """`--set KEY=VALUE` arguments as dotted config keys (a bad one stops the bench)."""
+    from seekrl.config import parse_override
+
+    try:
+        return dict(parse_override(text) for text in texts)
+    except ValueError as e:
+        raise SystemExit(f"--set: {e}") from None
 
 
 def _budget_of(runs: Path, seed: int) -> int:
@@ -258,18 +263,15 @@ def _evaluate(model_dir: Path, out: Path, index_dir: Path, test_file: Path, demo
     from seekrl.retrieval.index import load_index
 
     if (out / "metrics.json").is_file():
-        _per_question(out)
         return json.loads((out / "metrics.json").read_text())
     policy, tokenizer = load_policy(str(model_dir), device=args.device,
                                     dtype=getattr(args, "dtype", "float32"))
-    metrics = eval_policy(policy, tokenizer, load_index(index_dir),
-                          EvalConfig(data=str(test_file), n=args.n_test,
-                                     max_turns=demo.eval_max_turns,
-                                     max_new_tokens=demo.eval_max_new_tokens,
-                                     batch_size=args.eval_batch),
-                          out, topk=demo.k, max_info_tokens=demo.max_info_tokens)
-    _per_question(out)
-    return metrics
+    return eval_policy(policy, tokenizer, load_index(index_dir),
+                       EvalConfig(data=str(test_file), n=args.n_test,
+                                  max_turns=demo.eval_max_turns,
+                                  max_new_tokens=demo.eval_max_new_tokens,
+                                  batch_size=args.eval_batch),
+                       out, topk=demo.k, max_info_tokens=demo.max_info_tokens)
 
 
 def _per_question(eval_dir: Path) -> dict[str, float] | None:

@@ -59,13 +59,10 @@ def main() -> None:
                          "bench's real runs (the same start, settings and test questions: the "
                          "configs are compared, and a run that differs is refused)")
     args = ap.parse_args()
-    from seekrl.config import parse_override
-
-    try:
-        args.overrides = dict(parse_override(text) for text in args.set)
-    except ValueError as e:
-        raise SystemExit(f"--set: {e}") from None
     from learning import _world
+    from process_ablation import parse_sets
+
+    args.overrides = parse_sets(args.set)
 
     demo = DemoConfig(n_test=args.n_test)
     started = time.time()
@@ -147,8 +144,8 @@ def _rl(mode: str, seed: int, budget: int | None, args, demo, world_dir: Path,
     tree = rl_config_tree(run, model=str(args.sft), train_file=world_dir / "train.jsonl",
                           index_dir=index_dir, out=out, budget_tokens=budget,
                           steps=args.steps if budget is None else 10 * args.steps)
-    tree.update(dtype=args.dtype, save_every=1, keep_last=1)
-    tree = with_keys(tree, getattr(args, "overrides", {}))
+    overrides = getattr(args, "overrides", {})
+    tree = with_keys({**tree, "dtype": args.dtype, "save_every": 1, "keep_last": 1}, overrides)
     if mode == "simulated":
         tree["simulator"] = {"model": args.sim_model, "noise_start": 0.0, "noise_end": 0.5}
     elif mode == "self":
@@ -167,7 +164,7 @@ def _rl(mode: str, seed: int, budget: int | None, args, demo, world_dir: Path,
               "valid_format": avg["valid_format"], "em_by_type": by_type,
               "steps": summary["steps"], "rollout_tokens": summary["rollout_tokens"],
               "budget": budget, "budget_met": summary.get("budget_met", True),
-              "overrides": getattr(args, "overrides", {}), "minutes": round((time.time() - t0) / 60, 2)}
+              "overrides": overrides, "minutes": round((time.time() - t0) / 60, 2)}
     done.write_text(json.dumps(result, indent=1))
     print(f"{mode} seed {seed}: EM {avg['em']:.3f} searches {avg['searches']:.2f}", flush=True)
     return result
