@@ -50,6 +50,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--n-test", type=int, default=200)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--engine", choices=("seekrl", "generate"), default="seekrl",
+                    help="quality: the simulator's decoding loop (seekrl's, or model.generate)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="rl: a train-config override for every run (repeatable), e.g. "
                          "rollout.temperature=0.7 optim.lr=1e-5 (the settings of the process "
@@ -90,7 +92,7 @@ def _quality(name: str, args, demo, world_dir: Path, index_dir: Path) -> dict:
     from seekrl.retrieval.index import load_index
     from seekrl.retrieval.simulated import SimulatedRetriever, simulator_quality
 
-    key = name.replace("/", "_")
+    key = name.replace("/", "_") + ("" if args.engine == "seekrl" else f"-{args.engine}")
     done = args.work_dir / f"quality-{key}.json"
     if done.is_file():
         return json.loads(done.read_text())
@@ -105,8 +107,8 @@ def _quality(name: str, args, demo, world_dir: Path, index_dir: Path) -> dict:
     gold_titles = [[titles[hop["doc_id"]]] for _, hop in hops]
     answers = [[hop["answer"]] for _, hop in hops]
     sim = SimulatedRetriever.from_pretrained(name, dtype=args.dtype, max_new_tokens=160,
-                                             temperature=0.0, batch_size=16)
-    result = {"simulator": name, "queries": len(hops)}
+                                             temperature=0.0, batch_size=16, engine=args.engine)
+    result = {"simulator": name, "engine": args.engine, "queries": len(hops)}
     for kind, noise in (("useful", 0.0), ("noisy", 1.0)):
         sim.set_noise(noise)
         sim.stats.clear()

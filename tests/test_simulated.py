@@ -136,6 +136,29 @@ def test_the_tiny_model_as_simulator_generates_and_never_breaks(tiny):
     assert greedy.generate(["same prompt"]) == greedy.generate(["same prompt"])
 
 
+def test_both_engines_decode_the_same_greedy_documents(tiny):
+    """seekrl's decoding loop (the default) and model.generate agree token for token when
+    greedy, one prompt and a batch (rows that stop early leave seekrl's batch; generate
+    keeps them padded), and both leave the caller's random stream where it was."""
+    import torch
+
+    model, tok = tiny
+    prompts = ["a query", "another, longer query about Tarrow", "third"]
+    seekrl = SimulatedRetriever(model, tok, max_new_tokens=10, temperature=0.0)
+    hf = SimulatedRetriever(model, tok, max_new_tokens=10, temperature=0.0, engine="generate")
+    assert seekrl.engine == "seekrl" and hf.engine == "generate"
+    for batch in ([prompts[0]], prompts):
+        assert seekrl.generate(batch) == hf.generate(batch)
+    state = torch.random.get_rng_state()
+    sampled = SimulatedRetriever(model, tok, max_new_tokens=6, temperature=1.0, seed=3)
+    first = sampled.generate(prompts)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    again = SimulatedRetriever(model, tok, max_new_tokens=6, temperature=1.0, seed=3)
+    assert again.generate(prompts) == first   # seeded per call: reproducible
+    with pytest.raises(ValueError, match="engine"):
+        SimulatedRetriever(model, tok, engine="vllm")
+
+
 def test_simulator_quality_against_the_real_index():
     sim = [[Hit("s1", "Tarrow", "a city of 40,000", 1.0)], []]
     real = [[Hit("d1", "Tarrow", "Tarrow has 40,000 people", 1.0)],
@@ -227,7 +250,10 @@ def test_a_training_step_with_a_simulator_follows_the_curriculum(tmp_path, tiny)
     noise = [r["simulator_noise"] for r in records if "simulator_noise" in r]
     assert noise == [0.0, pytest.approx(1 / 3, abs=1e-4)]   # step 1 at 0/2; 2 at (4^0.5-1)/3
     assert trainer._simulator is not trainer.retriever   # evaluation kept the real index
+    assert trainer._simulator.engine == "seekrl"
     assert any("dev_em" in r for r in records)
+    with pytest.raises(ValueError, match="simulator.engine"):
+        TrainConfig(data="x", simulator={"engine": "vllm"})
 
 
 def test_a_simulator_run_needs_no_index_for_its_rollouts(tmp_path, tiny):

@@ -488,6 +488,8 @@ class SimulatorSettings(Strict):
     max_new_tokens: int = Field(256, ge=8)  # per query
     batch_size: int = Field(16, ge=1)       # queries generated together
     words: int = Field(30, ge=5)            # asked-for length of a document
+    # seekrl: the rollout engine's decoding loop; generate: Hugging Face's model.generate
+    engine: Literal["seekrl", "generate"] = "seekrl"
 
 
 class SimulatorTrainConfig(Strict):

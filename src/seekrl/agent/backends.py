@@ -292,7 +292,7 @@ class HFBackend(Backend):
         self._cache_kw = cache_kwarg(model)
         self.tokenizer = tokenizer
         self.stop_strings = tuple(stop_strings)
-        self._tail = max(len(x) for x in self.stop_strings) + 8
+        self._tail = max((len(x) for x in self.stop_strings), default=0) + 8
         self.pad_id = pad_id_of(tokenizer)
         self.stop_ids = {tokenizer.eos_token_id, self.pad_id}
         extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)

@@ -355,7 +355,8 @@ class Trainer:
             self._simulator = SimulatedRetriever.from_pretrained(
                 sim.model, device=self.device, dtype=self.cfg.dtype,
                 max_new_tokens=sim.max_new_tokens, temperature=sim.temperature,
-                batch_size=sim.batch_size, words=sim.words, seed=self.cfg.seed)
+                batch_size=sim.batch_size, words=sim.words, seed=self.cfg.seed,
+                engine=sim.engine)
         from seekrl.retrieval.simulated import noise_probability
 
         self._simulator.set_noise(noise_probability(self.step_done, self.cfg.steps,

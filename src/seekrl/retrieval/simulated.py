@@ -125,6 +125,9 @@ def noise_probability(step: int, total: int, start: float, end: float, base: flo
     return start + shape * (end - start)
 
 
+ENGINES = ("seekrl", "generate")
+
+
 class SimulatedRetriever:
     """A causal LM writes the documents (see the module). `model` and `tokenizer` are a
     Hugging Face causal LM and its tokenizer (`from_pretrained` loads one by name, the
@@ -132,14 +135,24 @@ class SimulatedRetriever:
     sampled at `temperature` (0: greedy), at most `max_new_tokens` per query. `noise` is the
     probability of a noisy prompt per query (`set_noise`, the curriculum's value). `stats`
     counts queries, useful and noisy prompts, malformed outputs and empty ones (no document
-    parsed: the agent is then told nothing matched)."""
+    parsed: the agent is then told nothing matched).
+
+    `engine`: `seekrl` decodes with the rollout engine's own loop (`HFBackend`: rows leave
+    the batch as they finish, one uniform draw a token instead of `torch.multinomial`, a
+    mixed-precision model's weights cast once a call), `generate` with Hugging Face's
+    `model.generate`; the same distribution, other random draws. A model whose positions
+    `HFBackend` cannot set (ALiBi) falls back to `generate`."""
 
     def __init__(self, model, tokenizer, *, noise: float = 0.0, max_new_tokens: int = 256,
                  temperature: float = 0.8, batch_size: int = 16, words: int = 30,
-                 seed: int = 0):
+                 seed: int = 0, engine: str = "seekrl"):
         if not 0 <= noise <= 1:
             raise ValueError(f"noise: expected a probability, got {noise}")
+        if engine not in ENGINES:
+            raise ValueError(f"engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
         self.model, self.tokenizer = model, tokenizer
+        self.engine = engine
+        self._backend = None
         self.noise, self.max_new_tokens, self.temperature = noise, max_new_tokens, temperature
         self.batch_size, self.words = batch_size, words
         self._rng = random.Random(seed)
@@ -193,11 +206,41 @@ class SimulatedRetriever:
         return out
 
     def generate(self, prompts: list[str]) -> list[str]:
-        """The simulator's reply to each user message (chat template, left padding)."""
+        """The simulator's reply to each user message (through its chat template)."""
         import torch
 
         tok = self.tokenizer
         texts = [simulator_input(tok, p) for p in prompts]
+        self._calls += 1
+        gen = torch.Generator(device="cpu").manual_seed(self._seed * 1_000_003 + self._calls)
+        if self.engine == "seekrl" and self._seekrl_backend() is not None:
+            from seekrl.agent.backends import Sampling
+
+            contexts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+            sampling = Sampling(greedy=self.temperature <= 0,
+                                temperature=max(self.temperature, 1e-6))
+            with torch.no_grad(), _seeded(gen):
+                out = self._backend.generate(contexts, self.max_new_tokens, sampling)
+            return tok.batch_decode([list(x) for x in out], skip_special_tokens=True)
+        return self._hf_generate(texts, gen)
+
+    def _seekrl_backend(self):
+        """The rollout engine's decoding loop on the simulator (made once), or None for a
+        model it refuses (ALiBi positions: `model.generate` then)."""
+        if self._backend is None:
+            from seekrl.agent.backends import HFBackend
+            from seekrl.models import ModelError
+
+            try:
+                self._backend = HFBackend(self.model, self.tokenizer, stop_strings=())
+            except ModelError:
+                self._backend = False
+        return self._backend or None
+
+    def _hf_generate(self, texts: list[str], gen) -> list[str]:
+        import torch
+
+        tok = self.tokenizer
         side, tok.padding_side = tok.padding_side, "left"
         try:
             enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -205,8 +248,6 @@ class SimulatedRetriever:
             tok.padding_side = side
         device = next(self.model.parameters()).device
         enc = {key: v.to(device) for key, v in enc.items()}
-        self._calls += 1
-        gen = torch.Generator(device="cpu").manual_seed(self._seed * 1_000_003 + self._calls)
         sample = self.temperature > 0
         with torch.no_grad(), _seeded(gen):
             out = self.model.generate(
