@@ -31,6 +31,11 @@ A's EM minus B's, averaged over the seeds both ran), its 95% interval from a boo
 resamples seeds and then questions (`ci95_A_vs_B=lo,hi`), the seeds' own gains, and the
 discordant answers summed over seeds (`wins_A_vs_B`: right under A and wrong under B;
 `losses_A_vs_B`: the reverse). An interval that holds 0 is no claim.
+`--methods prm --prm DIR` runs ProRAG's RL stage with a trained process reward model (a
+`seekrl prm train` folder) at the same rollout budget; the tokens its labels took to generate
+are counted beside the rollouts (`label_tokens`) and flag the run when the sum leaves the
+budget by more than 10% (MCTS labels for a PRM that ranks steps above chance cost several
+outcome-only runs' worth of tokens).
 `--budget-from OTHER` and `--against OTHER` compare a setting (e.g. outcome-only with a ranker,
 `--set ranker.model=...`) with another runs folder's at each seed's same budget, method by
 method (`paired_outcome_vs_outcome@OTHER=`).
@@ -97,6 +102,11 @@ def main() -> None:
                     help="report: also compare each method pair by pair with the same method "
                          "of another runs folder under WORK (another setting of the same start "
                          "and questions: e.g. a ranker's runs against decide)")
+    ap.add_argument("--prm", type=Path, default=None,
+                    help="the `prm` method's process reward model (a `seekrl prm train` "
+                         "folder); the generated tokens of its labels count toward the run's "
+                         "compute (`label_tokens`), so a run whose labels and rollouts exceed "
+                         "the budget by more than 10%% is flagged")
     ap.add_argument("--eval-batch", type=int, default=64)
     ap.add_argument("--skip-sft-eval", action="store_true",
                     help="do not evaluate the SFT checkpoint on the test questions")
@@ -109,6 +119,10 @@ def main() -> None:
     for m in methods:
         if m not in PROCESS_METHODS:
             raise SystemExit(f"--methods: unknown method {m!r}; expected {', '.join(PROCESS_METHODS)}")
+    if "prm" in methods and args.prm is None:
+        raise SystemExit("--methods prm: needs --prm DIR (a `seekrl prm train` folder)")
+    if args.prm is not None:
+        args.label_tokens = _label_tokens(args.prm)   # a bad folder fails before any run
     if args.budget is not None and args.budget_from is not None:
         raise SystemExit("--budget and --budget-from: give one")
     if args.budget is not None or args.budget_from is not None:
@@ -164,6 +178,25 @@ def parse_sets(texts: list[str]) -> dict:
         raise SystemExit(f"--set: {e}") from None
 
 
+def _label_tokens(prm: Path) -> int:
+    """The generated tokens that made a PRM's labels: the `generated_tokens` of every label
+    folder its `seekrl prm train` config names (their `progress.json`)."""
+    import yaml
+
+    config = prm / "config.yaml"
+    if not config.is_file():
+        raise SystemExit(f"--prm: {prm} is not a `seekrl prm train` folder (no config.yaml)")
+    labels = yaml.safe_load(config.read_text()).get("labels") or []
+    total = 0
+    for folder in labels:
+        progress = Path(folder) / "progress.json"
+        if not progress.is_file():
+            raise SystemExit(f"--prm: the PRM's labels {folder} have no progress.json, so their "
+                             "generated tokens cannot be counted")
+        total += int(json.loads(progress.read_text())["stats"].get("generated_tokens", 0))
+    return total
+
+
 def _budget_of(runs: Path, seed: int) -> int:
     """The generated rollout tokens of `runs`' outcome-only run of `seed`."""
     path = runs / f"outcome-s{seed}" / "result.json"
@@ -216,6 +249,10 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
                         "max_new_tokens": demo.eval_max_new_tokens,
                         "batch_size": args.eval_batch}
     keys = method_overrides(method, group_size=demo.group_size, baseline_advantage=args.baseline)
+    label_tokens = 0
+    if method == "prm":
+        keys["reward.prm"] = str(args.prm)
+        label_tokens = args.label_tokens
     cfg = TrainConfig.model_validate(with_keys(with_keys(tree, args.overrides), keys))
     resume = (out / "checkpoints" / "latest").is_file()
     if resume:
@@ -237,7 +274,9 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
     by_type = {k: v["em"] for k, v in next(iter(final["by_type"].values()), {}).items()}
     result = {"method": method, "seed": seed, "steps": summary["steps"],
               "rollout_tokens": summary["rollout_tokens"], "budget": budget,
-              "budget_met": summary.get("budget_met", True),
+              "budget_met": summary.get("budget_met", True) and (
+                  budget is None or label_tokens + summary["rollout_tokens"] <= 1.1 * budget),
+              "label_tokens": label_tokens,
               "em": avg["em"], "f1": avg["f1"], "searches": avg["searches"],
               "evidence_recall": avg["evidence_recall"], "valid_format": avg["valid_format"],
               "em_by_type": by_type, "curve": curve,
@@ -343,13 +382,15 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
                    "steps": _mean_std([r["steps"] for r in rs])[0],
                    "tokens": _mean_std([r["rollout_tokens"] for r in rs])[0],
                    "budget_missed": sum(not r.get("budget_met", True) for r in rs),
+                   "label_tokens": _mean_std([r.get("label_tokens", 0) for r in rs])[0],
                    "types": {t: _mean_std([r["em_by_type"].get(t, 0.0) for r in rs])
                              for t in types}}
         row = rows[m]
         print(f"em_{m}={row['em']:.4f} em_std_{m}={row['em_sd']:.4f} seeds_{m}={row['seeds']} "
               f"searches_{m}={row['searches']:.2f} evidence_recall_{m}={row['recall']:.3f} "
               f"steps_{m}={row['steps']:.1f} rollout_tokens_{m}={row['tokens']:.0f} "
-              f"budget_missed_{m}={row['budget_missed']}")
+              f"budget_missed_{m}={row['budget_missed']}"
+              + (f" label_tokens_{m}={row['label_tokens']:.0f}" if row["label_tokens"] else ""))
         for t, (mean, sd) in row["types"].items():
             print(f"em_{m}_{t}={mean:.4f} em_std_{m}_{t}={sd:.4f}")
     if sft_em is not None:

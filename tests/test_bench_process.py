@@ -286,6 +286,25 @@ def test_budget_from_reads_each_seeds_outcome_tokens_and_names_what_is_missing(t
         bench._budget_of(tmp_path, 3)
 
 
+def test_prm_method_counts_the_tokens_of_every_label_folder_its_prm_was_trained_on(tmp_path):
+    bench = load_bench()
+    prm = tmp_path / "prm"
+    prm.mkdir()
+    with pytest.raises(SystemExit, match="not a `seekrl prm train` folder"):
+        bench._label_tokens(prm)
+    folders = []
+    for name, tokens in (("a", 1200), ("b", 34)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "progress.json").write_text(json.dumps(
+            {"stats": {"generated_tokens": tokens, "questions": 3}}))
+        folders.append(str(tmp_path / name))
+    (prm / "config.yaml").write_text("labels:\n" + "".join(f"- {f}\n" for f in folders))
+    assert bench._label_tokens(prm) == 1234
+    (prm / "config.yaml").write_text(f"labels:\n- {tmp_path / 'none'}\n")
+    with pytest.raises(SystemExit, match="no progress.json"):
+        bench._label_tokens(prm)
+
+
 def test_report_against_another_setting_pairs_each_method_with_its_namesake(tmp_path, capsys):
     bench = load_bench()
     qs = [f"q{i}" for i in range(10)]

@@ -128,6 +128,10 @@ def test_train_process_option_sets_the_methods_keys(tmp_path, monkeypatch):
     r = run("train", "--process", "tree", "data=q.jsonl", "index=idx", "group_size=6")
     assert r.exit_code == 0, r.output
     assert seen["cfg"].rollout.tree.trees == 3 and seen["cfg"].algo.advantage == "tree_grpo"
+    r = run("train", "--process", "prm", "data=q.jsonl", "index=idx", "reward.prm=runs/prm")
+    assert r.exit_code == 0, r.output
+    assert seen["cfg"].reward.process == {"prm": 1.0} and seen["cfg"].reward.prm == "runs/prm"
+    assert seen["cfg"].algo.advantage == "dual_granularity"
     r = run("train", "--process", "magic", "data=q.jsonl")
     assert r.exit_code == 2 and "process method: expected one of" in r.output
     r = run("train", "--process", "tree", "data=q.jsonl", "group_size=3")
@@ -498,6 +502,9 @@ def test_demo_refuses_an_old_run_and_overwrite_removes_it_after_the_checks(tmp_p
         and "--overwrite" in r.output, r.output
     r = run("demo", "--out", out, "--model", tmp_path, "--process", "magic", "--overwrite")
     assert r.exit_code == 2 and "process method" in r.output
+    r = run("demo", "--out", out, "--model", tmp_path, "--process", "prm", "--overwrite")
+    assert r.exit_code == 2 and "needs a trained process reward model" in r.output \
+        and "seekrl prorag" in r.output, r.output
     assert (out / "summary.json").is_file() and (out / "rl_process").is_dir()
 
     class Stop(Exception):

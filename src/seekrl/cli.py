@@ -12,7 +12,7 @@ from rich.console import Console
 from seekrl import config as limits  # episode-limit defaults
 from seekrl.errors import DataError, SeekrlError
 from seekrl.retrieval.base import RetrievalError
-from seekrl.rl.methods import PROCESS_METHODS
+from seekrl.rl.methods import NEEDS_PRM, PROCESS_METHODS
 
 # what a command reports in one line (bad input, a missing file or resource), never a bug's
 # traceback: every seekrl error derives from SeekrlError
@@ -24,6 +24,7 @@ console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 # the names `--process` takes (rl/methods.py), for the help texts
 _PROCESS_METHODS = " | ".join(m for m in PROCESS_METHODS if m != "outcome")
+_DEMO_METHODS = " | ".join(m for m in PROCESS_METHODS if m != "outcome" and m not in NEEDS_PRM)
 
 
 def _print_config(cfg) -> None:
@@ -297,7 +298,7 @@ def demo(
     advantage: Annotated[str, typer.Option(help="grpo | dr_grpo | rloo | reinforce_pp | gae")]
     = "grpo",
     process: Annotated[Optional[str], typer.Option(
-        help=f"also run RL with this process-supervision method ({_PROCESS_METHODS}) from "
+        help=f"also run RL with this process-supervision method ({_DEMO_METHODS}) from "
              "the same SFT checkpoint at the same rollout-token budget, and compare")] = None,
     questions_per_step: Annotated[int, typer.Option(help="RL questions per step")] = 8,
     group_size: Annotated[int, typer.Option(help="RL rollouts per question (G)")] = 4,
@@ -563,7 +564,7 @@ def train(
         help="print the resolved config (every key, defaults filled in) and stop")] = False,
     process: Annotated[Optional[str], typer.Option(
         help=f"a process-supervision method: {_PROCESS_METHODS} (its keys replace the "
-             "config file's; key=value overrides win)")] = None,
+             "config file's; key=value overrides win; prm needs reward.prm=DIR)")] = None,
 ):
     """RL from outcome and process (step) rewards: GRPO, Dr. GRPO, RLOO, REINFORCE++, PPO, and
     the step-level estimators (dual_granularity, gigpo, stratified_grpo, tree_grpo)."""

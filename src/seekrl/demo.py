@@ -105,8 +105,12 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
     plan = {"world": 0.3, "eval_untrained": 4.0, "sft": 7.0, "eval_sft": 3.0,
             "rl": rl_minutes, "eval_rl": 3.0}
     if cfg.process:
-        from seekrl.rl.methods import method_overrides
+        from seekrl.rl.methods import NEEDS_PRM, method_overrides
         method_overrides(cfg.process, group_size=cfg.group_size)   # a bad name fails now
+        if cfg.process in NEEDS_PRM:
+            raise ValueError(f"process {cfg.process!r} needs a trained process reward model, "
+                             "which the demo does not train: run `seekrl prorag` (the whole "
+                             "pipeline) or `seekrl train --process prm reward.prm=DIR`")
         plan.update(rl_process=rl_minutes, eval_rl_process=3.0)
     resolve_model(cfg.model)      # a path that is not there fails now, not after the world
     from seekrl.models import DTYPES, MIXED

@@ -22,6 +22,9 @@ the benchmark mean the same thing by a name. Every method is plain `TrainConfig`
   above the one that answered after the first search, and it never marks a search down
   (a second search on a single-hop question costs nothing), where the step estimators'
   normalisation over the batch's searches can.
+- `prm`: ProRAG's RL stage on its own: dual-granularity over a trained process reward
+  model's step scores (`reward.prm`: a `seekrl prm train` folder, which this method needs;
+  `seekrl demo` trains none, so it does not offer it: `seekrl prorag` runs the whole pipeline).
 - `tree`: Tree-GRPO-style tree rollouts (group_size / 2 trees, one branch each) with the
   tree-relative advantage.
 """
@@ -44,7 +47,10 @@ PROCESS_METHODS: dict[str, dict[str, Any]] = {
     "stratified": {"algo.advantage": "stratified_grpo"},
     "tree": {"algo.advantage": "tree_grpo"},
     "recall": {"reward.recall_bonus": 0.5},
+    "prm": {"algo.advantage": "dual_granularity", "reward.process": {"prm": 1.0}},
 }
+# methods that need an input the name does not give (a trained PRM: `reward.prm`)
+NEEDS_PRM = frozenset({"prm"})
 
 
 def method_overrides(name: str, *, group_size: int, baseline_advantage: str = "dr_grpo"
