@@ -135,6 +135,30 @@ def test_dual_granularity_normalises_each_source_over_the_steps_it_judges():
     assert float(b1[-1]) < 0 and float(b2[-1]) < 0
 
 
+def test_standardised_evidence_marks_an_extra_search_down_raw_evidence_does_not():
+    """Tied outcomes on a bridge: e1 found the first gold, searched again and found nothing;
+    e2 found the same gold and answered. Standardised over the group's searches, e1's second
+    search is below the mean and gets a negative term, though stopping (e2) gets nothing;
+    with process_norm none it gets 0 and the gold-finding searches +beta x 0.5."""
+    e1 = ep("g", [search(2, 2, query="a", hits=["d1"]), search(2, 2, query="b", hits=["d9"]),
+                  answer(1)], outcome=0.0, gold=["d1", "d2"])
+    e2 = ep("g", [search(2, 2, query="a", hits=["d1"]), answer(1)], outcome=0.0, sample=1,
+            gold=["d1", "d2"])
+    score_steps([e1, e2], {"evidence": 1.0})
+    rewards = Rewards.from_trajectories([e1, e2], {"evidence": 1.0})
+    assert rewards.sources == {"evidence": (1.0, [[0.5, 0.0, None], [0.5, None]])}
+    (g1, g2), _ = compute_advantages("dual_granularity", [e1, e2], rewards,
+                                     AdvantageConfig(beta=0.3))
+    second = g1[6:8]   # prompt 2, search 2 + info 2, then the second search's tokens
+    assert float(second.max()) < 0 and float(g2[-1]) == 0.0
+    (r1, r2), _ = compute_advantages("dual_granularity", [e1, e2], rewards,
+                                     AdvantageConfig(beta=0.3, process_norm="none"))
+    assert r1.tolist() == pytest.approx([0, 0, 0.15, 0.15, 0, 0, 0, 0, 0, 0, 0], abs=1e-6)
+    assert r2.tolist() == pytest.approx([0, 0, 0.15, 0.15, 0, 0, 0], abs=1e-6)
+    with pytest.raises(ValueError, match="process_norm"):
+        AdvantageConfig(process_norm="batch")
+
+
 def test_dual_granularity_sums_the_normalised_sources_with_their_weights():
     e1 = ep("g", [search(1, 1, query="a", hits=["d1"]), search(1, 1, query="a", hits=["d1"]),
                   answer(1)], outcome=1.0, gold=["d1"])

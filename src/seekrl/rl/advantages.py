@@ -365,7 +365,14 @@ def dual_granularity(batch: StepBatch, cfg: AlgoConfig):
     from it), and the normalised sources are summed with their weights. ProRAG's PRM scores
     every step, so with one source of weight 1 this is the formula above; `evidence`, which
     judges only searches, would otherwise hand every answer step a negative term whenever a
-    search found gold."""
+    search found gold.
+
+    `process_norm: none` adds each source's raw value instead (weight x value x beta, 0 where
+    it does not apply), as StepSearch adds its step rewards: standardised over a group's
+    searches, a bridge episode's second search that found nothing sits below the mean and is
+    marked down, while the episode that answered after one search gets nothing there, so the
+    process part itself teaches fewer searches; raw, a search that finds nothing costs
+    nothing (and a repeated one what `redundancy` says)."""
     out = broadcast(batch, group_scalars(batch, batch.outcome,
                                          lambda r: _centre(r, cfg.epsilon, cfg.std_norm)))
     sources = list(batch.sources.values()) or [StepSource(1.0, batch.step_rewards,
@@ -374,7 +381,10 @@ def dual_granularity(batch: StepBatch, cfg: AlgoConfig):
              for s in sources]
     for idx in batch.groups:
         for weight, per_token, applies in parts:
-            z = normalised_over(per_token[idx], applies[idx], cfg.epsilon)
+            if cfg.process_norm == "none":
+                z = torch.where(applies[idx], per_token[idx], torch.zeros_like(per_token[idx]))
+            else:
+                z = normalised_over(per_token[idx], applies[idx], cfg.epsilon)
             if z is not None:
                 out[idx] = out[idx] + cfg.beta * weight * z
     return out, out.clone()

@@ -8,6 +8,9 @@ the benchmark mean the same thing by a name. Every method is plain `TrainConfig`
 - `evidence`: ProRAG's dual-granularity advantage over rule-based step rewards: +share of
   the gold documents a search found first (information gain) and -0.2 x redundancy
   (repeated queries and documents), as StepSearch rewards them, with beta = 0.3.
+- `evidence_raw`: `evidence` with the step rewards added as they are (`algo.process_norm:
+  none`, as StepSearch adds them) instead of standardised over the group's searches, where
+  a search that finds nothing falls below the mean and is marked down while stopping is not.
 - `evidence_step`: `evidence` with `gold_found` in place of the information-gain share: each
   search that finds a new gold document earns 1 whatever the episode's number of hops (the
   share gives each hop of a 3-hop bridge 1/3, below a single-hop search's 1).
@@ -38,6 +41,8 @@ EVIDENCE = {"evidence": 1.0, "redundancy": 0.2}
 PROCESS_METHODS: dict[str, dict[str, Any]] = {
     "outcome": {},
     "evidence": {"algo.advantage": "dual_granularity", "reward.process": EVIDENCE},
+    "evidence_raw": {"algo.advantage": "dual_granularity", "reward.process": EVIDENCE,
+                     "algo.process_norm": "none"},
     "evidence_step": {"algo.advantage": "dual_granularity",
                       "reward.process": {"gold_found": 1.0, "redundancy": 0.2}},
     "gigpo": {"algo.advantage": "gigpo"},
