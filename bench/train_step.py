@@ -30,11 +30,14 @@ GRPO step of seekrl against TRL's `GRPOTrainer` doing the same work.
    the demo's own RL step (`rl_config_tree`: 8 questions x G=4, micro-batches of 2, the top
    16 blocks trained, lr 3e-5) from that policy, as it ran before (float32, every right
    episode measured again after the update) and as it runs now (`dtype: bf16-mixed`, at
-   most 4 measured again), alternating which goes first; `demo_step_ratio` = now / before.
+   most 4 measured again), alternating which goes first; `--demo-sides` picks the sides
+   (`micro4`: `now` with a whole group per forward/backward, its prompt run once;
+   `micro1`: one episode per forward/backward, no prompt shared, no padding);
+   `demo_step_ratio_B_vs_A` = B's median step time / A's, A the first side.
 
     .venv/bin/python bench/train_step.py [--questions 8] [--group 4] [--max-new-tokens 64]
         [--repeats 1] [--skip-trl] [--skip-agent] [--threads N] [--unshared]
-        [--device cuda --dtype bfloat16] [--demo-policy DIR]
+        [--device cuda --dtype bfloat16] [--demo-policy DIR [--demo-sides before,now]]
 
 Prints key=value lines; the last line is the summary with trl_speedup (TRL step seconds /
 seekrl step seconds, medians; `trl_speedup_gpu` on a GPU) and the agent step's headline.
@@ -202,7 +205,13 @@ def sync(args) -> None:
 
 
 DEMO_SIDES = {"before": {"dtype": "float32", "monitor": {"displacement_episodes": 8}},
-              "now": {"dtype": "bf16-mixed", "monitor": {"displacement_episodes": 4}}}
+              "now": {"dtype": "bf16-mixed", "monitor": {"displacement_episodes": 4}},
+              # one whole group (G = 4, one prompt) per forward/backward instead of half a
+              # group: its shared prompt runs once, not twice, at ~2x the activations
+              "micro4": {"dtype": "bf16-mixed", "monitor": {"displacement_episodes": 4},
+                         "algo": {"micro_batch_size": 4}},
+              "micro1": {"dtype": "bf16-mixed", "monitor": {"displacement_episodes": 4},
+                         "algo": {"micro_batch_size": 1}}}
 
 
 def demo_steps(args, work: Path) -> str:
@@ -214,9 +223,13 @@ def demo_steps(args, work: Path) -> str:
     from seekrl.recipes.pipeline import DemoConfig, rl_config_tree
 
     demo = DemoConfig()
-    runs: dict[str, list[dict]] = {side: [] for side in DEMO_SIDES}
+    sides = [x.strip() for x in args.demo_sides.split(",") if x.strip()]
+    if len(sides) < 2 or any(x not in DEMO_SIDES for x in sides):
+        raise SystemExit(f"--demo-sides: two or more of {', '.join(DEMO_SIDES)}, got "
+                         f"{args.demo_sides!r}")
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
     for r in range(args.repeats):
-        for side in (list(DEMO_SIDES) if r % 2 == 0 else list(DEMO_SIDES)[::-1]):
+        for side in (sides if r % 2 == 0 else sides[::-1]):
             out = Path(tempfile.mkdtemp(prefix=f"seekrl-demo-{side}-", dir=work))
             tree = rl_config_tree(demo, model=args.demo_policy, index_dir=work / "index",
                                   train_file=work / "world" / "train.jsonl", out=out, steps=1)
@@ -237,8 +250,10 @@ def demo_steps(args, work: Path) -> str:
               f"demo_rollout_s_{side}={median([x['time_rollout'] for x in rs]):.1f} "
               f"demo_update_s_{side}={median([x['time_update'] for x in rs]):.1f} "
               f"demo_rollout_tok_s_{side}={median([x['tokens_per_s'] for x in rs]):.1f}")
-    return (f"demo_step_ratio={step['now'] / step['before']:.2f} (demo RL step {step['now']:.1f}s "
-            f"now vs {step['before']:.1f}s before)")
+    base, *others = sides
+    return " ".join(f"demo_step_ratio_{side}_vs_{base}={step[side] / step[base]:.2f}"
+                    for side in others) + \
+        f" (demo RL step: {', '.join(f'{x} {step[x]:.1f}s' for x in sides)})"
 
 
 def warm_up(args, prompt: str) -> None:
@@ -272,6 +287,9 @@ def main() -> None:
                         "from it (its RL config, 8 x 4 episodes, top 16 layers), as it was "
                         "(float32, every right episode measured again after the update) and "
                         "as the demo runs it now (bf16-mixed, 4 measured again), alternating")
+    p.add_argument("--demo-sides", default="before,now",
+                   help=f"with --demo-policy: the sides timed, the first the reference of "
+                        f"the ratios (from: {', '.join(DEMO_SIDES)})")
     p.add_argument("--unshared", action="store_true",
                    help="a third single-turn side: seekrl with algo.share_prompts off (every "
                         "episode's prompt run in full in the update), to attribute the gain")
