@@ -84,7 +84,7 @@ def pinned(record, prefix="") -> dict:
 
 def train_runs(root: Path) -> dict[str, dict]:
     from seekrl.rl.advantages import ESTIMATORS
-    from seekrl.rl.methods import PROCESS_METHODS, method_overrides
+    from seekrl.rl.methods import NEEDS_PRM, PROCESS_METHODS, method_overrides
 
     _, paths, index_dir = build_world_and_index(root / "world", seed=4, difficulty="medium",
                                                 entities=200, n_train=16, n_dev=4, n_test=4)
@@ -96,7 +96,7 @@ def train_runs(root: Path) -> dict[str, dict]:
         if name == "tree_grpo":
             over["rollout.tree"] = {"trees": 1, "branches": 1, "rounds": 1}
         variants[f"estimator-{name}"] = over
-    for name in sorted(PROCESS_METHODS):
+    for name in sorted(set(PROCESS_METHODS) - NEEDS_PRM):   # prm: the prorag section's
         variants[f"method-{name}"] = method_overrides(name, group_size=2)
     variants["dynamic-sampling"] = {"algo.dynamic_sampling": True}
     variants["kl-in-reward"] = {"algo.advantage": "reinforce_pp", "algo.kl_in_reward": True}

@@ -119,7 +119,9 @@ def main() -> None:
     for m in methods:
         if m not in PROCESS_METHODS:
             raise SystemExit(f"--methods: unknown method {m!r}; expected {', '.join(PROCESS_METHODS)}")
-    if "prm" in methods and args.prm is None:
+    from seekrl.rl.methods import NEEDS_PRM
+
+    if any(m in NEEDS_PRM for m in methods) and args.prm is None:
         raise SystemExit("--methods prm: needs --prm DIR (a `seekrl prm train` folder)")
     if args.prm is not None:
         args.label_tokens = _label_tokens(args.prm)   # a bad folder fails before any run
@@ -180,20 +182,29 @@ def parse_sets(texts: list[str]) -> dict:
 
 def _label_tokens(prm: Path) -> int:
     """The generated tokens that made a PRM's labels: the `generated_tokens` of every label
-    folder its `seekrl prm train` config names (their `progress.json`)."""
-    import yaml
+    folder it was trained on (their `progress.json`). `prm` is a `seekrl prm train` folder
+    or its `final/` (whose prm.json names the label folders, as its config.yaml does)."""
+    from seekrl.recipes.prm import PRM_MARKER, prm_folder
 
-    config = prm / "config.yaml"
-    if not config.is_file():
-        raise SystemExit(f"--prm: {prm} is not a `seekrl prm train` folder (no config.yaml)")
-    labels = yaml.safe_load(config.read_text()).get("labels") or []
+    try:
+        marker = prm_folder(prm) / PRM_MARKER
+    except FileNotFoundError as err:
+        raise SystemExit(f"--prm: {err}") from None
+    labels = json.loads(marker.read_text()).get("labels")
+    if not labels:
+        raise SystemExit(f"--prm: {marker} names no label folders (field 'labels'), so the "
+                         "labels' generated tokens cannot be counted")
     total = 0
     for folder in labels:
         progress = Path(folder) / "progress.json"
         if not progress.is_file():
-            raise SystemExit(f"--prm: the PRM's labels {folder} have no progress.json, so their "
-                             "generated tokens cannot be counted")
-        total += int(json.loads(progress.read_text())["stats"].get("generated_tokens", 0))
+            raise SystemExit(f"--prm: the PRM's labels {folder} (from {marker}) have no "
+                             "progress.json, so their generated tokens cannot be counted (a "
+                             "relative path is read from this directory)")
+        stats = json.loads(progress.read_text()).get("stats") or {}
+        if "generated_tokens" not in stats:
+            raise SystemExit(f"--prm: {progress}: field stats.generated_tokens is missing")
+        total += int(stats["generated_tokens"])
     return total
 
 
@@ -226,7 +237,7 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
     from seekrl.config import TrainConfig, with_keys
     from seekrl.recipes.pipeline import rl_config_tree
     from seekrl.recipes.train import Trainer
-    from seekrl.rl.methods import method_overrides
+    from seekrl.rl.methods import NEEDS_PRM, method_overrides
 
     out = args.work_dir / args.runs_dir / f"{method}-s{seed}"
     done = out / "result.json"
@@ -250,7 +261,7 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
                         "batch_size": args.eval_batch}
     keys = method_overrides(method, group_size=demo.group_size, baseline_advantage=args.baseline)
     label_tokens = 0
-    if method == "prm":
+    if method in NEEDS_PRM:
         keys["reward.prm"] = str(args.prm)
         label_tokens = args.label_tokens
     cfg = TrainConfig.model_validate(with_keys(with_keys(tree, args.overrides), keys))

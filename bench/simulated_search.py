@@ -94,8 +94,10 @@ def _quality(name: str, args, demo, world_dir: Path, index_dir: Path) -> dict:
 
     key = name.replace("/", "_") + ("" if args.engine == "seekrl" else f"-{args.engine}")
     done = args.work_dir / f"quality-{key}.json"
-    if done.is_file():
-        return json.loads(done.read_text())
+    if done.is_file():   # kept, unless measured with another engine (before `engine`: generate)
+        kept = json.loads(done.read_text())
+        if kept.get("engine", "generate") == args.engine:
+            return kept
     t0 = time.time()
     hops = [(ex, hop) for ex in read_qa_jsonl(world_dir / "dev.jsonl")
             for hop in ex.metadata.get("chain") or []][:args.n_queries]

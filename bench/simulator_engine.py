@@ -8,8 +8,8 @@ on the same simulator, queries and prompts, in one process.
 The queries are the dev questions' hop queries of the demo's world (built in `--work-dir`
 unless there), under the useful prompt (with question and gold answer), greedy as
 `bench/simulated_search.py --stage quality` measures them, and sampled at the training
-temperature (0.8). The engines alternate batch by batch (`--rounds` passes over the
-queries), so a noisy machine slows both alike. Prints `key=value` figures: seconds per
+temperature (0.8). Each batch runs on both engines, which go first in turn (`--rounds`
+passes over the queries), so a noisy machine slows both alike. Prints `key=value` figures: seconds per
 query for each engine and their ratio, generated tokens, and for the greedy pass the share
 of queries with a document holding the gold answer and the share of malformed outputs
 (greedy decoding is the same computation, so these should agree up to float rounding);
@@ -62,9 +62,9 @@ def main() -> None:
         seconds = dict.fromkeys(engines, 0.0)
         texts: dict[str, list[str]] = {e: [] for e in engines}
         for _ in range(args.rounds):
-            for start in range(0, len(prompts), args.batch_size):
+            for b, start in enumerate(range(0, len(prompts), args.batch_size)):
                 batch = prompts[start:start + args.batch_size]
-                for e in engines:
+                for e in (engines if b % 2 == 0 else engines[::-1]):
                     t0 = time.perf_counter()
                     got = sims[e].generate(batch)
                     seconds[e] += time.perf_counter() - t0

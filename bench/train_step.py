@@ -224,8 +224,10 @@ def demo_steps(args, work: Path) -> str:
 
     demo = DemoConfig()
     sides = [x.strip() for x in args.demo_sides.split(",") if x.strip()]
-    if len(sides) < 2 or any(x not in DEMO_SIDES for x in sides):
-        raise SystemExit(f"--demo-sides: two or more of {', '.join(DEMO_SIDES)}, got "
+    if len(set(sides)) != len(sides) or len(sides) < 2 \
+            or any(x not in DEMO_SIDES for x in sides):
+        raise SystemExit(f"--demo-sides: two or more different sides of "
+                         f"{', '.join(DEMO_SIDES)}, got "
                          f"{args.demo_sides!r}")
     runs: dict[str, list[dict]] = {side: [] for side in sides}
     for r in range(args.repeats):

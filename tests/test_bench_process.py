@@ -289,8 +289,8 @@ def test_budget_from_reads_each_seeds_outcome_tokens_and_names_what_is_missing(t
 def test_prm_method_counts_the_tokens_of_every_label_folder_its_prm_was_trained_on(tmp_path):
     bench = load_bench()
     prm = tmp_path / "prm"
-    prm.mkdir()
-    with pytest.raises(SystemExit, match="not a `seekrl prm train` folder"):
+    (prm / "final").mkdir(parents=True)
+    with pytest.raises(SystemExit, match="not a process reward model folder"):
         bench._label_tokens(prm)
     folders = []
     for name, tokens in (("a", 1200), ("b", 34)):
@@ -298,10 +298,18 @@ def test_prm_method_counts_the_tokens_of_every_label_folder_its_prm_was_trained_
         (tmp_path / name / "progress.json").write_text(json.dumps(
             {"stats": {"generated_tokens": tokens, "questions": 3}}))
         folders.append(str(tmp_path / name))
-    (prm / "config.yaml").write_text("labels:\n" + "".join(f"- {f}\n" for f in folders))
-    assert bench._label_tokens(prm) == 1234
-    (prm / "config.yaml").write_text(f"labels:\n- {tmp_path / 'none'}\n")
+    marker = prm / "final" / "prm.json"
+    marker.write_text(json.dumps({"kind": "seekrl-prm", "labels": folders}))
+    assert bench._label_tokens(prm) == 1234 == bench._label_tokens(prm / "final")
+    marker.write_text(json.dumps({"kind": "seekrl-prm"}))
+    with pytest.raises(SystemExit, match="names no label folders"):
+        bench._label_tokens(prm)
+    marker.write_text(json.dumps({"kind": "seekrl-prm", "labels": [str(tmp_path / "none")]}))
     with pytest.raises(SystemExit, match="no progress.json"):
+        bench._label_tokens(prm)
+    (tmp_path / "a" / "progress.json").write_text(json.dumps({"done": []}))
+    marker.write_text(json.dumps({"kind": "seekrl-prm", "labels": [str(tmp_path / "a")]}))
+    with pytest.raises(SystemExit, match="stats.generated_tokens is missing"):
         bench._label_tokens(prm)
 
 

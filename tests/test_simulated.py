@@ -142,6 +142,8 @@ def test_both_engines_decode_the_same_greedy_documents(tiny):
     keeps them padded), and both leave the caller's random stream where it was."""
     import torch
 
+    from seekrl.agent.backends import HFBackend
+
     model, tok = tiny
     prompts = ["a query", "another, longer query about Tarrow", "third"]
     seekrl = SimulatedRetriever(model, tok, max_new_tokens=10, temperature=0.0)
@@ -149,14 +151,29 @@ def test_both_engines_decode_the_same_greedy_documents(tiny):
     assert seekrl.engine == "seekrl" and hf.engine == "generate"
     for batch in ([prompts[0]], prompts):
         assert seekrl.generate(batch) == hf.generate(batch)
+    assert isinstance(seekrl._backend, HFBackend) and hf._backend is None
     state = torch.random.get_rng_state()
     sampled = SimulatedRetriever(model, tok, max_new_tokens=6, temperature=1.0, seed=3)
     first = sampled.generate(prompts)
     assert torch.equal(torch.random.get_rng_state(), state)
     again = SimulatedRetriever(model, tok, max_new_tokens=6, temperature=1.0, seed=3)
     assert again.generate(prompts) == first   # seeded per call: reproducible
+    other = SimulatedRetriever(model, tok, max_new_tokens=6, temperature=1.0, seed=4)
+    assert other.generate(prompts) != first   # ... by its seed
     with pytest.raises(ValueError, match="engine"):
         SimulatedRetriever(model, tok, engine="vllm")
+
+
+def test_a_simulator_whose_generation_config_sets_a_penalty_decodes_with_generate(tiny):
+    import copy
+
+    model, tok = tiny
+    model = copy.deepcopy(model)
+    model.generation_config.repetition_penalty = 1.3
+    sim = SimulatedRetriever(model, tok, max_new_tokens=4, temperature=0.0)
+    with pytest.warns(UserWarning, match="repetition_penalty"):
+        sim.generate(["a query"])
+    assert sim.engine == "generate" and sim._backend is False
 
 
 def test_simulator_quality_against_the_real_index():
@@ -250,7 +267,8 @@ def test_a_training_step_with_a_simulator_follows_the_curriculum(tmp_path, tiny)
     noise = [r["simulator_noise"] for r in records if "simulator_noise" in r]
     assert noise == [0.0, pytest.approx(1 / 3, abs=1e-4)]   # step 1 at 0/2; 2 at (4^0.5-1)/3
     assert trainer._simulator is not trainer.retriever   # evaluation kept the real index
-    assert trainer._simulator.engine == "seekrl"
+    trainer._simulator.generate(["a query"])   # the random policy may never have searched
+    assert type(trainer._simulator._backend).__name__ == "HFBackend"
     assert any("dev_em" in r for r in records)
     with pytest.raises(ValueError, match="simulator.engine"):
         TrainConfig(data="x", simulator={"engine": "vllm"})

@@ -159,6 +159,19 @@ def test_standardised_evidence_marks_an_extra_search_down_raw_evidence_does_not(
         AdvantageConfig(process_norm="batch")
 
 
+def test_raw_step_rewards_are_refused_where_they_would_push_every_token_up():
+    from seekrl.config import ConfigError, TrainConfig
+    from seekrl.recipes.train import check_config
+
+    base = {"data": "q.jsonl", "algo": {"advantage": "dual_granularity", "process_norm": "none"}}
+    check_config(TrainConfig(**base, reward={"process": {"evidence": 1.0, "redundancy": 0.2}}))
+    with pytest.raises(ConfigError, match="algo.process_norm: none .* prm"):
+        check_config(TrainConfig(**base, reward={"process": {"prm": 1.0}, "prm": "x"}))
+    with pytest.raises(ConfigError, match="algo.process_norm: only dual_granularity"):
+        check_config(TrainConfig(data="q.jsonl", algo={"advantage": "gigpo",
+                                                       "process_norm": "none"}))
+
+
 def test_dual_granularity_sums_the_normalised_sources_with_their_weights():
     e1 = ep("g", [search(1, 1, query="a", hits=["d1"]), search(1, 1, query="a", hits=["d1"]),
                   answer(1)], outcome=1.0, gold=["d1"])

@@ -424,9 +424,10 @@ class AlgoConfig(Strict):
     std_norm: bool = False              # episode-level part of the step estimators: / std
     beta: float = Field(0.3, ge=0)      # dual_granularity: weight of the normalised step score
     # dual_granularity: group: each process source standardised over the group's steps it
-    # judges (ProRAG); none: its raw value (StepSearch's step rewards). Standardised, a
-    # search that finds nothing gets a negative term where an episode that stopped instead
-    # gets nothing, which marks extra searches down; raw, only redundancy does
+    # judges (ProRAG); none: its raw value on the step's tokens (StepSearch-like step rewards,
+    # not propagated to earlier steps). Standardised, a search that finds nothing gets a
+    # negative term where an episode that stopped instead gets nothing, which marks extra
+    # searches down; raw, only redundancy does (not for prm / mc_value: every step, in [0, 1])
     process_norm: Literal["group", "none"] = "group"
     step_weight: float = Field(1.0, ge=0)    # gigpo: weight of the step-level advantage
     step_gamma: float = Field(0.95, ge=0, le=1)   # gigpo: discount per step

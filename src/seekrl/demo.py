@@ -108,7 +108,7 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
         from seekrl.rl.methods import NEEDS_PRM, method_overrides
         method_overrides(cfg.process, group_size=cfg.group_size)   # a bad name fails now
         if cfg.process in NEEDS_PRM:
-            raise ValueError(f"process {cfg.process!r} needs a trained process reward model, "
+            raise ValueError(f"--process {cfg.process}: needs a trained process reward model, "
                              "which the demo does not train: run `seekrl prorag` (the whole "
                              "pipeline) or `seekrl train --process prm reward.prm=DIR`")
         plan.update(rl_process=rl_minutes, eval_rl_process=3.0)

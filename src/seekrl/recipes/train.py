@@ -1343,6 +1343,16 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
             "kl_in_reward: false)")
     if cfg.retriever:
         check_retriever("retriever", cfg.retriever, cfg.index)
+    if algo.process_norm != "group":
+        if algo.advantage != "dual_granularity":
+            raise ConfigError(f"algo.process_norm: only dual_granularity reads it; "
+                              f"algo.advantage is {algo.advantage!r}")
+        every = sorted(set(cfg.reward.process) & {"prm", "mc_value"})
+        if every:
+            raise ConfigError(f"algo.process_norm: none adds each source's raw value, but "
+                              f"{', '.join(every)} score every step in [0, 1]: added raw they "
+                              "push every token of every episode up, with no contrast; keep "
+                              "group for them")
     if "prm" in cfg.reward.process and not cfg.reward.prm and not scorer_given:
         raise ConfigError("reward.process.prm: no process reward model given (set "
                           "reward.prm to a `seekrl prm train` folder, e.g. RUN/final)")

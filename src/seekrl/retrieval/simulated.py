@@ -140,8 +140,10 @@ class SimulatedRetriever:
     `engine`: `seekrl` decodes with the rollout engine's own loop (`HFBackend`: rows leave
     the batch as they finish, one uniform draw a token instead of `torch.multinomial`, a
     mixed-precision model's weights cast once a call), `generate` with Hugging Face's
-    `model.generate`; the same distribution, other random draws. A model whose positions
-    `HFBackend` cannot set (ALiBi) falls back to `generate`."""
+    `model.generate`: the same greedy tokens, and sampled, the same distribution with other
+    random draws. A model whose positions `HFBackend` cannot set (ALiBi), or whose
+    generation_config asks for a repetition penalty or another logits processor, falls back
+    to `generate` (with a warning; `engine` then says `generate`)."""
 
     def __init__(self, model, tokenizer, *, noise: float = 0.0, max_new_tokens: int = 256,
                  temperature: float = 0.8, batch_size: int = 16, words: int = 30,
@@ -212,32 +214,42 @@ class SimulatedRetriever:
         tok = self.tokenizer
         texts = [simulator_input(tok, p) for p in prompts]
         self._calls += 1
-        gen = torch.Generator(device="cpu").manual_seed(self._seed * 1_000_003 + self._calls)
+        seeded = _seeded(self._seed * 1_000_003 + self._calls, next(self.model.parameters()).device)
         if self.engine == "seekrl" and self._seekrl_backend() is not None:
             from seekrl.agent.backends import Sampling
 
             contexts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
             sampling = Sampling(greedy=self.temperature <= 0,
                                 temperature=max(self.temperature, 1e-6))
-            with torch.no_grad(), _seeded(gen):
+            with torch.no_grad(), seeded:
                 out = self._backend.generate(contexts, self.max_new_tokens, sampling)
             return tok.batch_decode([list(x) for x in out], skip_special_tokens=True)
-        return self._hf_generate(texts, gen)
+        return self._hf_generate(texts, seeded)
 
     def _seekrl_backend(self):
-        """The rollout engine's decoding loop on the simulator (made once), or None for a
-        model it refuses (ALiBi positions: `model.generate` then)."""
+        """The rollout engine's decoding loop on the simulator (made once), or None where it
+        would decode differently from `model.generate`: a model it refuses (ALiBi
+        positions), or one whose generation_config asks for logits processors the loop does
+        not apply (a repetition penalty, n-gram blocking, suppressed tokens, a minimum
+        length). Then `generate` is used, with a warning, and `engine` says so."""
         if self._backend is None:
             from seekrl.agent.backends import HFBackend
             from seekrl.models import ModelError
 
-            try:
-                self._backend = HFBackend(self.model, self.tokenizer, stop_strings=())
-            except ModelError:
-                self._backend = False
+            why = _processors(getattr(self.model, "generation_config", None))
+            if why is None:
+                try:
+                    self._backend = HFBackend(self.model, self.tokenizer, stop_strings=())
+                except ModelError as err:
+                    why = str(err)
+            if why is not None:
+                import warnings
+
+                warnings.warn(f"simulator: decoding with model.generate ({why})", stacklevel=3)
+                self._backend, self.engine = False, "generate"
         return self._backend or None
 
-    def _hf_generate(self, texts: list[str], gen) -> list[str]:
+    def _hf_generate(self, texts: list[str], seeded) -> list[str]:
         import torch
 
         tok = self.tokenizer
@@ -249,7 +261,7 @@ class SimulatedRetriever:
         device = next(self.model.parameters()).device
         enc = {key: v.to(device) for key, v in enc.items()}
         sample = self.temperature > 0
-        with torch.no_grad(), _seeded(gen):
+        with torch.no_grad(), seeded:
             out = self.model.generate(
                 **enc, max_new_tokens=self.max_new_tokens, do_sample=sample,
                 temperature=self.temperature if sample else None, top_p=None, top_k=None,
@@ -259,25 +271,46 @@ class SimulatedRetriever:
         return tok.batch_decode(new, skip_special_tokens=True)
 
 
+def _processors(config) -> str | None:
+    """What in a generation_config `model.generate` would apply and seekrl's loop does not
+    (None: nothing)."""
+    if config is None:
+        return None
+    checks = (("repetition_penalty", lambda v: v not in (None, 1.0)),
+              ("no_repeat_ngram_size", lambda v: bool(v)),
+              ("encoder_no_repeat_ngram_size", lambda v: bool(v)),
+              ("bad_words_ids", lambda v: bool(v)), ("suppress_tokens", lambda v: bool(v)),
+              ("begin_suppress_tokens", lambda v: bool(v)), ("min_new_tokens", lambda v: bool(v)),
+              ("min_length", lambda v: bool(v)))
+    found = [k for k, bad in checks if bad(getattr(config, k, None))]
+    return f"its generation_config sets {', '.join(found)}" if found else None
+
+
 class _seeded:
-    """Sampling draws from torch's global generator: give it `gen`'s state for the call and
-    put the caller's back after, so the simulator neither depends on nor moves the policy's
+    """Sampling draws from torch's global generators (the CPU one, and the CUDA one of the
+    simulator's device when it is on a GPU): seed them for the call from `seed` and put the
+    caller's states back after, so the simulator neither depends on nor moves the policy's
     random stream."""
 
-    def __init__(self, gen):
-        self.gen = gen
+    def __init__(self, seed: int, device=None):
+        import torch
+
+        self.seed = seed
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
 
     def __enter__(self):
         import torch
 
-        self.saved = torch.random.get_rng_state()
-        torch.random.set_rng_state(self.gen.get_state())
+        cuda = self.device.type == "cuda"
+        self.fork = torch.random.fork_rng(devices=[self.device] if cuda else [])
+        self.fork.__enter__()
+        torch.random.default_generator.manual_seed(self.seed)
+        if cuda:
+            with torch.cuda.device(self.device):
+                torch.cuda.manual_seed(self.seed)
 
     def __exit__(self, *exc):
-        import torch
-
-        torch.random.set_rng_state(self.saved)
-        return False
+        return self.fork.__exit__(*exc)
 
 
 def simulator_quality(simulated: Sequence[Sequence[Hit]], real: Sequence[Sequence[Hit]],

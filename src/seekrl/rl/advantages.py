@@ -367,8 +367,9 @@ def dual_granularity(batch: StepBatch, cfg: AlgoConfig):
     judges only searches, would otherwise hand every answer step a negative term whenever a
     search found gold.
 
-    `process_norm: none` adds each source's raw value instead (weight x value x beta, 0 where
-    it does not apply), as StepSearch adds its step rewards: standardised over a group's
+    `process_norm: none` adds each source's raw value instead (weight x value x beta on the
+    step's own tokens, 0 where it does not apply; StepSearch also rewards steps raw, though
+    inside PPO's returns): standardised over a group's
     searches, a bridge episode's second search that found nothing sits below the mean and is
     marked down, while the episode that answered after one search gets nothing there, so the
     process part itself teaches fewer searches; raw, a search that finds nothing costs
