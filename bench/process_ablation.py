@@ -25,8 +25,8 @@ is evaluated).
 
 The runs answer the same test questions, so the comparisons are also made pair by pair:
 every run keeps its per-question EM (`per_question` in result.json, `per_question.json` of
-an evaluation), and for the named method against outcome-only, and every method against
-the start, the report prints the paired gain (`paired_A_vs_B=`: the mean over questions of
+an evaluation), and for every method against outcome-only (the named one first) and
+against the start, the report prints the paired gain (`paired_A_vs_B=`: the mean over questions of
 A's EM minus B's, averaged over the seeds both ran), its 95% interval from a bootstrap that
 resamples seeds and then questions (`ci95_A_vs_B=lo,hi`), the seeds' own gains, and the
 discordant answers summed over seeds (`wins_A_vs_B`: right under A and wrong under B;
@@ -417,7 +417,10 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
     missed = sum(r["budget_missed"] for r in rows.values())
     start = _per_question(runs / f"eval-sft-{on}")
     per_run = _per_run(runs, results, on)
-    pairs = [(named, "outcome")] if named in rows and "outcome" in rows else []
+    # the named method first (its interval goes into the summary line), then every other
+    # method against outcome-only, then each against the start
+    pairs = [(m, "outcome") for m in sorted(rows, key=lambda m: m != named)
+             if m != "outcome"] if "outcome" in rows else []
     pairs += [(m, "start") for m in order] if start else []
     if against is not None:
         if not against.is_dir():
