@@ -108,9 +108,12 @@ def _quality(name: str, args, demo, world_dir: Path, index_dir: Path) -> dict:
     real_hits = real.search(queries, demo.k)
     gold_titles = [[titles[hop["doc_id"]]] for _, hop in hops]
     answers = [[hop["answer"]] for _, hop in hops]
-    sim = SimulatedRetriever.from_pretrained(name, dtype=args.dtype, max_new_tokens=160,
-                                             temperature=0.0, batch_size=16, engine=args.engine)
-    result = {"simulator": name, "engine": args.engine, "queries": len(hops)}
+    from seekrl.agent.backends import text_decoder
+
+    sim = SimulatedRetriever.from_pretrained(
+        name, dtype=args.dtype, max_new_tokens=160, temperature=0.0, batch_size=16,
+        make_decoder=text_decoder if args.engine == "seekrl" else None)
+    result = {"simulator": name, "engine": sim.engine, "queries": len(hops)}
     for kind, noise in (("useful", 0.0), ("noisy", 1.0)):
         sim.set_noise(noise)
         sim.stats.clear()

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def main() -> None:
     from learning import _world
 
+    from seekrl.agent.backends import text_decoder
     from seekrl.data.qa import read_qa_jsonl
     from seekrl.recipes.pipeline import DemoConfig
     from seekrl.retrieval.simulated import (SimulatedRetriever, parse_documents,
@@ -56,7 +57,8 @@ def main() -> None:
           f"dtype={args.dtype} max_new_tokens={args.max_new_tokens}", flush=True)
     figures: dict[str, float] = {}
     for label, temperature in (("greedy", 0.0), ("sampled", 0.8)):
-        sims = {e: SimulatedRetriever(base.model, base.tokenizer, engine=e, seed=0,
+        decoders = {"seekrl": text_decoder(base.model, base.tokenizer), "generate": None}
+        sims = {e: SimulatedRetriever(base.model, base.tokenizer, decoder=decoders[e], seed=0,
                                       temperature=temperature, batch_size=args.batch_size,
                                       max_new_tokens=args.max_new_tokens) for e in engines}
         seconds = dict.fromkeys(engines, 0.0)

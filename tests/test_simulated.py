@@ -137,43 +137,48 @@ def test_the_tiny_model_as_simulator_generates_and_never_breaks(tiny):
 
 
 def test_both_engines_decode_the_same_greedy_documents(tiny):
-    """seekrl's decoding loop (the default) and model.generate agree token for token when
-    greedy, one prompt and a batch (rows that stop early leave seekrl's batch; generate
-    keeps them padded), and both leave the caller's random stream where it was."""
+    """seekrl's decoding loop (`text_decoder`, what the trainer and `seekrl serve` hand in)
+    and model.generate (no decoder) agree token for token when greedy, one prompt and a
+    batch (rows that stop early leave seekrl's batch; generate keeps them padded), and both
+    leave the caller's random stream where it was."""
     import torch
 
-    from seekrl.agent.backends import HFBackend
+    from seekrl.agent.backends import TextDecoder, text_decoder
 
     model, tok = tiny
     prompts = ["a query", "another, longer query about Tarrow", "third"]
-    seekrl = SimulatedRetriever(model, tok, max_new_tokens=10, temperature=0.0)
-    hf = SimulatedRetriever(model, tok, max_new_tokens=10, temperature=0.0, engine="generate")
+    decoder = text_decoder(model, tok)
+    assert isinstance(decoder, TextDecoder)
+    seekrl = SimulatedRetriever(model, tok, max_new_tokens=10, temperature=0.0, decoder=decoder)
+    hf = SimulatedRetriever(model, tok, max_new_tokens=10, temperature=0.0)
     assert seekrl.engine == "seekrl" and hf.engine == "generate"
     for batch in ([prompts[0]], prompts):
         assert seekrl.generate(batch) == hf.generate(batch)
-    assert isinstance(seekrl._backend, HFBackend) and hf._backend is None
     state = torch.random.get_rng_state()
-    sampled = SimulatedRetriever(model, tok, max_new_tokens=6, temperature=1.0, seed=3)
-    first = sampled.generate(prompts)
+
+    def sampled(seed):
+        return SimulatedRetriever(model, tok, max_new_tokens=6, temperature=1.0, seed=seed,
+                                  decoder=decoder)
+
+    first = sampled(3).generate(prompts)
     assert torch.equal(torch.random.get_rng_state(), state)
-    again = SimulatedRetriever(model, tok, max_new_tokens=6, temperature=1.0, seed=3)
-    assert again.generate(prompts) == first   # seeded per call: reproducible
-    other = SimulatedRetriever(model, tok, max_new_tokens=6, temperature=1.0, seed=4)
-    assert other.generate(prompts) != first   # ... by its seed
-    with pytest.raises(ValueError, match="engine"):
-        SimulatedRetriever(model, tok, engine="vllm")
+    assert sampled(3).generate(prompts) == first   # seeded per call: reproducible
+    assert sampled(4).generate(prompts) != first   # ... by its seed
 
 
 def test_a_simulator_whose_generation_config_sets_a_penalty_decodes_with_generate(tiny):
     import copy
 
+    from seekrl.agent.backends import text_decoder
+
     model, tok = tiny
     model = copy.deepcopy(model)
     model.generation_config.repetition_penalty = 1.3
-    sim = SimulatedRetriever(model, tok, max_new_tokens=4, temperature=0.0)
     with pytest.warns(UserWarning, match="repetition_penalty"):
-        sim.generate(["a query"])
-    assert sim.engine == "generate" and sim._backend is False
+        assert text_decoder(model, tok) is None
+    sim = SimulatedRetriever(model, tok, max_new_tokens=4, temperature=0.0,
+                             decoder=text_decoder(model, tok))
+    assert sim.engine == "generate" and len(sim.generate(["a query"])) == 1
 
 
 def test_simulator_quality_against_the_real_index():
@@ -267,8 +272,7 @@ def test_a_training_step_with_a_simulator_follows_the_curriculum(tmp_path, tiny)
     noise = [r["simulator_noise"] for r in records if "simulator_noise" in r]
     assert noise == [0.0, pytest.approx(1 / 3, abs=1e-4)]   # step 1 at 0/2; 2 at (4^0.5-1)/3
     assert trainer._simulator is not trainer.retriever   # evaluation kept the real index
-    trainer._simulator.generate(["a query"])   # the random policy may never have searched
-    assert type(trainer._simulator._backend).__name__ == "HFBackend"
+    assert type(trainer._simulator.decoder).__name__ == "TextDecoder"
     assert any("dev_em" in r for r in records)
     with pytest.raises(ValueError, match="simulator.engine"):
         TrainConfig(data="x", simulator={"engine": "vllm"})

@@ -240,8 +240,12 @@ def serve(
         if (index is None) == (simulate is None):
             raise ValueError("serve: give --index (an index folder) or --simulate MODEL, one "
                              "of the two")
+        make_decoder = None
+        if simulate is not None:   # the simulator decodes with the rollout engine's loop
+            from seekrl.agent.backends import text_decoder as make_decoder
         run_server(index, host=host, port=port, log_level=log_level, device=device,
                    faiss_gpu=faiss_gpu, simulate=simulate, noise=noise, ranker=ranker,
+                   make_decoder=make_decoder,
                    candidates=candidates, index_process=not no_index_process, batching=not no_batching,
                    max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
                    cache_size=cache_size, default_topk=default_topk, max_topk=max_topk,

@@ -530,3 +530,58 @@ class HFBackend(Backend):
             self._kept = _compact(parked)
         return results
 
+
+
+# ---- the decoding loop as text in, text out (a simulated retriever's engine)
+class TextDecoder:
+    """`HFBackend` as a function from texts to replies: `decoder(texts, max_new_tokens,
+    temperature)` tokenises each text as it is (its chat template already applied), decodes
+    until EOS or `max_new_tokens` (no stop strings; temperature 0: greedy) and returns the
+    replies without special tokens. The simulated retriever takes one (`retrieval/` cannot
+    import this layer; the trainer and `seekrl serve` hand it in)."""
+
+    name = "seekrl"
+
+    def __init__(self, model, tokenizer):
+        self.backend = HFBackend(model, tokenizer, stop_strings=())
+        self.tokenizer = tokenizer
+
+    def __call__(self, texts: list[str], max_new_tokens: int, temperature: float
+                 ) -> list[str]:
+        tok = self.tokenizer
+        contexts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+        sampling = Sampling(greedy=temperature <= 0, temperature=max(temperature, 1e-6))
+        out = self.backend.generate(contexts, max_new_tokens, sampling)
+        return tok.batch_decode([list(x) for x in out], skip_special_tokens=True)
+
+
+def generation_processors(config) -> str | None:
+    """What in a model's generation_config `model.generate` applies and seekrl's loop does
+    not (a repetition penalty, n-gram blocking, suppressed or banned tokens, a minimum
+    length), as a sentence; None when nothing."""
+    if config is None:
+        return None
+    checks = (("repetition_penalty", lambda v: v not in (None, 1.0)),
+              ("no_repeat_ngram_size", bool), ("encoder_no_repeat_ngram_size", bool),
+              ("bad_words_ids", bool), ("suppress_tokens", bool),
+              ("begin_suppress_tokens", bool), ("min_new_tokens", bool), ("min_length", bool))
+    found = [k for k, bad in checks if bad(getattr(config, k, None))]
+    return f"its generation_config sets {', '.join(found)}" if found else None
+
+
+def text_decoder(model, tokenizer) -> TextDecoder | None:
+    """seekrl's loop as a simulator's decoder, or None (with a warning) where it would not
+    decode as `model.generate` does: a model whose positions it cannot set (ALiBi), or a
+    generation_config with logits processors it does not apply."""
+    import warnings
+
+    from seekrl.models import ModelError
+
+    why = generation_processors(getattr(model, "generation_config", None))
+    if why is None:
+        try:
+            return TextDecoder(model, tokenizer)
+        except ModelError as err:
+            why = str(err)
+    warnings.warn(f"simulator: decoding with model.generate ({why})", stacklevel=2)
+    return None

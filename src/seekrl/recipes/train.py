@@ -350,13 +350,14 @@ class Trainer:
         if sim is None:
             return self.retriever
         if self._simulator is None:
+            from seekrl.agent.backends import text_decoder
             from seekrl.retrieval.simulated import SimulatedRetriever
 
             self._simulator = SimulatedRetriever.from_pretrained(
                 sim.model, device=self.device, dtype=self.cfg.dtype,
                 max_new_tokens=sim.max_new_tokens, temperature=sim.temperature,
                 batch_size=sim.batch_size, words=sim.words, seed=self.cfg.seed,
-                engine=sim.engine)
+                make_decoder=text_decoder if sim.engine == "seekrl" else None)
         from seekrl.retrieval.simulated import noise_probability
 
         self._simulator.set_noise(noise_probability(self.step_done, self.cfg.steps,

@@ -363,13 +363,16 @@ def server_url(sock: socket.socket) -> str:
 def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int = 8000,
                log_level: str = "info", device: str = "cpu", index_process: bool = True,
                faiss_gpu: bool = False, simulate: str | None = None, noise: float = 0.0,
-               ranker: str | None = None, candidates: int = 10, **config: Any) -> None:
+               ranker: str | None = None, candidates: int = 10, make_decoder=None,
+               **config: Any) -> None:
     """Load the index in `index_dir` and serve it until interrupted.
 
     With `simulate` (a causal LM: a Hugging Face id or path, or `smollm2-135m`) and no index,
     the model writes each query's documents (retrieval/simulated.py; `noise`: the share of
     queries answered with noisy documents), in the server's process; requests carry queries
     alone, so its useful documents come from the query, not from a gold answer.
+    `make_decoder(model, tokenizer)` gives it a decoder (`seekrl serve` hands in the
+    rollout engine's loop, `agent.backends.text_decoder`; None: `model.generate`).
 
     `config` holds `ServerConfig` fields (e.g. `batching=False`, `cache_size=0`). The default
     host is loopback: pass `host="0.0.0.0"` deliberately to serve other machines. `device`
@@ -406,7 +409,8 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
     if simulate is not None:
         from seekrl.retrieval.simulated import SimulatedRetriever
 
-        retriever = SimulatedRetriever.from_pretrained(simulate, device=device, noise=noise)
+        retriever = SimulatedRetriever.from_pretrained(simulate, device=device, noise=noise,
+                                                       make_decoder=make_decoder)
         manifest = {"type": "simulated", "model": simulate, "noise": noise}
         doc_count, index_dir = 0, f"simulated search ({simulate})"
     elif index_process:
