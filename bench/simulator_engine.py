@@ -32,8 +32,7 @@ def main() -> None:
     from seekrl.agent.backends import text_decoder
     from seekrl.data.qa import read_qa_jsonl
     from seekrl.recipes.pipeline import DemoConfig
-    from seekrl.retrieval.simulated import (SimulatedRetriever, parse_documents,
-                                            simulator_prompt)
+    from seekrl.retrieval.simulated import SimulatedRetriever, parse_documents, simulator_prompt
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/seekrl-sim"))

@@ -531,7 +531,6 @@ class HFBackend(Backend):
         return results
 
 
-
 # ---- the decoding loop as text in, text out (a simulated retriever's engine)
 class TextDecoder:
     """`HFBackend` as a function from texts to replies: `decoder(texts, max_new_tokens,

@@ -369,11 +369,11 @@ def dual_granularity(batch: StepBatch, cfg: AlgoConfig):
 
     `process_norm: none` adds each source's raw value instead (weight x value x beta on the
     step's own tokens, 0 where it does not apply; StepSearch also rewards steps raw, though
-    inside PPO's returns): standardised over a group's
-    searches, a bridge episode's second search that found nothing sits below the mean and is
-    marked down, while the episode that answered after one search gets nothing there, so the
-    process part itself teaches fewer searches; raw, a search that finds nothing costs
-    nothing (and a repeated one what `redundancy` says)."""
+    inside PPO's returns). Why: standardised over a group's searches, a bridge episode's
+    second search that found nothing sits below the mean and is marked down, while the
+    episode that answered after one search gets nothing there, so the process part itself
+    teaches fewer searches; raw, a search that finds nothing costs nothing (and a repeated
+    one what `redundancy` says)."""
     out = broadcast(batch, group_scalars(batch, batch.outcome,
                                          lambda r: _centre(r, cfg.epsilon, cfg.std_norm)))
     sources = list(batch.sources.values()) or [StepSource(1.0, batch.step_rewards,
