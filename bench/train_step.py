@@ -204,14 +204,13 @@ def sync(args) -> None:
         torch.cuda.synchronize()
 
 
+_NOW = {"dtype": "bf16-mixed", "monitor": {"displacement_episodes": 4}}
 DEMO_SIDES = {"before": {"dtype": "float32", "monitor": {"displacement_episodes": 8}},
-              "now": {"dtype": "bf16-mixed", "monitor": {"displacement_episodes": 4}},
+              "now": _NOW,
               # one whole group (G = 4, one prompt) per forward/backward instead of half a
               # group: its shared prompt runs once, not twice, at ~2x the activations
-              "micro4": {"dtype": "bf16-mixed", "monitor": {"displacement_episodes": 4},
-                         "algo": {"micro_batch_size": 4}},
-              "micro1": {"dtype": "bf16-mixed", "monitor": {"displacement_episodes": 4},
-                         "algo": {"micro_batch_size": 1}}}
+              "micro4": {**_NOW, "algo": {"micro_batch_size": 4}},
+              "micro1": {**_NOW, "algo": {"micro_batch_size": 1}}}
 
 
 def demo_steps(args, work: Path) -> str:

@@ -494,6 +494,8 @@ class HFBackend(Backend):
                 if tok in self.stop_ids:  # kept: the turn's last token, and trained
                     alive[b] = False
                     continue
+                if not stops:   # EOS alone ends a row (a simulator's decoder)
+                    continue
                 tails[i] = (tails[i] + self._piece(tok))[-tail:]
                 if any(s in tails[i] for s in stops):
                     alive[b] = False
