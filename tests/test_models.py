@@ -94,6 +94,37 @@ def test_an_unreachable_hub_gives_the_cache_or_a_one_line_error(monkeypatch, tmp
         resolve_model("someorg/othermodel")
 
 
+TRIM_SCRIPT = """
+from seekrl.runtime import trim_heap
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) // 1024
+big = bytearray(16 << 20); del big    # freeing a mapped block raises glibc's mmap threshold
+keep = [bytearray(1 << 20) for _ in range(300)]   # ... so these 300 MiB come from the heap
+last = keep[-1]; del keep             # its top stays in use: only a trim frees the rest
+before = rss(); done = trim_heap(); after = rss()
+print(done, before - after)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc_trim")
+def test_trim_heap_returns_freed_heap_pages_unless_malloc_is_left_alone():
+    """300 MiB freed in the middle of the heap stay resident until `trim_heap` hands them
+    back; SEEKRL_MALLOC=default leaves malloc alone (nothing handed back)."""
+    def run(setting: str | None) -> list[str]:
+        env = {k: v for k, v in os.environ.items() if k != "SEEKRL_MALLOC"}
+        if setting is not None:
+            env["SEEKRL_MALLOC"] = setting
+        done = subprocess.run([sys.executable, "-c", TRIM_SCRIPT], env=env,
+                              capture_output=True, text=True, check=True)
+        return done.stdout.split()
+
+    trimmed, freed = run(None)
+    assert trimmed == "True" and int(freed) >= 250
+    assert run("default") == ["False", "0"]
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_the_mmap_threshold_is_fixed_only_when_asked(tmp_path):
     """In a fresh process: malloc left as it is unless SEEKRL_MALLOC gives a threshold in

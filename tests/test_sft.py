@@ -4,6 +4,7 @@ policy tokens only, a loss that goes down, and a saved model that loads back."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -147,6 +148,11 @@ def test_run_sft_saves_a_model_that_loads_and_evaluates(world, tiny, tmp_path, l
     # the rate each step applied: warm-up over 1 step, then cosine from 1e-3 (not the next one's)
     assert [r["lr"] for r in log if "loss" in r] == pytest.approx([1e-3, 1e-3])
     assert any("dev_em" in r for r in log)
+    # memory you can see: the process's peak after each step, and the step's longest episode
+    steps = [r for r in log if "loss" in r]
+    assert all(r["longest"] > 0 for r in steps)
+    if sys.platform.startswith("linux"):
+        assert 0 < steps[0]["peak_rss_mb"] <= steps[1]["peak_rss_mb"]
     assert (tmp_path / "sft" / "eval" / "final" / "viewer.html").is_file()
     loaded, _ = load_policy(summary["final"])
     assert not any("lora" in n for n, _ in loaded.named_parameters())

@@ -63,6 +63,7 @@ from seekrl.recipes.setup import (
 )
 from seekrl.retrieval.base import Hit
 from seekrl.rl.forward import collate, masked_logprobs
+from seekrl.runtime import peak_rss_mb, trim_heap
 
 
 @dataclass
@@ -371,11 +372,16 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
                                             cfg.optim.max_grad_norm), 4)
             lr = optimizer.param_groups[0]["lr"]   # the rate this step applied
             scheduler.step()
+            trim_heap()
             seconds = time.time() - t0
             tokens = sum(len(e.token_ids) for mb in micro_batches for e in mb)
             last = {"step": step, "loss": round(total_nll / n_tokens, 5), "grad_norm": grad_norm,
                     "lr": lr, "policy_tokens": n_tokens,
+                    "longest": max(len(e.token_ids) for mb in micro_batches for e in mb),
                     "tokens_per_s": round(tokens / seconds, 1), "seconds": round(seconds, 2)}
+            rss = peak_rss_mb()   # the process's peak so far: which step raised it, and by what
+            if rss is not None:
+                last["peak_rss_mb"] = rss
             if cfg.eval.data and cfg.eval.every and step % cfg.eval.every == 0 \
                     and step != total_steps:
                 dev = _dev_eval(model, tokenizer, retriever, cfg, out / "eval" / f"step-{step}")
