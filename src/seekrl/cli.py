@@ -265,14 +265,19 @@ def oracle(
     max_queries: Annotated[int, typer.Option(
         help="sub-queries per search turn: above 1, independent lookups are searched together "
              "(q1 ## q2), for training with rollout.max_queries")] = 1,
+    plan: Annotated[str, typer.Option(
+        help="the first turn's plan: count (\"To answer this I need N lookups.\") or none "
+             "(only the first lookup; whether to search again is decided after reading)")
+    ] = "count",
     overwrite: Annotated[bool, typer.Option(help="replace an existing out file")] = False,
 ):
     """Write oracle trajectories (the ideal search episodes) for the SFT warm-up."""
-    from seekrl.agent.oracle import write_oracle_trajectories
+    from seekrl.agent.oracle import check_plan, write_oracle_trajectories
     from seekrl.data.qa import read_qa_jsonl
     from seekrl.retrieval.index import check_index_corpus, load_index
 
     try:
+        check_plan(plan)   # before anything is read
         _refuse_to_replace(out, "oracle episodes", overwrite=overwrite)
         examples = read_qa_jsonl(world_dir / f"{split}.jsonl")[:limit]
         retriever = load_index(index)
@@ -280,7 +285,8 @@ def oracle(
             check_index_corpus(index, world_dir / "corpus.jsonl")
         if not 1 <= max_queries <= 8:
             raise ValueError(f"--max-queries: expected 1 to 8, got {max_queries}")
-        stats = write_oracle_trajectories(examples, retriever, out, k=k, max_queries=max_queries)
+        stats = write_oracle_trajectories(examples, retriever, out, k=k, max_queries=max_queries,
+                                          plan=plan)
     except ERRORS as err:
         _fail(err)
     console.print(f"{stats.summary()} -> {out}")

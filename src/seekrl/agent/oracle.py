@@ -7,7 +7,14 @@ document it writes the failed search and a reformulation (the document's title),
 teaches recovery as well as the happy path. With `max_queries` > 1 (parallel sub-queries),
 lookups that do not depend on each other (the entities of a comparison, the first hop of
 each branch of a "same" question) go into one search turn of several `##`-separated
-sub-queries, in waves: a lookup waits only for the lookups whose answers it names. An
+sub-queries, in waves: a lookup waits only for the lookups whose answers it names.
+
+The first turn opens with a plan. `plan="count"` (the default) states how many lookups
+the question takes ("To answer this I need 2 lookups. First I will look for ..."), so the
+policy commits to a number before it reads anything; `plan="none"` names only the first
+lookup, and whether to search again is decided after each document is read ("Next I
+need ..." or "So the answer is ..."). The 50-step warm-up's number hardly depends on the
+question (bench/RESULTS.md, "the plan's number"), which is what `none` is for. An
 episode is a list of turns:
 `{"role": "assistant", "content": "<think>...</think>\\n<search>...</search>"}` and
 `{"role": "information", "content": "<information>...</information>"}`, ending with the
@@ -75,10 +82,26 @@ def _waves(steps: list[list[dict]]) -> list[list[int]]:
     return [[i for i, d in enumerate(depth) if d == w] for w in range(max(depth, default=-1) + 1)]
 
 
+PLANS = ("count", "none")
+
+
+def check_plan(plan: str) -> None:
+    if plan not in PLANS:
+        raise ValueError(f"plan: expected one of {', '.join(PLANS)}, got {plan!r}")
+
+
+def _lead(steps: list[list[dict]], plan: str) -> str:
+    """The first turn's opening: the number of lookups (`count`), or nothing (`none`)."""
+    n = len(steps)
+    return f"To answer this I need {n} lookup{'s' * (n > 1)}. " if plan == "count" else ""
+
+
 def oracle_episode(example: QAExample, retriever: Retriever, *, k: int = 3,
-                   stats: OracleStats | None = None, max_queries: int = 1) -> dict:
+                   stats: OracleStats | None = None, max_queries: int = 1,
+                   plan: str = "count") -> dict:
     """The ideal episode for one question whose metadata carries a hop `chain`; with
-    `max_queries` > 1, independent lookups share a search turn."""
+    `max_queries` > 1, independent lookups share a search turn; `plan` as in the module."""
+    check_plan(plan)
     chain = example.metadata.get("chain")
     if not chain:
         raise ValueError(f"question {example.id}: metadata has no 'chain'; oracle trajectories "
@@ -87,11 +110,10 @@ def oracle_episode(example: QAExample, retriever: Retriever, *, k: int = 3,
     stats.questions += 1
     steps = _search_steps(chain)
     if max_queries > 1:
-        return _parallel_episode(example, retriever, steps, k, stats, max_queries)
+        return _parallel_episode(example, retriever, steps, k, stats, max_queries, plan)
     turns: list[dict] = []
     complete = True
-    lead = (f"To answer this I need {len(steps)} lookup{'s' * (len(steps) > 1)}. "
-            f"First I will look for {_want(steps[0])}.")
+    lead = _lead(steps, plan) + f"First I will look for {_want(steps[0])}."
     for i, hops in enumerate(steps):
         gold = hops[0]["doc_id"]
         query = hops[0]["query"]
@@ -121,14 +143,13 @@ def oracle_episode(example: QAExample, retriever: Retriever, *, k: int = 3,
 
 
 def _parallel_episode(example: QAExample, retriever: Retriever, steps: list[list[dict]],
-                      k: int, stats: OracleStats, max_queries: int) -> dict:
+                      k: int, stats: OracleStats, max_queries: int, plan: str) -> dict:
     """`oracle_episode` with independent lookups searched together (see the module)."""
     chunks = [wave[i:i + max_queries] for wave in _waves(steps)
               for i in range(0, len(wave), max_queries)]
     turns: list[dict] = []
     complete = True
-    lead = (f"To answer this I need {len(steps)} lookup{'s' * (len(steps) > 1)}. "
-            + _plan(steps, chunks[0], first=True))
+    lead = _lead(steps, plan) + _plan(steps, chunks[0], first=True)
     facts: list[str] = []
     for c, chunk in enumerate(chunks):
         queries = [steps[i][0]["query"] for i in chunk]
@@ -208,9 +229,11 @@ def _info_turn_many(queries: list[str], hits: list[list[Hit]]) -> dict:
 
 
 def write_oracle_trajectories(examples: Iterable[QAExample], retriever: Retriever,
-                              out: str | Path, *, k: int = 3, max_queries: int = 1) -> OracleStats:
+                              out: str | Path, *, k: int = 3, max_queries: int = 1,
+                              plan: str = "count") -> OracleStats:
     """Write the oracle episodes of `examples` to `out`: into a temporary file renamed over
     `out` at the end, so a run that fails half-way never costs an older file."""
+    check_plan(plan)
     stats = OracleStats()
     out = Path(out)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
@@ -218,7 +241,7 @@ def write_oracle_trajectories(examples: Iterable[QAExample], retriever: Retrieve
         with open(tmp, "w", encoding="utf-8") as f:
             for ex in examples:
                 f.write(json.dumps(oracle_episode(ex, retriever, k=k, stats=stats,
-                                                  max_queries=max_queries),
+                                                  max_queries=max_queries, plan=plan),
                                    ensure_ascii=False) + "\n")
         os.replace(tmp, out)
     finally:
