@@ -80,6 +80,14 @@ def test_world_index_search_oracle(tmp_path):
             "--limit", 5)
     assert r.exit_code == 0, r.output
     assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 5
+    r = run("oracle", "--world", w, "--index", tmp_path / "idx", "--out", tmp_path / "n.jsonl",
+            "--limit", 5, "--plan", "none")
+    assert r.exit_code == 0, r.output
+    assert "lookup" not in (tmp_path / "n.jsonl").read_text()
+    r = run("oracle", "--world", w, "--index", tmp_path / "idx", "--out", tmp_path / "x.jsonl",
+            "--plan", "steps")
+    assert r.exit_code == 2 and "plan: expected one of count, none, got 'steps'" in r.output
+    assert not (tmp_path / "x.jsonl").exists()
 
     # a second index into the same folder is refused, not silently replaced
     r = run("index", "--corpus", w / "corpus.jsonl", "--out", tmp_path / "idx")

@@ -90,3 +90,30 @@ def test_write_oracle_trajectories(tmp_path, setup):
     assert len(lines) == stats.questions == 20
     assert json.loads(lines[0])["id"] == world.splits["dev"][0].id
     assert "20 oracle trajectories" in stats.summary()
+
+
+@pytest.mark.parametrize("max_queries", [1, 3])
+def test_the_plan_without_a_count_changes_only_the_first_thought(setup, max_queries):
+    """`plan="none"` drops "To answer this I need N lookups." from the first turn and
+    nothing else: the same searches, documents, later thoughts and answer."""
+    world, index = setup
+    for ex in world.splits["train"][:40]:
+        counted = oracle_episode(ex, index, k=3, max_queries=max_queries)
+        bare = oracle_episode(ex, index, k=3, max_queries=max_queries, plan="none")
+        first = counted["turns"][0]["content"]
+        n = re.match(r"<think> To answer this I need (\d) lookups?\. ", first)
+        assert n and 1 <= int(n.group(1)) <= len(ex.metadata["chain"]), first
+        assert bare["turns"][0]["content"] == "<think> " + first[n.end():]
+        assert "lookup" not in bare["turns"][0]["content"]
+        assert bare["turns"][1:] == counted["turns"][1:]
+        assert {k: v for k, v in bare.items() if k != "turns"} == \
+            {k: v for k, v in counted.items() if k != "turns"}
+
+
+def test_an_unknown_plan_is_refused_by_name(setup, tmp_path):
+    world, index = setup
+    with pytest.raises(ValueError, match=r"plan: expected one of count, none, got 'steps'"):
+        oracle_episode(world.splits["train"][0], index, plan="steps")
+    with pytest.raises(ValueError, match="plan: expected"):
+        write_oracle_trajectories(world.splits["dev"], index, tmp_path / "o.jsonl", plan="")
+    assert not (tmp_path / "o.jsonl").exists()
