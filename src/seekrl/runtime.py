@@ -1,6 +1,6 @@
 """What this machine and its libraries offer, below every room: the devices torch can use,
-the C allocator's settings, and quieting third-party progress bars. The retrieval and model code both need these, so
-they live under both (retrieval/ may not import models.py)."""
+the C allocator's settings, and quieting third-party progress bars. The retrieval and model
+code both need these, so they live under both (retrieval/ may not import models.py)."""
 
 from __future__ import annotations
 
