@@ -1,0 +1,77 @@
+"""The plan's number: the probability a policy puts on "I need 1 / 2 / 3 lookups" at the
+first thought's digit, averaged by question kind, on an evaluation's own prompts.
+
+    .venv/bin/python bench/plan_count.py --model RUN/final --episodes EVAL/episodes.jsonl \
+        --questions test_questions.jsonl
+
+One forward a question (float32, CPU). A policy that reads the hop count off the question
+puts most of its mass on the right number for each kind; one that does not shows about the
+training mix's marginal everywhere (bench/RESULTS.md, "the plan's number")."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+from pathlib import Path
+
+LEAD = "<think> To answer this I need "
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="a policy folder or the bundled default")
+    ap.add_argument("--episodes", type=Path, required=True,
+                    help="an evaluation's episodes.jsonl (its prompts are used as they are)")
+    ap.add_argument("--questions", type=Path, required=True,
+                    help="the QA JSONL of those questions (metadata type and hops)")
+    args = ap.parse_args()
+
+    import torch
+
+    from seekrl.models import load_policy
+
+    model, tok = load_policy(args.model, dtype="float32", device="cpu")
+    model.eval()
+    meta = {}
+    for n, line in enumerate(args.questions.read_text().splitlines(), 1):
+        if line.strip():
+            q = json.loads(line)
+            m = q.get("metadata") or {}
+            if "type" not in m or "hops" not in m:
+                raise SystemExit(f"{args.questions}:{n}: expected metadata.type and "
+                                 "metadata.hops (synthetic-world questions)")
+            meta[q["id"]] = f"{m['type']}-{m['hops']}"
+    digits = [tok.encode(d, add_special_tokens=False) for d in "123"]
+    if any(len(d) != 1 for d in digits):
+        raise SystemExit(f"the tokenizer splits a digit: {digits}")
+    digits = [d[0] for d in digits]
+    mass: dict[str, torch.Tensor] = collections.defaultdict(lambda: torch.zeros(3))
+    count: collections.Counter = collections.Counter()
+    with torch.no_grad():
+        for n, line in enumerate(args.episodes.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            ep = json.loads(line)
+            kind = meta.get(ep.get("example_id"))
+            if kind is None:
+                raise SystemExit(f"{args.episodes}:{n}: example {ep.get('example_id')!r} "
+                                 f"is not in {args.questions}")
+            prompt = ep["segments"][0]["text"] + LEAD
+            ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+            p = torch.softmax(model(ids).logits[0, -1].float(), -1)[digits]
+            mass[kind] += p / p.sum()
+            count[kind] += 1
+    for kind in sorted(mass):
+        p = mass[kind] / count[kind]
+        for i in range(3):
+            print(f"p{i + 1}_{kind}={p[i]:.3f}")
+        print(f"n_{kind}={count[kind]}")
+    spread = max(float((mass[k] / count[k])[0]) for k in mass) - \
+        min(float((mass[k] / count[k])[0]) for k in mass)
+    print(f"plan_count: {sum(count.values())} questions, {len(mass)} kinds; "
+          f"P(1 lookup) spread across kinds {spread:.3f}")
+
+
+if __name__ == "__main__":
+    main()
