@@ -27,13 +27,7 @@ def main() -> None:
                     help="the QA JSONL of those questions (metadata type and hops)")
     args = ap.parse_args()
 
-    import torch
-
-    from seekrl.models import load_policy
-
-    model, tok = load_policy(args.model, dtype="float32", device="cpu")
-    model.eval()
-    meta = {}
+    meta = {}   # read before the model loads: a bad file fails in a second
     for n, line in enumerate(args.questions.read_text().splitlines(), 1):
         if line.strip():
             q = json.loads(line)
@@ -42,6 +36,12 @@ def main() -> None:
                 raise SystemExit(f"{args.questions}:{n}: expected metadata.type and "
                                  "metadata.hops (synthetic-world questions)")
             meta[q["id"]] = f"{m['type']}-{m['hops']}"
+    import torch
+
+    from seekrl.models import load_policy
+
+    model, tok = load_policy(args.model, dtype="float32", device="cpu")
+    model.eval()
     digits = [tok.encode(d, add_special_tokens=False) for d in "123"]
     if any(len(d) != 1 for d in digits):
         raise SystemExit(f"the tokenizer splits a digit: {digits}")
