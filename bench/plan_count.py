@@ -62,13 +62,13 @@ def main() -> None:
             p = torch.softmax(model(ids).logits[0, -1].float(), -1)[digits]
             mass[kind] += p / p.sum()
             count[kind] += 1
-    for kind in sorted(mass):
-        p = mass[kind] / count[kind]
+    means = {kind: mass[kind] / count[kind] for kind in sorted(mass)}
+    for kind, p in means.items():
         for i in range(3):
             print(f"p{i + 1}_{kind}={p[i]:.3f}")
         print(f"n_{kind}={count[kind]}")
-    spread = max(float((mass[k] / count[k])[0]) for k in mass) - \
-        min(float((mass[k] / count[k])[0]) for k in mass)
+    ones = [float(p[0]) for p in means.values()]
+    spread = max(ones) - min(ones)
     print(f"plan_count: {sum(count.values())} questions, {len(mass)} kinds; "
           f"P(1 lookup) spread across kinds {spread:.3f}")
 

@@ -81,7 +81,6 @@ def fix_mmap_threshold() -> bool:
     the peak and cost 1.48x the time, 8388608 saved nothing (bench/RESULTS.md, "Evaluation
     memory"); a memory-tight machine may still want the first. Once per process; a no-op off
     glibc. True when a threshold was fixed."""
-    import ctypes
     import os
     import sys
 
@@ -92,7 +91,7 @@ def fix_mmap_threshold() -> bool:
     done = False
     if sys.platform.startswith("linux") and setting.isdigit():
         try:
-            done = bool(ctypes.CDLL("libc.so.6").mallopt(-3, int(setting)))  # M_MMAP_THRESHOLD
+            done = bool(_libc().mallopt(-3, int(setting)))  # M_MMAP_THRESHOLD
         except (OSError, AttributeError):   # musl, or no mallopt
             done = False
     return done
