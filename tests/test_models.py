@@ -145,3 +145,60 @@ def test_the_mmap_threshold_is_fixed_only_when_asked(tmp_path):
     bad = run("4MB")
     assert bad.returncode != 0 and "SEEKRL_MALLOC: expected 'default' or a threshold in " \
         "bytes, got '4MB'" in bad.stderr
+
+
+# ---------------------------------------------------------------- the end of a turn
+def _tokenizer_with_eos(token: str):
+    from seekrl.models import load_tokenizer
+
+    tok = load_tokenizer()
+    tok.eos_token = token        # as a base model's tokenizer: EOS is not the turn's end
+    tok.pad_token = token        # (and pads with EOS)
+    return tok
+
+
+def test_the_turns_end_is_read_off_the_chat_template():
+    from seekrl.models import end_of_turn_ids, load_tokenizer
+
+    tok = load_tokenizer()
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert end_of_turn_ids(tok) == {tok.eos_token_id} == {im_end}
+    base = _tokenizer_with_eos("<|endoftext|>")
+    assert base.eos_token_id != im_end
+    assert end_of_turn_ids(base) == {base.eos_token_id, im_end}
+
+
+def test_a_tokenizer_without_a_chat_template_ends_turns_on_eos_alone():
+    from seekrl.models import end_of_turn_ids
+
+    tok = _tokenizer_with_eos("<|endoftext|>")
+    tok.chat_template = None
+    assert end_of_turn_ids(tok) == {tok.eos_token_id}
+
+
+class _Always(torch.nn.Module):
+    """An LM head whose logits always pick one token."""
+
+    def __init__(self, vocab: int, token: int):
+        super().__init__()
+        self.vocab, self.token = vocab, token
+
+    def forward(self, h):
+        out = torch.zeros(*h.shape[:-1], self.vocab, dtype=h.dtype)
+        out[..., self.token] = 10.0
+        return out
+
+
+def test_a_turn_stops_at_the_templates_end_of_turn_when_eos_is_another_token():
+    from seekrl.agent.backends import HFBackend, Sampling
+
+    tok = _tokenizer_with_eos("<|endoftext|>")
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    model, _ = tiny_policy(tok)
+    model.lm_head = _Always(model.config.vocab_size, im_end)
+    model.eval()
+    backend = HFBackend(model, tok)
+    assert im_end in backend.stop_ids
+    out = backend.generate([tok.encode("hello", add_special_tokens=False)], 12,
+                           Sampling(greedy=True))
+    assert list(out[0]) == [im_end]      # one token, kept: not 12 tokens of <|im_end|>

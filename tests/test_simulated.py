@@ -181,6 +181,28 @@ def test_a_simulator_whose_generation_config_sets_a_penalty_decodes_with_generat
     assert sim.engine == "generate" and len(sim.generate(["a query"])) == 1
 
 
+def test_generate_ends_a_reply_at_the_templates_end_of_turn_not_eos_alone(tiny):
+    """A simulator whose EOS is not its chat template's end-of-turn token (a base model's
+    tokenizer) stops at the turn's end instead of writing to max_new_tokens."""
+    import copy
+
+    model, tok = tiny
+    tok = copy.deepcopy(tok)
+    tok.eos_token = tok.pad_token = "<|endoftext|>"
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    model = copy.deepcopy(model)
+    seen = {}
+
+    def generate(**kw):
+        seen.update(kw)
+        return kw["input_ids"]
+
+    model.generate = generate
+    assert SimulatedRetriever(model, tok, max_new_tokens=4, temperature=0.0
+                              ).generate(["a query"]) == [""]
+    assert {tok.eos_token_id, im_end} <= set(seen["eos_token_id"])
+
+
 def test_simulator_quality_against_the_real_index():
     sim = [[Hit("s1", "Tarrow", "a city of 40,000", 1.0)], []]
     real = [[Hit("d1", "Tarrow", "Tarrow has 40,000 people", 1.0)],

@@ -190,6 +190,20 @@ def test_refine_and_labelling_refuse_the_vllm_backend(tmp_path):
                       questions=[])
 
 
+def test_the_templates_end_of_turn_stops_vllm_as_it_stops_the_hf_backend(fake_vllm):
+    from seekrl.agent.vllm_backend import VLLMBackend
+    from seekrl.models import load_tokenizer
+
+    tok = load_tokenizer()
+    tok.eos_token = tok.pad_token = "<|endoftext|>"   # a base model's tokenizer
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    backend = VLLMBackend("/models/policy", tok)
+    FakeLLM.instances[-1].reply = [11, im_end]
+    backend.generate([[1, 2]], 8, Sampling(greedy=True))
+    params = FakeLLM.instances[-1].requests[-1][1]
+    assert set(params.stop_token_ids) == {tok.eos_token_id, im_end} == backend.stop_ids
+
+
 def test_an_old_vllm_without_logprobs_mode_gives_no_behaviour_logprobs(fake_vllm):
     from seekrl.agent.vllm_backend import VLLMBackend
 

@@ -234,6 +234,29 @@ def pad_id_of(tokenizer) -> int:
         else tokenizer.eos_token_id
 
 
+def end_of_turn_ids(tokenizer) -> set[int]:
+    """The tokens that close an assistant turn: EOS, and the chat template's own end-of-turn
+    token where it is another one (a base model's tokenizer whose EOS is `<|endoftext|>`
+    while its template closes turns with `<|im_end|>`; Gemma's `<end_of_turn>`). Read off
+    the template: the first special token after an assistant message's text. A tokenizer
+    without a usable chat template gives EOS alone."""
+    ids = {tokenizer.eos_token_id} - {None}
+    mark = "SEEKRLTURNMARK"
+    try:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "q"}, {"role": "assistant", "content": mark}],
+            tokenize=False)
+    except Exception:   # no template, or one that refuses this conversation: EOS alone
+        return ids
+    if not isinstance(text, str) or mark not in text:
+        return ids
+    tail = tokenizer(text.split(mark, 1)[1], add_special_tokens=False)["input_ids"]
+    special = set(getattr(tokenizer, "all_special_ids", ()) or ())
+    special |= {i for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()
+                if getattr(t, "special", False)}
+    return ids | {next((i for i in tail if i in special), None)} - {None}
+
+
 def tokenizer_fingerprint(tokenizer) -> str:
     """A short digest of the tokenizer's token -> id map: token ids written with one
     tokenizer mean the same under another only when the two digests agree."""

@@ -285,7 +285,7 @@ class HFBackend(Backend):
     prefill adds."""
 
     def __init__(self, model, tokenizer, *, stop_strings: tuple[str, ...] = STOP_STRINGS):
-        from seekrl.models import cache_kwarg, check_positions, pad_id_of
+        from seekrl.models import cache_kwarg, check_positions, end_of_turn_ids, pad_id_of
 
         check_positions(model)   # the cache between turns relies on explicit position ids
         self.model = model
@@ -294,7 +294,9 @@ class HFBackend(Backend):
         self.stop_strings = tuple(stop_strings)
         self._tail = max((len(x) for x in self.stop_strings), default=0) + 8
         self.pad_id = pad_id_of(tokenizer)
-        self.stop_ids = {tokenizer.eos_token_id, self.pad_id}
+        # EOS, padding, the chat template's end-of-turn token (when it is not EOS, a turn
+        # would otherwise run to max_new_tokens) and the model's generation EOS ids
+        self.stop_ids = {tokenizer.eos_token_id, self.pad_id} | end_of_turn_ids(tokenizer)
         extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         if isinstance(extra, int):
             self.stop_ids.add(extra)

@@ -32,7 +32,7 @@ import torch
 
 from seekrl.agent.backends import Backend, Generated, Sampling
 from seekrl.agent.protocol import STOP_STRINGS
-from seekrl.models import ModelError
+from seekrl.models import ModelError, end_of_turn_ids
 
 # where the engine keeps its torch model when it runs in this process, by vLLM generation
 _MODEL_PATHS = ("model_executor.driver_worker.model_runner.model",            # V0 engine
@@ -63,6 +63,9 @@ class VLLMBackend(Backend):
         self._vllm = vllm
         self.tokenizer = tokenizer
         self.stop_strings = list(stop_strings)
+        # the chat template's end-of-turn token stops a turn as EOS does (vLLM stops at the
+        # model's generation EOS ids by itself); the rollout reads these as a turn's end
+        self.stop_ids = end_of_turn_ids(tokenizer) if tokenizer is not None else set()
         # behaviour log-probs are only comparable with the trainer's after temperature and
         # top-p (`processed_logprobs`, vLLM >= 0.10.2); an older vLLM reports none
         self.logprobs = True
@@ -100,6 +103,7 @@ class VLLMBackend(Backend):
             temperature=0.0 if sampling.greedy else sampling.temperature,
             top_p=1.0 if sampling.greedy else sampling.top_p,
             stop=self.stop_strings + list(sampling.stop), include_stop_str_in_output=True,
+            stop_token_ids=sorted(self.stop_ids),
             logprobs=0 if self.logprobs and not sampling.greedy else None)  # 0: the sampled one
         prompts = [TokensPrompt(prompt_token_ids=list(c)) for c in contexts]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)

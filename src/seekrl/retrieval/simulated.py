@@ -226,7 +226,13 @@ class SimulatedRetriever:
     def _hf_generate(self, texts: list[str], seeded) -> list[str]:
         import torch
 
+        from seekrl.models import end_of_turn_ids
+
         tok = self.tokenizer
+        # a reply ends at its turn's end: the template's end-of-turn token too, not EOS alone
+        stop = end_of_turn_ids(tok)
+        extra = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        stop |= {extra} if isinstance(extra, int) else set(extra or ())
         side, tok.padding_side = tok.padding_side, "left"
         try:
             enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -239,6 +245,7 @@ class SimulatedRetriever:
             out = self.model.generate(
                 **enc, max_new_tokens=self.max_new_tokens, do_sample=sample,
                 temperature=self.temperature if sample else None, top_p=None, top_k=None,
+                eos_token_id=sorted(stop),
                 pad_token_id=tok.pad_token_id if tok.pad_token_id is not None
                 else tok.eos_token_id)
         new = out[:, enc["input_ids"].shape[1]:]
