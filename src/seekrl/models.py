@@ -234,13 +234,17 @@ def pad_id_of(tokenizer) -> int:
         else tokenizer.eos_token_id
 
 
-def end_of_turn_ids(tokenizer) -> set[int]:
-    """The tokens that close an assistant turn: EOS, and the chat template's own end-of-turn
+def end_of_turn_ids(tokenizer, model=None) -> set[int]:
+    """The tokens that close an assistant turn: EOS, the chat template's own end-of-turn
     token where it is another one (a base model's tokenizer whose EOS is `<|endoftext|>`
-    while its template closes turns with `<|im_end|>`; Gemma's `<end_of_turn>`). Read off
-    the template: the first special token after an assistant message's text. A tokenizer
-    without a usable chat template gives EOS alone."""
-    ids = {tokenizer.eos_token_id} - {None}
+    while its template closes turns with `<|im_end|>`; Gemma's `<end_of_turn>`), and with
+    `model` its generation config's EOS ids. The template's token is read off the template:
+    the first special token after an assistant message's text; a tokenizer without a usable
+    chat template adds none."""
+    ids = {tokenizer.eos_token_id}
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids |= {extra} if isinstance(extra, int) else set(extra or ())
+    ids.discard(None)
     mark = "SEEKRLTURNMARK"
     try:
         text = tokenizer.apply_chat_template(

@@ -294,15 +294,9 @@ class HFBackend(Backend):
         self.stop_strings = tuple(stop_strings)
         self._tail = max((len(x) for x in self.stop_strings), default=0) + 8
         self.pad_id = pad_id_of(tokenizer)
-        # EOS, padding, the chat template's end-of-turn token (when it is not EOS, a turn
-        # would otherwise run to max_new_tokens) and the model's generation EOS ids
-        self.stop_ids = {tokenizer.eos_token_id, self.pad_id} | end_of_turn_ids(tokenizer)
-        extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        if isinstance(extra, int):
-            self.stop_ids.add(extra)
-        elif extra:
-            self.stop_ids.update(extra)
-        self.stop_ids.discard(None)
+        # padding, EOS, the model's generation EOS ids and the chat template's end-of-turn
+        # token (when it is not EOS, a turn would otherwise run to max_new_tokens)
+        self.stop_ids = {self.pad_id} | end_of_turn_ids(tokenizer, model)
         self._pieces: dict[int, str] = {}
         self._kept: _Batch | None = None   # rows cached between calls (keys given)
 

@@ -230,9 +230,7 @@ class SimulatedRetriever:
 
         tok = self.tokenizer
         # a reply ends at its turn's end: the template's end-of-turn token too, not EOS alone
-        stop = end_of_turn_ids(tok)
-        extra = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-        stop |= {extra} if isinstance(extra, int) else set(extra or ())
+        stop = end_of_turn_ids(tok, self.model)
         side, tok.padding_side = tok.padding_side, "left"
         try:
             enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
