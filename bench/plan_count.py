@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 from pathlib import Path
 
-LEAD = "<think> To answer this I need "
+from seekrl.agent.oracle import PLAN_LEAD
+from seekrl.agent.protocol import THINK
+from seekrl.data.jsonl import iter_jsonl
+
+LEAD = f"<{THINK}> {PLAN_LEAD}"   # the oracle's first turn, up to the plan's digit
 
 
 def main() -> None:
@@ -28,14 +31,12 @@ def main() -> None:
     args = ap.parse_args()
 
     meta = {}   # read before the model loads: a bad file fails in a second
-    for n, line in enumerate(args.questions.read_text().splitlines(), 1):
-        if line.strip():
-            q = json.loads(line)
-            m = q.get("metadata") or {}
-            if "type" not in m or "hops" not in m:
-                raise SystemExit(f"{args.questions}:{n}: expected metadata.type and "
-                                 "metadata.hops (synthetic-world questions)")
-            meta[q["id"]] = f"{m['type']}-{m['hops']}"
+    for n, q in iter_jsonl(args.questions):
+        m = q.get("metadata") or {}
+        if "type" not in m or "hops" not in m:
+            raise SystemExit(f"{args.questions}:{n}: expected metadata.type and "
+                             "metadata.hops (synthetic-world questions)")
+        meta[q["id"]] = f"{m['type']}-{m['hops']}"
     import torch
 
     from seekrl.models import load_policy
@@ -49,10 +50,7 @@ def main() -> None:
     mass: dict[str, torch.Tensor] = collections.defaultdict(lambda: torch.zeros(3))
     count: collections.Counter = collections.Counter()
     with torch.no_grad():
-        for n, line in enumerate(args.episodes.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            ep = json.loads(line)
+        for n, ep in iter_jsonl(args.episodes):
             kind = meta.get(ep.get("example_id"))
             if kind is None:
                 raise SystemExit(f"{args.episodes}:{n}: example {ep.get('example_id')!r} "

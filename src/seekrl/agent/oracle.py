@@ -90,10 +90,13 @@ def check_plan(plan: str) -> None:
         raise ValueError(f"plan: expected one of {', '.join(PLANS)}, got {plan!r}")
 
 
+PLAN_LEAD = "To answer this I need "   # the `count` plan's words before its number
+
+
 def _lead(steps: list[list[dict]], plan: str) -> str:
     """The first turn's opening: the number of lookups (`count`), or nothing (`none`)."""
     n = len(steps)
-    return f"To answer this I need {n} lookup{'s' * (n > 1)}. " if plan == "count" else ""
+    return f"{PLAN_LEAD}{n} lookup{'s' * (n > 1)}. " if plan == "count" else ""
 
 
 def oracle_episode(example: QAExample, retriever: Retriever, *, k: int = 3,
