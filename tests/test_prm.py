@@ -5,6 +5,7 @@ train -> save -> load -> score round trip on labels from the MCTS."""
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import replace
 
 import pytest
@@ -18,6 +19,7 @@ from seekrl.errors import DataError
 from seekrl.recipes.labels import LabelSet, PairLabel, PointLabel, read_labels
 from seekrl.recipes.mcts import run_labelling
 from seekrl.recipes.prm import (
+    PRM_MARKER,
     PRMScorer,
     ProcessRewardModel,
     auc,
@@ -129,13 +131,19 @@ def test_train_save_load_score_on_mcts_labels(tiny, tmp_path):
     node_count = sum(1 for _ in open(tmp_path / "labels" / "nodes.jsonl"))
     assert 0 < len(labels.points) <= node_count - 6
     cfg = PRMConfig(labels=str(tmp_path / "labels"), out=str(tmp_path / "prm"), steps=4,
-                    batch_size=4, dev_share=0.3, save_every=1, keep_last=2)
+                    batch_size=4, dev_share=0.3, save_every=1, keep_last=2, eval_every=2)
     result = train_prm(cfg, model=copy.deepcopy(model), tokenizer=tok)
     # checkpoints along the way (the newest two kept), each a PRM the scorer loads
     saved = sorted(p.name for p in (tmp_path / "prm" / "checkpoints").iterdir())
     assert saved == ["step-2", "step-3"]
     assert load_scorer(tmp_path / "prm" / "checkpoints" / "step-3").score_steps(
         labels.episodes[:1])[0]
+    # and each names its labels like final/ does (so a benchmark can count their tokens),
+    # with the held-out figures of its step where that step was evaluated
+    marks = {s: json.loads((tmp_path / "prm" / "checkpoints" / s / PRM_MARKER).read_text())
+             for s in saved}
+    assert all(m["labels"] == [str(tmp_path / "labels")] for m in marks.values())
+    assert set(marks["step-2"]["dev"]) >= {"points", "pairs"} and "dev" not in marks["step-3"]
     assert result["train_points"] > 0 and set(result["dev"]) >= {"points", "pairs"}
     scorer = load_scorer(result["final"])
     # the run folder names its final PRM too

@@ -381,9 +381,13 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
         if step % cfg.log_every == 0 or step == cfg.steps:
             say(f"step {step}/{cfg.steps}  loss {rec['loss']:.4f}  [{rec['seconds']:.1f}s]")
         if cfg.save_every and step % cfg.save_every == 0 and step != cfg.steps:
+            # a checkpoint is a PRM folder like final/: it names its labels (so its label
+            # tokens can be counted) and carries its held-out figures when this step had them
+            dev_now = {k[4:]: v for k, v in rec.items() if k.startswith("dev_")}
             _save_checkpoint(prm, tokenizer, out / "checkpoints", step, cfg.keep_last,
                              {"init": cfg.model, "loss": cfg.loss, "step": step,
-                              "dev_share": cfg.dev_share})
+                              "labels": [str(x) for x in cfg.labels],
+                              "dev_share": cfg.dev_share, **({"dev": dev_now} if dev_now else {})})
     metrics = prm_metrics(scorer, dev, cfg.threshold)
     if dev.points and metrics.get("auc") is None:
         notes.append(f"dev AUC undefined: all {len(dev.points)} held-out step labels are on one "
