@@ -4,9 +4,11 @@ train -> save -> load -> score round trip on labels from the MCTS."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from dataclasses import replace
+from unittest import mock
 
 import pytest
 import torch
@@ -74,6 +76,31 @@ def test_batched_scores_equal_one_prefix_at_a_time(tiny, episodes):
             prefix = replace(t, token_ids=t.token_ids[:s.end], loss_mask=t.loss_mask[:s.end],
                              steps=t.steps[:i + 1])
             assert scorer.logits([prefix])[0][i] == pytest.approx(row[i], abs=1e-4)
+
+
+def test_bf16_mixed_scorer_casts_weights_once_and_keeps_the_scores(tiny, episodes):
+    """A `dtype: bf16-mixed` run scores under autocast with the weights cast once a call:
+    the same bits as autocast alone, near float32's, and the float32 weights back after."""
+    from seekrl.models import mixed_precision
+
+    model, tok = tiny
+    prm = random_prm(model)
+    full = PRMScorer(prm, tok, batch_size=3).score_steps(episodes)
+    mixed = copy.deepcopy(prm)
+    mixed_precision(mixed.lm)
+    weights = {n: p.clone() for n, p in mixed.named_parameters()}
+    cast = PRMScorer(mixed, tok, batch_size=3).score_steps(episodes)
+
+    class Uncast(PRMScorer):                   # autocast, every weight cast on every forward
+        def _rows(self, trajectories, *, probabilities):
+            with mock.patch("seekrl.recipes.prm.cast_weights", contextlib.nullcontext):
+                return super()._rows(trajectories, probabilities=probabilities)
+
+    assert Uncast(mixed, tok, batch_size=3).score_steps(episodes) == cast
+    assert all(p.dtype == torch.float32 and torch.equal(p, weights[n])
+               for n, p in mixed.named_parameters())
+    drift = max(abs(a - b) for ra, rb in zip(cast, full) for a, b in zip(ra, rb))
+    assert 0 < drift < 0.05                    # bfloat16 rounding, not another model
 
 
 def test_losses_fall_on_a_fixed_batch(tiny, episodes):

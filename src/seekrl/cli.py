@@ -792,6 +792,8 @@ def prm_score(
         help="where the scored trajectories go (each step's value = PRM score)")],
     batch_size: Annotated[int, typer.Option(help="episodes per forward pass")] = 8,
     device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+    dtype: Annotated[str, typer.Option(
+        help="float32 | bfloat16 | float16 | bf16-mixed (the PRM's forward)")] = "float32",
 ):
     """Score every step of a trajectory file with a PRM (one forward pass per episode batch)."""
     from seekrl.agent.trajectory import write_trajectories
@@ -800,7 +802,7 @@ def prm_score(
 
     try:
         trajs = read_episodes(trajectories)
-        scorer = load_scorer(prm, device=device, batch_size=batch_size)
+        scorer = load_scorer(prm, device=device, batch_size=batch_size, dtype=dtype)
         try:
             scores = scorer.score_steps(trajs)
         except DataError as err:     # name the file the bad episode came from
@@ -826,6 +828,8 @@ def prm_eval(
         help="dev: only the questions the PRM held out in training (its prm.json dev_share); "
              "all: every label (in-sample for labels it was trained on)")] = "dev",
     device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+    dtype: Annotated[str, typer.Option(
+        help="float32 | bfloat16 | float16 | bf16-mixed (the PRM's forward)")] = "float32",
 ):
     """PRM quality on labelled trees: AUC, pair accuracy, first-error localisation."""
     import json
@@ -841,7 +845,7 @@ def prm_eval(
         if split == "dev":
             info = json.loads((prm / PRM_MARKER).read_text())
             data = split_labels(data, float(info.get("dev_share", 0.1)))[1]
-        metrics = prm_metrics(load_scorer(prm, device=device), data, threshold)
+        metrics = prm_metrics(load_scorer(prm, device=device, dtype=dtype), data, threshold)
     except ERRORS as err:
         _fail(err)
     console.print(json.dumps({"split": split, **metrics}, indent=1))

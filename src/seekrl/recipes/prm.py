@@ -36,7 +36,7 @@ from torch import nn
 from seekrl.agent.trajectory import Trajectory
 from seekrl.config import ConfigError
 from seekrl.errors import DataError
-from seekrl.models import pad_id_of
+from seekrl.models import cast_weights, pad_id_of
 from seekrl.recipes.labels import (
     LabelSet,
     PairLabel,
@@ -134,15 +134,16 @@ class PRMScorer:
         out: list[list[float]] = [[] for _ in trajectories]
         order = sorted(range(len(trajectories)), key=lambda i: len(trajectories[i].token_ids))
         try:
-            for b in range(0, len(order), self.batch_size):
-                chunk = [i for i in order[b:b + self.batch_size] if trajectories[i].steps]
-                if not chunk:
-                    continue
-                scores = batch_scores(self.prm, [(trajectories[i],
-                                                  list(range(len(trajectories[i].steps))))
-                                                 for i in chunk], self.pad_id, self.device)
-                for i, s in zip(chunk, scores):
-                    out[i] = (torch.sigmoid(s) if probabilities else s).tolist()
+            with cast_weights(self.prm.lm):   # bf16-mixed: weights cast once a call
+                for b in range(0, len(order), self.batch_size):
+                    chunk = [i for i in order[b:b + self.batch_size] if trajectories[i].steps]
+                    if not chunk:
+                        continue
+                    scores = batch_scores(self.prm, [(trajectories[i],
+                                                      list(range(len(trajectories[i].steps))))
+                                                     for i in chunk], self.pad_id, self.device)
+                    for i, s in zip(chunk, scores):
+                        out[i] = (torch.sigmoid(s) if probabilities else s).tolist()
         finally:
             self.prm.train(was)
         return out
@@ -182,8 +183,11 @@ def load_prm(path: str | Path, *, dtype: str = "float32", device: str = "cpu"
     return ProcessRewardModel(lm, head.to(device)).eval(), tokenizer
 
 
-def load_scorer(path: str | Path, *, device: str = "cpu", batch_size: int = 8) -> PRMScorer:
-    prm, tokenizer = load_prm(path, device=device)
+def load_scorer(path: str | Path, *, device: str = "cpu", batch_size: int = 8,
+                dtype: str = "float32") -> PRMScorer:
+    """The PRM at `path` as a scorer; `dtype` as a policy's (`bf16-mixed`: the forward under
+    autocast, with the weights cast once per scoring call)."""
+    prm, tokenizer = load_prm(path, device=device, dtype=dtype)
     return PRMScorer(prm, tokenizer, device=device, batch_size=batch_size)
 
 

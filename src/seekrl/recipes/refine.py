@@ -237,7 +237,7 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
         raise ValueError("data: rft samples episodes on questions; give a QA file")
     elif scorer is None and cfg.prm:
         from seekrl.recipes.prm import load_scorer
-        scorer = load_scorer(cfg.prm, device=cfg.device)
+        scorer = load_scorer(cfg.prm, device=cfg.device, dtype=cfg.dtype)
     if cfg.method == "rft" and retriever is None:     # a missing index before a model loads
         retriever = open_index(cfg.index, "RFT samples search episodes", cfg.retriever)
         check_world_index(cfg.index, cfg.data)

@@ -195,7 +195,7 @@ class Trainer:
         check_world_index(cfg.index, cfg.data, cfg.eval.data)
         if prm_scorer is None and "prm" in cfg.reward.process:
             from seekrl.recipes.prm import load_scorer
-            prm_scorer = load_scorer(cfg.reward.prm, device=self.device)
+            prm_scorer = load_scorer(cfg.reward.prm, device=self.device, dtype=cfg.dtype)
         self.prm_scorer = prm_scorer
 
     def _ranked(self, retriever):
