@@ -471,16 +471,33 @@ def test_a_prm_object_stands_in_for_reward_prm(world, tiny, tmp_path):
     without either, the config is refused before anything loads."""
     from seekrl.recipes.train import check_config
 
-    class Constant:
+    class ByAction:                # a PRM with a prior on the kind of step, nothing else
         def score_steps(self, trajectories):
-            return [[0.5] * len(t.steps) for t in trajectories]
+            return [[SCORE[s.action] for s in t.steps] for t in trajectories]
 
+    SCORE = {"search": 0.25, "answer": 0.75, "invalid": 0.5}
     cfg = make_cfg(tmp_path, **{"algo.advantage": "dual_granularity",
                                 "reward.process": {"prm": 1.0}})
     with pytest.raises(ConfigError, match="reward.process.prm: no process reward model"):
         check_config(cfg)
-    record = make_trainer(cfg, world, tiny, prm_scorer=Constant()).step(1)
-    assert record["process_prm"] == 0.5
+    trainer = make_trainer(cfg, world, tiny, prm_scorer=ByAction())
+    record = trainer.step(1)
+    # the step's mean, and the mean by kind of step (whichever kinds the tiny model wrote)
+    by_action = record["process_prm_by_action"]
+    assert by_action and by_action == {a: SCORE[a] for a in by_action}
+    assert min(by_action.values()) <= record["process_prm"] <= max(by_action.values())
+    # crafted: two searches and an answer, and an unjudged search (evidence judges searches)
+    from seekrl.agent.trajectory import Step, Trajectory
+    from seekrl.rewards.outcome import RewardParts
+
+    steps = [Step(1, 2, "search"), Step(2, 3, "search"), Step(3, 4, "answer", answer="x")]
+    for step, v in zip(steps, (0.1, 0.3, 0.8)):
+        step.process_parts = {"prm": v}
+    t = Trajectory("q", "q", "?", ["x"], [1, 2, 3, 4], [0, 1, 1, 1], 1, steps=steps,
+                   answer="x", finish_reason="answer")
+    record = trainer._episode_metrics(1, [t], [RewardParts(1.0, 1.0, 0.0, 0.0)], 1, 0)
+    assert record["process_prm"] == pytest.approx(0.4)
+    assert record["process_prm_by_action"] == {"answer": 0.8, "search": 0.2}
 
 
 def test_mc_value_counts_its_continuations_as_rollout_compute(world, tiny, tmp_path):

@@ -865,6 +865,17 @@ class Trainer:
             for name in self.cfg.reward.process:   # over the steps the source judged
                 vals = [v for s in steps if (v := s.process_parts.get(name)) is not None]
                 process[f"process_{name}"] = round(sum(vals) / len(vals), 4) if vals else None
+                # and by the kind of step: a source that judges searches and answers alike
+                # (a PRM) but scores one kind higher pushes the policy toward it once the
+                # scores are normalised over all steps (a near-chance PRM that prefers
+                # answers teaches "stop searching")
+                by_action: dict[str, list[float]] = defaultdict(list)
+                for s in steps:
+                    if (v := s.process_parts.get(name)) is not None:
+                        by_action[s.action].append(v)
+                if by_action:
+                    process[f"process_{name}_by_action"] = {
+                        a: round(sum(v) / len(v), 4) for a, v in sorted(by_action.items())}
         return {**process,
             "reward_by_hops": {k: round(sum(v) / len(v), 4) for k, v in sorted(by_hops.items())},
             "reward_multihop": round(sum(multihop) / len(multihop), 4) if multihop else None,
