@@ -486,14 +486,15 @@ def test_a_prm_object_stands_in_for_reward_prm(world, tiny, tmp_path):
     by_action = record["process_prm_by_action"]
     assert by_action and by_action == {a: SCORE[a] for a in by_action}
     assert min(by_action.values()) <= record["process_prm"] <= max(by_action.values())
-    # crafted: two searches and an answer, and an unjudged search (evidence judges searches)
+    # crafted: two searches, a turn the source did not judge, and an answer
     from seekrl.agent.trajectory import Step, Trajectory
     from seekrl.rewards.outcome import RewardParts
 
-    steps = [Step(1, 2, "search"), Step(2, 3, "search"), Step(3, 4, "answer", answer="x")]
-    for step, v in zip(steps, (0.1, 0.3, 0.8)):
-        step.process_parts = {"prm": v}
-    t = Trajectory("q", "q", "?", ["x"], [1, 2, 3, 4], [0, 1, 1, 1], 1, steps=steps,
+    steps = [Step(1, 2, "search"), Step(2, 3, "search"), Step(3, 4, "invalid"),
+             Step(4, 5, "answer", answer="x")]
+    for step, v in zip(steps, (0.1, 0.3, None, 0.8)):
+        step.process_parts = {} if v is None else {"prm": v}
+    t = Trajectory("q", "q", "?", ["x"], [1, 2, 3, 4, 5], [0, 1, 1, 1, 1], 1, steps=steps,
                    answer="x", finish_reason="answer")
     record = trainer._episode_metrics(1, [t], [RewardParts(1.0, 1.0, 0.0, 0.0)], 1, 0)
     assert record["process_prm"] == pytest.approx(0.4)
