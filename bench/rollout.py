@@ -163,6 +163,9 @@ def main() -> None:
                         "cast_speedup_bN")
     p.add_argument("--arch", default="", choices=("", *ARCHS),
                    help="random weights of this architecture (default: the bundled model)")
+    p.add_argument("--attention", default="default",
+                   help="run every side under this attention variant (bench/decode_step.py: "
+                        "default, eager, sdpa_math, sdpa_efficient, sdpa_flash, sdpa_cudnn)")
     p.add_argument("--baseline", default="sequential", choices=("sequential", "batched", "none"),
                    help="none: only the engine (with bf16-mixed, its cast comparison)")
     args = p.parse_args()
@@ -179,12 +182,19 @@ def main() -> None:
                            else dtype, args.device)
         if args.dtype == "bf16-mixed":
             mixed_precision(model)
+    from decode_step import attention_variant
+
+    with attention_variant(model, args.attention):
+        run(args, model, tok, retriever, questions, dtype)
+
+
+def run(args, model, tok, retriever, questions, dtype) -> None:
     params = sum(p.numel() for p in model.parameters())
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else ""
     print(f"questions={len(questions)} max_new_tokens={args.max_new_tokens} "
           f"max_turns={args.max_turns} threads={torch.get_num_threads()} "
           f"model={args.arch or 'smollm2-135m'} params={params} dtype={args.dtype} "
-          f"device={args.device} gpu={gpu.replace(' ', '_') or '-'}")
+          f"device={args.device} gpu={gpu.replace(' ', '_') or '-'} attention={args.attention}")
 
     results = {}
     lengths: list[int] = []

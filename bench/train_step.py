@@ -148,7 +148,7 @@ def trl_step(args, prompts: list[str], golden: list[list[str]], work: Path) -> d
         learning_rate=1e-6, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         max_grad_norm=1.0, optim="adamw_torch", max_steps=1, use_cpu=not gpu,
         bf16=args.dtype == "bfloat16",
-        fp16=False, activation_checkpointing=False, logging_steps=1, report_to="none",
+        fp16=False, gradient_checkpointing=False, logging_steps=1, report_to="none",
         save_strategy="no", disable_tqdm=True, seed=0, dataloader_num_workers=0,
         log_completions=False)
     dataset = Dataset.from_dict({"prompt": prompts, "golden_answers": golden})
@@ -191,7 +191,7 @@ def trl_step(args, prompts: list[str], golden: list[list[str]], work: Path) -> d
             "generated": clock["completion_tokens"] - clock["eos"],
             "clipped_ratio": logged.get("completions/clipped_ratio"),
             "reward": logged.get("reward"), "global_step": trainer.state.global_step,
-            "checkpointing": bool(config.activation_checkpointing),
+            "checkpointing": bool(config.gradient_checkpointing),
             "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if gpu else None}
 
 

@@ -91,3 +91,48 @@ def test_one_train_step_in_bfloat16_end_to_end(lab, tmp_path):
     if gap is not None:
         assert gap < 0.5
     assert (out / "final" / "config.json").is_file()
+
+
+def _encoder_folder(root) -> str:
+    """The bundled MiniLM when installed (the GPU machine has it only when `tools/gpu/prepare
+    --with-encoder` carried it), else a 2-layer random BERT with the policy's tokenizer."""
+    try:
+        from seekrl.retrieval.dense import bundled_encoder_path
+
+        return str(bundled_encoder_path())
+    except Exception:
+        from transformers import BertConfig, BertModel
+
+        from seekrl.models import DEFAULT_MODEL, load_tokenizer
+
+        tok = load_tokenizer(DEFAULT_MODEL)
+        torch.manual_seed(0)
+        BertModel(BertConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, intermediate_size=128,
+                             max_position_embeddings=256)).save_pretrained(root)
+        tok.save_pretrained(root)
+        return str(root)
+
+
+def test_index_encoder_on_the_device_agrees_with_the_cpu(tmp_path):
+    """The encoder a dense index build uses (`build_encoder`: fp16 on a GPU) gives the CPU's
+    float32 vectors up to rounding, and ranks documents the same way."""
+    import numpy as np
+
+    from seekrl.retrieval.dense import build_encoder
+
+    folder = _encoder_folder(tmp_path / "enc")
+    docs = [f"Ilsa Marrow was born in Tarrow in {1900 + i}; she studied {w}." for i, w in
+            enumerate(["law", "music", "physics", "botany", "history", "chess", "medicine"])]
+    on_cpu = build_encoder(folder, "cpu").encode(docs, normalize_embeddings=True)
+    encoder = build_encoder(folder, DEVICE)
+    dtype = next(encoder.parameters()).dtype
+    on_dev = encoder.encode(docs, normalize_embeddings=True, convert_to_numpy=True)
+    on_dev = np.asarray(on_dev, dtype=np.float32)
+    cosine = (on_cpu * on_dev).sum(-1) / (np.linalg.norm(on_cpu, axis=-1)
+                                           * np.linalg.norm(on_dev, axis=-1))
+    print(f"device={DEVICE} encoder_dtype={dtype} min_cosine_vs_cpu={cosine.min():.5f}")
+    if DEVICE == "cuda":
+        assert dtype == torch.float16
+    assert cosine.min() > 0.995
+    assert (np.argsort(-(on_cpu @ on_cpu[0])) == np.argsort(-(on_dev @ on_dev[0]))).all()

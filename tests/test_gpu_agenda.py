@@ -43,9 +43,22 @@ def test_smoke_dry_run(tmp_path):
 @pytest.mark.slow
 def test_speed_dry_run(tmp_path):
     summary = run(tmp_path, "speed")
-    for stage in ("speed-rollout", "speed-arch", "speed-train"):
+    for stage in ("speed-rollout", "speed-arch", "speed-decode", "speed-train"):
         assert f"stage={stage} dry_run=1 rc=0" in summary
     assert "speedup_b2=" in summary and "agent_step=" in summary
+    assert "decode_ms_seekrl=" in summary and "best=" in summary
+    log = (tmp_path / "out" / "speed-decode.log").read_text()
+    assert "decode_ms_hf_loop=" in log and "profile_host_ms_per_step=" in log
+    # speed-remedy reran the rollout bench under the pick, default first
+    assert "stage=speed-remedy-default dry_run=1 rc=0" in summary
+
+
+def test_speed_remedy_needs_speed_decode_first(tmp_path):
+    r = subprocess.run([sys.executable, str(RUN), "speed-remedy", "--dry-run", "--out",
+                        str(tmp_path / "out"), "--state", str(tmp_path / "state")], cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1 and "run speed-decode first" in r.stderr
 
 
 @pytest.mark.slow

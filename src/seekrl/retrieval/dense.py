@@ -113,6 +113,15 @@ def load_encoder(name: str | None, device: str = "cpu", *, pooling: str | None =
     return model
 
 
+def build_encoder(name: str | None, device: str = "cpu", *, pooling: str | None = None):
+    """The encoder an index build uses: `load_encoder`, in fp16 on a GPU (documents are
+    encoded once, in bulk; queries at serving time keep the encoder's own dtype)."""
+    model = load_encoder(name, device, pooling=pooling)
+    if str(device).startswith("cuda"):
+        model.half()
+    return model
+
+
 def _pooling_mode(module) -> str | None:
     """A pooling module's mode: `pooling_mode` (sentence-transformers 6), else
     `get_pooling_mode_str()` (3.x to 5.x); None for any other module."""
@@ -211,9 +220,7 @@ class DenseRetriever(StoreRetriever):
                                     doc_prefix=doc_prefix, normalize=normalize)
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        model = load_encoder(encoder, device, pooling=settings["pooling"])
-        if device.startswith("cuda"):
-            model.half()
+        model = build_encoder(encoder, device, pooling=settings["pooling"])
         settings["pooling"] = pooling_of(model)
         dim = embedding_dim(model)
         n = len(store)

@@ -1,0 +1,262 @@
+"""Where one decoding step's time goes: seekrl's loop under each attention kernel, HF's own
+cache loop, and a profile of the kernels.
+
+    python bench/decode_step.py --device cuda --dtype bfloat16 [--arch qwen2.5-1.5b]
+        [--batch 256] [--context 330] [--steps 32]
+
+Why: on an H100 (2026-11-27, bench/RESULTS.md "Rollout engine") seekrl's engine and a
+batched `model.generate` both decoded at ~1.3% of the forward ceiling, and a step cost about
+the same at batch 64 and 256 and at 135M and 1.5B parameters: a fixed cost per step, not
+compute or bandwidth. The host sat ~1 ms per layer inside `scaled_dot_product_attention`.
+This bench separates the candidates, each on the same left-padded batch of random contexts
+(lengths context +- 25%, no row stops early):
+
+- `seekrl`: `HFBackend.generate` as the engine runs it (default SDPA dispatch);
+- `sdpa_math` / `sdpa_efficient` / `sdpa_flash` / `sdpa_cudnn`: the same with PyTorch's
+  SDPA dispatch held to one backend (`torch.nn.attention.sdpa_kernel`); a backend that
+  refuses these inputs prints `error`;
+- `eager`: the model's attention in plain matmuls (`set_attn_implementation("eager")`);
+- `even`: every context the same length (no padding in the mask);
+- `hf_loop`: a bare loop of `model(...)` with transformers' `DynamicCache` (no seekrl code).
+
+Per variant: `decode_ms_VARIANT=` (one step, the prefill subtracted: T(steps+1) - T(1)) and
+the tokens/s that gives. Then a profile of `--profile-steps` steps of `seekrl`: host and
+device milliseconds per step (`profile_host_ms_per_step`, `profile_device_ms_per_step`) and
+the top operators by device (CPU run: host) time. The summary names the fastest variant and
+its speedup over `seekrl`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import random
+import time
+
+import torch
+
+from seekrl.agent.backends import HFBackend, Sampling
+from seekrl.models import load_policy, pad_id_of
+
+ATTN_BACKENDS = ("math", "efficient", "flash", "cudnn")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def contexts_for(tok, batch: int, context: int, even: bool, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    avoid = {pad_id_of(tok), tok.eos_token_id, tok.bos_token_id}
+    hi = min(len(tok), 20000)
+
+    def one(n: int) -> list[int]:
+        return [t for t in (rng.randrange(100, hi) for _ in range(n + 8)) if t not in avoid][:n]
+
+    lengths = [context] * batch if even else [
+        max(4, int(context * rng.uniform(0.75, 1.25))) for _ in range(batch)]
+    return [one(n) for n in lengths]
+
+
+def sdpa_context(name: str):
+    if name == "default":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {"math": SDPBackend.MATH, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+               "flash": SDPBackend.FLASH_ATTENTION,
+               "cudnn": SDPBackend.CUDNN_ATTENTION}[name]
+    return sdpa_kernel([backend])
+
+
+@contextlib.contextmanager
+def attention(model, implementation: str):
+    """The model's attention implementation switched for the block, then restored."""
+    before = model.config._attn_implementation
+    if implementation == before:
+        yield
+        return
+    model.set_attn_implementation(implementation)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)
+
+
+REMEDIES = ("default", "eager", *(f"sdpa_{b}" for b in ATTN_BACKENDS))
+
+
+@contextlib.contextmanager
+def attention_variant(model, name: str):
+    """Run the block under one attention variant: `default`, `eager` (plain matmuls) or
+    `sdpa_BACKEND` (PyTorch's SDPA dispatch held to that backend). bench/rollout.py's
+    `--attention` uses this to measure a remedy over whole rollouts."""
+    if name not in REMEDIES:
+        raise ValueError(f"attention: expected one of {', '.join(REMEDIES)}, got {name!r}")
+    if name == "eager":
+        with attention(model, "eager"):
+            yield
+    else:
+        with sdpa_context(name[5:] if name.startswith("sdpa_") else "default"):
+            yield
+
+
+def seekrl_decode(backend: HFBackend, contexts, new_tokens: int) -> float:
+    """Seconds for `new_tokens` tokens of every row through the engine's loop."""
+    device = backend.device
+    _sync(device)
+    started = time.perf_counter()
+    out = backend.generate(contexts, new_tokens, Sampling(greedy=True))
+    _sync(device)
+    seconds = time.perf_counter() - started
+    if min(len(g) for g in out) != new_tokens:
+        raise RuntimeError("a row stopped early: the per-step figure would mix batch sizes")
+    return seconds
+
+
+def hf_loop_decode(model, tok, contexts, new_tokens: int) -> float:
+    """Seconds for a bare greedy loop of model(...) calls with transformers' DynamicCache."""
+    from transformers import DynamicCache
+
+    from seekrl.models import cache_kwarg
+
+    kw = cache_kwarg(model)
+    device = next(model.parameters()).device
+    pad = pad_id_of(tok)
+    width = max(map(len, contexts))
+    ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts], device=device)
+    mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts],
+                        device=device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    _sync(device)
+    started = time.perf_counter()
+    with torch.no_grad():
+        cache = DynamicCache()
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                    use_cache=True, logits_to_keep=1, **{kw: cache})
+        nxt = positions[:, -1:] + 1
+        for _ in range(new_tokens - 1):
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+            mask = torch.cat([mask, torch.ones_like(token)], dim=1)
+            out = model(input_ids=token, attention_mask=mask, position_ids=nxt,
+                        use_cache=True, logits_to_keep=1, **{kw: cache})
+            nxt = nxt + 1
+    _sync(device)
+    return time.perf_counter() - started
+
+
+def per_step_ms(run, steps: int) -> float:
+    """One decoding step in ms: T(steps + 1) - T(1), each after a warm-up call."""
+    run(2)
+    short = run(1)
+    long = run(steps + 1)
+    return 1000 * (long - short) / steps
+
+
+def profile(backend: HFBackend, contexts, steps: int, top: int) -> list[str]:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    device = backend.device
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
+                                           else [])
+    backend.generate(contexts, 2, Sampling(greedy=True))   # warm-up
+    with torch_profile(activities=activities) as prof:
+        seekrl_decode(backend, contexts, steps + 1)
+    events = prof.key_averages()
+    on_device = device.type == "cuda"
+
+    def device_us(e) -> float:
+        return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+
+    host_us = sum(e.self_cpu_time_total for e in events)
+    dev_us = sum(device_us(e) for e in events) if on_device else 0.0
+    lines = [f"profile_host_ms_per_step={host_us / 1000 / (steps + 1):.2f} "
+             f"profile_device_ms_per_step={dev_us / 1000 / (steps + 1):.2f}"]
+    key = device_us if on_device else (lambda e: e.self_cpu_time_total)
+    for rank, e in enumerate(sorted(events, key=key, reverse=True)[:top]):
+        lines.append(f"profile_top{rank}={e.key.replace(' ', '_')[:70]} "
+                     f"ms_per_step={key(e) / 1000 / (steps + 1):.3f} calls={e.count}")
+    return lines
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--arch", default="", help="random weights of this architecture "
+                   "(bench/rollout.py's ARCHS; default: the bundled model)")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--context", type=int, default=330,
+                   help="mean context length (the engine's mean episode length was 330)")
+    p.add_argument("--steps", type=int, default=32)
+    p.add_argument("--profile-steps", type=int, default=8)
+    p.add_argument("--top", type=int, default=10)
+    p.add_argument("--variants", default="seekrl,sdpa_math,sdpa_efficient,sdpa_flash,"
+                   "sdpa_cudnn,eager,even,hf_loop")
+    args = p.parse_args()
+    dtype = getattr(torch, args.dtype)
+    model, tok = load_policy(dtype=args.dtype, device=args.device)
+    if args.arch:
+        import sys
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from rollout import build_arch
+
+        model = build_arch(args.arch, tok, dtype, args.device)
+    model.eval()
+    device = next(model.parameters()).device
+    gpu = torch.cuda.get_device_name() if device.type == "cuda" else "-"
+    params = sum(x.numel() for x in model.parameters())
+    print(f"model={args.arch or 'smollm2-135m'} params={params} dtype={args.dtype} "
+          f"device={device.type} gpu={gpu.replace(' ', '_')} batch={args.batch} "
+          f"context={args.context} steps={args.steps} torch={torch.__version__} "
+          f"attn={model.config._attn_implementation}")
+    backend = HFBackend(model, tok, stop_strings=())
+    backend.stop_ids = set()    # every row decodes every step: one batch size throughout
+    ragged = contexts_for(tok, args.batch, args.context, even=False)
+    even = contexts_for(tok, args.batch, args.context, even=True)
+
+    results: dict[str, float] = {}
+    for variant in [v for v in args.variants.split(",") if v]:
+        if variant.startswith("sdpa_") and variant[5:] not in ATTN_BACKENDS:
+            raise SystemExit(f"decode_step: unknown variant {variant!r}")
+        try:
+            if variant == "hf_loop":
+                ms = per_step_ms(lambda n: hf_loop_decode(model, tok, ragged, n), args.steps)
+            elif variant in ("seekrl", "even", "eager") or variant.startswith("sdpa_"):
+                ctx = even if variant == "even" else ragged
+                name = variant if variant in REMEDIES else "default"
+                with attention_variant(model, name):
+                    ms = per_step_ms(lambda n, c=ctx: seekrl_decode(backend, c, n), args.steps)
+            else:
+                raise SystemExit(f"decode_step: unknown variant {variant!r}")
+        except SystemExit:
+            raise
+        except Exception as err:   # a kernel that refuses these inputs: say so, go on
+            print(f"decode_ms_{variant}=error ({type(err).__name__}: "
+                  f"{str(err).splitlines()[0][:120] if str(err) else ''})")
+            continue
+        results[variant] = ms
+        print(f"decode_ms_{variant}={ms:.2f} tok_s_{variant}={args.batch * 1000 / ms:.0f}")
+    if args.profile_steps > 0:
+        for line in profile(backend, ragged, args.profile_steps, args.top):
+            print(line)
+    if not results:
+        raise SystemExit("decode_step: no variant ran")
+    best = min(results, key=results.get)
+    base = results.get("seekrl")
+    speedup = f" speedup_best={base / results[best]:.2f}" if base else ""
+    # the fastest variant that is a setting (not `even` / `hf_loop`, which are diagnoses)
+    remedies = {("default" if v == "seekrl" else v): ms for v, ms in results.items()
+                if v == "seekrl" or v in REMEDIES}
+    remedy = min(remedies, key=remedies.get) if remedies else "-"
+    print(f"summary: decode_ms_seekrl={base if base is None else round(base, 2)} "
+          f"best={best} best_ms={results[best]:.2f}{speedup} remedy={remedy} "
+          f"batch={args.batch} device={device.type}")
+
+
+if __name__ == "__main__":
+    main()
