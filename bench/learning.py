@@ -165,17 +165,12 @@ def _setup(work: Path, demo, n_test: int, sft: Path | None, device: str
 
 
 def _sft(work: Path, demo, index_dir: Path, device: str) -> Path:
-    from seekrl.config import SFTConfig
-    from seekrl.recipes.pipeline import sft_batching
+    from seekrl.recipes.pipeline import sft_config
     from seekrl.recipes.sft import run_sft
 
     final = work / "sft" / "final"
     if not (final / "config.json").is_file():
-        run_sft(SFTConfig(model=demo.model, data=str(work / "oracle_train.jsonl"),
-                          out=str(work / "sft"), seed=demo.seed, max_steps=demo.sft_steps,
-                          **sft_batching(demo), max_info_tokens=demo.max_info_tokens,
-                          topk=demo.k, train_layers=demo.train_layers, device=device,
-                          optim={"lr": demo.sft_lr, "warmup_steps": 2, "min_lr_ratio": 0.1}),
+        run_sft(sft_config(demo, work / "oracle_train.jsonl", work / "sft", device=device),
                 overwrite=True)   # a run killed before `final` is redone
     return final
 

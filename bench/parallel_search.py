@@ -42,6 +42,9 @@ def main() -> None:
     ap.add_argument("--sft-sequential", type=Path, default=None,
                     help="a sequential SFT checkpoint of the same world (default: train one)")
     ap.add_argument("--sft-steps", type=int, default=None, help="default: the demo's")
+    ap.add_argument("--max-new-tokens", type=int, default=128,
+                    help="turn limit of both sides' evaluations (and SFT's check): the parallel "
+                         "oracle's planning turns run to ~110 tokens, past the demo's limit")
     ap.add_argument("--n-test", type=int, default=200)
     ap.add_argument("--eval-batch", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
@@ -50,7 +53,7 @@ def main() -> None:
                     help="SFT's dtype (float32, as the learning benchmarks' shared start)")
     ap.add_argument("--report", action="store_true", help="only print what WORK holds")
     args = ap.parse_args()
-    demo = DemoConfig(n_test=args.n_test, seed=args.seed)
+    demo = DemoConfig(n_test=args.n_test, seed=args.seed, eval_max_new_tokens=args.max_new_tokens)
     if args.sft_steps:
         demo.sft_steps = args.sft_steps
     started = time.time()
@@ -66,11 +69,11 @@ def main() -> None:
 
 def _side(side: str, args, demo, world_dir: Path, index_dir: Path, test_file: Path) -> dict:
     from seekrl.agent.oracle import write_oracle_trajectories
-    from seekrl.config import EvalConfig, SFTConfig
+    from seekrl.config import EvalConfig
     from seekrl.data.qa import read_qa_jsonl
     from seekrl.eval.evaluate import eval_policy
     from seekrl.models import load_policy
-    from seekrl.recipes.pipeline import sft_batching
+    from seekrl.recipes.pipeline import sft_config
     from seekrl.recipes.sft import run_sft
     from seekrl.retrieval.index import load_index
 
@@ -92,13 +95,8 @@ def _side(side: str, args, demo, world_dir: Path, index_dir: Path, test_file: Pa
                                               load_index(index_dir), oracle, k=demo.k,
                                               max_queries=max_queries)
             print(f"parallel oracle: {stats.summary()}", flush=True)
-        sft = run_sft(SFTConfig(model=demo.model, data=str(oracle), out=str(out / "sft"),
-                                seed=demo.seed, max_steps=demo.sft_steps, **sft_batching(demo),
-                                max_info_tokens=demo.max_info_tokens, topk=demo.k,
-                                train_layers=demo.train_layers, dtype=args.sft_dtype,
-                                max_queries=max_queries,
-                                optim={"lr": demo.sft_lr, "warmup_steps": 2, "min_lr_ratio": 0.1}),
-                      overwrite=True)
+        sft = run_sft(sft_config(demo, oracle, out / "sft", dtype=args.sft_dtype,
+                                 max_queries=max_queries), overwrite=True)
         final = Path(sft["final"])
     sft_minutes = (time.time() - t0) / 60
     policy, tokenizer = load_policy(str(final), dtype=args.dtype)

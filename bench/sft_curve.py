@@ -60,8 +60,7 @@ def main() -> None:
 def _point(steps: int, args, demo, index_dir: Path, test_file: Path) -> dict:
     from process_ablation import _evaluate
 
-    from seekrl.config import SFTConfig
-    from seekrl.recipes.pipeline import sft_batching
+    from seekrl.recipes.pipeline import sft_config
     from seekrl.recipes.sft import run_sft
 
     out = args.work_dir / (f"sft-{steps}" if args.dtype == "float32" else f"sft-{steps}-{args.dtype}")
@@ -71,12 +70,9 @@ def _point(steps: int, args, demo, index_dir: Path, test_file: Path) -> dict:
     t0 = time.time()
     # a run killed before its point goes on from its last checkpoint (every 10 steps)
     resume = (out / "run" / "checkpoints" / "latest").is_file()
-    sft = run_sft(SFTConfig(model=demo.model, data=str(args.work_dir / "oracle_train.jsonl"),
-                            out=str(out / "run"), seed=demo.seed, max_steps=steps,
-                            **sft_batching(demo), max_info_tokens=demo.max_info_tokens,
-                            topk=demo.k, train_layers=demo.train_layers, device=args.device,
-                            dtype=args.dtype, save_every=10, keep_last=1,
-                            optim={"lr": demo.sft_lr, "warmup_steps": 2, "min_lr_ratio": 0.1}),
+    sft = run_sft(sft_config(demo, args.work_dir / "oracle_train.jsonl", out / "run",
+                             max_steps=steps, device=args.device, dtype=args.dtype,
+                             save_every=10, keep_last=1),
                   overwrite=not resume, resume=resume)
     sft_minutes = (time.time() - t0) / 60
     metrics = _evaluate(Path(sft["final"]), out / "eval-test", index_dir, test_file, demo, args)

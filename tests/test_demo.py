@@ -57,3 +57,35 @@ def test_demo_pipeline_writes_summary_report_and_viewers(tmp_path, process):
 def test_demo_refuses_an_unknown_process_method_before_any_work(tmp_path):
     with pytest.raises(ValueError, match="process method: expected one of"):
         run_demo(tmp_path / "d", DemoConfig(process="magic"))
+
+
+@pytest.mark.parametrize("max_queries", [1, 3])
+def test_every_oracle_turn_of_the_demo_world_fits_the_demo_turn_limit(tmp_path, max_queries):
+    """A turn the SFT data teaches but the rollouts' limit cuts is an invalid turn the policy
+    was trained to write (2026-11-27: 23% of comparison answers ran past a 64-token limit).
+    The demo's limit holds every sequential oracle turn of its world, with the bundled
+    tokenizer; the parallel bench's own limit (128) holds the parallel oracle's."""
+    from seekrl.agent.oracle import write_oracle_trajectories
+    from seekrl.data.qa import read_qa_jsonl
+    from seekrl.data.world import WorldConfig, generate_world, write_world
+    from seekrl.models import load_tokenizer
+    from seekrl.recipes.sft import load_sft_examples
+    from seekrl.retrieval.index import build_index, load_index
+
+    demo = DemoConfig()
+    world = generate_world(WorldConfig(seed=demo.seed, difficulty=demo.difficulty,
+                                       doc_words=demo.doc_words, hop_mix=demo.hop_mix))
+    paths = write_world(world, tmp_path / "world")
+    index = load_index(build_index(paths["corpus"], tmp_path / "index", "bm25",
+                                   show_progress=False))
+    oracle = tmp_path / "oracle.jsonl"
+    write_oracle_trajectories(read_qa_jsonl(paths["train"]), index, oracle, k=demo.k,
+                              max_queries=max_queries)
+    examples, _ = load_sft_examples(oracle, load_tokenizer(demo.model),
+                                    max_info_tokens=demo.max_info_tokens,
+                                    only_complete=False, max_queries=max_queries)
+    longest = max(e.longest_turn for e in examples)
+    limit = demo.eval_max_new_tokens if max_queries == 1 else 128
+    print(f"max_queries={max_queries} episodes={len(examples)} longest_turn={longest} "
+          f"limit={limit}")
+    assert longest <= limit

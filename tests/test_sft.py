@@ -229,3 +229,38 @@ def test_a_resumed_run_ends_where_a_straight_one_does(world, tiny, tmp_path, mon
     no_ckpt = Interrupted(0, None, 0).message("seekrl sft")
     assert no_ckpt == ("interrupted before the first step, with no checkpoint (save_every is "
                        "0); start again with: seekrl sft --overwrite")
+
+
+def test_turns_longer_than_the_rollout_limit_are_reported(world, tiny, tmp_path):
+    """An episode whose turn is longer than the turn limit its rollouts will use teaches
+    turns the rollouts cut mid-way (an invalid turn): SFT says so, naming the count, the
+    longest turn and where it is, and its summary carries the figures."""
+    from rich.console import Console
+
+    from seekrl.recipes.sft import SFTExample, turn_limit_warning
+
+    ex = [SFTExample([1] * 12, [0, 0, 1, 1, 1, 0, 1, 1, 1, 1, 1, 0], "f.jsonl:1"),
+          SFTExample([1] * 6, [0, 1, 1, 0, 1, 1], "f.jsonl:2")]
+    assert [e.longest_turn for e in ex] == [5, 2]
+    assert turn_limit_warning(ex, 5) is None
+    said = turn_limit_warning(ex, 4)
+    assert said.startswith("1 of 2 episodes (50%) hold a turn longer than the turn limit of "
+                           "4 tokens (longest 5 tokens, f.jsonl:1)")
+    model, tok = tiny
+    examples, _ = load_sft_examples(world["oracle"], tok, max_info_tokens=64)
+    longest = max(e.longest_turn for e in examples)
+    console = Console(record=True, width=400)
+    summary = run_sft(SFTConfig(data=str(world["oracle"]), out=str(tmp_path / "sft"),
+                                max_steps=1, batch_size=1, grad_accum=1, max_info_tokens=64,
+                                max_new_tokens=longest - 1),
+                      model=__import__("copy").deepcopy(model), tokenizer=tok, console=console)
+    assert summary["turn_limit"] == longest - 1 and summary["longest_turn"] == longest
+    assert summary["turns_over_limit"] >= 1
+    assert f"longer than the turn limit of {longest - 1} tokens" in console.export_text()
+    # without max_new_tokens the evaluation's turn limit is the one checked
+    quiet = Console(record=True, width=400)
+    summary = run_sft(SFTConfig(data=str(world["oracle"]), out=str(tmp_path / "sft2"),
+                                max_steps=1, batch_size=1, grad_accum=1, max_info_tokens=64,
+                                eval={"max_new_tokens": longest}),
+                      model=__import__("copy").deepcopy(model), tokenizer=tok, console=quiet)
+    assert summary["turns_over_limit"] == 0 and "turn limit" not in quiet.export_text()

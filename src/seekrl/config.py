@@ -157,6 +157,9 @@ class SFTConfig(Strict):
     batch_size: int = Field(2, ge=1)
     grad_accum: int = Field(4, ge=1)
     max_len: int = Field(2048, ge=16)          # longer episodes are cut (the tail is lost)
+    # the turn limit this policy's rollouts will use (rollout.max_new_tokens; None: eval's):
+    # SFT warns about episodes with a longer turn, which rollouts would cut mid-turn
+    max_new_tokens: MaxNewTokens | None = None
     max_info_tokens: MaxInfoTokens = DEFAULT_MAX_INFO_TOKENS   # as rollouts cut it
     topk: TopK = DEFAULT_TOPK           # documents per search, for the dev evaluation
     prompt: Prompt = "seekrl"      # the agent's prompt the episodes are laid out with
@@ -629,7 +632,7 @@ class ProragConfig(Strict):
     k: TopK = 2                        # documents per search
     max_info_tokens: MaxInfoTokens = 256
     max_turns: MaxTurns = 4
-    max_new_tokens: MaxNewTokens = 64
+    max_new_tokens: MaxNewTokens = 96  # the demo's: holds every oracle turn
     train_layers: int | None = Field(16, ge=1)   # top blocks trained in every stage
     refine_method: Literal["rft", "step_dpo", "none"] = "rft"
     # the policies evaluated on the test questions (each evaluation of 200 questions is

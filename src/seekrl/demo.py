@@ -39,7 +39,7 @@ from seekrl.recipes.pipeline import (
     demo_dtype,
     evaluate_greedy,
     rl_config_tree,
-    sft_batching,
+    sft_config,
 )
 from seekrl.retrieval.index import build_index, load_index
 from seekrl.runtime import peak_rss_mb
@@ -89,7 +89,6 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
              console: Console | None = None, overwrite: bool = False) -> dict:
     """The demo into `out`; a folder that holds a demo run already is refused unless
     `overwrite`, which removes the old run's files once the settings are checked."""
-    from seekrl.config import SFTConfig
     from seekrl.eval.training_report import write_training_report
     from seekrl.models import resolve_model
     from seekrl.recipes.checkpoint import remove_outputs
@@ -154,11 +153,7 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
     untrained = evaluate_greedy(cfg.model, out / "eval_untrained", **eval_kw)
 
     clock.stage("sft", f"SFT warm-up: {cfg.sft_steps} steps x {cfg.sft_batch} oracle episodes")
-    sft_cfg = SFTConfig(model=cfg.model, data=str(oracle_path), out=str(out / "sft"),
-                        index=str(index_dir), seed=cfg.seed, max_steps=cfg.sft_steps,
-                        **sft_batching(cfg), max_info_tokens=cfg.max_info_tokens,
-                        topk=cfg.k, train_layers=cfg.train_layers, dtype=demo_dtype(cfg),
-                        optim={"lr": cfg.sft_lr, "warmup_steps": 2, "min_lr_ratio": 0.1})
+    sft_cfg = sft_config(cfg, oracle_path, out / "sft", index=str(index_dir))
     sft = run_sft(sft_cfg, console=console, overwrite=True)
 
     clock.stage("eval_sft", "evaluate the SFT checkpoint on the same test questions")

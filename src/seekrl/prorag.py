@@ -80,6 +80,7 @@ def stage_configs(cfg: ProragConfig, paths: dict[str, str]) -> dict[str, Any]:
         "model": cfg.model, "data": paths["sft_data"], "out": str(out / "sft"),
         "seed": cfg.seed, "max_steps": 20, "batch_size": 2, "grad_accum": 4,   # 8 per step
         "max_info_tokens": cfg.max_info_tokens, "topk": cfg.k, "train_layers": cfg.train_layers,
+        "max_new_tokens": cfg.max_new_tokens,
         "optim": {"lr": 2e-4, "warmup_steps": 2, "min_lr_ratio": 0.1}})
     sft_final = paths.get("sft_final", str(Path(stages["sft"].out) / "final"))
     stages["labels"] = build("labels", LabelConfig, {

@@ -27,7 +27,7 @@ class DemoConfig:
     # evaluation (greedy, the same test questions before and after every stage)
     n_test: int = 40
     eval_max_turns: int = 4
-    eval_max_new_tokens: int = 64
+    eval_max_new_tokens: int = 96    # holds every oracle turn (longest 80 tokens; a test)
     # SFT warm-up
     sft_steps: int = 20
     sft_batch: int = 8               # episodes per optimizer step
@@ -72,6 +72,21 @@ def sft_batching(cfg: DemoConfig) -> dict[str, int]:
     (the same gradient: the loss is normalised over the step's tokens)."""
     accum = max(1, cfg.sft_batch // max(1, cfg.sft_micro_batch))
     return {"batch_size": max(1, cfg.sft_batch // accum), "grad_accum": accum}
+
+
+def sft_config(cfg: DemoConfig, data: str | Path, out: str | Path, **overrides):
+    """The demo's SFT warm-up as an `SFTConfig` (the benchmarks start from it too):
+    `sft_steps` steps of `sft_batch` episodes, the top `train_layers` blocks, the turn limit
+    of the demo's rollouts; `overrides` replace any key."""
+    from seekrl.config import SFTConfig
+
+    settings = {"model": cfg.model, "data": str(data), "out": str(out), "seed": cfg.seed,
+                "max_steps": cfg.sft_steps, **sft_batching(cfg),
+                "max_info_tokens": cfg.max_info_tokens, "topk": cfg.k,
+                "train_layers": cfg.train_layers, "max_new_tokens": cfg.eval_max_new_tokens,
+                "dtype": demo_dtype(cfg),
+                "optim": {"lr": cfg.sft_lr, "warmup_steps": 2, "min_lr_ratio": 0.1}}
+    return SFTConfig(**{**settings, **overrides})
 
 
 def rl_config_tree(cfg: DemoConfig, *, model: str, train_file: str | Path,

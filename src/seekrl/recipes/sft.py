@@ -72,6 +72,30 @@ class SFTExample:
     loss_mask: list[int]
     source: str                    # "file:line", for error messages and the log
 
+    @property
+    def longest_turn(self) -> int:
+        """The longest run of policy tokens: the episode's longest turn, in tokens."""
+        longest = run = 0
+        for m in self.loss_mask:
+            run = run + 1 if m else 0
+            longest = max(longest, run)
+        return longest
+
+
+def turn_limit_warning(examples: list[SFTExample], limit: int) -> str | None:
+    """A sentence when some episodes hold a turn longer than `limit` tokens (the turn limit
+    of the rollouts the policy will play): a policy that learns such turns is cut mid-turn
+    by rollouts, and a cut turn is an invalid one. None when every turn fits."""
+    over = [(e.longest_turn, e.source) for e in examples if e.longest_turn > limit]
+    if not over:
+        return None
+    longest, where = max(over)
+    return (f"{len(over)} of {len(examples)} episodes ({len(over) / len(examples):.0%}) hold "
+            f"a turn longer than the turn limit of {limit} tokens (longest {longest} tokens, "
+            f"{where}): rollouts cut such turns, so a policy that learns them writes invalid "
+            f"ones. Raise the limit (max_new_tokens here and rollout.max_new_tokens in RL) or "
+            f"shorten those turns.")
+
 
 def episode_tokens(tokenizer, record: dict, *,
                    max_info_tokens: int = DEFAULT_MAX_INFO_TOKENS, where: str = "",
@@ -348,6 +372,10 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
     dump_config(cfg, out / "config.yaml")
     log = MetricsLog(out / "metrics.jsonl", resume=resume)
     pad_id = pad_id_of(tokenizer)
+    turn_limit = cfg.max_new_tokens or cfg.eval.max_new_tokens
+    too_long = turn_limit_warning(examples, turn_limit)
+    if too_long:
+        say(f"[yellow]warning:[/] {too_long}")
     say(f"SFT on {len(examples)} episodes ({skipped['incomplete']} incomplete skipped, "
         f"{skipped['truncated']} cut to {cfg.max_len} tokens): {total_steps} steps of "
         f"{cfg.batch_size} x {cfg.grad_accum} episodes")
@@ -407,6 +435,9 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
             f"{dev['valid_format']:.2f})")
     log.close()
     return {"steps": total_steps, "episodes": len(examples), "skipped": skipped,
+            "turn_limit": turn_limit,
+            "turns_over_limit": sum(e.longest_turn > turn_limit for e in examples),
+            "longest_turn": max(e.longest_turn for e in examples),
             "loss": last.get("loss"), "dev": dev, "final": str(final),
             "minutes": round((time.time() - started) / 60, 2)}
 
