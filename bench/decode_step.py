@@ -17,7 +17,9 @@ This bench separates the candidates, each on the same left-padded batch of rando
   refuses these inputs prints `error`;
 - `eager`: the model's attention in plain matmuls (`set_attn_implementation("eager")`);
 - `even`: every context the same length (no padding in the mask);
-- `hf_loop`: a bare loop of `model(...)` with transformers' `DynamicCache` (no seekrl code).
+- `hf_loop`: a bare loop of `model(...)` with transformers' `DynamicCache` (no seekrl code);
+- `hf_nomask`: the same on equal-length contexts with no attention mask at all (what
+  building and applying the mask costs).
 
 Per variant: `decode_ms_VARIANT=` (one step, the prefill subtracted: T(steps+1) - T(1)) and
 the tokens/s that gives. Then a profile of `--profile-steps` steps of `seekrl`: host and
@@ -115,8 +117,9 @@ def seekrl_decode(backend: HFBackend, contexts, new_tokens: int) -> float:
     return seconds
 
 
-def hf_loop_decode(model, tok, contexts, new_tokens: int) -> float:
-    """Seconds for a bare greedy loop of model(...) calls with transformers' DynamicCache."""
+def hf_loop_decode(model, tok, contexts, new_tokens: int, mask_given: bool = True) -> float:
+    """Seconds for a bare greedy loop of model(...) calls with transformers' DynamicCache;
+    `mask_given=False` (equal-length contexts only) passes no attention mask at all."""
     from transformers import DynamicCache
 
     from seekrl.models import cache_kwarg
@@ -133,14 +136,14 @@ def hf_loop_decode(model, tok, contexts, new_tokens: int) -> float:
     started = time.perf_counter()
     with torch.no_grad():
         cache = DynamicCache()
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                    use_cache=True, logits_to_keep=1, **{kw: cache})
+        out = model(input_ids=ids, attention_mask=mask if mask_given else None,
+                    position_ids=positions, use_cache=True, logits_to_keep=1, **{kw: cache})
         nxt = positions[:, -1:] + 1
         for _ in range(new_tokens - 1):
             token = out.logits[:, -1].argmax(-1, keepdim=True)
             mask = torch.cat([mask, torch.ones_like(token)], dim=1)
-            out = model(input_ids=token, attention_mask=mask, position_ids=nxt,
-                        use_cache=True, logits_to_keep=1, **{kw: cache})
+            out = model(input_ids=token, attention_mask=mask if mask_given else None,
+                        position_ids=nxt, use_cache=True, logits_to_keep=1, **{kw: cache})
             nxt = nxt + 1
     _sync(device)
     return time.perf_counter() - started
@@ -194,7 +197,7 @@ def main() -> None:
     p.add_argument("--profile-steps", type=int, default=8)
     p.add_argument("--top", type=int, default=10)
     p.add_argument("--variants", default="seekrl,sdpa_math,sdpa_efficient,sdpa_flash,"
-                   "sdpa_cudnn,eager,even,hf_loop")
+                   "sdpa_cudnn,eager,even,hf_loop,hf_nomask")
     args = p.parse_args()
     dtype = getattr(torch, args.dtype)
     model, tok = load_policy(dtype=args.dtype, device=args.device)
@@ -226,6 +229,9 @@ def main() -> None:
         try:
             if variant == "hf_loop":
                 ms = per_step_ms(lambda n: hf_loop_decode(model, tok, ragged, n), args.steps)
+            elif variant == "hf_nomask":
+                ms = per_step_ms(lambda n: hf_loop_decode(model, tok, even, n, mask_given=False),
+                                 args.steps)
             elif variant in ("seekrl", "even", "eager") or variant.startswith("sdpa_"):
                 ctx = even if variant == "even" else ragged
                 name = variant if variant in REMEDIES else "default"
@@ -249,7 +255,7 @@ def main() -> None:
     best = min(results, key=results.get)
     base = results.get("seekrl")
     speedup = f" speedup_best={base / results[best]:.2f}" if base else ""
-    # the fastest variant that is a setting (not `even` / `hf_loop`, which are diagnoses)
+    # the fastest variant that is a setting (not `even` / `hf_*`, which are diagnoses)
     remedies = {("default" if v == "seekrl" else v): ms for v, ms in results.items()
                 if v == "seekrl" or v in REMEDIES}
     remedy = min(remedies, key=remedies.get) if remedies else "-"
