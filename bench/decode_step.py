@@ -217,6 +217,17 @@ def main() -> None:
           f"device={device.type} gpu={gpu.replace(' ', '_')} batch={args.batch} "
           f"context={args.context} steps={args.steps} torch={torch.__version__} "
           f"attn={model.config._attn_implementation}")
+    order = getattr(torch._C, "_get_sdp_priority_order", None)
+    if order is not None:   # the order PyTorch tries SDPA backends in
+        try:
+            from torch.nn.attention import SDPBackend
+
+            names = {int(getattr(SDPBackend, n)): n.lower() for n in dir(SDPBackend)
+                     if n.isupper() and isinstance(getattr(SDPBackend, n), SDPBackend)}
+            print("sdp_priority_order=" + ",".join(names.get(int(x), str(int(x)))
+                                                   for x in order()))
+        except Exception:   # a private API: its form may change
+            pass
     backend = HFBackend(model, tok, stop_strings=())
     backend.stop_ids = set()    # every row decodes every step: one batch size throughout
     ragged = contexts_for(tok, args.batch, args.context, even=False)
