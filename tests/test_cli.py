@@ -610,3 +610,31 @@ def test_an_interrupted_train_says_where_it_stopped_and_how_to_resume(lab, tmp_p
                    "continuing with step 2 of 2".split()) in "".join(r.output.split()), r.output
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] \
         == [1, 2]
+
+
+@pytest.mark.parametrize("command", ["sft", "prm"])
+def test_an_interrupted_sft_or_prm_run_gives_the_command_that_goes_on(tmp_path, monkeypatch,
+                                                                      command):
+    """Ctrl-C in `seekrl sft` / `seekrl prm train`: exit 130 and, on one line, where it
+    stopped and the same command with --resume (or, before any checkpoint, how to restart)."""
+    import seekrl.recipes.prm as prm_module
+    import seekrl.recipes.sft as sft_module
+    from seekrl.recipes.sft import Interrupted
+
+    ckpt = tmp_path / "o" / "checkpoints" / "step-2"
+    module, name, args = ((sft_module, "run_sft", ["sft", f"data={tmp_path / 'd.jsonl'}"])
+                          if command == "sft" else
+                          (prm_module, "train_prm", ["prm", "train", f"labels={tmp_path}"]))
+    args = [*args, f"out={tmp_path / 'o'}"]
+    for raised, said in [(Interrupted(2, ckpt, 1), f"interrupted after step 2; the latest "
+                          f"checkpoint is {ckpt}; continue from it with: seekrl "
+                          f"{' '.join(args)} --resume"),
+                         (Interrupted(0, None, 0), "interrupted before the first step, with "
+                          f"no checkpoint (save_every is 0); start again with: seekrl "
+                          f"{' '.join(args)} --overwrite")]:
+        def stop(*a, _raised=raised, **k):
+            raise _raised
+        monkeypatch.setattr(module, name, stop)
+        r = run(*args)
+        assert r.exit_code == 130, r.output
+        assert said in r.output, r.output

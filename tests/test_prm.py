@@ -162,7 +162,9 @@ def test_train_save_load_score_on_mcts_labels(tiny, tmp_path):
     result = train_prm(cfg, model=copy.deepcopy(model), tokenizer=tok)
     # checkpoints along the way (the newest two kept), each a PRM the scorer loads
     saved = sorted(p.name for p in (tmp_path / "prm" / "checkpoints").iterdir())
-    assert saved == ["step-2", "step-3"]
+    assert saved == ["latest", "step-2", "step-3"]
+    assert (tmp_path / "prm" / "checkpoints" / "latest").read_text() == "step-3"
+    saved = saved[1:]
     assert load_scorer(tmp_path / "prm" / "checkpoints" / "step-3").score_steps(
         labels.episodes[:1])[0]
     # and each names its labels like final/ does (so a benchmark can count their tokens),
@@ -453,3 +455,60 @@ def test_label_warnings_say_what_the_labels_leave_out():
     assert any("dev split holds no labels" in n for n in label_warnings("pointwise", full, empty))
     only_pairs = LabelSet(points=[], pairs=[pair], episodes=[])
     assert any("no held-out AUC" in n for n in label_warnings("pairwise", full, only_pairs))
+
+
+def test_a_resumed_prm_run_ends_where_a_straight_one_does(tiny, label_dir, tmp_path,
+                                                         monkeypatch):
+    """Ctrl-C in step 3 of 4 (checkpoints every step), then --resume: the same weights, the
+    same head and the same logged losses and held-out figures as a run that never stopped."""
+    import seekrl.recipes.prm as prm_module
+    from seekrl.config import ConfigError
+    from seekrl.models import load_policy
+    from seekrl.recipes.sft import Interrupted
+
+    model, tok = tiny
+
+    def cfg(out):
+        return PRMConfig(labels=str(label_dir), out=str(tmp_path / out), steps=4,
+                         batch_size=4, dev_share=0.3, save_every=1, keep_last=1,
+                         eval_every=2, optim={"lr": 1e-3, "warmup_steps": 1})
+
+    straight = train_prm(cfg("a"), model=copy.deepcopy(model), tokenizer=tok)
+    real, calls = prm_module.pointwise_loss, []
+
+    def stop_in_step_3(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:   # one pointwise batch a step
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(prm_module, "pointwise_loss", stop_in_step_3)
+    with pytest.raises(Interrupted) as err:
+        train_prm(cfg("b"), model=copy.deepcopy(model), tokenizer=tok)
+    ckpt = tmp_path / "b" / "checkpoints" / "step-2"
+    assert err.value.done == 2 and err.value.checkpoint == ckpt
+    assert err.value.message("seekrl prm train out=b").endswith(
+        "continue from it with: seekrl prm train out=b --resume")
+    assert (ckpt / "state.pt").is_file() and load_scorer(ckpt).score_steps(
+        read_labels([label_dir]).episodes[:1])[0]   # a checkpoint is a PRM as it is
+    monkeypatch.setattr(prm_module, "pointwise_loss", real)
+    with pytest.raises(ConfigError, match="already holds a run .*--resume"):
+        train_prm(cfg("b"), model=copy.deepcopy(model), tokenizer=tok)
+    with pytest.raises(ConfigError, match="not both"):
+        train_prm(cfg("b"), model=copy.deepcopy(model), tokenizer=tok, resume=True,
+                  overwrite=True)
+    resumed = train_prm(cfg("b"), model=copy.deepcopy(model), tokenizer=tok, resume=True)
+    a, b = load_policy(straight["final"])[0], load_policy(resumed["final"])[0]
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), name
+    head = [torch.load(tmp_path / run / "final" / "prm_head.pt") for run in ("a", "b")]
+    assert all(torch.equal(head[0][k], head[1][k]) for k in head[0])
+    assert resumed["dev"] == straight["dev"]
+
+    def log(out):
+        return [json.loads(x) for x in (tmp_path / out / "metrics.jsonl").read_text().splitlines()]
+    drop = ("seconds",)
+    assert [{k: v for k, v in r.items() if k not in drop} for r in log("b")] == \
+        [{k: v for k, v in r.items() if k not in drop} for r in log("a")]
+    with pytest.raises(ConfigError, match="no PRM checkpoint"):
+        train_prm(cfg("c"), model=copy.deepcopy(model), tokenizer=tok, resume=True)

@@ -552,12 +552,7 @@ def sft(
     except ERRORS as err:
         _fail(err)
     except KeyboardInterrupt as err:   # one line, not wrapped: the command is copied from it
-        console.print("")
-        console.print(err.message(command) if isinstance(err, Interrupted) else
-                      "interrupted before the first step; start again with: " + command
-                      + (" --resume" if resume else " --overwrite" if overwrite else ""),
-                      markup=False, highlight=False, soft_wrap=True)
-        raise typer.Exit(130) from None
+        _interrupted(err, Interrupted, command, resume=resume, overwrite=overwrite)
     console.print(f"final model -> {summary['final']} (load it with `seekrl eval --model "
                   f"{summary['final']}`)")
 
@@ -762,6 +757,18 @@ prm_app = typer.Typer(no_args_is_help=True, help="The process reward model: trai
 app.add_typer(prm_app, name="prm")
 
 
+def _interrupted(err: KeyboardInterrupt, interrupted: type, command: str, *, resume: bool,
+                 overwrite: bool) -> None:
+    """Ctrl-C in a resumable command: where it stopped and the command that goes on, on one
+    line that is not wrapped (it is copied from), then exit 130."""
+    console.print("")
+    console.print(err.message(command) if isinstance(err, interrupted) else
+                  "interrupted before the first step; start again with: " + command
+                  + (" --resume" if resume else " --overwrite" if overwrite else ""),
+                  markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(130) from None
+
+
 @prm_app.command("train")
 def prm_train(
     config: Annotated[Optional[Path], typer.Option(help="YAML config (keys: see seekrl.config.PRMConfig)")]
@@ -770,15 +777,24 @@ def prm_train(
         help="key.sub=value overrides, e.g. labels=runs/labels model=runs/sft/final loss=pairwise",
         show_default=False)] = None,
     overwrite: Annotated[bool, typer.Option(help="replace a PRM already in out")] = False,
+    resume: Annotated[bool, typer.Option(
+        help="continue the run in out from its latest checkpoint (save_every)")] = False,
 ):
     """Train a PRM (LM + scalar head at each step's last token) on label folders."""
-    from seekrl.recipes.prm import train_prm
+    import shlex
 
+    from seekrl.recipes.prm import train_prm
+    from seekrl.recipes.sft import Interrupted
+
+    command = shlex.join(["seekrl", "prm", "train", *(["--config", str(config)] if config
+                                                      else []), *(overrides or [])])
     try:
         cfg = _load("PRMConfig", config, overrides)
-        summary = train_prm(cfg, console=console, overwrite=overwrite)
+        summary = train_prm(cfg, console=console, overwrite=overwrite, resume=resume)
     except ERRORS as err:
         _fail(err)
+    except KeyboardInterrupt as err:   # one line, not wrapped: the command is copied from it
+        _interrupted(err, Interrupted, command, resume=resume, overwrite=overwrite)
     console.print(f"PRM -> {summary['final']} (use it in RL: reward.process.prm=1.0 "
                   f"reward.prm={summary['final']})")
 

@@ -163,6 +163,24 @@ def replace_dir(tmp: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def point_latest(folder: Path, target: Path) -> None:
+    """Make `folder/latest` name `target` (a step-N folder in it): written under a temporary
+    name, flushed, then renamed over, so `latest` always names a complete checkpoint."""
+    pointer = folder / f".latest.tmp{os.getpid()}"
+    with open(pointer, "w", encoding="utf-8") as fh:
+        fh.write(target.name)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(pointer, folder / "latest")
+    fsync_dir(folder, files=False)     # and so is the pointer's rename
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    """The checkpoint `out/checkpoints/latest` names, None when there is none."""
+    pointer = out / "checkpoints" / "latest"
+    return out / "checkpoints" / pointer.read_text().strip() if pointer.is_file() else None
+
+
 def fsync_dir(path: Path, *, files: bool = True) -> None:
     """Flush a folder's files (with `files`) and then the folder itself, whose entries (a
     new name, a rename) are data of their own: without it a power cut can leave `latest`

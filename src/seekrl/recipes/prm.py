@@ -149,14 +149,18 @@ class PRMScorer:
         return out
 
 
-def save_prm(prm: ProcessRewardModel, tokenizer, path: str | Path, info: dict | None = None
-             ) -> Path:
+def save_prm(prm: ProcessRewardModel, tokenizer, path: str | Path, info: dict | None = None,
+             state: dict | None = None) -> Path:
+    """A PRM folder `load_prm` reads; with `state`, also `state.pt` (what a resumed
+    training run needs)."""
     from seekrl.recipes.checkpoint import save_policy
 
     def head_and_marker(folder: Path) -> None:   # inside the folder before it is moved in
         torch.save(prm.head.state_dict(), folder / "prm_head.pt")
         (folder / PRM_MARKER).write_text(json.dumps({"kind": "seekrl-prm", **(info or {})},
                                                     indent=1))
+        if state is not None:
+            torch.save(state, folder / "state.pt")
     return save_policy(prm.lm, tokenizer, path, before_rename=head_and_marker)
 
 
@@ -279,12 +283,48 @@ def prm_metrics(scorer: PRMScorer, labels: LabelSet, threshold: float = 0.5) -> 
 
 # ---------------------------------------------------------------------- the recipe
 def _save_checkpoint(prm: ProcessRewardModel, tokenizer, folder: Path, step: int,
-                     keep_last: int, info: dict) -> None:
-    """`folder/step-N`, a PRM `load_scorer` reads; only the newest `keep_last` stay."""
-    from seekrl.recipes.checkpoint import prune_steps
+                     keep_last: int, info: dict, state: dict) -> None:
+    """`folder/step-N`, a PRM `load_scorer` reads, with the training state in state.pt;
+    then `latest` names it and only the newest `keep_last` stay."""
+    from seekrl.recipes.checkpoint import point_latest, prune_steps
 
-    save_prm(prm, tokenizer, folder / f"step-{step}", info)
+    target = save_prm(prm, tokenizer, folder / f"step-{step}", info, state=state)
+    point_latest(folder, target)
     prune_steps(folder, keep_last)
+
+
+def _training_state(prm: ProcessRewardModel, step: int, optimizer, scheduler,
+                    rng: random.Random) -> dict:
+    """What a resumed run needs to go on exactly: the trained weights (the head's too), the
+    optimizer and schedule, and the random states (the label sampler's among them)."""
+    from seekrl.recipes.setup import rng_state
+
+    return {"step": step,
+            "trainable": {n: p.detach().cpu() for n, p in prm.named_parameters()
+                          if p.requires_grad},
+            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "rng": rng_state(), "sampler_rng": rng.getstate()}
+
+
+def _restore(prm: ProcessRewardModel, checkpoint: Path, optimizer, scheduler,
+             rng: random.Random) -> int:
+    """Load a checkpoint's training state into a freshly built run; the step it was at."""
+    from seekrl.recipes.setup import set_rng_state
+
+    state = torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=False)
+    trained = dict(prm.named_parameters())
+    differ = sorted(set(state["trainable"]) ^ {n for n, p in trained.items() if p.requires_grad})
+    if differ:
+        raise ConfigError(f"--resume: {checkpoint} trained other weights than this config "
+                          f"does (train_layers, lora): {', '.join(differ[:3])} ...")
+    with torch.no_grad():
+        for name, value in state["trainable"].items():
+            trained[name].copy_(value)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    rng.setstate(state["sampler_rng"])
+    return int(state["step"])
 
 
 def check_scorer_tokenizer(scorer: Any, tokenizer, who: str) -> None:
@@ -300,14 +340,21 @@ def check_scorer_tokenizer(scorer: Any, tokenizer, who: str) -> None:
                           "on a backbone that shares the policy's tokenizer")
 
 
-def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool = False
-              ) -> dict[str, Any]:
+def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool = False,
+              resume: bool = False) -> dict[str, Any]:
     """`seekrl prm train`: fit the PRM on the label folders; save `out/final`; return the
     summary with the dev metrics. An `out` that holds a PRM run is refused unless
-    `overwrite`."""
+    `overwrite`; `resume` continues it from its latest checkpoint (`save_every`), drawing
+    the same labels as an uninterrupted run. Ctrl-C raises `Interrupted` (recipes/sft.py),
+    which says where the run stopped."""
     from seekrl.config import dump_config
     from seekrl.models import load_policy, load_tokenizer
-    from seekrl.recipes.checkpoint import check_run_dir, claim_run_dir
+    from seekrl.recipes.checkpoint import (
+        check_run_dir,
+        claim_run_dir,
+        config_changes,
+        latest_checkpoint,
+    )
     from seekrl.recipes.setup import (
         MetricsLog,
         clip_and_step,
@@ -317,6 +364,7 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
         set_seed,
         trainable_parameters,
     )
+    from seekrl.recipes.sft import Interrupted
 
     started = time.time()
     labels = read_labels(cfg.labels)              # bad labels fail before a model loads
@@ -330,8 +378,17 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
     if cfg.model is None and model is None:
         cfg = cfg.model_copy(update={"model": labelling_policy(cfg.labels)})
     out = Path(cfg.out)
-    check_run_dir(out, overwrite=overwrite, model=cfg.model if model is None else None,
-                  markers=("metrics.jsonl", "final", "checkpoints"), resumable=False)
+    if resume and overwrite:
+        raise ConfigError("give one of --resume (continue the run in out) or --overwrite "
+                          "(replace it), not both")
+    checkpoint = latest_checkpoint(out) if resume else None
+    if resume and (checkpoint is None or not (checkpoint / "state.pt").is_file()):
+        raise ConfigError(f"--resume: {out} has no PRM checkpoint to continue from "
+                          "(checkpoints/latest with its state.pt); checkpoints are written "
+                          "every save_every steps")
+    check_run_dir(out, overwrite=overwrite, resume=resume,
+                  model=cfg.model if model is None else None,
+                  markers=("metrics.jsonl", "final", "checkpoints"))
     # the tokenizer before the weights: a backbone that cannot read the labels fails fast
     check_label_tokenizer(cfg.labels, tokenizer if model is not None
                           else load_tokenizer(cfg.model), f"model {cfg.model or '(given)'}")
@@ -346,52 +403,75 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
     scheduler = make_scheduler(optimizer, cfg.optim, cfg.steps)
     pad_id = pad_id_of(tokenizer)
     scorer = PRMScorer(prm, tokenizer, device=cfg.device, batch_size=cfg.batch_size)
-    # the labels read, the model loaded and built (train_layers, lora): now the old run goes
-    claim_run_dir(out, overwrite=overwrite)
-    dump_config(cfg, out / "config.yaml")
-    log = MetricsLog(out / "metrics.jsonl")
     say = console.print if console is not None else (lambda *a, **k: None)
+    rng = random.Random(cfg.seed)
+    done = 0
+    if checkpoint is not None:
+        changed = config_changes(out / "config.yaml", cfg)
+        if changed:
+            say("[yellow]--resume with settings that differ from the run's config.yaml:[/] "
+                + "; ".join(changed))
+        done = _restore(prm, checkpoint, optimizer, scheduler, rng)
+        say(f"resuming from {checkpoint}: {done} of {cfg.steps} steps done")
+        log_path = out / "metrics.jsonl"
+        if log_path.is_file():   # the lines of steps after the checkpoint are redone
+            lines = [ln for ln in log_path.read_text().splitlines()
+                     if ln and json.loads(ln).get("step", 0) <= done]
+            log_path.write_text("".join(ln + "\n" for ln in lines))
+    # the labels read, the model loaded and built (train_layers, lora): now the old run goes
+    claim_run_dir(out, overwrite=overwrite, resume=resume)
+    dump_config(cfg, out / "config.yaml")
+    log = MetricsLog(out / "metrics.jsonl", resume=resume)
     say(f"PRM on {len(train.points)} labelled steps and {len(train.pairs)} pairs "
         f"({len(dev.points)} / {len(dev.pairs)} held out), loss {cfg.loss}, {cfg.steps} steps")
     notes = label_warnings(cfg.loss, train, dev)
     for note in notes:
         say(f"[yellow]warning:[/] {note}")
-    rng = random.Random(cfg.seed)
-    start_metrics = prm_metrics(scorer, dev, cfg.threshold) if cfg.eval_at_start else {}
+    start_metrics = prm_metrics(scorer, dev, cfg.threshold) \
+        if cfg.eval_at_start and not done else {}
     losses = [(name, fn, data) for name, fn, data, on in (
         ("pointwise_loss", pointwise_loss, train.points, use_points),
         ("pairwise_loss", pairwise_loss, train.pairs, use_pairs)) if on]
     params = trainable_parameters(lm) + list(prm.head.parameters())
     last: dict[str, Any] = {}
-    for step in range(1, cfg.steps + 1):
-        t0 = time.time()
-        loss = torch.zeros((), device=cfg.device)
-        rec: dict[str, Any] = {"step": step}
-        for name, loss_fn, data in losses:
-            part = loss_fn(prm, rng.sample(data, min(cfg.batch_size, len(data))), pad_id,
-                           cfg.device)
-            loss = loss + part
-            rec[name] = round(float(part.detach()), 5)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        rec["grad_norm"] = round(clip_and_step(params, optimizer, cfg.optim.max_grad_norm), 4)
-        scheduler.step()
-        rec["loss"] = round(float(loss.detach()), 5)
-        rec["seconds"] = round(time.time() - t0, 2)
-        if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
-            rec.update({f"dev_{k}": v for k, v in prm_metrics(scorer, dev, cfg.threshold).items()})
-        log.write(rec)
-        last = rec
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            say(f"step {step}/{cfg.steps}  loss {rec['loss']:.4f}  [{rec['seconds']:.1f}s]")
-        if cfg.save_every and step % cfg.save_every == 0 and step != cfg.steps:
-            # a checkpoint is a PRM folder like final/: it names its labels (so its label
-            # tokens can be counted) and carries its held-out figures when this step had them
-            dev_now = {k[4:]: v for k, v in rec.items() if k.startswith("dev_")}
-            _save_checkpoint(prm, tokenizer, out / "checkpoints", step, cfg.keep_last,
-                             {"init": cfg.model, "loss": cfg.loss, "step": step,
-                              "labels": [str(x) for x in cfg.labels],
-                              "dev_share": cfg.dev_share, **({"dev": dev_now} if dev_now else {})})
+    try:
+        for step in range(done + 1, cfg.steps + 1):
+            t0 = time.time()
+            loss = torch.zeros((), device=cfg.device)
+            rec: dict[str, Any] = {"step": step}
+            for name, loss_fn, data in losses:
+                part = loss_fn(prm, rng.sample(data, min(cfg.batch_size, len(data))), pad_id,
+                               cfg.device)
+                loss = loss + part
+                rec[name] = round(float(part.detach()), 5)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            rec["grad_norm"] = round(clip_and_step(params, optimizer, cfg.optim.max_grad_norm),
+                                     4)
+            scheduler.step()
+            rec["loss"] = round(float(loss.detach()), 5)
+            rec["seconds"] = round(time.time() - t0, 2)
+            if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
+                rec.update({f"dev_{k}": v
+                            for k, v in prm_metrics(scorer, dev, cfg.threshold).items()})
+            log.write(rec)
+            last = rec
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                say(f"step {step}/{cfg.steps}  loss {rec['loss']:.4f}  [{rec['seconds']:.1f}s]")
+            if cfg.save_every and step % cfg.save_every == 0 and step != cfg.steps:
+                # a checkpoint is a PRM folder like final/: it names its labels (so its label
+                # tokens can be counted) and carries its held-out figures when this step had them
+                dev_now = {k[4:]: v for k, v in rec.items() if k.startswith("dev_")}
+                _save_checkpoint(prm, tokenizer, out / "checkpoints", step, cfg.keep_last,
+                                 {"init": cfg.model, "loss": cfg.loss, "step": step,
+                                  "labels": [str(x) for x in cfg.labels],
+                                  "dev_share": cfg.dev_share,
+                                  **({"dev": dev_now} if dev_now else {})},
+                                 _training_state(prm, step, optimizer, scheduler, rng))
+            done = step
+    except KeyboardInterrupt:
+        log.close()
+        raise Interrupted(done, latest_checkpoint(out), cfg.save_every) from None
     metrics = prm_metrics(scorer, dev, cfg.threshold)
     if dev.points and metrics.get("auc") is None:
         notes.append(f"dev AUC undefined: all {len(dev.points)} held-out step labels are on one "

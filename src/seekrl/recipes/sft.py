@@ -17,7 +17,6 @@ loads like any Hugging Face model.
 from __future__ import annotations
 
 import json
-import os
 import random
 import time
 from dataclasses import dataclass
@@ -45,6 +44,8 @@ from seekrl.recipes.checkpoint import (
     check_run_dir,
     claim_run_dir,
     config_changes,
+    latest_checkpoint,
+    point_latest,
     prune_steps,
     save_policy,
 )
@@ -268,11 +269,6 @@ class Interrupted(KeyboardInterrupt):
                f"{command} --overwrite"
 
 
-def _latest(out: Path) -> Path | None:
-    pointer = out / "checkpoints" / "latest"
-    return out / "checkpoints" / pointer.read_text().strip() if pointer.is_file() else None
-
-
 def _save_state(out: Path, step: int, model, tokenizer, optimizer, scheduler, rng,
                 queue, index: dict[int, int], keep_last: int) -> Path:
     """checkpoints/step-N: the policy (loadable as it is), and in state.pt what a resumed
@@ -288,9 +284,7 @@ def _save_state(out: Path, step: int, model, tokenizer, optimizer, scheduler, rn
                              "rng": rng_state(), "batches_rng": rng.getstate(),
                              "queue": [[index[id(e)] for e in mb] for mb in queue]},
                              tmp / "state.pt"))
-    pointer = out / "checkpoints" / f".latest.tmp{os.getpid()}"
-    pointer.write_text(target.name)
-    os.replace(pointer, out / "checkpoints" / "latest")
+    point_latest(out / "checkpoints", target)
     prune_steps(out / "checkpoints", keep_last)
     return target
 
@@ -312,7 +306,7 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
     if resume and overwrite:
         raise ConfigError("give one of --resume (continue the run in out) or --overwrite "
                           "(replace it), not both")
-    checkpoint = _latest(out) if resume else None
+    checkpoint = latest_checkpoint(out) if resume else None
     if resume and checkpoint is None:
         raise ConfigError(f"--resume: {out} has no SFT checkpoint (checkpoints/latest); "
                           "checkpoints are written every save_every steps")
@@ -426,7 +420,7 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
             done = step
     except KeyboardInterrupt:
         log.close()
-        raise Interrupted(done, _latest(out), cfg.save_every) from None
+        raise Interrupted(done, latest_checkpoint(out), cfg.save_every) from None
     final = save_policy(model, tokenizer, out / "final")
     if cfg.eval.data:
         dev = _dev_eval(model, tokenizer, retriever, cfg, out / "eval" / "final")

@@ -69,6 +69,7 @@ from seekrl.recipes.checkpoint import (
     config_changes,
     fsync_dir,
     held_markers,
+    point_latest,
     prune_steps,
     replace_dir,
     save_policy,
@@ -959,13 +960,7 @@ class Trainer:
         fsync_dir(tmp)
         replace_dir(tmp, target)
         fsync_dir(self.ckpt_dir, files=False)     # the checkpoint's rename is on disk
-        pointer = self.ckpt_dir / f".latest.tmp{os.getpid()}"
-        with open(pointer, "w", encoding="utf-8") as fh:
-            fh.write(target.name)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(pointer, self.ckpt_dir / "latest")
-        fsync_dir(self.ckpt_dir, files=False)     # and so is the pointer's
+        point_latest(self.ckpt_dir, target)
         prune_steps(self.ckpt_dir, self.cfg.keep_last, keep={self.healthy_checkpoint})
 
     def load_checkpoint(self, path: Path) -> dict:
