@@ -293,40 +293,6 @@ def _save_checkpoint(prm: ProcessRewardModel, tokenizer, folder: Path, step: int
     prune_steps(folder, keep_last)
 
 
-def _training_state(prm: ProcessRewardModel, step: int, optimizer, scheduler,
-                    rng: random.Random) -> dict:
-    """What a resumed run needs to go on exactly: the trained weights (the head's too), the
-    optimizer and schedule, and the random states (the label sampler's among them)."""
-    from seekrl.recipes.setup import rng_state
-
-    return {"step": step,
-            "trainable": {n: p.detach().cpu() for n, p in prm.named_parameters()
-                          if p.requires_grad},
-            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "rng": rng_state(), "sampler_rng": rng.getstate()}
-
-
-def _restore(prm: ProcessRewardModel, checkpoint: Path, optimizer, scheduler,
-             rng: random.Random) -> int:
-    """Load a checkpoint's training state into a freshly built run; the step it was at."""
-    from seekrl.recipes.setup import set_rng_state
-
-    state = torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=False)
-    trained = dict(prm.named_parameters())
-    differ = sorted(set(state["trainable"]) ^ {n for n, p in trained.items() if p.requires_grad})
-    if differ:
-        raise ConfigError(f"--resume: {checkpoint} trained other weights than this config "
-                          f"does (train_layers, lora): {', '.join(differ[:3])} ...")
-    with torch.no_grad():
-        for name, value in state["trainable"].items():
-            trained[name].copy_(value)
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    set_rng_state(state["rng"])
-    rng.setstate(state["sampler_rng"])
-    return int(state["step"])
-
-
 def check_scorer_tokenizer(scorer: Any, tokenizer, who: str) -> None:
     """A PRM reads the policy's token ids as they are: refuse one whose tokenizer differs
     (a scorer without a tokenizer of its own, such as a test's, passes)."""
@@ -349,20 +315,17 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
     which says where the run stopped."""
     from seekrl.config import dump_config
     from seekrl.models import load_policy, load_tokenizer
-    from seekrl.recipes.checkpoint import (
-        check_run_dir,
-        claim_run_dir,
-        config_changes,
-        latest_checkpoint,
-    )
+    from seekrl.recipes.checkpoint import check_run_dir, claim_run_dir, latest_checkpoint
     from seekrl.recipes.setup import (
         MetricsLog,
         clip_and_step,
         make_optimizer,
         make_scheduler,
         prepare_trainable,
+        resume_training,
         set_seed,
         trainable_parameters,
+        training_state,
     )
     from seekrl.recipes.sft import Interrupted
 
@@ -407,17 +370,10 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
     rng = random.Random(cfg.seed)
     done = 0
     if checkpoint is not None:
-        changed = config_changes(out / "config.yaml", cfg)
-        if changed:
-            say("[yellow]--resume with settings that differ from the run's config.yaml:[/] "
-                + "; ".join(changed))
-        done = _restore(prm, checkpoint, optimizer, scheduler, rng)
-        say(f"resuming from {checkpoint}: {done} of {cfg.steps} steps done")
-        log_path = out / "metrics.jsonl"
-        if log_path.is_file():   # the lines of steps after the checkpoint are redone
-            lines = [ln for ln in log_path.read_text().splitlines()
-                     if ln and json.loads(ln).get("step", 0) <= done]
-            log_path.write_text("".join(ln + "\n" for ln in lines))
+        state = resume_training(checkpoint, prm, optimizer, scheduler, out=out, cfg=cfg,
+                                total_steps=cfg.steps, say=say)
+        rng.setstate(state["sampler_rng"])
+        done = int(state["step"])
     # the labels read, the model loaded and built (train_layers, lora): now the old run goes
     claim_run_dir(out, overwrite=overwrite, resume=resume)
     dump_config(cfg, out / "config.yaml")
@@ -467,7 +423,8 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
                                   "labels": [str(x) for x in cfg.labels],
                                   "dev_share": cfg.dev_share,
                                   **({"dev": dev_now} if dev_now else {})},
-                                 _training_state(prm, step, optimizer, scheduler, rng))
+                                 training_state(prm, step, optimizer, scheduler,
+                                                sampler_rng=rng.getstate()))
             done = step
     except KeyboardInterrupt:
         log.close()

@@ -133,6 +133,52 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
 
 
+def training_state(module, step: int, optimizer, scheduler, **extra) -> dict:
+    """What a resumed run needs to go on exactly (a checkpoint's state.pt): the trained
+    weights, the optimizer and schedule, the global random states, and a recipe's own
+    entries (`extra`: its sampler's state, its remaining batches)."""
+    return {"step": step,
+            "trainable": {n: p.detach().cpu() for n, p in module.named_parameters()
+                          if p.requires_grad},
+            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "rng": rng_state(), **extra}
+
+
+def resume_training(checkpoint: Path, module, optimizer, scheduler, *, out: Path, cfg,
+                    total_steps: int, say) -> dict:
+    """Load `checkpoint/state.pt` (`training_state`) into a freshly built run: the trained
+    weights (refused when this config trains others), the optimizer, the schedule and the
+    random states. Says which settings differ from the run's config.yaml and where it goes
+    on, and drops the metrics lines of the steps after the checkpoint (they are redone).
+    Returns the state, for the recipe's own entries."""
+    from seekrl.recipes.checkpoint import config_changes
+
+    changed = config_changes(out / "config.yaml", cfg)
+    if changed:
+        say("[yellow]--resume with settings that differ from the run's config.yaml:[/] "
+            + "; ".join(changed))
+    state = torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=False)
+    trained = dict(module.named_parameters())
+    differ = sorted(set(state["trainable"]) ^ {n for n, p in trained.items() if p.requires_grad})
+    if differ:
+        raise ConfigError(f"--resume: {checkpoint} trained other weights than this config "
+                          f"does (train_layers, lora): {', '.join(differ[:3])} ...")
+    with torch.no_grad():
+        for name, value in state["trainable"].items():
+            trained[name].copy_(value)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    done = int(state["step"])
+    say(f"resuming from {checkpoint}: {done} of {total_steps} steps done")
+    log_path = out / "metrics.jsonl"
+    if log_path.is_file():
+        lines = [ln for ln in log_path.read_text().splitlines()
+                 if ln and json.loads(ln).get("step", 0) <= done]
+        log_path.write_text("".join(ln + "\n" for ln in lines))
+    return state
+
+
 def train_top_layers(model, n: int | None):
     """Freeze everything but the last `n` transformer blocks (and the final norm); None
     trains all. Backpropagation then stops at the lowest trainable block, so an update

@@ -16,7 +16,6 @@ loads like any Hugging Face model.
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from dataclasses import dataclass
@@ -43,7 +42,6 @@ from seekrl.models import pad_id_of
 from seekrl.recipes.checkpoint import (
     check_run_dir,
     claim_run_dir,
-    config_changes,
     latest_checkpoint,
     point_latest,
     prune_steps,
@@ -57,10 +55,10 @@ from seekrl.recipes.setup import (
     make_optimizer,
     make_scheduler,
     prepare_trainable,
-    rng_state,
-    set_rng_state,
+    resume_training,
     set_seed,
     trainable_parameters,
+    training_state,
 )
 from seekrl.retrieval.base import Hit
 from seekrl.rl.forward import collate, masked_logprobs
@@ -275,14 +273,9 @@ def _save_state(out: Path, step: int, model, tokenizer, optimizer, scheduler, rn
     run needs to go on exactly: the trained weights, the optimizer and schedule, the random
     states and the epoch's remaining batches; then `latest` names it."""
     target = save_policy(model, tokenizer, out / "checkpoints" / f"step-{step}",
-                         before_rename=lambda tmp: torch.save({
-                             "step": step,
-                             "trainable": {n: p.detach().cpu() for n, p in
-                                           model.named_parameters() if p.requires_grad},
-                             "optimizer": optimizer.state_dict(),
-                             "scheduler": scheduler.state_dict(),
-                             "rng": rng_state(), "batches_rng": rng.getstate(),
-                             "queue": [[index[id(e)] for e in mb] for mb in queue]},
+                         before_rename=lambda tmp: torch.save(training_state(
+                             model, step, optimizer, scheduler, batches_rng=rng.getstate(),
+                             queue=[[index[id(e)] for e in mb] for mb in queue]),
                              tmp / "state.pt"))
     point_latest(out / "checkpoints", target)
     prune_steps(out / "checkpoints", keep_last)
@@ -335,32 +328,11 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
     queue: list[list[SFTExample]] = []
     done = 0
     if checkpoint is not None:
-        changed = config_changes(out / "config.yaml", cfg)
-        if changed:
-            say("[yellow]--resume with settings that differ from the run's config.yaml:[/] "
-                + "; ".join(changed))
-        state = torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=False)
-        trained = dict(model.named_parameters())
-        missing = sorted(set(state["trainable"]) ^ {n for n, p in trained.items()
-                                                     if p.requires_grad})
-        if missing:
-            raise ConfigError(f"--resume: {checkpoint} trained other weights than this config "
-                              f"does (train_layers, lora): {', '.join(missing[:3])} ...")
-        with torch.no_grad():
-            for name, value in state["trainable"].items():
-                trained[name].copy_(value)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
+        state = resume_training(checkpoint, model, optimizer, scheduler, out=out, cfg=cfg,
+                                total_steps=total_steps, say=say)
         rng.setstate(state["batches_rng"])
         queue = [[examples[i] for i in mb] for mb in state["queue"]]
         done = int(state["step"])
-        say(f"resuming from {checkpoint}: {done} of {total_steps} steps done")
-        log_path = out / "metrics.jsonl"
-        if log_path.is_file():   # the lines of steps after the checkpoint are redone
-            lines = [ln for ln in log_path.read_text().splitlines()
-                     if ln and json.loads(ln).get("step", 0) <= done]
-            log_path.write_text("".join(ln + "\n" for ln in lines))
     # every input read and the model built: only now may the old run go
     claim_run_dir(out, overwrite=overwrite, resume=resume)
     dump_config(cfg, out / "config.yaml")
