@@ -42,9 +42,9 @@ def main() -> None:
     ap.add_argument("--sft-sequential", type=Path, default=None,
                     help="a sequential SFT checkpoint of the same world (default: train one)")
     ap.add_argument("--sft-steps", type=int, default=None, help="default: the demo's")
-    ap.add_argument("--max-new-tokens", type=int, default=128,
+    ap.add_argument("--max-new-tokens", type=int, default=160,
                     help="turn limit of both sides' evaluations (and SFT's check): the parallel "
-                         "oracle's planning turns run to ~110 tokens, past the demo's limit")
+                         "oracle's turns run to 144 tokens, past the demo's limit")
     ap.add_argument("--n-test", type=int, default=200)
     ap.add_argument("--eval-batch", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)

@@ -64,7 +64,7 @@ def test_every_oracle_turn_of_the_demo_world_fits_the_demo_turn_limit(tmp_path, 
     """A turn the SFT data teaches but the rollouts' limit cuts is an invalid turn the policy
     was trained to write (2026-11-27: 23% of comparison answers ran past a 64-token limit).
     The demo's limit holds every sequential oracle turn of its world, with the bundled
-    tokenizer; the parallel bench's own limit (128) holds the parallel oracle's."""
+    tokenizer; the parallel bench's own limit (160) holds the parallel oracle's."""
     from seekrl.agent.oracle import write_oracle_trajectories
     from seekrl.data.qa import read_qa_jsonl
     from seekrl.data.world import WorldConfig, generate_world, write_world
@@ -85,7 +85,7 @@ def test_every_oracle_turn_of_the_demo_world_fits_the_demo_turn_limit(tmp_path, 
                                     max_info_tokens=demo.max_info_tokens,
                                     only_complete=False, max_queries=max_queries)
     longest = max(e.longest_turn for e in examples)
-    limit = demo.eval_max_new_tokens if max_queries == 1 else 128
+    limit = demo.eval_max_new_tokens if max_queries == 1 else 160
     print(f"max_queries={max_queries} episodes={len(examples)} longest_turn={longest} "
           f"limit={limit}")
     assert longest <= limit

@@ -119,10 +119,10 @@ def test_an_unknown_plan_is_refused_by_name(setup, tmp_path):
     assert not (tmp_path / "o.jsonl").exists()
 
 
-def test_a_comparison_answer_states_the_judgement_not_the_facts_again(setup):
-    """The judgement names every compared value (the last document's too), so the answer
-    turn gives it instead of restating the facts: the turn stays short enough for the
-    demo's turn limit (tests/test_demo.py checks the whole demo oracle)."""
+def test_a_comparison_answer_reads_the_document_then_compares(setup):
+    """Every turn after a document opens with what it says; a comparison's answer turn then
+    gives the judgement (the values side by side) before the answer. An answer turn that
+    opened at the judgement taught the policy to answer comparisons like bridges."""
     world, index = setup
     comparisons = [ex for ex in world.splits["train"]
                    if ex.metadata.get("type") == "comparison"][:10]
@@ -131,7 +131,7 @@ def test_a_comparison_answer_states_the_judgement_not_the_facts_again(setup):
         for max_queries in (1, 3):
             final = oracle_episode(ex, index, k=3, max_queries=max_queries)["turns"][-1]
             think = final["content"].split("</think>")[0]
-            assert think == (f"<think> Comparing: {ex.metadata['judgement']}. So the answer "
-                             f"is {ex.golden_answers[0]}. "), think
-    bridge = next(ex for ex in world.splits["train"] if ex.metadata.get("type") == "bridge")
-    assert "The document says: " in oracle_episode(bridge, index, k=3)["turns"][-1]["content"]
+            assert think.startswith(("<think> The document says: ",
+                                     "<think> The documents say: ")), think
+            assert think.endswith(f" Comparing: {ex.metadata['judgement']}. So the answer "
+                                  f"is {ex.golden_answers[0]}. "), think

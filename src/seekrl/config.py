@@ -632,7 +632,7 @@ class ProragConfig(Strict):
     k: TopK = 2                        # documents per search
     max_info_tokens: MaxInfoTokens = 256
     max_turns: MaxTurns = 4
-    max_new_tokens: MaxNewTokens = 96  # the demo's: holds every oracle turn
+    max_new_tokens: MaxNewTokens = 128  # the demo's: holds every oracle turn
     train_layers: int | None = Field(16, ge=1)   # top blocks trained in every stage
     refine_method: Literal["rft", "step_dpo", "none"] = "rft"
     # the policies evaluated on the test questions (each evaluation of 200 questions is

@@ -27,7 +27,7 @@ class DemoConfig:
     # evaluation (greedy, the same test questions before and after every stage)
     n_test: int = 40
     eval_max_turns: int = 4
-    eval_max_new_tokens: int = 96    # holds every oracle turn (longest 80 tokens; a test)
+    eval_max_new_tokens: int = 128   # holds every oracle turn (longest 103 tokens; a test)
     # SFT warm-up
     sft_steps: int = 20
     sft_batch: int = 8               # episodes per optimizer step
