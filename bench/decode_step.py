@@ -202,11 +202,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     model, tok = load_policy(dtype=args.dtype, device=args.device)
     if args.arch:
-        import sys
-        from pathlib import Path
-
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from rollout import build_arch
+        from rollout import build_arch  # bench/ is on the path: this script's folder
 
         model = build_arch(args.arch, tok, dtype, args.device)
     model.eval()

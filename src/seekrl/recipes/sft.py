@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,7 @@ class SFTExample:
     loss_mask: list[int]
     source: str                    # "file:line", for error messages and the log
 
-    @property
+    @cached_property
     def longest_turn(self) -> int:
         """The longest run of policy tokens: the episode's longest turn, in tokens."""
         longest = run = 0
