@@ -19,7 +19,13 @@ This bench separates the candidates, each on the same left-padded batch of rando
 - `even`: every context the same length (no padding in the mask);
 - `hf_loop`: a bare loop of `model(...)` with transformers' `DynamicCache` (no seekrl code);
 - `hf_nomask`: the same on equal-length contexts with no attention mask at all (what
-  building and applying the mask costs).
+  building and applying the mask costs);
+- `hf_static`: transformers' `generate` with a static cache, which on a GPU compiles the
+  decoding forward (`torch.compile`, CUDA graphs: the host's per-step cost gone); timed
+  step by step inside one call after `--static-warmup` steps (compilation and graph
+  capture happen there; `static_compile_s=` is what they took). On CPU it runs uncompiled
+  (the dry run's path). Not a setting of the engine: the ceiling a graph-captured loop
+  reaches, to say whether that rewrite is worth it against the attention settings.
 
 Per variant: `decode_ms_VARIANT=` (one step, the prefill subtracted: T(steps+1) - T(1)) and
 the tokens/s that gives. Then a profile of `--profile-steps` steps of `seekrl`: host and
@@ -31,16 +37,16 @@ its speedup over `seekrl`.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import random
 import time
 
 import torch
 
 from seekrl.agent.backends import HFBackend, Sampling
-from seekrl.models import load_policy, pad_id_of
+from seekrl.models import ATTENTION, SDPA_BACKENDS, attention_variant, load_policy, pad_id_of
 
-ATTN_BACKENDS = ("math", "efficient", "flash", "cudnn")
+ATTN_BACKENDS = SDPA_BACKENDS
+REMEDIES = ATTENTION   # the variants that are a setting: rollout.attention / eval --attention
 
 
 def _sync(device: torch.device) -> None:
@@ -59,49 +65,6 @@ def contexts_for(tok, batch: int, context: int, even: bool, seed: int = 0) -> li
     lengths = [context] * batch if even else [
         max(4, int(context * rng.uniform(0.75, 1.25))) for _ in range(batch)]
     return [one(n) for n in lengths]
-
-
-def sdpa_context(name: str):
-    if name == "default":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    backend = {"math": SDPBackend.MATH, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-               "flash": SDPBackend.FLASH_ATTENTION,
-               "cudnn": SDPBackend.CUDNN_ATTENTION}[name]
-    return sdpa_kernel([backend])
-
-
-@contextlib.contextmanager
-def attention(model, implementation: str):
-    """The model's attention implementation switched for the block, then restored."""
-    before = model.config._attn_implementation
-    if implementation == before:
-        yield
-        return
-    model.set_attn_implementation(implementation)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(before)
-
-
-REMEDIES = ("default", "eager", *(f"sdpa_{b}" for b in ATTN_BACKENDS))
-
-
-@contextlib.contextmanager
-def attention_variant(model, name: str):
-    """Run the block under one attention variant: `default`, `eager` (plain matmuls) or
-    `sdpa_BACKEND` (PyTorch's SDPA dispatch held to that backend). bench/rollout.py's
-    `--attention` uses this to measure a remedy over whole rollouts."""
-    if name not in REMEDIES:
-        raise ValueError(f"attention: expected one of {', '.join(REMEDIES)}, got {name!r}")
-    if name == "eager":
-        with attention(model, "eager"):
-            yield
-    else:
-        with sdpa_context(name[5:] if name.startswith("sdpa_") else "default"):
-            yield
 
 
 def seekrl_decode(backend: HFBackend, contexts, new_tokens: int) -> float:
@@ -147,6 +110,41 @@ def hf_loop_decode(model, tok, contexts, new_tokens: int, mask_given: bool = Tru
             nxt = nxt + 1
     _sync(device)
     return time.perf_counter() - started
+
+
+def hf_static_ms(model, tok, contexts, steps: int, warmup: int) -> tuple[float, float]:
+    """(ms per decoding step, seconds of the first `warmup` steps) of one greedy
+    `model.generate(cache_implementation="static")` call; every step is timed by a logits
+    processor that syncs the device, so the figure holds the same one sync a step as the
+    engine's loop."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    device = next(model.parameters()).device
+    pad = pad_id_of(tok)
+    width = max(map(len, contexts))
+    ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts], device=device)
+    mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts],
+                        device=device)
+    stamps: list[float] = []
+
+    class Clock(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            _sync(device)
+            stamps.append(time.perf_counter())
+            return scores
+
+    n = warmup + steps + 1
+    _sync(device)
+    started = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False, cache_implementation="static", pad_token_id=pad,
+                             logits_processor=LogitsProcessorList([Clock()]))
+    if out.shape[1] - width != n or len(stamps) != n:
+        raise RuntimeError(f"hf_static: {out.shape[1] - width} tokens, {len(stamps)} stamps; "
+                           f"expected {n}")
+    timed = stamps[warmup:]
+    return 1000 * (timed[-1] - timed[0]) / (len(timed) - 1), stamps[warmup] - started
 
 
 def per_step_ms(run, steps: int) -> float:
@@ -197,7 +195,9 @@ def main() -> None:
     p.add_argument("--profile-steps", type=int, default=8)
     p.add_argument("--top", type=int, default=10)
     p.add_argument("--variants", default="seekrl,sdpa_math,sdpa_efficient,sdpa_flash,"
-                   "sdpa_cudnn,eager,even,hf_loop,hf_nomask")
+                   "sdpa_cudnn,eager,even,hf_loop,hf_nomask,hf_static")
+    p.add_argument("--static-warmup", type=int, default=8,
+                   help="hf_static: steps left untimed (compilation, graph capture)")
     args = p.parse_args()
     dtype = getattr(torch, args.dtype)
     model, tok = load_policy(dtype=args.dtype, device=args.device)
@@ -236,6 +236,9 @@ def main() -> None:
         try:
             if variant == "hf_loop":
                 ms = per_step_ms(lambda n: hf_loop_decode(model, tok, ragged, n), args.steps)
+            elif variant == "hf_static":
+                ms, warm_s = hf_static_ms(model, tok, ragged, args.steps, args.static_warmup)
+                print(f"static_compile_s={warm_s:.1f}")
             elif variant == "hf_nomask":
                 ms = per_step_ms(lambda n: hf_loop_decode(model, tok, even, n, mask_given=False),
                                  args.steps)

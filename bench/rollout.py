@@ -182,7 +182,7 @@ def main() -> None:
                            else dtype, args.device)
         if args.dtype == "bf16-mixed":
             mixed_precision(model)
-    from decode_step import attention_variant
+    from seekrl.models import attention_variant
 
     with attention_variant(model, args.attention):
         run(args, model, tok, retriever, questions, dtype)

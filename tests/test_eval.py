@@ -463,10 +463,12 @@ def test_cli_eval_then_inspect(world_index, tiny, tmp_path):
     r = runner.invoke(app, ["eval", "--model", str(model_dir), "--data", str(paths["test"]),
                             "--index", str(index_dir), "--method", "rag", "--out",
                             str(tmp_path / "rag"), "--limit", "2", "--max-new-tokens", "8",
-                            "--n-samples", "2", "--seed", "3"], catch_exceptions=False)
+                            "--n-samples", "2", "--seed", "3", "--attention", "eager"],
+                      catch_exceptions=False)
     assert r.exit_code == 0, r.output
     m = json.loads((tmp_path / "rag" / "metrics.json").read_text())
     assert m["config"]["rollout"]["greedy"] is False and "pass@2" in m["average"]
+    assert m["config"]["attention"] == "eager"
     assert m["config"]["retriever"]["manifest"]["retriever"] == "bm25"
 
     r = runner.invoke(app, ["inspect", str(tmp_path / "rag")], catch_exceptions=False)
@@ -483,6 +485,10 @@ def test_cli_eval_then_inspect(world_index, tiny, tmp_path):
                             str(tmp_path / "missing.jsonl"), "--method", "direct",
                             "--out", str(tmp_path / "x")])
     assert r.exit_code == 2 and "missing.jsonl" in r.output
+    r = runner.invoke(app, ["eval", "--model", str(model_dir), "--data", str(paths["test"]),
+                            "--method", "direct", "--attention", "flash2",
+                            "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "--attention: expected one of default" in r.output
     r = runner.invoke(app, ["inspect", str(tmp_path / "nothing-here")])
     assert r.exit_code == 2 and "trajectories" in r.output
 

@@ -425,3 +425,53 @@ def test_split_moves_rows_layer_by_layer_and_uses_the_source_up(tiny):
     assert two.keys == ["c", "a", "c", None] and one.keys == ["b"]
     assert two.seen[0] == two.seen[2] and two.seen[0] is not two.seen[2]
     assert two.mask.shape == (4, 7) and not two.mask[3].any()
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa_math"])
+def test_attention_setting_changes_no_token_and_is_in_force_while_decoding(tiny, attention):
+    """`rollout.attention` (models.attention_variant) switches how the decoding loop
+    computes attention for the generation only: the same greedy episodes as the default,
+    the switch seen by the model during the forward passes, the model as it was after."""
+    from seekrl.agent.factory import make_backend
+
+    model, tok = tiny
+    cfg = RolloutConfig(max_turns=3, max_new_tokens=10, n_samples=2, batch_size=3, seed=3,
+                        greedy=True)
+    examples = [ex(f"q{i}", f"Question {'long ' * i}number {i}?") for i in range(4)]
+    stops = (" the", "s")
+    base = RolloutEngine(HFBackend(model, tok, stop_strings=stops), tok, Docs(), cfg)
+    backend = make_backend("hf", tok, model=model, attention=attention)
+    backend.stop_strings = stops
+    assert backend.attention == attention
+    seen: list[str] = []
+    from torch.nn.attention import _cur_sdpa_kernel_backends
+
+    def spy(module, args):
+        seen.append(model.config._attn_implementation
+                    + ":" + ",".join(b.name for b in _cur_sdpa_kernel_backends()))
+
+    hook = model.register_forward_pre_hook(spy)
+    try:
+        switched = RolloutEngine(backend, tok, Docs(), cfg).run(examples)
+    finally:
+        hook.remove()
+    plain = base.run(examples)
+    assert [t.token_ids for t in switched] == [t.token_ids for t in plain]
+    assert seen and all(s.startswith("eager:") for s in seen) if attention == "eager" \
+        else all(s == "sdpa:MATH" for s in seen)
+    assert model.config._attn_implementation == "sdpa"   # restored
+
+
+def test_attention_setting_refuses_unknown_values_and_other_backends(tiny):
+    from seekrl.config import ConfigError, TrainConfig, load_config
+
+    model, tok = tiny
+    with pytest.raises(ValueError, match="attention: expected one of default, eager"):
+        HFBackend(model, tok, attention="flash2")
+    with pytest.raises(ConfigError, match="attention"):
+        load_config(TrainConfig, None, ["data=x.jsonl", "rollout.attention=flash2"])
+    with pytest.raises(ConfigError, match="sets seekrl's decoding loop"):
+        load_config(TrainConfig, None, ["data=x.jsonl", "rollout.backend=vllm",
+                                        "rollout.attention=eager"])
+    assert load_config(TrainConfig, None, ["data=x.jsonl", "rollout.attention=sdpa_flash"]
+                       ).rollout.attention == "sdpa_flash"

@@ -413,6 +413,9 @@ def eval_(
     skip_bad: Annotated[bool, typer.Option(help="skip malformed question lines, and report them")] = False,
     backend: Annotated[str, typer.Option(
         help="hf (seekrl's decoding loop) | vllm (needs vllm, a GPU machine)")] = "hf",
+    attention: Annotated[str, typer.Option(
+        help="hf: how decoding computes attention (rollout.attention): default | eager | "
+             "sdpa_math | sdpa_efficient | sdpa_flash | sdpa_cudnn")] = "default",
     overwrite: Annotated[bool, typer.Option(
         help="replace an evaluation already in out (its viewer.html too)")] = False,
 ):
@@ -475,6 +478,12 @@ def eval_(
         why = backend_refusal(backend, "eval", device=device)
         if why:
             raise ValueError(f"--backend: {why}")
+        if attention not in limits.ATTENTION:
+            raise ValueError(f"--attention: expected one of {', '.join(limits.ATTENTION)}, "
+                             f"got {attention!r}")
+        if attention != "default" and backend != "hf":
+            raise ValueError(f"--attention sets seekrl's decoding loop (--backend hf); "
+                             f"{backend} chooses its own attention")
         generator = None
         if backend == "vllm":
             from seekrl.models import load_tokenizer, resolve_model
@@ -486,9 +495,11 @@ def eval_(
                                      dtype=dtype, seed=seed, max_model_len=max_total_tokens)
         else:
             policy, tokenizer = load_policy(model, dtype=dtype, device=device)
+            generator = make_backend("hf", tokenizer, model=policy, attention=attention)
         run_info = {"model": model, "data": {name: str(f) for name, f in zip(examples, files)},
                     "ranker": ranker, "candidates": candidates if ranker else None,
-                    "limit": limit, "dtype": dtype, "device": device, "backend": backend}
+                    "limit": limit, "dtype": dtype, "device": device, "backend": backend,
+                    "attention": attention}
         if overwrite and out.is_dir():   # the inputs read, the model loaded: the old run goes
             remove_outputs(out, EVAL_RUN_FILES)
         metrics = evaluate(policy, tokenizer, retriever, examples, cfg, out, run_info=run_info,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 import yaml
 from pydantic import (
@@ -219,6 +219,13 @@ class EpisodeSettings(Strict):
     top_p: float = Field(1.0, gt=0, le=1)
 
 
+# How seekrl's decoding loop computes attention (models.attention_variant): the model's
+# own choice, plain matmuls, or PyTorch's SDPA held to one backend
+Attention = Literal["default", "eager", "sdpa_math", "sdpa_efficient", "sdpa_flash",
+                    "sdpa_cudnn"]
+ATTENTION: tuple[str, ...] = get_args(Attention)
+
+
 class RolloutSettings(EpisodeSettings):
     """The `rollout:` section of a config: the episode settings (above), then tree rollouts
     and the generation backend."""
@@ -226,10 +233,21 @@ class RolloutSettings(EpisodeSettings):
     # hf: seekrl's decoding loop on the policy itself; vllm: a colocated vLLM engine that
     # gets the policy's weights before each rollout (agent/vllm_backend.py; needs vllm)
     backend: Literal["hf", "vllm"] = "hf"
+    # hf: how its decoding computes attention: default (the model's own), eager, or
+    # sdpa_math / sdpa_efficient / sdpa_flash / sdpa_cudnn (PyTorch's SDPA held to that
+    # backend); bench/decode_step.py measures which is fastest on a machine
+    attention: Attention = "default"
     vllm_gpu_memory: float = Field(0.4, gt=0, lt=1)   # the share of GPU memory vLLM takes
     # free vLLM's GPU memory during each update: 1 offloads its weights to CPU memory and
     # drops its KV cache, 2 drops both (the next sync pushes the weights anyway); 0: never
     vllm_sleep: Literal[0, 1, 2] = 0
+
+    @model_validator(mode="after")
+    def _attention_is_hf(self):
+        if self.attention != "default" and self.backend != "hf":
+            raise ValueError(f"attention: {self.attention!r} sets seekrl's decoding loop "
+                             f"(backend hf); {self.backend} chooses its own attention")
+        return self
 
 
 class SearchSettings(Strict):

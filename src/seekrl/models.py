@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from seekrl.config import ATTENTION
 from seekrl.errors import SeekrlError
 from seekrl.runtime import check_device, fix_mmap_threshold, hub_unreachable, quiet_transformers
 
@@ -393,6 +394,46 @@ def cast_weights(model):
     finally:
         for module, weight in reversed(swapped):
             module._parameters["weight"] = weight
+
+
+# How a decoding loop computes attention (`rollout.attention`, `seekrl eval --attention`):
+# `default` leaves the model's own choice (SDPA with PyTorch's backend dispatch); `eager`
+# switches the model to plain matmuls; `sdpa_BACKEND` holds PyTorch's SDPA dispatch to one
+# backend. Why a setting: on an H100 a decoding step cost a fixed ~76 ms whatever the batch
+# and model size, the host sitting ~1 ms in each SDPA call (bench/RESULTS.md, "Rollout
+# engine"); bench/decode_step.py measures each of these, and the fastest is set here.
+SDPA_BACKENDS = tuple(a.removeprefix("sdpa_") for a in ATTENTION if a.startswith("sdpa_"))
+
+
+@contextlib.contextmanager
+def attention_variant(model, name: str = "default"):
+    """Inside: `model` computes attention the `name` way (ATTENTION, above); restored on the
+    way out. The numbers are the same up to each kernel's rounding; a backend that refuses
+    the inputs (flash on CPU, cudnn off Hopper) raises where it is called."""
+    if name not in ATTENTION:
+        raise ValueError(f"attention: expected one of {', '.join(ATTENTION)}, got {name!r}")
+    if name == "default":
+        yield
+        return
+    if name == "eager":
+        lm = causal_lm(model)
+        before = lm.config._attn_implementation
+        if before == "eager":
+            yield
+            return
+        lm.set_attn_implementation("eager")
+        try:
+            yield
+        finally:
+            lm.set_attn_implementation(before)
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {"math": SDPBackend.MATH, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+               "flash": SDPBackend.FLASH_ATTENTION,
+               "cudnn": SDPBackend.CUDNN_ATTENTION}[name.removeprefix("sdpa_")]
+    with sdpa_kernel([backend]):
+        yield
 
 
 def _enter_autocast(module, args) -> None:

@@ -284,11 +284,22 @@ class HFBackend(Backend):
     back, so an episode's cache holds everything but its last token, which the next turn's
     prefill adds."""
 
-    def __init__(self, model, tokenizer, *, stop_strings: tuple[str, ...] = STOP_STRINGS):
-        from seekrl.models import cache_kwarg, check_positions, end_of_turn_ids, pad_id_of
+    def __init__(self, model, tokenizer, *, stop_strings: tuple[str, ...] = STOP_STRINGS,
+                 attention: str = "default"):
+        from seekrl.models import (
+            ATTENTION,
+            cache_kwarg,
+            check_positions,
+            end_of_turn_ids,
+            pad_id_of,
+        )
 
+        if attention not in ATTENTION:
+            raise ValueError(f"attention: expected one of {', '.join(ATTENTION)}, "
+                             f"got {attention!r}")
         check_positions(model)   # the cache between turns relies on explicit position ids
         self.model = model
+        self.attention = attention   # how decoding computes attention (models.ATTENTION)
         self._cache_kw = cache_kwarg(model)
         self.tokenizer = tokenizer
         self.stop_strings = tuple(stop_strings)
@@ -450,9 +461,10 @@ class HFBackend(Backend):
                  keys: Sequence[Hashable] | None = None) -> list[Generated]:
         if not contexts or max_new_tokens <= 0:
             return [Generated() for _ in contexts]
-        from seekrl.models import cast_weights
+        from seekrl.models import attention_variant, cast_weights
 
-        with cast_weights(self.model):   # a mixed-precision policy's weights cast once a turn
+        # a mixed-precision policy's weights cast once a turn; attention as configured
+        with cast_weights(self.model), attention_variant(self.model, self.attention):
             return self._generate(contexts, max_new_tokens, sampling, keys)
 
     def _generate(self, contexts: list[list[int]], max_new_tokens: int, sampling: Sampling,

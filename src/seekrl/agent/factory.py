@@ -34,12 +34,14 @@ def backend_refusal(kind: str, command: str, *, processes: int = 1,
 
 def make_backend(kind: str, tokenizer, *, model=None, model_name: str | None = None,
                  dtype: str = "bfloat16", seed: int = 0, max_model_len: int = 4096,
-                 gpu_memory: float = 0.4, sleep_level: int = 0) -> Backend:
+                 gpu_memory: float = 0.4, sleep_level: int = 0,
+                 attention: str = "default") -> Backend:
     """The generation backend every command builds: `hf`, seekrl's decoding loop on
     `model` (the policy itself); `vllm`, a colocated vLLM engine loaded from `model_name`
-    (the trainer pushes its weights before each rollout). Ask `backend_refusal` first."""
+    (the trainer pushes its weights before each rollout). Ask `backend_refusal` first.
+    `attention` is hf's (models.ATTENTION)."""
     if kind == "hf":
-        return HFBackend(model, tokenizer)
+        return HFBackend(model, tokenizer, attention=attention)
     if kind != "vllm":
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {kind!r}")
     from seekrl.agent.vllm_backend import VLLMBackend

@@ -398,12 +398,13 @@ def evaluate(model, tokenizer, retriever: Retriever | None,
 def eval_policy(model, tokenizer, retriever, cfg, out_dir: str | Path, *, topk: int,
                 max_info_tokens: int = DEFAULT_MAX_INFO_TOKENS, prompt: str = "seekrl",
                 console=None, run_info: dict | None = None, limit: int | None = None,
-                **episode: Any) -> dict[str, Any]:
+                attention: str = "default", **episode: Any) -> dict[str, Any]:
     """Greedy agent evaluation on the first `cfg.n` questions of `cfg.data` (`cfg`: an
     `EvalConfig`, the `eval:` section of the SFT and RL configs), as the recipes run it
     during and after training; writes the run folder (tables, trajectories, viewer) and
     returns the average metrics row. `episode`: more episode settings of the run's
-    `rollout:` section (tools, snippet_words, max_queries) the policy plays with."""
+    `rollout:` section (tools, snippet_words, max_queries) the policy plays with;
+    `attention`, how its decoding computes attention (rollout.attention)."""
     from seekrl.eval.report import write_viewer
 
     data = load_eval_data([cfg.data], limit=limit or cfg.n)
@@ -413,6 +414,7 @@ def eval_policy(model, tokenizer, retriever, cfg, out_dir: str | Path, *, topk: 
     model.eval()
     try:
         metrics = evaluate(model, tokenizer, retriever, data, rollout, out_dir,
+                           backend=HFBackend(model, tokenizer, attention=attention),
                            run_info=run_info, progress=console is not None, console=console)
     finally:
         model.train(was_training)

@@ -419,7 +419,8 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
         model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
     writer.check_tokenizer(tokenizer_fingerprint(tokenizer))
     dump_config(cfg, Path(cfg.out) / "config.yaml")
-    engine = RolloutEngine(backend or HFBackend(model.eval(), tokenizer), tokenizer, retriever,
+    backend = backend or HFBackend(model.eval(), tokenizer, attention=cfg.rollout.attention)
+    engine = RolloutEngine(backend, tokenizer, retriever,
                            RolloutConfig.of(cfg.rollout, seed=cfg.seed))
     outcome = get_outcome(cfg.reward)
     score = lambda t: outcome(t.answer, t.golden_answers)          # noqa: E731

@@ -286,7 +286,8 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     from seekrl.rewards.outcome import get_outcome
 
     r = cfg.rollout
-    engine = RolloutEngine(backend or HFBackend(model.eval(), tokenizer), tokenizer, retriever,
+    backend = backend or HFBackend(model.eval(), tokenizer, attention=r.attention)
+    engine = RolloutEngine(backend, tokenizer, retriever,
                            RolloutConfig.of(r, seed=cfg.seed, n_samples=cfg.samples))
     trajs = engine.run(questions, dataset="rft")
     outcome = get_outcome(cfg.reward)

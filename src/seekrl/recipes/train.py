@@ -378,7 +378,8 @@ class Trainer:
                 r.backend, self.tokenizer, model=self.model,
                 model_name=resolve_model(self.cfg.model) if r.backend != "hf" else None,
                 dtype=self.cfg.dtype, seed=self.cfg.seed, gpu_memory=r.vllm_gpu_memory,
-                max_model_len=r.max_total_tokens, sleep_level=r.vllm_sleep)
+                max_model_len=r.max_total_tokens, sleep_level=r.vllm_sleep,
+                attention=r.attention)
         self._backend.sync_weights(self.model, self.updates)
         return self._backend
 
@@ -1159,7 +1160,7 @@ class Trainer:
             metrics = eval_policy(self.model, self.tokenizer, self.retriever, self.cfg.eval,
                                   out_dir, topk=r.topk, max_info_tokens=r.max_info_tokens,
                                   prompt=r.prompt, tools=r.tools, snippet_words=r.snippet_words,
-                                  max_queries=r.max_queries)
+                                  max_queries=r.max_queries, attention=r.attention)
         avg = metrics["average"]
         return {k: avg[k] for k in ("em", "f1", "valid_format", "searches", "questions")}
 
