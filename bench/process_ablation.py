@@ -107,6 +107,9 @@ def main() -> None:
                          "folder); the generated tokens of its labels count toward the run's "
                          "compute (`label_tokens`), so a run whose labels and rollouts exceed "
                          "the budget by more than 10%% is flagged")
+    ap.add_argument("--max-new-tokens", type=int, default=None,
+                    help="the turn limit of rollouts and evaluations (default: the demo's; "
+                         "64 before 2026-11-27, e.g. the decide runs)")
     ap.add_argument("--eval-batch", type=int, default=64)
     ap.add_argument("--skip-sft-eval", action="store_true",
                     help="do not evaluate the SFT checkpoint on the test questions")
@@ -141,6 +144,8 @@ def main() -> None:
     from learning import _setup
 
     demo = DemoConfig(n_test=args.n_test)
+    if args.max_new_tokens:
+        demo.eval_max_new_tokens = args.max_new_tokens
     if args.questions_per_step:
         demo.questions_per_step = args.questions_per_step
     if args.group_size:
@@ -208,6 +213,51 @@ def _label_tokens(prm: Path) -> int:
     return total
 
 
+# keys a run compared with another folder's at the same budget may differ in by nature
+_OWN_KEYS = ("out", "steps", "max_rollout_tokens", "save_every", "keep_last")
+
+
+def _leaves(tree, prefix: str = "") -> dict:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out = {}
+    for k, v in tree.items():
+        out.update(_leaves(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def same_setting(cfg, other: Path, named) -> None:
+    """Refuse a run compared with `other`'s (a result.json) whose config differs in a key
+    that is neither named (`--set`, the method's keys) nor the run's own (out, steps, the
+    budget): e.g. a turn limit whose default moved between the two snapshots."""
+    if not other.is_file():
+        return   # _budget_of says it is missing
+    theirs = json.loads(other.read_text()).get("config")
+    if not theirs:
+        return   # a result from before configs were kept: nothing to compare
+    mine, theirs = _leaves(cfg.model_dump(mode="json")), _leaves(theirs)
+    # a key added to seekrl since their run, at its default here, changes nothing
+    defaults = _leaves(type(cfg).model_validate({"data": cfg.data}).model_dump(mode="json"))
+    free = [*_OWN_KEYS, *named]
+    for key in named:   # a section they did not have (ranker: null) is named as a whole
+        parts = key.split(".")
+        free += [p for p in (".".join(parts[:i]) for i in range(1, len(parts)))
+                 if p in theirs and theirs[p] is None]
+
+    def differs(k: str) -> bool:
+        if mine.get(k) == theirs.get(k) or any(k == f or k.startswith(f + ".") for f in free):
+            return False
+        return not (k not in theirs and k in defaults and mine.get(k) == defaults[k])
+
+    differ = sorted(k for k in set(mine) | set(theirs) if differs(k))
+    if differ:
+        shown = ", ".join(f"{k}: {mine.get(k)!r} here, {theirs.get(k)!r} there"
+                          for k in differ[:6])
+        raise SystemExit(f"--budget-from: {other} trained with other settings ({shown}"
+                         f"{', ...' if len(differ) > 6 else ''}); set them (--set KEY=VALUE, "
+                         "--max-new-tokens) or name them")
+
+
 def _budget_of(runs: Path, seed: int) -> int:
     """The generated rollout tokens of `runs`' outcome-only run of `seed`."""
     path = runs / f"outcome-s{seed}" / "result.json"
@@ -265,6 +315,9 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
         keys["reward.prm"] = str(args.prm)
         label_tokens = args.label_tokens
     cfg = TrainConfig.model_validate(with_keys(with_keys(tree, args.overrides), keys))
+    if args.budget_from is not None:   # the same setting as theirs but what is named
+        same_setting(cfg, args.budget_from / f"outcome-s{seed}" / "result.json",
+                     named={*args.overrides, *keys})
     resume = (out / "checkpoints" / "latest").is_file()
     if resume:
         print(f"{method} seed {seed}: resuming {out}", flush=True)
@@ -280,7 +333,8 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
         final_dir = Path(dev_dir)
         final = json.loads((final_dir / "metrics.json").read_text())
     else:
-        final = _evaluate(Path(summary["final"]), final_dir, index_dir, test_file, demo, args)
+        final = _evaluate(Path(summary["final"]), final_dir, index_dir, test_file, demo, args,
+                          ranker=cfg.ranker)
     avg = final["average"]
     by_type = {k: v["em"] for k, v in next(iter(final["by_type"].values()), {}).items()}
     result = {"method": method, "seed": seed, "steps": summary["steps"],
@@ -305,8 +359,11 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
     return result
 
 
-def _evaluate(model_dir: Path, out: Path, index_dir: Path, test_file: Path, demo, args) -> dict:
-    """Greedy agent evaluation on the test questions with the demo's settings; cached."""
+def _evaluate(model_dir: Path, out: Path, index_dir: Path, test_file: Path, demo, args,
+              ranker=None) -> dict:
+    """Greedy agent evaluation on the test questions with the demo's settings; cached.
+    `ranker` (a run's `RankerSettings`): the index searched through the ranker the policy
+    was trained with: the one the run trained (`final/ranker`), else the configured one."""
     from seekrl.config import EvalConfig
     from seekrl.eval.evaluate import eval_policy
     from seekrl.models import load_policy
@@ -316,12 +373,25 @@ def _evaluate(model_dir: Path, out: Path, index_dir: Path, test_file: Path, demo
         return json.loads((out / "metrics.json").read_text())
     policy, tokenizer = load_policy(str(model_dir), device=args.device,
                                     dtype=getattr(args, "dtype", "float32"))
-    return eval_policy(policy, tokenizer, load_index(index_dir),
+    retriever = load_index(index_dir)
+    run_info = None
+    if ranker is not None:
+        from seekrl.retrieval.ranker import load_ranker, ranked_retriever
+
+        trained = model_dir / "ranker"
+        spec = str(trained) if trained.is_dir() else ranker.model
+        retriever = ranked_retriever(retriever, load_ranker(
+            spec, kind=None if trained.is_dir() else ranker.kind, device=args.device,
+            max_len=ranker.max_len, temperature=ranker.temperature, first=retriever),
+            ranker.candidates)
+        run_info = {"ranker": spec, "candidates": ranker.candidates}
+    return eval_policy(policy, tokenizer, retriever,
                        EvalConfig(data=str(test_file), n=args.n_test,
                                   max_turns=demo.eval_max_turns,
                                   max_new_tokens=demo.eval_max_new_tokens,
                                   batch_size=args.eval_batch),
-                       out, topk=demo.k, max_info_tokens=demo.max_info_tokens)
+                       out, topk=demo.k, max_info_tokens=demo.max_info_tokens,
+                       run_info=run_info)
 
 
 def _per_question(eval_dir: Path) -> dict[str, float] | None:

@@ -332,3 +332,32 @@ def test_report_against_another_setting_pairs_each_method_with_its_namesake(tmp_
     assert figures["wins_outcome_vs_outcome@decide"] == "4"
     with pytest.raises(SystemExit, match="is not a runs folder"):
         bench._report(tmp_path / "ranker", time.time(), "recall", against=tmp_path / "nope")
+
+
+def test_budget_from_refuses_a_run_whose_unnamed_settings_differ(tmp_path):
+    """A setting compared with another folder's outcome runs (`--budget-from`) may differ in
+    what it names (--set, a whole section they lacked), in the run's own keys and in keys
+    added since at their default; anything else (a turn-limit default that moved) stops it."""
+    from seekrl.config import TrainConfig
+
+    bench = load_bench()
+    base = {"data": "t.jsonl", "index": "idx", "out": "runs/outcome-s0",
+            "rollout": {"max_new_tokens": 64, "temperature": 0.7}}
+    theirs = TrainConfig.model_validate(base).model_dump(mode="json")
+    theirs["rollout"].pop("attention")   # a key seekrl did not have yet when they ran
+    other = tmp_path / "result.json"
+    other.write_text(json.dumps({"rollout_tokens": 100, "config": theirs}))
+    ranked = {**base, "out": "runs-ranker/outcome-s0", "max_rollout_tokens": 100,
+              "steps": 100, "ranker": {"model": "r/final", "train": True}}
+    named = {"ranker.model": "r/final", "ranker.train": True}
+    bench.same_setting(TrainConfig.model_validate(ranked), other, named)   # passes
+    moved = {**ranked, "rollout": {"max_new_tokens": 128, "temperature": 0.7}}
+    with pytest.raises(SystemExit, match=r"rollout\.max_new_tokens: 128 here, 64 there"):
+        bench.same_setting(TrainConfig.model_validate(moved), other, named)
+    bench.same_setting(TrainConfig.model_validate(moved), other,
+                       {**named, "rollout.max_new_tokens": 128})   # named: compared on purpose
+    changed = {**ranked, "rollout": {**base["rollout"], "attention": "eager"}}
+    with pytest.raises(SystemExit, match="rollout.attention"):
+        bench.same_setting(TrainConfig.model_validate(changed), other, named)
+    with pytest.raises(SystemExit, match="ranker"):   # a section they lacked, not named
+        bench.same_setting(TrainConfig.model_validate(ranked), other, {})
