@@ -67,6 +67,15 @@ def contexts_for(tok, batch: int, context: int, even: bool, seed: int = 0) -> li
     return [one(n) for n in lengths]
 
 
+def left_padded(contexts, pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input ids, attention mask) of `contexts` left-padded to the longest."""
+    width = max(map(len, contexts))
+    ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts], device=device)
+    mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts],
+                        device=device)
+    return ids, mask
+
+
 def seekrl_decode(backend: HFBackend, contexts, new_tokens: int) -> float:
     """Seconds for `new_tokens` tokens of every row through the engine's loop."""
     device = backend.device
@@ -89,11 +98,7 @@ def hf_loop_decode(model, tok, contexts, new_tokens: int, mask_given: bool = Tru
 
     kw = cache_kwarg(model)
     device = next(model.parameters()).device
-    pad = pad_id_of(tok)
-    width = max(map(len, contexts))
-    ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts], device=device)
-    mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts],
-                        device=device)
+    ids, mask = left_padded(contexts, pad_id_of(tok), device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     _sync(device)
     started = time.perf_counter()
@@ -121,10 +126,8 @@ def hf_static_ms(model, tok, contexts, steps: int, warmup: int) -> tuple[float, 
 
     device = next(model.parameters()).device
     pad = pad_id_of(tok)
-    width = max(map(len, contexts))
-    ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts], device=device)
-    mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts],
-                        device=device)
+    ids, mask = left_padded(contexts, pad, device)
+    width = ids.shape[1]
     stamps: list[float] = []
 
     class Clock(LogitsProcessor):
