@@ -217,16 +217,52 @@ def _report(work: Path, started: float) -> None:
     runs = [r for r in (json.loads(p.read_text()) for p in sorted(work.glob("runs/*/result.json")))
             if r.get("mode") in MODES]   # a work folder shared with process_ablation has others
     ems: dict[str, list[float]] = {}
+    by_mode: dict[str, list[dict]] = {}
     for r in runs:
         ems.setdefault(r["mode"], []).append(r["em"])
+        by_mode.setdefault(r["mode"], []).append(r)
     for mode, values in ems.items():
         sd = statistics.stdev(values) if len(values) > 1 else 0.0
-        print(f"em_{mode}={statistics.mean(values):.4f} em_std_{mode}={sd:.4f} seeds_{mode}={len(values)}")
+        rows = by_mode[mode]
+        types = sorted({t for r in rows for t in r.get("em_by_type") or {}})
+        extra = "".join(
+            f" {name}_{mode}={statistics.mean(r[key] for r in rows):.{digits}f}"
+            for key, name, digits in (("valid_format", "valid", 3), ("searches", "searches", 3),
+                                      ("rollout_tokens", "tokens", 0))
+            if all(r.get(key) is not None for r in rows))
+        extra += "".join(f" em_{mode}_{t}={statistics.mean(r['em_by_type'].get(t, 0.0) for r in rows):.3f}"
+                         for t in types if all(r.get("em_by_type") for r in rows))
+        missed = [r["seed"] for r in rows if r.get("budget_met") is False]
+        print(f"em_{mode}={statistics.mean(values):.4f} em_std_{mode}={sd:.4f} "
+              f"seeds_{mode}={len(values)}{extra}"
+              + (f" budget_missed_seeds_{mode}={','.join(map(str, missed))}" if missed else ""))
+    _report_paired(work, runs)
     gap = (statistics.mean(ems["real"]) - statistics.mean(ems["simulated"])
            if ems.get("real") and ems.get("simulated") else float("nan"))
     print(f"simulated_search: {len(list(work.glob('quality-*.json')))} simulators measured, "
           f"{len(runs)} RL runs; sim_to_real_gap={gap:+.4f} "
           f"({(time.time() - started) / 60:.0f} min this run)")
+
+
+def _report_paired(work: Path, runs: list[dict]) -> None:
+    """Each mode against each other on the same test questions, seed by seed (process
+    _ablation's paired bootstrap over seeds, then questions); a borrowed real run's answers
+    are read where it ran (`from`)."""
+    from process_ablation import _paired, _per_question
+
+    per_run = {}
+    for r in runs:
+        folder = Path(r["from"]) if r.get("from") else work / "runs" / f"{r['mode']}-s{r['seed']}"
+        per_run[(r["mode"], r["seed"])] = r.get("per_question") or _per_question(
+            folder / "eval-test")
+    for a, b in (("simulated", "real"), ("self", "real"), ("simulated", "self")):
+        p = _paired(per_run, a, b, None)
+        if p is None:
+            continue
+        print(f"paired_{a}_vs_{b}={p['gain']:+.4f} ci95_{a}_vs_{b}={p['lo']:+.3f},{p['hi']:+.3f} "
+              f"by_seed_{a}_vs_{b}={','.join(f'{g:+.3f}' for g in p['by_seed'])} "
+              f"wins_{a}_vs_{b}={p['wins']} losses_{a}_vs_{b}={p['losses']} "
+              f"questions={p['questions']}")
 
 
 if __name__ == "__main__":

@@ -146,16 +146,35 @@ def test_simulated_search_bench_report(tmp_path, capsys):
            "queries": 50}
     (tmp_path / "quality-smollm2-135m.json").write_text(json.dumps(
         {"simulator": "smollm2-135m", "useful": row, "noisy": dict(row, sim_answer_contained=0.05)}))
+    # per-question answers: real right on q0-q2, simulated on q0 and q3, self on none; the
+    # real seed-1 run is borrowed from another folder (`from`) and read there
+    answers = {"real": [1, 1, 1, 0], "simulated": [1, 0, 0, 1], "self": [0, 0, 0, 0]}
     for mode, ems in {"real": [0.30, 0.32], "simulated": [0.20, 0.24], "self": [0.1, 0.1]}.items():
         for seed, em in enumerate(ems):
             d = tmp_path / "runs" / f"{mode}-s{seed}"
             d.mkdir(parents=True)
-            (d / "result.json").write_text(json.dumps({"mode": mode, "seed": seed, "em": em}))
+            result = {"mode": mode, "seed": seed, "em": em, "valid_format": 0.9,
+                      "em_by_type": {"bridge": em / 2, "single": em}, "budget_met": seed == 0}
+            per = {f"q{i}": float(a) for i, a in enumerate(answers[mode])}
+            if mode == "real" and seed == 1:
+                elsewhere = tmp_path / "decide" / "outcome-s1" / "eval-test"
+                elsewhere.mkdir(parents=True)
+                (elsewhere / "per_question.json").write_text(json.dumps(per))
+                result["from"] = str(elsewhere.parent)
+            else:
+                result["per_question"] = per
+            (d / "result.json").write_text(json.dumps(result))
     bench._report(tmp_path, time.time())
     out = capsys.readouterr().out.strip().splitlines()
     assert "quality_smollm2-135m_noisy: sim_answer_contained=0.050" in out[1]
     figures = dict(kv.split("=") for line in out[:-1] for kv in line.split() if "=" in kv)
     assert float(figures["em_real"]) == pytest.approx(0.31)
+    assert float(figures["em_simulated_bridge"]) == pytest.approx(0.11)
+    assert figures["budget_missed_seeds_self"] == "1"
+    # simulated - real per question: 0, -1, -1, +1 on both seeds
+    assert float(figures["paired_simulated_vs_real"]) == pytest.approx(-0.25)
+    assert figures["wins_simulated_vs_real"] == "2" and figures["losses_simulated_vs_real"] == "4"
+    assert float(figures["paired_self_vs_real"]) == pytest.approx(-0.75)
     assert "sim_to_real_gap=+0.0900" in out[-1] and "6 RL runs" in out[-1]
 
 
