@@ -333,8 +333,10 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
         final_dir = Path(dev_dir)
         final = json.loads((final_dir / "metrics.json").read_text())
     else:
+        r = cfg.rollout
         final = _evaluate(Path(summary["final"]), final_dir, index_dir, test_file, demo, args,
-                          ranker=cfg.ranker)
+                          ranker=cfg.ranker, max_queries=r.max_queries, tools=r.tools,
+                          snippet_words=r.snippet_words, prompt=r.prompt)
     avg = final["average"]
     by_type = {k: v["em"] for k, v in next(iter(final["by_type"].values()), {}).items()}
     result = {"method": method, "seed": seed, "steps": summary["steps"],
@@ -360,10 +362,12 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
 
 
 def _evaluate(model_dir: Path, out: Path, index_dir: Path, test_file: Path, demo, args,
-              ranker=None) -> dict:
+              ranker=None, **episode) -> dict:
     """Greedy agent evaluation on the test questions with the demo's settings; cached.
     `ranker` (a run's `RankerSettings`): the index searched through the ranker the policy
-    was trained with: the one the run trained (`final/ranker`), else the configured one."""
+    was trained with: the one the run trained (`final/ranker`), else the configured one.
+    `episode`: the run's own episode settings (max_queries, tools, prompt, ...), so a
+    policy trained to search several sub-queries a turn is evaluated allowed to."""
     from seekrl.config import EvalConfig
     from seekrl.eval.evaluate import eval_policy
     from seekrl.models import load_policy
@@ -391,7 +395,7 @@ def _evaluate(model_dir: Path, out: Path, index_dir: Path, test_file: Path, demo
                                   max_new_tokens=demo.eval_max_new_tokens,
                                   batch_size=args.eval_batch),
                        out, topk=demo.k, max_info_tokens=demo.max_info_tokens,
-                       run_info=run_info)
+                       run_info=run_info, **episode)
 
 
 def _per_question(eval_dir: Path) -> dict[str, float] | None:

@@ -380,3 +380,45 @@ def test_budget_from_refuses_a_run_whose_unnamed_settings_differ(tmp_path):
         bench.same_setting(TrainConfig.model_validate(changed), other, named)
     with pytest.raises(SystemExit, match="ranker"):   # a section they lacked, not named
         bench.same_setting(TrainConfig.model_validate(ranked), other, {})
+
+
+def test_final_evaluation_searches_through_the_runs_ranker_with_its_episode_settings(
+        tmp_path, monkeypatch):
+    """A run trained with a ranker is evaluated through it (the trained one the run saved in
+    final/ranker, else the configured one), and with its own episode settings (a policy
+    trained to write several sub-queries a turn is allowed to at evaluation)."""
+    import argparse
+
+    import seekrl.eval.evaluate as evaluate
+    import seekrl.models as models
+    import seekrl.retrieval.index as index
+    import seekrl.retrieval.ranker as ranker_mod
+    from seekrl.config import RankerSettings
+    from seekrl.recipes.pipeline import DemoConfig
+
+    bench = load_bench()
+    seen = {}
+    monkeypatch.setattr(models, "load_policy", lambda *a, **k: ("policy", "tok"))
+    monkeypatch.setattr(index, "load_index", lambda path: "bm25")
+    monkeypatch.setattr(ranker_mod, "load_ranker",
+                        lambda spec, **k: argparse.Namespace(kind="bi", spec=spec))
+
+    def fake_eval(policy, tok, retriever, cfg, out, **kw):
+        seen.update(retriever=retriever, **kw)
+        return {"average": {}}
+
+    monkeypatch.setattr(evaluate, "eval_policy", fake_eval)
+    args = argparse.Namespace(device="cpu", dtype="float32", n_test=5, eval_batch=4)
+    model = tmp_path / "final"
+    model.mkdir()
+    settings = RankerSettings(model="start/ranker", candidates=7)
+    bench._evaluate(model, tmp_path / "e1", tmp_path, tmp_path / "t.jsonl", DemoConfig(), args,
+                    ranker=settings, max_queries=3)
+    assert seen["retriever"].ranker.spec == "start/ranker" and seen["retriever"].candidates == 7
+    assert seen["max_queries"] == 3 and seen["run_info"]["ranker"] == "start/ranker"
+    (model / "ranker").mkdir()   # the run trained its ranker: that one is searched through
+    bench._evaluate(model, tmp_path / "e2", tmp_path, tmp_path / "t.jsonl", DemoConfig(), args,
+                    ranker=settings)
+    assert seen["retriever"].ranker.spec == str(model / "ranker")
+    bench._evaluate(model, tmp_path / "e3", tmp_path, tmp_path / "t.jsonl", DemoConfig(), args)
+    assert seen["retriever"] == "bm25" and seen["run_info"] is None
