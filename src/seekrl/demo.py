@@ -100,9 +100,11 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
     # the settings first: nothing is written or removed before they are checked
     world_cfg = WorldConfig(seed=cfg.seed, difficulty=cfg.difficulty, doc_words=cfg.doc_words,
                             hop_mix=cfg.hop_mix)
-    rl_minutes = 3.5 * cfg.rl_steps if cfg.rl_minutes is None else cfg.rl_minutes + 2.0
-    plan = {"world": 0.3, "eval_untrained": 4.0, "sft": 7.0, "eval_sft": 3.0,
-            "rl": rl_minutes, "eval_rl": 3.0}
+    # planned stage minutes: the 3 seeds of 2026-11-27 on 2 CPU cores took 0.1 / 1.0-1.2 /
+    # 5.5-5.9 / 1.2-1.8 / 6.9-7.4 (3 steps) / 0.9-1.6 (bench/RESULTS.md, "The demo")
+    rl_minutes = 2.5 * cfg.rl_steps if cfg.rl_minutes is None else cfg.rl_minutes + 2.0
+    plan = {"world": 0.1, "eval_untrained": 1.2, "sft": 6.0, "eval_sft": 1.6,
+            "rl": rl_minutes, "eval_rl": 1.6}
     if cfg.process:
         from seekrl.rl.methods import NEEDS_PRM, method_overrides
         method_overrides(cfg.process, group_size=cfg.group_size)   # a bad name fails now
@@ -110,7 +112,7 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
             raise ValueError(f"--process {cfg.process}: needs a trained process reward model, "
                              "which the demo does not train: run `seekrl prorag` (the whole "
                              "pipeline) or `seekrl train --process prm reward.prm=DIR`")
-        plan.update(rl_process=rl_minutes, eval_rl_process=3.0)
+        plan.update(rl_process=rl_minutes, eval_rl_process=1.6)
     resolve_model(cfg.model)      # a path that is not there fails now, not after the world
     from seekrl.models import DTYPES, MIXED
 
