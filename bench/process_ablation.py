@@ -226,7 +226,7 @@ def _leaves(tree, prefix: str = "") -> dict:
     return out
 
 
-def same_setting(cfg, other: Path, named) -> None:
+def same_setting(cfg, other: Path, named=(), flag: str = "--budget-from") -> None:
     """Refuse a run compared with `other`'s (a result.json) whose config differs in a key
     that is neither named (`--set`, the method's keys) nor the run's own (out, steps, the
     budget): e.g. a turn limit whose default moved between the two snapshots."""
@@ -253,7 +253,7 @@ def same_setting(cfg, other: Path, named) -> None:
     if differ:
         shown = ", ".join(f"{k}: {mine.get(k)!r} here, {theirs.get(k)!r} there"
                           for k in differ[:6])
-        raise SystemExit(f"--budget-from: {other} trained with other settings ({shown}"
+        raise SystemExit(f"{flag}: {other} trained with other settings ({shown}"
                          f"{', ...' if len(differ) > 6 else ''}); set them (--set KEY=VALUE, "
                          "--max-new-tokens) or name them")
 

@@ -50,6 +50,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--n-test", type=int, default=200)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--max-new-tokens", type=int, default=None,
+                    help="rl: the turn limit of rollouts and evaluations (default: the demo's; "
+                         "64 for the decide runs `--real-from` borrows)")
     ap.add_argument("--engine", choices=("seekrl", "generate"), default="seekrl",
                     help="quality: the simulator's decoding loop (seekrl's, or model.generate)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -67,6 +70,8 @@ def main() -> None:
     args.overrides = parse_sets(args.set)
 
     demo = DemoConfig(n_test=args.n_test)
+    if args.max_new_tokens:
+        demo.eval_max_new_tokens = args.max_new_tokens
     started = time.time()
     if args.stage != "report":
         world_dir, index_dir = _world(args.work_dir, demo)
@@ -183,14 +188,13 @@ def _borrowed(run: Path, cfg, done: Path) -> dict:
     path = run / "result.json"
     if not path.is_file():
         raise SystemExit(f"--real-from: {path} is missing (run that outcome seed first)")
+    from process_ablation import same_setting
+
     theirs = json.loads(path.read_text())
-    mine = cfg.model_dump(mode="json")
-    other = dict(theirs.get("config") or {})
-    differ = sorted(k for k in set(mine) | set(other)
-                    if k != "out" and mine.get(k) != other.get(k))
-    if differ:
-        raise SystemExit(f"--real-from: {path} trained with other settings ({', '.join(differ)}"
-                         "); pass the same --set, --steps and --dtype")
+    if not theirs.get("config"):
+        raise SystemExit(f"--real-from: {path} keeps no config to compare with this run's")
+    # every key the same but the run's own (out, ...) and keys added since at their default
+    same_setting(cfg, path, flag="--real-from")
     result = {"mode": "real", "seed": theirs["seed"], "em": theirs["em"],
               "searches": theirs["searches"], "valid_format": theirs["valid_format"],
               "em_by_type": theirs["em_by_type"], "steps": theirs["steps"],

@@ -268,28 +268,29 @@ def test_simulated_bench_borrows_real_runs_only_when_trained_the_same_way(tmp_pa
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
 
-    class Cfg:
-        def __init__(self, **keys):
-            self.keys = keys
+    from seekrl.config import TrainConfig
 
-        def model_dump(self, mode="json"):
-            return self.keys
+    def cfg(temperature: float, out: str = "here"):
+        return TrainConfig(data="t.jsonl", out=out, seed=1,
+                           rollout={"temperature": temperature})
 
+    theirs = cfg(0.7, out="elsewhere").model_dump(mode="json")
+    theirs["rollout"].pop("attention")   # a key added since they ran, at its default here
     run = tmp_path / "decide" / "outcome-s1"
     run.mkdir(parents=True)
     (run / "result.json").write_text(json.dumps({
         "seed": 1, "em": 0.31, "searches": 2.0, "valid_format": 0.9, "steps": 10,
-        "em_by_type": {"bridge": 0.2}, "rollout_tokens": 4000,
-        "config": {"out": "elsewhere", "seed": 1, "rollout": {"temperature": 0.7}}}))
+        "em_by_type": {"bridge": 0.2}, "rollout_tokens": 4000, "config": theirs}))
     done = tmp_path / "runs" / "real-s1" / "result.json"
-    with pytest.raises(SystemExit, match=r"other settings \(rollout\)"):
-        bench._borrowed(run, Cfg(out="here", seed=1, rollout={"temperature": 1.0}), done)
+    with pytest.raises(SystemExit, match=r"--real-from: .* other settings \(rollout\.temperature: "
+                                         r"1\.0 here, 0\.7 there\)"):
+        bench._borrowed(run, cfg(1.0), done)
     assert not done.exists()
-    got = bench._borrowed(run, Cfg(out="here", seed=1, rollout={"temperature": 0.7}), done)
+    got = bench._borrowed(run, cfg(0.7), done)
     assert got["mode"] == "real" and got["em"] == 0.31 and got["from"] == str(run)
     assert json.loads(done.read_text()) == got
     with pytest.raises(SystemExit, match="outcome-s2/result.json is missing"):
-        bench._borrowed(tmp_path / "decide" / "outcome-s2", Cfg(), done)
+        bench._borrowed(tmp_path / "decide" / "outcome-s2", cfg(0.7), done)
 
 
 def test_budget_from_reads_each_seeds_outcome_tokens_and_names_what_is_missing(tmp_path):

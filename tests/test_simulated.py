@@ -300,6 +300,25 @@ def test_a_training_step_with_a_simulator_follows_the_curriculum(tmp_path, tiny)
         TrainConfig(data="x", simulator={"engine": "vllm"})
 
 
+def test_the_curriculum_follows_a_token_budget_that_ends_the_run_before_its_steps():
+    """A run compared at equal compute stops at its token budget, long before its nominal
+    steps: its progress (what the noise curriculum follows) is the budget's share spent."""
+    from types import SimpleNamespace
+
+    from seekrl.recipes.train import Trainer
+
+    def progress(step, steps, tokens, budget):
+        return Trainer.run_progress(SimpleNamespace(
+            step_done=step, rollout_tokens=tokens,
+            cfg=SimpleNamespace(steps=steps, max_rollout_tokens=budget)))
+
+    assert progress(5, 100, 23_000, 46_000) == pytest.approx(0.5)   # the budget leads
+    assert progress(5, 10, 1_000, 46_000) == pytest.approx(0.5)     # the steps lead
+    assert progress(5, 10, 0, None) == pytest.approx(0.5)
+    assert progress(11, 100, 47_000, 46_000) == 1.0                # capped
+    assert noise_probability(progress(10, 100, 41_000, 46_000), 1.0, 0.0, 0.5) > 0.4
+
+
 def test_a_simulator_run_needs_no_index_for_its_rollouts(tmp_path, tiny):
     from conftest import build_world_and_index
 

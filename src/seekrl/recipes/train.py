@@ -361,10 +361,22 @@ class Trainer:
                 make_decoder=text_decoder if sim.engine == "seekrl" else None)
         from seekrl.retrieval.simulated import noise_probability
 
-        self._simulator.set_noise(noise_probability(self.step_done, self.cfg.steps,
+        self._simulator.set_noise(noise_probability(self.run_progress(), 1.0,
                                                     sim.noise_start, sim.noise_end,
                                                     sim.noise_base))
         return self._simulator
+
+    def run_progress(self) -> float:
+        """The share of the run behind it, 0 to 1: its steps done, or, when a rollout-token
+        budget ends it (`max_rollout_tokens`), the budget's share spent if that is larger.
+        What a schedule over the run follows (the simulator's noise curriculum): a run
+        stopped by its budget after 11 of its nominal 100 steps would otherwise have kept
+        the noise near its start (0.025 of 0.5: the first simulated runs of
+        bench/simulated_search.py, 2026-11-27)."""
+        done = self.step_done / self.cfg.steps
+        if self.cfg.max_rollout_tokens:
+            done = max(done, self.rollout_tokens / self.cfg.max_rollout_tokens)
+        return min(done, 1.0)
 
     def _generation_backend(self) -> Backend:
         """The run's one backend (built on first use): seekrl's own decoding loop on the

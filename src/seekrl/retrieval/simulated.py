@@ -112,10 +112,12 @@ def document_id(title: str, text: str) -> str:
     return "sim-" + hashlib.sha1(f"{title}\n{text}".encode()).hexdigest()[:12]
 
 
-def noise_probability(step: int, total: int, start: float, end: float, base: float = 4.0) -> float:
+def noise_probability(step: float, total: float, start: float, end: float,
+                      base: float = 4.0) -> float:
     """ZeroSearch's curriculum: the probability that a query gets noisy documents at training
-    step `step` of `total`, rising from `start` to `end` along `(base^(step/total) - 1) /
-    (base - 1)`; `end` from `total` on. `base` 1 would be linear (taken as such)."""
+    step `step` of `total` (or any share of the run: the trainer passes its progress of 1),
+    rising from `start` to `end` along `(base^(step/total) - 1) / (base - 1)`; `end` from
+    `total` on. `base` 1 would be linear (taken as such)."""
     if total <= 0:
         raise ValueError(f"total: expected a positive number of steps, got {total}")
     if not (0 <= start <= 1 and 0 <= end <= 1):
