@@ -409,7 +409,8 @@ SDPA_BACKENDS = tuple(a.removeprefix("sdpa_") for a in ATTENTION if a.startswith
 def attention_variant(model, name: str = "default"):
     """Inside: `model` computes attention the `name` way (ATTENTION, above); restored on the
     way out. The numbers are the same up to each kernel's rounding; a backend that refuses
-    the inputs (flash on CPU, cudnn off Hopper) raises where it is called."""
+    the inputs (efficient or cudnn on a CPU, for one) raises where it is called. `sdpa_*`
+    acts on a model whose attention goes through SDPA (transformers' default)."""
     if name not in ATTENTION:
         raise ValueError(f"attention: expected one of {', '.join(ATTENTION)}, got {name!r}")
     if name == "default":
