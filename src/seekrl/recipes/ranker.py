@@ -226,10 +226,12 @@ def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
             recall[when] = hop_recall(retriever, held, cfg.topk)
         if logged:
             hit[when] = gold_hit_rate(retriever, logged, cfg.topk)
-        if held or logged:
-            console.print(f"{when}: recall@{cfg.topk} of {len(held)} held-out hop queries "
-                          f"{recall.get(when, float('nan')):.3f}, gold hit@{cfg.topk} of "
-                          f"{len(logged)} held-out logged searches {hit.get(when, float('nan')):.3f}")
+        parts = ([f"recall@{cfg.topk} of {len(held)} held-out hop queries "
+                  f"{recall[when]:.3f}"] if held else []) + \
+                ([f"gold hit@{cfg.topk} of {len(logged)} held-out logged searches "
+                  f"{hit[when]:.3f}"] if logged else [])
+        if parts:
+            console.print(f"{when}: " + ", ".join(parts))
 
     measure("first_stage", first)
     measure("before", ranked_retriever(first, ranker, cfg.candidates))
