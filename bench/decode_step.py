@@ -25,7 +25,10 @@ This bench separates the candidates, each on the same left-padded batch of rando
   step by step inside one call after `--static-warmup` steps (compilation and graph
   capture happen there; `static_compile_s=` is what they took). On CPU it runs uncompiled
   (the dry run's path). Not a setting of the engine: the ceiling a graph-captured loop
-  reaches, to say whether that rewrite is worth it against the attention settings.
+  reaches, to say whether that rewrite is worth it against the attention settings;
+- `hf_cb`: transformers' continuous batching (`model.generate_batch`, paged attention, CUDA
+  graphs on a GPU), its per-token timestamps giving the step time after the warm-up steps:
+  the other engine the issue names; a transformers without it prints `error`.
 
 Per variant: `decode_ms_VARIANT=` (one step, the prefill subtracted: T(steps+1) - T(1)) and
 the tokens/s that gives. Then a profile of `--profile-steps` steps of `seekrl`: host and
@@ -150,6 +153,49 @@ def hf_static_ms(model, tok, contexts, steps: int, warmup: int) -> tuple[float, 
     return 1000 * (timed[-1] - timed[0]) / (len(timed) - 1), stamps[warmup] - started
 
 
+def hf_cb_ms(model, tok, contexts, steps: int, warmup: int) -> float:
+    """ms per decoding step of transformers' continuous batching (`generate_batch`), every
+    request held to the same length: the median over requests of the time between their
+    token `warmup` and their last, over the steps between."""
+    import inspect
+    import math
+    import statistics
+
+    from transformers import GenerationConfig
+
+    n = warmup + steps + 1
+    # a paged cache just big enough (left alone it takes ~90% of free memory: 14 GB of a CPU
+    # machine's for the tiny model), pages of 256 tokens
+    sizes = {"num_blocks": len(contexts) * math.ceil((max(map(len, contexts)) + n) / 256) + 4,
+             "max_batch_tokens": max(256, sum(map(len, contexts)))}
+    cfg = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                           eos_token_id=-1, pad_token_id=pad_id_of(tok))
+    params = inspect.signature(model.generate_batch).parameters
+    extra = {}
+    if "continuous_batching_config" in params:
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+        extra["continuous_batching_config"] = ContinuousBatchingConfig(page_size=256, **sizes)
+    else:   # older transformers read them from the generation config
+        for key, value in sizes.items():
+            setattr(cfg, key, value)
+    if next(model.parameters()).device.type != "cuda" and "warmup" in params:
+        extra["warmup"] = False   # graph pre-capture: 15 s of nothing on a CPU
+    with torch.no_grad():
+        out = model.generate_batch(inputs=contexts, generation_config=cfg,
+                                   record_timestamps=True, **extra)
+    per = []
+    for o in out.values():
+        stamps = o.timestamps or []
+        if o.error or len(stamps) != n:
+            raise RuntimeError(f"hf_cb: a request ended with {len(stamps)} of {n} tokens "
+                               f"({o.error or 'no error'})")
+        per.append((stamps[-1] - stamps[warmup]) / steps)
+    if len(per) != len(contexts):
+        raise RuntimeError(f"hf_cb: {len(per)} of {len(contexts)} requests came back")
+    return 1000 * statistics.median(per)
+
+
 def per_step_ms(run, steps: int) -> float:
     """One decoding step in ms: T(steps + 1) - T(1), each after a warm-up call."""
     run(2)
@@ -198,9 +244,9 @@ def main() -> None:
     p.add_argument("--profile-steps", type=int, default=8)
     p.add_argument("--top", type=int, default=10)
     p.add_argument("--variants", default="seekrl,sdpa_math,sdpa_efficient,sdpa_flash,"
-                   "sdpa_cudnn,eager,even,hf_loop,hf_nomask,hf_static")
+                   "sdpa_cudnn,eager,even,hf_loop,hf_nomask,hf_static,hf_cb")
     p.add_argument("--static-warmup", type=int, default=8,
-                   help="hf_static: steps left untimed (compilation, graph capture)")
+                   help="hf_static, hf_cb: steps left untimed (compilation, graph capture)")
     args = p.parse_args()
     dtype = getattr(torch, args.dtype)
     model, tok = load_policy(dtype=args.dtype, device=args.device)
@@ -242,6 +288,8 @@ def main() -> None:
             elif variant == "hf_static":
                 ms, warm_s = hf_static_ms(model, tok, ragged, args.steps, args.static_warmup)
                 print(f"static_compile_s={warm_s:.1f}")
+            elif variant == "hf_cb":
+                ms = hf_cb_ms(model, tok, ragged, args.steps, args.static_warmup)
             elif variant == "hf_nomask":
                 ms = per_step_ms(lambda n: hf_loop_decode(model, tok, even, n, mask_given=False),
                                  args.steps)

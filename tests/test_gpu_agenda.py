@@ -50,6 +50,7 @@ def test_speed_dry_run(tmp_path):
     log = (tmp_path / "out" / "speed-decode.log").read_text()
     assert "decode_ms_hf_loop=" in log and "profile_host_ms_per_step=" in log
     assert "decode_ms_hf_static=" in log and "static_compile_s=" in log
+    assert "decode_ms_hf_cb=" in log and "decode_ms_hf_cb=error" not in log
     # speed-remedy reran the rollout bench under the pick, default first
     assert "stage=speed-remedy-default dry_run=1 rc=0" in summary
 
