@@ -507,11 +507,7 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
         paired = _paired(per_run, a, b, start)
         if paired is None:
             continue
-        print(f"paired_{a}_vs_{b}={paired['gain']:+.4f} "
-              f"ci95_{a}_vs_{b}={paired['lo']:+.4f},{paired['hi']:+.4f} "
-              f"seeds_{a}_vs_{b}={'/'.join(f'{g:+.3f}' for g in paired['by_seed'])} "
-              f"wins_{a}_vs_{b}={paired['wins']} losses_{a}_vs_{b}={paired['losses']} "
-              f"questions_{a}_vs_{b}={paired['questions']}")
+        print(paired_line(a, b, paired))
         if (a, b) == (named, "outcome"):
             interval = f" (95% CI {paired['lo']:+.3f} to {paired['hi']:+.3f}, paired)"
     print("process_ablation: " + ", ".join(f"{m} {r['em']:.3f}±{r['em_sd']:.3f}"
@@ -521,6 +517,15 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
           + f"; rl_gain={rl_gain:+.4f}"
           + (f"; {missed} runs outside 10% of the budget" if missed else "")
           + f" ({(time.time() - started) / 60:.0f} min this run)")
+
+
+def paired_line(a: str, b: str, paired: dict) -> str:
+    """One `_paired` comparison as the key=value line the reports print."""
+    return (f"paired_{a}_vs_{b}={paired['gain']:+.4f} "
+            f"ci95_{a}_vs_{b}={paired['lo']:+.4f},{paired['hi']:+.4f} "
+            f"seeds_{a}_vs_{b}={'/'.join(f'{g:+.3f}' for g in paired['by_seed'])} "
+            f"wins_{a}_vs_{b}={paired['wins']} losses_{a}_vs_{b}={paired['losses']} "
+            f"questions_{a}_vs_{b}={paired['questions']}")
 
 
 def _paired(per_run: dict, a: str, b: str, start: dict | None, resamples: int = 10_000,

@@ -252,7 +252,7 @@ def _report_paired(work: Path, runs: list[dict]) -> None:
     """Each mode against each other on the same test questions, seed by seed (process
     _ablation's paired bootstrap over seeds, then questions); a borrowed real run's answers
     are read where it ran (`from`)."""
-    from process_ablation import _paired, _per_question
+    from process_ablation import _paired, _per_question, paired_line
 
     per_run = {}
     for r in runs:
@@ -260,13 +260,9 @@ def _report_paired(work: Path, runs: list[dict]) -> None:
         per_run[(r["mode"], r["seed"])] = r.get("per_question") or _per_question(
             folder / "eval-test")
     for a, b in (("simulated", "real"), ("self", "real"), ("simulated", "self")):
-        p = _paired(per_run, a, b, None)
-        if p is None:
-            continue
-        print(f"paired_{a}_vs_{b}={p['gain']:+.4f} ci95_{a}_vs_{b}={p['lo']:+.3f},{p['hi']:+.3f} "
-              f"by_seed_{a}_vs_{b}={','.join(f'{g:+.3f}' for g in p['by_seed'])} "
-              f"wins_{a}_vs_{b}={p['wins']} losses_{a}_vs_{b}={p['losses']} "
-              f"questions={p['questions']}")
+        paired = _paired(per_run, a, b, None)
+        if paired is not None:
+            print(paired_line(a, b, paired))
 
 
 if __name__ == "__main__":
