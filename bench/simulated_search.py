@@ -218,8 +218,11 @@ def _report(work: Path, started: float) -> None:
                   f"sim_empty={row['sim_empty']:.3f} malformed={row['malformed']:.3f} "
                   f"real_answer_contained={row['real_answer_contained']:.3f} "
                   f"real_gold_title_hit={row['real_gold_title_hit']:.3f} queries={row['queries']}")
-    runs = [r for r in (json.loads(p.read_text()) for p in sorted(work.glob("runs/*/result.json")))
-            if r.get("mode") in MODES]   # a work folder shared with process_ablation has others
+    # only MODE-sSEED folders: a work folder shared with process_ablation has others, and a
+    # run kept aside under another name (simulated-s0-flat) is not one of this bench's
+    runs = [r for r, p in ((json.loads(p.read_text()), p)
+                           for p in sorted(work.glob("runs/*/result.json")))
+            if r.get("mode") in MODES and p.parent.name == f"{r['mode']}-s{r.get('seed')}"]
     ems: dict[str, list[float]] = {}
     by_mode: dict[str, list[dict]] = {}
     for r in runs:

@@ -164,6 +164,9 @@ def test_simulated_search_bench_report(tmp_path, capsys):
             else:
                 result["per_question"] = per
             (d / "result.json").write_text(json.dumps(result))
+    aside = tmp_path / "runs" / "simulated-s0-flat"   # kept under another name: not counted
+    aside.mkdir()
+    (aside / "result.json").write_text(json.dumps({"mode": "simulated", "seed": 0, "em": 0.9}))
     bench._report(tmp_path, time.time())
     out = capsys.readouterr().out.strip().splitlines()
     assert "quality_smollm2-135m_noisy: sim_answer_contained=0.050" in out[1]
