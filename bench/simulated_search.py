@@ -252,9 +252,9 @@ def _report(work: Path, started: float) -> None:
 
 
 def _report_paired(work: Path, runs: list[dict]) -> None:
-    """Each mode against each other on the same test questions, seed by seed (process
-    _ablation's paired bootstrap over seeds, then questions); a borrowed real run's answers
-    are read where it ran (`from`)."""
+    """Each mode against each other on the same test questions, seed by seed (the paired
+    bootstrap of process_ablation, over seeds, then questions); a borrowed real run's
+    answers are read where it ran (`from`)."""
     from process_ablation import _paired, _per_question, paired_line
 
     per_run = {}
