@@ -457,8 +457,11 @@ def test_attention_setting_changes_no_token_and_is_in_force_while_decoding(tiny,
         hook.remove()
     plain = base.run(examples)
     assert [t.token_ids for t in switched] == [t.token_ids for t in plain]
-    assert seen and all(s.startswith("eager:") for s in seen) if attention == "eager" \
-        else all(s == "sdpa:MATH" for s in seen)
+    assert seen
+    if attention == "eager":
+        assert all(s.startswith("eager:") for s in seen)
+    else:
+        assert all(s == "sdpa:MATH" for s in seen)
     assert model.config._attn_implementation == "sdpa"   # restored
 
 
