@@ -136,3 +136,45 @@ def test_index_encoder_on_the_device_agrees_with_the_cpu(tmp_path):
         assert dtype == torch.float16
     assert cosine.min() > 0.995
     assert (np.argsort(-(on_cpu @ on_cpu[0])) == np.argsort(-(on_dev @ on_dev[0]))).all()
+
+
+def test_each_attention_setting_computes_the_same_distribution():
+    """`rollout.attention` on the device: each variant the kernels accept gives the default's
+    next-token log-probs on a left-padded batch, up to bf16 rounding, and decodes through the
+    engine (its masks and growing cache); a variant a kernel refuses says so and is named in
+    the log (efficient / cudnn on a CPU)."""
+    from seekrl.agent.backends import HFBackend, Sampling
+    from seekrl.config import ATTENTION
+    from seekrl.models import attention_variant, pad_id_of, tiny_policy
+
+    model, tok = tiny_policy(seed=0)
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    model = model.to(DEVICE, dtype).eval()
+    contexts = [tok.encode("a short one"), tok.encode("a much longer context than that " * 3)]
+    width = max(map(len, contexts))
+    ids = torch.tensor([[pad_id_of(tok)] * (width - len(c)) + c for c in contexts],
+                       device=DEVICE)
+    mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts],
+                        device=DEVICE)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+
+    def logprobs(name):
+        with torch.no_grad(), attention_variant(model, name):
+            out = model(input_ids=ids, attention_mask=mask, position_ids=positions)
+        return out.logits[:, -1].float().log_softmax(-1)
+
+    base = logprobs("default")
+    ran = []
+    for name in ATTENTION[1:]:
+        try:
+            diff = (logprobs(name) - base).abs().max().item()
+            tokens = HFBackend(model, tok, attention=name).generate(
+                contexts, 4, Sampling(greedy=True))
+        except RuntimeError as err:   # a kernel that refuses these inputs here
+            print(f"attention_{name}=refused ({str(err).splitlines()[0][:80]})")
+            continue
+        print(f"attention_{name}_max_logprob_diff={diff:.4f} tokens={list(map(len, tokens))}")
+        assert diff < (0.1 if dtype == torch.bfloat16 else 1e-4), name
+        ran.append(name)
+    assert "eager" in ran and "sdpa_math" in ran
+    assert model.config._attn_implementation == "sdpa"   # every variant undone
