@@ -217,15 +217,6 @@ def _label_tokens(prm: Path) -> int:
 _OWN_KEYS = ("out", "steps", "max_rollout_tokens", "save_every", "keep_last")
 
 
-def _leaves(tree, prefix: str = "") -> dict:
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    out = {}
-    for k, v in tree.items():
-        out.update(_leaves(v, f"{prefix}.{k}" if prefix else str(k)))
-    return out
-
-
 def same_setting(cfg, other: Path, named=(), flag: str = "--budget-from") -> None:
     """Refuse a run compared with `other`'s (a result.json) whose config differs in a key
     that is neither named (`--set`, the method's keys) nor the run's own (out, steps, the
@@ -235,14 +226,16 @@ def same_setting(cfg, other: Path, named=(), flag: str = "--budget-from") -> Non
     theirs = json.loads(other.read_text()).get("config")
     if not theirs:
         return   # a result from before configs were kept: nothing to compare
-    mine, theirs = _leaves(cfg.model_dump(mode="json")), _leaves(theirs)
+    from seekrl.config import flat_keys
+
+    mine, theirs = flat_keys(cfg.model_dump(mode="json")), flat_keys(theirs)
     # a key added to seekrl since their run, at its default here, changes nothing
-    defaults = _leaves(type(cfg).model_validate({"data": cfg.data}).model_dump(mode="json"))
+    defaults = flat_keys(type(cfg).model_validate({"data": cfg.data}).model_dump(mode="json"))
     free = [*_OWN_KEYS, *named]
-    for key in named:   # a section they did not have (ranker: null) is named as a whole
+    for key in named:   # a section they had empty (ranker: null, process: {}) is named whole
         parts = key.split(".")
         free += [p for p in (".".join(parts[:i]) for i in range(1, len(parts)))
-                 if p in theirs and theirs[p] is None]
+                 if p in theirs and theirs[p] in (None, {})]
 
     def differs(k: str) -> bool:
         if mine.get(k) == theirs.get(k) or any(k == f or k.startswith(f + ".") for f in free):
