@@ -308,9 +308,10 @@ def test_the_curriculum_follows_a_token_budget_that_ends_the_run_before_its_step
     from seekrl.recipes.train import Trainer
 
     def progress(step, steps, tokens, budget):
-        return Trainer.run_progress(SimpleNamespace(
-            step_done=step, rollout_tokens=tokens,
-            cfg=SimpleNamespace(steps=steps, max_rollout_tokens=budget)))
+        run = SimpleNamespace(step_done=step, rollout_tokens=tokens,
+                              cfg=SimpleNamespace(steps=steps, max_rollout_tokens=budget))
+        run.budget_share = lambda: Trainer.budget_share(run)
+        return Trainer.run_progress(run)
 
     assert progress(5, 100, 23_000, 46_000) == pytest.approx(0.5)   # the budget leads
     assert progress(5, 10, 1_000, 46_000) == pytest.approx(0.5)     # the steps lead

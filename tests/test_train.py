@@ -643,6 +643,45 @@ def test_the_logged_lr_is_the_one_the_step_applied(world, tiny, tmp_path):
     assert trainer.step(2)["lr"] < first
 
 
+def test_a_cosine_schedule_follows_the_token_budget_when_it_ends_the_run_first():
+    """The decay reads the budget's share when it leads the steps' share, so a run its
+    budget stops early still ends at its floor; without a budget, nothing changes."""
+    from seekrl.config import OptimConfig
+    from seekrl.recipes.setup import make_scheduler
+
+    cfg = OptimConfig(lr=1.0, schedule="cosine", warmup_steps=0, min_lr_ratio=0.1)
+    spent = [0.0]
+
+    def rates(share):
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        sched = make_scheduler(opt, cfg, 100, budget_share=share)
+        out = [opt.param_groups[0]["lr"]]
+        for s in (0.25, 0.5, 1.0):
+            spent[0] = s
+            opt.step()
+            sched.step()
+            out.append(opt.param_groups[0]["lr"])
+        return out
+
+    followed = rates(lambda: spent[0])
+    assert followed[0] == pytest.approx(1.0)
+    assert followed[2] == pytest.approx(0.1 + 0.9 * 0.5)   # half the budget: half-way down
+    assert followed[3] == pytest.approx(0.1)               # budget spent: the floor
+    by_steps = rates(None)   # three of 100 steps: still near the peak
+    assert by_steps[3] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.03)))
+    assert rates(lambda: 0.0) == pytest.approx(by_steps)   # a budget behind the steps: no change
+
+
+def test_the_trainer_decays_its_learning_rate_by_the_budget_spent(world, tiny, tmp_path):
+    cfg = make_cfg(tmp_path, **{"steps": 100, "max_rollout_tokens": 1,
+                                "optim": {"lr": 1e-3, "schedule": "cosine", "warmup_steps": 0,
+                                          "min_lr_ratio": 0.1}})
+    trainer = make_trainer(cfg, world, tiny)
+    assert trainer.step(1)["lr"] == pytest.approx(1e-3)
+    assert trainer.budget_share() >= 1.0
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-4)   # the next step's
+
+
 def test_the_update_runs_in_the_mode_of_the_old_logprobs(world, tiny, tmp_path, monkeypatch):
     """With LoRA dropout 0.5, old log-probs in eval mode and new ones in train mode made the
     first ratio of an update far from 1; in one mode it is exactly 1."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -289,8 +290,14 @@ def make_optimizer(params, cfg: OptimConfig, *, extra_groups: list[dict] = ()):
                              weight_decay=cfg.weight_decay)
 
 
-def make_scheduler(optimizer, cfg: OptimConfig, total_steps: int):
-    """Linear warm-up, then cosine decay to `lr * min_lr_ratio` (or constant)."""
+def make_scheduler(optimizer, cfg: OptimConfig, total_steps: int,
+                   budget_share: Callable[[], float] | None = None):
+    """Linear warm-up, then cosine decay to `lr * min_lr_ratio` (or constant).
+
+    `budget_share`, when given, is the share (0 to 1) of a compute budget spent so far, read
+    at each step: the decay follows it when it is ahead of the steps' share, so a run that its
+    budget stops after 11 of a nominal 100 steps still decays to its floor by the end instead
+    of training at nearly the peak rate throughout. Warm-up counts steps either way."""
     def factor(step: int) -> float:
         if cfg.warmup_steps and step < cfg.warmup_steps:
             return (step + 1) / cfg.warmup_steps
@@ -298,6 +305,8 @@ def make_scheduler(optimizer, cfg: OptimConfig, total_steps: int):
             return 1.0
         span = max(1, total_steps - cfg.warmup_steps)
         progress = min(1.0, (step - cfg.warmup_steps) / span)
+        if budget_share is not None:
+            progress = max(progress, min(1.0, budget_share()))
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 

@@ -279,7 +279,9 @@ class Trainer:
         self.optimizer = make_optimizer(trainable_parameters(self.model), cfg.optim,
                                         extra_groups=extra)
         self.updates = 0   # optimizer steps taken by this object (the vLLM sync's version)
-        self.scheduler = make_scheduler(self.optimizer, cfg.optim, cfg.steps)
+        self.rollout_tokens = 0            # generated rollout tokens so far (the compute)
+        self.scheduler = make_scheduler(self.optimizer, cfg.optim, cfg.steps,
+                                        budget_share=self.budget_share)
         if reward_fn is None and cfg.reward.fn:
             reward_fn = load_reward_fn(cfg.reward.fn)
         self.reward_fn = reward_fn or (lambda t: episode_reward(
@@ -290,7 +292,6 @@ class Trainer:
         self.monitor = Monitor(cfg.monitor)
         self.step_done = 0
         self._last_dev: tuple[int, dict[str, Any], Path] | None = None   # step, figures, folder
-        self.rollout_tokens = 0            # generated rollout tokens so far (the compute)
         self.questions_drawn = 0           # questions played so far (refills included)
         self.healthy_checkpoint: str | None = None
         self.stopped_reason: str | None = None
@@ -369,14 +370,17 @@ class Trainer:
     def run_progress(self) -> float:
         """The share of the run behind it, 0 to 1: its steps done, or, when a rollout-token
         budget ends it (`max_rollout_tokens`), the budget's share spent if that is larger.
-        What a schedule over the run follows (the simulator's noise curriculum): a run
-        stopped by its budget after 11 of its nominal 100 steps would otherwise have kept
-        the noise near its start (0.025 of 0.5: the first simulated runs of
-        bench/simulated_search.py, 2026-11-27)."""
-        done = self.step_done / self.cfg.steps
-        if self.cfg.max_rollout_tokens:
-            done = max(done, self.rollout_tokens / self.cfg.max_rollout_tokens)
-        return min(done, 1.0)
+        What a schedule over the run follows (the simulator's noise curriculum; the cosine
+        learning rate reads `budget_share` the same way): a run stopped by its budget after
+        11 of its nominal 100 steps would otherwise have kept the noise near its start (0.025
+        of 0.5: the first simulated runs of bench/simulated_search.py, 2026-11-27)."""
+        return min(max(self.step_done / self.cfg.steps, self.budget_share()), 1.0)
+
+    def budget_share(self) -> float:
+        """The share of the rollout-token budget spent (0 without a budget)."""
+        if not self.cfg.max_rollout_tokens:
+            return 0.0
+        return self.rollout_tokens / self.cfg.max_rollout_tokens
 
     def _generation_backend(self) -> Backend:
         """The run's one backend (built on first use): seekrl's own decoding loop on the
