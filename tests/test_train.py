@@ -531,6 +531,30 @@ def test_rollout_token_budget_stops_the_run(world, tiny, tmp_path):
     assert summary["budget_met"] is False and summary["budget_ratio"] > 1.1   # flagged
 
 
+def test_a_run_resumed_after_its_budget_stopped_it_trains_no_further(world, tiny, tmp_path):
+    """Killed while it saved or evaluated its final policy, a budget-stopped run resumed
+    finishes from its last checkpoint: no extra step (the budget overshot, final replaced)."""
+    cfg = make_cfg(tmp_path, steps=5, max_rollout_tokens=1, save_every=1)
+    first = make_trainer(cfg, world, tiny).train()
+    weights = {k: v.clone() for k, v in
+               load_policy_state(tmp_path / "run" / "final").items()}
+    resumed = make_trainer(cfg, world, tiny, resume=True)
+    assert resumed.step_done == 1
+    summary = resumed.train()
+    assert summary["steps"] == 1 and "rollout budget" in summary["budget"]
+    assert summary["rollout_tokens"] == first["rollout_tokens"]
+    records = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in records if '"episodes"' in x] == [1]
+    for k, v in load_policy_state(tmp_path / "run" / "final").items():
+        assert torch.equal(v, weights[k]), k
+
+
+def load_policy_state(folder):
+    from safetensors.torch import load_file
+
+    return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(f).items()}
+
+
 def test_the_last_budgeted_step_plays_only_the_questions_the_budget_pays_for(world, tiny,
                                                                              tmp_path):
     """A step of 4 questions, a budget of about 1.5 steps: the second step plays about two

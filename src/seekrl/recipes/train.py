@@ -1032,6 +1032,13 @@ class Trainer:
         last: dict[str, Any] = {}
         if cfg.eval.data and cfg.eval.at_start and self.step_done == 0:
             self._dev_eval("start", 0, " before training")
+        if self.step_done and cfg.max_rollout_tokens is not None \
+                and self._questions_for_budget() == 0:
+            # resumed after its token budget stopped it (killed while saving or evaluating
+            # the final policy): the step a budget left at none would still play one question
+            self.stopped_budget = f"rollout budget of {cfg.max_rollout_tokens} tokens"
+            self._say(f"{self.stopped_budget} already used up at step {self.step_done}")
+            return self._finish(started, last)
         for step in range(self.step_done + 1, cfg.steps + 1):
             # rank 0's record (its timings) on every rank: the monitor, and so the decision
             # to stop, must be the same everywhere; at least one question: the stop below
