@@ -694,6 +694,19 @@ def test_a_cosine_schedule_follows_the_token_budget_when_it_ends_the_run_first()
     by_steps = rates(None)   # three of 100 steps: still near the peak
     assert by_steps[3] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.03)))
     assert rates(lambda: 0.0) == pytest.approx(by_steps)   # a budget behind the steps: no change
+    # with warm-up, the decay starts at warm-up's end: 2 steps of warm-up, then the peak
+    warm = OptimConfig(lr=1.0, schedule="cosine", warmup_steps=2, min_lr_ratio=0.0)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = make_scheduler(opt, warm, 100, budget_share=lambda: spent[0])
+    seen = []
+    for k in range(1, 7):   # a budget that 6 equal steps spend
+        spent[0] = k / 6
+        opt.step()
+        sched.step()
+        seen.append(opt.param_groups[0]["lr"])
+    # step k+1's rate: warm-up (2 steps), then progress (k - 2) / 4 of the cosine
+    expected = [1.0] + [0.5 * (1 + math.cos(math.pi * (k - 2) / 4)) for k in range(2, 7)]
+    assert seen == pytest.approx(expected)
 
 
 def test_the_trainer_decays_its_learning_rate_by_the_budget_spent(world, tiny, tmp_path):

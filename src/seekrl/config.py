@@ -59,7 +59,7 @@ class OptimConfig(Strict):
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
     warmup_steps: int = Field(0, ge=0)
-    # cosine decays over `steps`, or over `max_rollout_tokens` when that budget ends the run first
+    # cosine decays over `steps`, or over `max_rollout_tokens` while that budget's share spent leads
     schedule: Literal["cosine", "constant"] = "cosine"
     min_lr_ratio: float = Field(0.0, ge=0, le=1)   # cosine decays to lr * min_lr_ratio
     max_grad_norm: float | None = Field(1.0, gt=0)

@@ -297,7 +297,9 @@ def make_scheduler(optimizer, cfg: OptimConfig, total_steps: int,
     `budget_share`, when given, is the share (0 to 1) of a compute budget spent so far, read
     at each step: the decay follows it when it is ahead of the steps' share, so a run that its
     budget stops after 11 of a nominal 100 steps still decays to its floor by the end instead
-    of training at nearly the peak rate throughout. Warm-up counts steps either way."""
+    of training at nearly the peak rate throughout. Warm-up counts steps either way; the
+    budget's decay starts where warm-up ends, taking each step as costing the same tokens
+    (the share s after k steps puts warm-up's w steps at w·s/k of the budget)."""
     def factor(step: int) -> float:
         if cfg.warmup_steps and step < cfg.warmup_steps:
             return (step + 1) / cfg.warmup_steps
@@ -305,8 +307,9 @@ def make_scheduler(optimizer, cfg: OptimConfig, total_steps: int,
             return 1.0
         span = max(1, total_steps - cfg.warmup_steps)
         progress = min(1.0, (step - cfg.warmup_steps) / span)
-        if budget_share is not None:
-            progress = max(progress, min(1.0, budget_share()))
+        if budget_share is not None and step > cfg.warmup_steps:
+            share, w = min(1.0, budget_share()), cfg.warmup_steps
+            progress = max(progress, share * (step - w) / (step - w * share))
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
