@@ -166,9 +166,14 @@ def main() -> None:
                                   test_file)
                     if method == "outcome" and budget is None:
                         budget = result["rollout_tokens"]
-        if not args.skip_sft_eval:   # the reference line: the starting point of every run
-            start = _evaluate(sft, work / args.runs_dir / f"eval-sft-{args.final_on}", index_dir,
-                              test_file, demo, args)
+        if not args.skip_sft_eval:   # the reference line: the starting point of every run,
+            # under the runs' ranker and episode settings (a --set ranker.model=... is the
+            # runs' retrieval from their first step, not part of what RL gained)
+            start_cfg = _run_config("outcome", seeds[0], None, args, demo, sft, world_dir,
+                                    index_dir, work / args.runs_dir / "outcome-s0")[0]
+            start = evaluate_as_trained(start_cfg, sft,
+                                        work / args.runs_dir / f"eval-sft-{args.final_on}",
+                                        index_dir, test_file, demo, args)
             print(f"em_sft={start['average']['em']:.4f}", flush=True)
     if args.stage in ("all", "report"):
         _report(work / args.runs_dir, started, args.named, args.final_on,
@@ -275,20 +280,14 @@ def _dev_file(work: Path, world_dir: Path, n: int) -> Path:
     return path
 
 
-def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, world_dir: Path,
-         index_dir: Path, test_file: Path) -> dict:
+def _run_config(method: str, seed: int, budget: int | None, args, demo, sft: Path,
+                world_dir: Path, index_dir: Path, out: Path):
+    """A run's config (the demo's RL settings, the bench's, `--set`, the method's keys),
+    the method's keys, and the label tokens its budget is charged."""
     from seekrl.config import TrainConfig, with_keys
     from seekrl.recipes.pipeline import rl_config_tree
-    from seekrl.recipes.train import Trainer
     from seekrl.rl.methods import NEEDS_PRM, method_overrides
 
-    out = args.work_dir / args.runs_dir / f"{method}-s{seed}"
-    done = out / "result.json"
-    if done.is_file():
-        result = json.loads(done.read_text())
-        print(f"{method} seed {seed}: already in {done}", flush=True)
-        return result
-    t0 = time.time()
     run_cfg = dataclasses.replace(demo, seed=seed, advantage=args.baseline,
                                   rl_lr=args.lr or demo.rl_lr)
     tree = rl_config_tree(run_cfg, model=str(sft), train_file=world_dir / "train.jsonl",
@@ -308,6 +307,22 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
         keys["reward.prm"] = str(args.prm)
         label_tokens = args.label_tokens
     cfg = TrainConfig.model_validate(with_keys(with_keys(tree, args.overrides), keys))
+    return cfg, keys, label_tokens
+
+
+def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, world_dir: Path,
+         index_dir: Path, test_file: Path) -> dict:
+    from seekrl.recipes.train import Trainer
+
+    out = args.work_dir / args.runs_dir / f"{method}-s{seed}"
+    done = out / "result.json"
+    if done.is_file():
+        result = json.loads(done.read_text())
+        print(f"{method} seed {seed}: already in {done}", flush=True)
+        return result
+    t0 = time.time()
+    cfg, keys, label_tokens = _run_config(method, seed, budget, args, demo, sft, world_dir,
+                                          index_dir, out)
     if args.budget_from is not None:   # the same setting as theirs but what is named
         same_setting(cfg, args.budget_from / f"outcome-s{seed}" / "result.json",
                      named={*args.overrides, *keys})
@@ -326,10 +341,8 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
         final_dir = Path(dev_dir)
         final = json.loads((final_dir / "metrics.json").read_text())
     else:
-        r = cfg.rollout
-        final = _evaluate(Path(summary["final"]), final_dir, index_dir, test_file, demo, args,
-                          ranker=cfg.ranker, max_queries=r.max_queries, tools=r.tools,
-                          snippet_words=r.snippet_words, prompt=r.prompt)
+        final = evaluate_as_trained(cfg, Path(summary["final"]), final_dir, index_dir,
+                                    test_file, demo, args)
     avg = final["average"]
     by_type = {k: v["em"] for k, v in next(iter(final["by_type"].values()), {}).items()}
     result = {"method": method, "seed": seed, "steps": summary["steps"],
@@ -391,6 +404,16 @@ def _evaluate(model_dir: Path, out: Path, index_dir: Path, test_file: Path, demo
                        run_info=run_info, **episode)
 
 
+def evaluate_as_trained(cfg, model_dir: Path, out: Path, index_dir: Path, test_file: Path,
+                        demo, args) -> dict:
+    """`_evaluate` with a run's ranker and episode settings (`cfg`, its TrainConfig): what
+    every trained policy and the start they are compared with are evaluated under."""
+    r = cfg.rollout
+    return _evaluate(model_dir, out, index_dir, test_file, demo, args, ranker=cfg.ranker,
+                     max_queries=r.max_queries, tools=r.tools, snippet_words=r.snippet_words,
+                     prompt=r.prompt)
+
+
 def _per_question(eval_dir: Path) -> dict[str, float] | None:
     """{example id: EM} of an evaluation (the mean over its samples), kept as the folder's
     `per_question.json` (a few kilobytes, unlike its trajectories); read from there when
@@ -426,7 +449,10 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def _results(runs: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(runs.glob("*/result.json"))]
+    """This bench's results under `runs` (a method's); another bench's in the same folder
+    (bench/simulated_search.py writes `runs/MODE-sSEED` with a `mode`) are not its."""
+    found = (json.loads(p.read_text()) for p in sorted(runs.glob("*/result.json")))
+    return [r for r in found if "method" in r]
 
 
 def _per_run(runs: Path, results: list[dict], on: str, tag: str = "") -> dict:

@@ -137,7 +137,7 @@ def _quality(name: str, args, demo, world_dir: Path, index_dir: Path) -> dict:
 
 def _rl(mode: str, seed: int, budget: int | None, args, demo, world_dir: Path,
         index_dir: Path) -> dict:
-    from process_ablation import _evaluate
+    from process_ablation import evaluate_as_trained
 
     from seekrl.config import TrainConfig, with_keys
     from seekrl.data.qa import read_qa_jsonl, write_qa_jsonl
@@ -164,12 +164,14 @@ def _rl(mode: str, seed: int, budget: int | None, args, demo, world_dir: Path,
         tree["rollout"]["self_search"] = True
     cfg = TrainConfig.model_validate(tree)
     if mode == "real" and getattr(args, "real_from", None) is not None:
-        return _borrowed(args.real_from / f"outcome-s{seed}", cfg, done)
+        return _borrowed(args.real_from / f"outcome-s{seed}", cfg, done, args.n_test)
     resume = (out / "checkpoints" / "latest").is_file()
     summary = Trainer(cfg, resume=resume, overwrite=not resume).train()
-    final = _evaluate(Path(summary["final"]), out / "eval-test", index_dir, test_file, demo,
-                      argparse.Namespace(n_test=args.n_test, eval_batch=64, device="cpu",
-                                         dtype=args.dtype))
+    # under the run's own ranker and episode settings, as the borrowed real run was
+    final = evaluate_as_trained(cfg, Path(summary["final"]), out / "eval-test", index_dir,
+                                test_file, demo,
+                                argparse.Namespace(n_test=args.n_test, eval_batch=64,
+                                                   device="cpu", dtype=args.dtype))
     avg = final["average"]
     by_type = {k: v["em"] for k, v in next(iter(final["by_type"].values()), {}).items()}
     result = {"mode": mode, "seed": seed, "em": avg["em"], "searches": avg["searches"],
@@ -182,9 +184,11 @@ def _rl(mode: str, seed: int, budget: int | None, args, demo, world_dir: Path,
     return result
 
 
-def _borrowed(run: Path, cfg, done: Path) -> dict:
+def _borrowed(run: Path, cfg, done: Path, n_test: int) -> dict:
     """The real-search run of a seed taken from a process_ablation outcome-only run, when
-    that run trained with this config (every key but `out`); kept as this bench's result."""
+    that run trained with this config (`process_ablation.same_setting`: every key but the
+    run's own folder and length, which its token budget set) and was evaluated on the same
+    test questions; kept as this bench's result."""
     path = run / "result.json"
     if not path.is_file():
         raise SystemExit(f"--real-from: {path} is missing (run that outcome seed first)")
@@ -193,6 +197,11 @@ def _borrowed(run: Path, cfg, done: Path) -> dict:
     theirs = json.loads(path.read_text())
     if not theirs.get("config"):
         raise SystemExit(f"--real-from: {path} keeps no config to compare with this run's")
+    on, asked = theirs.get("evaluated_on", "test"), theirs.get("per_question")
+    if on != "test" or (asked is not None and len(asked) != n_test):
+        raise SystemExit(f"--real-from: {path} was evaluated on "
+                         f"{len(asked) if asked is not None else '?'} {on} questions; this "
+                         f"bench compares on the first {n_test} test questions (--n-test)")
     # every key the same but the run's own (out, ...) and keys added since at their default
     same_setting(cfg, path, flag="--real-from")
     result = {"mode": "real", "seed": theirs["seed"], "em": theirs["em"],

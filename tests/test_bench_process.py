@@ -287,13 +287,27 @@ def test_simulated_bench_borrows_real_runs_only_when_trained_the_same_way(tmp_pa
     done = tmp_path / "runs" / "real-s1" / "result.json"
     with pytest.raises(SystemExit, match=r"--real-from: .* other settings \(rollout\.temperature: "
                                          r"1\.0 here, 0\.7 there\)"):
-        bench._borrowed(run, cfg(1.0), done)
+        bench._borrowed(run, cfg(1.0), done, 200)
     assert not done.exists()
-    got = bench._borrowed(run, cfg(0.7), done)
+    with pytest.raises(SystemExit, match="evaluated on 3 test questions; .* first 200 test"):
+        (run / "result.json").write_text(json.dumps({
+            **json.loads((run / "result.json").read_text()),
+            "per_question": {f"test-{i}": 1.0 for i in range(3)}}))
+        bench._borrowed(run, cfg(0.7), done, 200)
+    with pytest.raises(SystemExit, match=r"evaluated on \? dev questions"):
+        (run / "result.json").write_text(json.dumps({
+            **{k: v for k, v in json.loads((run / "result.json").read_text()).items()
+               if k != "per_question"}, "evaluated_on": "dev"}))
+        bench._borrowed(run, cfg(0.7), done, 200)
+    (run / "result.json").write_text(json.dumps({
+        **json.loads((run / "result.json").read_text()), "evaluated_on": "test",
+        "per_question": {f"test-{i}": 1.0 for i in range(200)}}))
+    assert not done.exists()
+    got = bench._borrowed(run, cfg(0.7), done, 200)
     assert got["mode"] == "real" and got["em"] == 0.31 and got["from"] == str(run)
     assert json.loads(done.read_text()) == got
     with pytest.raises(SystemExit, match="outcome-s2/result.json is missing"):
-        bench._borrowed(tmp_path / "decide" / "outcome-s2", cfg(0.7), done)
+        bench._borrowed(tmp_path / "decide" / "outcome-s2", cfg(0.7), done, 200)
 
 
 def test_budget_from_reads_each_seeds_outcome_tokens_and_names_what_is_missing(tmp_path):
@@ -426,3 +440,42 @@ def test_final_evaluation_searches_through_the_runs_ranker_with_its_episode_sett
     assert seen["retriever"].ranker.spec == str(model / "ranker")
     bench._evaluate(model, tmp_path / "e3", tmp_path, tmp_path / "t.jsonl", DemoConfig(), args)
     assert seen["retriever"] == "bm25" and seen["run_info"] is None
+    # a run's config carries both: what every trained policy (and the start) is evaluated with
+    from seekrl.config import TrainConfig
+
+    run = TrainConfig(data="t.jsonl", ranker={"model": "start/ranker", "candidates": 9},
+                      rollout={"max_queries": 2, "snippet_words": 30})
+    bench.evaluate_as_trained(run, tmp_path / "sft", tmp_path / "e4", tmp_path,
+                              tmp_path / "t.jsonl", DemoConfig(), args)
+    assert seen["retriever"].ranker.spec == "start/ranker" and seen["retriever"].candidates == 9
+    assert seen["max_queries"] == 2 and seen["snippet_words"] == 30
+
+
+def test_the_start_is_configured_as_the_runs_are(tmp_path):
+    """The SFT start's reference evaluation takes the runs' `--set` settings (a ranker, the
+    sub-queries a turn), so RL's gain is not the ranker's."""
+    import argparse
+
+    from seekrl.recipes.pipeline import DemoConfig
+
+    bench = load_bench()
+    (tmp_path / "train.jsonl").write_text("")
+    args = argparse.Namespace(baseline="dr_grpo", lr=None, steps=10, device="cpu",
+                              dtype="float32", eval_every=0, n_test=5, eval_batch=4,
+                              overrides={"ranker.model": "r", "rollout.max_queries": 3},
+                              prm=None, label_tokens=0)
+    cfg, keys, label_tokens = bench._run_config("outcome", 0, None, args, DemoConfig(),
+                                                tmp_path / "sft", tmp_path, tmp_path,
+                                                tmp_path / "runs" / "outcome-s0")
+    assert cfg.ranker.model == "r" and cfg.rollout.max_queries == 3 and label_tokens == 0
+
+
+def test_the_report_leaves_out_another_benchs_results_in_its_folder(tmp_path, capsys):
+    """bench/simulated_search.py writes runs/MODE-sSEED (a `mode`, no `method`) in the same
+    default folder: the report reads only its own (it stopped at a KeyError)."""
+    bench = load_bench()
+    for name, result in (("outcome-s0", {"method": "outcome", "seed": 0, "em": 0.3}),
+                         ("self-s0", {"mode": "self", "seed": 0, "em": 0.4})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "result.json").write_text(json.dumps(result))
+    assert [r.get("method") for r in bench._results(tmp_path)] == ["outcome"]
