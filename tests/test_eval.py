@@ -489,6 +489,10 @@ def test_cli_eval_then_inspect(world_index, tiny, tmp_path):
                             "--method", "direct", "--attention", "flash2",
                             "--out", str(tmp_path / "x")])
     assert r.exit_code == 2 and "--attention: expected one of default" in r.output
+    r = runner.invoke(app, ["eval", "--model", str(model_dir), "--data", str(paths["test"]),
+                            "--method", "direct", "--attention", "sdpa_efficient",
+                            "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "--attention: sdpa_efficient is a CUDA kernel" in r.output
     r = runner.invoke(app, ["inspect", str(tmp_path / "nothing-here")])
     assert r.exit_code == 2 and "trajectories" in r.output
 

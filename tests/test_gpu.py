@@ -170,7 +170,7 @@ def test_each_attention_setting_computes_the_same_distribution():
             diff = (logprobs(name) - base).abs().max().item()
             tokens = HFBackend(model, tok, attention=name).generate(
                 contexts, 4, Sampling(greedy=True))
-        except RuntimeError as err:   # a kernel that refuses these inputs here
+        except (RuntimeError, ValueError) as err:   # a kernel not here, or refusing these inputs
             print(f"attention_{name}=refused ({str(err).splitlines()[0][:80]})")
             continue
         print(f"attention_{name}_max_logprob_diff={diff:.4f} tokens={list(map(len, tokens))}")

@@ -10,7 +10,7 @@ from seekrl.agent.backends import Backend, HFBackend, Sampling
 from seekrl.agent.rollout import RolloutConfig, RolloutEngine
 from seekrl.agent.trajectory import Trajectory, read_trajectories, write_trajectories
 from seekrl.data.qa import QAExample
-from seekrl.models import tiny_policy
+from seekrl.models import attention_variant, causal_lm, tiny_policy
 from seekrl.retrieval.base import Hit
 
 
@@ -478,3 +478,35 @@ def test_attention_setting_refuses_unknown_values_and_other_backends(tiny):
                                         "rollout.attention=eager"])
     assert load_config(TrainConfig, None, ["data=x.jsonl", "rollout.attention=sdpa_flash"]
                        ).rollout.attention == "sdpa_flash"
+    # a CUDA-only kernel on the CPU: said when the config loads, and by the switch itself
+    with pytest.raises(ConfigError, match="rollout.attention: sdpa_efficient is a CUDA kernel "
+                                          "and the device is cpu"):
+        load_config(TrainConfig, None, ["data=x.jsonl", "rollout.attention=sdpa_efficient"])
+    with pytest.raises(ValueError, match="attention: sdpa_cudnn is a CUDA kernel"):
+        with attention_variant(model, "sdpa_cudnn"):
+            pass
+
+
+def test_attention_setting_names_itself_when_it_cannot_act(tiny, monkeypatch):
+    """A model whose attention is not SDPA cannot be held to an SDPA backend, and a model
+    that will not switch to eager is named (transformers only logs it); a backend that
+    refuses the inputs names the setting."""
+    model, _ = tiny
+    lm = causal_lm(model)
+    lm.set_attn_implementation("eager")
+    try:
+        with pytest.raises(ValueError, match="sdpa_math holds PyTorch's SDPA .* 'eager'"):
+            with attention_variant(model, "sdpa_math"):
+                pass
+    finally:
+        lm.set_attn_implementation("sdpa")
+    monkeypatch.setattr(type(lm), "set_attn_implementation", lambda self, name: None)
+    with pytest.raises(ValueError, match="eager: .* kept 'sdpa'"):
+        with attention_variant(model, "eager"):
+            pass
+    with pytest.raises(RuntimeError, match="attention: sdpa_flash: .* refused these inputs"):
+        with attention_variant(model, "sdpa_flash"):
+            raise RuntimeError("No available kernel for scaled_dot_product_attention")
+    with pytest.raises(RuntimeError, match="^out of memory$"):   # anything else: as it was
+        with attention_variant(model, "sdpa_flash"):
+            raise RuntimeError("out of memory")

@@ -484,6 +484,8 @@ def eval_(
         if attention != "default" and backend != "hf":
             raise ValueError(f"--attention sets seekrl's decoding loop (--backend hf); "
                              f"{backend} chooses its own attention")
+        if limits.attention_refusal(attention, device):
+            raise ValueError(f"--attention: {limits.attention_refusal(attention, device)}")
         generator = None
         if backend == "vllm":
             from seekrl.models import load_tokenizer, resolve_model

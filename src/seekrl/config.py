@@ -225,6 +225,16 @@ class EpisodeSettings(Strict):
 Attention = Literal["default", "eager", "sdpa_math", "sdpa_efficient", "sdpa_flash",
                     "sdpa_cudnn"]
 ATTENTION: tuple[str, ...] = get_args(Attention)
+CUDA_ONLY_ATTENTION = ("sdpa_efficient", "sdpa_cudnn")   # PyTorch has them on CUDA only
+
+
+def attention_refusal(name: str, device: str) -> str | None:
+    """Why the `name` attention setting cannot run on `device` (cpu, cuda, cuda:1, mps), or
+    None: said when a config loads, not at the first decoding step minutes later."""
+    if name in CUDA_ONLY_ATTENTION and not device.startswith("cuda"):
+        return (f"{name} is a CUDA kernel and the device is {device}: use default, eager, "
+                "sdpa_math or sdpa_flash there")
+    return None
 
 
 class RolloutSettings(EpisodeSettings):
@@ -631,6 +641,13 @@ class TrainConfig(Strict):
     keep_last: int = Field(2, ge=1)    # checkpoints kept on disk
     monitor: MonitorConfig = MonitorConfig()
     log: LogConfig = LogConfig()
+
+    @model_validator(mode="after")
+    def _attention_runs_here(self):
+        why = attention_refusal(self.rollout.attention, self.device)
+        if why:
+            raise ValueError(f"rollout.attention: {why}")
+        return self
 
 
 class ProragConfig(Strict):

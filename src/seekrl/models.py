@@ -416,25 +416,42 @@ def attention_variant(model, name: str = "default"):
     if name == "default":
         yield
         return
+    from seekrl.config import attention_refusal
+
+    lm = causal_lm(model)
+    why = attention_refusal(name, str(next(lm.parameters()).device))
+    if why:
+        raise ValueError(f"attention: {why}")
+    before = lm.config._attn_implementation
     if name == "eager":
-        lm = causal_lm(model)
-        before = lm.config._attn_implementation
         if before == "eager":
             yield
             return
         lm.set_attn_implementation("eager")
+        if lm.config._attn_implementation != "eager":   # transformers only logs it
+            raise ValueError(f"attention: eager: {type(lm).__name__} kept {before!r}")
         try:
             yield
         finally:
             lm.set_attn_implementation(before)
         return
+    if before != "sdpa":
+        raise ValueError(f"attention: {name} holds PyTorch's SDPA to one backend, and this "
+                         f"{type(lm).__name__} computes attention with {before!r}, not SDPA")
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backend = {"math": SDPBackend.MATH, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                "flash": SDPBackend.FLASH_ATTENTION,
                "cudnn": SDPBackend.CUDNN_ATTENTION}[name.removeprefix("sdpa_")]
     with sdpa_kernel([backend]):
-        yield
+        try:
+            yield
+        except RuntimeError as e:   # the one backend refused these inputs (dtype, shape)
+            if "scaled_dot_product_attention" not in str(e) and "kernel" not in str(e):
+                raise
+            raise RuntimeError(f"attention: {name}: PyTorch's {name.removeprefix('sdpa_')} "
+                               f"backend refused these inputs ({e}); choose another "
+                               "rollout.attention / --attention") from e
 
 
 def _enter_autocast(module, args) -> None:
