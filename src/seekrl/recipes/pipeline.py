@@ -15,7 +15,7 @@ class DemoConfig:
     seed: int = 0
     model: str = "smollm2-135m"
     # every stage's dtype; auto: bf16-mixed on a CPU that multiplies bfloat16 natively
-    # (0.72x the float32 RL step, the same greedy EM: bench/RESULTS.md), float32 elsewhere
+    # (0.72x the float32 RL step, no loss in greedy EM: bench/RESULTS.md), float32 elsewhere
     # (`seekrl demo` says auto; the benchmarks and `seekrl prorag` keep float32 unless told)
     dtype: str = "float32"
     # the world
