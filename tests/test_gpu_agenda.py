@@ -72,3 +72,27 @@ def test_learn_dry_run(tmp_path):
     assert (runs / "outcome-s0" / "result.json").is_file()
     assert (runs / "evidence-s0" / "result.json").is_file()
     assert (tmp_path / "out" / "process_ablation.png").is_file()
+
+
+def test_a_continuous_batching_start_that_fails_leaves_the_models_attention_as_it_was(
+        monkeypatch):
+    """transformers switches the model to paged attention when its continuous batching
+    starts and back only when it stops; a start or graph warm-up that raises would leave
+    it paged, and the profile after it (and the stage) would fail."""
+    import importlib.util
+
+    from seekrl.models import tiny_policy
+
+    spec = importlib.util.spec_from_file_location("decode_step", ROOT / "bench" / "decode_step.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    model, tok = tiny_policy()
+
+    def failing_start(**kw):
+        model.set_attn_implementation("eager")   # stands in for paged|sdpa
+        raise RuntimeError("graph capture failed")
+
+    monkeypatch.setattr(model, "generate_batch", failing_start)
+    with pytest.raises(RuntimeError, match="graph capture failed"):
+        bench.hf_cb_ms(model, tok, [[1, 2, 3]], steps=2, warmup=1)
+    assert model.config._attn_implementation == "sdpa"
