@@ -261,6 +261,12 @@ def test_self_search_the_policy_writes_the_block_and_none_of_it_is_trained(tiny)
     assert t.evidence_recall() == 0.0 and t.answer == "40,000"
     # the policy's own turns are trained, and only they carry rollout log-probs
     assert sum(t.loss_mask) == sum(st.end - st.start for st in t.steps)
+    # but it decoded the block too: a rollout-token budget counts it (it did not, and a
+    # self-search run got ~60% more steps than a real-search one at the "same" budget)
+    written = len(tok.encode(backend.turns[1], add_special_tokens=False))
+    assert s.info_generated == written and t.n_decoded == t.n_generated + written
+    (cont,) = engine.continue_from([(t, 1)], 1)[0]   # a continuation's prefix includes it
+    assert cont.prefix_tokens == sum(t.loss_mask[:s.info_end]) + written
 
 
 def test_self_search_needs_no_retriever_but_a_real_search_does(tiny):
@@ -318,6 +324,63 @@ def test_the_curriculum_follows_a_token_budget_that_ends_the_run_before_its_step
     assert progress(5, 10, 0, None) == pytest.approx(0.5)
     assert progress(11, 100, 47_000, 46_000) == 1.0                # capped
     assert noise_probability(progress(10, 100, 41_000, 46_000), 1.0, 0.0, 0.5) > 0.4
+
+
+class SearchOnce(Backend):
+    """A policy that searches on its first turn and answers on the next."""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    def generate(self, contexts, max_new_tokens, sampling, keys=None):
+        turns = ["<answer> x </answer>" if "</information>" in self.tok.decode(c)
+                 .rsplit("assistant", 1)[-1] else "<search> x </search>"
+                 for c in contexts]
+        return [self.tok.encode(t, add_special_tokens=False) for t in turns]
+
+
+def test_a_resumed_simulator_run_draws_what_the_uninterrupted_one_did(tmp_path, tiny):
+    """The simulator's useful/noisy draws and generation seeds come from each step's seed,
+    and its totals are kept with the checkpoint: a run resumed after step 1 logs step 2 as
+    the straight run did (they restarted from step 1's stream, the totals from zero)."""
+    from conftest import build_world_and_index
+
+    from seekrl.config import TrainConfig
+    from seekrl.recipes.train import Trainer
+
+    model, tok = tiny
+    _, paths, index_dir = build_world_and_index(tmp_path / "w", seed=4, entities=200,
+                                                n_train=8, n_dev=4, n_test=4)
+    model.save_pretrained(tmp_path / "sim")
+    tok.save_pretrained(tmp_path / "sim")
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def cfg(out):
+        return TrainConfig(data=str(paths["train"]), index=str(index_dir), out=str(out),
+                           steps=2, questions_per_step=2, group_size=2, save_every=1,
+                           rollout={"max_turns": 2, "max_new_tokens": 16},
+                           simulator={"model": str(tmp_path / "sim"), "noise_start": 0.5,
+                                      "noise_end": 0.5, "max_new_tokens": 8,
+                                      "batch_size": 4})
+
+    def sim_records(out):
+        return [{k: v for k, v in json.loads(x).items() if k.startswith("simulator_")
+                 or k in ("reward", "searches", "rollout_tokens")}
+                for x in (out / "metrics.jsonl").read_text().splitlines() if '"episodes"' in x]
+
+    def trainer(out, **kw):   # the tiny policy's turns scripted: a search, then an answer
+        model.load_state_dict(start)
+        t = Trainer(cfg(out), model=model, tokenizer=tok, **kw)
+        script = SearchOnce(tok)
+        t._generation_backend = lambda: script
+        return t
+
+    trainer(tmp_path / "a").train()
+    assert trainer(tmp_path / "b").train(until=1)["interrupted"]
+    trainer(tmp_path / "b", resume=True).train()
+    straight, resumed = sim_records(tmp_path / "a"), sim_records(tmp_path / "b")
+    assert straight[1]["simulator_queries_total"] > straight[0]["simulator_queries_total"] > 0
+    assert resumed == straight
 
 
 def test_a_simulator_run_needs_no_index_for_its_rollouts(tmp_path, tiny):

@@ -179,11 +179,12 @@ class RolloutEngine:
 
         A continuation is a new `Trajectory` holding the prefix's tokens and steps (copied,
         process fields cleared) and what was generated after them; its `prefix_steps` is `k`
-        and its `prefix_tokens` the prefix's policy tokens, so a caller can
-        count only the tokens generated now. Continuations of one prefix have equal contexts
-        and the backend prefills them once; greedy continuation of a greedy episode's prefix
-        reproduces that episode. `k = 0` starts again from the prompt; step k must have an
-        environment block after it (the episode went on from it)."""
+        and its `prefix_tokens` the tokens the policy decoded for the prefix (`n_decoded`'s
+        share), so a caller can count only the tokens generated now. Continuations of one
+        prefix have equal contexts and the backend prefills them once; greedy continuation
+        of a greedy episode's prefix reproduces that episode. `k = 0` starts again from the
+        prompt; step k must have an environment block after it (the episode went on from
+        it)."""
         torch.manual_seed(self.cfg.seed if seed is None else seed)
         episodes: list[_Episode] = []
         for t, k in prefixes:
@@ -200,11 +201,12 @@ class RolloutEngine:
                                  process_reward=None, process_parts={}, value=None)
                          for s in t.steps[:k]]
                 policy_tokens = sum(t.loss_mask[:cut])
+                decoded = policy_tokens + sum(s.info_generated for s in t.steps[:k])
                 traj = replace(t, token_ids=list(t.token_ids[:cut]),
                                loss_mask=list(t.loss_mask[:cut]), steps=steps, answer=None,
                                finish_reason="", outcome_reward=None,
                                sample_index=j, metadata=copy.deepcopy(t.metadata),
-                               prefix_steps=k, prefix_tokens=policy_tokens,
+                               prefix_steps=k, prefix_tokens=decoded,
                                gold_doc_ids=list(t.gold_doc_ids),
                                rollout_logprobs=None if t.rollout_logprobs is None
                                else list(t.rollout_logprobs[:policy_tokens]))
@@ -362,7 +364,8 @@ class RolloutEngine:
         as SSRL's released scripts mask it: the policy is trained on when and what to search
         and on answering, not on reproducing documents (which would teach it to trust its
         own inventions as evidence); its documents are parsed into the step's hits (ids
-        `sim-...`, no corpus document, so no evidence credit)."""
+        `sim-...`, no corpus document, so no evidence credit). The tokens it decoded are
+        the step's `info_generated`: compute a rollout-token budget counts."""
         from seekrl.retrieval.simulated import document_id, parse_documents
 
         cfg = self.cfg
@@ -375,6 +378,7 @@ class RolloutEngine:
         outs = self.backend.generate([e.traj.token_ids + head for e, _ in pending], budget,
                                      sampling, keys=[id(e) for e, _ in pending])
         for (e, step), new in zip(pending, outs):
+            step.info_generated = len(new)   # decoded, whatever of it the block keeps
             body = list(new[:budget])
             while body and body[-1] in self._end_ids:   # an EOS does not end the block
                 body.pop()

@@ -37,6 +37,9 @@ class Step:
     sub_hits: list[list[str]] = field(default_factory=list)
     info_start: int | None = None    # the environment block after it: [info_start, info_end)
     info_end: int | None = None
+    # self-search: the tokens the policy decoded to write that block (loss mask 0, but
+    # generated: they count toward a rollout-token budget); 0 when the environment wrote it
+    info_generated: int = 0
     process_reward: float | None = None   # filled by process supervision: the weighted sum
     # each source's reward (None: the source does not apply to this step)
     process_parts: dict[str, float | None] = field(default_factory=dict)
@@ -73,7 +76,7 @@ class Trajectory:
     prompt_hits: list[str] | None = None        # rag: the documents retrieved with the question
     prompt_hit_titles: list[str] | None = None  # ... and their titles
     prefix_steps: int = 0        # a continuation: the steps copied from the episode it grew from
-    prefix_tokens: int = 0       # ... and their policy tokens (generated before, once)
+    prefix_tokens: int = 0       # ... and the tokens the policy decoded for them (before, once)
     tree: int | None = None      # tree rollouts: the tree of the group it grew in
     parent: int | None = None    # ... and the leaf it branched from (None: the tree's first)
 
@@ -83,7 +86,14 @@ class Trajectory:
 
     @property
     def n_generated(self) -> int:
+        """The policy's trained tokens (loss mask 1)."""
         return sum(self.loss_mask)
+
+    @property
+    def n_decoded(self) -> int:
+        """Every token the policy decoded: its turns, and with self-search the information
+        blocks it wrote (not trained); what a rollout-token budget counts."""
+        return self.n_generated + sum(s.info_generated for s in self.steps)
 
     @property
     def valid_format(self) -> bool:

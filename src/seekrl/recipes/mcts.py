@@ -162,7 +162,7 @@ class Tree:
 
 
 def _new_tokens(t: Trajectory) -> int:
-    return t.n_generated - t.prefix_tokens
+    return t.n_decoded - t.prefix_tokens
 
 
 def grow_search_trees(engine: RolloutEngine, examples: Sequence[QAExample], score: ScoreFn, *,

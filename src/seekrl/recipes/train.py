@@ -148,6 +148,7 @@ class Trainer:
         self.console = console if self.dist.main else None
         self._backend: Backend | None = None   # built on first use (see _generation_backend)
         self._simulator = None                 # simulated search's engine, on first use
+        self._simulator_stats: dict[str, int] = {}   # its totals at the resumed checkpoint
         why = backend_refusal(cfg.rollout.backend, "train", processes=self.dist.world)
         if why:
             raise ConfigError(f"rollout.backend {cfg.rollout.backend}: {why}")
@@ -343,11 +344,12 @@ class Trainer:
                                n_samples=n_samples or self.cfg.group_size)
         self.model.eval()
         return RolloutEngine(self._generation_backend(), self.tokenizer,
-                             self._rollout_retriever(), cfg)
+                             self._rollout_retriever(seed), cfg)
 
-    def _rollout_retriever(self):
+    def _rollout_retriever(self, seed: int):
         """What rollouts search: the simulator when `simulator` is set (loaded once, its
-        noise following the curriculum at this step), else the run's retriever."""
+        noise following the curriculum at this step, its draws seeded by the rollouts'
+        `seed`), else the run's retriever."""
         sim = self.cfg.simulator
         if sim is None:
             return self.retriever
@@ -360,6 +362,8 @@ class Trainer:
                 max_new_tokens=sim.max_new_tokens, temperature=sim.temperature,
                 batch_size=sim.batch_size, words=sim.words, seed=self.cfg.seed,
                 make_decoder=text_decoder if sim.engine == "seekrl" else None)
+            self._simulator.stats.update(self._simulator_stats)   # a resumed run's totals
+        self._simulator.reseed(seed)
         from seekrl.retrieval.simulated import noise_probability
 
         self._simulator.set_noise(noise_probability(self.run_progress(), 1.0,
@@ -604,7 +608,7 @@ class Trainer:
         trajs, parts = self.dist.gather(trajs), self.dist.gather(parts)
         for k, v in self.dist.sum_values(stats).items():
             draws.process_stats[k] = draws.process_stats.get(k, 0.0) + v
-        draws.fresh_tokens += sum(x.n_generated - x.prefix_tokens
+        draws.fresh_tokens += sum(x.n_decoded - x.prefix_tokens
                                   for x in trajs)   # shared tree prefixes count once
         draws.scoring_s += time.time() - t
         return trajs, parts
@@ -877,6 +881,8 @@ class Trainer:
         recalls = [r for r in (t.evidence_recall() for t in trajs) if r is not None]
         steps = [s for t in trajs for s in t.steps]
         process: dict[str, Any] = {}
+        if self.cfg.rollout.self_search:   # the blocks it wrote: decoded, counted, not trained
+            process["self_info_length"] = round(sum(s.info_generated for s in steps) / n, 1)
         if self.cfg.reward.process and steps:
             process["process_reward"] = round(
                 sum(s.process_reward or 0.0 for s in steps) / len(steps), 4)
@@ -971,7 +977,8 @@ class Trainer:
         (tmp / "trainer.json").write_text(json.dumps({
             "step": step, "monitor": self.monitor.state_dict(),
             "healthy_checkpoint": self.healthy_checkpoint,
-            "rollout_tokens": self.rollout_tokens, "questions_drawn": self.questions_drawn}))
+            "rollout_tokens": self.rollout_tokens, "questions_drawn": self.questions_drawn,
+            "simulator_stats": dict(self._simulator.stats) if self._simulator else {}}))
         if (tmp / "shards").is_dir():
             fsync_dir(tmp / "shards", files=False)   # dcp flushed the files themselves
         fsync_dir(tmp)
@@ -1012,6 +1019,7 @@ class Trainer:
                               "saving and evaluating the final model"))
         self.rollout_tokens = int(meta.get("rollout_tokens", 0))
         self.questions_drawn = int(meta.get("questions_drawn", 0))
+        self._simulator_stats = dict(meta.get("simulator_stats", {}))
         self.monitor.load_state_dict(meta["monitor"])
         self.healthy_checkpoint = meta.get("healthy_checkpoint")
         # drop the log and alert lines of steps after the checkpoint: they are about to be

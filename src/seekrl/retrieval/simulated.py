@@ -176,6 +176,13 @@ class SimulatedRetriever:
         decoder = make_decoder(model, tokenizer) if make_decoder is not None else None
         return cls(model, tokenizer, decoder=decoder, **kw)
 
+    def reseed(self, seed: int) -> None:
+        """Draw the useful/noisy choices and the generation seeds from `seed` from here on:
+        the trainer reseeds it at each step's rollouts from the step's (and rank's) seed, so
+        a resumed run draws what the uninterrupted one would have, and ranks differ."""
+        self._rng = random.Random(seed)
+        self._seed, self._calls = seed, 0
+
     def set_noise(self, noise: float) -> None:
         if not 0 <= noise <= 1:
             raise ValueError(f"noise: expected a probability, got {noise}")

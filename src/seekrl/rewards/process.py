@@ -253,8 +253,9 @@ def mc_value(trajectories: Sequence[Trajectory], ctx: ProcessContext) -> list[li
             if not group:
                 raise ValueError("mc_value: the rollout engine returned no continuation")
             values[(id(t), k)] = sum(float(ctx.episode_score(c)) for c in group) / len(group)
-            before = sum(t.loss_mask[:t.steps[k - 1].end])
-            ctx.stats["mc_tokens"] += sum(c.n_generated - before for c in group)
+            before = sum(t.loss_mask[:t.steps[k - 1].end]) \
+                + sum(s.info_generated for s in t.steps[:k])   # self-search blocks it wrote
+            ctx.stats["mc_tokens"] += sum(c.n_decoded - before for c in group)
             ctx.stats["mc_continuations"] += len(group)
     out = []
     for t, score in zip(trajectories, scores):
