@@ -75,9 +75,29 @@ def test_documents_parse_in_order_capped_at_k_and_round_trip_the_target():
     ("Sure!\nDoc 1 (Title: A) a text", [("A", "a text")], False),    # a stray line: malformed
     ("Doc 1 (Title: A) same\nDoc 2 (Title: A) same", [("A", "same")], True),   # repeat dropped
     ("Doc 1 (Title: A)", [], False),                                  # a title, no text
+    ("Doc 1 (Title: Foo (band)) Foo is a band.", [("Foo (band)", "Foo is a band.")], True),
 ])
 def test_malformed_simulator_output(text, docs, ok):
     assert parse_documents(text, 3) == (docs, ok)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.text("abc ()-", min_size=1, max_size=12).filter(
+    lambda t: t.strip() and t.count("(") == t.count(")") <= 1 and "()" not in t
+    and t == " ".join(t.split()) and (t.find("(") < t.find(")") or "(" not in t)),
+    st.text("xyz .", min_size=1, max_size=20).filter(lambda t: t.strip()[:1].isalpha())),
+    max_size=4))
+def test_titles_round_trip_through_the_target(pairs):
+    """What the simulator is trained to write parses back to its titles and texts, brackets
+    in a title included (a Wikipedia title like "Foo (band)" was cut at its first ")")."""
+    hits = [Hit(str(i), t, x, 1.0) for i, (t, x) in enumerate(pairs)]
+    want, seen = [], set()
+    for h in hits:
+        key = f"{h.title.lower()}\n{' '.join(h.text.split()).lower()}"
+        if key not in seen:
+            seen.add(key)
+            want.append((h.title, " ".join(h.text.split())))
+    assert parse_documents(simulator_target(hits), 5)[0] == want[:5]
 
 
 @settings(max_examples=200, deadline=None)
@@ -110,7 +130,7 @@ def test_the_simulator_turns_its_text_into_hits_and_counts_what_went_wrong():
     assert [[h.title for h in hits] for hits in out] == [["Tarrow", "Kelbaan"], [], ["X"]]
     assert all(h.doc_id.startswith("sim-") for hits in out for h in hits)
     assert [h.score for h in out[0]] == [2.0, 1.0]
-    assert dict(sim.stats) == {"queries": 3, USEFUL: 3, "malformed": 2, "empty": 1}
+    assert dict(sim.stats) == {"queries": 3, USEFUL: 3, "malformed": 2, "empty": 1, "short": 2}
     assert all("Question:" not in p for p in sim.prompts)   # search() knows queries alone
 
 

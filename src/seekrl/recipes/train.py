@@ -511,7 +511,8 @@ class Trainer:
                           simulator_queries_total=stats["queries"],
                           simulator_noisy_total=stats["noisy"],
                           simulator_malformed_total=stats["malformed"],
-                          simulator_empty_total=stats["empty"])
+                          simulator_empty_total=stats["empty"],
+                          simulator_short_total=stats["short"])
         record["groups_with_signal"] = round(varied / multi, 4) if multi else None
         record["groups_solved"] = round(solved / multi, 4) if multi else None
         if self.dist.main:

@@ -46,7 +46,7 @@ def simulator_prompt(query: str, k: int, *, kind: str = USEFUL, question: str | 
     """The user message the simulator answers: what to write (`kind`: useful or noisy), the
     query, and for useful documents the episode's question and gold answer when known (as
     ZeroSearch gives them, so a simulator can write documents for questions it does not
-    know the answer to; a noisy prompt leaves the answer out)."""
+    know the answer to; a noisy prompt leaves both the question and the answer out)."""
     if kind not in (USEFUL, NOISY):
         raise ValueError(f"kind: expected {USEFUL!r} or {NOISY!r}, got {kind!r}")
     text = _ASK.format(k=k, words=words)
@@ -76,9 +76,10 @@ def simulator_target(hits: Sequence[Hit]) -> str:
                      for i, h in enumerate(hits, 1))
 
 
-# "Doc N (Title: T) text" or "Doc N: text"; an opened "(Title:" must be the title
+# "Doc N (Title: T) text" or "Doc N: text"; an opened "(Title:" must be the title, which
+# may hold brackets of its own one deep ("Foo (band)", as Wikipedia titles do)
 _DOC = re.compile(r"^\s*(?:[-*]\s*)?Doc(?:ument)?\s*(\d+)\s*"
-                  r"(?:\(\s*Title:\s*(?P<title>[^)]*)\)|(?!\s*\(\s*Title:))"
+                  r"(?:\(\s*Title:\s*(?P<title>(?:[^()]|\([^()]*\))*)\)|(?!\s*\(\s*Title:))"
                   r"\s*[:.\-]?\s*(?P<text>.*\S)\s*$", re.I)
 
 
@@ -215,6 +216,7 @@ class SimulatedRetriever:
             self.stats[kind] += 1
             self.stats["malformed"] += not ok
             self.stats["empty"] += not docs
+            self.stats["short"] += len(docs) < k   # fewer than k (repeats dropped, or unwritten)
             out.append([Hit(document_id(t, x), t, x, float(len(docs) - i))
                         for i, (t, x) in enumerate(docs)])
         return out
