@@ -979,7 +979,8 @@ class Trainer:
             "step": step, "monitor": self.monitor.state_dict(),
             "healthy_checkpoint": self.healthy_checkpoint,
             "rollout_tokens": self.rollout_tokens, "questions_drawn": self.questions_drawn,
-            "simulator_stats": dict(self._simulator.stats) if self._simulator else {}}))
+            "simulator_stats": dict(self._simulator.stats) if self._simulator
+            else self._simulator_stats}))
         if (tmp / "shards").is_dir():
             fsync_dir(tmp / "shards", files=False)   # dcp flushed the files themselves
         fsync_dir(tmp)
