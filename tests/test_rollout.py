@@ -482,6 +482,11 @@ def test_attention_setting_refuses_unknown_values_and_other_backends(tiny):
     with pytest.raises(ConfigError, match="rollout.attention: sdpa_efficient is a CUDA kernel "
                                           "and the device is cpu"):
         load_config(TrainConfig, None, ["data=x.jsonl", "rollout.attention=sdpa_efficient"])
+    from seekrl.config import LabelConfig, RefineConfig
+
+    for schema in (LabelConfig, RefineConfig):   # every config whose rollouts decode here
+        with pytest.raises(ConfigError, match="rollout.attention: sdpa_cudnn is a CUDA"):
+            load_config(schema, None, ["data=x.jsonl", "rollout.attention=sdpa_cudnn"])
     with pytest.raises(ValueError, match="attention: sdpa_cudnn is a CUDA kernel"):
         with attention_variant(model, "sdpa_cudnn"):
             pass

@@ -359,6 +359,35 @@ class SearchOnce(Backend):
         return [self.tok.encode(t, add_special_tokens=False) for t in turns]
 
 
+def test_a_self_search_step_charges_its_budget_for_the_blocks_the_policy_wrote(tmp_path, tiny):
+    """The trainer's rollout tokens are every token the policy decoded: its turns and the
+    information blocks it wrote under self-search (not trained, but generated)."""
+    from conftest import build_world_and_index
+
+    from seekrl.config import TrainConfig
+    from seekrl.recipes.train import Trainer
+
+    model, tok = tiny
+    _, paths, _ = build_world_and_index(tmp_path / "w", seed=4, entities=200, n_train=8,
+                                        n_dev=4, n_test=4)
+    cfg = TrainConfig(data=str(paths["train"]), out=str(tmp_path / "run"), steps=1,
+                      questions_per_step=2, group_size=2, save_every=0,
+                      rollout={"max_turns": 2, "max_new_tokens": 16, "self_search": True,
+                               "max_info_tokens": 32})
+    trainer = Trainer(cfg, model=model, tokenizer=tok)
+    script = SearchOnce(tok)
+    trainer._generation_backend = lambda: script
+    played = []
+    real_rollout = trainer.rollout
+    trainer.rollout = lambda *a, **k: played.extend(out := real_rollout(*a, **k)) or out
+    record = trainer.step(1)
+    written = sum(s.info_generated for t in played for s in t.steps)
+    assert written > 0 and record["searches"] == 1.0
+    assert record["rollout_tokens"] == sum(t.n_decoded for t in played) \
+        == sum(t.n_generated for t in played) + written
+    assert record["self_info_length"] == pytest.approx(written / len(played), abs=0.05)
+
+
 def test_a_resumed_simulator_run_draws_what_the_uninterrupted_one_did(tmp_path, tiny):
     """The simulator's useful/noisy draws and generation seeds come from each step's seed,
     and its totals are kept with the checkpoint: a run resumed after step 1 logs step 2 as

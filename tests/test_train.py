@@ -547,6 +547,10 @@ def test_a_run_resumed_after_its_budget_stopped_it_trains_no_further(world, tiny
     assert [json.loads(x)["step"] for x in records if '"episodes"' in x] == [1]
     for k, v in load_policy_state(tmp_path / "run" / "final").items():
         assert torch.equal(v, weights[k]), k
+    # a budget spent on the run's last step: no budget stop to report, resumed or not
+    last = make_cfg(tmp_path / "last", steps=1, max_rollout_tokens=1, save_every=1)
+    assert make_trainer(last, world, tiny).train()["budget"] is None
+    assert make_trainer(last, world, tiny, resume=True).train()["budget"] is None
 
 
 def load_policy_state(folder):

@@ -237,6 +237,15 @@ def attention_refusal(name: str, device: str) -> str | None:
     return None
 
 
+def _attention_runs_here(cfg):
+    """A config's `rollout.attention` against its `device` (TrainConfig, LabelConfig,
+    RefineConfig: the ones whose rollouts decode with seekrl's loop)."""
+    why = attention_refusal(cfg.rollout.attention, cfg.device)
+    if why:
+        raise ValueError(f"rollout.attention: {why}")
+    return cfg
+
+
 class RolloutSettings(EpisodeSettings):
     """The `rollout:` section of a config: the episode settings (above), then tree rollouts
     and the generation backend."""
@@ -292,6 +301,10 @@ class LabelConfig(Strict):
     seed: int = 0
     search: SearchSettings = SearchSettings()
     rollout: RolloutSettings = RolloutSettings(temperature=0.9)   # ProRAG samples at 0.9
+
+    @model_validator(mode="after")
+    def _attention_here(self):
+        return _attention_runs_here(self)
 
 
 class PRMConfig(Strict):
@@ -368,7 +381,7 @@ class RefineConfig(Strict):
         if self.method == "step_dpo" and self.steps == 0:
             raise ValueError("steps: step_dpo needs at least 1 step (steps: 0 is for rft: "
                              "sample and filter only)")
-        return self
+        return _attention_runs_here(self)
 
     @field_validator("pairs", mode="before")
     @classmethod
@@ -643,11 +656,8 @@ class TrainConfig(Strict):
     log: LogConfig = LogConfig()
 
     @model_validator(mode="after")
-    def _attention_runs_here(self):
-        why = attention_refusal(self.rollout.attention, self.device)
-        if why:
-            raise ValueError(f"rollout.attention: {why}")
-        return self
+    def _attention_here(self):
+        return _attention_runs_here(self)
 
 
 class ProragConfig(Strict):

@@ -447,7 +447,8 @@ def attention_variant(model, name: str = "default"):
         try:
             yield
         except RuntimeError as e:   # the one backend refused these inputs (dtype, shape)
-            if "scaled_dot_product_attention" not in str(e) and "kernel" not in str(e):
+            if "scaled_dot_product_attention" not in str(e) \
+                    and "No available kernel" not in str(e):
                 raise
             raise RuntimeError(f"attention: {name}: PyTorch's {name.removeprefix('sdpa_')} "
                                f"backend refused these inputs ({e}); choose another "

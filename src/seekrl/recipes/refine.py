@@ -303,7 +303,7 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
                                        cfg.threshold_quantile)
     kept, why = keep_for_rft(trajs, outcomes, step_scores, min_outcome=cfg.min_outcome,
                              threshold=threshold, max_per_question=cfg.max_per_question)
-    generated = sum(t.n_generated for t in trajs)
+    generated = sum(t.n_decoded for t in trajs)   # self-search blocks too: decoded
     write_trajectories(out / "samples.jsonl", trajs)
     data = out / "rft_data.jsonl"
     write_trajectories(data, kept)

@@ -532,7 +532,7 @@ class Trainer:
         if self._backend is not None:
             self._backend.sleep()   # the update gets the engine's memory (vllm_sleep)
         record.update(self.learn(trajs, estimate=estimate))
-        generated = sum(t.n_generated for t in trajs)
+        generated = sum(t.n_decoded for t in trajs)   # what was decoded, blocks it wrote too
         record.update(time_rollout=round(t_rollout, 2), time_scoring=round(t_scoring, 3),
                       time_step=round(time.time() - t0, 2),
                       tokens_per_s=round(generated / max(t_rollout, 1e-9), 1),
@@ -1042,7 +1042,7 @@ class Trainer:
         last: dict[str, Any] = {}
         if cfg.eval.data and cfg.eval.at_start and self.step_done == 0:
             self._dev_eval("start", 0, " before training")
-        if self.step_done and cfg.max_rollout_tokens is not None \
+        if 0 < self.step_done < cfg.steps and cfg.max_rollout_tokens is not None \
                 and self._questions_for_budget() == 0:
             # resumed after its token budget stopped it (killed while saving or evaluating
             # the final policy): the step a budget left at none would still play one question
