@@ -137,7 +137,7 @@ def _quality(name: str, args, demo, world_dir: Path, index_dir: Path) -> dict:
 
 def _rl(mode: str, seed: int, budget: int | None, args, demo, world_dir: Path,
         index_dir: Path) -> dict:
-    from process_ablation import evaluate_as_trained
+    from process_ablation import _per_question, evaluate_as_trained
 
     from seekrl.config import TrainConfig, with_keys
     from seekrl.data.qa import read_qa_jsonl, write_qa_jsonl
@@ -178,7 +178,11 @@ def _rl(mode: str, seed: int, budget: int | None, args, demo, world_dir: Path,
               "valid_format": avg["valid_format"], "em_by_type": by_type,
               "steps": summary["steps"], "rollout_tokens": summary["rollout_tokens"],
               "budget": budget, "budget_met": summary.get("budget_met", True),
-              "overrides": overrides, "minutes": round((time.time() - t0) / 60, 2)}
+              "overrides": overrides, "minutes": round((time.time() - t0) / 60, 2),
+              # what the paired report needs and what `same_setting` compares, kept in the
+              # result so a finished run survives its folder (bench/records/)
+              "per_question": _per_question(out / "eval-test"),
+              "config": cfg.model_dump(mode="json")}
     done.write_text(json.dumps(result, indent=1))
     print(f"{mode} seed {seed}: EM {avg['em']:.3f} searches {avg['searches']:.2f}", flush=True)
     return result
@@ -209,7 +213,7 @@ def _borrowed(run: Path, cfg, done: Path, n_test: int) -> dict:
               "em_by_type": theirs["em_by_type"], "steps": theirs["steps"],
               "rollout_tokens": theirs["rollout_tokens"], "budget": None,
               "budget_met": theirs.get("budget_met", True), "from": str(run),
-              "minutes": theirs.get("minutes")}
+              "minutes": theirs.get("minutes"), "per_question": asked}
     done.parent.mkdir(parents=True, exist_ok=True)
     done.write_text(json.dumps(result, indent=1))
     print(f"real seed {theirs['seed']}: EM {result['em']:.3f} (from {run})", flush=True)

@@ -305,6 +305,9 @@ def test_simulated_bench_borrows_real_runs_only_when_trained_the_same_way(tmp_pa
     assert not done.exists()
     got = bench._borrowed(run, cfg(0.7), done, 200)
     assert got["mode"] == "real" and got["em"] == 0.31 and got["from"] == str(run)
+    # the paired report reads the borrowed run's answers from the result itself, so a
+    # real arm borrowed from bench/records/ (result.json only) still pairs
+    assert got["per_question"] == {f"test-{i}": 1.0 for i in range(200)}
     assert json.loads(done.read_text()) == got
     with pytest.raises(SystemExit, match="outcome-s2/result.json is missing"):
         bench._borrowed(tmp_path / "decide" / "outcome-s2", cfg(0.7), done, 200)
