@@ -47,6 +47,9 @@ def main() -> None:
     ap.add_argument("--sft", type=Path, default=None, help="rl: the SFT checkpoint to start from")
     ap.add_argument("--sim-model", default="smollm2-135m", help="rl: the simulated runs' simulator")
     ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help="rl: which of real,simulated,self to run (real always sets the budget: "
+                         "it runs, or is borrowed, whenever another mode does)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--n-test", type=int, default=200)
     ap.add_argument("--dtype", default="float32")
@@ -68,6 +71,10 @@ def main() -> None:
     from process_ablation import parse_sets
 
     args.overrides = parse_sets(args.set)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or set(modes) - set(MODES):
+        raise SystemExit(f"--modes: expected a comma-separated subset of {','.join(MODES)}, "
+                         f"got {args.modes!r}")
 
     demo = DemoConfig(n_test=args.n_test)
     if args.max_new_tokens:
@@ -84,6 +91,8 @@ def main() -> None:
             for seed in [int(s) for s in args.seeds.split(",")]:
                 budget = None
                 for mode in MODES:
+                    if mode != "real" and mode not in modes:
+                        continue
                     r = _rl(mode, seed, budget, args, demo, world_dir, index_dir)
                     if mode == "real":
                         budget = r["rollout_tokens"]

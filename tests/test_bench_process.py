@@ -482,3 +482,16 @@ def test_the_report_leaves_out_another_benchs_results_in_its_folder(tmp_path, ca
         (tmp_path / name).mkdir()
         (tmp_path / name / "result.json").write_text(json.dumps(result))
     assert [r.get("method") for r in bench._results(tmp_path)] == ["outcome"]
+
+
+def test_simulated_bench_refuses_an_unknown_mode_before_building_anything(tmp_path):
+    import subprocess
+    import sys
+
+    got = subprocess.run([sys.executable, str(BENCH.parent / "simulated_search.py"),
+                          "--work-dir", str(tmp_path / "w"), "--stage", "rl",
+                          "--modes", "self,sim"], capture_output=True, text=True)
+    assert got.returncode != 0
+    assert "--modes: expected a comma-separated subset of real,simulated,self, got 'self,sim'" \
+        in got.stderr
+    assert not (tmp_path / "w").exists()
