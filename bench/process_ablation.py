@@ -341,6 +341,11 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
         final_dir = Path(dev_dir)
         final = json.loads((final_dir / "metrics.json").read_text())
     else:
+        if cfg.ranker is not None and cfg.ranker.train and \
+                not (Path(summary["final"]) / "ranker").is_dir():
+            raise SystemExit(f"{summary['final']}: trained with ranker.train but holds no "
+                             f"ranker/; evaluating through the start ranker "
+                             f"({cfg.ranker.model}) would not be the one the policy ended with")
         final = evaluate_as_trained(cfg, Path(summary["final"]), final_dir, index_dir,
                                     test_file, demo, args)
     avg = final["average"]
@@ -357,6 +362,10 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
               "train_searches": [r["searches"] for r in steps],
               "train_reward": [r["reward"] for r in steps],
               "alerts": sorted({a for r in steps for a in r.get("alerts", [])}),
+              # the ranker's scoring and updates: time the policy-token budget does not count
+              "ranker_minutes": round(sum(r.get("time_ranker_score", 0.0)
+                                          + r.get("time_ranker_update", 0.0)
+                                          for r in steps) / 60, 2) if cfg.ranker else None,
               "minutes": round((time.time() - t0) / 60, 2), "device": args.device,
               "evaluated_on": args.final_on, "overrides": args.overrides,
               "config": cfg.model_dump(mode="json")}

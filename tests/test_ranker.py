@@ -287,6 +287,7 @@ def test_the_ranker_trains_with_the_agent_and_resumes_where_it_stopped(tmp_path,
 def _through_and_resumed(tmp_path, tiny, retriever_type, config) -> dict:
     """Train with the ranker twice, straight through and stopped after step 1 then resumed
     (every step with searches the ranker learns from); the final rankers by run."""
+    from seekrl.config import ConfigError
     from seekrl.recipes.train import Trainer
 
     model, tok = tiny
@@ -305,7 +306,17 @@ def _through_and_resumed(tmp_path, tiny, retriever_type, config) -> dict:
                    (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         assert all(r["ranker_examples"] > 0 for r in records if "episodes" in r), records
         assert records[-1]["ranker_updates"] == 2 * cfg.ranker.updates_per_step
+        # the ranker's own time, which the policy-token budget does not count, is logged
+        assert all(r["time_ranker_score"] > 0 and r["time_ranker_update"] >= 0
+                   for r in records if "episodes" in r), records
+        # written with the final policy in one rename: no half-written folder beside it
+        assert not list((tmp_path / name).glob("final.tmp*"))
         finals[name] = load_ranker(summary["final"] + "/ranker")
+        if until:   # a checkpoint without its ranker is refused, not resumed from the start one
+            ckpt = tmp_path / name / "no-ranker"
+            ckpt.mkdir()
+            with pytest.raises(ConfigError, match=r"no-ranker holds no ranker/"):
+                trainer.load_checkpoint(ckpt)
         assert searches
     return finals
 

@@ -226,8 +226,10 @@ class Trainer:
         records = [r for r in trajectory_records(trajs) if r["query"] in rr.last]
         examples = training_examples(records, [rr.last[r["query"]] for r in records])
         rr.forget()
+        t0 = time.time()
         stats = self.ranker_updater.update(examples, rk.updates_per_step, rk.batch_size)
-        return {**stats, "ranker_updates": self.ranker_updater.updates}
+        return {**stats, "ranker_updates": self.ranker_updater.updates,
+                "time_ranker_update": round(time.time() - t0, 2)}
 
     def _build_policy(self, model, tokenizer) -> None:
         """The policy (its trainable part), the frozen reference, the critic's head, and
@@ -492,6 +494,7 @@ class Trainer:
         if self.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats(self.device)
         draws = _Draws()
+        ranked_s = getattr(self.retriever, "seconds", None) if self.cfg.ranker else None
         trajs, parts, n_sampled, refills, signal, estimate = self._sample(step, n_questions,
                                                                           draws)
         # with several processes: the slowest rank's rollout time (the others waited for it
@@ -517,6 +520,9 @@ class Trainer:
         record["groups_solved"] = round(solved / multi, 4) if multi else None
         if self.dist.main:
             self._save_rollouts(step, trajs)
+        if ranked_s is not None:   # the ranker's share of the rollouts' time (a cost the
+            # token budget, which counts the policy's tokens, does not see)
+            record["time_ranker_score"] = round(self.retriever.seconds - ranked_s, 2)
         if self.ranker_updater is not None:   # the ranker learns from what it was shown
             record.update(self._train_ranker(trajs))
         if not trajs:  # dynamic sampling found no group with signal: nothing to learn
@@ -990,11 +996,16 @@ class Trainer:
         prune_steps(self.ckpt_dir, self.cfg.keep_last, keep={self.healthy_checkpoint})
 
     def load_checkpoint(self, path: Path) -> dict:
+        if self.ranker_updater is not None and not (path / "ranker").is_dir():
+            # refused before anything is loaded: the start ranker would go on silently
+            raise ConfigError(f"ranker.train: the checkpoint {path} holds no ranker/ (it was "
+                              "not written by a run that trained its ranker); resume with "
+                              "the config it was written with")
         optim = torch.load(path / "optim.pt", map_location=self.device, weights_only=False)
         self.runtime.load(path, self.optimizer, optim)
         self.scheduler.load_state_dict(optim["scheduler"])
         set_rng_state(optim["rng"])
-        if self.ranker_updater is not None and (path / "ranker").is_dir():
+        if self.ranker_updater is not None:
             self._load_ranker(path / "ranker")
         return json.loads((path / "trainer.json").read_text())
 
@@ -1109,10 +1120,10 @@ class Trainer:
             self._say("no healthy checkpoint was saved: the final policy is the collapsed one")
         final = self.out / "final"
         plain = self.runtime.gathered_policy()   # sharded: the full weights, on rank 0
-        if main:
-            save_policy(plain, self.tokenizer, final)
-            if self.ranker_updater is not None:   # the ranker the final policy was trained with
-                self.retriever.ranker.save(final / "ranker")
+        if main:   # with the ranker the final policy was trained with, in the same rename
+            trained_ranker = (None if self.ranker_updater is None
+                              else lambda tmp: self.retriever.ranker.save(tmp / "ranker"))
+            save_policy(plain, self.tokenizer, final, before_rename=trained_ranker)
         del plain
         summary = {"steps": self.step_done, "final": str(final),
                    "stopped": self.stopped_reason, "last": last,

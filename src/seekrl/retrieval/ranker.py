@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
@@ -273,6 +274,7 @@ class QueryEncoderRetriever:
             raise ValueError(f"candidates: expected at least 1, got {candidates}")
         self.first, self.candidates, self.keep_candidates = first, candidates, keep_candidates
         self.last: dict[str, list[Hit]] = {}
+        self.seconds = 0.0   # in its searches (the query encoder's and the index's), all told
         self.ranker = ranker
 
     @property
@@ -296,7 +298,9 @@ class QueryEncoderRetriever:
         self._ranker, self._search = ranker, mine
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        t0 = time.perf_counter()
         pools = self._search.search(list(queries), max(k, self.candidates))
+        self.seconds += time.perf_counter() - t0
         if self.keep_candidates:
             for q, pool in zip(queries, pools):
                 self.last[" ".join(q.split())] = pool
@@ -327,10 +331,13 @@ class RerankingRetriever:
         self.first, self.ranker, self.candidates = first, ranker, candidates
         self.keep_candidates = keep_candidates
         self.last: dict[str, list[Hit]] = {}
+        self.seconds = 0.0   # in the ranker's scoring, all told (the first stage's not counted)
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         pools = self.first.search(queries, max(k, self.candidates))
+        t0 = time.perf_counter()
         scores = self.ranker.score(queries, [[h.contents for h in pool] for pool in pools])
+        self.seconds += time.perf_counter() - t0
         out = []
         for q, pool, s in zip(queries, pools, scores):
             if self.keep_candidates:   # keyed by the query with its spaces collapsed
