@@ -190,3 +190,32 @@ def test_a_mixed_policy_samples_the_same_tokens_and_logprobs_with_cast_weights()
         runs[cast] = [(list(g), g.logprobs) for g in out]
     assert runs[True] == runs[False]
     assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_a_half_precision_the_cpu_cannot_multiply_natively_is_warned_about(monkeypatch):
+    """On a CPU without AVX-512 BF16/AMX a bfloat16 product takes torch's scalar fallback
+    (808 s for an SFT step that float32 takes in ~17): loading a policy so is warned about,
+    by name of the dtype, and not where the CPU has it, on float32, or on an accelerator."""
+    import warnings
+
+    import seekrl.models as models
+    from seekrl.recipes.pipeline import DemoConfig, demo_dtype
+
+    monkeypatch.setattr(models, "cpu_multiplies_bf16", lambda: False)
+    for dtype in ("bf16-mixed", "bfloat16", "float16"):
+        msg = models.slow_half_precision(dtype, "cpu")
+        assert msg.startswith(f"dtype {dtype} on this CPU") and "float32" in msg
+    assert models.slow_half_precision("float32", "cpu") is None
+    assert models.slow_half_precision("bf16-mixed", "cuda:0") is None
+    assert demo_dtype(DemoConfig(dtype="auto")) == "float32"
+    with pytest.warns(UserWarning, match="dtype bf16-mixed on this CPU .* no native bfloat16 multiply"):
+        with pytest.raises(ModelError):   # warned before anything is loaded
+            load_policy("no/such-model-here", dtype="bf16-mixed")
+    monkeypatch.setattr(models, "cpu_multiplies_bf16", lambda: True)
+    assert models.slow_half_precision("bf16-mixed", "cpu") is None
+    assert models.slow_half_precision("float16", "cpu") is not None   # no native fp16 check
+    assert demo_dtype(DemoConfig(dtype="auto")) == "bf16-mixed"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ModelError):
+            load_policy("no/such-model-here", dtype="bf16-mixed")

@@ -281,15 +281,49 @@ def load_tokenizer(name: str | None = DEFAULT_MODEL):
     return tokenizer
 
 
+def cpu_multiplies_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX, as oneDNN sees
+    it). Without that, torch falls back to a scalar kernel: on a 2-core AVX2 EPYC a bfloat16
+    matrix product ran at 1.1 GFLOP/s against float32's 106 (`bench/RESULTS.md`, "bfloat16
+    on a CPU without it")."""
+    native = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    try:
+        return bool(native())
+    except RuntimeError:    # a build without oneDNN
+        return False
+
+
+def slow_half_precision(dtype: str, device: str) -> str | None:
+    """The warning for a half-precision dtype that this CPU cannot multiply quickly (None
+    when it can, or on an accelerator)."""
+    if not device.startswith("cpu") or dtype == "float32":
+        return None
+    if dtype in ("bfloat16", "bf16-mixed") and cpu_multiplies_bf16():
+        return None
+    capability = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "unknown")()
+    why = ("it has no native bfloat16 multiply (AVX-512 BF16 or AMX)" if dtype != "float16"
+           else "float16 products on a CPU seldom have a native kernel")
+    return (f"dtype {dtype} on this CPU ({capability}): {why}, so matrix products can take "
+            "torch's scalar fallback, up to ~100x slower than float32 (bfloat16 on a 2-core "
+            "AVX2 EPYC: an SFT step of the bundled model took 808 s against ~17 s). Use "
+            "float32 here (the demo's dtype auto picks it)")
+
+
 def load_policy(name: str | None = DEFAULT_MODEL, *, dtype: str = "float32",
                 device: str = "cpu"):
-    """(model, tokenizer) for a causal LM: the bundled alias, a local path or a hub id."""
+    """(model, tokenizer) for a causal LM: the bundled alias, a local path or a hub id.
+    A half-precision dtype that the CPU would run far slower than float32 is warned about."""
+    import warnings
+
     from transformers import AutoModelForCausalLM
 
     check_device(device)
     if dtype not in DTYPES and dtype not in MIXED:
         raise ModelError(f"dtype: expected one of {', '.join([*DTYPES, *MIXED])}, "
                          f"got {dtype!r}")
+    slow = slow_half_precision(dtype, device)
+    if slow:
+        warnings.warn(slow, stacklevel=2)
     quiet_transformers()
     fix_mmap_threshold()   # every model job loads its policy here (see runtime)
     path = resolve_model(name)

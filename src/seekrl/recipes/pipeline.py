@@ -58,13 +58,9 @@ def demo_dtype(cfg: DemoConfig) -> str:
     """The dtype `cfg.dtype` means on this machine (`auto` resolved)."""
     if cfg.dtype != "auto":
         return cfg.dtype
-    import torch
+    from seekrl.models import cpu_multiplies_bf16
 
-    native = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
-    try:
-        return "bf16-mixed" if native() else "float32"
-    except RuntimeError:    # a build without oneDNN
-        return "float32"
+    return "bf16-mixed" if cpu_multiplies_bf16() else "float32"
 
 
 def sft_batching(cfg: DemoConfig) -> dict[str, int]:
