@@ -194,7 +194,7 @@ def test_a_mixed_policy_samples_the_same_tokens_and_logprobs_with_cast_weights()
 
 def test_a_half_precision_the_cpu_cannot_multiply_natively_is_warned_about(monkeypatch):
     """On a CPU without AVX-512 BF16/AMX a bfloat16 product takes torch's scalar fallback
-    (808 s for an SFT step that float32 takes in ~17): loading a policy so is warned about,
+    (808 s for an SFT step that float32 takes in 55): loading a policy so is warned about,
     by name of the dtype, and not where the CPU has it, on float32, or on an accelerator."""
     import warnings
 
@@ -219,3 +219,24 @@ def test_a_half_precision_the_cpu_cannot_multiply_natively_is_warned_about(monke
         warnings.simplefilter("error")
         with pytest.raises(ModelError):
             load_policy("no/such-model-here", dtype="bf16-mixed")
+
+
+def test_the_cpu_dtype_bench_prints_its_figures_and_a_summary():
+    """bench/cpu_dtype.py's product timings (tiny, no model): key=value lines, the summary
+    last, and the native flag it reports is the one `dtype: auto` uses."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import seekrl.models as models
+
+    bench = Path(__file__).resolve().parent.parent / "bench" / "cpu_dtype.py"
+    got = subprocess.run([sys.executable, str(bench), "--skip-model", "--tokens", "4",
+                          "--repeats", "1"], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    lines = got.stdout.strip().splitlines()
+    figures = dict(kv.split("=", 1) for line in lines for kv in line.split() if "=" in kv)
+    for key in ("matmul_fp32_ms", "matmul_bf16_ms", "matmul_fp16_ms", "bf16_vs_fp32_matmul"):
+        assert float(figures[key]) > 0
+    assert lines[-1].startswith("cpu_dtype: bf16_vs_fp32_matmul=")
+    assert figures["native_bf16"] == str(models.cpu_multiplies_bf16())

@@ -284,7 +284,7 @@ def load_tokenizer(name: str | None = DEFAULT_MODEL):
 def cpu_multiplies_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX, as oneDNN sees
     it). Without that, torch falls back to a scalar kernel: on a 2-core AVX2 EPYC a bfloat16
-    matrix product ran at 1.1 GFLOP/s against float32's 106 (`bench/RESULTS.md`, "bfloat16
+    matrix product ran at 1.2 GFLOP/s against float32's 100 (`bench/RESULTS.md`, "bfloat16
     on a CPU without it")."""
     native = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
     try:
@@ -304,9 +304,9 @@ def slow_half_precision(dtype: str, device: str) -> str | None:
     why = ("it has no native bfloat16 multiply (AVX-512 BF16 or AMX)" if dtype != "float16"
            else "float16 products on a CPU seldom have a native kernel")
     return (f"dtype {dtype} on this CPU ({capability}): {why}, so matrix products can take "
-            "torch's scalar fallback, up to ~100x slower than float32 (bfloat16 on a 2-core "
-            "AVX2 EPYC: an SFT step of the bundled model took 808 s against ~17 s). Use "
-            "float32 here (the demo's dtype auto picks it)")
+            "torch's scalar fallback, ~90x slower than float32's (on a 2-core AVX2 EPYC an "
+            "SFT step of the bundled model took 808 s in bf16-mixed against 55 s in "
+            "float32). Use float32 here (the demo's dtype auto picks it)")
 
 
 def load_policy(name: str | None = DEFAULT_MODEL, *, dtype: str = "float32",
