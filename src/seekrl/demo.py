@@ -128,6 +128,10 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
     out.mkdir(parents=True, exist_ok=True)
     (out / "demo_config.json").write_text(json.dumps(asdict(cfg), indent=2))
     clock = _Clock(console, {**plan, "report": 0.2})
+    if cfg.dtype == "auto":   # which one, and why: the two differ several-fold in time
+        console.print(f"dtype auto -> {dtype}: this CPU "
+                      + ("multiplies bfloat16 natively" if dtype == "bf16-mixed" else
+                         "has no native bfloat16 multiply (bench/cpu_dtype.py measures it)"))
 
     clock.stage("world", "build the synthetic world, index it (BM25), write oracle episodes")
     world = generate_world(world_cfg)
