@@ -330,8 +330,9 @@ def test_two_processes_take_the_update_of_one_on_the_same_batch(world_dir, tmp_p
         worst = max(float((got["params"][n] - after[n]).abs().max()) for n in after)
         # AdamW's first step moves a weight by about lr x sign(gradient): a near-zero
         # gradient summed in another order can move it by a few % of lr (1.6e-5 and 3.5e-5
-        # seen at lr 1e-3), where a lost or doubled micro-batch moves weights by about lr
-        assert worst < max(1e-5 * max(1.0, moved * 100), 0.05 * 1e-3), worst
+        # seen at lr 1e-3 on an AVX-512 CPU, 5.2e-5 on an AVX2 one, whose kernels sum in
+        # another order), where a lost or doubled micro-batch flips signs: about 2 x lr
+        assert worst < max(1e-5 * max(1.0, moved * 100), 0.1 * 1e-3), worst
     # the two ranks hold the very same weights: they took the same optimizer steps
     for n in after:
         assert torch.equal(ranks[0]["params"][n], ranks[1]["params"][n])
