@@ -341,11 +341,7 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
         final_dir = Path(dev_dir)
         final = json.loads((final_dir / "metrics.json").read_text())
     else:
-        if cfg.ranker is not None and cfg.ranker.train and \
-                not (Path(summary["final"]) / "ranker").is_dir():
-            raise SystemExit(f"{summary['final']}: trained with ranker.train but holds no "
-                             f"ranker/; evaluating through the start ranker "
-                             f"({cfg.ranker.model}) would not be the one the policy ended with")
+        check_trained_ranker(cfg, Path(summary["final"]))
         final = evaluate_as_trained(cfg, Path(summary["final"]), final_dir, index_dir,
                                     test_file, demo, args)
     avg = final["average"]
@@ -421,6 +417,16 @@ def evaluate_as_trained(cfg, model_dir: Path, out: Path, index_dir: Path, test_f
     return _evaluate(model_dir, out, index_dir, test_file, demo, args, ranker=cfg.ranker,
                      max_queries=r.max_queries, tools=r.tools, snippet_words=r.snippet_words,
                      prompt=r.prompt)
+
+
+def check_trained_ranker(cfg, final: Path) -> None:
+    """A run that trained its ranker is evaluated through the ranker it ended with
+    (`final/ranker`): refuse a final policy without one rather than fall back, as
+    `_evaluate` does for a fixed ranker, to the start ranker."""
+    if cfg.ranker is not None and cfg.ranker.train and not (final / "ranker").is_dir():
+        raise SystemExit(f"{final}: trained with ranker.train but holds no ranker/; "
+                         f"evaluating through the start ranker ({cfg.ranker.model}) would "
+                         "not be the one the policy ended with")
 
 
 def _per_question(eval_dir: Path) -> dict[str, float] | None:

@@ -495,3 +495,20 @@ def test_simulated_bench_refuses_an_unknown_mode_before_building_anything(tmp_pa
     assert "--modes: expected a comma-separated subset of real,simulated,self, got 'self,sim'" \
         in got.stderr
     assert not (tmp_path / "w").exists()
+
+
+def test_a_run_that_trained_its_ranker_is_not_evaluated_through_the_start_one(tmp_path):
+    from seekrl.config import TrainConfig
+
+    bench = load_bench()
+    final = tmp_path / "final"
+    final.mkdir()
+    trained = TrainConfig(data="t.jsonl", ranker={"model": "start/ranker", "train": True})
+    with pytest.raises(SystemExit, match=r"final: trained with ranker.train but holds no "
+                                         r"ranker/; .*start ranker \(start/ranker\)"):
+        bench.check_trained_ranker(trained, final)
+    bench.check_trained_ranker(TrainConfig(data="t.jsonl", ranker={"model": "start/ranker",
+                                                                   "train": False}), final)
+    bench.check_trained_ranker(TrainConfig(data="t.jsonl"), final)
+    (final / "ranker").mkdir()
+    bench.check_trained_ranker(trained, final)

@@ -192,7 +192,8 @@ def test_a_mixed_policy_samples_the_same_tokens_and_logprobs_with_cast_weights()
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
-def test_a_half_precision_the_cpu_cannot_multiply_natively_is_warned_about(monkeypatch):
+def test_a_half_precision_the_cpu_cannot_multiply_natively_is_warned_about(monkeypatch,
+                                                                          tmp_path):
     """On a CPU without AVX-512 BF16/AMX a bfloat16 product takes torch's scalar fallback
     (808 s for an SFT step that float32 takes in 55): loading a policy so is warned about,
     by name of the dtype, and not where the CPU has it, on float32, or on an accelerator."""
@@ -202,23 +203,28 @@ def test_a_half_precision_the_cpu_cannot_multiply_natively_is_warned_about(monke
     from seekrl.recipes.pipeline import DemoConfig, demo_dtype
 
     monkeypatch.setattr(models, "cpu_multiplies_bf16", lambda: False)
-    for dtype in ("bf16-mixed", "bfloat16", "float16"):
+    for dtype in ("bf16-mixed", "bfloat16", "bf16"):
         msg = models.slow_half_precision(dtype, "cpu")
-        assert msg.startswith(f"dtype {dtype} on this CPU") and "float32" in msg
+        assert msg.startswith(f"dtype {dtype} on this CPU") and "no native bfloat16" in msg
+    for dtype in ("float16", "fp16"):
+        assert "float16 products" in models.slow_half_precision(dtype, "cpu")
     assert models.slow_half_precision("float32", "cpu") is None
+    assert models.slow_half_precision("fp32", "cpu") is None
     assert models.slow_half_precision("bf16-mixed", "cuda:0") is None
     assert demo_dtype(DemoConfig(dtype="auto")) == "float32"
+    missing = str(tmp_path / "no-such-model")   # a path: refused at once, no hub asked
     with pytest.warns(UserWarning, match="dtype bf16-mixed on this CPU .* no native bfloat16 multiply"):
         with pytest.raises(ModelError):   # warned before anything is loaded
-            load_policy("no/such-model-here", dtype="bf16-mixed")
+            load_policy(missing, dtype="bf16-mixed")
     monkeypatch.setattr(models, "cpu_multiplies_bf16", lambda: True)
-    assert models.slow_half_precision("bf16-mixed", "cpu") is None
+    for dtype in ("bf16-mixed", "bfloat16", "bf16", "fp32"):
+        assert models.slow_half_precision(dtype, "cpu") is None
     assert models.slow_half_precision("float16", "cpu") is not None   # no native fp16 check
     assert demo_dtype(DemoConfig(dtype="auto")) == "bf16-mixed"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(ModelError):
-            load_policy("no/such-model-here", dtype="bf16-mixed")
+            load_policy(missing, dtype="bf16-mixed")
 
 
 def test_the_cpu_dtype_bench_prints_its_figures_and_a_summary():

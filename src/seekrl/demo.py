@@ -119,6 +119,10 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
     dtype = demo_dtype(cfg)
     if dtype not in DTYPES and dtype not in MIXED:
         raise ValueError(f"--dtype: expected auto, {', '.join([*DTYPES, *MIXED])}; got {cfg.dtype!r}")
+    if dtype not in MIXED:   # the plan above is bf16-mixed's; float32 on 2 AVX2-only cores
+        # took 1.4-2.1x each model stage, 1.6x in all (bench/RESULTS.md, "The demo")
+        plan = {k: v if k == "world" or (k.startswith("rl") and cfg.rl_minutes is not None)
+                else round(1.6 * v, 2) for k, v in plan.items()}
     held = [name for name in DEMO_OUTPUTS if (out / name).exists()] if out.is_dir() else []
     if held and not overwrite:
         raise FileExistsError(f"--out: {out} already holds a demo run ({', '.join(held[:4])}"

@@ -296,12 +296,14 @@ def cpu_multiplies_bf16() -> bool:
 def slow_half_precision(dtype: str, device: str) -> str | None:
     """The warning for a half-precision dtype that this CPU cannot multiply quickly (None
     when it can, or on an accelerator)."""
-    if not device.startswith("cpu") or dtype == "float32":
+    products = DTYPES.get(dtype) or MIXED.get(dtype)   # the dtype the products run in
+    if not device.startswith("cpu") or products in (None, torch.float32):
         return None
-    if dtype in ("bfloat16", "bf16-mixed") and cpu_multiplies_bf16():
+    if products == torch.bfloat16 and cpu_multiplies_bf16():
         return None
     capability = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "unknown")()
-    why = ("it has no native bfloat16 multiply (AVX-512 BF16 or AMX)" if dtype != "float16"
+    why = ("it has no native bfloat16 multiply (AVX-512 BF16 or AMX)"
+           if products == torch.bfloat16
            else "float16 products on a CPU seldom have a native kernel")
     return (f"dtype {dtype} on this CPU ({capability}): {why}, so matrix products can take "
             "torch's scalar fallback, ~90x slower than float32's (on a 2-core AVX2 EPYC an "
