@@ -17,7 +17,8 @@ index (`real`), a simulator (`simulated`, the noise curriculum 0 -> 0.5) and the
 (`self`), every run evaluated greedily with the real index on the same test questions. The
 `real` run's generated rollout tokens are the budget of the other two (the simulator's own
 tokens are the environment's and are not counted). Results go to `WORK/...json` and are not
-run again; the last line holds `sim_to_real_gap=` (real minus simulated test EM).
+run again; the last line holds `sim_to_real_gap=` (real minus simulated test EM) and
+`self_gain=` (self minus real).
 """
 
 from __future__ import annotations
@@ -266,10 +267,14 @@ def _report(work: Path, started: float) -> None:
               f"seeds_{mode}={len(values)}{extra}"
               + (f" budget_missed_seeds_{mode}={','.join(map(str, missed))}" if missed else ""))
     _report_paired(work, runs)
-    gap = (statistics.mean(ems["real"]) - statistics.mean(ems["simulated"])
-           if ems.get("real") and ems.get("simulated") else float("nan"))
+    def _less(a: str, b: str) -> float:
+        return (statistics.mean(ems[a]) - statistics.mean(ems[b])
+                if ems.get(a) and ems.get(b) else float("nan"))
+
+    # the gap is real - simulated (what simulated training costs); self_gain is self - real
     print(f"simulated_search: {len(list(work.glob('quality-*.json')))} simulators measured, "
-          f"{len(runs)} RL runs; sim_to_real_gap={gap:+.4f} "
+          f"{len(runs)} RL runs; sim_to_real_gap={_less('real', 'simulated'):+.4f} "
+          f"self_gain={_less('self', 'real'):+.4f} "
           f"({(time.time() - started) / 60:.0f} min this run)")
 
 

@@ -179,6 +179,7 @@ def test_simulated_search_bench_report(tmp_path, capsys):
     assert figures["wins_simulated_vs_real"] == "2" and figures["losses_simulated_vs_real"] == "4"
     assert float(figures["paired_self_vs_real"]) == pytest.approx(-0.75)
     assert "sim_to_real_gap=+0.0900" in out[-1] and "6 RL runs" in out[-1]
+    assert "self_gain=-0.2100" in out[-1]
 
 
 def test_dev_file_holds_the_first_dev_questions_and_refuses_too_few(tmp_path):
