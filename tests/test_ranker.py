@@ -166,6 +166,12 @@ def test_a_ranker_learns_a_toy_preference_and_saves_and_loads(tmp_path, tiny_enc
     assert again.score(["question 9"], [docs])[0] == pytest.approx(after, abs=1e-5)
     with pytest.raises(Exception, match="asked for"):
         load_ranker(str(tmp_path / "r"), kind="cross" if kind == "bi" else "bi")
+    # its length and temperature are part of what it learned: the same are fine, others refused
+    assert load_ranker(str(tmp_path / "r"), max_len=128, temperature=0.05).max_len == 128
+    with pytest.raises(Exception, match="trained with max_len 128, asked for 64"):
+        load_ranker(str(tmp_path / "r"), max_len=64)
+    with pytest.raises(Exception, match="trained with temperature 0.05, asked for 0.1"):
+        load_ranker(str(tmp_path / "r"), temperature=0.1)
 
 
 def test_the_bundled_encoder_ranks_the_matching_document_first_before_training():
@@ -225,6 +231,11 @@ def test_seekrl_ranker_train_and_eval_run_from_the_cli(tmp_path, tiny_encoder):
     assert "gold_hit@2 first_stage=1.0000 (1 logged searches)" in result.output
     nothing = CliRunner().invoke(app, ["ranker", "eval", "--index", str(index_dir)])
     assert nothing.exit_code != 0 and "--trajectories" in nothing.output
+    for k in ("0", "6"):   # recall@k of more than the ranker orders, or of nothing
+        bad = CliRunner().invoke(app, ["ranker", "eval", "--index", str(index_dir), "--data",
+                                       str(paths["dev"]), "--candidates", "5", "--topk", k])
+        assert bad.exit_code != 0 and f"--topk: expected 1 to --candidates (5), got {k}" \
+            in " ".join(bad.output.split())
 
 
 def test_bad_ranker_settings_name_the_key(tmp_path):
@@ -246,9 +257,13 @@ def test_a_ranker_with_nothing_to_learn_from_says_so(tmp_path, tiny_encoder):
 
     _, paths, index_dir = build_world_and_index(tmp_path / "w", seed=4, entities=200,
                                                 n_train=4, n_dev=2, n_test=2)
-    with pytest.raises(ValueError, match="no search queries"):
+    with pytest.raises(ValueError, match="no source of search queries"):
+        RankerTrainConfig(model=tiny_encoder, index=str(index_dir), out=str(tmp_path / "r"))
+    plain = tmp_path / "plain.jsonl"   # questions without the world's hop queries
+    plain.write_text(json.dumps({"id": "q", "question": "q?", "golden_answers": ["a"]}) + "\n")
+    with pytest.raises(ValueError, match="no search queries found .* question_queries: true"):
         train_ranker(RankerTrainConfig(model=tiny_encoder, index=str(index_dir),
-                                       out=str(tmp_path / "r")))
+                                       data=[str(plain)], out=str(tmp_path / "r")))
     # one candidate per query: never a positive and a negative together
     with pytest.raises(ValueError, match="nothing to learn from"):
         train_ranker(RankerTrainConfig(model=tiny_encoder, index=str(index_dir),
@@ -375,6 +390,9 @@ def test_a_ranker_in_rl_needs_a_real_retriever(tmp_path):
 
     cfg = TrainConfig(data="d", index="i", ranker={}, rollout={"self_search": True})
     with pytest.raises(ConfigError, match="ranker"):
+        check_config(cfg)
+    cfg = TrainConfig(data="d", index="i", ranker={"candidates": 2}, rollout={"topk": 3})
+    with pytest.raises(ConfigError, match="ranker.candidates: the ranker orders 2 .* the 3"):
         check_config(cfg)
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from seekrl.agent.backends import Backend
 from seekrl.agent.rollout import RolloutConfig, RolloutEngine
 from seekrl.data.qa import QAExample
-from seekrl.retrieval.base import Hit
+from seekrl.retrieval.base import Hit, RetrievalError
 from seekrl.retrieval.server import create_app
 from seekrl.retrieval.simulated import (
     NOISY,
@@ -473,8 +473,12 @@ def test_simulator_examples_label_useful_and_noisy_and_train_only_the_documents(
     assert label(r, [Hit("g", "T", "x", 1.0)]) == USEFUL
     assert label(r, [Hit("o", "T", "founded in 1986", 1.0)]) == USEFUL
     assert label(r, [Hit("o", "T", "nothing", 1.0)]) == NOISY
-    with pytest.raises(ValueError, match="no search queries"):
-        interactions(SimulatorTrainConfig(index=str(index_dir)))
+    with pytest.raises(ValueError, match="no source of search queries"):
+        SimulatorTrainConfig(index=str(index_dir))
+    plain = tmp_path / "plain.jsonl"   # questions without the world's hop queries
+    plain.write_text(json.dumps({"id": "q", "question": "q?", "golden_answers": ["a"]}) + "\n")
+    with pytest.raises(ValueError, match="no search queries found"):
+        interactions(SimulatorTrainConfig(index=str(index_dir), data=[str(plain)]))
 
 
 def test_seekrl_simulator_train_runs_from_the_cli(tmp_path):
@@ -490,6 +494,16 @@ def test_seekrl_simulator_train_runs_from_the_cli(tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
     assert summary["examples"] == 12 and (tmp_path / "sim" / "sft" / "final").is_dir()
+    final = tmp_path / "sim" / "sft" / "final"
+    # the prompt it learned is kept with it, and a prompt that differs is told
+    assert json.loads((final / "simulator.json").read_text()) == {"topk": 3, "words": 30}
+    from seekrl.retrieval.simulated import prompt_mismatch
+
+    assert prompt_mismatch(str(final), topk=3, words=30) is None
+    assert prompt_mismatch(str(final), topk=None, words=30) is None   # topk per request
+    why = prompt_mismatch(str(final), topk=5, words=20)
+    assert "topk 5 (trained with 3), words 20 (trained with 30)" in why
+    assert prompt_mismatch(str(tmp_path), topk=5, words=20) is None   # not a trained one
 
 
 # ---- served
@@ -509,3 +523,79 @@ def test_serve_takes_an_index_or_a_simulator_not_both_nor_neither(tmp_path):
     for args in ([], ["--index", str(tmp_path), "--simulate", "smollm2-135m"]):
         result = CliRunner().invoke(app, ["serve", *args])
         assert result.exit_code != 0 and "one of the two" in result.output
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--noise", "0.3"], "--noise: settings of a simulated engine"),
+    (["--words", "40", "--sim-temperature", "0"], "--words, --sim-temperature: settings of"),
+    (["--max-batch-size", "0"], "--max-batch-size: Input should be greater than or equal to 1"),
+    (["--default-topk", "200"], "--default-topk 200 is above --max-topk 100"),
+])
+def test_serve_names_the_flag_of_a_bad_setting_before_loading_anything(tmp_path, args, said):
+    from typer.testing import CliRunner
+
+    from seekrl.cli import app
+
+    result = CliRunner().invoke(app, ["serve", "--index", str(tmp_path / "none"), *args])
+    assert result.exit_code != 0 and said in " ".join(result.output.split())
+
+
+def test_serve_refuses_a_simulator_setting_out_of_range():
+    from seekrl.retrieval.server import run_server
+
+    with pytest.raises(RetrievalError, match="--words: expected at least 5, got 2"):
+        run_server(None, simulate="smollm2-135m", words=2)
+    with pytest.raises(RetrievalError, match="--sim-temperature: expected 0"):
+        run_server(None, simulate="smollm2-135m", sim_temperature=-1.0)
+
+
+@pytest.mark.parametrize("settings, said", [
+    ({"simulator": {}, "rollout": {"self_search": True}},
+     "simulator: rollout.self_search has the policy write its own documents"),
+    ({"rollout": {"self_search": True, "method": "rag"}},
+     "rollout.self_search: it answers the agent's search turns; rollout.method is 'rag'"),
+    ({"simulator": {}, "rollout": {"method": "direct"}}, "simulator: it answers the agent's"),
+    ({"reward": {"process": {"decomposition": 1.0}}},
+     "reward.process.decomposition: .* rollout.max_queries is 1"),
+    ({"reward": {"process": {"decomposition": 1.0}},
+      "rollout": {"max_queries": 3, "self_search": True}},
+     "reward.process.decomposition: .* rollout.self_search"),
+])
+def test_settings_nothing_would_read_are_refused(settings, said):
+    from seekrl.config import ConfigError, TrainConfig
+    from seekrl.recipes.train import check_config
+
+    with pytest.raises(ConfigError, match=said):
+        check_config(TrainConfig(data="d", **settings))
+    check_config(TrainConfig(data="d", reward={"process": {"decomposition": 1.0}},
+                             rollout={"max_queries": 3}))
+
+
+def test_a_trained_simulator_given_another_prompt_is_warned_about(tmp_path, tiny):
+    from seekrl.config import TrainConfig
+    from seekrl.recipes.train import Trainer
+
+    model, tok = tiny
+    sim = tmp_path / "sim"
+    model.save_pretrained(sim)
+    tok.save_pretrained(sim)
+    (sim / "simulator.json").write_text(json.dumps({"topk": 3, "words": 40}))
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"id": "q0", "question": "q?", "golden_answers": ["a"]}) + "\n")
+    cfg = TrainConfig(data=str(data), out=str(tmp_path / "run"), simulator={"model": str(sim)})
+    with pytest.warns(UserWarning, match=r"words 30 \(trained with 40\)"):
+        trainer = Trainer(cfg, model=model, tokenizer=tok)
+    assert trainer._simulator.words == 30
+
+
+def test_a_bad_simulator_model_is_refused_before_the_policy_loads(tmp_path, monkeypatch):
+    from seekrl.config import ConfigError, TrainConfig
+    from seekrl.recipes.train import Trainer
+
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"id": "q0", "question": "q?", "golden_answers": ["a"]}) + "\n")
+    cfg = TrainConfig(data=str(data), out=str(tmp_path / "run"),
+                      simulator={"model": str(tmp_path / "no-such-simulator")})
+    monkeypatch.setattr(Trainer, "_build_policy", lambda *a: pytest.fail("policy loaded"))
+    with pytest.raises(ConfigError, match="simulator.model: .*no-such-simulator does not exist"):
+        Trainer(cfg)

@@ -316,6 +316,11 @@ def test_invalid_turns_get_no_positive_advantage():
     ("reward.outcome=bleu", "reward.outcome"),
     ("reward.process={evidnce: 1.0}", "reward.process.evidnce"),   # a typo, before a run
     ("optim=3", "optim"),
+    ("reward.turn_cost=.inf", "reward.turn_cost"),        # no setting is unbounded by inf
+    ("rollout.temperature=.nan", "rollout.temperature"),
+    # one key of an optional section that is off would switch it all on
+    ("ranker.lr=1e-4", "ranker.lr"),
+    ("simulator.noise_end=0.7", "simulator.noise_end"),
 ])
 def test_bad_config_keys_and_values_name_the_key(override, key):
     """Types and ranges fail when the config is read; registry names (estimators, losses,
@@ -325,6 +330,23 @@ def test_bad_config_keys_and_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as err:
         check_config(build_config(TrainConfig, {"data": "d", "index": "i"}, [override]))
     assert f"{key}:" in str(err.value)
+
+
+def test_an_optional_section_is_switched_on_by_its_model_or_by_itself():
+    ranker = build_config(TrainConfig, {"data": "d"}, ["ranker.train=false", "ranker.model=null"])
+    assert ranker.ranker.train is False and ranker.ranker.model is None
+    assert build_config(TrainConfig, {"data": "d"}, ["ranker={}"]).ranker.train is True
+    sim = build_config(TrainConfig, {"data": "d"}, ["simulator.noise_end=0.7",
+                                                   "simulator.model=smollm2-135m"])
+    assert sim.simulator.noise_end == 0.7
+    # a section the config file switched on takes any of its keys
+    on = build_config(TrainConfig, {"data": "d", "ranker": {"model": None}}, ["ranker.lr=1e-4"])
+    assert on.ranker.lr == 1e-4
+    with pytest.raises(ConfigError, match="give ranker.model=... too"):
+        build_config(TrainConfig, {"data": "d", "ranker": None}, ["ranker.lr=1e-4"])
+    data = {"data": "d", "rollout": {"topk": 2}}
+    build_config(TrainConfig, data, ["rollout.topk=5"])
+    assert data == {"data": "d", "rollout": {"topk": 2}}   # the caller's tree is left alone
 
 
 def test_config_file_errors(tmp_path):

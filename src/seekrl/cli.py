@@ -200,6 +200,13 @@ def serve(
              "query's documents (simulated search, ZeroSearch)")] = None,
     noise: Annotated[float, typer.Option(
         help="with --simulate: the share of queries answered with noisy documents")] = 0.0,
+    words: Annotated[int, typer.Option(
+        help="with --simulate: the length of a document the simulator is asked for")] = 30,
+    sim_max_new_tokens: Annotated[int, typer.Option(
+        help="with --simulate: tokens the simulator writes per query, all its documents")]
+    = 256,
+    sim_temperature: Annotated[float, typer.Option(
+        help="with --simulate: its sampling temperature (0: greedy)")] = 0.8,
     ranker: Annotated[Optional[str], typer.Option(
         help="reorder the index's top --candidates with a ranker (`seekrl ranker train`'s "
              "final/, or minilm) and answer its best topk")] = None,
@@ -245,7 +252,8 @@ def serve(
             from seekrl.agent.backends import text_decoder as make_decoder
         run_server(index, host=host, port=port, log_level=log_level, device=device,
                    faiss_gpu=faiss_gpu, simulate=simulate, noise=noise, ranker=ranker,
-                   make_decoder=make_decoder,
+                   make_decoder=make_decoder, words=words, sim_max_new_tokens=sim_max_new_tokens,
+                   sim_temperature=sim_temperature,
                    candidates=candidates, index_process=not no_index_process, batching=not no_batching,
                    max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
                    cache_size=cache_size, default_topk=default_topk, max_topk=max_topk,
@@ -745,6 +753,8 @@ def ranker_eval(
     try:
         if candidates < 1:
             raise ValueError(f"--candidates: expected at least 1, got {candidates}")
+        if not 1 <= topk <= candidates:
+            raise ValueError(f"--topk: expected 1 to --candidates ({candidates}), got {topk}")
         if not data and not trajectories:
             raise ValueError("ranker eval: give --data QA files, --trajectories, or both")
         hops = [r for path in data or [] for r in qa_records(load_qa(path))]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, get_args
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args
 
 import yaml
 from pydantic import (
@@ -42,7 +42,9 @@ class ConfigError(SeekrlError, ValueError):
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # inf and nan are refused everywhere: no setting means "unbounded" by them, and a
+    # nan weight or schedule poisons a run silently
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class LoRAConfig(Strict):
@@ -529,6 +531,7 @@ class RLOptimConfig(OptimConfig):
 class SimulatorSettings(Strict):
     """Simulated search (ZeroSearch, retrieval/simulated.py): a causal LM writes each
     search's documents during training rollouts; evaluation searches the real `index`."""
+    switch: ClassVar[str] = "model"    # the key that turns the section on from the command line
     model: str = "smollm2-135m"        # any HF causal LM (a `seekrl simulator train` final/)
     # the share of queries answered with noisy documents rises from noise_start to noise_end
     # over the run's steps along ZeroSearch's exponential curve with this base
@@ -541,6 +544,14 @@ class SimulatorSettings(Strict):
     words: int = Field(30, ge=5)            # asked-for length of a document
     # seekrl: the rollout engine's decoding loop; generate: Hugging Face's model.generate
     engine: Literal["seekrl", "generate"] = "seekrl"
+
+
+def _query_sources(cfg):
+    """The simulator's and the ranker's training need queries from somewhere."""
+    if not cfg.trajectories and not cfg.data:
+        raise ValueError("trajectories: no source of search queries; give trajectories=[...] "
+                         "(logged episodes) or data=[...] (QA files), or both")
+    return cfg
 
 
 class SimulatorTrainConfig(Strict):
@@ -567,12 +578,17 @@ class SimulatorTrainConfig(Strict):
     seed: int = 0
     optim: OptimConfig = OptimConfig(lr=5e-5, warmup_steps=5)
 
+    @model_validator(mode="after")
+    def _sources(self):
+        return _query_sources(self)
+
 
 class RankerSettings(Strict):
     """A ranker over the retriever's candidates (retrieval/ranker.py), used by rollouts and
     evaluations alike; with `train`, trained with the agent: after every RL step, on the
     step's searches (their gold documents, or the documents of right episodes that hold the
     answer, as positives; the other candidates as negatives)."""
+    switch: ClassVar[str] = "model"    # the key that turns the section on from the command line
     model: str | None = None           # None: the bundled all-MiniLM-L6-v2; or a ranker folder
     # a fresh ranker's kind (None: bi); query: the dense index's own query encoder,
     # fine-tuned over the vectors the index holds (searches the whole index)
@@ -582,8 +598,9 @@ class RankerSettings(Strict):
     lr: float = Field(2e-5, gt=0)
     updates_per_step: int = Field(2, ge=1)   # gradient steps per RL step
     batch_size: int = Field(16, ge=1)  # searches per gradient step
-    max_len: int = Field(128, ge=8)
-    temperature: float = Field(0.05, gt=0)   # a bi-encoder's cosine over this
+    # None: a trained ranker's own (a different value is refused), 128 / 0.05 for a fresh one
+    max_len: int | None = Field(None, ge=8)
+    temperature: float | None = Field(None, gt=0)   # a bi-encoder's cosine over this
 
 
 class RankerTrainConfig(Strict):
@@ -604,10 +621,15 @@ class RankerTrainConfig(Strict):
     steps: int = Field(200, ge=1)
     batch_size: int = Field(16, ge=1)
     lr: float = Field(2e-5, gt=0)
-    max_len: int = Field(128, ge=8)
-    temperature: float = Field(0.05, gt=0)
+    # None: a trained ranker's own (a different value is refused), 128 / 0.05 for a fresh one
+    max_len: int | None = Field(None, ge=8)
+    temperature: float | None = Field(None, gt=0)
     device: Device = "cpu"
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _sources(self):
+        return _query_sources(self)
 
 
 class TrainConfig(Strict):
@@ -777,14 +799,48 @@ def _describe(schema: type[BaseModel], err: dict) -> str:
     return f"{text} (got {got!r})"
 
 
+def _section_class(annotation) -> type[BaseModel] | None:
+    """The model class of a section's annotation (`RankerSettings | None` -> RankerSettings)."""
+    for t in (annotation, *get_args(annotation)):
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            return t
+    return None
+
+
+def _check_switches(schema: type[BaseModel], data: dict, given: list[list[str]]) -> None:
+    """A key given on the command line under a section that is off (null or absent) in the
+    config, such as `ranker.lr=1e-4`, would switch the whole section on with its defaults
+    for the sake of one setting. A section whose class names a `switch` key (the simulator's
+    and the ranker's model) is switched on only by that key or by the section itself."""
+    for key in given:
+        node, here = schema, data
+        for depth, part in enumerate(key[:-1]):
+            field = getattr(node, "model_fields", {}).get(part)
+            section = _section_class(field.annotation) if field is not None else None
+            if section is None:
+                break
+            here = here.get(part) if isinstance(here, dict) else None
+            switch = getattr(section, "switch", None)
+            if here is None and switch and field.default is None:
+                name = ".".join(key[:depth + 1])
+                if [*key[:depth + 1], switch] not in given and key[:depth + 1] not in given:
+                    raise ConfigError(
+                        f"command line: {'.'.join(key)}: `{name}` is off in the config, and "
+                        f"one of its keys does not switch it on; give {name}.{switch}=... "
+                        f"too (or {name}={{}} for its defaults)")
+                break
+            node = section
+
+
 def build_config(schema: type[C], data: dict | None, overrides: list[str] = (),
                  source: str = "config") -> C:
-    tree = dict(data or {})
+    tree = copy.deepcopy(data or {})
     given = []     # the keys set on the command line
     for text in overrides:
         key, value = parse_override(text)
         set_dotted(tree, key, value)
         given.append(key.split("."))
+    _check_switches(schema, data or {}, given)
     try:
         return schema.model_validate(tree)
     except ValidationError as err:

@@ -113,7 +113,9 @@ def sample_queries(records: list, seed: int, limit: int | None) -> list:
         records = records[:limit]
     if not records:
         raise ValueError("trajectories / data: no search queries found (give an evaluation's "
-                         "trajectories.jsonl, rollouts, or synthetic-world questions)")
+                         "trajectories.jsonl, rollouts, or synthetic-world questions, whose "
+                         "metadata.chain holds the hop queries; for other QA files set "
+                         "question_queries: true to search each question itself)")
     return records
 
 

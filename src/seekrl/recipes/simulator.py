@@ -24,6 +24,7 @@ from seekrl.agent.protocol import normalise_text
 from seekrl.config import SimulatorTrainConfig
 from seekrl.retrieval.simulated import (
     NOISY,
+    SIMULATOR_FILE,
     USEFUL,
     simulator_input,
     simulator_prompt,
@@ -131,6 +132,9 @@ def train_simulator(cfg: SimulatorTrainConfig, *, console: Console | None = None
                             device=cfg.device, train_layers=cfg.train_layers,
                             optim=cfg.optim.model_dump()),
                   console=console, overwrite=overwrite)
+    # the prompt it learned, checked against the one RL or `seekrl serve` gives it
+    (Path(sft["final"]) / SIMULATOR_FILE).write_text(json.dumps(
+        {"topk": cfg.topk, "words": cfg.words}, indent=1))
     summary = {"final": sft["final"], "examples": len(rows), **counts,
                "steps": sft["steps"], "loss": sft.get("loss")}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

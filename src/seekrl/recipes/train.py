@@ -147,8 +147,7 @@ class Trainer:
             else Dist.from_env(cfg.device)
         self.console = console if self.dist.main else None
         self._backend: Backend | None = None   # built on first use (see _generation_backend)
-        self._simulator = None                 # simulated search's engine, on first use
-        self._simulator_stats: dict[str, int] = {}   # its totals at the resumed checkpoint
+        self._simulator = None                 # simulated search's engine (_open_inputs)
         why = backend_refusal(cfg.rollout.backend, "train", processes=self.dist.world)
         if why:
             raise ConfigError(f"rollout.backend {cfg.rollout.backend}: {why}")
@@ -192,6 +191,8 @@ class Trainer:
         self.ranker_updater = None
         if cfg.ranker is not None and retriever is not None:
             retriever = self._ranked(retriever)
+        if cfg.simulator is not None:   # loaded now: a bad simulator.model fails in seconds
+            self._simulator = self._load_simulator()
         self.retriever = retriever
         check_eval_data(cfg.eval)   # read now, not at the first evaluation after training
         check_world_index(cfg.index, cfg.data, cfg.eval.data)
@@ -199,6 +200,26 @@ class Trainer:
             from seekrl.recipes.prm import load_scorer
             prm_scorer = load_scorer(cfg.reward.prm, device=self.device, dtype=cfg.dtype)
         self.prm_scorer = prm_scorer
+
+    def _load_simulator(self):
+        """The simulated search engine (ZeroSearch) of `simulator`, its decoding loop the
+        rollout engine's (`simulator.engine: seekrl`) or `model.generate`."""
+        from seekrl.agent.backends import text_decoder
+        from seekrl.models import ModelError
+        from seekrl.retrieval.simulated import SimulatedRetriever, prompt_mismatch
+
+        sim = self.cfg.simulator
+        why = prompt_mismatch(sim.model, topk=self.cfg.rollout.topk, words=sim.words)
+        if why:
+            warnings.warn(f"{why} (rollout.topk, simulator.words)", stacklevel=2)
+        try:
+            return SimulatedRetriever.from_pretrained(
+                sim.model, device=self.device, dtype=self.cfg.dtype,
+                max_new_tokens=sim.max_new_tokens, temperature=sim.temperature,
+                batch_size=sim.batch_size, words=sim.words, seed=self.cfg.seed,
+                make_decoder=text_decoder if sim.engine == "seekrl" else None)
+        except ModelError as err:
+            raise ConfigError(f"simulator.model: {str(err).removeprefix('model: ')}") from None
 
     def _ranked(self, retriever):
         """The retriever behind the configured ranker (rollouts and evaluations both see its
@@ -355,16 +376,6 @@ class Trainer:
         sim = self.cfg.simulator
         if sim is None:
             return self.retriever
-        if self._simulator is None:
-            from seekrl.agent.backends import text_decoder
-            from seekrl.retrieval.simulated import SimulatedRetriever
-
-            self._simulator = SimulatedRetriever.from_pretrained(
-                sim.model, device=self.device, dtype=self.cfg.dtype,
-                max_new_tokens=sim.max_new_tokens, temperature=sim.temperature,
-                batch_size=sim.batch_size, words=sim.words, seed=self.cfg.seed,
-                make_decoder=text_decoder if sim.engine == "seekrl" else None)
-            self._simulator.stats.update(self._simulator_stats)   # a resumed run's totals
         self._simulator.reseed(seed)
         from seekrl.retrieval.simulated import noise_probability
 
@@ -985,8 +996,7 @@ class Trainer:
             "step": step, "monitor": self.monitor.state_dict(),
             "healthy_checkpoint": self.healthy_checkpoint,
             "rollout_tokens": self.rollout_tokens, "questions_drawn": self.questions_drawn,
-            "simulator_stats": dict(self._simulator.stats) if self._simulator
-            else self._simulator_stats}))
+            "simulator_stats": dict(self._simulator.stats) if self._simulator else {}}))
         if (tmp / "shards").is_dir():
             fsync_dir(tmp / "shards", files=False)   # dcp flushed the files themselves
         fsync_dir(tmp)
@@ -1032,7 +1042,9 @@ class Trainer:
                               "saving and evaluating the final model"))
         self.rollout_tokens = int(meta.get("rollout_tokens", 0))
         self.questions_drawn = int(meta.get("questions_drawn", 0))
-        self._simulator_stats = dict(meta.get("simulator_stats", {}))
+        if self._simulator is not None:   # the totals go on from the checkpoint's
+            self._simulator.stats.clear()
+            self._simulator.stats.update(meta.get("simulator_stats", {}))
         self.monitor.load_state_dict(meta["monitor"])
         self.healthy_checkpoint = meta.get("healthy_checkpoint")
         # drop the log and alert lines of steps after the checkpoint: they are about to be
@@ -1433,6 +1445,28 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
                               "search and self-search have none")
         if cfg.rollout.method == "direct":
             raise ConfigError("ranker: rollout.method direct does not search")
+        if cfg.ranker.candidates < cfg.rollout.topk:
+            raise ConfigError(f"ranker.candidates: the ranker orders {cfg.ranker.candidates} "
+                              f"first-stage documents, fewer than the {cfg.rollout.topk} a "
+                              "search shows (rollout.topk); set at least that many")
+    # simulated search and self-search replace the agent's search turns; their keys would
+    # otherwise be read by nothing
+    if cfg.simulator is not None and cfg.rollout.self_search:
+        raise ConfigError("simulator: rollout.self_search has the policy write its own "
+                          "documents, so the simulator would never be asked; set one of them")
+    for key, on in (("simulator", cfg.simulator is not None),
+                    ("rollout.self_search", cfg.rollout.self_search)):
+        if on and cfg.rollout.method != "agent":
+            raise ConfigError(f"{key}: it answers the agent's search turns; rollout.method is "
+                              f"{cfg.rollout.method!r} (set rollout.method: agent)")
+    if "decomposition" in cfg.reward.process:
+        why = ("rollout.max_queries is 1: no search holds several sub-queries"
+               if cfg.rollout.max_queries < 2 else
+               "rollout.self_search: the policy's own blocks name no gold documents"
+               if cfg.rollout.self_search else None)
+        if why:
+            raise ConfigError(f"reward.process.decomposition: it scores searches of several "
+                              f"sub-queries by the gold documents they find, but {why}")
 
 
 def _explained_variance(values, returns, mask) -> float:

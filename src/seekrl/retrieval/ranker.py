@@ -36,6 +36,8 @@ from seekrl.retrieval.base import Hit, RetrievalError, Retriever
 
 RANKER_KINDS = ("bi", "cross", "query")
 RANKER_FILE = "ranker.json"
+DEFAULT_MAX_LEN = 128          # a fresh ranker's tokens per text
+DEFAULT_TEMPERATURE = 0.05     # a fresh bi-encoder's cosine is divided by this
 
 
 class Ranker:
@@ -120,12 +122,15 @@ class Ranker:
 
 
 def load_ranker(spec: str | None = None, *, kind: str | None = None, device: str = "cpu",
-                max_len: int = 128, temperature: float = 0.05, first=None) -> Ranker:
+                max_len: int | None = None, temperature: float | None = None,
+                first=None) -> Ranker:
     """A ranker from a folder `Ranker.save` wrote (its kind and settings recorded), or a
     fresh one from any encoder: None / `minilm` is the bundled all-MiniLM-L6-v2, else an HF
     id or path; `kind` defaults to `bi` for a fresh one. A fresh `query` ranker starts from
     the query encoder of `first` (the dense or hybrid index it will search) unless `spec`
-    names another encoder."""
+    names another encoder. `max_len` and `temperature` (None: a saved ranker's own, or
+    128 and 0.05 for a fresh one) are part of what a ranker learned: a saved one asked for
+    others is refused."""
     from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
     from seekrl.retrieval.dense import resolve_encoder
@@ -140,11 +145,18 @@ def load_ranker(spec: str | None = None, *, kind: str | None = None, device: str
         if kind is not None and kind != meta["kind"]:
             raise RetrievalError(f"ranker {spec}: it is a {meta['kind']!r} ranker, asked for "
                                  f"{kind!r}")
+        for name, asked in (("max_len", max_len), ("temperature", temperature)):
+            if asked is not None and asked != meta[name]:
+                raise RetrievalError(f"ranker {spec}: it was trained with {name} "
+                                     f"{meta[name]}, asked for {asked} (leave {name} unset "
+                                     "to use the ranker's own)")
         kind, max_len, temperature = meta["kind"], meta["max_len"], meta["temperature"]
         base = meta.get("base", "")
     else:
         kind = kind or "bi"
         base = spec or "all-MiniLM-L6-v2"
+        max_len = DEFAULT_MAX_LEN if max_len is None else max_len
+        temperature = DEFAULT_TEMPERATURE if temperature is None else temperature
     if kind not in RANKER_KINDS:
         raise RetrievalError(f"ranker kind: expected one of {', '.join(RANKER_KINDS)}, "
                              f"got {kind!r}")

@@ -24,6 +24,7 @@ import logging
 import math
 import socket
 import time
+import warnings
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -31,7 +32,15 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
 
 from seekrl.retrieval.base import Hit, RetrievalError, Retriever
 from seekrl.retrieval.batching import LRUCache, SearchRunner
@@ -60,6 +69,27 @@ class ServerConfig(BaseModel):
     max_batch_size: int = Field(16, ge=1, description="queries per merged retriever call")
     max_wait_ms: float = Field(2.0, ge=0, description="how long a batch waits for company")
     cache_size: int = Field(10_000, ge=0, description="LRU entries keyed by (query, k); 0 disables")
+
+    @model_validator(mode="after")
+    def _default_within_max(self):
+        if self.default_topk > self.max_topk:
+            raise ValueError(f"--default-topk {self.default_topk} is above --max-topk "
+                             f"{self.max_topk}: every request without a topk would be refused")
+        return self
+
+
+def server_settings(config: dict[str, Any]) -> ServerConfig:
+    """`ServerConfig` from `seekrl serve`'s limits, a bad one named by its flag."""
+    try:
+        return ServerConfig(**config)
+    except ValidationError as err:
+        said = []
+        for e in err.errors():
+            name = str(e["loc"][0]) if e["loc"] else ""
+            flag = f"--{name.replace('_', '-')}" if name else "serve"
+            said.append(f"{flag}: {e['msg'].removeprefix('Value error, ')} (got "
+                        f"{e.get('input')!r})" if name else e["msg"].removeprefix("Value error, "))
+        raise RetrievalError("; ".join(said)) from None
 
 
 class RetrieveRequest(BaseModel):
@@ -364,13 +394,16 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
                log_level: str = "info", device: str = "cpu", index_process: bool = True,
                faiss_gpu: bool = False, simulate: str | None = None, noise: float = 0.0,
                ranker: str | None = None, candidates: int = 10, make_decoder=None,
+               words: int = 30, sim_max_new_tokens: int = 256, sim_temperature: float = 0.8,
                **config: Any) -> None:
     """Load the index in `index_dir` and serve it until interrupted.
 
     With `simulate` (a causal LM: a Hugging Face id or path, or `smollm2-135m`) and no index,
     the model writes each query's documents (retrieval/simulated.py; `noise`: the share of
-    queries answered with noisy documents), in the server's process; requests carry queries
-    alone, so its useful documents come from the query, not from a gold answer.
+    queries answered with noisy documents; `words`, `sim_max_new_tokens`, `sim_temperature`:
+    its document length, tokens per query and sampling, as `simulator.*` in training), in the
+    server's process; requests carry queries alone, so its useful documents come from the
+    query, not from a gold answer.
     `make_decoder(model, tokenizer)` gives it a decoder (`seekrl serve` hands in the
     rollout engine's loop, `agent.backends.text_decoder`; None: `model.generate`).
 
@@ -387,12 +420,28 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
 
     from seekrl.retrieval.index import load_index
 
-    server_config = ServerConfig(**config)  # checked before the (slow) index load
+    server_config = server_settings(config)  # checked before the (slow) index load
     if (index_dir is None) == (simulate is None):
         raise RetrievalError("serve: give an index folder or a model to simulate search with, "
                              "one of the two")
     if not 0 <= noise <= 1:
         raise RetrievalError(f"--noise: expected a probability from 0 to 1, got {noise}")
+    if simulate is None:
+        given = [flag for flag, value, default in (
+            ("--noise", noise, 0.0), ("--words", words, 30),
+            ("--sim-max-new-tokens", sim_max_new_tokens, 256),
+            ("--sim-temperature", sim_temperature, 0.8)) if value != default]
+        if given:
+            raise RetrievalError(f"{', '.join(given)}: settings of a simulated engine "
+                                 "(--simulate); an index has none")
+    else:
+        for flag, value, low in (("--words", words, 5), ("--sim-max-new-tokens",
+                                                          sim_max_new_tokens, 8)):
+            if value < low:
+                raise RetrievalError(f"{flag}: expected at least {low}, got {value}")
+        if not math.isfinite(sim_temperature) or sim_temperature < 0:
+            raise RetrievalError(f"--sim-temperature: expected 0 (greedy) or more, got "
+                                 f"{sim_temperature}")
     if ranker is not None and simulate is not None:
         raise RetrievalError("serve: --ranker orders an index's candidates; a simulated engine "
                              "has none")
@@ -407,10 +456,14 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
             index_process = False
     sock = bind_socket(host, port)          # so is the port, and it stays ours meanwhile
     if simulate is not None:
-        from seekrl.retrieval.simulated import SimulatedRetriever
+        from seekrl.retrieval.simulated import SimulatedRetriever, prompt_mismatch
 
-        retriever = SimulatedRetriever.from_pretrained(simulate, device=device, noise=noise,
-                                                       make_decoder=make_decoder)
+        why = prompt_mismatch(simulate, topk=None, words=words)
+        if why:
+            warnings.warn(f"{why} (--words)", stacklevel=2)
+        retriever = SimulatedRetriever.from_pretrained(
+            simulate, device=device, noise=noise, make_decoder=make_decoder, words=words,
+            max_new_tokens=sim_max_new_tokens, temperature=sim_temperature)
         manifest = {"type": "simulated", "model": simulate, "noise": noise}
         doc_count, index_dir = 0, f"simulated search ({simulate})"
     elif index_process:

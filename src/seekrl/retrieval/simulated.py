@@ -22,10 +22,12 @@ title hits and answer containment).
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from seekrl.retrieval.base import Hit
 
@@ -126,6 +128,24 @@ def noise_probability(step: float, total: float, start: float, end: float,
     frac = min(max(step, 0) / total, 1.0)
     shape = frac if abs(base - 1.0) < 1e-9 else (base ** frac - 1) / (base - 1)
     return start + shape * (end - start)
+
+
+SIMULATOR_FILE = "simulator.json"   # in a `seekrl simulator train` final/: its prompt settings
+
+
+def prompt_mismatch(model: str, *, topk: int | None, words: int) -> str | None:
+    """What differs between the prompt a trained simulator (`seekrl simulator train`'s
+    final/, which records its documents per query and words per document) learned and
+    the one it is about to be given (`topk` None: set per request), or None."""
+    saved = Path(model) / SIMULATOR_FILE
+    if not saved.is_file():
+        return None
+    trained = json.loads(saved.read_text(encoding="utf-8"))
+    asked = {"topk": topk, "words": words}
+    off = [f"{key} {asked[key]} (trained with {trained[key]})" for key in ("topk", "words")
+           if asked[key] is not None and key in trained and trained[key] != asked[key]]
+    return (f"simulator {model}: asked for {', '.join(off)}: its documents may not follow "
+            "the prompt it is given") if off else None
 
 
 class SimulatedRetriever:
