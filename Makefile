@@ -8,8 +8,10 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-# torch goes in first, pinned, so that nothing pulls a CUDA build; the stamp makes
-# a second `make setup` a no-op until pyproject.toml changes.
+# torch goes in first, pinned (from pip's configured index: the CPU-only build where that
+# index serves it, as here; PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu on a
+# Linux machine with plain PyPI), so that seekrl's install does not pick another; the stamp
+# makes a second `make setup` a no-op until pyproject.toml changes.
 $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
