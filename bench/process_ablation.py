@@ -220,6 +220,10 @@ def _label_tokens(prm: Path) -> int:
 
 # keys a run compared with another folder's at the same budget may differ in by nature
 _OWN_KEYS = ("out", "steps", "max_rollout_tokens", "save_every", "keep_last")
+# keys whose default became None ("the saved model's own") with the value they had before:
+# a run written then, at that value, trained as one at None does now (a saved ranker's own
+# max_len and temperature were used whatever the key said; a fresh one's are these)
+_NOW_NONE = {"ranker.max_len": 128, "ranker.temperature": 0.05}
 
 
 def same_setting(cfg, other: Path, named=(), flag: str = "--budget-from") -> None:
@@ -244,6 +248,8 @@ def same_setting(cfg, other: Path, named=(), flag: str = "--budget-from") -> Non
 
     def differs(k: str) -> bool:
         if mine.get(k) == theirs.get(k) or any(k == f or k.startswith(f + ".") for f in free):
+            return False
+        if k in _NOW_NONE and mine.get(k) is None and theirs.get(k) == _NOW_NONE[k]:
             return False
         return not (k not in theirs and k in defaults and mine.get(k) == defaults[k])
 
@@ -306,7 +312,8 @@ def _run_config(method: str, seed: int, budget: int | None, args, demo, sft: Pat
     if method in NEEDS_PRM:
         keys["reward.prm"] = str(args.prm)
         label_tokens = args.label_tokens
-    cfg = TrainConfig.model_validate(with_keys(with_keys(tree, args.overrides), keys))
+    cfg = TrainConfig.model_validate(with_keys(with_keys(tree, args.overrides, TrainConfig,
+                                                         where="--set"), keys))
     return cfg, keys, label_tokens
 
 

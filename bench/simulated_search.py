@@ -167,7 +167,8 @@ def _rl(mode: str, seed: int, budget: int | None, args, demo, world_dir: Path,
                           index_dir=index_dir, out=out, budget_tokens=budget,
                           steps=args.steps if budget is None else 10 * args.steps)
     overrides = getattr(args, "overrides", {})
-    tree = with_keys({**tree, "dtype": args.dtype, "save_every": 1, "keep_last": 1}, overrides)
+    tree = with_keys({**tree, "dtype": args.dtype, "save_every": 1, "keep_last": 1}, overrides,
+                     TrainConfig, where="--set")
     if mode == "simulated":
         tree["simulator"] = {"model": args.sim_model, "noise_start": 0.0, "noise_end": 0.5}
     elif mode == "self":

@@ -402,6 +402,32 @@ def test_budget_from_refuses_a_run_whose_unnamed_settings_differ(tmp_path):
         bench.same_setting(TrainConfig.model_validate(changed), other, named)
     with pytest.raises(SystemExit, match="ranker"):   # a section they lacked, not named
         bench.same_setting(TrainConfig.model_validate(ranked), other, {})
+    # a ranker run written when ranker.max_len / temperature defaulted to 128 / 0.05 (they
+    # are None now: a saved ranker's own) trained as one at None does
+    before = TrainConfig.model_validate(ranked).model_dump(mode="json")
+    before["ranker"].update(max_len=128, temperature=0.05)
+    older = tmp_path / "ranker-result.json"
+    older.write_text(json.dumps({"rollout_tokens": 100, "config": before}))
+    bench.same_setting(TrainConfig.model_validate(ranked), older, {})
+    before["ranker"]["max_len"] = 64   # not the old default: a real difference
+    older.write_text(json.dumps({"rollout_tokens": 100, "config": before}))
+    with pytest.raises(SystemExit, match="ranker.max_len: None here, 64 there"):
+        bench.same_setting(TrainConfig.model_validate(ranked), older, {})
+
+
+def test_a_set_key_does_not_switch_a_section_on_or_get_replaced():
+    from seekrl.config import ConfigError, TrainConfig, with_keys
+
+    tree = {"data": "d", "rollout": {"topk": 3}}
+    with pytest.raises(ConfigError, match="--set: ranker.lr: `ranker` is off"):
+        with_keys(tree, {"ranker.lr": 1e-4}, TrainConfig, where="--set")
+    with pytest.raises(ConfigError, match="--set: simulator.noise_end: `simulator` is off"):
+        with_keys(tree, {"simulator.noise_end": 0.3}, TrainConfig, where="--set")
+    with pytest.raises(ConfigError, match="rollout comes after rollout.topk, which it would "
+                                          "replace"):
+        with_keys(tree, {"rollout.topk": 5, "rollout": {}})
+    out = with_keys(tree, {"ranker": {}, "ranker.lr": 1e-4}, TrainConfig)
+    assert out["ranker"] == {"lr": 1e-4} and tree == {"data": "d", "rollout": {"topk": 3}}
 
 
 def test_final_evaluation_searches_through_the_runs_ranker_with_its_episode_settings(

@@ -543,18 +543,19 @@ def test_serve_names_the_flag_of_a_bad_setting_before_loading_anything(tmp_path,
 def test_serve_refuses_a_simulator_setting_out_of_range():
     from seekrl.retrieval.server import run_server
 
+    # an unbindable host: were the checks gone, this fails instead of serving forever
     with pytest.raises(RetrievalError, match="--words: expected at least 5, got 2"):
-        run_server(None, simulate="smollm2-135m", words=2)
+        run_server(None, simulate="smollm2-135m", words=2, host="256.0.0.1")
     with pytest.raises(RetrievalError, match="--sim-temperature: expected 0"):
-        run_server(None, simulate="smollm2-135m", sim_temperature=-1.0)
+        run_server(None, simulate="smollm2-135m", sim_temperature=-1.0, host="256.0.0.1")
 
 
 @pytest.mark.parametrize("settings, said", [
     ({"simulator": {}, "rollout": {"self_search": True}},
      "simulator: rollout.self_search has the policy write its own documents"),
     ({"rollout": {"self_search": True, "method": "rag"}},
-     "rollout.self_search: it answers the agent's search turns; rollout.method is 'rag'"),
-    ({"simulator": {}, "rollout": {"method": "direct"}}, "simulator: it answers the agent's"),
+     "rollout.self_search: the policy writes .* rollout.method is 'rag'"),
+    ({"simulator": {}, "rollout": {"method": "direct"}}, "simulator: rollout.method direct"),
     ({"reward": {"process": {"decomposition": 1.0}}},
      "reward.process.decomposition: .* rollout.max_queries is 1"),
     ({"reward": {"process": {"decomposition": 1.0}},
@@ -569,6 +570,7 @@ def test_settings_nothing_would_read_are_refused(settings, said):
         check_config(TrainConfig(data="d", **settings))
     check_config(TrainConfig(data="d", reward={"process": {"decomposition": 1.0}},
                              rollout={"max_queries": 3}))
+    check_config(TrainConfig(data="d", simulator={}, rollout={"method": "rag"}))   # it searches
 
 
 def test_a_trained_simulator_given_another_prompt_is_warned_about(tmp_path, tiny):
@@ -599,3 +601,12 @@ def test_a_bad_simulator_model_is_refused_before_the_policy_loads(tmp_path, monk
     monkeypatch.setattr(Trainer, "_build_policy", lambda *a: pytest.fail("policy loaded"))
     with pytest.raises(ConfigError, match="simulator.model: .*no-such-simulator does not exist"):
         Trainer(cfg)
+
+
+def test_the_served_simulators_defaults_are_the_train_configs():
+    from seekrl.config import SimulatorSettings
+    from seekrl.retrieval import simulated
+
+    sim = SimulatorSettings()
+    assert (sim.words, sim.max_new_tokens, sim.temperature) == (
+        simulated.DEFAULT_WORDS, simulated.DEFAULT_MAX_NEW_TOKENS, simulated.DEFAULT_TEMPERATURE)

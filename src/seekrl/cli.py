@@ -200,13 +200,14 @@ def serve(
              "query's documents (simulated search, ZeroSearch)")] = None,
     noise: Annotated[float, typer.Option(
         help="with --simulate: the share of queries answered with noisy documents")] = 0.0,
-    words: Annotated[int, typer.Option(
-        help="with --simulate: the length of a document the simulator is asked for")] = 30,
-    sim_max_new_tokens: Annotated[int, typer.Option(
-        help="with --simulate: tokens the simulator writes per query, all its documents")]
-    = 256,
-    sim_temperature: Annotated[float, typer.Option(
-        help="with --simulate: its sampling temperature (0: greedy)")] = 0.8,
+    words: Annotated[Optional[int], typer.Option(
+        help="with --simulate: the length of a document the simulator is asked for "
+             "(default 30)")] = None,
+    sim_max_new_tokens: Annotated[Optional[int], typer.Option(
+        help="with --simulate: tokens the simulator writes per query, all its documents "
+             "(default 256)")] = None,
+    sim_temperature: Annotated[Optional[float], typer.Option(
+        help="with --simulate: its sampling temperature, 0 greedy (default 0.8)")] = None,
     ranker: Annotated[Optional[str], typer.Option(
         help="reorder the index's top --candidates with a ranker (`seekrl ranker train`'s "
              "final/, or minilm) and answer its best topk")] = None,

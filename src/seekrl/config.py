@@ -734,11 +734,25 @@ def set_dotted(tree: dict, dotted: str, value: Any) -> None:
     node[keys[-1]] = value
 
 
-def with_keys(tree: dict, keys: dict[str, Any]) -> dict:
-    """A copy of `tree` with the dotted `keys` set (the original is left alone)."""
+def with_keys(tree: dict, keys: dict[str, Any], schema: type[BaseModel] | None = None,
+              where: str = "override") -> dict:
+    """A copy of `tree` with the dotted `keys` set in order (the original is left alone).
+    A key that would replace one set before it (`ranker={}` after `ranker.lr`) is refused;
+    with `schema`, so is one that would switch an optional section on by the way
+    (`_check_switches`). `where` names the keys' source in those errors."""
     out = copy.deepcopy(tree)
+    given: list[list[str]] = []
     for dotted, value in keys.items():
+        parts = dotted.split(".")
+        under = next((k for k in given if len(k) > len(parts) and k[:len(parts)] == parts),
+                     None)
+        if under is not None:
+            raise ConfigError(f"{where}: {dotted} comes after {'.'.join(under)}, which it "
+                              f"would replace; give {dotted} first")
         set_dotted(out, dotted, value)
+        given.append(parts)
+    if schema is not None:
+        _check_switches(schema, tree, given, where)
     return out
 
 
@@ -807,7 +821,8 @@ def _section_class(annotation) -> type[BaseModel] | None:
     return None
 
 
-def _check_switches(schema: type[BaseModel], data: dict, given: list[list[str]]) -> None:
+def _check_switches(schema: type[BaseModel], data: dict, given: list[list[str]],
+                    where: str = "command line") -> None:
     """A key given on the command line under a section that is off (null or absent) in the
     config, such as `ranker.lr=1e-4`, would switch the whole section on with its defaults
     for the sake of one setting. A section whose class names a `switch` key (the simulator's
@@ -825,7 +840,7 @@ def _check_switches(schema: type[BaseModel], data: dict, given: list[list[str]])
                 name = ".".join(key[:depth + 1])
                 if [*key[:depth + 1], switch] not in given and key[:depth + 1] not in given:
                     raise ConfigError(
-                        f"command line: {'.'.join(key)}: `{name}` is off in the config, and "
+                        f"{where}: {'.'.join(key)}: `{name}` is off in the config, and "
                         f"one of its keys does not switch it on; give {name}.{switch}=... "
                         f"too (or {name}={{}} for its defaults)")
                 break
@@ -834,13 +849,9 @@ def _check_switches(schema: type[BaseModel], data: dict, given: list[list[str]])
 
 def build_config(schema: type[C], data: dict | None, overrides: list[str] = (),
                  source: str = "config") -> C:
-    tree = copy.deepcopy(data or {})
-    given = []     # the keys set on the command line
-    for text in overrides:
-        key, value = parse_override(text)
-        set_dotted(tree, key, value)
-        given.append(key.split("."))
-    _check_switches(schema, data or {}, given)
+    pairs = [parse_override(text) for text in overrides]
+    given = [key.split(".") for key, _ in pairs]   # the keys set on the command line
+    tree = with_keys(data or {}, dict(pairs), schema, where="command line")
     try:
         return schema.model_validate(tree)
     except ValidationError as err:

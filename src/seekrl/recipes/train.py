@@ -191,8 +191,6 @@ class Trainer:
         self.ranker_updater = None
         if cfg.ranker is not None and retriever is not None:
             retriever = self._ranked(retriever)
-        if cfg.simulator is not None:   # loaded now: a bad simulator.model fails in seconds
-            self._simulator = self._load_simulator()
         self.retriever = retriever
         check_eval_data(cfg.eval)   # read now, not at the first evaluation after training
         check_world_index(cfg.index, cfg.data, cfg.eval.data)
@@ -200,6 +198,8 @@ class Trainer:
             from seekrl.recipes.prm import load_scorer
             prm_scorer = load_scorer(cfg.reward.prm, device=self.device, dtype=cfg.dtype)
         self.prm_scorer = prm_scorer
+        if cfg.simulator is not None:   # loaded now, the cheap checks done: a bad
+            self._simulator = self._load_simulator()   # simulator.model fails in seconds
 
     def _load_simulator(self):
         """The simulated search engine (ZeroSearch) of `simulator`, its decoding loop the
@@ -210,7 +210,7 @@ class Trainer:
 
         sim = self.cfg.simulator
         why = prompt_mismatch(sim.model, topk=self.cfg.rollout.topk, words=sim.words)
-        if why:
+        if why and self.dist.main:
             warnings.warn(f"{why} (rollout.topk, simulator.words)", stacklevel=2)
         try:
             return SimulatedRetriever.from_pretrained(
@@ -1445,20 +1445,17 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
                               "search and self-search have none")
         if cfg.rollout.method == "direct":
             raise ConfigError("ranker: rollout.method direct does not search")
-        if cfg.ranker.candidates < cfg.rollout.topk:
-            raise ConfigError(f"ranker.candidates: the ranker orders {cfg.ranker.candidates} "
-                              f"first-stage documents, fewer than the {cfg.rollout.topk} a "
-                              "search shows (rollout.topk); set at least that many")
-    # simulated search and self-search replace the agent's search turns; their keys would
-    # otherwise be read by nothing
+    # simulated search and self-search stand in for the agent's retriever; set where nothing
+    # would ask them, they are refused rather than loaded and ignored
     if cfg.simulator is not None and cfg.rollout.self_search:
         raise ConfigError("simulator: rollout.self_search has the policy write its own "
                           "documents, so the simulator would never be asked; set one of them")
-    for key, on in (("simulator", cfg.simulator is not None),
-                    ("rollout.self_search", cfg.rollout.self_search)):
-        if on and cfg.rollout.method != "agent":
-            raise ConfigError(f"{key}: it answers the agent's search turns; rollout.method is "
-                              f"{cfg.rollout.method!r} (set rollout.method: agent)")
+    if cfg.simulator is not None and cfg.rollout.method == "direct":
+        raise ConfigError("simulator: rollout.method direct does not search")
+    if cfg.rollout.self_search and cfg.rollout.method != "agent":
+        raise ConfigError(f"rollout.self_search: the policy writes the documents of its own "
+                          f"search turns; rollout.method is {cfg.rollout.method!r} (set "
+                          "rollout.method: agent)")
     if "decomposition" in cfg.reward.process:
         why = ("rollout.max_queries is 1: no search holds several sub-queries"
                if cfg.rollout.max_queries < 2 else

@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 class ServerConfig(BaseModel):
     """Server settings; every limit is checked per request and a violation names it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     default_topk: int = Field(3, ge=1, description="topk when a request leaves it out (Search-R1: 3)")
     max_topk: int = Field(100, ge=1, description="largest topk a request may ask for")
@@ -394,14 +394,15 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
                log_level: str = "info", device: str = "cpu", index_process: bool = True,
                faiss_gpu: bool = False, simulate: str | None = None, noise: float = 0.0,
                ranker: str | None = None, candidates: int = 10, make_decoder=None,
-               words: int = 30, sim_max_new_tokens: int = 256, sim_temperature: float = 0.8,
-               **config: Any) -> None:
+               words: int | None = None, sim_max_new_tokens: int | None = None,
+               sim_temperature: float | None = None, **config: Any) -> None:
     """Load the index in `index_dir` and serve it until interrupted.
 
     With `simulate` (a causal LM: a Hugging Face id or path, or `smollm2-135m`) and no index,
     the model writes each query's documents (retrieval/simulated.py; `noise`: the share of
     queries answered with noisy documents; `words`, `sim_max_new_tokens`, `sim_temperature`:
-    its document length, tokens per query and sampling, as `simulator.*` in training), in the
+    its document length, tokens per query and sampling, as `simulator.*` in training; None:
+    the simulator's defaults), in the
     server's process; requests carry queries alone, so its useful documents come from the
     query, not from a gold answer.
     `make_decoder(model, tokenizer)` gives it a decoder (`seekrl serve` hands in the
@@ -426,22 +427,24 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
                              "one of the two")
     if not 0 <= noise <= 1:
         raise RetrievalError(f"--noise: expected a probability from 0 to 1, got {noise}")
+    sim_settings = {"words": words, "max_new_tokens": sim_max_new_tokens,
+                    "temperature": sim_temperature}
+    flags = {"words": "--words", "max_new_tokens": "--sim-max-new-tokens",
+             "temperature": "--sim-temperature"}
     if simulate is None:
-        given = [flag for flag, value, default in (
-            ("--noise", noise, 0.0), ("--words", words, 30),
-            ("--sim-max-new-tokens", sim_max_new_tokens, 256),
-            ("--sim-temperature", sim_temperature, 0.8)) if value != default]
+        given = ["--noise"] * (noise != 0) + [flags[k] for k, v in sim_settings.items()
+                                              if v is not None]
         if given:
             raise RetrievalError(f"{', '.join(given)}: settings of a simulated engine "
                                  "(--simulate); an index has none")
-    else:
-        for flag, value, low in (("--words", words, 5), ("--sim-max-new-tokens",
-                                                          sim_max_new_tokens, 8)):
-            if value < low:
-                raise RetrievalError(f"{flag}: expected at least {low}, got {value}")
-        if not math.isfinite(sim_temperature) or sim_temperature < 0:
-            raise RetrievalError(f"--sim-temperature: expected 0 (greedy) or more, got "
-                                 f"{sim_temperature}")
+    for key, low in (("words", 5), ("max_new_tokens", 8)):
+        if sim_settings[key] is not None and sim_settings[key] < low:
+            raise RetrievalError(f"{flags[key]}: expected at least {low}, got "
+                                 f"{sim_settings[key]}")
+    if sim_temperature is not None and not (math.isfinite(sim_temperature)
+                                            and sim_temperature >= 0):
+        raise RetrievalError(f"--sim-temperature: expected 0 (greedy) or more, got "
+                             f"{sim_temperature}")
     if ranker is not None and simulate is not None:
         raise RetrievalError("serve: --ranker orders an index's candidates; a simulated engine "
                              "has none")
@@ -456,14 +459,18 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
             index_process = False
     sock = bind_socket(host, port)          # so is the port, and it stays ours meanwhile
     if simulate is not None:
-        from seekrl.retrieval.simulated import SimulatedRetriever, prompt_mismatch
+        from seekrl.retrieval.simulated import (
+            DEFAULT_WORDS,
+            SimulatedRetriever,
+            prompt_mismatch,
+        )
 
-        why = prompt_mismatch(simulate, topk=None, words=words)
+        chosen = {k: v for k, v in sim_settings.items() if v is not None}
+        why = prompt_mismatch(simulate, topk=None, words=chosen.get("words", DEFAULT_WORDS))
         if why:
             warnings.warn(f"{why} (--words)", stacklevel=2)
         retriever = SimulatedRetriever.from_pretrained(
-            simulate, device=device, noise=noise, make_decoder=make_decoder, words=words,
-            max_new_tokens=sim_max_new_tokens, temperature=sim_temperature)
+            simulate, device=device, noise=noise, make_decoder=make_decoder, **chosen)
         manifest = {"type": "simulated", "model": simulate, "noise": noise}
         doc_count, index_dir = 0, f"simulated search ({simulate})"
     elif index_process:

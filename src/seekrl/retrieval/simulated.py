@@ -131,6 +131,10 @@ def noise_probability(step: float, total: float, start: float, end: float,
 
 
 SIMULATOR_FILE = "simulator.json"   # in a `seekrl simulator train` final/: its prompt settings
+# a simulator's defaults (`simulator:` in a train config has its own, the same)
+DEFAULT_WORDS = 30             # asked-for length of a document
+DEFAULT_MAX_NEW_TOKENS = 256   # tokens written per query, all its documents
+DEFAULT_TEMPERATURE = 0.8
 
 
 def prompt_mismatch(model: str, *, topk: int | None, words: int) -> str | None:
@@ -140,7 +144,10 @@ def prompt_mismatch(model: str, *, topk: int | None, words: int) -> str | None:
     saved = Path(model) / SIMULATOR_FILE
     if not saved.is_file():
         return None
-    trained = json.loads(saved.read_text(encoding="utf-8"))
+    try:
+        trained = json.loads(saved.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        return f"simulator {model}: {saved} cannot be read ({err}), so its prompt is unknown"
     asked = {"topk": topk, "words": words}
     off = [f"{key} {asked[key]} (trained with {trained[key]})" for key in ("topk", "words")
            if asked[key] is not None and key in trained and trained[key] != asked[key]]
@@ -165,8 +172,10 @@ class SimulatedRetriever:
     `retrieval/` sits below `agent/` (a decoder is handed in, not looked up). `engine` says
     which decodes: the decoder's `name`, or `generate`."""
 
-    def __init__(self, model, tokenizer, *, noise: float = 0.0, max_new_tokens: int = 256,
-                 temperature: float = 0.8, batch_size: int = 16, words: int = 30,
+    def __init__(self, model, tokenizer, *, noise: float = 0.0,
+                 max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+                 temperature: float = DEFAULT_TEMPERATURE, batch_size: int = 16,
+                 words: int = DEFAULT_WORDS,
                  seed: int = 0, decoder: Callable[[list[str], int, float], list[str]]
                  | None = None):
         if not 0 <= noise <= 1:
