@@ -432,6 +432,38 @@ def test_a_resumed_simulator_run_draws_what_the_uninterrupted_one_did(tmp_path, 
     assert resumed == straight
 
 
+def test_the_simulators_counts_are_summed_over_the_processes(tmp_path, tiny, monkeypatch):
+    """Each process's simulator answers its own rollouts: the logged totals are their sum,
+    and the checkpoint keeps that sum (resumed into rank 0; the other ranks count from 0)."""
+    from conftest import build_world_and_index
+
+    from seekrl.config import TrainConfig
+    from seekrl.recipes.train import Trainer
+
+    model, tok = tiny
+    _, paths, index_dir = build_world_and_index(tmp_path / "w", seed=4, entities=200,
+                                                n_train=8, n_dev=4, n_test=4)
+    model.save_pretrained(tmp_path / "sim")
+    tok.save_pretrained(tmp_path / "sim")
+    cfg = TrainConfig(data=str(paths["train"]), index=str(index_dir), out=str(tmp_path / "run"),
+                      steps=1, questions_per_step=2, group_size=2, save_every=1,
+                      rollout={"max_turns": 2, "max_new_tokens": 16},
+                      simulator={"model": str(tmp_path / "sim"), "max_new_tokens": 8})
+    trainer = Trainer(cfg, model=model, tokenizer=tok)
+    script = SearchOnce(tok)
+    trainer._generation_backend = lambda: script
+    # as if a second process had answered as many queries as this one
+    monkeypatch.setattr(type(trainer.dist), "sum_values",
+                        lambda self, v: {k: 2 * x for k, x in v.items()})
+    record = trainer.step(1)
+    own = trainer._simulator.stats["queries"]
+    assert own > 0 and record["simulator_queries_total"] == 2 * own
+    trainer.train()
+    meta = json.loads(next((tmp_path / "run" / "checkpoints").glob("step-*/trainer.json"))
+                      .read_text())
+    assert meta["simulator_stats"]["queries"] == trainer._simulator_totals["queries"] >= 2 * own
+
+
 def test_a_simulator_run_needs_no_index_for_its_rollouts(tmp_path, tiny):
     from conftest import build_world_and_index
 

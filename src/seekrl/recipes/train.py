@@ -122,6 +122,8 @@ from seekrl.rl.step_batch import Rewards, StepBatch
 from seekrl.runtime import peak_rss_mb
 
 RewardFn = Callable[[Trajectory], RewardParts]
+# what a simulator counts (SimulatedRetriever.stats), logged as simulator_<count>_total
+_SIMULATOR_COUNTS = ("queries", "noisy", "malformed", "empty", "short")
 
 
 class Trainer:
@@ -148,6 +150,7 @@ class Trainer:
         self.console = console if self.dist.main else None
         self._backend: Backend | None = None   # built on first use (see _generation_backend)
         self._simulator = None                 # simulated search's engine (_open_inputs)
+        self._simulator_totals: dict[str, int] = {}   # its counts over every process
         why = backend_refusal(cfg.rollout.backend, "train", processes=self.dist.world)
         if why:
             raise ConfigError(f"rollout.backend {cfg.rollout.backend}: {why}")
@@ -519,14 +522,13 @@ class Trainer:
                       **{f"process_{k}": round(v, 4)
                          for k, v in sorted(draws.process_stats.items())})
         varied, multi, solved = signal
-        if self._simulator is not None:   # the curriculum's noise and what the engine wrote
-            stats = self._simulator.stats
-            record.update(simulator_noise=round(self._simulator.noise, 4),
-                          simulator_queries_total=stats["queries"],
-                          simulator_noisy_total=stats["noisy"],
-                          simulator_malformed_total=stats["malformed"],
-                          simulator_empty_total=stats["empty"],
-                          simulator_short_total=stats["short"])
+        if self._simulator is not None:   # the curriculum's noise and what the engines wrote,
+            # summed over the processes (each rank's simulator answers its own rollouts)
+            own = self._simulator.stats
+            self._simulator_totals = {k: int(v) for k, v in self.dist.sum_values(
+                {k: own[k] for k in _SIMULATOR_COUNTS}).items()}
+            record["simulator_noise"] = round(self._simulator.noise, 4)
+            record.update({f"simulator_{k}_total": v for k, v in self._simulator_totals.items()})
         record["groups_with_signal"] = round(varied / multi, 4) if multi else None
         record["groups_solved"] = round(solved / multi, 4) if multi else None
         if self.dist.main:
@@ -996,7 +998,7 @@ class Trainer:
             "step": step, "monitor": self.monitor.state_dict(),
             "healthy_checkpoint": self.healthy_checkpoint,
             "rollout_tokens": self.rollout_tokens, "questions_drawn": self.questions_drawn,
-            "simulator_stats": dict(self._simulator.stats) if self._simulator else {}}))
+            "simulator_stats": self._simulator_totals}))
         if (tmp / "shards").is_dir():
             fsync_dir(tmp / "shards", files=False)   # dcp flushed the files themselves
         fsync_dir(tmp)
@@ -1042,9 +1044,13 @@ class Trainer:
                               "saving and evaluating the final model"))
         self.rollout_tokens = int(meta.get("rollout_tokens", 0))
         self.questions_drawn = int(meta.get("questions_drawn", 0))
-        if self._simulator is not None:   # the totals go on from the checkpoint's
+        # the simulators' totals go on from the checkpoint's: rank 0 holds them, the other
+        # ranks count from 0, and the step's sum over the ranks is the total again
+        self._simulator_totals = dict(meta.get("simulator_stats", {}))
+        if self._simulator is not None:
             self._simulator.stats.clear()
-            self._simulator.stats.update(meta.get("simulator_stats", {}))
+            if self.dist.main:
+                self._simulator.stats.update(self._simulator_totals)
         self.monitor.load_state_dict(meta["monitor"])
         self.healthy_checkpoint = meta.get("healthy_checkpoint")
         # drop the log and alert lines of steps after the checkpoint: they are about to be
