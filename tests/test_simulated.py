@@ -545,6 +545,10 @@ def test_a_simulated_engine_answers_the_search_r1_schema():
     assert r.status_code == 200
     (hits,) = r.json()["result"]
     assert [h["document"]["contents"].split("\n")[0] for h in hits] == ["Tarrow", "Kelbaan"]
+    # what the engine wrote, on /health: a topk beyond its documents shows as short
+    client.post("/retrieve", json={"queries": ["Tarrow"], "topk": 9})
+    counts = client.get("/health").json()["simulator"]
+    assert counts["queries"] == 2 and counts["short"] == 1 and counts["malformed"] == 0
 
 
 def test_serve_takes_an_index_or_a_simulator_not_both_nor_neither(tmp_path):

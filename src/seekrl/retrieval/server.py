@@ -25,6 +25,7 @@ import math
 import socket
 import time
 import warnings
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -331,10 +332,13 @@ def create_app(retriever: Retriever, manifest: dict | None = None,
 
     app.openapi = openapi
 
+    counts = getattr(retriever, "stats", None)   # a simulated engine's: what it wrote
+
     @app.get("/health")
     async def health() -> Response:
         return _json_response({
             "status": "ok",
+            **({"simulator": dict(counts)} if isinstance(counts, Counter) else {}),
             "manifest": manifest or {},
             "doc_count": getattr(retriever, "doc_count", (manifest or {}).get("doc_count")),
             "uptime_s": round(time.time() - started, 3),
