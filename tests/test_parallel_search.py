@@ -78,7 +78,7 @@ def test_split_queries_round_trips_and_never_raises(queries, limit):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.text(max_size=40), st.integers(1, 8))
+@given(st.text(max_size=40) | st.text("ab #\n", max_size=20), st.integers(1, 8))
 def test_split_queries_of_any_text_is_queries_or_a_reason(text, limit):
     got, problem = split_queries(text, limit)
     assert (problem is None) == bool(got)
@@ -151,6 +151,58 @@ def test_a_malformed_multi_query_turn_is_corrected_and_not_searched(tiny):
     assert not t.valid_format
 
 
+class PerQuestion(Backend):
+    """Each episode its own first turn, picked by a word of its question; an answer once a
+    block was shown."""
+
+    def __init__(self, tok, first: dict[str, str]):
+        self.tok, self.first = tok, first
+
+    def generate(self, contexts, max_new_tokens, sampling, keys=None):
+        out = []
+        for c in contexts:
+            text = self.tok.decode(c)
+            turn = "<answer> x </answer>" if "</information>" in text.rsplit("assistant", 1)[-1] \
+                else next(v for k, v in self.first.items() if k in text)
+            out.append(self.tok.encode(turn, add_special_tokens=False))
+        return out
+
+
+def test_each_episodes_sub_queries_get_their_own_documents_from_the_one_call(tiny):
+    """Different episodes ask different sub-queries in the same turn: the one batched call
+    holds them all, in order, and each step gets back the hits of its own."""
+    _, tok = tiny
+    backend = PerQuestion(tok, {"Zeta": "<search> Tarrow a ## Other b </search>",
+                                "Omega": "<search> Kelbaan c </search>"})
+    docs = Docs()
+    engine = RolloutEngine(backend, tok, docs, RolloutConfig(max_turns=3, topk=1, max_queries=2))
+    first, second = engine.run([QAExample("z", "Which is larger, Zeta or Eta?", ["x"]),
+                                QAExample("o", "Where is Omega?", ["x"])])
+    assert docs.calls == [["Tarrow a", "Other b", "Kelbaan c"]]
+    assert first.steps[0].sub_hits == [["d-t"], ["d-o"]] and first.steps[0].hits == ["d-t", "d-o"]
+    assert second.steps[0].sub_queries == [] and second.steps[0].hits == ["d-k"]
+    assert "Kelbaan" not in _block(tok, first, 0) and "Tarrow" not in _block(tok, second, 0)
+
+
+@pytest.mark.parametrize("bad, said", [("a ## ## b", "empty sub-query"),
+                                       ("a ## b ##", "empty sub-query"),
+                                       ("a ## b ## c", "3 sub-queries; at most 2")])
+def test_a_malformed_turn_beside_a_valid_one_is_corrected_and_only_the_valid_searched(
+        tiny, bad, said):
+    _, tok = tiny
+    backend = PerQuestion(tok, {"Zeta": f"<search> {bad} </search>",
+                                "Omega": "<search> Kelbaan c ## Tarrow d </search>"})
+    docs = Docs()
+    engine = RolloutEngine(backend, tok, docs, RolloutConfig(max_turns=3, topk=1, max_queries=2))
+    broken, fine = engine.run([QAExample("z", "Which is larger, Zeta or Eta?", ["x"]),
+                               QAExample("o", "Where is Omega?", ["x"])])
+    assert docs.calls == [["Kelbaan c", "Tarrow d"]]
+    s = broken.steps[0]
+    assert s.action == "invalid" and s.query is None and s.hits == [] and broken.n_searches == 0
+    assert said in _block(tok, broken, 0)
+    assert fine.steps[0].action == "search" and fine.steps[0].sub_hits == [["d-k"], ["d-t"]]
+
+
 def test_with_one_query_a_separator_is_just_text(tiny):
     _, tok = tiny
     backend = Script(tok, ["<search> Tarrow ## Kelbaan </search>", "<answer> x </answer>"])
@@ -202,11 +254,31 @@ def test_redundancy_judges_each_sub_query_against_everything_before_it():
     assert row == [0.0, (-1.0 + -0.5) / 2]
 
 
-def test_turn_cost_counts_model_turns():
-    t = _traj([_search(["t", "k"], [["d-t"], ["d-k"]]), Step(0, 0, "answer", answer="x")])
-    t.answer, t.finish_reason = "x", "answer"
-    assert episode_reward(t, turn_cost=0.05).total == pytest.approx(1.0 - 0.1)
-    assert episode_reward(t).total == 1.0
+def test_turn_cost_counts_model_turns_not_sub_queries():
+    answer = Step(0, 0, "answer", answer="x")
+    together = _traj([_search(["t", "k"], [["d-t"], ["d-k"]]), answer])
+    apart = _traj([_search(["t"], [["d-t"]]), _search(["k"], [["d-k"]]), answer])
+    for t in (together, apart):
+        t.answer, t.finish_reason = "x", "answer"
+    assert episode_reward(together, turn_cost=0.05).total == pytest.approx(1.0 - 0.10)
+    assert episode_reward(apart, turn_cost=0.05).total == pytest.approx(1.0 - 0.15)
+    assert episode_reward(together).total == 1.0
+
+
+def test_the_trainer_charges_reward_turn_cost(tmp_path, tiny):
+    from seekrl.config import TrainConfig
+    from seekrl.recipes.train import Trainer
+
+    model, tok = tiny
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"id": "q", "question": "q?", "golden_answers": ["x"]}) + "\n")
+    cfg = TrainConfig(data=str(data), out=str(tmp_path / "run"), rollout={"method": "direct"},
+                      reward={"turn_cost": 0.05})
+    trainer = Trainer(cfg, model=model, tokenizer=tok)
+    apart = _traj([_search(["t"], [["d-t"]]), _search(["k"], [["d-k"]]),
+                   Step(0, 0, "answer", answer="x")])
+    apart.answer, apart.finish_reason = "x", "answer"
+    assert trainer.reward_fn(apart).total == pytest.approx(episode_reward(apart).total - 0.15)
 
 
 # ---- the oracle

@@ -307,6 +307,49 @@ def test_the_ranker_trains_with_the_agent_and_resumes_where_it_stopped(tmp_path,
     assert fresh != pytest.approx(through, abs=1e-4)   # it did learn
 
 
+def test_the_ranker_learns_each_step_from_the_candidates_it_gave_labelled_by_gold(
+        tmp_path, tiny, tiny_encoder):
+    """What the ranker trained with the agent learns from: each search's whole candidate
+    pool (the `candidates` first-stage documents, not only the top k shown), labelled 1
+    where the document is a gold one of the episode's question; the update lowers the
+    listwise loss on exactly those examples."""
+    from conftest import build_world_and_index
+
+    from seekrl.recipes.ranker import listwise_loss
+    from seekrl.recipes.train import Trainer
+
+    _, paths, index_dir = build_world_and_index(tmp_path / "w", seed=4, entities=200,
+                                                n_train=8, n_dev=2, n_test=2)
+    model, tok = tiny
+    cfg = _rl_config(tmp_path, paths, index_dir, tiny_encoder, out="spy")
+    trainer = Trainer(cfg, model=copy_model(model), tokenizer=tok)
+    _force_searches(trainer)
+    gold = {q.metadata["chain"][0]["query"]: set(q.metadata["gold_doc_ids"])
+            for q in trainer.questions}
+    ranker, real_update, got = trainer.retriever.ranker, trainer.ranker_updater.update, []
+
+    def loss(examples):
+        scores = ranker.score([q for q, _, _ in examples], [p for _, p, _ in examples])
+        return float(listwise_loss([torch.tensor(x) for x in scores],
+                                   [y for _, _, y in examples]))
+
+    def spy(examples, *a, **k):
+        got.extend(examples)
+        before = loss(examples)
+        out = real_update(examples, *a, **k)
+        got.append(("losses", before, loss(examples)))
+        return out
+
+    trainer.ranker_updater.update = spy
+    trainer.step(1)
+    *examples, (_, before, after) = got
+    assert examples
+    for query, pool, labels in examples:
+        assert len(pool) == cfg.ranker.candidates > cfg.rollout.topk
+        assert labels == [int(h.doc_id in gold[query]) for h in pool] and 0 < sum(labels)
+    assert after < before
+
+
 def _through_and_resumed(tmp_path, tiny, retriever_type, config) -> dict:
     """Train with the ranker twice, straight through and stopped after step 1 then resumed
     (every step with searches the ranker learns from); the final rankers by run."""
@@ -396,9 +439,9 @@ def test_a_ranker_in_rl_needs_a_real_retriever(tmp_path):
     from seekrl.config import ConfigError, TrainConfig
     from seekrl.recipes.train import check_config
 
-    cfg = TrainConfig(data="d", index="i", ranker={}, rollout={"self_search": True})
-    with pytest.raises(ConfigError, match="ranker"):
-        check_config(cfg)
+    for other in ({"rollout": {"self_search": True}}, {"simulator": {}}):
+        with pytest.raises(ConfigError, match="ranker: it orders a real retriever's"):
+            check_config(TrainConfig(data="d", index="i", ranker={}, **other))
     check_config(TrainConfig(data="d", index="i", ranker={"candidates": 2},
                              rollout={"topk": 3}))   # the first stage gives max(k, candidates)
 

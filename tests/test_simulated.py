@@ -134,6 +134,14 @@ def test_the_simulator_turns_its_text_into_hits_and_counts_what_went_wrong():
     assert all("Question:" not in p for p in sim.prompts)   # search() knows queries alone
 
 
+def test_the_noise_is_drawn_query_by_query_within_one_call():
+    sim = Scripted([GOOD], noise=0.5)
+    sim.search(["q"] * 200, 2)
+    kinds = ["must not contain" in p for p in sim.prompts]
+    assert 60 < sim.stats[NOISY] < 140 and sum(kinds) == sim.stats[NOISY]
+    assert sim.stats[USEFUL] + sim.stats[NOISY] == 200
+
+
 def test_noise_draws_per_query_and_context_reaches_the_useful_prompt():
     sim = Scripted([GOOD], noise=1.0)
     sim.search_with_context(["q1", "q2"], 2, ["Where?", "Who?"], ["Tarrow", None])
@@ -287,6 +295,36 @@ def test_self_search_the_policy_writes_the_block_and_none_of_it_is_trained(tiny)
     assert s.info_generated == written and t.n_decoded == t.n_generated + written
     (cont,) = engine.continue_from([(t, 1)], 1)[0]   # a continuation's prefix includes it
     assert cont.prefix_tokens == sum(t.loss_mask[:s.info_end]) + written
+
+
+class WithLogprobs(Script):
+    """A backend that keeps to `max_new_tokens` and reports log-probs, as a real one does."""
+
+    def generate(self, contexts, max_new_tokens, sampling, keys=None):
+        from seekrl.agent.backends import Generated
+
+        outs = super().generate(contexts, max_new_tokens, sampling, keys)
+        return [Generated(o[:max_new_tokens], [-0.5] * len(o[:max_new_tokens])) for o in outs]
+
+
+def test_a_self_written_block_is_cut_at_its_budget_closed_by_the_engine_and_untrained(tiny):
+    """The policy never closes its block: it is cut at `max_info_tokens` (the tags
+    included), the environment closes it, none of it is trained, and the rollout
+    log-probs are those of the policy's own turns alone."""
+    _, tok = tiny
+    backend = WithLogprobs(tok, ["<search> Tarrow size </search>",
+                                 "Doc 1 (Title: A) " + "word " * 300, "<answer> x </answer>"])
+    engine = RolloutEngine(backend, tok, None, RolloutConfig(max_turns=3, self_search=True,
+                                                             max_info_tokens=64))
+    (t,) = engine.run([QAExample("a", "How big is Tarrow?", ["x"])])
+    t.check()
+    s = t.steps[0]
+    assert t.rollout_logprobs is not None and len(t.rollout_logprobs) == sum(t.loss_mask)
+    assert s.info_end - s.info_start <= 64 and set(t.loss_mask[s.info_start:s.info_end]) == {0}
+    block = tok.decode(t.token_ids[s.info_start:s.info_end])
+    assert block.startswith("\n\n<information>Doc 1 (Title: A) word") \
+        and block.endswith("word</information>\n\n")
+    assert s.info_generated == backend.calls[1][1] < 64 and t.answer == "x"
 
 
 def test_self_search_needs_no_retriever_but_a_real_search_does(tiny):
@@ -464,6 +502,45 @@ def test_the_simulators_counts_are_summed_over_the_processes(tmp_path, tiny, mon
     assert meta["simulator_stats"]["queries"] == trainer._simulator_totals["queries"] >= 2 * own
 
 
+@pytest.mark.parametrize("mode", ["simulator", "self_search"])
+def test_evaluation_searches_the_real_index_whatever_the_rollouts_search(tmp_path, tiny,
+                                                                        monkeypatch, mode):
+    from conftest import build_world_and_index
+
+    import seekrl.recipes.train as train_mod
+    from seekrl.config import TrainConfig
+    from seekrl.recipes.train import Trainer
+    from seekrl.retrieval.simulated import SimulatedRetriever
+
+    model, tok = tiny
+    _, paths, index_dir = build_world_and_index(tmp_path / "w", seed=4, entities=200,
+                                                n_train=4, n_dev=2, n_test=2)
+    model.save_pretrained(tmp_path / "sim")
+    tok.save_pretrained(tmp_path / "sim")
+    extra = {"simulator": {"model": str(tmp_path / "sim")}} if mode == "simulator" \
+        else {"rollout": {"self_search": True}}
+    cfg = TrainConfig(data=str(paths["train"]), index=str(index_dir), out=str(tmp_path / "run"),
+                      eval={"data": str(paths["dev"]), "n": 2}, **extra)
+    trainer = Trainer(cfg, model=model, tokenizer=tok)
+    seen = []
+
+    def fake_eval(model, tok, retriever, *a, **k):
+        seen.append(retriever)
+        return {"average": {"em": 0.0, "f1": 0.0, "valid_format": 1.0, "searches": 1.0,
+                            "questions": 2}}
+
+    monkeypatch.setattr(train_mod, "eval_policy", fake_eval)
+    trainer.evaluate(tmp_path / "ev")
+    (used,) = seen
+    assert used is trainer.retriever and not isinstance(used, SimulatedRetriever)
+    from seekrl.data.qa import read_qa_jsonl
+
+    hits = used.search([read_qa_jsonl(paths["dev"])[0].question], 2)[0]
+    assert hits and not any(h.doc_id.startswith("sim-") for h in hits)   # the corpus's own
+    if mode == "simulator":
+        assert trainer._rollout_retriever(0) is trainer._simulator is not used
+
+
 def test_a_simulator_run_needs_no_index_for_its_rollouts(tmp_path, tiny):
     from conftest import build_world_and_index
 
@@ -594,9 +671,8 @@ def test_serve_refuses_a_simulator_setting_out_of_range():
     ({"simulator": {}, "rollout": {"method": "direct"}}, "simulator: rollout.method direct"),
     ({"reward": {"process": {"decomposition": 1.0}}},
      "reward.process.decomposition: .* rollout.max_queries is 1"),
-    ({"reward": {"process": {"decomposition": 1.0}},
-      "rollout": {"max_queries": 3, "self_search": True}},
-     "reward.process.decomposition: .* rollout.self_search"),
+    ({"rollout": {"max_queries": 3, "self_search": True}},
+     "rollout.self_search: the policy writes one information block a search"),
 ])
 def test_settings_nothing_would_read_are_refused(settings, said):
     from seekrl.config import ConfigError, TrainConfig

@@ -1462,14 +1462,14 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
         raise ConfigError(f"rollout.self_search: the policy writes the documents of its own "
                           f"search turns; rollout.method is {cfg.rollout.method!r} (set "
                           "rollout.method: agent)")
-    if "decomposition" in cfg.reward.process:
-        why = ("rollout.max_queries is 1: no search holds several sub-queries"
-               if cfg.rollout.max_queries < 2 else
-               "rollout.self_search: the policy's own blocks name no gold documents"
-               if cfg.rollout.self_search else None)
-        if why:
-            raise ConfigError(f"reward.process.decomposition: it scores searches of several "
-                              f"sub-queries by the gold documents they find, but {why}")
+    if cfg.rollout.self_search and cfg.rollout.max_queries > 1:
+        raise ConfigError("rollout.self_search: the policy writes one information block a "
+                          "search, not one per sub-query; rollout.max_queries "
+                          f"{cfg.rollout.max_queries} would offer ## it cannot answer (set 1)")
+    if "decomposition" in cfg.reward.process and cfg.rollout.max_queries < 2:
+        raise ConfigError("reward.process.decomposition: it scores searches of several "
+                          "sub-queries by the gold documents they find, but "
+                          "rollout.max_queries is 1: no search holds several")
 
 
 def _explained_variance(values, returns, mask) -> float:
