@@ -318,6 +318,8 @@ def test_invalid_turns_get_no_positive_advantage():
     ("optim=3", "optim"),
     ("reward.turn_cost=.inf", "reward.turn_cost"),        # no setting is unbounded by inf
     ("rollout.temperature=.nan", "rollout.temperature"),
+    ("steps=true", "steps"),                              # a slip, not 1
+    ("rollout.max_queries=true", "rollout.max_queries"),
     # one key of an optional section that is off would switch it all on
     ("ranker.lr=1e-4", "ranker.lr"),
     ("simulator.noise_end=0.7", "simulator.noise_end"),

@@ -46,6 +46,17 @@ class Strict(BaseModel):
     # nan weight or schedule poisons a run silently
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_yes_for_numbers(cls, value: Any, info) -> Any:
+        """`steps: true` is a slip, not 1: a number field takes no true / false."""
+        if isinstance(value, bool) and info.field_name in cls.model_fields:
+            annotation = cls.model_fields[info.field_name].annotation
+            kinds = set(get_args(annotation)) or {annotation}
+            if bool not in kinds and kinds & {int, float}:
+                raise ValueError(f"expected a number, got {value}")
+        return value
+
 
 class LoRAConfig(Strict):
     enabled: bool = False
