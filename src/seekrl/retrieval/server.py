@@ -405,10 +405,9 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
     With `simulate` (a causal LM: a Hugging Face id or path, or `smollm2-135m`) and no index,
     the model writes each query's documents (retrieval/simulated.py; `noise`: the share of
     queries answered with noisy documents; `words`, `sim_max_new_tokens`, `sim_temperature`:
-    its document length, tokens per query and sampling, as `simulator.*` in training; None:
-    the simulator's defaults), in the
-    server's process; requests carry queries alone, so its useful documents come from the
-    query, not from a gold answer.
+    its document length, tokens per query and sampling, as `simulator.*` in training, None
+    the simulator's defaults), in the server's process; requests carry queries alone, so its
+    useful documents come from the query, not from a gold answer.
     `make_decoder(model, tokenizer)` gives it a decoder (`seekrl serve` hands in the
     rollout engine's loop, `agent.backends.text_decoder`; None: `model.generate`).
 
@@ -475,7 +474,9 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
             warnings.warn(f"{why} (--words)", stacklevel=2)
         retriever = SimulatedRetriever.from_pretrained(
             simulate, device=device, noise=noise, make_decoder=make_decoder, **chosen)
-        manifest = {"type": "simulated", "model": simulate, "noise": noise}
+        manifest = {"type": "simulated", "model": simulate, "noise": noise,
+                    "words": retriever.words, "max_new_tokens": retriever.max_new_tokens,
+                    "temperature": retriever.temperature}
         doc_count, index_dir = 0, f"simulated search ({simulate})"
     elif index_process:
         retriever = IndexProcess(index_dir, device=device, faiss_gpu=faiss_gpu)
