@@ -334,17 +334,25 @@ def test_self_search_needs_no_retriever_but_a_real_search_does(tiny):
 
 
 # ---- the trainer: rollouts simulated, evaluation on the real index
-def test_a_training_step_with_a_simulator_follows_the_curriculum(tmp_path, tiny):
+def _sim_lab(tmp_path, tiny):
+    """A small world and its index, and the tiny model saved as a simulator in `sim/`."""
     from conftest import build_world_and_index
-
-    from seekrl.config import TrainConfig
-    from seekrl.recipes.train import Trainer
 
     model, tok = tiny
     _, paths, index_dir = build_world_and_index(tmp_path / "w", seed=4, entities=200,
                                                 n_train=8, n_dev=4, n_test=4)
     model.save_pretrained(tmp_path / "sim")
     tok.save_pretrained(tmp_path / "sim")
+    return paths, index_dir
+
+
+def test_a_training_step_with_a_simulator_follows_the_curriculum(tmp_path, tiny):
+
+    from seekrl.config import TrainConfig
+    from seekrl.recipes.train import Trainer
+
+    model, tok = tiny
+    paths, index_dir = _sim_lab(tmp_path, tiny)
     cfg = TrainConfig(data=str(paths["train"]), index=str(index_dir), out=str(tmp_path / "run"),
                       steps=2, questions_per_step=2, group_size=2, save_every=0,
                       rollout={"max_turns": 2, "max_new_tokens": 8},
@@ -430,16 +438,12 @@ def test_a_resumed_simulator_run_draws_what_the_uninterrupted_one_did(tmp_path, 
     """The simulator's useful/noisy draws and generation seeds come from each step's seed,
     and its totals are kept with the checkpoint: a run resumed after step 1 logs step 2 as
     the straight run did (they restarted from step 1's stream, the totals from zero)."""
-    from conftest import build_world_and_index
 
     from seekrl.config import TrainConfig
     from seekrl.recipes.train import Trainer
 
     model, tok = tiny
-    _, paths, index_dir = build_world_and_index(tmp_path / "w", seed=4, entities=200,
-                                                n_train=8, n_dev=4, n_test=4)
-    model.save_pretrained(tmp_path / "sim")
-    tok.save_pretrained(tmp_path / "sim")
+    paths, index_dir = _sim_lab(tmp_path, tiny)
     start = {k: v.clone() for k, v in model.state_dict().items()}
 
     def cfg(out):
@@ -473,16 +477,12 @@ def test_a_resumed_simulator_run_draws_what_the_uninterrupted_one_did(tmp_path, 
 def test_the_simulators_counts_are_summed_over_the_processes(tmp_path, tiny, monkeypatch):
     """Each process's simulator answers its own rollouts: the logged totals are their sum,
     and the checkpoint keeps that sum (resumed into rank 0; the other ranks count from 0)."""
-    from conftest import build_world_and_index
 
     from seekrl.config import TrainConfig
     from seekrl.recipes.train import Trainer
 
     model, tok = tiny
-    _, paths, index_dir = build_world_and_index(tmp_path / "w", seed=4, entities=200,
-                                                n_train=8, n_dev=4, n_test=4)
-    model.save_pretrained(tmp_path / "sim")
-    tok.save_pretrained(tmp_path / "sim")
+    paths, index_dir = _sim_lab(tmp_path, tiny)
     cfg = TrainConfig(data=str(paths["train"]), index=str(index_dir), out=str(tmp_path / "run"),
                       steps=1, questions_per_step=2, group_size=2, save_every=1,
                       rollout={"max_turns": 2, "max_new_tokens": 16},
