@@ -6,6 +6,7 @@ self-search tokens are trained."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from fastapi.testclient import TestClient
@@ -657,10 +658,12 @@ def test_serve_refuses_a_simulator_setting_out_of_range():
     from seekrl.retrieval.server import run_server
 
     # an unbindable host: were the checks gone, this fails instead of serving forever
-    with pytest.raises(RetrievalError, match="--words: expected at least 5, got 2"):
-        run_server(None, simulate="smollm2-135m", words=2, host="256.0.0.1")
-    with pytest.raises(RetrievalError, match="--sim-temperature: expected 0"):
-        run_server(None, simulate="smollm2-135m", sim_temperature=-1.0, host="256.0.0.1")
+    for kwargs, said in ((dict(words=2), r"--words: .*greater than or equal to 5 \(got 2\)"),
+                         (dict(sim_max_new_tokens=4), r"--sim-max-new-tokens: .*equal to 8"),
+                         (dict(sim_temperature=-1.0), r"--sim-temperature: .*equal to 0"),
+                         (dict(sim_temperature=math.inf), r"--sim-temperature: .*finite")):
+        with pytest.raises(RetrievalError, match=said):
+            run_server(None, simulate="smollm2-135m", host="256.0.0.1", **kwargs)
 
 
 @pytest.mark.parametrize("settings, said", [

@@ -422,6 +422,7 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
     """
     import uvicorn
 
+    from seekrl.config import SimulatorSettings  # the bounds of training's simulator.* keys
     from seekrl.retrieval.index import load_index
 
     server_config = server_settings(config)  # checked before the (slow) index load
@@ -440,14 +441,13 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
         if given:
             raise RetrievalError(f"{', '.join(given)}: settings of a simulated engine "
                                  "(--simulate); an index has none")
-    for key, low in (("words", 5), ("max_new_tokens", 8)):
-        if sim_settings[key] is not None and sim_settings[key] < low:
-            raise RetrievalError(f"{flags[key]}: expected at least {low}, got "
-                                 f"{sim_settings[key]}")
-    if sim_temperature is not None and not (math.isfinite(sim_temperature)
-                                            and sim_temperature >= 0):
-        raise RetrievalError(f"--sim-temperature: expected 0 (greedy) or more, got "
-                             f"{sim_temperature}")
+    for key, value in sim_settings.items():
+        if value is not None:
+            try:
+                SimulatorSettings.model_validate({key: value})
+            except ValidationError as err:
+                raise RetrievalError(f"{flags[key]}: {err.errors()[0]['msg']} (got {value!r})") \
+                    from None
     if ranker is not None and simulate is not None:
         raise RetrievalError("serve: --ranker orders an index's candidates; a simulated engine "
                              "has none")
