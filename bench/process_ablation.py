@@ -465,16 +465,30 @@ def _per_question(eval_dir: Path) -> dict[str, float] | None:
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
+    """The mean and the sample standard deviation (n - 1); nan where it is not defined
+    (no values, or one: one seed has no spread to show, not a spread of 0)."""
     if not values:
         return float("nan"), float("nan")
-    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 \
+        else float("nan")
 
 
 def _results(runs: Path) -> list[dict]:
-    """This bench's results under `runs` (a method's); another bench's in the same folder
-    (bench/simulated_search.py writes `runs/MODE-sSEED` with a `mode`) are not its."""
-    found = (json.loads(p.read_text()) for p in sorted(runs.glob("*/result.json")))
-    return [r for r in found if "method" in r]
+    """This bench's results under `runs`: `METHOD-sSEED/result.json`. Another bench's in the
+    same folder (bench/simulated_search.py writes `runs/MODE-sSEED` with a `mode`) are not
+    its; a run kept aside under another name (`noplan-outcome-s0`) is another setting, not
+    a second seed 0, and is named on stderr as left out."""
+    out = []
+    for path in sorted(runs.glob("*/result.json")):
+        r = json.loads(path.read_text())
+        if "method" not in r:
+            continue
+        if path.parent.name != f"{r['method']}-s{r.get('seed')}":
+            print(f"left out: {path} (a {r['method']} seed {r.get('seed')} run kept under "
+                  f"another name than {r['method']}-s{r.get('seed')})", file=sys.stderr)
+            continue
+        out.append(r)
+    return out
 
 
 def _per_run(runs: Path, results: list[dict], on: str, tag: str = "") -> dict:
@@ -504,13 +518,15 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
         types = sorted({t for r in rs for t in r["em_by_type"]})
         rows[m] = {"em": em, "em_sd": em_sd, "seeds": len(rs),
                    "searches": _mean_std([r["searches"] for r in rs])[0],
-                   "recall": _mean_std([r["evidence_recall"] or 0.0 for r in rs])[0],
+                   "recall": _mean_std([r["evidence_recall"] for r in rs
+                                        if r.get("evidence_recall") is not None])[0],
                    "steps": _mean_std([r["steps"] for r in rs])[0],
                    "tokens": _mean_std([r["rollout_tokens"] for r in rs])[0],
                    "budget_missed": sum(not r.get("budget_met", True) for r in rs),
                    "label_tokens": _mean_std([r.get("label_tokens", 0) for r in rs])[0],
-                   "types": {t: _mean_std([r["em_by_type"].get(t, 0.0) for r in rs])
-                             for t in types}}
+                   # a type's mean over the runs that had questions of it
+                   "types": {t: _mean_std([r["em_by_type"][t] for r in rs
+                                           if t in r["em_by_type"]]) for t in types}}
         row = rows[m]
         print(f"em_{m}={row['em']:.4f} em_std_{m}={row['em_sd']:.4f} seeds_{m}={row['seeds']} "
               f"searches_{m}={row['searches']:.2f} evidence_recall_{m}={row['recall']:.3f} "
@@ -526,9 +542,6 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
     outcome = rows.get("outcome", {}).get("em")
     process = {m: r["em"] for m, r in rows.items() if m != "outcome"}
     best = max(process, key=process.get) if process else None
-    gain = process[named] - outcome if named in process and outcome is not None \
-        else float("nan")
-    rl_gain = outcome - sft_em if outcome is not None and sft_em is not None else float("nan")
     missed = sum(r["budget_missed"] for r in rows.values())
     start = _per_question(runs / f"eval-sft-{on}")
     per_run = _per_run(runs, results, on)
@@ -537,35 +550,88 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
     pairs = [(m, "outcome") for m in sorted(rows, key=lambda m: m != named)
              if m != "outcome"] if "outcome" in rows else []
     pairs += [(m, "start") for m in order] if start else []
+    tag = ""
     if against is not None:
         if not against.is_dir():
             raise SystemExit(f"--against: {against} is not a runs folder")
         tag = f"@{against.name}"
-        per_run.update(_per_run(against, _results(against), on, tag))
+        theirs = _results(against)
+        _say_differences(results, theirs, tag)
+        per_run.update(_per_run(against, theirs, on, tag))
         pairs += [(m, m + tag) for m in order]
-    interval = ""
+    found = {}
     for a, b in pairs:
         paired = _paired(per_run, a, b, start)
         if paired is None:
+            print(f"paired_{a}_vs_{b}=nan (no seed has both arms' per-question answers)")
             continue
+        found[(a, b)] = paired
         print(paired_line(a, b, paired))
-        if (a, b) == (named, "outcome"):
-            interval = f" (95% CI {paired['lo']:+.3f} to {paired['hi']:+.3f}, paired)"
-    print("process_ablation: " + ", ".join(f"{m} {r['em']:.3f}±{r['em_sd']:.3f}"
-                                           for m, r in rows.items())
-          + f" ({on} EM, {max(r['seeds'] for r in rows.values())} seeds)"
-          + f"; best {best} (exploratory); named {named}; process_gain={gain:+.4f}{interval}"
-          + f"; rl_gain={rl_gain:+.4f}"
+    gain = _headline(found.get((named, "outcome")),
+                     process[named] - outcome if named in process and outcome is not None
+                     else float("nan"))
+    rl_gain = _headline(found.get(("outcome", "start")),
+                        outcome - sft_em if outcome is not None and sft_em is not None
+                        else float("nan"))
+    versus = "".join(f"; {m} vs {m}{tag}={_headline(found[(m, m + tag)], float('nan'))}"
+                     for m in order if (m, m + tag) in found) if tag else ""
+    print("process_ablation: " + ", ".join(
+              f"{m} {r['em']:.3f}" + (f"±{r['em_sd']:.3f} ({r['seeds']} seeds)"
+                                      if r["seeds"] > 1 else " (1 seed)")
+              for m, r in rows.items())
+          + f", {on} EM; best {best} (exploratory); named {named}; process_gain={gain}"
+          + f"; rl_gain={rl_gain}{versus}"
           + (f"; {missed} runs outside 10% of the budget" if missed else "")
           + f" ({(time.time() - started) / 60:.0f} min this run)")
 
 
+def _headline(paired: dict | None, unpaired: float) -> str:
+    """A gain for a summary line: the paired one (the seeds both arms have, with its
+    interval) where both kept per-question answers, else the difference of the means."""
+    if paired is None:
+        return f"{unpaired:+.4f}" + (" (unpaired means)" if unpaired == unpaired else "")
+    seeds = paired["seeds"]
+    over = "questions only" if len(seeds) == 1 else "seeds and questions"
+    return (f"{paired['gain']:+.4f} (95% CI {paired['lo']:+.3f} to {paired['hi']:+.3f}, "
+            f"paired; seed{'s' * (len(seeds) > 1)} {','.join(map(str, seeds))}, "
+            f"resampling {over})")
+
+
+def _say_differences(mine: list[dict], theirs: list[dict], tag: str) -> None:
+    """What a comparison with another runs folder (`--against`) compares, seed by seed:
+    the config keys the two runs differ in beyond a run's own (`settings_...=`), and their
+    rollout tokens (`budget_ratio_...=`, flagged outside 10%)."""
+    other = {(r["method"], r["seed"]): r for r in theirs}
+    from seekrl.config import flat_keys
+
+    for r in mine:
+        o = other.get((r["method"], r["seed"]))
+        if o is None:
+            continue
+        name = f"{r['method']}_s{r['seed']}_vs{tag}"
+        if r.get("config") and o.get("config"):
+            a, b = flat_keys(r["config"]), flat_keys(o["config"])
+            differ = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)
+                            and not any(k == f or k.startswith(f + ".") for f in _OWN_KEYS))
+            print(f"settings_{name}={','.join(differ) or 'same'}")
+        else:
+            print(f"settings_{name}=unknown (a run kept no config)")
+        if r.get("rollout_tokens") and o.get("rollout_tokens"):
+            ratio = r["rollout_tokens"] / o["rollout_tokens"]
+            print(f"budget_ratio_{name}={ratio:.3f}"
+                  + (" outside_10%=1" if abs(ratio - 1) > 0.1 else ""))
+
+
 def paired_line(a: str, b: str, paired: dict) -> str:
-    """One `_paired` comparison as the key=value line the reports print."""
+    """One `_paired` comparison as the key=value line the reports print: each seed's gain
+    labelled by its seed, and the seeds of `a` left out for want of `b`'s."""
+    by_seed = "/".join(f"s{s}:{g:+.3f}" for s, g in zip(paired["seeds"], paired["by_seed"]))
+    dropped = ",".join(f"s{s}" for s in paired.get("dropped") or [])
     return (f"paired_{a}_vs_{b}={paired['gain']:+.4f} "
             f"ci95_{a}_vs_{b}={paired['lo']:+.4f},{paired['hi']:+.4f} "
-            f"seeds_{a}_vs_{b}={'/'.join(f'{g:+.3f}' for g in paired['by_seed'])} "
-            f"wins_{a}_vs_{b}={paired['wins']} losses_{a}_vs_{b}={paired['losses']} "
+            f"seeds_{a}_vs_{b}={by_seed} "
+            + (f"dropped_{a}_vs_{b}={dropped} " if dropped else "")
+            + f"wins_{a}_vs_{b}={paired['wins']} losses_{a}_vs_{b}={paired['losses']} "
             f"questions_{a}_vs_{b}={paired['questions']}")
 
 
@@ -575,18 +641,26 @@ def _paired(per_run: dict, a: str, b: str, start: dict | None, resamples: int = 
     seed) on the questions and seeds both answered: the mean paired EM gain, a 95% interval
     from a two-level bootstrap (seeds with replacement, then questions with replacement,
     `resamples` times), each seed's gain, and the discordant answers summed over seeds.
-    None when no seed has both per-question records."""
+    With one seed the interval is over questions only. `seeds` are the seeds used,
+    `dropped` those of `a` without a record of `b`. None when no seed has both per-question
+    records; every record paired must answer the same questions (refused otherwise: a
+    gain over some of them is another comparison)."""
     import numpy as np
 
     seeds = sorted(s for (m, s), per in per_run.items()
                    if m == a and per and (start if b == "start" else per_run.get((b, s))))
     if not seeds:
         return None
+    dropped = sorted(s for (m, s), per in per_run.items() if m == a and s not in seeds)
     other = {s: start if b == "start" else per_run[(b, s)] for s in seeds}
-    questions = sorted(set.intersection(*(set(per_run[(a, s)]) & set(other[s])
-                                          for s in seeds)))
-    if not questions:
-        return None
+    questions = sorted(per_run[(a, seeds[0])])
+    for s in seeds:
+        for name, per in ((f"{a} seed {s}", per_run[(a, s)]), (f"{b} seed {s}", other[s])):
+            if set(per) != set(questions):
+                raise SystemExit(
+                    f"paired {a} vs {b}: {name} answered {len(per)} questions, {a} seed "
+                    f"{seeds[0]} {len(questions)}, {len(set(per) & set(questions))} of them "
+                    "the same: pair evaluations of the same questions")
     diff = np.array([[per_run[(a, s)][q] - other[s][q] for q in questions] for s in seeds])
     rng = np.random.default_rng(seed)
     rows = rng.integers(0, len(seeds), size=(resamples, len(seeds)))
@@ -594,9 +668,15 @@ def _paired(per_run: dict, a: str, b: str, start: dict | None, resamples: int = 
     boot = np.array([diff[r][:, c].mean() for r, c in zip(rows, cols)])
     lo, hi = np.percentile(boot, [2.5, 97.5])
     return {"gain": float(diff.mean()), "lo": float(lo), "hi": float(hi),
-            "by_seed": [float(d) for d in diff.mean(axis=1)],
+            "by_seed": [float(d) for d in diff.mean(axis=1)], "seeds": seeds,
+            "dropped": dropped,
             "wins": int((diff > 0).sum()), "losses": int((diff < 0).sum()),
             "questions": len(questions)}
+
+
+def _bar(sd: float) -> float:
+    """An error bar: none for one seed (its std is nan; the seeds' dots are drawn)."""
+    return 0.0 if sd != sd else sd
 
 
 def _plot(rows: dict, by_method: dict, sft_em: float | None, path: Path) -> None:
@@ -606,7 +686,7 @@ def _plot(rows: dict, by_method: dict, sft_em: float | None, path: Path) -> None
     ax1, ax2, ax3 = fig.subplots(1, 3)
     names = list(rows)
     x = range(len(names))
-    ax1.bar(x, [rows[m]["em"] for m in names], yerr=[rows[m]["em_sd"] for m in names],
+    ax1.bar(x, [rows[m]["em"] for m in names], yerr=[_bar(rows[m]["em_sd"]) for m in names],
             color="#7aa6d6", capsize=4)
     for i, m in enumerate(names):
         ax1.scatter([i] * len(by_method[m]), [r["em"] for r in by_method[m]], color="k", s=10,
@@ -622,7 +702,7 @@ def _plot(rows: dict, by_method: dict, sft_em: float | None, path: Path) -> None
     for j, m in enumerate(names):
         ax2.bar([i + j * width for i in range(len(types))],
                 [rows[m]["types"].get(t, (0, 0))[0] for t in types], width=width, label=m,
-                yerr=[rows[m]["types"].get(t, (0, 0))[1] for t in types], capsize=2)
+                yerr=[_bar(rows[m]["types"].get(t, (0, 0))[1]) for t in types], capsize=2)
     ax2.set_xticks([i + 0.4 - width / 2 for i in range(len(types))], types, fontsize=8)
     ax2.set_title("test EM by question type", fontsize=10)
     ax2.legend(fontsize=7)

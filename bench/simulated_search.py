@@ -253,7 +253,7 @@ def _report(work: Path, started: float) -> None:
         ems.setdefault(r["mode"], []).append(r["em"])
         by_mode.setdefault(r["mode"], []).append(r)
     for mode, values in ems.items():
-        sd = statistics.stdev(values) if len(values) > 1 else 0.0
+        sd = statistics.stdev(values) if len(values) > 1 else float("nan")   # n - 1
         rows = by_mode[mode]
         types = sorted({t for r in rows for t in r.get("em_by_type") or {}})
         extra = "".join(
@@ -261,25 +261,29 @@ def _report(work: Path, started: float) -> None:
             for key, name, digits in (("valid_format", "valid", 3), ("searches", "searches", 3),
                                       ("rollout_tokens", "tokens", 0))
             if all(r.get(key) is not None for r in rows))
-        extra += "".join(f" em_{mode}_{t}={statistics.mean(r['em_by_type'].get(t, 0.0) for r in rows):.3f}"
-                         for t in types if all(r.get("em_by_type") for r in rows))
+        extra += "".join(   # a type's mean over the runs that had questions of it
+            f" em_{mode}_{t}="
+            f"{statistics.mean(r['em_by_type'][t] for r in rows if t in r['em_by_type']):.3f}"
+            for t in types if all(r.get("em_by_type") for r in rows))
         missed = [r["seed"] for r in rows if r.get("budget_met") is False]
         print(f"em_{mode}={statistics.mean(values):.4f} em_std_{mode}={sd:.4f} "
               f"seeds_{mode}={len(values)}{extra}"
               + (f" budget_missed_seeds_{mode}={','.join(map(str, missed))}" if missed else ""))
-    _report_paired(work, runs)
-    def _less(a: str, b: str) -> float:
-        return (statistics.mean(ems[a]) - statistics.mean(ems[b])
-                if ems.get(a) and ems.get(b) else float("nan"))
+    found = _report_paired(work, runs)
+    from process_ablation import _headline
+
+    def _gain(a: str, b: str) -> str:   # paired over the seeds both have, else the means
+        return _headline(found.get((a, b)), statistics.mean(ems[a]) - statistics.mean(ems[b])
+                         if ems.get(a) and ems.get(b) else float("nan"))
 
     # the gap is real - simulated (what simulated training costs); self_gain is self - real
     print(f"simulated_search: {len(list(work.glob('quality-*.json')))} simulators measured, "
-          f"{len(runs)} RL runs; sim_to_real_gap={_less('real', 'simulated'):+.4f} "
-          f"self_gain={_less('self', 'real'):+.4f} "
+          f"{len(runs)} RL runs; sim_to_real_gap={_gain('real', 'simulated')} "
+          f"self_gain={_gain('self', 'real')} "
           f"({(time.time() - started) / 60:.0f} min this run)")
 
 
-def _report_paired(work: Path, runs: list[dict]) -> None:
+def _report_paired(work: Path, runs: list[dict]) -> dict:
     """Each mode against each other on the same test questions, seed by seed (the paired
     bootstrap of process_ablation, over seeds, then questions); a borrowed real run's
     answers are read where it ran (`from`)."""
@@ -290,10 +294,17 @@ def _report_paired(work: Path, runs: list[dict]) -> None:
         folder = Path(r["from"]) if r.get("from") else work / "runs" / f"{r['mode']}-s{r['seed']}"
         per_run[(r["mode"], r["seed"])] = r.get("per_question") or _per_question(
             folder / "eval-test")
+    found = {}
     for a, b in (("simulated", "real"), ("self", "real"), ("simulated", "self")):
         paired = _paired(per_run, a, b, None)
         if paired is not None:
+            found[(a, b)] = paired
             print(paired_line(a, b, paired))
+    if ("simulated", "real") in found:   # the sim-to-real gap is real - simulated
+        p = found[("simulated", "real")]
+        found[("real", "simulated")] = dict(p, gain=-p["gain"], lo=-p["hi"], hi=-p["lo"],
+                                            by_seed=[-g for g in p["by_seed"]])
+    return found
 
 
 if __name__ == "__main__":

@@ -47,7 +47,9 @@ def test_report_means_stds_and_process_gain(tmp_path, capsys):
     assert float(figures["em_outcome"]) == pytest.approx(0.22)
     assert float(figures["em_std_outcome"]) == pytest.approx(0.02)
     assert float(figures["em_evidence_bridge"]) == pytest.approx(0.14)
-    assert out[-1].startswith("process_ablation: ") and "process_gain=+0.0600" in out[-1]
+    assert out[-1].startswith("process_ablation: ") \
+        and "process_gain=+0.0600 (unpaired means)" in out[-1]
+    assert "outcome 0.220±0.020 (3 seeds)" in out[-1]
     assert "best gigpo (exploratory)" in out[-1] and "1 runs outside 10% of the budget" \
         in out[-1]
     assert figures["budget_missed_gigpo"] == "1" and figures["budget_missed_evidence"] == "0"
@@ -178,8 +180,17 @@ def test_simulated_search_bench_report(tmp_path, capsys):
     assert float(figures["paired_simulated_vs_real"]) == pytest.approx(-0.25)
     assert figures["wins_simulated_vs_real"] == "2" and figures["losses_simulated_vs_real"] == "4"
     assert float(figures["paired_self_vs_real"]) == pytest.approx(-0.75)
-    assert "sim_to_real_gap=+0.0900" in out[-1] and "6 RL runs" in out[-1]
-    assert "self_gain=-0.2100" in out[-1]
+    # the summary's gains are the paired ones (real - simulated for the gap), not the
+    # difference of the results' own means (0.31 - 0.22 = +0.09)
+    assert "sim_to_real_gap=+0.2500 (95% CI" in out[-1] and "6 RL runs" in out[-1]
+    assert "self_gain=-0.7500 (95% CI -1.000 to -0.250, paired; seeds 0,1" in out[-1]
+    for path in (tmp_path / "runs").glob("*/result.json"):   # no per-question records
+        path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items()
+                                    if k not in ("per_question", "from")}))
+    bench._report(tmp_path, time.time())
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "sim_to_real_gap=+0.0900 (unpaired means)" in out[-1]
+    assert "self_gain=-0.2100 (unpaired means)" in out[-1]
 
 
 def test_dev_file_holds_the_first_dev_questions_and_refuses_too_few(tmp_path):
@@ -208,8 +219,17 @@ def test_paired_gain_counts_discordant_answers_and_bootstraps_seeds_and_question
     assert paired["gain"] == pytest.approx((0.3 - 0.1) / 2)
     assert paired["by_seed"] == pytest.approx([0.3, -0.1])
     assert (paired["wins"], paired["losses"], paired["questions"]) == (3, 1, 10)
+    assert (paired["seeds"], paired["dropped"]) == ([0, 1], [2])
     assert paired["lo"] < paired["gain"] < paired["hi"]
     assert bench._paired(per_run, "recall", "outcome", None) == paired   # seeded: repeatable
+    line = bench.paired_line("recall", "outcome", paired)
+    assert "seeds_recall_vs_outcome=s0:+0.300/s1:-0.100 dropped_recall_vs_outcome=s2 " in line
+    # a record of other questions (a seed evaluated on 40, or on dev) is refused, not paired
+    # on the overlap
+    short = per_run | {("outcome", 1): {q: 1.0 for q in qs[:4]}}
+    with pytest.raises(SystemExit, match="outcome seed 1 answered 4 questions, recall seed 0 "
+                                         "10, 4 of them the same"):
+        bench._paired(short, "recall", "outcome", None)
     # against the start: one evaluation shared by every seed; a constant gain has no spread
     start = {q: 0.0 for q in qs}
     per_run = {("outcome", s): {q: 0.5 for q in qs} for s in range(3)}
@@ -260,10 +280,11 @@ def test_report_prints_the_paired_comparison_from_kept_per_question_records(tmp_
     figures = dict(kv.split("=") for line in out[:-1] for kv in line.split() if "=" in kv)
     assert float(figures["paired_recall_vs_outcome"]) == pytest.approx(0.2)
     assert figures["wins_recall_vs_outcome"] == "8" and figures["losses_recall_vs_outcome"] == "0"
-    assert figures["seeds_recall_vs_start"] == "+0.150/+0.200"
+    assert figures["seeds_recall_vs_start"] == "s0:+0.150/s1:+0.200"
     lo, hi = (float(x) for x in figures["ci95_recall_vs_outcome"].split(","))
     assert lo < 0.2 < hi
-    assert f"process_gain=+0.2000 (95% CI {lo:+.3f} to {hi:+.3f}, paired)" in out[-1]
+    assert (f"process_gain=+0.2000 (95% CI {lo:+.3f} to {hi:+.3f}, paired; seeds 0,1, "
+            "resampling seeds and questions)") in out[-1]
 
 
 def test_simulated_bench_borrows_real_runs_only_when_trained_the_same_way(tmp_path):
@@ -371,6 +392,25 @@ def test_report_against_another_setting_pairs_each_method_with_its_namesake(tmp_
     figures = dict(kv.split("=") for line in out[:-1] for kv in line.split() if "=" in kv)
     assert float(figures["paired_outcome_vs_outcome@decide"]) == pytest.approx(0.2)
     assert figures["wins_outcome_vs_outcome@decide"] == "4"
+    # what the two folders' runs differ in is printed; kept no config here
+    assert figures["settings_outcome_s0_vs@decide"] == "unknown"
+    assert figures["budget_ratio_outcome_s1_vs@decide"] == "1.000"
+    assert "outcome vs outcome@decide=+0.2000 (95% CI" in out[-1]
+    for seed, extra in enumerate([{"ranker": {"model": "r"}}, {"optim": {"lr": 2}}]):
+        mine_path, theirs_path = (tmp_path / f / f"outcome-s{seed}" / "result.json"
+                                  for f in ("ranker", "decide"))
+        mine, theirs = (json.loads(p.read_text()) for p in (mine_path, theirs_path))
+        mine["config"] = {"out": "a", "steps": 10, "optim": {"lr": 1}} | extra
+        theirs["config"] = {"out": "b", "steps": 9, "optim": {"lr": 1}}
+        mine["rollout_tokens"] = 1200 if seed == 0 else 1050
+        mine_path.write_text(json.dumps(mine))
+        theirs_path.write_text(json.dumps(theirs))
+    bench._report(tmp_path / "ranker", time.time(), "recall", against=tmp_path / "decide")
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "settings_outcome_s0_vs@decide=ranker.model" in out
+    assert "settings_outcome_s1_vs@decide=optim.lr" in out
+    assert "budget_ratio_outcome_s0_vs@decide=1.200 outside_10%=1" in out
+    assert "budget_ratio_outcome_s1_vs@decide=1.050" in out
     with pytest.raises(SystemExit, match="is not a runs folder"):
         bench._report(tmp_path / "ranker", time.time(), "recall", against=tmp_path / "nope")
 
@@ -539,3 +579,39 @@ def test_a_run_that_trained_its_ranker_is_not_evaluated_through_the_start_one(tm
     bench.check_trained_ranker(TrainConfig(data="t.jsonl"), final)
     (final / "ranker").mkdir()
     bench.check_trained_ranker(trained, final)
+
+
+def test_one_seed_shows_no_spread_and_an_interval_over_questions_only(tmp_path, capsys):
+    bench = load_bench()
+    runs = tmp_path / "runs"
+    qs = [f"q{i}" for i in range(10)]
+    for method, right in {"outcome": 3, "recall": 6}.items():
+        d = runs / f"{method}-s0"
+        d.mkdir(parents=True)
+        (d / "result.json").write_text(json.dumps({
+            "method": method, "seed": 0, "em": right / 10, "searches": 2,
+            "evidence_recall": None, "steps": 10, "rollout_tokens": 1000,
+            "em_by_type": {"bridge": 0.1} if method == "outcome" else {"single": 0.5},
+            "per_question": {q: float(i < right) for i, q in enumerate(qs)}}))
+    # another setting kept aside under another name: not a second seed 0 of outcome
+    aside = runs / "noplan-outcome-s0"
+    aside.mkdir()
+    (aside / "result.json").write_text(json.dumps({"method": "outcome", "seed": 0, "em": 0.9}))
+    # a seed without per-question answers pairs with nothing, and says so
+    d = runs / "evidence-s0"
+    d.mkdir()
+    (d / "result.json").write_text(json.dumps({
+        "method": "evidence", "seed": 0, "em": 0.5, "searches": 2, "evidence_recall": 0.5,
+        "steps": 10, "rollout_tokens": 1000, "em_by_type": {}}))
+    bench._report(runs, time.time(), "recall")
+    captured = capsys.readouterr()
+    out = captured.out.strip().splitlines()
+    assert "noplan-outcome-s0" in captured.err and "left out" in captured.err
+    figures = dict(kv.split("=") for line in out[:-1] for kv in line.split() if "=" in kv)
+    assert figures["em_std_outcome"] == "nan" and float(figures["em_outcome"]) == 0.3
+    assert figures["evidence_recall_recall"] == "nan"   # none recorded: not a recall of 0
+    assert float(figures["em_recall_single"]) == 0.5 and "em_recall_bridge" not in figures
+    assert "paired_evidence_vs_outcome=nan (no seed has both arms' per-question answers)" in out
+    assert "outcome 0.300 (1 seed)" in out[-1]
+    assert "process_gain=+0.3000 (95% CI" in out[-1] and \
+        "paired; seed 0, resampling questions only)" in out[-1]
