@@ -19,9 +19,11 @@ so a run can be split: `--stage sft` once, then one process per method or seed (
 parallel on a GPU), then `--stage report`. Prints `key=value` figures (test EM mean and
 std over seeds per method and per question type, searches per episode, evidence recall,
 steps and rollout tokens), draws `process_ablation.png`, and ends with a one-line summary
-holding `process_gain=` (the named process method's mean test EM minus outcome-only's) and
-`rl_gain=` (outcome-only's mean test EM minus the shared SFT start's; nan before the start
-is evaluated).
+holding `process_gain=` (the named process method's test EM minus outcome-only's) and
+`rl_gain=` (outcome-only's test EM minus the shared SFT start's; nan before the start is
+evaluated): paired per question over the seeds both arms ran, with those seeds and the
+interval below, where the runs kept per-question answers, else the difference of the
+means, labelled `(unpaired means)`. One seed's std is nan (the std is over seeds, n - 1).
 
 The runs answer the same test questions, so the comparisons are also made pair by pair:
 every run keeps its per-question EM (`per_question` in result.json, `per_question.json` of
@@ -68,8 +70,9 @@ def main() -> None:
                     help=f"comma-separated, from: {', '.join(PROCESS_METHODS)} (default: "
                          f"{DEFAULT_METHODS}; with a budget given, outcome runs only if named)")
     ap.add_argument("--named", default="evidence",
-                    help="the process method named before the runs: process_gain is its mean "
-                         "minus outcome-only's (the best of several noisy means is biased up)")
+                    help="the process method named before the runs: process_gain is its test "
+                         "EM minus outcome-only's, paired per question (the best of several "
+                         "noisy means is biased up)")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--baseline", default="dr_grpo", help="the outcome estimator")
     ap.add_argument("--steps", type=int, default=15, help="steps of the outcome run")
@@ -226,6 +229,24 @@ _OWN_KEYS = ("out", "steps", "max_rollout_tokens", "save_every", "keep_last")
 _NOW_NONE = {"ranker.max_len": 128, "ranker.temperature": 0.05}
 
 
+def _differing(mine: dict, theirs: dict, defaults: dict, free=()) -> list[str]:
+    """The flat config keys two runs differ in, leaving out `free` keys (and those below
+    them), a key one run lacks (added to seekrl since) where the other has it at its
+    default, and a `_NOW_NONE` key at None in one and at its former default in the other."""
+    missing = object()
+
+    def differs(k: str) -> bool:
+        a, b = mine.get(k, missing), theirs.get(k, missing)
+        if a == b or any(k == f or k.startswith(f + ".") for f in free):
+            return False
+        if k in _NOW_NONE and {a, b} <= {None, _NOW_NONE[k]}:
+            return False
+        return not any(x is missing and y == defaults.get(k, missing)
+                       for x, y in ((a, b), (b, a)))
+
+    return sorted(k for k in set(mine) | set(theirs) if differs(k))
+
+
 def same_setting(cfg, other: Path, named=(), flag: str = "--budget-from") -> None:
     """Refuse a run compared with `other`'s (a result.json) whose config differs in a key
     that is neither named (`--set`, the method's keys) nor the run's own (out, steps, the
@@ -246,14 +267,7 @@ def same_setting(cfg, other: Path, named=(), flag: str = "--budget-from") -> Non
         free += [p for p in (".".join(parts[:i]) for i in range(1, len(parts)))
                  if p in theirs and theirs[p] in (None, {})]
 
-    def differs(k: str) -> bool:
-        if mine.get(k) == theirs.get(k) or any(k == f or k.startswith(f + ".") for f in free):
-            return False
-        if k in _NOW_NONE and mine.get(k) is None and theirs.get(k) == _NOW_NONE[k]:
-            return False
-        return not (k not in theirs and k in defaults and mine.get(k) == defaults[k])
-
-    differ = sorted(k for k in set(mine) | set(theirs) if differs(k))
+    differ = _differing(mine, theirs, defaults, free)
     if differ:
         shown = ", ".join(f"{k}: {mine.get(k)!r} here, {theirs.get(k)!r} there"
                           for k in differ[:6])
@@ -483,9 +497,12 @@ def _results(runs: Path) -> list[dict]:
         r = json.loads(path.read_text())
         if "method" not in r:
             continue
-        if path.parent.name != f"{r['method']}-s{r.get('seed')}":
-            print(f"left out: {path} (a {r['method']} seed {r.get('seed')} run kept under "
-                  f"another name than {r['method']}-s{r.get('seed')})", file=sys.stderr)
+        if "seed" not in r:
+            print(f"left out: {path} (records no seed)", file=sys.stderr)
+            continue
+        if path.parent.name != f"{r['method']}-s{r['seed']}":
+            print(f"left out: {path} (method {r['method']}, seed {r['seed']}, kept under "
+                  f"another name than {r['method']}-s{r['seed']})", file=sys.stderr)
             continue
         out.append(r)
     return out
@@ -559,9 +576,15 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
         _say_differences(results, theirs, tag)
         per_run.update(_per_run(against, theirs, on, tag))
         pairs += [(m, m + tag) for m in order]
+        their_em = {m: statistics.mean(r["em"] for r in theirs if r["method"] == m)
+                    for m in {r["method"] for r in theirs}}
     found = {}
     for a, b in pairs:
-        paired = _paired(per_run, a, b, start)
+        try:
+            paired = _paired(per_run, a, b, start)
+        except QuestionMismatch as e:   # this pair only: the others still stand
+            print(f"paired_{a}_vs_{b}=refused ({e})")
+            continue
         if paired is None:
             print(f"paired_{a}_vs_{b}=nan (no seed has both arms' per-question answers)")
             continue
@@ -573,8 +596,10 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
     rl_gain = _headline(found.get(("outcome", "start")),
                         outcome - sft_em if outcome is not None and sft_em is not None
                         else float("nan"))
-    versus = "".join(f"; {m} vs {m}{tag}={_headline(found[(m, m + tag)], float('nan'))}"
-                     for m in order if (m, m + tag) in found) if tag else ""
+    versus = "".join(
+        f"; {m}_vs_{m}{tag}="
+        + _headline(found.get((m, m + tag)), rows[m]["em"] - their_em[m])
+        for m in order if m in their_em) if tag else ""
     print("process_ablation: " + ", ".join(
               f"{m} {r['em']:.3f}" + (f"±{r['em_sd']:.3f} ({r['seeds']} seeds)"
                                       if r["seeds"] > 1 else " (1 seed)")
@@ -602,7 +627,7 @@ def _say_differences(mine: list[dict], theirs: list[dict], tag: str) -> None:
     the config keys the two runs differ in beyond a run's own (`settings_...=`), and their
     rollout tokens (`budget_ratio_...=`, flagged outside 10%)."""
     other = {(r["method"], r["seed"]): r for r in theirs}
-    from seekrl.config import flat_keys
+    from seekrl.config import TrainConfig, flat_keys
 
     for r in mine:
         o = other.get((r["method"], r["seed"]))
@@ -611,15 +636,28 @@ def _say_differences(mine: list[dict], theirs: list[dict], tag: str) -> None:
         name = f"{r['method']}_s{r['seed']}_vs{tag}"
         if r.get("config") and o.get("config"):
             a, b = flat_keys(r["config"]), flat_keys(o["config"])
-            differ = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)
-                            and not any(k == f or k.startswith(f + ".") for f in _OWN_KEYS))
-            print(f"settings_{name}={','.join(differ) or 'same'}")
+            try:   # today's defaults, for keys one of the two runs predates
+                defaults = flat_keys(TrainConfig.model_validate(
+                    {"data": r["config"]["data"]}).model_dump(mode="json"))
+            except Exception:   # noqa: BLE001 - a config from another era: no defaults
+                defaults = {}
+            differ = _differing(a, b, defaults, _OWN_KEYS)
+            # files and folders: the same run elsewhere differs in these alone
+            paths = [k for k in differ if all(isinstance(v, str) and "/" in v
+                                              for v in (a.get(k), b.get(k)))]
+            print(f"settings_{name}="
+                  + (",".join(k for k in differ if k not in paths) or "same")
+                  + (f" paths_{name}={','.join(paths)}" if paths else ""))
         else:
             print(f"settings_{name}=unknown (a run kept no config)")
         if r.get("rollout_tokens") and o.get("rollout_tokens"):
             ratio = r["rollout_tokens"] / o["rollout_tokens"]
             print(f"budget_ratio_{name}={ratio:.3f}"
                   + (" outside_10%=1" if abs(ratio - 1) > 0.1 else ""))
+
+
+class QuestionMismatch(ValueError):
+    """Two per-question records to pair answered different questions."""
 
 
 def paired_line(a: str, b: str, paired: dict) -> str:
@@ -642,25 +680,27 @@ def _paired(per_run: dict, a: str, b: str, start: dict | None, resamples: int = 
     from a two-level bootstrap (seeds with replacement, then questions with replacement,
     `resamples` times), each seed's gain, and the discordant answers summed over seeds.
     With one seed the interval is over questions only. `seeds` are the seeds used,
-    `dropped` those of `a` without a record of `b`. None when no seed has both per-question
-    records; every record paired must answer the same questions (refused otherwise: a
-    gain over some of them is another comparison)."""
+    `dropped` the seeds `a` has answers for and `b` has not. None when no seed has both
+    per-question records; every record paired must answer the same questions
+    (QuestionMismatch otherwise: a gain over some of them is another comparison)."""
     import numpy as np
 
     seeds = sorted(s for (m, s), per in per_run.items()
                    if m == a and per and (start if b == "start" else per_run.get((b, s))))
     if not seeds:
         return None
-    dropped = sorted(s for (m, s), per in per_run.items() if m == a and s not in seeds)
+    dropped = sorted(s for (m, s), per in per_run.items() if m == a and per and s not in seeds)
     other = {s: start if b == "start" else per_run[(b, s)] for s in seeds}
+    first = f"{a} seed {seeds[0]}"
     questions = sorted(per_run[(a, seeds[0])])
     for s in seeds:
-        for name, per in ((f"{a} seed {s}", per_run[(a, s)]), (f"{b} seed {s}", other[s])):
+        for name, per in ((f"{a} seed {s}", per_run[(a, s)]),
+                          ("the start" if b == "start" else f"{b} seed {s}", other[s])):
             if set(per) != set(questions):
-                raise SystemExit(
-                    f"paired {a} vs {b}: {name} answered {len(per)} questions, {a} seed "
-                    f"{seeds[0]} {len(questions)}, {len(set(per) & set(questions))} of them "
-                    "the same: pair evaluations of the same questions")
+                raise QuestionMismatch(
+                    f"{name} and {first} answered {len(per)} and {len(questions)} questions, "
+                    f"{len(set(per) & set(questions))} of them the same: pair evaluations of "
+                    "the same questions")
     diff = np.array([[per_run[(a, s)][q] - other[s][q] for q in questions] for s in seeds])
     rng = np.random.default_rng(seed)
     rows = rng.integers(0, len(seeds), size=(resamples, len(seeds)))

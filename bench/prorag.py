@@ -434,8 +434,8 @@ def _report(work: Path, started: float, step_method: str) -> None:
                   f"step_credit_pairs={len(pairs)}")
     outcome = rows.get("outcome", (float("nan"),))[0]
     gain = rows["prorag"][0] - outcome
-    print("prorag: " + ", ".join(f"{k} {v[0]:.3f}±{v[1]:.3f} ({v[2]} seeds)"
-                                 for k, v in rows.items())
+    print("prorag: " + ", ".join(f"{k} {v[0]:.3f}±{v[1]:.3f} ({v[2]} seeds)" if v[2] > 1
+                                 else f"{k} {v[0]:.3f} ({v[2]} seed)" for k, v in rows.items())
           + f" (test EM at equal generated tokens); prorag_gain={gain:+.4f}"
           + f" ({(time.time() - started) / 60:.0f} min this run)")
 

@@ -182,7 +182,11 @@ def test_simulated_search_bench_report(tmp_path, capsys):
     assert float(figures["paired_self_vs_real"]) == pytest.approx(-0.75)
     # the summary's gains are the paired ones (real - simulated for the gap), not the
     # difference of the results' own means (0.31 - 0.22 = +0.09)
-    assert "sim_to_real_gap=+0.2500 (95% CI" in out[-1] and "6 RL runs" in out[-1]
+    lo, hi = (float(x) for x in figures["ci95_simulated_vs_real"].split(","))
+    assert lo < hi and (lo, hi) != (-hi, -lo)   # a flip that forgot to swap would show
+    assert f"sim_to_real_gap=+0.2500 (95% CI {-hi:+.3f} to {-lo:+.3f}, paired; seeds 0,1" \
+        in out[-1] and "6 RL runs" in out[-1]
+    assert "paired_real_vs_simulated" not in figures   # the summary's alone
     assert "self_gain=-0.7500 (95% CI -1.000 to -0.250, paired; seeds 0,1" in out[-1]
     for path in (tmp_path / "runs").glob("*/result.json"):   # no per-question records
         path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items()
@@ -227,8 +231,8 @@ def test_paired_gain_counts_discordant_answers_and_bootstraps_seeds_and_question
     # a record of other questions (a seed evaluated on 40, or on dev) is refused, not paired
     # on the overlap
     short = per_run | {("outcome", 1): {q: 1.0 for q in qs[:4]}}
-    with pytest.raises(SystemExit, match="outcome seed 1 answered 4 questions, recall seed 0 "
-                                         "10, 4 of them the same"):
+    with pytest.raises(bench.QuestionMismatch, match="outcome seed 1 and recall seed 0 "
+                                                     "answered 4 and 10 questions, 4 of them"):
         bench._paired(short, "recall", "outcome", None)
     # against the start: one evaluation shared by every seed; a constant gain has no spread
     start = {q: 0.0 for q in qs}
@@ -395,22 +399,31 @@ def test_report_against_another_setting_pairs_each_method_with_its_namesake(tmp_
     # what the two folders' runs differ in is printed; kept no config here
     assert figures["settings_outcome_s0_vs@decide"] == "unknown"
     assert figures["budget_ratio_outcome_s1_vs@decide"] == "1.000"
-    assert "outcome vs outcome@decide=+0.2000 (95% CI" in out[-1]
+    assert "outcome_vs_outcome@decide=+0.2000 (95% CI" in out[-1]
     for seed, extra in enumerate([{"ranker": {"model": "r"}}, {"optim": {"lr": 2}}]):
         mine_path, theirs_path = (tmp_path / f / f"outcome-s{seed}" / "result.json"
                                   for f in ("ranker", "decide"))
         mine, theirs = (json.loads(p.read_text()) for p in (mine_path, theirs_path))
-        mine["config"] = {"out": "a", "steps": 10, "optim": {"lr": 1}} | extra
-        theirs["config"] = {"out": "b", "steps": 9, "optim": {"lr": 1}}
+        # the same run elsewhere: its paths differ, and are told apart
+        mine["config"] = {"out": "a", "steps": 10, "optim": {"lr": 1}, "model": "/a/sft"} | extra
+        theirs["config"] = {"out": "b", "steps": 9, "optim": {"lr": 1}, "model": "/b/sft"}
         mine["rollout_tokens"] = 1200 if seed == 0 else 1050
         mine_path.write_text(json.dumps(mine))
         theirs_path.write_text(json.dumps(theirs))
     bench._report(tmp_path / "ranker", time.time(), "recall", against=tmp_path / "decide")
     out = capsys.readouterr().out.strip().splitlines()
-    assert "settings_outcome_s0_vs@decide=ranker.model" in out
-    assert "settings_outcome_s1_vs@decide=optim.lr" in out
+    assert "settings_outcome_s0_vs@decide=ranker.model paths_outcome_s0_vs@decide=model" in out
+    assert "settings_outcome_s1_vs@decide=optim.lr paths_outcome_s1_vs@decide=model" in out
     assert "budget_ratio_outcome_s0_vs@decide=1.200 outside_10%=1" in out
     assert "budget_ratio_outcome_s1_vs@decide=1.050" in out
+    # without per-question answers the comparison is the means', and says so
+    for path in tmp_path.glob("*/outcome-s*/result.json"):
+        r = json.loads(path.read_text())
+        path.write_text(json.dumps({k: v for k, v in r.items() if k != "per_question"}))
+    bench._report(tmp_path / "ranker", time.time(), "recall", against=tmp_path / "decide")
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "outcome_vs_outcome@decide=+0.2000 (unpaired means)" in out[-1]
+    assert "paired_outcome_vs_outcome@decide=nan (no seed has both" in " ".join(out)
     with pytest.raises(SystemExit, match="is not a runs folder"):
         bench._report(tmp_path / "ranker", time.time(), "recall", against=tmp_path / "nope")
 
@@ -597,6 +610,12 @@ def test_one_seed_shows_no_spread_and_an_interval_over_questions_only(tmp_path, 
     aside = runs / "noplan-outcome-s0"
     aside.mkdir()
     (aside / "result.json").write_text(json.dumps({"method": "outcome", "seed": 0, "em": 0.9}))
+    (runs / "odd").mkdir()
+    (runs / "odd" / "result.json").write_text(json.dumps({"method": "outcome", "em": 0.9}))
+    # a start evaluated on other questions: that pair is refused, the rest still reported
+    (runs / "eval-sft-test").mkdir()
+    (runs / "eval-sft-test" / "per_question.json").write_text(
+        json.dumps({q: 0.0 for q in qs[:5]}))
     # a seed without per-question answers pairs with nothing, and says so
     d = runs / "evidence-s0"
     d.mkdir()
@@ -606,7 +625,11 @@ def test_one_seed_shows_no_spread_and_an_interval_over_questions_only(tmp_path, 
     bench._report(runs, time.time(), "recall")
     captured = capsys.readouterr()
     out = captured.out.strip().splitlines()
-    assert "noplan-outcome-s0" in captured.err and "left out" in captured.err
+    assert "left out: " in captured.err and "noplan-outcome-s0/result.json (method outcome, " \
+        "seed 0, kept under another name than outcome-s0)" in captured.err
+    assert "odd/result.json (records no seed)" in captured.err
+    assert "paired_outcome_vs_start=refused (the start and outcome seed 0 answered 5 and 10 " \
+        "questions, 5 of them the same: pair evaluations of the same questions)" in out
     figures = dict(kv.split("=") for line in out[:-1] for kv in line.split() if "=" in kv)
     assert figures["em_std_outcome"] == "nan" and float(figures["em_outcome"]) == 0.3
     assert figures["evidence_recall_recall"] == "nan"   # none recorded: not a recall of 0
