@@ -255,7 +255,10 @@ def same_setting(cfg, other: Path, named=(), flag: str = "--budget-from") -> Non
         return   # _budget_of says it is missing
     theirs = json.loads(other.read_text()).get("config")
     if not theirs:
-        return   # a result from before configs were kept: nothing to compare
+        # a result from before configs were kept: nothing to compare, and said
+        print(f"{flag}: {other} keeps no config; its settings are not compared with this "
+              "run's", file=sys.stderr)
+        return
     from seekrl.config import flat_keys
 
     mine, theirs = flat_keys(cfg.model_dump(mode="json")), flat_keys(theirs)
@@ -532,7 +535,7 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
     for m in order:
         rs = by_method[m]
         em, em_sd = _mean_std([r["em"] for r in rs])
-        types = sorted({t for r in rs for t in r["em_by_type"]})
+        types = sorted({t for r in rs for t in r.get("em_by_type") or {}})
         rows[m] = {"em": em, "em_sd": em_sd, "seeds": len(rs),
                    "searches": _mean_std([r["searches"] for r in rs])[0],
                    "recall": _mean_std([r["evidence_recall"] for r in rs
@@ -543,7 +546,8 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
                    "label_tokens": _mean_std([r.get("label_tokens", 0) for r in rs])[0],
                    # a type's mean over the runs that had questions of it
                    "types": {t: _mean_std([r["em_by_type"][t] for r in rs
-                                           if t in r["em_by_type"]]) for t in types}}
+                                           if t in (r.get("em_by_type") or {})])
+                             for t in types}}
         row = rows[m]
         print(f"em_{m}={row['em']:.4f} em_std_{m}={row['em_sd']:.4f} seeds_{m}={row['seeds']} "
               f"searches_{m}={row['searches']:.2f} evidence_recall_{m}={row['recall']:.3f} "

@@ -468,6 +468,17 @@ def test_budget_from_refuses_a_run_whose_unnamed_settings_differ(tmp_path):
         bench.same_setting(TrainConfig.model_validate(ranked), older, {})
 
 
+def test_budget_from_says_when_the_other_run_keeps_no_config(tmp_path, capsys):
+    from seekrl.config import TrainConfig
+
+    bench = load_bench()
+    other = tmp_path / "result.json"
+    other.write_text(json.dumps({"rollout_tokens": 100}))   # written before configs were kept
+    bench.same_setting(TrainConfig.model_validate({"data": "t.jsonl", "index": "i"}), other)
+    assert f"--budget-from: {other} keeps no config; its settings are not compared" \
+        in capsys.readouterr().err
+
+
 def test_a_set_key_does_not_switch_a_section_on_or_get_replaced():
     from seekrl.config import ConfigError, TrainConfig, with_keys
 
