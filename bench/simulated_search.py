@@ -190,6 +190,7 @@ def _rl(mode: str, seed: int, budget: int | None, args, demo, world_dir: Path,
     result = {"mode": mode, "seed": seed, "em": avg["em"], "searches": avg["searches"],
               "valid_format": avg["valid_format"], "em_by_type": by_type,
               "steps": summary["steps"], "rollout_tokens": summary["rollout_tokens"],
+              "simulator_tokens": summary.get("simulator_tokens"),   # outside the budget
               "budget": budget, "budget_met": summary.get("budget_met", True),
               "overrides": overrides, "minutes": round((time.time() - t0) / 60, 2),
               # what the paired report needs and what `same_setting` compares, kept in the
@@ -261,7 +262,8 @@ def _report(work: Path, started: float) -> None:
         extra = "".join(
             f" {name}_{mode}={statistics.mean(r[key] for r in rows):.{digits}f}"
             for key, name, digits in (("valid_format", "valid", 3), ("searches", "searches", 3),
-                                      ("rollout_tokens", "tokens", 0))
+                                      ("rollout_tokens", "tokens", 0),
+                                      ("simulator_tokens", "simulator_tokens", 0))
             if all(r.get(key) is not None for r in rows))
         extra += "".join(   # a type's mean over the runs that had questions of it
             f" em_{mode}_{t}="
@@ -300,14 +302,16 @@ def _report_paired(work: Path, runs: list[dict]) -> dict:
     # the last pair is the sim-to-real gap's sign (real - simulated), for the summary only
     for a, b in (("simulated", "real"), ("self", "real"), ("simulated", "self"),
                  ("real", "simulated")):
+        shown = (a, b) != ("real", "simulated")   # its mirror already printed the pair
         try:
             paired = _paired(per_run, a, b, None)
         except QuestionMismatch as e:
-            print(f"paired_{a}_vs_{b}=refused ({e})")
+            if shown:
+                print(f"paired_{a}_vs_{b}=refused ({e})")
             continue
         if paired is not None:
             found[(a, b)] = paired
-            if (a, b) != ("real", "simulated"):
+            if shown:
                 print(paired_line(a, b, paired))
     return found
 

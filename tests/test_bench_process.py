@@ -188,6 +188,18 @@ def test_simulated_search_bench_report(tmp_path, capsys):
         in out[-1] and "6 RL runs" in out[-1]
     assert "paired_real_vs_simulated" not in figures   # the summary's alone
     assert "self_gain=-0.7500 (95% CI -1.000 to -0.250, paired; seeds 0,1" in out[-1]
+    # a simulated seed evaluated on other questions: its pair with real is refused, once
+    # (not again for the summary's mirrored pair), and the gap falls back to the means
+    short = tmp_path / "runs" / "simulated-s1" / "result.json"
+    result = json.loads(short.read_text())
+    short.write_text(json.dumps(result | {"per_question": {"q0": 1.0, "q1": 0.0}}))
+    bench._report(tmp_path, time.time())
+    out = capsys.readouterr().out.strip().splitlines()
+    refusals = [line for line in out if "=refused" in line]
+    assert [line.split("=")[0] for line in refusals] == ["paired_simulated_vs_real",
+                                                         "paired_simulated_vs_self"]
+    assert "sim_to_real_gap=+0.0900 (unpaired means)" in out[-1]
+    short.write_text(json.dumps(result))
     for path in (tmp_path / "runs").glob("*/result.json"):   # no per-question records
         path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items()
                                     if k not in ("per_question", "from")}))

@@ -183,6 +183,14 @@ def test_both_engines_decode_the_same_greedy_documents(tiny):
     assert seekrl.engine == "seekrl" and hf.engine == "generate"
     for batch in ([prompts[0]], prompts):
         assert seekrl.generate(batch) == hf.generate(batch)
+    # both count the tokens they decoded alike (each reply's up to its end token; none of
+    # generate's padding after it), at most 10 a reply
+    assert 0 < seekrl.stats["tokens"] == hf.stats["tokens"] <= 10 * 4
+    mute = SimulatedRetriever(model, tok, max_new_tokens=10, temperature=0.0,
+                              decoder=lambda texts, n, t: decoder(texts, n, t))
+    replies = mute.generate(prompts)   # a decoder that does not count: its replies, re-read
+    assert mute.stats["tokens"] == sum(len(tok(r, add_special_tokens=False)["input_ids"])
+                                       for r in replies) > 0
     state = torch.random.get_rng_state()
 
     def sampled(seed):
@@ -497,10 +505,13 @@ def test_the_simulators_counts_are_summed_over_the_processes(tmp_path, tiny, mon
     record = trainer.step(1)
     own = trainer._simulator.stats["queries"]
     assert own > 0 and record["simulator_queries_total"] == 2 * own
-    trainer.train()
+    assert 0 < record["simulator_tokens_total"] == 2 * trainer._simulator.stats["tokens"]
+    summary = trainer.train()
     meta = json.loads(next((tmp_path / "run" / "checkpoints").glob("step-*/trainer.json"))
                       .read_text())
     assert meta["simulator_stats"]["queries"] == trainer._simulator_totals["queries"] >= 2 * own
+    # the run's summary says what the simulator decoded (compute no budget counts)
+    assert summary["simulator_tokens"] == meta["simulator_stats"]["tokens"] > 0
 
 
 @pytest.mark.parametrize("mode", ["simulator", "self_search"])

@@ -554,6 +554,7 @@ class TextDecoder:
     def __init__(self, model, tokenizer):
         self.backend = HFBackend(model, tokenizer, stop_strings=())
         self.tokenizer = tokenizer
+        self.last_tokens = 0   # the tokens the last call decoded, all replies together
 
     def __call__(self, texts: list[str], max_new_tokens: int, temperature: float
                  ) -> list[str]:
@@ -561,6 +562,7 @@ class TextDecoder:
         contexts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
         sampling = Sampling(greedy=temperature <= 0, temperature=max(temperature, 1e-6))
         out = self.backend.generate(contexts, max_new_tokens, sampling)
+        self.last_tokens = sum(len(x) for x in out)
         return tok.batch_decode([list(x) for x in out], skip_special_tokens=True)
 
 

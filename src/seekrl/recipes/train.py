@@ -123,7 +123,7 @@ from seekrl.runtime import peak_rss_mb
 
 RewardFn = Callable[[Trajectory], RewardParts]
 # what a simulator counts (SimulatedRetriever.stats), logged as simulator_<count>_total
-_SIMULATOR_COUNTS = ("queries", "noisy", "malformed", "empty", "short")
+_SIMULATOR_COUNTS = ("queries", "noisy", "malformed", "empty", "short", "tokens")
 
 
 class Trainer:
@@ -1147,6 +1147,8 @@ class Trainer:
                    "stopped": self.stopped_reason, "last": last,
                    "rollout_tokens": self.rollout_tokens, "budget": self.stopped_budget,
                    "minutes": round((time.time() - started) / 60, 2)}
+        if self._simulator is not None:   # the simulator's compute, outside the budget
+            summary["simulator_tokens"] = self._simulator_totals.get("tokens", 0)
         if cfg.max_rollout_tokens is not None:
             # equal compute means within 10% of the budget: say so when a run is not
             ratio = self.rollout_tokens / cfg.max_rollout_tokens

@@ -162,7 +162,8 @@ class SimulatedRetriever:
     sampled at `temperature` (0: greedy), at most `max_new_tokens` per query. `noise` is the
     probability of a noisy prompt per query (`set_noise`, the curriculum's value). `stats`
     counts queries, useful and noisy prompts, malformed outputs and empty ones (no document
-    parsed: the agent is then told nothing matched).
+    parsed: the agent is then told nothing matched), and the tokens the simulator decoded
+    (`tokens`: its compute, which no rollout-token budget counts).
 
     `decoder`: what turns the prompts' texts into replies, `decoder(texts, max_new_tokens,
     temperature) -> texts`, called under the simulator's seed. None: Hugging Face's
@@ -260,7 +261,13 @@ class SimulatedRetriever:
                          next(self.model.parameters()).device)
         if self.decoder is not None:
             with torch.no_grad(), seeded:
-                return list(self.decoder(texts, self.max_new_tokens, self.temperature))
+                replies = list(self.decoder(texts, self.max_new_tokens, self.temperature))
+            decoded = getattr(self.decoder, "last_tokens", None)
+            if decoded is None:   # a decoder that does not say: its replies, tokenised again
+                decoded = sum(len(self.tokenizer(r, add_special_tokens=False)["input_ids"])
+                              for r in replies)
+            self.stats["tokens"] += int(decoded)
+            return replies
         return self._hf_generate(texts, seeded)
 
     def _hf_generate(self, texts: list[str], seeded) -> list[str]:
@@ -287,6 +294,12 @@ class SimulatedRetriever:
                 pad_token_id=tok.pad_token_id if tok.pad_token_id is not None
                 else tok.eos_token_id)
         new = out[:, enc["input_ids"].shape[1]:]
+        # what each row decoded: up to its first end token, which counts (the padding after
+        # it, when pad and end are one token, does not)
+        if new.shape[1]:
+            ended = torch.isin(new, torch.tensor(sorted(stop), device=new.device))
+            first = torch.where(ended.any(1), ended.int().argmax(1) + 1, new.shape[1])
+            self.stats["tokens"] += int(first.sum())
         return tok.batch_decode(new, skip_special_tokens=True)
 
 
