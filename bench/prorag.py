@@ -32,8 +32,9 @@ reused and evaluated on the bench's questions, which saves its training time on 
 
 Every policy is evaluated greedily on the same `--n-test` questions. Results are kept per run
 (`WORK/runs/NAME/result.json`) and not recomputed. Prints `key=value` figures (mean and std
-over seeds) and ends with a one-line summary holding `prorag_gain=` (the pipeline's mean test
-EM minus outcome-only's, at equal generated tokens).
+over seeds) and ends with a one-line summary holding `prorag_gain=` (the pipeline's test EM
+minus outcome-only's, at equal generated tokens: paired per question over the seeds both ran,
+with its interval, where the runs kept their answers; else the difference of the means).
 """
 
 from __future__ import annotations
@@ -229,6 +230,7 @@ def _pipeline(seed: int, args, sft: Path, world_dir: Path, index_dir: Path, test
               "tokens_by_stage": s["generated_tokens"], "prm_dev": s["prm_dev"],
               "labels": s["labels"], "refine": s["refine"],
               "em_by_type": _by_type(out / "eval_rl"),
+              "per_question": _per_question(out / "eval_rl"),   # the paired report's
               "minutes": round((time.time() - t0) / 60, 2), "device": args.device}
     done.write_text(json.dumps(result, indent=1))
     print(f"prorag seed {seed}: EM sft {s['em_sft']:.3f} -> refine {s['em_refine']:.3f} -> rl "
@@ -268,12 +270,20 @@ def _reuse_pipeline(seed: int, args, index_dir: Path, test_file: Path, done: Pat
               "labels": {k: stages["labels"].get(k) for k in ("simulations", "pairs")},
               "refine": {k: stages["refine"].get(k) for k in ("sampled", "kept")},
               "em_by_type": _by_type(done.parent / "eval-rl"),
+              "per_question": _per_question(done.parent / "eval-rl"),
               "minutes": round((time.time() - t0) / 60, 2), "device": args.device}
     done.write_text(json.dumps(result, indent=1))
     print(f"prorag seed {seed} (reused {args.pipeline}): EM sft {result['em_sft']:.3f} -> "
           f"refine {result['em_refine']} -> rl {result['em']:.3f}, "
           f"{result['generated_tokens']} generated tokens", flush=True)
     return result
+
+
+def _per_question(eval_dir: Path) -> dict[str, float] | None:
+    """{example id: EM} of an evaluation, for the paired report (process_ablation's)."""
+    from process_ablation import _per_question as per_question
+
+    return per_question(eval_dir)
 
 
 def _by_type(run_dir: Path) -> dict:
@@ -332,6 +342,7 @@ def _beta0_run(seed: int, args, demo, index_dir: Path, test_file: Path) -> dict:
               "em": avg["em"], "f1": avg["f1"], "searches": avg["searches"],
               "evidence_recall": avg["evidence_recall"], "valid_format": avg["valid_format"],
               "em_by_type": _by_type(out / "eval-test"),
+              "per_question": _per_question(out / "eval-test"),
               "train_searches": [r["searches"] for r in steps if "episodes" in r],
               "minutes": round((time.time() - t0) / 60, 2), "device": args.device}
     done.write_text(json.dumps(result, indent=1))
@@ -432,12 +443,37 @@ def _report(work: Path, started: float, step_method: str) -> None:
             m, s = _mean_std([p[key] - b[key] for p, b in pairs])
             print(f"step_credit_effect_{key}={m:+.4f} step_credit_effect_{key}_std={s:.4f} "
                   f"step_credit_pairs={len(pairs)}")
+    found = _report_paired(by, step_method)
+    from process_ablation import _headline
+
     outcome = rows.get("outcome", (float("nan"),))[0]
-    gain = rows["prorag"][0] - outcome
+    gain = _headline(found.get(("prorag", "outcome")), rows["prorag"][0] - outcome)
     print("prorag: " + ", ".join(f"{k} {v[0]:.3f}±{v[1]:.3f} ({v[2]} seeds)" if v[2] > 1
                                  else f"{k} {v[0]:.3f} ({v[2]} seed)" for k, v in rows.items())
-          + f" (test EM at equal generated tokens); prorag_gain={gain:+.4f}"
+          + f" (test EM at equal generated tokens); prorag_gain={gain}"
           + f" ({(time.time() - started) / 60:.0f} min this run)")
+
+
+def _report_paired(by: dict[str, list[dict]], step_method: str) -> dict:
+    """The pipeline against each other method on the same test questions, seed by seed
+    (process_ablation's paired bootstrap), where the runs kept their per-question answers
+    (results written before they did are reported by their means alone)."""
+    from process_ablation import QuestionMismatch, _paired, paired_line
+
+    per_run = {(name, r["seed"]): r.get("per_question") for name, rs in by.items() for r in rs}
+    found = {}
+    for other in ("outcome", step_method, "prorag_beta0"):
+        if other not in by or other == "prorag":
+            continue
+        try:
+            paired = _paired(per_run, "prorag", other, None)
+        except QuestionMismatch as e:
+            print(f"paired_prorag_vs_{other}=refused ({e})")
+            continue
+        if paired is not None:
+            found[("prorag", other)] = paired
+            print(paired_line("prorag", other, paired))
+    return found
 
 
 if __name__ == "__main__":

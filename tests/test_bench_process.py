@@ -85,7 +85,32 @@ def test_prorag_bench_report_and_prorag_gain(tmp_path, capsys):
     assert float(figures["em_outcome"]) == pytest.approx(0.26)
     assert float(figures["prorag_em_refine"]) == pytest.approx(0.2)
     assert float(figures["prm_mc_on_mcts_auc"]) == pytest.approx(0.6)
-    assert out[-1].startswith("prorag: ") and "prorag_gain=+0.0400" in out[-1]
+    # results kept no per-question answers (those written before they did): the means
+    assert out[-1].startswith("prorag: ") and "prorag_gain=+0.0400 (unpaired means)" in out[-1]
+    assert not any(line.startswith("paired_") for line in out)
+    # with them, the gain is the paired one over the seeds both ran (seed 2's outcome run
+    # lacks its answers: left out and named)
+    for seed in range(3):
+        for name, answers in (("prorag", [1, 1, 1, 0]), ("outcome", [1, 0, 0, 0])):
+            if (name, seed) == ("outcome", 2):
+                continue
+            path = tmp_path / "runs" / f"{name}-s{seed}" / "result.json"
+            path.write_text(json.dumps(json.loads(path.read_text()) | {
+                "per_question": {f"q{i}": float(a) for i, a in enumerate(answers)}}))
+    bench._report(tmp_path, time.time(), "evidence")
+    out = capsys.readouterr().out.strip().splitlines()
+    figures = dict(kv.split("=") for line in out[:-1] for kv in line.split() if "=" in kv)
+    assert float(figures["paired_prorag_vs_outcome"]) == pytest.approx(0.5)
+    assert figures["wins_prorag_vs_outcome"] == "4" and figures["dropped_prorag_vs_outcome"] == "s2"
+    assert "prorag_gain=+0.5000 (95% CI +0.000 to +1.000, paired; seeds 0,1, resampling seeds" \
+        in out[-1]
+    # a pipeline evaluated on other questions is refused for that pair, not paired on some
+    path = tmp_path / "runs" / "prorag-s0" / "result.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"per_question": {"q0": 1.0}}))
+    bench._report(tmp_path, time.time(), "evidence")
+    out = capsys.readouterr().out.strip().splitlines()
+    assert any(line.startswith("paired_prorag_vs_outcome=refused (") for line in out)
+    assert "prorag_gain=+0.0400 (unpaired means)" in out[-1]
 
 
 def test_prorag_bench_keeps_runs_across_machines_from_the_same_start(tmp_path, capsys):
