@@ -37,7 +37,12 @@ GRPO step of seekrl against TRL's `GRPOTrainer` doing the same work.
 
     .venv/bin/python bench/train_step.py [--questions 8] [--group 4] [--max-new-tokens 64]
         [--repeats 1] [--skip-trl] [--skip-agent] [--threads N] [--unshared]
-        [--device cuda --dtype bfloat16] [--demo-policy DIR [--demo-sides before,now]]
+        [--device cuda --dtype bfloat16] [--arch qwen2.5-1.5b|tiny]
+        [--demo-policy DIR [--demo-sides before,now]]
+
+`--arch NAME` starts every side from random weights of that architecture instead of the
+bundled model (bench/rollout.py's shapes: qwen2.5-0.5b/1.5b/3b; `tiny`, the GPU agenda's dry
+run, so that its bfloat16 step takes seconds on a CPU without native bfloat16).
 
 Prints key=value lines; the last line is the summary with trl_speedup (TRL step seconds /
 seekrl step seconds, medians; `trl_speedup_gpu` on a GPU) and the agent step's headline.
@@ -64,13 +69,29 @@ import torch
 from seekrl.agent.protocol import build_prompt, parse_action, plain_answer
 from seekrl.config import TrainConfig
 from seekrl.data.world import WorldConfig, generate_world, write_world
-from seekrl.models import load_policy
+from seekrl.models import load_policy, mixed_precision
 from seekrl.recipes.train import Trainer
 from seekrl.retrieval.index import build_index, load_index
 from seekrl.rewards.metrics import exact_match
 from seekrl.runtime import peak_rss_mb
 
 MICRO_BATCH = 8
+
+
+def policy(args):
+    """The policy a side starts from: the bundled model, or with `--arch` random weights of
+    that architecture (rollout.py's shapes; `tiny` is the GPU agenda's dry run, seconds on
+    any CPU, in bfloat16 too)."""
+    model, tok = load_policy("smollm2-135m", dtype=args.dtype, device=args.device)
+    if args.arch:
+        from rollout import build_arch
+
+        mixed = args.dtype == "bf16-mixed"
+        model = build_arch(args.arch, tok, torch.float32 if mixed else getattr(torch, args.dtype),
+                           args.device)
+        if mixed:
+            mixed_precision(model)
+    return model, tok
 
 
 def build_world(work: Path, n_questions: int):
@@ -101,7 +122,7 @@ def seekrl_config(args, method: str, out: Path, share_prompts: bool = True) -> T
 def seekrl_step(args, method: str, questions, work: Path, retriever=None,
                 share_prompts: bool = True) -> dict:
     """A fresh model and Trainer (untimed), then one timed `Trainer.step(1)`."""
-    model, tok = load_policy("smollm2-135m", dtype=args.dtype, device=args.device)
+    model, tok = policy(args)
     out = Path(tempfile.mkdtemp(prefix=f"seekrl-{method}-", dir=work))
     trainer = Trainer(seekrl_config(args, method, out, share_prompts), model=model, tokenizer=tok,
                       retriever=retriever, questions=questions, console=None)
@@ -137,7 +158,7 @@ def trl_step(args, prompts: list[str], golden: list[list[str]], work: Path) -> d
     micro = min(MICRO_BATCH, n)
     if n % micro:
         raise SystemExit(f"questions x group ({n}) must be a multiple of {micro} for TRL")
-    model, tok = load_policy("smollm2-135m", dtype=args.dtype, device=args.device)
+    model, tok = policy(args)
     gpu = args.device.startswith("cuda")
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-", dir=work),
@@ -259,7 +280,7 @@ def demo_steps(args, work: Path) -> str:
 
 def warm_up(args, prompt: str) -> None:
     """Process-wide first-call costs (allocator, kernels), paid before any timing."""
-    model, tok = load_policy("smollm2-135m", dtype=args.dtype, device=args.device)
+    model, tok = policy(args)
     ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids.to(args.device)
     with torch.no_grad():
         model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
@@ -273,6 +294,8 @@ def median(values: list[float]) -> float:
 
 
 def main() -> None:
+    from rollout import ARCHS  # bench/, beside this script
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--questions", type=int, default=8)
     p.add_argument("--group", type=int, default=4)
@@ -283,6 +306,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--device", default="cpu", help="cpu, or cuda for the GPU comparison")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "bf16-mixed"))
+    p.add_argument("--arch", default="", choices=("", *ARCHS),
+                   help="random weights of this architecture (default: the bundled model)")
     p.add_argument("--demo-policy", type=Path, default=None,
                    help="a trained agent (e.g. an SFT checkpoint): time the demo's own RL step "
                         "from it (its RL config, 8 x 4 episodes, top 16 layers), as it was "
@@ -310,7 +335,8 @@ def main() -> None:
     prompts = [build_prompt(tok, q.question, "direct") for q in questions]
     same_ids = all(tok(t)["input_ids"] == tok.encode(t, add_special_tokens=False) for t in prompts)
     print(f"questions={len(questions)} group={args.group} max_new_tokens={args.max_new_tokens} "
-          f"repeats={args.repeats} threads={threads} torch={torch.__version__} "
+          f"repeats={args.repeats} threads={threads} model={args.arch or 'smollm2-135m'} "
+          f"torch={torch.__version__} "
           f"transformers={transformers.__version__} docs={len(world.docs)}")
     warm_up(args, prompts[0])
 
