@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -353,6 +354,9 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
     resume = (out / "checkpoints" / "latest").is_file()
     if resume:
         print(f"{method} seed {seed}: resuming {out}", flush=True)
+    else:   # a fresh run: an evaluation left in its folder is an earlier policy's (the
+        # trainer's overwrite clears its own outputs, not the bench's cached evaluation)
+        shutil.rmtree(out / f"eval-{args.final_on}", ignore_errors=True)
     summary = Trainer(cfg, resume=resume, overwrite=not resume).train()
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "episodes" in r]
@@ -456,27 +460,31 @@ def check_trained_ranker(cfg, final: Path) -> None:
 def _per_question(eval_dir: Path) -> dict[str, float] | None:
     """{example id: EM} of an evaluation (the mean over its samples), kept as the folder's
     `per_question.json` (a few kilobytes, unlike its trajectories); read from there when
-    the trajectories are gone, None when neither is there."""
+    the trajectories are gone or older, None when neither is there. An evaluation of
+    several datasets keys each question `dataset/id` (their ids may repeat: FlashRAG's
+    `test_0` is in every set)."""
     kept = eval_dir / "per_question.json"
-    if kept.is_file():
-        return json.loads(kept.read_text())
     trajectories = eval_dir / "trajectories.jsonl"
+    if kept.is_file() and not (trajectories.is_file()
+                               and trajectories.stat().st_mtime > kept.stat().st_mtime):
+        return json.loads(kept.read_text())
     if not trajectories.is_file():
         return None
     from seekrl.rewards.metrics import exact_match
 
-    ems: dict[str, list[float]] = {}
+    ems: dict[tuple[str, str], list[float]] = {}
     for n, line in enumerate(trajectories.read_text().splitlines(), 1):
         if not line.strip():
             continue
         try:
             t = json.loads(line)
-            ems.setdefault(t["example_id"], []).append(
+            ems.setdefault((t.get("dataset") or "", t["example_id"]), []).append(
                 exact_match(t.get("answer"), t["golden_answers"]))
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise SystemExit(f"{trajectories}:{n}: expected a trajectory with example_id, "
                              f"answer and golden_answers ({e})") from None
-    per = {q: sum(v) / len(v) for q, v in ems.items()}
+    several = len({d for d, _ in ems}) > 1
+    per = {(f"{d}/{q}" if several else q): sum(v) / len(v) for (d, q), v in ems.items()}
     kept.write_text(json.dumps(per, indent=0, sort_keys=True))
     return per
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -327,6 +328,7 @@ def _beta0_run(seed: int, args, demo, index_dir: Path, test_file: Path) -> dict:
     cfg = load_config(TrainConfig, pipe / "rl" / "config.yaml", [
         f"out={out}", "algo.beta=0", f"model={stages['refine']['final']}",
         f"reward.prm={stages['prm']['final']}", f"device={args.device}"])
+    shutil.rmtree(out / "eval-test", ignore_errors=True)   # an earlier policy's, if any
     summary = Trainer(cfg, overwrite=True).train()
     # the bench's own arguments carry what the evaluation reads (n_test, eval_batch, device)
     final = _evaluate(Path(summary["final"]), out / "eval-test", index_dir, test_file, demo,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -179,6 +180,8 @@ def _rl(mode: str, seed: int, budget: int | None, args, demo, world_dir: Path,
     if mode == "real" and getattr(args, "real_from", None) is not None:
         return _borrowed(args.real_from / f"outcome-s{seed}", cfg, done, args.n_test)
     resume = (out / "checkpoints" / "latest").is_file()
+    if not resume:   # an evaluation left in the folder is an earlier policy's
+        shutil.rmtree(out / "eval-test", ignore_errors=True)
     summary = Trainer(cfg, resume=resume, overwrite=not resume).train()
     # under the run's own ranker and episode settings, as the borrowed real run was
     final = evaluate_as_trained(cfg, Path(summary["final"]), out / "eval-test", index_dir,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import time
 from pathlib import Path
 
@@ -280,6 +281,54 @@ def test_paired_gain_counts_discordant_answers_and_bootstraps_seeds_and_question
     assert bench._paired({("a", 0): None}, "a", "outcome", None) is None
 
 
+def test_a_fresh_run_is_not_given_the_evaluation_an_earlier_policy_left_in_its_folder(
+        tmp_path, monkeypatch):
+    """Rerunning a method in its folder (result.json and checkpoints deleted) trains anew;
+    the final evaluation cached there (metrics.json, per_question.json: the bench's, which
+    the trainer's overwrite does not clear) was the earlier policy's and must not be read
+    back as the new one's. A resumed run keeps it (the same policy, evaluated before a
+    kill)."""
+    import argparse
+
+    import seekrl.recipes.train as train_mod
+
+    bench = load_bench()
+    out = tmp_path / "runs" / "outcome-s0"
+    stale = out / "eval-test"
+    stale.mkdir(parents=True)
+    (stale / "metrics.json").write_text(json.dumps({"average": {"em": 0.99}}))
+    (stale / "per_question.json").write_text(json.dumps({"q0": 1.0}))
+
+    class FakeTrainer:
+        def __init__(self, cfg, resume, overwrite):
+            self.resume = resume
+
+        def train(self):
+            (out / "metrics.jsonl").write_text(json.dumps(
+                {"step": 1, "episodes": 4, "rollout_tokens_total": 10, "searches": 1.0,
+                 "reward": 0.5}) + "\n")
+            return {"steps": 1, "rollout_tokens": 10, "final": str(out / "final")}
+
+    seen = []
+
+    def evaluate(cfg, model_dir, final_dir, *rest):
+        seen.append((final_dir / "metrics.json").is_file())
+        final_dir.mkdir(parents=True, exist_ok=True)
+        (final_dir / "trajectories.jsonl").write_text(json.dumps(
+            {"example_id": "q0", "answer": "no", "golden_answers": ["yes"]}) + "\n")
+        return {"average": {"em": 0.0, "f1": 0.0, "searches": 1.0, "evidence_recall": None,
+                            "valid_format": 1.0}, "by_type": {}}
+
+    cfg = argparse.Namespace(ranker=None, model_dump=lambda mode: {})
+    monkeypatch.setattr(bench, "_run_config", lambda *a: (cfg, {}, 0))
+    monkeypatch.setattr(bench, "evaluate_as_trained", evaluate)
+    monkeypatch.setattr(train_mod, "Trainer", FakeTrainer)
+    args = argparse.Namespace(work_dir=tmp_path, runs_dir="runs", budget_from=None,
+                              final_on="test", device="cpu", overrides={})
+    result = bench._run("outcome", 0, None, args, None, None, None, None, None)
+    assert seen == [False] and result["em"] == 0.0 and result["per_question"] == {"q0": 0.0}
+
+
 def test_per_question_em_from_trajectories_is_kept_and_bad_lines_are_named(tmp_path):
     bench = load_bench()
     d = tmp_path / "eval-test"
@@ -292,6 +341,17 @@ def test_per_question_em_from_trajectories_is_kept_and_bad_lines_are_named(tmp_p
     (d / "trajectories.jsonl").unlink()   # kept: read back without the trajectories
     assert bench._per_question(d) == {"q1": 1.0, "q2": 0.5}
     assert bench._per_question(tmp_path / "absent") is None
+    # trajectories written after the kept answers (an evaluation run again): read anew
+    os.utime(d / "per_question.json", (1, 1))
+    (d / "trajectories.jsonl").write_text(json.dumps(rows[0] | {"answer": "Rome"}) + "\n")
+    assert bench._per_question(d) == {"q1": 0.0}
+    # several datasets: their ids may repeat, so each question is dataset/id
+    both = tmp_path / "both"
+    both.mkdir()
+    (both / "trajectories.jsonl").write_text("\n".join(json.dumps(r) for r in (
+        rows[0] | {"dataset": "nq", "example_id": "test_0"},
+        rows[1] | {"dataset": "hotpotqa", "example_id": "test_0"})) + "\n")
+    assert bench._per_question(both) == {"nq/test_0": 1.0, "hotpotqa/test_0": 0.0}
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "trajectories.jsonl").write_text(json.dumps(rows[0]) + "\n{\"answer\": 1}\n")

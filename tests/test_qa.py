@@ -342,6 +342,10 @@ def test_answer_shapes_of_common_hf_datasets() -> None:
                                 "normalized_value": "sun"}) == ["Sun", "Sol"]  # trivia_qa
     assert _answers_from_value('["Kiev", "Kyiv"]') == ["Kiev", "Kyiv"]  # PopQA
     assert _answers_from_value(1984) == ["1984"]
+    # a year from a column with nulls arrives as a float: still 1984, not "1984.0" (which
+    # normalises to "19840" and never matches); a real fraction is kept
+    assert _answers_from_value(1984.0) == ["1984"]
+    assert _answers_from_value(2.5) == ["2.5"]
     with pytest.raises(ValueError):
         _answers_from_value({"start": 3})
 

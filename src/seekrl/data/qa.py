@@ -61,6 +61,8 @@ def _answer_text(value: Any) -> str | None:
     """An answer as text: strings as they are, numbers (years, counts) spelled out."""
     if isinstance(value, str):
         return value
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))   # 1984.0 (a column with nulls read as floats) is 1984
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
     return None
