@@ -357,3 +357,74 @@ def test_the_information_budget_is_per_sub_query(tiny):
     (b,) = two.run([QAExample("a", "q?", ["x"])])
     size = lambda t: t.steps[0].info_end - t.steps[0].info_start   # noqa: E731
     assert size(a) == budget and budget < size(b) <= 2 * budget
+
+
+LONG = {"tarrow": Hit("d-t", "Tarrow", "Tarrow has 40,000 people. " + "It lies by the sea. " * 20,
+                      2.0),
+        "kelbaan": Hit("d-k", "Kelbaan", "Kelbaan has 90,000 people. " + "Its hills are green. "
+                       * 20, 2.0),
+        "other": DOCS["other"]}
+
+
+class LongDocs(Docs):
+    """As `Docs`, with first documents far longer than a block's budget."""
+
+    def search(self, queries, k):
+        self.calls.append(list(queries))
+        return [[LONG.get(q.split()[0].lower(), LONG["other"]), LONG["other"]][:k]
+                for q in queries]
+
+
+def test_a_cut_block_keeps_every_sub_query_and_credits_only_the_documents_it_shows(tiny):
+    """A block over its budget is cut sub-query by sub-query: the first sub-query's long
+    document no longer pushes the second sub-query out of the block unseen. A document
+    cut away (its `Doc i` line gone) is not credited: not among the step's hits, the
+    evidence, or the documents seen; the ones shown still are."""
+    _, tok = tiny
+    budget = 60
+    engine = RolloutEngine(Script(tok, ["<search> Tarrow size ## Kelbaan size </search>",
+                                        "<answer> Kelbaan </answer>"]), tok, LongDocs(),
+                           RolloutConfig(max_turns=3, topk=2, max_queries=2,
+                                         max_info_tokens=budget))
+    (t,) = engine.run([QAExample("a", "Which is larger?", ["Kelbaan"],
+                                 {"gold_doc_ids": ["d-t", "d-k", "d-o"]})])
+    s = t.steps[0]
+    block = _block(tok, t, 0)
+    assert s.info_end - s.info_start <= 2 * budget
+    assert "Query 1: Tarrow size\nDoc 1 (Title: Tarrow)" in block
+    assert "Query 2: Kelbaan size\nDoc 3 (Title: Kelbaan)" in block   # its share kept
+    assert "Doc 2 (Title: Other)" not in block and "Doc 4" not in block
+    assert s.hits == ["d-t", "d-k"] and s.sub_hits == [["d-t"], ["d-k"]]
+    assert t.evidence_recall() == pytest.approx(2 / 3)   # d-o was found, never shown
+    # one query: the same rule (its second document cut away, not credited)
+    one = RolloutEngine(Script(tok, ["<search> Tarrow size </search>", "<answer> x </answer>"]),
+                        tok, LongDocs(), RolloutConfig(max_turns=3, topk=2,
+                                                       max_info_tokens=budget))
+    (u,) = one.run([QAExample("b", "q?", ["x"], {"gold_doc_ids": ["d-t", "d-o"]})])
+    assert u.steps[0].hits == ["d-t"] and u.evidence_recall() == 0.5
+    # a block that fits is laid out and credited whole, as before
+    fits = RolloutEngine(Script(tok, ["<search> Tarrow size ## Kelbaan size </search>",
+                                      "<answer> x </answer>"]), tok, Docs(),
+                         RolloutConfig(max_turns=3, topk=2, max_queries=2))
+    (w,) = fits.run([QAExample("c", "q?", ["x"])])
+    assert w.steps[0].hits == ["d-t", "d-o", "d-k", "d-o"]
+
+
+def test_sft_cuts_a_long_multi_query_block_as_the_engine_does(tiny):
+    from seekrl.recipes.sft import episode_tokens
+
+    _, tok = tiny
+    ex = QAExample("q1", "Which is larger, Tarrow or Kelbaan?", ["Kelbaan"],
+                   {"chain": [_hop("Tarrow", "40,000", "d-t"), _hop("Kelbaan", "90,000", "d-k")],
+                    "judgement": "x"})
+    ep = oracle_episode(ex, LongDocs(), k=2, max_queries=2)
+    ids, _ = episode_tokens(tok, ep, max_info_tokens=60, max_queries=2)
+    engine = RolloutEngine(Script(tok, ["<search> Tarrow size ## Kelbaan size </search>",
+                                        "<answer> x </answer>"]), tok, LongDocs(),
+                           RolloutConfig(max_turns=3, topk=2, max_queries=2,
+                                         max_info_tokens=60))
+    (t,) = engine.run([QAExample("a", "q?", ["x"])])
+    s = t.steps[0]
+    block = t.token_ids[s.info_start:s.info_end]
+    assert any(ids[i:i + len(block)] == block for i in range(len(ids)))   # the same tokens
+    assert "Query 2: Kelbaan size" in tok.decode(block)

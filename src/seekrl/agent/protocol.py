@@ -136,15 +136,23 @@ def format_query_results(queries: Sequence[str], hits: Sequence[Sequence[Hit]],
     """The documents of one search turn: for one query, `format_hits`; for several
     sub-queries, each one's documents under a `Query i: ...` line, numbered on across the
     turn (so `Doc 3` names one document of the block, as the `open` tool reads it)."""
+    return "\n".join(query_sections(queries, hits, style))
+
+
+def query_sections(queries: Sequence[str], hits: Sequence[Sequence[Hit]],
+                   style: PromptStyle | None = None) -> list[str]:
+    """`format_query_results`'s parts, one per sub-query (its `Query i:` line and its
+    documents; the one query's documents alone), which the block joins with newlines: a
+    block over its token budget is cut section by section (`information_ids`)."""
     if len(queries) != len(hits):
         raise ValueError(f"{len(queries)} queries but {len(hits)} result lists")
     if len(queries) == 1:
-        return format_hits(hits[0], style)
+        return [format_hits(hits[0], style)]
     parts, first = [], 1
     for i, (query, found) in enumerate(zip(queries, hits), 1):
         parts.append(f"Query {i}: {query}\n{format_hits(found, style, first=first)}")
         first += len(found)
-    return "\n".join(parts)
+    return parts
 
 
 def split_queries(body: str, max_queries: int) -> tuple[list[str], str | None]:

@@ -21,6 +21,8 @@ from pydantic import BaseModel, Field
 from seekrl.agent.backends import Backend, Generated, Sampling
 from seekrl.agent.protocol import (
     INFORMATION,
+    PROMPTS,
+    PromptStyle,
     build_prompt,
     format_hits,
     invalid_block,
@@ -54,14 +56,43 @@ class RolloutConfig(EpisodeSettings):
         return build_config(cls, {**own, **run}, source="rollout settings")
 
 
-def information_ids(encode: Callable[[str], list[int]], body: str, max_tokens: int) -> list[int]:
+def information_ids(encode: Callable[[str], list[int]], body: str, max_tokens: int,
+                    sections: Sequence[str] = ()) -> list[int]:
     """An `<information>` block as the policy sees it: head, body and tail tokenised apart
     (so the body's tokens do not depend on the tags) and the body cut so the whole block
     fits `max_tokens`. The SFT warm-up tokenises oracle episodes with this too, so a
-    trained policy reads exactly what it will read in a rollout."""
+    trained policy reads exactly what it will read in a rollout.
+
+    `sections`: the body's parts, one per sub-query (`body` is them joined by newlines).
+    A body of several that does not fit is cut part by part, each to an equal share, so
+    the first sub-query's long documents do not push a later sub-query's out of the block
+    unseen; a body that fits is tokenised whole, as one query's is."""
     head = encode(f"\n\n<{INFORMATION}>")
     tail = encode(f"</{INFORMATION}>\n\n")
-    return head + encode(body)[:max(1, max_tokens - len(head) - len(tail))] + tail
+    room = max(1, max_tokens - len(head) - len(tail))
+    whole = encode(body)
+    if len(whole) <= room or len(sections) < 2:
+        return head + whole[:room] + tail
+    newline = encode("\n")
+    share = max(1, (room - len(newline) * (len(sections) - 1)) // len(sections))
+    cut: list[int] = []
+    for i, section in enumerate(sections):
+        cut += (newline if i else []) + encode(section)[:share]
+    return head + cut[:room] + tail
+
+
+def shown_hits(hits: Sequence[Hit], full: str, shown: str, style: PromptStyle | None
+               ) -> list[bool]:
+    """Which of a search block's documents (numbered from 1 across the block) the policy
+    got to read when the block was cut: those whose `Doc i (Title: ...)` line is still in
+    `shown` (the decoded body as cut). A document whose line is not in `full` either (a
+    tool that lays its results out another way) is counted as shown, as before any cut."""
+    doc = (style or PROMPTS["seekrl"]).doc
+    out = []
+    for i, h in enumerate(hits, 1):
+        line = doc.format(i=i, title=h.title, text="").rstrip()
+        out.append(line not in full or line in shown)
+    return out
 
 
 def require_own_prompts(examples: Sequence[QAExample], source: str = "") -> None:
@@ -335,21 +366,27 @@ class RolloutEngine:
             for (e, step), result in zip(pending, results):
                 # the budget is per query: a turn of n sub-queries may show n times as much
                 ids = information_ids(self._encode, result.text,
-                                      cfg.max_info_tokens * max(1, len(result.sub_queries)))
+                                      cfg.max_info_tokens * max(1, len(result.sub_queries)),
+                                      result.sections)
                 # documents count as retrieved only when the policy gets to read them: a
                 # block that does not fit ends the episode and credits nothing
                 if not self._append_env(e, step, ids):
                     continue
-                e.seen.extend(result.hits)
+                read = self._read(result, ids) if tool.counts_as_search else None
+                hits = result.hits if read is None else \
+                    [h for h, ok in zip(result.hits, read) if ok]
+                e.seen.extend(hits)
                 if self._keep_shown:
-                    self._shown.update((h.doc_id, h) for h in result.hits)
+                    self._shown.update((h.doc_id, h) for h in hits)
                 if tool.counts_as_search:
-                    e.last = list(result.hits)
-                    step.hits = [h.doc_id for h in result.hits]
-                    step.hit_titles = [h.title for h in result.hits]
+                    e.last = list(result.hits)   # numbered as the block numbers them
+                    step.hits = [h.doc_id for h in hits]
+                    step.hit_titles = [h.title for h in hits]
                     step.gold_hit = bool(e.gold & set(step.hits)) if e.gold else None
                     step.sub_queries = list(result.sub_queries)
-                    step.sub_hits = [[h.doc_id for h in hs] for hs in result.sub_hits]
+                    kept = {h.doc_id for h in hits}
+                    step.sub_hits = [[h.doc_id for h in hs if h.doc_id in kept]
+                                     for hs in result.sub_hits]
         if self_search:
             self._write_own_information(self_search)
         for e in batch:
@@ -400,6 +437,18 @@ class RolloutEngine:
             if s.action == "search" and s.info_end is not None:
                 e.last = [self._shown[i] for i in s.hits if i in self._shown]
                 e.seen.extend(e.last)
+
+    def _read(self, result, ids: list[int]) -> list[bool] | None:
+        """Which of a search result's documents the block `ids` shows, when it was cut to
+        its budget (None: nothing was cut, every one is shown): a cut document earns no
+        evidence credit and is not among the documents seen (`shown_hits`)."""
+        head = len(self._encode(f"\n\n<{INFORMATION}>"))
+        tail = len(self._encode(f"</{INFORMATION}>\n\n"))
+        body = ids[head:len(ids) - tail]
+        if len(body) >= len(self._encode(result.text)):
+            return None
+        shown = self.tokenizer.decode(body, skip_special_tokens=False)
+        return shown_hits(result.hits, result.text, shown, self.style)
 
     def _append_env(self, e: _Episode, step: Step, ids: list[int]) -> bool:
         """Append the environment's block after `step`; False (and the episode ends) when

@@ -31,8 +31,8 @@ from seekrl.agent.protocol import (
     THINK,
     PromptStyle,
     format_hits,
-    format_query_results,
     normalise_text,
+    query_sections,
     split_queries,
 )
 from seekrl.retrieval.base import Hit, Retriever
@@ -60,6 +60,9 @@ class ToolResult:
     # documents it found (`hits` is their concatenation, in order); empty otherwise
     sub_queries: list[str] = field(default_factory=list)
     sub_hits: list[list[Hit]] = field(default_factory=list)
+    # ... and each sub-query's part of `text` (joined by newlines): a block over its token
+    # budget is cut part by part, so one sub-query's documents cannot crowd out another's
+    sections: list[str] = field(default_factory=list)
 
 
 @runtime_checkable
@@ -116,12 +119,13 @@ class SearchTool:
         out = []
         for queries in split:
             hits = [list(next(found)) for _ in queries]
-            text = format_query_results(queries, [[self._shown(h) for h in hs] for hs in hits],
-                                        self.style)
+            sections = query_sections(queries, [[self._shown(h) for h in hs] for hs in hits],
+                                      self.style)
             many = len(queries) > 1
-            out.append(ToolResult(text, [h for hs in hits for h in hs],
+            out.append(ToolResult("\n".join(sections), [h for hs in hits for h in hs],
                                   sub_queries=list(queries) if many else [],
-                                  sub_hits=hits if many else []))
+                                  sub_hits=hits if many else [],
+                                  sections=sections if many else []))
         return out
 
     def _shown(self, hit: Hit) -> Hit:

@@ -30,8 +30,8 @@ from seekrl.agent.protocol import (
     PROMPTS,
     build_prompt,
     format_hits,
-    format_query_results,
     prompt_style,
+    query_sections,
 )
 from seekrl.agent.rollout import information_ids
 from seekrl.config import DATA_PROMPT, DEFAULT_MAX_INFO_TOKENS, ConfigError, SFTConfig, dump_config
@@ -139,8 +139,10 @@ def episode_tokens(tokenizer, record: dict, *,
             body = content.strip()
             if body.startswith(head) and body.endswith(tail):
                 body = body[len(head):-len(tail)]
+            sections: list[str] = []
             if turn.get("queries") is not None:   # a search of several sub-queries
-                body = _many_results(turn, style, f"{where} turns[{i}]")
+                sections = _many_results(turn, style, f"{where} turns[{i}]")
+                body = "\n".join(sections)
             elif turn.get("hits") is not None:
                 body = format_hits(_turn_hits(turn["hits"], f"{where} turns[{i}].hits"), style)
             elif style.doc != PROMPTS["seekrl"].doc:
@@ -149,7 +151,8 @@ def episode_tokens(tokenizer, record: dict, *,
                                 f"file again (seekrl oracle) or use prompt: seekrl",
                                 path=where, field=f"turns[{i}]")
             # per query, as rollouts cut it: a block of n sub-queries may be n times as long
-            new = information_ids(encode, body, max_info_tokens * len(turn.get("queries") or [0]))
+            new = information_ids(encode, body, max_info_tokens * len(turn.get("queries") or [0]),
+                                  sections)
             ids += new
             mask += [0] * len(new)
         else:
@@ -161,17 +164,18 @@ def episode_tokens(tokenizer, record: dict, *,
     return ids, mask
 
 
-def _many_results(turn: dict, style, where: str) -> str:
-    """The block of an oracle search turn of several sub-queries: `queries` and, per
-    query, its documents in `hits`."""
+def _many_results(turn: dict, style, where: str) -> list[str]:
+    """The block of an oracle search turn of several sub-queries, one part per query
+    (`query_sections`, as a rollout's block): `queries` and, per query, its documents in
+    `hits`."""
     queries, hits = turn["queries"], turn.get("hits")
     if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
         raise DataError("expected a list of strings", path=where, field="queries")
     if not isinstance(hits, list) or len(hits) != len(queries):
         raise DataError(f"expected one list of documents per query ({len(queries)})",
                         path=where, field="hits")
-    return format_query_results(queries, [_turn_hits(h, f"{where}.hits[{j}]")
-                                          for j, h in enumerate(hits)], style)
+    return query_sections(queries, [_turn_hits(h, f"{where}.hits[{j}]")
+                                    for j, h in enumerate(hits)], style)
 
 
 def _turn_hits(raw, where: str) -> list[Hit]:
