@@ -281,6 +281,33 @@ def test_the_trainer_charges_reward_turn_cost(tmp_path, tiny):
     assert trainer.reward_fn(apart).total == pytest.approx(episode_reward(apart).total - 0.15)
 
 
+def test_a_turn_cost_that_outweighs_the_outcome_is_warned_about():
+    """From 1 / (max_turns - 1) a turn, a right answer after every turn scores no more
+    than a wrong one given at once: the group's advantages would teach the policy not to
+    search. Said when the config is checked; below the bound, nothing."""
+    import warnings
+
+    from seekrl.config import TrainConfig
+    from seekrl.recipes.train import check_config
+
+    def check(cost):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            check_config(TrainConfig(data="d", index="i", rollout={"max_turns": 4},
+                                     reward={"turn_cost": cost}))
+        return [str(w.message) for w in caught if "turn_cost" in str(w.message)]
+
+    assert check(0.35) and "below 0.333 it does not" in check(0.35)[0]
+    assert check(0.33) == [] and check(0.05) == [] and check(0.0) == []
+    # past it: 1 + 0.1 - 4 x 0.35 = -0.3 < 0 + 0.1 - 0.35 = -0.25
+    right = _traj([_search(["t"], [["d-t"]])] * 3 + [Step(0, 0, "answer", answer="x")])
+    wrong = _traj([Step(0, 0, "answer", answer="y")])
+    for t in (right, wrong):
+        t.answer, t.finish_reason = t.steps[-1].answer, "answer"
+    assert episode_reward(right, turn_cost=0.35).total < \
+        episode_reward(wrong, turn_cost=0.35).total
+
+
 # ---- the oracle
 class WorldDocs:
     def __init__(self, miss=()):
@@ -334,7 +361,7 @@ def test_sft_lays_out_a_multi_query_oracle_turn_as_the_engine_does(tiny):
                    {"chain": [_hop("Tarrow", "40,000", "d-t"), _hop("Kelbaan", "90,000", "d-k")],
                     "judgement": "x"})
     ep = oracle_episode(ex, Docs(), k=2, max_queries=2)
-    ids, mask = episode_tokens(tok, ep)
+    ids, mask = episode_tokens(tok, ep, max_queries=2)
     text = tok.decode(ids)
     assert "Query 1: Tarrow size\nDoc 1 (Title: Tarrow)" in text
     assert "Query 2: Kelbaan size\nDoc 3 (Title: Kelbaan)" in text
@@ -342,7 +369,12 @@ def test_sft_lays_out_a_multi_query_oracle_turn_as_the_engine_does(tiny):
                           for t in ep["turns"]])
     from seekrl.errors import DataError
     with pytest.raises(DataError, match="one list of documents per query"):
-        episode_tokens(tok, bad)
+        episode_tokens(tok, bad, max_queries=2)
+    # an oracle written for more sub-queries than the run allows is refused, naming the
+    # turn: the policy would learn turns its rollouts refuse (or, at 1, search "a ## b")
+    with pytest.raises(DataError, match=r"turns\[\d+\]\.queries.*2 sub-queries, but "
+                                        r"max_queries is 1"):
+        episode_tokens(tok, ep)
 
 
 def test_the_information_budget_is_per_sub_query(tiny):

@@ -141,6 +141,13 @@ def episode_tokens(tokenizer, record: dict, *,
                 body = body[len(head):-len(tail)]
             sections: list[str] = []
             if turn.get("queries") is not None:   # a search of several sub-queries
+                n = len(turn["queries"]) if isinstance(turn["queries"], list) else 0
+                if n > max_queries:   # the policy would learn turns its rollouts refuse
+                    raise DataError(
+                        f"a search of {n} sub-queries, but max_queries is {max_queries}: "
+                        f"write the oracle with --max-queries {max_queries} or train with "
+                        f"max_queries: {n} (rollouts refuse more than max_queries)",
+                        path=where, field=f"turns[{i}].queries")
                 sections = _many_results(turn, style, f"{where} turns[{i}]")
                 body = "\n".join(sections)
             elif turn.get("hits") is not None:

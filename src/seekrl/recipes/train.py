@@ -1415,6 +1415,16 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
             "kl_in_reward: false)")
     if cfg.retriever:
         check_retriever("retriever", cfg.retriever, cfg.index)
+    turns = cfg.rollout.max_turns
+    if not cfg.reward.fn and turns > 1 and cfg.reward.turn_cost * (turns - 1) >= 1:
+        # a right answer earns at most 1 more than a wrong one (both valid): past this,
+        # answering at once (wrong) ranks at or above answering right after every turn,
+        # and the group's advantages teach the policy not to search
+        warnings.warn(
+            f"reward.turn_cost: {cfg.reward.turn_cost} a turn makes a right answer after "
+            f"{turns} turns (rollout.max_turns) score no more than a wrong answer given at "
+            f"once (the outcome adds at most 1); below {1 / (turns - 1):.3g} it does not",
+            stacklevel=2)
     if algo.process_norm != "group":
         if algo.advantage != "dual_granularity":
             raise ConfigError(f"algo.process_norm: only dual_granularity reads it; "
