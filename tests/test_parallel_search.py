@@ -281,6 +281,27 @@ def test_the_trainer_charges_reward_turn_cost(tmp_path, tiny):
     assert trainer.reward_fn(apart).total == pytest.approx(episode_reward(apart).total - 0.15)
 
 
+def test_the_step_records_count_turns_and_sub_queries(tmp_path, tiny):
+    """What reward.turn_cost charges (model turns) and what the retriever was asked
+    (queries) are in each step's record, beside the searches."""
+    from seekrl.config import TrainConfig
+    from seekrl.recipes.train import Trainer
+
+    model, tok = tiny
+    cfg = TrainConfig(data="(in memory)", out=str(tmp_path / "run"), questions_per_step=1,
+                      group_size=2, save_every=0,
+                      rollout={"max_turns": 3, "max_queries": 2, "topk": 2},
+                      reward={"turn_cost": 0.05})
+    trainer = Trainer(cfg, model=model, tokenizer=tok, retriever=Docs(),
+                      questions=[QAExample("q", "Which is larger?", ["Kelbaan"])])
+    script = Script(tok, ["<search> Tarrow size ## Kelbaan size </search>",
+                          "<answer> Kelbaan </answer>"])
+    trainer._generation_backend = lambda: script
+    record = trainer.step(1)
+    assert (record["searches"], record["turns"], record["queries"]) == (1.0, 2.0, 2.0)
+    trainer.log.close()
+
+
 def test_a_turn_cost_that_outweighs_the_outcome_is_warned_about():
     """From 1 / (max_turns - 1) a turn, a right answer after every turn scores no more
     than a wrong one given at once: the group's advantages would teach the policy not to

@@ -931,6 +931,12 @@ class Trainer:
             "em": round(sum(self._correct(t) for t in trajs) / n, 4),
             "valid_format": round(sum(t.valid_format for t in trajs) / n, 4),
             "searches": round(sum(t.n_searches for t in trajs) / n, 3),
+            # model turns (what reward.turn_cost charges) and, with sub-queries, the
+            # retriever queries they carried (as the evaluation counts them)
+            "turns": round(sum(len(t.steps) for t in trajs) / n, 3),
+            **({"queries": round(sum(max(1, len(s.sub_queries)) for t in trajs for s in t.steps
+                                     if s.action == "search") / n, 3)}
+               if self.cfg.rollout.max_queries > 1 else {}),
             "response_length": round(sum(t.n_generated for t in trajs) / n, 1),
             "finished_answer": round(sum(t.finish_reason == "answer" for t in trajs) / n, 4),
             "reward_by_type": {k: round(sum(v) / len(v), 4) for k, v in sorted(by_type.items())},
