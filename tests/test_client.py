@@ -60,6 +60,19 @@ def test_search_sends_search_r1_request_and_parses_hits():
     assert hits[1][0].doc_id == "rome-0"
 
 
+def test_a_search_over_max_batch_goes_as_several_requests_in_order():
+    """A rollout batch of several sub-queries a turn can ask more than a server takes in
+    one request (`seekrl serve --max-queries`, 512): split, answered in order."""
+    server = FlakyServer()
+    queries = [f"q{i}" for i in range(7)]
+    hits = remote(server, max_batch=3).search(queries, k=1)
+    assert [json.loads(r.content)["queries"] for r in server.requests] == [
+        queries[:3], queries[3:6], queries[6:]]
+    assert [h[0].doc_id for h in hits] == [f"q{i}-0" for i in range(7)]
+    with pytest.raises(ValueError, match="max_batch"):
+        remote(server, max_batch=0)
+
+
 def test_documents_without_scores_are_accepted():
     hits = remote(FlakyServer(scores=False)).search(["q"], k=1)
     assert hits == [[Hit("q-0", "T0", "about q", 0.0)]]

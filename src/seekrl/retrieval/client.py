@@ -16,12 +16,19 @@ class RemoteRetriever:
     Connection errors, timeouts and 5xx answers are retried `retries` times, waiting
     `backoff * 2**attempt` seconds (capped at `max_backoff`) in between; a 4xx answer is the
     caller's mistake and raises `RetrievalError` at once with the server's message.
+    A search of more than `max_batch` queries (a rollout batch of several sub-queries a
+    turn can hold thousands) goes as several requests of at most that many, in order:
+    `seekrl serve` refuses a request over its `--max-queries` (512 by default).
     """
 
     def __init__(self, url: str, timeout: float = 30.0, retries: int = 3, backoff: float = 0.5,
-                 max_backoff: float = 8.0, transport: httpx.BaseTransport | None = None):
+                 max_backoff: float = 8.0, transport: httpx.BaseTransport | None = None,
+                 max_batch: int = 512):
         if retries < 0:
             raise ValueError(f"retries: expected >= 0, got {retries}")
+        if max_batch < 1:
+            raise ValueError(f"max_batch: expected >= 1 queries a request, got {max_batch}")
+        self.max_batch = max_batch
         if backoff < 0:
             raise ValueError(f"backoff: expected >= 0 seconds, got {backoff}")
         # accept the endpoint url as well as the base url
@@ -37,7 +44,11 @@ class RemoteRetriever:
             raise TypeError("queries: expected a list of strings, got a single str")
         if not queries:
             return []
-        payload = {"queries": list(queries), "topk": int(k), "return_scores": True}
+        queries = list(queries)
+        if len(queries) > self.max_batch:
+            return [hits for lo in range(0, len(queries), self.max_batch)
+                    for hits in self.search(queries[lo:lo + self.max_batch], k)]
+        payload = {"queries": queries, "topk": int(k), "return_scores": True}
         data = self._request("POST", "/retrieve", json=payload)
         result = data.get("result") if isinstance(data, dict) else None
         if not isinstance(result, list) or len(result) != len(queries):
