@@ -19,6 +19,34 @@ def _shared_dir() -> Path | None:
     return None
 
 
+@pytest.fixture
+def own_parts(monkeypatch):
+    """Run from the repository root (import paths such as `examples.my_parts:...` are
+    relative to it), and leave the registries, sys.path and sys.modules as they were:
+    importing examples/my_parts.py registers its estimator and process source under their
+    bare names (`median_baseline`), which would otherwise leak into every later test."""
+    import sys
+
+    from seekrl.rewards import process
+    from seekrl.rl import advantages
+
+    monkeypatch.chdir(_TESTS.parent)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    saved = [(d, dict(d)) for d in (advantages.ESTIMATORS, advantages.FACTS,
+                                    process.PROCESS_REWARDS)]
+    per_episode = set(advantages._PER_EPISODE)
+    modules = set(sys.modules)
+    yield
+    for d, before in saved:
+        d.clear()
+        d.update(before)
+    advantages._PER_EPISODE.clear()
+    advantages._PER_EPISODE.update(per_episode)
+    for name in set(sys.modules) - modules:
+        if name.split(".")[0] in ("examples", "badparts"):
+            del sys.modules[name]
+
+
 @pytest.fixture(scope="module")
 def tiny():
     """The tiny random model with the bundled tokenizer (one per test module)."""

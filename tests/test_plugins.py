@@ -20,30 +20,6 @@ CONFIG = ROOT / "configs" / "own_parts.yaml"
 PARTS = "examples.my_parts"
 
 
-@pytest.fixture
-def own_parts(monkeypatch):
-    """Run from the repository root (the import paths are relative to it), and leave the
-    registries, sys.path and sys.modules as they were."""
-    from seekrl.rewards import process
-    from seekrl.rl import advantages
-
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    saved = [(d, dict(d)) for d in (advantages.ESTIMATORS, advantages.FACTS,
-                                    process.PROCESS_REWARDS)]
-    per_episode = set(advantages._PER_EPISODE)
-    modules = set(sys.modules)
-    yield
-    for d, before in saved:
-        d.clear()
-        d.update(before)
-    advantages._PER_EPISODE.clear()
-    advantages._PER_EPISODE.update(per_episode)
-    for name in set(sys.modules) - modules:
-        if name.split(".")[0] in ("examples", "badparts"):
-            del sys.modules[name]
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     out = tmp_path_factory.mktemp("partsworld")

@@ -93,11 +93,9 @@ def test_open_of_nothing_shown_says_so_and_the_episode_goes_on(tiny):
     assert [s.action for s in t.steps] == ["open", "answer"] and t.answer == "x"
 
 
-def test_your_own_tool_by_import_path_is_called_once_per_turn(tiny, monkeypatch):
-    import pathlib
+def test_your_own_tool_by_import_path_is_called_once_per_turn(tiny, monkeypatch, own_parts):
     import sys
 
-    monkeypatch.chdir(pathlib.Path(__file__).resolve().parents[1])   # examples/ importable
     _, tok = tiny
     backend = Script(tok, ["<calc> (3 + 4) * 6 </calc>", "<calc> 1/0 </calc>",
                            "<answer> 42 </answer>"])
@@ -159,12 +157,9 @@ def test_a_tool_must_have_a_usable_tag_and_its_parts():
     (["examples.my_parts:judge"], "rollout.tools[0]: a tool needs tag"),
     (["examples.my_parts:Nope"], "rollout.tools[0]"),
 ])
-def test_bad_tools_fail_at_config_time_naming_the_key(tools, message, monkeypatch):
-    import pathlib
-
+def test_bad_tools_fail_at_config_time_naming_the_key(tools, message, own_parts):
     from seekrl.recipes.train import check_config
 
-    monkeypatch.chdir(pathlib.Path(__file__).resolve().parents[1])
     cfg = build_config(TrainConfig, {"data": "d", "index": "i", "rollout": {"tools": tools}})
     with pytest.raises(ConfigError, match="rollout.tools") as err:
         check_config(cfg)
@@ -186,10 +181,7 @@ def test_the_parser_takes_any_tool_tag_and_never_raises(parts):
         assert action.kind == "invalid"
 
 
-def test_the_engine_asks_the_backend_to_stop_at_each_tools_closing_tag(tiny, monkeypatch):
-    import pathlib
-
-    monkeypatch.chdir(pathlib.Path(__file__).resolve().parents[1])   # examples/ importable
+def test_the_engine_asks_the_backend_to_stop_at_each_tools_closing_tag(tiny, own_parts):
     _, tok = tiny
     seen = []
 
