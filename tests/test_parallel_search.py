@@ -481,3 +481,65 @@ def test_sft_cuts_a_long_multi_query_block_as_the_engine_does(tiny):
     block = t.token_ids[s.info_start:s.info_end]
     assert any(ids[i:i + len(block)] == block for i in range(len(ids)))   # the same tokens
     assert "Query 2: Kelbaan size" in tok.decode(block)
+
+
+def test_the_section_cut_gives_what_a_short_sub_query_leaves_to_the_long_ones(tiny):
+    """Water-filling: a part under an equal share keeps all of it, the rest share what it
+    leaves; a body that fits, or one of a single part, is tokenised whole as before."""
+    from seekrl.agent.rollout import information_ids
+
+    _, tok = tiny
+
+    def enc(text):
+        return tok.encode(text, add_special_tokens=False)
+
+    head, tail = enc("\n\n<information>"), enc("</information>\n\n")
+    short = "Query 1: a\nDoc 1 (Title: A) short."
+    long = "Query 2: b\nDoc 2 (Title: B) " + "words and more words " * 60
+    body = short + "\n" + long
+    roomy = 10 * len(enc(body))
+    assert information_ids(enc, body, roomy, [short, long]) == head + enc(body) + tail
+    assert information_ids(enc, long, 50, [long]) == head + enc(long)[:50 - len(head) - len(tail)] \
+        + tail
+    budget = 120
+    ids = information_ids(enc, body, budget, [short, long])
+    room = budget - len(head) - len(tail)
+    assert len(ids) <= budget
+    # the short part whole, the long one everything else (not half the room)
+    assert ids[len(head):len(head) + len(enc(short))] == enc(short)
+    assert len(ids) - len(head) - len(tail) >= room - 2
+
+
+def test_credit_follows_the_documents_lines_not_text_that_spells_them():
+    from seekrl.agent.rollout import shown_hits
+
+    hits = [Hit("d1", "Long", "x", 1.0), Hit("d2", "Gold", "y", 1.0)]
+    full = "Query 1: Doc 2 (Title: Gold)\nDoc 1 (Title: Long) x\nQuery 2: b\nDoc 2 (Title: Gold) y"
+    cut = "Query 1: Doc 2 (Title: Gold)\nDoc 1 (Title: Long) x"   # the query spells Doc 2
+    assert shown_hits(hits, full, cut, None) == [True, False]
+    # a title the tokenizer gives back otherwise (NFD -> NFC) is found by its round trip
+    import unicodedata
+
+    cafe = [Hit("d3", "Cafe\u0301", "z", 1.0)]
+    shown = "Doc 1 (Title: Caf\u00e9) z"
+    nfc = lambda text: unicodedata.normalize("NFC", text)   # noqa: E731
+    assert shown_hits(cafe, "Doc 1 (Title: Cafe\u0301) z", shown[:20], None, nfc) == [True]
+    assert shown_hits(cafe, "Doc 1 (Title: Cafe\u0301) z", "", None, nfc) == [False]
+    # another layout (a plug-in tool's): nothing to find, every document counts as shown
+    assert shown_hits(hits, "1. Long: x\n2. Gold: y", "1. Long", None) == [True, True]
+
+
+def test_a_cut_block_keeps_its_numbering_and_credits_sub_queries_by_position(tiny):
+    """A document in two sub-queries' lists, shown under the first and cut under the
+    second, is credited to the first only; the step keeps the block's whole numbering
+    (`block_hits`) for the `open` tool of a continuation."""
+    _, tok = tiny
+    engine = RolloutEngine(Script(tok, ["<search> Other ## Kelbaan size </search>",
+                                        "<answer> x </answer>"]), tok, LongDocs(),
+                           RolloutConfig(max_turns=3, topk=2, max_queries=2, max_info_tokens=40))
+    (t,) = engine.run([QAExample("a", "q?", ["x"], {"gold_doc_ids": ["d-k", "d-o"]})])
+    s = t.steps[0]
+    assert s.block_hits == ["d-o", "d-o", "d-k", "d-o"]
+    assert s.sub_hits[0] == ["d-o", "d-o"] and "d-o" not in s.sub_hits[1]
+    assert s.hits == [h for hs in s.sub_hits for h in hs]
+    assert Trajectory.from_dict(json.loads(json.dumps(t.to_dict()))).steps[0] == s

@@ -64,33 +64,54 @@ def information_ids(encode: Callable[[str], list[int]], body: str, max_tokens: i
     trained policy reads exactly what it will read in a rollout.
 
     `sections`: the body's parts, one per sub-query (`body` is them joined by newlines).
-    A body of several that does not fit is cut part by part, each to an equal share, so
-    the first sub-query's long documents do not push a later sub-query's out of the block
-    unseen; a body that fits is tokenised whole, as one query's is."""
+    A body of several that does not fit is cut part by part: a part shorter than an equal
+    share keeps all of it, and what it leaves goes to the longer ones, each cut to the
+    same length; so the first sub-query's long documents do not push a later sub-query's
+    out of the block unseen. A body that fits is tokenised whole, as one query's is."""
+    return _information(encode, body, max_tokens, sections)[0]
+
+
+def _information(encode: Callable[[str], list[int]], body: str, max_tokens: int,
+                 sections: Sequence[str] = ()) -> tuple[list[int], bool]:
+    """`information_ids`, and whether the body was cut."""
     head = encode(f"\n\n<{INFORMATION}>")
     tail = encode(f"</{INFORMATION}>\n\n")
     room = max(1, max_tokens - len(head) - len(tail))
     whole = encode(body)
     if len(whole) <= room or len(sections) < 2:
-        return head + whole[:room] + tail
+        return head + whole[:room] + tail, len(whole) > room
     newline = encode("\n")
-    share = max(1, (room - len(newline) * (len(sections) - 1)) // len(sections))
+    parts = [encode(section) for section in sections]
+    left = max(len(parts), room - len(newline) * (len(parts) - 1))
+    # water-filling: the largest length L with sum(min(len(p), L)) <= left
+    cap, rest = left, sorted(map(len, parts))
+    for i, n in enumerate(rest):
+        even = left // (len(rest) - i)
+        if n > even:
+            cap = even
+            break
+        left -= n
     cut: list[int] = []
-    for i, section in enumerate(sections):
-        cut += (newline if i else []) + encode(section)[:share]
-    return head + cut[:room] + tail
+    for i, part in enumerate(parts):
+        cut += (newline if i else []) + part[:max(1, cap)]
+    return head + cut[:room] + tail, True
 
 
-def shown_hits(hits: Sequence[Hit], full: str, shown: str, style: PromptStyle | None
-               ) -> list[bool]:
+def shown_hits(hits: Sequence[Hit], full: str, shown: str, style: PromptStyle | None,
+               same: Callable[[str], str] = lambda text: text) -> list[bool]:
     """Which of a search block's documents (numbered from 1 across the block) the policy
-    got to read when the block was cut: those whose `Doc i (Title: ...)` line is still in
-    `shown` (the decoded body as cut). A document whose line is not in `full` either (a
-    tool that lays its results out another way) is counted as shown, as before any cut."""
+    got to read when the block was cut: those whose `Doc i (Title: ...)` line still
+    starts a line of `shown` (the decoded body as cut; not anywhere in it: a sub-query's
+    own `Query i:` line could spell one). A document whose line starts no line of `full`
+    either (a tool that lays its results out another way) is counted as shown, as before
+    any cut. `same`: the text as the tokenizer gives it back (`decode(encode(text))`: a
+    tokenizer may normalise a title's characters or spaces), applied to the lines and to
+    `full` alike."""
     doc = (style or PROMPTS["seekrl"]).doc
+    full, shown = "\n" + same(full), "\n" + shown
     out = []
     for i, h in enumerate(hits, 1):
-        line = doc.format(i=i, title=h.title, text="").rstrip()
+        line = "\n" + same(doc.format(i=i, title=h.title, text="").rstrip())
         out.append(line not in full or line in shown)
     return out
 
@@ -365,28 +386,32 @@ class RolloutEngine:
                                    f"{len(pending)} calls")
             for (e, step), result in zip(pending, results):
                 # the budget is per query: a turn of n sub-queries may show n times as much
-                ids = information_ids(self._encode, result.text,
-                                      cfg.max_info_tokens * max(1, len(result.sub_queries)),
-                                      result.sections)
+                ids, cut = _information(self._encode, result.text,
+                                        cfg.max_info_tokens * max(1, len(result.sub_queries)),
+                                        result.sections)
                 # documents count as retrieved only when the policy gets to read them: a
                 # block that does not fit ends the episode and credits nothing
                 if not self._append_env(e, step, ids):
                     continue
-                read = self._read(result, ids) if tool.counts_as_search else None
+                read = self._read(result, ids) if cut and tool.counts_as_search else None
                 hits = result.hits if read is None else \
                     [h for h, ok in zip(result.hits, read) if ok]
                 e.seen.extend(hits)
-                if self._keep_shown:
-                    self._shown.update((h.doc_id, h) for h in hits)
+                if self._keep_shown:   # every document of the block, for its numbering
+                    self._shown.update((h.doc_id, h) for h in result.hits)
                 if tool.counts_as_search:
                     e.last = list(result.hits)   # numbered as the block numbers them
                     step.hits = [h.doc_id for h in hits]
                     step.hit_titles = [h.title for h in hits]
                     step.gold_hit = bool(e.gold & set(step.hits)) if e.gold else None
                     step.sub_queries = list(result.sub_queries)
-                    kept = {h.doc_id for h in hits}
-                    step.sub_hits = [[h.doc_id for h in hs if h.doc_id in kept]
-                                     for hs in result.sub_hits]
+                    if read is None:
+                        step.sub_hits = [[h.doc_id for h in hs] for hs in result.sub_hits]
+                    else:   # by position: a document can be in two sub-queries' lists
+                        step.block_hits = [h.doc_id for h in result.hits]
+                        marks = iter(read)
+                        step.sub_hits = [[h.doc_id for h in hs if next(marks)]
+                                         for hs in result.sub_hits]
         if self_search:
             self._write_own_information(self_search)
         for e in batch:
@@ -435,20 +460,21 @@ class RolloutEngine:
         engine showed: a tool that reads documents, `open`, finds no others)."""
         for s in e.traj.steps:
             if s.action == "search" and s.info_end is not None:
-                e.last = [self._shown[i] for i in s.hits if i in self._shown]
-                e.seen.extend(e.last)
+                # numbered as its block numbered them, cut documents too; seen: those shown
+                block = s.block_hits if s.block_hits is not None else s.hits
+                e.last = [self._shown[i] for i in block if i in self._shown]
+                e.seen.extend(self._shown[i] for i in s.hits if i in self._shown)
 
-    def _read(self, result, ids: list[int]) -> list[bool] | None:
-        """Which of a search result's documents the block `ids` shows, when it was cut to
-        its budget (None: nothing was cut, every one is shown): a cut document earns no
-        evidence credit and is not among the documents seen (`shown_hits`)."""
+    def _read(self, result, ids: list[int]) -> list[bool]:
+        """Which of a search result's documents the block `ids`, cut to its budget, shows:
+        a cut document earns no evidence credit and is not among the documents seen
+        (`shown_hits`)."""
         head = len(self._encode(f"\n\n<{INFORMATION}>"))
         tail = len(self._encode(f"</{INFORMATION}>\n\n"))
-        body = ids[head:len(ids) - tail]
-        if len(body) >= len(self._encode(result.text)):
-            return None
-        shown = self.tokenizer.decode(body, skip_special_tokens=False)
-        return shown_hits(result.hits, result.text, shown, self.style)
+        shown = self.tokenizer.decode(ids[head:len(ids) - tail], skip_special_tokens=False)
+        return shown_hits(result.hits, result.text, shown, self.style,
+                          lambda text: self.tokenizer.decode(self._encode(text),
+                                                             skip_special_tokens=False))
 
     def _append_env(self, e: _Episode, step: Step, ids: list[int]) -> bool:
         """Append the environment's block after `step`; False (and the episode ends) when

@@ -35,6 +35,9 @@ class Step:
     # it retrieved (`query` is the turn's whole text, `hits` the concatenation); else empty
     sub_queries: list[str] = field(default_factory=list)
     sub_hits: list[list[str]] = field(default_factory=list)
+    # a block cut to its token budget: every document it held, in its numbering (`hits`
+    # are then the ones the policy got to read, the only ones credited); None: not cut
+    block_hits: list[str] | None = None
     info_start: int | None = None    # the environment block after it: [info_start, info_end)
     info_end: int | None = None
     # self-search: the tokens the policy decoded to write that block (loss mask 0, but
