@@ -393,8 +393,10 @@ def test_in_process_and_server_retrieval_give_the_same_run(world_index, tiny, tm
         assert row["searches"] == 2.0 and row["valid_format"] == 1.0
         assert all(len(t.steps) == 3 and t.steps[0].hits for t in t_local)
     else:
-        assert all(t.prompt_hits and len(t.prompt_hit_titles) == 3
-                   for t in t_local)
+        # top 3 in the prompt; one question's third document is cut away by the
+        # max_info_tokens budget (its Doc line gone), so it is not recorded as retrieved
+        assert [len(t.prompt_hits or []) for t in t_local] == [3, 3, 3, 3, 2, 3]
+        assert all(len(t.prompt_hit_titles) == len(t.prompt_hits) for t in t_local)
 
 
 def test_evaluate_writes_the_run_folder(world_index, tiny, tmp_path):

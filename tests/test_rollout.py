@@ -311,6 +311,18 @@ def test_rag_documents_get_the_information_token_budget(tiny):
     assert full.prompt_len - short.prompt_len > 300
     assert short.prompt_hits == ["d-long"]
 
+    class LongFirst(Docs):   # the second document cut away: not recorded as retrieved
+        docs = [Hit("d-long", "Long", "word " * 400, 1.0), Hit("d-x", "Noise", "x.", 0.5)]
+
+    cut = RolloutEngine(Scripted(tok, scripts), tok, LongFirst(),
+                        RolloutConfig(method="rag", topk=2, max_info_tokens=30)
+                        ).run([ex("q", "Q4")])[0]
+    assert cut.prompt_hits == ["d-long"] and cut.prompt_hit_titles == ["Long"]
+    whole = RolloutEngine(Scripted(tok, scripts), tok, LongFirst(),
+                          RolloutConfig(method="rag", topk=2, max_info_tokens=1000)
+                          ).run([ex("q", "Q4")])[0]
+    assert whole.prompt_hits == ["d-long", "d-x"]
+
 
 def test_kept_cache_has_no_hole_columns_however_many_episodes_pass(tiny):
     """Between turns the cache holds each row's attended columns only, right-aligned: its

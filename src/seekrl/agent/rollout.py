@@ -311,15 +311,21 @@ class RolloutEngine:
         hits_per: list[Sequence[Hit]] = [()] * len(examples)
         if cfg.method == "rag":  # one retrieval with the question, before the only turn
             hits_per = self.retriever.search([ex.question for ex in examples], cfg.topk)
-        prompts = []
+        prompts, shown_per = [], []
         for ex, hits in zip(examples, hits_per):
             documents = None
             if cfg.method == "rag":  # the same token budget as an <information> block
-                documents = self.tokenizer.decode(self._document_ids(hits, cfg.max_info_tokens))
+                full = format_hits(hits, self.style)
+                ids = self._document_ids(hits, cfg.max_info_tokens)
+                documents = self.tokenizer.decode(ids)
+                if len(ids) < len(self._encode(full)):   # cut: credit what is shown, as a search
+                    read = shown_hits(hits, full, documents, self.style, self._round_trip)
+                    hits = [h for h, ok in zip(hits, read) if ok]
+            shown_per.append(hits)
             prompts.append(self._encode(build_prompt(
                 self.tokenizer, ex.question, cfg.method, documents=documents, style=self.style,
                 messages=ex.prompt if own else None, tools=self._tool_text)))
-        return prompts, hits_per
+        return prompts, shown_per
 
     def _take_turn(self, batch: list[_Episode], outs: list[Generated]) -> None:
         cfg = self.cfg
@@ -472,9 +478,11 @@ class RolloutEngine:
         head = len(self._encode(f"\n\n<{INFORMATION}>"))
         tail = len(self._encode(f"</{INFORMATION}>\n\n"))
         shown = self.tokenizer.decode(ids[head:len(ids) - tail], skip_special_tokens=False)
-        return shown_hits(result.hits, result.text, shown, self.style,
-                          lambda text: self.tokenizer.decode(self._encode(text),
-                                                             skip_special_tokens=False))
+        return shown_hits(result.hits, result.text, shown, self.style, self._round_trip)
+
+    def _round_trip(self, text: str) -> str:
+        """`text` as the tokenizer gives it back (it may normalise characters or spaces)."""
+        return self.tokenizer.decode(self._encode(text), skip_special_tokens=False)
 
     def _append_env(self, e: _Episode, step: Step, ids: list[int]) -> bool:
         """Append the environment's block after `step`; False (and the episode ends) when
