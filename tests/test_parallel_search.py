@@ -227,16 +227,26 @@ def _search(queries, hits):
                 sub_queries=list(queries) if many else [], sub_hits=hits if many else [])
 
 
-def test_decomposition_rewards_sub_queries_that_find_distinct_gold():
+def test_decomposition_rewards_sub_queries_that_find_distinct_new_gold():
+    """The share of a turn's sub-queries that can each be given a gold document of its own
+    (a maximum matching) among the gold not found before the turn."""
     ctx = ProcessContext()
-    good = _search(["t", "k"], [["d-t", "d-o"], ["d-k"]])
-    same = _search(["t", "t2"], [["d-t"], ["d-t"]])       # both found the same gold document
-    half = _search(["t", "x"], [["d-t"], ["d-o"]])
-    one = _search(["t"], [["d-t"]])                       # one query: not judged
     answer = Step(0, 0, "answer", answer="x")
-    rows = decomposition([_traj([good, same, half, one, answer])], ctx)
-    assert rows == [[1.0, 0.0, 0.5, None, None]]
-    assert decomposition([_traj([good], gold=())], ctx) == [[None]]   # gold unknown
+
+    def score(*steps):
+        return decomposition([_traj([*steps, answer])], ctx)[0][len(steps) - 1]
+
+    assert score(_search(["t", "k"], [["d-t", "d-o"], ["d-k"]])) == 1.0
+    # k's list holds d-t too: each sub-query still has a gold document of its own
+    assert score(_search(["t", "k"], [["d-t"], ["d-t", "d-k"]])) == 1.0
+    assert score(_search(["t", "t2"], [["d-t"], ["d-t"]])) == 0.5   # one gold, two asked
+    assert score(_search(["t", "x"], [["d-t"], ["d-o"]])) == 0.5
+    # a repeat of an earlier search finds nothing new: only k counts
+    assert score(_search(["t"], [["d-t"]]), _search(["t", "k"], [["d-t"], ["d-k"]])) == 0.5
+    rows = decomposition([_traj([_search(["t"], [["d-t"]]), answer])], ctx)
+    assert rows == [[None, None]]                                    # one query: not judged
+    assert decomposition([_traj([_search(["t", "k"], [["d-t"], ["d-k"]])], gold=())],
+                         ctx) == [[None]]   # gold unknown
 
 
 def test_decomposition_by_titles_when_only_supporting_titles_are_known():

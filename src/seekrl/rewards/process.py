@@ -34,9 +34,12 @@ The sources:
   for other steps. A search of several sub-queries scores the mean over its sub-queries,
   each judged against everything before it (the turn's earlier sub-queries included).
 - `decomposition`: for a search of several sub-queries (`rollout.max_queries` > 1), the
-  share of its sub-queries that found a gold document no other sub-query of the turn
-  found (ParallelSearch's decomposition quality: independent lookups, one gold fact each);
-  None for one-query searches, other steps and episodes without known gold.
+  share of its sub-queries that can each be given a gold document of its own among the
+  gold not found before the turn (a maximum matching: two sub-queries that found the same
+  one document count once; a sub-query whose list also holds another's gold still counts;
+  a repeat of an earlier search earns nothing). ParallelSearch's decomposition quality:
+  independent lookups, one gold fact each. None for one-query searches, other steps and
+  episodes without known gold.
 - `step_format`: -1 for a turn that does not follow the protocol exactly
   (`protocol.step_format_problem`), else 0.
 - `mc_value`: Monte-Carlo progress ("rewarding progress", Setlur et al., 2024). From the
@@ -213,22 +216,41 @@ def decomposition(trajectories: Sequence[Trajectory], ctx: ProcessContext
                   ) -> list[list[float | None]]:
     out: list[list[float | None]] = []
     for t in trajectories:
-        gold, _, _ = t.evidence_keys()
+        gold, step_keys, seen = t.evidence_keys()   # by document id, else by title
         row: list[float | None] = []
-        for s in t.steps:
+        for s, keys in zip(t.steps, step_keys):
             if s.action != "search" or len(s.sub_queries) < 2 or not gold:
                 row.append(None)
-                continue
-            if t.gold_doc_ids:
-                found = [set(hits) & gold for hits in s.sub_hits]
-            else:   # gold by title: the turn's titles, in order, cut at each sub-query
-                titles = iter(normalise_text(x) for x in s.hit_titles)
-                found = [{next(titles) for _ in hits} & gold for hits in s.sub_hits]
-            own = [f - set().union(*(g for j, g in enumerate(found) if j != i))
-                   for i, f in enumerate(found)]
-            row.append(sum(bool(x) for x in own) / len(own))
+            else:
+                if t.gold_doc_ids:
+                    found = [set(hits) for hits in s.sub_hits]
+                else:   # gold by title: the turn's titles, in order, cut at each sub-query
+                    titles = iter(normalise_text(x) for x in s.hit_titles)
+                    found = [{next(titles) for _ in hits} for hits in s.sub_hits]
+                # what each sub-query found of the gold not found before this turn (a
+                # repeat of an earlier search earns nothing), and how many sub-queries can
+                # each be given a gold document of its own (one found by two counts once)
+                new = [f & gold - seen for f in found]
+                row.append(_matched(new) / len(new))
+            seen = seen | keys
         out.append(row)
     return out
+
+
+def _matched(options: Sequence[set[str]]) -> int:
+    """The size of a maximum matching of items to distinct keys, item i taking one of
+    `options[i]` (augmenting paths; a few sub-queries and gold documents)."""
+    owner: dict[str, int] = {}
+
+    def place(i: int, tried: set[str]) -> bool:
+        for key in sorted(options[i] - tried):
+            tried.add(key)
+            if key not in owner or place(owner[key], tried):
+                owner[key] = i
+                return True
+        return False
+
+    return sum(place(i, set()) for i in range(len(options)))
 
 
 @register_process("step_format")
