@@ -69,7 +69,7 @@ import torch
 from seekrl.agent.protocol import build_prompt, parse_action, plain_answer
 from seekrl.config import TrainConfig
 from seekrl.data.world import WorldConfig, generate_world, write_world
-from seekrl.models import load_policy, mixed_precision
+from seekrl.models import load_policy, load_tokenizer, mixed_precision
 from seekrl.recipes.train import Trainer
 from seekrl.retrieval.index import build_index, load_index
 from seekrl.rewards.metrics import exact_match
@@ -82,15 +82,16 @@ def policy(args):
     """The policy a side starts from: the bundled model, or with `--arch` random weights of
     that architecture (rollout.py's shapes; `tiny` is the GPU agenda's dry run, seconds on
     any CPU, in bfloat16 too)."""
-    model, tok = load_policy("smollm2-135m", dtype=args.dtype, device=args.device)
-    if args.arch:
-        from rollout import build_arch
+    if not args.arch:
+        return load_policy("smollm2-135m", dtype=args.dtype, device=args.device)
+    from rollout import build_arch
 
-        mixed = args.dtype == "bf16-mixed"
-        model = build_arch(args.arch, tok, torch.float32 if mixed else getattr(torch, args.dtype),
-                           args.device)
-        if mixed:
-            mixed_precision(model)
+    tok = load_tokenizer("smollm2-135m")   # the bundled vocabulary, not its weights
+    mixed = args.dtype == "bf16-mixed"
+    model = build_arch(args.arch, tok, torch.float32 if mixed else getattr(torch, args.dtype),
+                       args.device)
+    if mixed:
+        mixed_precision(model)
     return model, tok
 
 
