@@ -384,13 +384,17 @@ def test_the_parallel_oracle_searches_independent_lookups_together_and_recovers(
     assert sum(t["role"] == "information" for t in seq["turns"]) == 3
 
 
+def _comparison() -> QAExample:
+    return QAExample("q1", "Which is larger, Tarrow or Kelbaan?", ["Kelbaan"],
+                     {"chain": [_hop("Tarrow", "40,000", "d-t"),
+                                _hop("Kelbaan", "90,000", "d-k")], "judgement": "x"})
+
+
 def test_sft_lays_out_a_multi_query_oracle_turn_as_the_engine_does(tiny):
     from seekrl.recipes.sft import episode_tokens
 
     _, tok = tiny
-    ex = QAExample("q1", "Which is larger, Tarrow or Kelbaan?", ["Kelbaan"],
-                   {"chain": [_hop("Tarrow", "40,000", "d-t"), _hop("Kelbaan", "90,000", "d-k")],
-                    "judgement": "x"})
+    ex = _comparison()
     ep = oracle_episode(ex, Docs(), k=2, max_queries=2)
     ids, mask = episode_tokens(tok, ep, max_queries=2)
     text = tok.decode(ids)
@@ -477,9 +481,7 @@ def test_sft_cuts_a_long_multi_query_block_as_the_engine_does(tiny):
     from seekrl.recipes.sft import episode_tokens
 
     _, tok = tiny
-    ex = QAExample("q1", "Which is larger, Tarrow or Kelbaan?", ["Kelbaan"],
-                   {"chain": [_hop("Tarrow", "40,000", "d-t"), _hop("Kelbaan", "90,000", "d-k")],
-                    "judgement": "x"})
+    ex = _comparison()
     ep = oracle_episode(ex, LongDocs(), k=2, max_queries=2)
     ids, _ = episode_tokens(tok, ep, max_info_tokens=60, max_queries=2)
     engine = RolloutEngine(Script(tok, ["<search> Tarrow size ## Kelbaan size </search>",
