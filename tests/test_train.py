@@ -334,6 +334,24 @@ def test_bad_config_keys_and_values_name_the_key(override, key):
     assert f"{key}:" in str(err.value)
 
 
+def test_a_section_given_in_part_keeps_the_recipes_own_defaults():
+    """`optim.lr` alone, in a file or an override, changed RL's schedule from its constant
+    to the section class's cosine (and labelling's temperature from 0.9 to 1.0): the keys
+    left out now keep what the recipe sets; a key given still wins."""
+    from seekrl.config import LabelConfig, SFTConfig
+
+    for section in ({"optim": {"lr": 2e-6}}, {}):
+        cfg = build_config(TrainConfig, {"data": "d", **section},
+                           [] if section else ["optim.lr=2e-6"])
+        assert (cfg.optim.lr, cfg.optim.schedule) == (2e-6, "constant")
+    cosine = build_config(TrainConfig, {"data": "d", "optim": {"schedule": "cosine"}})
+    assert (cosine.optim.lr, cosine.optim.schedule) == (1e-6, "cosine")
+    assert build_config(SFTConfig, {"data": "d", "optim": {"lr": 1e-4}}).optim.warmup_steps == 5
+    labels = build_config(LabelConfig, {"data": "d", "model": "m", "index": "i",
+                                        "rollout": {"max_turns": 3}})
+    assert (labels.rollout.max_turns, labels.rollout.temperature) == (3, 0.9)
+
+
 def test_an_optional_section_is_switched_on_by_its_model_or_by_itself():
     ranker = build_config(TrainConfig, {"data": "d"}, ["ranker.train=false", "ranker.model=null"])
     assert ranker.ranker.train is False and ranker.ranker.model is None

@@ -57,6 +57,27 @@ class Strict(BaseModel):
                 raise ValueError(f"expected a number, got {value}")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _sections_over_the_recipes_defaults(cls, data: Any) -> Any:
+        """A section given in part (`optim: {lr: 2e-6}`, `--set optim.lr=2e-6`) keeps what
+        the recipe's own default for it sets (RL's `schedule: constant`, labelling's
+        `temperature: 0.9`) for the keys it does not give, instead of falling back to the
+        section class's defaults (cosine, 1.0) unsaid."""
+        if not isinstance(data, dict):
+            return data
+        merged = None
+        for name, field in cls.model_fields.items():
+            default, given = field.default, data.get(name)
+            if not (isinstance(default, BaseModel) and isinstance(given, dict)):
+                continue
+            keep = {k: v for k, v in default.model_dump(include=default.model_fields_set).items()
+                    if k not in given}
+            if keep:
+                merged = merged if merged is not None else dict(data)
+                merged[name] = {**keep, **given}
+        return merged if merged is not None else data
+
 
 class LoRAConfig(Strict):
     enabled: bool = False
