@@ -44,6 +44,7 @@ def _write_lines(path: Path, lines: list[str]) -> Path:
 
 
 GOOD = json.dumps({"id": "ok", "question": "Q?", "golden_answers": ["A"]})
+GOOD2 = json.dumps({"id": "ok2", "question": "Q2?", "golden_answers": ["B"]})
 
 
 # ------------------------------------------------------------------------------- from_dict
@@ -133,7 +134,7 @@ def test_byte_order_mark_is_ignored(tmp_path: Path) -> None:
 
 def test_skip_bad_counts_and_reports(tmp_path: Path) -> None:
     path = _write_lines(tmp_path / "qa.jsonl", [
-        GOOD, "{oops", "", '{"id": "x"}', "[1]", GOOD,
+        GOOD, "{oops", "", '{"id": "x"}', "[1]", GOOD2,
         '{"id": "y", "question": "Q", "golden_answers": [null]}'])
     report = SkipReport()
     examples = read_qa_jsonl(path, skip_bad=True, report=report)
@@ -143,6 +144,24 @@ def test_skip_bad_counts_and_reports(tmp_path: Path) -> None:
     assert "missing required field" in report.skipped[1][1]
     text = str(report)
     assert f"skipped 4 bad line(s) in {path}" in text and "line 7:" in text
+
+
+def test_a_duplicate_id_is_refused_naming_both_rows(tmp_path: Path) -> None:
+    """A question's id names its GRPO group, its labels and its evaluation row: two
+    questions under one id (FlashRAG numbers each split's ids from 0, so two datasets
+    concatenated share them) would be mixed. Refused, or skipped and reported."""
+    other = json.dumps({"id": "ok", "question": "Another?", "golden_answers": ["B"]})
+    path = _write_lines(tmp_path / "qa.jsonl", [GOOD, GOOD2, other])
+    with pytest.raises(DataError, match=r"qa.jsonl:3: field 'id': duplicate id 'ok' \(row 1 "
+                                        r"has it too\)"):
+        read_qa_jsonl(path)
+    report = SkipReport()
+    assert [e.id for e in read_qa_jsonl(path, skip_bad=True, report=report)] == ["ok", "ok2"]
+    assert [n for n, _ in report.skipped] == [3]
+    array = tmp_path / "array.json"
+    array.write_text(json.dumps([json.loads(GOOD), json.loads(other)]), encoding="utf-8")
+    with pytest.raises(DataError, match="duplicate id 'ok'"):
+        load_qa(array)
 
 
 def test_skip_report_caps_reasons(tmp_path: Path) -> None:
@@ -316,7 +335,7 @@ def test_load_qa_json_array_errors_name_the_item(tmp_path: Path) -> None:
 
 def test_load_qa_json_array_skips_name_the_item_number(tmp_path: Path, caplog) -> None:
     path = tmp_path / "array.json"
-    path.write_text(json.dumps([json.loads(GOOD), {"id": "x"}, json.loads(GOOD)]),
+    path.write_text(json.dumps([json.loads(GOOD), {"id": "x"}, json.loads(GOOD2)]),
                     encoding="utf-8")
     report = SkipReport()
     assert len(load_qa(path, skip_bad=True, report=report)) == 2

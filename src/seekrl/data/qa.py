@@ -175,13 +175,26 @@ def prompt_messages(raw: Any, where: dict) -> list[dict[str, str]] | None:
 # ---------------------------------------------------------------------------- FlashRAG JSONL
 
 def _valid_rows(rows: Iterable[tuple[int, Callable[[], QAExample]]], *, skip_bad: bool,
-                report: SkipReport | None, path: str | None) -> Iterator[QAExample]:
+                report: SkipReport | None, path: str | None,
+                source: str | None = None) -> Iterator[QAExample]:
     """The examples `rows` build ((row number, builder) pairs). A row whose builder raises
-    DataError is an error, or with `skip_bad` left out and recorded in `report`."""
+    DataError is an error, or with `skip_bad` left out and recorded in `report`. So is a
+    row whose id an earlier row has: a question's id names its GRPO group, its labels and
+    its evaluation row, so two questions under one id would be mixed (`source`: the file,
+    for that error)."""
     own = report if report is not None else SkipReport(path=path)
+    first: dict[str, int] = {}
     for row_no, build in rows:
         try:
-            yield build()
+            example = build()
+            if example.id in first:
+                raise DataError(
+                    f"duplicate id {example.id!r} (row {first[example.id]} has it too): ids "
+                    "must be unique within a file (mixing datasets: prefix each one's ids, "
+                    "as flashrag:nq+hotpotqa does)", path=source or path, line=row_no,
+                    field="id")
+            first[example.id] = row_no
+            yield example
         except DataError as err:
             if not skip_bad:
                 raise
@@ -215,7 +228,7 @@ def iter_qa_jsonl(
     # one report for both kinds of bad line (not JSON; not a record), warned about once
     yield from _valid_rows(((n, functools.partial(QAExample.from_dict, obj, path=path, line=n))
                             for n, obj in iter_jsonl(path, skip_bad=skip_bad, report=own)),
-                           skip_bad=skip_bad, report=own, path=None)
+                           skip_bad=skip_bad, report=own, path=None, source=str(path))
     _finish_skips(own, report)
 
 
