@@ -377,6 +377,20 @@ def test_config_file_errors(tmp_path):
     path.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(TrainConfig, path)
+    path.write_text("false\n")   # not an empty file: no silent all-defaults
+    with pytest.raises(ConfigError, match="mapping of keys at the top level, got bool"):
+        load_config(TrainConfig, path)
+    # a key given twice: YAML keeps the last silently (the first optim block's lr lost)
+    path.write_text("data: d\noptim:\n  lr: 1.0e-4\nsteps: 3\noptim:\n  warmup_steps: 2\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: line 5 not valid YAML \(the key 'optim' is "
+                                          r"given twice\)"):
+        load_config(TrainConfig, path)
+    path.write_text("algo: {epochs: 1, epochs: 2}\n")
+    with pytest.raises(ConfigError, match="'epochs' is given twice"):
+        load_config(TrainConfig, path)
+    path.write_bytes(b"data: caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: not UTF-8 text"):
+        load_config(TrainConfig, path)
     path.write_text("data: d\nindex: i\nsteps: 3\n")
     cfg = load_config(TrainConfig, path, ["optim.lr=1e-5", "algo.advantage=rloo"])
     assert (cfg.steps, cfg.optim.lr, cfg.algo.advantage) == (3, 1e-5, "rloo")

@@ -898,6 +898,26 @@ def build_config(schema: type[C], data: dict | None, overrides: list[str] = (),
         raise ConfigError(f"{source}: " + "; ".join(lines)) from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.safe_load`'s loader, refusing a key given twice in one mapping (YAML keeps the
+    last one silently: a second `optim:` block would drop the first's keys unsaid)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                twice = key in seen
+                seen.add(key)
+            except TypeError:   # an unhashable key: the base class says what is wrong
+                continue
+            if twice:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark,
+                    f"the key {key!r} is given twice", key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
 def load_config(schema: type[C], path: str | Path | None, overrides: list[str] = ()) -> C:
     """Read a YAML file (or nothing) into `schema`, with `key.sub=value` overrides on top."""
     data: dict = {}
@@ -908,12 +928,19 @@ def load_config(schema: type[C], path: str | Path | None, overrides: list[str] =
         if not path.is_file():
             raise ConfigError(f"{path}: no such config file")
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") \
+                from None
+        try:
+            data = yaml.load(text, Loader=_UniqueKeyLoader)
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             where = f" line {mark.line + 1}" if mark is not None else ""
             raise ConfigError(f"{path}:{where} not valid YAML ({getattr(err, 'problem', err)})") \
                 from None
+        if data is None:   # an empty file: every default
+            data = {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping of keys at the top level, "
                               f"got {type(data).__name__}")
