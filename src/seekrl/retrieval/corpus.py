@@ -66,6 +66,9 @@ def _doc_fields(obj: dict, path: str | Path, line_no: int) -> tuple[str, str]:
     else:
         raise DataError("missing; expected 'contents' (\"Title\\ntext\") or 'text'",
                         path=str(path), line=line_no, field="contents")
+    if "\n" in str(doc_id):   # the store keeps one id a line
+        raise DataError(f"document id {str(doc_id)!r} contains a newline", path=str(path),
+                        line=line_no, field="id")
     return str(doc_id), contents
 
 

@@ -240,7 +240,14 @@ def _check_plan(saved: Path, plan: dict) -> None:
 
 def _store(tmp: Path, corpus: Path, skip_bad: bool) -> tuple[int, SkipReport]:
     report = SkipReport()
-    n = DocStore.build(tmp, iter_corpus(corpus, skip_bad=skip_bad, report=report))
+    try:
+        n = DocStore.build(tmp, iter_corpus(corpus, skip_bad=skip_bad, report=report))
+    except DataError as err:
+        if err.path is not None:
+            raise
+        # the store's own checks (a duplicate id) know the document, not the file
+        raise DataError(str(err).removeprefix(f"field '{err.field}': "), path=str(corpus),
+                        field=err.field) from None
     if n == 0:
         raise RetrievalError(f"{corpus}: no documents to index")
     return n, report
