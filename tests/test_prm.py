@@ -243,9 +243,12 @@ def _copy_labels(src, dst, progress: bool = True):
     return dst
 
 
-def test_labels_are_read_up_to_the_recorded_bytes(label_dir, tmp_path):
+def test_labels_are_read_up_to_the_recorded_bytes(label_dir, tmp_path, caplog):
     """A killed `seekrl mcts` may leave half a chunk after what progress.json records: it is
-    not read (a torn last line would otherwise be a parse error, a whole one a label)."""
+    not read (a torn last line would otherwise be a parse error, a whole one a label), and
+    what is left out is said."""
+    import logging
+
     whole = read_labels([label_dir])
     d = _copy_labels(label_dir, tmp_path / "l")
     first_label = (d / "labels.jsonl").read_text().splitlines()[0]
@@ -254,7 +257,9 @@ def test_labels_are_read_up_to_the_recorded_bytes(label_dir, tmp_path):
         f.write(first_label.replace('"q0"', '"q-extra"') + "\n" + first_label[:40])
     with open(d / "pairs.jsonl", "a") as f:
         f.write(first_pair + "\n")
-    got = read_labels([d])
+    with caplog.at_level(logging.WARNING, logger="seekrl"):
+        got = read_labels([d])
+    assert "labels.jsonl: reading the first" in caplog.text and "are left out" in caplog.text
     assert (len(got.points), len(got.pairs), len(got.episodes)) == \
         (len(whole.points), len(whole.pairs), len(whole.episodes))
     assert all(e.example_id != "q-extra" for e in got.episodes)

@@ -7,6 +7,7 @@ and step-DPO read them back up to what was recorded, every record checked field 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import zlib
 from collections.abc import Sequence
@@ -18,6 +19,8 @@ from seekrl.agent.trajectory import Trajectory
 from seekrl.config import ConfigError
 from seekrl.data.jsonl import iter_jsonl
 from seekrl.errors import DataError
+
+log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------- the output folder
@@ -220,6 +223,10 @@ def _recorded_lines(folder: Path, name: str):
         if size < limit:
             raise DataError(f"{size} bytes, but {limit} were recorded as written: the file "
                             "was changed since; label into a new folder", path=str(path))
+        if size > limit:   # a run killed mid-write, or lines added by hand: not read
+            log.warning("%s: reading the first %d bytes, which %s records as written; the "
+                        "%d after them (a record cut off by a kill, or lines added since) "
+                        "are left out", path, limit, progress, size - limit)
     yield from iter_jsonl(path, max_bytes=limit)
 
 
