@@ -88,6 +88,11 @@ class Trajectory:
         return sum(s.action == "search" for s in self.steps)
 
     @property
+    def n_queries(self) -> int:
+        """The retriever queries its searches carried (a search of sub-queries, each)."""
+        return sum(max(1, len(s.sub_queries)) for s in self.steps if s.action == "search")
+
+    @property
     def n_generated(self) -> int:
         """The policy's trained tokens (loss mask 1)."""
         return sum(self.loss_mask)

@@ -139,8 +139,7 @@ def _trajectory_scores(t: Trajectory) -> dict[str, Any]:
     scores: dict[str, Any] = answer_scores(t.answer, t.golden_answers)
     scores.update(valid_format=float(t.valid_format), searches=float(t.n_searches),
                   turns=float(len(t.steps)),
-                  queries=float(sum(max(1, len(s.sub_queries)) for s in t.steps
-                                    if s.action == "search")),
+                  queries=float(t.n_queries),
                   generated_tokens=float(t.n_generated), evidence_recall=t.evidence_recall())
     return scores
 

@@ -934,8 +934,7 @@ class Trainer:
             # model turns (what reward.turn_cost charges) and, with sub-queries, the
             # retriever queries they carried (as the evaluation counts them)
             "turns": round(sum(len(t.steps) for t in trajs) / n, 3),
-            **({"queries": round(sum(max(1, len(s.sub_queries)) for t in trajs for s in t.steps
-                                     if s.action == "search") / n, 3)}
+            **({"queries": round(sum(t.n_queries for t in trajs) / n, 3)}
                if self.cfg.rollout.max_queries > 1 else {}),
             "response_length": round(sum(t.n_generated for t in trajs) / n, 1),
             "finished_answer": round(sum(t.finish_reason == "answer" for t in trajs) / n, 4),
