@@ -176,6 +176,46 @@ def test_trajectory_jsonl_round_trip(tmp_path, tiny):
     assert isinstance(back[0], Trajectory) and back[0].steps[0].query == "Tarrow"
 
 
+@pytest.mark.parametrize("path,value,field", [
+    ("gold_doc_ids", "d12", "gold_doc_ids"),          # read as characters before
+    ("token_ids", "1 2 3", "token_ids"),
+    ("loss_mask", [2], "loss_mask"),
+    ("golden_answers", "Tarrow", "golden_answers"),
+    ("steps", {"start": 0}, "steps"),
+    ("steps.0.hits", "d1", "steps.hits"),
+    ("steps.0.action", "think", "steps.action"),
+    ("steps.0.sub_hits", ["d1"], "steps.sub_hits"),
+    ("rollout_logprobs", ["x"], "rollout_logprobs"),
+    ("outcome_reward", "1", "outcome_reward"),
+    ("prompt_len", 10**6, "prompt_len"),
+])
+def test_a_malformed_trajectory_names_its_file_line_and_field(tmp_path, tiny, path, value,
+                                                              field):
+    """Every reader of trajectory files (reports, the ranker's and the simulator's labels,
+    prorag) checks each record: a wrong type is refused where it is, never read on (a string
+    of ids as a list of characters) or raised from deep inside a recipe."""
+    import json
+
+    from seekrl.errors import DataError
+
+    _, tok = tiny
+    scripts = {"Q1": ["<search> Tarrow </search>", "<answer> Tarrow </answer>"]}
+    trajs = RolloutEngine(Scripted(tok, scripts), tok, Docs()).run([ex("q", "Q1")] * 2)
+    write_trajectories(tmp_path / "t.jsonl", trajs)
+    lines = (tmp_path / "t.jsonl").read_text().splitlines()
+    record = json.loads(lines[1])
+    *keys, last = path.split(".")
+    node = record
+    for key in keys:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    node[last] = value
+    lines[1] = json.dumps(record)
+    (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError) as err:
+        read_trajectories(tmp_path / "t.jsonl")
+    assert "t.jsonl:2:" in str(err.value) and err.value.field == field
+
+
 def test_bad_config_names_the_field():
     with pytest.raises(ValueError, match="max_turns"):
         RolloutConfig(max_turns=0)

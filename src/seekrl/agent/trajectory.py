@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from seekrl.agent.protocol import normalise_text, step_format_problem
 from seekrl.data.jsonl import iter_jsonl
@@ -185,12 +186,103 @@ def write_trajectories(path: str | Path, trajectories: Iterable[Trajectory]) -> 
             f.write(json.dumps(t.to_dict(), ensure_ascii=False) + "\n")
 
 
+def is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x   # not nan
+
+
+def _strings(x: Any) -> bool:
+    return isinstance(x, list) and all(isinstance(v, str) for v in x)
+
+
+def checked_trajectory(obj: Any, path: str | Path, line: int, field: str = "", *,
+                       labels: bool = False) -> Trajectory:
+    """One trajectory record checked field by field: a bad one raises `DataError` naming
+    the file, line and field (never a traceback from deep in a forward pass, nor a string
+    read as a list of characters). `labels=True` also checks each step's `value` is a
+    label in [0, 1] or null (a label file's episodes)."""
+    at = f"{field}." if field else ""
+    if not isinstance(obj, dict):
+        raise DataError(f"expected a trajectory object, got {type(obj).__name__}",
+                        path=str(path), line=line, field=field or None)
+    steps = obj.get("steps", [])
+    if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
+        raise DataError("expected a list of step objects", path=str(path), line=line,
+                        field=at + "steps")
+    try:
+        t = Trajectory.from_dict(obj)
+    except (TypeError, ValueError) as err:
+        raise DataError(f"not a trajectory ({err})", path=str(path), line=line,
+                        field=field or None) from None
+
+    def bad(what: str, name: str) -> DataError:
+        return DataError(what, path=str(path), line=line, field=at + name)
+
+    for name in ("example_id", "group_id", "question", "dataset", "finish_reason"):
+        if not isinstance(getattr(t, name), str):
+            raise bad(f"expected a string, got {getattr(t, name)!r}", name)
+    if t.answer is not None and not isinstance(t.answer, str):
+        raise bad(f"expected a string or null, got {t.answer!r}", "answer")
+    for name in ("golden_answers", "gold_doc_ids"):
+        if not _strings(getattr(t, name)):
+            raise bad(f"expected a list of strings, got {getattr(t, name)!r:.80}", name)
+    for name in ("prompt_hits", "prompt_hit_titles"):
+        if getattr(t, name) is not None and not _strings(getattr(t, name)):
+            raise bad("expected a list of strings or null", name)
+    if not isinstance(t.token_ids, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in t.token_ids):
+        raise bad("expected a list of token ids (integers >= 0)", "token_ids")
+    if not isinstance(t.loss_mask, list) or not all(
+            x in (0, 1) and not isinstance(x, bool) for x in t.loss_mask):
+        raise bad("expected a list of 0s and 1s", "loss_mask")
+    if t.rollout_logprobs is not None and not (
+            isinstance(t.rollout_logprobs, list) and all(map(is_number, t.rollout_logprobs))):
+        raise bad("expected a list of numbers or null", "rollout_logprobs")
+    if t.outcome_reward is not None and not is_number(t.outcome_reward):
+        raise bad(f"expected a number or null, got {t.outcome_reward!r}", "outcome_reward")
+    if not isinstance(t.metadata, dict):
+        raise bad(f"expected an object, got {type(t.metadata).__name__}", "metadata")
+    if not isinstance(t.prompt_len, int) or not 0 <= t.prompt_len <= len(t.token_ids):
+        raise bad(f"expected 0..{len(t.token_ids)}, got {t.prompt_len!r}", "prompt_len")
+    for i, s in enumerate(t.steps):
+        if not (isinstance(s.start, int) and isinstance(s.end, int)
+                and t.prompt_len <= s.start <= s.end <= len(t.token_ids)):
+            raise bad(f"step {i}: span [{s.start!r}, {s.end!r}) is not a span of the "
+                      f"{len(t.token_ids)} tokens after the prompt", "steps")
+        if s.action not in ("search", "answer", "invalid"):
+            raise bad(f"step {i}: expected search, answer or invalid, got {s.action!r}",
+                      "steps.action")
+        for name in ("text", "query", "answer", "reason"):
+            v = getattr(s, name)
+            if not (isinstance(v, str) or (v is None and name != "text")):
+                raise bad(f"step {i}: expected a string, got {v!r:.80}", f"steps.{name}")
+        for name in ("hits", "hit_titles", "sub_queries"):
+            if not _strings(getattr(s, name)):
+                raise bad(f"step {i}: expected a list of strings, got "
+                          f"{getattr(s, name)!r:.80}", f"steps.{name}")
+        if s.block_hits is not None and not _strings(s.block_hits):
+            raise bad(f"step {i}: expected a list of strings or null", "steps.block_hits")
+        if not (isinstance(s.sub_hits, list) and all(map(_strings, s.sub_hits))):
+            raise bad(f"step {i}: expected a list of lists of strings", "steps.sub_hits")
+        if labels and s.value is not None and not (is_number(s.value) and 0.0 <= s.value <= 1.0):
+            raise bad(f"step {i}: expected a label in [0, 1] or null, got {s.value!r}",
+                      "steps.value")
+    try:
+        t.check()
+    except (AssertionError, TypeError) as err:
+        raise bad(f"the steps do not match the token layout ({err})", "steps") from None
+    node_ids = t.metadata.get("node_ids")
+    if node_ids is not None and (not isinstance(node_ids, list)
+                                 or len(node_ids) != len(t.steps) or not all(
+                                     n is None or isinstance(n, (int, str)) for n in node_ids)):
+        raise bad(f"expected a list of {len(t.steps)} node ids (one per step)",
+                  "metadata.node_ids")
+    return t
+
+
 def iter_trajectories(path: str | Path) -> Iterator[Trajectory]:
+    """The trajectories of a JSONL file, each checked (`checked_trajectory`)."""
     for line_no, obj in iter_jsonl(path):
-        try:
-            yield Trajectory.from_dict(obj)
-        except TypeError as err:
-            raise DataError(f"not a trajectory ({err})", path=str(path), line=line_no) from None
+        yield checked_trajectory(obj, path, line_no)
 
 
 def read_trajectories(path: str | Path) -> list[Trajectory]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from seekrl.agent.trajectory import Trajectory
+from seekrl.agent.trajectory import Trajectory, is_number, checked_trajectory
 from seekrl.config import ConfigError
 from seekrl.data.jsonl import iter_jsonl
 from seekrl.errors import DataError
@@ -145,60 +145,11 @@ def _in_dev(example_id: str, dev_share: float) -> bool:
     return zlib.crc32(example_id.encode()) % 10_000 < dev_share * 10_000
 
 
-def _number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x   # not nan
-
-
 def labelled_trajectory(obj: Any, path: Path, line: int, field: str = "", *,
                         labels: bool = True) -> Trajectory:
-    """A labelled episode record checked field by field: a bad one raises `DataError`
-    naming the file, line and field (never a traceback from deep in a forward pass).
-    `labels=False` for episodes to score (their step values are not read)."""
-    at = f"{field}." if field else ""
-    if not isinstance(obj, dict):
-        raise DataError(f"expected a trajectory object, got {type(obj).__name__}",
-                        path=str(path), line=line, field=field or None)
-    try:
-        t = Trajectory.from_dict(obj)
-    except (TypeError, ValueError) as err:
-        raise DataError(f"not a trajectory ({err})", path=str(path), line=line,
-                        field=field or None) from None
-
-    def bad(what: str, name: str) -> DataError:
-        return DataError(what, path=str(path), line=line, field=at + name)
-
-    for name in ("example_id", "group_id", "question"):
-        if not isinstance(getattr(t, name), str):
-            raise bad(f"expected a string, got {getattr(t, name)!r}", name)
-    if not isinstance(t.golden_answers, list) or \
-            not all(isinstance(a, str) for a in t.golden_answers):
-        raise bad("expected a list of strings", "golden_answers")
-    if not isinstance(t.token_ids, list) or not all(
-            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in t.token_ids):
-        raise bad("expected a list of token ids (integers >= 0)", "token_ids")
-    if not isinstance(t.metadata, dict):
-        raise bad(f"expected an object, got {type(t.metadata).__name__}", "metadata")
-    if not isinstance(t.prompt_len, int) or not 0 <= t.prompt_len <= len(t.token_ids):
-        raise bad(f"expected 0..{len(t.token_ids)}, got {t.prompt_len!r}", "prompt_len")
-    for i, s in enumerate(t.steps):
-        if not (isinstance(s.start, int) and isinstance(s.end, int)
-                and t.prompt_len <= s.start <= s.end <= len(t.token_ids)):
-            raise bad(f"step {i}: span [{s.start!r}, {s.end!r}) is not a span of the "
-                      f"{len(t.token_ids)} tokens after the prompt", "steps")
-        if labels and s.value is not None and not (_number(s.value) and 0.0 <= s.value <= 1.0):
-            raise bad(f"step {i}: expected a label in [0, 1] or null, got {s.value!r}",
-                      "steps.value")
-    try:
-        t.check()
-    except (AssertionError, TypeError) as err:
-        raise bad(f"the steps do not match the token layout ({err})", "steps") from None
-    node_ids = t.metadata.get("node_ids")
-    if node_ids is not None and (not isinstance(node_ids, list)
-                                 or len(node_ids) != len(t.steps) or not all(
-                                     n is None or isinstance(n, (int, str)) for n in node_ids)):
-        raise bad(f"expected a list of {len(t.steps)} node ids (one per step)",
-                  "metadata.node_ids")
-    return t
+    """A labelled episode record checked field by field (`checked_trajectory`); `labels=False`
+    for episodes to score (their step values are not read)."""
+    return checked_trajectory(obj, path, line, field, labels=labels)
 
 
 def read_episodes(path: str | Path) -> list[Trajectory]:
@@ -278,7 +229,7 @@ def _pair_label(rec: dict, path: Path, line: int) -> PairLabel:
         raise DataError(f"expected a step index below both episodes' step counts "
                         f"({len(better.steps)}, {len(worse.steps)}), got {depth!r}",
                         path=str(path), line=line, field="depth")
-    if not _number(gap):
+    if not is_number(gap):
         raise DataError(f"expected a number, got {gap!r}", path=str(path), line=line,
                         field="gap")
     shared = better.steps[depth].start
