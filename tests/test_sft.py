@@ -96,6 +96,13 @@ def test_bad_episode_names_line_and_field(world, tiny, tmp_path):
     path.write_text('{"foo": 1}\n')
     with pytest.raises(DataError, match=r"bad.jsonl:1: expected an oracle episode"):
         load_sft_examples(path, tok)
+    for ids, mask, field in [("1 2", [0, 1], "token_ids"), ([1, len(tok)], [0, 1], "token_ids"),
+                             ([1, -2], [0, 1], "token_ids"), ([1, 2], [0, 2], "loss_mask"),
+                             ([1, 2], "01", "loss_mask")]:
+        path.write_text(json.dumps({"token_ids": ids, "loss_mask": mask}) + "\n")
+        with pytest.raises(DataError, match=r"bad.jsonl:1") as err:
+            load_sft_examples(path, tok)
+        assert err.value.field == field
 
 
 def test_sft_steps_lower_the_loss_on_a_fixed_batch(world, tiny):

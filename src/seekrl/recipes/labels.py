@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from seekrl.agent.trajectory import Trajectory, is_number, checked_trajectory
+from seekrl.agent.trajectory import Trajectory, checked_trajectory, is_number
 from seekrl.config import ConfigError
 from seekrl.data.jsonl import iter_jsonl
 from seekrl.errors import DataError

@@ -217,7 +217,19 @@ def load_sft_examples(path: str | Path, tokenizer, *,
             ids, mask = episode_tokens(tokenizer, rec, max_info_tokens=max_info_tokens,
                                        where=where, prompt=prompt, max_queries=max_queries)
         elif "token_ids" in rec and "loss_mask" in rec:
-            ids, mask = list(rec["token_ids"]), list(rec["loss_mask"])
+            ids, mask = rec["token_ids"], rec["loss_mask"]
+            vocab = len(tokenizer)
+            if not isinstance(ids, list) or not all(
+                    isinstance(x, int) and not isinstance(x, bool) and 0 <= x < vocab
+                    for x in ids):
+                raise DataError(f"expected a list of token ids (integers 0..{vocab - 1}, "
+                                "the tokenizer's)", path=str(path), line=line_no,
+                                field="token_ids")
+            if not isinstance(mask, list) or not all(
+                    x in (0, 1) and not isinstance(x, bool) for x in mask):
+                raise DataError("expected a list of 0s and 1s", path=str(path), line=line_no,
+                                field="loss_mask")
+            ids, mask = list(ids), list(mask)
             if len(ids) != len(mask):
                 raise DataError("token_ids and loss_mask differ in length", path=str(path),
                                 line=line_no, field="loss_mask")
