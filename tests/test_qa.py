@@ -367,6 +367,42 @@ def test_answer_shapes_of_common_hf_datasets() -> None:
     assert _answers_from_value(2.5) == ["2.5"]
     with pytest.raises(ValueError):
         _answers_from_value({"start": 3})
+    # a list column that pandas saved to CSV: Python's text, not JSON
+    assert _answers_from_value("['Paris', \"Paris, France\"]") == ["Paris", "Paris, France"]
+    assert _answers_from_value("[not a list]") == ["[not a list]"]
+
+
+def test_a_metadata_column_is_never_dropped() -> None:
+    from seekrl.data.qa import _metadata_column
+
+    assert _metadata_column({"type": "bridge"}) == {"type": "bridge"}
+    assert _metadata_column('{"type": "bridge"}') == {"type": "bridge"}   # CSV: JSON text
+    assert _metadata_column(None) == {}
+    assert _metadata_column("free text") == {"metadata": "free text"}
+    assert _metadata_column([1, 2]) == {"metadata": [1, 2]}
+
+
+@pytest.mark.parametrize("answer", ["", "  ", ".", "--", "?!"])
+def test_a_golden_answer_that_normalises_to_nothing_is_refused(answer) -> None:
+    """Scoring drops punctuation and articles (SQuAD's normalisation): such a gold would be
+    matched by an empty answer, a reward for writing nothing."""
+    from seekrl.rewards.metrics import normalize_answer
+
+    assert normalize_answer(answer) == ""
+    with pytest.raises(DataError, match=r"q.jsonl:3: field 'golden_answers\[1\]'"):
+        QAExample.from_dict({"id": "x", "question": "Q?", "golden_answers": ["ok", answer]},
+                            path="q.jsonl", line=3)
+    # a bare article also normalises to nothing, but is a real answer (a letter, a grade)
+    assert QAExample.from_dict({"id": "x", "question": "Q?", "golden_answers": ["A"]})
+
+
+@given(st.text(max_size=12))
+def test_what_the_check_refuses_normalises_to_nothing(answer) -> None:
+    from seekrl.data.qa import _nothing_left
+    from seekrl.rewards.metrics import normalize_answer
+
+    if _nothing_left(answer):
+        assert normalize_answer(answer) == ""
 
 
 @pytest.mark.skipif(not HAVE_DATASETS, reason="needs the `datasets` package (seekrl[hf])")
@@ -382,6 +418,19 @@ def test_load_hf_qa_from_local_files(tmp_path: Path) -> None:
     assert load_hf_qa("json", "train", data_files=str(path))[1].golden_answers == ["B"]
     with pytest.raises(DataError, match="no question column"):
         load_hf_qa(str(path), question_field="query")
+
+
+@pytest.mark.skipif(not HAVE_DATASETS, reason="needs the `datasets` package (seekrl[hf])")
+def test_load_hf_qa_reads_a_csv_that_pandas_wrote(tmp_path: Path) -> None:
+    """A list column saved by pandas is Python's text; a metadata column is JSON text, or
+    anything else (kept whole, not dropped)."""
+    path = tmp_path / "qa.csv"
+    path.write_text('id,question,answers,metadata\n'
+                    '1,Q1?,"[\'Kiev\', \'Kyiv\']","{""type"": ""bridge""}"\n'
+                    '2,Q2?,Paris,just a note\n')
+    one, two = load_hf_qa(str(path), "train")
+    assert one.golden_answers == ["Kiev", "Kyiv"] and one.metadata["type"] == "bridge"
+    assert two.golden_answers == ["Paris"] and two.metadata["metadata"] == "just a note"
 
 
 # --------------------------------------------------------------------------- junk in, DataError out

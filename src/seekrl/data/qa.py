@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import difflib
 import functools
@@ -19,6 +20,7 @@ import json
 import logging
 import os
 import reprlib
+import string
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +68,14 @@ def _answer_text(value: Any) -> str | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
     return None
+
+
+def _nothing_left(answer: str) -> bool:
+    """The answer is punctuation and spaces alone: the metrics' normalisation (SQuAD's,
+    `rewards.metrics.normalize_answer`) leaves nothing of it, so an empty answer would match
+    it. (A bare article, "A", also normalises to nothing, but is a real answer: a letter, a
+    grade; it is kept.)"""
+    return not "".join(ch for ch in answer if ch not in string.punctuation).split()
 
 
 @dataclass
@@ -130,6 +140,10 @@ class QAExample:
             text = _answer_text(raw)
             if text is None:
                 raise DataError(f"expected a string, got {_describe(raw)}",
+                                field=f"golden_answers[{i}]", **where)
+            if _nothing_left(text):
+                raise DataError(f"{text!r} is punctuation and spaces alone: normalised for "
+                                "scoring it is empty, and an empty answer would match it",
                                 field=f"golden_answers[{i}]", **where)
             answers.append(text)
 
@@ -483,7 +497,8 @@ def _answers_from_value(value: Any) -> list[str]:
     """Answer lists from the shapes HF QA datasets use.
 
     list of str (nq_open), str (hotpot_qa), dict with "text" (squad), "value" + "aliases"
-    (trivia_qa), or a JSON-encoded list in a string (PopQA's possible_answers).
+    (trivia_qa), or a list in a string: JSON (PopQA's possible_answers) or a Python list's
+    text (a list column saved to CSV by pandas).
     """
     if isinstance(value, str):
         text = value.strip()
@@ -492,6 +507,9 @@ def _answers_from_value(value: Any) -> list[str]:
                 decoded = json.loads(text)
             except json.JSONDecodeError:
                 decoded = None
+            if decoded is None:   # a list written by pandas/Python: "['Paris', 'France']"
+                with contextlib.suppress(ValueError, SyntaxError, MemoryError, RecursionError):
+                    decoded = ast.literal_eval(text)
             if isinstance(decoded, list):
                 return _answers_from_value(decoded)
         return [value]
@@ -511,6 +529,22 @@ def _answers_from_value(value: Any) -> list[str]:
     if text is None:
         raise ValueError(f"expected answers as str, list or dict, got {_describe(value)}")
     return [text]
+
+
+def _metadata_column(value: Any) -> dict[str, Any]:
+    """A `metadata` column as the example's metadata: a struct as it is, an object's JSON
+    text (a CSV's, or a parquet written with `metadata` as a string) decoded; any other value
+    kept whole under `metadata["metadata"]` (never dropped)."""
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, str):
+        with contextlib.suppress(json.JSONDecodeError):
+            decoded = json.loads(value)
+            if isinstance(decoded, dict):
+                return decoded
+    return {"metadata": value}
 
 
 def _import_datasets():
@@ -602,8 +636,7 @@ def load_hf_qa(
             answers = _answers_from_value(row[answers_field])
         except ValueError as e:
             raise DataError(str(e), path=source, line=row_no, field=answers_field) from None
-        raw_meta = row.get("metadata")
-        metadata = dict(raw_meta) if isinstance(raw_meta, Mapping) else {}
+        metadata = _metadata_column(row.get("metadata"))
         metadata.update({c: row[c] for c in keep})
         row_id = row.get(id_field)
         record = {
