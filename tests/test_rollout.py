@@ -183,7 +183,7 @@ def test_trajectory_jsonl_round_trip(tmp_path, tiny):
     ("golden_answers", "Tarrow", "golden_answers"),
     ("steps", {"start": 0}, "steps"),
     ("steps.0.hits", "d1", "steps.hits"),
-    ("steps.0.action", "think", "steps.action"),
+    ("steps.0.action", 3, "steps.action"),
     ("steps.0.sub_hits", ["d1"], "steps.sub_hits"),
     ("rollout_logprobs", ["x"], "rollout_logprobs"),
     ("outcome_reward", "1", "outcome_reward"),
@@ -214,6 +214,16 @@ def test_a_malformed_trajectory_names_its_file_line_and_field(tmp_path, tiny, pa
     with pytest.raises(DataError) as err:
         read_trajectories(tmp_path / "t.jsonl")
     assert "t.jsonl:2:" in str(err.value) and err.value.field == field
+
+
+def test_a_tools_step_reads_back(tmp_path, tiny):
+    """A step's action is the tool's name for tools beyond search (`open`, a plugin's)."""
+    _, tok = tiny
+    scripts = {"Q1": ["<search> Tarrow </search>", "<answer> Tarrow </answer>"]}
+    trajs = RolloutEngine(Scripted(tok, scripts), tok, Docs()).run([ex("q", "Q1")])
+    trajs[0].steps[0].action = "open"
+    write_trajectories(tmp_path / "t.jsonl", trajs)
+    assert read_trajectories(tmp_path / "t.jsonl")[0].steps[0].action == "open"
 
 
 def test_bad_config_names_the_field():

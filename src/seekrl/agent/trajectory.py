@@ -24,7 +24,7 @@ from seekrl.errors import DataError
 class Step:
     start: int                       # first generated token of the turn (into token_ids)
     end: int                         # one past its last generated token
-    action: str                      # "search" | "answer" | "invalid"
+    action: str                      # "search" | "answer" | "invalid" | another tool's name
     text: str = ""                   # the turn's generated text
     query: str | None = None
     answer: str | None = None
@@ -248,9 +248,9 @@ def checked_trajectory(obj: Any, path: str | Path, line: int, field: str = "", *
                 and t.prompt_len <= s.start <= s.end <= len(t.token_ids)):
             raise bad(f"step {i}: span [{s.start!r}, {s.end!r}) is not a span of the "
                       f"{len(t.token_ids)} tokens after the prompt", "steps")
-        if s.action not in ("search", "answer", "invalid"):
-            raise bad(f"step {i}: expected search, answer or invalid, got {s.action!r}",
-                      "steps.action")
+        if not isinstance(s.action, str) or not s.action:   # a tool's name is one too
+            raise bad(f"step {i}: expected search, answer, invalid or a tool's name, got "
+                      f"{s.action!r}", "steps.action")
         for name in ("text", "query", "answer", "reason"):
             v = getattr(s, name)
             if not (isinstance(v, str) or (v is None and name != "text")):
