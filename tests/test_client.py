@@ -73,6 +73,39 @@ def test_a_search_over_max_batch_goes_as_several_requests_in_order():
         remote(server, max_batch=0)
 
 
+def test_a_server_with_a_lower_query_limit_is_learned_from_its_refusal():
+    """`seekrl serve --max-queries 2` refuses a request of 3 naming its limit: the client
+    lowers its batch to 2 and goes on, answers in order; a refusal that does not help
+    (a limit it already keeps) raises."""
+    requests = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        requests.append(request)
+        queries = json.loads(request.content)["queries"]
+        if len(queries) > 2:
+            return httpx.Response(422, json={
+                "error": f"field 'queries': {len(queries)} queries exceed max_queries (2)",
+                "detail": {"field": "queries", "limit": "max_queries", "max": 2,
+                           "value": len(queries)}})
+        return httpx.Response(200, json=answer(queries, 1))
+
+    retriever = RemoteRetriever("http://127.0.0.1:9", transport=httpx.MockTransport(server),
+                                max_batch=4)
+    queries = [f"q{i}" for i in range(5)]
+    hits = retriever.search(queries, k=1)
+    assert [h[0].doc_id for h in hits] == [f"q{i}-0" for i in range(5)]
+    assert retriever.max_batch == 2
+    assert [len(json.loads(r.content)["queries"]) for r in requests] == [4, 2, 2, 1]
+
+    def stubborn(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(422, json={"error": "too many", "detail": {
+            "limit": "max_queries", "max": 1}})
+
+    one = RemoteRetriever("http://127.0.0.1:9", transport=httpx.MockTransport(stubborn))
+    with pytest.raises(RetrievalError, match="too many"):
+        one.search(["a"], k=1)
+
+
 def test_documents_without_scores_are_accepted():
     hits = remote(FlakyServer(scores=False)).search(["q"], k=1)
     assert hits == [[Hit("q-0", "T0", "about q", 0.0)]]

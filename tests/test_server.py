@@ -271,7 +271,8 @@ def test_server_config_rejects_unknown_and_bad_settings():
 
 
 def test_real_uvicorn_server_with_search_r1_request_and_remote_retriever():
-    app = create_app(FakeRetriever(), manifest={"retriever": "fake"})
+    app = create_app(FakeRetriever(), manifest={"retriever": "fake"},
+                     config=ServerConfig(max_queries=3))
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))  # a free loopback port, held so nothing else takes it
@@ -299,6 +300,10 @@ def test_real_uvicorn_server_with_search_r1_request_and_remote_retriever():
             assert remote.health()["doc_count"] == 42
             with pytest.raises(RetrievalError, match="HTTP 422.*max_topk"):
                 remote.search(["q"], k=1000)
+            # a server below the client's batch of 512: learned from its refusal
+            hits = remote.search([f"q{i}" for i in range(7)], k=1)
+            assert [h[0].doc_id for h in hits] == [f"q{i}#0" for i in range(7)]
+            assert remote.max_batch == 3
     finally:
         server.should_exit = True
         thread.join(timeout=10)

@@ -18,7 +18,9 @@ class RemoteRetriever:
     caller's mistake and raises `RetrievalError` at once with the server's message.
     A search of more than `max_batch` queries (a rollout batch of several sub-queries a
     turn can hold thousands) goes as several requests of at most that many, in order:
-    `seekrl serve` refuses a request over its `--max-queries` (512 by default).
+    `seekrl serve` refuses a request over its `--max-queries` (512 by default). A server
+    started with a lower limit says so in its refusal; `max_batch` then drops to it and the
+    search goes on in smaller requests (once: a second refusal raises).
     """
 
     def __init__(self, url: str, timeout: float = 30.0, retries: int = 3, backoff: float = 0.5,
@@ -49,7 +51,13 @@ class RemoteRetriever:
             return [hits for lo in range(0, len(queries), self.max_batch)
                     for hits in self.search(queries[lo:lo + self.max_batch], k)]
         payload = {"queries": queries, "topk": int(k), "return_scores": True}
-        data = self._request("POST", "/retrieve", json=payload)
+        try:
+            data = self._request("POST", "/retrieve", json=payload)
+        except _OverLimit as refused:
+            if not 1 <= refused.limit < len(queries):
+                raise
+            self.max_batch = refused.limit     # the server's --max-queries, learned
+            return self.search(queries, k)
         result = data.get("result") if isinstance(data, dict) else None
         if not isinstance(result, list) or len(result) != len(queries):
             got = f"{len(result)} lists" if isinstance(result, list) else _kind(result)
@@ -110,8 +118,10 @@ class RemoteRetriever:
                 last_error = f"HTTP {response.status_code}: {_server_message(response)}"
                 continue
             if response.status_code >= 400:
-                raise RetrievalError(f"{method} {url} was refused with HTTP "
-                                     f"{response.status_code}: {_server_message(response)}")
+                message = (f"{method} {url} was refused with HTTP {response.status_code}: "
+                           f"{_server_message(response)}")
+                limit = _query_limit(response)
+                raise RetrievalError(message) if limit is None else _OverLimit(message, limit)
             try:
                 return response.json()
             except ValueError:
@@ -119,6 +129,26 @@ class RemoteRetriever:
                                      f"{response.text[:200]!r}") from None
         raise RetrievalError(f"{method} {url} failed after {self.retries + 1} attempts; "
                              f"last error: {last_error}")
+
+
+class _OverLimit(RetrievalError):
+    """seekrl's server refused a request of more queries than its `--max-queries`."""
+
+    def __init__(self, message: str, limit: int):
+        super().__init__(message)
+        self.limit = limit
+
+
+def _query_limit(response: httpx.Response) -> int | None:
+    """The `max` of a seekrl server's refusal of too many queries, else None."""
+    try:
+        detail = response.json().get("detail")
+    except (ValueError, AttributeError):
+        return None
+    if isinstance(detail, dict) and detail.get("limit") == "max_queries" and \
+            isinstance(detail.get("max"), int) and not isinstance(detail.get("max"), bool):
+        return detail["max"]
+    return None
 
 
 def _server_message(response: httpx.Response) -> str:
