@@ -93,6 +93,21 @@ def test_malformed_multi_query_texts_say_why(text, why):
     assert got == [] and why in problem
 
 
+def test_the_query_length_limit_holds_each_sub_query():
+    """500 characters a query: with several sub-queries, each sub-query (as the server
+    checks each query), not the turn's whole text."""
+    from seekrl.agent.protocol import MAX_QUERY_CHARS, parse_action
+
+    a, b = "a" * MAX_QUERY_CHARS, "b" * 300
+    action = parse_action(f"<search> {a} ## {b} </search>", max_queries=2)
+    assert action.kind == "search" and split_queries(action.text, 2) == ([a, b], None)
+    assert parse_action(f"<search> {a} ## {b} </search>").kind == "invalid"   # one query
+    action = parse_action(f"<search> {b} ## {a}c </search>", max_queries=2)
+    assert split_queries(action.text, 2) == ([], "sub-query 2 longer than 500 characters")
+    assert parse_action(f"<search> {a} ## {a} ## {a} </search>", max_queries=2).kind == "invalid"
+    assert parse_action(f"<answer> {b} {b} </answer>", max_queries=3).kind == "invalid"
+
+
 def test_the_block_numbers_documents_on_across_sub_queries():
     a, b = [DOCS["tarrow"], DOCS["other"]], [DOCS["kelbaan"]]
     assert format_query_results(["tarrow size", "kelbaan size"], [a, b]) == (

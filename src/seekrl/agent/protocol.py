@@ -170,6 +170,9 @@ def split_queries(body: str, max_queries: int) -> tuple[list[str], str | None]:
         return [], f"an empty sub-query (write {QUERY_SEPARATOR} only between queries)"
     if len(queries) > max_queries:
         return [], f"{len(queries)} sub-queries; at most {max_queries} in one search"
+    long = next((i for i, q in enumerate(queries, 1) if len(q) > MAX_QUERY_CHARS), None)
+    if long is not None:
+        return [], f"sub-query {long} longer than {MAX_QUERY_CHARS} characters"
     return queries, None
 
 
@@ -242,10 +245,12 @@ def strip_own_information(text: str) -> str:
     return _OWN_INFORMATION.sub(" ", text)
 
 
-def parse_action(text: str, tools: Sequence[str] = (SEARCH,)) -> Action:
+def parse_action(text: str, tools: Sequence[str] = (SEARCH,), max_queries: int = 1) -> Action:
     """Exactly one action for any text: the first complete tag of a tool (`tools`, by
     default search alone) or of the answer wins, as generation stops at the first closing
-    tag. The action's kind is the tag."""
+    tag. The action's kind is the tag. A body may hold `MAX_QUERY_CHARS`; a search of up
+    to `max_queries` sub-queries that many times over (`split_queries` then holds each
+    sub-query to the limit)."""
     if not isinstance(text, str):
         return Action("invalid", "no text")
     tools = tuple(tools)
@@ -259,9 +264,12 @@ def parse_action(text: str, tools: Sequence[str] = (SEARCH,)) -> Action:
     kind, body = match.group(1), " ".join(match.group(2).split())
     if not body:
         return Action("invalid", f"empty {kind}")
-    if len(body) > MAX_QUERY_CHARS:
+    limit = MAX_QUERY_CHARS
+    if kind == SEARCH and max_queries > 1:
+        limit = (MAX_QUERY_CHARS + len(f" {QUERY_SEPARATOR} ")) * max_queries
+    if len(body) > limit:
         what = "query" if kind == SEARCH else f"{kind} argument"
-        return Action("invalid", f"{what} longer than {MAX_QUERY_CHARS} characters")
+        return Action("invalid", f"{what} longer than {limit} characters")
     return Action(kind, body)
 
 

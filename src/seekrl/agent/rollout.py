@@ -347,7 +347,7 @@ class RolloutEngine:
             # policy learns not to end a turn without acting. The text leaves it out.
             body = new[:-1] if new and new[-1] in self._end_ids else new
             text = self.tokenizer.decode(body, skip_special_tokens=False)
-            action = parse_action(text, tuple(self.tools) or ("search",))
+            action = parse_action(text, tuple(self.tools) or ("search",), cfg.max_queries)
             if cfg.method != "agent" and action.kind == "search":
                 action = type(action)("invalid", "no search in this mode")
             elif action.kind == "search" and cfg.max_queries > 1:
