@@ -91,7 +91,7 @@ def test_world_index_search_oracle(tmp_path):
 
     # a second index into the same folder is refused, not silently replaced
     r = run("index", "--corpus", w / "corpus.jsonl", "--out", tmp_path / "idx")
-    assert r.exit_code == 2 and "already exists" in r.output
+    assert r.exit_code == 2 and "already holds an index" in r.output
 
 
 def test_bad_inputs_exit_2_with_a_clear_message(tmp_path):

@@ -269,9 +269,13 @@ def test_build_refuses_existing_folder_unless_overwrite(tmp_path, corpus):
     out = tmp_path / "idx"
     out.mkdir()
     (out / "keep.txt").write_text("precious")
-    with pytest.raises(FileExistsError, match="overwrite"):
+    with pytest.raises(FileExistsError, match="already holds files; pass overwrite"):
         build_index(corpus, out, show_progress=False)
     assert (out / "keep.txt").read_text() == "precious"
+    empty = tmp_path / "empty"      # made beforehand (a mount point, mkdir -p): used
+    empty.mkdir()
+    assert load_index(build_index(corpus, empty, show_progress=False)).doc_count == len(DOCS)
+    shutil.rmtree(empty)
 
     small = write_corpus(tmp_path / "small.jsonl", DOCS[:3])
     assert build_index(small, out, overwrite=True, show_progress=False) == out

@@ -188,8 +188,10 @@ def _checked_paths(corpus: str | Path, out: str | Path, overwrite: bool) -> Path
     corpus, out = Path(corpus), Path(out)
     if not corpus.is_file():
         raise FileNotFoundError(f"corpus file not found: {corpus}")
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite)")
+    if out.exists() and not overwrite and not (out.is_dir() and not any(out.iterdir())):
+        what = "an index" if (out / MANIFEST).is_file() else "files"
+        raise FileExistsError(f"{out} already holds {what}; pass overwrite=True "
+                              "(--overwrite) to replace them")
     return corpus
 
 
