@@ -276,6 +276,12 @@ def test_build_refuses_existing_folder_unless_overwrite(tmp_path, corpus):
     empty.mkdir()
     assert load_index(build_index(corpus, empty, show_progress=False)).doc_count == len(DOCS)
     shutil.rmtree(empty)
+    (tmp_path / "target").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    with pytest.raises(FileExistsError, match="symbolic link"):    # refused before building
+        build_index(corpus, tmp_path / "link", overwrite=True, show_progress=False)
+    (tmp_path / "link").unlink()
+    (tmp_path / "target").rmdir()
 
     small = write_corpus(tmp_path / "small.jsonl", DOCS[:3])
     assert build_index(small, out, overwrite=True, show_progress=False) == out

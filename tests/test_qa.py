@@ -370,6 +370,11 @@ def test_answer_shapes_of_common_hf_datasets() -> None:
     # a list column that pandas saved to CSV: Python's text, not JSON
     assert _answers_from_value("['Paris', \"Paris, France\"]") == ["Paris", "Paris, France"]
     assert _answers_from_value("[not a list]") == ["[not a list]"]
+    # numpy's text of an array (a parquet list column through pandas): no commas, and
+    # adjacent strings are two answers, not one joined
+    assert _answers_from_value("['Paris' 'France']") == ["Paris", "France"]
+    assert _answers_from_value("['a'\n 'b']") == ["a", "b"]
+    assert _answers_from_value("[None]") == ["[None]"]
 
 
 def test_a_metadata_column_is_never_dropped() -> None:
@@ -383,15 +388,20 @@ def test_a_metadata_column_is_never_dropped() -> None:
 
 
 @pytest.mark.parametrize("answer", ["", "  ", ".", "--", "?!"])
-def test_a_golden_answer_that_normalises_to_nothing_is_refused(answer) -> None:
+def test_a_golden_answer_that_normalises_to_nothing_is_not_scored(answer, caplog) -> None:
     """Scoring drops punctuation and articles (SQuAD's normalisation): such a gold would be
-    matched by an empty answer, a reward for writing nothing."""
+    matched by an empty answer, a reward for writing nothing. Beside another answer it is
+    set aside (kept in metadata, said in the log); alone, the example is refused."""
     from seekrl.rewards.metrics import normalize_answer
 
     assert normalize_answer(answer) == ""
-    with pytest.raises(DataError, match=r"q.jsonl:3: field 'golden_answers\[1\]'"):
-        QAExample.from_dict({"id": "x", "question": "Q?", "golden_answers": ["ok", answer]},
+    with pytest.raises(DataError, match=r"q.jsonl:3: field 'golden_answers'"):
+        QAExample.from_dict({"id": "x", "question": "Q?", "golden_answers": [answer]},
                             path="q.jsonl", line=3)
+    ex = QAExample.from_dict({"id": "x", "question": "Q?", "golden_answers": ["ok", answer]},
+                             path=f"q{answer!r}.jsonl", line=4)
+    assert ex.golden_answers == ["ok"] and ex.metadata["unscored_answers"] == [answer]
+    assert "line 4" in caplog.text and "not scored" in caplog.text
     # a bare article also normalises to nothing, but is a real answer (a letter, a grade)
     assert QAExample.from_dict({"id": "x", "question": "Q?", "golden_answers": ["A"]})
 

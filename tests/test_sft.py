@@ -96,13 +96,30 @@ def test_bad_episode_names_line_and_field(world, tiny, tmp_path):
     path.write_text('{"foo": 1}\n')
     with pytest.raises(DataError, match=r"bad.jsonl:1: expected an oracle episode"):
         load_sft_examples(path, tok)
-    for ids, mask, field in [("1 2", [0, 1], "token_ids"), ([1, len(tok)], [0, 1], "token_ids"),
+    for ids, mask, field in [("1 2", [0, 1], "token_ids"), ([1, True], [0, 1], "token_ids"),
                              ([1, -2], [0, 1], "token_ids"), ([1, 2], [0, 2], "loss_mask"),
                              ([1, 2], "01", "loss_mask")]:
         path.write_text(json.dumps({"token_ids": ids, "loss_mask": mask}) + "\n")
         with pytest.raises(DataError, match=r"bad.jsonl:1") as err:
             load_sft_examples(path, tok)
         assert err.value.field == field
+
+
+def test_token_ids_are_checked_against_the_embedding_table(tiny, tmp_path):
+    """Not against the tokenizer: a model's table may have padded rows past its vocabulary
+    (Qwen2.5: 151,936 rows, 151,665 tokens) that sampling can reach."""
+    from seekrl.recipes.sft import check_token_ids
+
+    model, tok = tiny
+    rows = model.get_input_embeddings().num_embeddings
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"token_ids": [1, rows - 1], "loss_mask": [0, 1]}) + "\n" +
+                    json.dumps({"token_ids": [1, rows], "loss_mask": [0, 1]}) + "\n")
+    examples, _ = load_sft_examples(path, tok)
+    check_token_ids(examples[:1], rows)
+    with pytest.raises(DataError, match=rf"t.jsonl:2: field 'token_ids': token id {rows} is "
+                                        "past the model's embedding table"):
+        check_token_ids(examples, rows)
 
 
 def test_sft_steps_lower_the_loss_on_a_fixed_batch(world, tiny):

@@ -16,11 +16,13 @@ import ast
 import contextlib
 import difflib
 import functools
+import io
 import json
 import logging
 import os
 import reprlib
 import string
+import tokenize
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +70,15 @@ def _answer_text(value: Any) -> str | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
     return None
+
+
+_SAID: set[str | None] = set()
+
+
+def _say_once(key: str | None, message: str) -> None:
+    if key not in _SAID:
+        _SAID.add(key)
+        log.warning("%s", message)
 
 
 def _nothing_left(answer: str) -> bool:
@@ -141,11 +152,21 @@ class QAExample:
             if text is None:
                 raise DataError(f"expected a string, got {_describe(raw)}",
                                 field=f"golden_answers[{i}]", **where)
-            if _nothing_left(text):
-                raise DataError(f"{text!r} is punctuation and spaces alone: normalised for "
-                                "scoring it is empty, and an empty answer would match it",
-                                field=f"golden_answers[{i}]", **where)
             answers.append(text)
+        # an answer of punctuation alone normalises to nothing for scoring, so an empty
+        # answer would match it: set aside where another answer remains (kept in metadata
+        # as `unscored_answers`, and said once a file), refused where none does
+        unscored = [a for a in answers if _nothing_left(a)]
+        if unscored:
+            if len(unscored) == len(answers):
+                raise DataError(f"{answers[0]!r} is punctuation and spaces alone: normalised "
+                                "for scoring it is empty, and an empty answer would match it",
+                                field="golden_answers", **where)
+            answers = [a for a in answers if not _nothing_left(a)]
+            _say_once(where["path"], f"{where['path'] or 'data'}: golden answers of "
+                      f"punctuation alone (first at line {where['line']}: {unscored[0]!r}) "
+                      "are not scored (an empty answer would match them); each example "
+                      "keeps them in metadata.unscored_answers")
 
         metadata = d.get("metadata")
         if metadata is None:
@@ -156,8 +177,11 @@ class QAExample:
         prompt = prompt_messages(d.get("prompt"), where)
         extras = {k: v for k, v in d.items()
                   if k not in ("id", "question", "golden_answers", "metadata", "prompt")}
+        metadata = {**extras, **metadata}
+        if unscored:
+            metadata["unscored_answers"] = unscored
         return cls(id=str(raw_id), question=question, golden_answers=answers,
-                   metadata=with_supporting_titles({**extras, **metadata}), prompt=prompt)
+                   metadata=with_supporting_titles(metadata), prompt=prompt)
 
 
 def prompt_messages(raw: Any, where: dict) -> list[dict[str, str]] | None:
@@ -493,6 +517,32 @@ _DEFAULT_METADATA_FIELDS = ("type", "level", "hops", "supporting_facts", "paragr
 _HF_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
+def _python_list(text: str) -> list | None:
+    """The items of a list of string and number literals as Python (a list) or numpy (an
+    array: no commas, `['Paris' 'France']`) print it, pandas' text of a list column in a
+    CSV; None for anything else. Each literal is read alone: adjacent strings are two
+    answers (Python's own parser would join them into one)."""
+    skip = {tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+            tokenize.ENDMARKER}
+    try:
+        tokens = [t for t in tokenize.generate_tokens(io.StringIO(text).readline)
+                  if t.type not in skip]
+    except (tokenize.TokenError, SyntaxError):
+        return None
+    if len(tokens) < 2 or tokens[0].string != "[" or tokens[-1].string != "]":
+        return None
+    items = []
+    for t in tokens[1:-1]:
+        if t.type in (tokenize.STRING, tokenize.NUMBER):
+            try:
+                items.append(ast.literal_eval(t.string))
+            except (ValueError, SyntaxError):
+                return None
+        elif t.string != ",":
+            return None
+    return items
+
+
 def _answers_from_value(value: Any) -> list[str]:
     """Answer lists from the shapes HF QA datasets use.
 
@@ -507,9 +557,8 @@ def _answers_from_value(value: Any) -> list[str]:
                 decoded = json.loads(text)
             except json.JSONDecodeError:
                 decoded = None
-            if decoded is None:   # a list written by pandas/Python: "['Paris', 'France']"
-                with contextlib.suppress(ValueError, SyntaxError, MemoryError, RecursionError):
-                    decoded = ast.literal_eval(text)
+            if decoded is None:   # a list's text as pandas writes it: "['Paris', 'France']"
+                decoded = _python_list(text)
             if isinstance(decoded, list):
                 return _answers_from_value(decoded)
         return [value]

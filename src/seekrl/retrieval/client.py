@@ -47,17 +47,21 @@ class RemoteRetriever:
         if not queries:
             return []
         queries = list(queries)
-        if len(queries) > self.max_batch:
-            return [hits for lo in range(0, len(queries), self.max_batch)
-                    for hits in self.search(queries[lo:lo + self.max_batch], k)]
+        found: list[list[Hit]] = []
+        while len(found) < len(queries):
+            chunk = queries[len(found):len(found) + self.max_batch]
+            try:
+                found += self._search(chunk, k)
+            except _OverLimit as refused:
+                if not 1 <= refused.limit < len(chunk):
+                    raise
+                self.max_batch = refused.limit     # the server's --max-queries, learned
+        return found
+
+    def _search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        """One request: a result list for each query, checked."""
         payload = {"queries": queries, "topk": int(k), "return_scores": True}
-        try:
-            data = self._request("POST", "/retrieve", json=payload)
-        except _OverLimit as refused:
-            if not 1 <= refused.limit < len(queries):
-                raise
-            self.max_batch = refused.limit     # the server's --max-queries, learned
-            return self.search(queries, k)
+        data = self._request("POST", "/retrieve", json=payload)
         result = data.get("result") if isinstance(data, dict) else None
         if not isinstance(result, list) or len(result) != len(queries):
             got = f"{len(result)} lists" if isinstance(result, list) else _kind(result)
