@@ -119,13 +119,14 @@ def test_iter_corpus_skip_bad_counts_every_kind_of_bad_line(tmp_path):
         {"id": "c", "contents": 7},          # line 5: field contents type
         "[1, 2]",                            # line 6: not an object
         {"id": "d", "title": "T", "text": "z"},
+        '{"id": "e", "contents": "bad \\ud800 x"}',   # line 8: valid JSON, not UTF-8
     ])
     report = SkipReport()
     docs = list(iter_corpus(path, skip_bad=True, report=report))
     assert docs == [("a", "x"), ("b", "y"), ("d", "T\nz")]
-    assert report.count == 4
+    assert report.count == 5
     assert bool(report)
-    assert [line for line, _ in report.skipped] == [2, 3, 5, 6]
+    assert [line for line, _ in report.skipped] == [2, 3, 5, 6, 8]
     reasons = dict(report.skipped)
     assert "invalid JSON" in reasons[2]
     assert "field 'id'" in reasons[3]
@@ -133,8 +134,9 @@ def test_iter_corpus_skip_bad_counts_every_kind_of_bad_line(tmp_path):
     # reasons carry no "path:line:" prefix: the report already knows both
     assert not any(reason.startswith(str(path)) for reason in reasons.values())
     assert report.path == str(path)
+    assert "field 'contents'" in reasons[8] and "surrogate" in reasons[8]
     summary = str(report)
-    assert "skipped 4 bad line(s)" in summary and "line 3:" in summary
+    assert "skipped 5 bad line(s)" in summary and "line 3:" in summary
 
 
 def test_iter_corpus_skip_bad_without_report_still_warns(tmp_path, caplog):

@@ -257,3 +257,35 @@ def test_ivfpq_trains_on_a_sample_of_every_shard(tmp_path) -> None:
     assert sample.shape == (60, 4) and sample.dtype == np.float32
     assert set(np.unique(sample[:, 0]).tolist()) == {0.0, 1.0, 2.0}   # from all of them
     assert len(_sample_shards(tmp_path, len(sizes), sum(sizes), 10_000)) == sum(sizes)
+
+
+def test_a_flat_index_is_memory_mapped_not_read_whole(tmp_path, monkeypatch):
+    """`IO_FLAG_MMAP` maps IVF lists alone: a flat index read with it comes into memory
+    whole (wiki-18's e5 index: 60 GB). Flat codes map with `IO_FLAG_MMAP_IFC`, tried first;
+    an index it cannot read falls back to the plain read."""
+    from seekrl.retrieval.dense import read_faiss
+
+    if not hasattr(faiss, "IO_FLAG_MMAP_IFC"):
+        pytest.skip("this faiss has no IO_FLAG_MMAP_IFC")
+    vectors = np.eye(4, 8, dtype=np.float32)
+    path = write_faiss(tmp_path / "flat.index", vectors)
+    flags, real = [], faiss.read_index
+
+    def recording(name, flag=0):
+        flags.append(flag)
+        return real(name, flag)
+
+    monkeypatch.setattr(faiss, "read_index", recording)
+    index = read_faiss(path)
+    assert flags == [faiss.IO_FLAG_MMAP_IFC]
+    assert index.search(vectors[2:3], 1)[1][0][0] == 2
+
+    def ifc_refused(name, flag=0):
+        flags.append(flag)
+        if flag == faiss.IO_FLAG_MMAP_IFC:
+            raise RuntimeError("cannot map")
+        return real(name, flag)
+
+    flags.clear()
+    monkeypatch.setattr(faiss, "read_index", ifc_refused)
+    assert read_faiss(path).ntotal == 4 and flags == [faiss.IO_FLAG_MMAP_IFC, faiss.IO_FLAG_MMAP]

@@ -276,6 +276,13 @@ def test_build_refuses_existing_folder_unless_overwrite(tmp_path, corpus):
     empty.mkdir()
     assert load_index(build_index(corpus, empty, show_progress=False)).doc_count == len(DOCS)
     shutil.rmtree(empty)
+    inside = tmp_path / "has-corpus"     # --overwrite would delete its own input
+    inside.mkdir()
+    with pytest.raises(FileExistsError, match="an input"):
+        build_index(write_corpus(inside / "c.jsonl", DOCS[:3]), inside, overwrite=True,
+                    show_progress=False)
+    assert (inside / "c.jsonl").is_file()
+    shutil.rmtree(inside)
     (tmp_path / "target").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "target")
     with pytest.raises(FileExistsError, match="symbolic link"):    # refused before building
@@ -571,6 +578,7 @@ def test_hybrid_k_clamped_and_empty(hybrid):
     [hits] = hybrid.search(["platypus"], 50)
     assert sorted(ids(hits)) == sorted(IDS)
     assert hybrid.search([], 5) == []
+    assert hybrid.search(["platypus"], 0) == hybrid.search(["platypus"], -1) == [[]]
 
 
 # --------------------------------------------------------------------------- the encoder

@@ -69,6 +69,13 @@ def _doc_fields(obj: dict, path: str | Path, line_no: int) -> tuple[str, str]:
     if "\n" in str(doc_id):   # the store keeps one id a line
         raise DataError(f"document id {str(doc_id)!r} contains a newline", path=str(path),
                         line=line_no, field="id")
+    for name, value in (("id", str(doc_id)), ("contents", contents)):
+        try:   # JSON can spell a lone surrogate ("\ud800"), which UTF-8 cannot store
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise DataError(f"not storable as UTF-8 ({err.reason} at character {err.start}; "
+                            "a lone surrogate escape?)", path=str(path), line=line_no,
+                            field=name) from None
     return str(doc_id), contents
 
 
@@ -110,13 +117,13 @@ class StringArray:
     def write(directory: str | Path, name: str, strings: Iterable[str]) -> int:
         """Stream `strings` to disk; returns how many were written."""
         directory = Path(directory)
-        offsets = [0]
+        offsets = array("q", [0])   # 8 bytes a string (a list of ints: ~40; 21M wiki docs)
         with open(directory / f"{name}.bin", "wb") as f:
             for s in strings:
                 b = s.encode("utf-8")
                 f.write(b)
                 offsets.append(offsets[-1] + len(b))
-        np.save(directory / f"{name}.offsets.npy", np.asarray(offsets, dtype=np.int64))
+        np.save(directory / f"{name}.offsets.npy", np.frombuffer(offsets, dtype=np.int64))
         return len(offsets) - 1
 
 

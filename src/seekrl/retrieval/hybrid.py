@@ -30,6 +30,8 @@ class HybridRetriever:
         self.depth, self.c = depth, c
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        if k <= 0:     # as the single retrievers answer (a negative slice would cut one)
+            return [[] for _ in queries]
         depth = max(k, self.depth)
         sparse = self.bm25.search_rows(queries, depth)
         dense = self.dense.search_rows(queries, depth)

@@ -127,8 +127,8 @@ def import_faiss_index(corpus: str | Path, faiss_file: str | Path, out: str | Pa
     naming the numbers: a vector count other than the corpus's document count, a dimension
     other than the encoder's, an encoder that is not available offline. There is no
     `skip_bad` here: a skipped corpus line would shift every later document off its vector."""
-    corpus = _checked_paths(corpus, out, overwrite)
     faiss_file = Path(faiss_file)
+    corpus = _checked_paths(corpus, out, overwrite, faiss_file)
     if not faiss_file.is_file():
         raise FileNotFoundError(f"faiss index file not found: {faiss_file}")
     settings = encoder_settings(encoder, pooling=pooling, query_prefix=query_prefix,
@@ -184,10 +184,18 @@ def _place(source: Path, target: Path, copy: bool) -> None:
         target.symlink_to(source.resolve())
 
 
-def _checked_paths(corpus: str | Path, out: str | Path, overwrite: bool) -> Path:
+def _checked_paths(corpus: str | Path, out: str | Path, overwrite: bool,
+                   *inputs: Path) -> Path:
+    """The corpus, once `out` is known to be writable: refused when it holds files (unless
+    `overwrite`), is a link, or holds an input (the corpus, `inputs`) the build would
+    delete when it replaces the folder."""
     corpus, out = Path(corpus), Path(out)
     if not corpus.is_file():
         raise FileNotFoundError(f"corpus file not found: {corpus}")
+    for source in (corpus, *inputs):
+        if out.exists() and source.resolve().is_relative_to(out.resolve()):
+            raise FileExistsError(f"{out} holds {source}, an input: the build replaces the "
+                                  "whole folder; give another --out")
     if out.is_symlink():    # the build's folder replaces `out`; a link cannot be replaced so
         raise FileExistsError(f"{out} is a symbolic link; give the path it points to "
                               f"({out.resolve()}) or a new folder")
