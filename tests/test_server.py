@@ -149,6 +149,24 @@ def test_identical_concurrent_queries_are_retrieved_once():
     assert retriever.retrieved_queries.count("same") < 8
 
 
+def test_a_sampled_engine_answers_every_query_afresh():
+    """A simulator draws each answer (a noisy or useful prompt, sampled tokens): repeats of
+    a query, in one request, across concurrent requests or later, each reach it; nothing is
+    cached or merged (a GRPO group asking alike would all read one draw)."""
+    class Sampled(FakeRetriever):
+        sampled = True
+
+    retriever = Sampled(delay=0.02)
+    app = create_app(retriever, config=ServerConfig(max_wait_ms=20))
+    responses = post_concurrently(app, [{"queries": ["same", "same"]} for _ in range(4)])
+    assert all(len(r.json()["result"]) == 2 for r in responses)
+    assert retriever.retrieved_queries.count("same") == 8
+    with TestClient(app) as client:
+        client.post("/retrieve", json={"queries": ["same"]})
+        assert client.get("/health").json()["cache"]["size"] == 0
+    assert retriever.retrieved_queries.count("same") == 9
+
+
 # --- cache -----------------------------------------------------------------------------------
 
 

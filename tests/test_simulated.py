@@ -77,6 +77,10 @@ def test_documents_parse_in_order_capped_at_k_and_round_trip_the_target():
     ("Doc 1 (Title: A) same\nDoc 2 (Title: A) same", [("A", "same")], True),   # repeat dropped
     ("Doc 1 (Title: A)", [], False),                                  # a title, no text
     ("Doc 1 (Title: Foo (band)) Foo is a band.", [("Foo (band)", "Foo is a band.")], True),
+    # the number is whole: no digit given back to become a document's text
+    ("Doc 10 (Title: Foo bar", [], False),             # a line cut at max_new_tokens
+    ("Doc 12", [], False),
+    ("Doc 10 (Title: X) x text", [("X", "x text")], True),
 ])
 def test_malformed_simulator_output(text, docs, ok):
     assert parse_documents(text, 3) == (docs, ok)
@@ -163,6 +167,9 @@ def test_the_tiny_model_as_simulator_generates_and_never_breaks(tiny):
     assert len(out) == 3 and sim.stats["queries"] == 3   # random weights: mostly malformed
     greedy = SimulatedRetriever(model, tok, max_new_tokens=8, temperature=0.0)
     assert greedy.generate(["same prompt"]) == greedy.generate(["same prompt"])
+    # what a server may cache: only a greedy engine without noise answers alike twice
+    assert sim.sampled and not greedy.sampled
+    assert SimulatedRetriever(model, tok, temperature=0.0, noise=0.5).sampled
 
 
 def test_both_engines_decode_the_same_greedy_documents(tiny):
@@ -594,6 +601,12 @@ def test_simulator_examples_label_useful_and_noisy_and_train_only_the_documents(
     assert label(r, [Hit("g", "T", "x", 1.0)]) == USEFUL
     assert label(r, [Hit("o", "T", "founded in 1986", 1.0)]) == USEFUL
     assert label(r, [Hit("o", "T", "nothing", 1.0)]) == NOISY
+    # an answer counts as a whole word: "no" is not in "not", nor "1" in "1990"
+    for answer, text, kind in [("no", "it is not known", NOISY), ("1", "in 1990", NOISY),
+                               ("no", "no, it is not", USEFUL), ("ten", "tennis", NOISY),
+                               ("1986", "(1986)", USEFUL)]:
+        assert label({"gold_ids": [], "gold_titles": [], "answers": [answer]},
+                     [Hit("o", "T", text, 1.0)]) == kind, (answer, text)
     with pytest.raises(ValueError, match="no source of search queries"):
         SimulatorTrainConfig(index=str(index_dir))
     plain = tmp_path / "plain.jsonl"   # questions without the world's hop queries
@@ -687,6 +700,8 @@ def test_serve_refuses_a_simulator_setting_out_of_range():
      "reward.process.decomposition: .* rollout.max_queries is 1"),
     ({"rollout": {"max_queries": 3, "self_search": True}},
      "rollout.self_search: the policy writes one information block a search"),
+    ({"rollout": {"tools": ["open"], "self_search": True}},
+     r"rollout.self_search: rollout.tools \['open'\] act on retrieved documents"),
 ])
 def test_settings_nothing_would_read_are_refused(settings, said):
     from seekrl.config import ConfigError, TrainConfig

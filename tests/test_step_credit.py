@@ -303,6 +303,23 @@ def test_evidence_falls_back_to_supporting_titles():
     assert PROCESS_REWARDS["evidence"]([t], ProcessContext()) == [[0.5, 0.5, None]]
 
 
+def test_documents_an_llm_wrote_earn_no_credit_by_title():
+    """A simulated engine (its prompt holds the question) or the policy in self-search can
+    write a document titled with a supporting title: no evidence, recall or decomposition
+    credit, by title as by id."""
+    from seekrl.retrieval.simulated import document_id
+
+    sim = [document_id("Ed Wood", "x"), document_id("Scott Derrickson", "y")]
+    t = ep("g", [search(hits=sim[:1]), search(hits=[sim[1], "x3"]), answer()],
+           meta={"supporting_titles": ["Ed Wood", "Scott Derrickson"]})
+    t.steps[0].hit_titles = ["Ed Wood"]
+    t.steps[1].hit_titles = ["Scott Derrickson", "Scott Derrickson"]   # x3: a real one
+    assert PROCESS_REWARDS["evidence"]([t], ProcessContext()) == [[0.0, 0.5, None]]
+    assert t.evidence_recall() == 0.5
+    t.steps[1].sub_queries, t.steps[1].sub_hits = ["a", "b"], [[sim[1]], ["x3"]]
+    assert PROCESS_REWARDS["decomposition"]([t], ProcessContext()) == [[None, 0.5, None]]
+
+
 def test_redundancy_penalises_repeated_queries_and_documents():
     t = ep("g", [search(query="a", hits=["d1", "d2"]), search(query="b", hits=["d2", "d3"]),
                  search(query=" A ", hits=["d1", "d2"]), answer()])

@@ -18,6 +18,7 @@ from typing import Any
 from seekrl.agent.protocol import normalise_text, step_format_problem
 from seekrl.data.jsonl import iter_jsonl
 from seekrl.errors import DataError
+from seekrl.retrieval.base import simulated_id
 
 
 @dataclass
@@ -122,8 +123,10 @@ class Trajectory:
         if not titles:
             return set(), [set() for _ in self.steps], set()
         return ({normalise_text(x) for x in titles},
-                [{normalise_text(x) for x in s.hit_titles} for s in self.steps],
-                {normalise_text(x) for x in self.prompt_hit_titles or []})
+                [{k for k in title_keys(s.hits, s.hit_titles) if k is not None}
+                 for s in self.steps],
+                {k for k in title_keys(self.prompt_hits or [], self.prompt_hit_titles or [])
+                 if k is not None})
 
     def evidence_recall(self) -> float | None:
         """Share of the gold documents retrieved at some point of the episode: by its
@@ -170,6 +173,13 @@ class Trajectory:
 
 # the fields that files written before 2026-11-25 kept in `metadata`
 _ORIGIN = ("prompt_hits", "prompt_hit_titles", "prefix_steps", "prefix_tokens", "tree", "parent")
+
+
+def title_keys(hits: Sequence[str], titles: Sequence[str]) -> list[str | None]:
+    """Each hit's normalised title, to compare with supporting titles; None for a document
+    an LLM wrote (simulated search, self-search), whose title names what it was asked to
+    write, not evidence it found."""
+    return [None if simulated_id(h) else normalise_text(t) for h, t in zip(hits, titles)]
 
 
 def group_indices(trajectories: Sequence[Trajectory]) -> dict[str, list[int]]:

@@ -14,6 +14,7 @@ through the SFT recipe as token records (the prompt masked, the documents traine
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,9 @@ def label(record: dict[str, Any], hits) -> str:
                                                                   record["gold_titles"]}:
         return USEFUL
     text = " ".join(norm(h.text) for h in hits)
-    return USEFUL if any(norm(a) and norm(a) in text for a in record["answers"]) else NOISY
+    # as a whole word: "no" is not in "not", nor "1" in "1990"
+    return USEFUL if any(norm(a) and re.search(rf"(?<!\w){re.escape(norm(a))}(?!\w)", text)
+                         for a in record["answers"]) else NOISY
 
 
 def examples(records: Sequence[dict[str, Any]], retriever, tokenizer, k: int, words: int

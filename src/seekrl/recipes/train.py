@@ -1483,6 +1483,10 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
         raise ConfigError("rollout.self_search: the policy writes one information block a "
                           "search, not one per sub-query; rollout.max_queries "
                           f"{cfg.rollout.max_queries} would offer ## it cannot answer (set 1)")
+    if cfg.rollout.self_search and cfg.rollout.tools:
+        raise ConfigError(f"rollout.self_search: rollout.tools {cfg.rollout.tools} act on "
+                          "retrieved documents (open one, ...), and self-search retrieves "
+                          "none (the policy writes them); set one of the two")
     if "decomposition" in cfg.reward.process and cfg.rollout.max_queries < 2:
         raise ConfigError("reward.process.decomposition: it scores searches of several "
                           "sub-queries by the gold documents they find, but "

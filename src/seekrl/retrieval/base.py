@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from typing import Protocol, runtime_checkable
 
@@ -29,6 +30,16 @@ class Hit:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+_SIMULATED_ID = re.compile(r"sim-[0-9a-f]{12}")
+
+
+def simulated_id(doc_id: str) -> bool:
+    """A document an LLM wrote (a simulated search engine's, or the policy's own in
+    self-search: `retrieval.simulated.document_id`), not one of the corpus: it earns no
+    evidence credit, by id or by title."""
+    return _SIMULATED_ID.fullmatch(doc_id) is not None
 
 
 def split_contents(contents: str) -> tuple[str, str]:

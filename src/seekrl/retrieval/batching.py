@@ -212,10 +212,14 @@ class SearchRunner:
 
     async def _run_group(self, group: list[_Pending], k: int) -> None:
         # Identical queries in flight at once (e.g. the first search of every rollout of one
-        # question in a GRPO group) are retrieved once.
-        unique = list(dict.fromkeys(q for pending in group for q in pending.queries))
+        # question in a GRPO group) are retrieved once; a sampled retriever (a simulator)
+        # answers each on its own draw.
+        sampled = getattr(self.retriever, "sampled", False)
+        asked = [q for pending in group for q in pending.queries]
+        if not sampled:
+            asked = list(dict.fromkeys(asked))
         try:
-            results = await self._call_retriever(unique, k)
+            results = await self._call_retriever(asked, k)
         except Exception as exc:  # noqa: BLE001 - any retriever failure goes back to the caller
             if len(group) == 1:
                 _resolve(group[0].future, exc)
@@ -228,7 +232,12 @@ class SearchRunner:
                 except Exception as single_exc:  # noqa: BLE001 - as above
                     _resolve(pending.future, single_exc)
             return
-        by_query = dict(zip(unique, results))
+        if sampled:   # in order: each query its own answer
+            answers = iter(results)
+            for pending in group:
+                _resolve(pending.future, [next(answers) for _ in pending.queries])
+            return
+        by_query = dict(zip(asked, results))
         for pending in group:
             _resolve(pending.future, [by_query[q] for q in pending.queries])
 

@@ -378,7 +378,7 @@ def search_on_gpu(index, device: str):
 
 def read_faiss(path: str | Path):
     """A faiss index, memory-mapped where faiss can, else read into memory. Flat codes map
-    only with `IO_FLAG_MMAP_IFC` (faiss >= 1.9); `IO_FLAG_MMAP` maps IVF inverted lists
+    only with `IO_FLAG_MMAP_IFC` (where faiss has it); `IO_FLAG_MMAP` maps IVF inverted lists
     alone (a flat index read with it is read whole: 60 GB for wiki-18's e5 index). The two
     are not combined: IVF's on-disk lists need the file reader the IFC flag replaces."""
     import faiss

@@ -274,7 +274,9 @@ def create_app(retriever: Retriever, manifest: dict | None = None,
     config = config or ServerConfig()
     manifest = public_manifest(manifest)
     runner = SearchRunner(retriever, config)
-    cache = LRUCache(config.cache_size)
+    # a sampled engine (a simulator) answers each query afresh: nothing to cache
+    sampled = bool(getattr(retriever, "sampled", False))
+    cache = LRUCache(0 if sampled else config.cache_size)
     started = time.time()
 
     @asynccontextmanager
@@ -299,8 +301,12 @@ def create_app(retriever: Retriever, manifest: dict | None = None,
         except RequestError as exc:
             return _error(exc.status, exc.message, exc.detail)
 
-        results: list[list[Hit] | None] = [cache.get((q, k)) for q in queries]
-        missing = list(dict.fromkeys(q for q, r in zip(queries, results) if r is None))
+        if sampled:   # each query on its own draw, repeats too
+            results: list[list[Hit] | None] = [None] * len(queries)
+            missing = list(queries)
+        else:
+            results = [cache.get((q, k)) for q in queries]
+            missing = list(dict.fromkeys(q for q, r in zip(queries, results) if r is None))
         if missing:
             try:
                 fetched = await runner.search(missing, k)
@@ -308,10 +314,13 @@ def create_app(retriever: Retriever, manifest: dict | None = None,
                 log.exception("retriever failed on %d queries", len(missing))
                 return _error(500, f"retriever failed: {type(exc).__name__}: {exc}",
                               {"queries": len(missing), "topk": k})
-            found = dict(zip(missing, fetched))
-            for q in missing:
-                cache.put((q, k), found[q])
-            results = [r if r is not None else found[q] for q, r in zip(queries, results)]
+            if sampled:
+                results = fetched
+            else:
+                found = dict(zip(missing, fetched))
+                for q in missing:
+                    cache.put((q, k), found[q])
+                results = [r if r is not None else found[q] for q, r in zip(queries, results)]
         return _json_response(format_result(results, return_scores))
 
     # A plain Starlette route: it skips FastAPI's per-request dependency solving, which costs

@@ -79,8 +79,9 @@ def simulator_target(hits: Sequence[Hit]) -> str:
 
 
 # "Doc N (Title: T) text" or "Doc N: text"; an opened "(Title:" must be the title, which
-# may hold brackets of its own one deep ("Foo (band)", as Wikipedia titles do)
-_DOC = re.compile(r"^\s*(?:[-*]\s*)?Doc(?:ument)?\s*(\d+)\s*"
+# may hold brackets of its own one deep ("Foo (band)", as Wikipedia titles do); N is whole
+# (no digits given back to the text: "Doc 10 (Title: cut off" is not a document "0 ...")
+_DOC = re.compile(r"^\s*(?:[-*]\s*)?Doc(?:ument)?\s*(\d+)(?!\d)\s*"
                   r"(?:\(\s*Title:\s*(?P<title>(?:[^()]|\([^()]*\))*)\)|(?!\s*\(\s*Title:))"
                   r"\s*[:.\-]?\s*(?P<text>.*\S)\s*$", re.I)
 
@@ -112,6 +113,7 @@ def parse_documents(text: str, k: int) -> tuple[list[tuple[str, str]], bool]:
 
 
 def document_id(title: str, text: str) -> str:
+    """`sim-` and 12 hex digits (`retrieval.base.simulated_id` knows them)."""
     return "sim-" + hashlib.sha1(f"{title}\n{text}".encode()).hexdigest()[:12]
 
 
@@ -189,6 +191,13 @@ class SimulatedRetriever:
         self._seed = seed
         self._calls = 0
         self.stats: Counter = Counter()
+
+    @property
+    def sampled(self) -> bool:
+        """Each query is a fresh draw (a noisy or useful prompt, sampled tokens): a server
+        neither caches its answers nor merges repeats of a query (a GRPO group's rollouts
+        asking alike would otherwise all read the same documents)."""
+        return self.temperature > 0 or self.noise > 0
 
     @property
     def engine(self) -> str:

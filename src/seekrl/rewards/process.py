@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from seekrl.agent.protocol import normalise_text
-from seekrl.agent.trajectory import Trajectory, group_indices
+from seekrl.agent.trajectory import Trajectory, group_indices, title_keys
 
 
 class StepScorer(Protocol):
@@ -225,8 +225,8 @@ def decomposition(trajectories: Sequence[Trajectory], ctx: ProcessContext
                 if t.gold_doc_ids:
                     found = [set(hits) for hits in s.sub_hits]
                 else:   # gold by title: the turn's titles, in order, cut at each sub-query
-                    titles = iter(normalise_text(x) for x in s.hit_titles)
-                    found = [{next(titles) for _ in hits} for hits in s.sub_hits]
+                    titles = iter(title_keys(s.hits, s.hit_titles))
+                    found = [{next(titles) for _ in hits} - {None} for hits in s.sub_hits]
                 # what each sub-query found of the gold not found before this turn (a
                 # repeat of an earlier search earns nothing), and how many sub-queries can
                 # each be given a gold document of its own (one found by two counts once)
