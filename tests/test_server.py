@@ -361,10 +361,30 @@ def test_index_process_serves_a_real_index_like_the_index_itself(tmp_path):
             assert r.json()["result"][0][0]["id"] == "d0"
         process._proc.kill()  # a crashed child is restarted on the next search
         process._proc.join(timeout=10)
+        dead = process._conn
         assert process.search(["Rome"], 1)[0][0].doc_id == "d1"
+        assert dead.closed      # the dead child's pipe is not left open
     finally:
         process.close()
     assert not process._proc.is_alive()
+
+    # a search in flight at shutdown (a server's worker thread): close waits for it, and
+    # past its timeout kills the child rather than write on the pipe under the search
+    process = IndexProcess(index_dir)
+    held, release = threading.Event(), threading.Event()
+
+    def in_flight():
+        with process._lock:
+            held.set()
+            release.wait(10)
+
+    worker = threading.Thread(target=in_flight)
+    worker.start()
+    held.wait(10)
+    process.close(timeout=0.2)
+    assert not process._proc.is_alive() and not process._conn.closed
+    release.set()
+    worker.join(10)
 
 
 def test_index_process_reports_a_bad_index_dir(tmp_path):

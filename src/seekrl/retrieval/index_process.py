@@ -34,7 +34,9 @@ class IndexProcess:
         self.faiss_gpu = faiss_gpu
         self.manifest: dict = {}
         self.doc_count: int | None = None
-        self._lock = threading.Lock()  # one request on the pipe at a time
+        # one request on the pipe at a time; close() takes it too (re-entrant: a failed
+        # restart inside search closes)
+        self._lock = threading.RLock()
         self._start()
 
     def _start(self) -> None:
@@ -67,6 +69,7 @@ class IndexProcess:
         with self._lock:
             if not self._proc.is_alive():
                 log.warning("index process is gone (code %s); restarting it", self._proc.exitcode)
+                self._conn.close()     # the dead child's pipe
                 self._start()
             try:
                 self._conn.send((list(queries), int(k)))
@@ -77,16 +80,26 @@ class IndexProcess:
             raise RetrievalError(payload)
         return payload
 
-    def close(self) -> None:
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the child: asked to exit once the search in flight (a server's worker thread
+        may still be in one at shutdown) has its answer; killed when that takes over
+        `timeout` seconds or it does not exit."""
+        held = self._lock.acquire(timeout=timeout)
         try:
-            self._conn.send(None)
-        except (BrokenPipeError, OSError):
-            pass
-        self._proc.join(timeout=10)
-        if self._proc.is_alive():
-            self._proc.kill()
-            self._proc.join(timeout=10)
-        self._conn.close()
+            if held:
+                try:
+                    self._conn.send(None)
+                except (BrokenPipeError, OSError):
+                    pass
+                self._proc.join(timeout=10)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join(timeout=10)
+            if held:
+                self._conn.close()   # not under a search's feet: it ends on EOF instead
+        finally:
+            if held:
+                self._lock.release()
 
 
 def _index_process_main(index_dir: str, device: str, conn: Any, faiss_gpu: bool = False
