@@ -215,7 +215,9 @@ def test_dense_build_resumes_from_saved_shards(tmp_path, monkeypatch) -> None:
                     show_progress=False)
     calls.clear()
     fail_at["call"] = 0
-    build_index(corpus, out, "dense", shard_size=2, resume=True, show_progress=False)
+    # settings compared as in effect: the encoder's own (empty) prefixes, given, are the same
+    build_index(corpus, out, "dense", shard_size=2, resume=True, show_progress=False,
+                query_prefix="", doc_prefix="")
     assert calls == [2]                          # only the third shard was encoded again
     assert not (tmp_path / "index.building").exists()
     assert not (out / "dense-shards").exists() and not (out / "build.json").exists()
@@ -245,6 +247,24 @@ def test_import_refuses_l2_and_id_mapped_indexes(tmp_path, encoder) -> None:
     with pytest.raises(RetrievalError, match="maps vectors to its own ids"):
         import_faiss_index(corpus, tmp_path / "map.index", tmp_path / "b",
                            encoder=bundled_encoder_path())
+    # the same ids hidden deeper: under a pre-transform, or in an IVF index's lists
+    wrapped = faiss.IndexPreTransform(faiss.NormalizationTransform(vectors.shape[1]), mapped)
+    faiss.write_index(wrapped, str(tmp_path / "wrapped.index"))
+    quantiser = faiss.IndexFlatIP(vectors.shape[1])
+    ivf = faiss.IndexIVFFlat(quantiser, vectors.shape[1], 2, faiss.METRIC_INNER_PRODUCT)
+    ivf.train(vectors)
+    ivf.add_with_ids(vectors, np.arange(100, 100 + len(vectors)))
+    faiss.write_index(ivf, str(tmp_path / "ivf-ids.index"))
+    for name in ("wrapped", "ivf-ids"):
+        with pytest.raises(RetrievalError, match="maps vectors to its own ids"):
+            import_faiss_index(corpus, tmp_path / f"{name}.index", tmp_path / "c",
+                               encoder=bundled_encoder_path())
+    rows = faiss.IndexIVFFlat(quantiser, vectors.shape[1], 2, faiss.METRIC_INNER_PRODUCT)
+    rows.train(vectors)
+    rows.add(vectors)              # ids are rows: imported
+    faiss.write_index(rows, str(tmp_path / "ivf.index"))
+    import_faiss_index(corpus, tmp_path / "ivf.index", tmp_path / "d",
+                       encoder=bundled_encoder_path())
 
 
 def test_ivfpq_trains_on_a_sample_of_every_shard(tmp_path) -> None:

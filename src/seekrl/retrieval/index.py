@@ -84,9 +84,14 @@ def build_index(corpus: str | Path, out: str | Path, retriever: str = "bm25", *,
     dense = retriever in ("dense", "hybrid")
     if dense:
         check_device(device)       # before hours of corpus work, not after
+    # the settings in effect, not as given: `--pooling mean` for an e5 encoder (its
+    # default) or a relative path to the same folder resume alike
+    name = encoder or DEFAULT_ENCODER
     plan = {"corpus_sha256": file_sha256(corpus), "retriever": retriever, "device": device,
-            "encoder": encoder or DEFAULT_ENCODER, "index_type": index_type,
-            "pooling": pooling, "query_prefix": query_prefix, "doc_prefix": doc_prefix,
+            "encoder": str(Path(name).resolve()) if Path(name).exists() else name,
+            "index_type": index_type,
+            **encoder_settings(name, pooling=pooling, query_prefix=query_prefix,
+                               doc_prefix=doc_prefix),
             "shard_size": shard_size or SHARD_DOCS, "skip_bad": skip_bad}
 
     def fill(tmp: Path) -> dict:
@@ -139,9 +144,11 @@ def import_faiss_index(corpus: str | Path, faiss_file: str | Path, out: str | Pa
         raise RetrievalError(f"{faiss_file}: not a faiss index "
                              f"({str(err).splitlines()[0][:160] if str(err) else err!r})") from None
     vectors, dim, kind = index.ntotal, index.d, type(index).__name__
-    if kind.startswith("IndexIDMap"):
-        raise RetrievalError(f"{faiss_file}: a {kind} maps vectors to its own ids; seekrl "
-                             "needs vector i = corpus line i (an index without an id map)")
+    mapped = _own_ids(index)
+    if mapped is not None:
+        raise RetrievalError(f"{faiss_file}: a {kind} maps vectors to its own ids ({mapped}); "
+                             "seekrl needs vector i = corpus line i (an index without an id "
+                             "map, filled with add)")
     if index.metric_type != 0:     # faiss.METRIC_INNER_PRODUCT
         raise RetrievalError(f"{faiss_file}: the index ranks by L2 distance (metric "
                              f"{index.metric_type}); seekrl expects inner product (scores "
@@ -172,6 +179,40 @@ def import_faiss_index(corpus: str | Path, faiss_file: str | Path, out: str | Pa
                          index_type=kind, imported_from=str(faiss_file.resolve()))
 
     return _write_atomically(Path(out), fill)
+
+
+def _own_ids(index) -> str | None:
+    """Where a faiss index answers with ids other than its row numbers: an id map (also
+    under a pre-transform), or an IVF index filled with `add_with_ids` (its inverted lists
+    hold the ids; read once, 8 bytes a vector). None when ids are rows."""
+    import faiss
+    import numpy as np
+
+    while True:
+        name = type(index).__name__
+        if name.startswith("IndexIDMap"):
+            return name
+        if name != "IndexPreTransform":
+            break
+        index = faiss.downcast_index(index.index)
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is None:
+        return None
+    lists, seen = ivf.invlists, np.zeros(ivf.ntotal, dtype=bool)
+    for number in range(lists.nlist):
+        size = lists.list_size(number)
+        if not size:
+            continue
+        pointer = lists.get_ids(number)
+        try:
+            ids = faiss.rev_swig_ptr(pointer, size)
+            if ids.min() < 0 or ids.max() >= ivf.ntotal:
+                return f"an id {int(ids.max() if ids.max() >= ivf.ntotal else ids.min())} " \
+                       f"of {ivf.ntotal} vectors"
+            seen[ids] = True
+        finally:
+            lists.release_ids(number, pointer)
+    return None if seen.all() else f"ids 0..{ivf.ntotal - 1} not each once"
 
 
 def _place(source: Path, target: Path, copy: bool) -> None:
