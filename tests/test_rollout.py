@@ -216,6 +216,29 @@ def test_a_malformed_trajectory_names_its_file_line_and_field(tmp_path, tiny, pa
     assert "t.jsonl:2:" in str(err.value) and err.value.field == field
 
 
+def test_searches_without_tokens_read_where_only_searches_are_used(tmp_path):
+    """Logs from elsewhere (a query, its hits, the gold) carry no tokens: the ranker's and
+    the simulator's readers take them (`tokens=False`); a reader that trains on tokens
+    refuses them, naming the field."""
+    import json
+
+    from seekrl.errors import DataError
+
+    record = {"example_id": "q", "group_id": "q", "question": "Where?",
+              "golden_answers": ["Paris"], "token_ids": [], "loss_mask": [], "prompt_len": 0,
+              "gold_doc_ids": ["d1"],
+              "steps": [{"start": 0, "end": 1, "action": "search", "query": "capital"}]}
+    (tmp_path / "t.jsonl").write_text(json.dumps(record) + "\n")
+    [t] = read_trajectories(tmp_path / "t.jsonl", tokens=False)
+    assert t.steps[0].query == "capital"
+    with pytest.raises(DataError, match="t.jsonl:1: field 'steps'"):
+        read_trajectories(tmp_path / "t.jsonl")
+    record["gold_doc_ids"] = "d1"          # the other checks hold either way
+    (tmp_path / "t.jsonl").write_text(json.dumps(record) + "\n")
+    with pytest.raises(DataError, match="field 'gold_doc_ids'"):
+        read_trajectories(tmp_path / "t.jsonl", tokens=False)
+
+
 def test_a_tools_step_reads_back(tmp_path, tiny):
     """A step's action is the tool's name for tools beyond search (`open`, a plugin's)."""
     _, tok = tiny

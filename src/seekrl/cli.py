@@ -760,7 +760,7 @@ def ranker_eval(
             raise ValueError("ranker eval: give --data QA files, --trajectories, or both")
         hops = [r for path in data or [] for r in qa_records(load_qa(path))]
         logged = [r for path in trajectories or []
-                  for r in trajectory_records(read_trajectories(path))]
+                  for r in trajectory_records(read_trajectories(path, tokens=False))]
         first = load_index(index)
         for name in [None, *(ranker or [])]:
             rr = first if name is None else \

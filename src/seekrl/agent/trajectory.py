@@ -205,11 +205,13 @@ def _strings(x: Any) -> bool:
 
 
 def checked_trajectory(obj: Any, path: str | Path, line: int, field: str = "", *,
-                       labels: bool = False) -> Trajectory:
+                       labels: bool = False, tokens: bool = True) -> Trajectory:
     """One trajectory record checked field by field: a bad one raises `DataError` naming
     the file, line and field (never a traceback from deep in a forward pass, nor a string
     read as a list of characters). `labels=True` also checks each step's `value` is a
-    label in [0, 1] or null (a label file's episodes)."""
+    label in [0, 1] or null (a label file's episodes). `tokens=False` leaves the token
+    layout unchecked, for readers of the searches alone (the ranker's and the simulator's
+    training data: logs from elsewhere may carry no tokens)."""
     at = f"{field}." if field else ""
     if not isinstance(obj, dict):
         raise DataError(f"expected a trajectory object, got {type(obj).__name__}",
@@ -238,24 +240,25 @@ def checked_trajectory(obj: Any, path: str | Path, line: int, field: str = "", *
     for name in ("prompt_hits", "prompt_hit_titles"):
         if getattr(t, name) is not None and not _strings(getattr(t, name)):
             raise bad("expected a list of strings or null", name)
-    if not isinstance(t.token_ids, list) or not all(
-            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in t.token_ids):
+    if tokens and (not isinstance(t.token_ids, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in t.token_ids)):
         raise bad("expected a list of token ids (integers >= 0)", "token_ids")
-    if not isinstance(t.loss_mask, list) or not all(
-            x in (0, 1) and not isinstance(x, bool) for x in t.loss_mask):
+    if tokens and (not isinstance(t.loss_mask, list) or not all(
+            x in (0, 1) and not isinstance(x, bool) for x in t.loss_mask)):
         raise bad("expected a list of 0s and 1s", "loss_mask")
-    if t.rollout_logprobs is not None and not (
+    if tokens and t.rollout_logprobs is not None and not (
             isinstance(t.rollout_logprobs, list) and all(map(is_number, t.rollout_logprobs))):
         raise bad("expected a list of numbers or null", "rollout_logprobs")
     if t.outcome_reward is not None and not is_number(t.outcome_reward):
         raise bad(f"expected a number or null, got {t.outcome_reward!r}", "outcome_reward")
     if not isinstance(t.metadata, dict):
         raise bad(f"expected an object, got {type(t.metadata).__name__}", "metadata")
-    if not isinstance(t.prompt_len, int) or not 0 <= t.prompt_len <= len(t.token_ids):
+    if tokens and (not isinstance(t.prompt_len, int)
+                   or not 0 <= t.prompt_len <= len(t.token_ids)):
         raise bad(f"expected 0..{len(t.token_ids)}, got {t.prompt_len!r}", "prompt_len")
     for i, s in enumerate(t.steps):
-        if not (isinstance(s.start, int) and isinstance(s.end, int)
-                and t.prompt_len <= s.start <= s.end <= len(t.token_ids)):
+        if tokens and not (isinstance(s.start, int) and isinstance(s.end, int)
+                           and t.prompt_len <= s.start <= s.end <= len(t.token_ids)):
             raise bad(f"step {i}: span [{s.start!r}, {s.end!r}) is not a span of the "
                       f"{len(t.token_ids)} tokens after the prompt", "steps")
         if not isinstance(s.action, str) or not s.action:   # a tool's name is one too
@@ -277,7 +280,8 @@ def checked_trajectory(obj: Any, path: str | Path, line: int, field: str = "", *
             raise bad(f"step {i}: expected a label in [0, 1] or null, got {s.value!r}",
                       "steps.value")
     try:
-        t.check()
+        if tokens:
+            t.check()
     except (AssertionError, TypeError) as err:
         raise bad(f"the steps do not match the token layout ({err})", "steps") from None
     node_ids = t.metadata.get("node_ids")
@@ -289,11 +293,12 @@ def checked_trajectory(obj: Any, path: str | Path, line: int, field: str = "", *
     return t
 
 
-def iter_trajectories(path: str | Path) -> Iterator[Trajectory]:
-    """The trajectories of a JSONL file, each checked (`checked_trajectory`)."""
+def iter_trajectories(path: str | Path, *, tokens: bool = True) -> Iterator[Trajectory]:
+    """The trajectories of a JSONL file, each checked (`checked_trajectory`; `tokens=False`:
+    not their token layout)."""
     for line_no, obj in iter_jsonl(path):
-        yield checked_trajectory(obj, path, line_no)
+        yield checked_trajectory(obj, path, line_no, tokens=tokens)
 
 
-def read_trajectories(path: str | Path) -> list[Trajectory]:
-    return list(iter_trajectories(path))
+def read_trajectories(path: str | Path, *, tokens: bool = True) -> list[Trajectory]:
+    return list(iter_trajectories(path, tokens=tokens))

@@ -195,7 +195,7 @@ def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
     first = open_index(cfg.index, "the ranker orders its candidates")
     records: list[dict[str, Any]] = []
     for path in cfg.trajectories:
-        records += trajectory_records(read_trajectories(path))
+        records += trajectory_records(read_trajectories(path, tokens=False))
     for path in cfg.data:
         records += qa_records(load_qa(path), question_queries=cfg.question_queries)
     seen, unique = set(), []
@@ -217,7 +217,7 @@ def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
                          temperature=cfg.temperature, first=first)
     held = [r for path in cfg.eval_data for r in qa_records(load_qa(path))]
     logged = [r for path in cfg.eval_trajectories
-              for r in trajectory_records(read_trajectories(path))]
+              for r in trajectory_records(read_trajectories(path, tokens=False))]
     recall: dict[str, float] = {}
     hit: dict[str, float] = {}
 

@@ -49,7 +49,7 @@ def interactions(cfg: SimulatorTrainConfig) -> list[dict[str, Any]]:
                 "gold_ids": list(gold_ids), "gold_titles": list(titles)})
 
     for path in cfg.trajectories:
-        for t in read_trajectories(path):
+        for t in read_trajectories(path, tokens=False):
             titles = t.metadata.get("supporting_titles") or []
             for s in t.steps:
                 if s.action == "search" and s.query:
