@@ -230,13 +230,22 @@ def test_metrics_markdown_tables():
 def test_dataset_names(tmp_path):
     for rel, expected in [("nq.jsonl", "nq"), ("hotpotqa/questions.jsonl", "hotpotqa"),
                           ("musique/dev.jsonl", "musique"), ("w1/test.jsonl", "world"),
-                          ("w2/test.parquet", "w2")]:
+                          ("w2/test.parquet", "w2"),
+                          # another split than the papers' is named apart, as
+                          # flashrag:hotpotqa:train is; aliases as flashrag: names them
+                          ("h/hotpotqa/train.jsonl", "hotpotqa-train"),
+                          ("n/nq/dev.jsonl", "nq-dev"), ("2wiki.jsonl", "2wikimultihopqa")]:
         path = tmp_path / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch()
         if rel.startswith("w1/"):
             (path.parent / "world.json").write_text("{}")
         assert dataset_name(path) == expected, rel
+    # a folder is named by the split it is read from (nq holds only train here)
+    assert dataset_name(tmp_path / "n" / "nq") == "nq-dev"
+    (tmp_path / "t" / "nq").mkdir(parents=True)
+    (tmp_path / "t" / "nq" / "train.jsonl").touch()
+    assert dataset_name(tmp_path / "t" / "nq") == "nq-train"
 
 
 def test_load_eval_data_limits_and_keeps_same_named_files_apart(tmp_path):

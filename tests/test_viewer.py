@@ -174,6 +174,23 @@ def test_viewer_shows_turns_hits_gold_and_shading(tmp_path):
     assert "gold: Shoustis Polley" in page and "reward 1" in page
 
 
+def test_gold_known_by_title_is_marked_too():
+    """HotpotQA, 2Wiki and MuSiQue name their gold passages by title: the viewer marks a
+    hit whose title is one (normalised, as evidence recall matches it) and shows the
+    recall, as for gold ids."""
+    tok = WordTokenizer()
+    t = episode(tok, "hotpotqa", "q9", "Who wrote it?", ["Polley"], [
+        {"action": "search", "query": "author", "text": "<search> author </search>",
+         "hits": [("w-1", "The  Crimson Orchard"), ("w-2", "The Winter Orchard")]},
+        {"action": "answer", "answer": "Polley", "text": "<answer> Polley </answer>"}])
+    t.metadata["supporting_titles"] = ["the crimson orchard", "Shoustis Polley"]
+    page = render_viewer([t])
+    assert re.search(r'<li class="gold">.*?The  Crimson Orchard <code>w-1</code>', page)
+    assert '<li class="">The Winter Orchard <code>w-2</code>' in page
+    assert "supporting titles the crimson orchard | Shoustis Polley" in page
+    assert "evidence recall 0.50" in page
+
+
 def test_viewer_without_episodes_file_shows_step_text_and_titles(tmp_path):
     run, _ = write_sample_run(tmp_path / "run", with_episodes=False)
     assert not (run / "episodes.jsonl").exists()
@@ -304,3 +321,16 @@ def test_viewer_filters_run_in_the_browser(tmp_path):
     # filters combine with AND; the text filter matches the question or the answer
     assert shown == {"#searches=1": 2, "#searches=1&wrong=1": 1, "#dataset=nq": 1,
                      "#type=bridge&q=2%2B2": 0}
+
+
+def test_printed_hits_escape_every_field_as_markup():
+    """A document id (or title, text, query) with rich markup in it prints as written."""
+    from rich.console import Console
+
+    from seekrl.eval.show import print_hits
+    from seekrl.retrieval.base import Hit
+
+    console = Console(record=True, width=200)
+    print_hits(console, "q [/]", [Hit("x[/]", "T [bold]", "a[b]c", 1.0)], gold={"x[/]"})
+    out = console.export_text()
+    assert "x[/]" in out and "T [bold]" in out and "a[b]c" in out and "GOLD" in out

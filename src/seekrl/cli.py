@@ -366,7 +366,7 @@ def table(
             path = run / METRICS_FILE
             if not path.is_file():
                 raise FileNotFoundError(f"{run}: no {METRICS_FILE} (not a `seekrl eval` run)")
-            metrics = json.loads(path.read_text())
+            metrics = json.loads(path.read_text(encoding="utf-8"))
             rows.append((label[i] if label else run_label(metrics, run.name), metrics))
         if not label:
             names = unique_labels([r[0] for r in rows], [run.name for run in runs])

@@ -753,9 +753,8 @@ def load_qa(path_or_name: str | os.PathLike[str], split: str | None = None,
                                     f"{named}.parquet inside")
     elif path.is_dir() and not _saved_to_disk(path):
         # FlashRAG's layout; with no such file `datasets` reads the folder (below)
-        tried = [split] if split is not None else ["test", "dev", "validation", "val", "train"]
-        found = (_split_file(path, s) for s in tried)
-        path = next((f for f in found if f is not None), path)
+        picked = split if split is not None else folder_split(path)
+        path = (_split_file(path, picked) if picked is not None else None) or path
     suffix = path.suffix.lower()
     if suffix in _SPLIT_FILE_SUFFIXES and not path.is_file():
         raise FileNotFoundError(f"{path}: no such QA file")
@@ -785,6 +784,15 @@ def _meant_as_file(path: Path, suffix: str) -> bool:
     if suffix in (".csv", ".tsv", ".txt", ".gz", ".arrow"):
         return True
     return str(path.parent) not in ("", ".") and path.parent.is_dir()
+
+
+FOLDER_SPLITS = ("test", "dev", "validation", "val", "train")   # a folder's, in this order
+
+
+def folder_split(folder: str | Path) -> str | None:
+    """The split a FlashRAG-style folder is read from when none is named: the first of
+    `FOLDER_SPLITS` it has a file of (None: none)."""
+    return next((s for s in FOLDER_SPLITS if _split_file(Path(folder), s) is not None), None)
 
 
 def _split_file(folder: Path, split: str) -> Path | None:

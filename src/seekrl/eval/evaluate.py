@@ -39,7 +39,7 @@ from seekrl.agent.rollout import RolloutConfig, RolloutEngine
 from seekrl.agent.trajectory import Trajectory, write_trajectories
 from seekrl.config import DATA_PROMPT, DEFAULT_MAX_INFO_TOKENS
 from seekrl.data.benchmarks import hop_averages, spec_name, split_name
-from seekrl.data.qa import QAExample, load_qa
+from seekrl.data.qa import FOLDER_SPLITS, QAExample, folder_split, load_qa
 from seekrl.errors import DataError
 from seekrl.retrieval.base import RetrievalError, Retriever
 from seekrl.rewards.metrics import cover_em, exact_match, f1_score
@@ -75,13 +75,19 @@ def dataset_name(path: str | Path) -> str:
     folder, _, split = str(path).rpartition(":")
     if not path.exists() and folder and Path(folder).is_dir():    # FOLDER:SPLIT
         return split_name(Path(folder).name, split)
+    # a suite set's name as `flashrag:` gives it (`2wiki` -> `2wikimultihopqa`), and named
+    # apart when read from another split than the papers' (`hotpotqa/train.jsonl`)
     if path.is_dir():
-        return path.name
-    if path.stem.lower() not in GENERIC_STEMS:
-        return path.stem
+        return split_name(path.name, folder_split(path))
+    stem = path.stem.lower()
+    if stem not in GENERIC_STEMS:
+        return split_name(path.stem, None)
     if (path.parent / "world.json").is_file():
         return "world"
-    return path.resolve().parent.name or path.stem
+    folder = path.resolve().parent.name
+    if not folder:
+        return path.stem
+    return split_name(folder, stem if stem in FOLDER_SPLITS else None)
 
 
 def load_eval_data(paths: Sequence[str | Path], *, limit: int | None = None,

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from seekrl.agent.trajectory import Trajectory, read_trajectories
+from seekrl.agent.trajectory import Trajectory, read_trajectories, title_keys
 from seekrl.data.jsonl import iter_jsonl
 from seekrl.errors import DataError
 from seekrl.rewards.metrics import exact_match, f1_score
@@ -288,13 +288,18 @@ def metrics_table_html(metrics: dict) -> str:
     return "".join(parts)
 
 
-def _hits_html(ids: Sequence[str], titles: Sequence[str], gold: set[str]) -> str:
+def _hits_html(ids: Sequence[str], titles: Sequence[str], gold: set[str],
+               by_title: bool = False) -> str:
+    """The documents, gold ones marked: `gold` holds ids, or with `by_title` normalised
+    supporting titles (HotpotQA, 2Wiki, MuSiQue), matched as `Trajectory.evidence_keys`
+    matches them."""
     if not ids:
         return '<div class="hits none">no documents</div>'
     items = []
-    for rank, doc_id in enumerate(ids, 1):
-        title = titles[rank - 1] if rank - 1 < len(titles) else ""
-        is_gold = doc_id in gold
+    titles = list(titles) + [""] * (len(ids) - len(titles))
+    keys = title_keys(ids, titles) if by_title else list(ids)
+    for doc_id, title, key in zip(ids, titles, keys):
+        is_gold = key is not None and key in gold
         mark = '<span class="goldmark" title="gold document">&#9733; gold</span> ' \
             if is_gold else ""
         items.append(f'<li class="{"gold" if is_gold else ""}">{mark}{escape_html(title)} '
@@ -315,7 +320,8 @@ def _episode_html(t: Trajectory, segments: list[dict] | None, index: int,
                   open_: bool) -> str:
     em = exact_match(t.answer, t.golden_answers)
     f1 = f1_score(t.answer, t.golden_answers)
-    gold = set(t.gold_doc_ids)
+    gold, by_title = t.evidence_keys()[0], not t.gold_doc_ids
+    supporting = t.metadata.get("supporting_titles") or [] if isinstance(t.metadata, dict) else []
     searches = t.n_searches
     type_name = str(t.metadata.get("type", "")) if isinstance(t.metadata, dict) else ""
     reward = _fmt(t.outcome_reward, "{:g}")
@@ -334,12 +340,15 @@ def _episode_html(t: Trajectory, segments: list[dict] | None, index: int,
             f' · {t.n_generated} generated of {len(t.token_ids)} tokens'
             + (f' · type {escape_html(type_name)}' if type_name else "")
             + (f' · gold docs {" ".join(f"<code>{escape_html(d)}</code>" for d in t.gold_doc_ids)}'
-               f' · evidence recall {_fmt(recall)}' if gold else "")
+               if t.gold_doc_ids else "")
+            + (f' · supporting titles {escape_html(" | ".join(map(str, supporting)))}'
+               if by_title and gold else "")
+            + (f' · evidence recall {_fmt(recall)}' if recall is not None else "")
             + '</div>')
     body = [meta]
     if t.prompt_hits:
         body.append('<div class="turnhead">retrieved with the question (in the prompt)</div>'
-                    + _hits_html(t.prompt_hits, t.prompt_hit_titles or [], gold))
+                    + _hits_html(t.prompt_hits, t.prompt_hit_titles or [], gold, by_title))
     by_step: dict[int | None, list[dict]] = {}
     if segments is not None:
         for seg in segments:
@@ -378,11 +387,11 @@ def _episode_html(t: Trajectory, segments: list[dict] | None, index: int,
         hits_shown = not step.hits
         for seg in segs:  # the hits go just before the block that shows their text
             if not hits_shown and seg.get("kind") in ("information", "correction"):
-                turn.append(_hits_html(step.hits, step.hit_titles, gold))
+                turn.append(_hits_html(step.hits, step.hit_titles, gold, by_title))
                 hits_shown = True
             turn.append(_segment_html(seg))
         if not hits_shown:  # no block (no episodes file, or the episode ran out of room)
-            turn.append(_hits_html(step.hits, step.hit_titles, gold))
+            turn.append(_hits_html(step.hits, step.hit_titles, gold, by_title))
         body.append(f'<div class="turn">{"".join(turn)}</div>')
     for seg in by_step.get(None, []):
         if seg.get("kind") != "prompt":

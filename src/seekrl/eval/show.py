@@ -18,5 +18,5 @@ def print_hits(console: Console, query: str, hits: list[Hit], *,
     for rank, h in enumerate(hits, 1):
         mark = "[green]GOLD[/] " if h.doc_id in gold else ""
         text = h.text if len(h.text) <= width else h.text[: width - 3] + "..."
-        console.print(f"  {rank}. {mark}[cyan]{escape(h.title)}[/] [dim]({h.doc_id}, "
+        console.print(f"  {rank}. {mark}[cyan]{escape(h.title)}[/] [dim]({escape(h.doc_id)}, "
                       f"score {h.score:.3f})[/]\n     {escape(text)}")
