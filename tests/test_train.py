@@ -352,6 +352,39 @@ def test_a_section_given_in_part_keeps_the_recipes_own_defaults():
     assert (labels.rollout.max_turns, labels.rollout.temperature) == (3, 0.9)
 
 
+def test_a_section_given_whole_on_the_command_line_keeps_the_files_other_keys():
+    """`algo={advantage: rloo}` over a file setting `algo.micro_batch_size: 2` put it back to
+    the default 8 unsaid (update memory x4); a mapping-valued key (`reward.process`) is
+    still replaced, and a later whole section after one of its keys is refused."""
+    data = {"data": "d", "algo": {"micro_batch_size": 2, "kl_coef": 0.0},
+            "reward": {"process": {"evidence": 1.0}}}
+    cfg = build_config(TrainConfig, data, ["algo={advantage: rloo}",
+                                           "reward.process={recall: 0.5}"])
+    assert (cfg.algo.advantage, cfg.algo.micro_batch_size) == ("rloo", 2)
+    assert cfg.reward.process == {"recall": 0.5}
+    with pytest.raises(ConfigError, match="ranker comes after ranker.lr"):
+        build_config(TrainConfig, {"data": "d"},
+                     ["ranker={model: a}", "ranker.lr=1", "ranker={model: b}"])
+
+
+@pytest.mark.parametrize("override", ["rollout.vllm_sleep=true", "optim.betas=[true, 0.9]",
+                                      "reward.process={evidence: yes}"])
+def test_true_is_no_number_anywhere_in_a_setting(override):
+    """A number under a Literal, in a tuple or as a mapping's value took true as 1."""
+    with pytest.raises(ConfigError, match="expected a number, got True"):
+        build_config(TrainConfig, {"data": "d"}, [override])
+    from seekrl.config import SFTConfig
+
+    with pytest.raises(ConfigError, match="max_new_tokens: expected a number"):
+        build_config(SFTConfig, {"data": "d"}, ["max_new_tokens=true"])
+
+
+def test_an_unknown_key_of_an_optional_section_lists_the_known_ones():
+    with pytest.raises(ConfigError, match="ranker.lrr: unknown key; expected one of "
+                                          "batch_size, candidates, kind, lr"):
+        build_config(TrainConfig, {"data": "d"}, ["ranker.model=x", "ranker.lrr=1"])
+
+
 def test_an_optional_section_is_switched_on_by_its_model_or_by_itself():
     ranker = build_config(TrainConfig, {"data": "d"}, ["ranker.train=false", "ranker.model=null"])
     assert ranker.ranker.train is False and ranker.ranker.model is None

@@ -9,8 +9,9 @@ expected one of ...`), never silently ignored.
 from __future__ import annotations
 
 import copy
+import types
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -41,6 +42,40 @@ class ConfigError(SeekrlError, ValueError):
     """A config file or override that does not fit the recipe's schema."""
 
 
+def _leaf_types(annotation: Any) -> set:
+    """The types a value of `annotation` may have: through Annotated, unions and Literal."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _leaf_types(get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        return set().union(*(_leaf_types(a) for a in get_args(annotation)))
+    if origin is Literal:
+        return {type(v) for v in get_args(annotation)}
+    return {annotation}
+
+
+def _yes_for_a_number(annotation: Any, value: Any) -> bool | None:
+    """The true / false given where `annotation` wants a number (at the top, or as an item
+    of a list, tuple or mapping it holds), else None."""
+    if isinstance(value, bool):
+        kinds = _leaf_types(annotation)
+        return value if bool not in kinds and kinds & {int, float} else None
+    for kind in _leaf_types(annotation):
+        origin, args = get_origin(kind), get_args(kind)
+        if origin in (list, tuple) and isinstance(value, (list, tuple)) and args:
+            items = args[:-1] if len(args) == 2 and args[1] is Ellipsis else args
+            for i, item in enumerate(value):
+                bad = _yes_for_a_number(items[min(i, len(items) - 1)], item)
+                if bad is not None:
+                    return bad
+        elif origin is dict and isinstance(value, dict) and len(args) == 2:
+            for item in value.values():
+                bad = _yes_for_a_number(args[1], item)
+                if bad is not None:
+                    return bad
+    return None
+
+
 class Strict(BaseModel):
     # inf and nan are refused everywhere: no setting means "unbounded" by them, and a
     # nan weight or schedule poisons a run silently
@@ -49,12 +84,12 @@ class Strict(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _no_yes_for_numbers(cls, value: Any, info) -> Any:
-        """`steps: true` is a slip, not 1: a number field takes no true / false."""
-        if isinstance(value, bool) and info.field_name in cls.model_fields:
-            annotation = cls.model_fields[info.field_name].annotation
-            kinds = set(get_args(annotation)) or {annotation}
-            if bool not in kinds and kinds & {int, float}:
-                raise ValueError(f"expected a number, got {value}")
+        """`steps: true` is a slip, not 1: a number field takes no true / false (nor does a
+        number inside one: `optim.betas: [true, 0.9]`, `reward.process: {evidence: yes}`)."""
+        if info.field_name in cls.model_fields:
+            bad = _yes_for_a_number(cls.model_fields[info.field_name].annotation, value)
+            if bad is not None:
+                raise ValueError(f"expected a number, got {bad}")
         return value
 
     @model_validator(mode="before")
@@ -766,7 +801,8 @@ def set_dotted(tree: dict, dotted: str, value: Any) -> None:
     node[keys[-1]] = value
 
 
-def with_keys(tree: dict, keys: dict[str, Any], schema: type[BaseModel] | None = None,
+def with_keys(tree: dict, keys: dict[str, Any] | list[tuple[str, Any]],
+              schema: type[BaseModel] | None = None,
               where: str = "override") -> dict:
     """A copy of `tree` with the dotted `keys` set in order (the original is left alone).
     A key that would replace one set before it (`ranker={}` after `ranker.lr`) is refused;
@@ -774,18 +810,44 @@ def with_keys(tree: dict, keys: dict[str, Any], schema: type[BaseModel] | None =
     (`_check_switches`). `where` names the keys' source in those errors."""
     out = copy.deepcopy(tree)
     given: list[list[str]] = []
-    for dotted, value in keys.items():
+    for dotted, value in (keys.items() if isinstance(keys, dict) else keys):
         parts = dotted.split(".")
         under = next((k for k in given if len(k) > len(parts) and k[:len(parts)] == parts),
                      None)
         if under is not None:
             raise ConfigError(f"{where}: {dotted} comes after {'.'.join(under)}, which it "
                               f"would replace; give {dotted} first")
+        if isinstance(value, dict) and schema is not None and _is_section(schema, parts):
+            # a section given whole keeps the file's other keys of it (`algo={advantage:
+            # rloo}` does not reset the file's micro_batch_size), as a file's partial
+            # section keeps the recipe's defaults; a mapping-valued key (reward.process)
+            # is replaced
+            here = _get_dotted(out, parts)
+            if isinstance(here, dict):
+                value = merged(here, value)
         set_dotted(out, dotted, value)
         given.append(parts)
     if schema is not None:
         _check_switches(schema, tree, given, where)
     return out
+
+
+def _get_dotted(tree: dict, parts: list[str]) -> Any:
+    node: Any = tree
+    for part in parts:
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _is_section(schema: type[BaseModel], parts: list[str]) -> bool:
+    """The dotted key names a section of the schema (a model), not a mapping-valued key."""
+    node: Any = schema
+    for part in parts:
+        field = getattr(node, "model_fields", {}).get(part)
+        if field is None:
+            return False
+        node = _section_class(field.annotation)
+    return node is not None
 
 
 def merged(base: dict, top: dict) -> dict:
@@ -828,7 +890,7 @@ def _describe(schema: type[BaseModel], err: dict) -> str:
         node: Any = schema
         for part in err["loc"][:-1]:
             field = getattr(node, "model_fields", {}).get(part)
-            node = field.annotation if field is not None else None
+            node = _section_class(field.annotation) if field is not None else None
         known = sorted(getattr(node, "model_fields", {}) or [])
         return f"{loc}: unknown key; expected one of {', '.join(known)}"
     if err["type"] == "missing":
@@ -883,7 +945,7 @@ def build_config(schema: type[C], data: dict | None, overrides: list[str] = (),
                  source: str = "config") -> C:
     pairs = [parse_override(text) for text in overrides]
     given = [key.split(".") for key, _ in pairs]   # the keys set on the command line
-    tree = with_keys(data or {}, dict(pairs), schema, where="command line")
+    tree = with_keys(data or {}, pairs, schema, where="command line")
     try:
         return schema.model_validate(tree)
     except ValidationError as err:
