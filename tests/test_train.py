@@ -179,6 +179,10 @@ def test_resume_continues_identically(world, tiny, tmp_path):
     assert first.train(until=1)["interrupted"]
     resumed = make_trainer(make_cfg(tmp_path / "b", steps=2), world, tiny, resume=True)
     assert resumed.step_done == 1
+    # the clock goes on from the checkpoint's (max_minutes did restart at each resume)
+    meta = json.loads((tmp_path / "b" / "run" / "checkpoints" / "step-1" / "trainer.json")
+                      .read_text())
+    assert meta["train_seconds"] > 0 and resumed._seconds_before == meta["train_seconds"]
     resumed.train()
     again = [json.loads(x) for x in (tmp_path / "b" / "run" / "metrics.jsonl")
              .read_text().splitlines()]
@@ -204,6 +208,44 @@ def test_a_killed_checkpoint_write_leaves_latest_intact(world, tiny, tmp_path):
     assert (ckpts / "latest").read_text() == "step-2"
 
 
+def test_a_resumed_log_keeps_its_steps_and_drops_a_torn_tail(tmp_path):
+    """A kill (or a full disk) can cut the log's last line: resume dropped nothing and
+    crashed on it; now it keeps the steps up to the checkpoint, whole lines only."""
+    from seekrl.recipes.setup import keep_log_until
+
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"step": 1, "em": 0.1}\n{"step": 2, "dev_em": 0.2}\n\n'
+                   '{"step": 3, "em": 0.3}\n{"step": 4, "e')
+    keep_log_until(log, 2)
+    assert log.read_text() == '{"step": 1, "em": 0.1}\n{"step": 2, "dev_em": 0.2}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]
+    keep_log_until(tmp_path / "alerts.jsonl", 2)       # none written yet: nothing to do
+    assert not (tmp_path / "alerts.jsonl").exists()
+
+
+def test_a_checkpoints_subfolders_are_flushed_before_it_is_named(tmp_path, monkeypatch):
+    """`fsync_dir` flushed the top level alone: a checkpoint's `ranker/` (weights, the
+    updater's state) could be missing after a power cut under a `latest` naming it."""
+    import builtins
+    from pathlib import Path
+
+    from seekrl.recipes import checkpoint
+
+    (tmp_path / "ranker").mkdir()
+    for name in ("model.safetensors", "ranker/model.safetensors", "ranker/updater.pt"):
+        (tmp_path / name).write_bytes(b"x")
+    flushed = []
+
+    def recording(path, *args, **kw):
+        flushed.append(Path(path).relative_to(tmp_path).as_posix())
+        return builtins.open(path, *args, **kw)
+
+    monkeypatch.setattr(checkpoint, "open", recording, raising=False)
+    checkpoint.fsync_dir(tmp_path)
+    assert sorted(flushed) == ["model.safetensors", "ranker/model.safetensors",
+                               "ranker/updater.pt"]
+
+
 def test_resume_without_a_checkpoint_says_so(world, tiny, tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         make_trainer(make_cfg(tmp_path), world, tiny, resume=True)
@@ -221,6 +263,25 @@ def test_dynamic_sampling_drops_groups_without_signal(world, tiny, tmp_path):
     record = trainer.step(1)
     assert record["episodes_sampled"] == 4 and record["episodes"] == 2
     assert record["groups_with_signal"] == 0.5   # of the groups sampled, not of those kept
+
+
+def test_dynamic_sampling_refills_until_the_batch_is_full_not_every_group_varied(
+        world, tiny, tmp_path):
+    """The refill loop compared the kept episodes with all sampled so far (a target that
+    grows with each refill), so it ran `max_refills` times whenever any group was flat,
+    paying each draw's tokens: one refill that fills the batch is enough."""
+    def first_group_flat(t):
+        r = 0.0 if t.example_id == flat_id[0] else float(t.sample_index)
+        return RewardParts(total=r, outcome=r, format=0.0, penalty=0.0)
+
+    cfg = make_cfg(tmp_path, **{"algo.dynamic_sampling": True, "algo.max_refills": 3,
+                                "algo.balance_types": False})
+    trainer = make_trainer(cfg, world, tiny, reward_fn=first_group_flat)
+    flat_id = [trainer.sample_questions(1, 2)[0].id]
+    record = trainer.step(1)
+    assert record["refills"] == 1 and record["episodes_sampled"] == 8
+    assert record["episodes"] == 4
+    assert trainer.questions_drawn == 4 and trainer.questions_planned == 2
 
 
 def test_group_signal_counts_varied_groups_of_two_or_more():
@@ -472,6 +533,34 @@ def test_train_evaluates_the_start_and_the_end_for_the_report(world, tiny, tmp_p
                    if "dev_em" in r]
     assert [r["step"] for r in dev_records] == [1]   # one evaluation of the final policy
     assert summary["dev"]["em"] == dev_records[0]["dev_em"] and summary["dev"]["questions"] == 2
+
+    # the same, killed after its checkpoint (before the final save): resumed, the policy
+    # that step's evaluation saw is not evaluated again, and a final evaluation a kill
+    # left in the log (after the checkpoint) is dropped, then comes back once
+    def dev_lines(run):
+        return [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text()
+                                       .splitlines()) if "dev_em" in r]
+
+    for name, every in (("d", 1), ("e", 0)):
+        cfg = make_cfg(tmp_path / name, steps=5, save_every=1, max_rollout_tokens=1, eval={
+            "data": str(world["paths"]["test"]), "n": 2, "every": every, "max_turns": 1,
+            "max_new_tokens": 4, "at_start": False})
+        killed = make_trainer(cfg, world, tiny)
+
+        def kill(*args):
+            raise RuntimeError("killed before the final save")
+
+        killed._finish = kill     # the budget stops it at step 1, after its checkpoint
+        with pytest.raises(RuntimeError, match="killed"):
+            killed.train()
+        run = tmp_path / name / "run"
+        if every == 0:
+            with open(run / "metrics.jsonl", "a") as f:    # a final evaluation, then the kill
+                f.write(json.dumps({"step": 1, "dev_em": 0.5}) + "\n")
+        summary = make_trainer(cfg, world, tiny, resume=True).train()
+        assert dev_lines(run) == [1]
+        assert (run / "eval" / "final").is_dir() == (every == 0)
+        assert summary["dev_dir"] == str(run / "eval" / ("final" if every == 0 else "step-1"))
 
 
 def test_greedy_evaluations_feed_the_monitor(world, tiny, tmp_path, monkeypatch):

@@ -182,12 +182,17 @@ def latest_checkpoint(out: Path) -> Path | None:
 
 
 def fsync_dir(path: Path, *, files: bool = True) -> None:
-    """Flush a folder's files (with `files`) and then the folder itself, whose entries (a
-    new name, a rename) are data of their own: without it a power cut can leave `latest`
-    naming a checkpoint whose rename was never written."""
+    """Flush a folder's files (with `files`, its subfolders' too: a checkpoint's `ranker/`)
+    and then the folder itself, whose entries (a new name, a rename) are data of their own:
+    without it a power cut can leave `latest` naming a checkpoint whose rename was never
+    written, or whose ranker was."""
     if files:
         for f in path.iterdir():
-            if f.is_file():
+            if f.is_symlink():
+                continue
+            if f.is_dir():
+                fsync_dir(f)
+            elif f.is_file():
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
     fd = os.open(path, os.O_RDONLY)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -174,12 +175,29 @@ def resume_training(checkpoint: Path, module, optimizer, scheduler, *, out: Path
     set_rng_state(state["rng"])
     done = int(state["step"])
     say(f"resuming from {checkpoint}: {done} of {total_steps} steps done")
-    log_path = out / "metrics.jsonl"
-    if log_path.is_file():
-        lines = [ln for ln in log_path.read_text().splitlines()
-                 if ln and json.loads(ln).get("step", 0) <= done]
-        log_path.write_text("".join(ln + "\n" for ln in lines))
+    keep_log_until(out / "metrics.jsonl", done)
     return state
+
+
+def keep_log_until(path: Path, step: int, drop=None) -> None:
+    """On resume: a step log's lines up to `step` (those after are about to be redone and
+    come back), less those `drop(record)` names. A line that does not parse (the tail a
+    kill or a full disk cut off) goes too; the file is replaced whole (written beside it,
+    then renamed), never half."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and record.get("step", 0) <= step and \
+                not (drop is not None and drop(record)):
+            kept.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def train_top_layers(model, n: int | None):

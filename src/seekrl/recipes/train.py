@@ -82,6 +82,7 @@ from seekrl.recipes.setup import (
     check_world_index,
     clip_and_step,
     enable_activation_checkpointing,
+    keep_log_until,
     make_optimizer,
     make_scheduler,
     open_index,
@@ -320,6 +321,11 @@ class Trainer:
         self.step_done = 0
         self._last_dev: tuple[int, dict[str, Any], Path] | None = None   # step, figures, folder
         self.questions_drawn = 0           # questions played so far (refills included)
+        # the questions steps planned (first draws): a budget's rate is tokens per planned
+        # question, its refills included, so the last step's refills are paid for too
+        self.questions_planned = 0
+        self._started: float | None = None    # train()'s clock, less the seconds before
+        self._seconds_before = 0.0            # the checkpoint's, on resume
         self.healthy_checkpoint: str | None = None
         self.stopped_reason: str | None = None
         self.stopped_budget: str | None = None
@@ -566,12 +572,13 @@ class Trainer:
         algo = self.cfg.algo
         trajs, parts = self._draw(step, n_questions, 0, draws)
         n_sampled, refills = len(trajs), 0
+        wanted = len(trajs)   # the batch the refills fill (a fixed target: n_sampled grows)
         estimate = self._signal_estimate(trajs)
         signal = group_signal(trajs, parts, estimate and estimate[0].advantages)
         if not algo.dynamic_sampling:
             return trajs, parts, n_sampled, refills, signal, estimate
         trajs, parts = keep_varied(trajs, parts, estimate and estimate[0].advantages)
-        while len(trajs) < n_sampled and refills < algo.max_refills:
+        while len(trajs) < wanted and refills < algo.max_refills:
             refills += 1
             more_t, more_p = self._draw(step, n_questions, refills, draws)
             n_sampled += len(more_t)
@@ -617,6 +624,7 @@ class Trainer:
         t = time.time()
         questions = self.sample_questions(step, n_questions, draw=draw)
         self.questions_drawn += len(questions)
+        self.questions_planned += len(questions) if draw == 0 else 0
         # each rank draws its own random numbers (rank 0's are one process's)
         seed = seeds.rank(seeds.draw(seeds.step(self.cfg.seed, step), draw), self.dist.rank)
         with self.full_weights():   # sharded: rollouts on the gathered weights
@@ -642,7 +650,7 @@ class Trainer:
         if cfg.max_rollout_tokens is None:
             return cfg.questions_per_step
         return units_within_budget(cfg.max_rollout_tokens, self.rollout_tokens,
-                                   self.questions_drawn, cfg.questions_per_step)
+                                   self.questions_planned, cfg.questions_per_step)
 
     def _peak_memory(self) -> dict[str, float]:
         """The most memory any rank held: `peak_gpu_mb`, the GPU memory allocated at the
@@ -1003,7 +1011,12 @@ class Trainer:
             "step": step, "monitor": self.monitor.state_dict(),
             "healthy_checkpoint": self.healthy_checkpoint,
             "rollout_tokens": self.rollout_tokens, "questions_drawn": self.questions_drawn,
-            "simulator_stats": self._simulator_totals}))
+            "questions_planned": self.questions_planned,
+            "simulator_stats": self._simulator_totals,
+            "train_seconds": round(time.time() - self._started, 3)
+            if self._started is not None else self._seconds_before,
+            "last_dev": None if self._last_dev is None else
+            [self._last_dev[0], self._last_dev[1], str(self._last_dev[2])]}))
         if (tmp / "shards").is_dir():
             fsync_dir(tmp / "shards", files=False)   # dcp flushed the files themselves
         fsync_dir(tmp)
@@ -1049,6 +1062,9 @@ class Trainer:
                               "saving and evaluating the final model"))
         self.rollout_tokens = int(meta.get("rollout_tokens", 0))
         self.questions_drawn = int(meta.get("questions_drawn", 0))
+        # checkpoints before 2026-11-28 kept no planned count: without refills the same
+        self.questions_planned = int(meta.get("questions_planned", self.questions_drawn))
+        self._seconds_before = float(meta.get("train_seconds", 0.0))
         # the simulators' totals go on from the checkpoint's: rank 0 holds them, the other
         # ranks count from 0, and the step's sum over the ranks is the total again
         self._simulator_totals = dict(meta.get("simulator_stats", {}))
@@ -1060,19 +1076,28 @@ class Trainer:
         self.healthy_checkpoint = meta.get("healthy_checkpoint")
         # drop the log and alert lines of steps after the checkpoint: they are about to be
         # redone, and their lines come back
+        last_dev = meta.get("last_dev")   # the evaluation the checkpoint's step had
+        self._last_dev = None if last_dev is None else \
+            (int(last_dev[0]), dict(last_dev[1]), Path(last_dev[2]))
+
+        def after_the_checkpoint(record: dict) -> bool:
+            # a dev line at the checkpoint's step the checkpoint does not know of: the final
+            # evaluation of a run killed after it, which comes back
+            return record.get("step") == self.step_done and \
+                any(k.startswith("dev_") for k in record) and \
+                (last_dev is None or int(last_dev[0]) != self.step_done)
+
         for name in ("metrics.jsonl", "alerts.jsonl") if self.dist.main else ():
-            path = self.out / name
-            if path.is_file():
-                lines = [ln for ln in path.read_text().splitlines()
-                         if ln and json.loads(ln).get("step", 0) <= self.step_done]
-                path.write_text("".join(ln + "\n" for ln in lines))
+            keep_log_until(self.out / name, self.step_done,
+                           after_the_checkpoint if name == "metrics.jsonl" else None)
 
     # ------------------------------------------------------------------ the run
     def train(self, until: int | None = None) -> dict[str, Any]:
         """Run the remaining steps, then save and evaluate the final policy. `until` stops
         after that step instead, as if the run were killed there (after its checkpoint)."""
         cfg = self.cfg
-        started = time.time()
+        # a resumed run's clock goes on from its checkpoint's (max_minutes, the summary)
+        started = self._started = time.time() - self._seconds_before
         last: dict[str, Any] = {}
         if cfg.eval.data and cfg.eval.at_start and self.step_done == 0:
             self._dev_eval("start", 0, " before training")
