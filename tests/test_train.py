@@ -251,16 +251,22 @@ def test_resume_without_a_checkpoint_says_so(world, tiny, tmp_path):
         make_trainer(make_cfg(tmp_path), world, tiny, resume=True)
 
 
-def test_dynamic_sampling_drops_groups_without_signal(world, tiny, tmp_path):
+def one_flat_group_step(world, tiny, tmp_path, max_refills: int):
+    """A dynamic-sampling trainer whose first question's group ties (reward 0 for all its
+    episodes, the others by sample index), and its first step's record."""
     def first_group_flat(t):
         r = 0.0 if t.example_id == flat_id[0] else float(t.sample_index)
         return RewardParts(total=r, outcome=r, format=0.0, penalty=0.0)
 
-    cfg = make_cfg(tmp_path, **{"algo.dynamic_sampling": True, "algo.max_refills": 0,
+    cfg = make_cfg(tmp_path, **{"algo.dynamic_sampling": True, "algo.max_refills": max_refills,
                                 "algo.balance_types": False})
     trainer = make_trainer(cfg, world, tiny, reward_fn=first_group_flat)
     flat_id = [trainer.sample_questions(1, 2)[0].id]
-    record = trainer.step(1)
+    return trainer, trainer.step(1)
+
+
+def test_dynamic_sampling_drops_groups_without_signal(world, tiny, tmp_path):
+    _, record = one_flat_group_step(world, tiny, tmp_path, max_refills=0)
     assert record["episodes_sampled"] == 4 and record["episodes"] == 2
     assert record["groups_with_signal"] == 0.5   # of the groups sampled, not of those kept
 
@@ -270,15 +276,7 @@ def test_dynamic_sampling_refills_until_the_batch_is_full_not_every_group_varied
     """The refill loop compared the kept episodes with all sampled so far (a target that
     grows with each refill), so it ran `max_refills` times whenever any group was flat,
     paying each draw's tokens: one refill that fills the batch is enough."""
-    def first_group_flat(t):
-        r = 0.0 if t.example_id == flat_id[0] else float(t.sample_index)
-        return RewardParts(total=r, outcome=r, format=0.0, penalty=0.0)
-
-    cfg = make_cfg(tmp_path, **{"algo.dynamic_sampling": True, "algo.max_refills": 3,
-                                "algo.balance_types": False})
-    trainer = make_trainer(cfg, world, tiny, reward_fn=first_group_flat)
-    flat_id = [trainer.sample_questions(1, 2)[0].id]
-    record = trainer.step(1)
+    trainer, record = one_flat_group_step(world, tiny, tmp_path, max_refills=3)
     assert record["refills"] == 1 and record["episodes_sampled"] == 8
     assert record["episodes"] == 4
     assert trainer.questions_drawn == 4 and trainer.questions_planned == 2
