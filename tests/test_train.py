@@ -438,6 +438,17 @@ def test_true_is_no_number_anywhere_in_a_setting(override):
         build_config(SFTConfig, {"data": "d"}, ["max_new_tokens=true"])
 
 
+@pytest.mark.parametrize("override, said", [
+    ("out=runs/exp #2", "starts a YAML comment"),       # became runs/exp
+    ("seed=010", "octal number"),                        # became 8
+])
+def test_an_override_yaml_would_read_otherwise_than_written_is_refused(override, said):
+    with pytest.raises(ConfigError, match=said):
+        build_config(TrainConfig, {"data": "d"}, [override])
+    assert build_config(TrainConfig, {"data": "d"}, ["out='runs/exp #2'", "seed=10"]).out \
+        == "runs/exp #2"
+
+
 def test_an_unknown_key_of_an_optional_section_lists_the_known_ones():
     with pytest.raises(ConfigError, match="ranker.lrr: unknown key; expected one of "
                                           "batch_size, candidates, kind, lr"):

@@ -9,6 +9,7 @@ expected one of ...`), never silently ignored.
 from __future__ import annotations
 
 import copy
+import re
 import types
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
@@ -876,6 +877,13 @@ def parse_override(text: str) -> tuple[str, Any]:
     key = key.strip()
     if not sep or not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r}: expected key.sub=value")
+    if re.search(r"(^|\s)#", raw) and not re.match(r"""\s*["'\[{]""", raw):
+        # YAML would read the rest as a comment: `out=runs/exp #2` became runs/exp
+        raise ConfigError(f"override {text!r}: ' #' starts a YAML comment, which would cut "
+                          f"the value; quote it: {key}='\"{raw.strip()}\"'")
+    if re.fullmatch(r"\s*[-+]?0[0-9_]+\s*", raw):
+        raise ConfigError(f"override {text!r}: a leading 0 makes YAML read an octal number "
+                          f"({yaml.safe_load(raw)}); write it without")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
