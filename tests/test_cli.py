@@ -492,6 +492,21 @@ def test_world_oracle_and_eval_refuse_to_replace_without_overwrite(lab, tmp_path
     assert r.exit_code == 2 and f"{e} already holds an evaluation" in r.output \
         and "--overwrite" in r.output, r.output
     assert json.loads((e / "metrics.json").read_text())["average"]["questions"] == 4
+    # an evaluation that fails once its episodes are played leaves the old run whole
+    import seekrl.eval.evaluate as evaluate_module
+
+    def boom(trajectories):
+        raise ValueError("scoring failed")
+
+    real = evaluate_module.score_trajectories
+    evaluate_module.score_trajectories = boom
+    try:
+        r = run(*ev, 2, "--overwrite")
+    finally:
+        evaluate_module.score_trajectories = real
+    assert r.exit_code == 2 and "scoring failed" in r.output, r.output
+    assert json.loads((e / "metrics.json").read_text())["average"]["questions"] == 4
+    assert (e / "viewer.html").is_file()
     r = run(*ev, 2, "--overwrite")
     assert r.exit_code == 0, r.output
     assert json.loads((e / "metrics.json").read_text())["average"]["questions"] == 2

@@ -512,10 +512,12 @@ def eval_(
                     "ranker": ranker, "candidates": candidates if ranker else None,
                     "limit": limit, "dtype": dtype, "device": device, "backend": backend,
                     "attention": attention}
-        if overwrite and out.is_dir():   # the inputs read, the model loaded: the old run goes
-            remove_outputs(out, EVAL_RUN_FILES)
+        # the old run goes once the new one's episodes are done (a failure or Ctrl-C
+        # before leaves it whole)
+        replace = (lambda: remove_outputs(out, EVAL_RUN_FILES)) \
+            if overwrite and out.is_dir() else None
         metrics = evaluate(policy, tokenizer, retriever, examples, cfg, out, run_info=run_info,
-                           console=console, backend=generator)
+                           console=console, backend=generator, before_write=replace)
     except ERRORS as err:
         _fail(err)
     from seekrl.eval.report import metrics_markdown

@@ -338,9 +338,11 @@ def evaluate(model, tokenizer, retriever: Retriever | None,
              data: dict[str, list[QAExample]], cfg: RolloutConfig,
              out_dir: str | Path, *, backend: Backend | None = None,
              run_info: dict[str, Any] | None = None, progress: bool = True,
-             console=None, on_finish: Callable[[Trajectory], None] | None = None
-             ) -> dict[str, Any]:
+             console=None, on_finish: Callable[[Trajectory], None] | None = None,
+             before_write: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run `cfg.method` over every data set, score, write the run folder; returns metrics.
+    `before_write` runs once the episodes are done, before the folder is written (`seekrl
+    eval --overwrite` removes the old run there: a failed or stopped evaluation leaves it).
 
     `backend` defaults to `HFBackend(model, tokenizer)` (pass one to evaluate another
     generator). `run_info` (model name, data files, limit, dtype, ...) goes into
@@ -396,6 +398,8 @@ def evaluate(model, tokenizer, retriever: Retriever | None,
               "datasets": {name: len(v) for name, v in data.items()}}
     metrics = {"config": config, **score_trajectories(trajectories),
                "seconds": {"total": round(time.time() - started, 2), "datasets": seconds}}
+    if before_write is not None:
+        before_write()
     write_run(out, trajectories, metrics, tokenizer)
     return metrics
 
