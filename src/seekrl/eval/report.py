@@ -127,13 +127,21 @@ def suite_table(runs: Sequence[tuple[str, dict]], keys: Sequence[str] | None = N
     lines = ["| | " + " | ".join(_md(n) for n in names)
              + " | single-hop avg. | multi-hop avg. | avg. |",
              "|---|" + "---:|" * (len(names) + 3)]
+    partial = False
     for (label, m), k in zip(runs, keys):
         datasets = m.get("datasets", {})
         hops = hop_averages(datasets, [k])
         cells = [cell(datasets.get(n, {}), k, "{:.3f}") for n in names]
-        cells += [cell(hops.get(h, {}), k, "{:.3f}") for h in ("single", "multi")]
-        cells.append(cell(m.get("average", {}), k, "{:.3f}"))
+        if all(n in datasets for n in names):
+            cells += [cell(hops.get(h, {}), k, "{:.3f}") for h in ("single", "multi")]
+            cells.append(cell(m.get("average", {}), k, "{:.3f}"))
+        else:   # its averages would be over other sets than the other rows'
+            partial = True
+            cells += ["n/a"] * 3
         lines.append(f"| {_md(label)} | " + " | ".join(cells) + " |")
+    if partial:
+        lines += ["", "averages: n/a for a run that lacks some of the table's sets (averages "
+                  "over different sets do not compare)."]
     return "\n".join(lines)
 
 
