@@ -202,10 +202,17 @@ def test_a_killed_checkpoint_write_leaves_latest_intact(world, tiny, tmp_path):
     broken = ckpts / ".step-2.tmp999"
     broken.mkdir()
     (broken / "policy.pt").write_bytes(b"\x00garbage")
+    # ... and the leftovers of kills while replacing a folder: an old copy whose new one
+    # is in place (goes), one whose new one never arrived (the only copy: stays)
+    (ckpts / "step-1.old998").mkdir()
+    (ckpts / "step-7.old998").mkdir()
+    (ckpts / ".latest.tmp997").write_text("step-9")
     resumed = make_trainer(make_cfg(tmp_path, steps=2), world, tiny, resume=True)
     assert resumed.step_done == 1
     resumed.train()
     assert (ckpts / "latest").read_text() == "step-2"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step-1", "step-2",
+                                                       "step-7.old998"]
 
 
 def test_a_resumed_log_keeps_its_steps_and_drops_a_torn_tail(tmp_path):

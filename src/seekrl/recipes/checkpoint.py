@@ -150,6 +150,20 @@ def prune_steps(folder: Path, keep_last: int, keep: set[str | None] = frozenset(
     for p in done[:-keep_last]:
         if p.name not in keep:
             shutil.rmtree(p, ignore_errors=True)
+    # what a kill during an earlier save left: a half-written `.step-N.tmpPID` (never
+    # named by `latest`), and a replaced `step-N.oldPID` whose new `step-N` is in place
+    # (without it, the old one is the only copy: kept)
+    mine = str(os.getpid())
+    for p in folder.glob(".step-*.tmp*"):
+        if p.is_dir() and p.name.rpartition(".tmp")[2] != mine:
+            shutil.rmtree(p, ignore_errors=True)
+    for p in folder.glob("step-*.old*"):
+        name, _, pid = p.name.rpartition(".old")
+        if p.is_dir() and pid != mine and (folder / name).is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+    for p in folder.glob(".latest.tmp*"):
+        if p.is_file() and p.name.rpartition(".tmp")[2] != mine:
+            p.unlink(missing_ok=True)
 
 
 def replace_dir(tmp: Path, target: Path) -> None:
