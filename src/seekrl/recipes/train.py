@@ -1074,8 +1074,6 @@ class Trainer:
                 self._simulator.stats.update(self._simulator_totals)
         self.monitor.load_state_dict(meta["monitor"])
         self.healthy_checkpoint = meta.get("healthy_checkpoint")
-        # drop the log and alert lines of steps after the checkpoint: they are about to be
-        # redone, and their lines come back
         last_dev = meta.get("last_dev")   # the evaluation the checkpoint's step had
         self._last_dev = None if last_dev is None else \
             (int(last_dev[0]), dict(last_dev[1]), Path(last_dev[2]))
@@ -1087,6 +1085,8 @@ class Trainer:
                 any(k.startswith("dev_") for k in record) and \
                 (last_dev is None or int(last_dev[0]) != self.step_done)
 
+        # drop the log and alert lines of steps after the checkpoint: they are about to be
+        # redone, and their lines come back
         for name in ("metrics.jsonl", "alerts.jsonl") if self.dist.main else ():
             keep_log_until(self.out / name, self.step_done,
                            after_the_checkpoint if name == "metrics.jsonl" else None)
