@@ -240,22 +240,22 @@ def checked_trajectory(obj: Any, path: str | Path, line: int, field: str = "", *
     for name in ("prompt_hits", "prompt_hit_titles"):
         if getattr(t, name) is not None and not _strings(getattr(t, name)):
             raise bad("expected a list of strings or null", name)
-    if tokens and (not isinstance(t.token_ids, list) or not all(
-            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in t.token_ids)):
-        raise bad("expected a list of token ids (integers >= 0)", "token_ids")
-    if tokens and (not isinstance(t.loss_mask, list) or not all(
-            x in (0, 1) and not isinstance(x, bool) for x in t.loss_mask)):
-        raise bad("expected a list of 0s and 1s", "loss_mask")
-    if tokens and t.rollout_logprobs is not None and not (
-            isinstance(t.rollout_logprobs, list) and all(map(is_number, t.rollout_logprobs))):
-        raise bad("expected a list of numbers or null", "rollout_logprobs")
+    if tokens:
+        if not isinstance(t.token_ids, list) or not all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in t.token_ids):
+            raise bad("expected a list of token ids (integers >= 0)", "token_ids")
+        if not isinstance(t.loss_mask, list) or not all(
+                x in (0, 1) and not isinstance(x, bool) for x in t.loss_mask):
+            raise bad("expected a list of 0s and 1s", "loss_mask")
+        if t.rollout_logprobs is not None and not (isinstance(t.rollout_logprobs, list)
+                                                   and all(map(is_number, t.rollout_logprobs))):
+            raise bad("expected a list of numbers or null", "rollout_logprobs")
+        if not isinstance(t.prompt_len, int) or not 0 <= t.prompt_len <= len(t.token_ids):
+            raise bad(f"expected 0..{len(t.token_ids)}, got {t.prompt_len!r}", "prompt_len")
     if t.outcome_reward is not None and not is_number(t.outcome_reward):
         raise bad(f"expected a number or null, got {t.outcome_reward!r}", "outcome_reward")
     if not isinstance(t.metadata, dict):
         raise bad(f"expected an object, got {type(t.metadata).__name__}", "metadata")
-    if tokens and (not isinstance(t.prompt_len, int)
-                   or not 0 <= t.prompt_len <= len(t.token_ids)):
-        raise bad(f"expected 0..{len(t.token_ids)}, got {t.prompt_len!r}", "prompt_len")
     for i, s in enumerate(t.steps):
         if tokens and not (isinstance(s.start, int) and isinstance(s.end, int)
                            and t.prompt_len <= s.start <= s.end <= len(t.token_ids)):
@@ -279,11 +279,11 @@ def checked_trajectory(obj: Any, path: str | Path, line: int, field: str = "", *
         if labels and s.value is not None and not (is_number(s.value) and 0.0 <= s.value <= 1.0):
             raise bad(f"step {i}: expected a label in [0, 1] or null, got {s.value!r}",
                       "steps.value")
-    try:
-        if tokens:
+    if tokens:
+        try:
             t.check()
-    except (AssertionError, TypeError) as err:
-        raise bad(f"the steps do not match the token layout ({err})", "steps") from None
+        except (AssertionError, TypeError) as err:
+            raise bad(f"the steps do not match the token layout ({err})", "steps") from None
     node_ids = t.metadata.get("node_ids")
     if node_ids is not None and (not isinstance(node_ids, list)
                                  or len(node_ids) != len(t.steps) or not all(

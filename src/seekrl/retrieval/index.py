@@ -240,7 +240,7 @@ def _checked_paths(corpus: str | Path, out: str | Path, overwrite: bool,
     if out.is_symlink():    # the build's folder replaces `out`; a link cannot be replaced so
         raise FileExistsError(f"{out} is a symbolic link; give the path it points to "
                               f"({out.resolve()}) or a new folder")
-    empty = out.is_dir() and not out.is_symlink() and not os.path.ismount(out) and \
+    empty = out.is_dir() and not os.path.ismount(out) and \
         not any(out.iterdir())     # replaced by the build's folder at the end
     if out.exists() and not overwrite and not empty:
         what = "an index" if (out / MANIFEST).is_file() else "files"
