@@ -28,7 +28,20 @@ This bench separates the candidates, each on the same left-padded batch of rando
   reaches, to say whether that rewrite is worth it against the attention settings;
 - `hf_cb`: transformers' continuous batching (`model.generate_batch`, paged attention, CUDA
   graphs on a GPU), its per-token timestamps giving the step time after the warm-up steps:
-  the other engine the issue names; a transformers without it prints `error`.
+  the other engine the issue names; a transformers without it prints `error`;
+- `seekrl_warm`: `seekrl` again on the very contexts `seekrl` ran first (every shape seen
+  before): what a step costs once whatever a kernel builds per shape is cached.
+
+Fresh shapes (the default; `--no-fresh-shapes` turns it off): each variant's contexts are
+every row's context made `k * (steps + 4)` tokens longer for the k-th variant (0 for the
+first), so no variant meets a key length an earlier one compiled or planned for. Why: on an
+H200 (2026-11-28) the default dispatch went to cuDNN's attention, and a variant run after it
+on the same contexts reused what cuDNN had built for each length: `sdpa_cudnn` measured
+22.9 ms a step there against the first run's 90.9, while the rollout bench under
+`sdpa_cudnn`, meeting new lengths as a rollout does, ran no faster than the default. A
+decoding step adds one key column, and a rollout meets new lengths (and batch sizes) all the
+time, so the cold figure is the one a rollout pays. The longer contexts cost the later
+variants a little more attention reading (at most ~400 tokens more at 12 variants).
 
 Per variant: `decode_ms_VARIANT=` (one step, the prefill subtracted: T(steps+1) - T(1)) and
 the tokens/s that gives. Then a profile of `--profile-steps` steps of `seekrl`: host and
@@ -68,6 +81,14 @@ def contexts_for(tok, batch: int, context: int, even: bool, seed: int = 0) -> li
     lengths = [context] * batch if even else [
         max(4, int(context * rng.uniform(0.75, 1.25))) for _ in range(batch)]
     return [one(n) for n in lengths]
+
+
+def longer(contexts: list[list[int]], extra: int, tok, seed: int) -> list[list[int]]:
+    """Every context with `extra` more tokens in front (random, as the contexts are)."""
+    if extra <= 0:
+        return contexts
+    more = contexts_for(tok, len(contexts), extra, even=True, seed=seed)
+    return [m + c for m, c in zip(more, contexts)]
 
 
 def left_padded(contexts, pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -253,7 +274,9 @@ def main() -> None:
     p.add_argument("--profile-steps", type=int, default=8)
     p.add_argument("--top", type=int, default=10)
     p.add_argument("--variants", default="seekrl,sdpa_math,sdpa_efficient,sdpa_flash,"
-                   "sdpa_cudnn,eager,even,hf_loop,hf_nomask,hf_static,hf_cb")
+                   "sdpa_cudnn,eager,even,hf_loop,hf_nomask,hf_static,hf_cb,seekrl_warm")
+    p.add_argument("--fresh-shapes", action=argparse.BooleanOptionalAction, default=True,
+                   help="each variant on key lengths no earlier variant met (see above)")
     p.add_argument("--static-warmup", type=int, default=8,
                    help="hf_static, hf_cb: steps left untimed (compilation, graph capture)")
     args = p.parse_args()
@@ -285,25 +308,39 @@ def main() -> None:
     backend = HFBackend(model, tok, stop_strings=())
     backend.stop_ids = set()    # every row decodes every step: one batch size throughout
     ragged = contexts_for(tok, args.batch, args.context, even=False)
-    even = contexts_for(tok, args.batch, args.context, even=True)
+    even_base = contexts_for(tok, args.batch, args.context, even=True)
 
     results: dict[str, float] = {}
-    for variant in [v for v in args.variants.split(",") if v]:
+    ran_on: dict[str, list[list[int]]] = {}
+    variants = [v for v in args.variants.split(",") if v]
+    window = args.steps + 4 if args.fresh_shapes else 0   # key lengths one variant meets
+    first_ragged = ragged
+    print(f"fresh_shapes={int(args.fresh_shapes)} extra_tokens_per_variant={window}")
+    for k, variant in enumerate(variants):
         if variant.startswith("sdpa_") and variant[5:] not in ATTN_BACKENDS:
             raise SystemExit(f"decode_step: unknown variant {variant!r}")
+        ragged = longer(first_ragged, k * window, tok, seed=1000 + k)
+        even = longer(even_base, k * window, tok, seed=2000 + k)
         try:
-            if variant == "hf_loop":
-                ms = per_step_ms(lambda n: hf_loop_decode(model, tok, ragged, n), args.steps)
+            if variant == "seekrl_warm":
+                if "seekrl" not in ran_on:
+                    raise SystemExit("decode_step: seekrl_warm repeats seekrl: list seekrl "
+                                     "before it")
+                ms = per_step_ms(lambda n, c=ran_on["seekrl"]: seekrl_decode(backend, c, n),
+                                 args.steps)
+            elif variant == "hf_loop":
+                ms = per_step_ms(lambda n, c=ragged: hf_loop_decode(model, tok, c, n), args.steps)
             elif variant == "hf_static":
                 ms, warm_s = hf_static_ms(model, tok, ragged, args.steps, args.static_warmup)
                 print(f"static_compile_s={warm_s:.1f}")
             elif variant == "hf_cb":
                 ms = hf_cb_ms(model, tok, ragged, args.steps, args.static_warmup)
             elif variant == "hf_nomask":
-                ms = per_step_ms(lambda n: hf_loop_decode(model, tok, even, n, mask_given=False),
+                ms = per_step_ms(lambda n, c=even: hf_loop_decode(model, tok, c, n, mask_given=False),
                                  args.steps)
             elif variant in ("seekrl", "even", "eager") or variant.startswith("sdpa_"):
                 ctx = even if variant == "even" else ragged
+                ran_on[variant] = ctx   # seekrl's: what seekrl_warm repeats
                 name = variant if variant in REMEDIES else "default"
                 with attention_variant(model, name):
                     ms = per_step_ms(lambda n, c=ctx: seekrl_decode(backend, c, n), args.steps)
@@ -318,8 +355,9 @@ def main() -> None:
         results[variant] = ms
         print(f"decode_ms_{variant}={ms:.2f} tok_s_{variant}={args.batch * 1000 / ms:.0f}")
     if args.profile_steps > 0:
-        try:
-            for line in profile(backend, ragged, args.profile_steps, args.top):
+        try:   # on lengths of its own too: the profile shows what a cold step spends
+            fresh = longer(first_ragged, len(variants) * window, tok, seed=3000)
+            for line in profile(backend, fresh, args.profile_steps, args.top):
                 print(line)
         except Exception as err:   # the figures above stand without the profile
             print(f"profile=error ({type(err).__name__}: {str(err).splitlines()[0][:120]})")
@@ -331,10 +369,15 @@ def main() -> None:
     # the fastest variant that is a setting (not `even` / `hf_*`, which are diagnoses)
     remedies = {("default" if v == "seekrl" else v): ms for v, ms in results.items()
                 if v == "seekrl" or v in REMEDIES}
-    remedy = min(remedies, key=remedies.get) if remedies else "-"
+    ranked = sorted(remedies, key=remedies.get)
+    remedy = ranked[0] if ranked else "-"
+    warm = results.get("seekrl_warm")
+    cached = (f" warm_gain_ms={base - warm:.2f}" if base is not None and warm is not None
+              else "")
     print(f"summary: decode_ms_seekrl={base if base is None else round(base, 2)} "
           f"best={best} best_ms={results[best]:.2f}{speedup} remedy={remedy} "
-          f"batch={args.batch} device={device.type}")
+          f"remedies={','.join(ranked) or '-'}{cached} batch={args.batch} "
+          f"device={device.type}")
 
 
 if __name__ == "__main__":

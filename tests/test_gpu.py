@@ -116,7 +116,7 @@ def _encoder_folder(root) -> str:
 
 def test_index_encoder_on_the_device_agrees_with_the_cpu(tmp_path):
     """The encoder a dense index build uses (`build_encoder`: fp16 on a GPU) gives the CPU's
-    float32 vectors up to rounding, and ranks documents the same way."""
+    float32 vectors up to rounding, and the same scores up to fp16's rounding."""
     import numpy as np
 
     from seekrl.retrieval.dense import build_encoder
@@ -135,7 +135,12 @@ def test_index_encoder_on_the_device_agrees_with_the_cpu(tmp_path):
     if DEVICE == "cuda":
         assert dtype == torch.float16
     assert cosine.min() > 0.995
-    assert (np.argsort(-(on_cpu @ on_cpu[0])) == np.argsort(-(on_dev @ on_dev[0]))).all()
+    # Scores, not an exact ranking: this random encoder puts these near-identical sentences
+    # within 1.4e-3 of each other (CPU 0.99862-0.99907 against the first), and fp16 moved each
+    # by up to 4e-4 on an H200 (2026-11-28), which reordered them: an argsort compared noise.
+    cpu_s, dev_s = on_cpu @ on_cpu[0], on_dev @ on_dev[0]
+    assert np.abs(cpu_s - dev_s).max() < 2e-3, (cpu_s, dev_s)
+    assert int(np.argmax(dev_s)) == 0   # a document is its own best match
 
 
 def test_each_attention_setting_computes_the_same_distribution():

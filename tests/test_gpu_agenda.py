@@ -5,6 +5,7 @@ key=value lines in summary.txt."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,8 +52,12 @@ def test_speed_dry_run(tmp_path):
     assert "decode_ms_hf_loop=" in log and "profile_host_ms_per_step=" in log
     assert "decode_ms_hf_static=" in log and "static_compile_s=" in log
     assert "decode_ms_hf_cb=" in log and "decode_ms_hf_cb=error" not in log
-    # speed-remedy reran the rollout bench under the pick, default first
+    assert "decode_ms_seekrl_warm=" in log and "warm_gain_ms=" in summary
+    # speed-remedy reran the rollout bench under the two best settings, default first
     assert "stage=speed-remedy-default dry_run=1 rc=0" in summary
+    picks = re.search(r"^stage=speed-decode .*? remedies=(\S+)", summary, re.M).group(1)
+    for pick in [p for p in picks.split(",") if p != "default"][:2]:
+        assert f"stage=speed-remedy-{pick} dry_run=1 rc=0" in summary
 
 
 def test_speed_remedy_needs_speed_decode_first(tmp_path):
@@ -96,3 +101,28 @@ def test_a_continuous_batching_start_that_fails_leaves_the_models_attention_as_i
     with pytest.raises(RuntimeError, match="graph capture failed"):
         bench.hf_cb_ms(model, tok, [[1, 2, 3]], steps=2, warmup=1)
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_fresh_shapes_give_each_variant_key_lengths_of_its_own():
+    """decode_step's variants meet key lengths no earlier one met: a kernel that builds
+    something per length (cuDNN's attention) is timed cold, as a rollout meets it."""
+    import importlib.util
+
+    from seekrl.models import load_tokenizer
+
+    spec = importlib.util.spec_from_file_location("decode_step", ROOT / "bench" / "decode_step.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    tok = load_tokenizer()
+    steps = 5
+    base = bench.contexts_for(tok, 6, 30, even=False)
+    seen: set[int] = set()
+    for k in range(4):
+        ctx = bench.longer(base, k * (steps + 4), tok, seed=k)
+        assert [c[len(c) - len(b):] for c, b in zip(ctx, base)] == base   # the rows kept
+        width = max(map(len, ctx))
+        # the lengths a run of steps + 1 (after its warm-up of 2) attends over
+        lengths = set(range(width, width + steps + 3))
+        assert not lengths & seen
+        seen |= lengths
+    assert bench.longer(base, 0, tok, seed=0) is base
