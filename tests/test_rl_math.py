@@ -458,3 +458,56 @@ def test_llds_needs_an_update_to_compare_with_and_logs_itself(tmp_path):
         check_config(one_update)
     check_config(build_config(TrainConfig, {"data": "x"}, [
         "algo.llds_coef=0.1", "questions_per_step=2", "group_size=2", "algo.mini_batch_size=2"]))
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
+@pytest.mark.parametrize("score", [0.1, 1.1, 0.3])
+def test_a_tied_group_gets_exactly_zero_advantage_at_any_size(name, score):
+    """Eight episodes all scoring 0.1 (a valid wrong answer's format reward): float32's mean
+    of them is not exactly 0.1, and GRPO gave each -0.0074, Dr. GRPO -7.45e-9 (past dynamic
+    sampling's 1e-9 test: the tied group was kept as informative)."""
+    for size in range(2, 17):
+        group = [traj("g", MASK) for _ in range(size)]
+        advs, _ = compute_advantages(name, group, [score] * size)
+        assert all(bool((a == 0).all()) for a in advs), (name, score, size)
+
+
+def test_reinforce_pp_on_a_batch_of_equal_returns_is_zero_not_nan():
+    """Every return 0 (early training) at epsilon 0: 0 / (0 + 0) was NaN on every token;
+    every return 0.1 at the default epsilon: a uniform non-zero value from the mean's
+    rounding."""
+    for score, eps in ((0.0, 0.0), (0.1, 1e-8), (0.1, 1e-6)):
+        advs, _ = compute_advantages("reinforce_pp", GROUPS, [score] * len(GROUPS),
+                                     cfg=AdvantageConfig(epsilon=eps))
+        assert all(bool((a == 0).all()) for a in advs), (score, eps)
+
+
+def test_reinforce_pp_leaves_the_signal_check_to_the_scores():
+    """Its advantages are whitened over the batch, so a group whose episodes tie gets
+    non-zero ones: dynamic sampling must read the scores (batch_relative), else it keeps
+    every tied group."""
+    from seekrl.rl.advantages import FACTS, batch_relative
+
+    assert batch_relative("reinforce_pp")
+    assert not any(batch_relative(n) for n in FACTS if n != "reinforce_pp")
+    advs, _ = compute_advantages("reinforce_pp", GROUPS, [1.0, 1.0, 1.0, 0.0, 0.0])
+    assert float(advs[0][1]) != 0   # group "a" ties, yet its advantages are not zero
+
+
+def test_a_huge_log_ratio_gives_a_finite_loss_and_gradient():
+    """exp(94.5) overflows float32: the clipped branch's zero gradient times inf was NaN for
+    the whole micro-batch. The log-ratio is clamped to +-20 first, as verl does."""
+    for adv in (1.0, -1.0):
+        logp = torch.tensor([[-0.5, -1.0]], requires_grad=True)
+        old = torch.tensor([[-95.0, -1.0]])
+        loss, _ = policy_loss(logp, old, torch.full((1, 2), adv), torch.ones(1, 2))
+        loss.backward()
+        assert torch.isfinite(loss) and torch.isfinite(logp.grad).all(), adv
+
+
+def test_k3_on_a_collapsed_token_has_a_finite_gradient():
+    logp = torch.tensor([-95.0, -1.0], requires_grad=True)
+    kl = kl_penalty(logp, torch.tensor([-1.0, -1.0]), "k3")
+    kl.sum().backward()
+    assert float(kl[0]) == 10.0 and float(kl[1]) == 0.0
+    assert torch.isfinite(logp.grad).all()

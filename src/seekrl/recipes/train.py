@@ -103,6 +103,7 @@ from seekrl.rewards.process import (
 from seekrl.rl.advantages import (
     Estimate,
     advantage_stats,
+    batch_relative,
     estimate_advantages,
     needs_values,
     no_positive_credit_for_invalid_turns,
@@ -612,8 +613,10 @@ class Trainer:
 
     def _signal_estimate(self, trajs):
         """The advantages the signal check reads, computed once for the draw: None when the
-        estimator needs a critic (the scores decide then)."""
-        if not trajs or needs_values(self.cfg.algo.advantage):
+        estimator needs a critic or its advantages are relative to the whole batch (a tied
+        group gets non-zero ones there): the scores decide then."""
+        name = self.cfg.algo.advantage
+        if not trajs or needs_values(name) or batch_relative(name):
             return None
         return self.estimate(trajs)
 

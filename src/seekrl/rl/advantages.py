@@ -109,6 +109,9 @@ class EstimatorFacts:
     needs_values: bool = False        # a critic (a value head trained next to the policy)
     reads_token_rewards: bool = False  # per-token rewards (a KL penalty in the reward) count
     needs_tree: bool = False          # tree rollouts (`Trajectory.tree` on every episode)
+    # its advantages are relative to the whole batch (whitened over it), so a group whose
+    # episodes tie still gets non-zero ones: the scores, not the advantages, say if it varies
+    batch_relative: bool = False
 
 
 FACTS: dict[str, EstimatorFacts] = {}
@@ -125,7 +128,8 @@ def _per_episode_form(fn: Estimator) -> bool:
 
 
 def register(name: str, *, needs_values: bool = False, reads_token_rewards: bool = False,
-             needs_tree: bool = False) -> Callable[[Estimator], Estimator]:
+             needs_tree: bool = False, batch_relative: bool = False
+             ) -> Callable[[Estimator], Estimator]:
     """Registers `fn(batch: StepBatch, cfg) -> (advantages, returns[, diagnostics])` under
     `name` with its facts; a function of three or more positional parameters is taken for
     the per-episode form `fn(trajectories, rewards, cfg, values=None)`."""
@@ -133,7 +137,8 @@ def register(name: str, *, needs_values: bool = False, reads_token_rewards: bool
         if name in ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
         ESTIMATORS[name] = fn
-        FACTS[name] = EstimatorFacts(needs_values, reads_token_rewards, needs_tree)
+        FACTS[name] = EstimatorFacts(needs_values, reads_token_rewards, needs_tree,
+                                     batch_relative)
         if _per_episode_form(fn):
             _PER_EPISODE.add(name)
         return fn
@@ -182,6 +187,12 @@ def needs_values(name: str) -> bool:
     return facts(name).needs_values
 
 
+def batch_relative(name: str) -> bool:
+    """Whether the estimator's advantages are relative to the whole batch (see
+    EstimatorFacts): a group's own tie does not show in them."""
+    return facts(name).batch_relative
+
+
 def estimate_advantages(name: str, batch: StepBatch, cfg: AlgoConfig | None = None
                         ) -> Estimate:
     """The estimator `name` on a step batch, its (B, T) results cut back to one tensor per
@@ -211,21 +222,26 @@ def compute_advantages(name: str, trajectories: Sequence[Trajectory],
 # ---------------------------------------------------------------------- tensor helpers
 
 
+def _tied(r: torch.Tensor) -> bool:
+    """Whether the values do not vary (or there are fewer than two). Asked of the values
+    themselves: in float32 the mean of equal values is often not exactly each of them (eight
+    0.1s: mean - 0.1 = 7.5e-9), so `std == 0` and `r - mean` miss a real tie and give every
+    member a tiny advantage of one sign (GRPO: -0.0074 on each of eight 0.1s)."""
+    return len(r) < 2 or bool(r.max() == r.min())
+
+
 def _standardise(r: torch.Tensor, epsilon: float) -> torch.Tensor:
     """(r - mean) / (std + eps); all zeros when the values do not vary (or there is one),
     which says "no signal" instead of dividing 0 by a tiny epsilon or by 0."""
-    if len(r) < 2:
+    if _tied(r):
         return torch.zeros_like(r)
-    std = r.std(unbiased=True)
-    if std == 0:
-        return torch.zeros_like(r)
-    return (r - r.mean()) / (std + epsilon)
+    return (r - r.mean()) / (r.std(unbiased=True) + epsilon)
 
 
 def _centre(r: torch.Tensor, epsilon: float, std_norm: bool) -> torch.Tensor:
     if std_norm:
         return _standardise(r, epsilon)
-    return r - r.mean() if len(r) > 1 else torch.zeros_like(r)
+    return torch.zeros_like(r) if _tied(r) else r - r.mean()
 
 
 def group_scalars(batch: StepBatch, scores: torch.Tensor, fn) -> torch.Tensor:
@@ -283,9 +299,12 @@ def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, mask: torc
 
 
 def whiten(x: torch.Tensor, mask: torch.Tensor, epsilon: float = 1e-8) -> torch.Tensor:
-    """Zero mean, unit variance over the masked entries (bool) of the batch; zero elsewhere."""
+    """Zero mean, unit variance over the masked entries (bool) of the batch; zero elsewhere,
+    and zero everywhere when the masked entries do not vary (every return 0 early in
+    training: 0 / (0 + eps) was NaN at epsilon 0, and float32 rounding of the mean gave a
+    uniform non-zero value at 1e-8)."""
     flat = x[mask]
-    if flat.numel() < 2:
+    if _tied(flat):
         return torch.zeros_like(x)
     mean, std = flat.mean(), flat.std()
     return torch.where(mask, (x - mean) / (std + epsilon), torch.zeros_like(x))
@@ -315,11 +334,11 @@ def dr_grpo(batch: StepBatch, cfg: AlgoConfig):
 def rloo(batch: StepBatch, cfg: AlgoConfig):
     def leave_one_out(r: torch.Tensor) -> torch.Tensor:
         n = len(r)
-        return torch.zeros_like(r) if n < 2 else r - (r.sum() - r) / (n - 1)
+        return torch.zeros_like(r) if _tied(r) else r - (r.sum() - r) / (n - 1)
     return _scalar_result(batch, group_scalars(batch, batch.totals, leave_one_out))
 
 
-@register("reinforce_pp", reads_token_rewards=True)
+@register("reinforce_pp", reads_token_rewards=True, batch_relative=True)
 def reinforce_pp(batch: StepBatch, cfg: AlgoConfig):
     returns = returns_to_go(batch.token_rewards, batch.policy, cfg.gamma)
     return whiten(returns, batch.policy, cfg.epsilon), returns
@@ -345,7 +364,7 @@ def normalised_over(per_token: torch.Tensor, applies: torch.Tensor, epsilon: flo
     they apply (`applies`; the others get 0); None when fewer than two such tokens or no
     spread."""
     flat = per_token[applies]
-    if flat.numel() < 2 or flat.std() == 0:
+    if _tied(flat):
         return None
     mean, std = flat.mean(), flat.std()
     return torch.where(applies, (per_token - mean) / (std + epsilon), torch.zeros_like(per_token))

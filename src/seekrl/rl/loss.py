@@ -14,6 +14,9 @@ AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                 "seq-mean-token-sum-norm")
 
 
+LOG_RATIO_CLAMP = 20.0   # verl's bound on a log-ratio before exp
+
+
 def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
               norm_length: int | None = None) -> torch.Tensor:
     """Reduce per-token values to a scalar.
@@ -55,7 +58,10 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     to the old policy (k3), and the mean ratio, all over policy tokens."""
     if clip_c is not None and clip_c <= 1.0:
         raise ValueError(f"clip_c: expected a value > 1 (or None), got {clip_c}")
-    log_ratio = (logprobs - old_logprobs) * mask  # masked first: no inf * 0 at padding
+    # masked first: no inf * 0 at padding; clamped as verl does, so a token whose
+    # probability moved by more than e^20 gives a finite ratio (exp overflowed to inf, and
+    # the clipped branch's zero gradient times inf made the micro-batch's gradient NaN)
+    log_ratio = ((logprobs - old_logprobs) * mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
@@ -118,7 +124,9 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "
     diff = logprobs - ref_logprobs
     if kind == "k1":
         return diff.clamp(-KL_CLAMP, KL_CLAMP)
-    if kind == "k3":
+    if kind == "k3":   # the exponent clamped first, as verl's low_var_kl: exp(94) is inf in
+        # float32, and the output clamp's zero gradient times inf is NaN
+        diff = diff.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         return (torch.exp(-diff) - 1 + diff).clamp(-KL_CLAMP, KL_CLAMP)
     raise ValueError(f"kl estimator: expected 'k1' or 'k3', got {kind!r}")
 
