@@ -254,6 +254,39 @@ def test_run_labelling_resumes_and_drops_a_half_written_chunk(tiny, tmp_path):
     (tmp_path / "part" / "nodes.jsonl").write_text("")
     with pytest.raises(ValueError, match="were recorded"):
         run_labelling(cfg(tmp_path / "part", 3), resume=True, **kw)
+    # a missing one too: truncate() would have made it that many zero bytes
+    (tmp_path / "part" / "nodes.jsonl").unlink()
+    with pytest.raises(ValueError, match="missing file, but .* bytes were recorded"):
+        run_labelling(cfg(tmp_path / "part", 3), resume=True, **kw)
+    assert not (tmp_path / "part" / "nodes.jsonl").exists()
+
+
+def test_a_label_folder_changed_since_is_refused_by_the_reader(tiny, tmp_path):
+    """A recorded label file that is gone (its labels would vanish unsaid) and a progress
+    file that is not one are DataErrors naming the file."""
+    from seekrl.errors import DataError
+    from seekrl.recipes.labels import read_labels
+
+    _, tok = tiny
+    run_labelling(LabelConfig(data="unused", out=str(tmp_path / "mc"),
+                              search={"method": "mc", "samples": 4, "mc_samples": 2,
+                                      "min_visits": 1, "min_gap": 0.3},
+                              rollout={"max_turns": 3}),
+                  backend=Dice(tok, OPTIONS), tokenizer=tok, retriever=Docs(),
+                  questions=questions(3))
+    folder = tmp_path / "mc"
+    assert read_labels([folder]).pairs
+    pairs = (folder / "pairs.jsonl").read_bytes()
+    (folder / "pairs.jsonl").unlink()
+    with pytest.raises(DataError, match="pairs.jsonl: missing, but .* bytes were recorded"):
+        read_labels([folder])
+    (folder / "pairs.jsonl").write_bytes(pairs)
+    progress = (folder / "progress.json").read_text()
+    (folder / "progress.json").write_text(progress[: len(progress) // 2])
+    with pytest.raises(DataError, match="progress.json.*not JSON"):
+        read_labels([folder])
+    with pytest.raises(DataError, match="progress.json.*not JSON"):
+        LabelWriter(folder, resume=True)
 
 
 def test_labelling_stops_at_a_token_budget_for_either_method(tiny, tmp_path):

@@ -93,7 +93,52 @@ def test_bad_stage_keys_fail_before_any_work(tmp_path):
                                 ("prm", {"labels": ["l"]}, "prm.labels")):
         with pytest.raises(ConfigError, match=f"{name}: the pipeline sets it"):
             run_prorag(ProragConfig(out=str(tmp_path / "x"), **{section: keys}))
+    # no refined policy for RL to start from: refused before any work, not recorded done
+    with pytest.raises(ConfigError, match="refine.steps: 0 trains no refined policy"):
+        run_prorag(ProragConfig(out=str(tmp_path / "x"), refine={"steps": 0}))
     assert not (tmp_path / "x").exists()
+
+
+def test_a_stage_without_a_model_or_pairs_is_not_recorded_done(tmp_path, monkeypatch):
+    """A stage that made no model would be skipped on every resume with the same crash
+    after it; step-DPO with labels holding no pair is refused at the labels, saying that a
+    resume keeps the settings. The user's sft_data is never written over by the oracle's
+    episodes."""
+    import seekrl.recipes.mcts as mcts
+    import seekrl.recipes.sft as sft
+
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text("my episodes\n")
+    cfg = ProragConfig(out=str(tmp_path / "p"), sft_data=str(mine), evaluate=[],
+                       refine_method="step_dpo")
+    monkeypatch.setattr(sft, "run_sft", lambda *a, **k: {"final": None, "steps": 0,
+                                                         "loss": None})
+    with pytest.raises(RuntimeError, match="stage sft made no model"):
+        run_prorag(cfg)
+    state = json.loads((tmp_path / "p" / "pipeline.json").read_text())
+    assert list(state["stages"]) == ["data"]
+    assert mine.read_text() == "my episodes\n"
+    assert (tmp_path / "p" / "oracle_train.jsonl").stat().st_size > 0
+    assert state["stages"]["data"]["sft_data"] == str(mine)
+
+    seen = {}
+
+    def fake_sft(c, **k):
+        seen["data"] = c.data
+        return {"final": str(tmp_path / "sft-final"), "steps": 1, "loss": 1.0}
+
+    monkeypatch.setattr(sft, "run_sft", fake_sft)
+    monkeypatch.setattr(mcts, "run_labelling", lambda c, **k: {"out": c.out, "pairs": 0,
+                                                               "resume": k["resume"]})
+    with pytest.raises(ConfigError, match="step_dpo trains on sibling pairs.*new out="):
+        run_prorag(cfg, resume=True)
+    assert seen["data"] == str(mine)
+    assert "labels" not in json.loads((tmp_path / "p" / "pipeline.json").read_text())["stages"]
+
+    (tmp_path / "p" / "pipeline.json").write_text('{"config": ')   # cut short
+    from seekrl.errors import DataError
+    with pytest.raises(DataError, match="pipeline.json.*not JSON"):
+        run_prorag(cfg, resume=True)
 
 
 def test_the_prm_backbone_is_the_users_choice(tmp_path):

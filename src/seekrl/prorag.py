@@ -33,6 +33,7 @@ from seekrl.config import (
     build_config,
     merged,
 )
+from seekrl.errors import DataError
 
 STAGES = ("data", "sft", "eval_sft", "labels", "prm", "refine", "eval_refine", "rl", "eval_rl")
 
@@ -111,6 +112,11 @@ def stage_configs(cfg: ProragConfig, paths: dict[str, str]) -> dict[str, Any]:
            else {"batch_size": 2, "grad_accum": 4}),
         "train_layers": cfg.train_layers, "seed": cfg.seed, "rollout": rollout,
         "optim": {"lr": 5e-5, "warmup_steps": 2}})
+    if cfg.refine_method != "none" and stages["refine"].steps == 0:
+        raise ConfigError("refine.steps: 0 trains no refined policy (RFT's rejection-sampled "
+                          "data alone), and the pipeline's RL starts from it: give steps >= 1, "
+                          "refine_method=none to go from SFT to RL, or `seekrl refine` alone "
+                          "for the data")
     demo = _demo(cfg)
     refined = paths.get("refined", str(Path(stages["refine"].out) / "final"))
     rl_tree = rl_config_tree(demo, model=refined, train_file=paths["train"],
@@ -140,7 +146,18 @@ class _Pipeline:
         self.out = Path(cfg.out)
         self.path = self.out / "pipeline.json"
         self.console = console
-        saved = json.loads(self.path.read_text()) if self.path.is_file() else None
+        saved = None
+        if self.path.is_file():
+            try:
+                saved = json.loads(self.path.read_text())
+            except (ValueError, UnicodeDecodeError) as e:
+                raise DataError(f"not JSON ({e}); written by `seekrl prorag`: start again in "
+                                "a new out=", path=str(self.path)) from None
+            if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict) \
+                    or not isinstance(saved.get("stages"), dict):
+                raise DataError('expected {"config": {...}, "stages": {...}} (written by '
+                                "`seekrl prorag`): start again in a new out=",
+                                path=str(self.path))
         if saved is not None and not resume:
             raise FileExistsError(f"{self.out} holds a pipeline run; continue it with --resume "
                                   "or choose another out=")
@@ -162,6 +179,9 @@ class _Pipeline:
         self.console.rule(f"[bold]stage {i}/{len(STAGES)}[/] {what}")
         started = time.time()
         result = fn()
+        if "final" in result and not result["final"]:   # recorded, it would stop every resume
+            raise RuntimeError(f"stage {name} made no model (final: {result['final']!r}): "
+                               "nothing for the next stage to start from")
         result["minutes"] = round((time.time() - started) / 60, 2)
         self.state["stages"][name] = result
         tmp = self.path.with_suffix(".tmp")
@@ -220,9 +240,16 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
 
     def labels() -> dict:
         from seekrl.recipes.mcts import run_labelling
-        partial = (Path(stages["labels"].out) / "progress.json").is_file()
+        # a fresh pipeline run never continues labels it finds (LabelWriter refuses them)
+        partial = resume and (Path(stages["labels"].out) / "progress.json").is_file()
         result = run_labelling(stages["labels"].model_copy(update={"model": sft_out["final"]}),
                                console=console, resume=partial)
+        if not result.get("pairs") and cfg.refine_method == "step_dpo":
+            raise ConfigError(
+                "refine_method=step_dpo trains on sibling pairs and the labels hold none; a "
+                "resume keeps this run's settings, so start again in a new out= with more "
+                "labels.search.simulations or a lower labels.search.min_gap / min_visits, or "
+                "refine_method=rft")
         if not result.get("pairs"):
             console.print("[yellow]no sibling pair passed the rules: the PRM trains on "
                           "pointwise labels only (raise labels.search.simulations, or lower "
@@ -263,7 +290,7 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
         rl_cfg.reward = rl_cfg.reward.model_copy(update={"prm": prm_out["final"]})
         # an RL stage interrupted after a checkpoint goes on from it (pipeline.json has
         # already refused a changed config); otherwise its folder is the stage's own
-        partial = (Path(rl_cfg.out) / "checkpoints" / "latest").is_file()
+        partial = resume and (Path(rl_cfg.out) / "checkpoints" / "latest").is_file()
         r = Trainer(rl_cfg, console=console, retriever=retriever, resume=partial,
                     overwrite=not partial).train()
         return {"final": r["final"], "steps": r["steps"], "generated_tokens": r["rollout_tokens"],
@@ -300,8 +327,9 @@ def _data(cfg: ProragConfig, paths: dict[str, str], console: Console) -> dict:
     written = write_world(world, out / "world")
     index_dir = build_index(written["corpus"], out / "index", "bm25", overwrite=True,
                             show_progress=False)
+    # the oracle's own file: a given sft_data is the user's, read by SFT, never written over
     oracle = write_oracle_trajectories(read_qa_jsonl(written["train"]), load_index(index_dir),
-                                       paths["sft_data"], k=cfg.k)
+                                       out / "oracle_train.jsonl", k=cfg.k)
     write_qa_jsonl(paths["test"], read_qa_jsonl(written["test"])[:cfg.n_test])
     console.print(f"{world.stats()['docs']} documents; {oracle.summary()}")
     return {"train": str(written["train"]), "test": paths["test"], "index": str(index_dir),

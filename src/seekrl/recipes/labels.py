@@ -64,7 +64,7 @@ class LabelWriter:
         self.progress: dict = {"done": [], "bytes": {f: 0 for f in LABEL_FILES},
                                "stats": {}, "rejected": {}, "settings": settings or {}}
         if resume and self.progress_path.exists():
-            self.progress = json.loads(self.progress_path.read_text())
+            self.progress = _read_progress(self.progress_path)
             before = self.progress.get("settings") or {}
             # a key one side lacks counts as None (a key added to LabelConfig since, unset)
             differ = sorted(k for k in set(settings or {}) | set(before)
@@ -75,10 +75,12 @@ class LabelWriter:
         for name in LABEL_FILES:   # drop whatever a killed run wrote after its last chunk
             path = self.out / name
             recorded = self.progress["bytes"].get(name, 0)
-            if path.exists() and path.stat().st_size < recorded:
-                raise ValueError(f"{path}: {path.stat().st_size} bytes, but {recorded} were "
-                                 "recorded as written; the folder was changed since, label "
-                                 "into a new one")
+            size = path.stat().st_size if path.exists() else 0
+            if size < recorded:   # a missing file too: truncate() would fill it with zeros
+                raise ValueError(f"{path}: {size if path.exists() else 'missing'} "
+                                 f"{'bytes' if path.exists() else 'file'}, but {recorded} "
+                                 "bytes were recorded as written; the folder was changed "
+                                 "since, label into a new one")
             with open(path, "ab") as f:
                 f.truncate(recorded)
 
@@ -158,6 +160,21 @@ def read_episodes(path: str | Path) -> list[Trajectory]:
     return [labelled_trajectory(obj, path, line, labels=False) for line, obj in iter_jsonl(path)]
 
 
+def _read_progress(path: Path) -> dict:
+    """A label folder's `progress.json`, its shape checked: a file cut short or edited is a
+    DataError naming it, not a bare JSONDecodeError or KeyError."""
+    try:
+        progress = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"not JSON ({e}); written by `seekrl mcts`: label into a new folder",
+                        path=str(path)) from None
+    if not isinstance(progress, dict) or not isinstance(progress.get("bytes"), dict) \
+            or not isinstance(progress.get("done"), list):
+        raise DataError('expected {"done": [...], "bytes": {...}, ...} (written by `seekrl '
+                        'mcts`)', path=str(path))
+    return progress
+
+
 def _recorded_lines(folder: Path, name: str):
     """`iter_jsonl` over a label file, up to the bytes `progress.json` records as written:
     the tail of a chunk a killed `seekrl mcts` left behind is not a label."""
@@ -165,20 +182,31 @@ def _recorded_lines(folder: Path, name: str):
     progress = folder / "progress.json"
     limit = None
     if progress.is_file():
+        recorded = _read_progress(progress)["bytes"]
         try:
-            limit = int(json.loads(progress.read_text())["bytes"][name])
+            limit = int(recorded[name])
         except (ValueError, KeyError, TypeError):
             raise DataError("expected {\"bytes\": {\"%s\": N, ...}} (written by `seekrl "
                             "mcts`)" % name, path=str(progress), field="bytes") from None
-        size = path.stat().st_size
-        if size < limit:
-            raise DataError(f"{size} bytes, but {limit} were recorded as written: the file "
-                            "was changed since; label into a new folder", path=str(path))
+        size = path.stat().st_size if path.exists() else 0
+        if size < limit:   # a missing file too: its recorded labels would vanish unsaid
+            raise DataError(f"{f'{size} bytes' if path.exists() else 'missing'}, but {limit} "
+                            "bytes were recorded as written: the file was changed since; "
+                            "label into a new folder", path=str(path))
         if size > limit:   # a run killed mid-write, or lines added by hand: not read
             log.warning("%s: reading the first %d bytes, which %s records as written; the "
                         "%d after them (a record cut off by a kill, or lines added since) "
                         "are left out", path, limit, progress, size - limit)
     yield from iter_jsonl(path, max_bytes=limit)
+
+
+def _recorded_bytes(folder: Path, name: str) -> int:
+    """The bytes of `name` the folder's `progress.json` records as written (0 without one)."""
+    progress = folder / "progress.json"
+    if not progress.is_file():
+        return 0
+    value = _read_progress(progress)["bytes"].get(name, 0)
+    return value if isinstance(value, int) else 0
 
 
 def read_labels(folders: Sequence[str | Path]) -> LabelSet:
@@ -207,7 +235,7 @@ def read_labels(folders: Sequence[str | Path]) -> LabelSet:
                 if key not in seen:
                     seen.add(key)
                     points.append(PointLabel(t, i, float(s.value)))
-        if (folder / "pairs.jsonl").is_file():
+        if (folder / "pairs.jsonl").is_file() or _recorded_bytes(folder, "pairs.jsonl"):
             path = folder / "pairs.jsonl"
             for line_no, rec in _recorded_lines(folder, "pairs.jsonl"):
                 pairs.append(_pair_label(rec, path, line_no))
