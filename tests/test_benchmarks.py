@@ -339,3 +339,11 @@ def test_training_reads_the_train_split_of_a_folder(tmp_path: Path, monkeypatch)
     assert dataset_name("flashrag:nq:train") == "nq-train"
     assert dataset_name("flashrag:nq:test") == dataset_name("flashrag:nq") == "nq"
     assert dataset_name(f"{folder}:train") == "nq-train" and dataset_name(f"{folder}:test") == "nq"
+
+
+def test_the_suite_tables_header_and_separator_have_as_many_cells_with_no_sets():
+    from seekrl.eval.report import suite_table
+
+    for datasets in ({}, {"nq": {"em": 0.5}}):
+        header, separator, *_ = suite_table([("run", {"datasets": datasets})]).splitlines()
+        assert header.count("|") == separator.count("|"), (header, separator)

@@ -653,3 +653,62 @@ def test_an_interrupted_sft_or_prm_run_gives_the_command_that_goes_on(tmp_path, 
         r = run(*args)
         assert r.exit_code == 130, r.output
         assert said in r.output, r.output
+
+
+def test_bad_input_of_world_oracle_table_search_is_one_line_not_a_traceback(lab, tmp_path):
+    """A path holding rich markup, a file where a folder was meant (and back), nonsense
+    numbers for oracle and a metrics file that is not one: each a one-line error, exit 2."""
+    def refused(args, *needles):
+        r = run(*args)
+        assert r.exit_code == 2, (args, r.output)
+        text = " ".join(r.output.split())   # the console wraps long lines
+        assert "Traceback" not in text, text
+        for needle in needles:
+            assert needle in text, (needle, text)
+        return text
+
+    # markup in a path: printed as written (was a MarkupError, or `data[old]` shown as `data`)
+    refused(["search", "--index", tmp_path / "data[/old]", "q"], "data[/old]")
+    refused(["search", "--index", tmp_path / "data[old]", "q"], "data[old]")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    refused(["world", "--out", afile, "--entities", "60", "--train", "4", "--dev", "2",
+             "--test", "2"], "is a file")
+    refused(["index", "--corpus", Path(lab["world"]) / "corpus.jsonl", "--out", afile,
+             "--overwrite"], "afile")
+    w, i = lab["world"], lab["index"]
+    out = tmp_path / "o.jsonl"
+    refused(["oracle", "--world", w, "--index", i, "--out", out, "--limit", "-2"],
+            "--limit: expected at least 1")
+    refused(["oracle", "--world", w, "--index", i, "--out", out, "-k", "0"],
+            "-k/--topk: expected at least 1")
+    refused(["oracle", "--world", w, "--index", i, "--out", out, "--split", "foo"],
+            "--split: expected train, dev or test")
+    refused(["oracle", "--world", w, "--index", i, "--out", tmp_path, "--overwrite"],
+            "is a folder")
+    refused(["oracle", "--world", w, "--index", i, "--out", tmp_path / "nodir" / "o.jsonl"],
+            "no folder")
+    assert not out.exists()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.json").write_text("[1, 2]")
+    refused(["table", run_dir], "metrics.json", "expected an object of metrics")
+    (run_dir / "metrics.json").write_text("{bad")
+    refused(["table", run_dir], "metrics.json", "not JSON")
+    (run_dir / "metrics.json").write_text(json.dumps(
+        {"datasets": {"nq": {"em": 0.5, "f1": 0.6}}, "average": {"em": 0.5}}))
+    refused(["table", run_dir, "--metric", "nosuch"], "no run has 'nosuch'", "em, f1")
+    r = run("table", run_dir)
+    assert r.exit_code == 0 and "0.500" in r.output
+
+
+def test_ranker_eval_with_nothing_to_measure_is_refused(lab, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    no_chain = tmp_path / "q.jsonl"
+    no_chain.write_text(json.dumps({"id": "q1", "question": "who?", "golden_answers": ["x"]})
+                        + "\n")
+    for flag, path, needle in (("--data", no_chain, "no hop query"),
+                               ("--trajectories", empty, "no logged search")):
+        r = run("ranker", "eval", "--index", lab["index"], flag, path)
+        assert r.exit_code == 2 and needle in " ".join(r.output.split()), r.output

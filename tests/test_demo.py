@@ -59,6 +59,23 @@ def test_demo_refuses_an_unknown_process_method_before_any_work(tmp_path):
         run_demo(tmp_path / "d", DemoConfig(process="magic"))
 
 
+@pytest.mark.parametrize("bad, message", [
+    ({"advantage": "foo"}, "algo.advantage"), ({"group_size": 0}, "group_size"),
+    ({"questions_per_step": 0}, "questions_per_step"), ({"rl_steps": 0}, "--rl-steps"),
+    ({"sft_steps": 0}, "--sft-steps"), ({"n_test": 0}, "--eval-questions"),
+    ({"sft_lr": -1.0}, "lr")])
+def test_a_bad_setting_fails_before_the_old_run_is_removed(tmp_path, bad, message):
+    """Every stage's settings are checked before `--overwrite` removes anything: the RL
+    stage's were checked only ten minutes in, after the old run was gone."""
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")   # an earlier run
+    with pytest.raises(ValueError, match=message):
+        run_demo(out, DemoConfig(**bad), overwrite=True)
+    assert (out / "summary.json").read_text() == "{}"
+    assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
+
+
 @pytest.mark.parametrize("max_queries", [1, 3])
 def test_every_oracle_turn_of_the_demo_world_fits_the_demo_turn_limit(tmp_path, max_queries):
     """A turn the SFT data teaches but the rollouts' limit cuts is an invalid turn the policy

@@ -15,8 +15,9 @@ from seekrl.retrieval.base import RetrievalError
 from seekrl.rl.methods import NEEDS_PRM, PROCESS_METHODS
 
 # what a command reports in one line (bad input, a missing file or resource), never a bug's
-# traceback: every seekrl error derives from SeekrlError
-ERRORS = (SeekrlError, FileNotFoundError, FileExistsError, ValueError)
+# traceback: every seekrl error derives from SeekrlError; OSError covers a folder where a
+# file was meant (and back), a read-only or full disk: the path is in its message
+ERRORS = (SeekrlError, OSError, ValueError)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Train LLM search agents with RL and process supervision.")
@@ -36,7 +37,11 @@ def _print_config(cfg) -> None:
 
 
 def _fail(err: Exception) -> None:
-    err_console.print(f"[bold red]error:[/] {err}")
+    from rich.markup import escape
+
+    # the message as text: a path such as `data[/old]` is no markup (a MarkupError, or
+    # `data[old]` printed as `data`)
+    err_console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False)
     for note in getattr(err, "__notes__", ()):     # e.g. how to resume a dense build
         err_console.print(f"  {note}", markup=False, highlight=False)
     raise typer.Exit(2)
@@ -92,10 +97,12 @@ def world(
         cfg = WorldConfig(seed=seed, difficulty=difficulty, entities=entities, n_train=n_train,
                           n_dev=n_dev, n_test=n_test, distractors=distractors, hop_mix=mix,
                           comparison_share=comparison_share)
+        if out.exists() and not out.is_dir():   # before the world is generated
+            raise NotADirectoryError(f"--out: {out} is a file; a world is a folder")
+        w = generate_world(cfg)
+        paths = write_world(w, out)
     except ERRORS as err:
         _fail(err)
-    w = generate_world(cfg)
-    paths = write_world(w, out)
     stats = w.stats()
     console.print(f"world ({difficulty}, seed {seed}): {stats['docs']} documents "
                   f"({stats['distractor_docs']} distractors), "
@@ -287,8 +294,25 @@ def oracle(
 
     try:
         check_plan(plan)   # before anything is read
+        if split not in ("train", "dev", "test"):
+            raise ValueError(f"--split: expected train, dev or test, got {split!r}")
+        if limit is not None and limit < 1:
+            raise ValueError(f"--limit: expected at least 1, got {limit}")
+        if k < 1:
+            raise ValueError(f"-k/--topk: expected at least 1, got {k}")
+        if out.is_dir():
+            raise IsADirectoryError(f"--out: {out} is a folder; oracle episodes are one JSONL "
+                                    "file")
+        if not out.parent.is_dir():
+            raise FileNotFoundError(f"--out: no folder {out.parent} to write {out.name} in")
         _refuse_to_replace(out, "oracle episodes", overwrite=overwrite)
-        examples = read_qa_jsonl(world_dir / f"{split}.jsonl")[:limit]
+        split_file = world_dir / f"{split}.jsonl"
+        if not split_file.is_file():
+            raise FileNotFoundError(f"--world: {world_dir} has no {split}.jsonl (a `seekrl "
+                                    "world` folder)")
+        examples = read_qa_jsonl(split_file)[:limit]
+        if not examples:
+            raise ValueError(f"{split_file}: no questions")
         retriever = load_index(index)
         if (world_dir / "corpus.jsonl").is_file():   # the index must be this world's
             check_index_corpus(index, world_dir / "corpus.jsonl")
@@ -366,11 +390,22 @@ def table(
             path = run / METRICS_FILE
             if not path.is_file():
                 raise FileNotFoundError(f"{run}: no {METRICS_FILE} (not a `seekrl eval` run)")
-            metrics = json.loads(path.read_text(encoding="utf-8"))
+            try:
+                metrics = json.loads(path.read_text(encoding="utf-8"))
+            except ValueError as e:
+                raise DataError(f"not JSON ({e})", path=str(path)) from None
+            if not isinstance(metrics, dict):
+                raise DataError("expected an object of metrics (written by `seekrl eval`), "
+                                f"got {type(metrics).__name__}", path=str(path))
             rows.append((label[i] if label else run_label(metrics, run.name), metrics))
         if not label:
             names = unique_labels([r[0] for r in rows], [run.name for run in runs])
             rows = [(n, m) for n, (_, m) in zip(names, rows)]
+        known = {k for _, m in rows for d in (m.get("datasets") or {}).values()
+                 if isinstance(d, dict) for k in d}
+        if known and metric not in known:
+            raise ValueError(f"--metric: no run has {metric!r}; the runs have "
+                             f"{', '.join(sorted(known))}")
     except ERRORS as err:
         _fail(err)
     console.print(suite_table(rows, key=metric), markup=False, highlight=False, soft_wrap=True)
@@ -763,6 +798,13 @@ def ranker_eval(
         hops = [r for path in data or [] for r in qa_records(load_qa(path))]
         logged = [r for path in trajectories or []
                   for r in trajectory_records(read_trajectories(path, tokens=False))]
+        if data and not any(r.get("hop_gold") for r in hops):
+            raise ValueError(f"--data: no hop query with a gold document in {', '.join(data)} "
+                             "(recall@k reads each question's metadata.chain, as `seekrl "
+                             "world` writes it)")
+        if trajectories and not any(r["gold_ids"] for r in logged):
+            raise ValueError(f"--trajectories: no logged search with gold documents in "
+                             f"{', '.join(map(str, trajectories))}")
         first = load_index(index)
         for name in [None, *(ranker or [])]:
             rr = first if name is None else \

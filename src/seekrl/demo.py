@@ -123,6 +123,7 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
         # took 1.4-2.1x each model stage, 1.6x in all (bench/RESULTS.md, "The demo")
         plan = {k: v if k == "world" or (k.startswith("rl") and cfg.rl_minutes is not None)
                 else round(1.6 * v, 2) for k, v in plan.items()}
+    _check_stages(cfg, out)   # every stage's settings, before the old run goes
     held = [name for name in DEMO_OUTPUTS if (out / name).exists()] if out.is_dir() else []
     if held and not overwrite:
         raise FileExistsError(f"--out: {out} already holds a demo run ({', '.join(held[:4])}"
@@ -254,6 +255,36 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
     console.print(f"report -> {report}\ntrajectories -> {out / 'eval_rl' / 'viewer.html'}\n"
                   f"summary -> {out / 'summary.json'} ({summary['minutes']} min)")
     return summary
+
+
+def _check_stages(cfg: DemoConfig, out: Path) -> None:
+    """The SFT and RL stages' settings as those stages will build them (schema ranges and
+    the trainer's cross-key rules), so that a bad number fails before anything is written or
+    an old run removed, not ten minutes in."""
+    from seekrl.config import ConfigError, TrainConfig, with_keys
+    from seekrl.recipes.train import check_config
+
+    if cfg.n_test < 1:
+        raise ValueError(f"--eval-questions: expected at least 1, got {cfg.n_test}")
+    for name, value in (("--sft-steps", cfg.sft_steps), ("--sft-batch", cfg.sft_batch),
+                        ("--rl-steps", cfg.rl_steps)):
+        if value < 1:
+            raise ValueError(f"{name}: expected at least 1, got {value}")
+    try:
+        sft_config(cfg, out / "oracle_train.jsonl", out / "sft", index=str(out / "index"))
+        keys = {}
+        if cfg.process:
+            from seekrl.rl.methods import method_overrides
+            keys = method_overrides(cfg.process, group_size=cfg.group_size,
+                                    baseline_advantage=cfg.advantage)
+        for extra in ({}, keys) if keys else ({},):
+            tree = rl_config_tree(cfg, model=cfg.model, train_file=out / "world" / "train.jsonl",
+                                  index_dir=out / "index", out=out / "rl", steps=cfg.rl_steps)
+            check_config(TrainConfig.model_validate(with_keys(tree, extra)))
+    except ConfigError:
+        raise
+    except ValueError as err:   # pydantic's ValidationError: its first line names the key
+        raise ConfigError(f"demo settings: {err}") from None
 
 
 def _rl(out: Path, keys: dict, *, cfg: DemoConfig, sft_final: str, paths, index, index_dir,

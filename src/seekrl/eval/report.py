@@ -124,8 +124,8 @@ def suite_table(runs: Sequence[tuple[str, dict]], keys: Sequence[str] | None = N
     order = {name: i for i, name in enumerate(BENCHMARKS)}
     names.sort(key=lambda n: order.get(n, len(order)))
     keys = list(keys) if keys is not None else [key] * len(runs)
-    lines = ["| | " + " | ".join(_md(n) for n in names)
-             + " | single-hop avg. | multi-hop avg. | avg. |",
+    lines = ["| | " + " | ".join([*(_md(n) for n in names), "single-hop avg.",
+                                  "multi-hop avg.", "avg."]) + " |",
              "|---|" + "---:|" * (len(names) + 3)]
     partial = False
     for (label, m), k in zip(runs, keys):
