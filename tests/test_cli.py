@@ -712,3 +712,11 @@ def test_ranker_eval_with_nothing_to_measure_is_refused(lab, tmp_path):
                                ("--trajectories", empty, "no logged search")):
         r = run("ranker", "eval", "--index", lab["index"], flag, path)
         assert r.exit_code == 2 and needle in " ".join(r.output.split()), r.output
+
+
+def test_search_and_inspect_refuse_numbers_below_one(lab, tmp_path):
+    for args, needle in ((("search", "--index", lab["index"], "-k", "0", "q"), "-k/--topk"),
+                         (("search", "--index", lab["index"], " "), "empty query"),
+                         (("inspect", tmp_path, "--limit", "-2"), "--limit: expected")):
+        r = run(*args)
+        assert r.exit_code == 2 and needle in " ".join(r.output.split()), (args, r.output)

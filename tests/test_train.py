@@ -1272,3 +1272,25 @@ def test_the_recall_bonus_separates_a_group_that_all_answered_wrong(world, tiny,
     assert keys == {"algo.advantage": "dr_grpo", "reward.recall_bonus": 0.5}
     trainer = make_trainer(make_cfg(tmp_path, **keys), world, tiny, reward_fn=None)
     assert trainer.reward_fn(two_hops) == bonus[1]
+
+
+def test_dtype_is_checked_when_the_config_loads():
+    """`dtype=float8` passed --print-config and failed only in load_policy, minutes later."""
+    from seekrl.config import DTYPE_NAMES, SFTConfig
+    from seekrl.models import DTYPES, MIXED
+
+    assert set(DTYPE_NAMES) == set(DTYPES) | set(MIXED)
+    for cls, extra in ((TrainConfig, {"data": "t.jsonl"}), (SFTConfig, {"data": "d.jsonl"})):
+        with pytest.raises(ValueError, match="(?s)dtype.*expected one of float32"):
+            cls(dtype="float8", **extra)
+        assert cls(dtype="bf16-mixed", **extra).dtype == "bf16-mixed"
+
+
+def test_resume_and_overwrite_together_are_refused(tmp_path):
+    """As SFT and the PRM refuse them: with a checkpoint present `overwrite` was ignored
+    unsaid."""
+    from seekrl.recipes.train import Trainer
+
+    cfg = TrainConfig(data=str(tmp_path / "t.jsonl"), out=str(tmp_path / "run"))
+    with pytest.raises(ConfigError, match="--resume and --overwrite"):
+        Trainer(cfg, resume=True, overwrite=True)

@@ -191,6 +191,10 @@ def search(
     from seekrl.eval.show import print_hits
 
     try:
+        if k < 1:
+            raise ValueError(f"-k/--topk: expected at least 1, got {k}")
+        if not all(q.strip() for q in query):
+            raise ValueError("query: an empty query finds nothing; give some words")
         retriever = _retriever(index, url)
         results = retriever.search(query, k)
     except ERRORS as err:
@@ -576,6 +580,8 @@ def inspect_(
     from seekrl.models import load_tokenizer
 
     try:
+        if limit is not None and limit < 1:
+            raise ValueError(f"--limit: expected at least 1, got {limit}")
         tokenizer = load_tokenizer(model) if model else None
         path = write_viewer(run_dir, out, tokenizer=tokenizer, max_episodes=limit)
     except ERRORS as err:

@@ -150,6 +150,19 @@ def _usable_device(value: str) -> str:
 
 Device = Annotated[str, AfterValidator(_usable_device)]
 
+# the names `dtype` takes (models.DTYPES and models.MIXED, without importing torch here)
+DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16", "bf16-mixed")
+
+
+def _known_dtype(value: str) -> str:
+    if value not in DTYPE_NAMES:
+        raise ValueError(f"expected one of {', '.join(DTYPE_NAMES)}, got {value!r}")
+    return value
+
+
+# checked when the config loads (and by --print-config), not when the model does
+Dtype = Annotated[str, AfterValidator(_known_dtype)]
+
 
 # An episode's limits, each range written once: the `rollout:` section, the engine's
 # settings (`RolloutConfig`, agent/rollout.py) and the sections that set one of them on
@@ -215,7 +228,7 @@ class SFTConfig(Strict):
     data: str                      # trajectory JSONL: oracle episodes or Trajectory records
     out: str = "runs/sft"
     index: str | None = None       # for the dev evaluation
-    dtype: str = "float32"
+    dtype: Dtype = "float32"
     device: Device = "cpu"
     seed: int = 0
     limit: int | None = Field(None, ge=1)      # first N usable episodes
@@ -366,7 +379,7 @@ class LabelConfig(Strict):
     out: str = "runs/labels"
     questions: int | None = Field(None, ge=1)   # first N questions of `data`
     reward: str = "f1"                 # outcome reward of an episode: em | f1 | cover_em
-    dtype: str = "float32"
+    dtype: Dtype = "float32"
     device: Device = "cpu"
     seed: int = 0
     search: SearchSettings = SearchSettings()
@@ -394,7 +407,7 @@ class PRMConfig(Strict):
     train_layers: int | None = Field(None, ge=1)
     lora: LoRAConfig = LoRAConfig()
     optim: OptimConfig = OptimConfig(lr=2e-5, warmup_steps=2)
-    dtype: str = "float32"
+    dtype: Dtype = "float32"
     device: Device = "cpu"
     seed: int = 0
     eval_every: int = Field(0, ge=0)
@@ -442,7 +455,7 @@ class RefineConfig(Strict):
     train_layers: int | None = Field(None, ge=1)
     lora: LoRAConfig = LoRAConfig()
     optim: OptimConfig = OptimConfig(lr=2e-5, warmup_steps=2)
-    dtype: str = "float32"
+    dtype: Dtype = "float32"
     device: Device = "cpu"
     seed: int = 0
 
@@ -641,7 +654,7 @@ class SimulatorTrainConfig(Strict):
     grad_accum: int = Field(4, ge=1)
     max_len: int = Field(1024, ge=16)
     train_layers: int | None = Field(None, ge=1)
-    dtype: str = "float32"
+    dtype: Dtype = "float32"
     device: Device = "cpu"
     seed: int = 0
     optim: OptimConfig = OptimConfig(lr=5e-5, warmup_steps=5)
@@ -716,7 +729,7 @@ class TrainConfig(Strict):
     # a ranker over the retriever's candidates, trained with the agent (CoSearch-style)
     ranker: RankerSettings | None = None
     out: str = "runs/train"
-    dtype: str = "float32"
+    dtype: Dtype = "float32"
     device: Device = "cpu"
     seed: int = 0
     steps: int = Field(20, ge=1)

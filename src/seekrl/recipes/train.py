@@ -159,6 +159,9 @@ class Trainer:
         if cfg.rollout.backend == "vllm":
             from seekrl.agent.vllm_backend import import_vllm
             import_vllm()
+        if resume and overwrite:   # as SFT and the PRM refuse it: which one was meant?
+            raise ConfigError("--resume and --overwrite: continue the run or replace it, "
+                              "not both")
         if resume and not (self.out / "checkpoints" / "latest").is_file():
             raise FileNotFoundError(
                 f"--resume: {self.out} has no checkpoint yet (no checkpoints/latest); "
