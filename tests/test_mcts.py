@@ -305,6 +305,12 @@ def test_labelling_stops_at_a_token_budget_for_either_method(tiny, tmp_path):
             data="unused", out=str(tmp_path / method), rollout={"max_turns": 3},
             search={**search, "method": method, **extra, "max_tokens": budget}), **kw)
         assert 0 < out["questions"] < 8 and "token budget" in out["budget"]
+        # stopped stays stopped on resume: no question more, the budget still named
+        again = run_labelling(LabelConfig(
+            data="unused", out=str(tmp_path / method), rollout={"max_turns": 3},
+            search={**search, "method": method, **extra, "max_tokens": budget}),
+            resume=True, **kw)
+        assert again["questions"] == out["questions"] and again["budget"] == out["budget"]
         if method == "mc":   # the same episodes as the full run, so the same rate
             assert abs(out["generated_tokens"] - budget) <= per_question / 2 + 1
     assert full["budget"] is None

@@ -66,9 +66,10 @@ class LabelWriter:
         if resume and self.progress_path.exists():
             self.progress = _read_progress(self.progress_path)
             before = self.progress.get("settings") or {}
-            # a key one side lacks counts as None (a key added to LabelConfig since, unset)
-            differ = sorted(k for k in set(settings or {}) | set(before)
-                            if settings.get(k) != before.get(k)) if settings and before else []
+            # keys both runs recorded: a key one side lacks was added to (or removed from)
+            # LabelConfig since, and its value in the old run is not known
+            differ = sorted(k for k in set(settings) & set(before)
+                            if settings[k] != before[k]) if settings and before else []
             if differ:
                 raise ValueError(f"{self.out}: resuming with other settings than the run "
                                  f"that wrote it (differ: {', '.join(differ)})")
@@ -115,6 +116,10 @@ class LabelWriter:
         total["nodes"] = total.get("nodes", 0) + len(labels.nodes)
         for k, v in labels.rejected.items():
             self.progress["rejected"][k] = self.progress["rejected"].get(k, 0) + v
+        self.save_progress()
+
+    def save_progress(self) -> None:
+        """`progress.json` replaced whole (after the chunk it records is on disk)."""
         tmp = self.progress_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.progress, indent=1))
         os.replace(tmp, self.progress_path)

@@ -429,8 +429,10 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
     done = writer.done
     todo = [q for q in questions if q.id not in done]
     chunk = search.trees_per_batch
-    stopped = None
-    for c in range(0, len(todo), chunk):
+    # a run that stopped at its token budget stays stopped on resume (the rate recomputed
+    # then could pay for another question)
+    stopped = writer.progress.get("stopped")
+    for c in range(0, len(todo) if stopped is None else 0, chunk):
         part = todo[c:c + chunk]
         if search.max_tokens is not None:   # the last chunk: what the budget pays for
             n = units_within_budget(search.max_tokens,
@@ -439,8 +441,13 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
             if n < len(part):
                 stopped, part = f"token budget of {search.max_tokens}", part[:n]
             if not part:
+                writer.progress["stopped"] = stopped
+                writer.save_progress()
                 break
-        seed = cfg.seed + 1_000_003 * (len(writer.done) // chunk + 1)
+        # one seed per chunk written (a folder from before the count: full chunks so far);
+        # len(done) // chunk repeated a seed when a resume labelled past a short chunk
+        written = writer.progress.get("chunks", len(writer.done) // chunk)
+        seed = cfg.seed + 1_000_003 * (written + 1)
         if search.method == "mcts":
             trees, stats = grow_search_trees(engine, part, score,
                                              simulations=search.simulations,
@@ -450,6 +457,9 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
         else:
             labels, stats = mc_labels(engine, part, score, samples=search.samples,
                                       mc_samples=search.mc_samples, rules=rules, seed=seed)
+        writer.progress["chunks"] = written + 1
+        if stopped:
+            writer.progress["stopped"] = stopped
         writer.write([q.id for q in part], labels, stats)
         total = writer.progress["stats"]
         say(f"{len(writer.done)}/{len(questions)} questions  {total['simulations']:.0f} "
