@@ -261,6 +261,16 @@ def test_run_labelling_resumes_and_drops_a_half_written_chunk(tiny, tmp_path):
     assert not (tmp_path / "part" / "nodes.jsonl").exists()
 
 
+def _mc_folder(tok, out) -> None:
+    """Monte-Carlo labels of three questions into `out` (pairs included)."""
+    run_labelling(LabelConfig(data="unused", out=str(out),
+                              search={"method": "mc", "samples": 4, "mc_samples": 2,
+                                      "min_visits": 1, "min_gap": 0.3},
+                              rollout={"max_turns": 3}),
+                  backend=Dice(tok, OPTIONS), tokenizer=tok, retriever=Docs(),
+                  questions=questions(3))
+
+
 def test_a_label_folder_changed_since_is_refused_by_the_reader(tiny, tmp_path):
     """A recorded label file that is gone (its labels would vanish unsaid) and a progress
     file that is not one are DataErrors naming the file."""
@@ -268,12 +278,7 @@ def test_a_label_folder_changed_since_is_refused_by_the_reader(tiny, tmp_path):
     from seekrl.recipes.labels import read_labels
 
     _, tok = tiny
-    run_labelling(LabelConfig(data="unused", out=str(tmp_path / "mc"),
-                              search={"method": "mc", "samples": 4, "mc_samples": 2,
-                                      "min_visits": 1, "min_gap": 0.3},
-                              rollout={"max_turns": 3}),
-                  backend=Dice(tok, OPTIONS), tokenizer=tok, retriever=Docs(),
-                  questions=questions(3))
+    _mc_folder(tok, tmp_path / "mc")
     folder = tmp_path / "mc"
     assert read_labels([folder]).pairs
     pairs = (folder / "pairs.jsonl").read_bytes()
@@ -322,12 +327,7 @@ def test_mc_labelling_folder_reads_like_mcts_labels(tiny, tmp_path):
     from seekrl.recipes.labels import read_labels
 
     _, tok = tiny
-    run_labelling(LabelConfig(data="unused", out=str(tmp_path / "mc"),
-                              search={"method": "mc", "samples": 4, "mc_samples": 2,
-                                      "min_visits": 1, "min_gap": 0.3},
-                              rollout={"max_turns": 3}),
-                  backend=Dice(tok, OPTIONS), tokenizer=tok, retriever=Docs(),
-                  questions=questions(3))
+    _mc_folder(tok, tmp_path / "mc")
     nodes = [json.loads(x) for x in (tmp_path / "mc" / "nodes.jsonl").read_text().splitlines()]
     labels = read_labels([tmp_path / "mc"])
     assert len(labels.episodes) == 12
