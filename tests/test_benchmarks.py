@@ -68,6 +68,9 @@ def test_supporting_titles_shapes() -> None:
     ex = QAExample.from_dict(HOTPOT_ROW)
     assert ex.metadata["supporting_titles"] == ["Muse (band)", "Kasabian"]   # once each
     assert "context" not in ex.metadata and ex.metadata["type"] == "comparison"
+    given = QAExample.from_dict({"id": "q", "question": "?", "golden_answers": ["a"],
+                                 "metadata": {"supporting_titles": "Paris"}})
+    assert given.metadata["supporting_titles"] == ["Paris"]
     # the original HotpotQA JSON: [[title, sentence], ...] at the top level
     raw = {"id": 1, "question": "q?", "golden_answers": ["x"],
            "supporting_facts": [["A", 0], ["B", 2]]}

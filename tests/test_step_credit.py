@@ -301,6 +301,10 @@ def test_evidence_falls_back_to_supporting_titles():
     t.steps[0].hit_titles = ["ed  wood"]
     t.steps[1].hit_titles = ["Ed Wood", "Scott Derrickson"]
     assert PROCESS_REWARDS["evidence"]([t], ProcessContext()) == [[0.5, 0.5, None]]
+    # one title given as text is that title, not its letters (every search scored 0)
+    one = ep("g", [search(hits=["x1"]), answer()], meta={"supporting_titles": "Ed Wood"})
+    one.steps[0].hit_titles = ["Ed Wood"]
+    assert PROCESS_REWARDS["evidence"]([one], ProcessContext()) == [[1.0, None]]
 
 
 def test_documents_an_llm_wrote_earn_no_credit_by_title():
@@ -596,3 +600,33 @@ def test_retrieved_tokens_get_zero_gradient_with_step_rewards(estimator):
     trained[:, :-1] = mask[:, 1:].bool() & attn[:, :-1].bool()   # position t predicts t + 1
     assert torch.count_nonzero(hidden.grad[~trained]) == 0
     assert torch.count_nonzero(hidden.grad[trained]) > 0
+
+
+def test_a_prm_with_an_estimator_that_sums_step_rewards_is_refused():
+    """A PRM scores every step in [0, 1]; summed into the episode's reward (GRPO, RLOO,
+    GiGPO...) more turns earn more. dual_granularity normalises per step instead."""
+    from seekrl.config import ConfigError, TrainConfig
+    from seekrl.recipes.train import check_config
+
+    for advantage in ("grpo", "dr_grpo", "gigpo"):
+        cfg = TrainConfig(data="q.jsonl", algo={"advantage": advantage},
+                          reward={"process": {"prm": 1.0}, "prm": "x"})
+        with pytest.raises(ConfigError, match="more turns, more reward"):
+            check_config(cfg)
+    check_config(TrainConfig(data="q.jsonl", algo={"advantage": "dual_granularity"},
+                             reward={"process": {"prm": 1.0}, "prm": "x"}))
+
+
+def test_a_process_source_giving_nan_is_refused_naming_it():
+    from seekrl.rewards.process import score_steps
+
+    def nan_source(trajectories, ctx):
+        return [[float("nan")] * len(t.steps) for t in trajectories]
+
+    PROCESS_REWARDS["nan_for_test"] = nan_source
+    try:
+        t = ep("g", [search(hits=["d1"]), answer()], gold=["d1"])
+        with pytest.raises(ValueError, match="'nan_for_test' gave step 0 .* expected a finite"):
+            score_steps([t], {"nan_for_test": 1.0})
+    finally:
+        del PROCESS_REWARDS["nan_for_test"]

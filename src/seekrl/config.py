@@ -483,8 +483,9 @@ class RewardConfig(Strict):
     # was corrected, then answered right) scored as much as a clean one, and the demo's RL
     # lost the format (valid 0.85 -> 0.53) while EM held; 0.1 / 0.1 kept it (0.99)
     format_reward: float = 0.1
-    invalid_penalty: float = 0.1
-    max_turns_penalty: float = 0.0      # subtracted when the episode ran out of turns / tokens
+    # penalties are subtracted, so below 0 they pay: -0.1 would reward invalid turns
+    invalid_penalty: float = Field(0.1, ge=0)
+    max_turns_penalty: float = Field(0.0, ge=0)   # subtracted when the episode ran out of turns / tokens
     # subtracted per model turn (ParallelSearch's cost of LLM calls: with rollout.max_queries > 1,
     # one turn of several sub-queries costs less than as many turns of one)
     turn_cost: float = Field(0.0, ge=0)

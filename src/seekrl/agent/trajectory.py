@@ -120,6 +120,8 @@ class Trajectory:
             return (set(self.gold_doc_ids), [set(s.hits) for s in self.steps],
                     set(self.prompt_hits or []))
         titles = self.metadata.get("supporting_titles") or []
+        if isinstance(titles, str):   # one title, not its letters
+            titles = [titles]
         if not titles:
             return set(), [set() for _ in self.steps], set()
         return ({normalise_text(x) for x in titles},

@@ -173,8 +173,9 @@ def supporting_titles(metadata: Mapping[str, Any]) -> list[str]:
 def with_supporting_titles(metadata: dict[str, Any]) -> dict[str, Any]:
     """`metadata` with `supporting_titles` filled from the record's supporting facts and the
     distractor passages (`context`, `paragraphs`) dropped once their titles are taken."""
-    if "supporting_titles" in metadata:
-        return metadata
+    if "supporting_titles" in metadata:   # one title given as text is one title, not letters
+        given = metadata["supporting_titles"]
+        return {**metadata, "supporting_titles": [given]} if isinstance(given, str) else metadata
     titles = supporting_titles(metadata)
     if not titles:
         return metadata

@@ -1474,6 +1474,13 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
     if "prm" in cfg.reward.process and not cfg.reward.prm and not scorer_given:
         raise ConfigError("reward.process.prm: no process reward model given (set "
                           "reward.prm to a `seekrl prm train` folder, e.g. RUN/final)")
+    if "prm" in cfg.reward.process and algo.advantage != "dual_granularity":
+        raise ConfigError(
+            f"reward.process.prm with algo.advantage {algo.advantage!r}: a PRM scores every "
+            "step in [0, 1], and this estimator adds the step rewards into the episode's "
+            "(a right answer at once 1.7, a wrong one after seven searches 4.9 at 0.6 a "
+            "step): more turns, more reward. dual_granularity (`--process prm`) normalises "
+            "each step's score across the group instead")
     tree = cfg.rollout.tree
     if tree is not None:
         if tree.leaves != cfg.group_size:

@@ -8,6 +8,7 @@ name (`em`, `f1`, `cover_em`), so a recipe picks one from its config and later r
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -85,6 +86,9 @@ def load_reward_fn(path: str, key: str = "reward.fn") -> Callable[[Trajectory], 
             raise TypeError(f"{key}: {path} returned a {type(parts).__name__}; expected "
                             f"RewardParts(total, outcome, format, penalty) "
                             "(seekrl.rewards.outcome)")
+        if not all(math.isfinite(float(x)) for x in (parts.total, parts.outcome)):
+            raise ValueError(f"{key}: {path} returned total {parts.total!r}, outcome "
+                             f"{parts.outcome!r} for {t.example_id}; expected finite numbers")
         return parts
 
     return reward

@@ -56,6 +56,7 @@ The sources:
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -144,7 +145,12 @@ def score_steps(trajectories: Sequence[Trajectory], weights: Mapping[str, float]
             if len(row) != len(t.steps):
                 raise ValueError(f"process reward {name!r} returned {len(row)} values for an "
                                  f"episode of {len(t.steps)} steps ({t.example_id})")
-            for s, v in zip(t.steps, row):
+            for i, (s, v) in enumerate(zip(t.steps, row)):
+                if v is not None and not math.isfinite(float(v)):   # one NaN: its group's
+                    # every advantage NaN (a group-relative estimator reads the whole group)
+                    raise ValueError(f"process reward {name!r} gave step {i} of "
+                                     f"{t.example_id} the value {v!r}; expected a finite "
+                                     "number or None")
                 s.process_parts[name] = None if v is None else float(v)
                 if v is not None:
                     s.process_reward += float(weight) * float(v)
