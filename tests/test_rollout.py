@@ -600,3 +600,46 @@ def test_attention_setting_names_itself_when_it_cannot_act(tiny, monkeypatch):
     with pytest.raises(RuntimeError, match="^out of memory$"):   # anything else: as it was
         with attention_variant(model, "sdpa_flash"):
             raise RuntimeError("out of memory")
+
+
+def test_a_stop_string_inside_one_long_token_is_caught(tiny):
+    """The tail kept between steps is the longest stop string plus a little: a token that
+    completes a stop and carries more text after it (a run of newlines in another
+    vocabulary) was cut to the tail before the check, and the row decoded on."""
+    model, tok = tiny
+    target = tok.encode(" x y z w v", add_special_tokens=False)
+    long_piece = "</search>" + "\n" * 40
+
+    class Echo(HFBackend):
+        def _next_tokens(self, logits, sampling):
+            self.i = getattr(self, "i", -1) + 1
+            return logits.new_full((logits.shape[0],), target[min(self.i, len(target) - 1)],
+                                   dtype=int), None
+
+        def _piece(self, token):
+            return long_piece if token == target[1] else super()._piece(token)
+
+    out = Echo(model, tok).generate([tok.encode("hi")], 20, Sampling())[0]
+    assert list(out) == target[:2]
+
+
+def test_sampling_never_picks_a_token_of_zero_probability(tiny, monkeypatch):
+    """torch.rand is in [0, 1): at exactly 0 the inverse-CDF search picked token 0 whatever
+    its probability (log-prob -inf)."""
+    model, tok = tiny
+    backend = HFBackend(model, tok)
+    logits = torch.full((2, 8), -1e9)
+    logits[:, 5] = 0.0
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.zeros(*a[0], dtype=k["dtype"]))
+    picked, logp = backend._next_tokens(logits, Sampling(temperature=1.0, top_p=0.5))
+    assert picked.tolist() == [5, 5] and torch.isfinite(logp).all()
+
+
+def test_a_backend_returning_too_few_generations_is_named():
+    from seekrl.agent.rollout import _one_each
+
+    class Short:
+        pass
+
+    with pytest.raises(RuntimeError, match="Short.generate returned 1 generations for 2"):
+        _one_each(Short(), [[1]], 2)

@@ -348,6 +348,9 @@ class HFBackend(Backend):
         # exponential race both draw vocabulary-many random numbers, ~20x slower on CPU.
         cdf = probs.double().cumsum(-1)
         u = torch.rand((probs.shape[0], 1), dtype=torch.float64, device=probs.device)
+        # rand is in [0, 1): at 0 the left-side search below picks token 0 whatever its
+        # probability (-inf log-prob); the smallest positive double changes nothing else
+        u = u.clamp(min=torch.finfo(torch.float64).tiny)
         picked = torch.searchsorted(cdf, u * cdf[:, -1:]).squeeze(-1)
         picked = picked.clamp(max=probs.shape[-1] - 1)
         logp = torch.log(probs.gather(-1, picked[:, None]).squeeze(-1).double()
@@ -504,8 +507,11 @@ class HFBackend(Backend):
                     continue
                 if not stops:   # EOS alone ends a row (a simulator's decoder)
                     continue
-                tails[i] = (tails[i] + self._piece(tok))[-tail:]
-                if any(s in tails[i] for s in stops):
+                # looked for before the text is cut to the tail: a stop completed by a token
+                # carrying more than the tail's slack after it was cut off unseen
+                text = tails[i] + self._piece(tok)
+                tails[i] = text[-tail:]
+                if any(s in text for s in stops):
                     alive[b] = False
             if not any(alive) or step == max_new_tokens - 1:
                 parked.append(batch)

@@ -142,6 +142,16 @@ def _gold_of(ex: QAExample) -> list[str]:
     return list(dict.fromkeys(ids))
 
 
+
+def _one_each(backend, outs, n: int):
+    """A backend's generations, checked to be one per context given: a backend returning
+    fewer left episodes unadvanced (or an IndexError), and zip would hide it."""
+    outs = list(outs)
+    if len(outs) != n:
+        raise RuntimeError(f"backend {type(backend).__name__}.generate returned {len(outs)} "
+                           f"generations for {n} contexts; expected one per context")
+    return outs
+
 class RolloutEngine:
     """Runs episodes for a policy backend against a retriever, with a `RolloutConfig` (or a
     config's `rollout:` section, `RolloutSettings`, as one sample per question, seed 0)."""
@@ -288,9 +298,9 @@ class RolloutEngine:
                     self._finish(e, "length")
             go = [(e, room) for e, room in zip(batch, rooms) if room > 0]
             if go:
-                outs = self.backend.generate([e.traj.token_ids for e, _ in go],
-                                             max(room for _, room in go), sampling,
-                                             keys=[id(e) for e, _ in go])
+                outs = _one_each(self.backend, self.backend.generate(
+                    [e.traj.token_ids for e, _ in go], max(room for _, room in go), sampling,
+                    keys=[id(e) for e, _ in go]), len(go))
                 # each row keeps only what fits its own length budget
                 self._take_turn([e for e, _ in go],
                                 [Generated(new, getattr(new, "logprobs", None)).cut(room)
@@ -443,8 +453,9 @@ class RolloutEngine:
         budget = max(1, cfg.max_info_tokens - len(head) - len(tail))
         sampling = Sampling(greedy=cfg.greedy, temperature=cfg.temperature, top_p=cfg.top_p,
                             stop=(close,))
-        outs = self.backend.generate([e.traj.token_ids + head for e, _ in pending], budget,
-                                     sampling, keys=[id(e) for e, _ in pending])
+        outs = _one_each(self.backend, self.backend.generate(
+            [e.traj.token_ids + head for e, _ in pending], budget, sampling,
+            keys=[id(e) for e, _ in pending]), len(pending))
         for (e, step), new in zip(pending, outs):
             step.info_generated = len(new)   # decoded, whatever of it the block keeps
             body = list(new[:budget])
