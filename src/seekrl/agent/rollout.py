@@ -142,7 +142,6 @@ def _gold_of(ex: QAExample) -> list[str]:
     return list(dict.fromkeys(ids))
 
 
-
 def _one_each(backend, outs, n: int):
     """A backend's generations, checked to be one per context given: a backend returning
     fewer left episodes unadvanced (or an IndexError), and zip would hide it."""
@@ -151,6 +150,7 @@ def _one_each(backend, outs, n: int):
         raise RuntimeError(f"backend {type(backend).__name__}.generate returned {len(outs)} "
                            f"generations for {n} contexts; expected one per context")
     return outs
+
 
 class RolloutEngine:
     """Runs episodes for a policy backend against a retriever, with a `RolloutConfig` (or a
