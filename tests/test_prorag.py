@@ -135,6 +135,13 @@ def test_a_stage_without_a_model_or_pairs_is_not_recorded_done(tmp_path, monkeyp
     assert seen["data"] == str(mine)
     assert "labels" not in json.loads((tmp_path / "p" / "pipeline.json").read_text())["stages"]
 
+    # a recorded model of this run's that is gone stops the resume naming it
+    state = json.loads((tmp_path / "p" / "pipeline.json").read_text())
+    state["stages"]["sft"] = {"final": str(tmp_path / "p" / "sft" / "final")}
+    (tmp_path / "p" / "pipeline.json").write_text(json.dumps(state))
+    with pytest.raises(FileNotFoundError, match="stage sft recorded its model at .* gone"):
+        run_prorag(cfg, resume=True)
+
     (tmp_path / "p" / "pipeline.json").write_text('{"config": ')   # cut short
     from seekrl.errors import DataError
     with pytest.raises(DataError, match="pipeline.json.*not JSON"):

@@ -174,6 +174,13 @@ class _Pipeline:
         done = self.state["stages"].get(name)
         i = STAGES.index(name) + 1
         if done is not None:
+            final = done.get("final")
+            # a model folder the stage recorded and the next stages read: it must still be
+            # there (a hub id, as sft_model may be, is no folder of this run's)
+            if final and str(final).startswith(str(self.out)) and not Path(final).exists():
+                raise FileNotFoundError(
+                    f"{self.path}: stage {name} recorded its model at {final}, which is gone; "
+                    "start again in a new out= (or restore the folder)")
             self.console.print(f"[dim]stage {i}/{len(STAGES)} {name}: done before, skipped[/]")
             return done
         self.console.rule(f"[bold]stage {i}/{len(STAGES)}[/] {what}")
