@@ -720,3 +720,15 @@ def test_search_and_inspect_refuse_numbers_below_one(lab, tmp_path):
                          (("inspect", tmp_path, "--limit", "-2"), "--limit: expected")):
         r = run(*args)
         assert r.exit_code == 2 and needle in " ".join(r.output.split()), (args, r.output)
+
+
+def test_ctrl_c_in_the_demo_says_how_to_start_again(tmp_path, monkeypatch):
+    import seekrl.demo
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(seekrl.demo, "run_demo", interrupted)
+    r = runner.invoke(app, ["demo", "--out", str(tmp_path / "d")])
+    assert r.exit_code == 130
+    assert "--overwrite" in " ".join(r.output.split()) and "Aborted" not in r.output

@@ -371,6 +371,12 @@ def demo(
         run_demo(out, cfg, console=console, overwrite=overwrite)
     except ERRORS as err:
         _fail(err)
+    except KeyboardInterrupt:   # where it stopped and how to start again, not "Aborted!"
+        console.print("")
+        console.print(f"interrupted: {out} holds a partial demo run; start again with: "
+                      f"seekrl demo --out {out} --overwrite", markup=False, highlight=False,
+                      soft_wrap=True)
+        raise typer.Exit(130) from None
 
 
 @app.command()
@@ -559,6 +565,12 @@ def eval_(
                            console=console, backend=generator, before_write=replace)
     except ERRORS as err:
         _fail(err)
+    except KeyboardInterrupt:   # the episodes are written only once all are played
+        console.print("")
+        console.print(f"interrupted: {out} gets its results only once every episode is "
+                      "played (an old run there stays until then); the same command "
+                      "evaluates again", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(130) from None
     from seekrl.eval.report import metrics_markdown
 
     # plain text: data set names and model ids are not rich markup
