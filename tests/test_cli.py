@@ -732,3 +732,20 @@ def test_ctrl_c_in_the_demo_says_how_to_start_again(tmp_path, monkeypatch):
     r = runner.invoke(app, ["demo", "--out", str(tmp_path / "d")])
     assert r.exit_code == 130
     assert "--overwrite" in " ".join(r.output.split()) and "Aborted" not in r.output
+
+
+def test_index_refuses_dense_options_with_bm25_and_a_bad_index_type_first(lab, tmp_path):
+    """Dense-only flags with --retriever bm25 were dropped unsaid; --index-type was checked
+    only after the whole corpus was stored."""
+    from seekrl.retrieval.dense import INDEX_TYPES
+
+    corpus = Path(lab["world"]) / "corpus.jsonl"
+    for extra, needle in ((["--encoder", "x"], "--encoder: dense options"),
+                          (["--device", "cuda", "--pooling", "cls"], "--pooling, --device"),
+                          (["--retriever", "dense", "--index-type", "ivf"],
+                           "--index-type: expected flat, hnsw or ivfpq"),
+                          (["--retriever", "bm52"], "--retriever: expected bm25")):
+        r = run("index", "--corpus", corpus, "--out", tmp_path / "i", *extra)
+        assert r.exit_code == 2 and needle in " ".join(r.output.split()), (extra, r.output)
+    assert not (tmp_path / "i").exists()
+    assert INDEX_TYPES == ("flat", "hnsw", "ivfpq")   # the names the CLI checks

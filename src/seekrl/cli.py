@@ -151,6 +151,19 @@ def index(
     from seekrl.retrieval.index import build_index, import_faiss_index, read_manifest
 
     try:
+        if retriever not in ("bm25", "dense", "hybrid"):
+            raise ValueError(f"--retriever: expected bm25, dense or hybrid, got {retriever!r}")
+        if retriever == "bm25" and faiss is None:   # the dense options would be dropped unsaid
+            given = [flag for flag, value, default in (
+                ("--encoder", encoder, None), ("--index-type", index_type, "flat"),
+                ("--pooling", pooling, None), ("--query-prefix", query_prefix, None),
+                ("--doc-prefix", doc_prefix, None), ("--device", device, "cpu"),
+                ("--resume", resume, False)) if value != default]
+            if given:
+                raise ValueError(f"{', '.join(given)}: dense options, and --retriever is bm25 "
+                                 "(use --retriever dense or hybrid)")
+        if index_type not in ("flat", "hnsw", "ivfpq"):   # before the corpus is stored
+            raise ValueError(f"--index-type: expected flat, hnsw or ivfpq, got {index_type!r}")
         if faiss is not None:
             if encoder is None:
                 raise RetrievalError("--faiss needs --encoder: the model the index was built "
