@@ -188,6 +188,8 @@ def test_trajectory_jsonl_round_trip(tmp_path, tiny):
     ("rollout_logprobs", ["x"], "rollout_logprobs"),
     ("outcome_reward", "1", "outcome_reward"),
     ("prompt_len", 10**6, "prompt_len"),
+    ("steps.0.info_end", 10**6, "steps.info_start"),    # past the next step's start
+    ("steps.0.info_start", True, "steps.info_start"),
 ])
 def test_a_malformed_trajectory_names_its_file_line_and_field(tmp_path, tiny, path, value,
                                                               field):

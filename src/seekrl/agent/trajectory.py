@@ -206,6 +206,10 @@ def _strings(x: Any) -> bool:
     return isinstance(x, list) and all(isinstance(v, str) for v in x)
 
 
+def _index(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def checked_trajectory(obj: Any, path: str | Path, line: int, field: str = "", *,
                        labels: bool = False, tokens: bool = True) -> Trajectory:
     """One trajectory record checked field by field: a bad one raises `DataError` naming
@@ -263,6 +267,16 @@ def checked_trajectory(obj: Any, path: str | Path, line: int, field: str = "", *
                            and t.prompt_len <= s.start <= s.end <= len(t.token_ids)):
             raise bad(f"step {i}: span [{s.start!r}, {s.end!r}) is not a span of the "
                       f"{len(t.token_ids)} tokens after the prompt", "steps")
+        if tokens and (s.info_start is not None or s.info_end is not None):
+            # the environment's block sits after the step and before the next one
+            # (`continue_from` cuts an episode at info_end: a wrong one cut mid-turn)
+            after = t.steps[i + 1].start if i + 1 < len(t.steps) else len(t.token_ids)
+            after = after if isinstance(after, int) else len(t.token_ids)
+            if not (_index(s.info_start) and _index(s.info_end) and isinstance(s.end, int)
+                    and s.end <= s.info_start <= s.info_end <= after):
+                raise bad(f"step {i}: information block [{s.info_start!r}, {s.info_end!r}) is "
+                          f"not between the step's end ({s.end!r}) and the next step's start "
+                          f"({after})", "steps.info_start")
         if not isinstance(s.action, str) or not s.action:   # a tool's name is one too
             raise bad(f"step {i}: expected search, answer, invalid or a tool's name, got "
                       f"{s.action!r}", "steps.action")
