@@ -162,8 +162,11 @@ def index(
             if given:
                 raise ValueError(f"{', '.join(given)}: dense options, and --retriever is bm25 "
                                  "(use --retriever dense or hybrid)")
-        if index_type not in ("flat", "hnsw", "ivfpq"):   # before the corpus is stored
-            raise ValueError(f"--index-type: expected flat, hnsw or ivfpq, got {index_type!r}")
+        from seekrl.retrieval.dense import INDEX_TYPES
+
+        if index_type not in INDEX_TYPES:   # before the corpus is stored
+            raise ValueError(f"--index-type: expected {', '.join(INDEX_TYPES[:-1])} or "
+                             f"{INDEX_TYPES[-1]}, got {index_type!r}")
         if faiss is not None:
             if encoder is None:
                 raise RetrievalError("--faiss needs --encoder: the model the index was built "
@@ -385,11 +388,8 @@ def demo(
     except ERRORS as err:
         _fail(err)
     except KeyboardInterrupt:   # where it stopped and how to start again, not "Aborted!"
-        console.print("")
-        console.print(f"interrupted: {out} holds a partial demo run; start again with: "
-                      f"seekrl demo --out {out} --overwrite", markup=False, highlight=False,
-                      soft_wrap=True)
-        raise typer.Exit(130) from None
+        _stopped(f"interrupted: {out} holds a partial demo run; start again with: "
+                 f"seekrl demo --out {out} --overwrite")
 
 
 @app.command()
@@ -579,11 +579,8 @@ def eval_(
     except ERRORS as err:
         _fail(err)
     except KeyboardInterrupt:   # the episodes are written only once all are played
-        console.print("")
-        console.print(f"interrupted: {out} gets its results only once every episode is "
-                      "played (an old run there stays until then); the same command "
-                      "evaluates again", markup=False, highlight=False, soft_wrap=True)
-        raise typer.Exit(130) from None
+        _stopped(f"interrupted: {out} gets its results only once every episode is played "
+                 "(an old run there stays until then); the same command evaluates again")
     from seekrl.eval.report import metrics_markdown
 
     # plain text: data set names and model ids are not rich markup
@@ -861,11 +858,16 @@ def _interrupted(err: KeyboardInterrupt, interrupted: type, command: str, *, res
                  overwrite: bool) -> None:
     """Ctrl-C in a resumable command: where it stopped and the command that goes on, on one
     line that is not wrapped (it is copied from), then exit 130."""
+    _stopped(err.message(command) if isinstance(err, interrupted) else
+             "interrupted before the first step; start again with: " + command
+             + (" --resume" if resume else " --overwrite" if overwrite else ""))
+
+
+def _stopped(message: str) -> None:
+    """Ctrl-C: `message` (where it stopped, how to go on) on a line of its own that is not
+    wrapped, then exit 130."""
     console.print("")
-    console.print(err.message(command) if isinstance(err, interrupted) else
-                  "interrupted before the first step; start again with: " + command
-                  + (" --resume" if resume else " --overwrite" if overwrite else ""),
-                  markup=False, highlight=False, soft_wrap=True)
+    console.print(message, markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(130) from None
 
 

@@ -248,7 +248,7 @@ def checked_trajectory(obj: Any, path: str | Path, line: int, field: str = "", *
             raise bad("expected a list of strings or null", name)
     if tokens:
         if not isinstance(t.token_ids, list) or not all(
-                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in t.token_ids):
+                _index(x) and x >= 0 for x in t.token_ids):
             raise bad("expected a list of token ids (integers >= 0)", "token_ids")
         if not isinstance(t.loss_mask, list) or not all(
                 x in (0, 1) and not isinstance(x, bool) for x in t.loss_mask):

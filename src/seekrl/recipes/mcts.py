@@ -440,8 +440,8 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
                                     len(writer.done), len(part))
             if n < len(part):
                 stopped, part = f"token budget of {search.max_tokens}", part[:n]
+                writer.progress["stopped"] = stopped   # saved with the chunk, or just below
             if not part:
-                writer.progress["stopped"] = stopped
                 writer.save_progress()
                 break
         # one seed per chunk written (a folder from before the count: full chunks so far);
@@ -458,8 +458,6 @@ def run_labelling(cfg, *, model=None, tokenizer=None, retriever=None, backend=No
             labels, stats = mc_labels(engine, part, score, samples=search.samples,
                                       mc_samples=search.mc_samples, rules=rules, seed=seed)
         writer.progress["chunks"] = written + 1
-        if stopped:
-            writer.progress["stopped"] = stopped
         writer.write([q.id for q in part], labels, stats)
         total = writer.progress["stats"]
         say(f"{len(writer.done)}/{len(questions)} questions  {total['simulations']:.0f} "
