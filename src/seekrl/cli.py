@@ -528,7 +528,7 @@ def eval_(
         if index is not None:             # questions of a world, searched in its own index
             from seekrl.recipes.setup import check_world_index
             check_world_index(str(index), *files)
-        elif method != "direct":
+        if retriever is None and method != "direct":   # any of the three sources will do
             raise RetrievalError(f"method {method!r} needs --index DIR, --retriever-url URL or "
                                  "--retriever MODULE:ATTR")
         if ranker is not None:
