@@ -182,3 +182,70 @@ def test_a_retriever_object_or_factory(own_parts, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"^retriever: badparts:make\(\) made a int, which has "
                                           r"no method search\(queries"):
         make_retriever("retriever", "badparts:make")
+
+
+@pytest.fixture
+def forget_modules():
+    """The names of modules a test imports from its own files, forgotten after it."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        sys.modules.pop(name, None)
+
+
+def test_a_part_by_file_path_loads_from_any_working_directory(own_parts, tmp_path,
+                                                              monkeypatch, forget_modules):
+    """A module name resolves only from the working directory; `path/to/file.py:attr`
+    works from anywhere (absolute, or relative to the working directory), and the file's
+    sibling modules import as when it runs as a script."""
+    from seekrl.plugins import load, make_retriever
+
+    parts = tmp_path / "project" / "parts"
+    parts.mkdir(parents=True)
+    (parts / "helper_words.py").write_text("WORDS = ['a', 'b']\n")
+    (parts / "filepart.py").write_text(
+        "from helper_words import WORDS\n\n\nclass Listed:\n"
+        "    def search(self, queries, k):\n        return [[] for _ in queries]\n\n\n"
+        "def judge(t):\n    return len(WORDS)\n")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    forget_modules += ["filepart", "helper_words"]
+    with pytest.raises(ConfigError, match=r"^reward\.fn: cannot import module 'filepart' .*or "
+                                          r"give the file: path/to/file\.py:attribute$"):
+        load("reward.fn", "filepart:judge")   # by module name: not from here
+    judge = load("reward.fn", f"{parts / 'filepart.py'}:judge")
+    assert judge(None) == 2
+    monkeypatch.chdir(tmp_path)
+    assert load("reward.fn", "project/parts/filepart.py:judge") is judge   # the same module
+    assert make_retriever("retriever", "project/parts/filepart.py:Listed").search(["q"], 1) \
+        == [[]]
+    with pytest.raises(ConfigError, match=r"'project/parts/filepart.py' has no attribute "
+                                          r"'judeg' \(did you mean judge\?\)"):
+        load("reward.fn", "project/parts/filepart.py:judeg")
+
+
+@pytest.mark.parametrize("text, path, message", [
+    (None, "nowhere/parts.py:judge", r"^reward\.fn: no file .*nowhere/parts\.py \(from "
+                                     r"'nowhere/parts\.py', relative to the working directory"),
+    ("x = 1\n", "my-parts.py:x", r"^reward\.fn: .*my-parts\.py: 'my-parts' is no Python module "
+                                 r"name .*rename the file$"),
+    ("import not_installed_pkg\n", "broken.py:x",
+     r"^reward\.fn: importing .*broken\.py failed \(ModuleNotFoundError: No module named "
+     r"'not_installed_pkg'\)$"),
+    ("x = 1\n", "json.py:x", r"^reward\.fn: .*json\.py: a module named 'json' is imported "
+                             r"already \(from .*\); rename the file$"),
+    (None, "judge", r"^reward\.fn: 'judge' is not an import path; expected module\.path:"
+                    r"attribute .* or path/to/file\.py:attribute$"),
+])
+def test_a_bad_file_path_says_what_is_wrong(own_parts, tmp_path, monkeypatch, text, path,
+                                            message):
+    import json  # noqa: F401  (imported: a file of that name is refused)
+
+    from seekrl.plugins import load
+
+    monkeypatch.chdir(tmp_path)
+    if text is not None:
+        (tmp_path / path.split(":")[0]).write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load("reward.fn", path)
+    assert "broken" not in sys.modules   # a failed import leaves nothing half-made behind

@@ -120,7 +120,8 @@ def _eval(lab, out: Path, *source, method: str = "rag"):
 
 
 # what each source is given on the command line (the url and plug-in ones filled in below)
-SOURCES = ["index", "url", "url-ranked-by-server", "url-simulated", "own", "own-with-index"]
+SOURCES = ["index", "url", "url-ranked-by-server", "url-simulated", "own", "own-with-index",
+           "own-by-file"]
 
 
 def _source(name: str, lab, servers) -> list:

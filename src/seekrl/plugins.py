@@ -11,6 +11,12 @@ takes an import path, and `reward.fn` and `retriever` take nothing else:
 the config key and what went wrong: the module that did not import (and Python's reason),
 the attribute it lacks, or an object of the wrong kind. The working directory is put on
 `sys.path` first (as `python -m` does), so a module beside the config needs no install.
+A module name resolves only from there; a file path works from anywhere:
+
+    retriever: /home/me/project/search.py:MyRetriever     # or relative to the working dir
+
+The file is imported under its own name (`search`), with its folder on `sys.path` (as
+`python search.py` would have it), so that its sibling modules import as they do when it runs.
 
 The registries (`rewards/process.py`, `rl/advantages.py`) register a path's object under
 the path itself when it is first named, so every later lookup by that string (a resumed
@@ -22,16 +28,25 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import inspect
 import os
 import re
 import sys
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from seekrl.config import ConfigError
 
-_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+_ATTR = r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*"
+_PATH = re.compile(rf"{_ATTR}:{_ATTR}")
+# a file instead of a module: anything ending in .py, then the attribute (the last colon
+# splits them, so a Windows drive letter stays with the file)
+_FILE_PATH = re.compile(rf"(?P<file>.+\.py):(?P<attr>{_ATTR})")
+EXPECTED = ("expected module.path:attribute (e.g. mypkg.rewards:judge, importable from the "
+            "working directory or installed) or path/to/file.py:attribute")
 
 
 def is_import_path(value: object) -> bool:
@@ -53,26 +68,22 @@ def _cwd_on_path() -> str:
 
 
 def load(key: str, path: str) -> Any:
-    """The object `module.path:attribute` names (the attribute may be dotted:
-    `module:Class.method`); a `ConfigError` naming `key` if it cannot be had."""
-    if not isinstance(path, str) or not _PATH.fullmatch(path):
-        raise ConfigError(f"{key}: {path!r} is not an import path; expected module.path:attribute "
-                          "(e.g. mypkg.rewards:judge)")
-    module_name, _, attr = path.partition(":")
+    """The object `module.path:attribute` or `path/to/file.py:attribute` names (the
+    attribute may be dotted: `module:Class.method`); a `ConfigError` naming `key` if it
+    cannot be had."""
+    as_file = _FILE_PATH.fullmatch(path) if isinstance(path, str) else None
+    as_module = isinstance(path, str) and _PATH.fullmatch(path)
+    if as_file is None and not as_module:
+        raise ConfigError(f"{key}: {path!r} is not an import path; {EXPECTED}")
     cwd = _cwd_on_path()
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        missing = err.name or ""
-        if module_name == missing or module_name.startswith(missing + "."):
-            raise ConfigError(
-                f"{key}: cannot import module {module_name!r} ({_one_line(err)}); its module must "
-                f"be importable from the working directory ({cwd}) or installed") from None
-        raise ConfigError(f"{key}: importing module {module_name!r} failed "
-                          f"({_one_line(err)})") from None
-    except Exception as err:   # the module's own code failed: a syntax error, a bad import
-        raise ConfigError(f"{key}: importing module {module_name!r} failed "
-                          f"({_one_line(err)})") from None
+    if as_file is not None and as_module and not os.path.isfile(os.path.expanduser(as_file["file"])):
+        as_file = None   # `pkg.py:f` with no such file: the module `py` of package `pkg`
+    if as_file is not None:
+        module_name, attr = as_file["file"], as_file["attr"]
+        module = _import_file(key, module_name, cwd)
+    else:
+        module_name, _, attr = path.partition(":")
+        module = _import_module(key, module_name, cwd)
     obj: Any = module
     for i, part in enumerate(attr.split(".")):
         if not hasattr(obj, part):
@@ -83,6 +94,59 @@ def load(key: str, path: str) -> Any:
             raise ConfigError(f"{key}: {owner!r} has no attribute {part!r}{hint}")
         obj = getattr(obj, part)
     return obj
+
+
+def _import_module(key: str, module_name: str, cwd: str) -> ModuleType:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        missing = err.name or ""
+        if module_name == missing or module_name.startswith(missing + "."):
+            raise ConfigError(
+                f"{key}: cannot import module {module_name!r} ({_one_line(err)}); its module must "
+                f"be importable from the working directory ({cwd}) or installed, or give the "
+                "file: path/to/file.py:attribute") from None
+        raise ConfigError(f"{key}: importing module {module_name!r} failed "
+                          f"({_one_line(err)})") from None
+    except Exception as err:   # the module's own code failed: a syntax error, a bad import
+        raise ConfigError(f"{key}: importing module {module_name!r} failed "
+                          f"({_one_line(err)})") from None
+
+
+def _import_file(key: str, file: str, cwd: str) -> ModuleType:
+    """The module in `file` (relative to `cwd`), imported under its file's name: a run that
+    names the same file twice (a config and its resume) gets the same module, and what it
+    defines pickles by that name."""
+    path = Path(file).expanduser()
+    path = (path if path.is_absolute() else Path(cwd) / path).resolve()
+    if not path.is_file():
+        raise ConfigError(f"{key}: no file {path} (from {file!r}, relative to the working "
+                          f"directory {cwd})")
+    name = path.stem
+    if not name.isidentifier():
+        raise ConfigError(f"{key}: {path}: {name!r} is no Python module name (letters, digits "
+                          "and _, not starting with a digit); rename the file")
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        where = getattr(loaded, "__file__", None)
+        if where and Path(where).resolve() == path:
+            return loaded
+        raise ConfigError(f"{key}: {path}: a module named {name!r} is imported already "
+                          f"(from {where or 'built in'}); rename the file")
+    folder = str(path.parent)
+    if folder not in {os.path.abspath(p or os.curdir) for p in sys.path}:
+        sys.path.insert(0, folder)   # its sibling modules import as when it runs as a script
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"{key}: {path} cannot be imported as a module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:   # the file's own code failed: a syntax error, a bad import
+        del sys.modules[name]
+        raise ConfigError(f"{key}: importing {path} failed ({_one_line(err)})") from None
+    return module
 
 
 def _takes(fn: Callable, n_args: int) -> bool:
