@@ -98,15 +98,33 @@ class Served:
         self.proc.stdout.close()
 
 
+class Servers:
+    """The module's servers, each started when a test first asks for it: an index, the
+    index behind a ranker, a simulator."""
+
+    def __init__(self, lab):
+        self.args = {"index": ["--index", lab["index"]],
+                     "ranked": ["--index", lab["index"], "--ranker", lab["encoder"],
+                                "--candidates", "4"],
+                     "simulated": ["--simulate", lab["model"], "--sim-max-new-tokens", "12",
+                                   "--sim-temperature", "0"]}
+        self.running: dict[str, Served] = {}
+
+    def __getitem__(self, name: str) -> str:
+        if name not in self.running:
+            self.running[name] = Served(*self.args[name])
+        return self.running[name].url
+
+    def close(self):
+        for server in self.running.values():
+            server.__exit__(None, None, None)
+
+
 @pytest.fixture(scope="module")
 def servers(lab):
-    """Three servers for the module: an index, the index behind a ranker, a simulator."""
-    with Served("--index", lab["index"]) as plain, \
-            Served("--index", lab["index"], "--ranker", lab["encoder"], "--candidates",
-                   "4") as ranked, \
-            Served("--simulate", lab["model"], "--sim-max-new-tokens", "12",
-                   "--sim-temperature", "0") as simulated:
-        yield {"index": plain.url, "ranked": ranked.url, "simulated": simulated.url}
+    started = Servers(lab)
+    yield started
+    started.close()
 
 
 def _eval(lab, out: Path, *source, method: str = "rag"):
@@ -125,10 +143,10 @@ SOURCES = ["index", "url", "url-ranked-by-server", "url-simulated", "own", "own-
 
 
 def _source(name: str, lab, servers) -> list:
+    served = {"url": "index", "url-ranked-by-server": "ranked", "url-simulated": "simulated"}
+    if name in served:
+        return ["--retriever-url", servers[served[name]]]
     return {"index": ["--index", lab["index"]],
-            "url": ["--retriever-url", servers["index"]],
-            "url-ranked-by-server": ["--retriever-url", servers["ranked"]],
-            "url-simulated": ["--retriever-url", servers["simulated"]],
             # a module by its name, from the folder it is in (the working directory)
             "own": ["--retriever", "ownret:Fixed"],
             # examples/my_parts.py's KeywordRetriever is made with --index's value
@@ -203,9 +221,9 @@ def test_eval_without_any_retriever_is_refused_but_direct_needs_none(lab, tmp_pa
 
 @pytest.mark.parametrize("source", ["index", "url", "url-ranked-by-server", "url-simulated"])
 def test_search_with_every_source(lab, servers, source):
-    flags = {"index": ["--index", lab["index"]], "url": ["--url", servers["index"]],
-             "url-ranked-by-server": ["--url", servers["ranked"]],
-             "url-simulated": ["--url", servers["simulated"]]}[source]
+    served = {"url": "index", "url-ranked-by-server": "ranked", "url-simulated": "simulated"}
+    flags = ["--index", lab["index"]] if source == "index" else \
+        ["--url", servers[served[source]]]
     r = run("search", *flags, "-k", "2", "who founded it")
     assert r.exit_code == 0, r.output
     assert "who founded it" in r.output
