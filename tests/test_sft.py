@@ -255,6 +255,134 @@ def test_a_resumed_run_ends_where_a_straight_one_does(world, tiny, tmp_path, mon
                        "0); start again with: seekrl sft --overwrite")
 
 
+def _small_sft(world, out, **keys):
+    return SFTConfig(**{"data": str(world["oracle"]), "out": str(out), "max_steps": 4,
+                        "batch_size": 2, "grad_accum": 2, "max_info_tokens": 64,
+                        "save_every": 1, "keep_last": 1,
+                        "optim": {"lr": 1e-3, "warmup_steps": 1}, **keys})
+
+
+def _same_weights(a_dir, b_dir):
+    a, b = load_policy(a_dir)[0], load_policy(b_dir)[0]
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), name
+
+
+def test_sft_checkpoints_by_default():
+    """A killed run must have something to resume from without the user asking for it."""
+    assert SFTConfig(data="d.jsonl").save_every == 50
+
+
+def test_a_run_killed_mid_save_resumes_from_its_last_complete_checkpoint(world, tiny,
+                                                                         tmp_path,
+                                                                         monkeypatch):
+    """Killed while writing step 3's checkpoint (the model written, state.pt not yet), and
+    again after step 4's folder was renamed into place but before `latest` named it: each
+    time `latest` names a complete checkpoint, --resume goes on from it, and the run ends
+    with the weights and losses of one that never stopped; nothing half-written stays."""
+    import copy
+
+    import seekrl.recipes.checkpoint as checkpoint_module
+    import seekrl.recipes.sft as sft_module
+
+    class Killed(BaseException):   # like SIGKILL: no handler of the recipe's runs
+        pass
+
+    model, tok = tiny
+    straight = run_sft(_small_sft(world, tmp_path / "a", max_steps=5), model=copy.deepcopy(model),
+                       tokenizer=tok)
+    real_state, real_point = sft_module.training_state, checkpoint_module.point_latest
+
+    def kill_at(step, real):
+        def maybe(*a, **k):
+            if (a[1] if real is real_state else int(a[1].name[len("step-"):])) == step:
+                raise Killed
+            return real(*a, **k)
+        return maybe
+
+    out, ckpts = tmp_path / "b", tmp_path / "b" / "checkpoints"
+    monkeypatch.setattr(sft_module, "training_state", kill_at(3, real_state))
+    with pytest.raises(Killed):
+        run_sft(_small_sft(world, out, max_steps=5), model=copy.deepcopy(model), tokenizer=tok)
+    half = [p for p in ckpts.iterdir() if p.name.startswith(".step-3.tmp")]
+    assert len(half) == 1 and not (half[0] / "state.pt").exists()
+    assert (ckpts / "latest").read_text() == "step-2"
+    half[0].rename(ckpts / ".step-3.tmp999999")   # as another process (the killed one) left it
+    monkeypatch.setattr(sft_module, "training_state", real_state)
+    monkeypatch.setattr(checkpoint_module, "point_latest", kill_at(4, real_point))
+    with pytest.raises(Killed):
+        run_sft(_small_sft(world, out, max_steps=5), model=copy.deepcopy(model), tokenizer=tok,
+                resume=True)
+    assert (ckpts / "step-4" / "state.pt").is_file() and (ckpts / "latest").read_text() == "step-3"
+    monkeypatch.setattr(checkpoint_module, "point_latest", real_point)
+    resumed = run_sft(_small_sft(world, out, max_steps=5), model=copy.deepcopy(model),
+                      tokenizer=tok, resume=True)
+    _same_weights(straight["final"], resumed["final"])
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step-4"]
+
+    def losses(run):
+        return [(r["step"], r["loss"]) for r in map(
+            json.loads, (tmp_path / run / "metrics.jsonl").read_text().splitlines())]
+    assert losses("b") == losses("a")
+
+
+def test_resume_refuses_other_settings_and_other_data(world, tiny, tmp_path):
+    """--resume with a setting that changes what is trained is refused, naming the key,
+    before the model is touched; so are other episodes under the same or another path.
+    Where the run saves, logs and is evaluated may change, and the data file may move."""
+    import copy
+    import shutil
+
+    from seekrl.config import ConfigError
+
+    model, tok = tiny
+    out = tmp_path / "r"
+    run_sft(_small_sft(world, out, max_steps=2), model=copy.deepcopy(model), tokenizer=tok)
+    for keys, named in [({"optim": {"lr": 2e-3, "warmup_steps": 1}}, "optim.lr: 0.001 -> 0.002"),
+                        ({"max_steps": 3}, "max_steps: 2 -> 3"),
+                        ({"seed": 1}, "seed: 0 -> 1"),
+                        ({"batch_size": 1}, "batch_size: 2 -> 1")]:
+        with pytest.raises(ConfigError, match="--resume: the run in .* was trained with other "
+                           "settings: " + named.replace(".", r"\.")):
+            run_sft(_small_sft(world, out, **{"max_steps": 2, **keys}),
+                    model=copy.deepcopy(model), tokenizer=tok, resume=True)
+    fewer = tmp_path / "fewer.jsonl"
+    lines = world["oracle"].read_text().splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if json.loads(line)["oracle_complete"])
+    fewer.write_text("".join(lines[:first] + lines[first + 1:]))   # one used episode less
+    with pytest.raises(ConfigError, match=f"data: {fewer} holds other episodes"):
+        run_sft(_small_sft(world, out, max_steps=2, data=str(fewer)),
+                model=copy.deepcopy(model), tokenizer=tok, resume=True)
+    moved = tmp_path / "moved.jsonl"
+    shutil.copy(world["oracle"], moved)
+    done = run_sft(_small_sft(world, out, max_steps=2, data=str(moved), log_every=2,
+                              keep_last=2), model=copy.deepcopy(model), tokenizer=tok,
+                   resume=True)
+    assert done["steps"] == 2
+
+
+def test_sft_resume_refusals_at_the_command_line(tmp_path):
+    """`seekrl sft --resume`: with --overwrite, or with a setting the run was not trained
+    with, one line naming what is wrong and exit 2, in seconds (no model is loaded)."""
+    from typer.testing import CliRunner
+
+    from seekrl.cli import app
+    from seekrl.config import dump_config
+
+    data, out = tmp_path / "d.jsonl", tmp_path / "o"
+    data.write_text('{"question": "q?", "turns": [{"role": "assistant", "content": "a"}]}\n')
+    args = ["sft", f"data={data}", f"out={out}", "optim.lr=1e-3"]
+    r = CliRunner().invoke(app, [*args, "--resume", "--overwrite"])
+    assert r.exit_code == 2 and "give one of --resume" in r.output, r.output
+    out.mkdir()
+    dump_config(SFTConfig(data=str(data), out=str(out), optim={"lr": 1e-3}), out / "config.yaml")
+    (out / "checkpoints" / "step-1").mkdir(parents=True)
+    (out / "checkpoints" / "latest").write_text("step-1")
+    r = CliRunner().invoke(app, [*args[:-1], "optim.lr=2e-3", "--resume"])
+    assert r.exit_code == 2, r.output
+    assert "optim.lr: 0.001 -> 0.002" in " ".join(r.output.split()), r.output
+
+
 def test_turns_longer_than_the_rollout_limit_are_reported(world, tiny, tmp_path):
     """An episode whose turn is longer than the turn limit its rollouts will use teaches
     turns the rollouts cut mid-way (an invalid turn): SFT says so, naming the count, the

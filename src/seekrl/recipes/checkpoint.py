@@ -123,22 +123,53 @@ def save_policy(model, tokenizer, path: str | Path, *, before_rename=None) -> Pa
     `seekrl eval --model` and any transformers code can load; written to a temporary folder
     and renamed, so a killed run never leaves half a model under `path`. `before_rename`
     (folder -> None) adds files to the temporary folder first."""
-    from seekrl.runtime import quiet_transformers
-
-    quiet_transformers()
     path = Path(path)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    to_save = model
-    if hasattr(model, "merge_and_unload"):
-        import copy
-        to_save = copy.deepcopy(model).merge_and_unload()
-    to_save.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
+    write_policy(model, tokenizer, tmp)
     if before_rename is not None:
         before_rename(tmp)
     replace_dir(tmp, path)
     return path
+
+
+def write_policy(model, tokenizer, folder: Path) -> None:
+    """The policy as a plain HF checkpoint in `folder` (LoRA merged into a copy of the
+    weights), written in place: callers write into a temporary folder and rename it."""
+    from seekrl.runtime import quiet_transformers
+
+    quiet_transformers()
+    to_save = model
+    if hasattr(model, "merge_and_unload"):
+        import copy
+        to_save = copy.deepcopy(model).merge_and_unload()
+    to_save.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def write_checkpoint(folder: Path, step: int, write, keep_last: int) -> Path:
+    """`folder/step-N`, whole or not at all: `write(tmp)` fills `.step-N.tmpPID`, which is
+    flushed to disk, renamed into place (the rename flushed too), and only then named by
+    `latest`; older step folders beyond `keep_last` go, and so do later ones (a killed
+    run's, renamed but never named by `latest`: this run redoes those steps). A kill at
+    any moment leaves `latest` naming a complete checkpoint, and what the killed save left
+    is removed by the next save (`prune_steps`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"step-{step}"
+    tmp = folder / f".step-{step}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    write(tmp)
+    fsync_dir(tmp)
+    replace_dir(tmp, target)
+    fsync_dir(folder, files=False)
+    point_latest(folder, target)
+    for p in folder.glob("step-*"):
+        number = p.name[len("step-"):]
+        if p.is_dir() and number.isdigit() and int(number) > step:
+            shutil.rmtree(p, ignore_errors=True)
+    prune_steps(folder, keep_last, keep={target.name})
+    return target
 
 
 def prune_steps(folder: Path, keep_last: int, keep: set[str | None] = frozenset()) -> None:

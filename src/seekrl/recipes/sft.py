@@ -43,10 +43,11 @@ from seekrl.models import pad_id_of
 from seekrl.recipes.checkpoint import (
     check_run_dir,
     claim_run_dir,
+    config_changes,
     latest_checkpoint,
-    point_latest,
-    prune_steps,
     save_policy,
+    write_checkpoint,
+    write_policy,
 )
 from seekrl.recipes.setup import (
     MetricsLog,
@@ -299,19 +300,76 @@ class Interrupted(KeyboardInterrupt):
                f"{command} --overwrite"
 
 
+# The settings a resumed run may change: where and how often it saves and logs, how it is
+# evaluated, the device it runs on, and the data file's path (its episodes are checked
+# against the checkpoint's digest). Any other key changes what is trained, so the run
+# would end neither where the stopped one was going nor where a new one would: refused.
+RESUME_MAY_CHANGE = ("out", "data", "device", "index", "eval", "topk", "max_new_tokens",
+                     "save_every", "keep_last", "log_every")
+
+
+def check_resume_settings(out: Path, cfg: SFTConfig) -> None:
+    """Refuse `--resume` with settings that differ from the run's config.yaml, naming each
+    key (those in `RESUME_MAY_CHANGE` may differ: the resume says so)."""
+    refused = [c for c in config_changes(out / "config.yaml", cfg)
+               if c.split(":", 1)[0].split(".")[0] not in RESUME_MAY_CHANGE]
+    if refused:
+        raise ConfigError(f"--resume: the run in {out} was trained with other settings: "
+                          + "; ".join(refused) + f" (old -> new). Resume with the run's "
+                          f"settings ({out / 'config.yaml'}), or start a new run in another "
+                          f"out; only {', '.join(RESUME_MAY_CHANGE)} may change on resume")
+
+
+def episodes_digest(examples: list[SFTExample]) -> str:
+    """A digest of the episodes' tokens and loss masks, in order: a resumed run's batches
+    are indices into them, so they must be the checkpoint's own."""
+    import hashlib
+    from array import array
+
+    h = hashlib.sha256()
+    for e in examples:
+        h.update(array("q", e.token_ids).tobytes())
+        h.update(array("b", e.loss_mask).tobytes())
+        h.update(b"|")
+    return h.hexdigest()[:16]
+
+
+def check_resume_data(checkpoint: Path, examples: list[SFTExample], data: str) -> None:
+    """Refuse to resume on other episodes than the checkpoint was trained on (a changed
+    data file, or one laid out otherwise); checkpoints without the record pass."""
+    import json
+
+    record = checkpoint / "sft.json"
+    if not record.is_file():
+        return
+    saved = json.loads(record.read_text())
+    digest = episodes_digest(examples)
+    if saved.get("episodes") != len(examples) or saved.get("digest") != digest:
+        raise ConfigError(f"data: {data} holds other episodes than the run in {checkpoint} "
+                          f"was trained on ({len(examples)} episodes, digest {digest}; the "
+                          f"checkpoint's: {saved.get('episodes')}, {saved.get('digest')}); "
+                          "resume with the run's data, or start a new run in another out")
+
+
 def _save_state(out: Path, step: int, model, tokenizer, optimizer, scheduler, rng,
-                queue, index: dict[int, int], keep_last: int) -> Path:
-    """checkpoints/step-N: the policy (loadable as it is), and in state.pt what a resumed
-    run needs to go on exactly: the trained weights, the optimizer and schedule, the random
-    states and the epoch's remaining batches; then `latest` names it."""
-    target = save_policy(model, tokenizer, out / "checkpoints" / f"step-{step}",
-                         before_rename=lambda tmp: torch.save(training_state(
-                             model, step, optimizer, scheduler, batches_rng=rng.getstate(),
-                             queue=[[index[id(e)] for e in mb] for mb in queue]),
-                             tmp / "state.pt"))
-    point_latest(out / "checkpoints", target)
-    prune_steps(out / "checkpoints", keep_last)
-    return target
+                queue, index: dict[int, int], keep_last: int, digest: str) -> Path:
+    """checkpoints/step-N, written whole or not at all (`write_checkpoint`): the policy
+    (loadable as it is), in state.pt what a resumed run needs to go on exactly (the trained
+    weights, the optimizer and schedule, the random states, the epoch's remaining batches),
+    and in sft.json the digest of the episodes those batches index."""
+    import json
+
+    def write(tmp: Path) -> None:
+        write_policy(model, tokenizer, tmp)
+        # the CUDA generators too: LoRA dropout on a GPU draws from them
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        torch.save(training_state(model, step, optimizer, scheduler, batches_rng=rng.getstate(),
+                                  queue=[[index[id(e)] for e in mb] for mb in queue],
+                                  cuda_rng=cuda), tmp / "state.pt")
+        (tmp / "sft.json").write_text(json.dumps({"step": step, "episodes": len(index),
+                                                  "digest": digest}))
+
+    return write_checkpoint(out / "checkpoints", step, write, keep_last)
 
 
 def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
@@ -337,6 +395,8 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
                           "checkpoints are written every save_every steps")
     check_run_dir(out, overwrite=overwrite, resume=resume,
                   model=cfg.model if model is None else None)
+    if checkpoint is not None:   # before anything slow: a changed setting fails in seconds
+        check_resume_settings(out, cfg)
     retriever = _eval_retriever(cfg)
     check_eval_data(cfg.eval)
     check_world_index(cfg.index, cfg.eval.data)
@@ -347,6 +407,9 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
                                           max_len=cfg.max_len, only_complete=cfg.only_complete,
                                           limit=cfg.limit, prompt=cfg.prompt,
                                           max_queries=cfg.max_queries)
+    digest = episodes_digest(examples)
+    if checkpoint is not None:
+        check_resume_data(checkpoint, examples, cfg.data)
     if model is None:
         model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
     check_token_ids(examples, model.get_input_embeddings().num_embeddings)
@@ -364,6 +427,9 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
         state = resume_training(checkpoint, model, optimizer, scheduler, out=out, cfg=cfg,
                                 total_steps=total_steps, say=say)
         rng.setstate(state["batches_rng"])
+        cuda = state.get("cuda_rng")
+        if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
         queue = [[examples[i] for i in mb] for mb in state["queue"]]
         done = int(state["step"])
     # every input read and the model built: only now may the old run go
@@ -421,7 +487,7 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
                     + f"  [{(time.time() - started) / 60:.1f} min]")
             if cfg.save_every and step % cfg.save_every == 0 and step != total_steps:
                 _save_state(out, step, model, tokenizer, optimizer, scheduler, rng, queue,
-                            index, cfg.keep_last)
+                            index, cfg.keep_last, digest)
             done = step
     except KeyboardInterrupt:
         log.close()
