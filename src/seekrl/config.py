@@ -336,8 +336,9 @@ class RolloutSettings(EpisodeSettings):
     and the generation backend."""
     tree: TreeSettings | None = None   # tree rollouts instead of group_size chains
     # hf: seekrl's decoding loop on the policy itself; vllm: a colocated vLLM engine that
-    # gets the policy's weights before each rollout (agent/vllm_backend.py; needs vllm)
-    backend: Literal["hf", "vllm"] = "hf"
+    # gets the policy's weights before each rollout (agent/vllm_backend.py; needs vllm);
+    # static: a fixed-shape loop for GPUs (CUDA graphs; agent/static_backend.py)
+    backend: Literal["hf", "vllm", "static"] = "hf"
     # hf: how its decoding computes attention: default (the model's own), eager, or
     # sdpa_math / sdpa_efficient / sdpa_flash / sdpa_cudnn (PyTorch's SDPA held to that
     # backend); bench/decode_step.py measures which is fastest on a machine
@@ -434,6 +435,10 @@ class RefineConfig(Strict):
     index: str | None = None
     retriever: str | None = None       # your own by import path (TrainConfig.retriever)
     prm: str | None = None             # a `seekrl prm train` folder (None: right answers only)
+    # rft: the policy that samples the episodes, a path or hub id (None: model itself); model
+    # is the one fine-tuned. With another tokenizer than model's, the kept episodes are
+    # written as text turns (docs/trajectory-format.md)
+    teacher: str | None = None
     questions: int | None = Field(None, ge=1)
     samples: int = Field(4, ge=1)      # episodes per question
     reward: str = "em"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from seekrl.agent.backends import Backend, HFBackend
 
-BACKENDS = ("hf", "vllm")
+BACKENDS = ("hf", "vllm", "static")
 # the commands that continue episodes from prefixes (MCTS, MC values, RFT) step by step
 # with seekrl's own decoding loop
 _HF_ONLY = {"labelling": "labelling continues prefixes with seekrl's own decoding loop",
@@ -21,8 +21,11 @@ def backend_refusal(kind: str, command: str, *, processes: int = 1,
         return f"expected one of {', '.join(BACKENDS)}, got {kind!r}"
     if kind == "hf":
         return None
-    if command in _HF_ONLY:
+    if command in _HF_ONLY:   # they build HFBackend themselves
         return (f"{_HF_ONLY[command]} (hf); {kind!r} is for seekrl train and seekrl eval")
+    if kind == "static":   # seekrl's own loop, one per process
+        return None if command != "eval" else (
+            "seekrl eval builds hf or vllm; static is rollout.backend for seekrl train")
     if command == "train" and processes > 1:
         return ("one colocated engine per training process is not supported yet; train "
                 "data-parallel with the hf backend, or vllm in one process")
@@ -38,10 +41,16 @@ def make_backend(kind: str, tokenizer, *, model=None, model_name: str | None = N
                  attention: str = "default") -> Backend:
     """The generation backend every command builds: `hf`, seekrl's decoding loop on
     `model` (the policy itself); `vllm`, a colocated vLLM engine loaded from `model_name`
-    (the trainer pushes its weights before each rollout). Ask `backend_refusal` first.
+    (the trainer pushes its weights before each rollout); `static`, the fixed-shape loop
+    of agent/static_backend.py on `model` (rows of `max_model_len` tokens; HFBackend with a
+    warning where its lean forward does not hold). Ask `backend_refusal` first.
     `attention` is hf's (models.ATTENTION)."""
     if kind == "hf":
         return HFBackend(model, tokenizer, attention=attention)
+    if kind == "static":
+        from seekrl.agent.static_backend import static_backend
+
+        return static_backend(model, tokenizer, max_len=max_model_len, attention=attention)
     if kind != "vllm":
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {kind!r}")
     from seekrl.agent.vllm_backend import VLLMBackend

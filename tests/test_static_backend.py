@@ -1,0 +1,380 @@
+"""The fixed-shape decoding backend (agent/static_backend.py) against HFBackend: the lean
+forward's logits, greedy episodes token for token, sampled log-probs, the stop automaton,
+weights kept in place, and the fallback."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seekrl.agent.backends import HFBackend, Sampling
+from seekrl.agent.rollout import RolloutConfig, RolloutEngine
+from seekrl.agent.static_backend import (
+    LeanForward,
+    StaticBackend,
+    _sample,
+    first_stop,
+    static_backend,
+    stop_table,
+)
+from seekrl.data.qa import QAExample
+from seekrl.models import tiny_policy
+from seekrl.retrieval.base import Hit
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_policy(seed=0)
+
+
+def tiny_qwen2(tok, seed: int = 1):
+    """A tiny random Qwen2 (q/k/v biases made non-zero, untied head) with the bundled
+    tokenizer."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=4096, tie_word_embeddings=False,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    return model
+
+
+class Docs:
+    docs = [Hit("d-tarrow", "Tarrow", "Tarrow is a city in Velmaria.", 2.0),
+            Hit("d-ilsa", "Ilsa Marrow", "Ilsa Marrow was born in Tarrow.", 1.0),
+            Hit("d-x", "Noise", "Unrelated text.", 0.5)]
+
+    def search(self, queries, k):
+        return [self.docs[:k] for _ in queries]
+
+
+def ex(qid: str, question: str) -> QAExample:
+    return QAExample(qid, question, ["Tarrow"], {"gold_doc_ids": ["d-ilsa"]})
+
+
+# ---------------------------------------------------------------- the lean forward
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_lean_forward_equals_hf_logits(tiny, arch):
+    """Rows of different lengths prefilled together (padding, a row skipped), then decoded
+    together a few steps: every logit within 1e-4 of HF's full forward (float32)."""
+    model, tok = tiny
+    if arch == "qwen2":
+        model = tiny_qwen2(tok)
+    lean = LeanForward(model, max_len=64)
+    kc, vc = lean.new_cache(3)
+    g = torch.Generator().manual_seed(0)
+    seqs = {0: torch.randint(0, len(tok), (30,), generator=g).tolist(),
+            2: torch.randint(0, len(tok), (13,), generator=g).tolist()}
+    cut = {0: 20, 2: 7}
+    ids = torch.full((2, 20), 0)
+    for b, r in enumerate((0, 2)):
+        ids[b, :cut[r]] = torch.tensor(seqs[r][:cut[r]])
+    got = {r: [] for r in seqs}
+    with torch.no_grad():
+        last = lean.prefill(ids, torch.arange(20).repeat(2, 1), torch.tensor([20, 7]),
+                            torch.tensor([0, 2]), kc, vc, 20)
+        got[0].append(last[0])
+        got[2].append(last[1])
+        pos = torch.tensor([20, 0, 7])
+        for step in range(6):
+            step_ids = torch.tensor([seqs[0][20 + step], 5, seqs[2][7 + step]])
+            logits = lean.decode(step_ids, pos, kc, vc, 32)
+            got[0].append(logits[0])
+            got[2].append(logits[2])
+            pos = pos + torch.tensor([1, 0, 1])
+        for r, seq in seqs.items():
+            ref = model(input_ids=torch.tensor([seq[:cut[r] + 6]])).logits[0]
+            want = ref[cut[r] - 1:cut[r] + 6]
+            assert torch.allclose(torch.stack(got[r]), want, atol=1e-4, rtol=0), arch
+
+
+@pytest.mark.slow
+def test_lean_forward_equals_hf_logits_on_the_bundled_model():
+    from seekrl.models import load_policy
+
+    model, tok = load_policy()
+    backend = StaticBackend(model, tok, max_len=64)
+    ids = tok.encode("Question: where was Ilsa Marrow born? <search> Ilsa Marrow </search>",
+                     add_special_tokens=False)
+    assert backend.lean.check(model, ids) <= 1e-4
+
+
+def test_an_unsupported_model_or_a_mismatch_falls_back_to_hf_with_a_warning(tiny, monkeypatch):
+    model, tok = tiny
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2))
+    with pytest.warns(UserWarning, match="no lean forward"):
+        assert type(static_backend(gpt2, tok)) is HFBackend
+    import seekrl.agent.static_backend as sb
+
+    monkeypatch.setattr(sb, "_rope", lambda x, cos, sin: x)   # a forward that is wrong
+    with pytest.warns(UserWarning, match="differ from HF"):
+        assert type(static_backend(model, tok)) is HFBackend
+    monkeypatch.undo()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert isinstance(static_backend(model, tok), StaticBackend)
+
+
+def test_the_factory_and_the_config_know_static(tiny):
+    from seekrl.agent.factory import backend_refusal, make_backend
+    from seekrl.config import RolloutSettings
+
+    model, tok = tiny
+    assert isinstance(make_backend("static", tok, model=model, max_model_len=128), StaticBackend)
+    assert backend_refusal("static", "train", processes=2) is None
+    assert "train" in backend_refusal("static", "eval")   # the eval command builds hf / vllm
+    assert "hf" in backend_refusal("static", "labelling")
+    assert RolloutSettings(backend="static").backend == "static"
+
+
+# ---------------------------------------------------------------- episodes, token for token
+STOPS = (" the", "s")   # stop strings the random tiny model hits: rows stop at different times
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_greedy_episodes_give_hf_tokens(tiny, arch):
+    """Multi-turn greedy episodes (groups of 2, batch 3: rows recycled and moved, prefixes
+    reused, equal prompts copied) give HFBackend's exact tokens; so do continuations."""
+    model, tok = tiny
+    if arch == "qwen2":
+        model = tiny_qwen2(tok)
+    cfg = RolloutConfig(max_turns=3, max_new_tokens=10, n_samples=2, batch_size=3, seed=3,
+                        greedy=True)
+    examples = [ex(f"q{i}", f"Question {'long ' * i}number {i}?") for i in range(4)]
+    static = StaticBackend(model, tok, stop_strings=STOPS, max_len=cfg.max_total_tokens)
+    mine = RolloutEngine(static, tok, Docs(), cfg).run(examples)
+    hf = RolloutEngine(HFBackend(model, tok, stop_strings=STOPS), tok, Docs(), cfg).run(examples)
+    assert [t.token_ids for t in mine] == [t.token_ids for t in hf]
+    assert sum(len(t.steps) for t in mine) > len(mine)   # several turns happened
+    assert mine[0].rollout_logprobs is None
+    # continuing after step 1 (k = 0 too): the same as HF, and as the episode itself
+    long = [t for t in hf if len(t.steps) > 1 and t.steps[0].info_end is not None][:2]
+    prefixes = [(long[0], 1), (long[1], 1), (long[0], 0)]
+    a = RolloutEngine(static, tok, Docs(), cfg).continue_from(prefixes, 2)
+    b = RolloutEngine(HFBackend(model, tok, stop_strings=STOPS), tok, Docs(), cfg
+                      ).continue_from(prefixes, 2)
+    assert [[t.token_ids for t in g] for g in a] == [[t.token_ids for t in g] for g in b]
+    assert a[0][0].token_ids == long[0].token_ids
+
+
+def test_keyed_turns_reuse_rows_across_calls_and_subsets(tiny):
+    """Calls with keys (a subset call between, as self-search makes; more rows than before;
+    a context that is not an extension of its row) match HFBackend call for call."""
+    model, tok = tiny
+    mine = StaticBackend(model, tok, stop_strings=STOPS, max_len=256)
+    hf = HFBackend(model, tok, stop_strings=STOPS)
+    ctx = {k: tok.encode(f"episode {k} " * (k + 1), add_special_tokens=False) for k in range(6)}
+    greedy = Sampling(greedy=True)
+    for keys in ([0, 1, 2], [1], [0, 1, 2, 3, 4, 5], [5, 0], [2, 3]):
+        contexts = [ctx[k] for k in keys]
+        a = mine.generate(contexts, 7, greedy, keys=keys)
+        b = hf.generate(contexts, 7, greedy, keys=keys)
+        assert [list(x) for x in a] == [list(x) for x in b], keys
+        for k, new in zip(keys, a):
+            ctx[k] = ctx[k] + list(new) + tok.encode(" info", add_special_tokens=False)
+    ctx[3] = tok.encode("something else entirely", add_special_tokens=False)
+    assert [list(x) for x in mine.generate([ctx[3]], 5, greedy, keys=[3])] == \
+        [list(x) for x in hf.generate([ctx[3]], 5, greedy, keys=[3])]
+    # without keys, and a tool's closing tag as an extra stop string
+    stop = Sampling(greedy=True, stop=("ing",))
+    assert [list(x) for x in mine.generate(list(ctx.values()), 9, stop)] == \
+        [list(x) for x in hf.generate(list(ctx.values()), 9, stop)]
+
+
+def test_rows_stop_at_their_width(tiny):
+    """A row never decodes past `max_len`: its budget is what is left of its row."""
+    model, tok = tiny
+    backend = StaticBackend(model, tok, stop_strings=(), max_len=24)
+    out = backend.generate([[5] * 20, [6] * 4], 12, Sampling(greedy=True))
+    assert len(out[0]) <= 4 and len(out[1]) <= 12
+    with pytest.raises(ValueError, match="no room"):
+        backend.generate([[5] * 24], 4, Sampling(greedy=True))
+
+
+# ---------------------------------------------------------------- sampling
+@pytest.mark.parametrize("top_p", [1.0, 0.6])
+def test_sampling_is_hfs_rule_draw_for_draw(tiny, top_p):
+    """The same random draws give the same tokens and log-probs as HFBackend._next_tokens."""
+    model, tok = tiny
+    hf = HFBackend(model, tok)
+    logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(1)) * 3
+    logits[0] = -1e9
+    logits[0, 7] = 0.0
+    sampling = Sampling(temperature=0.7, top_p=top_p)
+    torch.manual_seed(4)
+    want = hf._next_tokens(logits, sampling)
+    torch.manual_seed(4)
+    got = _sample(logits, "top_p" if top_p < 1 else "sample", torch.tensor(0.7),
+                  torch.tensor(top_p))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(_sample(logits, "greedy", torch.tensor(1.0), torch.tensor(1.0))[0],
+                       logits.argmax(-1))
+
+
+def test_sampled_log_probs_equal_a_full_forward(tiny):
+    from seekrl.rl.forward import collate, masked_logprobs
+
+    model, tok = tiny
+    cfg = RolloutConfig(max_turns=3, max_new_tokens=8, max_info_tokens=32, n_samples=3,
+                        temperature=0.7, seed=2)
+    questions = [ex("q1", "Where was Ilsa born?"), ex("q2", "Which city?")]
+    backend = StaticBackend(model, tok, max_len=cfg.max_total_tokens)
+    trajs = RolloutEngine(backend, tok, Docs(), cfg).run(questions)
+    for t in trajs:
+        t.check()
+        assert t.rollout_logprobs is not None and len(t.rollout_logprobs) == t.n_generated
+    ids, attn, mask = collate([t.token_ids for t in trajs], [t.loss_mask for t in trajs],
+                              tok.pad_token_id)
+    with torch.no_grad():
+        lp = masked_logprobs(model, ids, attn, mask, temperature=0.7)["logprobs"]
+    for r, t in enumerate(trajs):
+        assert torch.allclose(lp[r][mask[r].bool()], torch.tensor(t.rollout_logprobs),
+                              atol=1e-4)
+    assert len({tuple(t.token_ids) for t in trajs[:3]}) > 1   # the group's samples differ
+
+
+# ---------------------------------------------------------------- the stop automaton
+def _naive(pieces, stops, stop_ids, seq):
+    text = ""
+    for i, t in enumerate(seq):
+        text += pieces[t]
+        if t in stop_ids or any(s in text for s in stops):
+            return i
+    return None
+
+
+ALPHA = "ab</>"
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(st.text(ALPHA, max_size=4), min_size=1, max_size=12),
+       stops=st.lists(st.text(ALPHA, min_size=1, max_size=5), min_size=0, max_size=3),
+       data=st.data())
+def test_stop_automaton_equals_substring_search(pieces, stops, data):
+    stop_ids = set(data.draw(st.lists(st.integers(0, len(pieces) - 1), max_size=1)))
+    seq = data.draw(st.lists(st.integers(0, len(pieces) - 1), max_size=30))
+    table = stop_table(pieces, stops, stop_ids)
+    assert first_stop(table, seq) == _naive(pieces, stops, stop_ids, seq)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_stop_automaton_on_the_real_vocabulary(tiny, data):
+    """The bundled tokenizer's own token texts, the agent's stop strings and a tool's tag;
+    sequences drawn from the tokens of tag-like texts."""
+    _, tok = tiny
+    pieces, table = _real_table(tok)
+    pool = sorted({i for text in ("</search>", " </answer>", "</open>\n", "<search> x </",
+                                  "answer>", "search", "</", ">\n\n", " sear", "ch>")
+                   for i in tok.encode(text, add_special_tokens=False)})
+    seq = data.draw(st.lists(st.sampled_from(pool), max_size=25))
+    assert first_stop(table, seq) == _naive(pieces, REAL_STOPS, set(), seq)
+
+
+REAL_STOPS = ("</search>", "</answer>", "</open>")
+_REAL: dict = {}
+
+
+def _real_table(tok):
+    if not _REAL:
+        pieces = tok.batch_decode([[i] for i in range(len(tok))])
+        _REAL["v"] = pieces, stop_table(pieces, REAL_STOPS)
+    return _REAL["v"]
+
+
+def test_token_texts_are_hfs_pieces(tiny):
+    """The table is built from batch_decode's texts: the same as HFBackend._piece's."""
+    model, tok = tiny
+    pieces, _ = _real_table(tok)
+    hf = HFBackend(model, tok)
+    for i in list(range(0, len(tok), 997)) + tok.encode("</search> é 日本", add_special_tokens=False):
+        assert pieces[i] == hf._piece(i)
+
+
+# ---------------------------------------------------------------- weights and the step
+def test_weights_are_the_policys_and_an_update_in_place_is_seen(tiny):
+    model, tok = tiny
+    model = copy.deepcopy(model)
+    backend = StaticBackend(model, tok, stop_strings=(), max_len=64)
+    q = model.model.layers[0].self_attn.q_proj.weight
+    assert backend.lean.w["0.q"].data_ptr() == q.data_ptr()          # no copy
+    assert backend.lean.w["head"].data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    ctx = [tok.encode("an update in place", add_special_tokens=False)]
+    before = backend.generate(ctx, 6, Sampling(greedy=True))
+    with torch.no_grad():   # what an optimizer step does
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    backend.sync_weights(model, 1)
+    after = backend.generate(ctx, 6, Sampling(greedy=True))
+    assert [list(x) for x in after] == \
+        [list(x) for x in HFBackend(model, tok, stop_strings=()).generate(ctx, 6, Sampling(greedy=True))]
+    assert after != before
+
+
+def test_own_copies_are_refreshed_in_place(tiny):
+    """A mixed-precision policy decodes with bfloat16 copies: refreshed in place (the same
+    storage, so captured graphs stay valid) when the float32 weights change."""
+    from seekrl.models import mixed_precision
+
+    model, tok = tiny
+    model = mixed_precision(copy.deepcopy(model))
+    backend = StaticBackend(model, tok, stop_strings=(), max_len=64)
+    held = backend.lean.w["0.q"]
+    q = model.model.layers[0].self_attn.q_proj.weight
+    assert held.dtype == torch.bfloat16 and held.data_ptr() != q.data_ptr()
+    with torch.no_grad():
+        q.add_(1.0)
+    backend.generate([[5, 6, 7]], 2, Sampling(greedy=True))   # noticed without a sync call
+    assert backend.lean.w["0.q"] is held and torch.equal(held, q.to(torch.bfloat16))
+
+
+def test_the_decode_step_traces_as_one_graph(tiny):
+    """No host sync and no graph break in a decoding step (what CUDA graph capture needs):
+    torch.compile's tracer takes it whole (fullgraph=True)."""
+    model, tok = tiny
+    backend = StaticBackend(model, tok, max_len=64)
+    backend.generate([[5, 6, 7], [8, 9]], 4, Sampling(temperature=0.8, top_p=0.9))
+    table = backend._table(backend.stop_strings)
+    torch._dynamo.reset()
+    step = torch.compile(backend._step, backend="eager", fullgraph=True)
+    step(2, 64, "top_p", table)
+    step(2, 64, "greedy", table)
+
+
+def test_lora_adapters_are_merged_and_follow_their_updates(tiny):
+    """Under peft's LoRA the backend decodes with base + adapter deltas merged into its own
+    tensors (the probe against peft's forward passes), refreshed when the adapters change."""
+    from peft import LoraConfig, get_peft_model
+
+    model, tok = tiny
+    policy = get_peft_model(copy.deepcopy(model), LoraConfig(
+        r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])).eval()
+    adapters = [p for n, p in policy.named_parameters() if "lora_B" in n]
+    with torch.no_grad():
+        for p in adapters:
+            p.normal_(0, 0.3)
+    backend = StaticBackend(policy, tok, stop_strings=STOPS, max_len=64)
+    ctx = [tok.encode(t, add_special_tokens=False) for t in ("with adapters", "a b c d")]
+    greedy = Sampling(greedy=True)
+    for _ in range(2):
+        want = HFBackend(policy, tok, stop_strings=STOPS).generate(ctx, 8, greedy)
+        assert [list(x) for x in backend.generate(ctx, 8, greedy)] == [list(x) for x in want]
+        with torch.no_grad():   # an update that moves the adapters only
+            for p in adapters:
+                p.add_(torch.randn_like(p) * 0.3)
+    backend.sync_weights(policy, 2)
+    assert backend.lean.check(policy, ctx[1] + ctx[0]) <= 1e-4
