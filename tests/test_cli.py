@@ -203,7 +203,7 @@ def test_prm_score_and_eval_on_files(tmp_path):
     r = run("prm", "eval", "--prm", tmp_path / "prm", "--labels", tmp_path / "labels",
             "--split", "all")
     assert r.exit_code == 0, r.output
-    figures = json.loads(r.output)
+    figures = json.loads(r.stdout)   # the threads line goes to stderr
     assert figures["split"] == "all" and figures["pair_accuracy"] == 0.5   # all ties
 
 

@@ -27,6 +27,29 @@ err_console = Console(stderr=True, soft_wrap=True)
 _PROCESS_METHODS = " | ".join(m for m in PROCESS_METHODS if m != "outcome")
 _DEMO_METHODS = " | ".join(m for m in PROCESS_METHODS if m != "outcome" and m not in NEEDS_PRM)
 
+# OpenMP's wait policy is read once, when torch first loads libgomp, so it is set here,
+# before any command imports torch (a value set already wins). PASSIVE: an idle worker
+# sleeps at once instead of spinning first. Two torch jobs sharing cores otherwise burn each
+# other's time in spins: beside other work on 2 cores, the tiny model decoded 11 tokens/s
+# with 2 spinning threads, 74 with 2 passive ones, 117 with 1 (bench/RESULTS.md, "Threads")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# the --threads option of every command that runs a model
+Threads = Annotated[Optional[int], typer.Option(
+    help="CPU threads torch uses (default: OMP_NUM_THREADS when set, else the cores other "
+         "processes leave free, at least 1)", show_default=False)]
+
+
+def _threads(threads: Optional[int]) -> None:
+    """Set torch's threads for this run and say how many on one line of stderr, with a
+    warning when the machine is busy (rank 0 alone speaks under torchrun)."""
+    from seekrl.runtime import plan_threads, use_threads
+
+    plan = plan_threads(threads)
+    use_threads(plan)
+    if os.environ.get("RANK", "0") == "0":
+        err_console.print(plan.line, markup=False, highlight=False)
+
 
 def _print_config(cfg) -> None:
     """The config as YAML, every key with its value and what it means: a starting point
@@ -146,6 +169,7 @@ def index(
     device: Annotated[str, typer.Option(help="dense: where the encoder runs, cpu | cuda")] = "cpu",
     overwrite: Annotated[bool, typer.Option(help="replace an existing index")] = False,
     skip_bad: Annotated[bool, typer.Option(help="skip malformed corpus lines, and report them")] = False,
+    threads: Threads = None,
 ):
     """Index a corpus for retrieval and persist it with a manifest (or import a faiss index)."""
     from seekrl.retrieval.index import build_index, import_faiss_index, read_manifest
@@ -158,7 +182,7 @@ def index(
                 ("--encoder", encoder, None), ("--index-type", index_type, "flat"),
                 ("--pooling", pooling, None), ("--query-prefix", query_prefix, None),
                 ("--doc-prefix", doc_prefix, None), ("--device", device, "cpu"),
-                ("--resume", resume, False)) if value != default]
+                ("--resume", resume, False), ("--threads", threads, None)) if value != default]
             if given:
                 raise ValueError(f"{', '.join(given)}: dense options, and --retriever is bm25 "
                                  "(use --retriever dense or hybrid)")
@@ -174,11 +198,14 @@ def index(
             if skip_bad:
                 raise RetrievalError("--faiss cannot --skip-bad: a skipped corpus line would "
                                      "shift every later document off its vector")
+            _threads(threads)
             path = import_faiss_index(corpus, faiss, out, encoder=encoder, pooling=pooling,
                                       query_prefix=query_prefix, doc_prefix=doc_prefix,
                                       copy=copy_faiss, overwrite=overwrite)
             retriever = "dense, imported"
         else:
+            if retriever != "bm25":
+                _threads(threads)
             path = build_index(corpus, out, retriever, encoder=encoder, index_type=index_type,
                                overwrite=overwrite, skip_bad=skip_bad, pooling=pooling,
                                query_prefix=query_prefix, doc_prefix=doc_prefix,
@@ -259,6 +286,7 @@ def serve(
         "--no-index-process",
         help="keep the index in the server process (default: a child process)")] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
+    threads: Threads = None,
 ):
     """Serve an index (or a simulated search engine) over HTTP, wire-compatible with the
     Search-R1 retrieval server."""
@@ -275,6 +303,7 @@ def serve(
         if (index is None) == (simulate is None):
             raise ValueError("serve: give --index (an index folder) or --simulate MODEL, one "
                              "of the two")
+        _threads(threads)   # a dense encoder's, a ranker's or a simulator's
         make_decoder = None
         if simulate is not None:   # the simulator decodes with the rollout engine's loop
             from seekrl.agent.backends import text_decoder as make_decoder
@@ -371,6 +400,7 @@ def demo(
         help="auto (bf16-mixed where the CPU multiplies bfloat16 natively, else float32) | "
              "float32 | bf16-mixed")] = "auto",
     overwrite: Annotated[bool, typer.Option(help="replace a demo run already in out")] = False,
+    threads: Threads = None,
 ):
     """The whole pipeline on the built-in synthetic world, on CPU: world, index, untrained
     eval, SFT warm-up, eval, RL, eval, report (about 17 minutes on 2 cores that multiply
@@ -384,6 +414,7 @@ def demo(
                      questions_per_step=questions_per_step, group_size=group_size,
                      train_layers=train_layers or None, dtype=dtype)
     try:
+        _threads(threads)
         run_demo(out, cfg, console=console, overwrite=overwrite)
     except ERRORS as err:
         _fail(err)
@@ -486,6 +517,7 @@ def eval_(
              "sdpa_math | sdpa_efficient | sdpa_flash | sdpa_cudnn")] = "default",
     overwrite: Annotated[bool, typer.Option(
         help="replace an evaluation already in out (its viewer.html too)")] = False,
+    threads: Threads = None,
 ):
     """Evaluate a policy (agent, rag or direct) on QA files: trajectories and metrics."""
     from seekrl.eval.evaluate import eval_rollout_config, evaluate, load_eval_data
@@ -554,6 +586,7 @@ def eval_(
                              f"{backend} chooses its own attention")
         if limits.attention_refusal(attention, device):
             raise ValueError(f"--attention: {limits.attention_refusal(attention, device)}")
+        _threads(threads)
         generator = None
         if backend == "vllm":
             from seekrl.models import load_tokenizer, resolve_model
@@ -622,6 +655,7 @@ def sft(
         help="continue the run in out from its latest checkpoint (save_every)")] = False,
     print_config: Annotated[bool, typer.Option(
         help="print the resolved config (every key, defaults filled in) and stop")] = False,
+    threads: Threads = None,
 ):
     """Supervised warm-up on trajectory JSONL (oracle episodes): loss on policy tokens only."""
     import shlex
@@ -636,6 +670,7 @@ def sft(
         if print_config:
             _print_config(cfg)
             return
+        _threads(threads)
         summary = run_sft(cfg, console=console, overwrite=overwrite, resume=resume)
     except ERRORS as err:
         _fail(err)
@@ -658,6 +693,7 @@ def train(
     process: Annotated[Optional[str], typer.Option(
         help=f"a process-supervision method: {_PROCESS_METHODS} (its keys replace the "
              "config file's; key=value overrides win; prm needs reward.prm=DIR)")] = None,
+    threads: Threads = None,
 ):
     """RL from outcome and process (step) rewards: GRPO, Dr. GRPO, RLOO, REINFORCE++, PPO, and
     the step-level estimators (dual_granularity, gigpo, stratified_grpo, tree_grpo)."""
@@ -690,6 +726,7 @@ def train(
             if out is console:
                 _print_config(cfg)
             return
+        _threads(threads)
         trainer = Trainer(cfg, console=out, resume=resume, overwrite=overwrite)
         summary = trainer.train()
     except ERRORS as err:
@@ -723,6 +760,7 @@ def mcts(
         help="key.sub=value overrides, e.g. data=train.jsonl search.simulations=32 "
              "search.method=mc", show_default=False)] = None,
     resume: Annotated[bool, typer.Option(help="continue a labelling run in the same out folder")] = False,
+    threads: Threads = None,
 ):
     """Step labels for a process reward model: MCTS over search steps (or Monte-Carlo
     rollouts with search.method=mc) -> OUT/nodes.jsonl, labels.jsonl, pairs.jsonl."""
@@ -730,6 +768,7 @@ def mcts(
 
     try:
         cfg = _load("LabelConfig", config, overrides)
+        _threads(threads)
         summary = run_labelling(cfg, console=console, resume=resume)
     except ERRORS as err:
         _fail(err)
@@ -751,12 +790,14 @@ def simulator_train(
         help="key.sub=value overrides, e.g. index=data/index 'data=[data/world/train.jsonl]' "
              "out=runs/simulator steps=100", show_default=False)] = None,
     overwrite: Annotated[bool, typer.Option(help="replace a simulator already in out")] = False,
+    threads: Threads = None,
 ):
     """Fine-tune a simulator on the real index's documents for logged queries."""
     from seekrl.recipes.simulator import train_simulator
 
     try:
         cfg = _load("SimulatorTrainConfig", config, overrides)
+        _threads(threads)
         summary = train_simulator(cfg, console=console, overwrite=overwrite)
     except ERRORS as err:
         _fail(err)
@@ -777,6 +818,7 @@ def ranker_train(
         help="key.sub=value overrides, e.g. index=data/index 'data=[data/world/train.jsonl]' "
              "'eval_data=[data/world/dev.jsonl]' out=runs/ranker", show_default=False)] = None,
     overwrite: Annotated[bool, typer.Option(help="replace a ranker already in out")] = False,
+    threads: Threads = None,
 ):
     """Train a ranker on logged searches and synthetic-world hop queries; recall@k before and
     after on held-out questions."""
@@ -784,6 +826,7 @@ def ranker_train(
 
     try:
         cfg = _load("RankerTrainConfig", config, overrides)
+        _threads(threads)
         summary = train_ranker(cfg, console=console, overwrite=overwrite)
     except ERRORS as err:
         _fail(err)
@@ -807,6 +850,7 @@ def ranker_eval(
     candidates: Annotated[int, typer.Option(help="first-stage documents a ranker orders")] = 10,
     topk: Annotated[int, typer.Option(help="k of recall@k")] = limits.DEFAULT_TOPK,
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
+    threads: Threads = None,
 ):
     """recall@k of each hop's gold document (--data) and the gold hit rate of logged searches
     (--trajectories): the first stage alone, then with each ranker."""
@@ -833,6 +877,7 @@ def ranker_eval(
         if trajectories and not any(r["gold_ids"] for r in logged):
             raise ValueError(f"--trajectories: no logged search with gold documents in "
                              f"{', '.join(map(str, trajectories))}")
+        _threads(threads)
         first = load_index(index)
         for name in [None, *(ranker or [])]:
             rr = first if name is None else \
@@ -881,6 +926,7 @@ def prm_train(
     overwrite: Annotated[bool, typer.Option(help="replace a PRM already in out")] = False,
     resume: Annotated[bool, typer.Option(
         help="continue the run in out from its latest checkpoint (save_every)")] = False,
+    threads: Threads = None,
 ):
     """Train a PRM (LM + scalar head at each step's last token) on label folders."""
     import shlex
@@ -892,6 +938,7 @@ def prm_train(
                                                       else []), *(overrides or [])])
     try:
         cfg = _load("PRMConfig", config, overrides)
+        _threads(threads)
         summary = train_prm(cfg, console=console, overwrite=overwrite, resume=resume)
     except ERRORS as err:
         _fail(err)
@@ -912,6 +959,7 @@ def prm_score(
     device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
     dtype: Annotated[str, typer.Option(
         help="float32 | bfloat16 | float16 | bf16-mixed (the PRM's forward)")] = "float32",
+    threads: Threads = None,
 ):
     """Score every step of a trajectory file with a PRM (one forward pass per episode batch)."""
     from seekrl.agent.trajectory import write_trajectories
@@ -920,6 +968,7 @@ def prm_score(
 
     try:
         trajs = read_episodes(trajectories)
+        _threads(threads)
         scorer = load_scorer(prm, device=device, batch_size=batch_size, dtype=dtype)
         try:
             scores = scorer.score_steps(trajs)
@@ -948,6 +997,7 @@ def prm_eval(
     device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
     dtype: Annotated[str, typer.Option(
         help="float32 | bfloat16 | float16 | bf16-mixed (the PRM's forward)")] = "float32",
+    threads: Threads = None,
 ):
     """PRM quality on labelled trees: AUC, pair accuracy, first-error localisation."""
     import json
@@ -963,6 +1013,7 @@ def prm_eval(
         if split == "dev":
             info = json.loads((prm / PRM_MARKER).read_text())
             data = split_labels(data, float(info.get("dev_share", 0.1)))[1]
+        _threads(threads)
         metrics = prm_metrics(load_scorer(prm, device=device, dtype=dtype), data, threshold)
     except ERRORS as err:
         _fail(err)
@@ -977,6 +1028,7 @@ def refine(
         help="key.sub=value overrides, e.g. method=rft prm=runs/prm/final data=train.jsonl",
         show_default=False)] = None,
     overwrite: Annotated[bool, typer.Option(help="replace a refinement already in out")] = False,
+    threads: Threads = None,
 ):
     """PRM-guided refinement: RFT (keep right episodes whose every step the PRM accepts) or
     step-level DPO on sibling pairs."""
@@ -984,6 +1036,7 @@ def refine(
 
     try:
         cfg = _load("RefineConfig", config, overrides)
+        _threads(threads)
         summary = run_refine(cfg, console=console, overwrite=overwrite)
     except ERRORS as err:
         _fail(err)
@@ -999,6 +1052,7 @@ def prorag(
         help="key.sub=value overrides, e.g. out=runs/p labels.search.simulations=32 rl.steps=10",
         show_default=False)] = None,
     resume: Annotated[bool, typer.Option(help="skip the stages a run in the same out finished")] = False,
+    threads: Threads = None,
 ):
     """ProRAG end to end: SFT -> MCTS labels -> PRM -> refinement -> PRM-supervised RL, with
     the evaluation after each stage (default: the synthetic world at demo size, on a CPU)."""
@@ -1006,6 +1060,7 @@ def prorag(
 
     try:
         cfg = _load("ProragConfig", config, overrides)
+        _threads(threads)
         run_prorag(cfg, console=console, resume=resume)
     except ERRORS as err:
         _fail(err)

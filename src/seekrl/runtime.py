@@ -5,11 +5,15 @@ code both need these, so they live under both (retrieval/ may not import models.
 from __future__ import annotations
 
 import functools
+import os
+import time
+from dataclasses import dataclass
 
 from seekrl.errors import DeviceError
 
-__all__ = ["check_device", "device_problem", "fix_mmap_threshold", "hub_unreachable",
-           "peak_rss_mb", "quiet_transformers", "trim_heap"]
+__all__ = ["ThreadPlan", "busy_cores", "check_device", "device_problem", "fix_mmap_threshold",
+           "hub_unreachable", "peak_rss_mb", "plan_threads", "quiet_transformers", "trim_heap",
+           "usable_cores", "use_threads"]
 
 
 def device_problem(device: str) -> str | None:
@@ -161,3 +165,153 @@ def _probe_hub(env, timeout: float) -> str | None:
     except OSError as err:
         return f"{host} cannot be reached ({err.strerror or type(err).__name__})"
     return None
+
+
+# ---------------------------------------------------------------- CPU threads
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (a container's or taskset's
+    cpuset), capped by a cgroup v2 CPU quota (`cpu.max`), at least 1."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):   # not Linux
+        cores = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, -(-int(quota) // int(period))))   # rounded up
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+def _cpu_times(cpus: set[int] | None) -> tuple[int, int] | None:
+    """(busy, total) jiffies so far over `cpus` (None: every CPU), from /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            lines = [line.split() for line in f if line.startswith("cpu")]
+    except OSError:
+        return None
+    busy = total = 0
+    for name, *fields in lines:
+        if name == "cpu" or (cpus is not None and int(name[3:]) not in cpus):
+            continue
+        ticks = [int(v) for v in fields[:8]]   # user nice system idle iowait irq softirq steal
+        total += sum(ticks)
+        busy += sum(ticks) - ticks[3] - ticks[4]
+    return (busy, total) if total else None
+
+
+def busy_cores(seconds: float = 0.25) -> float | None:
+    """How many of this process's cores other processes keep busy right now: the share of
+    CPU time not idle over `seconds` (this process sleeps meanwhile), times the cores. None
+    where /proc/stat is missing (not Linux). Measured, not the load average, whose minute of
+    memory still counts a job that has just ended."""
+    try:
+        cpus: set[int] | None = set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = None
+    before = _cpu_times(cpus)
+    if before is None:
+        return None
+    time.sleep(seconds)
+    after = _cpu_times(cpus)
+    if after is None or after[1] <= before[1]:
+        return None
+    share = (after[0] - before[0]) / (after[1] - before[1])
+    return round(share * (len(cpus) if cpus else (os.cpu_count() or 1)), 2)
+
+
+@dataclass
+class ThreadPlan:
+    """How many threads torch uses in this run, and why."""
+    threads: int
+    cores: int                  # cores this process may use
+    source: str                 # --threads | OMP_NUM_THREADS | free cores
+    busy: float | None = None   # cores other processes kept busy at the start (measured)
+    load: float | None = None   # the 1-minute load average
+    processes: int = 1          # processes of this run on this machine (torchrun)
+
+    @property
+    def free(self) -> int:
+        """Cores no other process keeps busy (the load average where busy is unmeasured)."""
+        taken = self.busy if self.busy is not None else (self.load or 0.0)
+        return max(0, self.cores - round(taken))
+
+    @property
+    def line(self) -> str:
+        """What the run says at its start, on one line: the threads, why, and a warning
+        when the machine is busy."""
+        per = f" per process, {self.processes} processes" if self.processes > 1 else ""
+        why = {"--threads": "--threads", "OMP_NUM_THREADS": "OMP_NUM_THREADS"}.get(
+            self.source, "the free cores; --threads N to choose")
+        text = f"threads: {self.threads}{per} of {self.cores} cores ({why})"
+        return text + (f"; warning: {self.warning}" if self.warning else "")
+
+    @property
+    def warning(self) -> str | None:
+        """A busy machine, or more threads than free cores: threads of two jobs that share
+        a core wait for each other (an RL step took 445 s so, 35 s at one thread each)."""
+        seen = ", ".join(x for x in (
+            f"other processes keep {self.busy:.1f} cores busy" if self.busy is not None
+            else "", f"load average {self.load:.2f}" if self.load is not None else "") if x)
+        wanted = self.threads * self.processes
+        if wanted > max(self.free, 1):
+            return (f"{wanted} threads on {self.free} free cores ({seen}): they will wait for "
+                    "each other; fewer --threads, or one job at a time")
+        if self.free < self.cores:
+            return f"the machine is busy ({seen}): slower than alone"
+        return None
+
+
+def plan_threads(requested: int | None = None, *, env=None) -> ThreadPlan:
+    """The threads a run uses: `requested` (--threads) if given, else OMP_NUM_THREADS when
+    set, else the cores other processes do not keep busy right now, shared by this run's
+    processes on the machine (torchrun's LOCAL_WORLD_SIZE), at least 1: a machine already
+    busy degrades the default instead of oversubscribing its cores."""
+    env = os.environ if env is None else env
+    cores = usable_cores()
+    processes = max(1, int(env.get("LOCAL_WORLD_SIZE", "1") or 1))
+    try:
+        load: float | None = round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        load = None
+    omp = env.get("OMP_NUM_THREADS", "").strip()
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"--threads: expected at least 1, got {requested}")
+        plan = ThreadPlan(requested, cores, "--threads", load=load, processes=processes)
+    elif omp.isdigit() and int(omp) > 0:
+        plan = ThreadPlan(int(omp), cores, "OMP_NUM_THREADS", load=load, processes=processes)
+    else:
+        plan = ThreadPlan(0, cores, "free cores", load=load, processes=processes)
+    # measured for the default (a job started seconds ago is barely in the load average);
+    # for a given number only to warn, so only when the load average hints at other work
+    if plan.source == "free cores" or (load or 0.0) >= 0.5:
+        busy = busy_cores()
+        # this run's other processes start with this one (and are busy importing): theirs
+        # is no other work
+        plan.busy = None if busy is None else max(0.0, round(busy - (processes - 1), 2))
+    if plan.source == "free cores":
+        plan.threads = max(1, plan.free // processes)
+    return plan
+
+
+def use_threads(plan: ThreadPlan) -> None:
+    """Set torch's intra-op threads (and its inter-op pool, when that can still be set).
+
+    OpenMP's wait policy is set too, before torch is first imported (libgomp reads it once,
+    when torch loads it; once torch is in, it changes nothing): PASSIVE, unless
+    OMP_WAIT_POLICY is set already. By default an idle OpenMP worker spins for a while
+    before it sleeps, so two torch jobs sharing cores burn each other's time in spins
+    (decoding fell to 1 token/s beside one other torch process); passive workers sleep at
+    once, at a small cost alone (bench/threads.py measures both)."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import torch
+
+    torch.set_num_threads(plan.threads)
+    try:   # only before any inter-op work starts, and once per process
+        torch.set_num_interop_threads(plan.threads)
+    except RuntimeError:
+        pass
