@@ -326,7 +326,7 @@ def test_the_ranker_learns_each_step_from_the_candidates_it_gave_labelled_by_gol
     _force_searches(trainer)
     gold = {q.metadata["chain"][0]["query"]: set(q.metadata["gold_doc_ids"])
             for q in trainer.questions}
-    ranker, real_update, got = trainer.retriever.ranker, trainer.ranker_updater.update, []
+    ranker, real_update, got = trainer.retriever.ranker, trainer.env.ranker_updater.update, []
 
     def loss(examples):
         scores = ranker.score([q for q, _, _ in examples], [p for _, p, _ in examples])
@@ -340,7 +340,7 @@ def test_the_ranker_learns_each_step_from_the_candidates_it_gave_labelled_by_gol
         got.append(("losses", before, loss(examples)))
         return out
 
-    trainer.ranker_updater.update = spy
+    trainer.env.ranker_updater.update = spy
     trainer.step(1)
     *examples, (_, before, after) = got
     assert examples

@@ -381,8 +381,8 @@ def test_a_training_step_with_a_simulator_follows_the_curriculum(tmp_path, tiny)
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     noise = [r["simulator_noise"] for r in records if "simulator_noise" in r]
     assert noise == [0.0, pytest.approx(1 / 3, abs=1e-4)]   # step 1 at 0/2; 2 at (4^0.5-1)/3
-    assert trainer._simulator is not trainer.retriever   # evaluation kept the real index
-    assert type(trainer._simulator.decoder).__name__ == "TextDecoder"
+    assert trainer.env.simulator is not trainer.retriever   # evaluation kept the real index
+    assert type(trainer.env.simulator.decoder).__name__ == "TextDecoder"
     assert any("dev_em" in r for r in records)
     with pytest.raises(ValueError, match="simulator.engine"):
         TrainConfig(data="x", simulator={"engine": "vllm"})
@@ -510,13 +510,13 @@ def test_the_simulators_counts_are_summed_over_the_processes(tmp_path, tiny, mon
     monkeypatch.setattr(type(trainer.dist), "sum_values",
                         lambda self, v: {k: 2 * x for k, x in v.items()})
     record = trainer.step(1)
-    own = trainer._simulator.stats["queries"]
+    own = trainer.env.simulator.stats["queries"]
     assert own > 0 and record["simulator_queries_total"] == 2 * own
-    assert 0 < record["simulator_tokens_total"] == 2 * trainer._simulator.stats["tokens"]
+    assert 0 < record["simulator_tokens_total"] == 2 * trainer.env.simulator.stats["tokens"]
     summary = trainer.train()
     meta = json.loads(next((tmp_path / "run" / "checkpoints").glob("step-*/trainer.json"))
                       .read_text())
-    assert meta["simulator_stats"]["queries"] == trainer._simulator_totals["queries"] >= 2 * own
+    assert meta["simulator_stats"]["queries"] == trainer.env.simulator_totals["queries"] >= 2 * own
     # the run's summary says what the simulator decoded (compute no budget counts)
     assert summary["simulator_tokens"] == meta["simulator_stats"]["tokens"] > 0
 
@@ -557,7 +557,7 @@ def test_evaluation_searches_the_real_index_whatever_the_rollouts_search(tmp_pat
     hits = used.search([read_qa_jsonl(paths["dev"])[0].question], 2)[0]
     assert hits and not any(h.doc_id.startswith("sim-") for h in hits)   # the corpus's own
     if mode == "simulator":
-        assert trainer._rollout_retriever(0) is trainer._simulator is not used
+        assert trainer.env.for_rollouts(0, trainer.run_progress()) is trainer.env.simulator is not used
 
 
 def test_a_simulator_run_needs_no_index_for_its_rollouts(tmp_path, tiny):
@@ -728,7 +728,7 @@ def test_a_trained_simulator_given_another_prompt_is_warned_about(tmp_path, tiny
     cfg = TrainConfig(data=str(data), out=str(tmp_path / "run"), simulator={"model": str(sim)})
     with pytest.warns(UserWarning, match=r"words 30 \(trained with 40\)"):
         trainer = Trainer(cfg, model=model, tokenizer=tok)
-    assert trainer._simulator.words == 30
+    assert trainer.env.simulator.words == 30
 
 
 def test_a_bad_simulator_model_is_refused_before_the_policy_loads(tmp_path, monkeypatch):

@@ -129,12 +129,11 @@ def test_token_budget_micro_batches_leave_the_update_unchanged(world, tiny, tmp_
                                                                monkeypatch):
     """`algo.micro_batch_tokens` cuts micro-batches by padded tokens instead of a fixed
     count of episodes: smaller forwards, the same step up to float rounding."""
-    from seekrl.recipes import train
-    from seekrl.rl import sampling
+    from seekrl.rl import sampling, update
 
     cuts_seen = []
     real = sampling.split_micro_batches
-    monkeypatch.setattr(train, "split_micro_batches",
+    monkeypatch.setattr(update, "split_micro_batches",
                         lambda *a, **k: cuts_seen.append(r := real(*a, **k)) or r)
     params = []
     for budget in (None, 200):
@@ -920,11 +919,11 @@ def test_the_trainer_decays_its_learning_rate_by_the_budget_spent(world, tiny, t
 def test_the_update_runs_in_the_mode_of_the_old_logprobs(world, tiny, tmp_path, monkeypatch):
     """With LoRA dropout 0.5, old log-probs in eval mode and new ones in train mode made the
     first ratio of an update far from 1; in one mode it is exactly 1."""
-    from seekrl.recipes import train as train_mod
+    from seekrl.rl import update as update_mod
 
     ratios = []
-    real = train_mod.policy_loss
-    monkeypatch.setattr(train_mod, "policy_loss",
+    real = update_mod.policy_loss
+    monkeypatch.setattr(update_mod, "policy_loss",
                         lambda *a, **k: (lambda out: ratios.append(out[1]["ratio_mean"]) or out)(
                             real(*a, **k)))
     cfg = make_cfg(tmp_path, **{"lora": {"enabled": True, "r": 4, "dropout": 0.5},
@@ -1030,7 +1029,7 @@ def test_displacement_measures_at_most_monitor_displacement_episodes(world, tiny
 
 @pytest.mark.parametrize("agg", ["seq-mean-token-sum-norm", "seq-mean-token-mean"])
 def test_entropy_bonus_is_aggregated_like_the_policy_loss(world, tiny, tmp_path, agg):
-    from seekrl.recipes.train import _Probe, _UpdateBatch
+    from seekrl.rl.update import Probe as _Probe, UpdateBatch as _UpdateBatch
     from seekrl.rl.forward import collate, masked_logprobs
     from seekrl.rl.loss import aggregate
 
@@ -1048,7 +1047,7 @@ def test_entropy_bonus_is_aggregated_like_the_policy_loss(world, tiny, tmp_path,
         trainer.cfg.algo.entropy_coef = coef
         with torch.no_grad():
             batch = _UpdateBatch(trajs, adv, None, None, None, None, norm_length=norm)
-            return float(trainer._micro_loss(batch, micro, _Probe())[0])
+            return float(trainer.updater.micro_loss(batch, micro, _Probe())[0])
 
     ids, attn, mask = collate([trajs[i].token_ids for i in micro],
                               [trajs[i].loss_mask for i in micro], trainer.pad_id)
@@ -1125,7 +1124,7 @@ def test_overwrite_deletes_the_old_run_only_once_the_new_one_has_loaded(world, t
 
 
 def test_activation_checkpointing_keeps_train_mode_with_dropout_off(tiny):
-    from seekrl.recipes.train import _no_dropout_mode
+    from seekrl.rl.update import no_dropout_mode as _no_dropout_mode
 
     model = copy.deepcopy(tiny[0])
     _no_dropout_mode(model)

@@ -40,9 +40,7 @@ import copy
 import dataclasses
 import json
 import math
-import os
 import random
-import shutil
 import time
 import warnings
 from collections import defaultdict
@@ -67,32 +65,26 @@ from seekrl.recipes.checkpoint import (
     check_run_dir,
     claim_run_dir,
     config_changes,
-    fsync_dir,
     held_markers,
-    point_latest,
-    prune_steps,
-    replace_dir,
     save_policy,
 )
+from seekrl.recipes.environment import SearchEnvironment
 from seekrl.recipes.setup import (
     MetricsLog,
     check_eval_data,
-    check_log_packages,
-    check_name,
     check_world_index,
     clip_and_step,
     enable_activation_checkpointing,
     keep_log_until,
     make_optimizer,
     make_scheduler,
-    open_index,
     prepare_trainable,
-    rng_state,
-    set_rng_state,
     set_seed,
     trainable_parameters,
     units_within_budget,
 )
+from seekrl.recipes.train_checks import check_config
+from seekrl.recipes.train_state import Checkpointer
 from seekrl.rewards.metrics import exact_match
 from seekrl.rewards.outcome import RewardParts, episode_reward, load_reward_fn
 from seekrl.rewards.process import (
@@ -110,22 +102,19 @@ from seekrl.rl.advantages import (
 )
 from seekrl.rl.distributed import Dist, make_runtime
 from seekrl.rl.forward import ValueHead, collate, masked_logprobs
-from seekrl.rl.loss import (
-    aggregate,
-    kl_penalty,
-    llds_penalty,
-    policy_loss,
-    tis_weights,
-    value_loss,
-)
 from seekrl.rl.monitor import Monitor
 from seekrl.rl.sampling import group_signal, keep_varied, split_micro_batches, whole_groups
 from seekrl.rl.step_batch import Rewards, StepBatch
+from seekrl.rl.update import (
+    PolicyUpdate,
+    UpdateBatch,
+    kl_rewards,
+    likelihood_displacement,
+    no_dropout_mode,
+)
 from seekrl.runtime import peak_rss_mb
 
 RewardFn = Callable[[Trajectory], RewardParts]
-# what a simulator counts (SimulatedRetriever.stats), logged as simulator_<count>_total
-_SIMULATOR_COUNTS = ("queries", "noisy", "malformed", "empty", "short", "tokens")
 
 
 class Trainer:
@@ -151,8 +140,6 @@ class Trainer:
             else Dist.from_env(cfg.device)
         self.console = console if self.dist.main else None
         self._backend: Backend | None = None   # built on first use (see _generation_backend)
-        self._simulator = None                 # simulated search's engine (_open_inputs)
-        self._simulator_totals: dict[str, int] = {}   # its counts over every process
         why = backend_refusal(cfg.rollout.backend, "train", processes=self.dist.world)
         if why:
             raise ConfigError(f"rollout.backend {cfg.rollout.backend}: {why}")
@@ -187,78 +174,14 @@ class Trainer:
             raise FileNotFoundError(f"data: {err}") from None
         if not self.questions:
             raise ValueError(f"data: {cfg.data} has no questions")
-        # simulated search and self-search need no index for their rollouts, only for
-        # evaluations (sim-to-real)
-        simulated = cfg.simulator is not None or cfg.rollout.self_search
-        if retriever is None and cfg.rollout.method != "direct" and not simulated:
-            retriever = open_index(cfg.index, f"rollout.method {cfg.rollout.method!r} searches",
-                                   cfg.retriever)
-        if retriever is None and cfg.eval.data:
-            retriever = open_index(cfg.index, "eval.data is set: the dev evaluation searches",
-                                   cfg.retriever)
-        self.ranker_updater = None
-        if cfg.ranker is not None and retriever is not None:
-            retriever = self._ranked(retriever)
-        self.retriever = retriever
+        self.env = SearchEnvironment(cfg, retriever, dist=self.dist, device=self.device)
         check_eval_data(cfg.eval)   # read now, not at the first evaluation after training
         check_world_index(cfg.index, cfg.data, cfg.eval.data)
         if prm_scorer is None and "prm" in cfg.reward.process:
             from seekrl.recipes.prm import load_scorer
             prm_scorer = load_scorer(cfg.reward.prm, device=self.device, dtype=cfg.dtype)
         self.prm_scorer = prm_scorer
-        if cfg.simulator is not None:   # loaded now, the cheap checks done: a bad
-            self._simulator = self._load_simulator()   # simulator.model fails in seconds
-
-    def _load_simulator(self):
-        """The simulated search engine (ZeroSearch) of `simulator`, its decoding loop the
-        rollout engine's (`simulator.engine: seekrl`) or `model.generate`."""
-        from seekrl.agent.backends import text_decoder
-        from seekrl.models import ModelError
-        from seekrl.retrieval.simulated import SimulatedRetriever, prompt_mismatch
-
-        sim = self.cfg.simulator
-        why = prompt_mismatch(sim.model, topk=self.cfg.rollout.topk, words=sim.words)
-        if why and self.dist.main:
-            warnings.warn(f"{why} (rollout.topk, simulator.words)", stacklevel=2)
-        try:
-            return SimulatedRetriever.from_pretrained(
-                sim.model, device=self.device, dtype=self.cfg.dtype,
-                max_new_tokens=sim.max_new_tokens, temperature=sim.temperature,
-                batch_size=sim.batch_size, words=sim.words, seed=self.cfg.seed,
-                make_decoder=text_decoder if sim.engine == "seekrl" else None)
-        except ModelError as err:
-            raise ConfigError(f"simulator.model: {str(err).removeprefix('model: ')}") from None
-
-    def _ranked(self, retriever):
-        """The retriever behind the configured ranker (rollouts and evaluations both see its
-        order); with `ranker.train`, its updater."""
-        from seekrl.recipes.ranker import RankerUpdater
-        from seekrl.retrieval.ranker import load_ranker, ranked_retriever
-
-        rk = self.cfg.ranker
-        if rk.train and self.dist.world > 1:
-            raise ConfigError("ranker.train: the ranker trains in one process; with several "
-                              "processes give a trained ranker and ranker.train: false")
-        ranker = load_ranker(rk.model, kind=rk.kind, device=self.device, max_len=rk.max_len,
-                             temperature=rk.temperature, first=retriever)
-        if rk.train:
-            self.ranker_updater = RankerUpdater(ranker, rk.lr, seed=self.cfg.seed)
-        return ranked_retriever(retriever, ranker, rk.candidates, keep_candidates=rk.train)
-
-    def _train_ranker(self, trajs: Sequence[Trajectory]) -> dict[str, Any]:
-        """The ranker's update on this step's searches, with the candidates it was given
-        (recipes/ranker.py's labels and loss); the rollouts' own candidates are then
-        forgotten."""
-        from seekrl.recipes.ranker import training_examples, trajectory_records
-
-        rr, rk = self.retriever, self.cfg.ranker
-        records = [r for r in trajectory_records(trajs) if r["query"] in rr.last]
-        examples = training_examples(records, [rr.last[r["query"]] for r in records])
-        rr.forget()
-        t0 = time.time()
-        stats = self.ranker_updater.update(examples, rk.updates_per_step, rk.batch_size)
-        return {**stats, "ranker_updates": self.ranker_updater.updates,
-                "time_ranker_update": round(time.time() - t0, 2)}
+        self.env.load_simulator()
 
     def _build_policy(self, model, tokenizer) -> None:
         """The policy (its trainable part), the frozen reference, the critic's head, and
@@ -311,6 +234,8 @@ class Trainer:
         self.optimizer = make_optimizer(trainable_parameters(self.model), cfg.optim,
                                         extra_groups=extra)
         self.updates = 0   # optimizer steps taken by this object (the vLLM sync's version)
+        self.updater = PolicyUpdate(cfg.algo, self.runtime, self.dist, self.device, self.pad_id,
+                                    self.value_head, self._optimizer_step, self._correct)
         self.rollout_tokens = 0            # generated rollout tokens so far (the compute)
         self.scheduler = make_scheduler(self.optimizer, cfg.optim, cfg.steps,
                                         budget_share=self.budget_share)
@@ -337,6 +262,7 @@ class Trainer:
     def _open_run(self, resume: bool, overwrite: bool) -> None:
         """The run folder (rank 0's), its config, a resumed checkpoint, the metrics log."""
         cfg = self.cfg
+        self.checkpoints = Checkpointer(self.ckpt_dir, self.dist, cfg.keep_last)
         if self.dist.main:
             claim_run_dir(self.out, resume=resume, overwrite=overwrite)   # inputs loaded: now
             if resume:
@@ -380,22 +306,12 @@ class Trainer:
                                n_samples=n_samples or self.cfg.group_size)
         self.model.eval()
         return RolloutEngine(self._generation_backend(), self.tokenizer,
-                             self._rollout_retriever(seed), cfg)
+                             self.env.for_rollouts(seed, self.run_progress()), cfg)
 
-    def _rollout_retriever(self, seed: int):
-        """What rollouts search: the simulator when `simulator` is set (loaded once, its
-        noise following the curriculum at this step, its draws seeded by the rollouts'
-        `seed`), else the run's retriever."""
-        sim = self.cfg.simulator
-        if sim is None:
-            return self.retriever
-        self._simulator.reseed(seed)
-        from seekrl.retrieval.simulated import noise_probability
-
-        self._simulator.set_noise(noise_probability(self.run_progress(), 1.0,
-                                                    sim.noise_start, sim.noise_end,
-                                                    sim.noise_base))
-        return self._simulator
+    @property
+    def retriever(self):
+        """What evaluations search (and rollouts, without a simulator)."""
+        return self.env.retriever
 
     def run_progress(self) -> float:
         """The share of the run behind it, 0 to 1: its steps done, or, when a rollout-token
@@ -518,7 +434,7 @@ class Trainer:
         if self.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats(self.device)
         draws = _Draws()
-        ranked_s = getattr(self.retriever, "seconds", None) if self.cfg.ranker else None
+        ranked_s = self.env.ranker_seconds()
         trajs, parts, n_sampled, refills, signal, estimate = self._sample(step, n_questions,
                                                                           draws)
         # with several processes: the slowest rank's rollout time (the others waited for it
@@ -532,22 +448,11 @@ class Trainer:
                       **{f"process_{k}": round(v, 4)
                          for k, v in sorted(draws.process_stats.items())})
         varied, multi, solved = signal
-        if self._simulator is not None:   # the curriculum's noise and what the engines wrote,
-            # summed over the processes (each rank's simulator answers its own rollouts)
-            own = self._simulator.stats
-            self._simulator_totals = {k: int(v) for k, v in self.dist.sum_values(
-                {k: own[k] for k in _SIMULATOR_COUNTS}).items()}
-            record["simulator_noise"] = round(self._simulator.noise, 4)
-            record.update({f"simulator_{k}_total": v for k, v in self._simulator_totals.items()})
         record["groups_with_signal"] = round(varied / multi, 4) if multi else None
         record["groups_solved"] = round(solved / multi, 4) if multi else None
         if self.dist.main:
             self._save_rollouts(step, trajs)
-        if ranked_s is not None:   # the ranker's share of the rollouts' time (a cost the
-            # token budget, which counts the policy's tokens, does not see)
-            record["time_ranker_score"] = round(self.retriever.seconds - ranked_s, 2)
-        if self.ranker_updater is not None:   # the ranker learns from what it was shown
-            record.update(self._train_ranker(trajs))
+        record.update(self.env.after_rollouts(trajs, ranked_s))
         if not trajs:  # dynamic sampling found no group with signal: nothing to learn
             # the schedule still counts the step, so step k has the lr of step k whatever
             # was skipped before it (torch warns when no optimizer step came first)
@@ -699,7 +604,7 @@ class Trainer:
 
         token_rewards = None
         if kl_reward:   # -kl_coef x KL on every policy token, read by the estimator
-            token_rewards, record["kl"] = _kl_rewards(trajs, old_logps, ref_logps, algo)
+            token_rewards, record["kl"] = kl_rewards(trajs, old_logps, ref_logps, algo)
             ref_logps = None   # and no KL loss term
         if estimate is None or kl_reward or self.value_head is not None:
             estimate = self.estimate(trajs, values=old_values, token_rewards=token_rewards)
@@ -734,162 +639,20 @@ class Trainer:
     # ------------------------------------------------------------------ 6. updates
     def _update(self, trajs, advantages, old_logps, ref_logps, old_values, returns
                 ) -> dict[str, Any]:
-        cfg, algo = self.cfg, self.cfg.algo
-        # No dropout, as for the old log-probs: with it (LoRA's) the first ratio of an update
-        # would not be 1 and the clip would act on noise. Eval mode, where gradients flow
-        # all the same; a model with activation checkpointing, which transformers applies
-        # only in train mode, stays in train mode with its dropout layers switched off.
-        _no_dropout_mode(self.model)
-        stats: dict[str, list[float]] = defaultdict(list)       # one value per mini-batch
-        mini_stats: dict[str, float] = defaultdict(float)
-        probe = _Probe()
-        order_rng = random.Random(f"{cfg.seed}/update/{self.step_done}")
-        batch = _UpdateBatch(trajs, advantages, old_logps, ref_logps, old_values, returns,
-                             # seq-mean-token-sum-norm's constant: the most policy tokens
-                             # an episode can have
-                             norm_length=cfg.rollout.max_turns * cfg.rollout.max_new_tokens)
-        turn = 0   # micro-batches go to the ranks in turn (all to this one in one process)
-        scale = self.runtime.loss_scale
-        for _ in range(algo.epochs):
-            order = list(range(len(trajs)))
-            order_rng.shuffle(order)
-            for m in range(0, len(order), algo.mini_batch_size):
-                mini = order[m:m + algo.mini_batch_size]
-                if algo.share_prompts:  # a group's episodes in one micro-batch share a
-                    # prompt pass; the mini-batch (and so the gradient) stays the same
-                    rank = {g: n for n, g in reversed(list(enumerate(
-                        trajs[i].group_id for i in mini)))}
-                    mini.sort(key=lambda i: rank[trajs[i].group_id])
-                mini_tokens = sum(trajs[i].n_generated for i in mini)
-                cuts = split_micro_batches([len(trajs[i].token_ids) for i in mini],
-                                           algo.micro_batch_size, algo.micro_batch_tokens)
-                # this rank's micro-batches; sharded, passes of weight 0 (not `live`) too,
-                # so that every rank runs as many as the busiest
-                for positions, live in self.runtime.assign(cuts, turn):
-                    micro = [mini[p] for p in positions]
-                    # each micro-batch's share of the mini-batch's loss, so that the
-                    # accumulated gradient equals that of one mini-batch forward
-                    if algo.loss_agg == "token-mean":
-                        weight = sum(trajs[i].n_generated for i in micro) / max(1, mini_tokens)
-                    else:
-                        weight = len(micro) / len(mini)
-                    loss, s = self._micro_loss(batch, micro, probe if live else _Probe())
-                    (loss * (weight * scale if live else 0.0)).backward()
-                    for k, v in s.items() if live else ():  # each one's share, as in the loss
-                        mini_stats[k] += v * weight
-                turn += len(cuts)
-                for k, v in self.dist.sum_values(mini_stats).items():
-                    stats[k].append(v)
-                mini_stats.clear()
-                stats["grad_norm"].append(self._optimizer_step())
-        out = {k: round(sum(v) / len(v), 5) for k, v in stats.items()}
-        out["grad_norm"] = round(max(stats["grad_norm"]), 4)
-        out["correct_logps"] = {i: lp for part in self.dist.gather([probe.correct_logps])
-                                for i, lp in part.items()}
-        if "rollout_logp_gap" in out:
-            out["rollout_logp_gap_max"] = round(max(self.dist.gather([probe.gap_max])), 5)
-        return out
+        """`algo.epochs` passes of mini-batch updates (rl/update.py)."""
+        cfg = self.cfg
+        no_dropout_mode(self.model)   # as for the old log-probs
+        batch = UpdateBatch(trajs, advantages, old_logps, ref_logps, old_values, returns,
+                            # seq-mean-token-sum-norm's constant: the most policy tokens
+                            # an episode can have
+                            norm_length=cfg.rollout.max_turns * cfg.rollout.max_new_tokens)
+        return self.updater.run(batch, random.Random(f"{cfg.seed}/update/{self.step_done}"))
 
     def _displacement(self, trajs, old_logps, during_update: dict[int, float]
                       ) -> dict[str, float | None]:
-        """How the update moved the likelihood of the episodes it was shown as right (exact
-        match): `correct_logp`, their mean per-token log-prob before the update (under the
-        policy that sampled them), and `correct_logp_shift`, after minus before on the same
-        episodes. A falling likelihood of the positives while the policy learns from them is
-        likelihood displacement (Deng et al., 2025), which precedes GRPO's collapse on tool
-        use; comparing fresh samples from step to step instead measures little more than the
-        policy's entropy. At most `monitor.displacement_episodes` episodes are measured
-        again (each costs a forward pass: all of a batch's right episodes took 7% of a
-        demo-setting step)."""
-        right = [i for i, t in enumerate(trajs) if self._correct(t) and t.n_generated]
-        if not right:
-            return {"correct_logp": None, "correct_logp_shift": None}
-
-        def mean_logp(lp, t) -> float:
-            return lp[torch.tensor(t.loss_mask, dtype=torch.bool)].mean().item()
-
-        before = {i: mean_logp(old_logps[i], trajs[i]) for i in right} \
-            if old_logps is not None else during_update
-        measured = [i for i in right if i in before]
-        if not measured:
-            return {"correct_logp": None, "correct_logp_shift": None}
-        out = {"correct_logp": round(sum(before[i] for i in measured) / len(measured), 4),
-               "correct_logp_shift": None}
-        picked = measured[:self.cfg.monitor.displacement_episodes]
-        if picked:
-            after, _ = self.batch_logprobs([trajs[i] for i in picked])
-            shift = [mean_logp(lp, trajs[i]) - before[i] for i, lp in zip(picked, after)]
-            out["correct_logp_shift"] = round(sum(shift) / len(shift), 5)
-        return out
-
-    def _micro_loss(self, batch: _UpdateBatch, micro: list[int], probe: _Probe
-                    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The loss of the episodes `micro` of `batch` (and its figures); `probe` collects
-        what the monitor reads of the first pass."""
-        algo, dev = self.cfg.algo, self.device
-        trajs, norm_length = batch.trajs, batch.norm_length
-        part = [trajs[i] for i in micro]
-        ids, attn, mask = collate([t.token_ids for t in part], [t.loss_mask for t in part],
-                                  self.pad_id, dev)
-        out = self.runtime.forward(ids, attn, mask, entropy=True)
-        logp = out["logprobs"]
-
-        def grid(rows: list[torch.Tensor] | None) -> torch.Tensor | None:
-            if rows is None:
-                return None
-            g = torch.zeros_like(logp)
-            for r, i in enumerate(micro):
-                g[r, :len(rows[i])] = rows[i].to(dev)
-            return g
-
-        adv = grid(batch.advantages)
-        old = grid(batch.old_logps) if batch.old_logps is not None else logp.detach()
-        # the rollout / training mismatch: the backend's log-probs of the tokens it sampled
-        # against the trainer's of the same policy
-        behaviour = _rollout_grid(part, mask)
-        weights, mismatch = None, {}
-        if behaviour is not None:
-            with torch.no_grad():
-                gap = ((old - behaviour) * mask).abs()
-                mismatch["rollout_logp_gap"] = float(gap.sum() / mask.sum().clamp(min=1))
-                probe.gap_max = max(probe.gap_max, float(gap.max()))
-            if algo.tis_cap:
-                weights, tis = tis_weights(old, behaviour, mask, algo.tis_cap)
-                mismatch.update(tis)
-        loss, s = policy_loss(logp, old, adv, mask, clip_low=algo.clip_low,
-                              clip_high=algo.clip_high, clip_c=algo.clip_ratio_c,
-                              agg=algo.loss_agg, norm_length=norm_length,
-                              token_weights=weights)
-        s.update(mismatch)
-        s["entropy"] = float(aggregate(out["entropy"].detach(), mask, "token-mean"))  # to read
-        s["pg_loss"] = float(loss.detach())
-        if algo.entropy_coef > 0:   # aggregated like the policy loss it is added to
-            loss = loss - algo.entropy_coef * aggregate(out["entropy"], mask, algo.loss_agg,
-                                                        norm_length)
-        if algo.llds_coef > 0:
-            llds, llds_stats = llds_penalty(logp, old, adv, mask, _action_grid(part, logp),
-                                            gate=algo.llds_gate, agg=algo.loss_agg,
-                                            norm_length=norm_length)
-            s.update(llds_stats)
-            loss = loss + algo.llds_coef * llds
-        if batch.ref_logps is not None:
-            kl = aggregate(kl_penalty(logp, grid(batch.ref_logps), algo.kl_estimator), mask,
-                           algo.loss_agg, norm_length)
-            s["kl"] = float(kl.detach())
-            loss = loss + algo.kl_coef * kl
-        if self.value_head is not None:
-            returns = grid(batch.returns)
-            vl = value_loss(out["values"], grid(batch.old_values), returns, mask,
-                            clip=algo.value_clip, agg=algo.loss_agg, norm_length=norm_length)
-            s["value_loss"] = float(vl.detach())
-            s["explained_var"] = _explained_variance(out["values"], returns, mask)
-            loss = loss + algo.value_coef * vl
-        with torch.no_grad():  # for the monitor: the right episodes before the update
-            for r, i in enumerate(micro):
-                if self._correct(trajs[i]) and i not in probe.correct_logps:
-                    n = mask[r].sum().clamp(min=1)
-                    probe.correct_logps[i] = float((logp[r] * mask[r]).sum() / n)
-        return loss, s
+        return likelihood_displacement(
+            trajs, old_logps, during_update, self._correct,
+            lambda part: self.batch_logprobs(part)[0], self.cfg.monitor.displacement_episodes)
 
     @staticmethod
     def _correct(t: Trajectory) -> bool:
@@ -989,72 +752,24 @@ class Trainer:
         return self.out / "checkpoints"
 
     def save_checkpoint(self, step: int) -> Path:
-        """step-N written under a temporary name, then renamed; `latest` updated last. With
-        several processes the runtime writes the weights (rank 0 the whole ones; sharded,
-        every rank its shards of the weights and optimizer state), rank 0 the rest, and
-        the others wait until it is on disk."""
-        target = self.ckpt_dir / f"step-{step}"
-        tmp = self.dist.broadcast(self.ckpt_dir / f".step-{step}.tmp{os.getpid()}")
-        if self.dist.main:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        self.dist.barrier()
-        optimizer = self.runtime.save(tmp, self.optimizer)
-        if self.dist.main:
-            self._write_checkpoint(step, target, tmp, optimizer)
-        self.dist.barrier()
-        return target
-
-    def _write_checkpoint(self, step: int, target: Path, tmp: Path, optimizer: dict) -> None:
-        """Rank 0's part, beside the weights in `tmp`: the optimizer's state as the runtime
-        gave it, the schedule, the random state and the trainer's, then the rename."""
-        torch.save({**optimizer, "scheduler": self.scheduler.state_dict(), "rng": rng_state()},
-                   tmp / "optim.pt")
-        if self.ranker_updater is not None:   # the ranker trained with the agent, and its
-            self.retriever.ranker.save(tmp / "ranker")   # optimizer's state
-            torch.save(self.ranker_updater.state_dict(), tmp / "ranker" / "updater.pt")
-        (tmp / "trainer.json").write_text(json.dumps({
-            "step": step, "monitor": self.monitor.state_dict(),
-            "healthy_checkpoint": self.healthy_checkpoint,
-            "rollout_tokens": self.rollout_tokens, "questions_drawn": self.questions_drawn,
-            "questions_planned": self.questions_planned,
-            "simulator_stats": self._simulator_totals,
-            "train_seconds": round(time.time() - self._started, 3)
-            if self._started is not None else self._seconds_before,
-            "last_dev": None if self._last_dev is None else
-            [self._last_dev[0], self._last_dev[1], str(self._last_dev[2])]}))
-        if (tmp / "shards").is_dir():
-            fsync_dir(tmp / "shards", files=False)   # dcp flushed the files themselves
-        fsync_dir(tmp)
-        replace_dir(tmp, target)
-        fsync_dir(self.ckpt_dir, files=False)     # the checkpoint's rename is on disk
-        point_latest(self.ckpt_dir, target)
-        prune_steps(self.ckpt_dir, self.cfg.keep_last, keep={self.healthy_checkpoint})
+        last_dev = self._last_dev
+        seconds = round(time.time() - self._started, 3) if self._started is not None \
+            else self._seconds_before
+        meta = {"monitor": self.monitor.state_dict(),
+                "healthy_checkpoint": self.healthy_checkpoint,
+                "rollout_tokens": self.rollout_tokens, "questions_drawn": self.questions_drawn,
+                "questions_planned": self.questions_planned,
+                "simulator_stats": self.env.state_dict(), "train_seconds": seconds,
+                "last_dev": None if last_dev is None else
+                [last_dev[0], last_dev[1], str(last_dev[2])]}
+        return self.checkpoints.save(step, runtime=self.runtime, optimizer=self.optimizer,
+                                     scheduler=self.scheduler, env=self.env, meta=meta,
+                                     keep={self.healthy_checkpoint})
 
     def load_checkpoint(self, path: Path) -> dict:
-        if self.ranker_updater is not None and not (path / "ranker").is_dir():
-            # refused before anything is loaded: the start ranker would go on silently
-            raise ConfigError(f"ranker.train: the checkpoint {path} holds no ranker/ (it was "
-                              "not written by a run that trained its ranker); resume with "
-                              "the config it was written with")
-        optim = torch.load(path / "optim.pt", map_location=self.device, weights_only=False)
-        self.runtime.load(path, self.optimizer, optim)
-        self.scheduler.load_state_dict(optim["scheduler"])
-        set_rng_state(optim["rng"])
-        if self.ranker_updater is not None:
-            self._load_ranker(path / "ranker")
-        return json.loads((path / "trainer.json").read_text())
-
-    def _load_ranker(self, folder: Path) -> None:
-        from seekrl.recipes.ranker import RankerUpdater
-        from seekrl.retrieval.ranker import load_ranker
-
-        rk = self.cfg.ranker
-        ranker = load_ranker(str(folder), device=self.device)
-        self.retriever.ranker = ranker
-        self.ranker_updater = RankerUpdater(ranker, rk.lr, seed=self.cfg.seed)
-        self.ranker_updater.load_state_dict(
-            torch.load(folder / "updater.pt", map_location=self.device, weights_only=False))
+        return self.checkpoints.load(path, runtime=self.runtime, optimizer=self.optimizer,
+                                     scheduler=self.scheduler, env=self.env,
+                                     device=self.device)
 
     def _resume(self) -> None:
         pointer = self.ckpt_dir / "latest"   # its existence was checked before any loading
@@ -1071,13 +786,7 @@ class Trainer:
         # checkpoints before 2026-11-28 kept no planned count: without refills the same
         self.questions_planned = int(meta.get("questions_planned", self.questions_drawn))
         self._seconds_before = float(meta.get("train_seconds", 0.0))
-        # the simulators' totals go on from the checkpoint's: rank 0 holds them, the other
-        # ranks count from 0, and the step's sum over the ranks is the total again
-        self._simulator_totals = dict(meta.get("simulator_stats", {}))
-        if self._simulator is not None:
-            self._simulator.stats.clear()
-            if self.dist.main:
-                self._simulator.stats.update(self._simulator_totals)
+        self.env.load_state_dict(meta.get("simulator_stats", {}))
         self.monitor.load_state_dict(meta["monitor"])
         self.healthy_checkpoint = meta.get("healthy_checkpoint")
         last_dev = meta.get("last_dev")   # the evaluation the checkpoint's step had
@@ -1175,7 +884,7 @@ class Trainer:
         final = self.out / "final"
         plain = self.runtime.gathered_policy()   # sharded: the full weights, on rank 0
         if main:   # with the ranker the final policy was trained with, in the same rename
-            trained_ranker = (None if self.ranker_updater is None
+            trained_ranker = (None if self.env.ranker_updater is None
                               else lambda tmp: self.retriever.ranker.save(tmp / "ranker"))
             save_policy(plain, self.tokenizer, final, before_rename=trained_ranker)
         del plain
@@ -1183,8 +892,8 @@ class Trainer:
                    "stopped": self.stopped_reason, "last": last,
                    "rollout_tokens": self.rollout_tokens, "budget": self.stopped_budget,
                    "minutes": round((time.time() - started) / 60, 2)}
-        if self._simulator is not None:   # the simulator's compute, outside the budget
-            summary["simulator_tokens"] = self._simulator_totals.get("tokens", 0)
+        if self.env.simulator is not None:   # the simulator's compute, outside the budget
+            summary["simulator_tokens"] = self.env.simulator_totals.get("tokens", 0)
         if cfg.max_rollout_tokens is not None:
             # equal compute means within 10% of the budget: say so when a run is not
             ratio = self.rollout_tokens / cfg.max_rollout_tokens
@@ -1300,27 +1009,6 @@ class _Draws:
     fresh_tokens: int = 0
 
 
-@dataclass
-class _UpdateBatch:
-    """What the update reads of a step's batch, per episode (log-probs, values and returns
-    are None when the run has none)."""
-    trajs: Sequence[Trajectory]
-    advantages: list[torch.Tensor]
-    old_logps: list[torch.Tensor] | None
-    ref_logps: list[torch.Tensor] | None
-    old_values: list[torch.Tensor] | None
-    returns: list[torch.Tensor] | None
-    norm_length: int
-
-
-@dataclass
-class _Probe:
-    """What the monitor reads of the update's passes: each right episode's mean log-prob
-    at its first pass, and the largest trainer / rollout log-prob gap of a policy token."""
-    correct_logps: dict[int, float] = field(default_factory=dict)
-    gap_max: float = 0.0
-
-
 class _NoLog:
     """The metrics log of a rank other than 0: rank 0 writes the run's."""
 
@@ -1329,28 +1017,6 @@ class _NoLog:
 
     def close(self) -> None:
         pass
-
-
-def _action_grid(part: Sequence[Trajectory], like: torch.Tensor) -> torch.Tensor:
-    """Which step (model turn) each token of the micro-batch belongs to, laid out like
-    `like` ([rows, seq]); -1 outside every step."""
-    out = torch.full(like.shape, -1, dtype=torch.long, device=like.device)
-    for r, t in enumerate(part):
-        for k, step in enumerate(t.steps):
-            out[r, step.start:step.end] = k
-    return out
-
-
-def _rollout_grid(part: Sequence[Trajectory], mask: torch.Tensor) -> torch.Tensor | None:
-    """The episodes' behaviour log-probs laid out like the trainer's ([rows, seq], at each
-    policy token's position); None when any episode has none. `mask` is the batch's loss
-    mask, whose 1s are the episodes' policy tokens row by row, in order."""
-    if any(t.rollout_logprobs is None for t in part):
-        return None
-    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-    out[mask.bool()] = torch.tensor([x for t in part for x in t.rollout_logprobs],
-                                    dtype=torch.float32, device=mask.device)
-    return out
 
 
 def _state_bytes(trainer: Trainer) -> int:
@@ -1371,173 +1037,6 @@ def _state_bytes(trainer: Trainer) -> int:
             if isinstance(v, torch.Tensor):
                 tensors[id(v)] = v
     return sum(size(t) for t in tensors.values())
-
-
-def _no_dropout_mode(model) -> None:
-    """Eval mode; but train mode with every dropout layer in eval mode when activation
-    checkpointing is on (transformers checkpoints only while training)."""
-    from seekrl.models import backbone
-
-    try:
-        checkpointing = bool(getattr(backbone(model), "gradient_checkpointing", False))
-    except AttributeError:
-        checkpointing = False
-    if not checkpointing:
-        model.eval()
-        return
-    model.train()
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.eval()
-
-
-def _kl_rewards(trajs, logps, ref_logps, algo) -> tuple[list[torch.Tensor], float]:
-    """-kl_coef x KL(policy || reference) per policy token (the estimator named by
-    `algo.kl_estimator`; k1 is the usual one here), and the mean KL per policy token."""
-    out, total, n = [], 0.0, 0
-    for t, lp, ref in zip(trajs, logps, ref_logps):
-        m = torch.tensor(t.loss_mask, dtype=torch.float32)
-        kl = kl_penalty(lp.float(), ref.float(), algo.kl_estimator) * m
-        out.append(-algo.kl_coef * kl)
-        total, n = total + float(kl.sum()), n + int(m.sum())
-    return out, round(total / max(n, 1), 5)
-
-
-def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
-    """The RL recipe's registry names and cross-key rules, checked before anything slow
-    happens (the trainer, and `seekrl train --print-config`, call it). Schema types and
-    ranges are `TrainConfig`'s own. `scorer_given`: a PRM object is passed in
-    (`Trainer(prm_scorer=...)`), so `reward.prm` need not name one. Your own parts by
-    import path (`reward.fn`, `retriever`, a `reward.process` source, `algo.advantage`) are
-    imported here and checked for their kind (seekrl/plugins.py); sources and estimators
-    are registered under their path."""
-    from seekrl.plugins import check_retriever, is_import_path
-    from seekrl.rewards.outcome import OUTCOMES
-    from seekrl.rewards.process import PROCESS_REWARDS, add_process_path
-    from seekrl.rl.advantages import ESTIMATORS, FACTS, add_estimator_path
-    from seekrl.rl.loss import AGGREGATIONS
-
-    algo = cfg.algo
-    check_log_packages(cfg.log)
-    if cfg.rollout.tools:
-        from seekrl.agent.tools import check_tool_names
-        try:
-            check_tool_names(cfg.rollout.tools)
-        except (TypeError, ValueError) as err:
-            raise ConfigError(str(err)) from None
-    if cfg.reward.fn:
-        load_reward_fn(cfg.reward.fn)
-    else:
-        check_name("reward.outcome", cfg.reward.outcome, OUTCOMES)
-    for name in cfg.reward.process:
-        if is_import_path(name) and name not in PROCESS_REWARDS:
-            add_process_path(name)
-        check_name(f"reward.process.{name}", name, PROCESS_REWARDS)
-    if is_import_path(algo.advantage) and algo.advantage not in ESTIMATORS:
-        add_estimator_path(algo.advantage)
-    check_name("algo.advantage", algo.advantage, ESTIMATORS)
-    check_name("algo.loss_agg", algo.loss_agg, AGGREGATIONS)
-    facts = FACTS[algo.advantage]
-    if algo.kl_coef > 0 and not algo.kl_in_reward and algo.kl_estimator == "k1":
-        raise ConfigError(
-            "algo.kl_estimator: k1 as a loss term has zero expected gradient (grad of log p - "
-            "log q is grad log p), so it regularises nothing; use k3, or k1 with "
-            "algo.kl_in_reward: true")
-    if algo.kl_coef > 0 and algo.kl_in_reward and not facts.reads_token_rewards:
-        readers = sorted(n for n, f in FACTS.items() if f.reads_token_rewards)
-        raise ConfigError(
-            f"algo.kl_in_reward: the per-token KL reward is read by {' and '.join(readers)} "
-            f"only; algo.advantage is {algo.advantage!r} (use the KL loss term there: "
-            "kl_in_reward: false)")
-    if cfg.retriever:
-        check_retriever("retriever", cfg.retriever, cfg.index)
-    turns = cfg.rollout.max_turns
-    if not cfg.reward.fn and turns > 1 and cfg.reward.turn_cost * (turns - 1) >= 1:
-        # a right answer earns at most 1 more than a wrong one (both valid): past this,
-        # answering at once (wrong) ranks at or above answering right after every turn,
-        # and the group's advantages teach the policy not to search
-        warnings.warn(
-            f"reward.turn_cost: {cfg.reward.turn_cost} a turn makes a right answer after "
-            f"{turns} turns (rollout.max_turns) score no more than a wrong answer given at "
-            f"once (the outcome adds at most 1); below {1 / (turns - 1):.3g} it does not",
-            stacklevel=2)
-    if algo.process_norm != "group":
-        if algo.advantage != "dual_granularity":
-            raise ConfigError(f"algo.process_norm: only dual_granularity reads it; "
-                              f"algo.advantage is {algo.advantage!r}")
-        every = sorted(set(cfg.reward.process) & {"prm", "mc_value"})
-        if every:
-            raise ConfigError(f"algo.process_norm: none adds each source's raw value, but "
-                              f"{', '.join(every)} score every step in [0, 1]: added raw they "
-                              "push every token of every episode up, with no contrast; keep "
-                              "group for them")
-    if "prm" in cfg.reward.process and not cfg.reward.prm and not scorer_given:
-        raise ConfigError("reward.process.prm: no process reward model given (set "
-                          "reward.prm to a `seekrl prm train` folder, e.g. RUN/final)")
-    if "prm" in cfg.reward.process and algo.advantage != "dual_granularity":
-        raise ConfigError(
-            f"reward.process.prm with algo.advantage {algo.advantage!r}: a PRM scores every "
-            "step in [0, 1], and this estimator adds the step rewards into the episode's "
-            "(a right answer at once 1.7, a wrong one after seven searches 4.9 at 0.6 a "
-            "step): more turns, more reward. dual_granularity (`--process prm`) normalises "
-            "each step's score across the group instead")
-    tree = cfg.rollout.tree
-    if tree is not None:
-        if tree.leaves != cfg.group_size:
-            raise ConfigError(f"rollout.tree: {tree.trees} trees x (1 + {tree.branches} "
-                              f"branches x {tree.rounds} rounds) make {tree.leaves} episodes per "
-                              f"question, but group_size is {cfg.group_size}; set group_size="
-                              f"{tree.leaves}")
-        if cfg.rollout.method != "agent":
-            raise ConfigError("rollout.tree: tree rollouts branch at search steps; they need "
-                              "rollout.method: agent")
-    if algo.llds_coef > 0 and algo.epochs == 1 \
-            and algo.mini_batch_size >= cfg.questions_per_step * cfg.group_size:
-        raise ConfigError(
-            "algo.llds_coef: LLDS compares each token's log-prob with the sampling policy's, "
-            "which with one update per batch (epochs 1, mini_batch_size >= questions_per_step "
-            "x group_size) has not moved yet: the term would always be 0; use several "
-            "mini-batches (a smaller algo.mini_batch_size) or epochs")
-    if facts.needs_tree and tree is None:
-        raise ConfigError(f"algo.advantage: {algo.advantage} needs tree rollouts (rollout.tree)")
-    if cfg.ranker is not None:
-        if cfg.simulator is not None or cfg.rollout.self_search:
-            raise ConfigError("ranker: it orders a real retriever's candidates; simulated "
-                              "search and self-search have none")
-        if cfg.rollout.method == "direct":
-            raise ConfigError("ranker: rollout.method direct does not search")
-    # simulated search and self-search stand in for the agent's retriever; set where nothing
-    # would ask them, they are refused rather than loaded and ignored
-    if cfg.simulator is not None and cfg.rollout.self_search:
-        raise ConfigError("simulator: rollout.self_search has the policy write its own "
-                          "documents, so the simulator would never be asked; set one of them")
-    if cfg.simulator is not None and cfg.rollout.method == "direct":
-        raise ConfigError("simulator: rollout.method direct does not search")
-    if cfg.rollout.self_search and cfg.rollout.method != "agent":
-        raise ConfigError(f"rollout.self_search: the policy writes the documents of its own "
-                          f"search turns; rollout.method is {cfg.rollout.method!r} (set "
-                          "rollout.method: agent)")
-    if cfg.rollout.self_search and cfg.rollout.max_queries > 1:
-        raise ConfigError("rollout.self_search: the policy writes one information block a "
-                          "search, not one per sub-query; rollout.max_queries "
-                          f"{cfg.rollout.max_queries} would offer ## it cannot answer (set 1)")
-    if cfg.rollout.self_search and cfg.rollout.tools:
-        raise ConfigError(f"rollout.self_search: rollout.tools {cfg.rollout.tools} act on "
-                          "retrieved documents (open one, ...), and self-search retrieves "
-                          "none (the policy writes them); set one of the two")
-    if "decomposition" in cfg.reward.process and cfg.rollout.max_queries < 2:
-        raise ConfigError("reward.process.decomposition: it scores searches of several "
-                          "sub-queries by the gold documents they find, but "
-                          "rollout.max_queries is 1: no search holds several")
-
-
-def _explained_variance(values, returns, mask) -> float:
-    m = mask.bool()
-    v, r = values[m].detach(), returns[m]
-    var = r.var() if r.numel() > 1 else torch.tensor(0.0)
-    if var == 0:
-        return 0.0
-    return float(1 - (r - v).var() / var)
 
 
 def _hidden_size(model) -> int:

@@ -1,0 +1,139 @@
+"""The RL recipe's own checks of its config: registry names and the rules between keys,
+made before anything slow happens (a model load, an index) by the trainer and by
+`seekrl train --print-config`. Types and ranges are the schema's (`TrainConfig`)."""
+
+from __future__ import annotations
+
+import warnings
+
+from seekrl.config import ConfigError, TrainConfig
+from seekrl.recipes.setup import check_log_packages, check_name
+from seekrl.rewards.outcome import load_reward_fn
+
+
+def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
+    """The RL recipe's registry names and cross-key rules, checked before anything slow
+    happens (the trainer, and `seekrl train --print-config`, call it). Schema types and
+    ranges are `TrainConfig`'s own. `scorer_given`: a PRM object is passed in
+    (`Trainer(prm_scorer=...)`), so `reward.prm` need not name one. Your own parts by
+    import path (`reward.fn`, `retriever`, a `reward.process` source, `algo.advantage`) are
+    imported here and checked for their kind (seekrl/plugins.py); sources and estimators
+    are registered under their path."""
+    from seekrl.plugins import check_retriever, is_import_path
+    from seekrl.rewards.outcome import OUTCOMES
+    from seekrl.rewards.process import PROCESS_REWARDS, add_process_path
+    from seekrl.rl.advantages import ESTIMATORS, FACTS, add_estimator_path
+    from seekrl.rl.loss import AGGREGATIONS
+
+    algo = cfg.algo
+    check_log_packages(cfg.log)
+    if cfg.rollout.tools:
+        from seekrl.agent.tools import check_tool_names
+        try:
+            check_tool_names(cfg.rollout.tools)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(str(err)) from None
+    if cfg.reward.fn:
+        load_reward_fn(cfg.reward.fn)
+    else:
+        check_name("reward.outcome", cfg.reward.outcome, OUTCOMES)
+    for name in cfg.reward.process:
+        if is_import_path(name) and name not in PROCESS_REWARDS:
+            add_process_path(name)
+        check_name(f"reward.process.{name}", name, PROCESS_REWARDS)
+    if is_import_path(algo.advantage) and algo.advantage not in ESTIMATORS:
+        add_estimator_path(algo.advantage)
+    check_name("algo.advantage", algo.advantage, ESTIMATORS)
+    check_name("algo.loss_agg", algo.loss_agg, AGGREGATIONS)
+    facts = FACTS[algo.advantage]
+    if algo.kl_coef > 0 and not algo.kl_in_reward and algo.kl_estimator == "k1":
+        raise ConfigError(
+            "algo.kl_estimator: k1 as a loss term has zero expected gradient (grad of log p - "
+            "log q is grad log p), so it regularises nothing; use k3, or k1 with "
+            "algo.kl_in_reward: true")
+    if algo.kl_coef > 0 and algo.kl_in_reward and not facts.reads_token_rewards:
+        readers = sorted(n for n, f in FACTS.items() if f.reads_token_rewards)
+        raise ConfigError(
+            f"algo.kl_in_reward: the per-token KL reward is read by {' and '.join(readers)} "
+            f"only; algo.advantage is {algo.advantage!r} (use the KL loss term there: "
+            "kl_in_reward: false)")
+    if cfg.retriever:
+        check_retriever("retriever", cfg.retriever, cfg.index)
+    turns = cfg.rollout.max_turns
+    if not cfg.reward.fn and turns > 1 and cfg.reward.turn_cost * (turns - 1) >= 1:
+        # a right answer earns at most 1 more than a wrong one (both valid): past this,
+        # answering at once (wrong) ranks at or above answering right after every turn,
+        # and the group's advantages teach the policy not to search
+        warnings.warn(
+            f"reward.turn_cost: {cfg.reward.turn_cost} a turn makes a right answer after "
+            f"{turns} turns (rollout.max_turns) score no more than a wrong answer given at "
+            f"once (the outcome adds at most 1); below {1 / (turns - 1):.3g} it does not",
+            stacklevel=2)
+    if algo.process_norm != "group":
+        if algo.advantage != "dual_granularity":
+            raise ConfigError(f"algo.process_norm: only dual_granularity reads it; "
+                              f"algo.advantage is {algo.advantage!r}")
+        every = sorted(set(cfg.reward.process) & {"prm", "mc_value"})
+        if every:
+            raise ConfigError(f"algo.process_norm: none adds each source's raw value, but "
+                              f"{', '.join(every)} score every step in [0, 1]: added raw they "
+                              "push every token of every episode up, with no contrast; keep "
+                              "group for them")
+    if "prm" in cfg.reward.process and not cfg.reward.prm and not scorer_given:
+        raise ConfigError("reward.process.prm: no process reward model given (set "
+                          "reward.prm to a `seekrl prm train` folder, e.g. RUN/final)")
+    if "prm" in cfg.reward.process and algo.advantage != "dual_granularity":
+        raise ConfigError(
+            f"reward.process.prm with algo.advantage {algo.advantage!r}: a PRM scores every "
+            "step in [0, 1], and this estimator adds the step rewards into the episode's "
+            "(a right answer at once 1.7, a wrong one after seven searches 4.9 at 0.6 a "
+            "step): more turns, more reward. dual_granularity (`--process prm`) normalises "
+            "each step's score across the group instead")
+    tree = cfg.rollout.tree
+    if tree is not None:
+        if tree.leaves != cfg.group_size:
+            raise ConfigError(f"rollout.tree: {tree.trees} trees x (1 + {tree.branches} "
+                              f"branches x {tree.rounds} rounds) make {tree.leaves} episodes per "
+                              f"question, but group_size is {cfg.group_size}; set group_size="
+                              f"{tree.leaves}")
+        if cfg.rollout.method != "agent":
+            raise ConfigError("rollout.tree: tree rollouts branch at search steps; they need "
+                              "rollout.method: agent")
+    if algo.llds_coef > 0 and algo.epochs == 1 \
+            and algo.mini_batch_size >= cfg.questions_per_step * cfg.group_size:
+        raise ConfigError(
+            "algo.llds_coef: LLDS compares each token's log-prob with the sampling policy's, "
+            "which with one update per batch (epochs 1, mini_batch_size >= questions_per_step "
+            "x group_size) has not moved yet: the term would always be 0; use several "
+            "mini-batches (a smaller algo.mini_batch_size) or epochs")
+    if facts.needs_tree and tree is None:
+        raise ConfigError(f"algo.advantage: {algo.advantage} needs tree rollouts (rollout.tree)")
+    if cfg.ranker is not None:
+        if cfg.simulator is not None or cfg.rollout.self_search:
+            raise ConfigError("ranker: it orders a real retriever's candidates; simulated "
+                              "search and self-search have none")
+        if cfg.rollout.method == "direct":
+            raise ConfigError("ranker: rollout.method direct does not search")
+    # simulated search and self-search stand in for the agent's retriever; set where nothing
+    # would ask them, they are refused rather than loaded and ignored
+    if cfg.simulator is not None and cfg.rollout.self_search:
+        raise ConfigError("simulator: rollout.self_search has the policy write its own "
+                          "documents, so the simulator would never be asked; set one of them")
+    if cfg.simulator is not None and cfg.rollout.method == "direct":
+        raise ConfigError("simulator: rollout.method direct does not search")
+    if cfg.rollout.self_search and cfg.rollout.method != "agent":
+        raise ConfigError(f"rollout.self_search: the policy writes the documents of its own "
+                          f"search turns; rollout.method is {cfg.rollout.method!r} (set "
+                          "rollout.method: agent)")
+    if cfg.rollout.self_search and cfg.rollout.max_queries > 1:
+        raise ConfigError("rollout.self_search: the policy writes one information block a "
+                          "search, not one per sub-query; rollout.max_queries "
+                          f"{cfg.rollout.max_queries} would offer ## it cannot answer (set 1)")
+    if cfg.rollout.self_search and cfg.rollout.tools:
+        raise ConfigError(f"rollout.self_search: rollout.tools {cfg.rollout.tools} act on "
+                          "retrieved documents (open one, ...), and self-search retrieves "
+                          "none (the policy writes them); set one of the two")
+    if "decomposition" in cfg.reward.process and cfg.rollout.max_queries < 2:
+        raise ConfigError("reward.process.decomposition: it scores searches of several "
+                          "sub-queries by the gold documents they find, but "
+                          "rollout.max_queries is 1: no search holds several")

@@ -1,0 +1,274 @@
+"""The policy update of one RL step: `algo.epochs` passes over the batch in shuffled
+mini-batches of `algo.mini_batch_size` episodes, each split into micro-batches whose
+gradients add up to the mini-batch's, one optimizer step per mini-batch (as verl's actor
+and CleanRL's `ppo.py`). The loss of a micro-batch is composed here: PPO-clip (`rl/loss.py`)
+with truncated importance sampling against the rollout's log-probs, an entropy bonus, the
+LLDS term, a KL term to the frozen reference and the critic's loss.
+
+The recipe hands in what it owns (the runtime that runs forward passes across processes,
+the optimizer step); nothing here reads a config file or a run folder."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from seekrl.agent.trajectory import Trajectory
+from seekrl.rl.forward import collate
+from seekrl.rl.loss import aggregate, kl_penalty, llds_penalty, policy_loss, tis_weights, value_loss
+from seekrl.rl.sampling import split_micro_batches
+
+
+@dataclass
+class UpdateBatch:
+    """What the update reads of a step's batch, per episode (log-probs, values and returns
+    are None when the run has none)."""
+    trajs: Sequence[Trajectory]
+    advantages: list[torch.Tensor]
+    old_logps: list[torch.Tensor] | None
+    ref_logps: list[torch.Tensor] | None
+    old_values: list[torch.Tensor] | None
+    returns: list[torch.Tensor] | None
+    norm_length: int
+
+
+@dataclass
+class Probe:
+    """What the monitor reads of the update's passes: each right episode's mean log-prob
+    at its first pass, and the largest trainer / rollout log-prob gap of a policy token."""
+    correct_logps: dict[int, float] = field(default_factory=dict)
+    gap_max: float = 0.0
+
+
+@dataclass
+class PolicyUpdate:
+    """The update's parts: `algo` (the config's algorithm section), `runtime` (forward
+    passes and micro-batch assignment across processes, `rl/distributed.py`), `dist`,
+    the critic's `value_head` (None without one), `optimizer_step` (reduce, clip, step;
+    returns the gradient norm) and `correct` (whether an episode's answer is right)."""
+    algo: Any
+    runtime: Any
+    dist: Any
+    device: str
+    pad_id: int
+    value_head: torch.nn.Module | None
+    optimizer_step: Callable[[], float]
+    correct: Callable[[Trajectory], bool]
+
+    def run(self, batch: UpdateBatch, order_rng: random.Random) -> dict[str, Any]:
+        """Every pass over `batch`; the figures averaged over mini-batches (the gradient
+        norm: the largest), and `correct_logps` for the displacement diagnostic."""
+        algo, trajs = self.algo, batch.trajs
+        stats: dict[str, list[float]] = defaultdict(list)       # one value per mini-batch
+        mini_stats: dict[str, float] = defaultdict(float)
+        probe = Probe()
+        turn = 0   # micro-batches go to the ranks in turn (all to this one in one process)
+        scale = self.runtime.loss_scale
+        for _ in range(algo.epochs):
+            order = list(range(len(trajs)))
+            order_rng.shuffle(order)
+            for m in range(0, len(order), algo.mini_batch_size):
+                mini = order[m:m + algo.mini_batch_size]
+                if algo.share_prompts:  # a group's episodes in one micro-batch share a
+                    # prompt pass; the mini-batch (and so the gradient) stays the same
+                    rank = {g: n for n, g in reversed(list(enumerate(
+                        trajs[i].group_id for i in mini)))}
+                    mini.sort(key=lambda i: rank[trajs[i].group_id])
+                mini_tokens = sum(trajs[i].n_generated for i in mini)
+                cuts = split_micro_batches([len(trajs[i].token_ids) for i in mini],
+                                           algo.micro_batch_size, algo.micro_batch_tokens)
+                # this rank's micro-batches; sharded, passes of weight 0 (not `live`) too,
+                # so that every rank runs as many as the busiest
+                for positions, live in self.runtime.assign(cuts, turn):
+                    micro = [mini[p] for p in positions]
+                    # each micro-batch's share of the mini-batch's loss, so that the
+                    # accumulated gradient equals that of one mini-batch forward
+                    if algo.loss_agg == "token-mean":
+                        weight = sum(trajs[i].n_generated for i in micro) / max(1, mini_tokens)
+                    else:
+                        weight = len(micro) / len(mini)
+                    loss, s = self.micro_loss(batch, micro, probe if live else Probe())
+                    (loss * (weight * scale if live else 0.0)).backward()
+                    for k, v in s.items() if live else ():  # each one's share, as in the loss
+                        mini_stats[k] += v * weight
+                turn += len(cuts)
+                for k, v in self.dist.sum_values(mini_stats).items():
+                    stats[k].append(v)
+                mini_stats.clear()
+                stats["grad_norm"].append(self.optimizer_step())
+        out: dict[str, Any] = {k: round(sum(v) / len(v), 5) for k, v in stats.items()}
+        out["grad_norm"] = round(max(stats["grad_norm"]), 4)
+        out["correct_logps"] = {i: lp for part in self.dist.gather([probe.correct_logps])
+                                for i, lp in part.items()}
+        if "rollout_logp_gap" in out:
+            out["rollout_logp_gap_max"] = round(max(self.dist.gather([probe.gap_max])), 5)
+        return out
+
+    def micro_loss(self, batch: UpdateBatch, micro: list[int], probe: Probe
+                   ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss of the episodes `micro` of `batch` (and its figures); `probe` collects
+        what the monitor reads of the first pass."""
+        algo, dev = self.algo, self.device
+        trajs, norm_length = batch.trajs, batch.norm_length
+        part = [trajs[i] for i in micro]
+        ids, attn, mask = collate([t.token_ids for t in part], [t.loss_mask for t in part],
+                                  self.pad_id, dev)
+        out = self.runtime.forward(ids, attn, mask, entropy=True)
+        logp = out["logprobs"]
+
+        def grid(rows: list[torch.Tensor] | None) -> torch.Tensor | None:
+            if rows is None:
+                return None
+            g = torch.zeros_like(logp)
+            for r, i in enumerate(micro):
+                g[r, :len(rows[i])] = rows[i].to(dev)
+            return g
+
+        adv = grid(batch.advantages)
+        old = grid(batch.old_logps) if batch.old_logps is not None else logp.detach()
+        # the rollout / training mismatch: the backend's log-probs of the tokens it sampled
+        # against the trainer's of the same policy
+        behaviour = rollout_grid(part, mask)
+        weights, mismatch = None, {}
+        if behaviour is not None:
+            with torch.no_grad():
+                gap = ((old - behaviour) * mask).abs()
+                mismatch["rollout_logp_gap"] = float(gap.sum() / mask.sum().clamp(min=1))
+                probe.gap_max = max(probe.gap_max, float(gap.max()))
+            if algo.tis_cap:
+                weights, tis = tis_weights(old, behaviour, mask, algo.tis_cap)
+                mismatch.update(tis)
+        loss, s = policy_loss(logp, old, adv, mask, clip_low=algo.clip_low,
+                              clip_high=algo.clip_high, clip_c=algo.clip_ratio_c,
+                              agg=algo.loss_agg, norm_length=norm_length,
+                              token_weights=weights)
+        s.update(mismatch)
+        s["entropy"] = float(aggregate(out["entropy"].detach(), mask, "token-mean"))  # to read
+        s["pg_loss"] = float(loss.detach())
+        if algo.entropy_coef > 0:   # aggregated like the policy loss it is added to
+            loss = loss - algo.entropy_coef * aggregate(out["entropy"], mask, algo.loss_agg,
+                                                        norm_length)
+        if algo.llds_coef > 0:
+            llds, llds_stats = llds_penalty(logp, old, adv, mask, action_grid(part, logp),
+                                            gate=algo.llds_gate, agg=algo.loss_agg,
+                                            norm_length=norm_length)
+            s.update(llds_stats)
+            loss = loss + algo.llds_coef * llds
+        if batch.ref_logps is not None:
+            kl = aggregate(kl_penalty(logp, grid(batch.ref_logps), algo.kl_estimator), mask,
+                           algo.loss_agg, norm_length)
+            s["kl"] = float(kl.detach())
+            loss = loss + algo.kl_coef * kl
+        if self.value_head is not None:
+            returns = grid(batch.returns)
+            vl = value_loss(out["values"], grid(batch.old_values), returns, mask,
+                            clip=algo.value_clip, agg=algo.loss_agg, norm_length=norm_length)
+            s["value_loss"] = float(vl.detach())
+            s["explained_var"] = explained_variance(out["values"], returns, mask)
+            loss = loss + algo.value_coef * vl
+        with torch.no_grad():  # for the monitor: the right episodes before the update
+            for r, i in enumerate(micro):
+                if self.correct(trajs[i]) and i not in probe.correct_logps:
+                    n = mask[r].sum().clamp(min=1)
+                    probe.correct_logps[i] = float((logp[r] * mask[r]).sum() / n)
+        return loss, s
+
+
+def likelihood_displacement(trajs: Sequence[Trajectory], old_logps, during_update: dict[int, float],
+                            correct: Callable[[Trajectory], bool],
+                            logprobs_of: Callable[[list[Trajectory]], list[torch.Tensor]],
+                            max_episodes: int) -> dict[str, float | None]:
+    """How the update moved the likelihood of the episodes it was shown as right:
+    `correct_logp`, their mean per-token log-prob before the update (under the policy that
+    sampled them), and `correct_logp_shift`, after minus before on the same episodes
+    (`logprobs_of` scores them again, at most `max_episodes`: each costs a forward pass). A
+    falling likelihood of the positives while the policy learns from them is likelihood
+    displacement (Deng et al., 2025), which precedes GRPO's collapse on tool use; comparing
+    fresh samples from step to step would measure little more than the policy's entropy."""
+    right = [i for i, t in enumerate(trajs) if correct(t) and t.n_generated]
+    if not right:
+        return {"correct_logp": None, "correct_logp_shift": None}
+
+    def mean_logp(lp, t) -> float:
+        return lp[torch.tensor(t.loss_mask, dtype=torch.bool)].mean().item()
+
+    before = {i: mean_logp(old_logps[i], trajs[i]) for i in right} \
+        if old_logps is not None else during_update
+    measured = [i for i in right if i in before]
+    if not measured:
+        return {"correct_logp": None, "correct_logp_shift": None}
+    out = {"correct_logp": round(sum(before[i] for i in measured) / len(measured), 4),
+           "correct_logp_shift": None}
+    picked = measured[:max_episodes]
+    if picked:
+        after = logprobs_of([trajs[i] for i in picked])
+        shift = [mean_logp(lp, trajs[i]) - before[i] for i, lp in zip(picked, after)]
+        out["correct_logp_shift"] = round(sum(shift) / len(shift), 5)
+    return out
+
+
+def action_grid(part: Sequence[Trajectory], like: torch.Tensor) -> torch.Tensor:
+    """Which step (model turn) each token of the micro-batch belongs to, laid out like
+    `like` ([rows, seq]); -1 outside every step."""
+    out = torch.full(like.shape, -1, dtype=torch.long, device=like.device)
+    for r, t in enumerate(part):
+        for k, step in enumerate(t.steps):
+            out[r, step.start:step.end] = k
+    return out
+
+
+def rollout_grid(part: Sequence[Trajectory], mask: torch.Tensor) -> torch.Tensor | None:
+    """The episodes' behaviour log-probs laid out like the trainer's ([rows, seq], at each
+    policy token's position); None when any episode has none. `mask` is the batch's loss
+    mask, whose 1s are the episodes' policy tokens row by row, in order."""
+    if any(t.rollout_logprobs is None for t in part):
+        return None
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    out[mask.bool()] = torch.tensor([x for t in part for x in t.rollout_logprobs],
+                                    dtype=torch.float32, device=mask.device)
+    return out
+
+
+def explained_variance(values, returns, mask) -> float:
+    m = mask.bool()
+    v, r = values[m].detach(), returns[m]
+    var = r.var() if r.numel() > 1 else torch.tensor(0.0)
+    if var == 0:
+        return 0.0
+    return float(1 - (r - v).var() / var)
+
+
+def no_dropout_mode(model) -> None:
+    """Eval mode; but train mode with every dropout layer in eval mode when activation
+    checkpointing is on (transformers checkpoints only while training). Without dropout the
+    first ratio of an update is 1 and the clip does not act on noise."""
+    from seekrl.models import backbone
+
+    try:
+        checkpointing = bool(getattr(backbone(model), "gradient_checkpointing", False))
+    except AttributeError:
+        checkpointing = False
+    if not checkpointing:
+        model.eval()
+        return
+    model.train()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.eval()
+
+
+def kl_rewards(trajs, logps, ref_logps, algo) -> tuple[list[torch.Tensor], float]:
+    """-kl_coef x KL(policy || reference) per policy token (the estimator named by
+    `algo.kl_estimator`; k1 is the usual one here), and the mean KL per policy token."""
+    out, total, n = [], 0.0, 0
+    for t, lp, ref in zip(trajs, logps, ref_logps):
+        m = torch.tensor(t.loss_mask, dtype=torch.float32)
+        kl = kl_penalty(lp.float(), ref.float(), algo.kl_estimator) * m
+        out.append(-algo.kl_coef * kl)
+        total, n = total + float(kl.sum()), n + int(m.sum())
+    return out, round(total / max(n, 1), 5)
