@@ -708,10 +708,55 @@ def test_ranker_eval_with_nothing_to_measure_is_refused(lab, tmp_path):
     no_chain = tmp_path / "q.jsonl"
     no_chain.write_text(json.dumps({"id": "q1", "question": "who?", "golden_answers": ["x"]})
                         + "\n")
-    for flag, path, needle in (("--data", no_chain, "no hop query"),
+    for flag, path, needle in (("--data", no_chain, "no question with gold documents"),
                                ("--trajectories", empty, "no logged search")):
         r = run("ranker", "eval", "--index", lab["index"], flag, path)
         assert r.exit_code == 2 and needle in " ".join(r.output.split()), r.output
+
+
+def test_ranker_eval_reads_gold_doc_ids_or_supporting_titles_without_a_chain(lab, tmp_path):
+    """Only a synthetic world's hop chains were measured; a benchmark's or one's own
+    questions name their gold documents by id or their supporting passages by title."""
+    from seekrl.data.qa import load_qa, read_qa_jsonl
+    from seekrl.recipes.ranker import question_recall, question_records
+    from seekrl.retrieval.index import load_index
+
+    index = load_index(lab["index"])
+    questions = read_qa_jsonl(lab["dev"])
+    by_id, by_title = tmp_path / "ids.jsonl", tmp_path / "titles.jsonl"
+    corpus = {json.loads(x)["id"]: json.loads(x)["contents"].split("\n")[0]
+              for x in (Path(lab["world"]) / "corpus.jsonl").read_text().splitlines()}
+    rows_id, rows_title = [], []
+    for q in questions:
+        gold = q.metadata["gold_doc_ids"]
+        rows_id.append({"id": q.id, "question": q.question, "golden_answers": q.golden_answers,
+                        "metadata": {"gold_doc_ids": gold}})
+        rows_title.append({"id": q.id, "question": q.question,
+                           "golden_answers": q.golden_answers,
+                           "metadata": {"supporting_titles": [corpus[d] for d in gold]}})
+    rows_id.append({"id": "unknown", "question": "who?", "golden_answers": ["x"]})
+    by_id.write_text("".join(json.dumps(r) + "\n" for r in rows_id))
+    by_title.write_text("".join(json.dumps(r) + "\n" for r in rows_title))
+    # by hand: the share of each question's gold documents in its own top 3
+    expected = 0.0
+    for q, hits in zip(questions, index.search([q.question for q in questions], 3)):
+        gold = set(q.metadata["gold_doc_ids"])
+        expected += len(gold & {h.doc_id for h in hits}) / len(gold)
+    expected /= len(questions)
+    for path, by in ((by_id, "gold ids"), (by_title, "supporting titles")):
+        records = question_records(load_qa(str(path)))
+        assert len(records) == len(questions)
+        assert question_recall(index, records, 3) == pytest.approx(expected)
+        r = run("ranker", "eval", "--index", lab["index"], "--data", path, "--topk", "3",
+                "--candidates", "5")
+        assert r.exit_code == 0, r.output
+        text = " ".join(r.output.split())
+        assert f"question_recall@3 first_stage={expected:.4f} ({len(questions)} questions " \
+            f"searched as they are, by {by})" in text, r.output
+        assert "recall@3 first_stage" not in text.replace("question_recall@3", "")
+    r = run("ranker", "eval", "--index", lab["index"], "--data", by_id, "--topk", "3")
+    assert "1 questions without gold documents (no chain, gold_doc_ids or supporting_titles) " \
+        "left out" in " ".join(r.output.split())
 
 
 def test_search_and_inspect_refuse_numbers_below_one(lab, tmp_path):

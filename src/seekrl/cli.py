@@ -839,8 +839,9 @@ def ranker_train(
 def ranker_eval(
     index: Annotated[Path, typer.Option(help="the first stage: an index folder")],
     data: Annotated[Optional[list[str]], typer.Option(
-        "--data", help="QA files whose hop queries (synthetic-world metadata.chain) are asked")]
-    = None,
+        "--data", help="QA files with known gold documents: a synthetic world's questions are "
+        "asked hop by hop (metadata.chain), others as they are (metadata.gold_doc_ids, else "
+        "metadata.supporting_titles)")] = None,
     trajectories: Annotated[Optional[list[str]], typer.Option(
         help="logged episodes (an evaluation's trajectories.jsonl) whose searches are asked: "
              "the share whose top k hold a gold document of their question")] = None,
@@ -852,11 +853,19 @@ def ranker_eval(
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
     threads: Threads = None,
 ):
-    """recall@k of each hop's gold document (--data) and the gold hit rate of logged searches
-    (--trajectories): the first stage alone, then with each ranker."""
+    """recall@k of each hop's gold document (--data of a synthetic world), of each question's
+    gold documents (--data with gold_doc_ids or supporting_titles) and the gold hit rate of
+    logged searches (--trajectories): the first stage alone, then with each ranker."""
     from seekrl.agent.trajectory import read_trajectories
     from seekrl.data.qa import load_qa
-    from seekrl.recipes.ranker import gold_hit_rate, hop_recall, qa_records, trajectory_records
+    from seekrl.recipes.ranker import (
+        gold_hit_rate,
+        hop_recall,
+        qa_records,
+        question_recall,
+        question_records,
+        trajectory_records,
+    )
     from seekrl.retrieval.index import load_index
     from seekrl.retrieval.ranker import load_ranker, ranked_retriever
 
@@ -867,17 +876,24 @@ def ranker_eval(
             raise ValueError(f"--topk: expected 1 to --candidates ({candidates}), got {topk}")
         if not data and not trajectories:
             raise ValueError("ranker eval: give --data QA files, --trajectories, or both")
-        hops = [r for path in data or [] for r in qa_records(load_qa(path))]
+        questions = [ex for path in data or [] for ex in load_qa(path)]
+        hops = [r for r in qa_records(questions) if r.get("hop_gold")]
+        asked = question_records(questions)
         logged = [r for path in trajectories or []
                   for r in trajectory_records(read_trajectories(path, tokens=False))]
-        if data and not any(r.get("hop_gold") for r in hops):
-            raise ValueError(f"--data: no hop query with a gold document in {', '.join(data)} "
+        if data and not hops and not asked:
+            raise ValueError(f"--data: no question with gold documents in {', '.join(data)} "
                              "(recall@k reads each question's metadata.chain, as `seekrl "
-                             "world` writes it)")
+                             "world` writes it, else its metadata.gold_doc_ids or "
+                             "metadata.supporting_titles)")
         if trajectories and not any(r["gold_ids"] for r in logged):
             raise ValueError(f"--trajectories: no logged search with gold documents in "
                              f"{', '.join(map(str, trajectories))}")
         _threads(threads)
+        left = sum(1 for ex in questions if not ex.metadata.get("chain")) - len(asked)
+        if left:   # said, not dropped unsaid
+            console.print(f"{left} questions without gold documents (no chain, gold_doc_ids "
+                          "or supporting_titles) left out", markup=False, highlight=False)
         first = load_index(index)
         for name in [None, *(ranker or [])]:
             rr = first if name is None else \
@@ -885,7 +901,15 @@ def ranker_eval(
             label = name or "first_stage"
             if hops:
                 console.print(f"recall@{topk} {label}={hop_recall(rr, hops, topk):.4f} ("
-                              f"{sum(bool(r.get('hop_gold')) for r in hops)} hop queries)",
+                              f"{len(hops)} hop queries)",
+                              markup=False, highlight=False, soft_wrap=True)
+            if asked:   # the share of each question's gold documents in its own top k
+                by = "gold ids" if all(r["gold_ids"] for r in asked) else \
+                    "supporting titles" if not any(r["gold_ids"] for r in asked) else \
+                    "gold ids or supporting titles"
+                console.print(f"question_recall@{topk} {label}="
+                              f"{question_recall(rr, asked, topk):.4f} ({len(asked)} questions "
+                              f"searched as they are, by {by})",
                               markup=False, highlight=False, soft_wrap=True)
             if logged:
                 console.print(f"gold_hit@{topk} {label}={gold_hit_rate(rr, logged, topk):.4f} "

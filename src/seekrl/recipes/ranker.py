@@ -73,6 +73,44 @@ def qa_records(examples: Iterable, *, question_queries: bool = False) -> list[di
     return out
 
 
+def question_records(examples: Iterable) -> list[dict[str, Any]]:
+    """The questions with known gold documents but no hop chain (a benchmark's, your own),
+    each the query of itself: its gold document ids (`metadata.gold_doc_ids`), else its
+    supporting passages' titles (`metadata.supporting_titles`: HotpotQA, 2Wiki, MuSiQue).
+    Questions with a `chain` are asked hop by hop (`qa_records`)."""
+    out = []
+    for ex in examples:
+        if ex.metadata.get("chain"):
+            continue
+        ids = [str(i) for i in ex.metadata.get("gold_doc_ids") or []]
+        titles = ex.metadata.get("supporting_titles") or []
+        if isinstance(titles, str):   # one title, not its letters
+            titles = [titles]
+        keys = {normalise_text(str(t)) for t in titles} - {""}
+        if ids or keys:
+            out.append({"query": ex.question, "gold_ids": list(dict.fromkeys(ids)),
+                        "gold_titles": [] if ids else sorted(keys)})
+    return out
+
+
+def question_recall(retriever, records: Sequence[dict[str, Any]], k: int, *,
+                    batch_size: int = 64) -> float:
+    """For `question_records`: the mean share of each question's gold documents in the top
+    k of the question itself (by id, or by title where only titles are known)."""
+    if not records:
+        raise ValueError("question_recall: no questions with gold documents")
+    total = 0.0
+    for lo in range(0, len(records), batch_size):
+        rows = records[lo:lo + batch_size]
+        for r, hits in zip(rows, retriever.search([r["query"] for r in rows], k)):
+            if r["gold_ids"]:
+                gold, got = set(r["gold_ids"]), {h.doc_id for h in hits}
+            else:
+                gold, got = set(r["gold_titles"]), {normalise_text(h.title) for h in hits}
+            total += len(gold & got) / len(gold)
+    return total / len(records)
+
+
 def label_candidates(record: dict[str, Any], candidates: Sequence[Hit]) -> list[int | None]:
     """1 positive, 0 negative, None unknown, per candidate (see the module's step 3)."""
     if record["gold_ids"]:
