@@ -171,11 +171,14 @@ def test_greedy_episodes_give_hf_tokens(tiny, arch):
     assert a[0][0].token_ids == long[0].token_ids
 
 
-def test_keyed_turns_reuse_rows_across_calls_and_subsets(tiny):
+@pytest.mark.parametrize("sync_every,width_step", [(1, 64), (8, 16)])
+def test_keyed_turns_reuse_rows_across_calls_and_subsets(tiny, sync_every, width_step):
     """Calls with keys (a subset call between, as self-search makes; more rows than before;
-    a context that is not an extension of its row) match HFBackend call for call."""
+    a context that is not an extension of its row) match HFBackend call for call; reading
+    the finished flags every 8 steps (CUDA's default) and finer width buckets change nothing."""
     model, tok = tiny
-    mine = StaticBackend(model, tok, stop_strings=STOPS, max_len=256)
+    mine = StaticBackend(model, tok, stop_strings=STOPS, max_len=256, sync_every=sync_every,
+                         width_step=width_step)
     hf = HFBackend(model, tok, stop_strings=STOPS)
     ctx = {k: tok.encode(f"episode {k} " * (k + 1), add_special_tokens=False) for k in range(6)}
     greedy = Sampling(greedy=True)
@@ -195,14 +198,22 @@ def test_keyed_turns_reuse_rows_across_calls_and_subsets(tiny):
         [list(x) for x in hf.generate(list(ctx.values()), 9, stop)]
 
 
-def test_rows_stop_at_their_width(tiny):
-    """A row never decodes past `max_len`: its budget is what is left of its row."""
+def test_rows_stop_at_their_width_and_a_context_past_it_widens_them(tiny):
+    """A row's turn ends at `max_len` (the engine's total budget, where it would cut the
+    turn anyway); a context longer than that (a self-search block's head) widens every row
+    once, the cached rows kept, and decodes as HFBackend does."""
     model, tok = tiny
-    backend = StaticBackend(model, tok, stop_strings=(), max_len=24)
-    out = backend.generate([[5] * 20, [6] * 4], 12, Sampling(greedy=True))
-    assert len(out[0]) <= 4 and len(out[1]) <= 12
-    with pytest.raises(ValueError, match="no room"):
-        backend.generate([[5] * 24], 4, Sampling(greedy=True))
+    backend = StaticBackend(model, tok, stop_strings=(), max_len=24, width_step=8)
+    hf = HFBackend(model, tok, stop_strings=())
+    greedy = Sampling(greedy=True)
+    ctx = [[5, 9] * 10, [6, 7] * 2]
+    out = backend.generate(ctx, 12, greedy, keys=["a", "b"])
+    want = hf.generate(ctx, 12, greedy, keys=["a", "b"])
+    assert len(out[0]) == 4 and [list(x) for x in out] == [want[0][:4], list(want[1])]
+    ctx = [ctx[1] + list(want[1]) + [8] * 15]
+    assert [list(x) for x in backend.generate(ctx, 5, greedy, keys=["b"])] == \
+        [list(x) for x in hf.generate(ctx, 5, greedy, keys=["b"])]
+    assert backend.max_len >= 39 and backend.lean.cos.shape[0] == backend.max_len + 1
 
 
 # ---------------------------------------------------------------- sampling

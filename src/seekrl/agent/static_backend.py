@@ -266,16 +266,23 @@ class LeanForward:
         # a mixed-precision policy multiplies in its autocast dtype, weights float32
         self.mm = getattr(base, "_seekrl_autocast", None) or embed.dtype
         self.vocab = int(lm.lm_head.weight.shape[0])
-        self.max_len = max_len
-        positions = torch.arange(max_len + 1, device=self.device)[None]
-        with torch.no_grad():
-            cos, sin = base.rotary_emb(embed[:1, None].to(self.act), positions)
-        self.cos, self.sin = cos[0], sin[0]            # [max_len + 1, head_dim]
-        self.cols = torch.arange(max_len + 1, device=self.device)
+        self._rotary = base.rotary_emb
+        self.resize(max_len)
         self.w: dict[str, torch.Tensor | None] = {}
         self._keys: dict[str, tuple] = {}
         self._owned: set[str] = set()
         self.sync(model)
+
+    def resize(self, max_len: int) -> None:
+        """Rows of `max_len` positions: the rotary table for positions 0..max_len (the
+        last one the scratch column's), computed once by HF's own rotary module."""
+        self.max_len = max_len
+        positions = torch.arange(max_len + 1, device=self.device)[None]
+        with torch.no_grad():
+            probe = torch.zeros((1, 1, 1), dtype=self.act, device=self.device)
+            cos, sin = self._rotary(probe, positions)
+        self.cos, self.sin = cos[0], sin[0]            # [max_len + 1, head_dim]
+        self.cols = torch.arange(max_len + 1, device=self.device)
 
     # ---- weights
     def _sources(self, model):
@@ -479,7 +486,8 @@ def _common(a: list[int], b: list[int]) -> int:
 # ---------------------------------------------------------------- the backend
 class StaticBackend(Backend):
     """See the module's docstring. `max_len`: the widest an episode gets (the engine's
-    `max_total_tokens`); a row stops at it. `sync_every`: steps between the host's reads
+    `max_total_tokens`): a row's turn stops there, as the engine would cut it (a context
+    that does not fit at all widens every row, once). `sync_every`: steps between the host's reads
     of the finished flags (8 on CUDA, 1 elsewhere). `graphs`: capture CUDA graphs (default:
     on CUDA). `width_step`: the cache-width bucket. Build it with `static_backend`, which
     falls back to `HFBackend` where the lean forward does not hold."""
@@ -587,6 +595,20 @@ class StaticBackend(Backend):
         self.out_tok = torch.zeros((self._rows, self._out_cap + 1), dtype=torch.long, device=dev)
         self.out_lp = torch.zeros((self._rows, self._out_cap + 1), dtype=torch.float32,
                                   device=dev)
+        if self._graphs is not None:
+            self._graphs.clear()
+
+    def _widen(self, columns: int) -> None:
+        """Rows of at least `columns` positions: the cache copied into wider rows once
+        (the graphs recaptured), instead of refusing a context that does not fit."""
+        old = self.max_len
+        self.max_len = -(-columns // self.width_step) * self.width_step
+        self.lean.resize(self.max_len)
+        if self._rows:
+            kc, vc = self.lean.new_cache(self._rows)
+            kc[:, :, :, :old] = self.kc[:, :, :, :old]
+            vc[:, :, :, :old] = self.vc[:, :, :, :old]
+            self.kc, self.vc = kc, vc
         if self._graphs is not None:
             self._graphs.clear()
 
@@ -738,9 +760,8 @@ class StaticBackend(Backend):
         if min(map(len, contexts)) == 0:
             raise ValueError("a context must hold at least one token")
         longest = max(map(len, contexts))
-        if longest >= self.max_len:
-            raise ValueError(f"a context of {longest} tokens leaves no room in the static "
-                             f"backend's rows of {self.max_len} (rollout.max_total_tokens)")
+        if longest >= self.max_len:   # rare (a self-search block's head past the budget)
+            self._widen(longest + max_new_tokens)
         if self.lean.sync(self.model) and self._graphs is not None:   # weights replaced
             self._graphs.clear()
         n = len(contexts)
