@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-gpu test test-fast demo bench lint clean
+.PHONY: setup setup-gpu test test-fast demo docs bench lint clean
 
 setup: $(STAMP)
 
@@ -43,8 +43,15 @@ test-fast: setup
 demo: setup
 	$(BIN)/seekrl demo
 
+# The documentation site into site/, offline (no web fonts, no plugin that downloads);
+# --strict fails on a broken link or anchor and on a page missing from the nav. The
+# configuration reference is generated from the schema first.
+docs: setup
+	$(BIN)/python tools/gen_config_docs.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 lint: setup
 	$(BIN)/ruff check src tests bench examples tools
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info
+	rm -rf $(VENV) build dist site src/*.egg-info

@@ -1,0 +1,23 @@
+"""mkdocs hooks (mkdocs.yml `hooks:`): pages that live outside docs/ join the site.
+
+The dated benchmark log stays where the benchmarks write it, `bench/RESULTS.md` (with the
+figures it shows), and is served as the page `bench/RESULTS.md` of the site, so the
+results page links into its sections and `mkdocs build --strict` checks those links.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mkdocs.structure.files import File
+
+ROOT = Path(__file__).resolve().parents[1]
+FROM_REPO = ("bench/RESULTS.md", "bench/learning.png", "bench/process_ablation.png")
+
+
+def on_files(files, config):
+    for path in FROM_REPO:
+        if (ROOT / path).is_file() and files.get_file_from_path(path) is None:
+            files.append(File(path, src_dir=str(ROOT), dest_dir=config["site_dir"],
+                              use_directory_urls=config["use_directory_urls"]))
+    return files
