@@ -146,6 +146,30 @@ def test_train_process_option_sets_the_methods_keys(tmp_path, monkeypatch):
     assert r.exit_code == 2 and "group_size must be even" in r.output
 
 
+def test_an_unknown_config_key_says_which_was_meant(tmp_path):
+    """The list of keys alone left the reader to spot `temprature` among 40 names."""
+    from seekrl.config import ConfigError, TrainConfig, build_config, load_config
+
+    for override, hint in (("rollout.temprature=0.7", "(did you mean temperature?)"),
+                           ("stpes=3", "(did you mean steps?)"),
+                           ("algo.clip_lo=0.1", "(did you mean clip_low?)"),
+                           ("warmup_steps=5", "(did you mean optim.warmup_steps?)")):
+        with pytest.raises(ConfigError) as err:
+            build_config(TrainConfig, {"data": "q.jsonl"}, [override])
+        text = str(err.value)
+        assert f"{override.split('=')[0]}: unknown key; expected one of " in text, text
+        assert text.endswith(hint) and "\n" not in text, text
+    with pytest.raises(ConfigError) as err:   # nothing alike: the list alone
+        build_config(TrainConfig, {"data": "q.jsonl"}, ["zzz=1"])
+    assert "did you mean" not in str(err.value)
+    config = tmp_path / "rl.yaml"   # a file's key too, and through the command
+    config.write_text("data: q.jsonl\noptim:\n  lrr: 1.0e-5\n")
+    with pytest.raises(ConfigError, match=r"optim\.lrr: unknown key; .* \(did you mean lr\?\)$"):
+        load_config(TrainConfig, config, [])
+    r = run("mcts", "data=x.jsonl", "search.simulatons=3")
+    assert r.exit_code == 2 and "(did you mean simulations?)" in r.output, r.output
+
+
 def test_process_supervision_commands_fail_fast_with_one_line(tmp_path):
     r = run("mcts", "data=" + str(tmp_path / "missing.jsonl"), f"out={tmp_path / 'labels'}")
     assert r.exit_code == 2 and "missing.jsonl" in r.output

@@ -3,7 +3,7 @@
 Every recipe (`seekrl sft`, `seekrl train`) reads one YAML file into one of the models
 below; command-line overrides such as `optim.lr=1e-5 rollout.temperature=0.8` are applied on
 top. Unknown keys and bad values are errors that name the key (`algo.clip_lo: unknown key;
-expected one of ...`), never silently ignored.
+expected one of ... (did you mean clip_low?)`), never silently ignored.
 """
 
 from __future__ import annotations
@@ -921,7 +921,9 @@ def _describe(schema: type[BaseModel], err: dict) -> str:
             field = getattr(node, "model_fields", {}).get(part)
             node = _section_class(field.annotation) if field is not None else None
         known = sorted(getattr(node, "model_fields", {}) or [])
-        return f"{loc}: unknown key; expected one of {', '.join(known)}"
+        hint = _did_you_mean(schema, [str(p) for p in err["loc"]], known)
+        return f"{loc}: unknown key; expected one of {', '.join(known)}" + \
+            (f" (did you mean {hint}?)" if hint else "")
     if err["type"] == "missing":
         return f"{loc}: required key is missing"
     got = err.get("input")
@@ -934,6 +936,36 @@ def _describe(schema: type[BaseModel], err: dict) -> str:
     if isinstance(got, dict) or repr(got) in msg:   # said once
         return text
     return f"{text} (got {got!r})"
+
+
+def _key_paths(schema: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every key of a schema, sections' keys by their path: ("optim", "lr")."""
+    out = []
+    for name, field in schema.model_fields.items():
+        out.append((*prefix, name))
+        section = _section_class(field.annotation)
+        if section is not None:
+            out += _key_paths(section, (*prefix, name))
+    return out
+
+
+def _did_you_mean(schema: type[BaseModel], loc: list[str], siblings: list[str]) -> str | None:
+    """The key an unknown one was likely meant to be: a close spelling beside it
+    (`ranker.lrr` -> lr), else the same name in another section (`lr` -> optim.lr), else a
+    close spelling of the whole path."""
+    import difflib
+
+    name = loc[-1]
+    close = difflib.get_close_matches(name, siblings, n=1, cutoff=0.75)
+    if close:
+        return close[0]
+    paths = _key_paths(schema)
+    elsewhere = [".".join(p) for p in paths if p[-1] == name and list(p) != loc]
+    if elsewhere:
+        return " or ".join(elsewhere[:3])
+    close = difflib.get_close_matches(".".join(loc), [".".join(p) for p in paths], n=1,
+                                      cutoff=0.8)
+    return close[0] if close else None
 
 
 def _section_class(annotation) -> type[BaseModel] | None:
