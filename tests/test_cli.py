@@ -170,6 +170,36 @@ def test_an_unknown_config_key_says_which_was_meant(tmp_path):
     assert r.exit_code == 2 and "(did you mean simulations?)" in r.output, r.output
 
 
+@pytest.mark.parametrize("command, schema, keys", [
+    (["refine"], "RefineConfig", ["method=rft", "data=q.jsonl"]),
+    (["mcts"], "LabelConfig", ["data=q.jsonl", "search.simulations=8"]),
+    (["prm", "train"], "PRMConfig", ["labels=[runs/labels]"]),
+    (["prorag"], "ProragConfig", ["out=runs/p"]),
+    (["simulator", "train"], "SimulatorTrainConfig", ["index=data/index", "data=[q.jsonl]"]),
+    (["ranker", "train"], "RankerTrainConfig", ["index=data/index", "data=[q.jsonl]"]),
+])
+def test_every_config_command_prints_its_config(command, schema, keys):
+    """refine had no --print-config (sft and train did): every command that reads a config
+    prints it resolved, as YAML that loads back to the same config, and runs nothing."""
+    import yaml
+
+    import seekrl.config as config_module
+
+    cls = getattr(config_module, schema)
+    r = run(*command, "--print-config", *keys)
+    assert r.exit_code == 0, r.output
+    assert cls.model_validate(yaml.safe_load(r.stdout)) == \
+        config_module.load_config(cls, None, keys)
+    assert "threads:" not in r.output   # nothing ran
+    r = run(*command, "--print-config", *keys, "nosuch=1")
+    assert r.exit_code == 2 and "nosuch: unknown key" in r.output
+
+
+def test_refine_print_config_refuses_what_refine_would():
+    r = run("refine", "--print-config", "method=step_dpo", "teacher=runs/t")
+    assert r.exit_code == 2 and "teacher: only rft samples episodes" in r.output, r.output
+
+
 def test_process_supervision_commands_fail_fast_with_one_line(tmp_path):
     r = run("mcts", "data=" + str(tmp_path / "missing.jsonl"), f"out={tmp_path / 'labels'}")
     assert r.exit_code == 2 and "missing.jsonl" in r.output
@@ -276,9 +306,10 @@ def test_every_seekrl_error_has_one_base_the_cli_catches():
     assert issubclass(DataError, ValueError) and issubclass(RetrievalError, RuntimeError)
 
 
-def test_example_configs_are_the_readmes_and_validate(tmp_path):
-    """configs/*.yaml are the README's examples, word for word, and each loads as its
-    recipe's config; --print-config shows every key resolved."""
+def test_example_configs_are_the_docs_and_validate(tmp_path):
+    """configs/*.yaml are the documentation's examples (docs/training.md, docs/extending.md),
+    word for word, and each loads as its recipe's config; --print-config shows every key
+    resolved."""
     import re
     from pathlib import Path
 
@@ -287,12 +318,14 @@ def test_example_configs_are_the_readmes_and_validate(tmp_path):
     from seekrl.config import SFTConfig, TrainConfig, load_config
 
     root = Path(__file__).resolve().parents[1]
+    docs = "\n".join(p.read_text() for p in [root / "README.md",
+                                               *sorted((root / "docs").rglob("*.md"))])
     blocks = dict((name, body) for body, name in re.findall(
-        r"```yaml\n(# (\S+\.yaml)\n.*?)```", (root / "README.md").read_text(), re.S))
+        r"```yaml\n(# (\S+\.yaml)\n.*?)```", docs, re.S))
     files = sorted((root / "configs").glob("*.yaml"))
     assert {f.name for f in files} == set(blocks) == {"sft.yaml", "rl.yaml", "own_parts.yaml"}
     for f in files:
-        assert f.read_text() == blocks[f.name], f"{f.name} differs from the README's"
+        assert f.read_text() == blocks[f.name], f"{f.name} differs from the docs'"
         schema = SFTConfig if f.name.startswith("sft") else TrainConfig
         load_config(schema, f, [])
     r = runner.invoke(app, ["train", "--config", str(root / "configs" / "rl.yaml"),

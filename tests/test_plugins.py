@@ -1,5 +1,5 @@
-"""Your own parts from a config file (README "Your own parts"): `reward.fn`, `retriever`,
-`reward.process` sources and `algo.advantage` by import path, the README's example module
+"""Your own parts from a config file (docs/extending.md): `reward.fn`, `retriever`,
+`reward.process` sources and `algo.advantage` by import path, the docs' example module
 (examples/my_parts.py) run through the config path, and errors that name the key."""
 
 from __future__ import annotations
@@ -40,16 +40,16 @@ def small(tmp_path, world) -> dict:
 
 
 def test_the_readme_example_parts_train_a_step(own_parts, world, tmp_path):
-    """configs/own_parts.yaml is the README's, and its parts, named by import path only,
+    """configs/own_parts.yaml is the docs', and its parts, named by import path only,
     make the run: the retriever, the episode reward, a process source and the estimator."""
     from seekrl.models import tiny_policy
     from seekrl.recipes.train import Trainer, check_config
     from seekrl.rewards.process import PROCESS_REWARDS
     from seekrl.rl.advantages import ESTIMATORS, facts
 
-    readme = (ROOT / "README.md").read_text()
-    assert f"```yaml\n{CONFIG.read_text()}```" in readme
-    assert f"```python\n{(ROOT / 'examples' / 'my_parts.py').read_text()}```" in readme
+    page = (ROOT / "docs" / "extending.md").read_text()
+    assert f"```yaml\n{CONFIG.read_text()}```" in page
+    assert f"```python\n{(ROOT / 'examples' / 'my_parts.py').read_text()}```" in page
     torch.set_num_threads(1)
     model, tok = tiny_policy(seed=3)
     cfg = build_config(TrainConfig, small(tmp_path, world))

@@ -34,6 +34,10 @@ _DEMO_METHODS = " | ".join(m for m in PROCESS_METHODS if m != "outcome" and m no
 # with 2 spinning threads, 74 with 2 passive ones, 117 with 1 (bench/RESULTS.md, "Threads")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# the --print-config option of every command that reads a config
+PrintConfig = Annotated[bool, typer.Option(
+    help="print the resolved config (every key, defaults filled in) and stop")]
+
 # the --threads option of every command that runs a model
 Threads = Annotated[Optional[int], typer.Option(
     help="CPU threads torch uses (default: OMP_NUM_THREADS when set, else the cores other "
@@ -653,8 +657,7 @@ def sft(
     overwrite: Annotated[bool, typer.Option(help="replace a run already in out")] = False,
     resume: Annotated[bool, typer.Option(
         help="continue the run in out from its latest checkpoint (save_every)")] = False,
-    print_config: Annotated[bool, typer.Option(
-        help="print the resolved config (every key, defaults filled in) and stop")] = False,
+    print_config: PrintConfig = False,
     threads: Threads = None,
 ):
     """Supervised warm-up on trajectory JSONL (oracle episodes): loss on policy tokens only."""
@@ -688,8 +691,7 @@ def train(
         help="key.sub=value overrides, e.g. algo.advantage=rloo steps=50", show_default=False)] = None,
     resume: Annotated[bool, typer.Option(help="continue from the run's latest checkpoint")] = False,
     overwrite: Annotated[bool, typer.Option(help="replace a run already in out")] = False,
-    print_config: Annotated[bool, typer.Option(
-        help="print the resolved config (every key, defaults filled in) and stop")] = False,
+    print_config: PrintConfig = False,
     process: Annotated[Optional[str], typer.Option(
         help=f"a process-supervision method: {_PROCESS_METHODS} (its keys replace the "
              "config file's; key=value overrides win; prm needs reward.prm=DIR)")] = None,
@@ -760,6 +762,7 @@ def mcts(
         help="key.sub=value overrides, e.g. data=train.jsonl search.simulations=32 "
              "search.method=mc", show_default=False)] = None,
     resume: Annotated[bool, typer.Option(help="continue a labelling run in the same out folder")] = False,
+    print_config: PrintConfig = False,
     threads: Threads = None,
 ):
     """Step labels for a process reward model: MCTS over search steps (or Monte-Carlo
@@ -768,6 +771,12 @@ def mcts(
 
     try:
         cfg = _load("LabelConfig", config, overrides)
+        if print_config:
+            from seekrl.recipes.mcts import check_config
+
+            check_config(cfg)   # the keys the recipe would refuse, refused here too
+            _print_config(cfg)
+            return
         _threads(threads)
         summary = run_labelling(cfg, console=console, resume=resume)
     except ERRORS as err:
@@ -790,6 +799,7 @@ def simulator_train(
         help="key.sub=value overrides, e.g. index=data/index 'data=[data/world/train.jsonl]' "
              "out=runs/simulator steps=100", show_default=False)] = None,
     overwrite: Annotated[bool, typer.Option(help="replace a simulator already in out")] = False,
+    print_config: PrintConfig = False,
     threads: Threads = None,
 ):
     """Fine-tune a simulator on the real index's documents for logged queries."""
@@ -797,6 +807,9 @@ def simulator_train(
 
     try:
         cfg = _load("SimulatorTrainConfig", config, overrides)
+        if print_config:
+            _print_config(cfg)
+            return
         _threads(threads)
         summary = train_simulator(cfg, console=console, overwrite=overwrite)
     except ERRORS as err:
@@ -818,6 +831,7 @@ def ranker_train(
         help="key.sub=value overrides, e.g. index=data/index 'data=[data/world/train.jsonl]' "
              "'eval_data=[data/world/dev.jsonl]' out=runs/ranker", show_default=False)] = None,
     overwrite: Annotated[bool, typer.Option(help="replace a ranker already in out")] = False,
+    print_config: PrintConfig = False,
     threads: Threads = None,
 ):
     """Train a ranker on logged searches and synthetic-world hop queries; recall@k before and
@@ -826,6 +840,9 @@ def ranker_train(
 
     try:
         cfg = _load("RankerTrainConfig", config, overrides)
+        if print_config:
+            _print_config(cfg)
+            return
         _threads(threads)
         summary = train_ranker(cfg, console=console, overwrite=overwrite)
     except ERRORS as err:
@@ -950,6 +967,7 @@ def prm_train(
     overwrite: Annotated[bool, typer.Option(help="replace a PRM already in out")] = False,
     resume: Annotated[bool, typer.Option(
         help="continue the run in out from its latest checkpoint (save_every)")] = False,
+    print_config: PrintConfig = False,
     threads: Threads = None,
 ):
     """Train a PRM (LM + scalar head at each step's last token) on label folders."""
@@ -962,6 +980,9 @@ def prm_train(
                                                       else []), *(overrides or [])])
     try:
         cfg = _load("PRMConfig", config, overrides)
+        if print_config:
+            _print_config(cfg)
+            return
         _threads(threads)
         summary = train_prm(cfg, console=console, overwrite=overwrite, resume=resume)
     except ERRORS as err:
@@ -1052,6 +1073,7 @@ def refine(
         help="key.sub=value overrides, e.g. method=rft prm=runs/prm/final data=train.jsonl",
         show_default=False)] = None,
     overwrite: Annotated[bool, typer.Option(help="replace a refinement already in out")] = False,
+    print_config: PrintConfig = False,
     threads: Threads = None,
 ):
     """PRM-guided refinement: RFT (keep right episodes whose every step the PRM accepts) or
@@ -1060,6 +1082,12 @@ def refine(
 
     try:
         cfg = _load("RefineConfig", config, overrides)
+        if print_config:
+            from seekrl.recipes.refine import check_config
+
+            check_config(cfg)   # the keys the recipe would refuse, refused here too
+            _print_config(cfg)
+            return
         _threads(threads)
         summary = run_refine(cfg, console=console, overwrite=overwrite)
     except ERRORS as err:
@@ -1076,6 +1104,7 @@ def prorag(
         help="key.sub=value overrides, e.g. out=runs/p labels.search.simulations=32 rl.steps=10",
         show_default=False)] = None,
     resume: Annotated[bool, typer.Option(help="skip the stages a run in the same out finished")] = False,
+    print_config: PrintConfig = False,
     threads: Threads = None,
 ):
     """ProRAG end to end: SFT -> MCTS labels -> PRM -> refinement -> PRM-supervised RL, with
@@ -1084,6 +1113,9 @@ def prorag(
 
     try:
         cfg = _load("ProragConfig", config, overrides)
+        if print_config:
+            _print_config(cfg)
+            return
         _threads(threads)
         run_prorag(cfg, console=console, resume=resume)
     except ERRORS as err:
