@@ -288,3 +288,122 @@ def test_each_step_count_keeps_its_own_share(seed, q, sizes, skew):
     for n, k in enumerate(sizes, start=1):
         if int(q * k) >= 1:
             assert survival[n] == pytest.approx(1 - int(q * k) / k), (n, k)
+
+
+WRONG = [["<search> Ilsa Marrow born </search>", "<answer> Paris </answer>"],
+         ["<answer> Paris </answer>"], ["<answer> Velmaria </answer>"]]
+
+
+def test_rejection_sampling_says_what_it_kept_and_warns_with_a_hint(tiny, tmp_path):
+    """A policy that never answers right: the counts (right, valid, kept, questions) are
+    said and returned, and a warning names the cause and what to do, not a bare 0 kept."""
+    from rich.console import Console
+
+    model, tok = tiny
+    console = Console(record=True, width=400)
+    cfg = RefineConfig(method="rft", out=str(tmp_path / "none"), samples=2, steps=0,
+                       rollout={"max_turns": 3})
+    result = run_refine(cfg, model=model, tokenizer=tok, backend=Dice(tok, WRONG),
+                        retriever=Docs(), questions=questions(3), console=console)
+    said = " ".join(console.export_text().split())
+    assert (result["sampled"], result["right"], result["kept"], result["questions"],
+            result["questions_kept"]) == (6, 0, 0, 3, 0) and result["valid"] == 6
+    assert "6 episodes sampled on 3 questions (2 each" in said
+    assert "0 right, 6 valid, 0 right and valid, 0 kept for 0 of 3 questions" in said
+    assert result["warning"].startswith("no episode was kept: the policy answered none of 6 "
+                                        "episodes right. First learn the protocol on the "
+                                        "synthetic world (`seekrl sft`")
+    assert "samples, now 2" in result["warning"] and "teacher=PATH" in result["warning"]
+    assert "warning: no episode was kept" in said and "train on it with" not in said
+    # most questions kept: no warning; the next command is said
+    console = Console(record=True, width=400)
+    ok = run_refine(cfg.model_copy(update={"out": str(tmp_path / "ok"), "samples": 8}),
+                    model=model, tokenizer=tok, backend=Dice(tok, OPTIONS), retriever=Docs(),
+                    questions=questions(3), console=console)
+    assert ok["warning"] is None and ok["questions_kept"] >= 2
+    assert f"train on it with: seekrl sft data={ok['data']}" in console.export_text()
+
+
+def test_rft_warning_names_the_likely_cause():
+    from seekrl.recipes.refine import rft_warning
+
+    base = dict(questions=10, sampled=40, samples=4, temperature=0.9)
+    none = {"low_step_score": 0}
+    assert rft_warning(questions_kept=5, right=9, right_valid=9, why=none, **base) is None
+    assert "its 3 right answers all broke the protocol" in rft_warning(
+        questions_kept=0, right=3, right_valid=0, why=none, **base)
+    assert "only 2 of 10 questions have a kept episode: the PRM's step bar left out 6 of 8" \
+        in rft_warning(questions_kept=2, right=8, right_valid=8, why={"low_step_score": 6},
+                       **base)
+    assert "4 of 40 episodes were right" in rft_warning(
+        questions_kept=3, right=4, right_valid=4, why=none, **base)
+
+
+def test_a_teacher_samples_and_another_tokenizer_gets_text_turns(tiny, tmp_path):
+    """teacher= samples in place of the policy being fine-tuned. With the policy's tokenizer
+    its episodes are kept as token ids; with another, as text turns that SFT lays out with
+    the learner's tokens (here the same text, so the played tokens come back), and the
+    refinement fine-tunes the policy on them."""
+    from seekrl.agent.trajectory import read_trajectories
+    from seekrl.recipes.sft import load_sft_examples
+
+    model, tok = tiny
+    other = copy.deepcopy(tok)
+    other.add_tokens(["<only-the-teacher-has-this>"])
+    cfg = RefineConfig(method="rft", out=str(tmp_path / "same"), samples=4, steps=0,
+                       teacher="(given)", rollout={"max_turns": 3})
+    same = run_refine(cfg, tokenizer=tok, teacher=(model, tok), backend=Dice(tok, OPTIONS),
+                      retriever=Docs(), questions=questions(4))
+    assert same["data_form"] == "token ids" and same["kept"] > 0
+    assert len(read_trajectories(same["data"])) == same["kept"]
+
+    text = run_refine(cfg.model_copy(update={"out": str(tmp_path / "text")}), tokenizer=tok,
+                      teacher=(model, other), backend=Dice(other, OPTIONS), retriever=Docs(),
+                      questions=questions(4))
+    assert text["data_form"] == "text turns" and text["kept"] > 0
+    records = [json.loads(line) for line in open(text["data"])]
+    assert all(set(r) == {"id", "question", "golden_answers", "turns"} for r in records)
+    assert records[0]["turns"][-1]["content"] == "<answer> Tarrow </answer>"
+    examples, _ = load_sft_examples(text["data"], tok)
+    played = {tuple(t.token_ids) for t in read_trajectories(tmp_path / "text" / "samples.jsonl")}
+    assert len(examples) == text["kept"] and all(tuple(e.token_ids) in played for e in examples)
+
+    tuned = run_refine(cfg.model_copy(update={"out": str(tmp_path / "tuned"), "steps": 1,
+                                              "batch_size": 2}),
+                       model=copy.deepcopy(model), tokenizer=tok, teacher=(model, other),
+                       backend=Dice(other, OPTIONS), retriever=Docs(), questions=questions(4))
+    assert tuned["final"].endswith("final") and tuned["data_form"] == "text turns"
+
+
+def test_teacher_is_for_rft_and_text_turns_need_what_sft_rebuilds(tiny):
+    from seekrl.config import ConfigError
+    from seekrl.recipes.refine import check_config, check_text_turns
+
+    with pytest.raises(ConfigError, match="teacher: only rft samples"):
+        check_config(RefineConfig(method="step_dpo", teacher="t", pairs=["x"]))
+    for rollout, named in [({"max_queries": 2}, "rollout.max_queries > 1"),
+                           ({"prompt": "search_r1"}, "rollout.prompt search_r1")]:
+        with pytest.raises(ConfigError, match=named):
+            check_text_turns(RefineConfig(rollout=rollout).rollout)
+
+
+def test_refine_command_samples_with_a_teacher_and_says_why_nothing_was_kept(tmp_path):
+    """`seekrl refine method=rft steps=0 teacher=DIR`: the teacher loads by path, samples,
+    and a random policy's empty harvest ends in a warning with what to do (exit 0: the
+    sampling itself worked)."""
+    from conftest import build_lab
+    from typer.testing import CliRunner
+
+    from seekrl.cli import app
+
+    _, paths, index_dir, tiny_dir = build_lab(tmp_path)
+    r = CliRunner().invoke(app, [
+        "refine", "method=rft", "steps=0", f"model={tiny_dir}", f"teacher={tiny_dir}",
+        f"data={paths['train']}", f"index={index_dir}", "questions=2", "samples=1",
+        "rollout.max_turns=2", "rollout.max_new_tokens=8", f"out={tmp_path / 'rs'}"])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 0, r.output
+    assert "2 episodes sampled on 2 questions (1 each" in said and f"by the teacher {tiny_dir}" \
+        in said
+    assert "warning: no episode was kept: the policy answered none of 2 episodes right" in said
+    assert (tmp_path / "rs" / "rft_data.jsonl").read_text() == ""

@@ -416,3 +416,62 @@ def test_turns_longer_than_the_rollout_limit_are_reported(world, tiny, tmp_path)
                                 eval={"max_new_tokens": longest}),
                       model=__import__("copy").deepcopy(model), tokenizer=tok, console=quiet)
     assert summary["turns_over_limit"] == 0 and "turn limit" not in quiet.export_text()
+
+
+def _doc_examples() -> list[str]:
+    """The ```jsonl blocks of docs/trajectory-format.md, one list of lines per block."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "trajectory-format.md").read_text()
+    return re.findall(r"```jsonl\n(.*?)```", page, re.S)
+
+
+def test_the_documented_formats_train_as_written(tiny, tmp_path):
+    """The examples of docs/trajectory-format.md, copied into a file by hand: SFT reads
+    every line (text turns laid out with the policy's tokens, a trajectory record used as
+    it is) and trains on them."""
+    model, tok = tiny
+    blocks = _doc_examples()
+    assert len(blocks) == 2
+    turns, records = (tmp_path / "turns.jsonl"), (tmp_path / "records.jsonl")
+    turns.write_text(blocks[0])
+    records.write_text(blocks[1])
+    examples, skipped = load_sft_examples(turns, tok)
+    assert len(examples) == 2 and skipped == {"incomplete": 0, "truncated": 0}
+    assert all(sum(e.loss_mask) > 0 for e in examples)
+    first = json.loads(blocks[0].splitlines()[0])
+    searched = tok.decode([t for t, m in zip(examples[0].token_ids, examples[0].loss_mask) if m])
+    assert searched == "".join(t["content"] for t in first["turns"] if t["role"] == "assistant")
+    (record,) = load_sft_examples(records, tok)[0]
+    assert record.token_ids == json.loads(blocks[1])["token_ids"]
+    both = tmp_path / "both.jsonl"
+    both.write_text(blocks[0] + blocks[1])
+    import copy
+    done = run_sft(SFTConfig(data=str(both), out=str(tmp_path / "run"), max_steps=1,
+                             batch_size=3, grad_accum=1), model=copy.deepcopy(model),
+                   tokenizer=tok)
+    assert done["episodes"] == 3 and done["loss"] > 0
+
+
+@pytest.mark.parametrize("turns, field, said", [
+    ([{"role": "assistant", "content": "The answer is Paris."}], "turns[0].content",
+     "not a protocol turn (no complete <search> or <answer>)"),
+    ([{"role": "assistant", "content": "<search> a </search>"},
+      {"role": "information", "content": "Doc 1 (Title: A) a."},
+      {"role": "assistant", "content": "So: <answer> b </answer>"}], "turns[2].content",
+     "not a protocol turn (text outside the tags)"),
+    ([{"role": "assistant", "content": "<search> a </search>"}], "turns[0].content",
+     "an episode must end with an <answer> turn"),
+    ([{"role": "user", "content": "hi"}], "turns[0].role", "expected 'assistant' or"),
+])
+def test_a_hand_written_episode_that_breaks_the_protocol_is_refused(tiny, tmp_path, turns,
+                                                                    field, said):
+    _, tok = tiny
+    path = tmp_path / "mine.jsonl"
+    path.write_text(json.dumps({"question": "q?", "turns": [
+        {"role": "assistant", "content": "<answer> x </answer>"}]}) + "\n"
+        + json.dumps({"question": "q?", "turns": turns}) + "\n")
+    with pytest.raises(DataError) as err:
+        load_sft_examples(path, tok)
+    assert f"{path}:2" in str(err.value) and field in str(err.value) and said in str(err.value)

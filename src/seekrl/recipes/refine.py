@@ -10,7 +10,9 @@ reward model and the step labels know, before RL.
   right episodes with as many steps (`quantile_threshold`). One bar over all step scores
   would drop long episodes for having more steps to fail on (uninformative scores keep
   (1 - q)^n of the n-step ones: 75 / 56 / 42% of 1 / 2 / 3 steps at q = 0.25), and RFT
-  then taught fewer searches.
+  then taught fewer searches. A `teacher` (a path or hub id) samples instead of the policy
+  being fine-tuned; when its tokenizer is not the policy's, the kept episodes are written
+  as text turns (`sft.episode_record`), which SFT lays out with the learner's own tokens.
 - `step_dpo`: DPO on sibling pairs from the labels (`pairs.jsonl`: a better and a worse step
   from the same prefix). The log-likelihood of an episode counts only the differing step's
   tokens; the reference is the starting policy, whose step log-probs are computed once
@@ -192,19 +194,73 @@ REFINE_OUTPUTS = (*REFINE_MARKERS, "config.yaml")
 
 def check_config(cfg) -> None:
     """The refinement recipe's registry names and cross-key rules (`RefineConfig`)."""
+    from seekrl.config import ConfigError
     from seekrl.recipes.setup import check_episode_recipe
 
     check_episode_recipe(cfg, "refine")
+    if cfg.teacher and cfg.method != "rft":
+        raise ConfigError(f"teacher: only rft samples episodes; {cfg.method} trains on the "
+                          "pairs as they are (leave teacher out)")
+
+
+def same_tokenizer(a, b) -> bool:
+    """Token ids (and the chat template that laid out the prompt) mean the same under both."""
+    from seekrl.models import tokenizer_fingerprint
+
+    return a is b or (tokenizer_fingerprint(a) == tokenizer_fingerprint(b)
+                      and getattr(a, "chat_template", None) == getattr(b, "chat_template", None))
+
+
+def check_text_turns(r) -> None:
+    """Episodes written as text turns are laid out again by SFT: only what its reader
+    rebuilds exactly (searches of one query, documents in seekrl's style, no other tool)."""
+    from seekrl.agent.protocol import PROMPTS, prompt_style
+    from seekrl.config import ConfigError
+
+    why = ("rollout.max_queries > 1" if r.max_queries > 1 else
+           f"rollout.tools {r.tools}" if r.tools else
+           f"rollout.prompt {r.prompt} (documents in another style than seekrl's)"
+           if prompt_style(r.prompt).doc != PROMPTS["seekrl"].doc else None)
+    if why:
+        raise ConfigError(f"teacher: its tokenizer is not model's, so its episodes would be "
+                          f"written as text turns for SFT to lay out again, which {why} does "
+                          "not allow; use a teacher that shares model's tokenizer")
+
+
+def rft_warning(*, questions: int, questions_kept: int, sampled: int, right: int,
+                right_valid: int, why: Mapping[str, int], samples: int, temperature: float
+                ) -> str | None:
+    """What to do when rejection sampling kept an episode for fewer than half of the
+    questions (None otherwise): the likely cause, read from the counts, and the remedies."""
+    if questions_kept * 2 >= questions:
+        return None
+    head = ("no episode was kept" if questions_kept == 0 else
+            f"only {questions_kept} of {questions} questions have a kept episode")
+    if right == 0:
+        cause = f"the policy answered none of {sampled} episodes right"
+    elif right_valid == 0:
+        cause = f"its {right} right answers all broke the protocol (invalid format)"
+    elif why.get("low_step_score", 0) * 2 >= right_valid:
+        cause = (f"the PRM's step bar left out {why['low_step_score']} of {right_valid} right, "
+                 "valid episodes (lower threshold or set threshold_quantile)")
+    else:
+        cause = f"{right} of {sampled} episodes were right"
+    return (f"{head}: {cause}. First learn the protocol on the synthetic world (`seekrl sft` "
+            f"on the world's oracle data) and sample with that policy (model=RUN/final, or "
+            f"teacher=RUN/final to fine-tune another), sample more per question (samples, "
+            f"now {samples}), raise rollout.temperature (now {temperature}), or sample with a "
+            "stronger teacher policy (teacher=PATH or hub id). See docs/trajectory-format.md")
 
 
 def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
-               questions=None, scorer=None, console=None, overwrite: bool = False
-               ) -> dict[str, Any]:
+               questions=None, scorer=None, teacher=None, console=None,
+               overwrite: bool = False) -> dict[str, Any]:
     """`seekrl refine`: RFT or step-DPO from `cfg.model`; returns the summary with `final`,
-    the refined checkpoint. An `out` that holds a refinement is refused unless
+    the refined checkpoint. `teacher` (a (model, tokenizer) pair) overrides `cfg.teacher`,
+    the policy RFT samples with. An `out` that holds a refinement is refused unless
     `overwrite`."""
     from seekrl.config import SFTConfig, dump_config
-    from seekrl.models import load_policy
+    from seekrl.models import load_policy, load_tokenizer
     from seekrl.recipes.checkpoint import check_run_dir, claim_run_dir, save_policy
     from seekrl.recipes.setup import (
         MetricsLog,
@@ -252,14 +308,24 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
         if not questions:
             raise ValueError(f"data: {cfg.data} has no questions")
     set_seed(cfg.seed)
-    if model is None:
+    if teacher is None and cfg.teacher and cfg.method == "rft":
+        teacher = load_policy(cfg.teacher, dtype=cfg.dtype, device=cfg.device)
+    if model is None and teacher is not None and cfg.steps == 0:
+        # nothing is fine-tuned: model's tokenizer alone says how the data is written
+        tokenizer = tokenizer or load_tokenizer(cfg.model)
+    elif model is None:
         model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
+    sampler, sampler_tokenizer = teacher if teacher is not None else (model, tokenizer)
+    # a teacher's token ids mean nothing to a policy with another tokenizer: text turns
+    as_text = teacher is not None and not same_tokenizer(sampler_tokenizer, tokenizer)
+    if as_text:
+        check_text_turns(cfg.rollout)
     from seekrl.recipes.labels import check_label_tokenizer
     from seekrl.recipes.prm import check_scorer_tokenizer
     if pairs is not None:      # step-DPO trains on the pairs' token ids as they are
         check_label_tokenizer(cfg.pairs, tokenizer, f"model {cfg.model}")
-    if scorer is not None:
-        check_scorer_tokenizer(scorer, tokenizer, f"prm {cfg.prm or '(given)'}")
+    if scorer is not None:     # it reads the sampled episodes' token ids
+        check_scorer_tokenizer(scorer, sampler_tokenizer, f"prm {cfg.prm or '(given)'}")
 
     if cfg.method == "step_dpo":
         model = prepare_trainable(model, cfg.train_layers, cfg.lora)
@@ -286,8 +352,8 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     from seekrl.rewards.outcome import get_outcome
 
     r = cfg.rollout
-    backend = backend or HFBackend(model.eval(), tokenizer, attention=r.attention)
-    engine = RolloutEngine(backend, tokenizer, retriever,
+    backend = backend or HFBackend(sampler.eval(), sampler_tokenizer, attention=r.attention)
+    engine = RolloutEngine(backend, sampler_tokenizer, retriever,
                            RolloutConfig.of(r, seed=cfg.seed, n_samples=cfg.samples))
     trajs = engine.run(questions, dataset="rft")
     outcome = get_outcome(cfg.reward)
@@ -306,8 +372,24 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     generated = sum(t.n_decoded for t in trajs)   # self-search blocks too: decoded
     write_trajectories(out / "samples.jsonl", trajs)
     data = out / "rft_data.jsonl"
-    write_trajectories(data, kept)
+    if as_text:
+        import json
+
+        own_prompt = {q.id: q.prompt for q in questions}
+
+        def decode(ids):
+            return sampler_tokenizer.decode(ids, skip_special_tokens=False)
+        from seekrl.recipes.sft import episode_record
+        with open(data, "w", encoding="utf-8") as f:
+            for t in kept:
+                f.write(json.dumps(episode_record(t, decode, own_prompt.get(t.example_id)),
+                                   ensure_ascii=False) + "\n")
+    else:
+        write_trajectories(data, kept)
     n_right = sum(o >= cfg.min_outcome for o in outcomes)
+    n_valid = sum(t.valid_format for t in trajs)
+    n_right_valid = sum(o >= cfg.min_outcome and t.valid_format for t, o in zip(trajs, outcomes))
+    questions_kept = len({t.example_id for t in kept})
     if step_scores is None:
         shown, bar = None, ""
     elif isinstance(threshold, dict):   # JSON keys are strings: the step counts as text
@@ -320,14 +402,31 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
             f"{n}: {v:.3g} ({right_by_steps[n]} right)" for n, v in threshold.items()) + ")"
     else:
         shown, bar = round(threshold, 6), f" (step threshold {threshold:.3g})"
-    say(f"RFT: {len(trajs)} episodes sampled ({generated} tokens), {n_right} right, "
-        f"{len(kept)} kept{bar}; left out: " + ", ".join(f"{k} {v}" for k, v in why.items()))
+    say(f"RFT: {len(trajs)} episodes sampled on {len(questions)} questions "
+        f"({cfg.samples} each, {generated} tokens"
+        + (f", by the teacher {cfg.teacher or '(given)'}" if teacher is not None else "")
+        + f"): {n_right} right, {n_valid} valid, {n_right_valid} right and valid, "
+        f"{len(kept)} kept for {questions_kept} of {len(questions)} questions{bar}; left out: "
+        + ", ".join(f"{k} {v}" for k, v in why.items()))
+    warning = rft_warning(questions=len(questions), questions_kept=questions_kept,
+                          sampled=len(trajs), right=n_right, right_valid=n_right_valid,
+                          why=why, samples=cfg.samples, temperature=r.temperature)
+    if warning:
+        say(f"[yellow]warning:[/] {warning}")
     # threshold: None without a PRM, the fixed bar, or {steps: bar} from threshold_quantile
-    summary = {"method": "rft", "sampled": len(trajs), "kept": len(kept), "left_out": why,
+    summary = {"method": "rft", "sampled": len(trajs), "right": n_right, "valid": n_valid,
+               "right_valid": n_right_valid, "kept": len(kept), "left_out": why,
+               "questions": len(questions), "questions_kept": questions_kept,
                "right_share": round(n_right / max(len(trajs), 1), 4),
-               "generated_tokens": generated, "prm": cfg.prm or None, "threshold": shown}
+               "generated_tokens": generated, "prm": cfg.prm or None, "threshold": shown,
+               "teacher": (cfg.teacher or "(given)") if teacher is not None else None,
+               "data_form": "text turns" if as_text else "token ids", "warning": warning}
+    if as_text:
+        say(f"the teacher's tokenizer is not {cfg.model}'s: {data} holds the kept episodes as "
+            "text turns, which SFT lays out with the learner's own tokens")
     if cfg.steps == 0:      # rejection sampling only: the data, no fine-tuning
-        say(f"rejection-sampled SFT data -> {data}")
+        say(f"rejection-sampled SFT data -> {data}"
+            + (f"; train on it with: seekrl sft data={data} model={cfg.model}" if kept else ""))
         return {**summary, "final": None, "data": str(data),
                 "minutes": round((time.time() - started) / 60, 2)}
     if not kept:
@@ -338,7 +437,8 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
                         seed=cfg.seed, max_steps=cfg.steps, batch_size=cfg.batch_size,
                         grad_accum=cfg.grad_accum,
                         max_info_tokens=r.max_info_tokens, topk=r.topk,
-                        max_new_tokens=r.max_new_tokens,
+                        max_new_tokens=r.max_new_tokens, prompt=r.prompt,
+                        max_queries=r.max_queries,
                         train_layers=cfg.train_layers, lora=cfg.lora, optim=cfg.optim,
                         dtype=cfg.dtype, device=cfg.device, log_every=5)
     from seekrl.recipes.sft import run_sft

@@ -26,12 +26,14 @@ from typing import Any
 import torch
 
 from seekrl.agent.protocol import (
+    ANSWER,
     INFORMATION,
     PROMPTS,
     build_prompt,
     format_hits,
     prompt_style,
     query_sections,
+    step_format_problem,
 )
 from seekrl.agent.rollout import information_ids
 from seekrl.config import DATA_PROMPT, DEFAULT_MAX_INFO_TOKENS, ConfigError, SFTConfig, dump_config
@@ -133,6 +135,13 @@ def episode_tokens(tokenizer, record: dict, *,
         if not isinstance(content, str):
             raise DataError("expected a string", path=where, field=f"turns[{i}].content")
         if role == "assistant":
+            # a policy taught a malformed turn plays it: refused here, not learnt
+            problem = step_format_problem(content)
+            if problem is not None:
+                raise DataError(f"not a protocol turn ({problem}): expected an optional "
+                                "<think> ... </think>, then one <search> query </search> or "
+                                "<answer> text </answer>", path=where,
+                                field=f"turns[{i}].content")
             new = encode(content)
             ids += new
             mask += [1] * len(new)
@@ -169,7 +178,34 @@ def episode_tokens(tokenizer, record: dict, *,
     if turns[-1].get("role") != "assistant":
         raise DataError("an episode must end with the assistant's turn", path=where,
                         field="turns")
+    if f"<{ANSWER}>" not in turns[-1]["content"]:
+        raise DataError("an episode must end with an <answer> turn", path=where,
+                        field=f"turns[{len(turns) - 1}].content")
     return ids, mask
+
+
+def episode_record(traj, decode, prompt: list[dict] | None = None) -> dict:
+    """A played episode (a `Trajectory`) in the text form `episode_tokens` reads, so that a
+    policy with another tokenizer can learn it: each turn's text, and each block the
+    environment inserted as the player read it (decoded with its tokenizer `decode`), which
+    the learner's own tokens lay out again, cut to its `max_info_tokens`. The question's own
+    `prompt` goes with it (`prompt: data`). Search and answer turns only: another tool's
+    block is not an information block."""
+    turns: list[dict] = []
+    for i, step in enumerate(traj.steps):
+        if step.action not in ("search", "answer"):
+            raise ValueError(f"episode {traj.example_id}: turn {i} is a {step.action!r} turn; "
+                             "only search and answer turns convert to text turns")
+        turns.append({"role": "assistant", "content": step.text})
+        after = traj.steps[i + 1].start if i + 1 < len(traj.steps) else len(traj.token_ids)
+        if step.end < after:
+            turns.append({"role": "information",
+                          "content": decode(traj.token_ids[step.end:after]).strip("\n")})
+    record = {"id": traj.example_id, "question": traj.question,
+              "golden_answers": list(traj.golden_answers), "turns": turns}
+    if prompt is not None:
+        record["prompt"] = prompt
+    return record
 
 
 def _many_results(turn: dict, style, where: str) -> list[str]:
