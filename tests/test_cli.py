@@ -92,6 +92,16 @@ def test_world_index_search_oracle(tmp_path):
     # a second index into the same folder is refused, not silently replaced
     r = run("index", "--corpus", w / "corpus.jsonl", "--out", tmp_path / "idx")
     assert r.exit_code == 2 and "already holds an index" in r.output
+    # in the command's own words (it said "pass overwrite=True (--overwrite)"), and in
+    # Python's from Python
+    assert "pass --overwrite to replace them" in " ".join(r.output.split())
+    assert "overwrite=True" not in r.output
+    from seekrl.retrieval.index import build_index
+
+    with pytest.raises(FileExistsError) as err:
+        build_index(w / "corpus.jsonl", tmp_path / "idx", "bm25")
+    assert str(err.value) == f"{tmp_path / 'idx'} already holds an index; pass " \
+        "overwrite=True to replace them"
 
 
 def test_bad_inputs_exit_2_with_a_clear_message(tmp_path):

@@ -176,7 +176,12 @@ def index(
     threads: Threads = None,
 ):
     """Index a corpus for retrieval and persist it with a manifest (or import a faiss index)."""
-    from seekrl.retrieval.index import build_index, import_faiss_index, read_manifest
+    from seekrl.retrieval.index import (
+        OutputExists,
+        build_index,
+        import_faiss_index,
+        read_manifest,
+    )
 
     try:
         if retriever not in ("bm25", "dense", "hybrid"):
@@ -214,6 +219,8 @@ def index(
                                overwrite=overwrite, skip_bad=skip_bad, pooling=pooling,
                                query_prefix=query_prefix, doc_prefix=doc_prefix,
                                resume=resume, device=device)
+    except OutputExists as err:   # the library's words are Python's (overwrite=True)
+        _fail(FileExistsError(err.said("--overwrite")))
     except ERRORS as err:
         _fail(err)
     m = read_manifest(path)

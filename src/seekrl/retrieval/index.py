@@ -243,10 +243,21 @@ def _checked_paths(corpus: str | Path, out: str | Path, overwrite: bool,
     empty = out.is_dir() and not os.path.ismount(out) and \
         not any(out.iterdir())     # replaced by the build's folder at the end
     if out.exists() and not overwrite and not empty:
-        what = "an index" if (out / MANIFEST).is_file() else "files"
-        raise FileExistsError(f"{out} already holds {what}; pass overwrite=True "
-                              "(--overwrite) to replace them")
+        raise OutputExists(out, "an index" if (out / MANIFEST).is_file() else "files")
     return corpus
+
+
+class OutputExists(FileExistsError):
+    """`out` holds an index (or other files) and the build was not told to replace them.
+    The message speaks Python (`overwrite=True`); `seekrl index` words it for its own
+    caller with `said("--overwrite")`."""
+
+    def __init__(self, out: Path, what: str):
+        self.out, self.what = out, what
+        super().__init__(self.said("overwrite=True"))
+
+    def said(self, how: str) -> str:
+        return f"{self.out} already holds {self.what}; pass {how} to replace them"
 
 
 def _write_atomically(out: Path, fill, *, plan: dict | None = None,
