@@ -312,7 +312,7 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
         teacher = load_policy(cfg.teacher, dtype=cfg.dtype, device=cfg.device)
     if model is None and teacher is not None and cfg.steps == 0:
         # nothing is fine-tuned: model's tokenizer alone says how the data is written
-        tokenizer = tokenizer or load_tokenizer(cfg.model)
+        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
     elif model is None:
         model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
     sampler, sampler_tokenizer = teacher if teacher is not None else (model, tokenizer)
