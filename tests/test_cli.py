@@ -861,3 +861,27 @@ def test_index_refuses_dense_options_with_bm25_and_a_bad_index_type_first(lab, t
         assert r.exit_code == 2 and needle in " ".join(r.output.split()), (extra, r.output)
     assert not (tmp_path / "i").exists()
     assert INDEX_TYPES == ("flat", "hnsw", "ivfpq")   # the names the CLI checks
+
+
+def test_what_the_documented_commands_write_is_ignored_by_git_and_no_source_is():
+    """The README's commands write data/ and runs/ into the repository; git ignores them,
+    but never a tracked file (tests/data/, src/seekrl/data/, bench/records/**/runs/)."""
+    import shutil
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+
+    written = ["data/world/corpus.jsonl", "data/index/manifest.json", "data/oracle.jsonl",
+               "runs/demo/report.html", "runs/own/rl/final/config.json",
+               "wiki/wiki-18.jsonl", "wiki-e5/manifest.json"]
+    r = git("check-ignore", "--no-index", *written)
+    assert sorted(r.stdout.split()) == sorted(written), r.stdout + r.stderr
+    source = ["src/seekrl/data/qa.py", "src/seekrl/data/new_reader.py", "tests/data/x.jsonl",
+              "bench/records/f32-sim/runs/real-s0/result.json"]
+    assert git("check-ignore", "--no-index", *source).stdout == ""
+    assert git("ls-files", "-ci", "--exclude-standard").stdout == ""   # no tracked file
