@@ -235,3 +235,21 @@ def test_ranker_eval_over_the_index_with_a_ranker(lab):
     assert r.exit_code == 0, r.output
     assert "recall@2 first_stage=" in r.output and f"recall@2 {lab['encoder']}=" in \
         r.output.replace("\n", "")
+
+
+@pytest.mark.parametrize("source", ["url", "own-by-file"])
+def test_train_steps_with_a_served_index_or_an_own_retriever(lab, servers, tmp_path, own_parts,
+                                                             source):
+    """The config's `index` takes a server's url, `retriever` a plug-in by file path (from
+    another working directory): one RL step of the tiny model with each."""
+    keys = {"url": [f"index={servers['index']}"],
+            "own-by-file": [f"retriever={lab['plug']}:Fixed"]}[source]
+    out = tmp_path / "rl"
+    r = run("train", f"data={lab['test']}", f"model={lab['model']}", f"out={out}", "steps=1",
+            "questions_per_step=2", "group_size=2", "rollout.max_turns=2",
+            "rollout.max_new_tokens=4", "rollout.max_info_tokens=32", "rollout.topk=2",
+            "algo.mini_batch_size=2", "algo.micro_batch_size=1", "eval.at_start=false",
+            "--threads", "1", *keys)
+    assert r.exit_code == 0, r.output
+    assert (out / "final" / "config.json").is_file()
+    assert "threads: 1 of " in r.output
