@@ -487,9 +487,10 @@ def _common(a: list[int], b: list[int]) -> int:
 class StaticBackend(Backend):
     """See the module's docstring. `max_len`: the widest an episode gets (the engine's
     `max_total_tokens`): a row's turn stops there, as the engine would cut it (a context
-    that does not fit at all widens every row, once). `sync_every`: steps between the host's reads
-    of the finished flags (8 on CUDA, 1 elsewhere). `graphs`: capture CUDA graphs (default:
-    on CUDA). `width_step`: the cache-width bucket. Build it with `static_backend`, which
+    that does not fit at all widens every row, once). `sync_every`: steps between the
+    host's reads of the finished flags (8 on CUDA, 1 elsewhere). `graphs`: capture CUDA
+    graphs (default: on CUDA). `width_step`: the cache-width bucket. `probe_diff`: the
+    largest logit difference from HF's at load. Build it with `static_backend`, which
     falls back to `HFBackend` where the lean forward does not hold."""
 
     def __init__(self, model, tokenizer, *, stop_strings: tuple[str, ...] = STOP_STRINGS,
@@ -519,6 +520,7 @@ class StaticBackend(Backend):
         self.width_step = max(1, width_step or (256 if cuda else 64))
         self.prefill_tokens = max(1, prefill_tokens)
         self._graphs = _CudaGraphs() if cuda and graphs is not False else None
+        self.probe_diff: float | None = None
         if check:
             probe = tokenizer.encode("The capital of Velmaria is Tarrow, a city of",
                                      add_special_tokens=False)[:12]
