@@ -208,8 +208,7 @@ def _worker(rank: int, job: str, world_dir: str, work: str, port: int) -> None:
         batch = read_trajectories(work_dir / "batch.jsonl")
         record = trainer.learn(batch)
         record.pop("correct_logps", None)
-        from seekrl.recipes.train import _state_bytes
-        state = _state_bytes(trainer)
+        state = trainer.state_bytes()
         with trainer.full_weights():
             params = _trainable(trainer)
         torch.save({"params": params, "record": record, "state": state,
@@ -321,8 +320,7 @@ def test_two_processes_take_the_update_of_one_on_the_same_batch(world_dir, tmp_p
     ranks = _spawn("update", world_dir, tmp_path)
     assert [got["sharded"] for got in ranks] == [bool(over)] * 2
     if over:   # each rank keeps half of the training state (weights, moments, reference)
-        from seekrl.recipes.train import _state_bytes
-        assert ranks[0]["state"] == pytest.approx(_state_bytes(one) / 2, rel=0.02)
+        assert ranks[0]["state"] == pytest.approx(one.state_bytes() / 2, rel=0.02)
     moved = max(float((after[n] - before[n]).abs().max()) for n in after)
     assert moved > 1e-4   # the update did something
     for got in ranks:

@@ -689,7 +689,9 @@ def test_a_prm_object_stands_in_for_reward_prm(world, tiny, tmp_path):
         step.process_parts = {} if v is None else {"prm": v}
     t = Trajectory("q", "q", "?", ["x"], [1, 2, 3, 4, 5], [0, 1, 1, 1, 1], 1, steps=steps,
                    answer="x", finish_reason="answer")
-    record = trainer._episode_metrics(1, [t], [RewardParts(1.0, 1.0, 0.0, 0.0)], 1, 0)
+    from seekrl.rl.step_metrics import episode_metrics
+
+    record = episode_metrics([t], [RewardParts(1.0, 1.0, 0.0, 0.0)], process=["prm"])
     assert record["process_prm"] == pytest.approx(0.4)
     assert record["process_prm_by_action"] == {"answer": 0.8, "search": 0.2}
 
@@ -1029,9 +1031,10 @@ def test_displacement_measures_at_most_monitor_displacement_episodes(world, tiny
 
 @pytest.mark.parametrize("agg", ["seq-mean-token-sum-norm", "seq-mean-token-mean"])
 def test_entropy_bonus_is_aggregated_like_the_policy_loss(world, tiny, tmp_path, agg):
-    from seekrl.rl.update import Probe as _Probe, UpdateBatch as _UpdateBatch
     from seekrl.rl.forward import collate, masked_logprobs
     from seekrl.rl.loss import aggregate
+    from seekrl.rl.update import Probe as _Probe
+    from seekrl.rl.update import UpdateBatch as _UpdateBatch
 
     cfg = make_cfg(tmp_path, **{"algo.kl_coef": 0.0, "algo.entropy_coef": 0.0,
                                 "algo.loss_agg": agg})

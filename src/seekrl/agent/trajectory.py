@@ -9,6 +9,7 @@ region and everything else (prompt, `<information>` blocks) is 0.
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -88,6 +89,17 @@ class Trajectory:
     @property
     def n_searches(self) -> int:
         return sum(s.action == "search" for s in self.steps)
+
+    @property
+    def planned_lookups(self) -> int | None:
+        """The lookups the first thought plans ("To answer this I need 2 lookups", the
+        oracle's `count` plan); None when it states no number."""
+        from seekrl.agent.oracle import PLAN_LEAD  # the oracle builds on this module
+
+        if not self.steps:
+            return None
+        found = re.search(re.escape(PLAN_LEAD) + r"(\d+) lookup", self.steps[0].text)
+        return int(found.group(1)) if found else None
 
     @property
     def n_queries(self) -> int:

@@ -25,10 +25,11 @@ evidence recall counts them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from math import comb
 from pathlib import Path
@@ -454,6 +455,24 @@ def write_run(out_dir: str | Path, trajectories: Sequence[Trajectory], metrics: 
     (out / METRICS_FILE).write_text(json.dumps(metrics, indent=2, ensure_ascii=False) + "\n",
                                     encoding="utf-8")
     (out / "metrics.md").write_text(metrics_markdown(metrics), encoding="utf-8")
+
+
+def write_rollouts(out_dir: str | Path, trajectories: Sequence[Trajectory], tokenizer,
+                   config: dict[str, Any]) -> None:
+    """A training step's episodes as an evaluation run (trajectories, metrics over them,
+    `config` beside), with the trajectory viewer. A refill can bring a question back within
+    a step: each question's episodes are numbered afresh so that every one keeps its own row
+    (the group id stays in the trajectory)."""
+    from seekrl.eval.report import write_viewer
+
+    seen: dict[str, int] = defaultdict(int)
+    renumbered = []
+    for t in trajectories:
+        renumbered.append(dataclasses.replace(t, sample_index=seen[t.example_id]))
+        seen[t.example_id] += 1
+    write_run(out_dir, renumbered, {"config": config, **score_trajectories(renumbered)},
+              tokenizer)
+    write_viewer(out_dir)
 
 
 def _version() -> str:

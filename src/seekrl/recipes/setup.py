@@ -378,3 +378,13 @@ class MetricsLog:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+class NoLog:
+    """The metrics log of a rank other than 0: rank 0 writes the run's."""
+
+    def write(self, record: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

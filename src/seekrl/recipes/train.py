@@ -1,49 +1,21 @@
 """The RL recipe: policy optimisation of a search agent with outcome and process (step)
-rewards (GRPO family, PPO, and the step-level estimators).
-
-One step, top to bottom (`Trainer.step`):
-
-1. sample `questions_per_step` questions (round-robin over question types, so one type
-   cannot crowd out the others), deterministic in (seed, step);
-2. run `group_size` rollouts per question through the batched rollout engine (or grow
-   `rollout.tree` trees of rollouts that share prefixes);
-3. score every episode: outcome (EM / F1 / cover-EM) + format reward - penalties, and every
-   step with the process rewards of `reward.process` (evidence, redundancy, step format,
-   Monte-Carlo progress from continuations of the episode's prefixes, a PRM); with dynamic
-   sampling, drop groups whose scores and step rewards do not vary and draw new questions;
-4. old log-probs (and the reference's, and the critic's values for PPO) in chunks under
-   no_grad -- skipped when the batch gets exactly one update, where they equal the
-   current ones;
-5. token-level rewards (outcome on the last policy token, each step's reward on its last
-   token) and from them token-level advantages and returns by the registered estimator
-   (`algo.advantage`);
-6. `algo.epochs` passes of mini-batch updates: PPO-clip with clip-higher, optional KL to
-   the frozen reference and entropy bonus, the critic's loss for PPO.
-
-Under `torchrun` several processes share each step: questions, log-probs and micro-batches
-are split across them, gradients summed (see `rl/distributed.py`). The rollout backend's own
-log-probs of the sampled tokens are compared with the trainer's at step 6 (the rollout /
-training gap, and truncated importance sampling with `algo.tis_cap`).
-
-Everything is logged per step to `RUN_DIR/metrics.jsonl`; the training-health monitor reads
-the same numbers. Checkpoints (`RUN_DIR/checkpoints/step-N`) hold the trainable weights,
-optimizer, scheduler, monitor and RNG state, are written to a temporary folder and renamed,
-and `RUN_DIR/checkpoints/latest` names the newest complete one, so `--resume` continues
-exactly where the run stopped and a killed run never leaves a corrupt latest checkpoint.
-Randomness is re-seeded from (seed, step) at every step, so a resumed run samples the same
-questions and the same rollouts as an uninterrupted one.
-"""
+rewards (the GRPO family, PPO, and the step-level estimators). `Trainer.step` is the
+algorithm box: sample questions -> roll out `group_size` episodes each -> score them (outcome,
+process rewards; dynamic sampling refills groups without signal) -> estimate token-level
+advantages (`algo.advantage`) -> update (`algo.epochs` passes of mini-batches, rl/update.py)
+-> log. The parts live elsewhere: the search environment (recipes/environment.py),
+checkpoints (recipes/train_state.py), the config's cross-key checks (recipes/train_checks.py),
+the step's figures (rl/step_metrics.py). Randomness is re-seeded from (seed, step) at every
+step, so a resumed run samples the same questions and rollouts as an uninterrupted one; under
+`torchrun` the processes share each step (rl/distributed.py)."""
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
-import math
 import random
 import time
 import warnings
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -54,23 +26,22 @@ from typing import Any
 import torch
 
 from seekrl.agent.backends import Backend
-from seekrl.agent.factory import backend_refusal, make_backend
+from seekrl.agent.factory import make_backend
 from seekrl.agent.rollout import RolloutConfig, RolloutEngine, grow_trees
 from seekrl.agent.trajectory import Trajectory
-from seekrl.config import ConfigError, TrainConfig, dump_config
+from seekrl.config import TrainConfig, dump_config
 from seekrl.data.qa import QAExample, load_qa
-from seekrl.eval.evaluate import eval_policy
+from seekrl.eval.evaluate import eval_policy, write_rollouts
 from seekrl.models import pad_id_of
 from seekrl.recipes.checkpoint import (
-    check_run_dir,
     claim_run_dir,
     config_changes,
-    held_markers,
     save_policy,
 )
 from seekrl.recipes.environment import SearchEnvironment
 from seekrl.recipes.setup import (
     MetricsLog,
+    NoLog,
     check_eval_data,
     check_world_index,
     clip_and_step,
@@ -83,9 +54,8 @@ from seekrl.recipes.setup import (
     trainable_parameters,
     units_within_budget,
 )
-from seekrl.recipes.train_checks import check_config
+from seekrl.recipes.train_checks import check_config, check_prm_folder, check_start
 from seekrl.recipes.train_state import Checkpointer
-from seekrl.rewards.metrics import exact_match
 from seekrl.rewards.outcome import RewardParts, episode_reward, load_reward_fn
 from seekrl.rewards.process import (
     ProcessContext,
@@ -100,11 +70,19 @@ from seekrl.rl.advantages import (
     needs_values,
     no_positive_credit_for_invalid_turns,
 )
-from seekrl.rl.distributed import Dist, make_runtime
-from seekrl.rl.forward import ValueHead, collate, masked_logprobs
+from seekrl.rl.distributed import Dist, make_runtime, state_bytes
+from seekrl.rl.forward import ValueHead, collate, hidden_size, masked_logprobs
 from seekrl.rl.monitor import Monitor
-from seekrl.rl.sampling import group_signal, keep_varied, split_micro_batches, whole_groups
+from seekrl.rl.sampling import (
+    group_signal,
+    keep_varied,
+    sample_questions,
+    seeds,
+    split_micro_batches,
+    whole_groups,
+)
 from seekrl.rl.step_batch import Rewards, StepBatch
+from seekrl.rl.step_metrics import correct, episode_metrics, step_line
 from seekrl.rl.update import (
     PolicyUpdate,
     UpdateBatch,
@@ -129,35 +107,14 @@ class Trainer:
         self.cfg = cfg
         self.out = Path(cfg.out)
         check_config(cfg, scorer_given=prm_scorer is not None)   # before a model loads
-        if prm_scorer is None and "prm" in cfg.reward.process:
-            from seekrl.recipes.prm import prm_folder
-            try:
-                prm_folder(cfg.reward.prm)
-            except FileNotFoundError as err:
-                raise ConfigError(f"reward.prm: {err}") from None
+        check_prm_folder(cfg, scorer_given=prm_scorer is not None)
         # one process, or one of several (torchrun): see rl/distributed.py
         self.dist, self.device = (dist, cfg.device) if dist is not None \
             else Dist.from_env(cfg.device)
         self.console = console if self.dist.main else None
         self._backend: Backend | None = None   # built on first use (see _generation_backend)
-        why = backend_refusal(cfg.rollout.backend, "train", processes=self.dist.world)
-        if why:
-            raise ConfigError(f"rollout.backend {cfg.rollout.backend}: {why}")
-        if cfg.rollout.backend == "vllm":
-            from seekrl.agent.vllm_backend import import_vllm
-            import_vllm()
-        if resume and overwrite:   # as SFT and the PRM refuse it: which one was meant?
-            raise ConfigError("--resume and --overwrite: continue the run or replace it, "
-                              "not both")
-        if resume and not (self.out / "checkpoints" / "latest").is_file():
-            raise FileNotFoundError(
-                f"--resume: {self.out} has no checkpoint yet (no checkpoints/latest); "
-                + ("it stopped before its first checkpoint (save_every "
-                   f"{cfg.save_every}): start it again with --overwrite"
-                   if held_markers(self.out) else "start the run again without --resume"))
-        if self.dist.main:   # the run folder is rank 0's
-            check_run_dir(self.out, resume=resume, overwrite=overwrite,
-                          model=cfg.model if model is None else None)
+        check_start(cfg, resume=resume, overwrite=overwrite, processes=self.dist.world,
+                    main=self.dist.main, model_given=model is not None)
         self._open_inputs(questions, retriever, prm_scorer)
         self._build_policy(model, tokenizer)
         self._build_optimizer(reward_fn)
@@ -208,7 +165,7 @@ class Trainer:
             enable_activation_checkpointing(self.model)
         self.value_head = None
         if needs_values(cfg.algo.advantage):
-            self.value_head = ValueHead(_hidden_size(self.model)).to(self.device)
+            self.value_head = ValueHead(hidden_size(self.model)).to(self.device)
         # rank 0's weights everywhere, frozen ones and the reference's too (a model passed in
         # may differ by rank)
         self.dist.broadcast_parameters([p for m in (self.model, self.value_head, self.ref_model)
@@ -277,28 +234,13 @@ class Trainer:
         self.log = MetricsLog(self.out / "metrics.jsonl", tensorboard=cfg.log.tensorboard,
                               wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project,
                               config=cfg.model_dump(mode="json"), resume=resume) \
-            if self.dist.main else _NoLog()
+            if self.dist.main else NoLog()
 
     # ------------------------------------------------------------------ 1. questions
     def sample_questions(self, step: int, n: int, draw: int = 0) -> list[QAExample]:
-        """`n` questions for this step, the same for the same (seed, step, draw). With
-        `balance_types`, round-robin over `metadata["type"]` (each type's pool shuffled)."""
-        rng = random.Random(f"{self.cfg.seed}/{step}/{draw}")
-        if not self.cfg.algo.balance_types:
-            return rng.sample(self.questions, min(n, len(self.questions)))
-        by_type: dict[str, list[QAExample]] = defaultdict(list)
-        for ex in self.questions:
-            by_type[str(ex.metadata.get("type", "-"))].append(ex)
-        pools = [rng.sample(v, len(v)) for _, v in sorted(by_type.items())]
-        rng.shuffle(pools)
-        picked: list[QAExample] = []
-        i = 0
-        while len(picked) < min(n, len(self.questions)):
-            pool = pools[i % len(pools)]
-            if pool:
-                picked.append(pool.pop())
-            i += 1
-        return picked
+        """`n` questions for this step, the same for the same (seed, step, draw)."""
+        return sample_questions(self.questions, n, random.Random(f"{self.cfg.seed}/{step}/{draw}"),
+                                balance_types=self.cfg.algo.balance_types)
 
     # ------------------------------------------------------------------ 2. rollouts
     def engine(self, seed: int, n_samples: int | None = None) -> RolloutEngine:
@@ -314,12 +256,9 @@ class Trainer:
         return self.env.retriever
 
     def run_progress(self) -> float:
-        """The share of the run behind it, 0 to 1: its steps done, or, when a rollout-token
-        budget ends it (`max_rollout_tokens`), the budget's share spent if that is larger.
-        What a schedule over the run follows (the simulator's noise curriculum; the cosine
-        learning rate reads `budget_share` the same way): a run stopped by its budget after
-        11 of its nominal 100 steps would otherwise have kept the noise near its start (0.025
-        of 0.5: the first simulated runs of bench/simulated_search.py, 2026-11-27)."""
+        """The share of the run behind it, 0 to 1: its steps done, or the rollout-token
+        budget's share spent if larger (a run a budget ends early still goes through its
+        schedules: the simulator's noise curriculum, the cosine learning rate)."""
         return min(max(self.step_done / self.cfg.steps, self.budget_share()), 1.0)
 
     def budget_share(self) -> float:
@@ -443,14 +382,19 @@ class Trainer:
         t_scoring = draws.scoring_s + draws.rollout_s - t_rollout
         step_tokens = draws.fresh_tokens + int(draws.process_stats.get("mc_tokens", 0))
         self.rollout_tokens += step_tokens
-        record = self._episode_metrics(step, trajs, parts, n_sampled, refills)
+        record = episode_metrics(trajs, parts, process=list(self.cfg.reward.process),
+                                 self_search=self.cfg.rollout.self_search,
+                                 sub_queries=self.cfg.rollout.max_queries > 1)
+        record.update(step=step, episodes=len(trajs), episodes_sampled=n_sampled,
+                      refills=refills)
         record.update(rollout_tokens=step_tokens, rollout_tokens_total=self.rollout_tokens,
                       **{f"process_{k}": round(v, 4)
                          for k, v in sorted(draws.process_stats.items())})
         varied, multi, solved = signal
         record["groups_with_signal"] = round(varied / multi, 4) if multi else None
         record["groups_solved"] = round(solved / multi, 4) if multi else None
-        if self.dist.main:
+        every = self.cfg.log.save_rollouts
+        if self.dist.main and every and step % every == 0 and trajs:
             self._save_rollouts(step, trajs)
         record.update(self.env.after_rollouts(trajs, ranked_s))
         if not trajs:  # dynamic sampling found no group with signal: nothing to learn
@@ -563,6 +507,10 @@ class Trainer:
         return units_within_budget(cfg.max_rollout_tokens, self.rollout_tokens,
                                    self.questions_planned, cfg.questions_per_step)
 
+    def state_bytes(self) -> int:
+        """Bytes of the training state this process holds (shards: their local part)."""
+        return state_bytes((self.model, self.value_head, self.ref_model), self.optimizer)
+
     def _peak_memory(self) -> dict[str, float]:
         """The most memory any rank held: `peak_gpu_mb`, the GPU memory allocated at the
         step's peak (on CUDA); `peak_rss_mb`, the process's peak resident memory since it
@@ -570,7 +518,7 @@ class Trainer:
         keeps between steps (its weights or their shards, the reference's and the
         optimizer's moments; the gradients are freed at each optimizer step), which
         sharding divides by the number of ranks."""
-        out = {"state_mb": _state_bytes(self) / 2**20}
+        out = {"state_mb": self.state_bytes() / 2**20}
         rss = peak_rss_mb()
         if rss is not None:
             out["peak_rss_mb"] = rss
@@ -656,8 +604,7 @@ class Trainer:
 
     @staticmethod
     def _correct(t: Trajectory) -> bool:
-        """Exact match, whatever the reward's outcome metric (the logged `em` is EM)."""
-        return bool(exact_match(t.answer, t.golden_answers))
+        return correct(t)
 
     def _optimizer_step(self) -> float:
         self.updates += 1
@@ -666,85 +613,16 @@ class Trainer:
         return clip_and_step(params, self.optimizer, self.cfg.optim.max_grad_norm)
 
     # ------------------------------------------------------------------ metrics
-    def _episode_metrics(self, step, trajs, parts, n_sampled, refills) -> dict[str, Any]:
-        n = max(1, len(trajs))
-        by_type: dict[str, list[float]] = defaultdict(list)
-        by_hops: dict[str, list[float]] = defaultdict(list)
-        for t, p in zip(trajs, parts):
-            by_type[str(t.metadata.get("type", "-"))].append(p.total)
-            if isinstance(t.metadata.get("hops"), int):
-                by_hops[str(t.metadata["hops"])].append(p.total)
-        multihop = [r for h, v in by_hops.items() if int(h) >= 2 for r in v]
-        recalls = [r for r in (t.evidence_recall() for t in trajs) if r is not None]
-        steps = [s for t in trajs for s in t.steps]
-        process: dict[str, Any] = {}
-        if self.cfg.rollout.self_search:   # the blocks it wrote: decoded, counted, not trained
-            process["self_info_length"] = round(sum(s.info_generated for s in steps) / n, 1)
-        if self.cfg.reward.process and steps:
-            process["process_reward"] = round(
-                sum(s.process_reward or 0.0 for s in steps) / len(steps), 4)
-            for name in self.cfg.reward.process:   # over the steps the source judged
-                vals = [v for s in steps if (v := s.process_parts.get(name)) is not None]
-                process[f"process_{name}"] = round(sum(vals) / len(vals), 4) if vals else None
-                # and by the kind of step: a source that judges searches and answers alike
-                # (a PRM) but scores one kind higher pushes the policy toward it once the
-                # scores are normalised over all steps (a near-chance PRM that prefers
-                # answers teaches "stop searching")
-                by_action: dict[str, list[float]] = defaultdict(list)
-                for s in steps:
-                    if (v := s.process_parts.get(name)) is not None:
-                        by_action[s.action].append(v)
-                if by_action:
-                    process[f"process_{name}_by_action"] = {
-                        a: round(sum(v) / len(v), 4) for a, v in sorted(by_action.items())}
-        return {**process,
-            "reward_by_hops": {k: round(sum(v) / len(v), 4) for k, v in sorted(by_hops.items())},
-            "reward_multihop": round(sum(multihop) / len(multihop), 4) if multihop else None,
-            "evidence_recall": round(sum(recalls) / len(recalls), 4) if recalls else None,
-            "step": step, "episodes": len(trajs), "episodes_sampled": n_sampled,
-            "refills": refills,
-            "reward": round(sum(p.total for p in parts) / n, 4),
-            "outcome": round(sum(p.outcome for p in parts) / n, 4),
-            "em": round(sum(self._correct(t) for t in trajs) / n, 4),
-            "valid_format": round(sum(t.valid_format for t in trajs) / n, 4),
-            "searches": round(sum(t.n_searches for t in trajs) / n, 3),
-            # model turns (what reward.turn_cost charges) and, with sub-queries, the
-            # retriever queries they carried (as the evaluation counts them)
-            "turns": round(sum(len(t.steps) for t in trajs) / n, 3),
-            **({"queries": round(sum(t.n_queries for t in trajs) / n, 3)}
-               if self.cfg.rollout.max_queries > 1 else {}),
-            "response_length": round(sum(t.n_generated for t in trajs) / n, 1),
-            "finished_answer": round(sum(t.finish_reason == "answer" for t in trajs) / n, 4),
-            "reward_by_type": {k: round(sum(v) / len(v), 4) for k, v in sorted(by_type.items())},
-        }
-
     def _save_rollouts(self, step: int, trajs: Sequence[Trajectory]) -> None:
         """RUN_DIR/rollouts/step-N: the step's episodes with their step rewards and values,
         and the trajectory viewer over them."""
-        every = self.cfg.log.save_rollouts
-        if not every or step % every or not trajs:
-            return
-        from seekrl.eval.evaluate import score_trajectories, write_run
-        from seekrl.eval.report import write_viewer
-
-        out = self.out / "rollouts" / f"step-{step}"
         r = self.cfg.rollout
-        config = {"model": self.cfg.model, "step": step, "advantage": self.cfg.algo.advantage,
-                  "process": dict(self.cfg.reward.process),
-                  "rollout": {"method": r.method, "n_samples": self.cfg.group_size,
-                              "topk": r.topk, "max_turns": r.max_turns,
-                              "max_new_tokens": r.max_new_tokens,
-                              "temperature": r.temperature}}
-        # a refill can bring a question back: number each question's episodes afresh so
-        # that every episode keeps its own row (the group id stays in the trajectory)
-        seen: dict[str, int] = defaultdict(int)
-        renumbered = []
-        for t in trajs:
-            renumbered.append(dataclasses.replace(t, sample_index=seen[t.example_id]))
-            seen[t.example_id] += 1
-        write_run(out, renumbered, {"config": config, **score_trajectories(renumbered)},
-                  self.tokenizer)
-        write_viewer(out)
+        write_rollouts(self.out / "rollouts" / f"step-{step}", trajs, self.tokenizer, {
+            "model": self.cfg.model, "step": step, "advantage": self.cfg.algo.advantage,
+            "process": dict(self.cfg.reward.process),
+            "rollout": {"method": r.method, "n_samples": self.cfg.group_size, "topk": r.topk,
+                        "max_turns": r.max_turns, "max_new_tokens": r.max_new_tokens,
+                        "temperature": r.temperature}})
 
     # ------------------------------------------------------------------ checkpoints
     @property
@@ -843,7 +721,7 @@ class Trainer:
         alerts = self.monitor.update(step, record)
         record["alerts"] = [a.kind for a in alerts]
         self.log.write(record)
-        self._say(_line(record, cfg.steps, time.time() - started))
+        self._say(step_line(record, cfg.steps, time.time() - started))
         self._report(alerts)
         if not self.monitor.healthy and cfg.monitor.stop_on_collapse:
             self.stopped_reason = "; ".join(a.message for a in alerts) or "collapse"
@@ -977,28 +855,6 @@ class Trainer:
 # ---------------------------------------------------------------------- helpers
 
 
-class seeds:
-    """Every random stream of a run, from its seed: different steps, draws (dynamic
-    sampling's refills), ranks and Monte-Carlo continuations never share one. The
-    multipliers are primes, so the streams stay apart for any seed."""
-
-    @staticmethod
-    def step(run_seed: int, step: int) -> int:
-        return run_seed * 1_000_003 + step
-
-    @staticmethod
-    def draw(step_seed: int, draw: int) -> int:
-        return step_seed + 7919 * draw
-
-    @staticmethod
-    def rank(draw_seed: int, rank: int) -> int:
-        return draw_seed + 1_000_003 * rank
-
-    @staticmethod
-    def continuations(seed: int) -> int:
-        return seed + 104_729
-
-
 @dataclass
 class _Draws:
     """What a step's draws add up to: rollout and scoring seconds, the process rewards'
@@ -1007,53 +863,3 @@ class _Draws:
     scoring_s: float = 0.0
     process_stats: dict[str, float] = field(default_factory=dict)
     fresh_tokens: int = 0
-
-
-class _NoLog:
-    """The metrics log of a rank other than 0: rank 0 writes the run's."""
-
-    def write(self, record: dict[str, Any]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _state_bytes(trainer: Trainer) -> int:
-    """Bytes of the training state held by this process (shards count their local part)."""
-    def size(t) -> int:
-        local = getattr(t, "to_local", None)
-        t = local() if callable(local) else t
-        return t.numel() * t.element_size()
-
-    tensors: dict[int, Any] = {}
-    for m in (trainer.model, trainer.value_head, trainer.ref_model):
-        for p in m.parameters() if m is not None else ():
-            tensors[id(p)] = p
-            if p.grad is not None:
-                tensors[id(p.grad)] = p.grad
-    for state in trainer.optimizer.state.values():
-        for v in state.values():
-            if isinstance(v, torch.Tensor):
-                tensors[id(v)] = v
-    return sum(size(t) for t in tensors.values())
-
-
-def _hidden_size(model) -> int:
-    config = getattr(model, "config", None)
-    for name in ("hidden_size", "n_embd", "d_model"):
-        if config is not None and hasattr(config, name):
-            return int(getattr(config, name))
-    raise ValueError("cannot tell the model's hidden size for the value head")
-
-
-def _line(r: dict, total: int, elapsed: float) -> str:
-    def f(key, fmt="{:.3f}"):
-        v = r.get(key)
-        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
-    left = elapsed / max(1, r["step"]) * (total - r["step"]) / 60
-    return (f"step {r['step']}/{total}  reward {f('reward')}  EM {f('em')}  "
-            f"valid {f('valid_format', '{:.2f}')}  searches {f('searches', '{:.2f}')}  "
-            f"kl {f('kl', '{:.4f}')}  ent {f('entropy', '{:.3f}')}  clip {f('clip_frac')}  "
-            f"grad {f('grad_norm', '{:.2f}')}  [{f('time_step', '{:.0f}')} s/step, "
-            f"~{left:.1f} min left]")

@@ -5,8 +5,10 @@ made before anything slow happens (a model load, an index) by the trainer and by
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 from seekrl.config import ConfigError, TrainConfig
+from seekrl.recipes.checkpoint import check_run_dir, held_markers
 from seekrl.recipes.setup import check_log_packages, check_name
 from seekrl.rewards.outcome import load_reward_fn
 
@@ -137,3 +139,40 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
         raise ConfigError("reward.process.decomposition: it scores searches of several "
                           "sub-queries by the gold documents they find, but "
                           "rollout.max_queries is 1: no search holds several")
+
+
+def check_prm_folder(cfg: TrainConfig, *, scorer_given: bool) -> None:
+    """`reward.prm` names a trained PRM's folder (unless a scorer object is given)."""
+    if scorer_given or "prm" not in cfg.reward.process:
+        return
+    from seekrl.recipes.prm import prm_folder
+    try:
+        prm_folder(cfg.reward.prm)
+    except FileNotFoundError as err:
+        raise ConfigError(f"reward.prm: {err}") from None
+
+
+def check_start(cfg: TrainConfig, *, resume: bool, overwrite: bool, processes: int,
+                main: bool, model_given: bool) -> None:
+    """What a run needs before its inputs load: a backend that can run here, and a run
+    folder that fits the request (a fresh one, one to replace, or a checkpoint to resume)."""
+    from seekrl.agent.factory import backend_refusal
+
+    out = Path(cfg.out)
+    why = backend_refusal(cfg.rollout.backend, "train", processes=processes)
+    if why:
+        raise ConfigError(f"rollout.backend {cfg.rollout.backend}: {why}")
+    if cfg.rollout.backend == "vllm":
+        from seekrl.agent.vllm_backend import import_vllm
+        import_vllm()
+    if resume and overwrite:   # as SFT and the PRM refuse it: which one was meant?
+        raise ConfigError("--resume and --overwrite: continue the run or replace it, not both")
+    if resume and not (out / "checkpoints" / "latest").is_file():
+        raise FileNotFoundError(
+            f"--resume: {out} has no checkpoint yet (no checkpoints/latest); "
+            + (f"it stopped before its first checkpoint (save_every {cfg.save_every}): start "
+               "it again with --overwrite" if held_markers(out)
+               else "start the run again without --resume"))
+    if main:   # the run folder is rank 0's
+        check_run_dir(out, resume=resume, overwrite=overwrite,
+                      model=None if model_given else cfg.model)

@@ -556,3 +556,24 @@ def clip_grad_norm(params: Sequence[torch.nn.Parameter], max_norm: float) -> tor
         norm = full()
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
     return norm
+
+
+def state_bytes(modules, optimizer) -> int:
+    """Bytes of the training state held by this process: the modules' parameters and
+    gradients and the optimizer's tensors (shards count their local part)."""
+    def size(t) -> int:
+        local = getattr(t, "to_local", None)
+        t = local() if callable(local) else t
+        return t.numel() * t.element_size()
+
+    tensors: dict[int, Any] = {}
+    for m in modules:
+        for p in m.parameters() if m is not None else ():
+            tensors[id(p)] = p
+            if p.grad is not None:
+                tensors[id(p.grad)] = p.grad
+    for state in optimizer.state.values():
+        for v in state.values():
+            if isinstance(v, torch.Tensor):
+                tensors[id(v)] = v
+    return sum(size(t) for t in tensors.values())

@@ -170,3 +170,12 @@ class ValueHead(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.net(h)
+
+
+def hidden_size(model) -> int:
+    """The width of the model's last hidden state (what a value head reads)."""
+    config = getattr(model, "config", None)
+    for name in ("hidden_size", "n_embd", "d_model"):
+        if config is not None and hasattr(config, name):
+            return int(getattr(config, name))
+    raise ValueError("cannot tell the model's hidden size for the value head")

@@ -1,10 +1,13 @@
-"""Sampling rules of a training step: micro-batches by episodes and tokens, whether a
-group carries a learning signal (DAPO's dynamic sampling keeps only those), and whole
-groups of a batch."""
+"""Sampling rules of a training step: the step's questions, micro-batches by episodes and
+tokens, whether a group carries a learning signal (DAPO's dynamic sampling keeps only
+those), whole groups of a batch, and the run's random streams."""
 
 from __future__ import annotations
 
+import random
+from collections import defaultdict
 from collections.abc import Sequence
+from typing import Any
 
 from seekrl.agent.trajectory import group_indices
 from seekrl.rewards.process import group_has_signal
@@ -72,3 +75,47 @@ def whole_groups(trajs, n_groups: int) -> list[int]:
             seen.append(t.group_id)
     wanted = set(seen[:n_groups])
     return [i for i, t in enumerate(trajs) if t.group_id in wanted]
+
+
+def sample_questions(questions: Sequence[Any], n: int, rng: random.Random, *,
+                     balance_types: bool = False) -> list[Any]:
+    """`n` of `questions` (all of them when fewer), drawn with `rng`. With `balance_types`,
+    round-robin over `metadata["type"]` (each type's pool shuffled), so that one type cannot
+    crowd out the others; otherwise the data's own mix."""
+    if not balance_types:
+        return rng.sample(list(questions), min(n, len(questions)))
+    by_type: dict[str, list[Any]] = defaultdict(list)
+    for ex in questions:
+        by_type[str(ex.metadata.get("type", "-"))].append(ex)
+    pools = [rng.sample(v, len(v)) for _, v in sorted(by_type.items())]
+    rng.shuffle(pools)
+    picked: list[Any] = []
+    i = 0
+    while len(picked) < min(n, len(questions)):
+        pool = pools[i % len(pools)]
+        if pool:
+            picked.append(pool.pop())
+        i += 1
+    return picked
+
+
+class seeds:
+    """Every random stream of a run, from its seed: different steps, draws (dynamic
+    sampling's refills), ranks and Monte-Carlo continuations never share one. The
+    multipliers are primes, so the streams stay apart for any seed."""
+
+    @staticmethod
+    def step(run_seed: int, step: int) -> int:
+        return run_seed * 1_000_003 + step
+
+    @staticmethod
+    def draw(step_seed: int, draw: int) -> int:
+        return step_seed + 7919 * draw
+
+    @staticmethod
+    def rank(draw_seed: int, rank: int) -> int:
+        return draw_seed + 1_000_003 * rank
+
+    @staticmethod
+    def continuations(seed: int) -> int:
+        return seed + 104_729
