@@ -98,10 +98,15 @@ def test_the_readme_is_short_and_true():
 
     text = README.read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 300
-    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+    for target, anchor in re.findall(r"\]\(([^)#\s]+)(?:#([^)]*))?\)", text):
         if "://" in target:
             continue
         assert (ROOT / target).exists(), f"README links to {target}, which does not exist"
+        if anchor and target.endswith(".md"):   # GitHub's heading anchors
+            headings = re.findall(r"^#+ (.+)$", (ROOT / target).read_text(), re.M)
+            slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+                     for h in headings}
+            assert anchor in slugs, f"README links to {target}#{anchor}: no such heading"
     makefile = (ROOT / "Makefile").read_text()
     for target in set(re.findall(r"(?:^|`)make ([a-z][\w-]*)", text, re.M)):
         assert re.search(rf"^{re.escape(target)}:", makefile, re.M), f"make {target}"
