@@ -99,20 +99,22 @@ def test_score_trajectories_matches_hand_computed_values():
                         "cover_em": 0.75, "valid_format": 0.75, "searches": 1.0,
                         "turns": 2.0, "queries": 1.0,
                         "generated_tokens": 7.0, "evidence_recall": 0.375, "pass@2": 1.0,
+                        "one_search": 0.5, "planned_lookups": None,
                         # only q1's first sample found d1 and d2 (and was right)
                         "evidence_complete": 0.25, "em_evidence_complete": 1.0})
     # B: q3 one of two right, q4 none; no gold documents -> evidence recall None (n/a)
     assert b == approx({"questions": 2, "trajectories": 4, "em": 0.25, "f1": 0.25,
                         "cover_em": 0.25, "valid_format": 1.0, "searches": 0.0,
                         "turns": 1.0, "queries": 0.0, "generated_tokens": 5.0,
-                        "evidence_recall": None, "pass@2": 0.5,
+                        "evidence_recall": None, "pass@2": 0.5, "one_search": 0.0,
+                        "planned_lookups": None,
                         "evidence_complete": None, "em_evidence_complete": None})
     # macro average over the two data sets; evidence recall only where known
     assert avg == approx({"questions": 4, "trajectories": 8, "em": 0.375,
                           "f1": (2 / 3 + 0.25) / 2, "cover_em": 0.5, "valid_format": 0.875,
                           "searches": 0.5, "turns": 1.5, "queries": 0.5,
                           "generated_tokens": 6.0, "evidence_recall": 0.375,
-                          "pass@2": 0.75, "evidence_complete": 0.25,
+                          "pass@2": 0.75, "one_search": 0.25, "planned_lookups": None, "evidence_complete": 0.25,
                           "em_evidence_complete": 1.0})
     # per type: only A has types; each type is one question here
     assert list(m["by_type"]) == ["A"]

@@ -1296,3 +1296,58 @@ def test_resume_and_overwrite_together_are_refused(tmp_path):
     cfg = TrainConfig(data=str(tmp_path / "t.jsonl"), out=str(tmp_path / "run"))
     with pytest.raises(ConfigError, match="--resume and --overwrite"):
         Trainer(cfg, resume=True, overwrite=True)
+
+
+def test_a_group_of_one_is_refused_where_the_estimator_needs_a_group(world, tiny, tmp_path):
+    from seekrl.recipes.train import check_config
+
+    for name in ("grpo", "dr_grpo", "rloo", "gigpo"):
+        with pytest.raises(ConfigError, match="group_size: 1 with algo.advantage"):
+            check_config(make_cfg(tmp_path, group_size=1, **{"algo.advantage": name}))
+    # estimators with a baseline of their own take single episodes
+    for name in ("gae", "reinforce_pp"):
+        check_config(make_cfg(tmp_path, group_size=1, **{"algo.advantage": name,
+                                                         "algo.kl_in_reward": name == "gae"}))
+
+
+def test_the_step_logs_its_updates_and_lookups_by_question_kind(world, tiny, tmp_path):
+    """`updates` counts the optimizer steps (epochs x mini-batches); lookups_by_kind says,
+    per question kind, the searches made and planned, so the hop decision can be read."""
+    cfg = make_cfg(tmp_path, **{"algo.mini_batch_size": 2, "algo.epochs": 2})
+    record = make_trainer(cfg, world, tiny).step(1)
+    assert record["updates"] == 2 * (2 * 2 // 2)
+    kinds = record["lookups_by_kind"]
+    assert sum(k["n"] for k in kinds.values()) == record["episodes"]
+    for row in kinds.values():
+        assert set(row) == {"planned", "made", "one", "em", "n"}
+        assert 0 <= row["one"] <= 1
+
+
+def test_planned_lookups_are_read_from_the_first_thought():
+    from seekrl.agent.trajectory import Step, Trajectory
+    from seekrl.rl.step_metrics import lookups_by_kind
+
+    def episode(text, searches, hops):
+        steps = [Step(1, 2, "search", text=text)] + \
+            [Step(2, 3, "search") for _ in range(searches - 1)] + [Step(3, 4, "answer")]
+        return Trajectory("q", "q", "?", ["x"], [1, 2, 3, 4], [0, 1, 1, 1], 1, steps=steps,
+                          metadata={"type": "bridge", "hops": hops})
+
+    planned = episode("<think> To answer this I need 2 lookups. First ...", 2, 2)
+    unplanned = episode("<think> Let me search.", 1, 2)
+    assert planned.planned_lookups == 2 and unplanned.planned_lookups is None
+    row = lookups_by_kind([planned, unplanned])["bridge-2"]
+    assert row == {"planned": 2.0, "made": 1.5, "one": 0.5, "em": 0.0, "n": 2}
+
+
+def test_a_dev_evaluation_can_also_sample_for_pass_at_k(world, tiny, tmp_path):
+    cfg = make_cfg(tmp_path, steps=1, save_every=0, **{"rollout.temperature": 1.0}, eval={
+        "data": str(world["paths"]["test"]), "n": 2, "at_start": False, "max_turns": 1,
+        "max_new_tokens": 4, "samples": 2})
+    summary = make_trainer(cfg, world, tiny).train()
+    dev = summary["dev"]
+    assert {"sampled_em", "pass@2", "one_search", "planned_lookups", "by_type"} <= set(dev)
+    assert 0 <= dev["sampled_em"] <= dev["pass@2"] <= 1
+    assert (tmp_path / "run" / "eval" / "final" / "sampled" / "metrics.json").is_file()
+    logged = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert any("dev_pass@2" in r for r in logged)

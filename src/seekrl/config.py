@@ -218,6 +218,9 @@ class EvalConfig(Strict):
     n: int = Field(32, ge=1)       # first n questions of it
     every: int = Field(0, ge=0)    # every N optimizer steps (0: only at the end)
     at_start: bool = True          # also the starting policy (eval/start), unless resuming
+    # K > 0: each evaluation also samples K episodes a question at the rollout temperature
+    # (eval/NAME/sampled): pass@1 and pass@K, what sampling finds beside the greedy answer
+    samples: int = Field(0, ge=0)
     max_turns: MaxTurns = DEFAULT_MAX_TURNS
     max_new_tokens: MaxNewTokens = DEFAULT_MAX_NEW_TOKENS
     batch_size: EpisodeBatch = DEFAULT_BATCH_SIZE

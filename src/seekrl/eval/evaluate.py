@@ -54,7 +54,10 @@ GENERIC_STEMS = frozenset({"questions", "test", "dev", "train", "val", "validati
 # turns: model turns per episode; queries: retriever queries per episode (a search of
 # several sub-queries counts each; otherwise as searches)
 _METRIC_KEYS = ("em", "f1", "cover_em", "valid_format", "searches", "turns", "queries",
-                "generated_tokens")
+                "generated_tokens", "one_search")
+# known only for some episodes: averaged over those (None where no episode has one)
+# planned_lookups: what the first thought plans ("I need 2 lookups"), beside `searches`
+_PARTIAL_KEYS = ("evidence_recall", "planned_lookups")
 _FOUND = "_evidence_complete_em"   # a question row's (episodes with every gold doc, their EM)
 
 
@@ -147,7 +150,8 @@ def _trajectory_scores(t: Trajectory) -> dict[str, Any]:
     scores.update(valid_format=float(t.valid_format), searches=float(t.n_searches),
                   turns=float(len(t.steps)),
                   queries=float(t.n_queries),
-                  generated_tokens=float(t.n_generated), evidence_recall=t.evidence_recall())
+                  generated_tokens=float(t.n_generated), one_search=float(t.n_searches == 1),
+                  evidence_recall=t.evidence_recall(), planned_lookups=t.planned_lookups)
     return scores
 
 
@@ -160,7 +164,8 @@ def _question_row(trajs: list[Trajectory], pass_ks: Sequence[int]) -> dict[str, 
     """One question: each metric the mean over its samples; pass@k over them."""
     per = [_trajectory_scores(t) for t in trajs]
     row = {key: _mean(s[key] for s in per) for key in _METRIC_KEYS}
-    row["evidence_recall"] = _mean(s["evidence_recall"] for s in per)
+    for key in _PARTIAL_KEYS:
+        row[key] = _mean(s[key] for s in per)
     # search failure or reading failure: how often every gold document was retrieved, and
     # the EM of those episodes (pooled over episodes by `_aggregate`)
     found = [s["em"] for s in per if s["evidence_recall"] == 1.0]
@@ -176,7 +181,7 @@ def _question_row(trajs: list[Trajectory], pass_ks: Sequence[int]) -> dict[str, 
 def _aggregate(question_rows: list[dict[str, Any]], n_trajectories: int,
                pass_ks: Sequence[int]) -> dict[str, Any]:
     row: dict[str, Any] = {"questions": len(question_rows), "trajectories": n_trajectories}
-    for key in (*_METRIC_KEYS, "evidence_recall", "evidence_complete",
+    for key in (*_METRIC_KEYS, *_PARTIAL_KEYS, "evidence_complete",
                 *(f"pass@{k}" for k in pass_ks)):
         row[key] = _mean(q[key] for q in question_rows)
     n_found = sum(q[_FOUND][0] for q in question_rows)
@@ -246,7 +251,7 @@ def score_trajectories(trajectories: Sequence[Trajectory], *,
         rows = list(datasets.values())
         average = {"questions": sum(r["questions"] for r in rows),
                    "trajectories": sum(r["trajectories"] for r in rows)}
-        for key in (*_METRIC_KEYS, "evidence_recall", "evidence_complete",
+        for key in (*_METRIC_KEYS, *_PARTIAL_KEYS, "evidence_complete",
                     "em_evidence_complete", *(f"pass@{k}" for k in pass_ks)):
             average[key] = _mean(r[key] for r in rows)
     out = {"n_samples": n_samples, "pass_ks": list(pass_ks), "datasets": dict(datasets),
@@ -408,13 +413,17 @@ def evaluate(model, tokenizer, retriever: Retriever | None,
 def eval_policy(model, tokenizer, retriever, cfg, out_dir: str | Path, *, topk: int,
                 max_info_tokens: int = DEFAULT_MAX_INFO_TOKENS, prompt: str = "seekrl",
                 console=None, run_info: dict | None = None, limit: int | None = None,
-                attention: str = "default", **episode: Any) -> dict[str, Any]:
+                attention: str = "default", temperature: float = 1.0,
+                **episode: Any) -> dict[str, Any]:
     """Greedy agent evaluation on the first `cfg.n` questions of `cfg.data` (`cfg`: an
     `EvalConfig`, the `eval:` section of the SFT and RL configs), as the recipes run it
     during and after training; writes the run folder (tables, trajectories, viewer) and
     returns the average metrics row. `episode`: more episode settings of the run's
     `rollout:` section (tools, snippet_words, max_queries) the policy plays with;
-    `attention`, how its decoding computes attention (rollout.attention)."""
+    `attention`, how its decoding computes attention (rollout.attention). With
+    `cfg.samples` K > 0, the same questions are also sampled K times at `temperature` into
+    `out_dir/sampled`, and the returned metrics hold that run's average as `sampled`
+    (pass@1 = its `em`, and `pass@K`)."""
     from seekrl.eval.report import write_viewer
 
     data = load_eval_data([cfg.data], limit=limit or cfg.n)
@@ -426,6 +435,18 @@ def eval_policy(model, tokenizer, retriever, cfg, out_dir: str | Path, *, topk: 
         metrics = evaluate(model, tokenizer, retriever, data, rollout, out_dir,
                            backend=HFBackend(model, tokenizer, attention=attention),
                            run_info=run_info, progress=console is not None, console=console)
+        samples = getattr(cfg, "samples", 0)
+        if samples:
+            sampled_cfg = eval_rollout_config(cfg, method="agent", topk=topk,
+                                              max_info_tokens=max_info_tokens, prompt=prompt,
+                                              n_samples=samples, temperature=temperature,
+                                              **episode)
+            sampled = evaluate(model, tokenizer, retriever, data, sampled_cfg,
+                               Path(out_dir) / "sampled",
+                               backend=HFBackend(model, tokenizer, attention=attention),
+                               run_info=run_info, progress=console is not None,
+                               console=console)
+            metrics["sampled"] = sampled["average"]
     finally:
         model.train(was_training)
     write_viewer(out_dir, tokenizer=tokenizer)

@@ -82,7 +82,13 @@ from seekrl.rl.sampling import (
     whole_groups,
 )
 from seekrl.rl.step_batch import Rewards, StepBatch
-from seekrl.rl.step_metrics import correct, episode_metrics, step_line
+from seekrl.rl.step_metrics import (
+    correct,
+    dev_figures,
+    episode_metrics,
+    lookups_by_kind,
+    step_line,
+)
 from seekrl.rl.update import (
     PolicyUpdate,
     UpdateBatch,
@@ -386,7 +392,7 @@ class Trainer:
                                  self_search=self.cfg.rollout.self_search,
                                  sub_queries=self.cfg.rollout.max_queries > 1)
         record.update(step=step, episodes=len(trajs), episodes_sampled=n_sampled,
-                      refills=refills)
+                      refills=refills, lookups_by_kind=lookups_by_kind(trajs))
         record.update(rollout_tokens=step_tokens, rollout_tokens_total=self.rollout_tokens,
                       **{f"process_{k}": round(v, 4)
                          for k, v in sorted(draws.process_stats.items())})
@@ -847,9 +853,9 @@ class Trainer:
             metrics = eval_policy(self.model, self.tokenizer, self.retriever, self.cfg.eval,
                                   out_dir, topk=r.topk, max_info_tokens=r.max_info_tokens,
                                   prompt=r.prompt, tools=r.tools, snippet_words=r.snippet_words,
-                                  max_queries=r.max_queries, attention=r.attention)
-        avg = metrics["average"]
-        return {k: avg[k] for k in ("em", "f1", "valid_format", "searches", "questions")}
+                                  max_queries=r.max_queries, attention=r.attention,
+                                  temperature=r.temperature)
+        return dev_figures(metrics)
 
 
 # ---------------------------------------------------------------------- helpers

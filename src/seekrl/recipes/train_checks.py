@@ -12,6 +12,10 @@ from seekrl.recipes.checkpoint import check_run_dir, held_markers
 from seekrl.recipes.setup import check_log_packages, check_name
 from seekrl.rewards.outcome import load_reward_fn
 
+# the built-in estimators whose baseline is the question's group
+_GROUP_RELATIVE = frozenset({"grpo", "dr_grpo", "rloo", "dual_granularity", "gigpo",
+                             "stratified_grpo"})
+
 
 def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
     """The RL recipe's registry names and cross-key rules, checked before anything slow
@@ -108,6 +112,12 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
             "which with one update per batch (epochs 1, mini_batch_size >= questions_per_step "
             "x group_size) has not moved yet: the term would always be 0; use several "
             "mini-batches (a smaller algo.mini_batch_size) or epochs")
+    if cfg.group_size == 1 and tree is None and algo.advantage in _GROUP_RELATIVE:
+        raise ConfigError(
+            f"group_size: 1 with algo.advantage {algo.advantage}: it compares each episode "
+            "with the others of its question's group, and a group of one has none, so every "
+            "advantage is 0 and nothing is learned; set group_size >= 2 (4-8 is usual), or "
+            "use an estimator that needs no group (gae with a critic, reinforce_pp)")
     if facts.needs_tree and tree is None:
         raise ConfigError(f"algo.advantage: {algo.advantage} needs tree rollouts (rollout.tree)")
     if cfg.ranker is not None:

@@ -135,6 +135,26 @@ def lookups_by_kind(trajs: Sequence[Trajectory]) -> dict[str, dict[str, float | 
     return out
 
 
+def dev_figures(metrics: dict[str, Any]) -> dict[str, Any]:
+    """What a dev evaluation adds to the log (as `dev_<name>`): the greedy average's EM, F1,
+    format, searches, the share of episodes that made exactly one search and the lookups
+    planned; per question type EM, searches, one-search share and plan; with sampled
+    episodes, pass@1 (`sampled_em`) and pass@K."""
+    avg = metrics["average"]
+    out = {k: avg.get(k) for k in ("em", "f1", "valid_format", "searches", "questions",
+                                   "one_search", "planned_lookups")}
+    by_type = {t: {k: row.get(k) for k in ("em", "searches", "one_search", "planned_lookups",
+                                           "questions")}
+               for rows in metrics.get("by_type", {}).values() for t, row in rows.items()}
+    if by_type:
+        out["by_type"] = by_type
+    sampled = metrics.get("sampled")
+    if sampled:
+        out["sampled_em"] = sampled.get("em")
+        out.update({k: v for k, v in sampled.items() if k.startswith("pass@")})
+    return out
+
+
 def step_line(r: dict, total: int, elapsed: float) -> str:
     """A step's console line."""
     def f(key, fmt="{:.3f}"):

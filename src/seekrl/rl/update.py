@@ -103,6 +103,7 @@ class PolicyUpdate:
                 stats["grad_norm"].append(self.optimizer_step())
         out: dict[str, Any] = {k: round(sum(v) / len(v), 5) for k, v in stats.items()}
         out["grad_norm"] = round(max(stats["grad_norm"]), 4)
+        out["updates"] = len(stats["grad_norm"])   # optimizer steps this batch made
         out["correct_logps"] = {i: lp for part in self.dist.gather([probe.correct_logps])
                                 for i, lp in part.items()}
         if "rollout_logp_gap" in out:
