@@ -1351,3 +1351,19 @@ def test_a_dev_evaluation_can_also_sample_for_pass_at_k(world, tiny, tmp_path):
     assert (tmp_path / "run" / "eval" / "final" / "sampled" / "metrics.json").is_file()
     logged = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any("dev_pass@2" in r for r in logged)
+
+
+def test_a_step_says_what_it_does_before_it_ends(world, tiny, tmp_path):
+    """A first step of minutes printed nothing until it ended: the rollouts show a bar, and
+    the update is announced with its number of optimizer steps."""
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=120)
+    cfg = make_cfg(tmp_path, **{"algo.mini_batch_size": 2, "algo.epochs": 2})
+    make_trainer(cfg, world, tiny, console=console).train()
+    text = out.getvalue()
+    assert "step 1 rollouts" in text
+    assert "step 1: 4 episodes in" in text and "(4 optimizer steps)" in text

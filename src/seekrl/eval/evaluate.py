@@ -325,7 +325,8 @@ def describe_retriever(retriever: Retriever | None) -> dict[str, Any] | None:
     return {"type": type(retriever).__name__}
 
 
-def _progress(console, total: int):
+def episode_progress(console, total: int):
+    """A progress bar over `total` episodes: done / total, the EM so far, time left."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -369,7 +370,7 @@ def evaluate(model, tokenizer, retriever: Retriever | None,
     trajectories: list[Trajectory] = []
     seconds: dict[str, float] = {}
     total = sum(len(v) for v in data.values()) * cfg.n_samples
-    bar = _progress(console, total) if progress else None
+    bar = episode_progress(console, total) if progress else None
     done, correct = 0, 0.0
 
     def finished(t: Trajectory) -> None:

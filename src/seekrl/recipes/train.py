@@ -17,7 +17,7 @@ import random
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -31,7 +31,7 @@ from seekrl.agent.rollout import RolloutConfig, RolloutEngine, grow_trees
 from seekrl.agent.trajectory import Trajectory
 from seekrl.config import TrainConfig, dump_config
 from seekrl.data.qa import QAExample, load_qa
-from seekrl.eval.evaluate import eval_policy, write_rollouts
+from seekrl.eval.evaluate import episode_progress, eval_policy, write_rollouts
 from seekrl.models import pad_id_of
 from seekrl.recipes.checkpoint import (
     claim_run_dir,
@@ -297,13 +297,34 @@ class Trainer:
         tree = self.cfg.rollout.tree
         with self.full_weights():
             if tree is None:
-                trajs = self.engine(seed).run(questions, dataset="train")
+                with self._progress(len(questions) * self.cfg.group_size) as tick:
+                    trajs = self.engine(seed).run(questions, dataset="train", on_finish=tick)
             else:
                 trajs = grow_trees(self.engine(seed, n_samples=tree.trees), questions,
                                    tree.branches, tree.rounds, seed)
         for t in trajs:  # group ids unique per draw, even if a question comes back
             t.group_id = f"{t.example_id}@{seed}"
         return trajs
+
+    @contextmanager
+    def _progress(self, total: int):
+        """A transient bar over a draw's episodes on the console (the first step of a run
+        otherwise prints nothing for minutes); yields what to call as each one finishes."""
+        if self.console is None or not total:
+            yield lambda t: None
+            return
+        bar = episode_progress(self.console, total)
+        task = bar.add_task(f"step {self.step_done + 1} rollouts", total=total, em="-")
+        right = [0, 0]
+
+        def tick(t: Trajectory) -> None:
+            right[0] += correct(t)
+            right[1] += 1
+            bar.update(task, advance=1, em=f"{right[0] / right[1]:.3f}")
+
+        with bar:
+            yield tick
+        bar.remove_task(task)
 
     # ------------------------------------------------------------------ 3. scoring
     def score(self, trajs: Sequence[Trajectory], seed: int = 0,
@@ -415,6 +436,10 @@ class Trainer:
             return record
         if self._backend is not None:
             self._backend.sleep()   # the update gets the engine's memory (vllm_sleep)
+        algo = self.cfg.algo
+        self._say(f"  step {step}: {len(trajs)} episodes in {t_rollout:.0f} s, updating "
+                  f"({algo.epochs * -(-len(trajs) // algo.mini_batch_size)} optimizer "
+                  "steps)")
         record.update(self.learn(trajs, estimate=estimate))
         generated = sum(t.n_decoded for t in trajs)   # what was decoded, blocks it wrote too
         record.update(time_rollout=round(t_rollout, 2), time_scoring=round(t_scoring, 3),
