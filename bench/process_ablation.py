@@ -385,6 +385,10 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
               "per_question": _per_question(final_dir),
               "train_searches": [r["searches"] for r in steps],
               "train_reward": [r["reward"] for r in steps],
+              # the health of every step, to read the curve after the fact (the whole log,
+              # dev lines included, is kept beside as metrics.jsonl.gz)
+              **{f"train_{k}": [r.get(k) for r in steps] for k in STEP_CURVES},
+              "metrics_log": _keep_log(out),
               "alerts": sorted({a for r in steps for a in r.get("alerts", [])}),
               # the ranker's scoring and updates: time the policy-token budget does not count
               "ranker_minutes": round(sum(r.get("time_ranker_score", 0.0)
@@ -398,6 +402,23 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
           f"{summary['steps']} steps, {summary['rollout_tokens']} rollout tokens "
           f"({result['minutes']:.1f} min)", flush=True)
     return result
+
+
+# per-step figures a result keeps as lists (train_<name>): reward and EM, the signal, the
+# update's health and the hop decision
+STEP_CURVES = ("em", "valid_format", "groups_with_signal", "groups_solved", "updates",
+               "clip_frac", "kl", "entropy", "grad_norm", "lookups_by_kind", "rollout_tokens")
+
+
+def _keep_log(out: Path) -> str:
+    """The run's whole metrics.jsonl, gzipped beside its result.json (kept in the records
+    with it); returns its name."""
+    import gzip
+
+    with open(out / "metrics.jsonl", "rb") as src, \
+            gzip.open(out / "metrics.jsonl.gz", "wb", compresslevel=9) as dst:
+        shutil.copyfileobj(src, dst)
+    return "metrics.jsonl.gz"
 
 
 def _evaluate(model_dir: Path, out: Path, index_dir: Path, test_file: Path, demo, args,

@@ -327,6 +327,13 @@ def test_a_fresh_run_is_not_given_the_evaluation_an_earlier_policy_left_in_its_f
                               final_on="test", device="cpu", overrides={})
     result = bench._run("outcome", 0, None, args, None, None, None, None, None)
     assert seen == [False] and result["em"] == 0.0 and result["per_question"] == {"q0": 0.0}
+    # the step's figures kept for the curve, and the whole log beside the result
+    import gzip
+
+    assert result["train_reward"] == [0.5] and result["train_em"] == [None]
+    assert result["metrics_log"] == "metrics.jsonl.gz"
+    assert gzip.decompress((out / "metrics.jsonl.gz").read_bytes()) == \
+        (out / "metrics.jsonl").read_bytes()
 
 
 def test_per_question_em_from_trajectories_is_kept_and_bad_lines_are_named(tmp_path):
