@@ -48,3 +48,11 @@ def test_every_import_points_down():
             if room == "cli" or (source, room) in NEVER or FLOOR[room] > FLOOR[source]:
                 wrong.append(f"{path.relative_to(SRC.parent)}:{line} imports {target}")
     assert not wrong, "imports that point up:\n" + "\n".join(wrong)
+
+
+def test_config_error_lives_with_the_other_errors():
+    import seekrl.config
+    import seekrl.errors
+
+    assert seekrl.config.ConfigError is seekrl.errors.ConfigError   # old imports still work
+    assert issubclass(seekrl.errors.ConfigError, (seekrl.errors.SeekrlError, ValueError))

@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from seekrl.errors import SeekrlError
+from seekrl.errors import ConfigError  # also imported from here by user code
 
 # An episode's limits by default. `EpisodeSettings` (the recipes' `rollout:` section and the
 # rollout engine's `RolloutConfig` are both of it), the `eval:` section, the SFT warm-up's
@@ -37,10 +37,6 @@ DEFAULT_MAX_TOTAL_TOKENS = 2048
 DEFAULT_MAX_INFO_TOKENS = 384  # token cap of one <information> block
 DEFAULT_TOPK = 3               # documents per search
 DEFAULT_BATCH_SIZE = 32        # episodes generating together
-
-
-class ConfigError(SeekrlError, ValueError):
-    """A config file or override that does not fit the recipe's schema."""
 
 
 def _leaf_types(annotation: Any) -> set:

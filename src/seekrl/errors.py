@@ -10,6 +10,10 @@ class SeekrlError(Exception):
     catch that."""
 
 
+class ConfigError(SeekrlError, ValueError):
+    """A config file or override that does not fit the recipe's schema."""
+
+
 class DataError(SeekrlError, ValueError):
     """Malformed input data: names the file, the line (1-based) and the field."""
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from seekrl.config import ConfigError
+from seekrl.errors import ConfigError
 
 _ATTR = r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*"
 _PATH = re.compile(rf"{_ATTR}:{_ATTR}")

@@ -9,7 +9,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from seekrl.config import ConfigError
+from seekrl.errors import ConfigError
 
 RUN_MARKERS = ("metrics.jsonl", "checkpoints")      # a folder holding these holds a run
 RUN_OUTPUTS = ("metrics.jsonl", "alerts.jsonl", "checkpoints", "final", "eval", "rollouts",

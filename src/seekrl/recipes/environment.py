@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from seekrl.agent.trajectory import Trajectory
-from seekrl.config import ConfigError, TrainConfig
+from seekrl.config import TrainConfig
+from seekrl.errors import ConfigError
 from seekrl.recipes.setup import open_index
 
 # what a simulator counts (SimulatedRetriever.stats), logged as simulator_<count>_total

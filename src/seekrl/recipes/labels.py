@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from seekrl.agent.trajectory import Trajectory, checked_trajectory, is_number
-from seekrl.config import ConfigError
 from seekrl.data.jsonl import iter_jsonl
-from seekrl.errors import DataError
+from seekrl.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 

@@ -34,8 +34,7 @@ import torch
 from torch import nn
 
 from seekrl.agent.trajectory import Trajectory
-from seekrl.config import ConfigError
-from seekrl.errors import DataError
+from seekrl.errors import ConfigError, DataError
 from seekrl.models import cast_weights, pad_id_of
 from seekrl.recipes.labels import (
     LabelSet,

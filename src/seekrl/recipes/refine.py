@@ -194,7 +194,7 @@ REFINE_OUTPUTS = (*REFINE_MARKERS, "config.yaml")
 
 def check_config(cfg) -> None:
     """The refinement recipe's registry names and cross-key rules (`RefineConfig`)."""
-    from seekrl.config import ConfigError
+    from seekrl.errors import ConfigError
     from seekrl.recipes.setup import check_episode_recipe
 
     check_episode_recipe(cfg, "refine")
@@ -215,7 +215,7 @@ def check_text_turns(r) -> None:
     """Episodes written as text turns are laid out again by SFT: only what its reader
     rebuilds exactly (searches of one query, documents in seekrl's style, no other tool)."""
     from seekrl.agent.protocol import PROMPTS, prompt_style
-    from seekrl.config import ConfigError
+    from seekrl.errors import ConfigError
 
     why = ("rollout.max_queries > 1" if r.max_queries > 1 else
            f"rollout.tools {r.tools}" if r.tools else

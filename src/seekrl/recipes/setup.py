@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from seekrl.config import ConfigError, LoRAConfig, OptimConfig
+from seekrl.config import LoRAConfig, OptimConfig
+from seekrl.errors import ConfigError
 
 
 def check_name(key: str, value: str, known) -> None:

@@ -36,10 +36,10 @@ from seekrl.agent.protocol import (
     step_format_problem,
 )
 from seekrl.agent.rollout import information_ids
-from seekrl.config import DATA_PROMPT, DEFAULT_MAX_INFO_TOKENS, ConfigError, SFTConfig, dump_config
+from seekrl.config import DATA_PROMPT, DEFAULT_MAX_INFO_TOKENS, SFTConfig, dump_config
 from seekrl.data.jsonl import iter_jsonl
 from seekrl.data.qa import prompt_messages
-from seekrl.errors import DataError
+from seekrl.errors import ConfigError, DataError
 from seekrl.eval.evaluate import eval_policy
 from seekrl.models import pad_id_of
 from seekrl.recipes.checkpoint import (

@@ -7,7 +7,8 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from seekrl.config import ConfigError, TrainConfig
+from seekrl.config import TrainConfig
+from seekrl.errors import ConfigError
 from seekrl.recipes.checkpoint import check_run_dir, held_markers
 from seekrl.recipes.setup import check_log_packages, check_name
 from seekrl.rewards.outcome import load_reward_fn
