@@ -701,7 +701,7 @@ def test_an_interrupted_sft_or_prm_run_gives_the_command_that_goes_on(tmp_path, 
     stopped and the same command with --resume (or, before any checkpoint, how to restart)."""
     import seekrl.recipes.prm as prm_module
     import seekrl.recipes.sft as sft_module
-    from seekrl.recipes.sft import Interrupted
+    from seekrl.recipes.setup import Interrupted
 
     ckpt = tmp_path / "o" / "checkpoints" / "step-2"
     module, name, args = ((sft_module, "run_sft", ["sft", f"data={tmp_path / 'd.jsonl'}"])

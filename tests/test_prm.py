@@ -469,7 +469,7 @@ def test_a_resumed_prm_run_ends_where_a_straight_one_does(tiny, label_dir, tmp_p
     import seekrl.recipes.prm as prm_module
     from seekrl.config import ConfigError
     from seekrl.models import load_policy
-    from seekrl.recipes.sft import Interrupted
+    from seekrl.recipes.setup import Interrupted
 
     model, tok = tiny
 

@@ -208,7 +208,7 @@ def test_a_resumed_run_ends_where_a_straight_one_does(world, tiny, tmp_path, mon
 
     import seekrl.recipes.sft as sft_module
     from seekrl.config import ConfigError
-    from seekrl.recipes.sft import Interrupted
+    from seekrl.recipes.setup import Interrupted
 
     model, tok = tiny
 

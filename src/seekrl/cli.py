@@ -671,7 +671,8 @@ def sft(
     import shlex
 
     from seekrl.config import SFTConfig, load_config
-    from seekrl.recipes.sft import Interrupted, run_sft
+    from seekrl.recipes.setup import Interrupted
+    from seekrl.recipes.sft import run_sft
 
     command = shlex.join(["seekrl", "sft", *(["--config", str(config)] if config else []),
                           *(overrides or [])])
@@ -981,7 +982,7 @@ def prm_train(
     import shlex
 
     from seekrl.recipes.prm import train_prm
-    from seekrl.recipes.sft import Interrupted
+    from seekrl.recipes.setup import Interrupted
 
     command = shlex.join(["seekrl", "prm", "train", *(["--config", str(config)] if config
                                                       else []), *(overrides or [])])

@@ -310,12 +310,13 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
     """`seekrl prm train`: fit the PRM on the label folders; save `out/final`; return the
     summary with the dev metrics. An `out` that holds a PRM run is refused unless
     `overwrite`; `resume` continues it from its latest checkpoint (`save_every`), drawing
-    the same labels as an uninterrupted run. Ctrl-C raises `Interrupted` (recipes/sft.py),
+    the same labels as an uninterrupted run. Ctrl-C raises `Interrupted` (recipes/setup.py),
     which says where the run stopped."""
     from seekrl.config import dump_config
     from seekrl.models import load_policy, load_tokenizer
     from seekrl.recipes.checkpoint import check_run_dir, claim_run_dir, latest_checkpoint
     from seekrl.recipes.setup import (
+        Interrupted,
         MetricsLog,
         clip_and_step,
         make_optimizer,
@@ -326,7 +327,6 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
         trainable_parameters,
         training_state,
     )
-    from seekrl.recipes.sft import Interrupted
 
     started = time.time()
     labels = read_labels(cfg.labels)              # bad labels fail before a model loads

@@ -1,6 +1,6 @@
 """What the recipes share at set-up: config name checks, the index,
-seeding, trainable layers and LoRA, optimizer and schedule, a token budget's share, and
-the metrics log (checkpoint I/O is in `checkpoint.py`)."""
+seeding, resuming and stopping (`Interrupted`), trainable layers and LoRA, optimizer and
+schedule, a token budget's share, and the metrics log (checkpoint I/O is in `checkpoint.py`)."""
 
 from __future__ import annotations
 
@@ -199,6 +199,25 @@ def keep_log_until(path: Path, step: int, drop=None) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
     os.replace(tmp, path)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C in a recipe's training loop (SFT, the PRM): how many steps were done and
+    the checkpoint to resume from."""
+
+    def __init__(self, done: int, checkpoint: Path | None, save_every: int):
+        super().__init__(done)
+        self.done, self.checkpoint, self.save_every = done, checkpoint, save_every
+
+    def message(self, command: str) -> str:
+        where = f"after step {self.done}" if self.done else "before the first step"
+        if self.checkpoint is not None:
+            return (f"interrupted {where}; the latest checkpoint is {self.checkpoint}; "
+                    f"continue from it with: {command} --resume")
+        why = "save_every is 0" if not self.save_every else \
+            f"the first checkpoint comes at step {self.save_every}"
+        return f"interrupted {where}, with no checkpoint ({why}); start again with: " \
+               f"{command} --overwrite"
 
 
 def train_top_layers(model, n: int | None):

@@ -52,6 +52,7 @@ from seekrl.recipes.checkpoint import (
     write_policy,
 )
 from seekrl.recipes.setup import (
+    Interrupted,
     MetricsLog,
     check_eval_data,
     check_world_index,
@@ -316,24 +317,6 @@ def sft_loss(model, micro: list[SFTExample], pad_id: int, device) -> tuple[torch
                               pad_id, device)
     logp = masked_logprobs(model, ids, attn, mask)["logprobs"]
     return -(logp * mask).sum(), int(mask.sum())
-
-
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C during SFT: how many steps were done and the checkpoint to resume from."""
-
-    def __init__(self, done: int, checkpoint: Path | None, save_every: int):
-        super().__init__(done)
-        self.done, self.checkpoint, self.save_every = done, checkpoint, save_every
-
-    def message(self, command: str) -> str:
-        where = f"after step {self.done}" if self.done else "before the first step"
-        if self.checkpoint is not None:
-            return (f"interrupted {where}; the latest checkpoint is {self.checkpoint}; "
-                    f"continue from it with: {command} --resume")
-        why = "save_every is 0" if not self.save_every else \
-            f"the first checkpoint comes at step {self.save_every}"
-        return f"interrupted {where}, with no checkpoint ({why}); start again with: " \
-               f"{command} --overwrite"
 
 
 # The settings a resumed run may change: where and how often it saves and logs, how it is
