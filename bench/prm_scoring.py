@@ -28,7 +28,7 @@ def main() -> None:
     import torch
 
     from seekrl.recipes.labels import read_labels
-    from seekrl.recipes.prm import PRMScorer, load_scorer
+    from seekrl.rewards.prm import PRMScorer, load_scorer
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prm", type=Path, required=True, help="a `seekrl prm train` folder")

@@ -198,7 +198,7 @@ def _label_tokens(prm: Path) -> int:
     """The generated tokens that made a PRM's labels: the `generated_tokens` of every label
     folder it was trained on (their `progress.json`). `prm` is a `seekrl prm train` folder
     or its `final/` (whose prm.json names the label folders, as its config.yaml does)."""
-    from seekrl.recipes.prm import PRM_MARKER, prm_folder
+    from seekrl.rewards.prm import PRM_MARKER, prm_folder
 
     try:
         marker = prm_folder(prm) / PRM_MARKER

@@ -359,7 +359,8 @@ def _mc_comparison(seed: int, args) -> dict:
     from seekrl.config import LabelConfig, PRMConfig, load_config
     from seekrl.recipes.labels import read_labels, split_labels
     from seekrl.recipes.mcts import run_labelling
-    from seekrl.recipes.prm import load_scorer, prm_metrics, train_prm
+    from seekrl.recipes.prm import prm_metrics, train_prm
+    from seekrl.rewards.prm import load_scorer
 
     out = args.work_dir / "runs" / f"mc-s{seed}"
     done = out / "result.json"

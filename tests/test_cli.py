@@ -233,7 +233,8 @@ def test_prm_score_and_eval_on_files(tmp_path):
     from seekrl.config import LabelConfig
     from seekrl.models import tiny_policy
     from seekrl.recipes.mcts import run_labelling
-    from seekrl.recipes.prm import ProcessRewardModel, save_prm
+    from seekrl.recipes.prm import save_prm
+    from seekrl.rewards.prm import ProcessRewardModel
     from tests.test_mcts import OPTIONS, Dice, questions
     from tests.test_rollout import Docs
 

@@ -21,16 +21,18 @@ from seekrl.errors import DataError
 from seekrl.recipes.labels import LabelSet, PairLabel, PointLabel, read_labels
 from seekrl.recipes.mcts import run_labelling
 from seekrl.recipes.prm import (
+    auc,
+    pairwise_loss,
+    pointwise_loss,
+    prm_metrics,
+    train_prm,
+)
+from seekrl.rewards.prm import (
     PRM_MARKER,
     PRMScorer,
     ProcessRewardModel,
-    auc,
     load_scorer,
-    pairwise_loss,
-    pointwise_loss,
     prm_folder,
-    prm_metrics,
-    train_prm,
 )
 from tests.test_mcts import OPTIONS, Dice, dice_engine, questions
 from tests.test_rollout import Docs
@@ -93,7 +95,7 @@ def test_bf16_mixed_scorer_casts_weights_once_and_keeps_the_scores(tiny, episode
 
     class Uncast(PRMScorer):                   # autocast, every weight cast on every forward
         def _rows(self, trajectories, *, probabilities):
-            with mock.patch("seekrl.recipes.prm.cast_weights", contextlib.nullcontext):
+            with mock.patch("seekrl.rewards.prm.cast_weights", contextlib.nullcontext):
                 return super()._rows(trajectories, probabilities=probabilities)
 
     assert Uncast(mixed, tok, batch_size=3).score_steps(episodes) == cast
@@ -203,7 +205,7 @@ def test_loading_and_saving_print_no_third_party_progress_bars(tiny, tmp_path, c
 
 def test_rollouts_of_one_question_share_the_prompt_pass(tiny, monkeypatch):
     from seekrl.agent.rollout import RolloutConfig, RolloutEngine
-    from seekrl.recipes import prm as prm_module
+    from seekrl.rewards import prm as prm_module
 
     model, tok = tiny
     engine = RolloutEngine(Dice(tok, OPTIONS), tok, Docs(), RolloutConfig(max_turns=3,
@@ -428,7 +430,7 @@ def test_labels_remember_their_tokenizer_and_refuse_another(tiny, label_dir, tmp
     # a PRM scoring the policy's episodes (RL's reward.prm, RFT's filter) shares its tokenizer
     from types import SimpleNamespace
 
-    from seekrl.recipes.prm import check_scorer_tokenizer
+    from seekrl.rewards.prm import check_scorer_tokenizer
     check_scorer_tokenizer(SimpleNamespace(tokenizer=tok), tok, "reward.prm p")
     check_scorer_tokenizer(SimpleNamespace(), tok, "a test's scorer")
     with pytest.raises(ConfigError, match="reward.prm p: the PRM has another tokenizer"):

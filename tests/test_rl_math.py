@@ -195,7 +195,7 @@ def test_value_loss_clipping():
 def _shared_prompt_batch():
     """Five episodes over two prompts (as G rollouts of two questions), with retrieved
     stretches inside the responses and rows of different lengths."""
-    from seekrl.rl.forward import collate
+    from seekrl.models import collate
 
     g = torch.Generator().manual_seed(0)
     p1, p2 = torch.randint(5, 500, (9,), generator=g).tolist(), \
@@ -237,7 +237,7 @@ def test_masked_tokens_get_exactly_zero_gradient_in_the_trainers_forward(share):
     cuts = [0] * len(ids)
     if share:
         assert finals[0].grad is None             # only its KV cache is used
-        from seekrl.rl.forward import shared_prompts
+        from seekrl.models import shared_prompts
         cuts = shared_prompts(ids, attn, mask)[0]
     trained = torch.zeros(hidden.shape[:2], dtype=torch.bool)
     for r, c in enumerate(cuts):                  # hidden[r, j] is position c + j of row r
@@ -252,8 +252,8 @@ def test_masked_tokens_get_exactly_zero_gradient_in_the_trainers_forward(share):
 def test_shared_prompt_forward_equals_the_plain_forward(lora):
     """One prompt pass whose KV cache is repeated per row: the same log-probs, entropy,
     values and parameter gradients as running every row in full."""
-    from seekrl.models import tiny_policy
-    from seekrl.rl.forward import ValueHead, masked_logprobs, shared_prompts
+    from seekrl.models import shared_prompts, tiny_policy
+    from seekrl.rl.forward import ValueHead, masked_logprobs
 
     model, _ = tiny_policy(seed=2)
     if lora:
@@ -282,7 +282,7 @@ def test_shared_prompt_forward_equals_the_plain_forward(lora):
 
 
 def test_shared_prompts_only_when_rows_share_one():
-    from seekrl.rl.forward import collate, shared_prompts
+    from seekrl.models import collate, shared_prompts
 
     ids, attn, mask = collate([[1, 2, 3, 4], [7, 2, 3, 4]], [[0, 0, 1, 1], [0, 0, 1, 1]], 0)
     assert shared_prompts(ids, attn, mask) is None      # prompts [1] and [7]

@@ -428,7 +428,8 @@ def test_sampled_tokens_carry_their_log_probs_and_greedy_ones_none(tiny):
     """The backend's behaviour log-probs are log softmax(logits / T) of the sampled tokens
     (what the trainer computes, recomputed here by a full forward pass), one per policy
     token, kept through continuations; greedy decoding reports none."""
-    from seekrl.rl.forward import collate, masked_logprobs
+    from seekrl.models import collate
+    from seekrl.rl.forward import masked_logprobs
 
     model, tok = tiny
     cfg = RolloutConfig(max_turns=3, max_new_tokens=8, max_info_tokens=32, n_samples=3,

@@ -237,7 +237,8 @@ def test_sampling_is_hfs_rule_draw_for_draw(tiny, top_p):
 
 
 def test_sampled_log_probs_equal_a_full_forward(tiny):
-    from seekrl.rl.forward import collate, masked_logprobs
+    from seekrl.models import collate
+    from seekrl.rl.forward import masked_logprobs
 
     model, tok = tiny
     cfg = RolloutConfig(max_turns=3, max_new_tokens=8, max_info_tokens=32, n_samples=3,
@@ -416,7 +417,8 @@ def test_cuda_graphs_decode_the_eager_tokens(tiny, dtype):
         return
     hf = RolloutEngine(HFBackend(model, tok, stop_strings=STOPS), tok, Docs(), cfg).run(examples)
     assert runs["graphs"] == [t.token_ids for t in hf]
-    from seekrl.rl.forward import collate, masked_logprobs
+    from seekrl.models import collate
+    from seekrl.rl.forward import masked_logprobs
 
     sampled = RolloutConfig(max_turns=2, max_new_tokens=40, n_samples=3, temperature=0.7, seed=2)
     backend = StaticBackend(model, tok, max_len=sampled.max_total_tokens, width_step=16)

@@ -560,8 +560,8 @@ def test_continuing_after_a_step_nothing_followed_is_refused(tiny):
 def test_retrieved_tokens_get_zero_gradient_with_step_rewards(estimator):
     """Step-level advantages differ token by token; the prompt and the retrieved documents
     still get exactly zero gradient through the trainer's forward and loss."""
-    from seekrl.models import backbone
-    from seekrl.rl.forward import collate, masked_logprobs
+    from seekrl.models import backbone, collate
+    from seekrl.rl.forward import masked_logprobs
     from seekrl.rl.loss import policy_loss
 
     model, _ = tiny_policy(seed=2)

@@ -1031,7 +1031,8 @@ def test_displacement_measures_at_most_monitor_displacement_episodes(world, tiny
 
 @pytest.mark.parametrize("agg", ["seq-mean-token-sum-norm", "seq-mean-token-mean"])
 def test_entropy_bonus_is_aggregated_like_the_policy_loss(world, tiny, tmp_path, agg):
-    from seekrl.rl.forward import collate, masked_logprobs
+    from seekrl.models import collate
+    from seekrl.rl.forward import masked_logprobs
     from seekrl.rl.loss import aggregate
     from seekrl.rl.update import Probe as _Probe
     from seekrl.rl.update import UpdateBatch as _UpdateBatch

@@ -1017,7 +1017,7 @@ def prm_score(
     """Score every step of a trajectory file with a PRM (one forward pass per episode batch)."""
     from seekrl.agent.trajectory import write_trajectories
     from seekrl.recipes.labels import read_episodes
-    from seekrl.recipes.prm import load_scorer
+    from seekrl.rewards.prm import load_scorer
 
     try:
         trajs = read_episodes(trajectories)
@@ -1056,7 +1056,8 @@ def prm_eval(
     import json
 
     from seekrl.recipes.labels import read_labels, split_labels
-    from seekrl.recipes.prm import PRM_MARKER, load_scorer, prm_folder, prm_metrics
+    from seekrl.recipes.prm import prm_metrics
+    from seekrl.rewards.prm import PRM_MARKER, load_scorer, prm_folder
 
     try:
         if split not in ("dev", "all"):

@@ -15,6 +15,7 @@ import difflib
 import importlib.util
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -379,6 +380,94 @@ def output_cache(out):
         if cache is not None:
             return cache
     return None
+
+
+# ---------------------------------------------------------------------- hidden states
+# The forward both the trainer (rl/forward.py) and the PRM (rewards/prm.py) run: padded
+# batches of episodes, the backbone's last hidden states, and a prompt that several
+# rows share run once with its KV cache repeated for each of them.
+
+
+def collate(token_ids: Sequence[Sequence[int]], masks: Sequence[Sequence[int]], pad_id: int,
+            device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded (input_ids, attention_mask, loss_mask), each [batch, longest]."""
+    width = max(len(t) for t in token_ids)
+    ids = torch.full((len(token_ids), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(token_ids), width), dtype=torch.long)
+    loss = torch.zeros((len(token_ids), width), dtype=torch.float32)
+    for row, (t, m) in enumerate(zip(token_ids, masks)):
+        ids[row, :len(t)] = torch.tensor(t, dtype=torch.long)
+        attn[row, :len(t)] = 1
+        loss[row, :len(m)] = torch.tensor(m, dtype=torch.float32)
+    return ids.to(device), attn.to(device), loss.to(device)
+
+
+def hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The last hidden layer, [batch, seq, hidden], without the LM head."""
+    return backbone(model)(input_ids=input_ids, attention_mask=attention_mask,
+                            use_cache=False).last_hidden_state
+
+
+def shared_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor
+                   ) -> tuple[list[int], list[int]] | None:
+    """(cut, prompt index) per row when some rows share a prompt, else None. Rows are
+    right-padded, as `collate` makes them.
+
+    A row's prompt is everything before the hidden state that predicts its first policy
+    token (`cut` tokens); rows with equal prompts get the same index. None when no two rows
+    share one or a row has no prompt to share (then there is nothing to save)."""
+    lengths = attention_mask.sum(-1).tolist()
+    first = torch.where(mask.bool().any(-1), mask.bool().float().argmax(-1),
+                        attention_mask.sum(-1)).tolist()
+    cuts, index, seen = [], [], {}
+    ids = input_ids.tolist()
+    for row, (p, n) in enumerate(zip(first, lengths)):
+        cut = min(p, n) - 1                        # the suffix starts at token p - 1
+        if cut <= 0:
+            return None
+        cuts.append(cut)
+        index.append(seen.setdefault(tuple(ids[row][:cut]), len(seen)))
+    return (cuts, index) if len(seen) < len(cuts) else None
+
+
+def suffix_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   cuts: list[int], index: list[int]) -> torch.Tensor | None:
+    """Hidden states of each row from its cut on, [batch, longest suffix, hidden], with each
+    distinct prompt run once (right-padded) and its KV cache repeated for the rows that
+    share it. Position ids are explicit: a suffix continues at its own prompt's length.
+    None when the model returned no cache (activation checkpointing turns it off)."""
+    dev = input_ids.device
+    check_positions(model)
+    body = backbone(model)
+    if body.training and getattr(body, "gradient_checkpointing", False):
+        return None   # HF models return no cache then: skip the prompt pass, not waste it
+    lengths = attention_mask.sum(-1).tolist()
+    prompt_of = {u: r for r, u in reversed(list(enumerate(index)))}   # first row per prompt
+    n_prompts = len(prompt_of)
+    width = max(cuts)
+    p_ids = input_ids.new_zeros((n_prompts, width))
+    p_mask = attention_mask.new_zeros((n_prompts, width))
+    for u in range(n_prompts):
+        r = prompt_of[u]
+        p_ids[u, :cuts[r]] = input_ids[r, :cuts[r]]
+        p_mask[u, :cuts[r]] = 1
+    cache = output_cache(body(   # the model's own kind of cache
+        input_ids=p_ids, attention_mask=p_mask, use_cache=True,
+        position_ids=torch.arange(width, device=dev)[None].expand(n_prompts, -1)))
+    if cache is None:
+        return None
+    cache.reorder_cache(torch.tensor(index, dtype=torch.long, device=dev))   # a row per episode
+
+    s_width = max(n - c for n, c in zip(lengths, cuts))
+    s_ids = input_ids.new_zeros((len(cuts), s_width))
+    s_mask = attention_mask.new_zeros((len(cuts), s_width))
+    for r, (n, c) in enumerate(zip(lengths, cuts)):
+        s_ids[r, :n - c] = input_ids[r, c:n]
+        s_mask[r, :n - c] = 1
+    positions = torch.tensor(cuts, device=dev)[:, None] + torch.arange(s_width, device=dev)
+    full_mask = torch.cat([p_mask[torch.tensor(index, device=dev)], s_mask], dim=1)
+    return body(input_ids=s_ids, attention_mask=full_mask, position_ids=positions,
+                use_cache=True, **{cache_kwarg(body): cache}).last_hidden_state
 
 
 def mixed_precision(model, dtype: torch.dtype = torch.bfloat16):

@@ -348,7 +348,7 @@ def _score_viewer(run_dir: Path, prm_dir: str, *, device: str = "cpu") -> None:
     the viewer drawn again with them."""
     from seekrl.agent.trajectory import read_trajectories, write_trajectories
     from seekrl.eval.report import write_viewer
-    from seekrl.recipes.prm import load_scorer
+    from seekrl.rewards.prm import load_scorer
 
     path = run_dir / "trajectories.jsonl"
     trajs = read_trajectories(path)

@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from seekrl.agent.trajectory import Trajectory, write_trajectories
-from seekrl.rl.forward import collate, masked_logprobs
+from seekrl.models import collate
+from seekrl.rl.forward import masked_logprobs
 
 
 def keep_for_rft(trajs: Sequence[Trajectory], outcomes: Sequence[float],
@@ -292,7 +293,7 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     elif questions is None and not cfg.data:
         raise ValueError("data: rft samples episodes on questions; give a QA file")
     elif scorer is None and cfg.prm:
-        from seekrl.recipes.prm import load_scorer
+        from seekrl.rewards.prm import load_scorer
         scorer = load_scorer(cfg.prm, device=cfg.device, dtype=cfg.dtype)
     if cfg.method == "rft" and retriever is None:     # a missing index before a model loads
         retriever = open_index(cfg.index, "RFT samples search episodes", cfg.retriever)
@@ -321,7 +322,7 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     if as_text:
         check_text_turns(cfg.rollout)
     from seekrl.recipes.labels import check_label_tokenizer
-    from seekrl.recipes.prm import check_scorer_tokenizer
+    from seekrl.rewards.prm import check_scorer_tokenizer
     if pairs is not None:      # step-DPO trains on the pairs' token ids as they are
         check_label_tokenizer(cfg.pairs, tokenizer, f"model {cfg.model}")
     if scorer is not None:     # it reads the sampled episodes' token ids

@@ -41,7 +41,7 @@ from seekrl.data.jsonl import iter_jsonl
 from seekrl.data.qa import prompt_messages
 from seekrl.errors import ConfigError, DataError
 from seekrl.eval.evaluate import eval_policy
-from seekrl.models import pad_id_of
+from seekrl.models import collate, pad_id_of
 from seekrl.recipes.checkpoint import (
     check_run_dir,
     claim_run_dir,
@@ -66,7 +66,7 @@ from seekrl.recipes.setup import (
     training_state,
 )
 from seekrl.retrieval.base import Hit
-from seekrl.rl.forward import collate, masked_logprobs
+from seekrl.rl.forward import masked_logprobs
 from seekrl.runtime import peak_rss_mb, trim_heap
 
 

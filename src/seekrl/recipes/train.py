@@ -32,7 +32,7 @@ from seekrl.agent.trajectory import Trajectory
 from seekrl.config import TrainConfig, dump_config
 from seekrl.data.qa import QAExample, load_qa
 from seekrl.eval.evaluate import episode_progress, eval_policy, write_rollouts
-from seekrl.models import pad_id_of
+from seekrl.models import collate, pad_id_of
 from seekrl.recipes.checkpoint import (
     claim_run_dir,
     config_changes,
@@ -71,7 +71,7 @@ from seekrl.rl.advantages import (
     no_positive_credit_for_invalid_turns,
 )
 from seekrl.rl.distributed import Dist, make_runtime, state_bytes
-from seekrl.rl.forward import ValueHead, collate, hidden_size, masked_logprobs
+from seekrl.rl.forward import ValueHead, hidden_size, masked_logprobs
 from seekrl.rl.monitor import Monitor
 from seekrl.rl.sampling import (
     group_signal,
@@ -141,7 +141,7 @@ class Trainer:
         check_eval_data(cfg.eval)   # read now, not at the first evaluation after training
         check_world_index(cfg.index, cfg.data, cfg.eval.data)
         if prm_scorer is None and "prm" in cfg.reward.process:
-            from seekrl.recipes.prm import load_scorer
+            from seekrl.rewards.prm import load_scorer
             prm_scorer = load_scorer(cfg.reward.prm, device=self.device, dtype=cfg.dtype)
         self.prm_scorer = prm_scorer
         self.env.load_simulator()
@@ -158,7 +158,7 @@ class Trainer:
         self.tokenizer = tokenizer
         self.pad_id = pad_id_of(tokenizer)
         if self.prm_scorer is not None:
-            from seekrl.recipes.prm import check_scorer_tokenizer
+            from seekrl.rewards.prm import check_scorer_tokenizer
             check_scorer_tokenizer(self.prm_scorer, tokenizer,
                                    f"reward.prm {cfg.reward.prm or '(given)'}")
         # The frozen reference for the KL term: with LoRA, the same weights with the

@@ -156,7 +156,7 @@ def check_prm_folder(cfg: TrainConfig, *, scorer_given: bool) -> None:
     """`reward.prm` names a trained PRM's folder (unless a scorer object is given)."""
     if scorer_given or "prm" not in cfg.reward.process:
         return
-    from seekrl.recipes.prm import prm_folder
+    from seekrl.rewards.prm import prm_folder
     try:
         prm_folder(cfg.reward.prm)
     except FileNotFoundError as err:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from seekrl.agent.trajectory import Trajectory
-from seekrl.rl.forward import collate
+from seekrl.models import collate
 from seekrl.rl.loss import aggregate, kl_penalty, llds_penalty, policy_loss, tis_weights, value_loss
 from seekrl.rl.sampling import split_micro_batches
 
