@@ -14,15 +14,19 @@ import torch
 from seekrl.agent.backends import Backend, Generated
 from seekrl.agent.trajectory import Step, Trajectory
 from seekrl.recipes.ranker import (
-    RankerUpdater,
     label_candidates,
-    listwise_loss,
     qa_records,
     training_examples,
     trajectory_records,
 )
 from seekrl.retrieval.base import Hit
-from seekrl.retrieval.ranker import RerankingRetriever, load_ranker, recall_at
+from seekrl.retrieval.ranker import (
+    RankerUpdater,
+    RerankingRetriever,
+    listwise_loss,
+    load_ranker,
+    recall_at,
+)
 
 
 def hit(i: int, text: str = "", title: str | None = None) -> Hit:
@@ -315,7 +319,6 @@ def test_the_ranker_learns_each_step_from_the_candidates_it_gave_labelled_by_gol
     listwise loss on exactly those examples."""
     from conftest import build_world_and_index
 
-    from seekrl.recipes.ranker import listwise_loss
     from seekrl.recipes.train import Trainer
 
     _, paths, index_dir = build_world_and_index(tmp_path / "w", seed=4, entities=200,

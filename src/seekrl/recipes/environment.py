@@ -74,8 +74,7 @@ class SearchEnvironment:
     def _ranked(self, retriever):
         """The retriever behind the configured ranker (rollouts and evaluations both see its
         order); with `ranker.train`, its updater."""
-        from seekrl.recipes.ranker import RankerUpdater
-        from seekrl.retrieval.ranker import load_ranker, ranked_retriever
+        from seekrl.retrieval.ranker import RankerUpdater, load_ranker, ranked_retriever
 
         rk = self.cfg.ranker
         if rk.train and self.dist.world > 1:
@@ -155,8 +154,7 @@ class SearchEnvironment:
     def load(self, folder: Path) -> None:
         if self.ranker_updater is None:
             return
-        from seekrl.recipes.ranker import RankerUpdater
-        from seekrl.retrieval.ranker import load_ranker
+        from seekrl.retrieval.ranker import RankerUpdater, load_ranker
 
         rk = self.cfg.ranker
         ranker = load_ranker(str(folder / "ranker"), device=self.device)

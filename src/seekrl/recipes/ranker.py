@@ -11,7 +11,8 @@ listwise loss, recall@k before and after.
    the episode was shown is positive when the episode ended right and the document holds a
    gold answer, negative otherwise, and the candidates it was not shown are left out.
 4. Loss: listwise, the log of the positives' share of the softmax over the query's
-   candidates; queries with no positive or no negative teach nothing and are skipped.
+   candidates; queries with no positive or no negative teach nothing and are skipped
+   (`RankerUpdater` beside the ranker, retrieval/ranker.py).
 5. recall@k of the first stage alone, the ranker before and after, on the hop queries of
    held-out questions (`eval_data`).
 
@@ -23,7 +24,6 @@ with the agent; seekrl's version alternates the two updates).
 from __future__ import annotations
 
 import json
-import random
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -35,7 +35,7 @@ from rich.console import Console
 from seekrl.agent.protocol import normalise_text
 from seekrl.config import RankerTrainConfig
 from seekrl.retrieval.base import Hit
-from seekrl.retrieval.ranker import Ranker, load_ranker, ranked_retriever, recall_at
+from seekrl.retrieval.ranker import RankerUpdater, load_ranker, ranked_retriever, recall_at
 from seekrl.rewards.metrics import exact_match
 
 
@@ -141,60 +141,6 @@ def training_examples(records: Sequence[dict[str, Any]], pools: Sequence[Sequenc
         if 1 in ys and 0 in ys:
             out.append((r["query"], [d for d, _ in kept], ys))
     return out
-
-
-def listwise_loss(scores: Sequence[torch.Tensor], labels: Sequence[Sequence[int]]
-                  ) -> torch.Tensor:
-    """Mean over queries of -log(sum of the positives' softmax probability)."""
-    losses = []
-    for s, y in zip(scores, labels):
-        pos = torch.tensor(y, dtype=torch.bool, device=s.device)
-        losses.append(torch.logsumexp(s, 0) - torch.logsumexp(s[pos], 0))
-    return torch.stack(losses).mean()
-
-
-class RankerUpdater:
-    """AdamW steps of a ranker on training examples; the ranker stays in eval mode between
-    updates (dropout only while it learns)."""
-
-    def __init__(self, ranker: Ranker, lr: float, *, seed: int = 0):
-        self.ranker = ranker
-        self.optimizer = torch.optim.AdamW(
-            [p for p in ranker.model.parameters() if p.requires_grad], lr=lr)
-        self.rng = random.Random(seed)
-        self.updates = 0
-
-    def update(self, examples: Sequence[tuple[str, list[str], list[int]]], steps: int,
-               batch_size: int) -> dict[str, float]:
-        if not examples:
-            return {"ranker_loss": float("nan"), "ranker_examples": 0}
-        model = self.ranker.model
-        model.train()
-        losses = []
-        try:
-            for _ in range(steps):
-                batch = self.rng.sample(list(examples), min(batch_size, len(examples)))
-                scores = self.ranker.logits([q for q, _, _ in batch], [d for _, d, _ in batch])
-                loss = listwise_loss(scores, [y for _, _, y in batch])
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                self.optimizer.step()
-                losses.append(float(loss.detach()))
-                self.updates += 1
-        finally:
-            model.eval()
-        return {"ranker_loss": round(sum(losses) / len(losses), 5),
-                "ranker_examples": len(examples)}
-
-    def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "updates": self.updates,
-                "rng": self.rng.getstate()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.updates = state["updates"]
-        self.rng.setstate(state["rng"])
 
 
 def hop_recall(retriever, records: Sequence[dict[str, Any]], k: int) -> float:

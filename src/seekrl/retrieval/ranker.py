@@ -18,13 +18,16 @@ agent, from its rollouts: `recipes/ranker.py`):
   training scores a query against the stored vectors of its candidates.
 
 A trained ranker is a folder: the model, its tokenizer and `ranker.json` (kind, length,
-temperature, the model it started from).
+temperature, the model it started from). `RankerUpdater` trains one with a listwise loss on
+(query, candidates, labels) examples; where the labels come from (logged searches, hop
+queries) is the recipe's part.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import random
 import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
@@ -378,3 +381,58 @@ def recall_at(retriever: Retriever, queries: Sequence[str],
             wanted = {g} if isinstance(g, str) else set(g)
             found += bool(wanted & {h.doc_id for h in hs})
     return found / len(queries)
+
+
+# ---------------------------------------------------------------------- training
+def listwise_loss(scores: Sequence[torch.Tensor], labels: Sequence[Sequence[int]]
+                  ) -> torch.Tensor:
+    """Mean over queries of -log(sum of the positives' softmax probability)."""
+    losses = []
+    for s, y in zip(scores, labels):
+        pos = torch.tensor(y, dtype=torch.bool, device=s.device)
+        losses.append(torch.logsumexp(s, 0) - torch.logsumexp(s[pos], 0))
+    return torch.stack(losses).mean()
+
+
+class RankerUpdater:
+    """AdamW steps of a ranker on training examples; the ranker stays in eval mode between
+    updates (dropout only while it learns)."""
+
+    def __init__(self, ranker: Ranker, lr: float, *, seed: int = 0):
+        self.ranker = ranker
+        self.optimizer = torch.optim.AdamW(
+            [p for p in ranker.model.parameters() if p.requires_grad], lr=lr)
+        self.rng = random.Random(seed)
+        self.updates = 0
+
+    def update(self, examples: Sequence[tuple[str, list[str], list[int]]], steps: int,
+               batch_size: int) -> dict[str, float]:
+        if not examples:
+            return {"ranker_loss": float("nan"), "ranker_examples": 0}
+        model = self.ranker.model
+        model.train()
+        losses = []
+        try:
+            for _ in range(steps):
+                batch = self.rng.sample(list(examples), min(batch_size, len(examples)))
+                scores = self.ranker.logits([q for q, _, _ in batch], [d for _, d, _ in batch])
+                loss = listwise_loss(scores, [y for _, _, y in batch])
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                self.optimizer.step()
+                losses.append(float(loss.detach()))
+                self.updates += 1
+        finally:
+            model.eval()
+        return {"ranker_loss": round(sum(losses) / len(losses), 5),
+                "ranker_examples": len(examples)}
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "updates": self.updates,
+                "rng": self.rng.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = state["updates"]
+        self.rng.setstate(state["rng"])
