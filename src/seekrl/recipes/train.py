@@ -32,7 +32,7 @@ from seekrl.agent.trajectory import Trajectory
 from seekrl.config import TrainConfig, dump_config
 from seekrl.data.qa import QAExample, load_qa
 from seekrl.eval.evaluate import episode_progress, eval_policy, write_rollouts
-from seekrl.models import collate, pad_id_of
+from seekrl.models import pad_id_of
 from seekrl.recipes.checkpoint import (
     claim_run_dir,
     config_changes,
@@ -70,17 +70,10 @@ from seekrl.rl.advantages import (
     needs_values,
     no_positive_credit_for_invalid_turns,
 )
-from seekrl.rl.distributed import Dist, make_runtime, state_bytes
-from seekrl.rl.forward import ValueHead, hidden_size, masked_logprobs
+from seekrl.rl.distributed import Dist, make_runtime, peak_memory, state_bytes
+from seekrl.rl.forward import ValueHead, hidden_size, logprobs_in_chunks
 from seekrl.rl.monitor import Monitor
-from seekrl.rl.sampling import (
-    group_signal,
-    keep_varied,
-    sample_questions,
-    seeds,
-    split_micro_batches,
-    whole_groups,
-)
+from seekrl.rl.sampling import fill_with_signal, sample_questions, seeds
 from seekrl.rl.step_batch import Rewards, StepBatch
 from seekrl.rl.step_metrics import (
     correct,
@@ -96,7 +89,6 @@ from seekrl.rl.update import (
     likelihood_displacement,
     no_dropout_mode,
 )
-from seekrl.runtime import peak_rss_mb
 
 RewardFn = Callable[[Trajectory], RewardParts]
 
@@ -310,7 +302,9 @@ class Trainer:
     def _progress(self, total: int):
         """A transient bar over a draw's episodes on the console (the first step of a run
         otherwise prints nothing for minutes); yields what to call as each one finishes."""
-        if self.console is None or not total:
+        from rich.console import Console
+
+        if not isinstance(self.console, Console) or not total:   # a bar needs rich's
             yield lambda t: None
             return
         bar = episode_progress(self.console, total)
@@ -363,32 +357,20 @@ class Trainer:
         """Per-trajectory log-probs of the policy tokens (and the critic's values), in
         chunks of `algo.logprob_chunk` episodes (and `algo.micro_batch_tokens` padded
         tokens); `reference` uses the frozen reference."""
-        chunk = self.cfg.algo.logprob_chunk
-        logps, values = [], [] if self.value_head is not None and not reference else None
         if reference:
             model = self.ref_model if self.ref_model is not None else self.model
             ctx = self.model.disable_adapter() if self.ref_model is None else nullcontext()
         else:
             model, ctx = self.model, nullcontext()
-        model.eval()
-        cuts = split_micro_batches([len(t.token_ids) for t in trajs], chunk,
-                                   self.cfg.algo.micro_batch_tokens)
+        algo = self.cfg.algo
         with self.full_weights(reference=reference and self.ref_model is not None), ctx:
-            for positions in cuts:
-                part = [trajs[p] for p in positions]
-                ids, attn, mask = collate([t.token_ids for t in part], [t.loss_mask for t in part],
-                                          self.pad_id, self.device)
-                out = masked_logprobs(model, ids, attn, mask,
-                                      temperature=self.cfg.rollout.temperature,
-                                      value_head=None if reference else self.value_head,
-                                      # as the update computes them (sharded: no sharing), so
-                                      # the first ratio is 1 to the last bit
-                                      share_prompts=self.runtime.share_prompts)
-                for row, t in enumerate(part):
-                    logps.append(out["logprobs"][row, :len(t.token_ids)].cpu())
-                    if values is not None:
-                        values.append(out["values"][row, :len(t.token_ids)].cpu())
-        return logps, values
+            # share_prompts as the update computes them (sharded: no sharing), so the first
+            # ratio is 1 to the last bit
+            return logprobs_in_chunks(
+                model, trajs, self.pad_id, self.device, temperature=self.cfg.rollout.temperature,
+                chunk=algo.logprob_chunk, max_tokens=algo.micro_batch_tokens,
+                value_head=None if reference else self.value_head,
+                share_prompts=self.runtime.share_prompts)
 
     # ------------------------------------------------------------------ one step
     def step(self, step: int, n_questions: int | None = None) -> dict[str, Any]:
@@ -432,7 +414,7 @@ class Trainer:
                 warnings.simplefilter("ignore", UserWarning)
                 self.scheduler.step()
             record.update(time_rollout=round(t_rollout, 2), skipped_update=True, lr=lr,
-                          **self._peak_memory())
+                          **peak_memory(self.dist, self.device, self.state_bytes()))
             return record
         if self._backend is not None:
             self._backend.sleep()   # the update gets the engine's memory (vllm_sleep)
@@ -445,37 +427,16 @@ class Trainer:
         record.update(time_rollout=round(t_rollout, 2), time_scoring=round(t_scoring, 3),
                       time_step=round(time.time() - t0, 2),
                       tokens_per_s=round(generated / max(t_rollout, 1e-9), 1),
-                      **self._peak_memory())
+                      **peak_memory(self.dist, self.device, self.state_bytes()))
         return record
 
     def _sample(self, step: int, n_questions: int, draws: _Draws):
-        """The step's batch: one draw of questions, and with dynamic sampling, refills
-        until the groups with signal fill it (at most `max_refills`). Returns (episodes,
-        their reward parts, episodes sampled, refills, the signal counts of every group
-        sampled before any filter)."""
+        """The step's batch (rl/sampling.fill_with_signal: with dynamic sampling, refills
+        until the groups with signal fill it)."""
         algo = self.cfg.algo
-        trajs, parts = self._draw(step, n_questions, 0, draws)
-        n_sampled, refills = len(trajs), 0
-        wanted = len(trajs)   # the batch the refills fill (a fixed target: n_sampled grows)
-        estimate = self._signal_estimate(trajs)
-        signal = group_signal(trajs, parts, estimate and estimate[0].advantages)
-        if not algo.dynamic_sampling:
-            return trajs, parts, n_sampled, refills, signal, estimate
-        trajs, parts = keep_varied(trajs, parts, estimate and estimate[0].advantages)
-        while len(trajs) < wanted and refills < algo.max_refills:
-            refills += 1
-            more_t, more_p = self._draw(step, n_questions, refills, draws)
-            n_sampled += len(more_t)
-            more = self._signal_estimate(more_t)
-            more_a = more and more[0].advantages
-            signal = tuple(a + b for a, b in zip(signal, group_signal(more_t, more_p, more_a)))
-            more_t, more_p = keep_varied(more_t, more_p, more_a)
-            trajs, parts = trajs + more_t, parts + more_p
-        keep = whole_groups(trajs, n_questions)
-        # the batch is not the one the advantages were computed on: the update computes
-        # them again (an estimator that whitens over the batch gives other numbers)
-        return [trajs[i] for i in keep], [parts[i] for i in keep], n_sampled, refills, \
-            signal, None
+        return fill_with_signal(lambda k: self._draw(step, n_questions, k, draws),
+                                self._signal_estimate, n_questions,
+                                dynamic=algo.dynamic_sampling, max_refills=algo.max_refills)
 
     def estimate(self, trajs: Sequence[Trajectory], *, values=None, token_rewards=None
                  ) -> tuple[Estimate, int | None]:
@@ -541,22 +502,6 @@ class Trainer:
     def state_bytes(self) -> int:
         """Bytes of the training state this process holds (shards: their local part)."""
         return state_bytes((self.model, self.value_head, self.ref_model), self.optimizer)
-
-    def _peak_memory(self) -> dict[str, float]:
-        """The most memory any rank held: `peak_gpu_mb`, the GPU memory allocated at the
-        step's peak (on CUDA); `peak_rss_mb`, the process's peak resident memory since it
-        started (Linux and macOS); `state_mb`, the tensors of the training state this rank
-        keeps between steps (its weights or their shards, the reference's and the
-        optimizer's moments; the gradients are freed at each optimizer step), which
-        sharding divides by the number of ranks."""
-        out = {"state_mb": self.state_bytes() / 2**20}
-        rss = peak_rss_mb()
-        if rss is not None:
-            out["peak_rss_mb"] = rss
-        if self.device.startswith("cuda"):
-            out["peak_gpu_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
-        peaks = self.dist.gather([out])
-        return {k: round(max(p[k] for p in peaks), 1) for k in out}
 
     def learn(self, trajs: Sequence[Trajectory], estimate=None) -> dict[str, Any]:
         """Steps 4-6 on a scored batch (every rank holds the same one): log-probs,
@@ -833,17 +778,8 @@ class Trainer:
         steps, done = self.cfg.steps, self.step_done
         where = (f"during step {done + 1} of {steps}" if done < steps else
                  f"after its last step ({steps}), before the final model was saved")
-        pointer = self.ckpt_dir / "latest"
-        if pointer.is_file():
-            name = pointer.read_text().strip()
-            at = name.removeprefix("step-")
-            return (f"interrupted {where}; the latest checkpoint is {self.ckpt_dir / name} "
-                    f"(step {at}); continue from it with: {command} --resume")
-        if done:
-            return (f"interrupted {where}, before the first checkpoint (save_every "
-                    f"{self.cfg.save_every}): nothing to resume; start again with: "
-                    f"{command} --overwrite")
-        return f"interrupted {where}: nothing to resume; start again with: {command}"
+        return self.checkpoints.resume_hint(where, command, done=done,
+                                            save_every=self.cfg.save_every)
 
     def _say(self, text: str) -> None:
         if self.console is not None:

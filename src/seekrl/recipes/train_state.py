@@ -68,3 +68,17 @@ class Checkpointer:
         set_rng_state(state["rng"])
         env.load(path)
         return json.loads((path / "trainer.json").read_text())
+
+    def resume_hint(self, where: str, command: str, *, done: int, save_every: int) -> str:
+        """What to tell a user whose run stopped `where` (Ctrl-C) and how to go on
+        (`command`: how the run was started, without --resume or --overwrite)."""
+        name = self.latest()
+        if name is not None:
+            return (f"interrupted {where}; the latest checkpoint is {self.folder / name} "
+                    f"(step {name.removeprefix('step-')}); continue from it with: "
+                    f"{command} --resume")
+        if done:
+            return (f"interrupted {where}, before the first checkpoint (save_every "
+                    f"{save_every}): nothing to resume; start again with: {command} --overwrite")
+        return f"interrupted {where}: nothing to resume; start again with: {command}"
+

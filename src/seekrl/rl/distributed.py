@@ -577,3 +577,22 @@ def state_bytes(modules, optimizer) -> int:
             if isinstance(v, torch.Tensor):
                 tensors[id(v)] = v
     return sum(size(t) for t in tensors.values())
+
+
+def peak_memory(dist: Dist, device: str, state: int) -> dict[str, float]:
+    """The most memory any rank held: `peak_gpu_mb`, the GPU memory allocated at the step's
+    peak (on CUDA); `peak_rss_mb`, the process's peak resident memory since it started
+    (Linux and macOS); `state_mb`, the training state this rank keeps between steps (`state`
+    bytes: its weights or their shards, the reference's and the optimizer's moments), which
+    sharding divides by the number of ranks."""
+    from seekrl.runtime import peak_rss_mb
+
+    out = {"state_mb": state / 2**20}
+    rss = peak_rss_mb()
+    if rss is not None:
+        out["peak_rss_mb"] = rss
+    if device.startswith("cuda"):
+        out["peak_gpu_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    peaks = dist.gather([out])
+    return {k: round(max(p[k] for p in peaks), 1) for k in out}
+

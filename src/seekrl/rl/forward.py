@@ -23,6 +23,7 @@ from torch import nn
 from seekrl.models import (
     causal_lm,
     check_window,
+    collate,
     hidden_states,
     logit_transform,
     shared_prompts,
@@ -94,3 +95,29 @@ def hidden_size(model) -> int:
         if config is not None and hasattr(config, name):
             return int(getattr(config, name))
     raise ValueError("cannot tell the model's hidden size for the value head")
+
+
+@torch.no_grad()
+def logprobs_in_chunks(model, trajs, pad_id: int, device: str, *, temperature: float,
+                       chunk: int, max_tokens: int | None = None,
+                       value_head: nn.Module | None = None, share_prompts: bool = False
+                       ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """Per-trajectory log-probs of the policy tokens (and the value head's values, when
+    given), in chunks of `chunk` episodes and at most `max_tokens` padded tokens."""
+    from seekrl.rl.sampling import split_micro_batches
+
+    logps: list[torch.Tensor] = []
+    values: list[torch.Tensor] | None = [] if value_head is not None else None
+    model.eval()
+    for positions in split_micro_batches([len(t.token_ids) for t in trajs], chunk, max_tokens):
+        part = [trajs[p] for p in positions]
+        ids, attn, mask = collate([t.token_ids for t in part], [t.loss_mask for t in part],
+                                  pad_id, device)
+        out = masked_logprobs(model, ids, attn, mask, temperature=temperature,
+                              value_head=value_head, share_prompts=share_prompts)
+        for row, t in enumerate(part):
+            logps.append(out["logprobs"][row, :len(t.token_ids)].cpu())
+            if values is not None:
+                values.append(out["values"][row, :len(t.token_ids)].cpu())
+    return logps, values
+

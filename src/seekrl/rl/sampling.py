@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from seekrl.agent.trajectory import group_indices
@@ -75,6 +75,39 @@ def whole_groups(trajs, n_groups: int) -> list[int]:
             seen.append(t.group_id)
     wanted = set(seen[:n_groups])
     return [i for i, t in enumerate(trajs) if t.group_id in wanted]
+
+
+def fill_with_signal(draw: Callable[[int], tuple[list, list]],
+                     signal_estimate: Callable[[list], Any], n_groups: int, *,
+                     dynamic: bool, max_refills: int):
+    """A step's batch: `draw(0)`'s episodes and their reward parts and, with `dynamic`
+    sampling (DAPO), only the groups with signal, refilled by `draw(1)`, `draw(2)`, ...
+    until they fill the first draw's size (at most `max_refills`), cut to whole groups.
+    `signal_estimate(episodes)` gives the advantages the signal check reads (None: the
+    scores decide). Returns (episodes, parts, episodes sampled, refills, the signal counts
+    (varied, multi, solved) of every group sampled before any filter, the estimate of the
+    batch when it is the first draw unchanged, else None)."""
+    trajs, parts = draw(0)
+    n_sampled, refills = len(trajs), 0
+    wanted = len(trajs)   # the batch the refills fill (a fixed target: n_sampled grows)
+    estimate = signal_estimate(trajs)
+    signal = group_signal(trajs, parts, estimate and estimate[0].advantages)
+    if not dynamic:
+        return trajs, parts, n_sampled, refills, signal, estimate
+    trajs, parts = keep_varied(trajs, parts, estimate and estimate[0].advantages)
+    while len(trajs) < wanted and refills < max_refills:
+        refills += 1
+        more_t, more_p = draw(refills)
+        n_sampled += len(more_t)
+        more = signal_estimate(more_t)
+        more_a = more and more[0].advantages
+        signal = tuple(a + b for a, b in zip(signal, group_signal(more_t, more_p, more_a)))
+        more_t, more_p = keep_varied(more_t, more_p, more_a)
+        trajs, parts = trajs + more_t, parts + more_p
+    keep = whole_groups(trajs, n_groups)
+    # the batch is not the one the advantages were computed on: the update computes them
+    # again (an estimator that whitens over the batch gives other numbers)
+    return [trajs[i] for i in keep], [parts[i] for i in keep], n_sampled, refills, signal, None
 
 
 def sample_questions(questions: Sequence[Any], n: int, rng: random.Random, *,
