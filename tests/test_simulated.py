@@ -6,7 +6,7 @@ self-search tokens are trained."""
 from __future__ import annotations
 
 import json
-import math
+import re
 
 import pytest
 from fastapi.testclient import TestClient
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from seekrl.agent.backends import Backend
 from seekrl.agent.rollout import RolloutConfig, RolloutEngine
 from seekrl.data.qa import QAExample
-from seekrl.retrieval.base import Hit, RetrievalError
+from seekrl.retrieval.base import Hit
 from seekrl.retrieval.server import create_app
 from seekrl.retrieval.simulated import (
     NOISY,
@@ -679,15 +679,18 @@ def test_serve_names_the_flag_of_a_bad_setting_before_loading_anything(tmp_path,
 
 
 def test_serve_refuses_a_simulator_setting_out_of_range():
-    from seekrl.retrieval.server import run_server
+    from typer.testing import CliRunner
+
+    from seekrl.cli import app
 
     # an unbindable host: were the checks gone, this fails instead of serving forever
-    for kwargs, said in ((dict(words=2), r"--words: .*greater than or equal to 5 \(got 2\)"),
-                         (dict(sim_max_new_tokens=4), r"--sim-max-new-tokens: .*equal to 8"),
-                         (dict(sim_temperature=-1.0), r"--sim-temperature: .*equal to 0"),
-                         (dict(sim_temperature=math.inf), r"--sim-temperature: .*finite")):
-        with pytest.raises(RetrievalError, match=said):
-            run_server(None, simulate="smollm2-135m", host="256.0.0.1", **kwargs)
+    for args, said in ((["--words", "2"], r"--words: .*greater than or equal to 5 \(got 2\)"),
+                       (["--sim-max-new-tokens", "4"], r"--sim-max-new-tokens: .*equal to 8"),
+                       (["--sim-temperature", "-1"], r"--sim-temperature: .*equal to 0"),
+                       (["--sim-temperature", "inf"], r"--sim-temperature: .*finite")):
+        result = CliRunner().invoke(app, ["serve", "--simulate", "smollm2-135m", "--host",
+                                          "256.0.0.1", *args])
+        assert result.exit_code != 0 and re.search(said, " ".join(result.output.split()))
 
 
 @pytest.mark.parametrize("settings, said", [

@@ -314,6 +314,8 @@ def serve(
         if (index is None) == (simulate is None):
             raise ValueError("serve: give --index (an index folder) or --simulate MODEL, one "
                              "of the two")
+        _simulator_options({"words": words, "max_new_tokens": sim_max_new_tokens,
+                            "temperature": sim_temperature})
         _threads(threads)   # a dense encoder's, a ranker's or a simulator's
         make_decoder = None
         if simulate is not None:   # the simulator decodes with the rollout engine's loop
@@ -328,6 +330,24 @@ def serve(
                    max_queries=max_queries, max_query_chars=max_query_chars)
     except ERRORS as err:
         _fail(err)
+
+
+def _simulator_options(values: dict) -> None:
+    """`seekrl serve`'s simulator options checked by the ranges of training's `simulator:`
+    section (`SimulatorSettings`), a bad one refused naming its option; None: not given."""
+    from pydantic import ValidationError
+
+    from seekrl.config import SimulatorSettings
+
+    flags = {"words": "--words", "max_new_tokens": "--sim-max-new-tokens",
+             "temperature": "--sim-temperature"}
+    for key, value in values.items():
+        if value is not None:
+            try:
+                SimulatorSettings.model_validate({key: value})
+            except ValidationError as err:
+                raise ValueError(f"{flags[key]}: {err.errors()[0]['msg']} (got {value!r})") \
+                    from None
 
 
 @app.command()

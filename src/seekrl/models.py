@@ -20,9 +20,15 @@ from pathlib import Path
 
 import torch
 
-from seekrl.config import ATTENTION
 from seekrl.errors import SeekrlError
-from seekrl.runtime import check_device, fix_mmap_threshold, hub_unreachable, quiet_transformers
+from seekrl.runtime import (
+    ATTENTION,
+    attention_refusal,
+    check_device,
+    fix_mmap_threshold,
+    hub_unreachable,
+    quiet_transformers,
+)
 
 BUNDLED_ALIASES = {"smollm2-135m", "smollm2-135m-instruct", "smollm2"}
 DEFAULT_MODEL = "smollm2-135m"
@@ -532,7 +538,7 @@ SDPA_BACKENDS = tuple(a.removeprefix("sdpa_") for a in ATTENTION if a.startswith
 
 @contextlib.contextmanager
 def attention_variant(model, name: str = "default"):
-    """Inside: `model` computes attention the `name` way (ATTENTION, above); restored on the
+    """Inside: `model` computes attention the `name` way (runtime.ATTENTION); restored on the
     way out. The numbers are the same up to each kernel's rounding; a backend that refuses
     the inputs (efficient or cudnn on a CPU, for one) raises where it is called. `sdpa_*`
     acts on a model whose attention goes through SDPA (transformers' default)."""
@@ -541,7 +547,6 @@ def attention_variant(model, name: str = "default"):
     if name == "default":
         yield
         return
-    from seekrl.config import attention_refusal
 
     lm = causal_lm(model)
     why = attention_refusal(name, str(next(lm.parameters()).device))

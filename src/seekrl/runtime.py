@@ -1,6 +1,7 @@
 """What this machine and its libraries offer, below every room: the devices torch can use,
-the C allocator's settings, and quieting third-party progress bars. The retrieval and model
-code both need these, so they live under both (retrieval/ may not import models.py)."""
+the attention kernels a device runs, the C allocator's settings, and quieting third-party
+progress bars. The config, the model and the retrieval code all need these, so they live
+under all three."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import functools
 import os
 import time
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from seekrl.errors import DeviceError
 
-__all__ = ["ThreadPlan", "busy_cores", "check_device", "device_problem", "fix_mmap_threshold",
+__all__ = ["ATTENTION", "CUDA_ONLY_ATTENTION", "Attention", "ThreadPlan", "attention_refusal",
+           "busy_cores", "check_device", "device_problem", "fix_mmap_threshold",
            "hub_unreachable", "peak_rss_mb", "plan_threads", "quiet_transformers", "trim_heap",
            "usable_cores", "use_threads"]
 
@@ -47,6 +50,23 @@ def check_device(device: str) -> None:
     problem = device_problem(device)
     if problem:
         raise DeviceError(problem)
+
+
+# How seekrl's decoding loop computes attention (models.attention_variant): the model's
+# own choice, plain matmuls, or PyTorch's SDPA held to one backend
+Attention = Literal["default", "eager", "sdpa_math", "sdpa_efficient", "sdpa_flash",
+                    "sdpa_cudnn"]
+ATTENTION: tuple[str, ...] = get_args(Attention)
+CUDA_ONLY_ATTENTION = ("sdpa_efficient", "sdpa_cudnn")   # PyTorch has them on CUDA only
+
+
+def attention_refusal(name: str, device: str) -> str | None:
+    """Why the `name` attention setting cannot run on `device` (cpu, cuda, cuda:1, mps), or
+    None: said when a config loads, not at the first decoding step minutes later."""
+    if name in CUDA_ONLY_ATTENTION and not device.startswith("cuda"):
+        return (f"{name} is a CUDA kernel and the device is {device}: use default, eager, "
+                "sdpa_math or sdpa_flash there")
+    return None
 
 
 def peak_rss_mb() -> float | None:

@@ -415,7 +415,8 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
     the model writes each query's documents (retrieval/simulated.py; `noise`: the share of
     queries answered with noisy documents; `words`, `sim_max_new_tokens`, `sim_temperature`:
     its document length, tokens per query and sampling, as `simulator.*` in training, None
-    the simulator's defaults), in the server's process; requests carry queries alone, so its
+    the simulator's defaults; `seekrl serve` checks them by that section's ranges, as this
+    layer reads no config), in the server's process; requests carry queries alone, so its
     useful documents come from the query, not from a gold answer.
     `make_decoder(model, tokenizer)` gives it a decoder (`seekrl serve` hands in the
     rollout engine's loop, `agent.backends.text_decoder`; None: `model.generate`).
@@ -431,7 +432,6 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
     """
     import uvicorn
 
-    from seekrl.config import SimulatorSettings  # the bounds of training's simulator.* keys
     from seekrl.retrieval.index import load_index
 
     server_config = server_settings(config)  # checked before the (slow) index load
@@ -450,13 +450,6 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
         if given:
             raise RetrievalError(f"{', '.join(given)}: settings of a simulated engine "
                                  "(--simulate); an index has none")
-    for key, value in sim_settings.items():
-        if value is not None:
-            try:
-                SimulatorSettings.model_validate({key: value})
-            except ValidationError as err:
-                raise RetrievalError(f"{flags[key]}: {err.errors()[0]['msg']} (got {value!r})") \
-                    from None
     if ranker is not None and simulate is not None:
         raise RetrievalError("serve: --ranker orders an index's candidates; a simulated engine "
                              "has none")
