@@ -375,59 +375,66 @@ class Trainer:
     # ------------------------------------------------------------------ one step
     def step(self, step: int, n_questions: int | None = None) -> dict[str, Any]:
         """One step on `n_questions` questions (default `questions_per_step`; fewer on the
-        last step of a run with a rollout-token budget)."""
+        last step of a run with a rollout-token budget): sample the questions, roll out and
+        score their groups (`_sample`), estimate the advantages and update (`learn`), and
+        return the step's record."""
         n_questions = n_questions or self.cfg.questions_per_step
         set_seed(seeds.step(self.cfg.seed, step))
         t0 = time.time()
         if self.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats(self.device)
-        draws = _Draws()
-        ranked_s = self.env.ranker_seconds()
+        draws = _Draws(ranked_before=self.env.ranker_seconds())
         trajs, parts, n_sampled, refills, signal, estimate = self._sample(step, n_questions,
                                                                           draws)
+        record = self._rollout_record(step, trajs, parts, draws, n_sampled, refills, signal)
+        if trajs:
+            record.update(self.learn(trajs, estimate=estimate))
+        else:   # dynamic sampling found no group with signal: nothing to learn
+            record.update(skipped_update=True, lr=self.optimizer.param_groups[0]["lr"])
+            # the schedule still counts the step, so step k has the lr of step k whatever
+            # was skipped before it (torch warns when no optimizer step came first)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                self.scheduler.step()
+        record.update(time_step=round(time.time() - t0, 2),
+                      **peak_memory(self.dist, self.device, self.state_bytes()))
+        return record
+
+    def _rollout_record(self, step, trajs, parts, draws: _Draws, n_sampled: int,
+                        refills: int, signal) -> dict[str, Any]:
+        """The step record's part about its episodes, compute and search; the episodes
+        saved when due; the update announced."""
         # with several processes: the slowest rank's rollout time (the others waited for it
         # in the gather, which counts as scoring), so tokens_per_s is the whole group's rate
         t_rollout = max(self.dist.gather([draws.rollout_s]))
-        t_scoring = draws.scoring_s + draws.rollout_s - t_rollout
         step_tokens = draws.fresh_tokens + int(draws.process_stats.get("mc_tokens", 0))
         self.rollout_tokens += step_tokens
         record = episode_metrics(trajs, parts, process=list(self.cfg.reward.process),
                                  self_search=self.cfg.rollout.self_search,
                                  sub_queries=self.cfg.rollout.max_queries > 1)
-        record.update(step=step, episodes=len(trajs), episodes_sampled=n_sampled,
-                      refills=refills, lookups_by_kind=lookups_by_kind(trajs))
-        record.update(rollout_tokens=step_tokens, rollout_tokens_total=self.rollout_tokens,
-                      **{f"process_{k}": round(v, 4)
-                         for k, v in sorted(draws.process_stats.items())})
         varied, multi, solved = signal
-        record["groups_with_signal"] = round(varied / multi, 4) if multi else None
-        record["groups_solved"] = round(solved / multi, 4) if multi else None
+        generated = sum(t.n_decoded for t in trajs)   # what was decoded, blocks it wrote too
+        record.update(step=step, episodes=len(trajs), episodes_sampled=n_sampled,
+                      refills=refills, lookups_by_kind=lookups_by_kind(trajs),
+                      rollout_tokens=step_tokens, rollout_tokens_total=self.rollout_tokens,
+                      **{f"process_{k}": round(v, 4)
+                         for k, v in sorted(draws.process_stats.items())},
+                      groups_with_signal=round(varied / multi, 4) if multi else None,
+                      groups_solved=round(solved / multi, 4) if multi else None,
+                      time_rollout=round(t_rollout, 2),
+                      time_scoring=round(draws.scoring_s + draws.rollout_s - t_rollout, 3),
+                      tokens_per_s=round(generated / max(t_rollout, 1e-9), 1))
         every = self.cfg.log.save_rollouts
         if self.dist.main and every and step % every == 0 and trajs:
             self._save_rollouts(step, trajs)
-        record.update(self.env.after_rollouts(trajs, ranked_s))
-        if not trajs:  # dynamic sampling found no group with signal: nothing to learn
-            # the schedule still counts the step, so step k has the lr of step k whatever
-            # was skipped before it (torch warns when no optimizer step came first)
-            lr = self.optimizer.param_groups[0]["lr"]   # the rate this step had
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                self.scheduler.step()
-            record.update(time_rollout=round(t_rollout, 2), skipped_update=True, lr=lr,
-                          **peak_memory(self.dist, self.device, self.state_bytes()))
-            return record
-        if self._backend is not None:
-            self._backend.sleep()   # the update gets the engine's memory (vllm_sleep)
-        algo = self.cfg.algo
-        self._say(f"  step {step}: {len(trajs)} episodes in {t_rollout:.0f} s, updating "
-                  f"({algo.epochs * -(-len(trajs) // algo.mini_batch_size)} optimizer "
-                  "steps)")
-        record.update(self.learn(trajs, estimate=estimate))
-        generated = sum(t.n_decoded for t in trajs)   # what was decoded, blocks it wrote too
-        record.update(time_rollout=round(t_rollout, 2), time_scoring=round(t_scoring, 3),
-                      time_step=round(time.time() - t0, 2),
-                      tokens_per_s=round(generated / max(t_rollout, 1e-9), 1),
-                      **peak_memory(self.dist, self.device, self.state_bytes()))
+        record.update(self.env.after_rollouts(trajs, draws.ranked_before))
+        if trajs:
+            if self._backend is not None:
+                self._backend.sleep()   # the update gets the engine's memory (vllm_sleep)
+            algo = self.cfg.algo
+            self._say(f"  step {step}: {len(trajs)} episodes in {t_rollout:.0f} s, updating "
+                      f"({algo.epochs * -(-len(trajs) // algo.mini_batch_size)} optimizer "
+                      "steps)")
         return record
 
     def _sample(self, step: int, n_questions: int, draws: _Draws):
@@ -830,3 +837,4 @@ class _Draws:
     scoring_s: float = 0.0
     process_stats: dict[str, float] = field(default_factory=dict)
     fresh_tokens: int = 0
+    ranked_before: float | None = None   # the ranker's scoring seconds before the step
