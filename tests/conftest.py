@@ -34,14 +34,11 @@ def own_parts(monkeypatch):
     monkeypatch.setattr(sys, "path", list(sys.path))
     saved = [(d, dict(d)) for d in (advantages.ESTIMATORS, advantages.FACTS,
                                     process.PROCESS_REWARDS)]
-    per_episode = set(advantages._PER_EPISODE)
     modules = set(sys.modules)
     yield
     for d, before in saved:
         d.clear()
         d.update(before)
-    advantages._PER_EPISODE.clear()
-    advantages._PER_EPISODE.update(per_episode)
     for name in set(sys.modules) - modules:
         if name.split(".")[0] in ("examples", "badparts"):
             del sys.modules[name]

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from seekrl.agent.trajectory import Trajectory
-from seekrl.rl.advantages import ESTIMATORS, AdvantageConfig, compute_advantages
+from seekrl.config import AlgoConfig
+from seekrl.rl.advantages import ESTIMATORS, compute_advantages
 from seekrl.rl.loss import aggregate, kl_penalty, policy_loss, value_loss
 
 
@@ -43,7 +44,7 @@ def test_grpo_hand_computed():
     # group a: rewards 1,0,0 -> mean 1/3, sample std sqrt(1/3) = 0.57735
     s = math.sqrt(1 / 3)
     expected = [(1 - 1 / 3) / s, (0 - 1 / 3) / s, (0 - 1 / 3) / s, 0.0, 0.0]  # group b: no variance
-    got = scalars(compute_advantages("grpo", GROUPS, REWARDS, AdvantageConfig(epsilon=0.0)))
+    got = scalars(compute_advantages("grpo", GROUPS, REWARDS, AlgoConfig(epsilon=0.0)))
     assert got == pytest.approx([round(x, 4) for x in expected], abs=1e-4)
 
 
@@ -56,7 +57,7 @@ def test_dr_grpo_rloo_reinforce_pp_hand_computed():
     # reinforce++: whitened over the batch's 15 policy tokens (nine 1s, six 0s)
     s = math.sqrt((9 * 0.4 ** 2 + 6 * 0.6 ** 2) / 14)
     assert scalars(compute_advantages("reinforce_pp", GROUPS, REWARDS,
-                                      AdvantageConfig(epsilon=0.0))) == \
+                                      AlgoConfig(epsilon=0.0))) == \
         pytest.approx([round(x, 4) for x in [0.4 / s, -0.6 / s, -0.6 / s, 0.4 / s, 0.4 / s]],
                       abs=1e-4)
 
@@ -76,13 +77,13 @@ def test_reinforce_pp_whitens_over_tokens_not_sequences():
 def test_gae_skips_retrieved_tokens():
     t = traj("g", [0, 1, 1, 0, 0, 1])
     values = [torch.tensor([9.0, 0.5, 0.25, 9.0, 9.0, 0.75])]  # 9s: masked, must be ignored
-    (a,), (ret,) = compute_advantages("gae", [t], [1.0], AdvantageConfig(gamma=1.0, lam=1.0,
+    (a,), (ret,) = compute_advantages("gae", [t], [1.0], AlgoConfig(gamma=1.0, lam=1.0,
                                                                         whiten=False),
                                       values=values)
     # gamma = lambda = 1: advantage = final reward - V at each policy token
     assert a.tolist() == pytest.approx([0, 0.5, 0.75, 0, 0, 0.25])
     assert ret.tolist() == pytest.approx([0, 1.0, 1.0, 0, 0, 1.0])   # advantage + value
-    (a,), _ = compute_advantages("gae", [t], [1.0], AdvantageConfig(gamma=0.5, lam=0.5,
+    (a,), _ = compute_advantages("gae", [t], [1.0], AlgoConfig(gamma=0.5, lam=0.5,
                                                                    whiten=False),
                                  values=values)
     d3 = 1.0 - 0.75
@@ -478,7 +479,7 @@ def test_reinforce_pp_on_a_batch_of_equal_returns_is_zero_not_nan():
     rounding."""
     for score, eps in ((0.0, 0.0), (0.1, 1e-8), (0.1, 1e-6)):
         advs, _ = compute_advantages("reinforce_pp", GROUPS, [score] * len(GROUPS),
-                                     cfg=AdvantageConfig(epsilon=eps))
+                                     cfg=AlgoConfig(epsilon=eps))
         assert all(bool((a == 0).all()) for a in advs), (score, eps)
 
 

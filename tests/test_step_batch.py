@@ -9,11 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seekrl.agent.trajectory import Step, Trajectory
-from seekrl.rl import advantages as adv_mod
+from seekrl.config import AlgoConfig
 from seekrl.rl.advantages import (
     ESTIMATORS,
     FACTS,
-    AdvantageConfig,
     compute_advantages,
     discounted_step_returns,
     estimate_advantages,
@@ -103,14 +102,14 @@ def test_every_estimator_is_exactly_zero_off_policy_tokens_and_on_padding(name):
     rewards = Rewards([1.0, 0.0, 0.5, 1.0], [[0.5, 0.0], [0.25], [0.0, 1.0, 0.0], []])
     b = StepBatch.build(trajs, rewards,
                         values=[torch.rand(len(t.token_ids), generator=g) for t in trajs])
-    out = ESTIMATORS[name](b, AdvantageConfig())
+    out = ESTIMATORS[name](b, AlgoConfig())
     advantages, returns = out[0], out[1]
     assert advantages.shape == returns.shape == b.shape
     assert advantages.dtype == torch.float32
     assert (advantages[b.loss_mask == 0] == 0).all()       # prompt, retrieved tokens, padding
     for row, n in enumerate(b.lengths.tolist()):
         assert (returns[row, n:] == 0).all()
-    est = estimate_advantages(name, b, AdvantageConfig())
+    est = estimate_advantages(name, b, AlgoConfig())
     assert [len(a) for a in est.advantages] == [len(t.token_ids) for t in trajs]
 
 
@@ -193,23 +192,16 @@ def scratch_registry():
     for name in names:
         ESTIMATORS.pop(name, None)
         FACTS.pop(name, None)
-        adv_mod._PER_EPISODE.discard(name)
 
 
-def test_estimators_registered_from_outside_in_either_form(scratch_registry):
+def test_estimators_registered_from_outside(scratch_registry):
     trajs = ragged()
-    scratch_registry += ["test_batch_form", "test_episode_form", "test_bad_shape"]
+    scratch_registry += ["test_batch_form", "test_bad_shape"]
 
     @register("test_batch_form")
     def batch_form(batch, cfg):   # the outcome on every policy token, reported
         adv = batch.loss_mask * batch.outcome.to(torch.float32)[:, None]
         return adv, adv.clone(), {"rows": batch.shape[0]}
-
-    @register("test_episode_form", needs_values=True)
-    def episode_form(trajectories, rewards, cfg, values=None):   # seekrl's former signature
-        advs = [torch.tensor(t.loss_mask, dtype=torch.float32) * (o + float(v.sum()))
-                for t, o, v in zip(trajectories, rewards.outcome, values)]
-        return advs, [a.clone() for a in advs]
 
     @register("test_bad_shape")
     def bad_shape(batch, cfg):
@@ -220,10 +212,8 @@ def test_estimators_registered_from_outside_in_either_form(scratch_registry):
     assert est.diagnostics == {"rows": 4}
     assert [a.tolist() for a in est.advantages] == \
         [[o * m for m in t.loss_mask] for t, o in zip(trajs, outcome)]
-    values = [torch.full((len(t.token_ids),), 0.5) for t in trajs]
-    advs, _ = compute_advantages("test_episode_form", trajs, outcome, values=values)
-    assert [a.tolist() for a in advs] == \
-        [[(o + 0.5 * len(t.token_ids)) * m for m in t.loss_mask] for t, o in zip(trajs, outcome)]
+    with pytest.raises(ValueError, match="advantage estimator 'test_batch_form' is already"):
+        register("test_batch_form")(batch_form)
     with pytest.raises(ValueError, match="'test_bad_shape': advantages of shape"):
         compute_advantages("test_bad_shape", trajs, outcome)
 

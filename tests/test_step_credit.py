@@ -10,6 +10,7 @@ import torch
 from seekrl.agent.backends import Backend
 from seekrl.agent.rollout import RolloutConfig, RolloutEngine, grow_trees
 from seekrl.agent.trajectory import Step, Trajectory
+from seekrl.config import AlgoConfig
 from seekrl.data.qa import QAExample
 from seekrl.models import tiny_policy
 from seekrl.retrieval.base import Hit
@@ -20,7 +21,6 @@ from seekrl.rewards.process import (
     score_steps,
 )
 from seekrl.rl.advantages import (
-    AdvantageConfig,
     Rewards,
     anchor_states,
     compute_advantages,
@@ -102,7 +102,7 @@ def test_dual_granularity_hand_computed():
     e3 = ep("h", [answer(2)], prompt=1, outcome=1.0)             # a singleton group
     rewards = Rewards([1.0, 0.0, 1.0], [[1.0, 0.0], [0.0], [0.5]])
     (a1, a2, a3), returns = compute_advantages("dual_granularity", [e1, e2, e3], rewards,
-                                               AdvantageConfig(beta=0.3))
+                                               AlgoConfig(beta=0.3))
     # outcome part: 1 - 0.5, 0 - 0.5, and 0 for the lone episode. Step scores per policy
     # token in group g: 1,1,0 | 0,0,0 -> mean 1/3, sample std sqrt(12/45)
     std = (12 / 45) ** 0.5
@@ -125,7 +125,7 @@ def test_dual_granularity_normalises_each_source_over_the_steps_it_judges():
     rewards = Rewards.from_trajectories([e1, e2], {"evidence": 1.0})
     assert rewards.sources == {"evidence": (1.0, [[1.0, None], [0.0, None]])}
     (a1, a2), _ = compute_advantages("dual_granularity", [e1, e2], rewards,
-                                     AdvantageConfig(beta=0.3))
+                                     AlgoConfig(beta=0.3))
     z = 0.5 / (1 / 3) ** 0.5   # evidence 1,1 | 0,0 over the four search tokens: std sqrt(1/3)
     assert a1.tolist() == pytest.approx([0, 0, 0.3 * z, 0.3 * z, 0, 0, 0.0], abs=1e-5)
     assert a2.tolist() == pytest.approx([0, 0, -0.3 * z, -0.3 * z, 0, 0, 0.0], abs=1e-5)
@@ -148,15 +148,15 @@ def test_standardised_evidence_marks_an_extra_search_down_raw_evidence_does_not(
     rewards = Rewards.from_trajectories([e1, e2], {"evidence": 1.0})
     assert rewards.sources == {"evidence": (1.0, [[0.5, 0.0, None], [0.5, None]])}
     (g1, g2), _ = compute_advantages("dual_granularity", [e1, e2], rewards,
-                                     AdvantageConfig(beta=0.3))
+                                     AlgoConfig(beta=0.3))
     second = g1[6:8]   # prompt 2, search 2 + info 2, then the second search's tokens
     assert float(second.max()) < 0 and float(g2[-1]) == 0.0
     (r1, r2), _ = compute_advantages("dual_granularity", [e1, e2], rewards,
-                                     AdvantageConfig(beta=0.3, process_norm="none"))
+                                     AlgoConfig(beta=0.3, process_norm="none"))
     assert r1.tolist() == pytest.approx([0, 0, 0.15, 0.15, 0, 0, 0, 0, 0, 0, 0], abs=1e-6)
     assert r2.tolist() == pytest.approx([0, 0, 0.15, 0.15, 0, 0, 0], abs=1e-6)
     with pytest.raises(ValueError, match="process_norm"):
-        AdvantageConfig(process_norm="batch")
+        AlgoConfig(process_norm="batch")
 
 
 def test_raw_step_rewards_are_refused_where_they_would_push_every_token_up():
@@ -179,7 +179,7 @@ def test_dual_granularity_sums_the_normalised_sources_with_their_weights():
     weights = {"evidence": 1.0, "redundancy": 0.5}
     score_steps([e1, e2], weights)
     rewards = Rewards.from_trajectories([e1, e2], weights)
-    adv, _ = compute_advantages("dual_granularity", [e1, e2], rewards, AdvantageConfig(beta=1))
+    adv, _ = compute_advantages("dual_granularity", [e1, e2], rewards, AlgoConfig(beta=1))
     ev = torch.tensor([1.0, 0.0, 0.0])      # the three searches
     red = torch.tensor([0.0, -1.0, 0.0])
     zev, zred = (ev - ev.mean()) / ev.std(), (red - red.mean()) / red.std()
@@ -203,7 +203,7 @@ def test_gigpo_hand_computed_with_anchor_states_and_a_singleton_step_group():
     assert anchor_states(e2, "queries") == [(), ("x",)]
     assert anchor_states(e4, "docs") == [(), ("d2",)]
     assert step_returns(1.0, [0.0, 0.0], 0.5) == [0.5, 1.0]
-    cfg = AdvantageConfig(step_gamma=0.5, step_weight=1.0)
+    cfg = AlgoConfig(step_gamma=0.5, step_weight=1.0)
     estimate = compute_advantages("gigpo", trajs, [1.0, 0.0, 0.0, 0.0], cfg)
     advs, _ = estimate
     # episode: totals 1,0,0,0 -> mean 0.25. Step group () : returns 0.5,0,0,0 -> mean 0.125.
@@ -221,8 +221,8 @@ def test_gigpo_hand_computed_with_anchor_states_and_a_singleton_step_group():
 def test_gigpo_similarity_joins_near_identical_queries():
     e1 = ep("g", [search(query="birthplace of ilsa marrow"), answer()], outcome=1.0)
     e2 = ep("g", [search(query="birthplace of ilsa marow"), answer()], sample=1)
-    exact = AdvantageConfig(step_gamma=1.0)
-    fuzzy = AdvantageConfig(step_gamma=1.0, anchor_similarity=0.9)
+    exact = AlgoConfig(step_gamma=1.0)
+    fuzzy = AlgoConfig(step_gamma=1.0, anchor_similarity=0.9)
     a_exact, _ = compute_advantages("gigpo", [e1, e2], [1.0, 0.0], exact)
     a_fuzzy, _ = compute_advantages("gigpo", [e1, e2], [1.0, 0.0], fuzzy)
     answer_pos = e1.steps[1].start
@@ -234,7 +234,7 @@ def test_stratified_grpo_hand_computed():
     trajs = [ep("g", [search(), answer()], sample=0), ep("g", [search(), answer()], sample=1),
              ep("g", [search(), search(), answer()], sample=2), ep("g", [answer()], sample=3)]
     advs, _ = compute_advantages("stratified_grpo", trajs, [1.0, 0.0, 1.0, 0.0],
-                                 AdvantageConfig(alpha=0.5))
+                                 AlgoConfig(alpha=0.5))
     # group: 0.5, -0.5, 0.5, -0.5; strata by searches {1: [1, 0] -> +-0.5, 2: alone, 0: alone}
     assert [float(a[t.steps[0].start]) for a, t in zip(advs, trajs)] == \
         pytest.approx([0.5, -0.5, 0.25, -0.25])
@@ -252,7 +252,7 @@ def test_gae_takes_step_rewards_on_their_tokens():
     t = ep("g", [search(2, 2), answer(1)], prompt=1)
     values = [torch.zeros(len(t.token_ids))]
     (a,), (ret,) = compute_advantages("gae", [t], Rewards([1.0], [[0.5, 0.0]]),
-                                      AdvantageConfig(whiten=False), values=values)
+                                      AlgoConfig(whiten=False), values=values)
     # policy tokens 1, 2 | info 3, 4 | 5: gamma = lambda = 1, V = 0 -> reward-to-go
     assert a.tolist() == pytest.approx([0, 1.5, 1.5, 0, 0, 1.0])
     assert ret.tolist() == pytest.approx([0, 1.5, 1.5, 0, 0, 1.0])

@@ -807,7 +807,8 @@ def test_step_settings_fail_before_the_model_loads(override, message, tmp_path, 
 def test_gigpo_groups_with_tied_scores_still_carry_signal():
     """Discounted step returns differ with the number of steps even where scores tie."""
     from seekrl.agent.trajectory import Step, Trajectory
-    from seekrl.rl.advantages import AdvantageConfig, compute_advantages
+    from seekrl.config import AlgoConfig
+    from seekrl.rl.advantages import compute_advantages
     from seekrl.rl.sampling import group_signal
 
     def t(n_steps: int, sample: int) -> Trajectory:
@@ -824,7 +825,7 @@ def test_gigpo_groups_with_tied_scores_still_carry_signal():
         return compute_advantages(name, trajs, [1.0, 1.0], cfg).advantages
 
     assert group_signal(trajs, parts, advantages("dr_grpo")) == (0, 1, 1)
-    assert group_signal(trajs, parts, advantages("gigpo", AdvantageConfig(step_gamma=0.9))) \
+    assert group_signal(trajs, parts, advantages("gigpo", AlgoConfig(step_gamma=0.9))) \
         == (1, 1, 0)
 
 

@@ -18,10 +18,11 @@ A module name resolves only from there; a file path works from anywhere:
 The file is imported under its own name (`search`), with its folder on `sys.path` (as
 `python search.py` would have it), so that its sibling modules import as they do when it runs.
 
-The registries (`rewards/process.py`, `rl/advantages.py`) register a path's object under
-the path itself when it is first named, so every later lookup by that string (a resumed
-run's config.yaml holds it) finds it. This module imports nothing of seekrl but its config
-errors: the registries import it, never the other way round.
+A `Registry` holds the functions of one kind by name (the outcome rewards, the process
+sources, the advantage estimators); those that take import paths register a path's object
+under the path itself when it is first named, so every later lookup by that string (a
+resumed run's config.yaml holds it) finds it. This module imports nothing of seekrl but its
+config errors: the registries import it, never the other way round.
 """
 
 from __future__ import annotations
@@ -170,6 +171,49 @@ def load_function(key: str, path: str, *, args: tuple[int, ...], shape: str) -> 
     if not any(_takes(fn, n) for n in args):
         raise ConfigError(f"{key}: {path} takes {_signature(fn)}; expected a function {shape}")
     return fn
+
+
+class Registry(dict):
+    """Functions of one kind by name (`what` says which kind in errors). `add` registers one
+    under a name, once; `lookup` finds one by name or, when `shape` is given, by import path
+    (imported, checked to take one of `args` positional arguments, registered under the path
+    itself, and `on_path(path, fn)` told); an unknown name is refused naming the known ones.
+    `key` is the config key a path is named under, for errors (`{name}` is filled in)."""
+
+    def __init__(self, what: str, *, key: str = "", shape: str | None = None,
+                 args: tuple[int, ...] = (), on_path: Callable[[str, Any], None] | None = None):
+        super().__init__()
+        self.what, self.key, self.shape, self.args, self.on_path = what, key, shape, args, on_path
+
+    def add(self, name: str, fn: Any) -> Any:
+        if name in self:
+            raise ValueError(f"{self.what} {name!r} is already registered")
+        self[name] = fn
+        return fn
+
+    def add_path(self, path: str, key: str | None = None) -> Any:
+        """The function an import path names, registered under the path; `key` names the
+        config key in errors (default: this registry's)."""
+        if self.shape is None:
+            raise ValueError(f"{self.what}: takes registered names only, not import paths")
+        fn = load_function(key or self.key.format(name=path), path, args=self.args,
+                           shape=self.shape)
+        self[path] = fn
+        if self.on_path is not None:
+            self.on_path(path, fn)
+        return fn
+
+    def lookup(self, name: str, key: str | None = None) -> Any:
+        """The function `name` names: a registered name, or an import path where this
+        registry takes them (registered when first named). Unknown: a `ConfigError` naming
+        `key` when given (a config's), else a ValueError naming the kind."""
+        if name not in self and self.shape is not None and is_import_path(name):
+            self.add_path(name, key)
+        if name not in self:
+            error = ConfigError if key else ValueError
+            raise error(f"{key or self.what}: expected one of {', '.join(sorted(self))}, "
+                        f"got {name!r}")
+        return self[name]
 
 
 def _signature(fn: Callable) -> str:

@@ -17,11 +17,15 @@ import torch
 
 from seekrl.config import LoRAConfig, OptimConfig
 from seekrl.errors import ConfigError
+from seekrl.plugins import Registry
 
 
 def check_name(key: str, value: str, known) -> None:
-    """A registry name from a config key: unknown ones name the key and the known names."""
-    if value not in known:
+    """A registry name from a config key (a `Registry` also takes the import paths it
+    takes): unknown ones name the key and the known names."""
+    if isinstance(known, Registry):
+        known.lookup(value, key)
+    elif value not in known:
         raise ConfigError(f"{key}: expected one of {', '.join(sorted(known))}, got {value!r}")
 
 

@@ -13,28 +13,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from seekrl.agent.trajectory import Trajectory
+from seekrl.plugins import Registry
 from seekrl.rewards.metrics import cover_em, exact_match, f1_score
 
 OutcomeFn = Callable[[str | None, Sequence[str]], float]
-OUTCOMES: dict[str, OutcomeFn] = {
+OUTCOMES: Registry = Registry("outcome reward")   # by name only (`reward.fn` takes a path)
+OUTCOMES.update({
     "em": lambda answer, golden: float(exact_match(answer, golden)),
     "f1": lambda answer, golden: float(f1_score(answer, golden)),
     "cover_em": lambda answer, golden: float(cover_em(answer, golden)),
-}
+})
 
 
 def register_outcome(name: str, fn: OutcomeFn) -> OutcomeFn:
-    if name in OUTCOMES:
-        raise ValueError(f"outcome reward {name!r} is already registered")
-    OUTCOMES[name] = fn
-    return fn
+    return OUTCOMES.add(name, fn)
 
 
 def get_outcome(name: str) -> OutcomeFn:
-    if name not in OUTCOMES:
-        raise ValueError(f"outcome reward: expected one of {', '.join(sorted(OUTCOMES))}, "
-                         f"got {name!r}")
-    return OUTCOMES[name]
+    return OUTCOMES.lookup(name)
 
 
 @dataclass(frozen=True)

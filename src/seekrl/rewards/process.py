@@ -64,6 +64,7 @@ from typing import Protocol
 
 from seekrl.agent.protocol import normalise_text
 from seekrl.agent.trajectory import Trajectory, group_indices, title_keys
+from seekrl.plugins import Registry
 
 
 class StepScorer(Protocol):
@@ -85,42 +86,27 @@ class ProcessContext:
 
 
 ProcessFn = Callable[[Sequence[Trajectory], ProcessContext], list[list[float | None]]]
-PROCESS_REWARDS: dict[str, ProcessFn] = {}
+PROCESS_SHAPE = "f(trajectories, ctx) -> list[list[float | None]] (one value per step, None: n/a)"
+PROCESS_REWARDS: Registry = Registry("process reward", key="reward.process.{name}",
+                                     shape=PROCESS_SHAPE, args=(2,))
 
 
 def register_process(name: str) -> Callable[[ProcessFn], ProcessFn]:
     def wrap(fn: ProcessFn) -> ProcessFn:
-        if name in PROCESS_REWARDS:
-            raise ValueError(f"process reward {name!r} is already registered")
-        PROCESS_REWARDS[name] = fn
-        return fn
+        return PROCESS_REWARDS.add(name, fn)
     return wrap
-
-
-PROCESS_SHAPE = "f(trajectories, ctx) -> list[list[float | None]] (one value per step, None: n/a)"
 
 
 def add_process_path(path: str, key: str | None = None) -> ProcessFn:
     """The source an import path names (`reward.process: {mypkg.steps:novelty: 0.5}`),
     imported and registered under the path itself; `key` names the config key in errors."""
-    from seekrl.plugins import load_function
-
-    fn = load_function(key or f"reward.process.{path}", path, args=(2,), shape=PROCESS_SHAPE)
-    PROCESS_REWARDS[path] = fn
-    return fn
+    return PROCESS_REWARDS.add_path(path, key)
 
 
 def get_process(name: str) -> ProcessFn:
     """A source by registered name, or by import path (`pkg.mod:func`, registered when
     first named)."""
-    from seekrl.plugins import is_import_path
-
-    if name not in PROCESS_REWARDS and is_import_path(name):
-        add_process_path(name)
-    if name not in PROCESS_REWARDS:
-        raise ValueError(f"process reward: expected one of {', '.join(sorted(PROCESS_REWARDS))}, "
-                         f"got {name!r}")
-    return PROCESS_REWARDS[name]
+    return PROCESS_REWARDS.lookup(name)
 
 
 def score_steps(trajectories: Sequence[Trajectory], weights: Mapping[str, float],

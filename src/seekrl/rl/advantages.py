@@ -17,11 +17,7 @@ rollouts), which the recipes check configs by; a config may also name one by imp
 (`mypkg.credit:median_baseline`, `add_estimator_path`), registered under the path when first
 named. `estimate_advantages(name, batch, cfg)` runs
 one and returns an `Estimate`, one 1-D tensor per episode aligned with its `token_ids`;
-`compute_advantages(name, trajectories, rewards, cfg, values=)` builds the batch first. An
-estimator registered with the per-episode signature of seekrl before the step batch,
-`f(trajectories, rewards, cfg, values=None)` (three or more positional parameters), still
-runs: it gets the batch's trajectories, its `Rewards` and the values as one float32 tensor
-per episode, and returns one tensor per episode.
+`compute_advantages(name, trajectories, rewards, cfg, values=)` builds the batch first.
 
 Outcome estimators (one advantage for every policy token of an episode, from the episode's
 total score, outcome plus step rewards):
@@ -58,7 +54,6 @@ second search): none of these estimators groups by turn index. `gigpo` groups by
 
 from __future__ import annotations
 
-import inspect
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -68,6 +63,7 @@ import torch
 
 from seekrl.agent.trajectory import Trajectory
 from seekrl.config import AlgoConfig
+from seekrl.plugins import Registry
 from seekrl.rl.step_batch import (  # noqa: F401  (Rewards and its helpers are imported from here)
     Rewards,
     StepBatch,
@@ -77,11 +73,6 @@ from seekrl.rl.step_batch import (  # noqa: F401  (Rewards and its helpers are i
     last_policy_token,
     step_reward_position,
 )
-
-# The estimators read the algorithm config itself (`algo:`): gamma, lam, whiten, epsilon,
-# std_norm, beta, step_weight, step_gamma, anchor, anchor_similarity, alpha, with one
-# default each. `AdvantageConfig(beta=0.5)` builds one with the other keys at their defaults.
-AdvantageConfig = AlgoConfig
 
 
 @dataclass
@@ -100,7 +91,7 @@ class Estimate:
 
 # f(batch, cfg) -> (advantages, returns[, diagnostics]), each (B, T)
 Estimator = Callable[..., tuple]
-ESTIMATORS: dict[str, Estimator] = {}
+ESTIMATOR_SHAPE = "f(batch: StepBatch, cfg) -> (advantages, returns[, diagnostics])"
 
 
 @dataclass(frozen=True)
@@ -115,66 +106,43 @@ class EstimatorFacts:
 
 
 FACTS: dict[str, EstimatorFacts] = {}
-# estimators with the per-episode signature f(trajectories, rewards, cfg, values=None)
-_PER_EPISODE: set[str] = set()
 
 
-def _per_episode_form(fn: Estimator) -> bool:
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params) >= 3
+def _facts_of_path(path: str, fn: Estimator) -> None:
+    """An estimator named by import path has the facts it was registered with
+    (`@register(name, needs_values=...)` in its module, run on import); a function never
+    registered has none (no critic, no per-token rewards, no tree)."""
+    known = next((n for n, f in ESTIMATORS.items() if f is fn and n != path), None)
+    FACTS[path] = FACTS[known] if known is not None else EstimatorFacts()
+
+
+ESTIMATORS: Registry = Registry("advantage estimator", key="algo.advantage",
+                                shape=ESTIMATOR_SHAPE, args=(2,), on_path=_facts_of_path)
 
 
 def register(name: str, *, needs_values: bool = False, reads_token_rewards: bool = False,
              needs_tree: bool = False, batch_relative: bool = False
              ) -> Callable[[Estimator], Estimator]:
     """Registers `fn(batch: StepBatch, cfg) -> (advantages, returns[, diagnostics])` under
-    `name` with its facts; a function of three or more positional parameters is taken for
-    the per-episode form `fn(trajectories, rewards, cfg, values=None)`."""
+    `name` with its facts."""
     def wrap(fn: Estimator) -> Estimator:
-        if name in ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ESTIMATORS[name] = fn
+        ESTIMATORS.add(name, fn)
         FACTS[name] = EstimatorFacts(needs_values, reads_token_rewards, needs_tree,
                                      batch_relative)
-        if _per_episode_form(fn):
-            _PER_EPISODE.add(name)
         return fn
     return wrap
 
 
-ESTIMATOR_SHAPE = "f(batch: StepBatch, cfg) -> (advantages, returns[, diagnostics])"
-
-
 def add_estimator_path(path: str, key: str = "algo.advantage") -> Estimator:
     """The estimator an import path names (`algo.advantage: mypkg.credit:median_baseline`),
-    imported and registered under the path itself. Its facts are those it was registered
-    with (`@register(name, needs_values=...)` in its module, run on import); a function
-    never registered has none (no critic, no per-token rewards, no tree)."""
-    from seekrl.plugins import load_function
-
-    fn = load_function(key, path, args=(2, 3), shape=ESTIMATOR_SHAPE)
-    known = next((n for n, f in ESTIMATORS.items() if f is fn and n != path), None)
-    ESTIMATORS[path] = fn
-    FACTS[path] = FACTS[known] if known is not None else EstimatorFacts()
-    if _per_episode_form(fn):
-        _PER_EPISODE.add(path)
-    return fn
+    imported and registered under the path itself, with the facts it was registered with."""
+    return ESTIMATORS.add_path(path, key)
 
 
 def get_estimator(name: str) -> Estimator:
     """An estimator by registered name, or by import path (`pkg.mod:func`, registered when
     first named)."""
-    from seekrl.plugins import is_import_path
-
-    if name not in ESTIMATORS and is_import_path(name):
-        add_estimator_path(name)
-    if name not in ESTIMATORS:
-        raise ValueError(f"advantage estimator: expected one of {', '.join(sorted(ESTIMATORS))}, "
-                         f"got {name!r}")
-    return ESTIMATORS[name]
+    return ESTIMATORS.lookup(name)
 
 
 def facts(name: str) -> EstimatorFacts:
@@ -198,10 +166,6 @@ def estimate_advantages(name: str, batch: StepBatch, cfg: AlgoConfig | None = No
     """The estimator `name` on a step batch, its (B, T) results cut back to one tensor per
     episode."""
     fn, cfg = get_estimator(name), cfg or AlgoConfig()
-    if name in _PER_EPISODE:
-        values = batch.unpad(batch.values) if batch.values is not None else None
-        out = fn(batch.trajectories, batch.rewards, cfg, values=values)
-        return out if isinstance(out, Estimate) else Estimate(*out)
     out = fn(batch, cfg)
     advantages, returns, diagnostics = (*out, {}) if len(out) == 2 else out
     for what, x in (("advantages", advantages), ("returns", returns)):
