@@ -501,7 +501,17 @@ def test_cli_eval_then_inspect(world_index, tiny, tmp_path):
     r = runner.invoke(app, ["eval", "--model", str(model_dir), "--data", str(paths["test"]),
                             "--method", "direct", "--attention", "flash2",
                             "--out", str(tmp_path / "x")])
-    assert r.exit_code == 2 and "--attention: expected one of default" in r.output
+    assert r.exit_code == 2 and "--attention: Input should be 'default'" in r.output
+    # the options are the episode settings' type: its ranges and rules, named by option
+    r = runner.invoke(app, ["eval", "--model", str(model_dir), "--data", str(paths["test"]),
+                            "--method", "direct", "--max-turns", "0", "--attention", "eager",
+                            "--backend", "vllm", "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "--max-turns: Input should be greater than or equal to 1" \
+        in r.output, r.output
+    r = runner.invoke(app, ["eval", "--model", str(model_dir), "--data", str(paths["test"]),
+                            "--method", "direct", "--attention", "eager", "--backend", "vllm",
+                            "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "--attention: 'eager' sets seekrl's decoding loop" in r.output
     r = runner.invoke(app, ["eval", "--model", str(model_dir), "--data", str(paths["test"]),
                             "--method", "direct", "--attention", "sdpa_efficient",
                             "--out", str(tmp_path / "x")])
@@ -546,3 +556,15 @@ def test_table_rows_of_an_sft_and_an_rl_run_are_told_apart():
     assert run_label(metrics("Qwen/Qwen2.5-3B-Instruct"), "x") == "agent · Qwen2.5-3B-Instruct"
     assert run_label({}, "eval-1") == "eval-1"
     assert unique_labels(["a", "b", "a"], ["e1", "e2", "e3"]) == ["a (e1)", "b", "a (e3)"]
+
+
+def test_the_metrics_table_shows_the_hop_decision_where_the_policy_plans():
+    from seekrl.eval.report import metrics_markdown
+
+    run = hand_made_run()
+    assert "planned lookups" not in metrics_markdown(score_trajectories(run))
+    run[0].steps[0].text = "<think> To answer this I need 2 lookups. </think>"
+    m = score_trajectories(run)
+    assert m["datasets"]["A"]["planned_lookups"] == 2.0   # over the one episode that plans
+    text = metrics_markdown(m)
+    assert "| one search | planned lookups |" in text

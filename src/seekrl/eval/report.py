@@ -58,6 +58,13 @@ def metric_columns(metrics: dict) -> list[tuple[str, str, str]]:
         columns[1] = ("em", f"EM (mean of {metrics['n_samples']})", "{:.3f}")
     for k in metrics.get("pass_ks", []):
         columns.append((f"pass@{k}", f"pass@{k}", "{:.3f}"))
+    rows = [row for _, row in _table_rows(metrics)] + [
+        row for types in (metrics.get("by_type") or {}).values() for row in types.values()]
+    if any(row.get("planned_lookups") is not None for row in rows):
+        # the hop decision, where the policy states its plan (the synthetic world's)
+        at = [k for k, _, _ in columns].index("searches") + 1
+        columns[at:at] = [("one_search", "one search", "{:.3f}"),
+                          ("planned_lookups", "planned lookups", "{:.2f}")]
     return columns
 
 

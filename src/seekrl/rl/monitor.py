@@ -95,6 +95,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from seekrl.config import MonitorConfig
+from seekrl.rl import step_metrics as M
 
 KINDS = ("grad_norm_explosion", "entropy_collapse", "correct_logp_falling", "valid_format_collapse",
          "type_reward_drop", "searches_drift", "search_collapse", "greedy_search_collapse",
@@ -265,16 +266,16 @@ def check_greedy_searches(searches: float, searches_start: float, cfg: MonitorCo
         f"learnt to search once and guess; compare the bridge questions' EM")
 
 
-_CHECKS = (("entropy", "entropy_collapse", check_entropy),
-           ("valid_format", "valid_format_collapse", check_valid_format),
-           ("searches", "searches_drift", check_searches))
+_CHECKS = ((M.ENTROPY, "entropy_collapse", check_entropy),
+           (M.VALID_FORMAT, "valid_format_collapse", check_valid_format),
+           (M.SEARCHES, "searches_drift", check_searches))
 
 
 class Monitor:
     """Feed it each step's metrics; it returns the alerts that step raised."""
 
-    SIGNALS = ("grad_norm", "entropy", "correct_logp_shift", "valid_format", "searches",
-               "reward_multihop")
+    SIGNALS = (M.GRAD_NORM, M.ENTROPY, M.CORRECT_LOGP_SHIFT, M.VALID_FORMAT, M.SEARCHES,
+               M.REWARD_MULTIHOP)
 
     def __init__(self, cfg: MonitorConfig):
         self.cfg = cfg
@@ -294,10 +295,10 @@ class Monitor:
     def update(self, step: int, metrics: dict) -> list[Alert]:
         if not self.cfg.enabled:
             return []
-        grad_norm = self.signals["grad_norm"]
-        verdicts = [(grad_norm, "grad_norm_explosion", self._check_grad_norm(metrics.get("grad_norm")))]
-        shift = self.signals["correct_logp_shift"]
-        value = _finite(metrics.get("correct_logp_shift"))
+        grad_norm = self.signals[M.GRAD_NORM]
+        verdicts = [(grad_norm, "grad_norm_explosion", self._check_grad_norm(metrics.get(M.GRAD_NORM)))]
+        shift = self.signals[M.CORRECT_LOGP_SHIFT]
+        value = _finite(metrics.get(M.CORRECT_LOGP_SHIFT))
         if value is not None:
             shift.observe(value)
             verdicts.append((shift, "correct_logp_falling",
@@ -307,7 +308,7 @@ class Monitor:
             value = _finite(metrics.get(name))
             if value is not None:
                 verdicts.append((self.signals[name], kind, self._observe(self.signals[name], value, check)))
-        for qtype, raw in sorted((metrics.get("reward_by_type") or {}).items()):
+        for qtype, raw in sorted((metrics.get(M.REWARD_BY_TYPE) or {}).items()):
             value = _finite(raw)
             if value is None:
                 continue
@@ -317,11 +318,11 @@ class Monitor:
                 verdict = (verdict[0], f"on {qtype!r} questions, {verdict[1]}")
             verdicts.append((signal, "type_reward_drop", verdict))
         verdicts.append((self.search_collapse, "search_collapse",
-                         self._check_search_collapse(_finite(metrics.get("searches")),
-                                                     _finite(metrics.get("reward_multihop")))))
+                         self._check_search_collapse(_finite(metrics.get(M.SEARCHES)),
+                                                     _finite(metrics.get(M.REWARD_MULTIHOP)))))
         verdicts.append((self.no_signal, "no_signal",
-                         self._check_no_signal(_finite(metrics.get("groups_with_signal")),
-                                               _finite(metrics.get("groups_solved")))))
+                         self._check_no_signal(_finite(metrics.get(M.GROUPS_WITH_SIGNAL)),
+                                               _finite(metrics.get(M.GROUPS_SOLVED)))))
         alerts = []
         for signal, kind, verdict in verdicts:
             if verdict is None:   # nothing to compare with yet: the signal stays as it was
@@ -334,12 +335,12 @@ class Monitor:
     def update_eval(self, step: int, metrics: dict) -> list[Alert]:
         """Feed it each greedy evaluation's metrics (`searches` per question); it returns
         the alerts it raised (greedy_search_collapse)."""
-        searches = _finite(metrics.get("searches"))
+        searches = _finite(metrics.get(M.SEARCHES))
         if not self.cfg.enabled or searches is None:
             return []
         signal = self.greedy_searches
         signal.observe(searches)
-        if len(signal.rolling) < 2 or not self.signals["reward_multihop"].rolling:
+        if len(signal.rolling) < 2 or not self.signals[M.REWARD_MULTIHOP].rolling:
             return []   # nothing to compare with, or no multi-hop question seen in training
         severity, message = check_greedy_searches(searches, signal.first[0], self.cfg)
         return [Alert(step, "greedy_search_collapse", severity, message)] \
@@ -351,7 +352,7 @@ class Monitor:
         return None if baseline is None else check(signal.recent, baseline, self.cfg)
 
     def _check_grad_norm(self, raw: Any) -> tuple[str | None, str] | None:
-        signal, value = self.signals["grad_norm"], _value(raw)
+        signal, value = self.signals[M.GRAD_NORM], _value(raw)
         if value is None:
             return None
         if not math.isfinite(value):
@@ -370,9 +371,9 @@ class Monitor:
         multi-hop reward; checks once a full window of searches is in."""
         if multihop is None:
             return None
-        mh = self.signals["reward_multihop"]
+        mh = self.signals[M.REWARD_MULTIHOP]
         mh.observe(multihop)
-        sr = self.signals["searches"]
+        sr = self.signals[M.SEARCHES]
         if searches is None or len(sr.last) < self.cfg.window:
             return None
         return check_search_collapse(sr.recent, sr.first[0], mh.recent, mh.baseline, self.cfg)
