@@ -174,19 +174,8 @@ class Trajectory:
     @classmethod
     def from_dict(cls, d: dict) -> "Trajectory":
         d = dict(d)
-        d.pop("old_logprobs", None)   # an unused field of files written before 2026-11-23
-        meta = d.get("metadata")
-        if isinstance(meta, dict) and any(k in meta for k in _ORIGIN):   # before 2026-11-25
-            d["metadata"] = {k: v for k, v in meta.items() if k not in _ORIGIN}
-            for k in _ORIGIN:
-                if k in meta and k not in d:
-                    d[k] = meta[k]
         d["steps"] = [Step(**s) for s in d.get("steps", [])]
         return cls(**d)
-
-
-# the fields that files written before 2026-11-25 kept in `metadata`
-_ORIGIN = ("prompt_hits", "prompt_hit_titles", "prefix_steps", "prefix_tokens", "tree", "parent")
 
 
 def title_keys(hits: Sequence[str], titles: Sequence[str]) -> list[str | None]:

@@ -644,8 +644,7 @@ class Trainer:
                               "saving and evaluating the final model"))
         self.rollout_tokens = int(meta.get("rollout_tokens", 0))
         self.questions_drawn = int(meta.get("questions_drawn", 0))
-        # checkpoints before 2026-11-28 kept no planned count: without refills the same
-        self.questions_planned = int(meta.get("questions_planned", self.questions_drawn))
+        self.questions_planned = int(meta["questions_planned"])
         self._seconds_before = float(meta.get("train_seconds", 0.0))
         self.env.load_state_dict(meta.get("simulator_stats", {}))
         self.monitor.load_state_dict(meta["monitor"])
