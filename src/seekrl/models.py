@@ -37,9 +37,10 @@ _CHECKPOINT_NAME = "smollm2-135m-instruct"
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 # Mixed precision: the weights (and so the optimizer's updates) stay float32, the backbone's
-# and the LM head's matrix products run in bfloat16 under torch.autocast. On a CPU with
-# AVX-512 BF16 a demo-setting RL step took 0.72x the float32 time; pure bfloat16 weights
-# would lose updates smaller than their 8-bit mantissa resolves (lr 3e-5 on weights ~0.02).
+# and the LM head's matrix products run in bfloat16 under torch.autocast: faster wherever
+# bfloat16 products are native (bench/train_step.py measures it), while pure bfloat16
+# weights would lose updates smaller than their 8-bit mantissa resolves (lr 3e-5 on weights
+# ~0.02).
 MIXED = {"bf16-mixed": torch.bfloat16}
 
 
@@ -290,9 +291,8 @@ def load_tokenizer(name: str | None = DEFAULT_MODEL):
 
 def cpu_multiplies_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX, as oneDNN sees
-    it). Without that, torch falls back to a scalar kernel: on a 2-core AVX2 EPYC a bfloat16
-    matrix product ran at 1.2 GFLOP/s against float32's 100 (`bench/RESULTS.md`, "bfloat16
-    on a CPU without it")."""
+    it). Without that, torch falls back to a scalar kernel, many times slower than float32
+    (bench/cpu_dtype.py measures it)."""
     native = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
     try:
         return bool(native())
@@ -313,9 +313,8 @@ def slow_half_precision(dtype: str, device: str) -> str | None:
            if products == torch.bfloat16
            else "float16 products on a CPU seldom have a native kernel")
     return (f"dtype {dtype} on this CPU ({capability}): {why}, so matrix products can take "
-            "torch's scalar fallback, ~90x slower than float32's (on a 2-core AVX2 EPYC an "
-            "SFT step of the bundled model took 808 s in bf16-mixed against 55 s in "
-            "float32). Use float32 here (the demo's dtype auto picks it)")
+            "torch's scalar fallback, many times slower than float32's. Use float32 here "
+            "(the demo's dtype auto picks it)")
 
 
 def load_policy(name: str | None = DEFAULT_MODEL, *, dtype: str = "float32",
@@ -530,9 +529,9 @@ def cast_weights(model):
 # How a decoding loop computes attention (`rollout.attention`, `seekrl eval --attention`):
 # `default` leaves the model's own choice (SDPA with PyTorch's backend dispatch); `eager`
 # switches the model to plain matmuls; `sdpa_BACKEND` holds PyTorch's SDPA dispatch to one
-# backend. Why a setting: on an H100 a decoding step cost a fixed ~76 ms whatever the batch
-# and model size, the host sitting ~1 ms in each SDPA call (bench/RESULTS.md, "Rollout
-# engine"); bench/decode_step.py measures each of these, and the fastest is set here.
+# backend. Why a setting: on a GPU a small model's decoding step can be bound by the host's
+# time in each SDPA call rather than by the batch, and which kernel is fastest depends on
+# the machine (bench/decode_step.py measures each).
 SDPA_BACKENDS = tuple(a.removeprefix("sdpa_") for a in ATTENTION if a.startswith("sdpa_"))
 
 

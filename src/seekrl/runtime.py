@@ -76,8 +76,7 @@ def peak_rss_mb() -> float | None:
     On Linux it is VmHWM from /proc/self/status: the high-water mark of this process's own
     memory. `getrusage`'s ru_maxrss is not that: it survives `exec`, so a process started
     by a large parent (multiprocessing's spawn, a benchmark's subprocess) reports at least
-    the parent's peak (a do-nothing child of a 3 GB parent said 3,099 MB; VmHWM said 27).
-    Elsewhere ru_maxrss is used (macOS reports bytes, Linux KiB)."""
+    the parent's peak. Elsewhere ru_maxrss is used (macOS reports bytes, Linux KiB)."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
@@ -101,10 +100,9 @@ def fix_mmap_threshold() -> bool:
     MiB), so later tensors of that size come from the heap, whose free space fragments: the
     resident set grows past what is alive. Fixed (mallopt M_MMAP_THRESHOLD, which also turns
     the adjustment off), every larger block is its own mapping, returned when freed, and
-    paid for in page faults. Off unless asked: on a bf16-mixed evaluation 131072 saved 19% of
-    the peak and cost 1.48x the time, 8388608 saved nothing (bench/RESULTS.md, "Evaluation
-    memory"); a memory-tight machine may still want the first. Once per process; a no-op off
-    glibc. True when a threshold was fixed."""
+    paid for in page faults. Off unless asked: a small threshold trades time for a lower peak
+    (bench/RESULTS.md, "Evaluation memory"), which only a memory-tight machine wants. Once
+    per process; a no-op off glibc. True when a threshold was fixed."""
     import os
     import sys
 
@@ -125,10 +123,9 @@ def trim_heap() -> bool:
     """Hand the heap's free pages back to the system (glibc's `malloc_trim(0)`), between the
     steps of a training loop. The varying shapes of episode batches leave the heap's free
     space in pieces that the next step cannot always reuse, so without it the resident set
-    climbs step after step past what is alive: SFT at the demo's settings peaked at 3.7 GB
-    after its first step (its longest batch) and 5.8 GB after 20; trimmed after every step,
-    5.0 GB, at 6% more time (bench/RESULTS.md, "The demo"). The rest of the climb happens
-    within a step; SEEKRL_MALLOC=131072 stops it (3.7 GB) at 1.6x the time. Skipped when
+    climbs step after step past what is alive; trimming between steps stops most of that
+    climb for little time. What still happens within a step only a fixed mmap threshold
+    stops (SEEKRL_MALLOC, `fix_mmap_threshold`), at a larger cost in time. Skipped when
     SEEKRL_MALLOC=default; a no-op off glibc. True when memory was handed back."""
     import os
     import sys
@@ -272,7 +269,7 @@ class ThreadPlan:
     @property
     def warning(self) -> str | None:
         """A busy machine, or more threads than free cores: threads of two jobs that share
-        a core wait for each other (an RL step took 445 s so, 35 s at one thread each)."""
+        a core wait for each other, which can cost several times the run's time."""
         seen = ", ".join(x for x in (
             f"other processes keep {self.busy:.1f} cores busy" if self.busy is not None
             else "", f"load average {self.load:.2f}" if self.load is not None else "") if x)

@@ -187,8 +187,8 @@ def _drop_spare(layer) -> None:
     """Forget a layer's spare-capacity buffer once its keys / values were replaced from
     outside. A shallow copy of the layer (or a layer whose rows were merged, extended or
     trimmed) would otherwise keep the old batch's whole buffer alive: parked row sets and
-    the cache kept between turns then held a stale full-size buffer each, and memory grew
-    with every turn (11.6 GB for 64 episodes at batch 64 on the demo's world)."""
+    the cache kept between turns would each hold a stale full-size buffer, and memory would
+    grow with every turn."""
     if getattr(layer, "_buf_k", None) is not None:
         layer._buf_k = None
         layer._buf_v = None
@@ -344,8 +344,8 @@ class HFBackend(Backend):
             drop = sorted_p.cumsum(-1) - sorted_p > sampling.top_p
             sorted_p[drop] = 0.0
             probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-        # inverse-CDF sampling: one uniform number per row. torch.multinomial and the
-        # exponential race both draw vocabulary-many random numbers, ~20x slower on CPU.
+        # inverse-CDF sampling: one uniform number per row, where torch.multinomial and the
+        # exponential race both draw vocabulary-many random numbers (slow on a CPU)
         cdf = probs.double().cumsum(-1)
         u = torch.rand((probs.shape[0], 1), dtype=torch.float64, device=probs.device)
         # rand is in [0, 1): at 0 the left-side search below picks token 0 whatever its

@@ -13,9 +13,8 @@ The first turn opens with a plan. `plan="count"` (the default) states how many l
 the question takes ("To answer this I need 2 lookups. First I will look for ..."), so the
 policy commits to a number before it reads anything; `plan="none"` names only the first
 lookup, and whether to search again is decided after each document is read ("Next I
-need ..." or "So the answer is ..."). The 50-step warm-up's number hardly depends on the
-question (bench/RESULTS.md, "the plan's number"), which is what `none` is for. An
-episode is a list of turns:
+need ..." or "So the answer is ..."), for a policy whose planned number does not follow
+the question (a short warm-up's may not). An episode is a list of turns:
 `{"role": "assistant", "content": "<think>...</think>\\n<search>...</search>"}` and
 `{"role": "information", "content": "<information>...</information>"}`, ending with the
 assistant's `<answer>`; the SFT warm-up tokenises it with the policy's chat template.
@@ -200,10 +199,9 @@ def _plan(steps: list[list[dict]], chunk: list[int], first: bool = False) -> str
 
 def _answer_turn(example: QAExample, lead: str) -> dict:
     """The last turn: what the last document says, the judgement (a comparison's values side
-    by side), the answer. Its opening stays the one every turn after a document has: an
-    answer turn that began at the judgement instead (2026-11-27, shorter turns) taught a
-    20-step policy to open comparisons like bridges and answer with the last value read
-    (comparison EM 0.25 -> 0.00 on the demo's seed 0, every turn valid)."""
+    by side), the answer. Its opening stays the one every turn after a document has: a
+    comparison whose last turn opened at the judgement instead looks, to a briefly trained
+    policy, like a bridge's, which it then answers with the last value read."""
     judgement = example.metadata.get("judgement")
     answer = example.golden_answers[0]
     final = lead + (f" Comparing: {judgement}." if judgement else "") + \

@@ -1,6 +1,6 @@
 """A decoding backend shaped for a GPU's limit (`rollout.backend: static`).
 
-`HFBackend` spends a GPU's decoding step on the host (issue 57): it syncs every token, scans
+`HFBackend` spends a GPU's decoding step on the host: it syncs every token, scans
 stop strings in Python, grows and compacts its cache, and so can capture nothing in a CUDA
 graph. This backend keeps every shape fixed and every per-token decision on the device:
 

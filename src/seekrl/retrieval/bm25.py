@@ -16,7 +16,7 @@ STOPWORDS = "en"
 def _bm25s():
     """bm25s, imported so that it cannot take the GPU: when JAX is installed, importing bm25s
     imports JAX and runs a top-k with it, and JAX's default is to claim 75% of a GPU's memory
-    on first use (seen: 60 GB of an 80 GB H100, leaving the policy to run out of memory).
+    on first use, leaving the policy to run out of memory.
     seekrl selects the top k with numpy, so JAX only needs to not preallocate."""
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     import bm25s
@@ -123,7 +123,8 @@ class BM25Retriever(StoreRetriever):
         """Index `store` with Lucene's BM25 (bm25s's default variant) and save it in bm25s's
         format (`load` memory-maps it). The score matrix is built here in one streaming pass
         rather than by `bm25s.BM25.index`, which needs every document's token list in
-        Python at once (6.6 GB at 1M passages); a test checks the two give the same index."""
+        Python at once (gigabytes at a million passages); a test checks the two give the same
+        index."""
         from rich.progress import Progress
 
         stemmer = _stemmer()

@@ -65,8 +65,8 @@ class ServerConfig(BaseModel):
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="request body size")
     batching: bool = Field(True, description="merge concurrent requests into one retriever call")
     # Small enough that a few dozen concurrent clients form two batches, one retrieved while
-    # the other's HTTP is handled; larger batches buy little once the encoder is busy.
-    # 16 measured best for the BM25 tail at 32 clients (bench/RESULTS.md)
+    # the other's HTTP is handled; larger batches buy little once the encoder is busy
+    # (bench/retrieval_server.py measures the tail latency of each size)
     max_batch_size: int = Field(16, ge=1, description="queries per merged retriever call")
     max_wait_ms: float = Field(2.0, ge=0, description="how long a batch waits for company")
     cache_size: int = Field(10_000, ge=0, description="LRU entries keyed by (query, k); 0 disables")

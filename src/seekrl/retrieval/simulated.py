@@ -171,7 +171,7 @@ class SimulatedRetriever:
     temperature) -> texts`, called under the simulator's seed. None: Hugging Face's
     `model.generate`. The trainer and `seekrl serve --simulate` pass the rollout engine's
     own loop (`seekrl.agent.backends.text_decoder`, `simulator.engine: seekrl`), which
-    gives the same greedy tokens 1.7x faster on a CPU; this module does not import it, as
+    gives the same greedy tokens faster than `generate`; this module does not import it, as
     `retrieval/` sits below `agent/` (a decoder is handed in, not looked up). `engine` says
     which decodes: the decoder's `name`, or `generate`."""
 

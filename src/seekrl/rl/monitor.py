@@ -44,13 +44,12 @@ not a trend). The checks, for GRPO / PPO on a search agent:
   update. This is the credit-assignment failure of outcome-only RL on multi-hop search: the
   policy learns to search once and guess, which holds the mean reward (single-hop and
   comparison questions gain) while the bridge questions it can no longer answer go to zero.
-  Its baseline is the first step, not the median of the first `window` (measured on three
-  outcome-only GRPO runs, bench/RESULTS.md, 2026-11-24: searches 1.78 -> 1.25 and
-  1.63 -> 1.09 within the first three steps, so a median baseline had already moved most of
-  the way), and a relative `searches_drift` threshold misses it when the start is low
-  (1.6 -> 1.0 is 38%). It warns even while the sampled multi-hop reward holds: in those
-  runs it held or rose (comparison questions gained) while greedy bridge EM fell from 0.19
-  to 0.003, so the training reward cannot be what decides. It is a collapse once the
+  Its baseline is the first step, not the median of the first `window`: the fall can
+  happen within the first few steps, by which time a median baseline has already moved most
+  of the way; and a relative `searches_drift` threshold misses it when the start is low
+  (1.6 -> 1.0 is 38%). It warns even while the sampled multi-hop reward holds: comparison
+  questions can gain while the bridge questions are lost, so the training reward cannot be
+  what decides. It is a collapse once the
   multi-hop reward has also fallen more than `multihop_drop` below its baseline and to
   less than half of it.
 - greedy_search_collapse: the same fall, read from the greedy evaluations on `eval.data`
@@ -58,9 +57,9 @@ not a trend). The checks, for GRPO / PPO on a search agent:
   question of the latest evaluation are at most `search_floor` and `searches_drop` below
   those of the first evaluation (the policy before training, with `eval.at_start`), on a
   run whose training questions include multi-hop ones. A policy can collapse greedily and
-  not when sampled (outcome-only seed 0 of the 2026-11-24 benchmark kept 1.5 sampled
-  searches per episode and ended at 1.05 greedy ones), which no training signal shows. It
-  only warns: an evaluation is a few dozen questions.
+  not when sampled (sampling keeps a second search that the greedy policy no longer
+  makes), which no training signal shows. It only warns: an evaluation is a few dozen
+  questions.
 - no_signal: for `no_signal_steps` steps in a row no group's rewards varied
   (`groups_with_signal` is 0): every group-relative advantage is zero and the outcome reward
   teaches nothing. It is where the other collapses end (every rollout invalid) and where a
