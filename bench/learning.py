@@ -88,7 +88,7 @@ def main() -> None:
 
 def _run_estimator(name, args, demo, sft: Path, world_dir: Path, index_dir: Path,
                    test_file: Path) -> None:
-    from seekrl.config import TrainConfig
+    from seekrl.recipes.pipeline import rl_config
     from seekrl.recipes.train import Trainer
 
     out = args.work_dir / (f"rl-{name}-{args.tag}" if args.tag else f"rl-{name}")
@@ -97,23 +97,18 @@ def _run_estimator(name, args, demo, sft: Path, world_dir: Path, index_dir: Path
         print(f"{name}: curve already in {done}", flush=True)
         return
     t0 = time.time()
-    cfg = TrainConfig(
-        model=str(sft), data=str(world_dir / "train.jsonl"), index=str(index_dir),
-        out=str(out), seed=demo.seed, steps=args.steps, save_every=0, device=args.device,
-        questions_per_step=demo.questions_per_step, group_size=demo.group_size,
-        train_layers=demo.train_layers,
-        rollout={"max_turns": demo.eval_max_turns, "max_new_tokens": demo.eval_max_new_tokens,
-                 "topk": demo.k, "max_info_tokens": demo.max_info_tokens,
-                 "temperature": demo.temperature},
-        algo={"advantage": name,
-              "kl_coef": demo.kl_coef if args.kl_coef is None else args.kl_coef,
-              "mini_batch_size": demo.questions_per_step * demo.group_size},
-        optim={"lr": args.lr or demo.rl_lr, "schedule": "constant"},
-        reward={"format_reward": args.format_reward,
-                "max_turns_penalty": args.max_turns_penalty},
-        eval={"data": str(test_file), "n": args.n_test, "every": args.eval_every,
-              "at_start": False,   # evaluated below, as step 0
-              "max_turns": demo.eval_max_turns, "max_new_tokens": demo.eval_max_new_tokens})
+    # the demo's RL stage (configs/demo/rl.yaml) with this estimator, its steps and figures
+    cfg = rl_config(demo, model=sft, train_file=world_dir / "train.jsonl", index_dir=index_dir,
+                    out=out, keys={
+                        "steps": args.steps, "device": args.device, "algo.advantage": name,
+                        **({} if args.kl_coef is None else {"algo.kl_coef": args.kl_coef}),
+                        **({"optim.lr": args.lr} if args.lr else {}),
+                        "reward.format_reward": args.format_reward,
+                        "reward.max_turns_penalty": args.max_turns_penalty,
+                        "log.save_rollouts": 0,
+                        "eval": {"data": str(test_file), "n": args.n_test,
+                                 "every": args.eval_every,
+                                 "at_start": False}})   # evaluated below, as step 0
     trainer = Trainer(cfg, overwrite=True)
     start_em = trainer.evaluate(out / "eval" / "step-0")["em"]
     print(f"em_{name}_step0={start_em:.4f}", flush=True)
@@ -133,17 +128,17 @@ def _run_estimator(name, args, demo, sft: Path, world_dir: Path, index_dir: Path
 def _world(work: Path, demo) -> tuple[Path, Path]:
     from seekrl.agent.oracle import write_oracle_trajectories
     from seekrl.data.qa import read_qa_jsonl
-    from seekrl.data.world import WorldConfig, generate_world, write_world
+    from seekrl.data.world import generate_world, write_world
+    from seekrl.recipes.pipeline import demo_world
     from seekrl.retrieval.index import build_index, load_index
 
     world_dir, index_dir = work / "world", work / "index"
     if not (index_dir / "manifest.json").is_file():
-        world = generate_world(WorldConfig(seed=demo.seed, difficulty=demo.difficulty,
-                                           doc_words=demo.doc_words, hop_mix=demo.hop_mix))
+        world = generate_world(demo_world(demo))
         paths = write_world(world, world_dir)
         build_index(paths["corpus"], index_dir, "bm25", overwrite=True, show_progress=False)
         write_oracle_trajectories(read_qa_jsonl(paths["train"]), load_index(index_dir),
-                                  work / "oracle_train.jsonl", k=demo.k)
+                                  work / "oracle_train.jsonl", k=demo.rollout.topk)
     return world_dir, index_dir
 
 

@@ -53,9 +53,9 @@ def main() -> None:
                     help="SFT's dtype (float32, as the learning benchmarks' shared start)")
     ap.add_argument("--report", action="store_true", help="only print what WORK holds")
     args = ap.parse_args()
-    demo = DemoConfig(n_test=args.n_test, seed=args.seed, eval_max_new_tokens=args.max_new_tokens)
-    if args.sft_steps:
-        demo.sft_steps = args.sft_steps
+    demo = DemoConfig(n_test=args.n_test, seed=args.seed,
+                      rollout={"max_new_tokens": args.max_new_tokens},
+                      sft={"max_steps": args.sft_steps} if args.sft_steps else {})
     started = time.time()
     if not args.report:
         world_dir, index_dir = _world(args.work_dir, demo)
@@ -92,21 +92,20 @@ def _side(side: str, args, demo, world_dir: Path, index_dir: Path, test_file: Pa
         if side == "parallel":
             oracle = out / "oracle_train.jsonl"
             stats = write_oracle_trajectories(read_qa_jsonl(world_dir / "train.jsonl"),
-                                              load_index(index_dir), oracle, k=demo.k,
+                                              load_index(index_dir), oracle,
+                                              k=demo.rollout.topk,
                                               max_queries=max_queries)
             print(f"parallel oracle: {stats.summary()}", flush=True)
         sft = run_sft(sft_config(demo, oracle, out / "sft", dtype=args.sft_dtype,
-                                 max_queries=max_queries), overwrite=True)
+                                 rollout={"max_queries": max_queries}), overwrite=True)
         final = Path(sft["final"])
     sft_minutes = (time.time() - t0) / 60
     policy, tokenizer = load_policy(str(final), dtype=args.dtype)
     metrics = eval_policy(policy, tokenizer, load_index(index_dir),
                           EvalConfig(data=str(test_file), n=args.n_test,
-                                     max_turns=demo.eval_max_turns,
-                                     max_new_tokens=demo.eval_max_new_tokens,
                                      batch_size=args.eval_batch),
-                          out / "eval-test", topk=demo.k, max_info_tokens=demo.max_info_tokens,
-                          max_queries=max_queries)
+                          out / "eval-test",
+                          episode=demo.rollout.model_copy(update={"max_queries": max_queries}))
     keys = ("em", "f1", "valid_format", "turns", "queries", "searches", "evidence_recall",
             "generated_tokens")
     result = {"side": side, "max_queries": max_queries, "sft": str(final),

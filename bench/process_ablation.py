@@ -46,7 +46,6 @@ method (`paired_outcome_vs_outcome@OTHER=`).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import shutil
 import statistics
@@ -147,13 +146,11 @@ def main() -> None:
 
     from learning import _setup
 
-    demo = DemoConfig(n_test=args.n_test)
-    if args.max_new_tokens:
-        demo.eval_max_new_tokens = args.max_new_tokens
-    if args.questions_per_step:
-        demo.questions_per_step = args.questions_per_step
-    if args.group_size:
-        demo.group_size = args.group_size
+    demo = DemoConfig(
+        n_test=args.n_test,
+        rollout={"max_new_tokens": args.max_new_tokens} if args.max_new_tokens else {},
+        rl={k: v for k, v in (("questions_per_step", args.questions_per_step),
+                              ("group_size", args.group_size)) if v})
     work = args.work_dir
     started = time.time()
     if args.stage != "report":
@@ -309,29 +306,30 @@ def _run_config(method: str, seed: int, budget: int | None, args, demo, sft: Pat
     """A run's config (the demo's RL settings, the bench's, `--set`, the method's keys),
     the method's keys, and the label tokens its budget is charged."""
     from seekrl.config import TrainConfig, with_keys
-    from seekrl.recipes.pipeline import rl_config_tree
+    from seekrl.recipes.pipeline import rl_config
     from seekrl.rl.methods import NEEDS_PRM, method_overrides
 
-    run_cfg = dataclasses.replace(demo, seed=seed, advantage=args.baseline,
-                                  rl_lr=args.lr or demo.rl_lr)
-    tree = rl_config_tree(run_cfg, model=str(sft), train_file=world_dir / "train.jsonl",
-                          index_dir=index_dir, out=out, budget_tokens=budget,
-                          steps=args.steps if budget is None else 10 * args.steps)
-    tree["device"], tree["dtype"] = args.device, args.dtype
-    tree["save_every"], tree["keep_last"] = 1, 1   # a killed run resumes from its last step
+    # the demo's RL stage (configs/demo/rl.yaml) with the bench's settings, then `--set`
+    rl = {**demo.rl, "steps": args.steps, "device": args.device, "dtype": args.dtype,
+          "save_every": 1, "keep_last": 1,   # a killed run resumes from its last step
+          "log": {"save_rollouts": 0}, "algo": {"advantage": args.baseline}}
+    if args.lr:
+        rl["optim"] = {"lr": args.lr}
     if args.eval_every:
-        tree["eval"] = {"data": str(world_dir / "dev.jsonl"), "n": args.n_test,
-                        "every": args.eval_every,
-                        "at_start": False, "max_turns": demo.eval_max_turns,
-                        "max_new_tokens": demo.eval_max_new_tokens,
-                        "batch_size": args.eval_batch}
-    keys = method_overrides(method, group_size=demo.group_size, baseline_advantage=args.baseline)
+        rl["eval"] = {"data": str(world_dir / "dev.jsonl"), "n": args.n_test,
+                      "every": args.eval_every, "at_start": False,
+                      "batch_size": args.eval_batch}
+    run_cfg = demo.model_copy(update={
+        "seed": seed, "rl": with_keys(rl, args.overrides, TrainConfig, where="--set")})
+    kw = dict(model=str(sft), train_file=world_dir / "train.jsonl", index_dir=index_dir,
+              out=out)
+    base = rl_config(run_cfg, **kw)
+    keys = method_overrides(method, group_size=base.group_size, baseline_advantage=args.baseline)
     label_tokens = 0
     if method in NEEDS_PRM:
         keys["reward.prm"] = str(args.prm)
         label_tokens = args.label_tokens
-    cfg = TrainConfig.model_validate(with_keys(with_keys(tree, args.overrides, TrainConfig,
-                                                         where="--set"), keys))
+    cfg = rl_config(run_cfg, keys=keys, budget_tokens=budget, **kw)
     return cfg, keys, label_tokens
 
 
@@ -426,8 +424,9 @@ def _evaluate(model_dir: Path, out: Path, index_dir: Path, test_file: Path, demo
     """Greedy agent evaluation on the test questions with the demo's settings; cached.
     `ranker` (a run's `RankerSettings`): the index searched through the ranker the policy
     was trained with: the one the run trained (`final/ranker`), else the configured one.
-    `episode`: the run's own episode settings (max_queries, tools, prompt, ...), so a
-    policy trained to search several sub-queries a turn is evaluated allowed to."""
+    `episode`: the run's own episode settings (max_queries, tools, prompt, ...) over the
+    demo's, so a policy trained to search several sub-queries a turn is evaluated allowed
+    to."""
     from seekrl.config import EvalConfig
     from seekrl.eval.evaluate import eval_policy
     from seekrl.models import load_policy
@@ -450,12 +449,8 @@ def _evaluate(model_dir: Path, out: Path, index_dir: Path, test_file: Path, demo
             ranker.candidates)
         run_info = {"ranker": spec, "candidates": ranker.candidates}
     return eval_policy(policy, tokenizer, retriever,
-                       EvalConfig(data=str(test_file), n=args.n_test,
-                                  max_turns=demo.eval_max_turns,
-                                  max_new_tokens=demo.eval_max_new_tokens,
-                                  batch_size=args.eval_batch),
-                       out, topk=demo.k, max_info_tokens=demo.max_info_tokens,
-                       run_info=run_info, **episode)
+                       EvalConfig(data=str(test_file), n=args.n_test, batch_size=args.eval_batch),
+                       out, episode=demo.rollout.model_copy(update=episode), run_info=run_info)
 
 
 def evaluate_as_trained(cfg, model_dir: Path, out: Path, index_dir: Path, test_file: Path,

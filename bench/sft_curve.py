@@ -70,15 +70,14 @@ def _point(steps: int, args, demo, index_dir: Path, test_file: Path) -> dict:
     t0 = time.time()
     # a run killed before its point goes on from its last checkpoint (every 10 steps)
     resume = (out / "run" / "checkpoints" / "latest").is_file()
-    sft = run_sft(sft_config(demo, args.work_dir / "oracle_train.jsonl", out / "run",
-                             max_steps=steps, device=args.device, dtype=args.dtype,
-                             save_every=10, keep_last=1),
-                  overwrite=not resume, resume=resume)
+    cfg = sft_config(demo, args.work_dir / "oracle_train.jsonl", out / "run", max_steps=steps,
+                     device=args.device, dtype=args.dtype, save_every=10, keep_last=1)
+    sft = run_sft(cfg, overwrite=not resume, resume=resume)
     sft_minutes = (time.time() - t0) / 60
     metrics = _evaluate(Path(sft["final"]), out / "eval-test", index_dir, test_file, demo, args)
     avg = metrics["average"]
     by_type = {k: v["em"] for k, v in next(iter(metrics["by_type"].values()), {}).items()}
-    point = {"steps": steps, "episodes": steps * demo.sft_batch, "em": avg["em"],
+    point = {"steps": steps, "episodes": steps * cfg.batch_size * cfg.grad_accum, "em": avg["em"],
              "f1": avg["f1"], "valid_format": avg["valid_format"], "searches": avg["searches"],
              "evidence_recall": avg.get("evidence_recall"), "em_by_type": by_type,
              "final_loss": sft["loss"], "sft_minutes": round(sft_minutes, 2),

@@ -26,7 +26,6 @@ answers, labelled so.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import shutil
 import statistics
@@ -80,9 +79,9 @@ def main() -> None:
         raise SystemExit(f"--modes: expected a comma-separated subset of {','.join(MODES)}, "
                          f"got {args.modes!r}")
 
-    demo = DemoConfig(n_test=args.n_test)
-    if args.max_new_tokens:
-        demo.eval_max_new_tokens = args.max_new_tokens
+    demo = DemoConfig(
+        n_test=args.n_test,
+        rollout={"max_new_tokens": args.max_new_tokens} if args.max_new_tokens else {})
     started = time.time()
     if args.stage != "report":
         world_dir, index_dir = _world(args.work_dir, demo)
@@ -123,7 +122,7 @@ def _quality(name: str, args, demo, world_dir: Path, index_dir: Path) -> dict:
               for doc_id, contents in iter_corpus(world_dir / "corpus.jsonl")}
     real = load_index(index_dir)
     queries = [hop["query"] for _, hop in hops]
-    real_hits = real.search(queries, demo.k)
+    real_hits = real.search(queries, demo.rollout.topk)
     gold_titles = [[titles[hop["doc_id"]]] for _, hop in hops]
     answers = [[hop["answer"]] for _, hop in hops]
     from seekrl.agent.backends import text_decoder
@@ -135,7 +134,7 @@ def _quality(name: str, args, demo, world_dir: Path, index_dir: Path) -> dict:
     for kind, noise in (("useful", 0.0), ("noisy", 1.0)):
         sim.set_noise(noise)
         sim.stats.clear()
-        got = sim.search_with_context(queries, demo.k, [ex.question for ex, _ in hops],
+        got = sim.search_with_context(queries, demo.rollout.topk, [ex.question for ex, _ in hops],
                                       [hop["answer"] for _, hop in hops])
         q = simulator_quality(got, real_hits, gold_titles, answers)
         result[kind] = {**q, "malformed": sim.stats["malformed"] / max(1, len(hops))}
@@ -154,7 +153,7 @@ def _rl(mode: str, seed: int, budget: int | None, args, demo, world_dir: Path,
 
     from seekrl.config import TrainConfig, with_keys
     from seekrl.data.qa import read_qa_jsonl, write_qa_jsonl
-    from seekrl.recipes.pipeline import rl_config_tree
+    from seekrl.recipes.pipeline import rl_config
     from seekrl.recipes.train import Trainer
 
     out = args.work_dir / "runs" / f"{mode}-s{seed}"
@@ -165,18 +164,17 @@ def _rl(mode: str, seed: int, budget: int | None, args, demo, world_dir: Path,
     test_file = args.work_dir / "test_questions.jsonl"
     if not test_file.is_file():
         write_qa_jsonl(test_file, read_qa_jsonl(world_dir / "test.jsonl")[:args.n_test])
-    run = dataclasses.replace(demo, seed=seed, advantage="dr_grpo")
-    tree = rl_config_tree(run, model=str(args.sft), train_file=world_dir / "train.jsonl",
-                          index_dir=index_dir, out=out, budget_tokens=budget,
-                          steps=args.steps if budget is None else 10 * args.steps)
+    # the demo's RL stage (configs/demo/rl.yaml) with the bench's settings, `--set`, the mode
     overrides = getattr(args, "overrides", {})
-    tree = with_keys({**tree, "dtype": args.dtype, "save_every": 1, "keep_last": 1}, overrides,
-                     TrainConfig, where="--set")
-    if mode == "simulated":
-        tree["simulator"] = {"model": args.sim_model, "noise_start": 0.0, "noise_end": 0.5}
-    elif mode == "self":
-        tree["rollout"]["self_search"] = True
-    cfg = TrainConfig.model_validate(tree)
+    rl = {"steps": args.steps, "dtype": args.dtype, "save_every": 1, "keep_last": 1,
+          "log": {"save_rollouts": 0}, "algo": {"advantage": "dr_grpo"}}
+    run = demo.model_copy(update={"seed": seed, "rl": with_keys(rl, overrides, TrainConfig,
+                                                                where="--set")})
+    mode_keys = {"simulated": {"simulator": {"model": args.sim_model, "noise_start": 0.0,
+                                             "noise_end": 0.5}},
+                 "self": {"rollout.self_search": True}}.get(mode, {})
+    cfg = rl_config(run, model=str(args.sft), train_file=world_dir / "train.jsonl",
+                    index_dir=index_dir, out=out, keys=mode_keys, budget_tokens=budget)
     if mode == "real" and getattr(args, "real_from", None) is not None:
         return _borrowed(args.real_from / f"outcome-s{seed}", cfg, done, args.n_test)
     resume = (out / "checkpoints" / "latest").is_file()

@@ -48,7 +48,8 @@ def main() -> None:
     world_dir, _ = _world(args.work_dir, demo)
     hops = [(ex, hop) for ex in read_qa_jsonl(world_dir / "dev.jsonl")
             for hop in ex.metadata.get("chain") or []][:args.n_queries]
-    prompts = [simulator_prompt(hop["query"], demo.k, question=ex.question, answer=hop["answer"])
+    prompts = [simulator_prompt(hop["query"], demo.rollout.topk, question=ex.question,
+                                answer=hop["answer"])
                for ex, hop in hops]
     base = SimulatedRetriever.from_pretrained(args.simulator, dtype=args.dtype)
     engines = ("seekrl", "generate")
@@ -80,7 +81,7 @@ def main() -> None:
             if label == "greedy":
                 contained = malformed = 0
                 for text, (_, hop) in zip(texts[e], hops * args.rounds):
-                    docs, ok = parse_documents(text, demo.k)
+                    docs, ok = parse_documents(text, demo.rollout.topk)
                     malformed += not ok
                     body = " ".join(x.lower() for _, x in docs)
                     contained += hop["answer"].lower() in body

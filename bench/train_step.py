@@ -27,7 +27,7 @@ GRPO step of seekrl against TRL's `GRPOTrainer` doing the same work.
    `--unshared` adds a third side with that off, to attribute the difference.
 
 3. With `--demo-policy DIR` (a trained agent, e.g. an SFT checkpoint of the demo's world):
-   the demo's own RL step (`rl_config_tree`: 8 questions x G=4, micro-batches of 2, the top
+   the demo's own RL step (configs/demo/rl.yaml: 8 questions x G=4, micro-batches of 2, the top
    16 blocks trained, lr 3e-5) from that policy, as it ran before (float32, every right
    episode measured again after the update) and as it runs now (`dtype: bf16-mixed`, at
    most 4 measured again), alternating which goes first; `--demo-sides` picks the sides
@@ -236,12 +236,12 @@ DEMO_SIDES = {"before": {"dtype": "float32", "monitor": {"displacement_episodes"
 
 
 def demo_steps(args, work: Path) -> str:
-    """The demo's RL step (`rl_config_tree`: its batch, micro-batches, trained layers and
-    rollout limits) from `--demo-policy` on the demo's world, for each side of
+    """The demo's RL step (configs/demo/rl.yaml: its batch, micro-batches, trained layers
+    and rollout limits) from `--demo-policy` on the demo's world, for each side of
     `DEMO_SIDES`, `--repeats` times in alternating order; the same seed, so the first
     rollout draws the same questions. Returns the summary's part."""
     from seekrl.config import merged
-    from seekrl.recipes.pipeline import DemoConfig, rl_config_tree
+    from seekrl.recipes.pipeline import DemoConfig, rl_config
 
     demo = DemoConfig()
     sides = [x.strip() for x in args.demo_sides.split(",") if x.strip()]
@@ -254,9 +254,11 @@ def demo_steps(args, work: Path) -> str:
     for r in range(args.repeats):
         for side in (sides if r % 2 == 0 else sides[::-1]):
             out = Path(tempfile.mkdtemp(prefix=f"seekrl-demo-{side}-", dir=work))
-            tree = rl_config_tree(demo, model=args.demo_policy, index_dir=work / "index",
-                                  train_file=work / "world" / "train.jsonl", out=out, steps=1)
-            trainer = Trainer(TrainConfig(**merged(tree, DEMO_SIDES[side])), console=None)
+            side_demo = demo.model_copy(update={"rl": merged(
+                {"steps": 1, "log": {"save_rollouts": 0}}, DEMO_SIDES[side])})
+            cfg = rl_config(side_demo, model=args.demo_policy, index_dir=work / "index",
+                            train_file=work / "world" / "train.jsonl", out=out)
+            trainer = Trainer(cfg, console=None)
             started = time.perf_counter()
             record = trainer.step(1)
             record["wall"] = time.perf_counter() - started

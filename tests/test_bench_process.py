@@ -631,7 +631,8 @@ def test_final_evaluation_searches_through_the_runs_ranker_with_its_episode_sett
     bench._evaluate(model, tmp_path / "e1", tmp_path, tmp_path / "t.jsonl", DemoConfig(), args,
                     ranker=settings, max_queries=3)
     assert seen["retriever"].ranker.spec == "start/ranker" and seen["retriever"].candidates == 7
-    assert seen["max_queries"] == 3 and seen["run_info"]["ranker"] == "start/ranker"
+    assert seen["episode"].max_queries == 3 and seen["run_info"]["ranker"] == "start/ranker"
+    assert seen["episode"].topk == DemoConfig().rollout.topk   # the rest: the demo's
     (model / "ranker").mkdir()   # the run trained its ranker: that one is searched through
     bench._evaluate(model, tmp_path / "e2", tmp_path, tmp_path / "t.jsonl", DemoConfig(), args,
                     ranker=settings)
@@ -646,7 +647,7 @@ def test_final_evaluation_searches_through_the_runs_ranker_with_its_episode_sett
     bench.evaluate_as_trained(run, tmp_path / "sft", tmp_path / "e4", tmp_path,
                               tmp_path / "t.jsonl", DemoConfig(), args)
     assert seen["retriever"].ranker.spec == "start/ranker" and seen["retriever"].candidates == 9
-    assert seen["max_queries"] == 2 and seen["snippet_words"] == 30
+    assert seen["episode"].max_queries == 2 and seen["episode"].snippet_words == 30
 
 
 def test_the_start_is_configured_as_the_runs_are(tmp_path):

@@ -362,22 +362,28 @@ def test_example_configs_are_the_docs_and_validate(tmp_path):
     assert r.exit_code == 2 and "algo.advantage: expected one of" in r.output, r.output
 
 
-def test_episode_limit_defaults_agree_everywhere():
-    """The rollout engine, the `rollout:` and `eval:` config sections and `seekrl eval`
-    describe the same episode: their defaults must not drift (they once said 96 vs 128)."""
+def test_the_eval_options_are_the_episode_settings():
+    """`seekrl eval`'s episode options take the episode settings' defaults (they once said
+    96 vs 128), as the engine does, and an `eval:` section plays the run's own settings
+    unless it sets a limit apart."""
     import inspect
 
     from seekrl.agent.rollout import RolloutConfig
     from seekrl.cli import eval_
     from seekrl.config import EvalConfig, RolloutSettings
+    from seekrl.eval.evaluate import eval_settings
 
-    engine, settings, ev = RolloutConfig(), RolloutSettings(), EvalConfig()
+    engine, settings = RolloutConfig(), RolloutSettings()
     cli = {k: p.default for k, p in inspect.signature(eval_).parameters.items()}
-    for key in ("max_turns", "max_new_tokens", "batch_size"):
-        assert getattr(engine, key) == getattr(settings, key) == getattr(ev, key) == cli[key], key
-    for key in ("max_total_tokens", "topk"):
+    for key in ("method", "prompt", "topk", "max_queries", "max_turns", "max_new_tokens",
+                "max_total_tokens", "batch_size", "attention"):
         assert getattr(engine, key) == getattr(settings, key) == cli[key], key
-    assert engine.max_info_tokens == settings.max_info_tokens
+    assert cli["backend"] == settings.backend
+    run = RolloutSettings(max_turns=6, max_new_tokens=200, batch_size=8, method="rag")
+    assert eval_settings(EvalConfig(), run).model_dump(
+        include={"max_turns", "max_new_tokens", "batch_size", "method"}) == \
+        {"max_turns": 6, "max_new_tokens": 200, "batch_size": 8, "method": "agent"}
+    assert eval_settings(EvalConfig(batch_size=64), run).batch_size == 64
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(),

@@ -10,7 +10,7 @@ import torch
 
 from seekrl.demo import run_demo
 from seekrl.models import tiny_policy
-from seekrl.recipes.pipeline import DemoConfig
+from seekrl.recipes.pipeline import DemoConfig, demo_world
 
 
 @pytest.mark.parametrize("process", [None, "evidence"])
@@ -19,9 +19,11 @@ def test_demo_pipeline_writes_summary_report_and_viewers(tmp_path, process):
     model, tok = tiny_policy(seed=0)
     model.save_pretrained(tmp_path / "tiny")
     tok.save_pretrained(tmp_path / "tiny")
-    cfg = DemoConfig(model=str(tmp_path / "tiny"), n_test=3, eval_max_turns=2,
-                     eval_max_new_tokens=4, sft_steps=1, sft_batch=2, rl_steps=2,
-                     rl_minutes=5, questions_per_step=2, group_size=2, train_layers=1,
+    cfg = DemoConfig(model=str(tmp_path / "tiny"), n_test=3,
+                     rollout={"max_turns": 2, "max_new_tokens": 4}, sft_batch=2,
+                     sft={"max_steps": 1, "train_layers": 1},
+                     rl={"steps": 2, "max_minutes": 5, "questions_per_step": 2,
+                         "group_size": 2, "train_layers": 1},
                      n_show=1, process=process)
     out = tmp_path / "demo"
     summary = run_demo(out, cfg)
@@ -60,10 +62,12 @@ def test_demo_refuses_an_unknown_process_method_before_any_work(tmp_path):
 
 
 @pytest.mark.parametrize("bad, message", [
-    ({"advantage": "foo"}, "algo.advantage"), ({"group_size": 0}, "group_size"),
-    ({"questions_per_step": 0}, "questions_per_step"), ({"rl_steps": 0}, "--rl-steps"),
-    ({"sft_steps": 0}, "--sft-steps"), ({"n_test": 0}, "--eval-questions"),
-    ({"sft_lr": -1.0}, "lr")])
+    ({"rl": {"algo": {"advantage": "foo"}}}, "demo rl: algo.advantage"),
+    ({"rl": {"group_size": 0}}, "demo rl: group_size"),
+    ({"rl": {"questions_per_step": 0}}, "questions_per_step"),
+    ({"rl": {"steps": 0}}, "demo rl: steps"), ({"sft": {"max_steps": 0}}, "demo sft: max_steps"),
+    ({"sft": {"optim": {"lr": -1.0}}}, "optim.lr"), ({"rl": {"max_stepz": 3}}, "max_stepz"),
+    ({"rollout": {"topk": 0}}, "rollout.topk"), ({"n_test": 0}, "n_test")])
 def test_a_bad_setting_fails_before_the_old_run_is_removed(tmp_path, bad, message):
     """Every stage's settings are checked before `--overwrite` removes anything: the RL
     stage's were checked only ten minutes in, after the old run was gone."""
@@ -71,7 +75,7 @@ def test_a_bad_setting_fails_before_the_old_run_is_removed(tmp_path, bad, messag
     out.mkdir()
     (out / "summary.json").write_text("{}")   # an earlier run
     with pytest.raises(ValueError, match=message):
-        run_demo(out, DemoConfig(**bad), overwrite=True)
+        run_demo(out, DemoConfig.model_validate(bad), overwrite=True)
     assert (out / "summary.json").read_text() == "{}"
     assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
 
@@ -84,25 +88,24 @@ def test_every_oracle_turn_of_the_demo_world_fits_the_demo_turn_limit(tmp_path, 
     tokenizer; the parallel bench's own limit (160) holds the parallel oracle's."""
     from seekrl.agent.oracle import write_oracle_trajectories
     from seekrl.data.qa import read_qa_jsonl
-    from seekrl.data.world import WorldConfig, generate_world, write_world
+    from seekrl.data.world import generate_world, write_world
     from seekrl.models import load_tokenizer
     from seekrl.recipes.sft import load_sft_examples
     from seekrl.retrieval.index import build_index, load_index
 
     demo = DemoConfig()
-    world = generate_world(WorldConfig(seed=demo.seed, difficulty=demo.difficulty,
-                                       doc_words=demo.doc_words, hop_mix=demo.hop_mix))
+    world = generate_world(demo_world(demo))
     paths = write_world(world, tmp_path / "world")
     index = load_index(build_index(paths["corpus"], tmp_path / "index", "bm25",
                                    show_progress=False))
     oracle = tmp_path / "oracle.jsonl"
-    write_oracle_trajectories(read_qa_jsonl(paths["train"]), index, oracle, k=demo.k,
-                              max_queries=max_queries)
+    write_oracle_trajectories(read_qa_jsonl(paths["train"]), index, oracle,
+                              k=demo.rollout.topk, max_queries=max_queries)
     examples, _ = load_sft_examples(oracle, load_tokenizer(demo.model),
-                                    max_info_tokens=demo.max_info_tokens,
+                                    max_info_tokens=demo.rollout.max_info_tokens,
                                     only_complete=False, max_queries=max_queries)
     longest = max(e.longest_turn for e in examples)
-    limit = demo.eval_max_new_tokens if max_queries == 1 else 160
+    limit = demo.rollout.max_new_tokens if max_queries == 1 else 160
     print(f"max_queries={max_queries} episodes={len(examples)} longest_turn={longest} "
           f"limit={limit}")
     assert longest <= limit

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from seekrl import config as limits  # episode-limit defaults
+from seekrl import config as schema  # the configs' types
 from seekrl.errors import DataError, SeekrlError
 from seekrl.retrieval.base import RetrievalError
 from seekrl.rl.methods import NEEDS_PRM, PROCESS_METHODS
@@ -33,6 +33,10 @@ _DEMO_METHODS = " | ".join(m for m in PROCESS_METHODS if m != "outcome" and m no
 # other's time in spins: beside other work on 2 cores, the tiny model decoded 11 tokens/s
 # with 2 spinning threads, 74 with 2 passive ones, 117 with 1 (bench/RESULTS.md, "Threads")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# `seekrl eval`'s episode options take their defaults from the `rollout:` section's type
+# (the episode settings and the backend) and are checked by it (`_episode_options`)
+_EPISODE = schema.RolloutSettings.model_fields
 
 # the --print-config option of every command that reads a config
 PrintConfig = Annotated[bool, typer.Option(
@@ -413,38 +417,55 @@ def demo(
     model: Annotated[str, typer.Option(help="policy: HF id or path, or the bundled default")]
     = "smollm2-135m",
     eval_questions: Annotated[int, typer.Option(help="test questions (the same at every stage)")] = 40,
-    sft_steps: Annotated[int, typer.Option(help="SFT optimizer steps")] = 20,
-    sft_batch: Annotated[int, typer.Option(help="oracle episodes per SFT step")] = 8,
-    rl_steps: Annotated[int, typer.Option(help="RL steps")] = 3,
+    sft_steps: Annotated[Optional[int], typer.Option(
+        help="SFT optimizer steps (default: the preset's)")] = None,
+    sft_batch: Annotated[Optional[int], typer.Option(
+        help="oracle episodes per SFT step (default: the preset's)")] = None,
+    rl_steps: Annotated[Optional[int], typer.Option(
+        help="RL steps (default: the preset's)")] = None,
     rl_minutes: Annotated[Optional[float], typer.Option(
         help="also stop RL after the step that passes this many minutes")] = None,
-    advantage: Annotated[str, typer.Option(help="grpo | dr_grpo | rloo | reinforce_pp | gae")]
-    = "grpo",
+    advantage: Annotated[Optional[str], typer.Option(
+        help="grpo | dr_grpo | rloo | reinforce_pp | gae (default: the preset's)")] = None,
     process: Annotated[Optional[str], typer.Option(
         help=f"also run RL with this process-supervision method ({_DEMO_METHODS}) from "
              "the same SFT checkpoint at the same rollout-token budget, and compare")] = None,
-    questions_per_step: Annotated[int, typer.Option(help="RL questions per step")] = 8,
-    group_size: Annotated[int, typer.Option(help="RL rollouts per question (G)")] = 4,
-    train_layers: Annotated[int, typer.Option(
-        help="train the top N transformer blocks (0: all of them)")] = 16,
+    questions_per_step: Annotated[Optional[int], typer.Option(
+        help="RL questions per step (default: the preset's)")] = None,
+    group_size: Annotated[Optional[int], typer.Option(
+        help="RL rollouts per question, G (default: the preset's)")] = None,
+    train_layers: Annotated[Optional[int], typer.Option(
+        help="train the top N transformer blocks, 0: all of them (default: the presets')")] = None,
     dtype: Annotated[str, typer.Option(
         help="auto (bf16-mixed where the CPU multiplies bfloat16 natively, else float32) | "
              "float32 | bf16-mixed")] = "auto",
+    presets: Annotated[Optional[Path], typer.Option(
+        help="a folder with your copies of configs/demo/sft.yaml and rl.yaml (the SFT and RL "
+             "stages' settings), edited")] = None,
     overwrite: Annotated[bool, typer.Option(help="replace a demo run already in out")] = False,
     threads: Threads = None,
 ):
     """The whole pipeline on the built-in synthetic world, on CPU: world, index, untrained
     eval, SFT warm-up, eval, RL, eval, report (about 17 minutes on 2 cores that multiply
     bfloat16 natively, 27 in float32 on 2 AVX2-only cores)."""
+    from seekrl.config import build_config
     from seekrl.demo import run_demo
     from seekrl.recipes.pipeline import DemoConfig
 
-    cfg = DemoConfig(seed=seed, difficulty=difficulty, model=model, n_test=eval_questions,
-                     sft_steps=sft_steps, sft_batch=sft_batch, rl_steps=rl_steps,
-                     rl_minutes=rl_minutes, advantage=advantage, process=process,
-                     questions_per_step=questions_per_step, group_size=group_size,
-                     train_layers=train_layers or None, dtype=dtype)
+    # the options given: keys over the stages' presets (configs/demo/sft.yaml, rl.yaml)
+    sft: dict = {} if sft_steps is None else {"max_steps": sft_steps}
+    rl: dict = {key: value for key, value in (
+        ("steps", rl_steps), ("max_minutes", rl_minutes), ("questions_per_step",
+        questions_per_step), ("group_size", group_size)) if value is not None}
+    if advantage is not None:
+        rl["algo"] = {"advantage": advantage}
+    if train_layers is not None:
+        sft["train_layers"] = rl["train_layers"] = train_layers or None
     try:
+        cfg = build_config(DemoConfig, {
+            "seed": seed, "difficulty": difficulty, "model": model, "n_test": eval_questions,
+            "process": process, "dtype": dtype, "presets": presets, "sft_batch": sft_batch,
+            "sft": sft, "rl": rl}, source="options")
         _threads(threads)
         run_demo(out, cfg, console=console, overwrite=overwrite)
     except ERRORS as err:
@@ -511,16 +532,17 @@ def eval_(
     own_retriever: Annotated[Optional[str], typer.Option(
         "--retriever", help="your own retriever by import path, e.g. mypkg.search:MyRetriever "
         "(a class or function, called with --index's value when given)")] = None,
-    method: Annotated[str, typer.Option(help="agent | rag | direct")] = "agent",
+    method: Annotated[str, typer.Option(help="agent | rag | direct")] = _EPISODE["method"].default,
     prompt: Annotated[str, typer.Option(
         help="the agent's prompt: seekrl | search_r1 (Search-R1's template, document lines and "
         "correction) | data (each question's own, e.g. a Search-R1 parquet's prompt column) | "
-        "file:PATH | a template holding {question}")] = "seekrl",
+        "file:PATH | a template holding {question}")] = _EPISODE["prompt"].default,
     limit: Annotated[Optional[int], typer.Option(help="only the first N questions per file")] = None,
     n_samples: Annotated[int, typer.Option(help="samples per question (K); pass@K when K > 1")] = 1,
-    topk: Annotated[int, typer.Option(help="documents per search")] = limits.DEFAULT_TOPK,
+    topk: Annotated[int, typer.Option(help="documents per search")] = _EPISODE["topk"].default,
     max_queries: Annotated[int, typer.Option(
-        help="sub-queries one search may carry, separated by ## (rollout.max_queries)")] = 1,
+        help="sub-queries one search may carry, separated by ## (rollout.max_queries)")
+    ] = _EPISODE["max_queries"].default,
     tool: Annotated[Optional[list[str]], typer.Option(
         help="a tool beyond search (rollout.tools): open, or an import path; repeatable")] = None,
     ranker: Annotated[Optional[str], typer.Option(
@@ -528,13 +550,14 @@ def eval_(
              "final/, or minilm)")] = None,
     candidates: Annotated[int, typer.Option(help="with --ranker: first-stage documents it "
                                             "orders")] = 10,
-    max_turns: Annotated[int, typer.Option(help="model turns per episode")] = limits.DEFAULT_MAX_TURNS,
+    max_turns: Annotated[int, typer.Option(
+        help="model turns per episode")] = _EPISODE["max_turns"].default,
     max_new_tokens: Annotated[int, typer.Option(
-        help="generated tokens per turn")] = limits.DEFAULT_MAX_NEW_TOKENS,
+        help="generated tokens per turn")] = _EPISODE["max_new_tokens"].default,
     max_total_tokens: Annotated[int, typer.Option(
-        help="token budget of an episode")] = limits.DEFAULT_MAX_TOTAL_TOKENS,
+        help="token budget of an episode")] = _EPISODE["max_total_tokens"].default,
     batch_size: Annotated[int, typer.Option(
-        help="episodes generating together")] = limits.DEFAULT_BATCH_SIZE,
+        help="episodes generating together")] = _EPISODE["batch_size"].default,
     temperature: Annotated[Optional[float], typer.Option(
         help="0 = greedy; default: greedy for K = 1, 1.0 for K > 1")] = None,
     seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
@@ -542,10 +565,12 @@ def eval_(
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
     skip_bad: Annotated[bool, typer.Option(help="skip malformed question lines, and report them")] = False,
     backend: Annotated[str, typer.Option(
-        help="hf (seekrl's decoding loop) | vllm (needs vllm, a GPU machine)")] = "hf",
+        help="hf (seekrl's decoding loop) | vllm (needs vllm, a GPU machine)")
+    ] = _EPISODE["backend"].default,
     attention: Annotated[str, typer.Option(
         help="hf: how decoding computes attention (rollout.attention): default | eager | "
-             "sdpa_math | sdpa_efficient | sdpa_flash | sdpa_cudnn")] = "default",
+             "sdpa_math | sdpa_efficient | sdpa_flash | sdpa_cudnn")
+    ] = _EPISODE["attention"].default,
     overwrite: Annotated[bool, typer.Option(
         help="replace an evaluation already in out (its viewer.html too)")] = False,
     threads: Threads = None,
@@ -559,11 +584,13 @@ def eval_(
     files = [*data, *(more_data or [])]
     try:
         _refuse_to_replace(out, "an evaluation", EVAL_RUN_FILES, overwrite=overwrite)
-        cfg = eval_rollout_config(method=method, n_samples=n_samples, temperature=temperature,
-                                  topk=topk, max_turns=max_turns, max_new_tokens=max_new_tokens,
-                                  max_total_tokens=max_total_tokens, batch_size=batch_size,
-                                  seed=seed, prompt=prompt, max_queries=max_queries,
-                                  tools=list(tool or []))
+        settings = _episode_options({
+            "method": method, "prompt": prompt, "tools": list(tool or []),
+            "max_queries": max_queries, "topk": topk, "max_turns": max_turns,
+            "max_new_tokens": max_new_tokens, "max_total_tokens": max_total_tokens,
+            "batch_size": batch_size, "backend": backend, "attention": attention})
+        cfg = eval_rollout_config(settings, n_samples=n_samples, temperature=temperature,
+                                  seed=seed)
         if cfg.tools:   # each tool importable, before the model loads
             from seekrl.agent.tools import check_tool_names
             check_tool_names(cfg.tools)
@@ -609,14 +636,9 @@ def eval_(
         why = backend_refusal(backend, "eval", device=device)
         if why:
             raise ValueError(f"--backend: {why}")
-        if attention not in limits.ATTENTION:
-            raise ValueError(f"--attention: expected one of {', '.join(limits.ATTENTION)}, "
-                             f"got {attention!r}")
-        if attention != "default" and backend != "hf":
-            raise ValueError(f"--attention sets seekrl's decoding loop (--backend hf); "
-                             f"{backend} chooses its own attention")
-        if limits.attention_refusal(attention, device):
-            raise ValueError(f"--attention: {limits.attention_refusal(attention, device)}")
+        why = schema.attention_refusal(attention, device)
+        if why:
+            raise ValueError(f"--attention: {why}")
         _threads(threads)
         generator = None
         if backend == "vllm":
@@ -729,9 +751,7 @@ def train(
     the step-level estimators (dual_granularity, gigpo, stratified_grpo, tree_grpo)."""
     import shlex
 
-    import yaml
-
-    from seekrl.config import TrainConfig, load_config
+    from seekrl.config import TrainConfig, build_config, load_config, read_config_file, with_keys
     from seekrl.recipes.train import Trainer, check_config
 
     # how this run was started, for the message after an interrupt
@@ -746,9 +766,13 @@ def train(
             base = load_config(TrainConfig, config, overrides or [])
             keys = method_overrides(process, group_size=base.group_size,
                                     baseline_advantage=base.algo.advantage)
-            overrides = [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}"
-                         .replace("\n...", "") for k, v in keys.items()] + list(overrides or [])
-        cfg = load_config(TrainConfig, config, overrides or [])
+            # the method's keys over the file's, the command line's over both
+            tree = with_keys(read_config_file(config) if config else {}, keys, TrainConfig,
+                             where=f"--process {process}")
+            cfg = build_config(TrainConfig, tree, overrides or [],
+                               source=str(config) if config else "overrides")
+        else:
+            cfg = load_config(TrainConfig, config, overrides or [])
         # under torchrun every process runs this command; rank 0 speaks for them all
         out = console if os.environ.get("RANK", "0") == "0" else Console(quiet=True)
         if print_config:
@@ -776,10 +800,26 @@ def train(
     out.print(f"final model -> {summary['final']}; report: `seekrl report {cfg.out}`")
 
 
-def _load(schema_name: str, config: Optional[Path], overrides: Optional[list[str]]):
-    import seekrl.config as config_module
+def _load(kind, config: Optional[Path], overrides: Optional[list[str]]):
     from seekrl.config import load_config
-    return load_config(getattr(config_module, schema_name), config, overrides or [])
+    return load_config(kind, config, overrides or [])
+
+
+def _episode_options(values: dict):
+    """`seekrl eval`'s episode options as the `rollout:` section's type (`RolloutSettings`:
+    the episode settings and the backend), with its ranges and rules (attention is the hf
+    loop's); a bad value is refused naming its option, as a config names its key."""
+    import re
+
+    from seekrl.config import ConfigError, RolloutSettings, build_config
+
+    try:
+        return build_config(RolloutSettings, values, source="options")
+    except ConfigError as err:
+        def option(m: re.Match) -> str:
+            return m[1] + "--" + {"tools": "tool"}.get(m[2], m[2].replace("_", "-")) + ":"
+        text = str(err).removeprefix("options: ").replace("(top level): ", "")
+        raise ConfigError(re.sub(r"(^|; )(\w+):", option, text)) from None
 
 
 @app.command()
@@ -798,7 +838,7 @@ def mcts(
     from seekrl.recipes.mcts import run_labelling
 
     try:
-        cfg = _load("LabelConfig", config, overrides)
+        cfg = _load(schema.LabelConfig, config, overrides)
         if print_config:
             from seekrl.recipes.mcts import check_config
 
@@ -834,7 +874,7 @@ def simulator_train(
     from seekrl.recipes.simulator import train_simulator
 
     try:
-        cfg = _load("SimulatorTrainConfig", config, overrides)
+        cfg = _load(schema.SimulatorTrainConfig, config, overrides)
         if print_config:
             _print_config(cfg)
             return
@@ -867,7 +907,7 @@ def ranker_train(
     from seekrl.recipes.ranker import train_ranker
 
     try:
-        cfg = _load("RankerTrainConfig", config, overrides)
+        cfg = _load(schema.RankerTrainConfig, config, overrides)
         if print_config:
             _print_config(cfg)
             return
@@ -894,7 +934,7 @@ def ranker_eval(
         help="rankers to compare with the first stage (a folder, or minilm); repeatable")]
     = None,
     candidates: Annotated[int, typer.Option(help="first-stage documents a ranker orders")] = 10,
-    topk: Annotated[int, typer.Option(help="k of recall@k")] = limits.DEFAULT_TOPK,
+    topk: Annotated[int, typer.Option(help="k of recall@k")] = schema.DEFAULT_TOPK,
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
     threads: Threads = None,
 ):
@@ -1007,7 +1047,7 @@ def prm_train(
     command = shlex.join(["seekrl", "prm", "train", *(["--config", str(config)] if config
                                                       else []), *(overrides or [])])
     try:
-        cfg = _load("PRMConfig", config, overrides)
+        cfg = _load(schema.PRMConfig, config, overrides)
         if print_config:
             _print_config(cfg)
             return
@@ -1110,7 +1150,7 @@ def refine(
     from seekrl.recipes.refine import run_refine
 
     try:
-        cfg = _load("RefineConfig", config, overrides)
+        cfg = _load(schema.RefineConfig, config, overrides)
         if print_config:
             from seekrl.recipes.refine import check_config
 
@@ -1141,7 +1181,7 @@ def prorag(
     from seekrl.prorag import run_prorag
 
     try:
-        cfg = _load("ProragConfig", config, overrides)
+        cfg = _load(schema.ProragConfig, config, overrides)
         if print_config:
             _print_config(cfg)
             return

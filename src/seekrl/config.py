@@ -27,10 +27,9 @@ from pydantic import (
 
 from seekrl.errors import ConfigError  # also imported from here by user code
 
-# An episode's limits by default. `EpisodeSettings` (the recipes' `rollout:` section and the
-# rollout engine's `RolloutConfig` are both of it), the `eval:` section, the SFT warm-up's
-# information cap and `seekrl eval` all take these, so one run described several ways
-# cannot drift apart.
+# An episode's limits by default: `EpisodeSettings`'s (below), the one type of the episode
+# settings; the recipes' helpers that take one of them alone (SFT's tokenisation) default
+# to the same.
 DEFAULT_MAX_TURNS = 4          # model turns per episode
 DEFAULT_MAX_NEW_TOKENS = 128   # generated tokens per turn
 DEFAULT_MAX_TOTAL_TOKENS = 2048
@@ -160,10 +159,8 @@ def _known_dtype(value: str) -> str:
 Dtype = Annotated[str, AfterValidator(_known_dtype)]
 
 
-# An episode's limits, each range written once: the `rollout:` section, the engine's
-# settings (`RolloutConfig`, agent/rollout.py) and the sections that set one of them on
-# their own (eval:, the SFT's dev evaluation, the ProRAG pipeline) all take these types;
-# the defaults are agent/protocol.py's.
+# An episode's limits, each range written once: `EpisodeSettings` and the `eval:` section
+# (which may set a few of them apart for evaluation) take these types.
 MaxTurns = Annotated[int, Field(ge=1)]          # model turns per episode
 MaxNewTokens = Annotated[int, Field(ge=1)]      # generated tokens per turn
 MaxTotalTokens = Annotated[int, Field(ge=16)]   # prompt + everything after it
@@ -208,78 +205,19 @@ def _check_prompt(value: str) -> str:
 Prompt = Annotated[str, AfterValidator(_check_prompt)]
 
 
-class EvalConfig(Strict):
-    """Greedy evaluation of the policy as a search agent during and after training."""
-    data: str | None = None        # QA file (JSONL / parquet); None: no evaluation
-    n: int = Field(32, ge=1)       # first n questions of it
-    every: int = Field(0, ge=0)    # every N optimizer steps (0: only at the end)
-    at_start: bool = True          # also the starting policy (eval/start), unless resuming
-    # K > 0: each evaluation also samples K episodes a question at the rollout temperature
-    # (eval/NAME/sampled): pass@1 and pass@K, what sampling finds beside the greedy answer
-    samples: int = Field(0, ge=0)
-    max_turns: MaxTurns = DEFAULT_MAX_TURNS
-    max_new_tokens: MaxNewTokens = DEFAULT_MAX_NEW_TOKENS
-    batch_size: EpisodeBatch = DEFAULT_BATCH_SIZE
-
-
-class SFTConfig(Strict):
-    model: str = "smollm2-135m"
-    data: str                      # trajectory JSONL: oracle episodes or Trajectory records
-    out: str = "runs/sft"
-    index: str | None = None       # for the dev evaluation
-    dtype: Dtype = "float32"
-    device: Device = "cpu"
-    seed: int = 0
-    limit: int | None = Field(None, ge=1)      # first N usable episodes
-    only_complete: bool = True     # skip oracle episodes that never found a gold document
-    epochs: float = Field(1.0, gt=0)
-    max_steps: int | None = Field(None, ge=1)  # optimizer steps; overrides epochs
-    # episodes per micro-batch, and micro-batches per optimizer step: 8 episodes a step as
-    # 2 x 4 (the same gradient: the loss is normalised over the step's tokens); one
-    # forward of 8 peaked at 10.4 GB on the 135M model, 2 x 4 at 3.4 GB
-    batch_size: int = Field(2, ge=1)
-    grad_accum: int = Field(4, ge=1)
-    max_len: int = Field(2048, ge=16)          # longer episodes are cut (the tail is lost)
-    # the turn limit this policy's rollouts will use (rollout.max_new_tokens; None: eval's):
-    # SFT warns about episodes with a longer turn, which rollouts would cut mid-turn
-    max_new_tokens: MaxNewTokens | None = None
-    max_info_tokens: MaxInfoTokens = DEFAULT_MAX_INFO_TOKENS   # as rollouts cut it
-    topk: TopK = DEFAULT_TOPK           # documents per search, for the dev evaluation
-    prompt: Prompt = "seekrl"      # the agent's prompt the episodes are laid out with
-    # sub-queries per search the episodes teach (seekrl oracle --max-queries): the prompt
-    # says so, and the dev evaluation allows as many (rollout.max_queries of the RL run)
-    max_queries: int = Field(1, ge=1, le=8)
-    train_layers: int | None = Field(None, ge=1)   # train only the top N blocks (None: all)
-    lora: LoRAConfig = LoRAConfig()
-    optim: OptimConfig = OptimConfig(lr=5e-5, warmup_steps=5)
-    eval: EvalConfig = EvalConfig()
-    # checkpoint every N steps (0: final only): weights, optimizer, schedule, random
-    # states and the data position; --resume continues from the latest. A checkpoint holds
-    # the model, the trained weights and Adam's two moments (~2 GB for 135M trained whole)
-    save_every: int = Field(50, ge=0)
-    keep_last: int = Field(2, ge=1)            # checkpoints kept on disk
-    log_every: int = Field(1, ge=1)
-
-
-class TreeSettings(Strict):
-    """Tree rollouts (Tree-GRPO style): per question, `trees` chains, then `rounds` rounds in
-    which each tree grows `branches` new leaves, each continuing a prefix of one of its
-    leaves cut at a random step boundary. Leaves share their prefix's tokens, which are
-    generated once. A question's group has trees x (1 + branches x rounds) leaves."""
-    trees: int = Field(2, ge=1)
-    branches: int = Field(1, ge=1)
-    rounds: int = Field(1, ge=1)
-
-    @property
-    def leaves(self) -> int:
-        return self.trees * (1 + self.branches * self.rounds)
+# How seekrl's decoding loop computes attention (models.attention_variant): the model's
+# own choice, plain matmuls, or PyTorch's SDPA held to one backend
+Attention = Literal["default", "eager", "sdpa_math", "sdpa_efficient", "sdpa_flash",
+                    "sdpa_cudnn"]
+ATTENTION: tuple[str, ...] = get_args(Attention)
+CUDA_ONLY_ATTENTION = ("sdpa_efficient", "sdpa_cudnn")   # PyTorch has them on CUDA only
 
 
 class EpisodeSettings(Strict):
-    """How the rollout engine plays an episode: the method, the limits, the decoding. The
-    one declaration of these settings: the `rollout:` section (`RolloutSettings`) is these
-    plus how rollouts are organised and served, and the engine's `RolloutConfig`
-    (agent/rollout.py) is these plus one run's choices (samples per question, greedy, seed)."""
+    """How an episode is played: the method, the limits, the decoding. The one type of
+    these settings: every config's `rollout:` section (RolloutSettings adds tree rollouts
+    and the backend), the evaluations, `seekrl eval`'s options and the rollout engine
+    (RolloutConfig adds one run's choices) take it."""
     method: Literal["agent", "rag", "direct"] = "agent"   # direct: one turn, no retriever
     prompt: Prompt = "seekrl"      # the agent's instruction (above): seekrl, search_r1, data, ...
     # tools beyond <search> (agent/tools.py): "open" (a shown document in full) or import
@@ -302,14 +240,117 @@ class EpisodeSettings(Strict):
     batch_size: EpisodeBatch = DEFAULT_BATCH_SIZE
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
+    # how seekrl's decoding loop computes attention: default (the model's own), eager, or
+    # sdpa_math / sdpa_efficient / sdpa_flash / sdpa_cudnn (PyTorch's SDPA held to that
+    # backend); bench/decode_step.py measures which is fastest on a machine
+    attention: Attention = "default"
+
+    def episode_settings(self) -> EpisodeSettings:
+        """These settings alone: a `rollout:` section's without its tree and backend."""
+        return EpisodeSettings(**{k: getattr(self, k) for k in EpisodeSettings.model_fields})
 
 
-# How seekrl's decoding loop computes attention (models.attention_variant): the model's
-# own choice, plain matmuls, or PyTorch's SDPA held to one backend
-Attention = Literal["default", "eager", "sdpa_math", "sdpa_efficient", "sdpa_flash",
-                    "sdpa_cudnn"]
-ATTENTION: tuple[str, ...] = get_args(Attention)
-CUDA_ONLY_ATTENTION = ("sdpa_efficient", "sdpa_cudnn")   # PyTorch has them on CUDA only
+def _episode_keys_into_rollout(cls, data: Any, names: dict[str, str]) -> Any:
+    """Episode settings given at the top level of a config, where they were before the
+    config had a `rollout:` section (`max_queries=3`, ProRAG's `k: 2`), read into that
+    section (`names`: old key -> its name there); one given in both places is refused."""
+    if not isinstance(data, dict) or not any(old in data for old in names):
+        return data
+    data = dict(data)
+    section = data.get("rollout")
+    if section is None:   # the section's own default settings stay (ProRAG's topk 2)
+        default = cls.model_fields["rollout"].default
+        section = default.model_dump(include=default.model_fields_set)
+    if not isinstance(section, dict):
+        return data       # the schema says what is wrong with it
+    section = dict(section)
+    for old, new in names.items():
+        if old not in data:
+            continue
+        value = data.pop(old)
+        if new in section and isinstance(data.get("rollout"), dict):
+            raise ValueError(f"{old}: the same setting as rollout.{new}; give it once, as "
+                             f"rollout.{new}")
+        if value is not None:   # SFT's `max_new_tokens: null` meant "the rollouts' own"
+            section[new] = value
+    data["rollout"] = section
+    return data
+
+
+class EvalConfig(Strict):
+    """Greedy evaluation of the policy as a search agent during and after training: it plays
+    the run's episode settings (its `rollout:` section), with the limits below on top."""
+    data: str | None = None        # QA file (JSONL / parquet); None: no evaluation
+    n: int = Field(32, ge=1)       # first n questions of it
+    every: int = Field(0, ge=0)    # every N optimizer steps (0: only at the end)
+    at_start: bool = True          # also the starting policy (eval/start), unless resuming
+    # K > 0: each evaluation also samples K episodes a question at the rollout temperature
+    # (eval/NAME/sampled): pass@1 and pass@K, what sampling finds beside the greedy answer
+    samples: int = Field(0, ge=0)
+    # null: the run's own (rollout.max_turns); set: evaluations play this many turns instead
+    max_turns: MaxTurns | None = None
+    max_new_tokens: MaxNewTokens | None = None   # null: the run's own (rollout.max_new_tokens)
+    batch_size: EpisodeBatch | None = None       # null: the run's own (rollout.batch_size)
+
+
+class SFTConfig(Strict):
+    model: str = "smollm2-135m"
+    data: str                      # trajectory JSONL: oracle episodes or Trajectory records
+    out: str = "runs/sft"
+    index: str | None = None       # for the dev evaluation
+    dtype: Dtype = "float32"
+    device: Device = "cpu"
+    seed: int = 0
+    limit: int | None = Field(None, ge=1)      # first N usable episodes
+    only_complete: bool = True     # skip oracle episodes that never found a gold document
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int | None = Field(None, ge=1)  # optimizer steps; overrides epochs
+    # episodes per micro-batch, and micro-batches per optimizer step: 8 episodes a step as
+    # 2 x 4 (the same gradient: the loss is normalised over the step's tokens); one
+    # forward of 8 peaked at 10.4 GB on the 135M model, 2 x 4 at 3.4 GB
+    batch_size: int = Field(2, ge=1)
+    grad_accum: int = Field(4, ge=1)
+    max_len: int = Field(2048, ge=16)          # longer episodes are cut (the tail is lost)
+    # the episodes as the trained policy will play them (the RL run's rollout:): laid out
+    # with their prompt, max_info_tokens and max_queries (seekrl oracle --max-queries),
+    # turns over max_new_tokens warned about (rollouts cut them), played by the dev
+    # evaluation. topk, prompt, max_info_tokens, max_queries, max_new_tokens at the top
+    # level are read into it
+    rollout: EpisodeSettings = EpisodeSettings()
+    train_layers: int | None = Field(None, ge=1)   # train only the top N blocks (None: all)
+    lora: LoRAConfig = LoRAConfig()
+    optim: OptimConfig = OptimConfig(lr=5e-5, warmup_steps=5)
+    eval: EvalConfig = EvalConfig()
+    # checkpoint every N steps (0: final only): weights, optimizer, schedule, random
+    # states and the data position; --resume continues from the latest. A checkpoint holds
+    # the model, the trained weights and Adam's two moments (~2 GB for 135M trained whole)
+    save_every: int = Field(50, ge=0)
+    keep_last: int = Field(2, ge=1)            # checkpoints kept on disk
+    log_every: int = Field(1, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_episode_keys(cls, data: Any) -> Any:
+        return _episode_keys_into_rollout(cls, data, {
+            k: k for k in ("topk", "prompt", "max_info_tokens", "max_queries", "max_new_tokens")})
+
+    @model_validator(mode="after")
+    def _attention_here(self):
+        return _attention_runs_here(self)
+
+
+class TreeSettings(Strict):
+    """Tree rollouts (Tree-GRPO style): per question, `trees` chains, then `rounds` rounds in
+    which each tree grows `branches` new leaves, each continuing a prefix of one of its
+    leaves cut at a random step boundary. Leaves share their prefix's tokens, which are
+    generated once. A question's group has trees x (1 + branches x rounds) leaves."""
+    trees: int = Field(2, ge=1)
+    branches: int = Field(1, ge=1)
+    rounds: int = Field(1, ge=1)
+
+    @property
+    def leaves(self) -> int:
+        return self.trees * (1 + self.branches * self.rounds)
 
 
 def attention_refusal(name: str, device: str) -> str | None:
@@ -322,8 +363,9 @@ def attention_refusal(name: str, device: str) -> str | None:
 
 
 def _attention_runs_here(cfg):
-    """A config's `rollout.attention` against its `device` (TrainConfig, LabelConfig,
-    RefineConfig: the ones whose rollouts decode with seekrl's loop)."""
+    """A config's `rollout.attention` against its `device` (the configs whose episodes
+    decode with seekrl's loop: SFTConfig's dev evaluation, TrainConfig, LabelConfig,
+    RefineConfig)."""
     why = attention_refusal(cfg.rollout.attention, cfg.device)
     if why:
         raise ValueError(f"rollout.attention: {why}")
@@ -338,10 +380,6 @@ class RolloutSettings(EpisodeSettings):
     # gets the policy's weights before each rollout (agent/vllm_backend.py; needs vllm);
     # static: a fixed-shape loop for GPUs (CUDA graphs; agent/static_backend.py)
     backend: Literal["hf", "vllm", "static"] = "hf"
-    # hf: how its decoding computes attention: default (the model's own), eager, or
-    # sdpa_math / sdpa_efficient / sdpa_flash / sdpa_cudnn (PyTorch's SDPA held to that
-    # backend); bench/decode_step.py measures which is fastest on a machine
-    attention: Attention = "default"
     vllm_gpu_memory: float = Field(0.4, gt=0, lt=1)   # the share of GPU memory vLLM takes
     # free vLLM's GPU memory during each update: 1 offloads its weights to CPU memory and
     # drops its KV cache, 2 drops both (the next sync pushes the weights anyway); 0: never
@@ -773,9 +811,10 @@ class TrainConfig(Strict):
 class ProragConfig(Strict):
     """`seekrl prorag` (seekrl/prorag.py): SFT -> MCTS labels -> PRM -> refinement -> RL with
     the PRM's step scores -> evaluation after each stage. Without `train` / `test` / `index`
-    it builds the synthetic world at demo size. Each stage section holds keys of that
-    stage's own config, set on top of the pipeline's (e.g. `labels: {search: {simulations:
-    32}}`, `rl: {steps: 20}`)."""
+    it builds the synthetic world at demo size. Each stage starts from its preset (the
+    `seekrl` config in configs/prorag/STAGE.yaml); a stage section holds keys of that
+    stage's own config, set on top of the preset and the pipeline's (e.g. `labels: {search:
+    {simulations: 32}}`, `rl: {steps: 20}`)."""
     out: str = "runs/prorag"
     seed: int = 0
     model: str = "smollm2-135m"
@@ -785,10 +824,13 @@ class ProragConfig(Strict):
     test: str | None = None            # questions for the evaluations
     index: str | None = None           # an index folder or a retrieval server url
     n_test: int = Field(40, ge=1)
-    k: TopK = 2                        # documents per search
-    max_info_tokens: MaxInfoTokens = 256
-    max_turns: MaxTurns = 4
-    max_new_tokens: MaxNewTokens = 128  # the demo's: holds every oracle turn
+    # the episodes of every stage: SFT lays its episodes out with them, labelling,
+    # refinement and RL play them (a stage's preset and section may set its own on top:
+    # labelling and refinement sample at 0.9), each evaluation plays them greedily. The demo
+    # world's: 2 documents a search, 256-token information blocks, 128 tokens a turn (every
+    # oracle turn fits). k, max_info_tokens, max_turns, max_new_tokens at the top level are
+    # read into it
+    rollout: EpisodeSettings = EpisodeSettings(topk=2, max_info_tokens=256)
     train_layers: int | None = Field(16, ge=1)   # top blocks trained in every stage
     refine_method: Literal["rft", "step_dpo", "none"] = "rft"
     # the policies evaluated on the test questions (each evaluation of 200 questions is
@@ -799,6 +841,16 @@ class ProragConfig(Strict):
     prm: dict[str, Any] = {}           # PRMConfig keys
     refine: dict[str, Any] = {}        # RefineConfig keys
     rl: dict[str, Any] = {}            # TrainConfig keys
+    # a folder of your own stage presets (sft.yaml, labels.yaml, prm.yaml, refine.yaml,
+    # rl.yaml: copies of configs/prorag, edited); null: configs/prorag
+    presets: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_episode_keys(cls, data: Any) -> Any:
+        return _episode_keys_into_rollout(cls, data, {
+            "k": "topk", "max_info_tokens": "max_info_tokens", "max_turns": "max_turns",
+            "max_new_tokens": "max_new_tokens"})
 
 
 C = TypeVar("C", bound=BaseModel)
@@ -1040,33 +1092,38 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def read_config_file(path: str | Path) -> dict:
+    """A YAML config file as a tree of keys, unvalidated: UTF-8, valid YAML, no key given
+    twice, a mapping at the top (an empty file: {}). A config a recipe reads, or a preset
+    (configs/demo, configs/prorag) a pipeline builds a stage's config from."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") \
+            from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}:{where} not valid YAML ({getattr(err, 'problem', err)})") \
+            from None
+    if data is None:   # an empty file: every default
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys at the top level, "
+                          f"got {type(data).__name__}")
+    return data
+
+
 def load_config(schema: type[C], path: str | Path | None, overrides: list[str] = ()) -> C:
     """Read a YAML file (or nothing) into `schema`, with `key.sub=value` overrides on top."""
-    data: dict = {}
-    source = "overrides"
-    if path is not None:
-        path = Path(path)
-        source = str(path)
-        if not path.is_file():
-            raise ConfigError(f"{path}: no such config file")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as err:
-            raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") \
-                from None
-        try:
-            data = yaml.load(text, Loader=_UniqueKeyLoader)
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"{path}:{where} not valid YAML ({getattr(err, 'problem', err)})") \
-                from None
-        if data is None:   # an empty file: every default
-            data = {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping of keys at the top level, "
-                              f"got {type(data).__name__}")
-    return build_config(schema, data, overrides, source)
+    if path is None:
+        return build_config(schema, {}, overrides, "overrides")
+    return build_config(schema, read_config_file(path), overrides, str(Path(path)))
 
 
 def dump_config(cfg: BaseModel, path: str | Path) -> None:

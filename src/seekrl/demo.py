@@ -18,28 +18,29 @@ reads every retrieved token on every update), two documents per search, 1-3 hop 
 and only the top `train_layers` transformer blocks trained (backpropagation stops there,
 about twice as many updates per minute as full fine-tuning). The SFT budget is small on
 purpose: enough to teach the protocol, not enough to saturate the world, so the RL stage
-has something to improve. `DemoConfig` (and the CLI's options) make every stage longer or
-bigger.
+has something to improve. The two stages' settings are YAML presets (configs/demo/sft.yaml,
+rl.yaml) under `DemoConfig`'s world and episodes; its `sft` / `rl` keys (and the CLI's
+options) make every stage longer or bigger, `presets` reads a copy of them you edited.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from rich.console import Console
 
 from seekrl.agent.oracle import write_oracle_trajectories
 from seekrl.data.qa import read_qa_jsonl
-from seekrl.data.world import WorldConfig, generate_world, write_world
+from seekrl.data.world import generate_world, write_world
 from seekrl.eval.show import print_hits
 from seekrl.recipes.pipeline import (
     DemoConfig,
     demo_dtype,
+    demo_world,
     evaluate_greedy,
-    rl_config_tree,
+    rl_config,
     sft_config,
 )
 from seekrl.retrieval.index import build_index, load_index
@@ -99,32 +100,34 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
     console = console or Console()
     out = Path(out)
     # the settings first: nothing is written or removed before they are checked
-    world_cfg = WorldConfig(seed=cfg.seed, difficulty=cfg.difficulty, doc_words=cfg.doc_words,
-                            hop_mix=cfg.hop_mix)
-    # planned stage minutes: the 3 seeds of 2026-11-27 on 2 CPU cores took 0.1 / 1.0-1.2 /
-    # 5.5-5.9 / 1.2-1.8 / 6.9-7.4 (3 steps) / 0.9-1.6 (bench/RESULTS.md, "The demo")
-    rl_minutes = 2.5 * cfg.rl_steps if cfg.rl_minutes is None else cfg.rl_minutes + 2.0
-    plan = {"world": 0.1, "eval_untrained": 1.2, "sft": 6.0, "eval_sft": 1.6,
-            "rl": rl_minutes, "eval_rl": 1.6}
+    world_cfg = demo_world(cfg)
     if cfg.process:
-        from seekrl.rl.methods import NEEDS_PRM, method_overrides
-        method_overrides(cfg.process, group_size=cfg.group_size)   # a bad name fails now
+        from seekrl.rl.methods import NEEDS_PRM, PROCESS_METHODS, method_overrides
+        if cfg.process not in PROCESS_METHODS:   # a bad name fails now
+            method_overrides(cfg.process, group_size=2)
         if cfg.process in NEEDS_PRM:
             raise ValueError(f"--process {cfg.process}: needs a trained process reward model, "
                              "which the demo does not train: run `seekrl prorag` (the whole "
                              "pipeline) or `seekrl train --process prm reward.prm=DIR`")
-        plan.update(rl_process=rl_minutes, eval_rl_process=1.6)
     resolve_model(cfg.model)      # a path that is not there fails now, not after the world
     from seekrl.models import DTYPES, MIXED
 
     dtype = demo_dtype(cfg)
     if dtype not in DTYPES and dtype not in MIXED:
         raise ValueError(f"--dtype: expected auto, {', '.join([*DTYPES, *MIXED])}; got {cfg.dtype!r}")
+    planned = _check_stages(cfg, out)   # every stage's settings, before the old run goes
+    # planned stage minutes: the 3 seeds of 2026-11-27 on 2 CPU cores took 0.1 / 1.0-1.2 /
+    # 5.5-5.9 / 1.2-1.8 / 6.9-7.4 (3 steps) / 0.9-1.6 (bench/RESULTS.md, "The demo")
+    rl_minutes = (2.5 * planned.steps if planned.max_minutes is None
+                  else planned.max_minutes + 2.0)
+    plan = {"world": 0.1, "eval_untrained": 1.2, "sft": 6.0, "eval_sft": 1.6,
+            "rl": rl_minutes, "eval_rl": 1.6}
+    if cfg.process:
+        plan.update(rl_process=rl_minutes, eval_rl_process=1.6)
     if dtype not in MIXED:   # the plan above is bf16-mixed's; float32 on 2 AVX2-only cores
         # took 1.4-2.1x each model stage, 1.6x in all (bench/RESULTS.md, "The demo")
-        plan = {k: v if k == "world" or (k.startswith("rl") and cfg.rl_minutes is not None)
+        plan = {k: v if k == "world" or (k.startswith("rl") and planned.max_minutes is not None)
                 else round(1.6 * v, 2) for k, v in plan.items()}
-    _check_stages(cfg, out)   # every stage's settings, before the old run goes
     held = [name for name in DEMO_OUTPUTS if (out / name).exists()] if out.is_dir() else []
     if held and not overwrite:
         raise FileExistsError(f"--out: {out} already holds a demo run ({', '.join(held[:4])}"
@@ -132,7 +135,7 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
                               "replace it, or choose another --out")
     remove_outputs(out, held)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "demo_config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    (out / "demo_config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2))
     clock = _Clock(console, {**plan, "report": 0.2})
     if cfg.dtype == "auto":   # which one, and why: the two differ several-fold in time
         console.print(f"dtype auto -> {dtype}: this CPU "
@@ -152,7 +155,7 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
     index = load_index(index_dir)
     oracle_path = out / "oracle_train.jsonl"
     oracle_stats = write_oracle_trajectories(read_qa_jsonl(paths["train"]), index, oracle_path,
-                                             k=cfg.k)
+                                             k=cfg.rollout.topk)
     console.print(f"{oracle_stats.summary()} -> {oracle_path}")
     test = read_qa_jsonl(paths["test"])[:cfg.n_test]
     test_file = out / "test_questions.jsonl"
@@ -160,23 +163,25 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
     write_qa_jsonl(test_file, test)
     recall = _show_retrieval(console, index, test, cfg)
 
-    eval_kw = dict(index=index, test_file=test_file, cfg=cfg, console=console)
+    eval_kw = dict(index=index, test_file=test_file, episode=cfg.rollout, n=cfg.n_test,
+                   dtype=dtype, console=console)
     clock.stage("eval_untrained", f"evaluate the untrained policy on {len(test)} test questions")
     untrained = evaluate_greedy(cfg.model, out / "eval_untrained", **eval_kw)
 
-    clock.stage("sft", f"SFT warm-up: {cfg.sft_steps} steps x {cfg.sft_batch} oracle episodes")
     sft_cfg = sft_config(cfg, oracle_path, out / "sft", index=str(index_dir))
+    per_step = sft_cfg.batch_size * sft_cfg.grad_accum
+    clock.stage("sft", f"SFT warm-up: {sft_cfg.max_steps} steps x {per_step} oracle episodes")
     sft = run_sft(sft_cfg, console=console, overwrite=True)
 
     clock.stage("eval_sft", "evaluate the SFT checkpoint on the same test questions")
     after_sft = evaluate_greedy(sft["final"], out / "eval_sft", **eval_kw)
 
-    budget = f" or {cfg.rl_minutes:g} min" if cfg.rl_minutes is not None else ""
-    clock.stage("rl", f"RL ({cfg.advantage}): {cfg.questions_per_step} questions x "
-                      f"{cfg.group_size} rollouts per step, {cfg.rl_steps} steps{budget}")
-    rl_kw = dict(cfg=cfg, sft_final=sft["final"], paths=paths, index=index,
-                 index_dir=index_dir, console=console)
-    rl = _rl(out / "rl", {}, **rl_kw)
+    rl_kw = dict(model=sft["final"], train_file=paths["train"], index_dir=index_dir)
+    rl_cfg = rl_config(cfg, out=out / "rl", **rl_kw)
+    budget = f" or {rl_cfg.max_minutes:g} min" if rl_cfg.max_minutes is not None else ""
+    clock.stage("rl", f"RL ({rl_cfg.algo.advantage}): {rl_cfg.questions_per_step} questions x "
+                      f"{rl_cfg.group_size} rollouts per step, {rl_cfg.steps} steps{budget}")
+    rl = _rl(rl_cfg, index, console)
 
     clock.stage("eval_rl", "evaluate the RL policy on the same test questions")
     after_rl = evaluate_greedy(rl["final"], out / "eval_rl", **eval_kw)
@@ -187,23 +192,24 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
                                   f"SFT checkpoint, at the outcome run's {rl['rollout_tokens']} "
                                   "generated rollout tokens")
         from seekrl.rl.methods import method_overrides
-        keys = method_overrides(cfg.process, group_size=cfg.group_size,
-                                baseline_advantage=cfg.advantage)
-        rl_process = _rl(out / "rl_process", keys, budget_tokens=rl["rollout_tokens"], **rl_kw)
+        keys = method_overrides(cfg.process, group_size=rl_cfg.group_size,
+                                baseline_advantage=rl_cfg.algo.advantage)
+        rl_process = _rl(rl_config(cfg, out=out / "rl_process", keys=keys,
+                                   budget_tokens=rl["rollout_tokens"], **rl_kw), index, console)
         clock.stage("eval_rl_process", "evaluate the process-supervised policy")
         after_process = evaluate_greedy(rl_process["final"], out / "eval_rl_process", **eval_kw)
 
     clock.stage("report", "write the report")
     summary = {
-        "n_test": len(test), "k": cfg.k, "docs": index.doc_count, "dtype": dtype,
+        "n_test": len(test), "k": cfg.rollout.topk, "docs": index.doc_count, "dtype": dtype,
         "em_untrained": untrained["em"], "em_sft": after_sft["em"], "em_rl": after_rl["em"],
         "f1_untrained": untrained["f1"], "f1_sft": after_sft["f1"], "f1_rl": after_rl["f1"],
         "valid_format_untrained": untrained["valid_format"],
         "valid_format_sft": after_sft["valid_format"], "valid_format_rl": after_rl["valid_format"],
         "searches_sft": after_sft["searches"], "searches_rl": after_rl["searches"],
-        "sft_steps": sft["steps"], "sft_episodes": sft["steps"] * cfg.sft_batch,
-        "rl_steps": rl["steps"], "rl_episodes": rl["steps"] * cfg.questions_per_step
-        * cfg.group_size, "rl_stopped": rl.get("stopped"),
+        "sft_steps": sft["steps"], "sft_episodes": sft["steps"] * per_step,
+        "rl_steps": rl["steps"], "rl_episodes": rl["steps"] * rl_cfg.questions_per_step
+        * rl_cfg.group_size, "rl_stopped": rl.get("stopped"),
         "gold_recall_question_query": recall[0], "gold_recall_hop_query": recall[1],
         "oracle_incomplete": oracle_stats.incomplete,
         "rl_rollout_tokens": rl["rollout_tokens"],
@@ -215,8 +221,8 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
     notes = [f"Test EM on the same {len(test)} questions: untrained {untrained['em']:.3f}, "
              f"after SFT {after_sft['em']:.3f}, after RL {after_rl['em']:.3f}.",
              f"SFT: {sft['steps']} steps on {summary['sft_episodes']} oracle episodes; RL: "
-             f"{rl['steps']} steps of {cfg.questions_per_step} x {cfg.group_size} rollouts "
-             f"({cfg.advantage}, lr {cfg.rl_lr:g})."]
+             f"{rl['steps']} steps of {rl_cfg.questions_per_step} x {rl_cfg.group_size} "
+             f"rollouts ({rl_cfg.algo.advantage}, lr {rl_cfg.optim.lr:g})."]
     evals = {"untrained": "eval_untrained", "SFT": "eval_sft", "RL": "eval_rl"}
     logs = {"sft": out / "sft" / "metrics.jsonl", "rl": out / "rl" / "metrics.jsonl"}
     if rl_process is not None:
@@ -258,69 +264,64 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
     return summary
 
 
-def _check_stages(cfg: DemoConfig, out: Path) -> None:
-    """The SFT and RL stages' settings as those stages will build them (schema ranges and
-    the trainer's cross-key rules), so that a bad number fails before anything is written or
-    an old run removed, not ten minutes in."""
-    from seekrl.config import ConfigError, TrainConfig, with_keys
+def _check_stages(cfg: DemoConfig, out: Path):
+    """The SFT and RL stages' settings as those stages will build them (their presets'
+    keys, schema ranges and the trainer's cross-key rules), so that a bad number fails
+    before anything is written or an old run removed, not ten minutes in; returns the RL
+    stage's config (its steps and budget plan the demo's time)."""
+    from seekrl.config import ConfigError
     from seekrl.recipes.train import check_config
 
-    if cfg.n_test < 1:
-        raise ValueError(f"--eval-questions: expected at least 1, got {cfg.n_test}")
-    for name, value in (("--sft-steps", cfg.sft_steps), ("--sft-batch", cfg.sft_batch),
-                        ("--rl-steps", cfg.rl_steps)):
-        if value < 1:
-            raise ValueError(f"{name}: expected at least 1, got {value}")
+    def check(rl, name: str) -> None:   # the trainer's own rules, named by stage
+        try:
+            check_config(rl)
+        except ConfigError as err:
+            raise ConfigError(f"demo {name}: {err}") from None
+
     try:
         sft_config(cfg, out / "oracle_train.jsonl", out / "sft", index=str(out / "index"))
-        keys = {}
+        kw = dict(model=cfg.model, train_file=out / "world" / "train.jsonl",
+                  index_dir=out / "index")
+        rl = rl_config(cfg, out=out / "rl", **kw)
+        check(rl, "rl")
         if cfg.process:
             from seekrl.rl.methods import method_overrides
-            keys = method_overrides(cfg.process, group_size=cfg.group_size,
-                                    baseline_advantage=cfg.advantage)
-        for extra in ({}, keys) if keys else ({},):
-            tree = rl_config_tree(cfg, model=cfg.model, train_file=out / "world" / "train.jsonl",
-                                  index_dir=out / "index", out=out / "rl", steps=cfg.rl_steps)
-            check_config(TrainConfig.model_validate(with_keys(tree, extra)))
+            keys = method_overrides(cfg.process, group_size=rl.group_size,
+                                    baseline_advantage=rl.algo.advantage)
+            check(rl_config(cfg, out=out / "rl_process", keys=keys, **kw), "rl_process")
     except ConfigError:
         raise
     except ValueError as err:   # pydantic's ValidationError: its first line names the key
         raise ConfigError(f"demo settings: {err}") from None
+    return rl
 
 
-def _rl(out: Path, keys: dict, *, cfg: DemoConfig, sft_final: str, paths, index, index_dir,
-        console, budget_tokens: int | None = None) -> dict:
-    """One RL run from the SFT checkpoint with the demo's settings and `keys` on top. With
-    `budget_tokens`, it stops at that many generated rollout tokens (at most 10x the steps)."""
-    from seekrl.config import TrainConfig, with_keys
+def _rl(rl_cfg, index, console) -> dict:
+    """One RL run from the SFT checkpoint with the demo's settings."""
     from seekrl.recipes.train import Trainer
 
-    tree = rl_config_tree(cfg, model=sft_final, train_file=paths["train"], index_dir=index_dir,
-                          out=out, budget_tokens=budget_tokens,
-                          steps=cfg.rl_steps if budget_tokens is None else 10 * cfg.rl_steps)
-    tree["log"] = {"save_rollouts": 1}
-    rl_cfg = TrainConfig.model_validate(with_keys(tree, keys))
     return Trainer(rl_cfg, console=console, retriever=index, overwrite=True).train()
 
 
 def _show_retrieval(console: Console, index, test, cfg: DemoConfig) -> tuple[float, float]:
     """Print what BM25 finds for a few questions; return gold recall@k over the split for
-    the question as the query and for each hop's own query."""
+    the question as the query and for each hop's own query (k: the episodes' topk)."""
+    k = cfg.rollout.topk
     for ex in test[:cfg.n_show]:
         gold = set(ex.metadata["gold_doc_ids"])
         console.print(f"\n[bold magenta]Q[/] ({ex.metadata['hops']} hops, {ex.metadata['type']}): "
                       f"{ex.question}  [dim]gold answer: {ex.golden_answers[0]}[/]")
         for query in (ex.question, ex.metadata["chain"][0]["query"]):
-            print_hits(console, query, index.search([query], cfg.k)[0], gold=gold)
-    question_hits = index.search([ex.question for ex in test], cfg.k)
+            print_hits(console, query, index.search([query], k)[0], gold=gold)
+    question_hits = index.search([ex.question for ex in test], k)
     hop_queries = [hop for ex in test for hop in ex.metadata["chain"]]
-    hop_hits = index.search([hop["query"] for hop in hop_queries], cfg.k)
+    hop_hits = index.search([hop["query"] for hop in hop_queries], k)
     recall_q = sum(len(set(ex.metadata["gold_doc_ids"]) & {h.doc_id for h in hits})
                    / len(set(ex.metadata["gold_doc_ids"]))
                    for ex, hits in zip(test, question_hits)) / len(test)
     recall_hop = sum(any(h.doc_id == hop["doc_id"] for h in hits)
                      for hop, hits in zip(hop_queries, hop_hits)) / len(hop_queries)
-    console.print(f"gold-document recall@{cfg.k}: {recall_q:.2f} searching the question as "
+    console.print(f"gold-document recall@{k}: {recall_q:.2f} searching the question as "
                   f"written, {recall_hop:.2f} searching one hop at a time")
     return round(recall_q, 3), round(recall_hop, 3)
 

@@ -30,19 +30,10 @@ from seekrl.config import (
     RefineConfig,
     SFTConfig,
     TrainConfig,
-    build_config,
-    merged,
 )
 from seekrl.errors import DataError
 
 STAGES = ("data", "sft", "eval_sft", "labels", "prm", "refine", "eval_refine", "rl", "eval_rl")
-
-
-def _demo(cfg: ProragConfig):
-    from seekrl.recipes.pipeline import DemoConfig
-    return DemoConfig(seed=cfg.seed, model=cfg.model, n_test=cfg.n_test, k=cfg.k,
-                      max_info_tokens=cfg.max_info_tokens, eval_max_turns=cfg.max_turns,
-                      eval_max_new_tokens=cfg.max_new_tokens, train_layers=cfg.train_layers)
 
 
 # keys each stage takes from the stage before it: a user's value would be overwritten, so
@@ -57,78 +48,56 @@ _FLOW_KEYS = {
 
 
 def stage_configs(cfg: ProragConfig, paths: dict[str, str]) -> dict[str, Any]:
-    """Every stage's config, the pipeline's settings with the user's keys on top; built at
-    the start, each stage reading what the one before it writes (its `out`), so a bad key
-    fails in seconds and a moved output folder is followed."""
-    from seekrl.recipes.pipeline import rl_config_tree
+    """Every stage's config: its preset (configs/prorag/STAGE.yaml, or `presets`' copy)
+    playing the pipeline's episodes, the pipeline's inputs and settings over it, the user's
+    stage section over those; built at the start, each stage reading what the one before it
+    writes (its `out`), so a bad key fails in seconds and a moved output folder is
+    followed."""
+    from seekrl.recipes.pipeline import PRESETS, stage_config
 
     out = Path(cfg.out)
-    rollout = {"max_turns": cfg.max_turns, "max_new_tokens": cfg.max_new_tokens,
-               "topk": cfg.k, "max_info_tokens": cfg.max_info_tokens, "temperature": 0.9,
-               "batch_size": 64}
+    presets = Path(cfg.presets) if cfg.presets is not None else PRESETS / "prorag"
 
-    def build(name: str, schema, tree: dict):
+    def build(name: str, schema, keys: dict[str, Any], *, episode=cfg.rollout,
+              own: bool = True):
         for key, why in _FLOW_KEYS.get(name, {}).items():
             section = getattr(cfg, name)
             head, _, sub = key.partition(".")
             if head in section and (not sub or (isinstance(section[head], dict)
                                                 and sub in section[head])):
                 raise ConfigError(f"{name}.{key}: the pipeline sets it ({why})")
-        return build_config(schema, merged(tree, getattr(cfg, name)), source=f"prorag {name}")
+        return stage_config(schema, presets / f"{name}.yaml", episode=episode, keys=keys,
+                            own=getattr(cfg, name) if own else None, source=f"prorag {name}")
 
+    layers = {"seed": cfg.seed, "train_layers": cfg.train_layers}
     stages: dict[str, Any] = {}
     stages["sft"] = build("sft", SFTConfig, {
-        "model": cfg.model, "data": paths["sft_data"], "out": str(out / "sft"),
-        "seed": cfg.seed, "max_steps": 20, "batch_size": 2, "grad_accum": 4,   # 8 per step
-        "max_info_tokens": cfg.max_info_tokens, "topk": cfg.k, "train_layers": cfg.train_layers,
-        "max_new_tokens": cfg.max_new_tokens,
-        "optim": {"lr": 2e-4, "warmup_steps": 2, "min_lr_ratio": 0.1}})
+        "model": cfg.model, "data": paths["sft_data"], "out": str(out / "sft"), **layers})
     sft_final = paths.get("sft_final", str(Path(stages["sft"].out) / "final"))
     stages["labels"] = build("labels", LabelConfig, {
         "model": sft_final, "data": paths["train"], "index": paths["index"],
-        "out": str(out / "labels"), "questions": 12, "reward": "f1", "seed": cfg.seed,
-        "rollout": rollout,
-        # a pair needs both siblings visited: one visit each at demo size (their Q is one
-        # episode's F1, the gap rule keeps only clear differences); raise both at GPU scale
-        "search": {"simulations": 12, "expansions": 4, "trees_per_batch": 16,
-                   "min_visits": 1, "min_gap": 0.5}})
-    # a PRM step reads 3 x batch_size episodes (points, better, worse): on a CPU, few
-    # episodes and the top 4 blocks (backpropagation stops there) keep it to minutes
+        "out": str(out / "labels"), "seed": cfg.seed})
     stages["prm"] = build("prm", PRMConfig, {
         "model": sft_final, "labels": [stages["labels"].out], "out": str(out / "prm"),
-        "steps": 12, "batch_size": 4, "loss": "both", "dev_share": 0.2,
-        "train_layers": min(4, cfg.train_layers or 4), "seed": cfg.seed, "log_every": 2,
-        "optim": {"lr": 1e-4, "warmup_steps": 2}})
+        "seed": cfg.seed, "train_layers": min(4, cfg.train_layers or 4)}, episode=None)
     prm_final = str(Path(stages["prm"].out) / "final")
-    stages["refine"] = build("refine", RefineConfig, {
-        "model": sft_final, "method": "rft" if cfg.refine_method == "none"
-        else cfg.refine_method, "out": str(out / "refine"), "data": paths["train"],
-        "index": paths["index"], "prm": prm_final, "pairs": [stages["labels"].out],
-        "threshold_quantile": 0.25,
-        "questions": 16, "samples": 4, "steps": 6,
-        # RFT (an SFT run) in micro-batches of 2 x 4 like the warm-up; step-DPO's pairs
-        # per step stay 8 (it has no accumulation)
-        **({"batch_size": 8} if cfg.refine_method == "step_dpo"
-           else {"batch_size": 2, "grad_accum": 4}),
-        "train_layers": cfg.train_layers, "seed": cfg.seed, "rollout": rollout,
-        "optim": {"lr": 5e-5, "warmup_steps": 2}})
+    refine = {"model": sft_final, "out": str(out / "refine"), "data": paths["train"],
+              "method": "step_dpo" if cfg.refine_method == "step_dpo" else "rft",
+              "index": paths["index"], "prm": prm_final, "pairs": [stages["labels"].out],
+              **layers}
+    if cfg.refine_method == "step_dpo":   # no accumulation: the preset's pairs a step at once
+        preset = build("refine", RefineConfig, refine, own=False)
+        refine.update(batch_size=preset.batch_size * preset.grad_accum, grad_accum=1)
+    stages["refine"] = build("refine", RefineConfig, refine)
     if cfg.refine_method != "none" and stages["refine"].steps == 0:
         raise ConfigError("refine.steps: 0 trains no refined policy (RFT's rejection-sampled "
                           "data alone), and the pipeline's RL starts from it: give steps >= 1, "
                           "refine_method=none to go from SFT to RL, or `seekrl refine` alone "
                           "for the data")
-    demo = _demo(cfg)
     refined = paths.get("refined", str(Path(stages["refine"].out) / "final"))
-    rl_tree = rl_config_tree(demo, model=refined, train_file=paths["train"],
-                             index_dir=paths["index"], out=out / "rl", steps=demo.rl_steps)
-    rl_tree["algo"].update(advantage="dual_granularity", beta=0.3,
-                           std_norm=demo.advantage == "grpo")
-    rl_tree["reward"] = {"process": {"prm": 1.0}, "prm": prm_final}
-    rl_tree["log"] = {"save_rollouts": 1}
-    # a checkpoint after every step (the last one kept), so that a stopped RL stage goes on
-    # from it on --resume instead of starting over (the demo's own RL keeps none)
-    rl_tree.update(save_every=1, keep_last=1)
-    stages["rl"] = build("rl", TrainConfig, rl_tree)
+    stages["rl"] = build("rl", TrainConfig, {
+        "model": refined, "data": paths["train"], "index": paths["index"],
+        "out": str(out / "rl"), "reward.prm": prm_final, **layers})
     from seekrl.recipes import mcts, refine, train
     for name, check in (("labels", mcts.check_config), ("refine", refine.check_config),
                         ("rl", train.check_config)):
@@ -225,12 +194,13 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
         world_paths["refined"] = world_paths.get("sft_final", str(out / "sft" / "final"))
     stages = stage_configs(cfg, world_paths)      # every stage's keys checked now
     pipe = _Pipeline(cfg, console, resume)
-    demo = _demo(cfg)
 
     data = pipe.run("data", "the data: synthetic world, BM25 index, oracle episodes"
                     if not all(own) else "the data", lambda: _data(cfg, world_paths, console))
     retriever = open_retriever(data["index"])
-    ev = dict(index=retriever, test_file=Path(data["test"]), cfg=demo, console=console)
+    # greedy, the pipeline's episodes, in float32 whatever a stage trained in
+    ev = dict(index=retriever, test_file=Path(data["test"]), episode=cfg.rollout,
+              n=cfg.n_test, dtype="float32", console=console)
 
     def sft() -> dict:
         if cfg.sft_model:
@@ -324,19 +294,18 @@ def _data(cfg: ProragConfig, paths: dict[str, str], console: Console) -> dict:
                 "sft_data": cfg.sft_data}
     from seekrl.agent.oracle import write_oracle_trajectories
     from seekrl.data.qa import read_qa_jsonl, write_qa_jsonl
-    from seekrl.data.world import WorldConfig, generate_world, write_world
+    from seekrl.data.world import generate_world, write_world
+    from seekrl.recipes.pipeline import DemoConfig, demo_world
     from seekrl.retrieval.index import build_index, load_index
 
-    demo = _demo(cfg)
     out = Path(cfg.out)
-    world = generate_world(WorldConfig(seed=cfg.seed, difficulty=demo.difficulty,
-                                       doc_words=demo.doc_words, hop_mix=demo.hop_mix))
+    world = generate_world(demo_world(DemoConfig(seed=cfg.seed)))   # the demo's world
     written = write_world(world, out / "world")
     index_dir = build_index(written["corpus"], out / "index", "bm25", overwrite=True,
                             show_progress=False)
     # the oracle's own file: a given sft_data is the user's, read by SFT, never written over
     oracle = write_oracle_trajectories(read_qa_jsonl(written["train"]), load_index(index_dir),
-                                       out / "oracle_train.jsonl", k=cfg.k)
+                                       out / "oracle_train.jsonl", k=cfg.rollout.topk)
     write_qa_jsonl(paths["test"], read_qa_jsonl(written["test"])[:cfg.n_test])
     console.print(f"{world.stats()['docs']} documents; {oracle.summary()}")
     return {"train": str(written["train"]), "test": paths["test"], "index": str(index_dir),

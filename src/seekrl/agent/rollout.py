@@ -48,11 +48,13 @@ class RolloutConfig(EpisodeSettings):
     @classmethod
     def of(cls, section: BaseModel | None = None, **run: Any) -> RolloutConfig:
         """The engine's settings from a config section: the episode settings it holds (all
-        of a `rollout:` section's, the limits an `eval:` section sets; None: the defaults)
-        with `run` on top (`seed`, `n_samples`, `greedy`, settings the section lacks). A
-        bad value is a `ConfigError` that names the setting."""
+        of a `rollout:` section's, the limits an `eval:` section sets, those it leaves null
+        left out; None: the defaults) with `run` on top (`seed`, `n_samples`, `greedy`,
+        settings the section lacks). A bad value is a `ConfigError` that names the
+        setting."""
         own = {k: getattr(section, k) for k in EpisodeSettings.model_fields
-               if k in getattr(type(section), "model_fields", {})}
+               if k in getattr(type(section), "model_fields", {})
+               and getattr(section, k) is not None}
         return build_config(cls, {**own, **run}, source="rollout settings")
 
 

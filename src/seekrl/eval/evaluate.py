@@ -38,7 +38,7 @@ from typing import Any
 from seekrl.agent.backends import Backend, HFBackend
 from seekrl.agent.rollout import RolloutConfig, RolloutEngine
 from seekrl.agent.trajectory import Trajectory, write_trajectories
-from seekrl.config import DATA_PROMPT, DEFAULT_MAX_INFO_TOKENS
+from seekrl.config import DATA_PROMPT, EpisodeSettings
 from seekrl.data.benchmarks import hop_averages, spec_name, split_name
 from seekrl.data.qa import FOLDER_SPLITS, QAExample, folder_split, load_qa
 from seekrl.errors import DataError
@@ -46,7 +46,7 @@ from seekrl.retrieval.base import RetrievalError, Retriever
 from seekrl.rewards.metrics import cover_em, exact_match, f1_score
 
 __all__ = ["GENERIC_STEMS", "answer_scores", "dataset_name", "describe_retriever",
-           "eval_rollout_config", "evaluate", "load_eval_data",
+           "eval_rollout_config", "eval_settings", "evaluate", "load_eval_data",
            "pass_at_k", "protocol_record", "score_trajectories", "write_run"]
 
 # File stems that say which split, not which data set: the folder names the data set.
@@ -290,18 +290,30 @@ def protocol_record(cfg: RolloutConfig, tokenizer,
 # ------------------------------------------------------------------------------- running
 
 
-def eval_rollout_config(section=None, *, method: str = "agent", n_samples: int = 1,
+def eval_rollout_config(section=None, *, n_samples: int = 1,
                         temperature: float | None = None, **kw: Any) -> RolloutConfig:
-    """The engine's settings for an evaluation (`RolloutConfig.of(section, **kw)`: an
-    `eval:` section's limits, or the defaults) with the eval defaults for decoding: greedy
-    for one sample, sampling at T = 1.0 for K > 1; `temperature=0` forces greedy."""
+    """The engine's settings for an evaluation (`RolloutConfig.of(section, **kw)`: episode
+    settings, such as `eval_settings` gives or `seekrl eval`'s options make, or the
+    defaults) with the eval defaults for decoding: greedy for one sample, sampling at
+    T = 1.0 for K > 1; `temperature=0` forces greedy."""
     if temperature is None:
         temperature = 0.0 if n_samples == 1 else 1.0
     if temperature < 0:
         raise ValueError(f"temperature: expected >= 0 (0 = greedy), got {temperature}")
     greedy = temperature == 0
-    return RolloutConfig.of(section, **kw, method=method, n_samples=n_samples, greedy=greedy,
+    return RolloutConfig.of(section, **kw, n_samples=n_samples, greedy=greedy,
                             temperature=1.0 if greedy else temperature)
+
+
+def eval_settings(cfg, episode: EpisodeSettings | None = None) -> EpisodeSettings:
+    """The episode settings an evaluation plays: the run's (`episode`, its `rollout:`
+    section; None: the defaults) as an agent that searches the real index (a run that
+    trains on self-search or another method is measured as a searching agent), with the
+    limits the `eval:` section `cfg` sets on top."""
+    limits = {k: v for k in ("max_turns", "max_new_tokens", "batch_size")
+              if (v := getattr(cfg, k, None)) is not None}
+    return (episode if episode is not None else EpisodeSettings()).episode_settings().model_copy(
+        update={"method": "agent", "self_search": False, **limits})
 
 
 def describe_retriever(retriever: Retriever | None) -> dict[str, Any] | None:
@@ -411,40 +423,41 @@ def evaluate(model, tokenizer, retriever: Retriever | None,
     return metrics
 
 
-def eval_policy(model, tokenizer, retriever, cfg, out_dir: str | Path, *, topk: int,
-                max_info_tokens: int = DEFAULT_MAX_INFO_TOKENS, prompt: str = "seekrl",
-                console=None, run_info: dict | None = None, limit: int | None = None,
-                attention: str = "default", temperature: float = 1.0,
-                **episode: Any) -> dict[str, Any]:
+def eval_policy(model, tokenizer, retriever, cfg, out_dir: str | Path, *,
+                episode: EpisodeSettings | None = None, console=None,
+                run_info: dict | None = None, limit: int | None = None,
+                **settings: Any) -> dict[str, Any]:
     """Greedy agent evaluation on the first `cfg.n` questions of `cfg.data` (`cfg`: an
     `EvalConfig`, the `eval:` section of the SFT and RL configs), as the recipes run it
     during and after training; writes the run folder (tables, trajectories, viewer) and
-    returns the average metrics row. `episode`: more episode settings of the run's
-    `rollout:` section (tools, snippet_words, max_queries) the policy plays with;
-    `attention`, how its decoding computes attention (rollout.attention). With
-    `cfg.samples` K > 0, the same questions are also sampled K times at `temperature` into
-    `out_dir/sampled`, and the returned metrics hold that run's average as `sampled`
-    (pass@1 = its `em`, and `pass@K`)."""
+    returns the average metrics row. The policy plays the run's `episode` settings (its
+    `rollout:` section: prompt, tools, limits, attention; `eval_settings`). With
+    `cfg.samples` K > 0, the same questions are also sampled K times at the episodes'
+    temperature into `out_dir/sampled`, and the returned metrics hold that run's average
+    as `sampled` (pass@1 = its `em`, and `pass@K`). `settings`: the episode settings one
+    by one instead of `episode` (`topk=...`), as recipes/train.py passes them."""
     from seekrl.eval.report import write_viewer
 
+    if settings:
+        if episode is not None:
+            raise TypeError("eval_policy: give the episode settings as `episode` or one by "
+                            "one, not both")
+        episode = EpisodeSettings(**settings)
+    play = eval_settings(cfg, episode)
     data = load_eval_data([cfg.data], limit=limit or cfg.n)
-    rollout = eval_rollout_config(cfg, method="agent", topk=topk, max_info_tokens=max_info_tokens,
-                                  prompt=prompt, **episode)
     was_training = model.training
     model.eval()
     try:
-        metrics = evaluate(model, tokenizer, retriever, data, rollout, out_dir,
-                           backend=HFBackend(model, tokenizer, attention=attention),
+        metrics = evaluate(model, tokenizer, retriever, data, eval_rollout_config(play),
+                           out_dir, backend=HFBackend(model, tokenizer, attention=play.attention),
                            run_info=run_info, progress=console is not None, console=console)
         samples = getattr(cfg, "samples", 0)
         if samples:
-            sampled_cfg = eval_rollout_config(cfg, method="agent", topk=topk,
-                                              max_info_tokens=max_info_tokens, prompt=prompt,
-                                              n_samples=samples, temperature=temperature,
-                                              **episode)
+            sampled_cfg = eval_rollout_config(play, n_samples=samples,
+                                              temperature=play.temperature)
             sampled = evaluate(model, tokenizer, retriever, data, sampled_cfg,
                                Path(out_dir) / "sampled",
-                               backend=HFBackend(model, tokenizer, attention=attention),
+                               backend=HFBackend(model, tokenizer, attention=play.attention),
                                run_info=run_info, progress=console is not None,
                                console=console)
             metrics["sampled"] = sampled["average"]

@@ -1,19 +1,55 @@
 """The small pipeline's settings, shared by `seekrl demo`, `seekrl prorag` and the
-benchmarks that start from them: the world, greedy evaluation, the SFT warm-up's batching
-and the RL run's config tree."""
+benchmarks that start from them: a stage's config from its YAML preset (configs/demo,
+configs/prorag), the demo's settings and stages, and greedy evaluation."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
+from pydantic import BaseModel, Field
 from rich.console import Console
 
+from seekrl.config import (
+    EpisodeSettings,
+    SFTConfig,
+    Strict,
+    TrainConfig,
+    build_config,
+    merged,
+    read_config_file,
+    with_keys,
+)
 
-@dataclass
-class DemoConfig:
-    seed: int = 0
-    model: str = "smollm2-135m"
+# the stage presets, YAML a user copies and edits: configs/ at the repository's root
+PRESETS = Path(__file__).resolve().parents[3] / "configs"
+
+C = TypeVar("C", bound=BaseModel)
+
+
+def stage_config(schema: type[C], preset: str | Path, *, keys: dict[str, Any],
+                 episode: EpisodeSettings | None = None, own: dict[str, Any] | None = None,
+                 then: dict[str, Any] | None = None, source: str) -> C:
+    """A pipeline stage's config, each layer over the one before: the pipeline's `episode`
+    settings (the stage's `rollout:` section), the preset file (a stage's own keys, e.g.
+    labelling's sampling temperature), the pipeline's `keys` (the stage's inputs and
+    outputs, its seed), the user's keys for the stage (`own`, a nested section), and `then`
+    (keys the pipeline derives from the stage's settings, e.g. a process method's). `keys`
+    and `then` are dotted; errors name `source`."""
+    tree = read_config_file(preset)
+    if episode is not None:
+        tree = merged({"rollout": episode.episode_settings().model_dump()}, tree)
+    tree = merged(with_keys(tree, keys, schema, where=source), own or {})
+    if then:
+        tree = with_keys(tree, then, schema, where=source)
+    return build_config(schema, tree, source=source)
+
+
+class DemoConfig(Strict):
+    """`seekrl demo`'s settings: its world, the episodes every stage plays, its evaluations,
+    and keys of its two stages over their presets (`presets`/sft.yaml and rl.yaml)."""
+    seed: int = 0                      # the world's and every stage's
+    model: str = "smollm2-135m"        # the policy the SFT warm-up starts from
     # every stage's dtype; auto: bf16-mixed on a CPU that multiplies bfloat16 natively
     # (0.72x the float32 RL step, no loss in greedy EM: bench/RESULTS.md), float32 elsewhere
     # (`seekrl demo` says auto; the benchmarks and `seekrl prorag` keep float32 unless told)
@@ -21,37 +57,20 @@ class DemoConfig:
     # the world
     difficulty: str = "medium"
     doc_words: tuple[int, int] = (12, 30)
-    hop_mix: dict = field(default_factory=lambda: {1: 0.3, 2: 0.45, 3: 0.25})
-    k: int = 2                       # documents per search
-    max_info_tokens: int = 256
-    # evaluation (greedy, the same test questions before and after every stage)
-    n_test: int = 40
-    eval_max_turns: int = 4
-    eval_max_new_tokens: int = 128   # holds every oracle turn (longest 103 tokens; a test)
-    # SFT warm-up
-    sft_steps: int = 20
-    sft_batch: int = 8               # episodes per optimizer step
-    sft_micro_batch: int = 2         # episodes per forward / backward (memory: 8 at once
-                                     # peaked at 10.4 GB, 2 x 4 accumulated at 3.4 GB, and
-                                     # ran faster with less padding)
-    sft_lr: float = 2e-4
-    train_layers: int | None = 16    # top blocks trained (None: all)
-    # RL
-    rl_steps: int = 3                # a fixed number of steps: the same run on every machine
-    rl_minutes: float | None = None  # or stop RL after the step that passes this budget
-    advantage: str = "grpo"          # 3 steps: GRPO's larger steps bought more here than
-                                     # dr_grpo's (0.225 vs 0.125); for long runs use dr_grpo
-    questions_per_step: int = 8
-    group_size: int = 4
-    rl_lr: float = 3e-5
-    rl_micro_batch: int = 2          # episodes per forward / backward in the update: each
-                                     # costs ~0.8 GB of activations (8 at once peaked at
-                                     # 8.5 GB, 4 at 5.2 GB); 2 halves a group's shared
-                                     # prompt pass
-    temperature: float = 1.0
-    kl_coef: float = 0.0
-    process: str | None = None       # a process method (rl/methods.py) run next to outcome RL
-    n_show: int = 2                  # test questions whose retrieval is printed
+    hop_mix: dict[int, float] = {1: 0.3, 2: 0.45, 3: 0.25}
+    # the episodes: the oracle searches topk documents, SFT lays its episodes out with them,
+    # RL plays them, every evaluation plays them greedily. 2 documents a search, 256-token
+    # information blocks; 128 tokens a turn hold every oracle turn (longest 103; a test)
+    rollout: EpisodeSettings = EpisodeSettings(topk=2, max_info_tokens=256)
+    n_test: int = Field(40, ge=1)      # test questions, the same at every evaluation
+    n_show: int = Field(2, ge=0)       # test questions whose retrieval is printed
+    process: str | None = None         # a process method (rl/methods.py) run next to outcome RL
+    presets: Path | None = None        # a folder with sft.yaml and rl.yaml; None: configs/demo
+    # episodes per SFT optimizer step (--sft-batch), as micro-batches of sft.yaml's
+    # batch_size; None: sft.yaml's batch_size x grad_accum
+    sft_batch: int | None = Field(None, ge=1)
+    sft: dict[str, Any] = {}           # SFTConfig keys over sft.yaml (--sft-steps: max_steps)
+    rl: dict[str, Any] = {}            # TrainConfig keys over rl.yaml (--rl-steps: steps)
 
 
 def demo_dtype(cfg: DemoConfig) -> str:
@@ -63,65 +82,74 @@ def demo_dtype(cfg: DemoConfig) -> str:
     return "bf16-mixed" if cpu_multiplies_bf16() else "float32"
 
 
-def sft_batching(cfg: DemoConfig) -> dict[str, int]:
-    """`sft_batch` episodes per optimizer step as micro-batches of `sft_micro_batch`
-    (the same gradient: the loss is normalised over the step's tokens)."""
-    accum = max(1, cfg.sft_batch // max(1, cfg.sft_micro_batch))
-    return {"batch_size": max(1, cfg.sft_batch // accum), "grad_accum": accum}
+def _preset(cfg: DemoConfig, name: str) -> Path:
+    return (Path(cfg.presets) if cfg.presets is not None else PRESETS / "demo") / name
 
 
-def sft_config(cfg: DemoConfig, data: str | Path, out: str | Path, **overrides):
-    """The demo's SFT warm-up as an `SFTConfig` (the benchmarks start from it too):
-    `sft_steps` steps of `sft_batch` episodes, the top `train_layers` blocks, the turn limit
-    of the demo's rollouts; `overrides` replace any key."""
-    from seekrl.config import SFTConfig
+def demo_world(cfg: DemoConfig):
+    """The demo's synthetic world (`seekrl prorag` builds the same)."""
+    from seekrl.data.world import WorldConfig
 
-    settings = {"model": cfg.model, "data": str(data), "out": str(out), "seed": cfg.seed,
-                "max_steps": cfg.sft_steps, **sft_batching(cfg),
-                "max_info_tokens": cfg.max_info_tokens, "topk": cfg.k,
-                "train_layers": cfg.train_layers, "max_new_tokens": cfg.eval_max_new_tokens,
-                "dtype": demo_dtype(cfg),
-                "optim": {"lr": cfg.sft_lr, "warmup_steps": 2, "min_lr_ratio": 0.1}}
-    return SFTConfig(**{**settings, **overrides})
+    return WorldConfig(seed=cfg.seed, difficulty=cfg.difficulty, doc_words=cfg.doc_words,
+                       hop_mix=cfg.hop_mix)
 
 
-def rl_config_tree(cfg: DemoConfig, *, model: str, train_file: str | Path,
-                   index_dir: str | Path, out: str | Path, steps: int,
-                   budget_tokens: int | None = None) -> dict:
-    """The demo's RL settings as a `TrainConfig` tree (the benchmarks start from it too)."""
-    return {
-        "model": str(model), "data": str(train_file), "index": str(index_dir),
-        "out": str(out), "seed": cfg.seed, "save_every": 0, "steps": steps,
-        "dtype": demo_dtype(cfg),
-        "max_minutes": cfg.rl_minutes, "max_rollout_tokens": budget_tokens,
-        "questions_per_step": cfg.questions_per_step, "group_size": cfg.group_size,
-        "train_layers": cfg.train_layers,
-        "rollout": {"max_turns": cfg.eval_max_turns, "max_new_tokens": cfg.eval_max_new_tokens,
-                    "topk": cfg.k, "max_info_tokens": cfg.max_info_tokens,
-                    "temperature": cfg.temperature},
-        "algo": {"advantage": cfg.advantage, "kl_coef": cfg.kl_coef,
-                 "mini_batch_size": cfg.questions_per_step * cfg.group_size,
-                 "micro_batch_size": cfg.rl_micro_batch},
-        "optim": {"lr": cfg.rl_lr, "schedule": "constant"}}
+def sft_config(cfg: DemoConfig, data: str | Path, out: str | Path, **keys: Any) -> SFTConfig:
+    """The demo's SFT warm-up (the benchmarks start from it too): sft.yaml playing the
+    demo's episodes, with its model, seed and dtype, `data` and `out`, `cfg.sft` and then
+    `keys` on top. `cfg.sft_batch` episodes a step are micro-batches of the resolved
+    `batch_size` (the same gradient: the loss is normalised over the step's tokens)."""
+    def build(then: dict[str, Any]) -> SFTConfig:
+        return stage_config(SFTConfig, _preset(cfg, "sft.yaml"), episode=cfg.rollout,
+                            keys={"model": cfg.model, "data": str(data), "out": str(out),
+                                  "seed": cfg.seed, "dtype": demo_dtype(cfg)},
+                            own=merged(cfg.sft, keys), then=then, source="demo sft")
+
+    sft = build({})
+    if cfg.sft_batch is None:
+        return sft
+    accum = max(1, cfg.sft_batch // sft.batch_size)
+    return build({"batch_size": max(1, cfg.sft_batch // accum), "grad_accum": accum})
 
 
-def evaluate_greedy(model_name: str, run_dir: Path, *, index, test_file: Path, cfg: DemoConfig,
-              console: Console) -> dict:
-    """Greedy agent evaluation with the demo's settings; the average metrics row."""
+def rl_config(cfg: DemoConfig, *, model: str | Path, train_file: str | Path,
+              index_dir: str | Path, out: str | Path, keys: dict[str, Any] | None = None,
+              budget_tokens: int | None = None) -> TrainConfig:
+    """The demo's RL stage (the benchmarks start from it too): rl.yaml playing the demo's
+    episodes, with its seed and dtype and these inputs, `cfg.rl` on top, then `keys` (a
+    process method's, dotted). One update a step: `algo.mini_batch_size` is
+    questions_per_step x group_size unless `cfg.rl` sets it. With `budget_tokens`, the run
+    stops at that many generated rollout tokens, within 10x its steps."""
+    inputs = {"model": str(model), "data": str(train_file), "index": str(index_dir),
+              "out": str(out), "seed": cfg.seed, "dtype": demo_dtype(cfg)}
+
+    def build(then: dict[str, Any]) -> TrainConfig:
+        return stage_config(TrainConfig, _preset(cfg, "rl.yaml"), episode=cfg.rollout,
+                            keys=inputs, own=cfg.rl, then=then, source="demo rl")
+
+    first = build({})
+    then: dict[str, Any] = {}
+    if "mini_batch_size" not in (cfg.rl.get("algo") or {}):
+        then["algo.mini_batch_size"] = first.questions_per_step * first.group_size
+    if budget_tokens is not None:
+        then.update(max_rollout_tokens=budget_tokens, steps=10 * first.steps)
+    return build({**then, **(keys or {})})
+
+
+def evaluate_greedy(model_name: str, run_dir: Path, *, index, test_file: Path,
+                    episode: EpisodeSettings, n: int, dtype: str, console: Console) -> dict:
+    """Greedy agent evaluation of the first `n` questions of `test_file`, playing
+    `episode` in one batch (a tail batch of a few episodes would decode as many steps for
+    a fraction of the tokens); the average metrics row."""
     from seekrl.config import EvalConfig
     from seekrl.eval.evaluate import eval_policy
     from seekrl.models import load_policy
 
-    policy, tokenizer = load_policy(model_name, dtype=demo_dtype(cfg))
+    policy, tokenizer = load_policy(model_name, dtype=dtype)
     metrics = eval_policy(policy, tokenizer, index,
-                          EvalConfig(data=str(test_file), n=cfg.n_test,
-                                     max_turns=cfg.eval_max_turns,
-                                     max_new_tokens=cfg.eval_max_new_tokens,
-                                     # one batch: a tail batch of a few episodes would
-                                     # decode as many steps for a fraction of the tokens
-                                     batch_size=min(cfg.n_test, 64)),
-                          run_dir, topk=cfg.k, max_info_tokens=cfg.max_info_tokens,
-                          console=console, run_info={"model": model_name})
+                          EvalConfig(data=str(test_file), n=n, batch_size=min(n, 64)),
+                          run_dir, episode=episode, console=console,
+                          run_info={"model": model_name})
     avg = metrics["average"]
     console.print(f"EM {avg['em']:.3f}  F1 {avg['f1']:.3f}  valid format "
                   f"{avg['valid_format']:.2f}  searches {avg['searches']:.2f}  -> "

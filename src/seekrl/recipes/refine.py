@@ -436,10 +436,7 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
         return {**summary, "final": str(final), "minutes": round((time.time() - started) / 60, 2)}
     sft_cfg = SFTConfig(model=cfg.model, data=str(data), out=str(out / "sft"), index=cfg.index,
                         seed=cfg.seed, max_steps=cfg.steps, batch_size=cfg.batch_size,
-                        grad_accum=cfg.grad_accum,
-                        max_info_tokens=r.max_info_tokens, topk=r.topk,
-                        max_new_tokens=r.max_new_tokens, prompt=r.prompt,
-                        max_queries=r.max_queries,
+                        grad_accum=cfg.grad_accum, rollout=r.episode_settings(),
                         train_layers=cfg.train_layers, lora=cfg.lora, optim=cfg.optim,
                         dtype=cfg.dtype, device=cfg.device, log_every=5)
     from seekrl.recipes.sft import run_sft

@@ -97,7 +97,7 @@ def turn_limit_warning(examples: list[SFTExample], limit: int) -> str | None:
     return (f"{len(over)} of {len(examples)} episodes ({len(over) / len(examples):.0%}) hold "
             f"a turn longer than the turn limit of {limit} tokens (longest {longest} tokens, "
             f"{where}): rollouts cut such turns, so a policy that learns them writes invalid "
-            f"ones. Raise the limit (max_new_tokens here and rollout.max_new_tokens in RL) or "
+            f"ones. Raise the limit (rollout.max_new_tokens, here and in RL) or "
             f"shorten those turns.")
 
 
@@ -422,10 +422,12 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
     set_seed(cfg.seed)
     if model is None:   # the data is read with the tokenizer alone: bad lines fail fast
         tokenizer = load_tokenizer(cfg.model)
-    examples, skipped = load_sft_examples(cfg.data, tokenizer, max_info_tokens=cfg.max_info_tokens,
+    episode = cfg.rollout
+    examples, skipped = load_sft_examples(cfg.data, tokenizer,
+                                          max_info_tokens=episode.max_info_tokens,
                                           max_len=cfg.max_len, only_complete=cfg.only_complete,
-                                          limit=cfg.limit, prompt=cfg.prompt,
-                                          max_queries=cfg.max_queries)
+                                          limit=cfg.limit, prompt=episode.prompt,
+                                          max_queries=episode.max_queries)
     digest = episodes_digest(examples)
     if checkpoint is not None:
         check_resume_data(checkpoint, examples, cfg.data)
@@ -456,7 +458,7 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
     dump_config(cfg, out / "config.yaml")
     log = MetricsLog(out / "metrics.jsonl", resume=resume)
     pad_id = pad_id_of(tokenizer)
-    turn_limit = cfg.max_new_tokens or cfg.eval.max_new_tokens
+    turn_limit = cfg.rollout.max_new_tokens
     too_long = turn_limit_warning(examples, turn_limit)
     if too_long:
         say(f"[yellow]warning:[/] {too_long}")
@@ -534,8 +536,6 @@ def _eval_retriever(cfg: SFTConfig):
 
 
 def _dev_eval(model, tokenizer, retriever, cfg: SFTConfig, out_dir: Path) -> dict[str, Any]:
-    metrics = eval_policy(model, tokenizer, retriever, cfg.eval, out_dir, topk=cfg.topk,
-                          max_info_tokens=cfg.max_info_tokens, prompt=cfg.prompt,
-                          max_queries=cfg.max_queries)
+    metrics = eval_policy(model, tokenizer, retriever, cfg.eval, out_dir, episode=cfg.rollout)
     avg = metrics["average"]
     return {k: avg[k] for k in ("em", "f1", "valid_format", "searches", "questions")}
