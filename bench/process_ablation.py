@@ -318,6 +318,8 @@ def _run_config(method: str, seed: int, budget: int | None, args, demo, sft: Pat
     if args.eval_every:
         rl["eval"] = {"data": str(world_dir / "dev.jsonl"), "n": args.n_test,
                       "every": args.eval_every, "at_start": False,
+                      "max_turns": demo.rollout.max_turns,
+                      "max_new_tokens": demo.rollout.max_new_tokens,
                       "batch_size": args.eval_batch}
     run_cfg = demo.model_copy(update={
         "seed": seed, "rl": with_keys(rl, args.overrides, TrainConfig, where="--set")})
