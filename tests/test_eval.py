@@ -114,7 +114,8 @@ def test_score_trajectories_matches_hand_computed_values():
                           "f1": (2 / 3 + 0.25) / 2, "cover_em": 0.5, "valid_format": 0.875,
                           "searches": 0.5, "turns": 1.5, "queries": 0.5,
                           "generated_tokens": 6.0, "evidence_recall": 0.375,
-                          "pass@2": 0.75, "one_search": 0.25, "planned_lookups": None, "evidence_complete": 0.25,
+                          "pass@2": 0.75, "one_search": 0.25,
+                          "planned_lookups": None, "evidence_complete": 0.25,
                           "em_evidence_complete": 1.0})
     # per type: only A has types; each type is one question here
     assert list(m["by_type"]) == ["A"]

@@ -425,8 +425,7 @@ def evaluate(model, tokenizer, retriever: Retriever | None,
 
 def eval_policy(model, tokenizer, retriever, cfg, out_dir: str | Path, *,
                 episode: EpisodeSettings | None = None, console=None,
-                run_info: dict | None = None, limit: int | None = None,
-                **settings: Any) -> dict[str, Any]:
+                run_info: dict | None = None, limit: int | None = None) -> dict[str, Any]:
     """Greedy agent evaluation on the first `cfg.n` questions of `cfg.data` (`cfg`: an
     `EvalConfig`, the `eval:` section of the SFT and RL configs), as the recipes run it
     during and after training; writes the run folder (tables, trajectories, viewer) and
@@ -434,15 +433,9 @@ def eval_policy(model, tokenizer, retriever, cfg, out_dir: str | Path, *,
     `rollout:` section: prompt, tools, limits, attention; `eval_settings`). With
     `cfg.samples` K > 0, the same questions are also sampled K times at the episodes'
     temperature into `out_dir/sampled`, and the returned metrics hold that run's average
-    as `sampled` (pass@1 = its `em`, and `pass@K`). `settings`: the episode settings one
-    by one instead of `episode` (`topk=...`), as recipes/train.py passes them."""
+    as `sampled` (pass@1 = its `em`, and `pass@K`)."""
     from seekrl.eval.report import write_viewer
 
-    if settings:
-        if episode is not None:
-            raise TypeError("eval_policy: give the episode settings as `episode` or one by "
-                            "one, not both")
-        episode = EpisodeSettings(**settings)
     play = eval_settings(cfg, episode)
     data = load_eval_data([cfg.data], limit=limit or cfg.n)
     was_training = model.training

@@ -813,15 +813,11 @@ class Trainer:
     def evaluate(self, out_dir: Path) -> dict[str, Any]:
         """Rank 0 evaluates the policy on `eval.data`; the others return {} (with sharded
         weights they take part in gathering them first) and `train` hands them rank 0's."""
-        r = self.cfg.rollout
         with self.full_weights():
             if not self.dist.main:
                 return {}
             metrics = eval_policy(self.model, self.tokenizer, self.retriever, self.cfg.eval,
-                                  out_dir, topk=r.topk, max_info_tokens=r.max_info_tokens,
-                                  prompt=r.prompt, tools=r.tools, snippet_words=r.snippet_words,
-                                  max_queries=r.max_queries, attention=r.attention,
-                                  temperature=r.temperature)
+                                  out_dir, episode=self.cfg.rollout)
         return dev_figures(metrics)
 
 
