@@ -922,11 +922,11 @@ def test_the_trainer_decays_its_learning_rate_by_the_budget_spent(world, tiny, t
 def test_the_update_runs_in_the_mode_of_the_old_logprobs(world, tiny, tmp_path, monkeypatch):
     """With LoRA dropout 0.5, old log-probs in eval mode and new ones in train mode made the
     first ratio of an update far from 1; in one mode it is exactly 1."""
-    from seekrl.rl import update as update_mod
+    from seekrl.rl.loss import POLICY_LOSSES
 
     ratios = []
-    real = update_mod.policy_loss
-    monkeypatch.setattr(update_mod, "policy_loss",
+    real = POLICY_LOSSES["ppo_clip"]
+    monkeypatch.setitem(POLICY_LOSSES, "ppo_clip",
                         lambda *a, **k: (lambda out: ratios.append(out[1]["ratio_mean"]) or out)(
                             real(*a, **k)))
     cfg = make_cfg(tmp_path, **{"lora": {"enabled": True, "r": 4, "dropout": 0.5},
@@ -1369,3 +1369,21 @@ def test_a_step_says_what_it_does_before_it_ends(world, tiny, tmp_path):
     text = out.getvalue()
     assert "step 1 rollouts" in text
     assert "step 1: 4 episodes in" in text and "(4 optimizer steps)" in text
+
+
+def test_the_policy_loss_is_chosen_by_name(world, tiny, tmp_path, monkeypatch):
+    from seekrl.recipes.train import check_config
+    from seekrl.rl.loss import POLICY_LOSSES, policy_loss
+
+    assert POLICY_LOSSES["ppo_clip"] is policy_loss
+    with pytest.raises(ConfigError, match="algo.policy_loss: expected one of ppo_clip"):
+        check_config(make_cfg(tmp_path, **{"algo.policy_loss": "nosuch"}))
+    seen = []
+
+    def mine(*a, **k):
+        seen.append(1)
+        return policy_loss(*a, **k)
+
+    monkeypatch.setitem(POLICY_LOSSES, "mine", mine)
+    make_trainer(make_cfg(tmp_path, **{"algo.policy_loss": "mine"}), world, tiny).step(1)
+    assert seen   # every micro-batch's loss came from the named function

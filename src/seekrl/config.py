@@ -561,6 +561,8 @@ class AlgoConfig(Strict):
                                         # mypkg.credit:median_baseline); gae: PPO with a critic
                                         # (dr_grpo: GRPO without the std, which collapsed
                                         # one of two long runs in bench/RESULTS.md)
+    policy_loss: str = "ppo_clip"       # a registered policy loss (rl/loss.py POLICY_LOSSES):
+                                        # ppo_clip, PPO's clipped surrogate with dual clip
     epochs: int = Field(1, ge=1)        # passes over each batch (K)
     mini_batch_size: int = Field(32, ge=1)   # episodes per optimizer step
     micro_batch_size: int = Field(8, ge=1)   # episodes per forward/backward (at most)

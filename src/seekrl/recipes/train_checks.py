@@ -30,7 +30,7 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
     from seekrl.rewards.outcome import OUTCOMES
     from seekrl.rewards.process import PROCESS_REWARDS, add_process_path
     from seekrl.rl.advantages import ESTIMATORS, FACTS, add_estimator_path
-    from seekrl.rl.loss import AGGREGATIONS
+    from seekrl.rl.loss import AGGREGATIONS, POLICY_LOSSES
 
     algo = cfg.algo
     check_log_packages(cfg.log)
@@ -52,6 +52,7 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
         add_estimator_path(algo.advantage)
     check_name("algo.advantage", algo.advantage, ESTIMATORS)
     check_name("algo.loss_agg", algo.loss_agg, AGGREGATIONS)
+    POLICY_LOSSES.lookup(algo.policy_loss, "algo.policy_loss")
     facts = FACTS[algo.advantage]
     if algo.kl_coef > 0 and not algo.kl_in_reward and algo.kl_estimator == "k1":
         raise ConfigError(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from seekrl.plugins import Registry
+
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                 "seq-mean-token-sum-norm")
 
@@ -84,6 +86,13 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
             "ratio_mean": float((ratio * m).sum() / n),
         }
     return loss, stats
+
+
+# policy losses by name (`algo.policy_loss`), as the advantage estimators are: each takes
+# (logprobs, old_logprobs, advantages, mask) and the update's keywords (clip_low,
+# clip_high, clip_c, agg, norm_length, token_weights) and returns (loss, figures)
+POLICY_LOSSES: Registry = Registry("policy loss", key="algo.policy_loss")
+POLICY_LOSSES.add("ppo_clip", policy_loss)
 
 
 def tis_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor,

@@ -20,7 +20,14 @@ import torch
 
 from seekrl.agent.trajectory import Trajectory
 from seekrl.models import collate
-from seekrl.rl.loss import aggregate, kl_penalty, llds_penalty, policy_loss, tis_weights, value_loss
+from seekrl.rl.loss import (
+    POLICY_LOSSES,
+    aggregate,
+    kl_penalty,
+    llds_penalty,
+    tis_weights,
+    value_loss,
+)
 from seekrl.rl.sampling import split_micro_batches
 
 
@@ -144,7 +151,8 @@ class PolicyUpdate:
             if algo.tis_cap:
                 weights, tis = tis_weights(old, behaviour, mask, algo.tis_cap)
                 mismatch.update(tis)
-        loss, s = policy_loss(logp, old, adv, mask, clip_low=algo.clip_low,
+        loss_fn = POLICY_LOSSES.lookup(algo.policy_loss, "algo.policy_loss")
+        loss, s = loss_fn(logp, old, adv, mask, clip_low=algo.clip_low,
                               clip_high=algo.clip_high, clip_c=algo.clip_ratio_c,
                               agg=algo.loss_agg, norm_length=norm_length,
                               token_weights=weights)
