@@ -410,7 +410,7 @@ def test_a_section_given_in_part_keeps_the_recipes_own_defaults():
                            [] if section else ["optim.lr=2e-6"])
         assert (cfg.optim.lr, cfg.optim.schedule) == (2e-6, "constant")
     cosine = build_config(TrainConfig, {"data": "d", "optim": {"schedule": "cosine"}})
-    assert (cosine.optim.lr, cosine.optim.schedule) == (1e-6, "cosine")
+    assert (cosine.optim.lr, cosine.optim.schedule) == (1e-5, "cosine")
     assert build_config(SFTConfig, {"data": "d", "optim": {"lr": 1e-4}}).optim.warmup_steps == 5
     labels = build_config(LabelConfig, {"data": "d", "model": "m", "index": "i",
                                         "rollout": {"max_turns": 3}})

@@ -798,7 +798,9 @@ class TrainConfig(Strict):
     # and optimizer state in every process; fsdp shards them over the processes (PyTorch
     # FSDP2, ZeRO-3's memory), gathering the full weights for rollouts (rl/distributed.py)
     shard: Literal["none", "fsdp"] = "none"
-    optim: RLOptimConfig = RLOptimConfig(lr=1e-6, schedule="constant")
+    # the rate the learning comparisons ran the default 135M policy at; a 1-7B policy
+    # trains at about 1e-6 (Search-R1's)
+    optim: RLOptimConfig = RLOptimConfig(lr=1e-5, schedule="constant")
     eval: EvalConfig = EvalConfig()
     save_every: int = Field(5, ge=0)   # checkpoint every N steps (0: final only)
     keep_last: int = Field(2, ge=1)    # checkpoints kept on disk
