@@ -26,10 +26,10 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
     import path (`reward.fn`, `retriever`, a `reward.process` source, `algo.advantage`) are
     imported here and checked for their kind (seekrl/plugins.py); sources and estimators
     are registered under their path."""
-    from seekrl.plugins import check_retriever, is_import_path
+    from seekrl.plugins import check_retriever
     from seekrl.rewards.outcome import OUTCOMES
-    from seekrl.rewards.process import PROCESS_REWARDS, add_process_path
-    from seekrl.rl.advantages import ESTIMATORS, FACTS, add_estimator_path
+    from seekrl.rewards.process import PROCESS_REWARDS
+    from seekrl.rl.advantages import ESTIMATORS, FACTS
     from seekrl.rl.loss import AGGREGATIONS, POLICY_LOSSES
 
     algo = cfg.algo
@@ -40,17 +40,14 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
             check_tool_names(cfg.rollout.tools)
         except (TypeError, ValueError) as err:
             raise ConfigError(str(err)) from None
+    # the registries take your own parts by import path too (imported and registered here)
     if cfg.reward.fn:
         load_reward_fn(cfg.reward.fn)
     else:
-        check_name("reward.outcome", cfg.reward.outcome, OUTCOMES)
+        OUTCOMES.lookup(cfg.reward.outcome, "reward.outcome")
     for name in cfg.reward.process:
-        if is_import_path(name) and name not in PROCESS_REWARDS:
-            add_process_path(name)
-        check_name(f"reward.process.{name}", name, PROCESS_REWARDS)
-    if is_import_path(algo.advantage) and algo.advantage not in ESTIMATORS:
-        add_estimator_path(algo.advantage)
-    check_name("algo.advantage", algo.advantage, ESTIMATORS)
+        PROCESS_REWARDS.lookup(name, f"reward.process.{name}")
+    ESTIMATORS.lookup(algo.advantage, "algo.advantage")
     check_name("algo.loss_agg", algo.loss_agg, AGGREGATIONS)
     POLICY_LOSSES.lookup(algo.policy_loss, "algo.policy_loss")
     facts = FACTS[algo.advantage]
