@@ -14,8 +14,17 @@ compute ceiling, and on a GPU the share of the card's peak bf16 FLOP/s that deco
 `--arch` builds a model of that architecture with random weights (speed depends on the
 shapes, not the weights; the GPU machines have no network): the published Qwen2.5
 0.5B / 1.5B / 3B shapes, with the bundled tokenizer's vocabulary (49,152 rows instead of
-Qwen's 151,936, so the output layer is a third of theirs). Prints key=value lines; the last
-line is the summary with speedup_bN (against the baseline) and ceiling_frac_bN.
+Qwen's 151,936, so the output layer is a third of theirs; the bundled tokenizer alone is
+loaded, not the model's weights). `--backend static` runs the engine on the fixed-shape
+backend (agent/static_backend.py) instead of seekrl's HF loop.
+
+Each engine run's seconds are split: `decode_s` (the decoding steps alone), `prefill_s`
+(the backend's prefills) and `other_s` (retrieval, tokenising, the engine's own work), the
+backend's calls timed with the device synchronised; `decode_tok_s` is tokens per decoding
+second. The forward ceiling is one no-grad forward over 64 x 512 tokens or more on a GPU
+(CUDA events, the best of 3), over 8 mean-length episodes on a CPU. Prints key=value lines;
+the last line is the summary with speedup_bN (against the baseline), ceiling_frac_bN and
+decode_s_bN.
 """
 
 from __future__ import annotations
@@ -31,8 +40,9 @@ from seekrl.agent.backends import HFBackend
 from seekrl.agent.protocol import STOP_STRINGS, build_prompt, information_block, invalid_block, parse_action
 from seekrl.agent.rollout import RolloutConfig, RolloutEngine
 from seekrl.data.world import generate_world, write_world
-from seekrl.models import load_policy, mixed_precision, pad_id_of
+from seekrl.models import load_policy, load_tokenizer, mixed_precision, pad_id_of
 from seekrl.retrieval.index import build_index, load_index
+from seekrl.runtime import check_device
 
 # published shapes (config.json of each model); vocabulary: the bundled tokenizer's
 ARCHS = {
@@ -134,19 +144,79 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def forward_ceiling(model, lengths: list[int], batch: int = 8) -> float:
-    """Tokens/s of one no-grad forward pass over full sequences: the compute ceiling."""
-    seq = int(sum(lengths) / len(lengths))
+def forward_ceiling(model, lengths: list[int], batch: int | None = None,
+                    seq: int | None = None) -> tuple[float, str]:
+    """Tokens/s of a no-grad forward pass over full sequences (the compute ceiling) and how
+    it was measured. On a GPU: at least 64 sequences of at least 512 tokens (a smaller batch
+    leaves the card idle and understates the ceiling), timed with CUDA events, the best of
+    3 after a warm-up; on a CPU 8 sequences of the mean episode length, by the wall clock."""
     device = next(model.parameters()).device
+    cuda = device.type == "cuda"
+    mean = int(sum(lengths) / len(lengths))
+    batch = batch or (64 if cuda else 8)
+    seq = seq or (max(512, mean) if cuda else mean)
     ids = torch.randint(100, 20000, (batch, seq), device=device)
     with torch.no_grad():
         model(input_ids=ids, logits_to_keep=1)  # warm-up
         _sync(device)
-        started = time.perf_counter()
-        for _ in range(2):
-            model(input_ids=ids, logits_to_keep=1)
-        _sync(device)
-    return 2 * batch * seq / (time.perf_counter() - started)
+        best = float("inf")
+        for _ in range(3 if cuda else 2):
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                    enable_timing=True)
+                start.record()
+                model(input_ids=ids, logits_to_keep=1)
+                end.record()
+                end.synchronize()
+                seconds = start.elapsed_time(end) / 1000
+            else:
+                started = time.perf_counter()
+                model(input_ids=ids, logits_to_keep=1)
+                seconds = time.perf_counter() - started
+            best = min(best, seconds)
+    how = f"batch {batch} x {seq} tokens, {'CUDA events' if cuda else 'wall clock'}, best"
+    return batch * seq / best, how
+
+
+class PhaseClock:
+    """Times a backend's calls on the host clock, the device synchronised at each edge:
+    `generate` (prefill and decoding) and `_prefill` inside it; decoding is the difference.
+    What an engine run spends outside `generate` (retrieval, tokenising) is the rest."""
+
+    def __init__(self, backend, device):
+        self.device = device
+        self.generate_s = self.prefill_s = 0.0
+        self._wrap(backend, "generate", "generate_s")
+        if hasattr(backend, "_prefill"):
+            self._wrap(backend, "_prefill", "prefill_s")
+
+    def _wrap(self, backend, name: str, field: str) -> None:
+        inner = getattr(backend, name)
+
+        def timed(*args, **kwargs):
+            _sync(self.device)
+            started = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                _sync(self.device)
+                setattr(self, field, getattr(self, field) + time.perf_counter() - started)
+
+        setattr(backend, name, timed)
+
+    @property
+    def decode_s(self) -> float:
+        return self.generate_s - self.prefill_s
+
+
+def make_engine_backend(kind: str, model, tok, cfg: RolloutConfig):
+    """seekrl's HF loop, or the static backend (HFBackend with a warning where it refuses
+    the model)."""
+    if kind == "static":
+        from seekrl.agent.static_backend import static_backend
+
+        return static_backend(model, tok, max_len=cfg.max_total_tokens)
+    return HFBackend(model, tok)
 
 
 def main() -> None:
@@ -168,7 +238,10 @@ def main() -> None:
                         "default, eager, sdpa_math, sdpa_efficient, sdpa_flash, sdpa_cudnn)")
     p.add_argument("--baseline", default="sequential", choices=("sequential", "batched", "none"),
                    help="none: only the engine (with bf16-mixed, its cast comparison)")
+    p.add_argument("--backend", default="hf", choices=("hf", "static"),
+                   help="the engine's decoding backend: seekrl's HF loop or the static one")
     args = p.parse_args()
+    check_device(args.device)   # and SEEKRL_CUDNN_ATTENTION, as every seekrl command
     dtype = torch.bfloat16 if args.dtype == "bf16-mixed" else getattr(torch, args.dtype)
 
     work = Path(tempfile.mkdtemp(prefix="seekrl-bench-rollout-"))
@@ -176,12 +249,14 @@ def main() -> None:
     paths = write_world(world, work)
     retriever = load_index(build_index(paths["corpus"], work / "index", show_progress=False))
     questions = world.splits["test"][: args.questions]
-    model, tok = load_policy(dtype=args.dtype, device=args.device)
-    if args.arch:
+    if args.arch:   # random weights: the bundled tokenizer alone, not the model's weights
+        tok = load_tokenizer()
         model = build_arch(args.arch, tok, torch.float32 if args.dtype == "bf16-mixed"
                            else dtype, args.device)
         if args.dtype == "bf16-mixed":
             mixed_precision(model)
+    else:
+        model, tok = load_policy(dtype=args.dtype, device=args.device)
     from seekrl.models import attention_variant
 
     with attention_variant(model, args.attention):
@@ -194,14 +269,18 @@ def run(args, model, tok, retriever, questions, dtype) -> None:
     print(f"questions={len(questions)} max_new_tokens={args.max_new_tokens} "
           f"max_turns={args.max_turns} threads={torch.get_num_threads()} "
           f"model={args.arch or 'smollm2-135m'} params={params} dtype={args.dtype} "
-          f"device={args.device} gpu={gpu.replace(' ', '_') or '-'} attention={args.attention}")
+          f"device={args.device} gpu={gpu.replace(' ', '_') or '-'} attention={args.attention} "
+          f"backend={args.backend} cudnn_sdp={int(torch.backends.cuda.cudnn_sdp_enabled())}")
 
     results = {}
+    phases = {}
     lengths: list[int] = []
     for b in [int(x) for x in args.batches.split(",")]:
         cfg = RolloutConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
                             batch_size=b, greedy=True)
-        engine = RolloutEngine(HFBackend(model, tok), tok, retriever, cfg)
+        backend = make_engine_backend(args.backend, model, tok, cfg)
+        clock = PhaseClock(backend, args.device)
+        engine = RolloutEngine(backend, tok, retriever, cfg)
         if gpu:
             torch.cuda.reset_peak_memory_stats()
         _sync(args.device)
@@ -214,15 +293,29 @@ def run(args, model, tok, retriever, questions, dtype) -> None:
         tokens = sum(t.n_generated for t in trajs)
         lengths = [len(t.token_ids) for t in trajs]
         results[b] = tokens / seconds
+        phases[b] = (clock.decode_s, tokens)
         print(f"batched_b{b}_tokens={tokens} batched_b{b}_seconds={seconds:.1f} "
               f"batched_b{b}_tok_s={results[b]:.1f}")
+        print(f"batched_b{b}_decode_s={clock.decode_s:.2f} "
+              f"batched_b{b}_prefill_s={clock.prefill_s:.2f} "
+              f"batched_b{b}_other_s={seconds - clock.generate_s:.2f} "
+              f"batched_b{b}_decode_tok_s={tokens / max(clock.decode_s, 1e-9):.1f} "
+              f"(decode: the backend's decoding steps alone; other: retrieval, tokenising)")
     top = max(results)
+    decode_s, top_tokens = phases[top]
+    decode_part = (f" decode_s_b{top}={decode_s:.2f}"
+                   f" decode_tok_s_b{top}={top_tokens / max(decode_s, 1e-9):.1f}")
     cast_line = ""
     if args.dtype == "bf16-mixed":
         cast_line = " " + cast_ab(model, tok, retriever, questions, args, top)
-    if args.baseline == "none":
+    if args.baseline == "none":   # on a GPU the ceiling still (a second at 64 x 512)
+        ceiling_part = ""
+        if gpu:
+            ceiling, how = forward_ceiling(model, lengths)
+            print(f"forward_ceiling_tok_s={ceiling:.1f} (no-grad forward, {how})")
+            ceiling_part = f" ceiling_frac_b{top}={results[top] / ceiling:.3f}"
         print("summary: " + " ".join(f"b{b}={r:.1f}tok/s" for b, r in results.items())
-              + cast_line)
+              + decode_part + ceiling_part + cast_line)
         return
     cfg = RolloutConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens)
     if args.baseline == "batched":
@@ -232,9 +325,9 @@ def run(args, model, tok, retriever, questions, dtype) -> None:
     seq_rate = tokens / seconds
     name = "generate_b%d" % top if args.baseline == "batched" else "sequential"
     print(f"{name}_tokens={tokens} {name}_seconds={seconds:.1f} {name}_tok_s={seq_rate:.1f}")
-    ceiling = forward_ceiling(model, lengths)
-    print(f"forward_ceiling_tok_s={ceiling:.1f} (no-grad forward, mean episode length "
-          f"{sum(lengths) / len(lengths):.0f})")
+    ceiling, how = forward_ceiling(model, lengths)
+    print(f"forward_ceiling_tok_s={ceiling:.1f} (no-grad forward, {how}; mean episode "
+          f"length {sum(lengths) / len(lengths):.0f})")
     extra = ""
     peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in gpu), None)
     if peak is not None:   # decoding's FLOP/s (2 x parameters per token) against the card's
@@ -245,7 +338,7 @@ def run(args, model, tok, retriever, questions, dtype) -> None:
     print(f"summary: {key}={results[top] / seq_rate:.2f} "
           f"ceiling_frac_b{top}={results[top] / ceiling:.3f}{extra} "
           + " ".join(f"b{b}={r:.1f}tok/s" for b, r in results.items())
-          + f" {name}={seq_rate:.1f}tok/s" + cast_line)
+          + f" {name}={seq_rate:.1f}tok/s" + decode_part + cast_line)
 
 
 def cast_ab(model, tok, retriever, questions, args, batch: int, rounds: int = 2) -> str:

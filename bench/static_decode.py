@@ -98,6 +98,9 @@ def main() -> None:
 
     from seekrl.agent.backends import HFBackend
     from seekrl.agent.static_backend import StaticBackend
+    from seekrl.runtime import check_device
+
+    check_device(args.device)   # and SEEKRL_CUDNN_ATTENTION: HFBackend as seekrl runs it
 
     model, tok = build(args)
     ctx = contexts(tok, args)

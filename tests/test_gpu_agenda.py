@@ -1,30 +1,65 @@
-"""tools/gpu/run's stages at tiny size on the CPU (`--dry-run`), so that the GPU agenda
-(tools/gpu/AGENDA.md) runs the day a GPU is lent: each stage exits 0 and records its
-key=value lines in summary.txt."""
+"""tools/gpu/run's stages on the CPU, so that the GPU agenda (tools/gpu/AGENDA.md) runs the
+day a GPU is lent and loses nothing: `--dry-run` runs each stage's code at tiny size, and
+`--stand-in` runs the GPU's own commands as stand-ins that print and write as much as the
+real ones, to check that what would come back fits the device tool's limits and holds every
+stage's output; a stage past its deadline is killed with its children; cuDNN attention's
+process-wide switch."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import time
+import zipfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "tools" / "gpu" / "run"
+# every stage of the agenda, in its order
+AGENDA = ["unpack", "smoke", "static-check", "static-decode", "speed-remedy", "speed-train",
+          "speed-rollout", "speed-arch", "speed-decode", "learn-pair", "learn-report"]
 
 
-def run(tmp_path: Path, *stages: str) -> str:
+def invoke(tmp_path: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
     env.pop("OUT", None)
-    for stage in stages:
-        r = subprocess.run([sys.executable, str(RUN), stage, "--dry-run", "--out",
-                            str(tmp_path / "out"), "--state", str(tmp_path / "state")],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, (stage, r.stdout[-3000:], r.stderr[-3000:])
+    return subprocess.run([sys.executable, str(RUN), *args, "--out", str(tmp_path / "out"),
+                           "--state", str(tmp_path / "state")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def run(tmp_path: Path, *stages: str, mode: str = "--dry-run", extra=()) -> str:
+    r = invoke(tmp_path, *stages, mode, *extra)
+    assert r.returncode == 0, (stages, r.stdout[-3000:], r.stderr[-3000:])
     return (tmp_path / "out" / "summary.txt").read_text()
+
+
+def archived(tmp_path: Path) -> dict[str, bytes]:
+    with zipfile.ZipFile(tmp_path / "out" / "results.zip") as z:
+        return {name: z.read(name) for name in z.namelist()}
+
+
+def log(tmp_path: Path, name: str) -> str:
+    return archived(tmp_path)[f"logs/{name}.log"].decode()
+
+
+def check_what_comes_back(out: Path) -> list[Path]:
+    """The device tool's limits on $OUT: at most 8 files, no more than two folders down,
+    names of letters, digits, '.', '_' and '-', 16 MiB a file, 64 MiB together."""
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert 0 < len(files) <= 8, files
+    for f in files:
+        rel = f.relative_to(out)
+        assert len(rel.parts) <= 3, rel          # $OUT/a/b/file comes back
+        assert all(re.fullmatch(r"[A-Za-z0-9._-]+", part) for part in rel.parts), rel
+        assert f.stat().st_size <= 16 << 20, (rel, f.stat().st_size)
+    assert sum(f.stat().st_size for f in files) <= 64 << 20
+    return files
 
 
 def test_unknown_stage_is_one_line(tmp_path):
@@ -34,49 +69,206 @@ def test_unknown_stage_is_one_line(tmp_path):
         "run: unknown stage 'nonsense' (see tools/gpu/AGENDA.md)")
 
 
-def test_smoke_dry_run(tmp_path):
-    summary = run(tmp_path, "smoke")
+def test_the_whole_agenda_comes_back_within_the_limits(tmp_path):
+    """Every stage as the GPU runs it (all seeds of the learning pair: the largest
+    archive), each command a stand-in writing as much as the real one in incompressible
+    bytes: one archive and the summary come back, within the limits, with every command's
+    log and figures and every learning run's records."""
+    summary = run(tmp_path, *AGENDA, mode="--stand-in", extra=["--seeds", "0,1,2"])
+    files = check_what_comes_back(tmp_path / "out")
+    assert sorted(f.name for f in files) == ["results.zip", "summary.txt"]   # no live.log
+    calls = ["smoke", "static-check", "static-decode", "static-decode-1.5b",
+             "speed-remedy-default", "speed-remedy-cudnn-on", "speed-remedy-static",
+             "speed-train", "speed-rollout", "speed-arch", "speed-decode", "speed-decode-arch",
+             "learn-sft", "learn-start-eval", "learn-report",
+             *(f"learn-{m}-s{s}" for s in range(3) for m in ("outcome", "recall"))]
+    entries = archived(tmp_path)
+    for call in calls:
+        assert f"stage={call} dry_run=1 rc=0" in summary, call
+        assert f"stage={call} dry_run=1 stand_in=1 name={call}" in summary, call   # figures
+        assert log(tmp_path, call).count("stand-in line") == 400, call
+    assert "stage=unpack dry_run=1 imports_ok=" in summary and "tokenizer_ready=1" in summary
+    for s in range(3):
+        for m in ("outcome", "recall"):
+            for f in ("result.json", "metrics.jsonl.gz", "eval-test/metrics.json",
+                      "eval-test/per_question.json"):
+                assert f"learn/runs/{m}-s{s}/{f}" in entries, (m, s, f)
+    assert "learn/runs/eval-sft-test/per_question.json" in entries
+    assert "learn/runs/process_ablation.png" in entries
+    # the trajectories that did not fit are said, not lost silently
+    kept = [n for n in entries if n.endswith("trajectories.jsonl")]
+    if len(kept) < 6:
+        assert "stage=archive dry_run=1 full=1 left_out=" in summary
+
+
+def test_a_stage_past_its_deadline_is_killed_with_its_children(tmp_path):
+    """The deadline kills the stage's whole process group (a child it started too), the
+    stage is recorded as timed out, and the command goes on and ends."""
+    started = time.time()
+    r = invoke(tmp_path, "sleep-test", "smoke", "--stand-in", "--deadline", "3", timeout=120)
+    assert time.time() - started < 60
+    assert r.returncode == 1 and "sleep-test ran past its deadline" in r.stderr
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert re.search(r"^stage=sleep-test dry_run=1 rc=-?\d+ seconds=[\d.]+ timed_out=1 "
+                     r"deadline=3$", summary, re.M), summary
+    assert "stage=smoke dry_run=1 rc=0" in summary     # the next stage ran
+    assert "sleeping" in log(tmp_path, "sleep-test")
+
+    def alive(pid: int) -> bool:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        return state not in ("Z", "X")   # a zombie is dead (its parent is gone)
+
+    pids = [int(p) for p in (tmp_path / "state" / "sleep-test.pids").read_text().split()]
+    assert len(pids) == 2 and not any(alive(p) for p in pids)
+
+
+def test_the_budget_skips_what_no_longer_fits(tmp_path):
+    """--budget: a stage that expects more than is left is skipped and said; the ones
+    before it ran."""
+    summary = run(tmp_path, "smoke", "learn-pair", mode="--stand-in", extra=["--budget", "90"])
     assert "stage=smoke dry_run=1 rc=0" in summary
-    assert "greedy_same_episodes=4/4" in (tmp_path / "out" / "smoke.log").read_text() or \
-        "3 passed" in (tmp_path / "out" / "smoke.log").read_text()
+    assert re.search(r"^stage=learn-pair dry_run=1 skipped=budget left=\d+ expect=420$",
+                     summary, re.M), summary
+
+
+def test_speed_remedy_adds_the_settings_speed_decode_ranked(tmp_path):
+    """Without speed-decode: the default (cuDNN attention as SEEKRL_CUDNN_ATTENTION sets
+    it), cuDNN on, the static backend; with its ranking, its two best settings too."""
+    summary = run(tmp_path, "speed-remedy", mode="--stand-in")
+    assert [m for m in re.findall(r"^stage=speed-remedy-(\S+) dry_run=1 rc=0", summary, re.M)] \
+        == ["default", "cudnn-on", "static"]
+    (tmp_path / "out" / "summary.txt").write_text(
+        "stage=speed-decode dry_run=1 best=eager remedies=eager,default,sdpa_efficient,sdpa_math\n")
+    summary = run(tmp_path, "speed-remedy", mode="--stand-in")
+    assert re.findall(r"^stage=speed-remedy-(\S+) dry_run=1 rc=0", summary, re.M) == \
+        ["default", "cudnn-on", "static", "eager", "sdpa_efficient"]
+
+
+def test_first_call_dry_run(tmp_path):
+    """The first command of the agenda (no model file on the GPU machine) at tiny size: the
+    import check is in the summary (trl's failure visible where it is missing), smoke, the
+    static backend's checks and its decode bench."""
+    summary = run(tmp_path, "unpack", "smoke", "static-check", "static-decode")
+    line = re.search(r"^stage=unpack .*$", summary, re.M).group(0)
+    assert "imports_ok=pydantic:" in line and "tokenizer=ok:" in line
+    try:
+        import trl  # noqa: F401
+        assert "trl=ok" in line
+    except ImportError:
+        assert "trl=FAILED" in line and "imports_failed=trl:" in line
+    for stage in ("smoke", "static-check", "static-decode"):
+        assert f"stage={stage} dry_run=1 rc=0" in summary
+    assert "greedy_same_episodes=4/4" in log(tmp_path, "smoke") or \
+        "passed" in log(tmp_path, "smoke")
+    assert "same_tokens=True" in summary and "static_speedup=" in summary
+    check_what_comes_back(tmp_path / "out")
 
 
 @pytest.mark.slow
 def test_speed_dry_run(tmp_path):
     summary = run(tmp_path, "speed")
-    for stage in ("speed-rollout", "speed-arch", "speed-decode", "speed-train"):
-        assert f"stage={stage} dry_run=1 rc=0" in summary
+    for stage in ("speed-rollout", "speed-arch", "speed-decode", "speed-train",
+                  "speed-remedy-default", "speed-remedy-cudnn-on", "speed-remedy-static"):
+        assert f"stage={stage} dry_run=1 rc=0" in summary, stage
     assert "speedup_b2=" in summary and "agent_step=" in summary
     assert "decode_ms_seekrl=" in summary and "best=" in summary
-    log = (tmp_path / "out" / "speed-decode.log").read_text()
-    assert "decode_ms_hf_loop=" in log and "profile_host_ms_per_step=" in log
-    assert "decode_ms_hf_static=" in log and "static_compile_s=" in log
-    assert "decode_ms_hf_cb=" in log and "decode_ms_hf_cb=error" not in log
-    assert "decode_ms_seekrl_warm=" in log and "warm_gain_ms=" in summary
-    # speed-remedy reran the rollout bench under the two best settings, default first
-    assert "stage=speed-remedy-default dry_run=1 rc=0" in summary
+    assert "decode_s_b2=" in summary and "decode_tok_s_b2=" in summary
+    assert "stage=speed-train dry_run=1 trl_compared=0" in summary   # said, not silent
+    text = log(tmp_path, "speed-decode")
+    assert "decode_ms_hf_loop=" in text and "profile_host_ms_per_step=" in text
+    assert "decode_ms_hf_static=" in text and "static_compile_s=" in text
+    assert "decode_ms_hf_cb=" in text and "decode_ms_hf_cb=error" not in text
+    assert "decode_ms_seekrl_warm=" in text and "warm_gain_ms=" in summary
+    rollout = log(tmp_path, "speed-rollout")
+    assert "forward_ceiling_tok_s=" in rollout and "batched_b2_prefill_s=" in rollout
+    # speed-remedy reran the rollout bench under the two best settings too
     picks = re.search(r"^stage=speed-decode .*? remedies=(\S+)", summary, re.M).group(1)
     for pick in [p for p in picks.split(",") if p != "default"][:2]:
         assert f"stage=speed-remedy-{pick} dry_run=1 rc=0" in summary
-
-
-def test_speed_remedy_needs_speed_decode_first(tmp_path):
-    r = subprocess.run([sys.executable, str(RUN), "speed-remedy", "--dry-run", "--out",
-                        str(tmp_path / "out"), "--state", str(tmp_path / "state")], cwd=ROOT,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode == 1 and "run speed-decode first" in r.stderr
+    check_what_comes_back(tmp_path / "out")
 
 
 @pytest.mark.slow
-def test_learn_dry_run(tmp_path):
-    summary = run(tmp_path, "learn-sft", "learn-outcome-s0", "learn-evidence-s0",
-                  "learn-report")
-    assert "process_gain=" in summary
-    runs = tmp_path / "out" / "learn" / "runs"
-    assert (runs / "outcome-s0" / "result.json").is_file()
-    assert (runs / "evidence-s0" / "result.json").is_file()
-    assert (tmp_path / "out" / "process_ablation.png").is_file()
+def test_learn_pair_dry_run(tmp_path):
+    """Both arms of seed 0 at once at a fixed token budget, the start's evaluation beside
+    them, the report: every run's records in the archive."""
+    summary = run(tmp_path, "learn-pair")
+    for call in ("learn-outcome-s0", "learn-recall-s0", "learn-start-eval", "learn-report"):
+        assert f"stage={call} dry_run=1 rc=0" in summary, call
+    assert "process_gain=" in summary and "rl_gain=" in summary
+    entries = archived(tmp_path)
+    for arm in ("outcome-s0", "recall-s0"):
+        result = json.loads(entries[f"learn/runs/{arm}/result.json"])
+        assert result["budget"] == 24 and result["seed"] == 0
+        assert f"learn/runs/{arm}/metrics.jsonl.gz" in entries
+    assert "learn/runs/process_ablation.png" in entries
+    check_what_comes_back(tmp_path / "out")
+
+
+def test_the_cudnn_attention_switch():
+    """SEEKRL_CUDNN_ATTENTION: on / off everywhere; auto (unset) off on Hopper and torch's
+    own choice elsewhere; applied by check_device on CUDA, nothing off it."""
+    from seekrl.errors import DeviceError
+    from seekrl.runtime import cudnn_attention_wanted, use_cudnn_attention
+
+    assert cudnn_attention_wanted(None, (9, 0)) is False
+    assert cudnn_attention_wanted("auto", (9, 0)) is False
+    assert cudnn_attention_wanted(None, (8, 0)) is None
+    assert cudnn_attention_wanted(None, (10, 0)) is None
+    assert cudnn_attention_wanted("1", (9, 0)) is True
+    assert cudnn_attention_wanted("on", (8, 6)) is True
+    assert cudnn_attention_wanted("off", (8, 6)) is False
+    assert cudnn_attention_wanted("0", None) is False
+    with pytest.raises(DeviceError, match="SEEKRL_CUDNN_ATTENTION: expected auto, on or off"):
+        cudnn_attention_wanted("maybe", (9, 0))
+    assert use_cudnn_attention("cpu") is None
+
+
+def test_the_switch_is_applied_on_cuda(monkeypatch):
+    """On a CUDA device check_device sets torch's flag for the whole process."""
+    import torch
+
+    from seekrl import runtime
+
+    flag = {"on": True}
+    monkeypatch.setattr(runtime, "device_problem", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp",
+                        lambda on: flag.update(on=on))
+    monkeypatch.setattr(torch.backends.cuda, "cudnn_sdp_enabled", lambda: flag["on"])
+    monkeypatch.delenv("SEEKRL_CUDNN_ATTENTION", raising=False)
+    runtime.check_device("cuda")
+    assert flag["on"] is False
+    monkeypatch.setenv("SEEKRL_CUDNN_ATTENTION", "1")
+    runtime.check_device("cuda:0")
+    assert flag["on"] is True
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (8, 0))
+    monkeypatch.setenv("SEEKRL_CUDNN_ATTENTION", "auto")
+    assert runtime.use_cudnn_attention("cuda") is True   # left as it was
+
+
+def test_the_rollout_bench_splits_decode_from_prefill_and_the_rest():
+    """bench/rollout.py's clock: the backend's generate and its prefills timed, decoding
+    the difference; the forward ceiling says how it was measured."""
+    import importlib.util
+
+    from seekrl.agent.backends import HFBackend, Sampling
+    from seekrl.models import tiny_policy
+
+    spec = importlib.util.spec_from_file_location("rollout_bench", ROOT / "bench" / "rollout.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    model, tok = tiny_policy()
+    backend = HFBackend(model, tok, stop_strings=())
+    clock = bench.PhaseClock(backend, "cpu")
+    out = backend.generate([[5, 6, 7], [8, 9]], 6, Sampling(greedy=True))
+    assert [len(x) for x in out] and clock.prefill_s > 0 and clock.decode_s > 0
+    assert clock.generate_s == pytest.approx(clock.prefill_s + clock.decode_s)
+    rate, how = bench.forward_ceiling(model, [12, 20])
+    assert rate > 0 and how.startswith("batch 8 x 16 tokens, wall clock")
 
 
 def test_a_continuous_batching_start_that_fails_leaves_the_models_attention_as_it_was(

@@ -13,10 +13,11 @@ from typing import Literal, get_args
 
 from seekrl.errors import DeviceError
 
-__all__ = ["ATTENTION", "CUDA_ONLY_ATTENTION", "Attention", "ThreadPlan", "attention_refusal",
-           "busy_cores", "check_device", "device_problem", "fix_mmap_threshold",
-           "hub_unreachable", "peak_rss_mb", "plan_threads", "quiet_transformers", "trim_heap",
-           "usable_cores", "use_threads"]
+__all__ = ["ATTENTION", "CUDA_ONLY_ATTENTION", "CUDNN_ATTENTION_ENV", "Attention", "ThreadPlan",
+           "attention_refusal", "busy_cores", "check_device", "cudnn_attention_wanted",
+           "device_problem", "fix_mmap_threshold", "hub_unreachable", "peak_rss_mb",
+           "plan_threads", "quiet_transformers", "trim_heap", "usable_cores",
+           "use_cudnn_attention", "use_threads"]
 
 
 def device_problem(device: str) -> str | None:
@@ -46,10 +47,54 @@ def device_problem(device: str) -> str | None:
 
 
 def check_device(device: str) -> None:
-    """A DeviceError in one line for a device that cannot be used (before anything loads)."""
+    """A DeviceError in one line for a device that cannot be used (before anything loads).
+    On CUDA it also applies SEEKRL_CUDNN_ATTENTION (`use_cudnn_attention`): every model
+    seekrl puts on a GPU is checked here first."""
     problem = device_problem(device)
     if problem:
         raise DeviceError(problem)
+    use_cudnn_attention(device)
+
+
+CUDNN_ATTENTION_ENV = "SEEKRL_CUDNN_ATTENTION"
+
+
+def cudnn_attention_wanted(setting: str | None, capability: tuple[int, int] | None
+                           ) -> bool | None:
+    """Whether PyTorch's SDPA may use cuDNN's attention, from SEEKRL_CUDNN_ATTENTION's
+    `setting` and the GPU's compute capability: `on` (1) or `off` (0) everywhere; `auto`
+    (unset) off on Hopper (9.x), else torch's own choice (None). Why off on Hopper: torch
+    dispatches attention to cuDNN there, which builds a plan per new key length; rollouts and
+    training batches keep meeting new lengths, and an H200 decoding step took 91 ms so
+    against 32 ms with the efficient kernel and 30 ms eager (bench/RESULTS.md, "Rollout
+    engine")."""
+    value = (setting or "auto").strip().lower()
+    if value in ("1", "on", "true", "yes"):
+        return True
+    if value in ("0", "off", "false", "no"):
+        return False
+    if value != "auto":
+        raise DeviceError(f"{CUDNN_ATTENTION_ENV}: expected auto, on or off, got {setting!r}")
+    return False if capability is not None and capability[0] == 9 else None
+
+
+def use_cudnn_attention(device: str) -> bool | None:
+    """Apply SEEKRL_CUDNN_ATTENTION to this process (rollouts, training and evaluation
+    alike; `rollout.attention: sdpa_cudnn` still holds a decoding loop to cuDNN). Returns
+    whether SDPA may use cuDNN now; None off CUDA."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    setting = os.environ.get(CUDNN_ATTENTION_ENV)
+    capability = None
+    if (setting or "auto").strip().lower() == "auto":
+        index = device.partition(":")[2]
+        capability = torch.cuda.get_device_capability(int(index) if index else None)
+    wanted = cudnn_attention_wanted(setting, capability)
+    if wanted is not None:
+        torch.backends.cuda.enable_cudnn_sdp(wanted)
+    return torch.backends.cuda.cudnn_sdp_enabled()
 
 
 # How seekrl's decoding loop computes attention (models.attention_variant): the model's
