@@ -97,7 +97,7 @@ def _run_estimator(name, args, demo, sft: Path, world_dir: Path, index_dir: Path
         print(f"{name}: curve already in {done}", flush=True)
         return
     t0 = time.time()
-    # the demo's RL stage (configs/demo/rl.yaml) with this estimator, its steps and figures
+    # the demo's RL stage (src/seekrl/presets/demo/rl.yaml) with this estimator, its steps and figures
     cfg = rl_config(demo, model=sft, train_file=world_dir / "train.jsonl", index_dir=index_dir,
                     out=out, keys={
                         "steps": args.steps, "device": args.device, "algo.advantage": name,

@@ -309,7 +309,7 @@ def _run_config(method: str, seed: int, budget: int | None, args, demo, sft: Pat
     from seekrl.recipes.pipeline import rl_config
     from seekrl.rl.methods import NEEDS_PRM, method_overrides
 
-    # the demo's RL stage (configs/demo/rl.yaml) with the bench's settings, then `--set`
+    # the demo's RL stage (src/seekrl/presets/demo/rl.yaml) with the bench's settings, then `--set`
     rl = {**demo.rl, "steps": args.steps, "device": args.device, "dtype": args.dtype,
           "save_every": 1, "keep_last": 1,   # a killed run resumes from its last step
           "log": {"save_rollouts": 0}, "algo": {"advantage": args.baseline}}

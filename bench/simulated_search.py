@@ -164,7 +164,7 @@ def _rl(mode: str, seed: int, budget: int | None, args, demo, world_dir: Path,
     test_file = args.work_dir / "test_questions.jsonl"
     if not test_file.is_file():
         write_qa_jsonl(test_file, read_qa_jsonl(world_dir / "test.jsonl")[:args.n_test])
-    # the demo's RL stage (configs/demo/rl.yaml) with the bench's settings, `--set`, the mode
+    # the demo's RL stage (src/seekrl/presets/demo/rl.yaml) with the bench's settings, `--set`, the mode
     overrides = getattr(args, "overrides", {})
     rl = {"steps": args.steps, "dtype": args.dtype, "save_every": 1, "keep_last": 1,
           "log": {"save_rollouts": 0}, "algo": {"advantage": "dr_grpo"}}

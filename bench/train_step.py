@@ -27,7 +27,7 @@ GRPO step of seekrl against TRL's `GRPOTrainer` doing the same work.
    `--unshared` adds a third side with that off, to attribute the difference.
 
 3. With `--demo-policy DIR` (a trained agent, e.g. an SFT checkpoint of the demo's world):
-   the demo's own RL step (configs/demo/rl.yaml: 8 questions x G=4, micro-batches of 2, the top
+   the demo's own RL step (src/seekrl/presets/demo/rl.yaml: 8 questions x G=4, micro-batches of 2, the top
    16 blocks trained, lr 3e-5) from that policy, as it ran before (float32, every right
    episode measured again after the update) and as it runs now (`dtype: bf16-mixed`, at
    most 4 measured again), alternating which goes first; `--demo-sides` picks the sides
@@ -236,7 +236,7 @@ DEMO_SIDES = {"before": {"dtype": "float32", "monitor": {"displacement_episodes"
 
 
 def demo_steps(args, work: Path) -> str:
-    """The demo's RL step (configs/demo/rl.yaml: its batch, micro-batches, trained layers
+    """The demo's RL step (src/seekrl/presets/demo/rl.yaml: its batch, micro-batches, trained layers
     and rollout limits) from `--demo-policy` on the demo's world, for each side of
     `DEMO_SIDES`, `--repeats` times in alternating order; the same seed, so the first
     rollout draws the same questions. Returns the summary's part."""

@@ -1387,3 +1387,27 @@ def test_the_policy_loss_is_chosen_by_name(world, tiny, tmp_path, monkeypatch):
     monkeypatch.setitem(POLICY_LOSSES, "mine", mine)
     make_trainer(make_cfg(tmp_path, **{"algo.policy_loss": "mine"}), world, tiny).step(1)
     assert seen   # every micro-batch's loss came from the named function
+
+
+def test_a_save_after_a_killed_runs_later_steps_keeps_itself(world, tiny, tmp_path):
+    """A killed run can leave step-M renamed into place but never named by latest; the
+    resumed run's next save must not count it among the newest and prune itself."""
+    cfg = make_cfg(tmp_path, save_every=1, keep_last=1)
+    trainer = make_trainer(cfg, world, tiny)
+    ckpt = tmp_path / "run" / "checkpoints"
+    trainer.save_checkpoint(1)
+    (ckpt / "step-5").mkdir()   # the killed run's, past latest
+    trainer.save_checkpoint(2)
+    assert sorted(p.name for p in ckpt.glob("step-*")) == ["step-2"]
+    assert (ckpt / "latest").read_text().strip() == "step-2"
+
+
+def test_a_checkpoint_without_the_counters_a_resume_reads_is_refused(world, tiny, tmp_path):
+    cfg = make_cfg(tmp_path, steps=2, save_every=1)
+    make_trainer(cfg, world, tiny).train(until=1)
+    meta_path = tmp_path / "run" / "checkpoints" / "step-1" / "trainer.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["questions_planned"]
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match="trainer.json lacks questions_planned"):
+        make_trainer(cfg, world, tiny, resume=True)

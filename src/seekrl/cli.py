@@ -440,7 +440,7 @@ def demo(
         help="auto (bf16-mixed where the CPU multiplies bfloat16 natively, else float32) | "
              "float32 | bf16-mixed")] = "auto",
     presets: Annotated[Optional[Path], typer.Option(
-        help="a folder with your copies of configs/demo/sft.yaml and rl.yaml (the SFT and RL "
+        help="a folder with your copies of src/seekrl/presets/demo/sft.yaml and rl.yaml (the SFT and RL "
              "stages' settings), edited")] = None,
     overwrite: Annotated[bool, typer.Option(help="replace a demo run already in out")] = False,
     threads: Threads = None,
@@ -452,7 +452,7 @@ def demo(
     from seekrl.demo import run_demo
     from seekrl.recipes.pipeline import DemoConfig
 
-    # the options given: keys over the stages' presets (configs/demo/sft.yaml, rl.yaml)
+    # the options given: keys over the stages' presets (src/seekrl/presets/demo/sft.yaml, rl.yaml)
     sft: dict = {} if sft_steps is None else {"max_steps": sft_steps}
     rl: dict = {key: value for key, value in (
         ("steps", rl_steps), ("max_minutes", rl_minutes), ("questions_per_step",

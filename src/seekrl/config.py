@@ -816,7 +816,7 @@ class ProragConfig(Strict):
     """`seekrl prorag` (seekrl/prorag.py): SFT -> MCTS labels -> PRM -> refinement -> RL with
     the PRM's step scores -> evaluation after each stage. Without `train` / `test` / `index`
     it builds the synthetic world at demo size. Each stage starts from its preset (the
-    `seekrl` config in configs/prorag/STAGE.yaml); a stage section holds keys of that
+    `seekrl` config in src/seekrl/presets/prorag/STAGE.yaml); a stage section holds keys of that
     stage's own config, set on top of the preset and the pipeline's (e.g. `labels: {search:
     {simulations: 32}}`, `rl: {steps: 20}`)."""
     out: str = "runs/prorag"
@@ -846,7 +846,7 @@ class ProragConfig(Strict):
     refine: dict[str, Any] = {}        # RefineConfig keys
     rl: dict[str, Any] = {}            # TrainConfig keys
     # a folder of your own stage presets (sft.yaml, labels.yaml, prm.yaml, refine.yaml,
-    # rl.yaml: copies of configs/prorag, edited); null: configs/prorag
+    # rl.yaml: copies of src/seekrl/presets/prorag, edited); null: src/seekrl/presets/prorag
     presets: str | None = None
 
     @model_validator(mode="before")
@@ -1099,7 +1099,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def read_config_file(path: str | Path) -> dict:
     """A YAML config file as a tree of keys, unvalidated: UTF-8, valid YAML, no key given
     twice, a mapping at the top (an empty file: {}). A config a recipe reads, or a preset
-    (configs/demo, configs/prorag) a pipeline builds a stage's config from."""
+    (src/seekrl/presets/demo, src/seekrl/presets/prorag) a pipeline builds a stage's config from."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file")

@@ -18,7 +18,7 @@ reads every retrieved token on every update), two documents per search, 1-3 hop 
 and only the top `train_layers` transformer blocks trained (backpropagation stops there,
 about twice as many updates per minute as full fine-tuning). The SFT budget is small on
 purpose: enough to teach the protocol, not enough to saturate the world, so the RL stage
-has something to improve. The two stages' settings are YAML presets (configs/demo/sft.yaml,
+has something to improve. The two stages' settings are YAML presets (src/seekrl/presets/demo/sft.yaml,
 rl.yaml) under `DemoConfig`'s world and episodes; its `sft` / `rl` keys (and the CLI's
 options) make every stage longer or bigger, `presets` reads a copy of them you edited.
 """

@@ -48,7 +48,7 @@ _FLOW_KEYS = {
 
 
 def stage_configs(cfg: ProragConfig, paths: dict[str, str]) -> dict[str, Any]:
-    """Every stage's config: its preset (configs/prorag/STAGE.yaml, or `presets`' copy)
+    """Every stage's config: its preset (src/seekrl/presets/prorag/STAGE.yaml, or `presets`' copy)
     playing the pipeline's episodes, the pipeline's inputs and settings over it, the user's
     stage section over those; built at the start, each stage reading what the one before it
     writes (its `out`), so a bad key fails in seconds and a moved output folder is

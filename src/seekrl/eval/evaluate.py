@@ -38,7 +38,7 @@ from typing import Any
 from seekrl.agent.backends import Backend, HFBackend
 from seekrl.agent.rollout import RolloutConfig, RolloutEngine
 from seekrl.agent.trajectory import Trajectory, write_trajectories
-from seekrl.config import DATA_PROMPT, EpisodeSettings
+from seekrl.config import DATA_PROMPT, DEFAULT_BATCH_SIZE, EpisodeSettings
 from seekrl.data.benchmarks import hop_averages, spec_name, split_name
 from seekrl.data.qa import FOLDER_SPLITS, QAExample, folder_split, load_qa
 from seekrl.errors import DataError
@@ -312,8 +312,12 @@ def eval_settings(cfg, episode: EpisodeSettings | None = None) -> EpisodeSetting
     limits the `eval:` section `cfg` sets on top."""
     limits = {k: v for k in ("max_turns", "max_new_tokens", "batch_size")
               if (v := getattr(cfg, k, None)) is not None}
-    return (episode if episode is not None else EpisodeSettings()).episode_settings().model_copy(
-        update={"method": "agent", "self_search": False, **limits})
+    play = (episode if episode is not None else EpisodeSettings()).episode_settings()
+    if "batch_size" not in limits:
+        # evaluations decode on the HF loop: a rollout batch sized for vLLM or the static
+        # backend (hundreds) would not fit there
+        limits["batch_size"] = min(play.batch_size, DEFAULT_BATCH_SIZE)
+    return play.model_copy(update={"method": "agent", "self_search": False, **limits})
 
 
 def describe_retriever(retriever: Retriever | None) -> dict[str, Any] | None:

@@ -164,12 +164,19 @@ def write_checkpoint(folder: Path, step: int, write, keep_last: int) -> Path:
     replace_dir(tmp, target)
     fsync_dir(folder, files=False)
     point_latest(folder, target)
+    drop_later_steps(folder, step)
+    prune_steps(folder, keep_last, keep={target.name})
+    return target
+
+
+def drop_later_steps(folder: Path, step: int) -> None:
+    """Remove `step-M` folders past `step`: a killed run's, renamed into place but never
+    named by `latest`; the resumed run redoes those steps (kept, they would count among the
+    newest and prune the checkpoint just written)."""
     for p in folder.glob("step-*"):
         number = p.name[len("step-"):]
         if p.is_dir() and number.isdigit() and int(number) > step:
             shutil.rmtree(p, ignore_errors=True)
-    prune_steps(folder, keep_last, keep={target.name})
-    return target
 
 
 def prune_steps(folder: Path, keep_last: int, keep: set[str | None] = frozenset()) -> None:

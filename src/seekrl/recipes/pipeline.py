@@ -1,6 +1,6 @@
 """The small pipeline's settings, shared by `seekrl demo`, `seekrl prorag` and the
-benchmarks that start from them: a stage's config from its YAML preset (configs/demo,
-configs/prorag), the demo's settings and stages, and greedy evaluation."""
+benchmarks that start from them: a stage's config from its YAML preset (src/seekrl/presets/demo,
+src/seekrl/presets/prorag), the demo's settings and stages, and greedy evaluation."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from seekrl.config import (
 )
 
 # the stage presets, YAML a user copies and edits: configs/ at the repository's root
-PRESETS = Path(__file__).resolve().parents[3] / "configs"
+PRESETS = Path(__file__).resolve().parents[1] / "presets"   # package data: a wheel has them
 
 C = TypeVar("C", bound=BaseModel)
 
@@ -65,7 +65,7 @@ class DemoConfig(Strict):
     n_test: int = Field(40, ge=1)      # test questions, the same at every evaluation
     n_show: int = Field(2, ge=0)       # test questions whose retrieval is printed
     process: str | None = None         # a process method (rl/methods.py) run next to outcome RL
-    presets: Path | None = None        # a folder with sft.yaml and rl.yaml; None: configs/demo
+    presets: Path | None = None        # a folder with sft.yaml and rl.yaml; None: src/seekrl/presets/demo
     # episodes per SFT optimizer step (--sft-batch), as micro-batches of sft.yaml's
     # batch_size; None: sft.yaml's batch_size x grad_accum
     sft_batch: int | None = Field(None, ge=1)

@@ -323,20 +323,29 @@ def sft_loss(model, micro: list[SFTExample], pad_id: int, device) -> tuple[torch
 # evaluated, the device it runs on, and the data file's path (its episodes are checked
 # against the checkpoint's digest). Any other key changes what is trained, so the run
 # would end neither where the stopped one was going nor where a new one would: refused.
-RESUME_MAY_CHANGE = ("out", "data", "device", "index", "eval", "topk", "max_new_tokens",
-                     "save_every", "keep_last", "log_every")
+# `rollout` is how the dev evaluation plays, except the keys that lay out the episodes.
+RESUME_MAY_CHANGE = ("out", "data", "device", "index", "eval", "rollout", "save_every",
+                     "keep_last", "log_every")
+RESUME_MUST_KEEP = ("rollout.prompt", "rollout.max_info_tokens", "rollout.max_queries")
+
+
+def _may_change(key: str) -> bool:
+    def under(prefixes) -> bool:
+        return any(key == p or key.startswith(p + ".") for p in prefixes)
+    return under(RESUME_MAY_CHANGE) and not under(RESUME_MUST_KEEP)
 
 
 def check_resume_settings(out: Path, cfg: SFTConfig) -> None:
     """Refuse `--resume` with settings that differ from the run's config.yaml, naming each
     key (those in `RESUME_MAY_CHANGE` may differ: the resume says so)."""
     refused = [c for c in config_changes(out / "config.yaml", cfg)
-               if c.split(":", 1)[0].split(".")[0] not in RESUME_MAY_CHANGE]
+               if not _may_change(c.split(":", 1)[0])]
     if refused:
         raise ConfigError(f"--resume: the run in {out} was trained with other settings: "
                           + "; ".join(refused) + f" (old -> new). Resume with the run's "
                           f"settings ({out / 'config.yaml'}), or start a new run in another "
-                          f"out; only {', '.join(RESUME_MAY_CHANGE)} may change on resume")
+                          f"out; only {', '.join(RESUME_MAY_CHANGE)} may change on resume "
+                          f"(not {', '.join(RESUME_MUST_KEEP)})")
 
 
 def episodes_digest(examples: list[SFTExample]) -> str:
@@ -536,6 +545,7 @@ def _eval_retriever(cfg: SFTConfig):
 
 
 def _dev_eval(model, tokenizer, retriever, cfg: SFTConfig, out_dir: Path) -> dict[str, Any]:
-    metrics = eval_policy(model, tokenizer, retriever, cfg.eval, out_dir, episode=cfg.rollout)
-    avg = metrics["average"]
-    return {k: avg[k] for k in ("em", "f1", "valid_format", "searches", "questions")}
+    from seekrl.rl.step_metrics import dev_figures  # as RL logs its dev evaluations
+
+    return dev_figures(eval_policy(model, tokenizer, retriever, cfg.eval, out_dir,
+                                   episode=cfg.rollout))

@@ -275,7 +275,7 @@ class Trainer:
             r = self.cfg.rollout
             self._backend = make_backend(
                 r.backend, self.tokenizer, model=self.model,
-                model_name=resolve_model(self.cfg.model) if r.backend != "hf" else None,
+                model_name=resolve_model(self.cfg.model) if r.backend == "vllm" else None,
                 dtype=self.cfg.dtype, seed=self.cfg.seed, gpu_memory=r.vllm_gpu_memory,
                 max_model_len=r.max_total_tokens, sleep_level=r.vllm_sleep,
                 attention=r.attention)
@@ -300,8 +300,8 @@ class Trainer:
 
     @contextmanager
     def _progress(self, total: int):
-        """A transient bar over a draw's episodes on the console (the first step of a run
-        otherwise prints nothing for minutes); yields what to call as each one finishes."""
+        """A bar over a draw's episodes on the console (the first step of a run otherwise
+        prints nothing for minutes); yields what to call as each one finishes."""
         from rich.console import Console
 
         if not isinstance(self.console, Console) or not total:   # a bar needs rich's
@@ -318,7 +318,6 @@ class Trainer:
 
         with bar:
             yield tick
-        bar.remove_task(task)
 
     # ------------------------------------------------------------------ 3. scoring
     def score(self, trajs: Sequence[Trajectory], seed: int = 0,

@@ -15,8 +15,18 @@ from typing import Any
 
 import torch
 
-from seekrl.recipes.checkpoint import fsync_dir, point_latest, prune_steps, replace_dir
+from seekrl.errors import ConfigError
+from seekrl.recipes.checkpoint import (
+    drop_later_steps,
+    fsync_dir,
+    point_latest,
+    prune_steps,
+    replace_dir,
+)
 from seekrl.recipes.setup import rng_state, set_rng_state
+
+# what trainer.json must hold for a resume
+TRAINER_KEYS = ("step", "monitor", "rollout_tokens", "questions_drawn", "questions_planned")
 
 
 class Checkpointer:
@@ -54,20 +64,28 @@ class Checkpointer:
             replace_dir(tmp, target)
             fsync_dir(self.folder, files=False)     # the checkpoint's rename is on disk
             point_latest(self.folder, target)
-            prune_steps(self.folder, self.keep_last, keep=keep)
+            drop_later_steps(self.folder, step)
+            prune_steps(self.folder, self.keep_last, keep={*keep, target.name})
         self.dist.barrier()
         return target
 
     def load(self, path: Path, *, runtime, optimizer, scheduler, env, device: str
              ) -> dict[str, Any]:
-        """Everything `save` wrote back into place; returns its trainer.json."""
+        """Everything `save` wrote back into place; returns its trainer.json (checked for
+        the counters a resume reads before anything is loaded)."""
         env.check_checkpoint(path)
+        meta = json.loads((path / "trainer.json").read_text())
+        missing = [k for k in TRAINER_KEYS if k not in meta]
+        if missing:
+            raise ConfigError(f"--resume: {path / 'trainer.json'} lacks {', '.join(missing)} "
+                              "(written by an older seekrl); start the run again with "
+                              "--overwrite")
         state = torch.load(path / "optim.pt", map_location=device, weights_only=False)
         runtime.load(path, optimizer, state)
         scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
         env.load(path)
-        return json.loads((path / "trainer.json").read_text())
+        return meta
 
     def resume_hint(self, where: str, command: str, *, done: int, save_every: int) -> str:
         """What to tell a user whose run stopped `where` (Ctrl-C) and how to go on

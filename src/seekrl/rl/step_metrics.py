@@ -1,6 +1,5 @@
-"""What an RL step logs about its episodes, and the names of the figures the training-health
-monitor, the training report and the benchmarks read back from `metrics.jsonl`: one
-constant a name, so a producer and its readers cannot drift apart."""
+"""What an RL step logs about its episodes, and the names of the step figures as constants
+(the training-health monitor reads them by these; the producers here too)."""
 
 from __future__ import annotations
 
