@@ -122,7 +122,10 @@ def test_trim_heap_returns_freed_heap_pages_unless_malloc_is_left_alone():
 
     trimmed, freed = run(None)
     assert trimmed == "True" and int(freed) >= 250
-    assert run("default") == ["False", "0"]
+    # nothing handed back: the resident set moves by no more than the reading itself
+    # allocates (rounded down to whole MiB, a few KiB can cross a boundary)
+    trimmed, freed = run("default")
+    assert trimmed == "False" and abs(int(freed)) <= 2
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")

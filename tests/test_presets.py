@@ -1,4 +1,5 @@
-"""The demo's and ProRAG's stage settings are YAML presets (src/seekrl/presets/demo, src/seekrl/presets/prorag) over
+"""The demo's and ProRAG's stage settings are YAML presets (src/seekrl/presets/demo and
+prorag) over
 one episode-settings type; `seekrl train --process` sets a method's keys as typed values.
 Each resolves to the config the code built before the presets moved out of it:
 data/presets_before.json holds those configs, dumped from commit 028ff9e (the scenarios:

@@ -26,6 +26,12 @@ from pydantic import (
 )
 
 from seekrl.errors import ConfigError  # also imported from here by user code
+from seekrl.runtime import (  # noqa: F401  (the attention names, with the schema's other types)
+    ATTENTION,
+    CUDA_ONLY_ATTENTION,
+    Attention,
+    attention_refusal,
+)
 
 # An episode's limits by default: `EpisodeSettings`'s (below), the one type of the episode
 # settings; the recipes' helpers that take one of them alone (SFT's tokenisation) default
@@ -205,12 +211,6 @@ def _check_prompt(value: str) -> str:
 Prompt = Annotated[str, AfterValidator(_check_prompt)]
 
 
-# How seekrl's decoding loop computes attention (models.attention_variant): the model's
-# own choice, plain matmuls, or PyTorch's SDPA held to one backend
-Attention = Literal["default", "eager", "sdpa_math", "sdpa_efficient", "sdpa_flash",
-                    "sdpa_cudnn"]
-ATTENTION: tuple[str, ...] = get_args(Attention)
-CUDA_ONLY_ATTENTION = ("sdpa_efficient", "sdpa_cudnn")   # PyTorch has them on CUDA only
 
 
 class EpisodeSettings(Strict):
@@ -351,15 +351,6 @@ class TreeSettings(Strict):
     @property
     def leaves(self) -> int:
         return self.trees * (1 + self.branches * self.rounds)
-
-
-def attention_refusal(name: str, device: str) -> str | None:
-    """Why the `name` attention setting cannot run on `device` (cpu, cuda, cuda:1, mps), or
-    None: said when a config loads, not at the first decoding step minutes later."""
-    if name in CUDA_ONLY_ATTENTION and not device.startswith("cuda"):
-        return (f"{name} is a CUDA kernel and the device is {device}: use default, eager, "
-                "sdpa_math or sdpa_flash there")
-    return None
 
 
 def _attention_runs_here(cfg):
