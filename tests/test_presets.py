@@ -127,16 +127,9 @@ def test_the_demo_options_set_the_keys_they_set_before(monkeypatch):
 
 
 def prorag_paths(cfg: ProragConfig) -> dict[str, str]:
-    out = Path(cfg.out)
-    paths = {"sft_data": cfg.sft_data or str(out / "oracle_train.jsonl"),
-             "train": cfg.train or str(out / "world" / "train.jsonl"),
-             "test": cfg.test or str(out / "test_questions.jsonl"),
-             "index": cfg.index or str(out / "index")}
-    if cfg.sft_model:
-        paths["sft_final"] = cfg.sft_model
-    if cfg.refine_method == "none":
-        paths["refined"] = paths.get("sft_final", str(out / "sft" / "final"))
-    return paths
+    from seekrl.prorag import input_paths
+
+    return input_paths(cfg)
 
 
 TINY_PRORAG = dict(model="runs/tiny", n_test=3, max_turns=2, max_new_tokens=4, train_layers=1,

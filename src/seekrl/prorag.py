@@ -47,6 +47,21 @@ _FLOW_KEYS = {
 }
 
 
+def input_paths(cfg: ProragConfig) -> dict[str, str]:
+    """The files the stages read: the given ones, else where the pipeline writes them in
+    `out` (the world, its index, the oracle episodes, the SFT model)."""
+    out = Path(cfg.out)
+    paths = {"sft_data": cfg.sft_data or str(out / "oracle_train.jsonl"),
+             "train": cfg.train or str(out / "world" / "train.jsonl"),
+             "test": cfg.test or str(out / "test_questions.jsonl"),
+             "index": cfg.index or str(out / "index")}
+    if cfg.sft_model:
+        paths["sft_final"] = cfg.sft_model
+    if cfg.refine_method == "none":
+        paths["refined"] = paths.get("sft_final", str(out / "sft" / "final"))
+    return paths
+
+
 def stage_configs(cfg: ProragConfig, paths: dict[str, str]) -> dict[str, Any]:
     """Every stage's config: its preset (src/seekrl/presets/prorag/STAGE.yaml, or `presets`' copy)
     playing the pipeline's episodes, the pipeline's inputs and settings over it, the user's
@@ -184,14 +199,7 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
         from seekrl.recipes.setup import check_world_index
         check_world_index(cfg.index, cfg.train, cfg.test)
     out = Path(cfg.out)
-    world_paths = {"sft_data": cfg.sft_data or str(out / "oracle_train.jsonl"),
-                   "train": cfg.train or str(out / "world" / "train.jsonl"),
-                   "test": cfg.test or str(out / "test_questions.jsonl"),
-                   "index": cfg.index or str(out / "index")}
-    if cfg.sft_model:
-        world_paths["sft_final"] = cfg.sft_model
-    if cfg.refine_method == "none":
-        world_paths["refined"] = world_paths.get("sft_final", str(out / "sft" / "final"))
+    world_paths = input_paths(cfg)
     stages = stage_configs(cfg, world_paths)      # every stage's keys checked now
     pipe = _Pipeline(cfg, console, resume)
 
