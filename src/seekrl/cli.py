@@ -565,7 +565,9 @@ def eval_(
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
     skip_bad: Annotated[bool, typer.Option(help="skip malformed question lines, and report them")] = False,
     backend: Annotated[str, typer.Option(
-        help="hf (seekrl's decoding loop) | vllm (needs vllm, a GPU machine)")
+        help="hf (seekrl's decoding loop) | static (its fixed-shape loop for GPUs: CUDA "
+             "graphs; hf where its lean forward does not run the model) | vllm (needs vllm, a "
+             "GPU machine)")
     ] = _EPISODE["backend"].default,
     attention: Annotated[str, typer.Option(
         help="hf: how decoding computes attention (rollout.attention): default | eager | "
@@ -651,7 +653,9 @@ def eval_(
                                      dtype=dtype, seed=seed, max_model_len=max_total_tokens)
         else:
             policy, tokenizer = load_policy(model, dtype=dtype, device=device)
-            generator = make_backend("hf", tokenizer, model=policy, attention=attention)
+            # static: rows as long as an episode may get
+            generator = make_backend(backend, tokenizer, model=policy, attention=attention,
+                                     max_model_len=max_total_tokens)
         run_info = {"model": model, "data": {name: str(f) for name, f in zip(examples, files)},
                     "ranker": ranker, "candidates": candidates if ranker else None,
                     "limit": limit, "dtype": dtype, "device": device, "backend": backend,

@@ -23,9 +23,8 @@ def backend_refusal(kind: str, command: str, *, processes: int = 1,
         return None
     if command in _HF_ONLY:   # they build HFBackend themselves
         return (f"{_HF_ONLY[command]} (hf); {kind!r} is for seekrl train and seekrl eval")
-    if kind == "static":   # seekrl's own loop, one per process
-        return None if command != "eval" else (
-            "seekrl eval builds hf or vllm; static is rollout.backend for seekrl train")
+    if kind == "static":   # seekrl's own loop on the policy, one per process
+        return None
     if command == "train" and processes > 1:
         return ("one colocated engine per training process is not supported yet; train "
                 "data-parallel with the hf backend, or vllm in one process")

@@ -305,6 +305,26 @@ def eval_rollout_config(section=None, *, n_samples: int = 1,
                             temperature=1.0 if greedy else temperature)
 
 
+def eval_backend_kind(episode: EpisodeSettings | None) -> str:
+    """The decoding backend an evaluation of `episode` (a `rollout:` section) runs on: the
+    section's own where it is seekrl's (hf, static); hf for vllm (an evaluation plays the
+    policy in this process, not a second engine)."""
+    kind = getattr(episode, "backend", "hf")
+    return kind if kind in ("hf", "static") else "hf"
+
+
+def eval_backend(model, tokenizer, episode: EpisodeSettings | None) -> Backend:
+    """The backend `eval_policy` builds for `episode`'s settings (`eval_backend_kind`):
+    HFBackend with the section's attention, or the static backend with rows of
+    `max_total_tokens` (HFBackend, with a warning, where its lean forward does not run
+    the model)."""
+    from seekrl.agent.factory import make_backend
+
+    settings = episode if episode is not None else EpisodeSettings()
+    return make_backend(eval_backend_kind(episode), tokenizer, model=model,
+                        attention=settings.attention, max_model_len=settings.max_total_tokens)
+
+
 def eval_settings(cfg, episode: EpisodeSettings | None = None) -> EpisodeSettings:
     """The episode settings an evaluation plays: the run's (`episode`, its `rollout:`
     section; None: the defaults) as an agent that searches the real index (a run that
@@ -313,9 +333,9 @@ def eval_settings(cfg, episode: EpisodeSettings | None = None) -> EpisodeSetting
     limits = {k: v for k in ("max_turns", "max_new_tokens", "batch_size")
               if (v := getattr(cfg, k, None)) is not None}
     play = (episode if episode is not None else EpisodeSettings()).episode_settings()
-    if "batch_size" not in limits:
-        # evaluations decode on the HF loop: a rollout batch sized for vLLM or the static
-        # backend (hundreds) would not fit there
+    if "batch_size" not in limits and eval_backend_kind(episode) == "hf":
+        # the HF loop: a rollout batch sized for vLLM (hundreds) would not fit there; the
+        # static backend keeps the run's batch (its rows are the training rollout's)
         limits["batch_size"] = min(play.batch_size, DEFAULT_BATCH_SIZE)
     return play.model_copy(update={"method": "agent", "self_search": False, **limits})
 
@@ -429,7 +449,8 @@ def evaluate(model, tokenizer, retriever: Retriever | None,
 
 def eval_policy(model, tokenizer, retriever, cfg, out_dir: str | Path, *,
                 episode: EpisodeSettings | None = None, console=None,
-                run_info: dict | None = None, limit: int | None = None) -> dict[str, Any]:
+                run_info: dict | None = None, limit: int | None = None,
+                backend: Backend | None = None) -> dict[str, Any]:
     """Greedy agent evaluation on the first `cfg.n` questions of `cfg.data` (`cfg`: an
     `EvalConfig`, the `eval:` section of the SFT and RL configs), as the recipes run it
     during and after training; writes the run folder (tables, trajectories, viewer) and
@@ -437,24 +458,27 @@ def eval_policy(model, tokenizer, retriever, cfg, out_dir: str | Path, *,
     `rollout:` section: prompt, tools, limits, attention; `eval_settings`). With
     `cfg.samples` K > 0, the same questions are also sampled K times at the episodes'
     temperature into `out_dir/sampled`, and the returned metrics hold that run's average
-    as `sampled` (pass@1 = its `em`, and `pass@K`)."""
+    as `sampled` (pass@1 = its `em`, and `pass@K`). The episodes decode on `backend` (a
+    trainer hands in its own static backend: its rows and graphs are reused, not allocated
+    twice), else on the one `episode.backend` names (`eval_backend`)."""
     from seekrl.eval.report import write_viewer
 
     play = eval_settings(cfg, episode)
     data = load_eval_data([cfg.data], limit=limit or cfg.n)
     was_training = model.training
     model.eval()
+    if backend is None:
+        backend = eval_backend(model, tokenizer, episode)
     try:
         metrics = evaluate(model, tokenizer, retriever, data, eval_rollout_config(play),
-                           out_dir, backend=HFBackend(model, tokenizer, attention=play.attention),
-                           run_info=run_info, progress=console is not None, console=console)
+                           out_dir, backend=backend, run_info=run_info,
+                           progress=console is not None, console=console)
         samples = getattr(cfg, "samples", 0)
         if samples:
             sampled_cfg = eval_rollout_config(play, n_samples=samples,
                                               temperature=play.temperature)
             sampled = evaluate(model, tokenizer, retriever, data, sampled_cfg,
-                               Path(out_dir) / "sampled",
-                               backend=HFBackend(model, tokenizer, attention=play.attention),
+                               Path(out_dir) / "sampled", backend=backend,
                                run_info=run_info, progress=console is not None,
                                console=console)
             metrics["sampled"] = sampled["average"]
