@@ -90,6 +90,7 @@ def _run_estimator(name, args, demo, sft: Path, world_dir: Path, index_dir: Path
                    test_file: Path) -> None:
     from seekrl.recipes.pipeline import rl_config
     from seekrl.recipes.train import Trainer
+    from seekrl.rl import step_metrics as M
 
     out = args.work_dir / (f"rl-{name}-{args.tag}" if args.tag else f"rl-{name}")
     done = out / "curve.json"
@@ -113,9 +114,10 @@ def _run_estimator(name, args, demo, sft: Path, world_dir: Path, index_dir: Path
     start_em = trainer.evaluate(out / "eval" / "step-0")["em"]
     print(f"em_{name}_step0={start_em:.4f}", flush=True)
     trainer.train()
+    dev_em = M.DEV + M.EM
     points = [(0, start_em)] + [
-        (r["step"], r["dev_em"]) for r in map(json.loads, (out / "metrics.jsonl")
-                                              .read_text().splitlines()) if "dev_em" in r]
+        (r[M.STEP], r[dev_em]) for r in map(json.loads, (out / "metrics.jsonl")
+                                            .read_text().splitlines()) if dev_em in r]
     done.write_text(json.dumps({"steps": args.steps, "points": points, "lr": cfg.optim.lr,
                                 "kl_coef": cfg.algo.kl_coef, "device": args.device,
                                 "format_reward": cfg.reward.format_reward,

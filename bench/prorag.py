@@ -310,6 +310,7 @@ def _beta0_run(seed: int, args, demo, index_dir: Path, test_file: Path) -> dict:
 
     from seekrl.config import TrainConfig, load_config
     from seekrl.recipes.train import Trainer
+    from seekrl.rl import step_metrics as M
 
     out = args.work_dir / "runs" / f"prorag-beta0-s{seed}"
     done = out / "result.json"
@@ -345,7 +346,7 @@ def _beta0_run(seed: int, args, demo, index_dir: Path, test_file: Path) -> dict:
               "evidence_recall": avg["evidence_recall"], "valid_format": avg["valid_format"],
               "em_by_type": _by_type(out / "eval-test"),
               "per_question": _per_question(out / "eval-test"),
-              "train_searches": [r["searches"] for r in steps if "episodes" in r],
+              "train_searches": [r[M.SEARCHES] for r in steps if M.EPISODES in r],
               "minutes": round((time.time() - t0) / 60, 2), "device": args.device}
     done.write_text(json.dumps(result, indent=1))
     print(f"prorag-beta0 seed {seed}: EM {result['em']:.3f}, searches {result['searches']:.2f}",

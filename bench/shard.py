@@ -46,6 +46,7 @@ import torch
 
 from seekrl.data.world import WorldConfig, generate_world, write_world
 from seekrl.retrieval.index import build_index
+from seekrl.rl import step_metrics as M
 
 SIDES = ("none", "fsdp")
 # the replicated run without prompt sharing, which a sharded update does without (--unshared)
@@ -86,18 +87,18 @@ def run_side(args, side: str, data: Path, index: Path, out: Path) -> dict:
         raise SystemExit(f"shard={shard}: torchrun exited {r.returncode}\n"
                          f"{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
     steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = [s for s in steps if "episodes" in s]
+    steps = [s for s in steps if M.EPISODES in s]
     first = out / "rollouts" / "step-1" / "trajectories.jsonl"
     rollouts = [json.loads(x) for x in first.read_text().splitlines()] if first.is_file() \
         else []
 
     def total(key):
         return sum(s.get(key, 0.0) for s in steps)
-    return {"wall": wall, "time_step": total("time_step"), "time_update": total("time_update"),
-            "peak_rss_mb": max(s["peak_rss_mb"] for s in steps),
-            "peak_gpu_mb": max((s.get("peak_gpu_mb", 0.0) for s in steps), default=0.0),
-            "state_mb": steps[-1]["state_mb"],
-            "reward": [s["reward"] for s in steps],
+    return {"wall": wall, "time_step": total(M.TIME_STEP), "time_update": total(M.TIME_UPDATE),
+            "peak_rss_mb": max(s[M.PEAK_RSS_MB] for s in steps),
+            "peak_gpu_mb": max((s.get(M.PEAK_GPU_MB, 0.0) for s in steps), default=0.0),
+            "state_mb": steps[-1][M.STATE_MB],
+            "reward": [s[M.REWARD] for s in steps],
             "first_batch": [x.get("token_ids") for x in rollouts],
             "final": out / "final"}
 

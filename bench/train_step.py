@@ -73,6 +73,7 @@ from seekrl.models import load_policy, load_tokenizer, mixed_precision
 from seekrl.recipes.train import Trainer
 from seekrl.retrieval.index import build_index, load_index
 from seekrl.rewards.metrics import exact_match
+from seekrl.rl import step_metrics as M
 from seekrl.runtime import peak_rss_mb
 
 MICRO_BATCH = 8
@@ -132,7 +133,7 @@ def seekrl_step(args, method: str, questions, work: Path, retriever=None,
     record = trainer.step(1)
     sync(args)
     record["wall"] = time.perf_counter() - started
-    record["generated"] = round(record["response_length"] * record["episodes"])
+    record["generated"] = round(record[M.RESPONSE_LENGTH] * record[M.EPISODES])
     trainer.log.close()
     return record
 
@@ -265,16 +266,16 @@ def demo_steps(args, work: Path) -> str:
             trainer.log.close()
             runs[side].append(record)
             print(f"repeat={r} demo_side={side} step_s={record['wall']:.1f} "
-                  f"rollout_s={record['time_rollout']:.1f} update_s={record['time_update']:.1f} "
-                  f"generated_tokens={record['rollout_tokens']} "
-                  f"valid_format={record['valid_format']} reward={record['reward']} "
-                  f"rollout_logp_gap={record.get('rollout_logp_gap')}", flush=True)
+                  f"rollout_s={record[M.TIME_ROLLOUT]:.1f} update_s={record[M.TIME_UPDATE]:.1f} "
+                  f"generated_tokens={record[M.ROLLOUT_TOKENS]} "
+                  f"valid_format={record[M.VALID_FORMAT]} reward={record[M.REWARD]} "
+                  f"rollout_logp_gap={record.get(M.ROLLOUT_LOGP_GAP)}", flush=True)
     step = {side: median([x["wall"] for x in rs]) for side, rs in runs.items()}
     for side, rs in runs.items():
         print(f"demo_step_s_{side}={step[side]:.1f} "
-              f"demo_rollout_s_{side}={median([x['time_rollout'] for x in rs]):.1f} "
-              f"demo_update_s_{side}={median([x['time_update'] for x in rs]):.1f} "
-              f"demo_rollout_tok_s_{side}={median([x['tokens_per_s'] for x in rs]):.1f}")
+              f"demo_rollout_s_{side}={median([x[M.TIME_ROLLOUT] for x in rs]):.1f} "
+              f"demo_update_s_{side}={median([x[M.TIME_UPDATE] for x in rs]):.1f} "
+              f"demo_rollout_tok_s_{side}={median([x[M.TOKENS_PER_S] for x in rs]):.1f}")
     base, *others = sides
     return " ".join(f"demo_step_ratio_{side}_vs_{base}={step[side] / step[base]:.2f}"
                     for side in others) + \
@@ -349,15 +350,15 @@ def main() -> None:
         agent = seekrl_step(args, "agent", questions, work, retriever=retriever)
         torch.set_num_threads(threads)
         print(f"agent_peak_rss_mb={peak_rss_mb()}")   # the agent step runs first
-        print(f"agent_episodes={agent['episodes']} agent_generated_tokens={agent['generated']} "
-              f"agent_searches={agent['searches']} agent_valid_format={agent['valid_format']} "
-              f"agent_reward={agent['reward']}")
-        print(f"agent_time_rollout={agent['time_rollout']} agent_time_scoring="
-              f"{agent['time_scoring']} agent_time_old_logprobs={agent['time_old_logprobs']} "
-              f"agent_time_update={agent['time_update']} agent_time_step={agent['time_step']} "
-              f"agent_rollout_tok_s={agent['tokens_per_s']} "
-              f"agent_train_tok_s={agent['train_tokens_per_s']}")
-        print(f"agent_rollout_logp_gap={agent.get('rollout_logp_gap')} "
+        print(f"agent_episodes={agent[M.EPISODES]} agent_generated_tokens={agent['generated']} "
+              f"agent_searches={agent[M.SEARCHES]} agent_valid_format={agent[M.VALID_FORMAT]} "
+              f"agent_reward={agent[M.REWARD]}")
+        print(f"agent_time_rollout={agent[M.TIME_ROLLOUT]} agent_time_scoring="
+              f"{agent[M.TIME_SCORING]} agent_time_old_logprobs={agent[M.TIME_OLD_LOGPROBS]} "
+              f"agent_time_update={agent[M.TIME_UPDATE]} agent_time_step={agent[M.TIME_STEP]} "
+              f"agent_rollout_tok_s={agent[M.TOKENS_PER_S]} "
+              f"agent_train_tok_s={agent[M.TRAIN_TOKENS_PER_S]}")
+        print(f"agent_rollout_logp_gap={agent.get(M.ROLLOUT_LOGP_GAP)} "
               f"agent_rollout_logp_gap_max={agent.get('rollout_logp_gap_max')} "
               f"agent_peak_gpu_mb={agent.get('peak_gpu_mb')}")
 
@@ -398,11 +399,11 @@ def main() -> None:
                                       share_prompts=side == "seekrl")
                     (seek_runs if side == "seekrl" else unshared_runs).append(run)
                     print(f"repeat={r} side={side} step_s={run['wall']:.1f} "
-                          f"rollout_s={run['time_rollout']:.1f} "
-                          f"old_logprobs_s={run['time_old_logprobs']:.1f} "
-                          f"update_s={run['time_update']:.1f} "
-                          f"generated_tokens={run['generated']} reward={run['reward']} "
-                          f"valid_format={run['valid_format']} "
+                          f"rollout_s={run[M.TIME_ROLLOUT]:.1f} "
+                          f"old_logprobs_s={run[M.TIME_OLD_LOGPROBS]:.1f} "
+                          f"update_s={run[M.TIME_UPDATE]:.1f} "
+                          f"generated_tokens={run['generated']} reward={run[M.REWARD]} "
+                          f"valid_format={run[M.VALID_FORMAT]} "
                           f"peak_gpu_mb={run.get('peak_gpu_mb')}")
 
     summary = ["summary:"]
@@ -412,9 +413,9 @@ def main() -> None:
         trl_tok = median([x["generated"] for x in trl_runs])
         seek_tok = median([x["generated"] for x in seek_runs])
         trl_gen = median([x["generate"] for x in trl_runs])
-        seek_gen = median([x["time_rollout"] for x in seek_runs])
+        seek_gen = median([x[M.TIME_ROLLOUT] for x in seek_runs])
         trl_upd = median([x["wall"] - x["rollout"] for x in trl_runs])
-        seek_upd = median([x["time_update"] for x in seek_runs])
+        seek_upd = median([x[M.TIME_UPDATE] for x in seek_runs])
         print(f"single_turn_trl_step_s={trl_s:.1f} single_turn_seekrl_step_s={seek_s:.1f} "
               f"single_turn_trl_generated_tokens={trl_tok:.0f} "
               f"single_turn_seekrl_generated_tokens={seek_tok:.0f}")
@@ -426,7 +427,7 @@ def main() -> None:
               f"single_turn_seekrl_gen_tok_s={seek_tok / seek_gen:.1f}")
         if unshared_runs:
             un_s = median([x["wall"] for x in unshared_runs])
-            un_upd = median([x["time_update"] for x in unshared_runs])
+            un_upd = median([x[M.TIME_UPDATE] for x in unshared_runs])
             print(f"single_turn_unshared_step_s={un_s:.1f} single_turn_unshared_update_s="
                   f"{un_upd:.1f} share_prompts_update_speedup={un_upd / seek_upd:.2f} "
                   f"trl_speedup_unshared={trl_s / un_s:.2f}")
@@ -436,9 +437,9 @@ def main() -> None:
     if demo_summary:
         summary.append(demo_summary)
     if agent is not None:
-        summary.append(f"agent_step={agent['wall']:.1f}s (rollout {agent['time_rollout']:.1f}s "
-                       f"at {agent['tokens_per_s']} tok/s, old_logprobs "
-                       f"{agent['time_old_logprobs']:.1f}s, update {agent['time_update']:.1f}s)")
+        summary.append(f"agent_step={agent['wall']:.1f}s (rollout {agent[M.TIME_ROLLOUT]:.1f}s "
+                       f"at {agent[M.TOKENS_PER_S]} tok/s, old_logprobs "
+                       f"{agent[M.TIME_OLD_LOGPROBS]:.1f}s, update {agent[M.TIME_UPDATE]:.1f}s)")
     peak = peak_rss_mb()
     print(f"peak_rss_mb={peak}")   # the whole run's peak (the largest side sets it)
     summary.append(f"peak_rss_mb={peak}")

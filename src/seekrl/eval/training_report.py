@@ -41,6 +41,7 @@ from seekrl.eval.report import (
     metric_columns,
     metrics_table_html,
 )
+from seekrl.rl import step_metrics as M
 
 __all__ = ["comparison_table", "plot_curves", "read_metrics_log", "report_for_run", "time_stacks",
            "write_training_report"]
@@ -63,29 +64,30 @@ class CurveGroup:
 
 
 CURVE_GROUPS: tuple[CurveGroup, ...] = (
-    CurveGroup("reward", "Reward and exact match", (("score", ("reward", "outcome", "em")),)),
-    CurveGroup("kl_entropy", "KL and entropy", (("KL", ("kl",)), ("entropy", ("entropy",)))),
+    CurveGroup("reward", "Reward and exact match", (("score", (M.REWARD, M.OUTCOME, M.EM)),)),
+    CurveGroup("kl_entropy", "KL and entropy", (("KL", (M.KL,)), ("entropy", (M.ENTROPY,)))),
     CurveGroup("clipping", "Clip fraction and approximate KL",
-               (("clip fraction", ("clip_frac",)), ("approx. KL", ("approx_kl",)))),
-    CurveGroup("grad_norm", "Gradient norm", (("grad norm", ("grad_norm",)),)),
+               (("clip fraction", (M.CLIP_FRAC,)), ("approx. KL", (M.APPROX_KL,)))),
+    CurveGroup("grad_norm", "Gradient norm", (("grad norm", (M.GRAD_NORM,)),)),
     CurveGroup("length_searches", "Response length and searches",
-               (("tokens", ("response_length",)), ("searches / episode", ("searches",)))),
+               (("tokens", (M.RESPONSE_LENGTH,)), ("searches / episode", (M.SEARCHES,)))),
     CurveGroup("valid_format", "Valid format",
-               (("fraction", ("valid_format", "dev_valid_format")),)),
+               (("fraction", (M.VALID_FORMAT, M.DEV + M.VALID_FORMAT)),)),
     CurveGroup("signal", "Learning signal",
-               (("groups with signal", ("groups_with_signal", "groups_solved")),
+               (("groups with signal", (M.GROUPS_WITH_SIGNAL, M.GROUPS_SOLVED)),
                 ("log p(correct): before, shift by the update",
-                 ("correct_logp", "correct_logp_shift")))),
-    CurveGroup("loss", "SFT loss", (("loss", ("loss",)),)),
-    CurveGroup("dev", "Dev-set scores", (("score", ("dev_em", "dev_f1")),)),
+                 (M.CORRECT_LOGP, M.CORRECT_LOGP_SHIFT)))),
+    CurveGroup("loss", "SFT loss", (("loss", (M.LOSS,)),)),
+    CurveGroup("dev", "Dev-set scores", (("score", (M.DEV + M.EM, M.DEV + M.F1)),)),
     CurveGroup("throughput", "Learning rate and throughput",
-               (("learning rate", ("lr",)),
-                ("tokens / s", ("tokens_per_s", "train_tokens_per_s")))),
+               (("learning rate", (M.LR,)),
+                ("tokens / s", (M.TOKENS_PER_S, M.TRAIN_TOKENS_PER_S)))),
 )
-# Drawn by their own functions: reward_by_type is a dict per line, time_* keys are stacked.
-REWARD_BY_TYPE, TIME_SPLIT = "reward_by_type", "time_split"
+# Drawn by their own functions: reward_by_type is a dict per line, time_* keys are stacked;
+# these are also the PNGs' stems.
+REWARD_BY_TYPE, TIME_SPLIT = M.REWARD_BY_TYPE, "time_split"
 # The whole step's seconds: not a phase to stack, what it has beyond the phases is "other".
-TIME_TOTAL = "time_step"
+TIME_TOTAL = M.TIME_STEP
 _GROUP_ORDER = ("reward", "kl_entropy", "clipping", "grad_norm", "length_searches",
                 "valid_format", REWARD_BY_TYPE, TIME_SPLIT, "signal", "loss", "dev", "throughput")
 
@@ -114,7 +116,7 @@ def _series(records: Sequence[dict], key: str) -> tuple[list[float], list[float]
     later line wins, as it is the one the run went on from."""
     by_step: dict[float, float] = {}
     for rec in records:
-        step, value = _number(rec.get("step")), _number(rec.get(key))
+        step, value = _number(rec.get(M.STEP)), _number(rec.get(key))
         if step is not None and value is not None:
             by_step[step] = value
     steps = sorted(by_step)
@@ -131,7 +133,7 @@ def _type_keys(records: Sequence[dict]) -> list[str]:
 
 
 def _type_series(records: Sequence[dict], type_name: str) -> tuple[list[float], list[float]]:
-    flat = [{"step": rec.get("step"), "v": rec[REWARD_BY_TYPE].get(type_name)}
+    flat = [{M.STEP: rec.get(M.STEP), "v": rec[REWARD_BY_TYPE].get(type_name)}
             for rec in records if isinstance(rec.get(REWARD_BY_TYPE), dict)]
     return _series(flat, "v")
 
@@ -140,7 +142,7 @@ def _time_keys(records: Sequence[dict]) -> list[str]:
     seen: dict[str, None] = {}
     for rec in records:
         seen.update((k, None) for k, v in rec.items()
-                    if k.startswith("time_") and k != TIME_TOTAL and _number(v) is not None)
+                    if k.startswith(M.TIME) and k != TIME_TOTAL and _number(v) is not None)
     return list(seen)
 
 
@@ -234,14 +236,14 @@ def time_stacks(records: Sequence[dict]) -> tuple[list[str], list[float], list[l
     keys: the phases in first-logged order, a phase missing from a line counted as 0, and
     "other" last (what `time_step` has beyond the phases) where `time_step` is logged."""
     keys = _time_keys(records)
-    rows = [rec for rec in records if _number(rec.get("step")) is not None
+    rows = [rec for rec in records if _number(rec.get(M.STEP)) is not None
             and any(_number(rec.get(k)) is not None for k in keys)]
     if not keys or not rows:
         return None
-    by_step = {_number(rec["step"]): rec for rec in rows}  # the later line wins
+    by_step = {_number(rec[M.STEP]): rec for rec in rows}  # the later line wins
     steps = sorted(by_step)
     stacks = [[_number(by_step[s].get(k)) or 0.0 for s in steps] for k in keys]
-    labels = [k.removeprefix("time_") for k in keys]
+    labels = [k.removeprefix(M.TIME) for k in keys]
     totals = [_number(by_step[s].get(TIME_TOTAL)) for s in steps]
     if any(t is not None for t in totals):
         phases = [sum(col) for col in zip(*stacks)]
@@ -393,13 +395,13 @@ def _table_html(header: Sequence[str], rows: Sequence[Sequence[str]],
 def _logs_html(logs: Mapping[str, Path], records: Mapping[str, list[dict]],
                skipped: Mapping[str, SkipReport], base: Path) -> str:
     """Per log: its file, lines, steps, and the last value of the headline metrics."""
-    headline = [("reward", "last reward"), ("em", "last EM"), ("loss", "last loss"),
-                ("dev_em", "last dev EM")]
+    headline = [(M.REWARD, "last reward"), (M.EM, "last EM"), (M.LOSS, "last loss"),
+                (M.DEV + M.EM, "last dev EM")]
     shown = [(k, label) for k, label in headline
              if any(_series(recs, k)[0] for recs in records.values())]
     rows = []
     for name, recs in records.items():
-        steps = sorted({s for r in recs if (s := _number(r.get("step"))) is not None})
+        steps = sorted({s for r in recs if (s := _number(r.get(M.STEP))) is not None})
         span = f"{steps[0]:g} to {steps[-1]:g}" if steps else "none"
         row = [name, _relative(logs[name], base), str(len(recs)), span]
         row += [cell({"v": (_series(recs, k)[1] or [None])[-1]}, "v", "{:.4g}") for k, _ in shown]

@@ -13,6 +13,7 @@ from seekrl.rewards.metrics import exact_match
 
 # the episodes'
 STEP = "step"
+EPISODES = "episodes"   # only a step's record has it (a dev evaluation's line has not)
 REWARD = "reward"
 OUTCOME = "outcome"
 EM = "em"
@@ -31,17 +32,35 @@ GROUPS_SOLVED = "groups_solved"
 KL = "kl"
 ENTROPY = "entropy"
 CLIP_FRAC = "clip_frac"
+APPROX_KL = "approx_kl"
+CORRECT_LOGP = "correct_logp"
 GRAD_NORM = "grad_norm"
 UPDATES = "updates"
 CORRECT_LOGP_SHIFT = "correct_logp_shift"
+ROLLOUT_LOGP_GAP = "rollout_logp_gap"   # the sampler's log-probs against the trainer's
 LR = "lr"
-# time and compute
+ALERTS = "alerts"   # the monitor's alert kinds raised at the step
+# time and compute: every phase's seconds are logged as time_<phase>, the whole step's too
+TIME = "time_"
 TIME_STEP = "time_step"
+TIME_ROLLOUT = "time_rollout"
+TIME_SCORING = "time_scoring"
+TIME_OLD_LOGPROBS = "time_old_logprobs"
+TIME_UPDATE = "time_update"
+TIME_RANKER_SCORE = "time_ranker_score"
+TIME_RANKER_UPDATE = "time_ranker_update"
 TOKENS_PER_S = "tokens_per_s"
 TRAIN_TOKENS_PER_S = "train_tokens_per_s"
 ROLLOUT_TOKENS = "rollout_tokens"
+ROLLOUT_TOKENS_TOTAL = "rollout_tokens_total"   # the run's so far, this step's included
+PEAK_RSS_MB = "peak_rss_mb"
+PEAK_GPU_MB = "peak_gpu_mb"
+STATE_MB = "state_mb"   # the trained state's bytes: weights, gradients, optimizer
+# SFT's step record (the report draws both trainers' logs)
+LOSS = "loss"
 # a dev evaluation's figures are logged under this prefix (dev_em, dev_searches, ...)
 DEV = "dev_"
+F1 = "f1"   # a dev evaluation's only
 
 
 def correct(t: Trajectory) -> bool:
