@@ -18,12 +18,18 @@ Each run keeps `WORK/runs/METHOD-sSEED/result.json` once it is done and is not r
 so a run can be split: `--stage sft` once, then one process per method or seed (in
 parallel on a GPU), then `--stage report`. Prints `key=value` figures (test EM mean and
 std over seeds per method and per question type, searches per episode, evidence recall,
-steps and rollout tokens), draws `process_ablation.png`, and ends with a one-line summary
-holding `process_gain=` (the named process method's test EM minus outcome-only's) and
-`rl_gain=` (outcome-only's test EM minus the shared SFT start's; nan before the start is
-evaluated): paired per question over the seeds both arms ran, with those seeds and the
-interval below, where the runs kept per-question answers, else the difference of the
-means, labelled `(unpaired means)`. One seed's std is nan (the std is over seeds, n - 1).
+steps and rollout tokens), draws `process_ablation.png` and `learning_curves.png` (EM at
+each evaluation against steps and rollout tokens, each seed's line, and the training
+reward: `bench/learning_curves.py`), and ends with a one-line summary holding
+`process_gain=` (the named process method's test EM minus outcome-only's: the process arm
+named before the test runs, as the best of several noisy means is biased up), `rl_gain=`
+(outcome-only's test EM minus the shared SFT start's; nan before the start is evaluated),
+their 95% intervals `process_gain_ci=LOW..HIGH` and `rl_gain_ci=LOW..HIGH`, and `best_em=`
+(the better named arm's mean test EM, outcome-only or the named method, and which). A gain
+is paired per question over the seeds both arms ran, with those seeds and the interval
+below, where the runs kept per-question answers, else the difference of the means,
+labelled `(unpaired means)`, its interval `nan..nan`. One seed's std is nan (the std is
+over seeds, n - 1).
 
 The runs answer the same test questions, so the comparisons are also made pair by pair:
 every run keeps its per-question EM (`per_question` in result.json, `per_question.json` of
@@ -54,6 +60,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from seekrl.rl import step_metrics as M  # noqa: E402
 
 DEFAULT_METHODS = "outcome,evidence,gigpo,mc_value,stratified,tree"
 
@@ -359,9 +367,10 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
         shutil.rmtree(out / f"eval-{args.final_on}", ignore_errors=True)
     summary = Trainer(cfg, resume=resume, overwrite=not resume).train()
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if "episodes" in r]
-    tokens_at = {r["step"]: r["rollout_tokens_total"] for r in steps}
-    curve = [(tokens_at.get(r["step"]), r["dev_em"]) for r in records if "dev_em" in r]
+    steps = [r for r in records if M.EPISODES in r]
+    tokens_at = {r[M.STEP]: r[M.ROLLOUT_TOKENS_TOTAL] for r in steps}
+    dev_em = M.DEV + M.EM
+    curve = [(tokens_at.get(r[M.STEP]), r[dev_em]) for r in records if dev_em in r]
     dev_dir = summary.get("dev_dir")
     final_dir = out / f"eval-{args.final_on}"
     if args.final_on == "dev" and dev_dir and (Path(dev_dir) / "metrics.json").is_file():
@@ -383,16 +392,16 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
               "evidence_recall": avg["evidence_recall"], "valid_format": avg["valid_format"],
               "em_by_type": by_type, "curve": curve,
               "per_question": _per_question(final_dir),
-              "train_searches": [r["searches"] for r in steps],
-              "train_reward": [r["reward"] for r in steps],
+              TRAIN + M.SEARCHES: [r[M.SEARCHES] for r in steps],
+              TRAIN + M.REWARD: [r[M.REWARD] for r in steps],
               # the health of every step, to read the curve after the fact (the whole log,
               # dev lines included, is kept beside as metrics.jsonl.gz)
-              **{f"train_{k}": [r.get(k) for r in steps] for k in STEP_CURVES},
+              **{TRAIN + k: [r.get(k) for r in steps] for k in STEP_CURVES},
               "metrics_log": _keep_log(out),
-              "alerts": sorted({a for r in steps for a in r.get("alerts", [])}),
+              "alerts": sorted({a for r in steps for a in r.get(M.ALERTS, [])}),
               # the ranker's scoring and updates: time the policy-token budget does not count
-              "ranker_minutes": round(sum(r.get("time_ranker_score", 0.0)
-                                          + r.get("time_ranker_update", 0.0)
+              "ranker_minutes": round(sum(r.get(M.TIME_RANKER_SCORE, 0.0)
+                                          + r.get(M.TIME_RANKER_UPDATE, 0.0)
                                           for r in steps) / 60, 2) if cfg.ranker else None,
               "minutes": round((time.time() - t0) / 60, 2), "device": args.device,
               "evaluated_on": args.final_on, "overrides": args.overrides,
@@ -404,10 +413,11 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
     return result
 
 
-# per-step figures a result keeps as lists (train_<name>): reward and EM, the signal, the
+# per-step figures a result keeps as lists (TRAIN + name): reward and EM, the signal, the
 # update's health and the hop decision
-STEP_CURVES = ("em", "valid_format", "groups_with_signal", "groups_solved", "updates",
-               "clip_frac", "kl", "entropy", "grad_norm", "lookups_by_kind", "rollout_tokens")
+TRAIN = "train_"
+STEP_CURVES = (M.EM, M.VALID_FORMAT, M.GROUPS_WITH_SIGNAL, M.GROUPS_SOLVED, M.UPDATES,
+               M.CLIP_FRAC, M.KL, M.ENTROPY, M.GRAD_NORM, M.LOOKUPS_BY_KIND, M.ROLLOUT_TOKENS)
 
 
 def _keep_log(out: Path) -> str:
@@ -586,6 +596,13 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
         print(f"em_sft={sft_em:.4f}")
     _plot(rows, by_method, sft_em, runs / "process_ablation.png")
     print(f"plot={runs / 'process_ablation.png'}")
+    from learning_curves import plot as plot_curves
+    from learning_curves import runs_in
+
+    # the same runs as the table, each seed's curve from its step log or result
+    curves = plot_curves(runs_in(runs, [f"{r['method']}-s{r['seed']}" for r in results]),
+                         runs / "learning_curves.png")
+    print(f"curves={curves}")
     outcome = rows.get("outcome", {}).get("em")
     process = {m: r["em"] for m, r in rows.items() if m != "outcome"}
     best = max(process, key=process.get) if process else None
@@ -620,36 +637,56 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
             continue
         found[(a, b)] = paired
         print(paired_line(a, b, paired))
-    gain = _headline(found.get((named, "outcome")),
-                     process[named] - outcome if named in process and outcome is not None
-                     else float("nan"))
-    rl_gain = _headline(found.get(("outcome", "start")),
-                        outcome - sft_em if outcome is not None and sft_em is not None
-                        else float("nan"))
+    nan = float("nan")
+    gain = _gain("process_gain", found.get((named, "outcome")),
+                 process[named] - outcome if named in process and outcome is not None
+                 else nan)
+    rl_gain = _gain("rl_gain", found.get(("outcome", "start")),
+                    outcome - sft_em if outcome is not None and sft_em is not None else nan)
+    # the arms named before the runs: outcome-only and the named process method (the best
+    # of all the arms' means is biased up, and is only shown as exploratory)
+    named_em = {m: rows[m]["em"] for m in ("outcome", named) if m in rows}
+    top = max(named_em, key=named_em.get) if named_em else None
+    best_em = f"best_em={named_em[top]:.4f} ({top})" if top else "best_em=nan"
     versus = "".join(
-        f"; {m}_vs_{m}{tag}="
-        + _headline(found.get((m, m + tag)), rows[m]["em"] - their_em[m])
+        "; " + _gain(f"{m}_vs_{m}{tag}", found.get((m, m + tag)),
+                     rows[m]["em"] - their_em[m])
         for m in order if m in their_em) if tag else ""
     print("process_ablation: " + ", ".join(
               f"{m} {r['em']:.3f}" + (f"±{r['em_sd']:.3f} ({r['seeds']} seeds)"
                                       if r["seeds"] > 1 else " (1 seed)")
               for m, r in rows.items())
-          + f", {on} EM; best {best} (exploratory); named {named}; process_gain={gain}"
-          + f"; rl_gain={rl_gain}{versus}"
+          + f", {on} EM; best {best} (exploratory); named {named}; {gain}; {rl_gain}; "
+          + f"{best_em}{versus}"
           + (f"; {missed} runs outside 10% of the budget" if missed else "")
           + f" ({(time.time() - started) / 60:.0f} min this run)")
 
 
-def _headline(paired: dict | None, unpaired: float) -> str:
-    """A gain for a summary line: the paired one (the seeds both arms have, with its
-    interval) where both kept per-question answers, else the difference of the means."""
+def _gain(name: str, paired: dict | None, unpaired: float) -> str:
+    """A gain for this bench's summary line as `NAME=GAIN NAME_ci=LOW..HIGH (how)`: the
+    paired one (the seeds both arms have, its 95% interval) where both kept per-question
+    answers, else the difference of the means, with no interval (nan..nan)."""
     if paired is None:
-        return f"{unpaired:+.4f}" + (" (unpaired means)" if unpaired == unpaired else "")
+        return (f"{name}={unpaired:+.4f} {name}_ci=nan..nan"
+                + (" (unpaired means)" if unpaired == unpaired else ""))
+    return (f"{name}={paired['gain']:+.4f} {name}_ci={paired['lo']:+.3f}..{paired['hi']:+.3f} "
+            f"({_how(paired)})")
+
+
+def _how(paired: dict) -> str:
     seeds = paired["seeds"]
     over = "questions only" if len(seeds) == 1 else "seeds and questions"
+    return (f"paired; seed{'s' * (len(seeds) > 1)} {','.join(map(str, seeds))}, "
+            f"resampling {over}")
+
+
+def _headline(paired: dict | None, unpaired: float) -> str:
+    """A gain for the other benches' summary lines (prorag.py, simulated_search.py): the
+    paired one with its interval in words, else the difference of the means."""
+    if paired is None:
+        return f"{unpaired:+.4f}" + (" (unpaired means)" if unpaired == unpaired else "")
     return (f"{paired['gain']:+.4f} (95% CI {paired['lo']:+.3f} to {paired['hi']:+.3f}, "
-            f"paired; seed{'s' * (len(seeds) > 1)} {','.join(map(str, seeds))}, "
-            f"resampling {over})")
+            f"{_how(paired)})")
 
 
 def _say_differences(mine: list[dict], theirs: list[dict], tag: str) -> None:

@@ -49,7 +49,7 @@ def test_report_means_stds_and_process_gain(tmp_path, capsys):
     assert float(figures["em_std_outcome"]) == pytest.approx(0.02)
     assert float(figures["em_evidence_bridge"]) == pytest.approx(0.14)
     assert out[-1].startswith("process_ablation: ") \
-        and "process_gain=+0.0600 (unpaired means)" in out[-1]
+        and "process_gain=+0.0600 process_gain_ci=nan..nan (unpaired means)" in out[-1]
     assert "outcome 0.220±0.020 (3 seeds)" in out[-1]
     assert "best gigpo (exploratory)" in out[-1] and "1 runs outside 10% of the budget" \
         in out[-1]
@@ -391,7 +391,7 @@ def test_report_prints_the_paired_comparison_from_kept_per_question_records(tmp_
     assert figures["seeds_recall_vs_start"] == "s0:+0.150/s1:+0.200"
     lo, hi = (float(x) for x in figures["ci95_recall_vs_outcome"].split(","))
     assert lo < 0.2 < hi
-    assert (f"process_gain=+0.2000 (95% CI {lo:+.3f} to {hi:+.3f}, paired; seeds 0,1, "
+    assert (f"process_gain=+0.2000 process_gain_ci={lo:+.3f}..{hi:+.3f} (paired; seeds 0,1, "
             "resampling seeds and questions)") in out[-1]
 
 
@@ -503,7 +503,7 @@ def test_report_against_another_setting_pairs_each_method_with_its_namesake(tmp_
     # what the two folders' runs differ in is printed; kept no config here
     assert figures["settings_outcome_s0_vs@decide"] == "unknown"
     assert figures["budget_ratio_outcome_s1_vs@decide"] == "1.000"
-    assert "outcome_vs_outcome@decide=+0.2000 (95% CI" in out[-1]
+    assert "outcome_vs_outcome@decide=+0.2000 outcome_vs_outcome@decide_ci=" in out[-1]
     for seed, extra in enumerate([{"ranker": {"model": "r"}}, {"optim": {"lr": 2}}]):
         mine_path, theirs_path = (tmp_path / f / f"outcome-s{seed}" / "result.json"
                                   for f in ("ranker", "decide"))
@@ -526,7 +526,8 @@ def test_report_against_another_setting_pairs_each_method_with_its_namesake(tmp_
         path.write_text(json.dumps({k: v for k, v in r.items() if k != "per_question"}))
     bench._report(tmp_path / "ranker", time.time(), "recall", against=tmp_path / "decide")
     out = capsys.readouterr().out.strip().splitlines()
-    assert "outcome_vs_outcome@decide=+0.2000 (unpaired means)" in out[-1]
+    assert "outcome_vs_outcome@decide=+0.2000 outcome_vs_outcome@decide_ci=nan..nan " \
+        "(unpaired means)" in out[-1]
     assert "paired_outcome_vs_outcome@decide=nan (no seed has both" in " ".join(out)
     with pytest.raises(SystemExit, match="is not a runs folder"):
         bench._report(tmp_path / "ranker", time.time(), "recall", against=tmp_path / "nope")
@@ -752,5 +753,5 @@ def test_one_seed_shows_no_spread_and_an_interval_over_questions_only(tmp_path, 
     assert float(figures["em_recall_single"]) == 0.5 and "em_recall_bridge" not in figures
     assert "paired_evidence_vs_outcome=nan (no seed has both arms' per-question answers)" in out
     assert "outcome 0.300 (1 seed)" in out[-1]
-    assert "process_gain=+0.3000 (95% CI" in out[-1] and \
+    assert "process_gain=+0.3000 process_gain_ci=" in out[-1] and \
         "paired; seed 0, resampling questions only)" in out[-1]

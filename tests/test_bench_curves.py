@@ -1,0 +1,147 @@
+"""bench/learning_curves.py on fabricated run folders and on the kept records, and the
+process ablation's summary line (the gains, their intervals and best_em)."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+RECORDS = BENCH / "records"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module   # where its dataclasses look their annotations up
+    spec.loader.exec_module(module)
+    return module
+
+
+def step_log(steps: int, every: int = 0, per_step: int = 100) -> list[dict]:
+    """A trainer's metrics.jsonl: a step record per step, a dev line every `every` steps
+    and at the last step."""
+    lines = []
+    for s in range(1, steps + 1):
+        lines.append({"step": s, "episodes": 32, "reward": 0.1 * s, "em": 0.05 * s,
+                      "rollout_tokens": per_step, "rollout_tokens_total": per_step * s})
+        if every and (s % every == 0 or s == steps):
+            lines.append({"step": s, "dev_em": 0.3 + 0.01 * s, "dev_f1": 0.4})
+    return lines
+
+
+def write_gz(path: Path, lines: list[dict], torn: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        f.write("".join(json.dumps(x) + "\n" for x in lines) + ('{"step": 9' if torn else ""))
+
+
+def test_runs_are_read_from_their_step_log_their_result_or_a_partial_log(tmp_path):
+    curves = load("learning_curves")
+    runs = tmp_path / "runs"
+    # a run of today's bench: its result and its whole step log, dev every 2 steps
+    new = runs / "outcome-s0"
+    write_gz(new / "metrics.jsonl.gz", step_log(5, every=2), torn=True)
+    (new / "result.json").write_text(json.dumps({
+        "method": "outcome", "seed": 0, "steps": 5, "rollout_tokens": 500, "em": 0.4,
+        "evaluated_on": "test", "curve": [[200, 0.32], [400, 0.34], [500, 0.35]],
+        "train_reward": [0.0] * 5}))
+    # an older record: no log, the dev curve as (tokens, EM), its steps from eval.every
+    old = runs / "recall-s1"
+    old.mkdir(parents=True)
+    (old / "result.json").write_text(json.dumps({
+        "method": "recall", "seed": 1, "steps": 11, "rollout_tokens": 1100, "em": 0.3,
+        "evaluated_on": "dev", "curve": [[500, 0.3], [1000, 0.31], [1100, 0.33]],
+        "train_reward": [0.2] * 11, "config": {"eval": {"every": 5}}}))
+    # a run kept before it finished: its log and config, under a name of its own
+    partial = runs / "upd4-outcome-s2-partial"
+    write_gz(partial / "metrics.jsonl.gz", step_log(3))
+    (partial / "config.yaml").write_text("seed: 2\nsteps: 10\n")
+    (runs / "eval-sft-test").mkdir()
+    (runs / "eval-sft-test" / "metrics.json").write_text(json.dumps({"average": {"em": 0.25}}))
+    (runs / "notes").mkdir()   # neither a result nor a log: not a run
+
+    got = {r.arm: r for r in curves.read_runs([runs])}
+    assert sorted(got) == ["outcome", "recall", "upd4-outcome-partial"]
+    r = got["outcome"]
+    assert (r.seed, r.steps, r.tokens) == (0, [1, 2, 3, 4, 5], [100, 200, 300, 400, 500])
+    assert r.reward == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])   # the log's, not the result's
+    assert r.dev == [(2, 200, pytest.approx(0.32)), (4, 400, pytest.approx(0.34)),
+                     (5, 500, pytest.approx(0.35))]
+    assert r.final == (5, 500, 0.4) and r.start == {"test": 0.25}
+    r = got["recall"]
+    assert [(s, t) for s, t, _ in r.dev] == [(5, 500), (10, 1000), (11, 1100)]
+    assert r.steps == list(range(1, 12)) and r.tokens == [None] * 11 and r.final_on == "dev"
+    r = got["upd4-outcome-partial"]
+    assert (r.seed, r.steps, r.final, r.dev) == (2, [1, 2, 3], None, [])
+
+    png = curves.plot(list(got.values()), tmp_path / "out" / "curves.png")
+    assert png.stat().st_size > 10_000
+    # two folders of runs: the same method in two settings is told apart by its folder
+    other = tmp_path / "other"
+    (other / "outcome-s0").mkdir(parents=True)
+    (other / "outcome-s0" / "result.json").write_text(
+        (new / "result.json").read_text())
+    arms = {r.arm for r in curves.read_runs([runs, other])}
+    assert {"runs/outcome", "other/outcome"} <= arms
+    with pytest.raises(SystemExit, match="no such folder"):
+        curves.read_runs([tmp_path / "nope"])
+
+
+def test_the_kept_records_are_drawn(tmp_path):
+    curves = load("learning_curves")
+    partial = curves.read_runs([RECORDS / "dev" / "upd4-outcome-s0-partial"])
+    assert [(r.arm, r.seed, r.steps) for r in partial] == \
+        [("upd4-outcome-partial", 0, [1, 2, 3, 4, 5])]
+    assert partial[0].tokens[-1] > partial[0].tokens[0] > 0
+    decide = curves.read_runs([RECORDS / "decide"])
+    seeds = {}
+    for r in decide:
+        seeds.setdefault(r.arm, set()).add(r.seed)
+        assert r.final is not None and r.start["test"] == pytest.approx(0.355)
+    assert seeds == {m: {0, 1, 2} for m in ("outcome", "recall", "evidence", "prm")}
+    dev = {r.arm: r for r in curves.read_runs([RECORDS / "dev"])}
+    assert [s for s, _, _ in dev["evidence_raw"].dev] == [5, 10, 11]
+    assert curves.plot(decide + partial, tmp_path / "c.png").stat().st_size > 10_000
+
+
+def test_summary_line_holds_the_gains_their_intervals_and_best_em(tmp_path, capsys):
+    bench = load("process_ablation")
+    runs = tmp_path / "runs"
+    qs = [f"q{i}" for i in range(20)]
+    # gigpo is best on the mean, but the named arms are outcome-only and recall
+    for method, right in {"outcome": 6, "recall": 9, "gigpo": 12}.items():
+        for seed in range(3):
+            d = runs / f"{method}-s{seed}"
+            d.mkdir(parents=True)
+            per = {q: float(i < right + seed) for i, q in enumerate(qs)}
+            (d / "result.json").write_text(json.dumps({
+                "method": method, "seed": seed, "em": sum(per.values()) / 20, "searches": 2,
+                "evidence_recall": 0.7, "steps": 4, "rollout_tokens": 400,
+                "em_by_type": {"bridge": 0.1}, "per_question": per, "evaluated_on": "test",
+                "train_reward": [0.1, 0.2, 0.3, 0.2]}))
+            write_gz(d / "metrics.jsonl.gz", step_log(4, every=2))
+    (runs / "eval-sft-test").mkdir()
+    (runs / "eval-sft-test" / "metrics.json").write_text(json.dumps({"average": {"em": 0.25}}))
+    (runs / "eval-sft-test" / "per_question.json").write_text(
+        json.dumps({q: float(i < 5) for i, q in enumerate(qs)}))
+    bench._report(runs, time.time(), "recall")
+    out = capsys.readouterr().out.strip().splitlines()
+    keys = dict(re.findall(r"(\w+)=(\S+)", out[-1]))
+    # outcome-only answers 6, 7, 8 of 20 against the start's 5; recall 3 more than outcome
+    assert float(keys["rl_gain"]) == pytest.approx(0.1)
+    assert float(keys["process_gain"]) == pytest.approx(0.15)
+    for name, gain in (("rl_gain", 0.1), ("process_gain", 0.15)):
+        lo, hi = (float(x) for x in keys[f"{name}_ci"].split(".."))
+        assert lo <= gain <= hi
+    assert float(keys["best_em"]) == pytest.approx(0.5) and "best_em=0.5000 (recall)" in out[-1]
+    assert "best gigpo (exploratory)" in out[-1]
+    assert f"curves={runs / 'learning_curves.png'}" in out
+    assert (runs / "learning_curves.png").stat().st_size > 10_000
