@@ -25,15 +25,13 @@ import argparse
 import gzip
 import json
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from seekrl.rl import step_metrics as M
 
-from process_ablation import TRAIN  # noqa: E402
-
-from seekrl.rl import step_metrics as M  # noqa: E402
+# a result.json's per-step lists are named TRAIN + the step figure's name
+TRAIN = "train_"
 
 RESULT, LOGS, CONFIG = "result.json", ("metrics.jsonl.gz", "metrics.jsonl"), "config.yaml"
 SEED_STYLES = ("-", "--", ":", "-.")

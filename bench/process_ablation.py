@@ -61,6 +61,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from learning_curves import TRAIN  # noqa: E402
+
 from seekrl.rl import step_metrics as M  # noqa: E402
 
 DEFAULT_METHODS = "outcome,evidence,gigpo,mc_value,stratified,tree"
@@ -415,7 +417,6 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
 
 # per-step figures a result keeps as lists (TRAIN + name): reward and EM, the signal, the
 # update's health and the hop decision
-TRAIN = "train_"
 STEP_CURVES = (M.EM, M.VALID_FORMAT, M.GROUPS_WITH_SIGNAL, M.GROUPS_SOLVED, M.UPDATES,
                M.CLIP_FRAC, M.KL, M.ENTROPY, M.GRAD_NORM, M.LOOKUPS_BY_KIND, M.ROLLOUT_TOKENS)
 
