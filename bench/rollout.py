@@ -18,13 +18,19 @@ Qwen's 151,936, so the output layer is a third of theirs; the bundled tokenizer 
 loaded, not the model's weights). `--backend static` runs the engine on the fixed-shape
 backend (agent/static_backend.py) instead of seekrl's HF loop.
 
+`--baseline static-generate` compares the engine at its top batch with `model.generate`
+over a static cache at the same batch (one shape, so on CUDA transformers compiles its
+decoding step once, with CUDA graphs; eager on a CPU), re-tokenising each row every turn:
+`static_generate_bN_tok_s=`, its warm-up (compilation) apart, and the summary's
+`gpu_rollout_speedup=` (issue 57's target with `--backend static`: at least 2x).
+
 Each engine run's seconds are split: `decode_s` (the decoding steps alone), `prefill_s`
 (the backend's prefills) and `other_s` (retrieval, tokenising, the engine's own work), the
 backend's calls timed with the device synchronised; `decode_tok_s` is tokens per decoding
 second. The forward ceiling is one no-grad forward over 64 x 512 tokens or more on a GPU
 (CUDA events, the best of 3), over 8 mean-length episodes on a CPU. Prints key=value lines;
-the last line is the summary with speedup_bN (against the baseline), ceiling_frac_bN and
-decode_s_bN.
+the last line is the summary with speedup_bN (against the baseline; gpu_rollout_speedup
+against static-generate), ceiling_frac_bN and decode_s_bN.
 """
 
 from __future__ import annotations
@@ -139,6 +145,88 @@ def batched_generate(model, tok, retriever, questions, cfg: RolloutConfig, batch
     return generated, time.perf_counter() - started
 
 
+def static_generate(model, tok, retriever, questions, cfg: RolloutConfig, batch: int
+                    ) -> tuple[int, float, float, bool]:
+    """transformers' fastest plain loop: `batch` episodes at a time, one left-padded
+    `model.generate` call per turn over a static cache, every row's text re-tokenised each
+    turn. On CUDA `generate` compiles its decoding step (torch.compile, "reduce-overhead":
+    CUDA graphs); on a CPU it runs eagerly. One shape throughout, so it compiles once: the
+    cache is allocated once for `batch` rows of the longest context a turn can reach and
+    reset before each call, and finished episodes keep their rows as one-token stand-ins
+    that a stopping criterion ends at their first token. Returns (tokens, seconds, warm-up
+    seconds, compiled); the warm-up (one short call at the shape: compilation and graph
+    capture) is timed apart."""
+    from transformers import StaticCache, StoppingCriteria, StoppingCriteriaList
+
+    from seekrl.models import cache_kwarg
+
+    device = next(model.parameters()).device
+    pad = pad_id_of(tok)
+    compiled = device.type == "cuda"
+    tok.padding_side = "left"
+    prompts = [build_prompt(tok, q.question) for q in questions]
+    longest = max(len(tok.encode(p, add_special_tokens=False)) for p in prompts)
+    # a turn's context: the prompt, then per turn its tokens and a block (documents or the
+    # correction) of at most max_info_tokens and the tags; a longer one ends its episode
+    cap = longest + cfg.max_turns * (cfg.max_new_tokens + cfg.max_info_tokens + 32)
+    cap = min(cap, cfg.max_total_tokens) + cfg.max_new_tokens
+    cache = StaticCache(config=model.config, max_cache_len=cap)
+    idle: list[bool] = []
+
+    class Idle(StoppingCriteria):   # the stand-in rows end at once
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.tensor(idle, dtype=torch.bool, device=input_ids.device)
+
+    def call(texts: list[str], new: int):
+        cache.reset()
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        with torch.no_grad():
+            out = model.generate(**enc, do_sample=False, max_new_tokens=new,
+                                 stop_strings=list(STOP_STRINGS), tokenizer=tok,
+                                 pad_token_id=pad, disable_compile=not compiled,
+                                 stopping_criteria=StoppingCriteriaList([Idle()]),
+                                 **{cache_kwarg(model): cache})
+        return out[:, enc.input_ids.shape[1]:]
+
+    filler = tok.decode(tok.encode(" a", add_special_tokens=False)[:1])
+    _sync(device)
+    started = time.perf_counter()
+    idle[:] = [False] * batch
+    call([prompts[0]] * batch, 3)   # compiles the decoding step (CUDA), captures its graph
+    _sync(device)
+    warm = time.perf_counter() - started
+    generated = 0
+    started = time.perf_counter()
+    for start in range(0, len(questions), batch):
+        texts = prompts[start:start + batch]
+        live = list(range(len(texts)))
+        for _ in range(cfg.max_turns):
+            live = [i for i in live
+                    if len(tok.encode(texts[i], add_special_tokens=False)) + cfg.max_new_tokens
+                    <= cap]
+            if not live:
+                break
+            rows = [texts[i] for i in live] + [filler] * (batch - len(live))
+            idle[:] = [False] * len(live) + [True] * (batch - len(live))
+            new_rows = call(rows, cfg.max_new_tokens)[:len(live)]
+            still = []
+            for i, row in zip(live, new_rows):
+                generated += int((row != pad).sum())
+                turn = tok.decode(row, skip_special_tokens=True)
+                texts[i] += turn
+                action = parse_action(turn)
+                if action.kind == "answer":
+                    continue
+                if action.kind == "search":
+                    texts[i] += information_block(retriever.search([action.text], cfg.topk)[0])
+                else:
+                    texts[i] += invalid_block(action.text)
+                still.append(i)
+            live = still
+    _sync(device)
+    return generated, time.perf_counter() - started, warm, compiled
+
+
 def _sync(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
@@ -236,8 +324,11 @@ def main() -> None:
     p.add_argument("--attention", default="default",
                    help="run every side under this attention variant (bench/decode_step.py: "
                         "default, eager, sdpa_math, sdpa_efficient, sdpa_flash, sdpa_cudnn)")
-    p.add_argument("--baseline", default="sequential", choices=("sequential", "batched", "none"),
-                   help="none: only the engine (with bf16-mixed, its cast comparison)")
+    p.add_argument("--baseline", default="sequential",
+                   choices=("sequential", "batched", "static-generate", "none"),
+                   help="static-generate: `generate` with a static cache (compiled, CUDA "
+                        "graphs on CUDA) at the top batch, gpu_rollout_speedup; none: only "
+                        "the engine (with bf16-mixed, its cast comparison)")
     p.add_argument("--backend", default="hf", choices=("hf", "static"),
                    help="the engine's decoding backend: seekrl's HF loop or the static one")
     args = p.parse_args()
@@ -318,6 +409,10 @@ def run(args, model, tok, retriever, questions, dtype) -> None:
               + decode_part + ceiling_part + cast_line)
         return
     cfg = RolloutConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens)
+    if args.baseline == "static-generate":
+        static_generate_line(args, model, tok, retriever, questions, cfg, results, lengths,
+                             decode_part + cast_line)
+        return
     if args.baseline == "batched":
         tokens, seconds = batched_generate(model, tok, retriever, questions, cfg, top)
     else:
@@ -334,11 +429,31 @@ def run(args, model, tok, retriever, questions, dtype) -> None:
         frac = results[top] * 2 * params / (peak * 1e12)
         print(f"decode_flops_frac_b{top}={frac:.5f} (of {peak:.0f} bf16 TFLOP/s)")
         extra = f" decode_flops_frac_b{top}={frac:.5f}"
-    key = "gpu_rollout_speedup" if gpu else f"speedup_b{top}"
-    print(f"summary: {key}={results[top] / seq_rate:.2f} "
+    print(f"summary: speedup_b{top}={results[top] / seq_rate:.2f} "
           f"ceiling_frac_b{top}={results[top] / ceiling:.3f}{extra} "
           + " ".join(f"b{b}={r:.1f}tok/s" for b, r in results.items())
           + f" {name}={seq_rate:.1f}tok/s" + decode_part + cast_line)
+
+
+def static_generate_line(args, model, tok, retriever, questions, cfg, results, lengths,
+                         tail: str) -> None:
+    """The engine's tokens/s at its top batch against `static_generate` at the same batch:
+    `gpu_rollout_speedup=` (issue 57's target: the static backend at least 2x generate
+    with a static cache and CUDA graphs); the summary line."""
+    top = max(results)
+    tokens, seconds, warm, compiled = static_generate(model, tok, retriever, questions, cfg,
+                                                      top)
+    rate = tokens / seconds
+    print(f"static_generate_b{top}_tokens={tokens} static_generate_b{top}_seconds={seconds:.1f} "
+          f"static_generate_b{top}_tok_s={rate:.1f} static_generate_warmup_s={warm:.1f} "
+          f"static_generate_compiled={int(compiled)} (transformers' generate, static cache; "
+          f"compiled with CUDA graphs on CUDA, the warm-up apart)")
+    ceiling, how = forward_ceiling(model, lengths)
+    print(f"forward_ceiling_tok_s={ceiling:.1f} (no-grad forward, {how})")
+    print(f"summary: gpu_rollout_speedup={results[top] / rate:.2f} backend={args.backend} "
+          f"static_generate_compiled={int(compiled)} b{top}={results[top]:.1f}tok/s "
+          f"static_generate_b{top}={rate:.1f}tok/s ceiling_frac_b{top}="
+          f"{results[top] / ceiling:.3f}" + tail)
 
 
 def cast_ab(model, tok, retriever, questions, args, batch: int, rounds: int = 2) -> str:
