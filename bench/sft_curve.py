@@ -11,6 +11,11 @@ kept in `WORK/sft-STEPS/point.json` as soon as it is done and not run again, so 
 be grown over several sessions (budgets run smallest first). Prints `key=value` figures per
 budget (EM, F1, valid format, searches, EM per question type, minutes) and ends with a
 one-line summary; draws `sft_curve.png`.
+
+`--set KEY=VALUE` (repeatable, a YAML value) puts an SFT key on top of the demo's recipe, e.g.
+a plan-weighted, type-balanced start: `--set plan_weight=5 --set balance_types=hops`. Such
+points are kept apart (`WORK/sft-STEPS-plan_weight=5-balance_types=hops`), and the report
+reads the points of the same settings (`sft_curve-SETTINGS.png`).
 """
 
 from __future__ import annotations
@@ -37,7 +42,11 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", help="SFT's and the evaluation's (bf16-mixed: "
                     "float32 weights, bfloat16 products); a point records it")
     ap.add_argument("--report", action="store_true", help="only print what WORK holds")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an SFT key on top of the demo's recipe (a YAML value), e.g. "
+                    "plan_weight=5 or balance_types=hops; repeatable")
     args = ap.parse_args()
+    args.sft_keys = _sft_keys(args.set)
     budgets = sorted(int(b) for b in args.budgets.split(",") if b.strip())
     demo = DemoConfig(n_test=args.n_test, seed=args.seed)
     started = time.time()
@@ -54,7 +63,26 @@ def main() -> None:
         write_qa_jsonl(test_file, test)
         for steps in budgets:
             _point(steps, args, demo, index_dir, test_file)
-    _report(args.work_dir, started, args.dtype)
+    _report(args.work_dir, started, args.dtype, args.sft_keys)
+
+
+def _sft_keys(pairs: list[str]) -> dict:
+    import yaml
+
+    keys = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key.strip():
+            raise SystemExit(f"--set {pair}: expected KEY=VALUE")
+        keys[key.strip()] = yaml.safe_load(value)
+    return json.loads(json.dumps(keys))   # as point.json keeps them ({1: 2} -> {"1": 2})
+
+
+def _tag(keys: dict) -> str:
+    """The settings in a folder name: `-plan_weight=5-type_weights=1:2,2:1`."""
+    def text(v) -> str:
+        return json.dumps(v, separators=(",", ":")).strip('"{}[]').replace('"', "")
+    return "".join(f"-{k}={text(v)}" for k, v in keys.items())
 
 
 def _point(steps: int, args, demo, index_dir: Path, test_file: Path) -> dict:
@@ -63,7 +91,8 @@ def _point(steps: int, args, demo, index_dir: Path, test_file: Path) -> dict:
     from seekrl.recipes.pipeline import sft_config
     from seekrl.recipes.sft import run_sft
 
-    out = args.work_dir / (f"sft-{steps}" if args.dtype == "float32" else f"sft-{steps}-{args.dtype}")
+    out = args.work_dir / ((f"sft-{steps}" if args.dtype == "float32" else f"sft-{steps}-{args.dtype}")
+                           + _tag(args.sft_keys))
     done = out / "point.json"
     if done.is_file():
         return json.loads(done.read_text())
@@ -71,7 +100,8 @@ def _point(steps: int, args, demo, index_dir: Path, test_file: Path) -> dict:
     # a run killed before its point goes on from its last checkpoint (every 10 steps)
     resume = (out / "run" / "checkpoints" / "latest").is_file()
     cfg = sft_config(demo, args.work_dir / "oracle_train.jsonl", out / "run", max_steps=steps,
-                     device=args.device, dtype=args.dtype, save_every=10, keep_last=1)
+                     device=args.device, dtype=args.dtype, save_every=10, keep_last=1,
+                     **args.sft_keys)
     sft = run_sft(cfg, overwrite=not resume, resume=resume)
     sft_minutes = (time.time() - t0) / 60
     metrics = _evaluate(Path(sft["final"]), out / "eval-test", index_dir, test_file, demo, args)
@@ -84,16 +114,20 @@ def _point(steps: int, args, demo, index_dir: Path, test_file: Path) -> dict:
              "minutes": round((time.time() - t0) / 60, 2), "device": args.device,
              "dtype": args.dtype, "resumed": resume,
              "n_test": args.n_test, "seed": demo.seed}
+    if args.sft_keys:   # older points, without the field, used the recipe as it is
+        point["settings"] = args.sft_keys
     done.write_text(json.dumps(point, indent=1))
     print(f"sft {steps} steps: EM {avg['em']:.3f} valid {avg['valid_format']:.2f} searches "
           f"{avg['searches']:.2f} ({point['minutes']:.1f} min)", flush=True)
     return point
 
 
-def _report(work: Path, started: float, dtype: str) -> None:
-    """The points of `dtype` (older points, without the field, were float32)."""
+def _report(work: Path, started: float, dtype: str, keys: dict | None = None) -> None:
+    """The points of `dtype` (older points, without the field, were float32) and of the
+    SFT settings `keys`."""
     points = sorted((p for p in (json.loads(f.read_text()) for f in work.glob("sft-*/point.json"))
-                     if p.get("dtype", "float32") == dtype), key=lambda p: p["steps"])
+                     if p.get("dtype", "float32") == dtype
+                     and p.get("settings", {}) == (keys or {})), key=lambda p: p["steps"])
     if not points:
         raise SystemExit(f"no {dtype} points under {work}: run some budgets first")
     for p in points:
@@ -103,8 +137,9 @@ def _report(work: Path, started: float, dtype: str) -> None:
               f"minutes_sft{s}={p['minutes']:.1f}")
         for t, em in sorted(p["em_by_type"].items()):
             print(f"em_sft{s}_{t}={em:.4f}")
-    _plot(points, work / "sft_curve.png")
-    print(f"plot={work / 'sft_curve.png'}")
+    plot = work / f"sft_curve{_tag(keys or {})}.png"
+    _plot(points, plot)
+    print(f"plot={plot}")
     best = max(points, key=lambda p: p["em"])
     print("sft_curve: " + ", ".join(f"{p['steps']} steps EM {p['em']:.3f}" for p in points)
           + f" on {points[0]['n_test']} test questions; best {best['steps']} steps"

@@ -152,6 +152,14 @@ class SFTConfig(Strict):
     batch_size: int = Field(2, ge=1)
     grad_accum: int = Field(4, ge=1)
     max_len: int = Field(2048, ge=16)          # longer episodes are cut (the tail is lost)
+    # the loss weight of the first thought's lookup plan ("N lookups" of "To answer this I
+    # need N lookups"), the loss a weighted mean over policy tokens; 1: every token alike
+    plan_weight: float = Field(1.0, ge=0)
+    # draw each epoch's episodes evenly over question groups of the data's metadata: hops
+    # (1, 2, 3), type (single, bridge, comparison) or kind (bridge-2); null: each once
+    balance_types: Literal["hops", "type", "kind"] | None = None
+    # with balance_types: each group's share, by label ({1: 2, 2: 1, 3: 1}); null: equal
+    type_weights: dict[str, float] | None = None
     # the episodes as the trained policy will play them (the RL run's rollout:): laid out
     # with their prompt, max_info_tokens and max_queries (seekrl oracle --max-queries),
     # turns over max_new_tokens warned about (rollouts cut them), played by the dev
@@ -175,8 +183,24 @@ class SFTConfig(Strict):
         return _episode_keys_into_rollout(cls, data, {
             k: k for k in ("topk", "prompt", "max_info_tokens", "max_queries", "max_new_tokens")})
 
+    @field_validator("type_weights", mode="before")
+    @classmethod
+    def _labels_are_text(cls, value: Any) -> Any:
+        # YAML reads `{1: 2}` with int keys; the hops labels are text ("1")
+        return {str(k): v for k, v in value.items()} if isinstance(value, dict) else value
+
+    @field_validator("type_weights")
+    @classmethod
+    def _weights_not_negative(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is not None and any(w < 0 for w in value.values()):
+            raise ValueError("a weight is negative (0 leaves a group out)")
+        return value
+
     @model_validator(mode="after")
     def _attention_here(self):
+        if self.type_weights is not None and self.balance_types is None:
+            raise ValueError("type_weights weighs the groups of balance_types: set "
+                             "balance_types (hops, type or kind)")
         return _attention_runs_here(self)
 
 

@@ -8,16 +8,20 @@ Reads trajectory JSONL in either form:
 - `Trajectory` records (`token_ids`, `loss_mask`), e.g. filtered rollouts, used as they are.
 
 The loss is the mean negative log-likelihood over policy tokens only: the prompt and the
-retrieved documents are context, never targets. Then, top to bottom: load, (LoRA), AdamW
-with warm-up and cosine decay, gradient accumulation, dev EM through the evaluation harness
-every `eval.every` steps, checkpoints, and `RUN_DIR/final`, which `seekrl eval --model`
-loads like any Hugging Face model.
+retrieved documents are context, never targets; with `plan_weight` the tokens of the first
+thought's lookup plan ("I need 2 lookups") weigh that much in a weighted mean, and with
+`balance_types` each epoch draws the question types in equal (or given) shares. Then, top
+to bottom: load, (LoRA), AdamW with warm-up and cosine decay, gradient accumulation, dev EM
+through the evaluation harness every `eval.every` steps, checkpoints, and `RUN_DIR/final`,
+which `seekrl eval --model` loads like any Hugging Face model.
 """
 
 from __future__ import annotations
 
 import random
+import re
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -25,6 +29,7 @@ from typing import Any
 
 import torch
 
+from seekrl.agent.oracle import PLAN_LEAD
 from seekrl.agent.protocol import (
     ANSWER,
     INFORMATION,
@@ -75,6 +80,8 @@ class SFTExample:
     token_ids: list[int]
     loss_mask: list[int]
     source: str                    # "file:line", for error messages and the log
+    metadata: dict | None = None   # the record's (question type, hops), for balance_types
+    plan: tuple[int, int] | None = None   # [start, end) tokens of the lookup plan
 
     @cached_property
     def longest_turn(self) -> int:
@@ -99,6 +106,110 @@ def turn_limit_warning(examples: list[SFTExample], limit: int) -> str | None:
             f"{where}): rollouts cut such turns, so a policy that learns them writes invalid "
             f"ones. Raise the limit (rollout.max_new_tokens, here and in RL) or "
             f"shorten those turns.")
+
+
+# the number and noun of the oracle's `count` plan ("To answer this I need 2 lookups"):
+# the words that vary with the question; the lead is the same in every episode. The same
+# pattern `Trajectory.planned_lookups` reads.
+PLAN_PATTERN = re.compile(re.escape(PLAN_LEAD) + r"(\d+ lookups?)")
+
+
+def plan_span(decode: Callable[[list[int]], str], token_ids: Sequence[int],
+              loss_mask: Sequence[int]) -> tuple[int, int] | None:
+    """[start, end) positions of the tokens that state the lookup plan ("2 lookups") in the
+    episode's first policy turn, found in its decoded text and mapped back to tokens by the
+    decoded length of each prefix: every token that holds a character of the plan. None
+    when the first turn states no plan (`--plan none`, an episode the policy wrote)."""
+    start = next((i for i, m in enumerate(loss_mask) if m), None)
+    if start is None:
+        return None
+    stop = start
+    while stop < len(loss_mask) and loss_mask[stop]:
+        stop += 1
+    turn = list(token_ids[start:stop])
+    found = PLAN_PATTERN.search(decode(turn))
+    if found is None:
+        return None
+    a, b = found.span(1)
+    first = None
+    for k in range(1, len(turn) + 1):   # the plan opens the turn: a few prefixes suffice
+        n = len(decode(turn[:k]))
+        if first is None and n > a:
+            first = k - 1
+        if n >= b:
+            return start + first, start + k
+    return None
+
+
+def question_group(metadata: dict | None, by: str) -> str:
+    """The label `balance_types` draws by: the question's `type` (single, bridge,
+    comparison), its `hops` ("1", "2", "3") or both (`kind`, "bridge-2", as the RL logs
+    name question kinds); "-" where the metadata does not say."""
+    meta = metadata if isinstance(metadata, dict) else {}
+    kind = str(meta.get("type", "-"))
+    hops = meta.get("hops")
+    hops = hops if isinstance(hops, int) and not isinstance(hops, bool) else None
+    if by == "type":
+        return kind
+    if by == "hops":
+        return "-" if hops is None else str(hops)
+    return kind if hops is None else f"{kind}-{hops}"
+
+
+def group_quotas(sizes: dict[str, int], total: int,
+                 weights: dict[str, float] | None = None) -> dict[str, int]:
+    """Episodes per group in a draw of `total`: shares by `weights` (equal when None),
+    rounded by largest remainder so they sum to `total` (ties to the first label)."""
+    shares = {g: float(weights[g]) if weights is not None else 1.0 for g in sorted(sizes)}
+    norm = sum(shares.values())
+    exact = {g: total * w / norm for g, w in shares.items()}
+    quotas = {g: int(x) for g, x in exact.items()}
+    by_remainder = sorted(exact, key=lambda g: (-(exact[g] - quotas[g]), g))
+    for g in by_remainder[:total - sum(quotas.values())]:
+        quotas[g] += 1
+    return quotas
+
+
+def balanced_draw(examples: list[SFTExample], by: str, weights: dict[str, float] | None,
+                  rng: random.Random) -> list[SFTExample]:
+    """One epoch's episodes (as many as there are), each group its quota (`group_quotas`):
+    a group drawn without replacement, its whole pool again each time its quota passes its
+    size, so a small group repeats and a large one is subsampled (other episodes each
+    epoch). Uses nothing but `rng`, so a resumed run draws what a straight one would."""
+    groups: dict[str, list[SFTExample]] = {}
+    for e in examples:
+        groups.setdefault(question_group(e.metadata, by), []).append(e)
+    quotas = group_quotas({g: len(v) for g, v in groups.items()}, len(examples), weights)
+    order: list[SFTExample] = []
+    for g in sorted(groups):
+        pool = groups[g]
+        whole, rest = divmod(quotas[g], len(pool))
+        for _ in range(whole):
+            order += rng.sample(pool, len(pool))
+        order += rng.sample(pool, rest)
+    return order
+
+
+def check_balance(examples: list[SFTExample], by: str,
+                  weights: dict[str, float] | None) -> dict[str, int]:
+    """The data's group sizes, after refusing weights that name groups the data lacks or
+    leave out groups it has (a weight of 0 leaves a group out on purpose)."""
+    sizes: dict[str, int] = {}
+    for e in examples:
+        g = question_group(e.metadata, by)
+        sizes[g] = sizes.get(g, 0) + 1
+    if weights is not None:
+        unknown = sorted(set(weights) - set(sizes))
+        missing = sorted(set(sizes) - set(weights))
+        if unknown or missing:
+            raise ConfigError(
+                f"type_weights: the episodes' {by} groups are {', '.join(sorted(sizes))}"
+                + (f"; no episode is {', '.join(unknown)}" if unknown else "")
+                + (f"; no weight for {', '.join(missing)} (0 leaves a group out)"
+                   if missing else ""))
+        if not any(weights[g] > 0 for g in sizes):
+            raise ConfigError("type_weights: every weight is 0")
+    return sizes
 
 
 def episode_tokens(tokenizer, record: dict, *,
@@ -250,11 +361,15 @@ def check_token_ids(examples: list[SFTExample], n_embeddings: int) -> None:
 def load_sft_examples(path: str | Path, tokenizer, *,
                       max_info_tokens: int = DEFAULT_MAX_INFO_TOKENS, max_len: int = 2048,
                       only_complete: bool = True, limit: int | None = None,
-                      prompt: str = "seekrl", max_queries: int = 1
+                      prompt: str = "seekrl", max_queries: int = 1, plans: bool = False
                       ) -> tuple[list[SFTExample], dict[str, int]]:
     """The usable episodes of a file, and counts of what was left out and why. Oracle
     episodes are laid out with the `prompt` setting (`episode_tokens`); trajectories keep
-    the tokens they were played with."""
+    the tokens they were played with. `plans`: find each episode's lookup plan
+    (`plan_span`), for `plan_weight`."""
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, clean_up_tokenization_spaces=False)
+
     examples: list[SFTExample] = []
     skipped = {"incomplete": 0, "truncated": 0}
     for line_no, rec in iter_jsonl(path):
@@ -288,7 +403,9 @@ def load_sft_examples(path: str | Path, tokenizer, *,
         if sum(mask) == 0:
             raise DataError("no policy tokens to train on", path=str(path), line=line_no,
                             field="loss_mask")
-        examples.append(SFTExample(ids, mask, where))
+        meta = rec.get("metadata")
+        examples.append(SFTExample(ids, mask, where, meta if isinstance(meta, dict) else None,
+                                   plan_span(decode, ids, mask) if plans else None))
         if limit is not None and len(examples) >= limit:
             break
     if not examples:
@@ -296,11 +413,13 @@ def load_sft_examples(path: str | Path, tokenizer, *,
     return examples, skipped
 
 
-def batches(examples: list[SFTExample], batch_size: int, rng: random.Random
+def batches(examples: list[SFTExample], batch_size: int, rng: random.Random, *,
+            draw: Callable[[random.Random], list[SFTExample]] | None = None
             ) -> list[list[SFTExample]]:
     """One epoch of micro-batches: shuffled, but episodes of similar length share a batch
-    (sorted within windows of 16 batches), so little compute goes into padding."""
-    order = examples[:]
+    (sorted within windows of 16 batches), so little compute goes into padding. `draw`:
+    the epoch's episodes (`balanced_draw`) instead of each episode once."""
+    order = examples[:] if draw is None else draw(rng)
     rng.shuffle(order)
     window = batch_size * 16
     out = []
@@ -311,12 +430,40 @@ def batches(examples: list[SFTExample], batch_size: int, rng: random.Random
     return out
 
 
-def sft_loss(model, micro: list[SFTExample], pad_id: int, device) -> tuple[torch.Tensor, int]:
-    """Summed NLL over the batch's policy tokens, and how many there were."""
+def sft_loss(model, micro: list[SFTExample], pad_id: int, device, *,
+             plan_weight: float = 1.0, parts: dict[str, float] | None = None
+             ) -> tuple[torch.Tensor, float]:
+    """Summed NLL over the batch's policy tokens, and how many there were; with
+    `plan_weight` != 1 each plan token's NLL counts `plan_weight` times, and the count is
+    the summed weight (`loss_weight`), so that the step's loss is a weighted mean. `parts`
+    (a dict) gathers the plan tokens' own NLL and count."""
     ids, attn, mask = collate([e.token_ids for e in micro], [e.loss_mask for e in micro],
                               pad_id, device)
     logp = masked_logprobs(model, ids, attn, mask)["logprobs"]
-    return -(logp * mask).sum(), int(mask.sum())
+    if plan_weight == 1.0 and parts is None:   # today's loss, operation for operation
+        return -(logp * mask).sum(), int(mask.sum())
+    plan = torch.zeros_like(mask)
+    for row, e in enumerate(micro):
+        if e.plan is not None:
+            plan[row, e.plan[0]:e.plan[1]] = 1.0
+    plan = plan * mask
+    if parts is not None:
+        parts["plan_nll"] = parts.get("plan_nll", 0.0) + float(-(logp * plan).sum().detach())
+        parts["plan_tokens"] = parts.get("plan_tokens", 0.0) + float(plan.sum())
+    if plan_weight == 1.0:
+        return -(logp * mask).sum(), int(mask.sum())
+    weight = mask + (plan_weight - 1.0) * plan
+    return -(logp * weight).sum(), float(weight.sum())
+
+
+def loss_weight(examples: Sequence[SFTExample], plan_weight: float = 1.0) -> float | int:
+    """The summed token weight of `examples` (the token count when `plan_weight` is 1): the
+    step's loss divides its summed weighted NLL by it."""
+    tokens = sum(sum(e.loss_mask) for e in examples)
+    if plan_weight == 1.0:
+        return tokens
+    plan = sum(sum(e.loss_mask[e.plan[0]:e.plan[1]]) for e in examples if e.plan is not None)
+    return tokens + (plan_weight - 1.0) * plan
 
 
 # The settings a resumed run may change: where and how often it saves and logs, how it is
@@ -335,11 +482,16 @@ def _may_change(key: str) -> bool:
     return under(RESUME_MAY_CHANGE) and not under(RESUME_MUST_KEEP)
 
 
+# keys added since a run may have been saved: absent from its config.yaml, at their
+# default they train as that run did, so its checkpoints still resume
+_ADDED_AT_DEFAULT = ("plan_weight: None -> 1.0",)
+
+
 def check_resume_settings(out: Path, cfg: SFTConfig) -> None:
     """Refuse `--resume` with settings that differ from the run's config.yaml, naming each
     key (those in `RESUME_MAY_CHANGE` may differ: the resume says so)."""
     refused = [c for c in config_changes(out / "config.yaml", cfg)
-               if not _may_change(c.split(":", 1)[0])]
+               if not _may_change(c.split(":", 1)[0]) and c not in _ADDED_AT_DEFAULT]
     if refused:
         raise ConfigError(f"--resume: the run in {out} was trained with other settings: "
                           + "; ".join(refused) + f" (old -> new). Resume with the run's "
@@ -436,7 +588,20 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
                                           max_info_tokens=episode.max_info_tokens,
                                           max_len=cfg.max_len, only_complete=cfg.only_complete,
                                           limit=cfg.limit, prompt=episode.prompt,
-                                          max_queries=episode.max_queries)
+                                          max_queries=episode.max_queries,
+                                          plans=cfg.plan_weight != 1.0)
+    planned = sum(e.plan is not None for e in examples)
+    if cfg.plan_weight != 1.0 and not planned:
+        raise ConfigError(f"plan_weight: {cfg.plan_weight}, but no episode of {cfg.data} "
+                          f"states a lookup plan ({PLAN_LEAD!r}N lookups, as `seekrl oracle` "
+                          "writes with --plan count): there is nothing to weigh")
+    draw = None
+    if cfg.balance_types is not None:
+        sizes = check_balance(examples, cfg.balance_types, cfg.type_weights)
+        quotas = group_quotas(sizes, len(examples), cfg.type_weights)
+
+        def draw(r: random.Random) -> list[SFTExample]:
+            return balanced_draw(examples, cfg.balance_types, cfg.type_weights, r)
     digest = episodes_digest(examples)
     if checkpoint is not None:
         check_resume_data(checkpoint, examples, cfg.data)
@@ -474,6 +639,12 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
     say(f"SFT on {len(examples)} episodes ({skipped['incomplete']} incomplete skipped, "
         f"{skipped['truncated']} cut to {cfg.max_len} tokens): {total_steps} steps of "
         f"{cfg.batch_size} x {cfg.grad_accum} episodes")
+    if cfg.plan_weight != 1.0:
+        say(f"plan_weight {cfg.plan_weight}: the lookup plan found in {planned} of "
+            f"{len(examples)} episodes")
+    if draw is not None:
+        say(f"balance_types {cfg.balance_types}: an epoch draws "
+            + ", ".join(f"{g} {quotas[g]} (of {sizes[g]})" for g in sorted(sizes)))
     index = {id(e): i for i, e in enumerate(examples)}
     last: dict[str, Any] = {}
     dev: dict[str, Any] = {}
@@ -483,13 +654,17 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
             micro_batches = []
             for _ in range(cfg.grad_accum):
                 if not queue:
-                    queue = batches(examples, cfg.batch_size, rng)
+                    queue = batches(examples, cfg.batch_size, rng, draw=draw)
                 micro_batches.append(queue.pop())
             n_tokens = sum(sum(e.loss_mask) for mb in micro_batches for e in mb)
+            # the weighted mean's denominator (n_tokens itself when plan_weight is 1)
+            weight = loss_weight([e for mb in micro_batches for e in mb], cfg.plan_weight)
+            parts: dict[str, float] | None = {} if cfg.plan_weight != 1.0 else None
             total_nll = 0.0
             for micro in micro_batches:
-                nll, _ = sft_loss(model, micro, pad_id, cfg.device)
-                (nll / n_tokens).backward()
+                nll, _ = sft_loss(model, micro, pad_id, cfg.device,
+                                  plan_weight=cfg.plan_weight, parts=parts)
+                (nll / weight).backward()
                 total_nll += float(nll.detach())
             grad_norm = round(clip_and_step(trainable_parameters(model), optimizer,
                                             cfg.optim.max_grad_norm), 4)
@@ -498,10 +673,15 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
             trim_heap()
             seconds = time.time() - t0
             tokens = sum(len(e.token_ids) for mb in micro_batches for e in mb)
-            last = {"step": step, "loss": round(total_nll / n_tokens, 5), "grad_norm": grad_norm,
+            last = {"step": step, "loss": round(total_nll / weight, 5), "grad_norm": grad_norm,
                     "lr": lr, "policy_tokens": n_tokens,
                     "longest": max(len(e.token_ids) for mb in micro_batches for e in mb),
                     "tokens_per_s": round(tokens / seconds, 1), "seconds": round(seconds, 2)}
+            if parts is not None:   # the plan's own NLL, and every token's unweighted
+                plan_nll = parts["plan_nll"]
+                last["plan_loss"] = round(plan_nll / max(parts["plan_tokens"], 1.0), 5)
+                last["token_loss"] = round((total_nll - (cfg.plan_weight - 1.0) * plan_nll)
+                                           / n_tokens, 5)
             rss = peak_rss_mb()   # the process's peak so far: which step raised it, and by what
             if rss is not None:
                 last["peak_rss_mb"] = rss
