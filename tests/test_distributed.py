@@ -233,7 +233,7 @@ def _worker(rank: int, job: str, world_dir: str, work: str, port: int) -> None:
         first.reward_fn = lambda t: RewardParts(total=0.0, outcome=0.0, format=0.0, penalty=0.0)
         first.train(until=1)
         resumed = _trainer(_cfg(work_dir / "run", **over), Path(world_dir), resume=True)
-        torch.save({"state": len(resumed.optimizer.state), "step": resumed.step_done},
+        torch.save({"state": len(resumed.optimizer.state), "step": resumed.state.step_done},
                    work_dir / f"rank{rank}.pt")
     else:   # a 3-step run stopped after step 2 and resumed; and 3 steps straight
         over = json.loads((work_dir / "cfg.json").read_text())

@@ -391,15 +391,10 @@ def test_a_training_step_with_a_simulator_follows_the_curriculum(tmp_path, tiny)
 def test_the_curriculum_follows_a_token_budget_that_ends_the_run_before_its_steps():
     """A run compared at equal compute stops at its token budget, long before its nominal
     steps: its progress (what the noise curriculum follows) is the budget's share spent."""
-    from types import SimpleNamespace
-
-    from seekrl.recipes.train import Trainer
+    from seekrl.recipes.train_state import RunState
 
     def progress(step, steps, tokens, budget):
-        run = SimpleNamespace(step_done=step, rollout_tokens=tokens,
-                              cfg=SimpleNamespace(steps=steps, max_rollout_tokens=budget))
-        run.budget_share = lambda: Trainer.budget_share(run)
-        return Trainer.run_progress(run)
+        return RunState(step_done=step, rollout_tokens=tokens).progress(steps, budget)
 
     assert progress(5, 100, 23_000, 46_000) == pytest.approx(0.5)   # the budget leads
     assert progress(5, 10, 1_000, 46_000) == pytest.approx(0.5)     # the steps lead

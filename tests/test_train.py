@@ -177,11 +177,11 @@ def test_resume_continues_identically(world, tiny, tmp_path):
     first = make_trainer(make_cfg(tmp_path / "b", steps=2), world, tiny)
     assert first.train(until=1)["interrupted"]
     resumed = make_trainer(make_cfg(tmp_path / "b", steps=2), world, tiny, resume=True)
-    assert resumed.step_done == 1
+    assert resumed.state.step_done == 1
     # the clock goes on from the checkpoint's (max_minutes did restart at each resume)
     meta = json.loads((tmp_path / "b" / "run" / "checkpoints" / "step-1" / "trainer.json")
                       .read_text())
-    assert meta["train_seconds"] > 0 and resumed._seconds_before == meta["train_seconds"]
+    assert meta["train_seconds"] > 0 and resumed.state.seconds_before == meta["train_seconds"]
     resumed.train()
     again = [json.loads(x) for x in (tmp_path / "b" / "run" / "metrics.jsonl")
              .read_text().splitlines()]
@@ -207,7 +207,7 @@ def test_a_killed_checkpoint_write_leaves_latest_intact(world, tiny, tmp_path):
     (ckpts / "step-7.old998").mkdir()
     (ckpts / ".latest.tmp997").write_text("step-9")
     resumed = make_trainer(make_cfg(tmp_path, steps=2), world, tiny, resume=True)
-    assert resumed.step_done == 1
+    assert resumed.state.step_done == 1
     resumed.train()
     assert (ckpts / "latest").read_text() == "step-2"
     assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step-1", "step-2",
@@ -285,7 +285,7 @@ def test_dynamic_sampling_refills_until_the_batch_is_full_not_every_group_varied
     trainer, record = one_flat_group_step(world, tiny, tmp_path, max_refills=3)
     assert record["refills"] == 1 and record["episodes_sampled"] == 8
     assert record["episodes"] == 4
-    assert trainer.questions_drawn == 4 and trainer.questions_planned == 2
+    assert trainer.state.questions_drawn == 4 and trainer.state.questions_planned == 2
 
 
 def test_group_signal_counts_varied_groups_of_two_or_more():
@@ -615,7 +615,7 @@ def test_stop_on_collapse_keeps_the_last_healthy_checkpoint(world, tiny, tmp_pat
     assert [(a["step"], a["kind"], a["severity"]) for a in alerts] == [
         (1, "no_signal", "warn"), (2, "no_signal", "collapse")]
     assert "no group's rewards varied for 2 steps" in summary["stopped"]
-    assert trainer.healthy_checkpoint == "step-1"
+    assert trainer.state.healthy_checkpoint == "step-1"
     assert not (run / "checkpoints" / "step-2").exists()   # the collapsed step is not saved
     # final is the step-1 policy: the same as a run that stopped after one step
     one = make_trainer(make_cfg(tmp_path / "b", steps=1), world, tiny, reward_fn=tied)
@@ -734,7 +734,7 @@ def test_a_run_resumed_after_its_budget_stopped_it_trains_no_further(world, tiny
     weights = {k: v.clone() for k, v in
                load_policy_state(tmp_path / "run" / "final").items()}
     resumed = make_trainer(cfg, world, tiny, resume=True)
-    assert resumed.step_done == 1
+    assert resumed.state.step_done == 1
     summary = resumed.train()
     assert summary["steps"] == 1 and "rollout budget" in summary["budget"]
     assert summary["rollout_tokens"] == first["rollout_tokens"]
@@ -761,7 +761,7 @@ def test_the_last_budgeted_step_plays_only_the_questions_the_budget_pays_for(wor
     probe = make_trainer(make_cfg(tmp_path / "probe", steps=1, questions_per_step=4,
                                   save_every=0, **{"algo.epochs": 1}), world, tiny)
     probe.train()
-    budget = int(probe.rollout_tokens * 1.5)
+    budget = int(probe.state.rollout_tokens * 1.5)
     cfg = make_cfg(tmp_path, steps=5, questions_per_step=4, max_rollout_tokens=budget,
                    save_every=0, **{"algo.epochs": 1})
     trainer = make_trainer(cfg, world, tiny)
@@ -769,7 +769,7 @@ def test_the_last_budgeted_step_plays_only_the_questions_the_budget_pays_for(wor
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text()
                .splitlines() if '"episodes"' in x]
     assert [r["episodes"] for r in records][:2] == [8, 4]    # 4 x 2 rollouts, then 2 x 2
-    assert summary["steps"] == 2 and trainer.questions_drawn == 6
+    assert summary["steps"] == 2 and trainer.state.questions_drawn == 6
     assert summary["budget_met"] is (abs(summary["budget_ratio"] - 1) <= 0.1)
 
 
@@ -915,7 +915,7 @@ def test_the_trainer_decays_its_learning_rate_by_the_budget_spent(world, tiny, t
                                           "min_lr_ratio": 0.1}})
     trainer = make_trainer(cfg, world, tiny)
     assert trainer.step(1)["lr"] == pytest.approx(1e-3)
-    assert trainer.budget_share() >= 1.0
+    assert trainer.state.budget_share(cfg.max_rollout_tokens) >= 1.0
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-4)   # the next step's
 
 
@@ -1083,9 +1083,9 @@ def test_an_existing_run_is_refused_replaced_or_resumed_with_its_differences(wor
     assert "steps: 2 -> 3" in console.export_text()
     assert [json.loads(x)["step"] for x in (run / "alerts.jsonl").read_text().splitlines()] \
         == [1]
-    assert resumed.step_done == 1
+    assert resumed.state.step_done == 1
     fresh = make_trainer(cfg, world, tiny, overwrite=True)
-    assert fresh.step_done == 0 and not (run / "checkpoints").exists()
+    assert fresh.state.step_done == 0 and not (run / "checkpoints").exists()
     assert not (run / "alerts.jsonl").exists()
 
 

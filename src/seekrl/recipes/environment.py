@@ -32,59 +32,52 @@ class SearchEnvironment:
 
     def __init__(self, cfg: TrainConfig, retriever=None, *, dist, device: str):
         self.cfg, self.dist, self.device = cfg, dist, device
-        self.simulator = None
         self.simulator_totals: dict[str, int] = {}
         self.ranker_updater = None
+        self.simulator = self._load_simulator()
         # simulated search and self-search need no index for their rollouts, only for
         # evaluations (sim-to-real)
         simulated = cfg.simulator is not None or cfg.rollout.self_search
+        needs = None
         if retriever is None and cfg.rollout.method != "direct" and not simulated:
-            retriever = open_index(cfg.index, f"rollout.method {cfg.rollout.method!r} searches",
-                                   cfg.retriever)
-        if retriever is None and cfg.eval.data:
-            retriever = open_index(cfg.index, "eval.data is set: the dev evaluation searches",
-                                   cfg.retriever)
-        if cfg.ranker is not None and retriever is not None:
-            retriever = self._ranked(retriever)
+            needs = f"rollout.method {cfg.rollout.method!r} searches"
+        elif retriever is None and cfg.eval.data:
+            needs = "eval.data is set: the dev evaluation searches"
+        if needs:
+            retriever = open_index(cfg.index, needs, cfg.retriever)
+        rk = cfg.ranker
+        if rk is not None and retriever is not None:   # rollouts and evaluations see its order
+            from seekrl.retrieval.ranker import RankerUpdater, load_ranker, ranked_retriever
+
+            ranker = load_ranker(rk.model, kind=rk.kind, device=device, max_len=rk.max_len,
+                                 temperature=rk.temperature, first=retriever)
+            if rk.train:   # trained on each step's searches
+                self.ranker_updater = RankerUpdater(ranker, rk.lr, seed=cfg.seed)
+            retriever = ranked_retriever(retriever, ranker, rk.candidates,
+                                         keep_candidates=rk.train)
         self.retriever = retriever
 
-    def load_simulator(self) -> None:
+    def _load_simulator(self):
         """The simulated search engine (ZeroSearch) of `simulator`, its decoding loop the
-        rollout engine's (`simulator.engine: seekrl`) or `model.generate`; loaded after the
-        cheap checks, so that a bad `simulator.model` fails in seconds."""
+        rollout engine's (`simulator.engine: seekrl`) or `model.generate`; None without."""
         from seekrl.agent.backends import text_decoder
         from seekrl.models import ModelError
         from seekrl.retrieval.simulated import SimulatedRetriever, prompt_mismatch
 
         sim, cfg = self.cfg.simulator, self.cfg
         if sim is None:
-            return
+            return None
         why = prompt_mismatch(sim.model, topk=cfg.rollout.topk, words=sim.words)
         if why and self.dist.main:
             warnings.warn(f"{why} (rollout.topk, simulator.words)", stacklevel=2)
         try:
-            self.simulator = SimulatedRetriever.from_pretrained(
+            return SimulatedRetriever.from_pretrained(
                 sim.model, device=self.device, dtype=cfg.dtype,
                 max_new_tokens=sim.max_new_tokens, temperature=sim.temperature,
                 batch_size=sim.batch_size, words=sim.words, seed=cfg.seed,
                 make_decoder=text_decoder if sim.engine == "seekrl" else None)
         except ModelError as err:
             raise ConfigError(f"simulator.model: {str(err).removeprefix('model: ')}") from None
-
-    def _ranked(self, retriever):
-        """The retriever behind the configured ranker (rollouts and evaluations both see its
-        order); with `ranker.train`, its updater."""
-        from seekrl.retrieval.ranker import RankerUpdater, load_ranker, ranked_retriever
-
-        rk = self.cfg.ranker
-        if rk.train and self.dist.world > 1:
-            raise ConfigError("ranker.train: the ranker trains in one process; with several "
-                              "processes give a trained ranker and ranker.train: false")
-        ranker = load_ranker(rk.model, kind=rk.kind, device=self.device, max_len=rk.max_len,
-                             temperature=rk.temperature, first=retriever)
-        if rk.train:
-            self.ranker_updater = RankerUpdater(ranker, rk.lr, seed=self.cfg.seed)
-        return ranked_retriever(retriever, ranker, rk.candidates, keep_candidates=rk.train)
 
     def for_rollouts(self, seed: int, progress: float):
         """What a step's rollouts search: the simulator when `simulator` is set, its noise

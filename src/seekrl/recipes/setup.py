@@ -99,17 +99,6 @@ def check_eval_data(eval_cfg, key: str = "eval.data") -> None:
         raise ConfigError(f"{key}: {err}") from None
 
 
-def check_log_packages(log) -> None:
-    """`log.tensorboard` / `log.wandb` need their packages: checked before a model loads."""
-    import importlib.util
-
-    for key, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
-        if getattr(log, key) and importlib.util.find_spec(package) is None:
-            raise ConfigError(f"log.{key}: needs the {package} package (pip install "
-                              f"{package}), which is not installed; install it or set "
-                              f"log.{key}=false")
-
-
 def sample_queries(records: list, seed: int, limit: int | None) -> list:
     """Search-query records in a seeded order, at most `limit` of them; none is an error
     (the simulator's and the ranker's training read the same sources)."""

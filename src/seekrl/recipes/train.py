@@ -3,11 +3,11 @@ rewards (the GRPO family, PPO, and the step-level estimators). `Trainer.step` is
 algorithm box: sample questions -> roll out `group_size` episodes each -> score them (outcome,
 process rewards; dynamic sampling refills groups without signal) -> estimate token-level
 advantages (`algo.advantage`) -> update (`algo.epochs` passes of mini-batches, rl/update.py)
--> log. The parts live elsewhere: the search environment (recipes/environment.py),
-checkpoints (recipes/train_state.py), the config's cross-key checks (recipes/train_checks.py),
-the step's figures (rl/step_metrics.py). Randomness is re-seeded from (seed, step) at every
-step, so a resumed run samples the same questions and rollouts as an uninterrupted one; under
-`torchrun` the processes share each step (rl/distributed.py)."""
+-> log. The parts live elsewhere: the search environment (recipes/environment.py), the run's
+counters and checkpoints (recipes/train_state.py), the checks made before anything loads
+(recipes/train_checks.py), the step's figures (rl/step_metrics.py). Randomness is re-seeded
+from (seed, step) at every step, so a resumed run samples the same questions and rollouts as
+an uninterrupted one; under `torchrun` the processes share each step (rl/distributed.py)."""
 
 from __future__ import annotations
 
@@ -33,35 +33,23 @@ from seekrl.config import TrainConfig, dump_config
 from seekrl.data.qa import QAExample, load_qa
 from seekrl.eval.evaluate import episode_progress, eval_policy, write_rollouts
 from seekrl.models import pad_id_of
-from seekrl.recipes.checkpoint import (
-    claim_run_dir,
-    config_changes,
-    save_policy,
-)
+from seekrl.recipes.checkpoint import claim_run_dir, config_changes, save_policy
 from seekrl.recipes.environment import SearchEnvironment
 from seekrl.recipes.setup import (
     MetricsLog,
     NoLog,
-    check_eval_data,
-    check_world_index,
     clip_and_step,
     enable_activation_checkpointing,
-    keep_log_until,
     make_optimizer,
     make_scheduler,
     prepare_trainable,
     set_seed,
     trainable_parameters,
-    units_within_budget,
 )
-from seekrl.recipes.train_checks import check_config, check_prm_folder, check_start
-from seekrl.recipes.train_state import Checkpointer
+from seekrl.recipes.train_checks import check_config, check_start
+from seekrl.recipes.train_state import Checkpointer, RunState, run_summary
 from seekrl.rewards.outcome import RewardParts, episode_reward, load_reward_fn
-from seekrl.rewards.process import (
-    ProcessContext,
-    StepScorer,
-    score_steps,
-)
+from seekrl.rewards.process import ProcessContext, StepScorer, score_steps
 from seekrl.rl.advantages import (
     Estimate,
     advantage_stats,
@@ -75,20 +63,10 @@ from seekrl.rl.forward import ValueHead, hidden_size, logprobs_in_chunks
 from seekrl.rl.monitor import Monitor
 from seekrl.rl.sampling import fill_with_signal, sample_questions, seeds
 from seekrl.rl.step_batch import Rewards, StepBatch
-from seekrl.rl.step_metrics import (
-    correct,
-    dev_figures,
-    episode_metrics,
-    lookups_by_kind,
-    step_line,
-)
-from seekrl.rl.update import (
-    PolicyUpdate,
-    UpdateBatch,
-    kl_rewards,
-    likelihood_displacement,
-    no_dropout_mode,
-)
+from seekrl.rl.step_metrics import correct, dev_figures, episode_metrics, lookups_by_kind, step_line
+from seekrl.rl.update import PolicyUpdate, UpdateBatch, kl_rewards, likelihood_displacement, no_dropout_mode
+
+__all__ = ["Trainer", "check_config"]
 
 RewardFn = Callable[[Trajectory], RewardParts]
 
@@ -96,7 +74,8 @@ RewardFn = Callable[[Trajectory], RewardParts]
 class Trainer:
     """Builds the components from a `TrainConfig` and runs the steps. `model`, `tokenizer`,
     `retriever`, `questions` and `reward_fn` override what the config names (tests pass
-    the tiny model and a small world)."""
+    the tiny model and a small world). `state` holds the run's counters (a checkpoint
+    restores them)."""
 
     def __init__(self, cfg: TrainConfig, *, model=None, tokenizer=None, retriever=None,
                  questions: Sequence[QAExample] | None = None, reward_fn: RewardFn | None = None,
@@ -104,51 +83,65 @@ class Trainer:
                  overwrite: bool = False, dist: Dist | None = None):
         self.cfg = cfg
         self.out = Path(cfg.out)
-        check_config(cfg, scorer_given=prm_scorer is not None)   # before a model loads
-        check_prm_folder(cfg, scorer_given=prm_scorer is not None)
         # one process, or one of several (torchrun): see rl/distributed.py
         self.dist, self.device = (dist, cfg.device) if dist is not None \
             else Dist.from_env(cfg.device)
         self.console = console if self.dist.main else None
-        self._backend: Backend | None = None   # built on first use (see _generation_backend)
-        check_start(cfg, resume=resume, overwrite=overwrite, processes=self.dist.world,
-                    main=self.dist.main, model_given=model is not None)
-        self._open_inputs(questions, retriever, prm_scorer)
-        self._build_policy(model, tokenizer)
-        self._build_optimizer(reward_fn)
-        self._open_run(resume, overwrite)
-
-    def _open_inputs(self, questions, retriever, prm_scorer) -> None:
-        """The questions, the index and the PRM, before any model: a bad path fails in
-        seconds."""
-        cfg = self.cfg
-        try:
+        # the config, the inputs it names and the run folder, before anything slow loads
+        check_start(cfg, scorer_given=prm_scorer is not None, resume=resume,
+                    overwrite=overwrite, processes=self.dist.world, main=self.dist.main,
+                    model_given=model is not None)
+        try:   # a folder, or flashrag:NAME: its train split
             self.questions = list(questions) if questions is not None \
-                else load_qa(cfg.data, "train")   # a folder or flashrag: name: its train split
+                else load_qa(cfg.data, "train")
         except FileNotFoundError as err:
             raise FileNotFoundError(f"data: {err}") from None
         if not self.questions:
             raise ValueError(f"data: {cfg.data} has no questions")
         self.env = SearchEnvironment(cfg, retriever, dist=self.dist, device=self.device)
-        check_eval_data(cfg.eval)   # read now, not at the first evaluation after training
-        check_world_index(cfg.index, cfg.data, cfg.eval.data)
         if prm_scorer is None and "prm" in cfg.reward.process:
             from seekrl.rewards.prm import load_scorer
             prm_scorer = load_scorer(cfg.reward.prm, device=self.device, dtype=cfg.dtype)
         self.prm_scorer = prm_scorer
-        self.env.load_simulator()
+        if reward_fn is None and cfg.reward.fn:
+            reward_fn = load_reward_fn(cfg.reward.fn)
+        r = cfg.reward
+        self.reward_fn = reward_fn or partial(
+            episode_reward, outcome=r.outcome, format_reward=r.format_reward,
+            invalid_penalty=r.invalid_penalty, max_turns_penalty=r.max_turns_penalty,
+            turn_cost=r.turn_cost, recall_bonus=r.recall_bonus)
+        self.monitor = Monitor(cfg.monitor)
+        self.state = RunState()
+        self._started: float | None = None   # train()'s clock, less the seconds before
+        self._backend: Backend | None = None   # built on first use (see _generation_backend)
+        self._build_policy(model, tokenizer)
+        if self.dist.main:   # every input loaded: the run folder is claimed now (rank 0's)
+            claim_run_dir(self.out, resume=resume, overwrite=overwrite)
+            if not resume:
+                dump_config(cfg, self.out / "config.yaml")
+            elif changed := config_changes(self.out / "config.yaml", cfg):
+                self._say("[yellow]--resume with settings that differ from the run's "
+                          "config.yaml[/]: " + "; ".join(changed))
+        self.checkpoints = Checkpointer(
+            self.out / "checkpoints", self.dist, cfg.keep_last, runtime=self.runtime,
+            optimizer=self.optimizer, scheduler=self.scheduler, env=self.env, device=self.device)
+        if resume:
+            self.state = self.checkpoints.resume(self.monitor, steps=cfg.steps, say=self._say)
+        self.log = MetricsLog(self.out / "metrics.jsonl", tensorboard=cfg.log.tensorboard,
+                              wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project,
+                              config=cfg.model_dump(mode="json"), resume=resume) \
+            if self.dist.main else NoLog()
 
     def _build_policy(self, model, tokenizer) -> None:
-        """The policy (its trainable part), the frozen reference, the critic's head, and
-        the runtime that holds them across the processes."""
+        """The policy (its trainable part), the frozen reference, the critic's head, the
+        runtime that holds them across the processes, and their optimizer and schedule."""
         from seekrl.models import load_policy
 
         cfg = self.cfg
         set_seed(cfg.seed)
         if model is None:
             model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=self.device)
-        self.tokenizer = tokenizer
-        self.pad_id = pad_id_of(tokenizer)
+        self.tokenizer, self.pad_id = tokenizer, pad_id_of(tokenizer)
         if self.prm_scorer is not None:
             from seekrl.rewards.prm import check_scorer_tokenizer
             check_scorer_tokenizer(self.prm_scorer, tokenizer,
@@ -161,9 +154,8 @@ class Trainer:
         self.model = prepare_trainable(model, cfg.train_layers, cfg.lora)
         if cfg.gradient_checkpointing:
             enable_activation_checkpointing(self.model)
-        self.value_head = None
-        if needs_values(cfg.algo.advantage):
-            self.value_head = ValueHead(hidden_size(self.model)).to(self.device)
+        self.value_head = ValueHead(hidden_size(self.model)).to(self.device) \
+            if needs_values(cfg.algo.advantage) else None
         # rank 0's weights everywhere, frozen ones and the reference's too (a model passed in
         # may differ by rank)
         self.dist.broadcast_parameters([p for m in (self.model, self.value_head, self.ref_model)
@@ -176,63 +168,20 @@ class Trainer:
                           share_prompts=cfg.algo.share_prompts)
         self.runtime = runtime(self.model, self.value_head)
         self.ref_runtime = runtime(self.ref_model, None) if self.ref_model is not None else None
-        if cfg.shard == "fsdp" and not self.dist.active and self.console is not None:
-            self.console.print("shard fsdp: one training process, nothing to shard (launch "
-                               "several with torchrun)")
-
-    def _build_optimizer(self, reward_fn) -> None:
-        """The optimizer and schedule, the reward, the monitor and the run's counters."""
-        cfg = self.cfg
+        if cfg.shard == "fsdp" and not self.dist.active:
+            self._say("shard fsdp: one training process, nothing to shard (launch several "
+                      "with torchrun)")
         extra = [] if self.value_head is None else [
             {"params": list(self.value_head.parameters()),
              "lr": cfg.algo.value_lr or cfg.optim.lr * 10}]
         self.optimizer = make_optimizer(trainable_parameters(self.model), cfg.optim,
                                         extra_groups=extra)
+        self.scheduler = make_scheduler(  # the decay follows a token budget's share if ahead
+            self.optimizer, cfg.optim, cfg.steps,
+            budget_share=lambda: self.state.budget_share(cfg.max_rollout_tokens))
         self.updates = 0   # optimizer steps taken by this object (the vLLM sync's version)
         self.updater = PolicyUpdate(cfg.algo, self.runtime, self.dist, self.device, self.pad_id,
-                                    self.value_head, self._optimizer_step, self._correct)
-        self.rollout_tokens = 0            # generated rollout tokens so far (the compute)
-        self.scheduler = make_scheduler(self.optimizer, cfg.optim, cfg.steps,
-                                        budget_share=self.budget_share)
-        if reward_fn is None and cfg.reward.fn:
-            reward_fn = load_reward_fn(cfg.reward.fn)
-        self.reward_fn = reward_fn or (lambda t: episode_reward(
-            t, outcome=cfg.reward.outcome, format_reward=cfg.reward.format_reward,
-            invalid_penalty=cfg.reward.invalid_penalty,
-            max_turns_penalty=cfg.reward.max_turns_penalty, turn_cost=cfg.reward.turn_cost,
-            recall_bonus=cfg.reward.recall_bonus))
-        self.monitor = Monitor(cfg.monitor)
-        self.step_done = 0
-        self._last_dev: tuple[int, dict[str, Any], Path] | None = None   # step, figures, folder
-        self.questions_drawn = 0           # questions played so far (refills included)
-        # the questions steps planned (first draws): a budget's rate is tokens per planned
-        # question, its refills included, so the last step's refills are paid for too
-        self.questions_planned = 0
-        self._started: float | None = None    # train()'s clock, less the seconds before
-        self._seconds_before = 0.0            # the checkpoint's, on resume
-        self.healthy_checkpoint: str | None = None
-        self.stopped_reason: str | None = None
-        self.stopped_budget: str | None = None
-
-    def _open_run(self, resume: bool, overwrite: bool) -> None:
-        """The run folder (rank 0's), its config, a resumed checkpoint, the metrics log."""
-        cfg = self.cfg
-        self.checkpoints = Checkpointer(self.ckpt_dir, self.dist, cfg.keep_last)
-        if self.dist.main:
-            claim_run_dir(self.out, resume=resume, overwrite=overwrite)   # inputs loaded: now
-            if resume:
-                changed = config_changes(self.out / "config.yaml", cfg)
-                if changed and self.console is not None:
-                    self.console.print("[yellow]--resume with settings that differ from the "
-                                       "run's config.yaml[/]: " + "; ".join(changed))
-            else:
-                dump_config(cfg, self.out / "config.yaml")
-        if resume:
-            self._resume()
-        self.log = MetricsLog(self.out / "metrics.jsonl", tensorboard=cfg.log.tensorboard,
-                              wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project,
-                              config=cfg.model_dump(mode="json"), resume=resume) \
-            if self.dist.main else NoLog()
+                                    self.value_head, self._optimizer_step, correct)
 
     # ------------------------------------------------------------------ 1. questions
     def sample_questions(self, step: int, n: int, draw: int = 0) -> list[QAExample]:
@@ -254,16 +203,8 @@ class Trainer:
         return self.env.retriever
 
     def run_progress(self) -> float:
-        """The share of the run behind it, 0 to 1: its steps done, or the rollout-token
-        budget's share spent if larger (a run a budget ends early still goes through its
-        schedules: the simulator's noise curriculum, the cosine learning rate)."""
-        return min(max(self.step_done / self.cfg.steps, self.budget_share()), 1.0)
-
-    def budget_share(self) -> float:
-        """The share of the rollout-token budget spent (0 without a budget)."""
-        if not self.cfg.max_rollout_tokens:
-            return 0.0
-        return self.rollout_tokens / self.cfg.max_rollout_tokens
+        """The share of the run behind it, 0 to 1 (what the noise curriculum follows)."""
+        return self.state.progress(self.cfg.steps, self.cfg.max_rollout_tokens)
 
     def _generation_backend(self) -> Backend:
         """The run's one backend (built on first use): seekrl's own decoding loop on the
@@ -308,7 +249,7 @@ class Trainer:
             yield lambda t: None
             return
         bar = episode_progress(self.console, total)
-        task = bar.add_task(f"step {self.step_done + 1} rollouts", total=total, em="-")
+        task = bar.add_task(f"step {self.state.step_done + 1} rollouts", total=total, em="-")
         right = [0, 0]
 
         def tick(t: Trajectory) -> None:
@@ -374,19 +315,21 @@ class Trainer:
     # ------------------------------------------------------------------ one step
     def step(self, step: int, n_questions: int | None = None) -> dict[str, Any]:
         """One step on `n_questions` questions (default `questions_per_step`; fewer on the
-        last step of a run with a rollout-token budget): sample the questions, roll out and
-        score their groups (`_sample`), estimate the advantages and update (`learn`), and
-        return the step's record."""
-        n_questions = n_questions or self.cfg.questions_per_step
+        last step of a run with a rollout-token budget); returns the step's record."""
+        algo = self.cfg.algo
         set_seed(seeds.step(self.cfg.seed, step))
         t0 = time.time()
         if self.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats(self.device)
         draws = _Draws(ranked_before=self.env.ranker_seconds())
-        trajs, parts, n_sampled, refills, signal, estimate = self._sample(step, n_questions,
-                                                                          draws)
+        # sample questions, roll out their groups and score them (`_draw`); with dynamic
+        # sampling, draw again until the groups with signal fill the batch
+        n_questions = n_questions or self.cfg.questions_per_step
+        trajs, parts, n_sampled, refills, signal, estimate = fill_with_signal(
+            lambda k: self._draw(step, n_questions, k, draws), self._signal_estimate,
+            n_questions, dynamic=algo.dynamic_sampling, max_refills=algo.max_refills)
         record = self._rollout_record(step, trajs, parts, draws, n_sampled, refills, signal)
-        if trajs:
+        if trajs:   # estimate the advantages, update
             record.update(self.learn(trajs, estimate=estimate))
         else:   # dynamic sampling found no group with signal: nothing to learn
             record.update(skipped_update=True, lr=self.optimizer.param_groups[0]["lr"])
@@ -407,7 +350,7 @@ class Trainer:
         # in the gather, which counts as scoring), so tokens_per_s is the whole group's rate
         t_rollout = max(self.dist.gather([draws.rollout_s]))
         step_tokens = draws.fresh_tokens + int(draws.process_stats.get("mc_tokens", 0))
-        self.rollout_tokens += step_tokens
+        self.state.rollout_tokens += step_tokens
         record = episode_metrics(trajs, parts, process=list(self.cfg.reward.process),
                                  self_search=self.cfg.rollout.self_search,
                                  sub_queries=self.cfg.rollout.max_queries > 1)
@@ -415,7 +358,7 @@ class Trainer:
         generated = sum(t.n_decoded for t in trajs)   # what was decoded, blocks it wrote too
         record.update(step=step, episodes=len(trajs), episodes_sampled=n_sampled,
                       refills=refills, lookups_by_kind=lookups_by_kind(trajs),
-                      rollout_tokens=step_tokens, rollout_tokens_total=self.rollout_tokens,
+                      rollout_tokens=step_tokens, rollout_tokens_total=self.state.rollout_tokens,
                       **{f"process_{k}": round(v, 4)
                          for k, v in sorted(draws.process_stats.items())},
                       groups_with_signal=round(varied / multi, 4) if multi else None,
@@ -435,14 +378,6 @@ class Trainer:
                       f"({algo.epochs * -(-len(trajs) // algo.mini_batch_size)} optimizer "
                       "steps)")
         return record
-
-    def _sample(self, step: int, n_questions: int, draws: _Draws):
-        """The step's batch (rl/sampling.fill_with_signal: with dynamic sampling, refills
-        until the groups with signal fill it)."""
-        algo = self.cfg.algo
-        return fill_with_signal(lambda k: self._draw(step, n_questions, k, draws),
-                                self._signal_estimate, n_questions,
-                                dynamic=algo.dynamic_sampling, max_refills=algo.max_refills)
 
     def estimate(self, trajs: Sequence[Trajectory], *, values=None, token_rewards=None
                  ) -> tuple[Estimate, int | None]:
@@ -476,8 +411,8 @@ class Trainer:
         go into `draws`."""
         t = time.time()
         questions = self.sample_questions(step, n_questions, draw=draw)
-        self.questions_drawn += len(questions)
-        self.questions_planned += len(questions) if draw == 0 else 0
+        self.state.questions_drawn += len(questions)
+        self.state.questions_planned += len(questions) if draw == 0 else 0
         # each rank draws its own random numbers (rank 0's are one process's)
         seed = seeds.rank(seeds.draw(seeds.step(self.cfg.seed, step), draw), self.dist.rank)
         with self.full_weights():   # sharded: rollouts on the gathered weights
@@ -495,15 +430,8 @@ class Trainer:
         return trajs, parts
 
     def _questions_for_budget(self) -> int:
-        """`questions_per_step`, or, on a run with `max_rollout_tokens`, the questions the
-        rest of the budget pays for at the tokens per question so far (0: spent): a run's
-        compute then lands within half a question of the budget, not half a step (a
-        Monte-Carlo step can cost more than the whole budget)."""
-        cfg = self.cfg
-        if cfg.max_rollout_tokens is None:
-            return cfg.questions_per_step
-        return units_within_budget(cfg.max_rollout_tokens, self.rollout_tokens,
-                                   self.questions_planned, cfg.questions_per_step)
+        return self.state.questions_for_budget(self.cfg.max_rollout_tokens,
+                                               self.cfg.questions_per_step)
 
     def state_bytes(self) -> int:
         """Bytes of the training state this process holds (shards: their local part)."""
@@ -576,17 +504,13 @@ class Trainer:
                             # seq-mean-token-sum-norm's constant: the most policy tokens
                             # an episode can have
                             norm_length=cfg.rollout.max_turns * cfg.rollout.max_new_tokens)
-        return self.updater.run(batch, random.Random(f"{cfg.seed}/update/{self.step_done}"))
+        return self.updater.run(batch, random.Random(f"{cfg.seed}/update/{self.state.step_done}"))
 
     def _displacement(self, trajs, old_logps, during_update: dict[int, float]
                       ) -> dict[str, float | None]:
         return likelihood_displacement(
-            trajs, old_logps, during_update, self._correct,
+            trajs, old_logps, during_update, correct,
             lambda part: self.batch_logprobs(part)[0], self.cfg.monitor.displacement_episodes)
-
-    @staticmethod
-    def _correct(t: Trajectory) -> bool:
-        return correct(t)
 
     def _optimizer_step(self) -> float:
         self.updates += 1
@@ -607,87 +531,39 @@ class Trainer:
                         "temperature": r.temperature}})
 
     # ------------------------------------------------------------------ checkpoints
-    @property
-    def ckpt_dir(self) -> Path:
-        return self.out / "checkpoints"
-
     def save_checkpoint(self, step: int) -> Path:
-        last_dev = self._last_dev
         seconds = round(time.time() - self._started, 3) if self._started is not None \
-            else self._seconds_before
-        meta = {"monitor": self.monitor.state_dict(),
-                "healthy_checkpoint": self.healthy_checkpoint,
-                "rollout_tokens": self.rollout_tokens, "questions_drawn": self.questions_drawn,
-                "questions_planned": self.questions_planned,
-                "simulator_stats": self.env.state_dict(), "train_seconds": seconds,
-                "last_dev": None if last_dev is None else
-                [last_dev[0], last_dev[1], str(last_dev[2])]}
-        return self.checkpoints.save(step, runtime=self.runtime, optimizer=self.optimizer,
-                                     scheduler=self.scheduler, env=self.env, meta=meta,
-                                     keep={self.healthy_checkpoint})
+            else self.state.seconds_before
+        meta = {"monitor": self.monitor.state_dict(), "simulator_stats": self.env.state_dict(),
+                **self.state.to_meta(train_seconds=seconds)}
+        return self.checkpoints.save(step, meta, keep={self.state.healthy_checkpoint})
 
     def load_checkpoint(self, path: Path) -> dict:
-        return self.checkpoints.load(path, runtime=self.runtime, optimizer=self.optimizer,
-                                     scheduler=self.scheduler, env=self.env,
-                                     device=self.device)
-
-    def _resume(self) -> None:
-        pointer = self.ckpt_dir / "latest"   # its existence was checked before any loading
-        name = pointer.read_text().strip()
-        meta = self.load_checkpoint(self.ckpt_dir / name)
-        self.step_done = meta["step"]
-        steps = self.cfg.steps
-        self._say(f"resuming from {self.ckpt_dir / name}: {self.step_done} of {steps} steps "
-                  "done, " + (f"continuing with step {self.step_done + 1} of {steps}"
-                              if self.step_done < steps else
-                              "saving and evaluating the final model"))
-        self.rollout_tokens = int(meta.get("rollout_tokens", 0))
-        self.questions_drawn = int(meta.get("questions_drawn", 0))
-        self.questions_planned = int(meta["questions_planned"])
-        self._seconds_before = float(meta.get("train_seconds", 0.0))
-        self.env.load_state_dict(meta.get("simulator_stats", {}))
-        self.monitor.load_state_dict(meta["monitor"])
-        self.healthy_checkpoint = meta.get("healthy_checkpoint")
-        last_dev = meta.get("last_dev")   # the evaluation the checkpoint's step had
-        self._last_dev = None if last_dev is None else \
-            (int(last_dev[0]), dict(last_dev[1]), Path(last_dev[2]))
-
-        def after_the_checkpoint(record: dict) -> bool:
-            # a dev line at the checkpoint's step the checkpoint does not know of: the final
-            # evaluation of a run killed after it, which comes back
-            return record.get("step") == self.step_done and \
-                any(k.startswith("dev_") for k in record) and \
-                (last_dev is None or int(last_dev[0]) != self.step_done)
-
-        # drop the log and alert lines of steps after the checkpoint: they are about to be
-        # redone, and their lines come back
-        for name in ("metrics.jsonl", "alerts.jsonl") if self.dist.main else ():
-            keep_log_until(self.out / name, self.step_done,
-                           after_the_checkpoint if name == "metrics.jsonl" else None)
+        return self.checkpoints.load(path)
 
     # ------------------------------------------------------------------ the run
     def train(self, until: int | None = None) -> dict[str, Any]:
         """Run the remaining steps, then save and evaluate the final policy. `until` stops
         after that step instead, as if the run were killed there (after its checkpoint)."""
-        cfg = self.cfg
+        cfg, state = self.cfg, self.state
         # a resumed run's clock goes on from its checkpoint's (max_minutes, the summary)
-        started = self._started = time.time() - self._seconds_before
+        started = self._started = time.time() - state.seconds_before
         last: dict[str, Any] = {}
-        if cfg.eval.data and cfg.eval.at_start and self.step_done == 0:
+        if cfg.eval.data and cfg.eval.at_start and state.step_done == 0:
             self._dev_eval("start", 0, " before training")
-        if 0 < self.step_done < cfg.steps and cfg.max_rollout_tokens is not None \
+        if 0 < state.step_done < cfg.steps and cfg.max_rollout_tokens is not None \
                 and self._questions_for_budget() == 0:
             # resumed after its token budget stopped it (killed while saving or evaluating
             # the final policy): the step a budget left at none would still play one question
-            self.stopped_budget = f"rollout budget of {cfg.max_rollout_tokens} tokens"
-            self._say(f"{self.stopped_budget} already used up at step {self.step_done}")
+            state.stopped_budget = f"rollout budget of {cfg.max_rollout_tokens} tokens"
+            self._say(f"{state.stopped_budget} already used up at step {state.step_done}")
             return self._finish(started, last)
-        for step in range(self.step_done + 1, cfg.steps + 1):
+        for step in range(state.step_done + 1, cfg.steps + 1):
             # rank 0's record (its timings) on every rank: the monitor, and so the decision
             # to stop, must be the same everywhere; at least one question: the stop below
             # comes after a step, so a budget left here pays for one
             last = self.dist.broadcast(self.step(step, max(1, self._questions_for_budget())))
-            self.step_done = step
+            state.step_done = step
             if self._after_step(step, last, started):
                 break
             if until is not None and step >= until and step < cfg.steps:
@@ -698,23 +574,23 @@ class Trainer:
     def _after_step(self, step: int, record: dict[str, Any], started: float) -> bool:
         """Log the step, check its health, evaluate and checkpoint when due; whether the run
         stops here (a collapse with stop_on_collapse, or a time or token budget spent)."""
-        cfg = self.cfg
+        cfg, state = self.cfg, self.state
         alerts = self.monitor.update(step, record)
         record["alerts"] = [a.kind for a in alerts]
         self.log.write(record)
         self._say(step_line(record, cfg.steps, time.time() - started))
         self._report(alerts)
         if not self.monitor.healthy and cfg.monitor.stop_on_collapse:
-            self.stopped_reason = "; ".join(a.message for a in alerts) or "collapse"
+            state.stopped_reason = "; ".join(a.message for a in alerts) or "collapse"
             self._say(f"[bold red]stopping[/]: training collapsed at step {step}; the last "
-                      f"healthy checkpoint is {self.healthy_checkpoint or 'the start'}")
+                      f"healthy checkpoint is {state.healthy_checkpoint or 'the start'}")
             return True
         # the evaluation before the checkpoint: the monitor saved with it has seen it
         if cfg.eval.data and cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.steps:
             self._dev_eval(f"step-{step}", step, "")
         if cfg.save_every and step % cfg.save_every == 0:
             if self.monitor.healthy:
-                self.healthy_checkpoint = f"step-{step}"
+                state.healthy_checkpoint = f"step-{step}"
             self.save_checkpoint(step)
         out_of = None
         if cfg.max_minutes is not None and time.time() - started > cfg.max_minutes * 60:
@@ -727,7 +603,7 @@ class Trainer:
         if not out_of or step >= cfg.steps:
             return False
         self._say(f"{out_of} used up after step {step}")
-        self.stopped_budget = out_of
+        state.stopped_budget = out_of
         if cfg.save_every and step % cfg.save_every != 0:
             self.save_checkpoint(step)  # so --resume can go on from here
         return True
@@ -735,10 +611,10 @@ class Trainer:
     def _finish(self, started: float, last: dict[str, Any]) -> dict[str, Any]:
         """The final policy (the last healthy one after a collapse) saved and evaluated;
         the run's summary."""
-        cfg, main = self.cfg, self.dist.main   # with several processes rank 0 writes
-        if self.stopped_reason and self.healthy_checkpoint:
-            self.load_checkpoint(self.ckpt_dir / self.healthy_checkpoint)
-        elif self.stopped_reason:
+        cfg, state, main = self.cfg, self.state, self.dist.main   # rank 0 writes
+        if state.stopped_reason and state.healthy_checkpoint:
+            self.load_checkpoint(self.checkpoints.folder / state.healthy_checkpoint)
+        elif state.stopped_reason:
             self._say("no healthy checkpoint was saved: the final policy is the collapsed one")
         final = self.out / "final"
         plain = self.runtime.gathered_policy()   # sharded: the full weights, on rank 0
@@ -747,28 +623,21 @@ class Trainer:
                               else lambda tmp: self.retriever.ranker.save(tmp / "ranker"))
             save_policy(plain, self.tokenizer, final, before_rename=trained_ranker)
         del plain
-        summary = {"steps": self.step_done, "final": str(final),
-                   "stopped": self.stopped_reason, "last": last,
-                   "rollout_tokens": self.rollout_tokens, "budget": self.stopped_budget,
-                   "minutes": round((time.time() - started) / 60, 2)}
-        if self.env.simulator is not None:   # the simulator's compute, outside the budget
-            summary["simulator_tokens"] = self.env.simulator_totals.get("tokens", 0)
-        if cfg.max_rollout_tokens is not None:
-            # equal compute means within 10% of the budget: say so when a run is not
-            ratio = self.rollout_tokens / cfg.max_rollout_tokens
-            summary.update(budget_ratio=round(ratio, 4), budget_met=abs(ratio - 1) <= 0.1)
-            if not summary["budget_met"]:
-                self._say(f"[yellow]rollout budget missed[/]: {self.rollout_tokens} generated "
-                          f"tokens, {ratio:.2f} x the budget of {cfg.max_rollout_tokens} "
-                          "(equal compute is within 10%)")
+        summary = run_summary(
+            state, final=final, last=last, minutes=round((time.time() - started) / 60, 2),
+            budget=cfg.max_rollout_tokens, simulator_tokens=None if self.env.simulator is None
+            else self.env.simulator_totals.get("tokens", 0))
+        if summary.get("budget_met") is False:
+            self._say(f"[yellow]rollout budget missed[/]: {state.rollout_tokens} generated "
+                      f"tokens, {state.budget_share(cfg.max_rollout_tokens):.2f} x the budget "
+                      f"of {cfg.max_rollout_tokens} (equal compute is within 10%)")
         if cfg.eval.data:
-            last = self._last_dev
-            if last is not None and last[0] == self.step_done:
+            if state.last_dev is not None and state.last_dev[0] == state.step_done:
                 # the run stopped (a budget, the clock) right after a periodic evaluation:
                 # the final policy is the one just evaluated, greedily; not again
-                summary["dev"], summary["dev_dir"] = last[1], str(last[2])
+                summary["dev"], summary["dev_dir"] = state.last_dev[1], str(state.last_dev[2])
             else:
-                summary["dev"] = self._dev_eval("final", self.step_done, "")
+                summary["dev"] = self._dev_eval("final", state.step_done, "")
                 summary["dev_dir"] = str(self.out / "eval" / "final")
         self.log.close()
         if main:
@@ -780,11 +649,8 @@ class Trainer:
         """What to tell a user whose run was interrupted (Ctrl-C): where it stopped and the
         command that goes on from there (`command`: how the run was started, without
         --resume or --overwrite)."""
-        steps, done = self.cfg.steps, self.step_done
-        where = (f"during step {done + 1} of {steps}" if done < steps else
-                 f"after its last step ({steps}), before the final model was saved")
-        return self.checkpoints.resume_hint(where, command, done=done,
-                                            save_every=self.cfg.save_every)
+        return self.checkpoints.resume_hint(command, done=self.state.step_done,
+                                            steps=self.cfg.steps, save_every=self.cfg.save_every)
 
     def _say(self, text: str) -> None:
         if self.console is not None:
@@ -803,7 +669,7 @@ class Trainer:
     def _dev_eval(self, name: str, step: int, label: str) -> dict[str, Any]:
         # rank 0's numbers on every rank: the monitor must be the same everywhere
         dev = self.dist.broadcast(self.evaluate(self.out / "eval" / name))
-        self._last_dev = (step, dev, self.out / "eval" / name)
+        self.state.last_dev = (step, dev, self.out / "eval" / name)
         self.log.write({"step": step, **{f"dev_{k}": v for k, v in dev.items()}})
         self._say(f"  dev EM {dev['em']:.3f}{label}")
         self._report(self.monitor.update_eval(step, dev))
@@ -818,9 +684,6 @@ class Trainer:
             metrics = eval_policy(self.model, self.tokenizer, self.retriever, self.cfg.eval,
                                   out_dir, episode=self.cfg.rollout)
         return dev_figures(metrics)
-
-
-# ---------------------------------------------------------------------- helpers
 
 
 @dataclass

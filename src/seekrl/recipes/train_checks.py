@@ -10,7 +10,7 @@ from pathlib import Path
 from seekrl.config import TrainConfig
 from seekrl.errors import ConfigError
 from seekrl.recipes.checkpoint import check_run_dir, held_markers
-from seekrl.recipes.setup import check_log_packages, check_name
+from seekrl.recipes.setup import check_eval_data, check_name, check_world_index
 from seekrl.rewards.outcome import load_reward_fn
 
 # the built-in estimators whose baseline is the question's group
@@ -33,7 +33,7 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
     from seekrl.rl.loss import AGGREGATIONS, POLICY_LOSSES
 
     algo = cfg.algo
-    check_log_packages(cfg.log)
+    _check_log_packages(cfg.log)
     if cfg.rollout.tools:
         from seekrl.agent.tools import check_tool_names
         try:
@@ -41,15 +41,17 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
         except (TypeError, ValueError) as err:
             raise ConfigError(str(err)) from None
     # the registries take your own parts by import path too (imported and registered here)
+    for name in cfg.reward.process:
+        PROCESS_REWARDS.lookup(name, f"reward.process.{name}")
+    ESTIMATORS.lookup(algo.advantage, "algo.advantage")
+    POLICY_LOSSES.lookup(algo.policy_loss, "algo.policy_loss")
+    if cfg.retriever:
+        check_retriever("retriever", cfg.retriever, cfg.index)
     if cfg.reward.fn:
         load_reward_fn(cfg.reward.fn)
     else:
         OUTCOMES.lookup(cfg.reward.outcome, "reward.outcome")
-    for name in cfg.reward.process:
-        PROCESS_REWARDS.lookup(name, f"reward.process.{name}")
-    ESTIMATORS.lookup(algo.advantage, "algo.advantage")
     check_name("algo.loss_agg", algo.loss_agg, AGGREGATIONS)
-    POLICY_LOSSES.lookup(algo.policy_loss, "algo.policy_loss")
     facts = FACTS[algo.advantage]
     if algo.kl_coef > 0 and not algo.kl_in_reward and algo.kl_estimator == "k1":
         raise ConfigError(
@@ -62,8 +64,6 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
             f"algo.kl_in_reward: the per-token KL reward is read by {' and '.join(readers)} "
             f"only; algo.advantage is {algo.advantage!r} (use the KL loss term there: "
             "kl_in_reward: false)")
-    if cfg.retriever:
-        check_retriever("retriever", cfg.retriever, cfg.index)
     turns = cfg.rollout.max_turns
     if not cfg.reward.fn and turns > 1 and cfg.reward.turn_cost * (turns - 1) >= 1:
         # a right answer earns at most 1 more than a wrong one (both valid): past this,
@@ -104,8 +104,8 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
         if cfg.rollout.method != "agent":
             raise ConfigError("rollout.tree: tree rollouts branch at search steps; they need "
                               "rollout.method: agent")
-    if algo.llds_coef > 0 and algo.epochs == 1 \
-            and algo.mini_batch_size >= cfg.questions_per_step * cfg.group_size:
+    if (algo.llds_coef > 0 and algo.epochs == 1
+            and algo.mini_batch_size >= cfg.questions_per_step * cfg.group_size):
         raise ConfigError(
             "algo.llds_coef: LLDS compares each token's log-prob with the sampling policy's, "
             "which with one update per batch (epochs 1, mini_batch_size >= questions_per_step "
@@ -150,23 +150,22 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
                           "rollout.max_queries is 1: no search holds several")
 
 
-def check_prm_folder(cfg: TrainConfig, *, scorer_given: bool) -> None:
-    """`reward.prm` names a trained PRM's folder (unless a scorer object is given)."""
-    if scorer_given or "prm" not in cfg.reward.process:
-        return
-    from seekrl.rewards.prm import prm_folder
-    try:
-        prm_folder(cfg.reward.prm)
-    except FileNotFoundError as err:
-        raise ConfigError(f"reward.prm: {err}") from None
-
-
-def check_start(cfg: TrainConfig, *, resume: bool, overwrite: bool, processes: int,
-                main: bool, model_given: bool) -> None:
-    """What a run needs before its inputs load: a backend that can run here, and a run
+def check_start(cfg: TrainConfig, *, scorer_given: bool, resume: bool, overwrite: bool,
+                processes: int, main: bool, model_given: bool) -> None:
+    """What a run checks before anything slow loads (a model, an index): the config
+    (`check_config`), the data and the PRM it reads, a backend that can run here, and a run
     folder that fits the request (a fresh one, one to replace, or a checkpoint to resume)."""
     from seekrl.agent.factory import backend_refusal
 
+    check_config(cfg, scorer_given=scorer_given)
+    check_world_index(cfg.index, cfg.data, cfg.eval.data)
+    check_eval_data(cfg.eval)   # read now, not at the first evaluation after training
+    if "prm" in cfg.reward.process and not scorer_given:
+        from seekrl.rewards.prm import prm_folder
+        try:
+            prm_folder(cfg.reward.prm)
+        except FileNotFoundError as err:
+            raise ConfigError(f"reward.prm: {err}") from None
     out = Path(cfg.out)
     why = backend_refusal(cfg.rollout.backend, "train", processes=processes)
     if why:
@@ -174,6 +173,9 @@ def check_start(cfg: TrainConfig, *, resume: bool, overwrite: bool, processes: i
     if cfg.rollout.backend == "vllm":
         from seekrl.agent.vllm_backend import import_vllm
         import_vllm()
+    if cfg.ranker is not None and cfg.ranker.train and processes > 1:
+        raise ConfigError("ranker.train: the ranker trains in one process; with several "
+                          "processes give a trained ranker and ranker.train: false")
     if resume and overwrite:   # as SFT and the PRM refuse it: which one was meant?
         raise ConfigError("--resume and --overwrite: continue the run or replace it, not both")
     if resume and not (out / "checkpoints" / "latest").is_file():
@@ -185,3 +187,14 @@ def check_start(cfg: TrainConfig, *, resume: bool, overwrite: bool, processes: i
     if main:   # the run folder is rank 0's
         check_run_dir(out, resume=resume, overwrite=overwrite,
                       model=None if model_given else cfg.model)
+
+
+def _check_log_packages(log) -> None:
+    """`log.tensorboard` / `log.wandb` need their packages: checked before a model loads."""
+    import importlib.util
+
+    for key, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
+        if getattr(log, key) and importlib.util.find_spec(package) is None:
+            raise ConfigError(f"log.{key}: needs the {package} package (pip install "
+                              f"{package}), which is not installed; install it or set "
+                              f"log.{key}=false")

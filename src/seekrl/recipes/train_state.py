@@ -1,7 +1,7 @@
 """An RL run's checkpoints: `RUN_DIR/checkpoints/step-N` holds the trainable weights (the
 runtime writes them: whole, or each rank its shards), the optimizer's and the schedule's
 state, the random state, the search environment's (a co-trained ranker) and the trainer's
-counters (`trainer.json`). A checkpoint is written under a temporary name and renamed, and
+counters (`RunState`, as `trainer.json`). A checkpoint is written under a temporary name and renamed, and
 `checkpoints/latest` names the newest complete one, so a killed run never leaves a corrupt
 latest checkpoint and `--resume` continues where the run stopped."""
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,26 +24,117 @@ from seekrl.recipes.checkpoint import (
     prune_steps,
     replace_dir,
 )
-from seekrl.recipes.setup import rng_state, set_rng_state
+from seekrl.recipes.setup import keep_log_until, rng_state, set_rng_state, units_within_budget
 
 # what trainer.json must hold for a resume
 TRAINER_KEYS = ("step", "monitor", "rollout_tokens", "questions_drawn", "questions_planned")
 
 
-class Checkpointer:
-    """Saves and loads a run's training state under `folder` (RUN_DIR/checkpoints),
-    keeping the newest `keep_last` (and the one named in `keep` when saving)."""
+@dataclass
+class RunState:
+    """An RL run's counters: what a checkpoint saves besides the weights and optimizer, and
+    what the budgets and the summary read."""
+    step_done: int = 0
+    rollout_tokens: int = 0         # generated rollout tokens so far (the compute)
+    questions_drawn: int = 0        # questions played so far (refills included)
+    # the questions steps planned (first draws): a budget's rate is tokens per planned
+    # question, its refills included, so the last step's refills are paid for too
+    questions_planned: int = 0
+    healthy_checkpoint: str | None = None
+    seconds_before: float = 0.0     # training seconds before this process (a resumed run's)
+    last_dev: tuple[int, dict[str, Any], Path] | None = None   # step, figures, folder
+    stopped_reason: str | None = None   # a collapse stopped the run
+    stopped_budget: str | None = None   # a time or token budget stopped it
 
-    def __init__(self, folder: Path, dist, keep_last: int | None):
+    def to_meta(self, train_seconds: float) -> dict[str, Any]:
+        """The counters as trainer.json holds them (the monitor's and the environment's
+        state are the trainer's to add)."""
+        last = self.last_dev
+        return {"healthy_checkpoint": self.healthy_checkpoint,
+                "rollout_tokens": self.rollout_tokens, "questions_drawn": self.questions_drawn,
+                "questions_planned": self.questions_planned, "train_seconds": train_seconds,
+                "last_dev": None if last is None else [last[0], last[1], str(last[2])]}
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> RunState:
+        last = meta.get("last_dev")   # the evaluation the checkpoint's step had
+        return cls(step_done=meta["step"], rollout_tokens=int(meta.get("rollout_tokens", 0)),
+                   questions_drawn=int(meta.get("questions_drawn", 0)),
+                   questions_planned=int(meta["questions_planned"]),
+                   healthy_checkpoint=meta.get("healthy_checkpoint"),
+                   seconds_before=float(meta.get("train_seconds", 0.0)),
+                   last_dev=None if last is None else
+                   (int(last[0]), dict(last[1]), Path(last[2])))
+
+    def progress(self, steps: int, budget: int | None) -> float:
+        """The share of the run behind it, 0 to 1: its steps done, or the token budget's
+        share spent if larger (a run a budget ends early still goes through its schedules:
+        the simulator's noise curriculum, the cosine learning rate)."""
+        return min(max(self.step_done / steps, self.budget_share(budget)), 1.0)
+
+    def budget_share(self, budget: int | None) -> float:
+        """The share of the rollout-token budget spent (0 without a budget)."""
+        return self.rollout_tokens / budget if budget else 0.0
+
+    def questions_for_budget(self, budget: int | None, per_step: int) -> int:
+        """`per_step`, or, with a token budget, the questions the rest of it pays for at the
+        tokens per question so far (0: spent): a run's compute then lands within half a
+        question of the budget, not half a step (a Monte-Carlo step can cost more than the
+        whole budget)."""
+        if budget is None:
+            return per_step
+        return units_within_budget(budget, self.rollout_tokens, self.questions_planned,
+                                   per_step)
+
+
+def drop_redone_lines(out: Path, state: RunState) -> None:
+    """On resume: the metrics and alert lines of the steps after the checkpoint go (they are
+    about to be redone, and their lines come back), and so does a dev line at the
+    checkpoint's step that the checkpoint does not know of (the final evaluation of a run
+    killed after it, which comes back too)."""
+    step, last = state.step_done, state.last_dev
+
+    def unknown_dev(record: dict) -> bool:
+        return record.get("step") == step and any(k.startswith("dev_") for k in record) \
+            and (last is None or last[0] != step)
+
+    keep_log_until(out / "metrics.jsonl", step, unknown_dev)
+    keep_log_until(out / "alerts.jsonl", step)
+
+
+def run_summary(state: RunState, *, final: Path, last: dict[str, Any], minutes: float,
+                budget: int | None, simulator_tokens: int | None) -> dict[str, Any]:
+    """What summary.json says of a finished run (its dev figures are the trainer's to
+    add). Equal compute means within 10% of a token budget: `budget_met` says whether."""
+    summary = {"steps": state.step_done, "final": str(final), "stopped": state.stopped_reason,
+               "last": last, "rollout_tokens": state.rollout_tokens,
+               "budget": state.stopped_budget, "minutes": minutes}
+    if simulator_tokens is not None:   # the simulator's compute, outside the budget
+        summary["simulator_tokens"] = simulator_tokens
+    if budget is not None:
+        ratio = state.rollout_tokens / budget
+        summary.update(budget_ratio=round(ratio, 4), budget_met=abs(ratio - 1) <= 0.1)
+    return summary
+
+
+class Checkpointer:
+    """Saves and loads a run's training state under `folder` (RUN_DIR/checkpoints): what
+    `runtime`, `optimizer`, `scheduler` and the search environment `env` hold, the random
+    state and the run's counters; keeps the newest `keep_last` (and the one named in `keep`
+    when saving)."""
+
+    def __init__(self, folder: Path, dist, keep_last: int | None, *, runtime, optimizer,
+                 scheduler, env, device: str):
         self.folder, self.dist, self.keep_last = folder, dist, keep_last
+        self.runtime, self.optimizer, self.scheduler = runtime, optimizer, scheduler
+        self.env, self.device = env, device
 
     def latest(self) -> str | None:
         """The newest complete checkpoint's name (step-N), None before the first."""
         pointer = self.folder / "latest"
         return pointer.read_text().strip() if pointer.is_file() else None
 
-    def save(self, step: int, *, runtime, optimizer, scheduler, env, meta: dict[str, Any],
-             keep: set) -> Path:
+    def save(self, step: int, meta: dict[str, Any], keep: set) -> Path:
         """step-N with `meta` as its trainer.json. With several processes the runtime writes
         the weights (rank 0 the whole ones; sharded, every rank its shards of the weights
         and optimizer state), rank 0 the rest, and the others wait until it is on disk."""
@@ -52,11 +144,11 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         self.dist.barrier()
-        state = runtime.save(tmp, optimizer)
+        state = self.runtime.save(tmp, self.optimizer)
         if self.dist.main:
-            torch.save({**state, "scheduler": scheduler.state_dict(), "rng": rng_state()},
+            torch.save({**state, "scheduler": self.scheduler.state_dict(), "rng": rng_state()},
                        tmp / "optim.pt")
-            env.save(tmp)
+            self.env.save(tmp)
             (tmp / "trainer.json").write_text(json.dumps({"step": step, **meta}))
             if (tmp / "shards").is_dir():
                 fsync_dir(tmp / "shards", files=False)   # dcp flushed the files themselves
@@ -69,27 +161,46 @@ class Checkpointer:
         self.dist.barrier()
         return target
 
-    def load(self, path: Path, *, runtime, optimizer, scheduler, env, device: str
-             ) -> dict[str, Any]:
+    def load(self, path: Path) -> dict[str, Any]:
         """Everything `save` wrote back into place; returns its trainer.json (checked for
         the counters a resume reads before anything is loaded)."""
-        env.check_checkpoint(path)
+        self.env.check_checkpoint(path)
         meta = json.loads((path / "trainer.json").read_text())
         missing = [k for k in TRAINER_KEYS if k not in meta]
         if missing:
             raise ConfigError(f"--resume: {path / 'trainer.json'} lacks {', '.join(missing)} "
                               "(written by an older seekrl); start the run again with "
                               "--overwrite")
-        state = torch.load(path / "optim.pt", map_location=device, weights_only=False)
-        runtime.load(path, optimizer, state)
-        scheduler.load_state_dict(state["scheduler"])
+        state = torch.load(path / "optim.pt", map_location=self.device, weights_only=False)
+        self.runtime.load(path, self.optimizer, state)
+        self.scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
-        env.load(path)
+        self.env.load(path)
         return meta
 
-    def resume_hint(self, where: str, command: str, *, done: int, save_every: int) -> str:
-        """What to tell a user whose run stopped `where` (Ctrl-C) and how to go on
-        (`command`: how the run was started, without --resume or --overwrite)."""
+    def resume(self, monitor, *, steps: int, say) -> RunState:
+        """The latest checkpoint loaded into place (that there is one was checked before
+        anything loaded), the monitor's and the environment's state with it, and the log
+        lines of the steps after it dropped (rank 0); returns the run's counters."""
+        path = self.folder / self.latest()
+        meta = self.load(path)
+        state = RunState.from_meta(meta)
+        self.env.load_state_dict(meta.get("simulator_stats", {}))
+        monitor.load_state_dict(meta["monitor"])
+        done = state.step_done
+        say(f"resuming from {path}: {done} of {steps} steps done, "
+            + (f"continuing with step {done + 1} of {steps}" if done < steps
+               else "saving and evaluating the final model"))
+        if self.dist.main:
+            drop_redone_lines(self.folder.parent, state)
+        return state
+
+    def resume_hint(self, command: str, *, done: int, steps: int, save_every: int) -> str:
+        """What to tell a user whose run was interrupted (Ctrl-C) after `done` of `steps`
+        steps, and how to go on (`command`: how the run was started, without --resume or
+        --overwrite)."""
+        where = (f"during step {done + 1} of {steps}" if done < steps else
+                 f"after its last step ({steps}), before the final model was saved")
         name = self.latest()
         if name is not None:
             return (f"interrupted {where}; the latest checkpoint is {self.folder / name} "
