@@ -183,28 +183,132 @@ class Trainer:
         self.updater = PolicyUpdate(cfg.algo, self.runtime, self.dist, self.device, self.pad_id,
                                     self.value_head, self._optimizer_step, correct)
 
+    # ------------------------------------------------------------------ the step
+    def step(self, step: int, n_questions: int | None = None) -> dict[str, Any]:
+        """One step on `n_questions` questions (default `questions_per_step`; fewer on the
+        last step of a run with a rollout-token budget): sample, roll out and score them
+        (`_draw`), estimate the advantages and update (`learn`); returns the step's record,
+        which `train` logs."""
+        algo = self.cfg.algo
+        set_seed(seeds.step(self.cfg.seed, step))
+        t0 = time.time()
+        if self.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats(self.device)
+        draws = _Draws(ranked_before=self.env.ranker_seconds())
+        # sample questions, roll out their groups and score them (`_draw`); with dynamic
+        # sampling, draw again until the groups with signal fill the batch
+        n_questions = n_questions or self.cfg.questions_per_step
+        trajs, parts, n_sampled, refills, signal, estimate = fill_with_signal(
+            lambda k: self._draw(step, n_questions, k, draws), self._signal_estimate,
+            n_questions, dynamic=algo.dynamic_sampling, max_refills=algo.max_refills)
+        record = self._rollout_record(step, trajs, parts, draws, n_sampled, refills, signal)
+        if trajs:
+            record.update(self.learn(trajs, estimate=estimate))
+        else:   # dynamic sampling found no group with signal: nothing to learn
+            record.update(skipped_update=True, lr=self.optimizer.param_groups[0]["lr"])
+            # the schedule still counts the step, so step k has the lr of step k whatever
+            # was skipped before it (torch warns when no optimizer step came first)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                self.scheduler.step()
+        record.update(time_step=round(time.time() - t0, 2),
+                      **peak_memory(self.dist, self.device, self.state_bytes()))
+        return record
+
+    def _draw(self, step: int, n_questions: int, draw: int, draws: _Draws):
+        """Draw `draw` of the step: its questions played and scored, each rank its share,
+        all ranks getting the whole batch; its time, process figures and generated tokens
+        go into `draws`."""
+        t = time.time()
+        questions = self.sample_questions(step, n_questions, draw=draw)
+        self.state.questions_drawn += len(questions)
+        self.state.questions_planned += len(questions) if draw == 0 else 0
+        # each rank draws its own random numbers (rank 0's are one process's)
+        seed = seeds.rank(seeds.draw(seeds.step(self.cfg.seed, step), draw), self.dist.rank)
+        with self.full_weights():   # sharded: rollouts on the gathered weights
+            trajs = self.rollout(self.dist.share(questions), seed=seed)
+            draws.rollout_s += time.time() - t
+            t = time.time()
+            stats: dict[str, float] = {}
+            parts = self.score(trajs, seed=seed, stats=stats)
+        trajs, parts = self.dist.gather(trajs), self.dist.gather(parts)
+        for k, v in self.dist.sum_values(stats).items():
+            draws.process_stats[k] = draws.process_stats.get(k, 0.0) + v
+        draws.fresh_tokens += sum(x.n_decoded - x.prefix_tokens
+                                  for x in trajs)   # shared tree prefixes count once
+        draws.scoring_s += time.time() - t
+        return trajs, parts
+
+    def _rollout_record(self, step, trajs, parts, draws: _Draws, n_sampled: int,
+                        refills: int, signal) -> dict[str, Any]:
+        """The step record's part about its episodes, compute and search; the episodes
+        saved when due; the update announced."""
+        # with several processes: the slowest rank's rollout time (the others waited for it
+        # in the gather, which counts as scoring), so tokens_per_s is the whole group's rate
+        t_rollout = max(self.dist.gather([draws.rollout_s]))
+        step_tokens = draws.fresh_tokens + int(draws.process_stats.get("mc_tokens", 0))
+        self.state.rollout_tokens += step_tokens
+        record = episode_metrics(trajs, parts, process=list(self.cfg.reward.process),
+                                 self_search=self.cfg.rollout.self_search,
+                                 sub_queries=self.cfg.rollout.max_queries > 1)
+        varied, multi, solved = signal
+        generated = sum(t.n_decoded for t in trajs)   # what was decoded, blocks it wrote too
+        record.update(step=step, episodes=len(trajs), episodes_sampled=n_sampled,
+                      refills=refills, lookups_by_kind=lookups_by_kind(trajs),
+                      rollout_tokens=step_tokens, rollout_tokens_total=self.state.rollout_tokens,
+                      **{f"process_{k}": round(v, 4)
+                         for k, v in sorted(draws.process_stats.items())},
+                      groups_with_signal=round(varied / multi, 4) if multi else None,
+                      groups_solved=round(solved / multi, 4) if multi else None,
+                      time_rollout=round(t_rollout, 2),
+                      time_scoring=round(draws.scoring_s + draws.rollout_s - t_rollout, 3),
+                      tokens_per_s=round(generated / max(t_rollout, 1e-9), 1))
+        every = self.cfg.log.save_rollouts
+        if self.dist.main and every and step % every == 0 and trajs:
+            self._save_rollouts(step, trajs)
+        record.update(self.env.after_rollouts(trajs, draws.ranked_before))
+        if trajs:
+            if self._backend is not None:
+                self._backend.sleep()   # the update gets the engine's memory (vllm_sleep)
+            algo = self.cfg.algo
+            self._say(f"  step {step}: {len(trajs)} episodes in {t_rollout:.0f} s, updating "
+                      f"({algo.epochs * -(-len(trajs) // algo.mini_batch_size)} optimizer "
+                      "steps)")
+        return record
+
     # ------------------------------------------------------------------ 1. questions
     def sample_questions(self, step: int, n: int, draw: int = 0) -> list[QAExample]:
         """`n` questions for this step, the same for the same (seed, step, draw)."""
         return sample_questions(self.questions, n, random.Random(f"{self.cfg.seed}/{step}/{draw}"),
                                 balance_types=self.cfg.algo.balance_types)
 
+    def _questions_for_budget(self) -> int:
+        return self.state.questions_for_budget(self.cfg.max_rollout_tokens,
+                                               self.cfg.questions_per_step)
+
     # ------------------------------------------------------------------ 2. rollouts
+    def rollout(self, questions: Sequence[QAExample], seed: int) -> list[Trajectory]:
+        """The episodes of `questions` (`group_size` each, or the configured trees)
+        played by the current policy. With `shard: fsdp` every rank calls it (its own
+        questions, any number): it gathers the full weights first."""
+        tree = self.cfg.rollout.tree
+        with self.full_weights():
+            if tree is None:
+                with self._progress(len(questions) * self.cfg.group_size) as tick:
+                    trajs = self.engine(seed).run(questions, dataset="train", on_finish=tick)
+            else:
+                trajs = grow_trees(self.engine(seed, n_samples=tree.trees), questions,
+                                   tree.branches, tree.rounds, seed)
+        for t in trajs:  # group ids unique per draw, even if a question comes back
+            t.group_id = f"{t.example_id}@{seed}"
+        return trajs
+
     def engine(self, seed: int, n_samples: int | None = None) -> RolloutEngine:
         cfg = RolloutConfig.of(self.cfg.rollout, seed=seed,
                                n_samples=n_samples or self.cfg.group_size)
         self.model.eval()
         return RolloutEngine(self._generation_backend(), self.tokenizer,
                              self.env.for_rollouts(seed, self.run_progress()), cfg)
-
-    @property
-    def retriever(self):
-        """What evaluations search (and rollouts, without a simulator)."""
-        return self.env.retriever
-
-    def run_progress(self) -> float:
-        """The share of the run behind it, 0 to 1 (what the noise curriculum follows)."""
-        return self.state.progress(self.cfg.steps, self.cfg.max_rollout_tokens)
 
     def _generation_backend(self) -> Backend:
         """The run's one backend (built on first use): seekrl's own decoding loop on the
@@ -223,21 +327,14 @@ class Trainer:
         self._backend.sync_weights(self.model, self.updates)
         return self._backend
 
-    def rollout(self, questions: Sequence[QAExample], seed: int) -> list[Trajectory]:
-        """The episodes of `questions` (`group_size` each, or the configured trees)
-        played by the current policy. With `shard: fsdp` every rank calls it (its own
-        questions, any number): it gathers the full weights first."""
-        tree = self.cfg.rollout.tree
-        with self.full_weights():
-            if tree is None:
-                with self._progress(len(questions) * self.cfg.group_size) as tick:
-                    trajs = self.engine(seed).run(questions, dataset="train", on_finish=tick)
-            else:
-                trajs = grow_trees(self.engine(seed, n_samples=tree.trees), questions,
-                                   tree.branches, tree.rounds, seed)
-        for t in trajs:  # group ids unique per draw, even if a question comes back
-            t.group_id = f"{t.example_id}@{seed}"
-        return trajs
+    @property
+    def retriever(self):
+        """What evaluations search (and rollouts, without a simulator)."""
+        return self.env.retriever
+
+    def run_progress(self) -> float:
+        """The share of the run behind it, 0 to 1 (what the noise curriculum follows)."""
+        return self.state.progress(self.cfg.steps, self.cfg.max_rollout_tokens)
 
     @contextmanager
     def _progress(self, total: int):
@@ -290,95 +387,7 @@ class Trainer:
         runtime = self.ref_runtime if reference else self.runtime
         return runtime.full() if runtime is not None else nullcontext()
 
-    # ------------------------------------------------------------------ 4. log-probs
-    @torch.no_grad()
-    def batch_logprobs(self, trajs: Sequence[Trajectory], *, reference: bool = False
-                       ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-        """Per-trajectory log-probs of the policy tokens (and the critic's values), in
-        chunks of `algo.logprob_chunk` episodes (and `algo.micro_batch_tokens` padded
-        tokens); `reference` uses the frozen reference."""
-        if reference:
-            model = self.ref_model if self.ref_model is not None else self.model
-            ctx = self.model.disable_adapter() if self.ref_model is None else nullcontext()
-        else:
-            model, ctx = self.model, nullcontext()
-        algo = self.cfg.algo
-        with self.full_weights(reference=reference and self.ref_model is not None), ctx:
-            # share_prompts as the update computes them (sharded: no sharing), so the first
-            # ratio is 1 to the last bit
-            return logprobs_in_chunks(
-                model, trajs, self.pad_id, self.device, temperature=self.cfg.rollout.temperature,
-                chunk=algo.logprob_chunk, max_tokens=algo.micro_batch_tokens,
-                value_head=None if reference else self.value_head,
-                share_prompts=self.runtime.share_prompts)
-
-    # ------------------------------------------------------------------ one step
-    def step(self, step: int, n_questions: int | None = None) -> dict[str, Any]:
-        """One step on `n_questions` questions (default `questions_per_step`; fewer on the
-        last step of a run with a rollout-token budget); returns the step's record."""
-        algo = self.cfg.algo
-        set_seed(seeds.step(self.cfg.seed, step))
-        t0 = time.time()
-        if self.device.startswith("cuda"):
-            torch.cuda.reset_peak_memory_stats(self.device)
-        draws = _Draws(ranked_before=self.env.ranker_seconds())
-        # sample questions, roll out their groups and score them (`_draw`); with dynamic
-        # sampling, draw again until the groups with signal fill the batch
-        n_questions = n_questions or self.cfg.questions_per_step
-        trajs, parts, n_sampled, refills, signal, estimate = fill_with_signal(
-            lambda k: self._draw(step, n_questions, k, draws), self._signal_estimate,
-            n_questions, dynamic=algo.dynamic_sampling, max_refills=algo.max_refills)
-        record = self._rollout_record(step, trajs, parts, draws, n_sampled, refills, signal)
-        if trajs:   # estimate the advantages, update
-            record.update(self.learn(trajs, estimate=estimate))
-        else:   # dynamic sampling found no group with signal: nothing to learn
-            record.update(skipped_update=True, lr=self.optimizer.param_groups[0]["lr"])
-            # the schedule still counts the step, so step k has the lr of step k whatever
-            # was skipped before it (torch warns when no optimizer step came first)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                self.scheduler.step()
-        record.update(time_step=round(time.time() - t0, 2),
-                      **peak_memory(self.dist, self.device, self.state_bytes()))
-        return record
-
-    def _rollout_record(self, step, trajs, parts, draws: _Draws, n_sampled: int,
-                        refills: int, signal) -> dict[str, Any]:
-        """The step record's part about its episodes, compute and search; the episodes
-        saved when due; the update announced."""
-        # with several processes: the slowest rank's rollout time (the others waited for it
-        # in the gather, which counts as scoring), so tokens_per_s is the whole group's rate
-        t_rollout = max(self.dist.gather([draws.rollout_s]))
-        step_tokens = draws.fresh_tokens + int(draws.process_stats.get("mc_tokens", 0))
-        self.state.rollout_tokens += step_tokens
-        record = episode_metrics(trajs, parts, process=list(self.cfg.reward.process),
-                                 self_search=self.cfg.rollout.self_search,
-                                 sub_queries=self.cfg.rollout.max_queries > 1)
-        varied, multi, solved = signal
-        generated = sum(t.n_decoded for t in trajs)   # what was decoded, blocks it wrote too
-        record.update(step=step, episodes=len(trajs), episodes_sampled=n_sampled,
-                      refills=refills, lookups_by_kind=lookups_by_kind(trajs),
-                      rollout_tokens=step_tokens, rollout_tokens_total=self.state.rollout_tokens,
-                      **{f"process_{k}": round(v, 4)
-                         for k, v in sorted(draws.process_stats.items())},
-                      groups_with_signal=round(varied / multi, 4) if multi else None,
-                      groups_solved=round(solved / multi, 4) if multi else None,
-                      time_rollout=round(t_rollout, 2),
-                      time_scoring=round(draws.scoring_s + draws.rollout_s - t_rollout, 3),
-                      tokens_per_s=round(generated / max(t_rollout, 1e-9), 1))
-        every = self.cfg.log.save_rollouts
-        if self.dist.main and every and step % every == 0 and trajs:
-            self._save_rollouts(step, trajs)
-        record.update(self.env.after_rollouts(trajs, draws.ranked_before))
-        if trajs:
-            if self._backend is not None:
-                self._backend.sleep()   # the update gets the engine's memory (vllm_sleep)
-            algo = self.cfg.algo
-            self._say(f"  step {step}: {len(trajs)} episodes in {t_rollout:.0f} s, updating "
-                      f"({algo.epochs * -(-len(trajs) // algo.mini_batch_size)} optimizer "
-                      "steps)")
-        return record
-
+    # ------------------------------------------------------------------ 4. advantages
     def estimate(self, trajs: Sequence[Trajectory], *, values=None, token_rewards=None
                  ) -> tuple[Estimate, int | None]:
         """The run's advantages of a batch, as the update uses them: the estimator on the
@@ -405,38 +414,7 @@ class Trainer:
             return None
         return self.estimate(trajs)
 
-    def _draw(self, step: int, n_questions: int, draw: int, draws: _Draws):
-        """Draw `draw` of the step: its questions played and scored, each rank its share,
-        all ranks getting the whole batch; its time, process figures and generated tokens
-        go into `draws`."""
-        t = time.time()
-        questions = self.sample_questions(step, n_questions, draw=draw)
-        self.state.questions_drawn += len(questions)
-        self.state.questions_planned += len(questions) if draw == 0 else 0
-        # each rank draws its own random numbers (rank 0's are one process's)
-        seed = seeds.rank(seeds.draw(seeds.step(self.cfg.seed, step), draw), self.dist.rank)
-        with self.full_weights():   # sharded: rollouts on the gathered weights
-            trajs = self.rollout(self.dist.share(questions), seed=seed)
-            draws.rollout_s += time.time() - t
-            t = time.time()
-            stats: dict[str, float] = {}
-            parts = self.score(trajs, seed=seed, stats=stats)
-        trajs, parts = self.dist.gather(trajs), self.dist.gather(parts)
-        for k, v in self.dist.sum_values(stats).items():
-            draws.process_stats[k] = draws.process_stats.get(k, 0.0) + v
-        draws.fresh_tokens += sum(x.n_decoded - x.prefix_tokens
-                                  for x in trajs)   # shared tree prefixes count once
-        draws.scoring_s += time.time() - t
-        return trajs, parts
-
-    def _questions_for_budget(self) -> int:
-        return self.state.questions_for_budget(self.cfg.max_rollout_tokens,
-                                               self.cfg.questions_per_step)
-
-    def state_bytes(self) -> int:
-        """Bytes of the training state this process holds (shards: their local part)."""
-        return state_bytes((self.model, self.value_head, self.ref_model), self.optimizer)
-
+    # ------------------------------------------------------------------ 5. update
     def learn(self, trajs: Sequence[Trajectory], estimate=None) -> dict[str, Any]:
         """Steps 4-6 on a scored batch (every rank holds the same one): log-probs,
         advantages (`estimate`'s, the signal check's of this very batch, when given and
@@ -488,13 +466,33 @@ class Trainer:
                       train_tokens_per_s=round(trained / max(t_update + t_old, 1e-9), 1))
         return record
 
+    @torch.no_grad()
+    def batch_logprobs(self, trajs: Sequence[Trajectory], *, reference: bool = False
+                       ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """Per-trajectory log-probs of the policy tokens (and the critic's values), in
+        chunks of `algo.logprob_chunk` episodes (and `algo.micro_batch_tokens` padded
+        tokens); `reference` uses the frozen reference."""
+        if reference:
+            model = self.ref_model if self.ref_model is not None else self.model
+            ctx = self.model.disable_adapter() if self.ref_model is None else nullcontext()
+        else:
+            model, ctx = self.model, nullcontext()
+        algo = self.cfg.algo
+        with self.full_weights(reference=reference and self.ref_model is not None), ctx:
+            # share_prompts as the update computes them (sharded: no sharing), so the first
+            # ratio is 1 to the last bit
+            return logprobs_in_chunks(
+                model, trajs, self.pad_id, self.device, temperature=self.cfg.rollout.temperature,
+                chunk=algo.logprob_chunk, max_tokens=algo.micro_batch_tokens,
+                value_head=None if reference else self.value_head,
+                share_prompts=self.runtime.share_prompts)
+
     def _shared_logprobs(self, trajs: Sequence[Trajectory], *, reference: bool = False):
         """`batch_logprobs` of the whole batch, each rank computing a share."""
         logps, values = self.batch_logprobs(self.dist.share(trajs), reference=reference)
         return self.dist.gather(logps), (self.dist.gather(values) if values is not None
                                          else None)
 
-    # ------------------------------------------------------------------ 6. updates
     def _update(self, trajs, advantages, old_logps, ref_logps, old_values, returns
                 ) -> dict[str, Any]:
         """`algo.epochs` passes of mini-batch updates (rl/update.py)."""
@@ -518,7 +516,11 @@ class Trainer:
         self.runtime.reduce_gradients(params)
         return clip_and_step(params, self.optimizer, self.cfg.optim.max_grad_norm)
 
-    # ------------------------------------------------------------------ metrics
+    def state_bytes(self) -> int:
+        """Bytes of the training state this process holds (shards: their local part)."""
+        return state_bytes((self.model, self.value_head, self.ref_model), self.optimizer)
+
+    # ------------------------------------------------------------------ 6. log
     def _save_rollouts(self, step: int, trajs: Sequence[Trajectory]) -> None:
         """RUN_DIR/rollouts/step-N: the step's episodes with their step rewards and values,
         and the trajectory viewer over them."""

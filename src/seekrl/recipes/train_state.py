@@ -1,9 +1,11 @@
-"""An RL run's checkpoints: `RUN_DIR/checkpoints/step-N` holds the trainable weights (the
-runtime writes them: whole, or each rank its shards), the optimizer's and the schedule's
-state, the random state, the search environment's (a co-trained ranker) and the trainer's
-counters (`RunState`, as `trainer.json`). A checkpoint is written under a temporary name and renamed, and
-`checkpoints/latest` names the newest complete one, so a killed run never leaves a corrupt
-latest checkpoint and `--resume` continues where the run stopped."""
+"""An RL run's state on disk and in memory: its counters (`RunState`: steps done, tokens
+and questions spent, the last healthy checkpoint and evaluation) and its checkpoints.
+`RUN_DIR/checkpoints/step-N` holds the trainable weights (the runtime writes them: whole, or
+each rank its shards), the optimizer's and the schedule's state, the random state, the
+search environment's (a co-trained ranker) and the counters (`trainer.json`). A checkpoint
+is written under a temporary name and renamed, and `checkpoints/latest` names the newest
+complete one, so a killed run never leaves a corrupt latest checkpoint and `--resume`
+continues where the run stopped."""
 
 from __future__ import annotations
 
@@ -85,36 +87,6 @@ class RunState:
             return per_step
         return units_within_budget(budget, self.rollout_tokens, self.questions_planned,
                                    per_step)
-
-
-def drop_redone_lines(out: Path, state: RunState) -> None:
-    """On resume: the metrics and alert lines of the steps after the checkpoint go (they are
-    about to be redone, and their lines come back), and so does a dev line at the
-    checkpoint's step that the checkpoint does not know of (the final evaluation of a run
-    killed after it, which comes back too)."""
-    step, last = state.step_done, state.last_dev
-
-    def unknown_dev(record: dict) -> bool:
-        return record.get("step") == step and any(k.startswith("dev_") for k in record) \
-            and (last is None or last[0] != step)
-
-    keep_log_until(out / "metrics.jsonl", step, unknown_dev)
-    keep_log_until(out / "alerts.jsonl", step)
-
-
-def run_summary(state: RunState, *, final: Path, last: dict[str, Any], minutes: float,
-                budget: int | None, simulator_tokens: int | None) -> dict[str, Any]:
-    """What summary.json says of a finished run (its dev figures are the trainer's to
-    add). Equal compute means within 10% of a token budget: `budget_met` says whether."""
-    summary = {"steps": state.step_done, "final": str(final), "stopped": state.stopped_reason,
-               "last": last, "rollout_tokens": state.rollout_tokens,
-               "budget": state.stopped_budget, "minutes": minutes}
-    if simulator_tokens is not None:   # the simulator's compute, outside the budget
-        summary["simulator_tokens"] = simulator_tokens
-    if budget is not None:
-        ratio = state.rollout_tokens / budget
-        summary.update(budget_ratio=round(ratio, 4), budget_met=abs(ratio - 1) <= 0.1)
-    return summary
 
 
 class Checkpointer:
@@ -211,3 +183,32 @@ class Checkpointer:
                     f"{save_every}): nothing to resume; start again with: {command} --overwrite")
         return f"interrupted {where}: nothing to resume; start again with: {command}"
 
+
+def drop_redone_lines(out: Path, state: RunState) -> None:
+    """On resume: the metrics and alert lines of the steps after the checkpoint go (they are
+    about to be redone, and their lines come back), and so does a dev line at the
+    checkpoint's step that the checkpoint does not know of (the final evaluation of a run
+    killed after it, which comes back too)."""
+    step, last = state.step_done, state.last_dev
+
+    def unknown_dev(record: dict) -> bool:
+        return record.get("step") == step and any(k.startswith("dev_") for k in record) \
+            and (last is None or last[0] != step)
+
+    keep_log_until(out / "metrics.jsonl", step, unknown_dev)
+    keep_log_until(out / "alerts.jsonl", step)
+
+
+def run_summary(state: RunState, *, final: Path, last: dict[str, Any], minutes: float,
+                budget: int | None, simulator_tokens: int | None) -> dict[str, Any]:
+    """What summary.json says of a finished run (its dev figures are the trainer's to
+    add). Equal compute means within 10% of a token budget: `budget_met` says whether."""
+    summary = {"steps": state.step_done, "final": str(final), "stopped": state.stopped_reason,
+               "last": last, "rollout_tokens": state.rollout_tokens,
+               "budget": state.stopped_budget, "minutes": minutes}
+    if simulator_tokens is not None:   # the simulator's compute, outside the budget
+        summary["simulator_tokens"] = simulator_tokens
+    if budget is not None:
+        ratio = state.rollout_tokens / budget
+        summary.update(budget_ratio=round(ratio, 4), budget_met=abs(ratio - 1) <= 0.1)
+    return summary
