@@ -7,16 +7,22 @@ results page links into its sections and `mkdocs build --strict` checks those li
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[1]
-FROM_REPO = ("bench/RESULTS.md", "bench/learning.png", "bench/process_ablation.png")
+LOG = "bench/RESULTS.md"
+
+
+def figures(log: Path = ROOT / LOG) -> list[str]:
+    """The PNGs the log links to (relative to bench/), so a new figure needs no edit here."""
+    return sorted({f"bench/{m}" for m in re.findall(r"\]\(([^)\s#]+\.png)\)", log.read_text())})
 
 
 def on_files(files, config):
-    for path in FROM_REPO:
+    for path in (LOG, *figures()):
         if (ROOT / path).is_file() and files.get_file_from_path(path) is None:
             files.append(File(path, src_dir=str(ROOT), dest_dir=config["site_dir"],
                               use_directory_urls=config["use_directory_urls"]))
