@@ -130,3 +130,46 @@ def test_cli_eval_backend_static_gives_the_hf_loops_run(world_index, sharp, tmp_
                             "--method", "direct", "--attention", "eager", "--backend", "static",
                             "--out", str(tmp_path / "x")])
     assert r.exit_code == 2 and "--attention: 'eager' sets seekrl's decoding loop" in r.output
+
+
+def test_a_trainers_dev_evaluation_reuses_its_static_backend(tmp_path, monkeypatch):
+    """One static backend a run: its evaluations decode on the rollouts' rows (a second
+    backend would allocate a second cache of rows x max_total_tokens)."""
+    import copy
+
+    from seekrl.agent import static_backend as sb
+    from seekrl.config import TrainConfig
+    from seekrl.data.qa import read_qa_jsonl
+    from seekrl.models import tiny_policy
+    from seekrl.recipes.train import Trainer
+    from seekrl.rewards.outcome import RewardParts
+
+    _, paths, index_dir = build_world_and_index(tmp_path / "w", seed=4, difficulty="easy",
+                                                entities=200, n_train=8, n_dev=4, n_test=4)
+    built = []
+    real_init = sb.StaticBackend.__init__
+
+    def counted(self, *a, **kw):
+        built.append(self)
+        real_init(self, *a, **kw)
+
+    monkeypatch.setattr(sb.StaticBackend, "__init__", counted)
+    cfg = TrainConfig.model_validate({
+        "data": "unused", "index": "unused", "out": str(tmp_path / "run"), "steps": 1,
+        "questions_per_step": 2, "group_size": 2, "save_every": 0,
+        "rollout": {"max_turns": 2, "max_new_tokens": 6, "max_info_tokens": 48, "topk": 2,
+                    "batch_size": 8, "backend": "static"},
+        "algo": {"mini_batch_size": 4, "micro_batch_size": 2},
+        "eval": {"data": str(paths["dev"]), "n": 2, "every": 1, "max_turns": 1,
+                 "max_new_tokens": 4}})
+    model, tok = tiny_policy(seed=3)
+
+    def parity(t):
+        r = float(t.sample_index % 2)
+        return RewardParts(total=r, outcome=r, format=0.0, penalty=0.0)
+
+    summary = Trainer(cfg, model=copy.deepcopy(model), tokenizer=tok,
+                      retriever=load_index(index_dir), questions=read_qa_jsonl(paths["train"]),
+                      reward_fn=parity, overwrite=True).train()
+    assert summary["dev"]["questions"] == 2
+    assert len(built) == 1   # the start's evaluation, the step's rollouts and the final one

@@ -683,8 +683,9 @@ class Trainer:
         with self.full_weights():
             if not self.dist.main:
                 return {}
+            own = self._generation_backend() if self.cfg.rollout.backend == "static" else None
             metrics = eval_policy(self.model, self.tokenizer, self.retriever, self.cfg.eval,
-                                  out_dir, episode=self.cfg.rollout)
+                                  out_dir, episode=self.cfg.rollout, backend=own)
         return dev_figures(metrics)
 
 
