@@ -105,6 +105,27 @@ def sequential(model, tok, retriever, questions, cfg: RolloutConfig) -> tuple[in
     return generated, time.perf_counter() - started
 
 
+def _next_turns(live: list[int], new_rows, texts: list[str], tok, retriever,
+                cfg: RolloutConfig) -> tuple[list[int], int]:
+    """A batched turn's rows appended to their episodes' texts, with the documents of a
+    search or the note of an invalid turn: the rows still going and the tokens generated."""
+    pad = pad_id_of(tok)
+    still, generated = [], 0
+    for i, row in zip(live, new_rows):
+        generated += int((row != pad).sum())
+        turn = tok.decode(row, skip_special_tokens=True)
+        texts[i] += turn
+        action = parse_action(turn)
+        if action.kind == "answer":
+            continue
+        if action.kind == "search":
+            texts[i] += information_block(retriever.search([action.text], cfg.topk)[0])
+        else:
+            texts[i] += invalid_block(action.text)
+        still.append(i)
+    return still, generated
+
+
 def batched_generate(model, tok, retriever, questions, cfg: RolloutConfig, batch: int
                      ) -> tuple[int, float]:
     """The common GPU loop: `batch` episodes at a time, one left-padded `model.generate` call
@@ -127,20 +148,8 @@ def batched_generate(model, tok, retriever, questions, cfg: RolloutConfig, batch
                                  stop_strings=list(STOP_STRINGS), tokenizer=tok,
                                  pad_token_id=pad_id_of(tok))
             new_rows = out[:, enc.input_ids.shape[1]:]
-            still = []
-            for i, row in zip(live, new_rows):
-                turn = tok.decode(row, skip_special_tokens=True)
-                generated += int((row != pad_id_of(tok)).sum())
-                texts[i] += turn
-                action = parse_action(turn)
-                if action.kind == "answer":
-                    continue
-                if action.kind == "search":
-                    texts[i] += information_block(retriever.search([action.text], cfg.topk)[0])
-                else:
-                    texts[i] += invalid_block(action.text)
-                still.append(i)
-            live = still
+            live, n = _next_turns(live, new_rows, texts, tok, retriever, cfg)
+            generated += n
     _sync(device)
     return generated, time.perf_counter() - started
 
@@ -209,20 +218,8 @@ def static_generate(model, tok, retriever, questions, cfg: RolloutConfig, batch:
             rows = [texts[i] for i in live] + [filler] * (batch - len(live))
             idle[:] = [False] * len(live) + [True] * (batch - len(live))
             new_rows = call(rows, cfg.max_new_tokens)[:len(live)]
-            still = []
-            for i, row in zip(live, new_rows):
-                generated += int((row != pad).sum())
-                turn = tok.decode(row, skip_special_tokens=True)
-                texts[i] += turn
-                action = parse_action(turn)
-                if action.kind == "answer":
-                    continue
-                if action.kind == "search":
-                    texts[i] += information_block(retriever.search([action.text], cfg.topk)[0])
-                else:
-                    texts[i] += invalid_block(action.text)
-                still.append(i)
-            live = still
+            live, n = _next_turns(live, new_rows, texts, tok, retriever, cfg)
+            generated += n
     _sync(device)
     return generated, time.perf_counter() - started, warm, compiled
 
