@@ -214,7 +214,8 @@ def test_a_copy_of_the_presets_is_read_and_its_bad_key_named(tmp_path):
                    out="o")
     assert rl.group_size == 2 and rl.algo.mini_batch_size == 16   # one update a step
     (tmp_path / "sft.yaml").write_text("max_stepz: 3\n")
-    with pytest.raises(ConfigError, match="demo sft: max_stepz: unknown key.*max_steps"):
+    with pytest.raises(ConfigError,   # a user's copy is named
+                       match=r"demo sft \(preset .*sft\.yaml\): max_stepz: unknown key.*max_steps"):
         sft_config(DemoConfig(presets=tmp_path), "d", "o")
     (tmp_path / "sft.yaml").write_text("max_steps: 3\nmax_steps: 4\n")
     with pytest.raises(ConfigError, match="sft.yaml.*given twice"):

@@ -37,6 +37,8 @@ def stage_config(schema: type[C], preset: str | Path, *, keys: dict[str, Any],
     (keys the pipeline derives from the stage's settings, e.g. a process method's). `keys`
     and `then` are dotted; errors name `source`."""
     tree = read_config_file(preset)
+    if not Path(preset).resolve().is_relative_to(PRESETS):   # a user's copy: name the file
+        source = f"{source} (preset {preset})"
     if episode is not None:
         tree = merged({"rollout": episode.episode_settings().model_dump()}, tree)
     tree = merged(with_keys(tree, keys, schema, where=source), own or {})
