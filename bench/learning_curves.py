@@ -50,11 +50,14 @@ class Run:
     seed: int | None
     steps: list[int] = field(default_factory=list)
     reward: list[float | None] = field(default_factory=list)
+    searches: list[float | None] = field(default_factory=list)   # a question's, per step
     tokens: list[int | None] = field(default_factory=list)   # cumulative, after each step
     dev: list[tuple[int | None, int | None, float]] = field(default_factory=list)
     final: tuple[int | None, int | None, float] | None = None
     final_on: str = "test"
     start: dict[str, float] = field(default_factory=dict)   # questions -> the start's EM
+    dev_searches: list[tuple[int, float]] = field(default_factory=list)   # (step, searches)
+    start_searches: float | None = None   # the start's on dev, when evaluated there
 
 
 def _read_log(folder: Path) -> list[dict] | None:
@@ -123,15 +126,19 @@ def read_run(folder: Path) -> Run | None:
         by_step = {r[M.STEP]: r for r in log if M.EPISODES in r}   # a resumed step: the later
         run.steps = sorted(by_step)
         run.reward = [by_step[s].get(M.REWARD) for s in run.steps]
+        run.searches = [by_step[s].get(M.SEARCHES) for s in run.steps]
         run.tokens = [by_step[s].get(M.ROLLOUT_TOKENS_TOTAL) for s in run.steps]
         tokens_at = dict(zip(run.steps, run.tokens))
         dev_em = M.DEV + M.EM
         # an evaluation at step 0 (eval.at_start) is the start's, before any token
         run.dev = [(r[M.STEP], 0 if r[M.STEP] == 0 else tokens_at.get(r[M.STEP]), r[dev_em])
                    for r in log if dev_em in r]
+        run.dev_searches = [(r[M.STEP], r[M.DEV + M.SEARCHES]) for r in log
+                            if M.DEV + M.SEARCHES in r]
     elif result:
         run.reward = list(result.get(TRAIN + M.REWARD) or [])
         run.steps = list(range(1, len(run.reward) + 1))
+        run.searches = list(result.get(TRAIN + M.SEARCHES) or [None] * len(run.steps))
         per_step = result.get(TRAIN + M.ROLLOUT_TOKENS)
         if per_step and None not in per_step:
             total = 0
@@ -145,6 +152,15 @@ def read_run(folder: Path) -> Run | None:
     if isinstance(result.get("em"), (int, float)):
         run.final = (result.get("steps"), result.get("rollout_tokens"), float(result["em"]))
     return run
+
+
+def _start_searches(runs_dir: Path) -> float | None:
+    """The SFT start's searches a question on the dev questions, if it was evaluated there."""
+    path = runs_dir / "eval-sft-dev" / "metrics.json"
+    if path.is_file():
+        value = (json.loads(path.read_text()).get("average") or {}).get(M.SEARCHES)
+        return float(value) if isinstance(value, (int, float)) else None
+    return None
 
 
 def _start(runs_dir: Path) -> dict[str, float]:
@@ -163,12 +179,12 @@ def _start(runs_dir: Path) -> dict[str, float]:
 def runs_in(runs_dir: Path, names: list[str] | None = None) -> list[Run]:
     """The runs in a runs folder (only the subfolders `names`, when given), each with the
     folder's SFT start."""
-    start = _start(runs_dir)
+    start, searches = _start(runs_dir), _start_searches(runs_dir)
     folders = [runs_dir / n for n in names] if names is not None \
         else sorted(d for d in runs_dir.iterdir() if d.is_dir())
     found = [r for r in map(read_run, folders) if r is not None]
     for r in found:
-        r.start = start
+        r.start, r.start_searches = start, searches
     return found
 
 
@@ -182,7 +198,7 @@ def read_runs(paths: list[Path]) -> list[Run]:
             raise SystemExit(f"{path}: no such folder")
         one = read_run(path)
         if one is not None:   # a single run: its runs folder's start, if it has one
-            one.start = _start(path.parent)
+            one.start, one.start_searches = _start(path.parent), _start_searches(path.parent)
             runs.append(one)
             continue
         found = runs_in(path)
@@ -194,7 +210,8 @@ def read_runs(paths: list[Path]) -> list[Run]:
 
 
 def plot(runs: list[Run], path: Path) -> Path:
-    """EM against steps, EM against rollout tokens, training reward against steps."""
+    """EM against steps, EM against rollout tokens, training reward against steps, and
+    searches a question against steps (in training, and greedy on the dev probe)."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
@@ -203,8 +220,8 @@ def plot(runs: list[Run], path: Path) -> Path:
     colour = {a: f"C{i % 10}" for i, a in enumerate(arms)}
     seeds = sorted({r.seed for r in runs if r.seed is not None})
     style = {s: SEED_STYLES[i % len(SEED_STYLES)] for i, s in enumerate(seeds)}
-    fig = Figure(figsize=(15, 4.2), dpi=100, layout="constrained")
-    by_step, by_tokens, rewards = fig.subplots(1, 3)
+    fig = Figure(figsize=(20, 4.2), dpi=100, layout="constrained")
+    by_step, by_tokens, rewards, searches = fig.subplots(1, 4)
     for r in runs:
         c, ls = colour[r.arm], style.get(r.seed, "-")
         for ax, x in ((by_step, 0), (by_tokens, 1)):
@@ -223,6 +240,15 @@ def plot(runs: list[Run], path: Path) -> Path:
         points = [(s, v) for s, v in zip(r.steps, r.reward) if v is not None]
         if points:
             rewards.plot(*zip(*points), color=c, ls=ls, lw=0.8, alpha=0.6)
+        # the hop decision: a policy that stops after one search shows here first
+        points = [(s, v) for s, v in zip(r.steps, r.searches) if v is not None]
+        if points:
+            searches.plot(*zip(*points), color=c, ls=ls, lw=0.8, alpha=0.6)
+        dev = list(r.dev_searches)
+        if r.start_searches is not None and dev and dev[0][0] != 0:
+            dev.insert(0, (0, r.start_searches))
+        if dev:
+            searches.plot(*zip(*dev), color=c, ls=ls, marker="o", markersize=4, lw=1.6)
     # an arm's mean over its seeds, step by step: one step's reward is mostly which
     # questions it drew, and the seeds draw differently
     for arm in arms:
@@ -242,7 +268,7 @@ def plot(runs: list[Run], path: Path) -> Path:
         if not ax.lines:
             ax.text(0.5, 0.5, "no evaluation kept", ha="center", va="center",
                     transform=ax.transAxes, color="grey")
-    for ax in (by_step, rewards):
+    for ax in (by_step, rewards, searches):
         ax.set_xlabel("RL step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     by_tokens.set_xlabel("generated rollout tokens")
@@ -252,6 +278,9 @@ def plot(runs: list[Run], path: Path) -> Path:
     rewards.set_ylabel("training reward (the step's draw)")
     rewards.set_title("thin: each seed; thick: the arm's mean over seeds", fontsize=9)
     rewards.grid(True, alpha=0.3)
+    searches.set_ylabel("searches a question")
+    searches.set_title("thin: in training; dots: greedy on dev (step 0: the start)", fontsize=9)
+    searches.grid(True, alpha=0.3)
     handles = [Line2D([], [], color=colour[a], lw=2, label=a) for a in arms]
     handles += [Line2D([], [], color="k", ls=style[s], label=f"seed {s}") for s in seeds]
     rewards.legend(handles=handles, fontsize=7, ncol=2)

@@ -31,9 +31,11 @@ def step_log(steps: int, every: int = 0, per_step: int = 100) -> list[dict]:
     lines = []
     for s in range(1, steps + 1):
         lines.append({"step": s, "episodes": 32, "reward": 0.1 * s, "em": 0.05 * s,
+                      "searches": 2.0 - 0.1 * s,
                       "rollout_tokens": per_step, "rollout_tokens_total": per_step * s})
         if every and (s % every == 0 or s == steps):
-            lines.append({"step": s, "dev_em": 0.3 + 0.01 * s, "dev_f1": 0.4})
+            lines.append({"step": s, "dev_em": 0.3 + 0.01 * s, "dev_f1": 0.4,
+                          "dev_searches": 2.0 - 0.2 * s})
     return lines
 
 
@@ -59,13 +61,17 @@ def test_runs_are_read_from_their_step_log_their_result_or_a_partial_log(tmp_pat
     (old / "result.json").write_text(json.dumps({
         "method": "recall", "seed": 1, "steps": 11, "rollout_tokens": 1100, "em": 0.3,
         "evaluated_on": "dev", "curve": [[500, 0.3], [1000, 0.31], [1100, 0.33]],
-        "train_reward": [0.2] * 11, "config": {"eval": {"every": 5}}}))
+        "train_reward": [0.2] * 11, "train_searches": [1.5] * 11,
+        "config": {"eval": {"every": 5}}}))
     # a run kept before it finished: its log and config, under a name of its own
     partial = runs / "upd4-outcome-s2-partial"
     write_gz(partial / "metrics.jsonl.gz", step_log(3))
     (partial / "config.yaml").write_text("seed: 2\nsteps: 10\n")
     (runs / "eval-sft-test").mkdir()
     (runs / "eval-sft-test" / "metrics.json").write_text(json.dumps({"average": {"em": 0.25}}))
+    (runs / "eval-sft-dev").mkdir()
+    (runs / "eval-sft-dev" / "metrics.json").write_text(
+        json.dumps({"average": {"em": 0.3, "searches": 2.1}}))
     (runs / "notes").mkdir()   # neither a result nor a log: not a run
 
     got = {r.arm: r for r in curves.read_runs([runs])}
@@ -75,10 +81,16 @@ def test_runs_are_read_from_their_step_log_their_result_or_a_partial_log(tmp_pat
     assert r.reward == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])   # the log's, not the result's
     assert r.dev == [(2, 200, pytest.approx(0.32)), (4, 400, pytest.approx(0.34)),
                      (5, 500, pytest.approx(0.35))]
-    assert r.final == (5, 500, 0.4) and r.start == {"test": 0.25}
+    assert r.final == (5, 500, 0.4) and r.start == {"test": 0.25, "dev": 0.3}
+    # the hop decision: searches per step in training and on the dev probe, and the start's
+    assert r.searches == pytest.approx([1.9, 1.8, 1.7, 1.6, 1.5])
+    assert r.dev_searches == [(2, pytest.approx(1.6)), (4, pytest.approx(1.2)),
+                              (5, pytest.approx(1.0))]
+    assert r.start_searches == 2.1
     r = got["recall"]
     assert [(s, t) for s, t, _ in r.dev] == [(5, 500), (10, 1000), (11, 1100)]
     assert r.steps == list(range(1, 12)) and r.tokens == [None] * 11 and r.final_on == "dev"
+    assert r.searches == [1.5] * 11 and r.dev_searches == []
     r = got["upd4-outcome-partial"]
     assert (r.seed, r.steps, r.final, r.dev) == (2, [1, 2, 3], None, [])
 
