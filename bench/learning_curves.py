@@ -150,7 +150,11 @@ def read_run(folder: Path) -> Run | None:
         curve = result.get("curve") or []
         run.dev = [(s, t, em) for s, (t, em) in zip(_dev_steps(result, len(curve)), curve)]
     if isinstance(result.get("em"), (int, float)):
-        run.final = (result.get("steps"), result.get("rollout_tokens"), float(result["em"]))
+        step, tokens = result.get("steps"), result.get("rollout_tokens")
+        if result.get("taken") == "best":   # judged by its best dev evaluation's policy
+            step = result.get("taken_step")
+            tokens = 0 if step == 0 else dict(zip(run.steps, run.tokens)).get(step)
+        run.final = (step, tokens, float(result["em"]))
     return run
 
 

@@ -98,6 +98,10 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=0,
                     help="steps between evaluations on the world's dev questions (a curve to "
                          "tune on; the test questions are evaluated once, at the end)")
+    ap.add_argument("--take", choices=("final", "best"), default="final",
+                    help="the policy each run is judged by: its last, or the one whose dev "
+                         "evaluation (--eval-every, the start included) scored highest "
+                         "(eval.keep_best: early stopping chosen on dev, judged on test)")
     ap.add_argument("--n-test", type=int, default=200)
     ap.add_argument("--questions-per-step", type=int, default=None, help="default: the demo's")
     ap.add_argument("--group-size", type=int, default=None, help="default: the demo's")
@@ -143,6 +147,8 @@ def main() -> None:
         args.label_tokens = _label_tokens(args.prm)   # a bad folder fails before any run
     if args.budget is not None and args.budget_from is not None:
         raise SystemExit("--budget and --budget-from: give one")
+    if args.take == "best" and not args.eval_every:
+        raise SystemExit("--take best: needs --eval-every N (the dev evaluations to choose from)")
     if args.budget is not None or args.budget_from is not None:
         if args.budget is not None and args.budget < 1:
             raise SystemExit(f"--budget: expected a positive number of tokens, got {args.budget}")
@@ -327,7 +333,10 @@ def _run_config(method: str, seed: int, budget: int | None, args, demo, sft: Pat
         rl["optim"] = {"lr": args.lr}
     if args.eval_every:
         rl["eval"] = {"data": str(world_dir / "dev.jsonl"), "n": args.n_test,
-                      "every": args.eval_every, "at_start": False,
+                      "every": args.eval_every, "keep_best": args.take == "best",
+                      # the start is a candidate for the best (else its own evaluation,
+                      # eval-sft-*, is the report's reference line)
+                      "at_start": args.take == "best",
                       "max_turns": demo.rollout.max_turns,
                       "max_new_tokens": demo.rollout.max_new_tokens,
                       "batch_size": args.eval_batch}
@@ -372,17 +381,20 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
     steps = [r for r in records if M.EPISODES in r]
     tokens_at = {r[M.STEP]: r[M.ROLLOUT_TOKENS_TOTAL] for r in steps}
     dev_em = M.DEV + M.EM
-    curve = [(tokens_at.get(r[M.STEP]), r[dev_em]) for r in records if dev_em in r]
-    dev_dir = summary.get("dev_dir")
+    curve = [(0 if r[M.STEP] == 0 else tokens_at.get(r[M.STEP]), r[dev_em])
+             for r in records if dev_em in r]
+    dev_dir, policy = summary.get("dev_dir"), Path(summary["final"])
+    best = summary.get("best") if args.take == "best" else None
+    if best is not None:   # the best dev evaluation's policy, and that evaluation
+        dev_dir, policy = best["eval_dir"], Path(best["dir"])
     final_dir = out / f"eval-{args.final_on}"
     if args.final_on == "dev" and dev_dir and (Path(dev_dir) / "metrics.json").is_file():
-        # the trainer's own final evaluation: the same dev questions, greedy, same settings
+        # the trainer's own evaluation: the same dev questions, greedy, same settings
         final_dir = Path(dev_dir)
         final = json.loads((final_dir / "metrics.json").read_text())
     else:
-        check_trained_ranker(cfg, Path(summary["final"]))
-        final = evaluate_as_trained(cfg, Path(summary["final"]), final_dir, index_dir,
-                                    test_file, demo, args)
+        check_trained_ranker(cfg, policy)
+        final = evaluate_as_trained(cfg, policy, final_dir, index_dir, test_file, demo, args)
     avg = final["average"]
     by_type = {k: v["em"] for k, v in next(iter(final["by_type"].values()), {}).items()}
     result = {"method": method, "seed": seed, "steps": summary["steps"],
@@ -407,11 +419,14 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
                                           for r in steps) / 60, 2) if cfg.ranker else None,
               "minutes": round((time.time() - t0) / 60, 2), "device": args.device,
               "evaluated_on": args.final_on, "overrides": args.overrides,
+              "taken": args.take, "taken_step": summary["steps"] if best is None
+              else best["step"],
               "config": cfg.model_dump(mode="json")}
     done.write_text(json.dumps(result, indent=1))
     print(f"{method} seed {seed}: EM {avg['em']:.3f} searches {avg['searches']:.2f} in "
           f"{summary['steps']} steps, {summary['rollout_tokens']} rollout tokens "
-          f"({result['minutes']:.1f} min)", flush=True)
+          f"({result['minutes']:.1f} min)"
+          + (f", the policy of step {best['step']} (best on dev)" if best else ""), flush=True)
     return result
 
 

@@ -324,7 +324,7 @@ def test_a_fresh_run_is_not_given_the_evaluation_an_earlier_policy_left_in_its_f
     monkeypatch.setattr(bench, "evaluate_as_trained", evaluate)
     monkeypatch.setattr(train_mod, "Trainer", FakeTrainer)
     args = argparse.Namespace(work_dir=tmp_path, runs_dir="runs", budget_from=None,
-                              final_on="test", device="cpu", overrides={})
+                              final_on="test", device="cpu", overrides={}, take="final")
     result = bench._run("outcome", 0, None, args, None, None, None, None, None)
     assert seen == [False] and result["em"] == 0.0 and result["per_question"] == {"q0": 0.0}
     # the step's figures kept for the curve, and the whole log beside the result
@@ -334,6 +334,65 @@ def test_a_fresh_run_is_not_given_the_evaluation_an_earlier_policy_left_in_its_f
     assert result["metrics_log"] == "metrics.jsonl.gz"
     assert gzip.decompress((out / "metrics.jsonl.gz").read_bytes()) == \
         (out / "metrics.jsonl").read_bytes()
+
+
+def test_take_best_judges_the_policy_of_the_best_dev_evaluation(tmp_path, monkeypatch):
+    """--take best: the test questions score the run's best/ policy (not final/), on dev
+    its own evaluation is read back, and the result names the step taken; without dev
+    evaluations to choose from it is refused."""
+    import argparse
+
+    import seekrl.recipes.train as train_mod
+
+    bench = load_bench()
+    out = tmp_path / "runs" / "outcome-s0"
+
+    class FakeTrainer:
+        def __init__(self, cfg, resume, overwrite):
+            pass
+
+        def train(self):
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in (
+                {"step": 0, "dev_em": 0.3},
+                {"step": 1, "episodes": 4, "rollout_tokens_total": 10, "reward": 0.5, "searches": 2},
+                {"step": 1, "dev_em": 0.4},
+                {"step": 2, "episodes": 4, "rollout_tokens_total": 20, "reward": 0.5, "searches": 2},
+                {"step": 2, "dev_em": 0.2})) + "\n")
+            step1 = out / "eval" / "step-1"
+            step1.mkdir(parents=True, exist_ok=True)
+            (step1 / "metrics.json").write_text(json.dumps({"average": {
+                "em": 0.4, "f1": 0.4, "searches": 2.0, "evidence_recall": None,
+                "valid_format": 1.0}, "by_type": {}}))
+            return {"steps": 2, "rollout_tokens": 20, "final": str(out / "final"),
+                    "dev_dir": str(out / "eval" / "final"),
+                    "best": {"step": 1, "em": 0.4, "eval_dir": str(step1),
+                             "dir": str(out / "best")}}
+
+    judged = []
+
+    def evaluate(cfg, model_dir, final_dir, *rest):
+        judged.append(model_dir)
+        final_dir.mkdir(parents=True, exist_ok=True)
+        return {"average": {"em": 0.5, "f1": 0.5, "searches": 2.0, "evidence_recall": None,
+                            "valid_format": 1.0}, "by_type": {}}
+
+    cfg = argparse.Namespace(ranker=None, model_dump=lambda mode: {})
+    monkeypatch.setattr(bench, "_run_config", lambda *a: (cfg, {}, 0))
+    monkeypatch.setattr(bench, "evaluate_as_trained", evaluate)
+    monkeypatch.setattr(train_mod, "Trainer", FakeTrainer)
+    args = argparse.Namespace(work_dir=tmp_path, runs_dir="runs", budget_from=None,
+                              final_on="test", device="cpu", overrides={}, take="best")
+    result = bench._run("outcome", 0, None, args, None, None, None, None, None)
+    assert judged == [out / "best"] and result["em"] == 0.5
+    assert (result["taken"], result["taken_step"]) == ("best", 1)
+    assert result["curve"] == [(0, 0.3), (10, 0.4), (20, 0.2)]
+    (out / "result.json").unlink()
+    args.final_on = "dev"   # read back: the trainer evaluated that policy on dev already
+    result = bench._run("outcome", 0, None, args, None, None, None, None, None)
+    assert judged == [out / "best"] and result["em"] == 0.4
+    from learning_curves import read_run  # the final point drawn at the step taken
+    assert read_run(out).final == (1, 10, 0.4)
 
 
 def test_per_question_em_from_trajectories_is_kept_and_bad_lines_are_named(tmp_path):

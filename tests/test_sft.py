@@ -250,6 +250,10 @@ def test_a_resumed_run_ends_where_a_straight_one_does(world, tiny, tmp_path, mon
     assert losses("b") == losses("a")
     with pytest.raises(ConfigError, match="no SFT checkpoint"):
         run_sft(cfg("c"), model=copy.deepcopy(model), tokenizer=tok, resume=True)
+    keep = cfg("c").model_copy(update={"eval": cfg("c").eval.model_copy(
+        update={"keep_best": True})})
+    with pytest.raises(ConfigError, match=r"eval\.keep_best: an RL run's option"):
+        run_sft(keep, model=copy.deepcopy(model), tokenizer=tok)
     no_ckpt = Interrupted(0, None, 0).message("seekrl sft")
     assert no_ckpt == ("interrupted before the first step, with no checkpoint (save_every is "
                        "0); start again with: seekrl sft --overwrite")

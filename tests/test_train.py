@@ -12,6 +12,7 @@ import torch
 from conftest import build_world_and_index
 from hypothesis import given
 from hypothesis import strategies as st
+from transformers import AutoModelForCausalLM
 
 from seekrl.config import ConfigError, TrainConfig, build_config, load_config
 from seekrl.data.qa import read_qa_jsonl
@@ -601,6 +602,53 @@ def test_greedy_evaluations_feed_the_monitor(world, tiny, tmp_path, monkeypatch)
     dev = [r["dev_searches"] for r in map(json.loads, (run / "metrics.jsonl").read_text()
                                           .splitlines()) if "dev_searches" in r]
     assert dev == [1.9, 1.7, 1.0]
+
+
+def test_keep_best_saves_the_policy_of_the_best_evaluation(world, tiny, tmp_path, monkeypatch):
+    """eval.keep_best: RUN/best holds the policy whose evaluation scored highest (a tie keeps
+    the earlier one), the summary names it, and a resumed run keeps the record, dropping a
+    best saved after its checkpoint (that step is redone)."""
+    ems = {"start": 0.2, "step-1": 0.5, "step-2": 0.5, "step-3": 0.1, "final": 0.4}
+
+    def fake_eval(self, out_dir):
+        return {"em": ems[out_dir.name], "f1": 0.1, "valid_format": 1.0, "searches": 1.5,
+                "questions": 2}
+
+    monkeypatch.setattr(Trainer, "evaluate", fake_eval)
+    dev = {"data": str(world["paths"]["test"]), "every": 1, "keep_best": True}
+    run = tmp_path / "a" / "run"
+    summary = make_trainer(make_cfg(tmp_path / "a", steps=4, eval=dev), world, tiny).train()
+    assert summary["best"] == {"step": 1, "em": 0.5, "eval_dir": str(run / "eval" / "step-1"),
+                               "dir": str(run / "best")}
+    assert json.loads((run / "best" / "best.json").read_text())["step"] == 1
+    # the step-1 policy: the same as the final one of a run that stopped after one step
+    one = make_trainer(make_cfg(tmp_path / "one", steps=1), world, tiny)
+    one.train()
+    saved = AutoModelForCausalLM.from_pretrained(run / "best")
+    for (name, a), (_, b) in zip(saved.named_parameters(), one.model.named_parameters()):
+        assert torch.equal(a, b.detach()), name
+    # killed after step 3 with its last checkpoint at step 2, the best saved at step 3:
+    # resumed, step 3 is redone and ties the saved best, which stays as it was
+    ems.update({"step-1": 0.3, "step-2": 0.3, "step-3": 0.5})
+    cfg = make_cfg(tmp_path / "b", steps=4, save_every=2, eval=dev)
+    make_trainer(cfg, world, tiny).train(until=3)
+    run = tmp_path / "b" / "run"
+    note = run / "best" / "best.json"
+    assert json.loads(note.read_text())["step"] == 3
+    saved_at = note.stat().st_mtime_ns
+    summary = make_trainer(cfg, world, tiny, resume=True).train()
+    assert (summary["best"]["step"], summary["best"]["em"]) == (3, 0.5)
+    assert note.stat().st_mtime_ns == saved_at
+    # the start can be the best: nothing after it scored higher
+    ems.update({"start": 0.6})
+    summary = make_trainer(make_cfg(tmp_path / "c", steps=1, eval=dev), world, tiny).train()
+    assert (summary["best"]["step"], summary["best"]["em"]) == (0, 0.6)
+    # without the option there is no best folder and no summary entry
+    summary = make_trainer(make_cfg(tmp_path / "d", steps=1,
+                                    eval={**dev, "keep_best": False}), world, tiny).train()
+    assert "best" not in summary and not (tmp_path / "d" / "run" / "best").exists()
+    with pytest.raises(ConfigError, match=r"eval\.keep_best: needs evaluations"):
+        make_trainer(make_cfg(tmp_path / "e", eval={"keep_best": True}), world, tiny)
 
 
 def test_stop_on_collapse_keeps_the_last_healthy_checkpoint(world, tiny, tmp_path):

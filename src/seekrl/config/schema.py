@@ -132,6 +132,10 @@ class EvalConfig(Strict):
     max_turns: MaxTurns | None = None
     max_new_tokens: MaxNewTokens | None = None   # null: the run's own (rollout.max_new_tokens)
     batch_size: EpisodeBatch | None = None       # null: the run's own (rollout.batch_size)
+    # also save the policy whose evaluation EM is the highest so far (the start included;
+    # a tie keeps the earlier) as RUN/best: early stopping on the dev curve, since a run
+    # that moves the policy can overshoot (the summary names its step)
+    keep_best: bool = False
 
 
 class SFTConfig(Strict):

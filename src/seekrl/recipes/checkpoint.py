@@ -12,8 +12,8 @@ from pathlib import Path
 from seekrl.errors import ConfigError
 
 RUN_MARKERS = ("metrics.jsonl", "checkpoints")      # a folder holding these holds a run
-RUN_OUTPUTS = ("metrics.jsonl", "alerts.jsonl", "checkpoints", "final", "eval", "rollouts",
-               "config.yaml", "report.html", "report_files")
+RUN_OUTPUTS = ("metrics.jsonl", "alerts.jsonl", "checkpoints", "final", "best", "eval",
+               "rollouts", "config.yaml", "report.html", "report_files")
 
 
 def check_run_dir(out: Path, *, resume: bool = False, overwrite: bool = False,

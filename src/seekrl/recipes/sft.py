@@ -577,6 +577,10 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
                   model=cfg.model if model is None else None)
     if checkpoint is not None:   # before anything slow: a changed setting fails in seconds
         check_resume_settings(out, cfg)
+    if cfg.eval.keep_best:
+        raise ConfigError("eval.keep_best: an RL run's option (seekrl train); supervised "
+                          "fine-tuning keeps its final policy, and its dev evaluations "
+                          "(eval.every) say which step to take")
     retriever = _eval_retriever(cfg)
     check_eval_data(cfg.eval)
     check_world_index(cfg.index, cfg.eval.data)

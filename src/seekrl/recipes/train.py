@@ -675,6 +675,10 @@ class Trainer:
         self.log.write({"step": step, **{f"dev_{k}": v for k, v in dev.items()}})
         self._say(f"  dev EM {dev['em']:.3f}{label}")
         self._report(self.monitor.update_eval(step, dev))
+        if self.cfg.eval.keep_best and self.state.improves(step, dev["em"]):
+            best = self.checkpoints.save_best(self.tokenizer, {
+                "step": step, "em": dev["em"], "eval_dir": str(self.out / "eval" / name)})
+            self._say(f"  the best so far: saved to {best}")
         return dev
 
     def evaluate(self, out_dir: Path) -> dict[str, Any]:

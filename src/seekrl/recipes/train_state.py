@@ -25,8 +25,11 @@ from seekrl.recipes.checkpoint import (
     point_latest,
     prune_steps,
     replace_dir,
+    save_policy,
 )
 from seekrl.recipes.setup import keep_log_until, rng_state, set_rng_state, units_within_budget
+
+BEST, BEST_JSON = "best", "best.json"   # RUN/best: the policy of the best evaluation
 
 # what trainer.json must hold for a resume
 TRAINER_KEYS = ("step", "monitor", "rollout_tokens", "questions_drawn", "questions_planned")
@@ -45,6 +48,7 @@ class RunState:
     healthy_checkpoint: str | None = None
     seconds_before: float = 0.0     # training seconds before this process (a resumed run's)
     last_dev: tuple[int, dict[str, Any], Path] | None = None   # step, figures, folder
+    best_dev: tuple[int, float] | None = None   # step and EM of the best evaluation (keep_best)
     stopped_reason: str | None = None   # a collapse stopped the run
     stopped_budget: str | None = None   # a time or token budget stopped it
 
@@ -55,18 +59,29 @@ class RunState:
         return {"healthy_checkpoint": self.healthy_checkpoint,
                 "rollout_tokens": self.rollout_tokens, "questions_drawn": self.questions_drawn,
                 "questions_planned": self.questions_planned, "train_seconds": train_seconds,
-                "last_dev": None if last is None else [last[0], last[1], str(last[2])]}
+                "last_dev": None if last is None else [last[0], last[1], str(last[2])],
+                "best_dev": None if self.best_dev is None else list(self.best_dev)}
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> RunState:
         last = meta.get("last_dev")   # the evaluation the checkpoint's step had
+        best = meta.get("best_dev")   # absent in a checkpoint written before keep_best
         return cls(step_done=meta["step"], rollout_tokens=int(meta.get("rollout_tokens", 0)),
                    questions_drawn=int(meta.get("questions_drawn", 0)),
                    questions_planned=int(meta["questions_planned"]),
                    healthy_checkpoint=meta.get("healthy_checkpoint"),
                    seconds_before=float(meta.get("train_seconds", 0.0)),
                    last_dev=None if last is None else
-                   (int(last[0]), dict(last[1]), Path(last[2])))
+                   (int(last[0]), dict(last[1]), Path(last[2])),
+                   best_dev=None if best is None else (int(best[0]), float(best[1])))
+
+    def improves(self, step: int, em: float) -> bool:
+        """Whether an evaluation's EM beats every earlier one (the first evaluation always
+        does; a tie keeps the earlier policy); if so it becomes the best."""
+        if self.best_dev is not None and em <= self.best_dev[1]:
+            return False
+        self.best_dev = (step, em)
+        return True
 
     def progress(self, steps: int, budget: int | None) -> float:
         """The share of the run behind it, 0 to 1: its steps done, or the token budget's
@@ -133,6 +148,18 @@ class Checkpointer:
         self.dist.barrier()
         return target
 
+    def save_best(self, tokenizer, note: dict[str, Any]) -> Path:
+        """RUN/best: the policy as it is now, a plain checkpoint (`save_policy`) with
+        best.json (`note`: its step, EM and evaluation folder), replaced whole."""
+        best = self.folder.parent / BEST
+        plain = self.runtime.gathered_policy()   # sharded: the full weights, on rank 0
+        if self.dist.main:
+            text = json.dumps(note)
+            save_policy(plain, tokenizer, best,
+                        before_rename=lambda tmp: (tmp / BEST_JSON).write_text(text))
+        self.dist.barrier()
+        return best
+
     def load(self, path: Path) -> dict[str, Any]:
         """Everything `save` wrote back into place; returns its trainer.json (checked for
         the counters a resume reads before anything is loaded)."""
@@ -157,6 +184,11 @@ class Checkpointer:
         path = self.folder / self.latest()
         meta = self.load(path)
         state = RunState.from_meta(meta)
+        best = self.folder.parent / BEST / BEST_JSON
+        if best.is_file():   # saved after the checkpoint, it is the record to beat (a redone
+            # step scores the same policy the same, and a tie keeps what is saved)
+            note = json.loads(best.read_text())
+            state.best_dev = (int(note["step"]), float(note["em"]))
         self.env.load_state_dict(meta.get("simulator_stats", {}))
         monitor.load_state_dict(meta["monitor"])
         done = state.step_done
@@ -211,4 +243,7 @@ def run_summary(state: RunState, *, final: Path, last: dict[str, Any], minutes: 
     if budget is not None:
         ratio = state.rollout_tokens / budget
         summary.update(budget_ratio=round(ratio, 4), budget_met=abs(ratio - 1) <= 0.1)
+    best = final.parent / BEST / BEST_JSON   # eval.keep_best
+    if best.is_file():
+        summary["best"] = {**json.loads(best.read_text()), "dir": str(best.parent)}
     return summary
