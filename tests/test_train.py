@@ -1241,6 +1241,45 @@ def test_rollout_training_gap_is_logged_and_tis_corrects_it(world, tiny, tmp_pat
         tis.learn(off)
 
 
+def test_old_logprobs_from_the_sampler_skip_the_pass_and_match_the_recomputed(
+        world, tiny, tmp_path, monkeypatch):
+    """algo.old_logprobs: rollout: a step of several updates takes the PPO ratio's
+    denominator from the episodes' sampler log-probs instead of a forward pass, and ends
+    where the recomputed one does (the two differ by rounding); where the sampler's numbers
+    mean something else, or the pass is made anyway, it is refused at start."""
+    from seekrl.agent.trajectory import read_trajectories, write_trajectories
+
+    over = {"algo.kl_coef": 0.0, "algo.entropy_coef": 0.0, "algo.epochs": 1,
+            "algo.mini_batch_size": 2, "rollout.temperature": 0.8}
+    plain = make_trainer(make_cfg(tmp_path / "a", **over), world, tiny)
+    trajs = plain.rollout(plain.sample_questions(1, 2), seed=5)
+    plain.score(trajs)
+    write_trajectories(tmp_path / "batch.jsonl", trajs)
+    passes = []
+    real = Trainer._shared_logprobs
+    monkeypatch.setattr(Trainer, "_shared_logprobs",
+                        lambda self, *a, **k: passes.append(1) or real(self, *a, **k))
+    a = plain.learn(trajs)
+    assert passes == [1] and a["updates"] == 2
+    own = make_trainer(make_cfg(tmp_path / "b", **over, **{"algo.old_logprobs": "rollout"}),
+                       world, tiny)
+    b = own.learn(read_trajectories(tmp_path / "batch.jsonl"))
+    assert passes == [1] and b["updates"] == 2   # no pass of its own
+    assert b["pg_loss"] == pytest.approx(a["pg_loss"], abs=1e-5)
+    for (n, p), q in zip(plain.model.named_parameters(), own.model.parameters()):
+        assert torch.allclose(p, q, atol=1e-5), n
+    off = read_trajectories(tmp_path / "batch.jsonl")
+    off[0].rollout_logprobs = None
+    with pytest.raises(ValueError, match="1 of 4 episodes carry no sampler log-probs"):
+        own.learn(off)
+    for key, value, why in (("rollout.top_p", 0.9, "top-p truncated"),
+                            ("algo.advantage", "gae", "the critic"),
+                            ("algo.tis_cap", 2.0, "corrects nothing")):
+        with pytest.raises(ConfigError, match=why):
+            make_trainer(make_cfg(tmp_path / "c", **over, **{"algo.old_logprobs": "rollout",
+                                                             key: value}), world, tiny)
+
+
 def test_gradient_checkpointing_leaves_frozen_blocks_out_of_the_backward(world, tiny, tmp_path):
     """With only the top block trained, nothing below it needs a gradient: checkpointing
     must not make the embeddings' output require one (transformers does, for its reentrant

@@ -436,6 +436,11 @@ class AlgoConfig(Strict):
     # token's policy gradient x min(pi_trainer / pi_rollout, tis_cap) (None: off; 2 is
     # the usual cap). Needs the backend's log-probs (sampled rollouts, both backends)
     tis_cap: float | None = Field(None, gt=0)
+    # the PPO ratio's denominator when a step makes several updates: recompute (a forward
+    # pass over the batch, the trainer's own numbers: the first ratio is 1 to the last bit)
+    # or rollout (the sampler's log-probs, kept with each episode: no extra pass; the first
+    # ratio is 1 up to the two computations' rounding; needs sampled rollouts, top_p 1)
+    old_logprobs: Literal["recompute", "rollout"] = "recompute"
     loss_agg: str = "token-mean"       # seq-mean-token-sum-norm is Dr. GRPO's (sum per episode
                                        # / rollout.max_turns x rollout.max_new_tokens)
     kl_coef: float = Field(0.0, ge=0)

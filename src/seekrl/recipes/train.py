@@ -64,7 +64,14 @@ from seekrl.rl.monitor import Monitor
 from seekrl.rl.sampling import fill_with_signal, sample_questions, seeds
 from seekrl.rl.step_batch import Rewards, StepBatch
 from seekrl.rl.step_metrics import correct, dev_figures, episode_metrics, lookups_by_kind, step_line
-from seekrl.rl.update import PolicyUpdate, UpdateBatch, kl_rewards, likelihood_displacement, no_dropout_mode
+from seekrl.rl.update import (
+    PolicyUpdate,
+    UpdateBatch,
+    kl_rewards,
+    likelihood_displacement,
+    no_dropout_mode,
+    sampler_logprobs,
+)
 
 __all__ = ["Trainer", "check_config"]
 
@@ -431,7 +438,9 @@ class Trainer:
         one_update = algo.epochs == 1 and algo.mini_batch_size >= len(trajs)
         kl_reward = algo.kl_coef > 0 and algo.kl_in_reward
         old_logps, old_values = (None, None)
-        if not one_update or self.value_head is not None or kl_reward:
+        if algo.old_logprobs == "rollout" and not one_update:   # no pass (checked at start)
+            old_logps = sampler_logprobs(trajs)
+        elif not one_update or self.value_head is not None or kl_reward:
             old_logps, old_values = self._shared_logprobs(trajs)
         ref_logps = None
         if algo.kl_coef > 0:

@@ -18,6 +18,27 @@ _GROUP_RELATIVE = frozenset({"grpo", "dr_grpo", "rloo", "dual_granularity", "gig
                              "stratified_grpo"})
 
 
+def check_old_logprobs(cfg: TrainConfig, facts) -> None:
+    """algo.old_logprobs: rollout stands in for the trainer's forward pass only where the
+    sampler's numbers mean the same and the pass is not needed anyway."""
+    algo = cfg.algo
+    if algo.old_logprobs != "rollout":
+        return
+    if cfg.rollout.top_p < 1:
+        raise ConfigError(
+            f"algo.old_logprobs: rollout: the sampler's log-probs are of the top-p truncated "
+            f"distribution (rollout.top_p {cfg.rollout.top_p}), not the policy's; set top_p "
+            "1 or use recompute")
+    if facts.needs_values or (algo.kl_coef > 0 and algo.kl_in_reward):
+        raise ConfigError(
+            "algo.old_logprobs: rollout saves a forward pass that this run makes anyway (the "
+            f"{'critic' if facts.needs_values else 'KL reward'} needs it); use recompute")
+    if algo.tis_cap:
+        raise ConfigError("algo.old_logprobs: rollout makes the trainer's ratio to the "
+                          "sampler 1 by construction, so algo.tis_cap corrects nothing; "
+                          "turn one off")
+
+
 def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
     """The RL recipe's registry names and cross-key rules, checked before anything slow
     happens (the trainer, and `seekrl train --print-config`, call it). Schema types and
@@ -64,6 +85,7 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
             f"algo.kl_in_reward: the per-token KL reward is read by {' and '.join(readers)} "
             f"only; algo.advantage is {algo.advantage!r} (use the KL loss term there: "
             "kl_in_reward: false)")
+    check_old_logprobs(cfg, facts)
     turns = cfg.rollout.max_turns
     if not cfg.reward.fn and turns > 1 and cfg.reward.turn_cost * (turns - 1) >= 1:
         # a right answer earns at most 1 more than a wrong one (both valid): past this,

@@ -243,6 +243,24 @@ def rollout_grid(part: Sequence[Trajectory], mask: torch.Tensor) -> torch.Tensor
     return out
 
 
+def sampler_logprobs(trajs: Sequence[Trajectory]) -> list[torch.Tensor]:
+    """The episodes' behaviour log-probs laid out as `logprobs_in_chunks` lays out the
+    trainer's (one tensor per episode over its tokens, 0 off the policy tokens): the
+    old log-probs of algo.old_logprobs: rollout."""
+    missing = sum(t.rollout_logprobs is None for t in trajs)
+    if missing:
+        raise ValueError(f"algo.old_logprobs: rollout: {missing} of {len(trajs)} episodes "
+                         "carry no sampler log-probs (greedy decoding, or a backend that "
+                         "reports none); use recompute")
+    out = []
+    for t in trajs:
+        lp = torch.zeros(len(t.token_ids), dtype=torch.float32)
+        lp[torch.tensor(t.loss_mask, dtype=torch.bool)] = torch.tensor(
+            t.rollout_logprobs, dtype=torch.float32)
+        out.append(lp)
+    return out
+
+
 def explained_variance(values, returns, mask) -> float:
     m = mask.bool()
     v, r = values[m].detach(), returns[m]
