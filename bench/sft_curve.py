@@ -12,6 +12,10 @@ be grown over several sessions (budgets run smallest first). Prints `key=value` 
 budget (EM, F1, valid format, searches, EM per question type, minutes) and ends with a
 one-line summary; draws `sft_curve.png`.
 
+`--on dev` evaluates on the world's first `--n-test` dev questions instead (`point-dev.json`,
+`eval-dev`; the report reads the points of the same set): a start is chosen there, and the
+test questions judge the RL runs from it.
+
 `--set KEY=VALUE` (repeatable, a YAML value) puts an SFT key on top of the demo's recipe, e.g.
 a plan-weighted, type-balanced start: `--set plan_weight=5 --set balance_types=hops`. Such
 points are kept apart (`WORK/sft-STEPS-plan_weight=5-balance_types=hops`), and the report
@@ -36,6 +40,8 @@ def main() -> None:
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/seekrl-sft-curve"))
     ap.add_argument("--budgets", default="20,50,100,200", help="SFT steps, comma-separated")
     ap.add_argument("--n-test", type=int, default=200)
+    ap.add_argument("--on", choices=("test", "dev"), default="test",
+                    help="the questions each point is evaluated on (dev: to choose a start)")
     ap.add_argument("--eval-batch", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu")
@@ -56,14 +62,14 @@ def main() -> None:
         from seekrl.data.qa import read_qa_jsonl, write_qa_jsonl
 
         world_dir, index_dir = _world(args.work_dir, demo)
-        test = read_qa_jsonl(world_dir / "test.jsonl")[:args.n_test]
+        test = read_qa_jsonl(world_dir / f"{args.on}.jsonl")[:args.n_test]
         if len(test) < args.n_test:
-            raise SystemExit(f"--n-test: the world has {len(test)} test questions")
-        test_file = args.work_dir / "test_questions.jsonl"
+            raise SystemExit(f"--n-test: the world has {len(test)} {args.on} questions")
+        test_file = args.work_dir / f"{args.on}_questions.jsonl"
         write_qa_jsonl(test_file, test)
         for steps in budgets:
             _point(steps, args, demo, index_dir, test_file)
-    _report(args.work_dir, started, args.dtype, args.sft_keys)
+    _report(args.work_dir, started, args.dtype, args.sft_keys, args.on)
 
 
 def _sft_keys(pairs: list[str]) -> dict:
@@ -93,7 +99,7 @@ def _point(steps: int, args, demo, index_dir: Path, test_file: Path) -> dict:
 
     out = args.work_dir / ((f"sft-{steps}" if args.dtype == "float32" else f"sft-{steps}-{args.dtype}")
                            + _tag(args.sft_keys))
-    done = out / "point.json"
+    done = out / _point_name(args.on)
     if done.is_file():
         return json.loads(done.read_text())
     t0 = time.time()
@@ -104,16 +110,22 @@ def _point(steps: int, args, demo, index_dir: Path, test_file: Path) -> dict:
                      **args.sft_keys)
     sft = run_sft(cfg, overwrite=not resume, resume=resume)
     sft_minutes = (time.time() - t0) / 60
-    metrics = _evaluate(Path(sft["final"]), out / "eval-test", index_dir, test_file, demo, args)
+    metrics = _evaluate(Path(sft["final"]), out / f"eval-{args.on}", index_dir, test_file,
+                        demo, args)
     avg = metrics["average"]
-    by_type = {k: v["em"] for k, v in next(iter(metrics["by_type"].values()), {}).items()}
+    types = next(iter(metrics["by_type"].values()), {})
+    by_type = {k: v["em"] for k, v in types.items()}
     point = {"steps": steps, "episodes": steps * cfg.batch_size * cfg.grad_accum, "em": avg["em"],
              "f1": avg["f1"], "valid_format": avg["valid_format"], "searches": avg["searches"],
              "evidence_recall": avg.get("evidence_recall"), "em_by_type": by_type,
              "final_loss": sft["loss"], "sft_minutes": round(sft_minutes, 2),
              "minutes": round((time.time() - t0) / 60, 2), "device": args.device,
              "dtype": args.dtype, "resumed": resume,
-             "n_test": args.n_test, "seed": demo.seed}
+             "n_test": args.n_test, "seed": demo.seed, "on": args.on,
+             # the hop decision: searches a question per type (a start whose lookups
+             # follow the question searches once for single-hop, twice for bridges)
+             "searches_by_type": {k: v.get("searches") for k, v in types.items()},
+             "planned_by_type": {k: v.get("planned_lookups") for k, v in types.items()}}
     if args.sft_keys:   # older points, without the field, used the recipe as it is
         point["settings"] = args.sft_keys
     done.write_text(json.dumps(point, indent=1))
@@ -122,10 +134,16 @@ def _point(steps: int, args, demo, index_dir: Path, test_file: Path) -> dict:
     return point
 
 
-def _report(work: Path, started: float, dtype: str, keys: dict | None = None) -> None:
-    """The points of `dtype` (older points, without the field, were float32) and of the
-    SFT settings `keys`."""
-    points = sorted((p for p in (json.loads(f.read_text()) for f in work.glob("sft-*/point.json"))
+def _point_name(on: str) -> str:
+    return "point.json" if on == "test" else f"point-{on}.json"
+
+
+def _report(work: Path, started: float, dtype: str, keys: dict | None = None,
+            on: str = "test") -> None:
+    """The points of `dtype` (older points, without the field, were float32), of the SFT
+    settings `keys` and evaluated on `on`."""
+    points = sorted((p for p in (json.loads(f.read_text())
+                                 for f in work.glob(f"sft-*/{_point_name(on)}"))
                      if p.get("dtype", "float32") == dtype
                      and p.get("settings", {}) == (keys or {})), key=lambda p: p["steps"])
     if not points:
@@ -137,16 +155,20 @@ def _report(work: Path, started: float, dtype: str, keys: dict | None = None) ->
               f"minutes_sft{s}={p['minutes']:.1f}")
         for t, em in sorted(p["em_by_type"].items()):
             print(f"em_sft{s}_{t}={em:.4f}")
-    plot = work / f"sft_curve{_tag(keys or {})}.png"
-    _plot(points, plot)
+        for name, key in (("searches", "searches_by_type"), ("planned", "planned_by_type")):
+            for t, n in sorted((p.get(key) or {}).items()):
+                if n is not None:
+                    print(f"{name}_sft{s}_{t}={n:.2f}")
+    plot = work / f"sft_curve{_tag(keys or {})}{'' if on == 'test' else '-' + on}.png"
+    _plot(points, plot, on)
     print(f"plot={plot}")
     best = max(points, key=lambda p: p["em"])
     print("sft_curve: " + ", ".join(f"{p['steps']} steps EM {p['em']:.3f}" for p in points)
-          + f" on {points[0]['n_test']} test questions; best {best['steps']} steps"
+          + f" on {points[0]['n_test']} {on} questions; best {best['steps']} steps"
           + f" ({(time.time() - started) / 60:.0f} min this run)")
 
 
-def _plot(points: list[dict], path: Path) -> None:
+def _plot(points: list[dict], path: Path, on: str = "test") -> None:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(6, 3.5), dpi=100)
@@ -159,8 +181,8 @@ def _plot(points: list[dict], path: Path) -> None:
                 linestyle="--", label=f"EM {t}")
     ax.set_xscale("log")
     ax.set_xlabel("SFT steps (8 oracle episodes each)")
-    ax.set_ylabel(f"test EM (greedy, {points[0]['n_test']} questions)")
-    ax.set_title("seekrl: test EM against the SFT budget")
+    ax.set_ylabel(f"{on} EM (greedy, {points[0]['n_test']} questions)")
+    ax.set_title(f"seekrl: {on} EM against the SFT budget")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)

@@ -383,3 +383,30 @@ def test_sft_curve_passes_the_keys_and_keeps_their_points_apart():
     SFTConfig(data="x.jsonl", **keys)
     with pytest.raises(SystemExit, match="expected KEY=VALUE"):
         _sft_keys(["plan_weight"])
+
+
+def test_sft_curve_report_reads_the_points_of_the_questions_asked(tmp_path, capsys):
+    """--on dev points (point-dev.json) and test points sit in the same folders; each
+    report reads its own, with the hop decision per type."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from sft_curve import _report
+
+    def point(on, em):
+        return {"steps": 50, "em": em, "f1": em, "valid_format": 1.0, "searches": 2.0,
+                "minutes": 1.0, "n_test": 100, "em_by_type": {"bridge": em},
+                "searches_by_type": {"bridge": 2.1}, "planned_by_type": {"bridge": 1.9},
+                "on": on}
+
+    (tmp_path / "sft-50").mkdir()
+    (tmp_path / "sft-50" / "point.json").write_text(json.dumps(point("test", 0.3)))
+    (tmp_path / "sft-50" / "point-dev.json").write_text(json.dumps(point("dev", 0.4)))
+    _report(tmp_path, 0.0, "float32", None, "dev")
+    out = capsys.readouterr().out
+    assert "em_sft50=0.4000" in out and "searches_sft50_bridge=2.10" in out
+    assert "planned_sft50_bridge=1.90" in out and "on 100 dev questions" in out
+    assert (tmp_path / "sft_curve-dev.png").is_file()
+    _report(tmp_path, 0.0, "float32", None, "test")
+    assert "em_sft50=0.3000" in capsys.readouterr().out
