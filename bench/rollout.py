@@ -16,7 +16,8 @@ shapes, not the weights; the GPU machines have no network): the published Qwen2.
 0.5B / 1.5B / 3B shapes, with the bundled tokenizer's vocabulary (49,152 rows instead of
 Qwen's 151,936, so the output layer is a third of theirs; the bundled tokenizer alone is
 loaded, not the model's weights). `--backend static` runs the engine on the fixed-shape
-backend (agent/static_backend.py) instead of seekrl's HF loop.
+backend (agent/static_backend.py) instead of seekrl's HF loop; `static-continuous` on that
+backend with continuous batching (`rollout.continuous`: rows rejoin as their turns end).
 
 `--baseline static-generate` compares the engine at its top batch with `model.generate`
 over a static cache at the same batch (one shape, so on CUDA transformers compiles its
@@ -265,13 +266,16 @@ def forward_ceiling(model, lengths: list[int], batch: int | None = None,
 
 class PhaseClock:
     """Times a backend's calls on the host clock, the device synchronised at each edge:
-    `generate` (prefill and decoding) and `_prefill` inside it; decoding is the difference.
+    `generate` (prefill and decoding; `admit` and `run` under continuous batching) and
+    `_prefill` inside them; decoding is the difference.
     What an engine run spends outside `generate` (retrieval, tokenising) is the rest."""
 
     def __init__(self, backend, device):
         self.device = device
         self.generate_s = self.prefill_s = 0.0
-        self._wrap(backend, "generate", "generate_s")
+        for name in ("generate", "admit", "run"):   # continuous batching: admit and run
+            if hasattr(backend, name):
+                self._wrap(backend, name, "generate_s")
         if hasattr(backend, "_prefill"):
             self._wrap(backend, "_prefill", "prefill_s")
 
@@ -297,7 +301,7 @@ class PhaseClock:
 def make_engine_backend(kind: str, model, tok, cfg: RolloutConfig):
     """seekrl's HF loop, or the static backend (HFBackend with a warning where it refuses
     the model)."""
-    if kind == "static":
+    if kind.startswith("static"):
         from seekrl.agent.static_backend import static_backend
 
         return static_backend(model, tok, max_len=cfg.max_total_tokens)
@@ -326,8 +330,9 @@ def main() -> None:
                    help="static-generate: `generate` with a static cache (compiled, CUDA "
                         "graphs on CUDA) at the top batch, gpu_rollout_speedup; none: only "
                         "the engine (with bf16-mixed, its cast comparison)")
-    p.add_argument("--backend", default="hf", choices=("hf", "static"),
-                   help="the engine's decoding backend: seekrl's HF loop or the static one")
+    p.add_argument("--backend", default="hf", choices=("hf", "static", "static-continuous"),
+                   help="the engine's decoding backend: seekrl's HF loop or the static one "
+                        "(static-continuous: with rollout.continuous)")
     args = p.parse_args()
     check_device(args.device)   # and SEEKRL_CUDNN_ATTENTION, as every seekrl command
     dtype = torch.bfloat16 if args.dtype == "bf16-mixed" else getattr(torch, args.dtype)
@@ -365,7 +370,8 @@ def run(args, model, tok, retriever, questions, dtype) -> None:
     lengths: list[int] = []
     for b in [int(x) for x in args.batches.split(",")]:
         cfg = RolloutConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
-                            batch_size=b, greedy=True)
+                            batch_size=b, greedy=True,
+                            continuous=args.backend == "static-continuous")
         backend = make_engine_backend(args.backend, model, tok, cfg)
         clock = PhaseClock(backend, args.device)
         engine = RolloutEngine(backend, tok, retriever, cfg)

@@ -50,7 +50,9 @@ class Generated(list):
 
 class Backend:
     """What a generation backend offers (see the module's docstring); `reset`,
-    `sync_weights` and `sleep` do nothing unless a backend needs them."""
+    `sync_weights` and `sleep` do nothing unless a backend needs them. A backend may also
+    offer rows for continuous batching (`open`, `admit`, `run`, `release`, as
+    `StaticBackend` does): the engine plays on them under `rollout.continuous`."""
 
     def generate(self, contexts: list[list[int]], max_new_tokens: int, sampling: Sampling,
                  keys: Sequence[Hashable] | None = None) -> list[list[int]]:

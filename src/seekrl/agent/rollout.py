@@ -3,8 +3,10 @@
 All active episodes generate their next turn together; all search queries of that turn go
 to the retriever in one batched call; each episode then gets its `<information>` block (or
 a correction after an invalid action) and goes on. Finished episodes leave the batch and
-waiting ones take their place, so the batch stays full. The result is one `Trajectory` per
-episode with the token ids, the loss mask and one `Step` per model turn.
+waiting ones take their place, so the batch stays full. With `continuous` (a backend with
+rows, the static one) an episode rejoins the decoding batch as soon as its own turn is
+taken, not at the next turn boundary. The result is one `Trajectory` per episode with the
+token ids, the loss mask and one `Step` per model turn.
 """
 
 from __future__ import annotations
@@ -287,6 +289,10 @@ class RolloutEngine:
         cfg = self.cfg
         sampling = Sampling(greedy=cfg.greedy, temperature=cfg.temperature, top_p=cfg.top_p,
                             stop=tuple(f"</{tag}>" for tag in self.tools if tag != "search"))
+        # self-search decodes its blocks with `generate`, which a session's rows would lose
+        if cfg.continuous and not cfg.self_search and callable(
+                getattr(self.backend, "admit", None)):
+            return self._play_continuous(episodes, sampling, on_finish)
         waiting = list(range(len(episodes)))[::-1]
         active: list[int] = []
         while waiting or active:
@@ -312,6 +318,51 @@ class RolloutEngine:
                     on_finish(e.traj)
             active = [i for i in active if not episodes[i].done]
         self.backend.reset()  # free the cached episodes
+        return [e.traj for e in episodes]
+
+    def _play_continuous(self, episodes: list[_Episode], sampling: Sampling,
+                         on_finish: Callable[[Trajectory], None] | None) -> list[Trajectory]:
+        """`_play` on a backend's rows (`open`, `admit`, `run`, `release`): an episode whose
+        turn ended takes it (tool calls batched with the others that ended with it) and
+        rejoins the decoding rows at once, without waiting for the slowest row of a
+        turn; a finished episode's row goes to the next waiting one."""
+        cfg, backend = self.cfg, self.backend
+        waiting = episodes[::-1]
+        ready: list[_Episode] = []   # between turns: their rows held, next context complete
+        decoding: dict[int, tuple[_Episode, int]] = {}   # key -> (episode, its turn's room)
+        backend.open(max(1, min(cfg.batch_size, len(episodes))), cfg.max_new_tokens, sampling)
+        try:
+            while True:
+                go = []
+                while ready or (waiting and len(decoding) + len(go) < cfg.batch_size):
+                    e = ready.pop() if ready else waiting.pop()
+                    room = min(cfg.max_new_tokens, cfg.max_total_tokens - len(e.traj.token_ids))
+                    if room > 0:
+                        go.append((e, room))
+                        continue
+                    self._finish(e, "length")
+                    backend.release(id(e))
+                    if on_finish is not None:
+                        on_finish(e.traj)
+                if go:
+                    backend.admit([id(e) for e, _ in go], [e.traj.token_ids for e, _ in go],
+                                  [room for _, room in go])
+                    decoding.update((id(e), (e, room)) for e, room in go)
+                if not decoding:
+                    break
+                ended = backend.run()
+                batch = [decoding.pop(key) for key, _ in ended]
+                self._take_turn([e for e, _ in batch],
+                                [new.cut(room) for (_, room), (_, new) in zip(batch, ended)])
+                for e, _ in batch:
+                    if not e.done:
+                        ready.append(e)
+                        continue
+                    backend.release(id(e))
+                    if on_finish is not None:
+                        on_finish(e.traj)
+        finally:
+            backend.reset()   # ends the session, frees the cached episodes
         return [e.traj for e in episodes]
 
     def _prompts(self, examples: Sequence[QAExample]

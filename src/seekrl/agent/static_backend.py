@@ -19,7 +19,10 @@ graph. This backend keeps every shape fixed and every per-token decision on the 
   automaton (`stop_table`), per-row budgets and finished flags all on the device; the host
   reads the flags every `sync_every` steps;
 - **CUDA graphs** per (batch, width, sampling mode) bucket, on CUDA only (`_CudaGraphs`); with
-  graphs off the very same step runs eagerly (CPU, tests).
+  graphs off the very same step runs eagerly (CPU, tests);
+- **continuous batching** (`open`, `admit`, `run`, `release`): a row whose turn ended
+  leaves the decoding batch while the others go on, and rejoins with its next turn's
+  context prefilled into its row; a finished episode's row takes a waiting one.
 
 `generate` follows `HFBackend` to the token: a row's result ends at its first stop string
 (matched on the concatenation of each token's own decoded text, as HFBackend's tail scan
@@ -535,10 +538,15 @@ class StaticBackend(Backend):
         self._used: list[int] = []
         self._row_of: dict[Hashable, int] = {}
         self._tick = 0
+        self._session: tuple[str, torch.Tensor] | None = None   # continuous: (mode, table)
+        self._live: dict[int, list[int]] = {}   # continuous: decoding row -> its context
+        self._top = 0           # continuous: the largest position a decoding row is at
 
     # ---- protocol
     def reset(self) -> None:
-        """Forget cached episodes; the buffers (and captured graphs) stay for the next run."""
+        """Forget cached episodes (and end a continuous session); the buffers (and
+        captured graphs) stay for the next run."""
+        self._session, self._live = None, {}
         self._row_of.clear()
         self._keys = [None] * self._rows
         self._seen = [[] for _ in range(self._rows)]
@@ -753,6 +761,8 @@ class StaticBackend(Backend):
     @torch.no_grad()
     def generate(self, contexts: list[list[int]], max_new_tokens: int, sampling: Sampling,
                  keys: Sequence[Hashable] | None = None) -> list[Generated]:
+        if self._session is not None:   # it would overwrite the session's decoding state
+            raise RuntimeError("generate: a continuous session is open (reset ends it)")
         if not contexts or max_new_tokens <= 0:
             return [Generated() for _ in contexts]
         keys = list(keys) if keys is not None else None
@@ -821,6 +831,128 @@ class StaticBackend(Backend):
             for r in rows:
                 self._keys[r] = None
         return results
+
+    # ---- continuous batching: rows join and leave the decoding batch one by one
+    def open(self, capacity: int, max_new_tokens: int, sampling: Sampling) -> None:
+        """Start a continuous session: up to `capacity` episodes hold rows at once, turns
+        of at most `max_new_tokens`, one `sampling` (its stop strings) for every row.
+        `admit` rows, `run` until some turns end, `release` finished episodes' rows;
+        `reset` ends it (`generate` is refused meanwhile). Cached episodes are forgotten.
+
+        Greedy turns are `generate`'s tokens. Sampled turns follow the same rule, but the
+        random draws fall to rows in another order than turn-by-turn batches give them,
+        so they differ from `generate`'s; for a fixed torch seed they are reproducible."""
+        self.reset()
+        if self.lean.sync(self.model) and self._graphs is not None:
+            self._graphs.clear()
+        self._ensure(capacity, max_new_tokens)
+        self.done.fill_(True)   # no row decodes until admitted
+        self.fed.zero_()
+        self.tok_in.fill_(self.pad_id)
+        self.temperature.fill_(float(sampling.temperature))
+        self.top_p.fill_(float(sampling.top_p))
+        self._session = (_mode(sampling), self._table(self.stop_strings + tuple(sampling.stop)))
+        self._top = 0
+
+    def admit(self, keys: Sequence[Hashable], contexts: Sequence[Sequence[int]],
+              budgets: Sequence[int]) -> None:
+        """Rows join the decoding batch, each for a turn of at most its budget: an
+        episode's row keeps the tokens that agree with its context, a new key takes the
+        lowest free row (keeping the decoding bucket small), and equal new contexts are
+        prefilled once. All but a context's last token are prefilled here; the last is
+        the row's first decoding step (its logits the prefill's up to rounding), so no
+        other row's decoding state is touched."""
+        if self._session is None:
+            raise RuntimeError("admit: no continuous session (open one first)")
+        keys, contexts = list(keys), [list(c) for c in contexts]
+        if not contexts:
+            return
+        if len(set(keys)) != len(keys) or not len(keys) == len(contexts) == len(budgets):
+            raise ValueError("admit: one unique key and one budget per context")
+        if min(map(len, contexts)) == 0 or min(budgets) <= 0:
+            raise ValueError("admit: a context needs a token and a turn a positive budget")
+        longest = max(map(len, contexts))
+        if longest >= self.max_len:
+            self._widen(longest + self._out_cap)
+        free = (r for r in range(self._rows) if self._keys[r] is None)
+        rows, starts, copies, first_of = [], [], [], {}
+        for i, (k, c) in enumerate(zip(keys, contexts)):
+            r = self._row_of.get(k)
+            if r is None:
+                r = next(free, None)
+                if r is None:
+                    raise RuntimeError(f"admit: all {self._rows} rows are held; release some")
+                self._keys[r], self._seen[r], self._row_of[k] = k, [], r
+                starts.append(0)
+                src = first_of.setdefault(tuple(c), i)
+                if src != i:
+                    copies.append((i, src))
+            elif r in self._live:
+                raise ValueError(f"admit: {k!r} is decoding already")
+            else:
+                starts.append(min(_common(self._seen[r], c), len(c) - 1))
+            rows.append(r)
+        todo = [i for i in range(len(contexts)) if len(contexts[i]) - 1 > starts[i]]
+        if todo:
+            at = {i: j for j, i in enumerate(todo)}
+            self._prefill([contexts[i][:-1] for i in todo], [rows[i] for i in todo],
+                          [starts[i] for i in todo],
+                          [(at[i], at[s]) for i, s in copies if i in at])
+        for r, c in zip(rows, contexts):
+            self._live[r] = c
+        host = torch.tensor([[len(c) - 1, c[-1], min(b, self._out_cap, self.max_len - len(c))]
+                             for c, b in zip(contexts, budgets)], dtype=torch.long)
+        host, idx = host.to(self.device), torch.tensor(rows, device=self.device)
+        self.pos[idx], self.tok_in[idx], self.budget[idx] = host[:, 0], host[:, 1], host[:, 2]
+        self.fed[idx], self.done[idx] = True, False
+        self.n_out[idx], self.state[idx] = 0, 0
+        self._top = max(self._top, longest - 1)
+
+    @torch.no_grad()
+    def run(self) -> list[tuple[Hashable, Generated]]:
+        """Decode the admitted rows, reading their finished flags every `sync_every`
+        steps, until some turns end: those rows' (key, turn), each turn as `generate`
+        gives it. An ended row decodes no more (its cache, all but the last token, waits
+        for its next admission); [] when no row decodes."""
+        if not self._live:
+            return []
+        mode, table = self._session
+        while True:
+            B = _pow2(max(self._live) + 1)   # rows past the last decoding one stay out
+            for s in range(self.sync_every):
+                width = min(self.max_len + 1,
+                            -(-(self._top + s + 1) // self.width_step) * self.width_step)
+                if self._graphs is None:
+                    self._step(B, width, mode, table)
+                else:
+                    self._graphs.run((B, width, mode, id(table)),
+                                     lambda w=width, b=B: self._step(b, w, mode, table))
+            done, counts, pos = torch.stack(
+                (self.done[:B].long(), self.n_out[:B], self.pos[:B])).tolist()
+            ended = [r for r in self._live if done[r]]
+            self._top = max((pos[r] for r in self._live if not done[r]), default=0)
+            if ended:
+                break
+        most = max(counts[r] for r in ended)
+        idx = torch.tensor(ended, device=self.device)
+        toks = self.out_tok[idx, :most].tolist()
+        lps = self.out_lp[idx, :most].tolist() if mode != "greedy" else None
+        out = []
+        for j, r in enumerate(ended):
+            new = toks[j][:counts[r]]
+            self._seen[r] = (self._live.pop(r) + new)[:pos[r]]   # all but the unfed last token
+            out.append((self._keys[r], Generated(new, None if lps is None
+                                                 else lps[j][:counts[r]])))
+        return out
+
+    def release(self, key: Hashable) -> None:
+        """Free `key`'s row for another episode (a decoding row stops at once)."""
+        r = self._row_of.pop(key, None)
+        if r is None:
+            return
+        if self._live.pop(r, None) is not None:
+            self.done[r] = True
+        self._keys[r], self._seen[r] = None, []
 
 
 # ---------------------------------------------------------------- CUDA graphs (CUDA only)

@@ -85,6 +85,11 @@ class EpisodeSettings(Strict):
     # sdpa_math / sdpa_efficient / sdpa_flash / sdpa_cudnn (PyTorch's SDPA held to that
     # backend); bench/decode_step.py measures which is fastest on a machine
     attention: Attention = "default"
+    # continuous batching (backend static): an episode whose turn ended takes its tool call
+    # and rejoins the decoding rows while the others go on, not at the next turn boundary.
+    # Greedy episodes are the same; sampled ones draw in another order. Self-search plays
+    # turn by turn
+    continuous: bool = False
 
     def episode_settings(self) -> EpisodeSettings:
         """These settings alone: a `rollout:` section's without its tree and backend."""
@@ -246,10 +251,13 @@ class RolloutSettings(EpisodeSettings):
     vllm_sleep: Literal[0, 1, 2] = 0
 
     @model_validator(mode="after")
-    def _attention_is_hf(self):
+    def _backend_options(self):
         if self.attention != "default" and self.backend != "hf":
             raise ValueError(f"attention: {self.attention!r} sets seekrl's decoding loop "
                              f"(backend hf); {self.backend} chooses its own attention")
+        if self.continuous and self.backend != "static":
+            raise ValueError(f"continuous: batching by rows is the static backend's "
+                             f"(rollout.backend: static), not {self.backend}'s")
         return self
 
 

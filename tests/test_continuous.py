@@ -1,0 +1,226 @@
+"""Continuous batching (`rollout.continuous`): rows that join and leave the decoding batch
+one by one give the turn-by-turn engine's greedy episodes, an idle row's cache stays as it
+is, sampled runs repeat for a seed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from seekrl.agent.backends import Generated, HFBackend, Sampling
+from seekrl.agent.rollout import RolloutConfig, RolloutEngine
+from seekrl.agent.static_backend import StaticBackend
+from seekrl.models import tiny_policy
+from tests.test_rollout import Docs as CountingDocs
+from tests.test_rollout import Scripted
+from tests.test_static_backend import Docs, ex
+
+STOPS = ("y", "k")   # the varied models below hit these after 1 to 12 tokens
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_policy(seed=0)
+
+
+def varied(tok, arch: str):
+    """A tiny random Llama or Qwen2 with weights of std 0.1 (not 0.02): its greedy tokens
+    depend on the context, so turns end at different lengths."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    config, model = {"llama": (LlamaConfig, LlamaForCausalLM),
+                     "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
+    torch.manual_seed(0)
+    return model(config(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        max_position_embeddings=4096, tie_word_embeddings=False,
+                        initializer_range=0.1, bos_token_id=tok.bos_token_id,
+                        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)).eval()
+
+
+def _episodes(trajs):
+    return [(t.token_ids, t.loss_mask, t.finish_reason, t.answer,
+             [(s.action, s.query, s.hits, s.gold_hit, s.info_end) for s in t.steps])
+            for t in trajs]
+
+
+@pytest.mark.parametrize("arch,sync_every", [("llama", 1), ("qwen2", 8)])
+def test_continuous_greedy_episodes_are_the_turn_by_turn_ones(tiny, arch, sync_every):
+    """More episodes than rows (waiting ones take freed rows), groups of 2 (equal prompts
+    prefilled once), prompts and turns of very different lengths: the same episodes as
+    the static backend turn by turn and as HFBackend; continuations too."""
+    _, tok = tiny
+    model = varied(tok, arch)
+    cfg = RolloutConfig(max_turns=5, max_new_tokens=12, max_total_tokens=360, n_samples=2,
+                        batch_size=3, seed=3, greedy=True)
+    examples = [ex(f"q{i}", f"Question {'long ' * (30 * (i % 3))}number {i}?")
+                for i in range(5)]
+
+    def static():
+        return StaticBackend(model, tok, stop_strings=STOPS, max_len=cfg.max_total_tokens,
+                             sync_every=sync_every, width_step=16)
+
+    on = cfg.model_copy(update={"continuous": True})
+    finished, still = [], []
+    backend = static()
+    real = backend.run
+
+    def run():   # how many rows go on decoding when some are handed back
+        out = real()
+        still.append(len(backend._live))
+        return out
+
+    backend.run = run
+    mine = RolloutEngine(backend, tok, Docs(), on).run(examples, on_finish=finished.append)
+    turns = RolloutEngine(static(), tok, Docs(), cfg).run(examples)
+    hf = RolloutEngine(HFBackend(model, tok, stop_strings=STOPS), tok, Docs(), cfg).run(examples)
+    assert _episodes(mine) == _episodes(turns) == _episodes(hf)
+    assert sorted(map(id, finished)) == sorted(map(id, mine))
+    assert len({len(t.steps) for t in mine}) > 1 and len({len(t.token_ids) for t in mine}) > 2
+    assert max(still) > 0   # rows rejoined while others decoded
+    assert backend._session is None and not backend._row_of   # the session ended
+    long = [t for t in hf if len(t.steps) > 1 and t.steps[0].info_end is not None][:2]
+    prefixes = [(long[0], 1), (long[1], 1), (long[0], 0)]
+    a = RolloutEngine(static(), tok, Docs(), on).continue_from(prefixes, 2)
+    b = RolloutEngine(HFBackend(model, tok, stop_strings=STOPS), tok, Docs(), cfg
+                      ).continue_from(prefixes, 2)
+    assert [_episodes(g) for g in a] == [_episodes(g) for g in b]
+
+
+class ScriptedRows(Scripted):
+    """`Scripted` on rows: a turn of n tokens takes n decoding steps, so rows end apart and
+    rejoin while others decode, as the static backend's do; holding more rows than the
+    session's capacity fails."""
+
+    def open(self, capacity, max_new_tokens, sampling):
+        self.capacity, self.held, self.rows = capacity, set(), {}
+
+    def admit(self, keys, contexts, budgets):
+        self.held.update(keys)
+        assert len(self.held) <= self.capacity
+        for k, new in zip(keys, self.generate(contexts, max(budgets), None)):
+            self.rows[k] = [Generated(new), len(new)]
+
+    def run(self):
+        n = min(left for _, left in self.rows.values())
+        for row in self.rows.values():
+            row[1] -= n
+        return [(k, self.rows.pop(k)[0]) for k in [k for k, r in self.rows.items() if not r[1]]]
+
+    def release(self, key):
+        self.held.discard(key)
+
+
+def test_the_continuous_loop_takes_turns_as_they_end(tiny):
+    """Searches, answers and invalid turns of different lengths, more episodes than rows:
+    the same trajectories as turn by turn; retrieval is batched over the turns that ended
+    together."""
+    _, tok = tiny
+    scripts = {
+        "Where was Ilsa born?": ["<search> Ilsa Marrow born </search>", "<answer> Tarrow </answer>"],
+        "What country?": ["I do not know at all, not even a little bit",
+                          "<search> Velmaria </search>", "<answer> Velmaria </answer>"],
+        "Loop?": ["<search> Noise </search>"] * 4,
+        "Quick?": ["<answer> no </answer>"],
+    }
+    examples = [ex(f"q{i}", q) for i, q in enumerate(scripts)]
+    cfg = RolloutConfig(max_turns=3, topk=2, n_samples=2, batch_size=3, continuous=True)
+    docs = CountingDocs()
+    mine = RolloutEngine(ScriptedRows(tok, scripts), tok, docs, cfg).run(examples)
+    want = RolloutEngine(Scripted(tok, scripts), tok, CountingDocs(), cfg).run(examples)
+    assert _episodes(mine) == _episodes(want)
+    assert {t.finish_reason for t in mine} == {"answer", "max_turns"}
+    assert sum(map(len, docs.calls)) == sum(s.info_end is not None for t in mine
+                                            for s in t.steps if s.action == "search")
+
+
+def test_an_idle_row_keeps_its_cache_and_rejoins(tiny):
+    """A row whose turn ended does not decode while the others go on (its cache columns
+    untouched); readmitted with or without new tokens after its turn it decodes
+    HFBackend's tokens; a released row goes to a new key; `generate` waits for reset."""
+    model, tok = tiny
+    backend = StaticBackend(model, tok, stop_strings=(), max_len=128, width_step=16)
+    hf = HFBackend(model, tok, stop_strings=())
+    greedy = Sampling(greedy=True)
+    ctx = {k: tok.encode(f"row {k} " * (3 * n + 1), add_special_tokens=False)
+           for n, k in enumerate("abc")}
+    backend.open(3, 9, greedy)
+    backend.admit(list(ctx), list(ctx.values()), [2, 9, 9])
+    (key, turn), = backend.run()
+    assert key == "a" and turn == hf.generate([ctx["a"]], 2, greedy)[0]
+    r = backend._row_of["a"]
+    held = len(backend._seen[r])
+    before = backend.kc[:, r, :, :held].clone(), backend.vc[:, r, :, :held].clone()
+    rest = dict(backend.run())
+    assert sorted(rest) == ["b", "c"]
+    assert torch.equal(backend.kc[:, r, :, :held], before[0])
+    assert torch.equal(backend.vc[:, r, :, :held], before[1])
+    for k in "bc":
+        assert rest[k] == hf.generate([ctx[k]], 9, greedy)[0]
+    again = {"a": ctx["a"] + turn, "b": ctx["b"] + rest["b"] + [7, 8, 9]}
+    backend.admit(list(again), list(again.values()), [5, 5])
+    got = dict(backend.run())
+    assert got == {k: hf.generate([c], 5, greedy)[0] for k, c in again.items()}
+    with pytest.raises(RuntimeError, match="session"):
+        backend.generate([[1, 2]], 2, greedy)
+    freed = backend._row_of["c"]
+    backend.release("c")
+    backend.admit(["d"], [ctx["c"]], [9])
+    assert backend._row_of["d"] == freed and "c" not in backend._row_of
+    assert dict(backend.run()) == {"d": rest["c"]}
+    backend.reset()
+    assert backend.generate([ctx["a"]], 2, greedy)[0] == turn
+
+
+def test_sampled_continuous_runs_repeat_for_a_seed(tiny):
+    """Sampled: the same seed gives the same episodes and log-probs (those of a full
+    forward); the group's samples differ."""
+    from seekrl.models import collate
+    from seekrl.rl.forward import masked_logprobs
+
+    model, tok = tiny
+    cfg = RolloutConfig(max_turns=3, max_new_tokens=8, max_info_tokens=32, n_samples=3,
+                        batch_size=2, temperature=0.7, seed=2, continuous=True)
+    questions = [ex("q1", "Where was Ilsa born?"), ex("q2", "Which city?")]
+    backend = StaticBackend(model, tok, max_len=cfg.max_total_tokens)
+    runs = [RolloutEngine(backend, tok, Docs(), cfg).run(questions) for _ in range(2)]
+    assert _episodes(runs[0]) == _episodes(runs[1])
+    assert [t.rollout_logprobs for t in runs[0]] == [t.rollout_logprobs for t in runs[1]]
+    trajs = runs[0]
+    ids, attn, mask = collate([t.token_ids for t in trajs], [t.loss_mask for t in trajs],
+                              tok.pad_token_id)
+    with torch.no_grad():
+        lp = masked_logprobs(model, ids, attn, mask, temperature=0.7)["logprobs"]
+    for row, t in enumerate(trajs):
+        t.check()
+        assert torch.allclose(lp[row][mask[row].bool()], torch.tensor(t.rollout_logprobs),
+                              atol=1e-4)
+    assert len({tuple(t.token_ids) for t in trajs[:3]}) > 1
+
+
+def test_continuous_is_off_by_default_and_the_static_backends():
+    from seekrl.config import EpisodeSettings, RolloutSettings
+
+    assert not RolloutConfig().continuous and not EpisodeSettings().continuous
+    assert RolloutSettings(backend="static", continuous=True).continuous
+    with pytest.raises(ValueError, match="static backend"):
+        RolloutSettings(continuous=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_continuous_under_cuda_graphs_decodes_the_eager_tokens(tiny):
+    """Captured steps (flags read every 8 steps) give the eager continuous episodes and
+    the turn-by-turn ones."""
+    _, tok = tiny
+    model = varied(tok, "llama").to("cuda")
+    cfg = RolloutConfig(max_turns=4, max_new_tokens=24, n_samples=2, batch_size=3, seed=3,
+                        greedy=True)
+    examples = [ex(f"q{i}", f"Question {'long ' * (30 * (i % 3))}number {i}?") for i in range(5)]
+    runs = []
+    for graphs, continuous in ((None, True), (False, True), (None, False)):
+        backend = StaticBackend(model, tok, stop_strings=STOPS, max_len=cfg.max_total_tokens,
+                                width_step=16, graphs=graphs)
+        play = cfg.model_copy(update={"continuous": continuous})
+        runs.append(_episodes(RolloutEngine(backend, tok, Docs(), play).run(examples)))
+    assert runs[0] == runs[1] == runs[2]
