@@ -78,7 +78,8 @@ def test_the_whole_agenda_comes_back_within_the_limits(tmp_path):
     files = check_what_comes_back(tmp_path / "out")
     assert sorted(f.name for f in files) == ["results.zip", "summary.txt"]   # no live.log
     calls = ["smoke", "static-check", "static-decode", "static-decode-1.5b",
-             "speed-remedy-default", "speed-remedy-static", "speed-train", "speed-rollout",
+             "speed-remedy-default", "speed-remedy-static", "speed-remedy-continuous",
+             "speed-train", "speed-rollout",
              "speed-rollout-cudnn-on", "speed-arch", "speed-decode", "speed-decode-arch",
              "learn-sft", "learn-start-eval", "learn-report",
              *(f"learn-{m}-s{s}" for s in range(3) for m in ("outcome", "recall"))]
@@ -136,16 +137,16 @@ def test_the_budget_skips_what_no_longer_fits(tmp_path):
 
 def test_speed_remedy_adds_the_settings_speed_decode_ranked(tmp_path):
     """Without speed-decode: the default (cuDNN attention as SEEKRL_CUDNN_ATTENTION sets
-    it), the static backend against generate's static cache; with its ranking, its two
-    best settings too."""
+    it), the static backend against generate's static cache, and with continuous
+    batching; with its ranking, its two best settings too."""
     summary = run(tmp_path, "speed-remedy", mode="--stand-in")
     assert [m for m in re.findall(r"^stage=speed-remedy-(\S+) dry_run=1 rc=0", summary, re.M)] \
-        == ["default", "static"]
+        == ["default", "static", "continuous"]
     (tmp_path / "out" / "summary.txt").write_text(
         "stage=speed-decode dry_run=1 best=eager remedies=eager,default,sdpa_efficient,sdpa_math\n")
     summary = run(tmp_path, "speed-remedy", mode="--stand-in")
     assert re.findall(r"^stage=speed-remedy-(\S+) dry_run=1 rc=0", summary, re.M) == \
-        ["default", "static", "eager", "sdpa_efficient"]
+        ["default", "static", "continuous", "eager", "sdpa_efficient"]
 
 
 def test_first_call_dry_run(tmp_path):
@@ -172,7 +173,8 @@ def test_first_call_dry_run(tmp_path):
 def test_speed_dry_run(tmp_path):
     summary = run(tmp_path, "speed")
     for stage in ("speed-rollout", "speed-arch", "speed-decode", "speed-train",
-                  "speed-remedy-default", "speed-remedy-static", "speed-rollout-cudnn-on"):
+                  "speed-remedy-default", "speed-remedy-static", "speed-remedy-continuous",
+                  "speed-rollout-cudnn-on"):
         assert f"stage={stage} dry_run=1 rc=0" in summary, stage
     assert "speedup_b2=" in summary and "agent_step=" in summary
     # the static backend against generate with a static cache (eager on a CPU)
