@@ -197,6 +197,22 @@ def main() -> None:
                 against=work / args.against if args.against else None)
 
 
+def _hops(results: list[dict]) -> dict[str, dict[str, float]]:
+    """Each question type's hop figures (searches, one_search, planned_lookups), the
+    mean over the runs that kept them (results before 2026-11-28 did not)."""
+    out: dict[str, dict[str, float]] = {}
+    kept = [r["hops_by_type"] for r in results if r.get("hops_by_type")]
+    for t in sorted({t for h in kept for t in h}):
+        figures = {}
+        for f in (M.SEARCHES, "one_search", "planned_lookups"):
+            values = [h[t][f] for h in kept if isinstance((h.get(t) or {}).get(f), (int, float))]
+            if values:
+                figures[f] = sum(values) / len(values)
+        if figures:
+            out[t] = figures
+    return out
+
+
 def parse_sets(texts: list[str]) -> dict:
     """`--set KEY=VALUE` arguments as dotted config keys (a bad one stops the bench)."""
     from seekrl.config import parse_override
@@ -396,7 +412,8 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
         check_trained_ranker(cfg, policy)
         final = evaluate_as_trained(cfg, policy, final_dir, index_dir, test_file, demo, args)
     avg = final["average"]
-    by_type = {k: v["em"] for k, v in next(iter(final["by_type"].values()), {}).items()}
+    types = next(iter(final["by_type"].values()), {})
+    by_type = {k: v["em"] for k, v in types.items()}
     result = {"method": method, "seed": seed, "steps": summary["steps"],
               "rollout_tokens": summary["rollout_tokens"], "budget": budget,
               "budget_met": summary.get("budget_met", True) and (
@@ -405,6 +422,11 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
               "em": avg["em"], "f1": avg["f1"], "searches": avg["searches"],
               "evidence_recall": avg["evidence_recall"], "valid_format": avg["valid_format"],
               "em_by_type": by_type, "curve": curve,
+              # the hop decision per type: searches a question, the share answered after
+              # one search, and the lookups the first thought planned
+              "hops_by_type": {k: {f: v.get(f) for f in (M.SEARCHES, "one_search",
+                                                          "planned_lookups")}
+                               for k, v in types.items()},
               "per_question": _per_question(final_dir),
               TRAIN + M.SEARCHES: [r[M.SEARCHES] for r in steps],
               TRAIN + M.REWARD: [r[M.REWARD] for r in steps],
@@ -608,6 +630,8 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
               + (f" label_tokens_{m}={row['label_tokens']:.0f}" if row["label_tokens"] else ""))
         for t, (mean, sd) in row["types"].items():
             print(f"em_{m}_{t}={mean:.4f} em_std_{m}_{t}={sd:.4f}")
+        for t, figures in _hops(rs).items():
+            print(" ".join(f"{f}_{m}_{t}={v:.3f}" for f, v in figures.items()))
     if sft_em is not None:
         print(f"em_sft={sft_em:.4f}")
     _plot(rows, by_method, sft_em, runs / "process_ablation.png")

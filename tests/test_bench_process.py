@@ -363,7 +363,8 @@ def test_take_best_judges_the_policy_of_the_best_dev_evaluation(tmp_path, monkey
             step1.mkdir(parents=True, exist_ok=True)
             (step1 / "metrics.json").write_text(json.dumps({"average": {
                 "em": 0.4, "f1": 0.4, "searches": 2.0, "evidence_recall": None,
-                "valid_format": 1.0}, "by_type": {}}))
+                "valid_format": 1.0}, "by_type": {"dev": {"single": {
+                    "em": 0.5, "searches": 1.0, "one_search": 1.0, "planned_lookups": 1.0}}}}))
             return {"steps": 2, "rollout_tokens": 20, "final": str(out / "final"),
                     "dev_dir": str(out / "eval" / "final"),
                     "best": {"step": 1, "em": 0.4, "eval_dir": str(step1),
@@ -391,6 +392,14 @@ def test_take_best_judges_the_policy_of_the_best_dev_evaluation(tmp_path, monkey
     args.final_on = "dev"   # read back: the trainer evaluated that policy on dev already
     result = bench._run("outcome", 0, None, args, None, None, None, None, None)
     assert judged == [out / "best"] and result["em"] == 0.4
+    assert result["hops_by_type"] == {"single": {"searches": 1.0, "one_search": 1.0,
+                                                 "planned_lookups": 1.0}}
+    # the report's per-type hop figures: the mean over the runs that kept them
+    old = {"em_by_type": {"single": 0.2}}
+    other = {"hops_by_type": {"single": {"searches": 2.0, "one_search": 0.0,
+                                         "planned_lookups": None}}}
+    assert bench._hops([result, old, other]) == {"single": {
+        "searches": 1.5, "one_search": 0.5, "planned_lookups": 1.0}}
     from learning_curves import read_run  # the final point drawn at the step taken
     assert read_run(out).final == (1, 10, 0.4)
 
