@@ -101,7 +101,9 @@ def main() -> None:
     ap.add_argument("--take", choices=("final", "best"), default="final",
                     help="the policy each run is judged by: its last, or the one whose dev "
                          "evaluation (--eval-every, the start included) scored highest "
-                         "(eval.keep_best: early stopping chosen on dev, judged on test)")
+                         "(eval.keep_best: early stopping chosen on dev, judged on test; "
+                         "with --final-on dev the EM reported is the one it was chosen by, "
+                         "optimistic: for tuning only)")
     ap.add_argument("--n-test", type=int, default=200)
     ap.add_argument("--questions-per-step", type=int, default=None, help="default: the demo's")
     ap.add_argument("--group-size", type=int, default=None, help="default: the demo's")
@@ -378,6 +380,9 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
     done = out / "result.json"
     if done.is_file():
         result = json.loads(done.read_text())
+        if result.get("taken", "final") != args.take:
+            raise SystemExit(f"{done}: judged by its {result.get('taken', 'final')} policy, "
+                             f"not --take {args.take}'s: another runs folder, or delete it")
         print(f"{method} seed {seed}: already in {done}", flush=True)
         return result
     t0 = time.time()
@@ -401,6 +406,9 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
              for r in records if dev_em in r]
     dev_dir, policy = summary.get("dev_dir"), Path(summary["final"])
     best = summary.get("best") if args.take == "best" else None
+    if args.take == "best" and best is None:
+        raise SystemExit(f"{out}: --take best, but the run saved no best policy "
+                         "(summary.json has no best: were its evaluations on?)")
     if best is not None:   # the best dev evaluation's policy, and that evaluation
         dev_dir, policy = best["eval_dir"], Path(best["dir"])
     final_dir = out / f"eval-{args.final_on}"

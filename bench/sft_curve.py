@@ -108,7 +108,15 @@ def _point(steps: int, args, demo, index_dir: Path, test_file: Path) -> dict:
     cfg = sft_config(demo, args.work_dir / "oracle_train.jsonl", out / "run", max_steps=steps,
                      device=args.device, dtype=args.dtype, save_every=10, keep_last=1,
                      **args.sft_keys)
-    sft = run_sft(cfg, overwrite=not resume, resume=resume)
+    final = out / "run" / "final"
+    reused = (final / "config.json").is_file()
+    if reused:   # trained already (the other question set's
+        # point, or a kill before this one was written): the same policy, evaluated here
+        log = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+        sft = {"final": str(final), "loss": next((r["loss"] for r in reversed(log)
+                                                   if "loss" in r), None)}
+    else:
+        sft = run_sft(cfg, overwrite=not resume, resume=resume)
     sft_minutes = (time.time() - t0) / 60
     metrics = _evaluate(Path(sft["final"]), out / f"eval-{args.on}", index_dir, test_file,
                         demo, args)
@@ -120,7 +128,7 @@ def _point(steps: int, args, demo, index_dir: Path, test_file: Path) -> dict:
              "evidence_recall": avg.get("evidence_recall"), "em_by_type": by_type,
              "final_loss": sft["loss"], "sft_minutes": round(sft_minutes, 2),
              "minutes": round((time.time() - t0) / 60, 2), "device": args.device,
-             "dtype": args.dtype, "resumed": resume,
+             "dtype": args.dtype, "resumed": resume and not reused, "reused": reused,
              "n_test": args.n_test, "seed": demo.seed, "on": args.on,
              # the hop decision: searches a question per type (a start whose lookups
              # follow the question searches once for single-hop, twice for bridges)

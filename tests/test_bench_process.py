@@ -402,6 +402,15 @@ def test_take_best_judges_the_policy_of_the_best_dev_evaluation(tmp_path, monkey
         "searches": 1.5, "one_search": 0.5, "planned_lookups": 1.0}}
     from learning_curves import read_run  # the final point drawn at the step taken
     assert read_run(out).final == (1, 10, 0.4)
+    args.take = "final"   # a kept result judged another way is not read back as this one
+    with pytest.raises(SystemExit, match="judged by its best policy, not --take final's"):
+        bench._run("outcome", 0, None, args, None, None, None, None, None)
+    (out / "result.json").unlink()
+    args.take = "best"
+    FakeTrainer.train = lambda self: {"steps": 2, "rollout_tokens": 20,
+                                      "final": str(out / "final")}
+    with pytest.raises(SystemExit, match="the run saved no best policy"):
+        bench._run("outcome", 0, None, args, None, None, None, None, None)
 
 
 def test_per_question_em_from_trajectories_is_kept_and_bad_lines_are_named(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -606,11 +607,15 @@ def test_greedy_evaluations_feed_the_monitor(world, tiny, tmp_path, monkeypatch)
 
 def test_keep_best_saves_the_policy_of_the_best_evaluation(world, tiny, tmp_path, monkeypatch):
     """eval.keep_best: RUN/best holds the policy whose evaluation scored highest (a tie keeps
-    the earlier one), the summary names it, and a resumed run keeps the record, dropping a
-    best saved after its checkpoint (that step is redone)."""
+    the earlier one; the start and the final evaluation are candidates too), with a copy of
+    that evaluation; the summary names it. A resumed run keeps a best saved after its
+    checkpoint (the redone step ties it), and one whose best folder is gone says so and
+    saves the next."""
     ems = {"start": 0.2, "step-1": 0.5, "step-2": 0.5, "step-3": 0.1, "final": 0.4}
 
     def fake_eval(self, out_dir):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "metrics.json").write_text(json.dumps({"em": ems[out_dir.name]}))
         return {"em": ems[out_dir.name], "f1": 0.1, "valid_format": 1.0, "searches": 1.5,
                 "questions": 2}
 
@@ -618,15 +623,21 @@ def test_keep_best_saves_the_policy_of_the_best_evaluation(world, tiny, tmp_path
     dev = {"data": str(world["paths"]["test"]), "every": 1, "keep_best": True}
     run = tmp_path / "a" / "run"
     summary = make_trainer(make_cfg(tmp_path / "a", steps=4, eval=dev), world, tiny).train()
-    assert summary["best"] == {"step": 1, "em": 0.5, "eval_dir": str(run / "eval" / "step-1"),
-                               "dir": str(run / "best")}
-    assert json.loads((run / "best" / "best.json").read_text())["step"] == 1
+    assert summary["best"] == {"step": 1, "em": 0.5, "evaluation": "step-1",
+                               "eval_dir": str(run / "best" / "eval"), "dir": str(run / "best")}
+    assert json.loads((run / "best" / "eval" / "metrics.json").read_text()) == {"em": 0.5}
+    assert json.loads((tmp_path / "a" / "run" / "summary.json").read_text())["best"]["step"] == 1
     # the step-1 policy: the same as the final one of a run that stopped after one step
     one = make_trainer(make_cfg(tmp_path / "one", steps=1), world, tiny)
     one.train()
     saved = AutoModelForCausalLM.from_pretrained(run / "best")
     for (name, a), (_, b) in zip(saved.named_parameters(), one.model.named_parameters()):
         assert torch.equal(a, b.detach()), name
+    # the final evaluation beats them all: the summary names it, not the step before
+    ems["final"] = 0.9
+    summary = make_trainer(make_cfg(tmp_path / "f", steps=2, eval=dev), world, tiny).train()
+    assert (summary["best"]["step"], summary["best"]["evaluation"]) == (2, "final")
+    ems["final"] = 0.4
     # killed after step 3 with its last checkpoint at step 2, the best saved at step 3:
     # resumed, step 3 is redone and ties the saved best, which stays as it was
     ems.update({"step-1": 0.3, "step-2": 0.3, "step-3": 0.5})
@@ -639,6 +650,15 @@ def test_keep_best_saves_the_policy_of_the_best_evaluation(world, tiny, tmp_path
     summary = make_trainer(cfg, world, tiny, resume=True).train()
     assert (summary["best"]["step"], summary["best"]["em"]) == (3, 0.5)
     assert note.stat().st_mtime_ns == saved_at
+    # the best folder deleted before a resume: said, and the next evaluation saved there
+    cfg = make_cfg(tmp_path / "g", steps=4, save_every=2, eval=dev)
+    make_trainer(cfg, world, tiny).train(until=2)
+    shutil.rmtree(tmp_path / "g" / "run" / "best")
+    lines = []
+    console = type("C", (), {"print": lambda self, *a, **k: lines.append(" ".join(map(str, a)))})()
+    summary = make_trainer(cfg, world, tiny, resume=True, console=console).train()
+    assert any("the next evaluation's policy is saved there" in x for x in lines)
+    assert (summary["best"]["step"], summary["best"]["em"]) == (3, 0.5)
     # the start can be the best: nothing after it scored higher
     ems.update({"start": 0.6})
     summary = make_trainer(make_cfg(tmp_path / "c", steps=1, eval=dev), world, tiny).train()
@@ -1268,10 +1288,22 @@ def test_old_logprobs_from_the_sampler_skip_the_pass_and_match_the_recomputed(
     assert b["pg_loss"] == pytest.approx(a["pg_loss"], abs=1e-5)
     for (n, p), q in zip(plain.model.named_parameters(), own.model.parameters()):
         assert torch.allclose(p, q, atol=1e-5), n
+    # the gap is still measured: the trainer's numbers before its first optimizer step
+    # against the sampler's (here the engine is made one nat off)
+    assert b["rollout_logp_gap"] < 1e-4
+    off = read_trajectories(tmp_path / "batch.jsonl")
+    for t in off:
+        t.rollout_logprobs = [x - 1.0 for x in t.rollout_logprobs]
+    shifted = make_trainer(make_cfg(tmp_path / "s", **over, **{"algo.old_logprobs": "rollout"}),
+                           world, tiny)
+    assert shifted.learn(off)["rollout_logp_gap"] == pytest.approx(1.0, abs=1e-3)
+    # a batch in which an episode has none (a backend that reported none for a turn) is
+    # recomputed, and said
     off = read_trajectories(tmp_path / "batch.jsonl")
     off[0].rollout_logprobs = None
-    with pytest.raises(ValueError, match="1 of 4 episodes carry no sampler log-probs"):
+    with pytest.warns(UserWarning, match="this step recomputes them"):
         own.learn(off)
+    assert passes == [1, 1]
     for key, value, why in (("rollout.top_p", 0.9, "top-p truncated"),
                             ("algo.advantage", "gae", "the critic"),
                             ("algo.tis_cap", 2.0, "corrects nothing")):

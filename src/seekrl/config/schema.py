@@ -137,9 +137,10 @@ class EvalConfig(Strict):
     max_turns: MaxTurns | None = None
     max_new_tokens: MaxNewTokens | None = None   # null: the run's own (rollout.max_new_tokens)
     batch_size: EpisodeBatch | None = None       # null: the run's own (rollout.batch_size)
-    # also save the policy whose evaluation EM is the highest so far (the start included;
-    # a tie keeps the earlier) as RUN/best: early stopping on the dev curve, since a run
-    # that moves the policy can overshoot (the summary names its step)
+    # also save the policy whose evaluation EM is the highest so far (the start too, with
+    # at_start; a tie keeps the earlier) as RUN/best, with that evaluation's figures:
+    # early stopping on the dev curve, since a run that moves the policy can overshoot
+    # (the summary names its step)
     keep_best: bool = False
 
 
@@ -447,7 +448,9 @@ class AlgoConfig(Strict):
     # the PPO ratio's denominator when a step makes several updates: recompute (a forward
     # pass over the batch, the trainer's own numbers: the first ratio is 1 to the last bit)
     # or rollout (the sampler's log-probs, kept with each episode: no extra pass; the first
-    # ratio is 1 up to the two computations' rounding; needs sampled rollouts, top_p 1)
+    # ratio is 1 up to the two computations' difference: rounding in float32 with seekrl's
+    # backends, more in bfloat16 or with vLLM, where the clip then centres on the sampler;
+    # rollout_logp_gap shows it). Needs top_p 1
     old_logprobs: Literal["recompute", "rollout"] = "recompute"
     loss_agg: str = "token-mean"       # seq-mean-token-sum-norm is Dr. GRPO's (sum per episode
                                        # / rollout.max_turns x rollout.max_new_tokens)

@@ -440,7 +440,12 @@ class Trainer:
         old_logps, old_values = (None, None)
         if algo.old_logprobs == "rollout" and not one_update:   # no pass (checked at start)
             old_logps = sampler_logprobs(trajs)
-        elif not one_update or self.value_head is not None or kl_reward:
+            if old_logps is None:
+                warnings.warn("algo.old_logprobs: rollout: some episodes of this batch carry "
+                              "no sampler log-probs (the backend reported none for a turn); "
+                              "this step recomputes them", stacklevel=2)
+        sampled = old_logps is not None
+        if not sampled and (not one_update or self.value_head is not None or kl_reward):
             old_logps, old_values = self._shared_logprobs(trajs)
         ref_logps = None
         if algo.kl_coef > 0:
@@ -463,12 +468,16 @@ class Trainer:
             returns = None   # only a critic has targets
 
         t3 = time.time()
-        update = self._update(trajs, advantages, old_logps, ref_logps, old_values, returns)
+        update = self._update(trajs, advantages, old_logps, ref_logps, old_values, returns,
+                              from_sampler=sampled)
         t_update = time.time() - t3
         lr = self.optimizer.param_groups[0]["lr"]   # the rate this step's updates applied
         self.scheduler.step()
         trained = sum(len(t.token_ids) for t in trajs) * algo.epochs
-        record.update(self._displacement(trajs, old_logps, update.pop("correct_logps")))
+        # the displacement compares the trainer with itself: its first-pass numbers when
+        # `old` is the sampler's
+        record.update(self._displacement(trajs, None if sampled else old_logps,
+                                         update.pop("correct_logps")))
         record.update(update)
         record.update(lr=lr, time_old_logprobs=round(t_old, 2),
                       time_update=round(t_update, 2),
@@ -502,15 +511,16 @@ class Trainer:
         return self.dist.gather(logps), (self.dist.gather(values) if values is not None
                                          else None)
 
-    def _update(self, trajs, advantages, old_logps, ref_logps, old_values, returns
-                ) -> dict[str, Any]:
+    def _update(self, trajs, advantages, old_logps, ref_logps, old_values, returns, *,
+                from_sampler: bool = False) -> dict[str, Any]:
         """`algo.epochs` passes of mini-batch updates (rl/update.py)."""
         cfg = self.cfg
         no_dropout_mode(self.model)   # as for the old log-probs
         batch = UpdateBatch(trajs, advantages, old_logps, ref_logps, old_values, returns,
                             # seq-mean-token-sum-norm's constant: the most policy tokens
                             # an episode can have
-                            norm_length=cfg.rollout.max_turns * cfg.rollout.max_new_tokens)
+                            norm_length=cfg.rollout.max_turns * cfg.rollout.max_new_tokens,
+                            old_from_sampler=from_sampler)
         return self.updater.run(batch, random.Random(f"{cfg.seed}/update/{self.state.step_done}"))
 
     def _displacement(self, trajs, old_logps, during_update: dict[int, float]
@@ -630,9 +640,7 @@ class Trainer:
         final = self.out / "final"
         plain = self.runtime.gathered_policy()   # sharded: the full weights, on rank 0
         if main:   # with the ranker the final policy was trained with, in the same rename
-            trained_ranker = (None if self.env.ranker_updater is None
-                              else lambda tmp: self.retriever.ranker.save(tmp / "ranker"))
-            save_policy(plain, self.tokenizer, final, before_rename=trained_ranker)
+            save_policy(plain, self.tokenizer, final, before_rename=self._trained_ranker())
         del plain
         summary = run_summary(
             state, final=final, last=last, minutes=round((time.time() - started) / 60, 2),
@@ -650,11 +658,20 @@ class Trainer:
             else:
                 summary["dev"] = self._dev_eval("final", state.step_done, "")
                 summary["dev_dir"] = str(self.out / "eval" / "final")
+        if cfg.eval.keep_best:   # after the final evaluation, which may be the best
+            summary["best"] = self.checkpoints.best_note()
         self.log.close()
         if main:
             (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         self.dist.barrier()   # the final policy is on disk when any rank returns
         return summary
+
+    def _trained_ranker(self):
+        """What adds the ranker trained with the policy to a saved policy's folder (None
+        without one)."""
+        if self.env.ranker_updater is None:
+            return None
+        return lambda tmp: self.retriever.ranker.save(tmp / "ranker")
 
     def interrupted(self, command: str) -> str:
         """What to tell a user whose run was interrupted (Ctrl-C): where it stopped and the
@@ -685,8 +702,8 @@ class Trainer:
         self._say(f"  dev EM {dev['em']:.3f}{label}")
         self._report(self.monitor.update_eval(step, dev))
         if self.cfg.eval.keep_best and self.state.improves(step, dev["em"]):
-            best = self.checkpoints.save_best(self.tokenizer, {
-                "step": step, "em": dev["em"], "eval_dir": str(self.out / "eval" / name)})
+            best = self.checkpoints.save_best(self.tokenizer, step, dev["em"],
+                                              self.out / "eval" / name, self._trained_ranker())
             self._say(f"  the best so far: saved to {best}")
         return dev
 

@@ -148,17 +148,38 @@ class Checkpointer:
         self.dist.barrier()
         return target
 
-    def save_best(self, tokenizer, note: dict[str, Any]) -> Path:
-        """RUN/best: the policy as it is now, a plain checkpoint (`save_policy`) with
-        best.json (`note`: its step, EM and evaluation folder), replaced whole."""
+    def save_best(self, tokenizer, step: int, em: float, evaluation: Path,
+                  with_ranker=None) -> Path:
+        """RUN/best: the policy as it is now, a plain checkpoint (`save_policy`; with a
+        trained ranker, `with_ranker(folder)` adds it as final/ has it), replaced whole.
+        best.json names its step and EM, and a copy of the `evaluation` folder's figures and
+        episodes (`best/eval`) keeps what chose it even if that step is redone after a
+        resume."""
         best = self.folder.parent / BEST
         plain = self.runtime.gathered_policy()   # sharded: the full weights, on rank 0
         if self.dist.main:
-            text = json.dumps(note)
-            save_policy(plain, tokenizer, best,
-                        before_rename=lambda tmp: (tmp / BEST_JSON).write_text(text))
+            note = json.dumps({"step": step, "em": em, "evaluation": evaluation.name,
+                               "eval_dir": str(best / "eval")})
+
+            def extras(tmp: Path) -> None:
+                (tmp / "eval").mkdir()
+                for name in ("metrics.json", "trajectories.jsonl"):
+                    if (evaluation / name).is_file():
+                        shutil.copyfile(evaluation / name, tmp / "eval" / name)
+                if with_ranker is not None:
+                    with_ranker(tmp)
+                (tmp / BEST_JSON).write_text(note)
+
+            save_policy(plain, tokenizer, best, before_rename=extras)
         self.dist.barrier()
         return best
+
+    def best_note(self) -> dict[str, Any] | None:
+        """What RUN/best holds (best.json and its folder), None before a best is saved."""
+        note = self.folder.parent / BEST / BEST_JSON
+        if not note.is_file():
+            return None
+        return {**json.loads(note.read_text()), "dir": str(note.parent)}
 
     def load(self, path: Path) -> dict[str, Any]:
         """Everything `save` wrote back into place; returns its trainer.json (checked for
@@ -184,11 +205,15 @@ class Checkpointer:
         path = self.folder / self.latest()
         meta = self.load(path)
         state = RunState.from_meta(meta)
-        best = self.folder.parent / BEST / BEST_JSON
-        if best.is_file():   # saved after the checkpoint, it is the record to beat (a redone
-            # step scores the same policy the same, and a tie keeps what is saved)
-            note = json.loads(best.read_text())
+        note = self.best_note()
+        if note is not None:   # saved after the checkpoint, it is the record to beat: it
+            # is a policy that scored that (a redone step that scores the same keeps it)
             state.best_dev = (int(note["step"]), float(note["em"]))
+        elif state.best_dev is not None:   # the folder is gone: the next evaluation saves
+            say(f"no {self.folder.parent / BEST} (the best policy of steps up to "
+                f"{state.best_dev[0]}, EM {state.best_dev[1]:.3f}): the next evaluation's "
+                "policy is saved there, and later better ones")
+            state.best_dev = None
         self.env.load_state_dict(meta.get("simulator_stats", {}))
         monitor.load_state_dict(meta["monitor"])
         done = state.step_done
@@ -243,7 +268,4 @@ def run_summary(state: RunState, *, final: Path, last: dict[str, Any], minutes: 
     if budget is not None:
         ratio = state.rollout_tokens / budget
         summary.update(budget_ratio=round(ratio, 4), budget_met=abs(ratio - 1) <= 0.1)
-    best = final.parent / BEST / BEST_JSON   # eval.keep_best
-    if best.is_file():
-        summary["best"] = {**json.loads(best.read_text()), "dir": str(best.parent)}
     return summary

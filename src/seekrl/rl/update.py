@@ -42,6 +42,7 @@ class UpdateBatch:
     old_values: list[torch.Tensor] | None
     returns: list[torch.Tensor] | None
     norm_length: int
+    old_from_sampler: bool = False   # old_logps are the sampler's (algo.old_logprobs: rollout)
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Probe:
     at its first pass, and the largest trainer / rollout log-prob gap of a policy token."""
     correct_logps: dict[int, float] = field(default_factory=dict)
     gap_max: float = 0.0
+    stepped: bool = False   # an optimizer step was made: the policy is no longer the sampler's
 
 
 @dataclass
@@ -108,6 +110,7 @@ class PolicyUpdate:
                     stats[k].append(v)
                 mini_stats.clear()
                 stats["grad_norm"].append(self.optimizer_step())
+                probe.stepped = True
         out: dict[str, Any] = {k: round(sum(v) / len(v), 5) for k, v in stats.items()}
         out["grad_norm"] = round(max(stats["grad_norm"]), 4)
         out["updates"] = len(stats["grad_norm"])   # optimizer steps this batch made
@@ -143,9 +146,12 @@ class PolicyUpdate:
         # against the trainer's of the same policy
         behaviour = rollout_grid(part, mask)
         weights, mismatch = None, {}
-        if behaviour is not None:
+        # with the sampler's numbers as `old` the gap is the trainer's before its first
+        # optimizer step (later passes would add the update's own move)
+        if behaviour is not None and not (batch.old_from_sampler and probe.stepped):
             with torch.no_grad():
-                gap = ((old - behaviour) * mask).abs()
+                trainer = logp.detach() if batch.old_from_sampler else old
+                gap = ((trainer - behaviour) * mask).abs()
                 mismatch["rollout_logp_gap"] = float(gap.sum() / mask.sum().clamp(min=1))
                 probe.gap_max = max(probe.gap_max, float(gap.max()))
             if algo.tis_cap:
@@ -243,15 +249,13 @@ def rollout_grid(part: Sequence[Trajectory], mask: torch.Tensor) -> torch.Tensor
     return out
 
 
-def sampler_logprobs(trajs: Sequence[Trajectory]) -> list[torch.Tensor]:
+def sampler_logprobs(trajs: Sequence[Trajectory]) -> list[torch.Tensor] | None:
     """The episodes' behaviour log-probs laid out as `logprobs_in_chunks` lays out the
     trainer's (one tensor per episode over its tokens, 0 off the policy tokens): the
-    old log-probs of algo.old_logprobs: rollout."""
-    missing = sum(t.rollout_logprobs is None for t in trajs)
-    if missing:
-        raise ValueError(f"algo.old_logprobs: rollout: {missing} of {len(trajs)} episodes "
-                         "carry no sampler log-probs (greedy decoding, or a backend that "
-                         "reports none); use recompute")
+    old log-probs of algo.old_logprobs: rollout. None when an episode has none (a backend
+    that reports none for some turn)."""
+    if any(t.rollout_logprobs is None for t in trajs):
+        return None
     out = []
     for t in trajs:
         lp = torch.zeros(len(t.token_ids), dtype=torch.float32)
