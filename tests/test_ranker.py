@@ -590,3 +590,38 @@ def test_a_query_encoder_trains_with_the_agent_and_resumes_where_it_stopped(tmp_
     fresh = load_ranker(kind="query", first=index)
     fresh.bind(index)
     assert fresh.score(["b founded by"], pool)[0] != pytest.approx(through, abs=1e-4)
+
+
+def test_the_best_policy_keeps_the_ranker_it_was_trained_with(tmp_path, tiny, tiny_encoder,
+                                                             monkeypatch):
+    """eval.keep_best with a co-trained ranker: RUN/best holds the ranker as it was when
+    that policy was evaluated, as final/ holds the final one (a policy is evaluated
+    through the ranker it learned with)."""
+    from conftest import build_world_and_index
+
+    from seekrl.recipes.train import Trainer
+
+    _, paths, index_dir = build_world_and_index(tmp_path / "w", seed=4, entities=200,
+                                                n_train=8, n_dev=2, n_test=2)
+    ems = iter([0.1, 0.5, 0.2])   # start, step 1, final: the best is step 1's
+
+    def fake_eval(self, out_dir):
+        return {"em": next(ems), "f1": 0.0, "valid_format": 1.0, "searches": 1.0,
+                "questions": 2}
+
+    monkeypatch.setattr(Trainer, "evaluate", fake_eval)
+    cfg = _rl_config(tmp_path, paths, index_dir, tiny_encoder, out="best")
+    cfg = type(cfg).model_validate({**cfg.model_dump(), "eval": {
+        "data": str(paths["test"]), "every": 1, "keep_best": True}})
+    model, tok = tiny
+    trainer = Trainer(cfg, model=copy_model(model), tokenizer=tok)
+    _force_searches(trainer)
+    summary = trainer.train()
+    assert summary["best"]["step"] == 1
+    best = tmp_path / "best" / "best"
+    assert (best / "ranker").is_dir() and (tmp_path / "best" / "final" / "ranker").is_dir()
+    docs = [["a founded b", "c worked for d", "e was established in 1901"]]
+    after_one = load_ranker(str(best / "ranker")).score(["b founded by"], docs)[0]
+    final = load_ranker(str(tmp_path / "best" / "final" / "ranker")).score(["b founded by"],
+                                                                           docs)[0]
+    assert after_one != pytest.approx(final, abs=1e-6)   # step 2 trained it further
