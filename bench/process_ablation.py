@@ -105,6 +105,9 @@ def main() -> None:
                          "with --final-on dev the EM reported is the one it was chosen by, "
                          "optimistic: for tuning only)")
     ap.add_argument("--n-test", type=int, default=200)
+    ap.add_argument("--n-dev", type=int, default=None,
+                    help="the dev questions each --eval-every probe plays (default: --n-test; "
+                         "with --final-on dev the final evaluation plays --n-test)")
     ap.add_argument("--questions-per-step", type=int, default=None, help="default: the demo's")
     ap.add_argument("--group-size", type=int, default=None, help="default: the demo's")
     ap.add_argument("--lr", type=float, default=None, help="default: the demo's RL lr")
@@ -151,6 +154,9 @@ def main() -> None:
         raise SystemExit("--budget and --budget-from: give one")
     if args.take == "best" and not args.eval_every:
         raise SystemExit("--take best: needs --eval-every N (the dev evaluations to choose from)")
+    if args.n_dev and args.final_on == "dev" and args.n_dev != args.n_test:
+        raise SystemExit(f"--n-dev {args.n_dev} with --final-on dev: the final evaluation "
+                         f"reads the trainer's, so both play --n-test {args.n_test} questions")
     if args.budget is not None or args.budget_from is not None:
         if args.budget is not None and args.budget < 1:
             raise SystemExit(f"--budget: expected a positive number of tokens, got {args.budget}")
@@ -350,7 +356,7 @@ def _run_config(method: str, seed: int, budget: int | None, args, demo, sft: Pat
     if args.lr:
         rl["optim"] = {"lr": args.lr}
     if args.eval_every:
-        rl["eval"] = {"data": str(world_dir / "dev.jsonl"), "n": args.n_test,
+        rl["eval"] = {"data": str(world_dir / "dev.jsonl"), "n": args.n_dev or args.n_test,
                       "every": args.eval_every, "keep_best": args.take == "best",
                       # the start is a candidate for the best (else its own evaluation,
                       # eval-sft-*, is the report's reference line)

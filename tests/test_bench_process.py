@@ -832,3 +832,19 @@ def test_one_seed_shows_no_spread_and_an_interval_over_questions_only(tmp_path, 
     assert "outcome 0.300 (1 seed)" in out[-1]
     assert "process_gain=+0.3000 process_gain_ci=" in out[-1] and \
         "paired; seed 0, resampling questions only)" in out[-1]
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--take", "best"], "--take best: needs --eval-every"),
+    (["--final-on", "dev", "--n-test", "100", "--n-dev", "50"], "both play --n-test 100"),
+])
+def test_bench_refuses_settings_that_cannot_hold_before_any_work(tmp_path, monkeypatch, argv,
+                                                                 why):
+    import sys
+
+    bench = load_bench()
+    monkeypatch.setattr(sys, "argv", ["process_ablation.py", "--work-dir", str(tmp_path),
+                                      *argv])
+    with pytest.raises(SystemExit, match=why):
+        bench.main()
+    assert not any(tmp_path.iterdir())   # nothing built
