@@ -68,8 +68,9 @@ from seekrl.rl import step_metrics as M  # noqa: E402
 DEFAULT_METHODS = "outcome,evidence,gigpo,mc_value,stratified,tree"
 
 
-def main() -> None:
-    from seekrl.recipes.pipeline import DemoConfig
+def build_parser() -> argparse.ArgumentParser:
+    """The bench's options (another bench running these runs parses its settings with it,
+    so every option has its default)."""
     from seekrl.rl.methods import PROCESS_METHODS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -91,6 +92,10 @@ def main() -> None:
                          "run's (which then runs only if --methods names it): a budget "
                          "measured before, to add a method to a setting without running "
                          "outcome-only again")
+    ap.add_argument("--budget-by", default="outcome", metavar="METHOD",
+                    help="the method whose run of --steps sets each seed's token budget (it "
+                         "runs first; the others stop at its tokens): a costlier method's, so "
+                         "that every run makes at least --steps steps' updates and episodes")
     ap.add_argument("--budget-from", type=Path, default=None,
                     help="a runs folder whose outcome-sSEED/result.json gives each seed's "
                          "budget (its rollout tokens): a setting compared with another's "
@@ -139,7 +144,14 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32",
                     help="the RL runs' and every evaluation's dtype (bf16-mixed: float32 weights, "
                          "bfloat16 products; 0.72x the float32 step on an AVX-512 BF16 CPU)")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    from seekrl.recipes.pipeline import DemoConfig
+    from seekrl.rl.methods import PROCESS_METHODS
+
+    args = build_parser().parse_args()
     methods = [m.strip() for m in (args.methods or DEFAULT_METHODS).split(",") if m.strip()]
     for m in methods:
         if m not in PROCESS_METHODS:
@@ -152,6 +164,8 @@ def main() -> None:
         args.label_tokens = _label_tokens(args.prm)   # a bad folder fails before any run
     if args.budget is not None and args.budget_from is not None:
         raise SystemExit("--budget and --budget-from: give one")
+    if args.budget_by not in PROCESS_METHODS:
+        raise SystemExit(f"--budget-by: unknown method {args.budget_by!r}")
     if args.take == "best" and not args.eval_every:
         raise SystemExit("--take best: needs --eval-every N (the dev evaluations to choose from)")
     if args.n_dev and args.final_on == "dev" and args.n_dev != args.n_test:
@@ -162,9 +176,9 @@ def main() -> None:
             raise SystemExit(f"--budget: expected a positive number of tokens, got {args.budget}")
         if args.methods is None:   # the budget is given: outcome-only runs only when named
             methods = [m for m in methods if m != "outcome"]
-    elif "outcome" not in methods:
-        methods.insert(0, "outcome")   # it sets the budget
-    methods.sort(key=lambda m: m != "outcome")
+    elif args.budget_by not in methods:
+        methods.insert(0, args.budget_by)   # it sets the budget
+    methods.sort(key=lambda m: m != args.budget_by)
     seeds = [int(s) for s in args.seeds.split(",")]
     args.overrides = parse_sets(args.set)
 
@@ -189,7 +203,7 @@ def main() -> None:
                 for method in methods:
                     result = _run(method, seed, budget, args, demo, sft, world_dir, index_dir,
                                   test_file)
-                    if method == "outcome" and budget is None:
+                    if method == args.budget_by and budget is None:
                         budget = result["rollout_tokens"]
         if not args.skip_sft_eval:   # the reference line: the starting point of every run,
             # under the runs' ranker and episode settings (a --set ranker.model=... is the

@@ -295,11 +295,13 @@ def _by_type(run_dir: Path) -> dict:
 def _baseline_run(method: str, seed: int, budget: int, args, demo, sft, world_dir, index_dir,
                   test_file) -> dict:
     """An RL run of `rl/methods.py` at `budget` generated tokens (process_ablation's runner)."""
-    from process_ablation import _run
+    from process_ablation import _run, build_parser
 
-    ns = argparse.Namespace(work_dir=args.work_dir, baseline=args.baseline, lr=None,
-                            steps=max(1, args.rl_steps), eval_every=0, n_test=args.n_test,
-                            eval_batch=args.eval_batch, device=args.device)
+    ns = build_parser().parse_args([
+        "--work-dir", str(args.work_dir), "--baseline", args.baseline,
+        "--steps", str(max(1, args.rl_steps)), "--n-test", str(args.n_test),
+        "--eval-batch", str(args.eval_batch), "--device", args.device])
+    ns.overrides, ns.label_tokens = {}, 0
     return _run(method, seed, budget, ns, demo, sft, world_dir, index_dir, test_file)
 
 

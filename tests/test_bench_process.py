@@ -848,3 +848,50 @@ def test_bench_refuses_settings_that_cannot_hold_before_any_work(tmp_path, monke
     with pytest.raises(SystemExit, match=why):
         bench.main()
     assert not any(tmp_path.iterdir())   # nothing built
+
+
+def test_the_method_that_sets_the_budget_runs_its_steps_and_the_others_spend_it(tmp_path):
+    """--budget-by METHOD: that method's run makes --steps steps and its tokens are each
+    seed's budget; a budgeted run is capped by the budget (within 10x its steps), so a
+    cheaper method makes more steps for the same tokens. Parsed with the bench's own
+    parser, the settings another bench passes (bench/prorag.py) have every default."""
+    from seekrl.recipes.pipeline import DemoConfig
+
+    bench = load_bench()
+    (tmp_path / "train.jsonl").write_text("")
+    args = bench.build_parser().parse_args(["--steps", "10", "--budget-by", "recall"])
+    args.overrides, args.label_tokens = {}, 0
+
+    def config(budget):
+        cfg, _, _ = bench._run_config("outcome", 0, budget, args, DemoConfig(),
+                                      tmp_path / "sft", tmp_path, tmp_path,
+                                      tmp_path / "runs" / "outcome-s0")
+        return cfg.steps, cfg.max_rollout_tokens
+
+    assert config(None) == (10, None) and config(5000) == (100, 5000)
+    args = bench.build_parser().parse_args([])
+    assert (args.budget_by, args.take, args.n_dev) == ("outcome", "final", None)
+
+
+def test_budget_by_runs_that_method_first_and_gives_its_tokens_to_the_others(tmp_path,
+                                                                            monkeypatch):
+    import sys
+
+    bench = load_bench()
+    import learning
+
+    calls = []
+
+    def fake_run(method, seed, budget, *rest):
+        calls.append((method, seed, budget))
+        return {"rollout_tokens": 1000 + seed}
+
+    monkeypatch.setattr(learning, "_setup", lambda *a: (tmp_path, tmp_path, tmp_path / "t",
+                                                        tmp_path / "sft"))
+    monkeypatch.setattr(bench, "_run", fake_run)
+    monkeypatch.setattr(sys, "argv", ["process_ablation.py", "--work-dir", str(tmp_path),
+                                      "--stage", "rl", "--skip-sft-eval", "--seeds", "0,1",
+                                      "--methods", "outcome,recall", "--budget-by", "recall"])
+    bench.main()
+    assert calls == [("recall", 0, None), ("outcome", 0, 1000),
+                     ("recall", 1, None), ("outcome", 1, 1001)]
