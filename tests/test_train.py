@@ -1395,6 +1395,18 @@ def test_the_recall_bonus_separates_a_group_that_all_answered_wrong(world, tiny,
     assert keys == {"algo.advantage": "dr_grpo", "reward.recall_bonus": 0.5}
     trainer = make_trainer(make_cfg(tmp_path, **keys), world, tiny, reward_fn=None)
     assert trainer.reward_fn(two_hops) == bonus[1]
+    # recall_cost: each model turn costs 0.1, so a single-hop question pays for stopping at
+    # one search, while a bridge's second hop still pays (its share 0.25 less 0.1), even
+    # when the answer is wrong
+    keys = method_overrides("recall_cost", group_size=2, baseline_advantage="dr_grpo")
+    assert keys == {"algo.advantage": "dr_grpo", "reward.recall_bonus": 0.5,
+                    "reward.turn_cost": 0.1}
+
+    def cost(t):
+        return episode_reward(t, recall_bonus=0.5, turn_cost=0.1).total
+
+    assert cost(single[0]) - cost(single[1]) == pytest.approx(0.1)
+    assert cost(two_hops) - cost(one_hop) == pytest.approx(0.15)
 
 
 def test_dtype_is_checked_when_the_config_loads():

@@ -28,6 +28,11 @@ the benchmark mean the same thing by a name. Every method is plain `TrainConfig`
   above the one that answered after the first search, and it never marks a search down
   (a second search on a single-hop question costs nothing), where the step estimators'
   normalisation over the batch's searches can.
+- `recall_cost`: `recall` with a cost of 0.1 a model turn (`reward.turn_cost`): a search
+  that finds a missing gold document earns its share of 0.5 less 0.1 (a bridge's second hop
+  +0.15, each hop of a 3-hop bridge +0.07), one that finds nothing new costs 0.1, so a
+  single-hop question pays for stopping at one search while a bridge still pays for its
+  hops, right or wrong.
 - `prm`: ProRAG's RL stage on its own: dual-granularity over a trained process reward
   model's step scores (`reward.prm`: a `seekrl prm train` folder, which this method needs;
   `seekrl demo` trains none, so it does not offer it: `seekrl prorag` runs the whole pipeline).
@@ -55,6 +60,7 @@ PROCESS_METHODS: dict[str, dict[str, Any]] = {
     "stratified": {"algo.advantage": "stratified_grpo"},
     "tree": {"algo.advantage": "tree_grpo"},
     "recall": {"reward.recall_bonus": 0.5},
+    "recall_cost": {"reward.recall_bonus": 0.5, "reward.turn_cost": 0.1},
     "prm": {"algo.advantage": "dual_granularity", "reward.process": {"prm": 1.0}},
 }
 # methods that need an input the name does not give (a trained PRM: `reward.prm`)
@@ -70,7 +76,7 @@ def method_overrides(name: str, *, group_size: int, baseline_advantage: str = "d
         raise ValueError(f"process method: expected one of {', '.join(PROCESS_METHODS)}, "
                          f"got {name!r}")
     keys = dict(PROCESS_METHODS[name])
-    if "algo.advantage" not in keys:   # outcome, recall: the baseline's own estimator
+    if "algo.advantage" not in keys:   # outcome, recall(_cost): the baseline's own estimator
         return {"algo.advantage": baseline_advantage, **keys}
     keys["algo.std_norm"] = baseline_advantage == "grpo"
     if name == "tree":
