@@ -281,6 +281,20 @@ def test_paired_gain_counts_discordant_answers_and_bootstraps_seeds_and_question
     assert bench._paired({("a", 0): None}, "a", "outcome", None) is None
 
 
+def _stand_ins(bench, monkeypatch, work, trainer, evaluate, *, take: str):
+    """`_run` with a stand-in trainer and final evaluation; the bench's arguments for it."""
+    import argparse
+
+    import seekrl.recipes.train as train_mod
+
+    cfg = argparse.Namespace(ranker=None, model_dump=lambda mode: {})
+    monkeypatch.setattr(bench, "_run_config", lambda *a: (cfg, {}, 0))
+    monkeypatch.setattr(bench, "evaluate_as_trained", evaluate)
+    monkeypatch.setattr(train_mod, "Trainer", trainer)
+    return argparse.Namespace(work_dir=work, runs_dir="runs", budget_from=None,
+                              final_on="test", device="cpu", overrides={}, take=take)
+
+
 def test_a_fresh_run_is_not_given_the_evaluation_an_earlier_policy_left_in_its_folder(
         tmp_path, monkeypatch):
     """Rerunning a method in its folder (result.json and checkpoints deleted) trains anew;
@@ -288,9 +302,7 @@ def test_a_fresh_run_is_not_given_the_evaluation_an_earlier_policy_left_in_its_f
     the trainer's overwrite does not clear) was the earlier policy's and must not be read
     back as the new one's. A resumed run keeps it (the same policy, evaluated before a
     kill)."""
-    import argparse
 
-    import seekrl.recipes.train as train_mod
 
     bench = load_bench()
     out = tmp_path / "runs" / "outcome-s0"
@@ -319,12 +331,7 @@ def test_a_fresh_run_is_not_given_the_evaluation_an_earlier_policy_left_in_its_f
         return {"average": {"em": 0.0, "f1": 0.0, "searches": 1.0, "evidence_recall": None,
                             "valid_format": 1.0}, "by_type": {}}
 
-    cfg = argparse.Namespace(ranker=None, model_dump=lambda mode: {})
-    monkeypatch.setattr(bench, "_run_config", lambda *a: (cfg, {}, 0))
-    monkeypatch.setattr(bench, "evaluate_as_trained", evaluate)
-    monkeypatch.setattr(train_mod, "Trainer", FakeTrainer)
-    args = argparse.Namespace(work_dir=tmp_path, runs_dir="runs", budget_from=None,
-                              final_on="test", device="cpu", overrides={}, take="final")
+    args = _stand_ins(bench, monkeypatch, tmp_path, FakeTrainer, evaluate, take="final")
     result = bench._run("outcome", 0, None, args, None, None, None, None, None)
     assert seen == [False] and result["em"] == 0.0 and result["per_question"] == {"q0": 0.0}
     # the step's figures kept for the curve, and the whole log beside the result
@@ -340,9 +347,7 @@ def test_take_best_judges_the_policy_of_the_best_dev_evaluation(tmp_path, monkey
     """--take best: the test questions score the run's best/ policy (not final/), on dev
     its own evaluation is read back, and the result names the step taken; without dev
     evaluations to choose from it is refused."""
-    import argparse
 
-    import seekrl.recipes.train as train_mod
 
     bench = load_bench()
     out = tmp_path / "runs" / "outcome-s0"
@@ -378,12 +383,7 @@ def test_take_best_judges_the_policy_of_the_best_dev_evaluation(tmp_path, monkey
         return {"average": {"em": 0.5, "f1": 0.5, "searches": 2.0, "evidence_recall": None,
                             "valid_format": 1.0}, "by_type": {}}
 
-    cfg = argparse.Namespace(ranker=None, model_dump=lambda mode: {})
-    monkeypatch.setattr(bench, "_run_config", lambda *a: (cfg, {}, 0))
-    monkeypatch.setattr(bench, "evaluate_as_trained", evaluate)
-    monkeypatch.setattr(train_mod, "Trainer", FakeTrainer)
-    args = argparse.Namespace(work_dir=tmp_path, runs_dir="runs", budget_from=None,
-                              final_on="test", device="cpu", overrides={}, take="best")
+    args = _stand_ins(bench, monkeypatch, tmp_path, FakeTrainer, evaluate, take="best")
     result = bench._run("outcome", 0, None, args, None, None, None, None, None)
     assert judged == [out / "best"] and result["em"] == 0.5
     assert (result["taken"], result["taken_step"]) == ("best", 1)
