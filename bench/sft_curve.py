@@ -110,8 +110,8 @@ def _point(steps: int, args, demo, index_dir: Path, test_file: Path) -> dict:
                      **args.sft_keys)
     final = out / "run" / "final"
     reused = (final / "config.json").is_file()
-    if reused:   # trained already (the other question set's
-        # point, or a kill before this one was written): the same policy, evaluated here
+    if reused:   # trained for the other question set's point, or killed before this one
+        # was written: the same policy, evaluated here
         log = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
         sft = {"final": str(final), "loss": next((r["loss"] for r in reversed(log)
                                                    if "loss" in r), None)}

@@ -299,8 +299,7 @@ class RolloutEngine:
             while waiting and len(active) < cfg.batch_size:
                 active.append(waiting.pop())
             batch = [episodes[i] for i in active]
-            rooms = [min(cfg.max_new_tokens, cfg.max_total_tokens - len(e.traj.token_ids))
-                     for e in batch]
+            rooms = [self._room(e) for e in batch]
             for e, room in zip(batch, rooms):
                 if room <= 0:
                     self._finish(e, "length")
@@ -331,19 +330,23 @@ class RolloutEngine:
         ready: list[_Episode] = []   # between turns: their rows held, next context complete
         decoding: dict[int, tuple[_Episode, int]] = {}   # key -> (episode, its turn's room)
         backend.open(max(1, min(cfg.batch_size, len(episodes))), cfg.max_new_tokens, sampling)
+
+        def leave(e: _Episode) -> None:   # a finished episode's row goes to the next one
+            backend.release(id(e))
+            if on_finish is not None:
+                on_finish(e.traj)
+
         try:
             while True:
                 go = []
                 while ready or (waiting and len(decoding) + len(go) < cfg.batch_size):
                     e = ready.pop() if ready else waiting.pop()
-                    room = min(cfg.max_new_tokens, cfg.max_total_tokens - len(e.traj.token_ids))
+                    room = self._room(e)
                     if room > 0:
                         go.append((e, room))
                         continue
                     self._finish(e, "length")
-                    backend.release(id(e))
-                    if on_finish is not None:
-                        on_finish(e.traj)
+                    leave(e)
                 if go:
                     backend.admit([id(e) for e, _ in go], [e.traj.token_ids for e, _ in go],
                                   [room for _, room in go])
@@ -355,15 +358,18 @@ class RolloutEngine:
                 self._take_turn([e for e, _ in batch],
                                 [new.cut(room) for (_, room), (_, new) in zip(batch, ended)])
                 for e, _ in batch:
-                    if not e.done:
+                    if e.done:
+                        leave(e)
+                    else:
                         ready.append(e)
-                        continue
-                    backend.release(id(e))
-                    if on_finish is not None:
-                        on_finish(e.traj)
         finally:
             backend.reset()   # ends the session, frees the cached episodes
         return [e.traj for e in episodes]
+
+    def _room(self, e: _Episode) -> int:
+        """The tokens an episode's next turn may generate: the turn limit, or what is left
+        of its length budget."""
+        return min(self.cfg.max_new_tokens, self.cfg.max_total_tokens - len(e.traj.token_ids))
 
     def _prompts(self, examples: Sequence[QAExample]
                  ) -> tuple[list[list[int]], list[Sequence[Hit]]]:

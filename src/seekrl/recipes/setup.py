@@ -89,7 +89,7 @@ def check_eval_data(eval_cfg, key: str = "eval.data") -> None:
     """Read `eval.data` as the evaluation will (its first `eval.n` questions), before a
     model loads: a typo fails in seconds, naming the key, not after training."""
     if not eval_cfg.data:
-        if getattr(eval_cfg, "keep_best", False):
+        if eval_cfg.keep_best:
             raise ConfigError(f"{key.rsplit('.', 1)[0]}.keep_best: needs evaluations to "
                               f"choose from; set {key} (a QA file, e.g. the world's dev.jsonl)")
         return
