@@ -20,6 +20,11 @@ test questions judge the RL runs from it.
 a plan-weighted, type-balanced start: `--set plan_weight=5 --set balance_types=hops`. Such
 points are kept apart (`WORK/sft-STEPS-plan_weight=5-balance_types=hops`), and the report
 reads the points of the same settings (`sft_curve-SETTINGS.png`).
+
+`--judge ordered` trains on oracle episodes whose comparisons write their decision out (the
+values in order, then the end the question wants: `seekrl oracle --judge`), written once to
+`WORK/oracle_train-judge=ordered.jsonl`; its longest answer turn needs `--max-new-tokens 160`
+(the turn limit of SFT's layout and of the evaluation). Both are part of a point's settings.
 """
 
 from __future__ import annotations
@@ -51,10 +56,18 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="an SFT key on top of the demo's recipe (a YAML value), e.g. "
                     "plan_weight=5 or balance_types=hops; repeatable")
+    ap.add_argument("--judge", choices=("values", "ordered"), default="values",
+                    help="the oracle's comparison judgement (ordered: the decision written out)")
+    ap.add_argument("--max-new-tokens", type=int, default=None,
+                    help="the turn limit of SFT's layout and the evaluation (default: the demo's)")
     args = ap.parse_args()
     args.sft_keys = _sft_keys(args.set)
+    # what else makes a point's settings: the oracle's judgement and the turn limit
+    args.variant = {k: v for k, v in (("judge", None if args.judge == "values" else args.judge),
+                                      ("max_new_tokens", args.max_new_tokens)) if v}
     budgets = sorted(int(b) for b in args.budgets.split(",") if b.strip())
-    demo = DemoConfig(n_test=args.n_test, seed=args.seed)
+    demo = DemoConfig(n_test=args.n_test, seed=args.seed,
+                      rollout={"max_new_tokens": args.max_new_tokens} if args.max_new_tokens else {})
     started = time.time()
     if not args.report:
         from learning import _world
@@ -67,9 +80,26 @@ def main() -> None:
             raise SystemExit(f"--n-test: the world has {len(test)} {args.on} questions")
         test_file = args.work_dir / f"{args.on}_questions.jsonl"
         write_qa_jsonl(test_file, test)
+        oracle = _oracle(args, demo, world_dir, index_dir)
         for steps in budgets:
-            _point(steps, args, demo, index_dir, test_file)
-    _report(args.work_dir, started, args.dtype, args.sft_keys, args.on)
+            _point(steps, args, demo, index_dir, test_file, oracle)
+    _report(args.work_dir, started, args.dtype, {**args.sft_keys, **args.variant}, args.on)
+
+
+def _oracle(args, demo, world_dir: Path, index_dir: Path) -> Path:
+    """The oracle episodes SFT trains on: the world's (`_world` writes them) or, with another
+    judgement, written here once."""
+    if args.judge == "values":
+        return args.work_dir / "oracle_train.jsonl"
+    from seekrl.agent.oracle import write_oracle_trajectories
+    from seekrl.data.qa import read_qa_jsonl
+    from seekrl.retrieval.index import load_index
+
+    out = args.work_dir / f"oracle_train-judge={args.judge}.jsonl"
+    if not out.is_file():
+        write_oracle_trajectories(read_qa_jsonl(world_dir / "train.jsonl"), load_index(index_dir),
+                                  out, k=demo.rollout.topk, judge=args.judge)
+    return out
 
 
 def _sft_keys(pairs: list[str]) -> dict:
@@ -91,21 +121,21 @@ def _tag(keys: dict) -> str:
     return "".join(f"-{k}={text(v)}" for k, v in keys.items())
 
 
-def _point(steps: int, args, demo, index_dir: Path, test_file: Path) -> dict:
+def _point(steps: int, args, demo, index_dir: Path, test_file: Path, oracle: Path) -> dict:
     from process_ablation import _evaluate
 
     from seekrl.recipes.pipeline import sft_config
     from seekrl.recipes.sft import run_sft
 
     out = args.work_dir / ((f"sft-{steps}" if args.dtype == "float32" else f"sft-{steps}-{args.dtype}")
-                           + _tag(args.sft_keys))
+                           + _tag({**args.sft_keys, **args.variant}))
     done = out / _point_name(args.on)
     if done.is_file():
         return json.loads(done.read_text())
     t0 = time.time()
     # a run killed before its point goes on from its last checkpoint (every 10 steps)
     resume = (out / "run" / "checkpoints" / "latest").is_file()
-    cfg = sft_config(demo, args.work_dir / "oracle_train.jsonl", out / "run", max_steps=steps,
+    cfg = sft_config(demo, oracle, out / "run", max_steps=steps,
                      device=args.device, dtype=args.dtype, save_every=10, keep_last=1,
                      **args.sft_keys)
     final = out / "run" / "final"
@@ -134,8 +164,8 @@ def _point(steps: int, args, demo, index_dir: Path, test_file: Path) -> dict:
              # follow the question searches once for single-hop, twice for bridges)
              "searches_by_type": {k: v.get("searches") for k, v in types.items()},
              "planned_by_type": {k: v.get("planned_lookups") for k, v in types.items()}}
-    if args.sft_keys:   # older points, without the field, used the recipe as it is
-        point["settings"] = args.sft_keys
+    if args.sft_keys or args.variant:   # older points, without the field, used the recipe
+        point["settings"] = {**args.sft_keys, **args.variant}
     done.write_text(json.dumps(point, indent=1))
     print(f"sft {steps} steps: EM {avg['em']:.3f} valid {avg['valid_format']:.2f} searches "
           f"{avg['searches']:.2f} ({point['minutes']:.1f} min)", flush=True)

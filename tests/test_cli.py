@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,17 @@ def test_world_index_search_oracle(tmp_path):
     r = run("oracle", "--world", w, "--index", tmp_path / "idx", "--out", tmp_path / "x.jsonl",
             "--plan", "steps")
     assert r.exit_code == 2 and "plan: expected one of count, none, got 'steps'" in r.output
+    assert not (tmp_path / "x.jsonl").exists()
+    r = run("oracle", "--world", w, "--index", tmp_path / "idx", "--out", tmp_path / "j.jsonl",
+            "--judge", "ordered")
+    assert r.exit_code == 0, r.output
+    compared = [line for line in (tmp_path / "j.jsonl").read_text().splitlines()
+                if "Comparing: " in line]
+    assert compared and all(re.search(r"From smallest to largest: | are (the same|different)\.",
+                                      line) for line in compared)
+    r = run("oracle", "--world", w, "--index", tmp_path / "idx", "--out", tmp_path / "x.jsonl",
+            "--judge", "sorted")
+    assert r.exit_code == 2 and "judge: expected one of values, ordered, got 'sorted'" in r.output
     assert not (tmp_path / "x.jsonl").exists()
 
     # a second index into the same folder is refused, not silently replaced

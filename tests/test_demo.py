@@ -80,12 +80,14 @@ def test_a_bad_setting_fails_before_the_old_run_is_removed(tmp_path, bad, messag
     assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
 
 
-@pytest.mark.parametrize("max_queries", [1, 3])
-def test_every_oracle_turn_of_the_demo_world_fits_the_demo_turn_limit(tmp_path, max_queries):
+@pytest.mark.parametrize("max_queries,judge", [(1, "values"), (3, "values"), (1, "ordered")])
+def test_every_oracle_turn_of_the_demo_world_fits_the_demo_turn_limit(tmp_path, max_queries,
+                                                                      judge):
     """A turn the SFT data teaches but the rollouts' limit cuts is an invalid turn the policy
     was trained to write (2026-11-27: 23% of comparison answers ran past a 64-token limit).
     The demo's limit holds every sequential oracle turn of its world, with the bundled
-    tokenizer; the parallel bench's own limit (160) holds the parallel oracle's."""
+    tokenizer; 160 (the parallel bench's limit, and `bench/sft_curve.py --judge ordered`'s)
+    holds the parallel oracle's and the written-out comparisons'."""
     from seekrl.agent.oracle import write_oracle_trajectories
     from seekrl.data.qa import read_qa_jsonl
     from seekrl.data.world import generate_world, write_world
@@ -100,12 +102,12 @@ def test_every_oracle_turn_of_the_demo_world_fits_the_demo_turn_limit(tmp_path, 
                                    show_progress=False))
     oracle = tmp_path / "oracle.jsonl"
     write_oracle_trajectories(read_qa_jsonl(paths["train"]), index, oracle,
-                              k=demo.rollout.topk, max_queries=max_queries)
+                              k=demo.rollout.topk, max_queries=max_queries, judge=judge)
     examples, _ = load_sft_examples(oracle, load_tokenizer(demo.model),
                                     max_info_tokens=demo.rollout.max_info_tokens,
                                     only_complete=False, max_queries=max_queries)
     longest = max(e.longest_turn for e in examples)
-    limit = demo.rollout.max_new_tokens if max_queries == 1 else 160
-    print(f"max_queries={max_queries} episodes={len(examples)} longest_turn={longest} "
+    limit = demo.rollout.max_new_tokens if (max_queries, judge) == (1, "values") else 160
+    print(f"max_queries={max_queries} judge={judge} episodes={len(examples)} longest_turn={longest} "
           f"limit={limit}")
     assert longest <= limit

@@ -7,6 +7,8 @@ import re
 
 import pytest
 from conftest import build_world_and_index
+from hypothesis import given
+from hypothesis import strategies as st
 
 from seekrl.agent.oracle import oracle_episode, write_oracle_trajectories
 from seekrl.data.qa import QAExample
@@ -135,3 +137,83 @@ def test_a_comparison_answer_reads_the_document_then_compares(setup):
                                      "<think> The documents say: ")), think
             assert think.endswith(f" Comparing: {ex.metadata['judgement']}. So the answer "
                                   f"is {ex.golden_answers[0]}. "), think
+
+
+def test_an_ordered_judgement_writes_the_comparison_out_and_changes_nothing_else(setup):
+    """`judge="ordered"` adds the decision after the values: numbers in order and the end
+    the question wants (whose value is the answer's), or whether a "same" question's two
+    values are the same (yes) or different (no). Every other turn, and every question that
+    compares nothing, stays as it was."""
+    world, index = setup
+    seen = {"compare": 0, "same": 0}
+    for ex in world.splits["train"]:
+        for max_queries in (1, 3):
+            plain = oracle_episode(ex, index, k=3, max_queries=max_queries)
+            ordered = oracle_episode(ex, index, k=3, max_queries=max_queries, judge="ordered")
+            assert ordered["turns"][:-1] == plain["turns"][:-1]
+            judgement = ex.metadata.get("judgement")
+            if not judgement:
+                assert ordered == plain
+                continue
+            base = f" Comparing: {judgement}. "
+            head, _, tail = ordered["turns"][-1]["content"].partition(base)
+            assert plain["turns"][-1]["content"].startswith(head + base), tail
+            decision, _, rest = tail.partition(" So the answer is ")
+            answer = ex.golden_answers[0]
+            assert rest.startswith(f"{answer}. </think>")
+            values = [part.rpartition(": ")[2] for part in judgement.split("; ")]
+            if answer in ("yes", "no"):
+                seen["same"] += 1
+                assert decision == (f"{values[0]} and {values[1]} are "
+                                    f"{'the same' if answer == 'yes' else 'different'}.")
+                assert (values[0] == values[1]) == (answer == "yes")
+                continue
+            seen["compare"] += 1
+            m = re.fullmatch(r"From smallest to largest: (.+)\. The question wants the "
+                             r"(smallest|largest), (.+): (.+)\.", decision)
+            assert m, decision
+            ordered_values = m.group(1).split(" < ")
+            numbers = [int(v.replace(",", "")) for v in ordered_values]
+            assert sorted(ordered_values) == sorted(values) and numbers == sorted(numbers)
+            assert m.group(3) == (ordered_values[0] if m.group(2) == "smallest"
+                                  else ordered_values[-1])
+            assert m.group(4) == answer
+            names = [part.rpartition(": ")[0] for part in judgement.split("; ")]
+            assert values[names.index(answer)] == m.group(3)
+    assert seen["compare"] and seen["same"], seen
+
+
+@given(st.lists(st.integers(1, 10**7), min_size=2, max_size=3, unique=True), st.booleans(),
+       st.booleans())
+def test_the_ordered_decision_names_the_winner_of_any_values(numbers, larger, commas):
+    """For any distinct values (with or without thousands separators), the decision lists
+    them in order and wants the end whose value the answer has."""
+    from seekrl.agent.oracle import _decision
+
+    names = [f"Entity {'ABC'[i]}" for i in range(len(numbers))]
+    shown = [f"{n:,}" if commas else str(n) for n in numbers]
+    winner = names[numbers.index(max(numbers) if larger else min(numbers))]
+    ex = QAExample(id="q", question="?", golden_answers=[winner], metadata={})
+    text = _decision(ex, "; ".join(f"{a}: {v}" for a, v in zip(names, shown)))
+    order = sorted(range(len(numbers)), key=numbers.__getitem__)
+    end = "largest" if larger else "smallest"
+    assert text == (f"From smallest to largest: {' < '.join(shown[i] for i in order)}. "
+                    f"The question wants the {end}, {shown[names.index(winner)]}: {winner}.")
+
+
+def test_an_unknown_judge_and_a_judgement_it_cannot_read_are_refused(setup, tmp_path):
+    from seekrl.agent.oracle import _decision
+
+    world, index = setup
+    with pytest.raises(ValueError, match=r"judge: expected one of values, ordered, got 'sorted'"):
+        oracle_episode(world.splits["train"][0], index, judge="sorted")
+    with pytest.raises(ValueError, match="judge: expected"):
+        write_oracle_trajectories(world.splits["dev"], index, tmp_path / "o.jsonl", judge="")
+    assert not (tmp_path / "o.jsonl").exists()
+    ex = QAExample(id="q7", question="?", golden_answers=["C"], metadata={})
+    with pytest.raises(ValueError, match=r"question q7: answer 'C' is none of"):
+        _decision(ex, "A: 1900; B: 1950")
+    with pytest.raises(ValueError, match=r"question q7: judgement 'A 1900; B 1950': expected"):
+        _decision(ex, "A 1900; B 1950")
+    with pytest.raises(ValueError, match=r"question q7: .*expected numbers"):
+        _decision(ex, "A: old; C: new")

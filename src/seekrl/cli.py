@@ -369,15 +369,19 @@ def oracle(
         help="the first turn's plan: count (\"To answer this I need N lookups.\") or none "
              "(only the first lookup; whether to search again is decided after reading)")
     ] = "count",
+    judge: Annotated[str, typer.Option(
+        help="a comparison's last turn: values (side by side) or ordered (also the values "
+             "in order and the end the question wants, then the answer)")] = "values",
     overwrite: Annotated[bool, typer.Option(help="replace an existing out file")] = False,
 ):
     """Write oracle trajectories (the ideal search episodes) for the SFT warm-up."""
-    from seekrl.agent.oracle import check_plan, write_oracle_trajectories
+    from seekrl.agent.oracle import check_judge, check_plan, write_oracle_trajectories
     from seekrl.data.qa import read_qa_jsonl
     from seekrl.retrieval.index import check_index_corpus, load_index
 
     try:
         check_plan(plan)   # before anything is read
+        check_judge(judge)
         if split not in ("train", "dev", "test"):
             raise ValueError(f"--split: expected train, dev or test, got {split!r}")
         if limit is not None and limit < 1:
@@ -403,7 +407,7 @@ def oracle(
         if not 1 <= max_queries <= 8:
             raise ValueError(f"--max-queries: expected 1 to 8, got {max_queries}")
         stats = write_oracle_trajectories(examples, retriever, out, k=k, max_queries=max_queries,
-                                          plan=plan)
+                                          plan=plan, judge=judge)
     except ERRORS as err:
         _fail(err)
     console.print(f"{stats.summary()} -> {out}")

@@ -18,6 +18,13 @@ the question (a short warm-up's may not). An episode is a list of turns:
 `{"role": "assistant", "content": "<think>...</think>\\n<search>...</search>"}` and
 `{"role": "information", "content": "<information>...</information>"}`, ending with the
 assistant's `<answer>`; the SFT warm-up tokenises it with the policy's chat template.
+
+A comparison's last turn sets the values side by side (`judge="values"`, the default:
+"Comparing: A: 1949; B: 1984."). `judge="ordered"` then writes the decision out in two small
+steps, each a few tokens from what it rests on: the values in order ("From smallest to
+largest: 1949 < 1984.") and the end the question asks for ("The question wants the
+smallest, 1949: A."); a "same" question's values get "the same" or "different". A briefly
+trained policy reads both values right and then names either entity about as often.
 """
 
 from __future__ import annotations
@@ -89,6 +96,14 @@ def check_plan(plan: str) -> None:
         raise ValueError(f"plan: expected one of {', '.join(PLANS)}, got {plan!r}")
 
 
+JUDGES = ("values", "ordered")
+
+
+def check_judge(judge: str) -> None:
+    if judge not in JUDGES:
+        raise ValueError(f"judge: expected one of {', '.join(JUDGES)}, got {judge!r}")
+
+
 PLAN_LEAD = "To answer this I need "   # the `count` plan's words before its number
 
 
@@ -100,10 +115,12 @@ def _lead(steps: list[list[dict]], plan: str) -> str:
 
 def oracle_episode(example: QAExample, retriever: Retriever, *, k: int = 3,
                    stats: OracleStats | None = None, max_queries: int = 1,
-                   plan: str = "count") -> dict:
+                   plan: str = "count", judge: str = "values") -> dict:
     """The ideal episode for one question whose metadata carries a hop `chain`; with
-    `max_queries` > 1, independent lookups share a search turn; `plan` as in the module."""
+    `max_queries` > 1, independent lookups share a search turn; `plan` and `judge` as in
+    the module."""
     check_plan(plan)
+    check_judge(judge)
     chain = example.metadata.get("chain")
     if not chain:
         raise ValueError(f"question {example.id}: metadata has no 'chain'; oracle trajectories "
@@ -112,7 +129,7 @@ def oracle_episode(example: QAExample, retriever: Retriever, *, k: int = 3,
     stats.questions += 1
     steps = _search_steps(chain)
     if max_queries > 1:
-        return _parallel_episode(example, retriever, steps, k, stats, max_queries, plan)
+        return _parallel_episode(example, retriever, steps, k, stats, max_queries, plan, judge)
     turns: list[dict] = []
     complete = True
     lead = _lead(steps, plan) + f"First I will look for {_want(steps[0])}."
@@ -141,11 +158,12 @@ def oracle_episode(example: QAExample, retriever: Retriever, *, k: int = 3,
             lead = f"The document says: {facts} Next I need {_want(steps[i + 1])}."
         else:
             lead = f"The document says: {facts}"
-    return _episode(example, turns, lead, complete, stats)
+    return _episode(example, turns, lead, complete, stats, judge)
 
 
 def _parallel_episode(example: QAExample, retriever: Retriever, steps: list[list[dict]],
-                      k: int, stats: OracleStats, max_queries: int, plan: str) -> dict:
+                      k: int, stats: OracleStats, max_queries: int, plan: str,
+                      judge: str) -> dict:
     """`oracle_episode` with independent lookups searched together (see the module)."""
     chunks = [wave[i:i + max_queries] for wave in _waves(steps)
               for i in range(0, len(wave), max_queries)]
@@ -175,13 +193,13 @@ def _parallel_episode(example: QAExample, retriever: Retriever, steps: list[list
         lead = f"The documents say: {' '.join(facts)}"
         if c + 1 < len(chunks):
             lead += " " + _plan(steps, chunks[c + 1])
-    return _episode(example, turns, lead, complete, stats)
+    return _episode(example, turns, lead, complete, stats, judge)
 
 
 def _episode(example: QAExample, turns: list[dict], lead: str, complete: bool,
-             stats: OracleStats) -> dict:
+             stats: OracleStats, judge: str = "values") -> dict:
     """The episode's record: its turns, then the answer after the last `lead`."""
-    turns.append(_answer_turn(example, lead))
+    turns.append(_answer_turn(example, lead, judge))
     if not complete:
         stats.incomplete += 1
     return {"id": example.id, "question": example.question,
@@ -197,16 +215,48 @@ def _plan(steps: list[list[dict]], chunk: list[int], first: bool = False) -> str
             "which do not depend on each other: I will search for them together.")
 
 
-def _answer_turn(example: QAExample, lead: str) -> dict:
+def _answer_turn(example: QAExample, lead: str, judge: str = "values") -> dict:
     """The last turn: what the last document says, the judgement (a comparison's values side
-    by side), the answer. Its opening stays the one every turn after a document has: a
-    comparison whose last turn opened at the judgement instead looks, to a briefly trained
-    policy, like a bridge's, which it then answers with the last value read."""
+    by side; with `judge="ordered"` the decision written out too), the answer. Its opening
+    stays the one every turn after a document has: a comparison whose last turn opened at
+    the judgement instead looks, to a briefly trained policy, like a bridge's, which it then
+    answers with the last value read."""
     judgement = example.metadata.get("judgement")
     answer = example.golden_answers[0]
-    final = lead + (f" Comparing: {judgement}." if judgement else "") + \
-        f" So the answer is {answer}."
+    final = lead
+    if judgement:
+        final += f" Comparing: {judgement}."
+        if judge == "ordered":
+            final += " " + _decision(example, judgement)
+    final += f" So the answer is {answer}."
     return {"role": "assistant", "content": f"{tag(THINK, final)}\n{tag(ANSWER, answer)}"}
+
+
+def _decision(example: QAExample, judgement: str) -> str:
+    """A comparison's decision in small steps: numbers in order, then the end the question
+    wants and whose it is; a "same" question's two values the same or different."""
+    pairs = [part.rpartition(": ") for part in judgement.split("; ")]
+    if any(not sep for _, sep, _ in pairs) or len(pairs) < 2:
+        raise ValueError(f"question {example.id}: judgement {judgement!r}: expected "
+                         "'name: value' pairs separated by '; '")
+    names = [name for name, _, _ in pairs]
+    values = [value for _, _, value in pairs]
+    answer = example.golden_answers[0]
+    if answer in ("yes", "no"):   # a "same" question
+        return f"{values[0]} and {values[1]} are {'the same' if answer == 'yes' else 'different'}."
+    try:
+        numbers = [int(v.replace(",", "")) for v in values]
+    except ValueError:
+        raise ValueError(f"question {example.id}: judgement {judgement!r}: expected numbers "
+                         "to compare") from None
+    if answer not in names:
+        raise ValueError(f"question {example.id}: answer {answer!r} is none of the judgement's "
+                         f"names ({', '.join(names)})")
+    won = numbers[names.index(answer)]
+    end = "smallest" if won == min(numbers) else "largest"
+    ordered = " < ".join(values[i] for i in sorted(range(len(values)), key=numbers.__getitem__))
+    return (f"From smallest to largest: {ordered}. The question wants the {end}, "
+            f"{values[names.index(answer)]}: {answer}.")
 
 
 def _found(hits: list[Hit], gold: str) -> bool:
@@ -236,10 +286,11 @@ def _info_turn_many(queries: list[str], hits: list[list[Hit]]) -> dict:
 
 def write_oracle_trajectories(examples: Iterable[QAExample], retriever: Retriever,
                               out: str | Path, *, k: int = 3, max_queries: int = 1,
-                              plan: str = "count") -> OracleStats:
+                              plan: str = "count", judge: str = "values") -> OracleStats:
     """Write the oracle episodes of `examples` to `out`: into a temporary file renamed over
     `out` at the end, so a run that fails half-way never costs an older file."""
     check_plan(plan)
+    check_judge(judge)
     stats = OracleStats()
     out = Path(out)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
@@ -247,7 +298,8 @@ def write_oracle_trajectories(examples: Iterable[QAExample], retriever: Retrieve
         with open(tmp, "w", encoding="utf-8") as f:
             for ex in examples:
                 f.write(json.dumps(oracle_episode(ex, retriever, k=k, stats=stats,
-                                                  max_queries=max_queries, plan=plan),
+                                                  max_queries=max_queries, plan=plan,
+                                                  judge=judge),
                                    ensure_ascii=False) + "\n")
         os.replace(tmp, out)
     finally:
