@@ -20,11 +20,11 @@ the question (a short warm-up's may not). An episode is a list of turns:
 assistant's `<answer>`; the SFT warm-up tokenises it with the policy's chat template.
 
 A comparison's last turn sets the values side by side (`judge="values"`, the default:
-"Comparing: A: 1949; B: 1984."). `judge="ordered"` then writes the decision out in two small
-steps, each a few tokens from what it rests on: the values in order ("From smallest to
-largest: 1949 < 1984.") and the end the question asks for ("The question wants the
-smallest, 1949: A."); a "same" question's values get "the same" or "different". A briefly
-trained policy reads both values right and then names either entity about as often.
+"Comparing: A: 1949; B: 1984."). `judge="ordered"` then writes the decision out in two
+small steps: the values in order ("From smallest to largest: 1949 < 1984.") and the end the
+question asks for ("The question wants the smallest, 1949: A."); a "same" question's values
+get "the same" or "different". It is for a policy that copies both values right and then
+names either entity: each step then rests on tokens a few positions back.
 """
 
 from __future__ import annotations
