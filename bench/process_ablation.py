@@ -481,9 +481,11 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
 
 
 # per-step figures a result keeps as lists (TRAIN + name): reward and EM, the signal, the
-# update's health and the hop decision
+# update's health (KL to the sampler, approx_kl, always; to the reference, kl, with one)
+# and the hop decision
 STEP_CURVES = (M.EM, M.VALID_FORMAT, M.GROUPS_WITH_SIGNAL, M.GROUPS_SOLVED, M.UPDATES,
-               M.CLIP_FRAC, M.KL, M.ENTROPY, M.GRAD_NORM, M.LOOKUPS_BY_KIND, M.ROLLOUT_TOKENS)
+               M.CLIP_FRAC, M.APPROX_KL, M.KL, M.ENTROPY, M.GRAD_NORM, M.LOOKUPS_BY_KIND,
+               M.ROLLOUT_TOKENS)
 
 
 def _keep_log(out: Path) -> str:
