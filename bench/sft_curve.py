@@ -62,9 +62,7 @@ def main() -> None:
                     help="the turn limit of SFT's layout and the evaluation (default: the demo's)")
     args = ap.parse_args()
     args.sft_keys = _sft_keys(args.set)
-    # what else makes a point's settings: the oracle's judgement and the turn limit
-    args.variant = {k: v for k, v in (("judge", None if args.judge == "values" else args.judge),
-                                      ("max_new_tokens", args.max_new_tokens)) if v}
+    args.variant = _variant(args.judge, args.max_new_tokens)
     budgets = sorted(int(b) for b in args.budgets.split(",") if b.strip())
     demo = DemoConfig(n_test=args.n_test, seed=args.seed,
                       rollout={"max_new_tokens": args.max_new_tokens} if args.max_new_tokens else {})
@@ -84,6 +82,22 @@ def main() -> None:
         for steps in budgets:
             _point(steps, args, demo, index_dir, test_file, oracle)
     _report(args.work_dir, started, args.dtype, {**args.sft_keys, **args.variant}, args.on)
+
+
+ORDERED_TURN_LIMIT = 160   # the written-out comparisons' longest turn is ~156 tokens
+
+
+def _variant(judge: str, max_new_tokens: int | None) -> dict:
+    """What besides SFT keys makes a point's settings: the oracle's judgement and the turn
+    limit, each where it is not the default (today's folders and points otherwise)."""
+    from seekrl.config import DEFAULT_MAX_NEW_TOKENS
+
+    if judge == "ordered" and (max_new_tokens or DEFAULT_MAX_NEW_TOKENS) < ORDERED_TURN_LIMIT:
+        raise SystemExit(f"--judge ordered: its comparisons' last turns run to ~156 tokens; "
+                         f"give --max-new-tokens {ORDERED_TURN_LIMIT} (or more), or rollouts "
+                         "would cut them")
+    return {k: v for k, v in (("judge", None if judge == "values" else judge),
+                              ("max_new_tokens", max_new_tokens)) if v}
 
 
 def _oracle(args, demo, world_dir: Path, index_dir: Path) -> Path:

@@ -385,6 +385,47 @@ def test_sft_curve_passes_the_keys_and_keeps_their_points_apart():
         _sft_keys(["plan_weight"])
 
 
+def test_sft_curve_keeps_a_judgement_and_turn_limit_apart_and_writes_their_oracle_once(
+        tmp_path):
+    """`--judge ordered` and `--max-new-tokens` are part of a point's settings (its folder and
+    `settings`), the default leaves today's folders; the ordered judgement is refused at a
+    turn limit that would cut its comparisons; its oracle episodes are written once."""
+    import argparse
+    import sys
+    from pathlib import Path
+
+    from conftest import build_world_and_index
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from sft_curve import _oracle, _tag, _variant
+
+    from seekrl.recipes.pipeline import DemoConfig
+
+    assert _variant("values", None) == {}
+    variant = _variant("ordered", 160)
+    assert variant == {"judge": "ordered", "max_new_tokens": 160}
+    assert _tag({"plan_weight": 10, **variant}) == "-plan_weight=10-judge=ordered-max_new_tokens=160"
+    with pytest.raises(SystemExit, match="--max-new-tokens 160"):
+        _variant("ordered", None)
+    with pytest.raises(SystemExit, match="--max-new-tokens 160"):
+        _variant("ordered", 128)
+
+    _, paths, index_dir = build_world_and_index(tmp_path / "world", seed=5, difficulty="medium",
+                                                entities=200, n_train=40, n_dev=4, n_test=4)
+    demo = DemoConfig(rollout={"max_new_tokens": 160})
+    assert (demo.rollout.topk, demo.rollout.max_info_tokens) == (2, 256)   # the demo's still
+    args = argparse.Namespace(judge="values", work_dir=tmp_path)
+    assert _oracle(args, demo, tmp_path / "world", index_dir) == tmp_path / "oracle_train.jsonl"
+    args.judge = "ordered"
+    out = _oracle(args, demo, tmp_path / "world", index_dir)
+    assert out == tmp_path / "oracle_train-judge=ordered.jsonl"
+    episodes = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(episodes) == 40
+    assert any("From smallest to largest: " in e["turns"][-1]["content"] for e in episodes)
+    out.write_text("kept\n")   # written once: a second call reads what is there
+    assert _oracle(args, demo, tmp_path / "world", index_dir).read_text() == "kept\n"
+
+
 def test_sft_curve_report_reads_the_points_of_the_questions_asked(tmp_path, capsys):
     """--on dev points (point-dev.json) and test points sit in the same folders; each
     report reads its own, with the hop decision per type."""
