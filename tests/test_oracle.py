@@ -112,12 +112,14 @@ def test_the_plan_without_a_count_changes_only_the_first_thought(setup, max_quer
             {k: v for k, v in counted.items() if k != "turns"}
 
 
-def test_an_unknown_plan_is_refused_by_name(setup, tmp_path):
+@pytest.mark.parametrize("key,bad,choices", [("plan", "steps", "count, none"),
+                                             ("judge", "sorted", "values, ordered")])
+def test_an_unknown_plan_or_judge_is_refused_by_name(setup, tmp_path, key, bad, choices):
     world, index = setup
-    with pytest.raises(ValueError, match=r"plan: expected one of count, none, got 'steps'"):
-        oracle_episode(world.splits["train"][0], index, plan="steps")
-    with pytest.raises(ValueError, match="plan: expected"):
-        write_oracle_trajectories(world.splits["dev"], index, tmp_path / "o.jsonl", plan="")
+    with pytest.raises(ValueError, match=rf"{key}: expected one of {choices}, got '{bad}'"):
+        oracle_episode(world.splits["train"][0], index, **{key: bad})
+    with pytest.raises(ValueError, match=f"{key}: expected"):
+        write_oracle_trajectories(world.splits["dev"], index, tmp_path / "o.jsonl", **{key: ""})
     assert not (tmp_path / "o.jsonl").exists()
 
 
@@ -201,15 +203,9 @@ def test_the_ordered_decision_names_the_winner_of_any_values(numbers, larger, co
                     f"The question wants the {end}, {shown[names.index(winner)]}: {winner}.")
 
 
-def test_an_unknown_judge_and_a_judgement_it_cannot_read_are_refused(setup, tmp_path):
+def test_a_judgement_the_ordered_decision_cannot_read_is_refused_naming_the_question():
     from seekrl.agent.oracle import _decision
 
-    world, index = setup
-    with pytest.raises(ValueError, match=r"judge: expected one of values, ordered, got 'sorted'"):
-        oracle_episode(world.splits["train"][0], index, judge="sorted")
-    with pytest.raises(ValueError, match="judge: expected"):
-        write_oracle_trajectories(world.splits["dev"], index, tmp_path / "o.jsonl", judge="")
-    assert not (tmp_path / "o.jsonl").exists()
     ex = QAExample(id="q7", question="?", golden_answers=["C"], metadata={})
     with pytest.raises(ValueError, match=r"question q7: answer 'C' is none of"):
         _decision(ex, "A: 1900; B: 1950")
