@@ -16,7 +16,10 @@ final policy is evaluated greedily on the same `--n-test` test questions (200 by
 
 Each run keeps `WORK/runs/METHOD-sSEED/result.json` once it is done and is not run again,
 so a run can be split: `--stage sft` once, then one process per method or seed (in
-parallel on a GPU), then `--stage report`. Prints `key=value` figures (test EM mean and
+parallel on a GPU), then `--stage report`. `--stage keep --keep-to bench/records` copies
+the runs folder's small records there (results, configs, gzipped step logs, each
+evaluation's figures and per-question EM; a run still going as `RUN-partial`), which the
+report reads as it reads the runs themselves. Prints `key=value` figures (test EM mean and
 std over seeds per method and per question type, searches per episode, evidence recall,
 steps and rollout tokens), draws `process_ablation.png` and `learning_curves.png` (EM at
 each evaluation against steps and rollout tokens, each seed's line, and the training
@@ -76,7 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/seekrl-process"))
     ap.add_argument("--sft", type=Path, default=None, help="SFT checkpoint (default: train one)")
-    ap.add_argument("--stage", choices=("all", "sft", "rl", "report"), default="all")
+    ap.add_argument("--stage", choices=("all", "sft", "rl", "report", "keep"), default="all",
+                    help="keep: copy the runs folder's small records (finished runs and those "
+                         "still going, as RUN-partial) into --keep-to, for the report there")
+    ap.add_argument("--keep-to", type=Path, default=None, metavar="DIR",
+                    help="--stage keep: where the records go (DIR/RUNS_DIR, e.g. bench/records)")
     ap.add_argument("--methods", default=None,
                     help=f"comma-separated, from: {', '.join(PROCESS_METHODS)} (default: "
                          f"{DEFAULT_METHODS}; with a budget given, outcome runs only if named)")
@@ -166,6 +173,11 @@ def main() -> None:
         raise SystemExit("--budget and --budget-from: give one")
     if args.budget_by not in PROCESS_METHODS:
         raise SystemExit(f"--budget-by: unknown method {args.budget_by!r}")
+    if args.stage == "keep":
+        if args.keep_to is None:
+            raise SystemExit("--stage keep: needs --keep-to DIR (e.g. bench/records)")
+        _keep(args.work_dir / args.runs_dir, args.keep_to / args.runs_dir)
+        return
     if args.take == "best" and not args.eval_every:
         raise SystemExit("--take best: needs --eval-every N (the dev evaluations to choose from)")
     if args.n_dev and args.final_on == "dev" and args.n_dev != args.n_test:
@@ -497,6 +509,60 @@ def _keep_log(out: Path) -> str:
             gzip.open(out / "metrics.jsonl.gz", "wb", compresslevel=9) as dst:
         shutil.copyfileobj(src, dst)
     return "metrics.jsonl.gz"
+
+
+def _keep(runs: Path, to: Path) -> None:
+    """A runs folder's records, small, in the layout the report reads: each run's
+    result.json, config and gzipped step log, and each evaluation's figures and per-question
+    EM (`eval/step-N` as `eval-step-N`, the final one as `eval-test` or `eval-dev`), the
+    start's evaluations (`eval-sft-*`) likewise. A run without its result yet (still going,
+    or killed) goes to `RUN-partial`, which its finished records replace. Checkpoints and
+    trajectories stay behind: a machine can lose them, these figures it cannot."""
+    import gzip
+
+    if not runs.is_dir():
+        raise SystemExit(f"--stage keep: {runs} is not a runs folder")
+
+    def evaluation(src: Path, dst: Path) -> bool:
+        if not (src / "metrics.json").is_file():
+            return False
+        dst.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src / "metrics.json", dst / "metrics.json")
+        per = _per_question(src)
+        if per is not None:
+            (dst / "per_question.json").write_text(json.dumps(per, indent=0, sort_keys=True))
+        return True
+
+    kept = []
+    for src in sorted(runs.iterdir()):
+        if src.is_dir() and src.name.startswith("eval-") and evaluation(src, to / src.name):
+            kept.append(src.name)
+        if not (src.is_dir() and (src / "metrics.jsonl").is_file()):
+            continue
+        done = (src / "result.json").is_file()
+        dst = to / (src.name if done else f"{src.name}-partial")
+        shutil.rmtree(dst, ignore_errors=True)
+        dst.mkdir(parents=True)
+        if done:
+            shutil.copy(src / "result.json", dst / "result.json")
+            shutil.rmtree(to / f"{src.name}-partial", ignore_errors=True)
+        if (src / "config.yaml").is_file():
+            shutil.copy(src / "config.yaml", dst / "config.yaml")
+        with open(src / "metrics.jsonl", "rb") as f, \
+                gzip.open(dst / "metrics.jsonl.gz", "wb", compresslevel=9) as g:
+            shutil.copyfileobj(f, g)
+        probes = sorted((d for d in (src / "eval").glob("*") if d.is_dir()),
+                        key=lambda d: (len(d.name), d.name)) if (src / "eval").is_dir() else []
+        got = [d.name for d in probes if evaluation(d, dst / f"eval-{d.name}")]
+        got += [d.name for d in sorted(src.glob("eval-*")) if evaluation(d, dst / d.name)]
+        steps = sum(M.EPISODES in json.loads(line)
+                    for line in (src / "metrics.jsonl").read_text().splitlines() if line.strip())
+        kept.append(f"{dst.name} ({steps} steps; {', '.join(got) or 'no evaluations'})")
+    if not kept:
+        raise SystemExit(f"--stage keep: no runs or evaluations under {runs}")
+    for k in kept:
+        print(f"kept={to}/{k}")
+    print(f"keep: {len(kept)} records from {runs} in {to}")
 
 
 def _evaluate(model_dir: Path, out: Path, index_dir: Path, test_file: Path, demo, args,

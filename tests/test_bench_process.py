@@ -837,6 +837,7 @@ def test_one_seed_shows_no_spread_and_an_interval_over_questions_only(tmp_path, 
 @pytest.mark.parametrize("argv, why", [
     (["--take", "best"], "--take best: needs --eval-every"),
     (["--final-on", "dev", "--n-test", "100", "--n-dev", "50"], "both play --n-test 100"),
+    (["--stage", "keep"], "--stage keep: needs --keep-to DIR"),
 ])
 def test_bench_refuses_settings_that_cannot_hold_before_any_work(tmp_path, monkeypatch, argv,
                                                                  why):
@@ -895,3 +896,76 @@ def test_budget_by_runs_that_method_first_and_gives_its_tokens_to_the_others(tmp
     bench.main()
     assert calls == [("recall", 0, None), ("outcome", 0, 1000),
                      ("recall", 1, None), ("outcome", 1, 1001)]
+
+
+def test_keep_copies_finished_and_running_runs_small_and_the_report_reads_them(tmp_path, capsys):
+    bench = load_bench()
+    runs, to = tmp_path / "work" / "long", tmp_path / "records" / "long"
+    qs = [f"q{i}" for i in range(4)]
+
+    def evaluation(d: Path, right: int) -> None:
+        d.mkdir(parents=True)
+        (d / "metrics.json").write_text(json.dumps({"average": {"em": right / 4}}))
+        (d / "trajectories.jsonl").write_text("".join(json.dumps(
+            {"example_id": q, "answer": "a" if i < right else "b", "golden_answers": ["a"]})
+            + "\n" for i, q in enumerate(qs)))
+        (d / "episodes.jsonl").write_text("big\n")
+
+    def run(name: str, steps: int) -> Path:
+        d = runs / name
+        d.mkdir(parents=True)
+        (d / "config.yaml").write_text("seed: 0\n")
+        (d / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": s, "episodes": 32}) + "\n" + json.dumps({"step": s, "dev/em": 0.4})
+            + "\n" for s in range(1, steps + 1)))
+        (d / "checkpoints").mkdir()
+        (d / "checkpoints" / "latest").write_text("step-2")
+        evaluation(d / "eval" / "start", 1)
+        evaluation(d / "eval" / "step-2", 2)
+        return d
+
+    done = run("outcome-s0", 2)
+    evaluation(done / "eval-test", 3)
+    (done / "result.json").write_text(json.dumps({
+        "method": "outcome", "seed": 0, "em": 0.75, "searches": 2, "evidence_recall": 0.7,
+        "steps": 2, "rollout_tokens": 1000, "em_by_type": {}, "per_question":
+        {q: float(i < 3) for i, q in enumerate(qs)}}))
+    going = run("recall_cost-s0", 1)
+    evaluation(runs / "eval-sft-test", 1)
+
+    bench._keep(runs, to)
+    out = capsys.readouterr().out
+    assert "recall_cost-s0-partial (1 steps; start, step-2)" in out
+    assert "outcome-s0 (2 steps; start, step-2, eval-test)" in out
+    kept = to / "outcome-s0"
+    assert sorted(p.name for p in kept.iterdir()) == [
+        "config.yaml", "eval-start", "eval-step-2", "eval-test", "metrics.jsonl.gz", "result.json"]
+    assert json.loads((kept / "eval-step-2" / "per_question.json").read_text()) == {
+        "q0": 1.0, "q1": 1.0, "q2": 0.0, "q3": 0.0}
+    assert sorted(p.name for p in (kept / "eval-test").iterdir()) == [
+        "metrics.json", "per_question.json"]   # no trajectories, no episodes
+    import gzip
+    assert gzip.decompress((kept / "metrics.jsonl.gz").read_bytes()) == \
+        (done / "metrics.jsonl").read_bytes()
+    assert (to / "recall_cost-s0-partial" / "eval-step-2" / "metrics.json").is_file()
+    assert not (to / "recall_cost-s0").exists()
+    assert (to / "eval-sft-test" / "per_question.json").is_file()
+
+    # the running one finishes: its records replace the partial ones
+    (going / "result.json").write_text(json.dumps({
+        "method": "recall_cost", "seed": 0, "em": 1.0, "searches": 2, "evidence_recall": 0.9,
+        "steps": 1, "rollout_tokens": 1000, "em_by_type": {}, "per_question":
+        {q: 1.0 for q in qs}}))
+    bench._keep(runs, to)
+    assert (to / "recall_cost-s0" / "result.json").is_file()
+    assert not (to / "recall_cost-s0-partial").exists()
+    capsys.readouterr()
+    bench._report(to, time.time(), "recall_cost")
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "process_gain=+0.2500" in summary and "rl_gain=+0.5000" in summary
+
+    with pytest.raises(SystemExit, match="is not a runs folder"):
+        bench._keep(tmp_path / "nowhere", to)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="no runs or evaluations"):
+        bench._keep(tmp_path / "empty", to)
