@@ -555,9 +555,15 @@ def _keep(runs: Path, to: Path) -> None:
                         key=lambda d: (len(d.name), d.name)) if (src / "eval").is_dir() else []
         got = [d.name for d in probes if evaluation(d, dst / f"eval-{d.name}")]
         got += [d.name for d in sorted(src.glob("eval-*")) if evaluation(d, dst / d.name)]
-        steps = sum(M.EPISODES in json.loads(line)
-                    for line in (src / "metrics.jsonl").read_text().splitlines() if line.strip())
-        kept.append(f"{dst.name} ({steps} steps; {', '.join(got) or 'no evaluations'})")
+        steps = torn = 0   # a run killed mid-write can leave its last line torn: kept as is
+        for line in (src / "metrics.jsonl").read_text().splitlines():
+            try:
+                steps += line.strip() != "" and M.EPISODES in json.loads(line)
+            except json.JSONDecodeError:
+                torn += 1
+        kept.append(f"{dst.name} ({steps} steps" + (f", {torn} unreadable log lines" if torn
+                                                    else "")
+                    + f"; {', '.join(got) or 'no evaluations'})")
     if not kept:
         raise SystemExit(f"--stage keep: no runs or evaluations under {runs}")
     for k in kept:

@@ -931,11 +931,13 @@ def test_keep_copies_finished_and_running_runs_small_and_the_report_reads_them(t
         "steps": 2, "rollout_tokens": 1000, "em_by_type": {}, "per_question":
         {q: float(i < 3) for i, q in enumerate(qs)}}))
     going = run("recall_cost-s0", 1)
+    with open(going / "metrics.jsonl", "a") as f:   # killed mid-write
+        f.write('{"step": 2, "epis')
     evaluation(runs / "eval-sft-test", 1)
 
     bench._keep(runs, to)
     out = capsys.readouterr().out
-    assert "recall_cost-s0-partial (1 steps; start, step-2)" in out
+    assert "recall_cost-s0-partial (1 steps, 1 unreadable log lines; start, step-2)" in out
     assert "outcome-s0 (2 steps; start, step-2, eval-test)" in out
     kept = to / "outcome-s0"
     assert sorted(p.name for p in kept.iterdir()) == [
