@@ -500,13 +500,13 @@ STEP_CURVES = (M.EM, M.VALID_FORMAT, M.GROUPS_WITH_SIGNAL, M.GROUPS_SOLVED, M.UP
                M.ROLLOUT_TOKENS)
 
 
-def _keep_log(out: Path) -> str:
-    """The run's whole metrics.jsonl, gzipped beside its result.json (kept in the records
-    with it); returns its name."""
+def _keep_log(out: Path, to: Path | None = None) -> str:
+    """The run's whole metrics.jsonl, gzipped into `to` (default: beside its result.json,
+    kept in the records with it); returns its name."""
     import gzip
 
     with open(out / "metrics.jsonl", "rb") as src, \
-            gzip.open(out / "metrics.jsonl.gz", "wb", compresslevel=9) as dst:
+            gzip.open((to or out) / "metrics.jsonl.gz", "wb", compresslevel=9) as dst:
         shutil.copyfileobj(src, dst)
     return "metrics.jsonl.gz"
 
@@ -518,8 +518,6 @@ def _keep(runs: Path, to: Path) -> None:
     start's evaluations (`eval-sft-*`) likewise. A run without its result yet (still going,
     or killed) goes to `RUN-partial`, which its finished records replace. Checkpoints and
     trajectories stay behind: a machine can lose them, these figures it cannot."""
-    import gzip
-
     if not runs.is_dir():
         raise SystemExit(f"--stage keep: {runs} is not a runs folder")
 
@@ -548,9 +546,7 @@ def _keep(runs: Path, to: Path) -> None:
             shutil.rmtree(to / f"{src.name}-partial", ignore_errors=True)
         if (src / "config.yaml").is_file():
             shutil.copy(src / "config.yaml", dst / "config.yaml")
-        with open(src / "metrics.jsonl", "rb") as f, \
-                gzip.open(dst / "metrics.jsonl.gz", "wb", compresslevel=9) as g:
-            shutil.copyfileobj(f, g)
+        _keep_log(src, dst)
         probes = sorted((d for d in (src / "eval").glob("*") if d.is_dir()),
                         key=lambda d: (len(d.name), d.name)) if (src / "eval").is_dir() else []
         got = [d.name for d in probes if evaluation(d, dst / f"eval-{d.name}")]
