@@ -144,6 +144,24 @@ def _world(work: Path, demo) -> tuple[Path, Path]:
     return world_dir, index_dir
 
 
+def _rl_world(work: Path, demo, seed: int) -> tuple[Path, Path]:
+    """Another world of the demo's settings, seed `seed`, and its BM25 index, built once
+    under `work`/rl-world-sSEED: questions about entities the demo's world lacks."""
+    from seekrl.data.world import generate_world, write_world
+    from seekrl.recipes.pipeline import demo_world
+    from seekrl.retrieval.index import build_index
+
+    if seed == demo.seed:
+        raise SystemExit(f"--rl-world-seed {seed}: the evaluations' own world; give another seed")
+    folder = work / f"rl-world-s{seed}"
+    world_dir, index_dir = folder / "world", folder / "index"
+    if not (index_dir / "manifest.json").is_file():
+        paths = write_world(generate_world(demo_world(demo.model_copy(update={"seed": seed}))),
+                            world_dir)
+        build_index(paths["corpus"], index_dir, "bm25", overwrite=True, show_progress=False)
+    return world_dir, index_dir
+
+
 def _setup(work: Path, demo, n_test: int, sft: Path | None, device: str
            ) -> tuple[Path, Path, Path, Path]:
     """The demo's world, its first `n_test` test questions in a file, and the SFT

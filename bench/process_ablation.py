@@ -120,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--n-dev", type=int, default=None,
                     help="the dev questions each --eval-every probe plays (default: --n-test; "
                          "with --final-on dev the final evaluation plays --n-test)")
+    ap.add_argument("--rl-world-seed", type=int, default=None, metavar="SEED",
+                    help="RL's questions and index from another world of the demo's settings "
+                         "(this seed; built once under WORK/rl-world-sSEED): entities the SFT "
+                         "start never saw, where its oracle episodes taught the training "
+                         "split's answers by heart. Evaluations stay on WORK's world")
     ap.add_argument("--questions-per-step", type=int, default=None, help="default: the demo's")
     ap.add_argument("--group-size", type=int, default=None, help="default: the demo's")
     ap.add_argument("--lr", type=float, default=None, help="default: the demo's RL lr")
@@ -381,6 +386,12 @@ def _run_config(method: str, seed: int, budget: int | None, args, demo, sft: Pat
           "log": {"save_rollouts": 0}, "algo": {"advantage": args.baseline}}
     if args.lr:
         rl["optim"] = {"lr": args.lr}
+    train_file, rollout_index = world_dir / "train.jsonl", index_dir
+    if args.rl_world_seed is not None:
+        from learning import _rl_world
+
+        rl_world, rollout_index = _rl_world(args.work_dir, demo, args.rl_world_seed)
+        train_file = rl_world / "train.jsonl"
     if args.eval_every:
         rl["eval"] = {"data": str(world_dir / "dev.jsonl"), "n": args.n_dev or args.n_test,
                       "every": args.eval_every, "keep_best": args.take == "best",
@@ -390,10 +401,11 @@ def _run_config(method: str, seed: int, budget: int | None, args, demo, sft: Pat
                       "max_turns": demo.rollout.max_turns,
                       "max_new_tokens": demo.rollout.max_new_tokens,
                       "batch_size": args.eval_batch}
+        if rollout_index != index_dir:   # the probes search their own world
+            rl["eval"]["index"] = str(index_dir)
     run_cfg = demo.model_copy(update={
         "seed": seed, "rl": with_keys(rl, args.overrides, TrainConfig, where="--set")})
-    kw = dict(model=str(sft), train_file=world_dir / "train.jsonl", index_dir=index_dir,
-              out=out)
+    kw = dict(model=str(sft), train_file=train_file, index_dir=rollout_index, out=out)
     base = rl_config(run_cfg, **kw)
     keys = method_overrides(method, group_size=base.group_size, baseline_advantage=args.baseline)
     label_tokens = 0

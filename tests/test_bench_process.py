@@ -740,11 +740,63 @@ def test_the_start_is_configured_as_the_runs_are(tmp_path):
     args = argparse.Namespace(baseline="dr_grpo", lr=None, steps=10, device="cpu",
                               dtype="float32", eval_every=0, n_test=5, eval_batch=4,
                               overrides={"ranker.model": "r", "rollout.max_queries": 3},
-                              prm=None, label_tokens=0)
+                              prm=None, label_tokens=0, rl_world_seed=None)
     cfg, keys, label_tokens = bench._run_config("outcome", 0, None, args, DemoConfig(),
                                                 tmp_path / "sft", tmp_path, tmp_path,
                                                 tmp_path / "runs" / "outcome-s0")
     assert cfg.ranker.model == "r" and cfg.rollout.max_queries == 3 and label_tokens == 0
+
+
+def test_rl_world_seed_trains_on_another_worlds_questions_and_probes_the_runs_own(
+        tmp_path, monkeypatch):
+    """--rl-world-seed: the rollouts play that world's training questions over its index
+    (built once), the dev probes stay on WORK's world and index; the evaluations' own seed
+    is refused."""
+    from seekrl.recipes.pipeline import DemoConfig
+
+    bench = load_bench()
+    built = []
+
+    def fake_world(cfg, **kw):
+        built.append(cfg.seed)
+        return "world"
+
+    def fake_write(world, out):
+        out.mkdir(parents=True)
+        (out / "corpus.jsonl").write_text("")
+        return {"corpus": out / "corpus.jsonl"}
+
+    def fake_index(corpus, out, *a, **k):
+        out.mkdir(parents=True)
+        (out / "manifest.json").write_text("{}")
+
+    monkeypatch.setattr("seekrl.data.world.generate_world", fake_world)
+    monkeypatch.setattr("seekrl.data.world.write_world", fake_write)
+    monkeypatch.setattr("seekrl.retrieval.index.build_index", fake_index)
+    work = tmp_path / "work"
+    world_dir, index_dir = work / "world", work / "index"
+    args = bench.build_parser().parse_args(["--work-dir", str(work), "--eval-every", "5",
+                                            "--rl-world-seed", "7"])
+    args.overrides, args.label_tokens = {}, 0
+
+    def config():
+        cfg, _, _ = bench._run_config("outcome", 0, None, args, DemoConfig(), tmp_path / "sft",
+                                      world_dir, index_dir, work / "runs" / "outcome-s0")
+        return cfg
+
+    cfg = config()
+    other = work / "rl-world-s7"
+    assert (cfg.data, cfg.index) == (str(other / "world" / "train.jsonl"), str(other / "index"))
+    assert (cfg.eval.data, cfg.eval.index) == (str(world_dir / "dev.jsonl"), str(index_dir))
+    config()
+    assert built == [7]                        # the other world is built once
+    args.rl_world_seed = None
+    cfg = config()
+    assert (cfg.data, cfg.index, cfg.eval.index) == (str(world_dir / "train.jsonl"),
+                                                     str(index_dir), None)
+    args.rl_world_seed = 0
+    with pytest.raises(SystemExit, match="the evaluations' own world"):
+        config()
 
 
 def test_the_report_leaves_out_another_benchs_results_in_its_folder(tmp_path, capsys):

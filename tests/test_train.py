@@ -1542,3 +1542,41 @@ def test_a_checkpoint_without_the_counters_a_resume_reads_is_refused(world, tiny
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(ConfigError, match="trainer.json lacks questions_planned"):
         make_trainer(cfg, world, tiny, resume=True)
+
+
+def test_eval_index_evaluates_on_another_corpus_than_the_rollouts(world, tiny, tmp_path):
+    """Rollouts search the run's index; with `eval.index`, the evaluations search that one
+    (dev questions of another world), and the world check pairs each file with its index."""
+    from seekrl.data.world import world_corpus
+    from seekrl.recipes.train_checks import check_start
+    from seekrl.retrieval.base import RetrievalError
+
+    _, other, other_index = build_world_and_index(tmp_path / "other", seed=5, entities=200,
+                                                  n_train=4, n_dev=4, n_test=4)
+    ev = {"data": str(other["dev"]), "n": 2, "max_turns": 1, "max_new_tokens": 4}
+    checks = dict(scorer_given=False, resume=False, overwrite=True, processes=1, main=True,
+                  model_given=True)
+    # the run's own index was built from another corpus than the dev questions' world
+    mixed = make_cfg(tmp_path / "a", index=str(world["index_dir"]),
+                     data=str(world["paths"]["train"]), eval=ev)
+    with pytest.raises(RetrievalError, match=r"^index and eval.data: index .* another corpus"
+                       r".*set eval.index to that world's index"):
+        check_start(mixed, **checks)
+    paired = make_cfg(tmp_path / "b", index=str(world["index_dir"]),
+                      data=str(world["paths"]["train"]), eval={**ev, "index": str(other_index)})
+    check_start(paired, **checks)
+    # and the other way round: the training questions meet the run's index
+    with pytest.raises(RetrievalError, match=r"^index .* another corpus"):
+        check_start(make_cfg(tmp_path / "c", index=str(other_index),
+                             data=str(world["paths"]["train"]),
+                             eval={**ev, "index": str(other_index)}), **checks)
+
+    trainer = make_trainer(paired, world, tiny)
+    assert trainer.env.retriever is world["index"]
+    first = json.loads(world_corpus(str(other["dev"])).read_text().splitlines()[0])
+    title = first["contents"].split("\n", 1)[0]
+    hit = trainer.env.eval_retriever.search([title], 1)[0][0]
+    assert hit.contents == first["contents"]        # the other world's document
+    assert all(h.contents != first["contents"] for h in world["index"].search([title], 5)[0])
+    summary = trainer.train()
+    assert summary["dev"]["questions"] == 2

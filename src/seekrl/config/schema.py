@@ -127,6 +127,9 @@ class EvalConfig(Strict):
     """Greedy evaluation of the policy as a search agent during and after training: it plays
     the run's episode settings (its `rollout:` section), with the limits below on top."""
     data: str | None = None        # QA file (JSONL / parquet); None: no evaluation
+    # null: the run's own `index`; set: evaluations search this one (a folder or a server
+    # url), e.g. dev questions of another corpus than the training questions'
+    index: str | None = None
     n: int = Field(32, ge=1)       # first n questions of it
     every: int = Field(0, ge=0)    # every N optimizer steps (0: only at the end)
     at_start: bool = True          # also the starting policy (eval/start), unless resuming

@@ -25,10 +25,11 @@ SIMULATOR_COUNTS = ("queries", "noisy", "malformed", "empty", "short", "tokens")
 
 
 class SearchEnvironment:
-    """`retriever`: what evaluations search (and rollouts, without a simulator; None when
-    nothing searches); `simulator`: simulated search's engine or None; `ranker_updater`:
-    the co-trained ranker's updater or None; `simulator_totals`: the simulators' counts
-    summed over the processes."""
+    """`retriever`: what rollouts search without a simulator (None when nothing searches);
+    `eval_retriever`: what evaluations search (`eval.index`'s, else `retriever`);
+    `simulator`: simulated search's engine or None; `ranker_updater`: the co-trained
+    ranker's updater or None; `simulator_totals`: the simulators' counts summed over the
+    processes."""
 
     def __init__(self, cfg: TrainConfig, retriever=None, *, dist, device: str):
         self.cfg, self.dist, self.device = cfg, dist, device
@@ -41,7 +42,7 @@ class SearchEnvironment:
         needs = None
         if retriever is None and cfg.rollout.method != "direct" and not simulated:
             needs = f"rollout.method {cfg.rollout.method!r} searches"
-        elif retriever is None and cfg.eval.data:
+        elif retriever is None and cfg.eval.data and not cfg.eval.index:
             needs = "eval.data is set: the dev evaluation searches"
         if needs:
             retriever = open_index(cfg.index, needs, cfg.retriever)
@@ -56,6 +57,13 @@ class SearchEnvironment:
             retriever = ranked_retriever(retriever, ranker, rk.candidates,
                                          keep_candidates=rk.train)
         self.retriever = retriever
+        # what evaluations search: `eval.index` when set (ranked by the same ranker), else
+        # the rollouts' retriever
+        self.eval_retriever = retriever
+        if cfg.eval.data and cfg.eval.index:
+            own = open_index(cfg.eval.index, "eval.index", cfg.retriever)
+            self.eval_retriever = own if rk is None else ranked_retriever(
+                own, retriever.ranker, rk.candidates)
 
     def _load_simulator(self):
         """The simulated search engine (ZeroSearch) of `simulator`, its decoding loop the
@@ -152,6 +160,7 @@ class SearchEnvironment:
         rk = self.cfg.ranker
         ranker = load_ranker(str(folder / "ranker"), device=self.device)
         self.retriever.ranker = ranker
+        self.eval_retriever.ranker = ranker
         self.ranker_updater = RankerUpdater(ranker, rk.lr, seed=self.cfg.seed)
         self.ranker_updater.load_state_dict(torch.load(
             folder / "ranker" / "updater.pt", map_location=self.device, weights_only=False))

@@ -583,7 +583,7 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
                           "(eval.every) say which step to take")
     retriever = _eval_retriever(cfg)
     check_eval_data(cfg.eval)
-    check_world_index(cfg.index, cfg.eval.data)
+    check_world_index(cfg.eval.index or cfg.index, cfg.eval.data)
     set_seed(cfg.seed)
     if model is None:   # the data is read with the tokenizer alone: bad lines fail fast
         tokenizer = load_tokenizer(cfg.model)
@@ -725,7 +725,8 @@ def _eval_retriever(cfg: SFTConfig):
     if not cfg.eval.data:
         return None
     from seekrl.recipes.setup import open_index
-    return open_index(cfg.index, "eval.data is set: the dev evaluation searches")
+    return open_index(cfg.eval.index or cfg.index,
+                      "eval.data is set: the dev evaluation searches")
 
 
 def _dev_eval(model, tokenizer, retriever, cfg: SFTConfig, out_dir: Path) -> dict[str, Any]:

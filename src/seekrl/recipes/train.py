@@ -714,7 +714,7 @@ class Trainer:
             if not self.dist.main:
                 return {}
             own = self._generation_backend() if self.cfg.rollout.backend == "static" else None
-            metrics = eval_policy(self.model, self.tokenizer, self.retriever, self.cfg.eval,
+            metrics = eval_policy(self.model, self.tokenizer, self.env.eval_retriever, self.cfg.eval,
                                   out_dir, episode=self.cfg.rollout, backend=own)
         return dev_figures(metrics)
 
