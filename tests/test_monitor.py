@@ -54,7 +54,7 @@ def healthy_stream(n: int, seed: int = 0) -> list[dict]:
             "searches": max(0.0, rng.gauss(2.0, 0.3)),
             "reward_by_type": by_type,
             # a step now and then where every group tied, by chance
-            "groups_with_signal": 0.0 if rng.random() < 0.1 else rng.choice([0.125, 0.25, 0.5]),
+            "groups_with_signal": 0.0 if rng.random() < 0.1 else rng.choice([0.375, 0.5, 0.625]),
         })
     return out
 
@@ -356,7 +356,9 @@ def test_no_signal_warns_then_collapses_and_recovers():
         got[step] = ([(a.kind, a.severity) for a in alerts], m.healthy)
         messages[step] = " ".join(a.message for a in alerts)
     assert {s: a for s, (a, _) in got.items() if a} == {
-        6: [("no_signal", "warn")], 9: [("no_signal", "collapse")], 14: [("no_signal", "warn")]}
+        6: [("no_signal", "warn")], 9: [("no_signal", "collapse")],
+        # one varied step after seven without: some signal, too little (low_signal's)
+        11: [("low_signal", "warn")], 14: [("no_signal", "warn")]}
     assert [s for s, (_, healthy) in got.items() if not healthy] == [9, 10]
     assert "for 3 steps in a row" in messages[6] and "for 6 steps" in messages[9]
 
@@ -369,6 +371,39 @@ def test_no_signal_needs_no_baseline_and_missing_steps_do_not_count():
     m = monitor(no_signal_steps=1)
     (alert,) = m.update(1, {"groups_with_signal": 0})
     assert alert.severity == "warn" and "for 1 step in a row" in alert.message
+
+
+def test_low_signal_warns_when_few_groups_vary_and_says_which_way_they_tie():
+    """A window whose groups mostly tie (some vary) warns, once, naming whether the ties
+    are right answers (questions the policy knows) or wrong ones; it passes again when the
+    share recovers, and a window without any signal is no_signal's, not this."""
+    m = monitor()   # low_signal 0.2 over the 5-step window
+    stream = [{"groups_with_signal": g, "groups_solved": 0.75}
+              for g in [0.5] * 5 + [0.125] * 5 + [0.5] * 3 + [0.125] * 5]
+    got = []
+    for step, metrics in enumerate(stream, start=1):
+        got += [(step, a.kind, a.severity, a.message) for a in m.update(step, metrics)]
+        assert m.healthy
+    # step 9's window holds one 0.5: mean 0.2, not below; step 10's is all 0.125; it passes
+    # at step 11 and warns again once the window is low again (step 18)
+    assert [(s, k, sev) for s, k, sev, _ in got] == [(10, "low_signal", "warn"),
+                                                       (18, "low_signal", "warn")]
+    msg = got[0][3]
+    assert msg.startswith("only 12% of groups had rewards that varied over the last 5 steps; "
+                          "75% of groups answered right every time"), msg
+    assert "rollout.temperature" in msg
+    wrong = monitor()
+    stream = [{"groups_with_signal": 0.125, "groups_solved": 0.0}] * 5
+    (alert,), = feed_alerts(wrong, stream)
+    assert "88% of groups answered wrong every time" in alert.message
+    # no signal at all is the other check's; 0 turns the check off
+    assert feed(monitor(no_signal_steps=10), series("groups_with_signal", [0.0] * 8)) == {}
+    assert feed(monitor(low_signal=0), [{"groups_with_signal": 0.125}] * 8) == {}
+
+
+def feed_alerts(m: Monitor, stream: list[dict]) -> list[list[Alert]]:
+    """The alerts of the steps that raised any."""
+    return [a for a in (m.update(step, x) for step, x in enumerate(stream, start=1)) if a]
 
 
 def load_run(name: str) -> list[dict]:

@@ -514,6 +514,9 @@ class MonitorConfig(Strict):
     type_reward_drop: float = Field(0.3, gt=0, le=1)     # a question type's reward falls
     searches_drift: float = Field(0.5, gt=0)             # relative change of searches/episode
     no_signal_steps: int = Field(3, ge=1)          # steps in a row with no group's rewards varying
+    # warn when the share of groups whose rewards varied averages below this over a window
+    # of steps (0: never)
+    low_signal: float = Field(0.2, ge=0, le=1)
     # search collapse: searches per episode fall towards one on multi-hop data (a collapse
     # once the multi-hop reward falls too)
     search_floor: float = Field(1.25, gt=0)        # searches at or below this count as "one"

@@ -67,6 +67,11 @@ not a trend). The checks, for GRPO / PPO on a search agent:
   the collapse began inside the baseline window; twice as many steps in a row is a
   collapse. When every tied group answered right (`groups_solved` is 1) the policy is not
   broken, the questions are too easy for it: that only warns.
+- low_signal: some groups vary, but over a window of steps their share averages below
+  `low_signal`: the run learns from a few questions a step. Mostly all-right groups mean
+  questions the policy already answers (a warm-up that trained on them teaches their
+  answers), mostly all-wrong ones questions out of its reach; a sharp policy sampled at a
+  low temperature ties its groups either way. It only warns.
 
 Severity is "warn" past the threshold and "collapse" twice past it: grad norm above
 2 x factor x baseline, entropy below ratio / 2 x baseline, a log-prob, format or type-reward
@@ -98,7 +103,7 @@ from seekrl.rl import step_metrics as M
 
 KINDS = ("grad_norm_explosion", "entropy_collapse", "correct_logp_falling", "valid_format_collapse",
          "type_reward_drop", "searches_drift", "search_collapse", "greedy_search_collapse",
-         "no_signal")
+         "no_signal", "low_signal")
 SEVERITIES = (None, "warn", "collapse")   # in increasing order
 NEAR_ZERO = 1e-8          # a baseline at or below this has nothing to fall from
 FORMAT_FLOOR = 0.1        # a valid-format rate below this is a collapse
@@ -284,6 +289,8 @@ class Monitor:
         self.search_collapse = _Signal(cfg.window)   # only its alert state
         self.greedy_searches = _Signal(cfg.window)   # evaluations: first = the first one's
         self.no_signal_run = 0                # steps in a row without a varied group
+        self.low_signal = _Signal(cfg.window)  # groups_with_signal, for low_signal
+        self.solved = _Signal(cfg.window)      # groups_solved, for low_signal's message
 
     @property
     def healthy(self) -> bool:
@@ -322,6 +329,9 @@ class Monitor:
         verdicts.append((self.no_signal, "no_signal",
                          self._check_no_signal(_finite(metrics.get(M.GROUPS_WITH_SIGNAL)),
                                                _finite(metrics.get(M.GROUPS_SOLVED)))))
+        verdicts.append((self.low_signal, "low_signal",
+                         self._check_low_signal(_finite(metrics.get(M.GROUPS_WITH_SIGNAL)),
+                                                _finite(metrics.get(M.GROUPS_SOLVED)))))
         alerts = []
         for signal, kind, verdict in verdicts:
             if verdict is None:   # nothing to compare with yet: the signal stays as it was
@@ -392,10 +402,39 @@ class Monitor:
             f"no group's rewards varied for {n} step{s} in a row: every group-relative "
             "advantage is zero and the outcome reward teaches nothing")
 
+    def _check_low_signal(self, share: float | None, solved: float | None
+                          ) -> tuple[str | None, str] | None:
+        if share is None or not self.cfg.low_signal:
+            return None
+        self.low_signal.observe(share)
+        if solved is not None:
+            self.solved.observe(solved)
+        w = self.cfg.window
+        if len(self.low_signal.last) < w or share <= 0:   # a step without any: no_signal's
+            return None
+        mean = self.low_signal.recent
+        if mean >= self.cfg.low_signal:
+            return None, ""
+        tied = 1 - mean
+        right = self.solved.recent if len(self.solved.last) == w else None
+        if right is not None and right >= tied / 2:
+            why = (f"{right:.0%} of groups answered right every time: questions the policy "
+                   "already answers (did its warm-up train on them?)")
+        elif right is not None:
+            why = (f"{tied - right:.0%} of groups answered wrong every time: questions out "
+                   "of its reach")
+        else:
+            why = f"{tied:.0%} of groups tied"
+        return "warn", (
+            f"only {mean:.0%} of groups had rewards that varied over the last {w} steps; {why}. "
+            "Train on questions it gets right sometimes, or raise rollout.temperature or "
+            "group_size")
+
     def state_dict(self) -> dict:
         return {"signals": {name: s.state_dict() for name, s in self.signals.items()},
                 "types": {t: s.state_dict() for t, s in self.types.items()},
                 "no_signal": {**self.no_signal.state_dict(), "run": self.no_signal_run},
+                "low_signal": self.low_signal.state_dict(), "solved": self.solved.state_dict(),
                 "search_collapse": self.search_collapse.state_dict(),
                 "greedy_searches": self.greedy_searches.state_dict()}
 
@@ -408,6 +447,9 @@ class Monitor:
         saved = state.get("no_signal")   # absent in checkpoints written before this check
         self.no_signal = _Signal.from_state(saved, window) if saved else _Signal(window)
         self.no_signal_run = int(saved["run"]) if saved else 0
+        for name in ("low_signal", "solved"):   # absent in checkpoints before this check
+            saved = state.get(name)
+            setattr(self, name, _Signal.from_state(saved, window) if saved else _Signal(window))
         saved = state.get("search_collapse")
         self.search_collapse = _Signal.from_state(saved, window) if saved else _Signal(window)
         saved = state.get("greedy_searches")
