@@ -55,6 +55,7 @@ def healthy_stream(n: int, seed: int = 0) -> list[dict]:
             "reward_by_type": by_type,
             # a step now and then where every group tied, by chance
             "groups_with_signal": 0.0 if rng.random() < 0.1 else rng.choice([0.375, 0.5, 0.625]),
+            "groups_solved": 0.25,
         })
     return out
 
@@ -389,13 +390,17 @@ def test_low_signal_warns_when_few_groups_vary_and_says_which_way_they_tie():
     assert [(s, k, sev) for s, k, sev, _ in got] == [(10, "low_signal", "warn"),
                                                        (18, "low_signal", "warn")]
     msg = got[0][3]
-    assert msg.startswith("only 12% of groups had rewards that varied over the last 5 steps; "
-                          "75% of groups answered right every time"), msg
-    assert "rollout.temperature" in msg
+    assert msg.startswith("only 12% of groups had rewards that varied over the last 5 steps "
+                          "(a group-relative advantage learns from those alone); 75% of "
+                          "groups answered right every time"), msg
+    assert "rollout.temperature" in msg and "dynamic_sampling" in msg
     wrong = monitor()
     stream = [{"groups_with_signal": 0.125, "groups_solved": 0.0}] * 5
     (alert,), = feed_alerts(wrong, stream)
-    assert "88% of groups answered wrong every time" in alert.message
+    assert "88% of groups tied below a right answer" in alert.message
+    # many groups: a small share is not printed as 0%
+    (alert,), = feed_alerts(monitor(), [{"groups_with_signal": 0.004}] * 5)
+    assert alert.message.startswith("only 0.4% of groups")
     # no signal at all is the other check's; 0 turns the check off
     assert feed(monitor(no_signal_steps=10), series("groups_with_signal", [0.0] * 8)) == {}
     assert feed(monitor(low_signal=0), [{"groups_with_signal": 0.125}] * 8) == {}

@@ -481,20 +481,29 @@ def test_a_hand_written_episode_that_breaks_the_protocol_is_refused(tiny, tmp_pa
     assert f"{path}:2" in str(err.value) and field in str(err.value) and said in str(err.value)
 
 
-def test_sft_dev_evaluation_searches_eval_index_when_set(world, tmp_path):
+def test_sft_dev_evaluation_searches_eval_index_when_set(world, tiny, tmp_path):
     """`eval.index` overrides `index` for the dev evaluation; the world check pairs the dev
-    questions with the index they will search."""
+    questions with the index they will search, before anything trains."""
+    from seekrl.errors import ConfigError
     from seekrl.recipes.sft import _eval_retriever
-    from seekrl.recipes.setup import check_world_index
     from seekrl.retrieval.base import RetrievalError
 
     _, other, other_index = build_world_and_index(tmp_path / "o", seed=6, entities=200,
                                                   n_train=4, n_dev=4, n_test=4)
+    ev = {"data": str(other["dev"]), "n": 1}
     cfg = SFTConfig(data=str(world["oracle"]), index=str(world["index_dir"]),
-                    eval={"data": str(other["dev"]), "index": str(other_index)})
+                    eval={**ev, "index": str(other_index)})
     first = json.loads(other["corpus"].read_text().splitlines()[0])["contents"]
     hit = _eval_retriever(cfg).search([first.split("\n", 1)[0]], 1)[0][0]
     assert hit.contents == first
-    check_world_index(cfg.eval.index or cfg.index, cfg.eval.data)
-    with pytest.raises(RetrievalError, match="another corpus"):
-        check_world_index(cfg.index, cfg.eval.data)
+    model, tok = tiny
+    for n, (bad, error, match) in enumerate((
+            ({"eval": ev}, RetrievalError, r"^index and eval.data: index .* another corpus"),
+            ({"eval": {"index": str(other_index)}}, ConfigError, r"^eval.index: nothing"),
+            ({"eval": {**ev, "index": str(world["index_dir"])}}, RetrievalError,
+             r"^eval.index: index .* another corpus"))):
+        out = tmp_path / f"sft-{n}"
+        with pytest.raises(error, match=match):
+            run_sft(SFTConfig(data=str(world["oracle"]), index=str(world["index_dir"]),
+                              out=str(out), max_steps=1, **bad), model=model, tokenizer=tok)
+        assert not out.exists()

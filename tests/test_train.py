@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM
 from seekrl.config import ConfigError, TrainConfig, build_config, load_config
 from seekrl.data.qa import read_qa_jsonl
 from seekrl.models import tiny_policy
+from seekrl.recipes.environment import SearchEnvironment
 from seekrl.recipes.train import Trainer
 from seekrl.retrieval.index import load_index
 from seekrl.rewards.outcome import RewardParts, episode_reward
@@ -1544,7 +1545,8 @@ def test_a_checkpoint_without_the_counters_a_resume_reads_is_refused(world, tiny
         make_trainer(cfg, world, tiny, resume=True)
 
 
-def test_eval_index_evaluates_on_another_corpus_than_the_rollouts(world, tiny, tmp_path):
+def test_eval_index_evaluates_on_another_corpus_than_the_rollouts(world, tiny, tmp_path,
+                                                                   monkeypatch):
     """Rollouts search the run's index; with `eval.index`, the evaluations search that one
     (dev questions of another world), and the world check pairs each file with its index."""
     from seekrl.data.world import world_corpus
@@ -1556,12 +1558,19 @@ def test_eval_index_evaluates_on_another_corpus_than_the_rollouts(world, tiny, t
     ev = {"data": str(other["dev"]), "n": 2, "max_turns": 1, "max_new_tokens": 4}
     checks = dict(scorer_given=False, resume=False, overwrite=True, processes=1, main=True,
                   model_given=True)
-    # the run's own index was built from another corpus than the dev questions' world
+    # the run's index serves its training questions' world, not the dev questions'
     mixed = make_cfg(tmp_path / "a", index=str(world["index_dir"]),
                      data=str(world["paths"]["train"]), eval=ev)
-    with pytest.raises(RetrievalError, match=r"^index and eval.data: index .* another corpus"
-                       r".*set eval.index to that world's index"):
+    with pytest.raises(RetrievalError, match=r"^eval.data .* holds another world's questions "
+                       r"than data .*: set eval.index to an index built from .*other"):
         check_start(mixed, **checks)
+    # eval.index of the wrong world, and eval.index with nothing to evaluate
+    with pytest.raises(RetrievalError, match=r"^eval.index: index .* another corpus"):
+        check_start(make_cfg(tmp_path / "w", eval={**ev, "index": str(world["index_dir"])}),
+                    **checks)
+    with pytest.raises(ConfigError, match=r"^eval.index: nothing searches it without "
+                                          r"eval.data"):
+        check_start(make_cfg(tmp_path / "n", eval={"index": str(other_index)}), **checks)
     paired = make_cfg(tmp_path / "b", index=str(world["index_dir"]),
                       data=str(world["paths"]["train"]), eval={**ev, "index": str(other_index)})
     check_start(paired, **checks)
@@ -1578,5 +1587,77 @@ def test_eval_index_evaluates_on_another_corpus_than_the_rollouts(world, tiny, t
     hit = trainer.env.eval_retriever.search([title], 1)[0][0]
     assert hit.contents == first["contents"]        # the other world's document
     assert all(h.contents != first["contents"] for h in world["index"].search([title], 5)[0])
+    import seekrl.recipes.train as train_module
+
+    searched = []
+
+    def spy(model, tok, retriever, *a, **k):
+        searched.append(retriever)
+        return real(model, tok, retriever, *a, **k)
+
+    real = train_module.eval_policy
+    monkeypatch.setattr(train_module, "eval_policy", spy)
     summary = trainer.train()
     assert summary["dev"]["questions"] == 2
+    assert searched and all(r is trainer.env.eval_retriever for r in searched)   # start, final
+
+
+def test_a_query_ranker_shared_with_eval_index_stays_bound_to_the_rollouts_index(
+        world, tmp_path, monkeypatch):
+    """A query encoder binds to the index it searches, and its training reads the bound
+    index's vectors: with `eval.index` the evaluations get their own retriever around the
+    same ranker, and the rollouts' binding is the one left, at the start and after a resume
+    loads the saved ranker. Only the main process opens eval.index."""
+    from types import SimpleNamespace
+
+    import seekrl.recipes.environment as environment
+    import seekrl.retrieval.ranker as ranker_module
+
+    class Encoder:
+        bound = None
+
+        def bind(self, first):
+            self.bound = first
+
+    class Ranked:   # binds as QueryEncoderRetriever does, whenever its ranker is set
+        def __init__(self, first, ranker, candidates=10, *, keep_candidates=False):
+            self.first = first
+            self.ranker = ranker
+
+        @property
+        def ranker(self):
+            return self._ranker
+
+        @ranker.setter
+        def ranker(self, ranker):
+            ranker.bind(self.first)
+            self._ranker = ranker
+
+    class Updater:
+        def __init__(self, *a, **k):
+            pass
+
+        def load_state_dict(self, state):
+            pass
+
+    monkeypatch.setattr(ranker_module, "load_ranker", lambda *a, **k: Encoder())
+    monkeypatch.setattr(ranker_module, "ranked_retriever", Ranked)
+    monkeypatch.setattr(ranker_module, "RankerUpdater", Updater)
+    monkeypatch.setattr(environment, "open_index", lambda index, what, retriever=None:
+                        f"opened {index}")
+    cfg = make_cfg(tmp_path, ranker={"model": "m", "kind": "query"},
+                   eval={"data": str(world["paths"]["dev"]), "index": "E"})
+    env = SearchEnvironment(cfg, "rollouts' index", dist=SimpleNamespace(main=True),
+                            device="cpu")
+    assert env.eval_retriever.first == "opened E"
+    assert env.eval_retriever.ranker is env.retriever.ranker
+    assert env.retriever.ranker.bound == "rollouts' index"
+    (tmp_path / "ck" / "ranker").mkdir(parents=True)
+    torch.save({}, tmp_path / "ck" / "ranker" / "updater.pt")
+    env.load(tmp_path / "ck")
+    assert env.eval_retriever.ranker is env.retriever.ranker
+    assert env.retriever.ranker.bound == "rollouts' index"
+    other = SearchEnvironment(cfg, "rollouts' index", dist=SimpleNamespace(main=False),
+                              device="cpu")
+    assert other.eval_retriever is None and other.retriever.ranker.bound == "rollouts' index"
+    other.load(tmp_path / "ck")

@@ -25,8 +25,10 @@ SIMULATOR_COUNTS = ("queries", "noisy", "malformed", "empty", "short", "tokens")
 
 
 class SearchEnvironment:
-    """`retriever`: what rollouts search without a simulator (None when nothing searches);
-    `eval_retriever`: what evaluations search (`eval.index`'s, else `retriever`);
+    """`retriever`: the run's `index`, what rollouts search without a simulator (opened for
+    evaluations alone with simulated search; None when nothing searches it);
+    `eval_retriever`: what evaluations search (`eval.index`'s, on the main process only;
+    else `retriever`);
     `simulator`: simulated search's engine or None; `ranker_updater`: the co-trained
     ranker's updater or None; `simulator_totals`: the simulators' counts summed over the
     processes."""
@@ -57,13 +59,24 @@ class SearchEnvironment:
             retriever = ranked_retriever(retriever, ranker, rk.candidates,
                                          keep_candidates=rk.train)
         self.retriever = retriever
-        # what evaluations search: `eval.index` when set (ranked by the same ranker), else
-        # the rollouts' retriever
+        # what evaluations search: `eval.index` when set (opened where evaluations run, on
+        # the main process, and ordered by the same ranker), else the rollouts' retriever
         self.eval_retriever = retriever
         if cfg.eval.data and cfg.eval.index:
-            own = open_index(cfg.eval.index, "eval.index", cfg.retriever)
-            self.eval_retriever = own if rk is None else ranked_retriever(
-                own, retriever.ranker, rk.candidates)
+            self.eval_retriever = None
+            if dist.main:
+                own = open_index(cfg.eval.index, "eval.index", cfg.retriever)
+                self.eval_retriever = own
+                if rk is not None:
+                    self.eval_retriever = ranked_retriever(own, retriever.ranker, rk.candidates)
+                    self._share_ranker(retriever.ranker)
+
+    def _share_ranker(self, ranker) -> None:
+        """`ranker` orders both retrievers; the rollouts' takes it last, since a query
+        encoder binds to the index it searches and trains on the rollouts' documents."""
+        if self.eval_retriever is not None and self.eval_retriever is not self.retriever:
+            self.eval_retriever.ranker = ranker
+        self.retriever.ranker = ranker
 
     def _load_simulator(self):
         """The simulated search engine (ZeroSearch) of `simulator`, its decoding loop the
@@ -159,8 +172,7 @@ class SearchEnvironment:
 
         rk = self.cfg.ranker
         ranker = load_ranker(str(folder / "ranker"), device=self.device)
-        self.retriever.ranker = ranker
-        self.eval_retriever.ranker = ranker
+        self._share_ranker(ranker)
         self.ranker_updater = RankerUpdater(ranker, rk.lr, seed=self.cfg.seed)
         self.ranker_updater.load_state_dict(torch.load(
             folder / "ranker" / "updater.pt", map_location=self.device, weights_only=False))

@@ -85,6 +85,33 @@ def check_world_index(index: str | None, *data: str | None) -> None:
         check_index_corpus(index, corpus)
 
 
+def check_eval_index(index: str | None, data: str | None, eval_cfg) -> None:
+    """The evaluation's questions (`eval.data`) meet the index they search: `eval.index`,
+    else the run's `index` (`check_world_index`), with the fix named when the run's index
+    serves `data`, another world's questions. `eval.index` without `eval.data` is refused:
+    nothing would search it."""
+    from seekrl.data.world import world_corpus
+    from seekrl.retrieval.base import RetrievalError
+
+    if eval_cfg.index and not eval_cfg.data:
+        raise ConfigError("eval.index: nothing searches it without eval.data; set eval.data "
+                          "(the questions to evaluate on) or leave eval.index out")
+    try:
+        check_world_index(eval_cfg.index or index, eval_cfg.data)
+    except RetrievalError as err:
+        if eval_cfg.index:
+            raise RetrievalError(f"eval.index: {err}") from None
+        theirs, ours = world_corpus(eval_cfg.data), world_corpus(data)
+        if ours is not None and ours != theirs:   # `index` passed data's own check
+            raise RetrievalError(
+                f"eval.data {eval_cfg.data} holds another world's questions than data "
+                f"{data}, and index {index} searches data's world: set eval.index to an index "
+                f"built from {theirs}") from None
+        raise RetrievalError(f"index and eval.data: {err}; or, for questions of another "
+                             "corpus than the run's, set eval.index to that corpus's index"
+                             ) from None
+
+
 def check_eval_data(eval_cfg, key: str = "eval.data") -> None:
     """Read `eval.data` as the evaluation will (its first `eval.n` questions), before a
     model loads: a typo fails in seconds, naming the key, not after training."""

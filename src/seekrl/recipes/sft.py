@@ -60,7 +60,7 @@ from seekrl.recipes.setup import (
     Interrupted,
     MetricsLog,
     check_eval_data,
-    check_world_index,
+    check_eval_index,
     clip_and_step,
     make_optimizer,
     make_scheduler,
@@ -581,9 +581,9 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
         raise ConfigError("eval.keep_best: an RL run's option (seekrl train); supervised "
                           "fine-tuning keeps its final policy, and its dev evaluations "
                           "(eval.every) say which step to take")
-    retriever = _eval_retriever(cfg)
     check_eval_data(cfg.eval)
-    check_world_index(cfg.eval.index or cfg.index, cfg.eval.data)
+    check_eval_index(cfg.index, None, cfg.eval)
+    retriever = _eval_retriever(cfg)
     set_seed(cfg.seed)
     if model is None:   # the data is read with the tokenizer alone: bad lines fail fast
         tokenizer = load_tokenizer(cfg.model)

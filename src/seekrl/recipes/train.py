@@ -336,7 +336,8 @@ class Trainer:
 
     @property
     def retriever(self):
-        """What evaluations search (and rollouts, without a simulator)."""
+        """What rollouts search without a simulator (evaluations too, unless `eval.index`
+        gives them their own: `env.eval_retriever`)."""
         return self.env.retriever
 
     def run_progress(self) -> float:

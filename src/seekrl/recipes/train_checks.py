@@ -10,8 +10,7 @@ from pathlib import Path
 from seekrl.config import TrainConfig
 from seekrl.errors import ConfigError
 from seekrl.recipes.checkpoint import check_run_dir, held_markers
-from seekrl.recipes.setup import check_eval_data, check_name, check_world_index
-from seekrl.retrieval.base import RetrievalError
+from seekrl.recipes.setup import check_eval_data, check_eval_index, check_name, check_world_index
 from seekrl.rewards.outcome import load_reward_fn
 
 # the built-in estimators whose baseline is the question's group
@@ -182,12 +181,7 @@ def check_start(cfg: TrainConfig, *, scorer_given: bool, resume: bool, overwrite
 
     check_config(cfg, scorer_given=scorer_given)
     check_world_index(cfg.index, cfg.data)
-    try:
-        check_world_index(cfg.eval.index or cfg.index, cfg.eval.data)
-    except RetrievalError as err:
-        key = "eval.index" if cfg.eval.index else "index"
-        raise RetrievalError(f"{key} and eval.data: {err}; or, for another world's dev "
-                             "questions, set eval.index to that world's index") from None
+    check_eval_index(cfg.index, cfg.data, cfg.eval)
     check_eval_data(cfg.eval)   # read now, not at the first evaluation after training
     if "prm" in cfg.reward.process and not scorer_given:
         from seekrl.rewards.prm import prm_folder

@@ -186,6 +186,11 @@ def _value(x: Any) -> float | None:
         return None
 
 
+def _pct(share: float) -> str:
+    """A share as a percentage, a small one not rounded to 0%."""
+    return f"{share:.0%}" if share >= 0.01 else f"{share:.1%}"
+
+
 def _finite(x: Any) -> float | None:
     v = _value(x)
     return v if v is not None and math.isfinite(v) else None
@@ -418,17 +423,18 @@ class Monitor:
         tied = 1 - mean
         right = self.solved.recent if len(self.solved.last) == w else None
         if right is not None and right >= tied / 2:
-            why = (f"{right:.0%} of groups answered right every time: questions the policy "
+            why = (f"{_pct(right)} of groups answered right every time: questions the policy "
                    "already answers (did its warm-up train on them?)")
         elif right is not None:
-            why = (f"{tied - right:.0%} of groups answered wrong every time: questions out "
+            why = (f"{_pct(tied - right)} of groups tied below a right answer: questions out "
                    "of its reach")
         else:
-            why = f"{tied:.0%} of groups tied"
+            why = f"{_pct(tied)} of groups tied"
         return "warn", (
-            f"only {mean:.0%} of groups had rewards that varied over the last {w} steps; {why}. "
-            "Train on questions it gets right sometimes, or raise rollout.temperature or "
-            "group_size")
+            f"only {_pct(mean)} of groups had rewards that varied over the last {w} steps "
+            f"(a group-relative advantage learns from those alone); {why}. Train on "
+            "questions it gets right sometimes, raise rollout.temperature or group_size, or "
+            "algo.dynamic_sampling: true")
 
     def state_dict(self) -> dict:
         return {"signals": {name: s.state_dict() for name, s in self.signals.items()},
