@@ -1023,3 +1023,27 @@ def test_keep_copies_finished_and_running_runs_small_and_the_report_reads_them(t
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit, match="no runs or evaluations"):
         bench._keep(tmp_path / "empty", to)
+
+
+def test_the_long_runs_script_runs_the_settings_results_names():
+    """bench/long_runs.sh parses, and its runs carry every setting of the command that
+    bench/RESULTS.md names for the long200w series (its first line of options onward)."""
+    import re
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    script = root / "bench" / "long_runs.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    results = (root / "bench" / "RESULTS.md").read_text()
+    named = results[results.index("--runs-dir long200w\n") - 600:
+                    results.index("--runs-dir long200w\n") + len("--runs-dir long200w")]
+    named = named[named.index("process_ablation.py"):]
+
+    def options(text: str) -> set[str]:
+        text = text.replace("\\\n", " ")
+        return {f"{k} {v}" for k, v in re.findall(r"(--[a-z-]+) ([^\s\\-][^\s\\]*)", text)
+                if k not in ("--work-dir", "--sft", "--seeds")}
+
+    want = options(named)
+    assert {"--rl-world-seed 1", "--set rollout.temperature=1.0", "--runs-dir long200w"} <= want
+    assert want <= options(script.read_text())
