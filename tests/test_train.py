@@ -1661,3 +1661,46 @@ def test_a_query_ranker_shared_with_eval_index_stays_bound_to_the_rollouts_index
                               device="cpu")
     assert other.eval_retriever is None and other.retriever.ranker.bound == "rollouts' index"
     other.load(tmp_path / "ck")
+
+
+def test_a_start_trained_on_the_rl_questions_is_warned_about(world, tiny, tmp_path):
+    """RL from a checkpoint whose run folder names, as its data, episodes of most of RL's
+    questions: a warning at the start that names both, before anything trains. Other
+    questions, a model that is not a run's folder, or a config without data: no warning."""
+    import warnings as w
+
+    from seekrl.recipes.train_checks import learned_questions
+
+    questions = world["train"]
+    run = tmp_path / "sft"
+    (run / "final").mkdir(parents=True)
+    episodes = run / "episodes.jsonl"
+    episodes.write_text("".join(json.dumps({"question": "  " + q.question.upper(), "turns": []})
+                                + "\n" for q in questions[:12]) + "not json\n")
+    sft = f"model: smollm2-135m\ndata: {episodes}\nbatch_size: 2\ngrad_accum: 2\n"
+    (run / "config.yaml").write_text(sft + "max_steps: 3\nepochs: 1.0\n")
+    why = learned_questions(str(run / "final"), questions)
+    assert why.startswith(f"12 of {len(questions)} training questions are in {episodes}, "
+                          f"which the start {run / 'final'} was fine-tuned on for 1.0 passes")
+    assert "train RL on other questions" in why
+    # a short warm-up over the same questions (the demo's 20 steps of 2,000) has not learned them
+    (run / "config.yaml").write_text(sft + "max_steps: 1\n")
+    assert learned_questions(str(run / "final"), questions) is None      # 4 of 12: 0.33
+    (run / "config.yaml").write_text(sft + "max_steps: null\nepochs: 2\n")
+    assert "for 2.0 passes" in learned_questions(str(run / "final"), questions)
+    assert learned_questions(str(run / "final"), questions[12:]) is None   # none of them
+    assert learned_questions(str(run / "final"), questions[:12], limit=10) is None  # unread
+    assert learned_questions(str(run), questions) is None       # no config beside it
+    assert learned_questions("smollm2-135m", questions) is None
+    (run / "config.yaml").write_text("model: smollm2-135m\nbatch_size: 2\ngrad_accum: 2\n")
+    assert learned_questions(str(run / "final"), questions) is None     # no data named
+    (run / "config.yaml").write_text(f"data: {episodes}\nsteps: 3\n")   # an RL run's
+    assert learned_questions(str(run / "final"), questions) is None
+    (run / "config.yaml").write_text(sft + "max_steps: 3\n")
+    cfg = make_cfg(tmp_path / "rl", model=str(run / "final"))
+    with pytest.warns(UserWarning, match="training questions are in"):
+        make_trainer(cfg, world, tiny)
+    with w.catch_warnings(record=True) as caught:
+        w.simplefilter("always")
+        make_trainer(make_cfg(tmp_path / "rl2"), world, tiny)
+    assert not [c for c in caught if "training questions are in" in str(c.message)]

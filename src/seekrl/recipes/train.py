@@ -46,7 +46,7 @@ from seekrl.recipes.setup import (
     set_seed,
     trainable_parameters,
 )
-from seekrl.recipes.train_checks import check_config, check_start
+from seekrl.recipes.train_checks import check_config, check_start, learned_questions
 from seekrl.recipes.train_state import Checkpointer, RunState, run_summary
 from seekrl.rewards.outcome import RewardParts, episode_reward, load_reward_fn
 from seekrl.rewards.process import ProcessContext, StepScorer, score_steps
@@ -105,6 +105,8 @@ class Trainer:
             raise FileNotFoundError(f"data: {err}") from None
         if not self.questions:
             raise ValueError(f"data: {cfg.data} has no questions")
+        if self.dist.main and (learned := learned_questions(cfg.model, self.questions)):
+            warnings.warn(learned, stacklevel=2)
         self.env = SearchEnvironment(cfg, retriever, dist=self.dist, device=self.device)
         if prm_scorer is None and "prm" in cfg.reward.process:
             from seekrl.rewards.prm import load_scorer

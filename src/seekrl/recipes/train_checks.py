@@ -221,3 +221,58 @@ def _check_log_packages(log) -> None:
             raise ConfigError(f"log.{key}: needs the {package} package (pip install "
                               f"{package}), which is not installed; install it or set "
                               f"log.{key}=false")
+
+
+def learned_questions(model: str, questions, *, limit: int = 128 << 20) -> str | None:
+    """A warning when most of RL's `questions` are in the data the starting checkpoint was
+    fine-tuned on, for half a pass over it or more: `model` an SFT run's `final/` (or another
+    folder beside the run's config.yaml), whose config names its `data` (a JSONL of episodes
+    with a `question` key; its first `limit` bytes are read: a check, not a second load) and
+    its length (`max_steps` x `batch_size` x `grad_accum` episodes, or `epochs`). Such a
+    start has learned those answers, so the groups of its rollouts mostly tie and teach
+    little. None when it cannot tell."""
+    import json
+
+    import yaml
+
+    folder = Path(model)
+    config = folder.parent / "config.yaml"
+    if not folder.is_dir() or not config.is_file():
+        return None
+    try:
+        sft = yaml.safe_load(config.read_text()) or {}
+        data = sft["data"]
+        per_step = int(sft["batch_size"]) * int(sft["grad_accum"])
+        steps, epochs = sft.get("max_steps"), float(sft.get("epochs") or 1.0)
+    except (yaml.YAMLError, OSError, TypeError, KeyError, ValueError, AttributeError):
+        return None   # not an SFT run's config
+    if not isinstance(data, str) or not Path(data).is_file():
+        return None
+
+    def norm(text: str) -> str:
+        return " ".join(text.split()).lower()
+
+    seen: set[str] = set()
+    records = read = 0
+    with open(data, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            read += len(line)
+            if read > limit:
+                break
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("question"), str):
+                seen.add(norm(record["question"]))
+                records += 1
+    asked = {norm(q.question) for q in questions}
+    both = len(asked & seen)
+    passes = (int(steps) * per_step / records if steps else epochs) if records else 0.0
+    if not asked or both < 0.5 * len(asked) or passes < 0.5:
+        return None
+    return (f"{both} of {len(asked)} training questions are in {data}, which the start "
+            f"{model} was fine-tuned on for {passes:.1f} passes ({config}): it has learned "
+            "their answers, so most groups of its rollouts will tie and teach little; train "
+            "RL on other questions (another split; on the synthetic world, another world's "
+            "with its own index)")
