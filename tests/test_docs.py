@@ -166,6 +166,8 @@ def test_the_own_data_page_runs_as_written(tmp_path):
     r = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=work, env=env,
                        capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, f"{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    # the page says so: RL on the questions the warm-up passed over is warned about
+    assert "training questions are in" in " ".join((r.stdout + r.stderr).split())
     own = work / "runs" / "own"
     for path in ("index/manifest.json", "eval-start/metrics.json", "rft/rft_data.jsonl",
                  "oracle.jsonl", "sft/final", "rl/final", "rl/metrics.jsonl",
