@@ -7,13 +7,13 @@
 #   git worktree add --detach /work/snap-long200w 14a1bd7      # the commit that named them
 #   SNAP=/work/snap-long200w nohup bench/long_runs.sh /work/runs/probe32 > long200w.log 2>&1 &
 #
-# Run it from a checkout with the venv (`make setup`); SNAP is the code the runs use (default:
-# this checkout). Keep their records as they go:
+# It runs with this checkout's venv (`make setup`; PYTHON= another); SNAP is the code the runs
+# use (default: this checkout). Keep their records as they go:
 #   .venv/bin/python bench/process_ablation.py --stage keep --work-dir WORK --runs-dir long200w --keep-to bench/records
 set -euo pipefail
 W=${1:-/work/runs/probe32}
 S=${SNAP:-$(cd "$(dirname "$0")/.." && pwd)}
-PY=${PYTHON:-.venv/bin/python}
+PY=${PYTHON:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python}   # this checkout's venv
 START=$W/sft-200-plan_weight=10-balance_types=hops/run/final
 if [ ! -f "$START/config.json" ]; then   # the start: 200 plan-weighted, hop-balanced SFT steps
   PYTHONPATH=$S/src $PY "$S/bench/sft_curve.py" --work-dir "$W" --budgets 200 --on dev --n-test 100 \

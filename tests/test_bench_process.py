@@ -1035,9 +1035,8 @@ def test_the_long_runs_script_runs_the_settings_results_names():
     script = root / "bench" / "long_runs.sh"
     subprocess.run(["bash", "-n", str(script)], check=True)
     results = (root / "bench" / "RESULTS.md").read_text()
-    named = results[results.index("--runs-dir long200w\n") - 600:
-                    results.index("--runs-dir long200w\n") + len("--runs-dir long200w")]
-    named = named[named.index("process_ablation.py"):]
+    end = results.index("--runs-dir long200w\n") + len("--runs-dir long200w")
+    named = results[results.rindex("process_ablation.py", 0, end):end]
 
     def options(text: str) -> set[str]:
         text = text.replace("\\\n", " ")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 import shutil
 
 import pytest
@@ -1664,43 +1665,60 @@ def test_a_query_ranker_shared_with_eval_index_stays_bound_to_the_rollouts_index
 
 
 def test_a_start_trained_on_the_rl_questions_is_warned_about(world, tiny, tmp_path):
-    """RL from a checkpoint whose run folder names, as its data, episodes of most of RL's
-    questions: a warning at the start that names both, before anything trains. Other
-    questions, a model that is not a run's folder, or a config without data: no warning."""
+    """RL from a checkpoint of an SFT run whose data holds episodes of most of RL's questions,
+    trained for half a pass or more: a warning at the start naming both, before anything
+    trains, and not again on a resume. Other questions, a short warm-up, a model that is
+    not an SFT run's (an RL or refine run's final/, a hub id): no warning."""
     import warnings as w
 
+    from seekrl.config import RefineConfig, SFTConfig, dump_config
     from seekrl.recipes.train_checks import learned_questions
 
     questions = world["train"]
     run = tmp_path / "sft"
     (run / "final").mkdir(parents=True)
+    (run / "checkpoints" / "step-2").mkdir(parents=True)
     episodes = run / "episodes.jsonl"
     episodes.write_text("".join(json.dumps({"question": "  " + q.question.upper(), "turns": []})
                                 + "\n" for q in questions[:12]) + "not json\n")
-    sft = f"model: smollm2-135m\ndata: {episodes}\nbatch_size: 2\ngrad_accum: 2\n"
-    (run / "config.yaml").write_text(sft + "max_steps: 3\nepochs: 1.0\n")
-    why = learned_questions(str(run / "final"), questions)
+
+    def sft(**keys):   # the run's config as `seekrl sft` writes it: 2 x 2 episodes a step
+        dump_config(SFTConfig(data=str(episodes), batch_size=2, grad_accum=2, **keys),
+                    run / "config.yaml")
+
+    final = str(run / "final")
+    sft(max_steps=3)   # 12 episodes of 12: one pass
+    why = learned_questions(final, questions)
     assert why.startswith(f"12 of {len(questions)} training questions are in {episodes}, "
-                          f"which the start {run / 'final'} was fine-tuned on for 1.0 passes")
+                          f"which the start {final} was fine-tuned on for 1.0 passes")
     assert "train RL on other questions" in why
-    # a short warm-up over the same questions (the demo's 20 steps of 2,000) has not learned them
-    (run / "config.yaml").write_text(sft + "max_steps: 1\n")
-    assert learned_questions(str(run / "final"), questions) is None      # 4 of 12: 0.33
-    (run / "config.yaml").write_text(sft + "max_steps: null\nepochs: 2\n")
-    assert "for 2.0 passes" in learned_questions(str(run / "final"), questions)
-    assert learned_questions(str(run / "final"), questions[12:]) is None   # none of them
-    assert learned_questions(str(run / "final"), questions[:12], limit=10) is None  # unread
-    assert learned_questions(str(run), questions) is None       # no config beside it
+    assert learned_questions(str(run / "checkpoints" / "step-2"), questions) is not None
+    assert learned_questions(final, questions[12:]) is None      # none of them
+    sft(max_steps=1)   # a short warm-up over the same questions has not learned them
+    assert learned_questions(final, questions) is None            # 4 of 12: 0.33 passes
+    sft(max_steps=None, epochs=2)
+    assert "for 2.0 passes" in learned_questions(final, questions)
+    sft(max_steps=3, limit=4)   # trained on its first 4 episodes only: 3 passes over them,
+    assert learned_questions(final, questions) is None            # 4 of 16 questions
+    # a file read in part: the rest is estimated from its size (about 13 records, not the
+    # 4 read), so 3 steps x 4 over it are about one pass, not three
+    sft(max_steps=3)
+    part = learned_questions(final, questions[:4], limit=len(episodes.read_bytes()) // 3)
+    passes = float(re.search(r"for ([\d.]+) passes", part).group(1))
+    assert 0.8 <= passes <= 1.3, part
+    assert learned_questions(str(run), questions) is None          # no config beside it
     assert learned_questions("smollm2-135m", questions) is None
-    (run / "config.yaml").write_text("model: smollm2-135m\nbatch_size: 2\ngrad_accum: 2\n")
-    assert learned_questions(str(run / "final"), questions) is None     # no data named
-    (run / "config.yaml").write_text(f"data: {episodes}\nsteps: 3\n")   # an RL run's
-    assert learned_questions(str(run / "final"), questions) is None
-    (run / "config.yaml").write_text(sft + "max_steps: 3\n")
-    cfg = make_cfg(tmp_path / "rl", model=str(run / "final"))
+    for other in (make_cfg(tmp_path / "x", data=str(episodes)),
+                  RefineConfig(data=str(episodes), method="step_dpo")):
+        dump_config(other, run / "config.yaml")                   # an RL or refine run's
+        assert learned_questions(final, questions) is None
+    sft(max_steps=3)
+    cfg = make_cfg(tmp_path / "rl", model=final)
     with pytest.warns(UserWarning, match="training questions are in"):
-        make_trainer(cfg, world, tiny)
-    with w.catch_warnings(record=True) as caught:
-        w.simplefilter("always")
-        make_trainer(make_cfg(tmp_path / "rl2"), world, tiny)
-    assert not [c for c in caught if "training questions are in" in str(c.message)]
+        make_trainer(cfg, world, tiny).train()
+    for resume, folder in ((True, "rl"), (False, "rl2")):
+        with w.catch_warnings(record=True) as caught:
+            w.simplefilter("always")
+            make_trainer(make_cfg(tmp_path / folder, model=final if resume else "smollm2-135m",
+                                  steps=2), world, tiny, resume=resume)
+        assert not [c for c in caught if "training questions are in" in str(c.message)]

@@ -105,7 +105,8 @@ class Trainer:
             raise FileNotFoundError(f"data: {err}") from None
         if not self.questions:
             raise ValueError(f"data: {cfg.data} has no questions")
-        if self.dist.main and (learned := learned_questions(cfg.model, self.questions)):
+        if self.dist.main and not resume and (
+                learned := learned_questions(cfg.model, self.questions)):   # once, not per resume
             warnings.warn(learned, stacklevel=2)
         self.env = SearchEnvironment(cfg, retriever, dist=self.dist, device=self.device)
         if prm_scorer is None and "prm" in cfg.reward.process:

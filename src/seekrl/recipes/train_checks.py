@@ -225,28 +225,33 @@ def _check_log_packages(log) -> None:
 
 def learned_questions(model: str, questions, *, limit: int = 128 << 20) -> str | None:
     """A warning when most of RL's `questions` are in the data the starting checkpoint was
-    fine-tuned on, for half a pass over it or more: `model` an SFT run's `final/` (or another
-    folder beside the run's config.yaml), whose config names its `data` (a JSONL of episodes
-    with a `question` key; its first `limit` bytes are read: a check, not a second load) and
-    its length (`max_steps` x `batch_size` x `grad_accum` episodes, or `epochs`). Such a
-    start has learned those answers, so the groups of its rollouts mostly tie and teach
-    little. None when it cannot tell."""
+    fine-tuned on, for half a pass over it or more: `model` an SFT run's `final/` or one of
+    its `checkpoints/step-N`, whose run's config.yaml names its `data` (a JSONL of episodes
+    with a `question` key; its first `limit` bytes are read, a check and not a second load,
+    and the rest estimated from the file's size), its `limit` and its length (`max_steps` x
+    `batch_size` x `grad_accum` episodes, or `epochs`). Such a start has learned those
+    answers, so the groups of its rollouts mostly tie and teach little. None when it cannot
+    tell."""
     import json
 
     import yaml
 
     folder = Path(model)
-    config = folder.parent / "config.yaml"
+    run = folder.parent.parent if folder.parent.name == "checkpoints" else folder.parent
+    config = run / "config.yaml"
     if not folder.is_dir() or not config.is_file():
         return None
     try:
         sft = yaml.safe_load(config.read_text()) or {}
-        data = sft["data"]
+        if "max_steps" not in sft or "steps" in sft:   # not an SFT run's (RL, refine)
+            return None
+        data = Path(sft["data"])
         per_step = int(sft["batch_size"]) * int(sft["grad_accum"])
-        steps, epochs = sft.get("max_steps"), float(sft.get("epochs") or 1.0)
+        steps = int(sft["max_steps"]) if sft["max_steps"] else None
+        epochs = float(sft.get("epochs") or 1.0)
+        cap = int(sft["limit"]) if sft.get("limit") else None
+        size = data.stat().st_size
     except (yaml.YAMLError, OSError, TypeError, KeyError, ValueError, AttributeError):
-        return None   # not an SFT run's config
-    if not isinstance(data, str) or not Path(data).is_file():
         return None
 
     def norm(text: str) -> str:
@@ -254,21 +259,25 @@ def learned_questions(model: str, questions, *, limit: int = 128 << 20) -> str |
 
     seen: set[str] = set()
     records = read = 0
-    with open(data, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            read += len(line)
-            if read > limit:
+    with open(data, "rb") as f:
+        for raw in f:
+            read += len(raw)
+            if read > limit or (cap is not None and records >= cap):
                 break
             try:
-                record = json.loads(line)
+                record = json.loads(raw)
             except ValueError:
                 continue
             if isinstance(record, dict) and isinstance(record.get("question"), str):
                 seen.add(norm(record["question"]))
                 records += 1
+    if read > limit and records:   # the unread part as the read part
+        records = round(records * size / (read - len(raw)))
+        if cap is not None:
+            records = min(records, cap)
     asked = {norm(q.question) for q in questions}
     both = len(asked & seen)
-    passes = (int(steps) * per_step / records if steps else epochs) if records else 0.0
+    passes = (steps * per_step / records if steps else epochs) if records else 0.0
     if not asked or both < 0.5 * len(asked) or passes < 0.5:
         return None
     return (f"{both} of {len(asked)} training questions are in {data}, which the start "
