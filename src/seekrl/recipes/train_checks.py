@@ -259,18 +259,21 @@ def learned_questions(model: str, questions, *, limit: int = 128 << 20) -> str |
 
     seen: set[str] = set()
     records = read = 0
-    with open(data, "rb") as f:
-        for raw in f:
-            read += len(raw)
-            if read > limit or (cap is not None and records >= cap):
-                break
-            try:
-                record = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and isinstance(record.get("question"), str):
-                seen.add(norm(record["question"]))
-                records += 1
+    try:
+        with open(data, "rb") as f:
+            for raw in f:
+                read += len(raw)
+                if read > limit or (cap is not None and records >= cap):
+                    break
+                try:
+                    record = json.loads(raw)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and isinstance(record.get("question"), str):
+                    seen.add(norm(record["question"]))
+                    records += 1
+    except OSError:
+        return None
     if read > limit and records:   # the unread part as the read part
         records = round(records * size / (read - len(raw)))
         if cap is not None:
