@@ -230,8 +230,8 @@ def learned_questions(model: str, questions, *, limit: int = 128 << 20) -> str |
     with a `question` key; its first `limit` bytes are read, a check and not a second load,
     and the rest estimated from the file's size), its `limit` and its length (`max_steps` x
     `batch_size` x `grad_accum` episodes, or `epochs`). Such a start has learned those
-    answers, so the groups of its rollouts mostly tie and teach little. None when it cannot
-    tell."""
+    answers: RL on them rewards recall, not what carries over to unseen questions. None
+    when it cannot tell."""
     import json
 
     import yaml
@@ -285,6 +285,6 @@ def learned_questions(model: str, questions, *, limit: int = 128 << 20) -> str |
         return None
     return (f"{both} of {len(asked)} training questions are in {data}, which the start "
             f"{model} was fine-tuned on for {passes:.1f} passes ({config}): it has learned "
-            "their answers, so most groups of its rollouts will tie and teach little; train "
-            "RL on other questions (another split; on the synthetic world, another world's "
-            "with its own index)")
+            "their answers, so RL on them rewards recall more than the searching that carries "
+            "over to unseen questions; train RL on other questions (another split; on the "
+            "synthetic world, another world's with its own index)")
