@@ -234,25 +234,23 @@ def learned_questions(model: str, questions, *, limit: int = 128 << 20) -> str |
     when it cannot tell."""
     import json
 
-    import yaml
+    from seekrl.config.loading import load_config
+    from seekrl.config.schema import SFTConfig
+    from seekrl.errors import ConfigError
 
     folder = Path(model)
     run = folder.parent.parent if folder.parent.name == "checkpoints" else folder.parent
     config = run / "config.yaml"
     if not folder.is_dir() or not config.is_file():
         return None
-    try:
-        sft = yaml.safe_load(config.read_text()) or {}
-        if "max_steps" not in sft or "steps" in sft:   # not an SFT run's (RL, refine)
-            return None
-        data = Path(sft["data"])
-        per_step = int(sft["batch_size"]) * int(sft["grad_accum"])
-        steps = int(sft["max_steps"]) if sft["max_steps"] else None
-        epochs = float(sft.get("epochs") or 1.0)
-        cap = int(sft["limit"]) if sft.get("limit") else None
+    try:   # the SFT schema is strict: an RL or refine run's config is refused here
+        sft = load_config(SFTConfig, config)
+        data = Path(sft.data)
         size = data.stat().st_size
-    except (yaml.YAMLError, OSError, TypeError, KeyError, ValueError, AttributeError):
+    except (ConfigError, OSError):
         return None
+    per_step = sft.batch_size * sft.grad_accum
+    steps, epochs, cap = sft.max_steps, sft.epochs, sft.limit
 
     def norm(text: str) -> str:
         return " ".join(text.split()).lower()
