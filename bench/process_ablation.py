@@ -512,24 +512,32 @@ STEP_CURVES = (M.EM, M.VALID_FORMAT, M.GROUPS_WITH_SIGNAL, M.GROUPS_SOLVED, M.UP
                M.ROLLOUT_TOKENS)
 
 
+def _gzip(src: Path, dst: Path) -> None:
+    """`src` gzipped to `dst`, the same bytes for the same file (no time stamp), so a record
+    kept again unchanged is no change to commit."""
+    import gzip
+
+    with open(src, "rb") as f, open(dst, "wb") as raw, \
+            gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as out:
+        shutil.copyfileobj(f, out)
+
+
 def _keep_log(out: Path, to: Path | None = None) -> str:
     """The run's whole metrics.jsonl, gzipped into `to` (default: beside its result.json,
     kept in the records with it); returns its name."""
-    import gzip
-
-    with open(out / "metrics.jsonl", "rb") as src, \
-            gzip.open((to or out) / "metrics.jsonl.gz", "wb", compresslevel=9) as dst:
-        shutil.copyfileobj(src, dst)
+    _gzip(out / "metrics.jsonl", (to or out) / "metrics.jsonl.gz")
     return "metrics.jsonl.gz"
 
 
 def _keep(runs: Path, to: Path) -> None:
     """A runs folder's records, small, in the layout the report reads: each run's
-    result.json, config and gzipped step log, and each evaluation's figures and per-question
-    EM (`eval/step-N` as `eval-step-N`, the final one as `eval-test` or `eval-dev`), the
-    start's evaluations (`eval-sft-*`) likewise. A run without its result yet (still going,
-    or killed) goes to `RUN-partial`, which its finished records replace. Checkpoints and
-    trajectories stay behind: a machine can lose them, these figures it cannot."""
+    result.json, config and gzipped step log, and each evaluation's figures, per-question
+    EM and gzipped episodes (each answer with the turns that led to it, ~30 KB for 100
+    questions: what a failure analysis reads again), `eval/step-N` as `eval-step-N`, the
+    final one as `eval-test` or `eval-dev`; the start's evaluations (`eval-sft-*`)
+    likewise. A run without its result yet (still going, or killed) goes to `RUN-partial`,
+    which its finished records replace. Checkpoints and token-level trajectories stay
+    behind: a machine can lose them, these records it cannot."""
     if not runs.is_dir():
         raise SystemExit(f"--stage keep: {runs} is not a runs folder")
 
@@ -541,6 +549,8 @@ def _keep(runs: Path, to: Path) -> None:
         per = _per_question(src)
         if per is not None:
             (dst / "per_question.json").write_text(json.dumps(per, indent=0, sort_keys=True))
+        if (src / "episodes.jsonl").is_file():
+            _gzip(src / "episodes.jsonl", dst / "episodes.jsonl.gz")
         return True
 
     kept = []

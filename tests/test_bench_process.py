@@ -950,7 +950,8 @@ def test_budget_by_runs_that_method_first_and_gives_its_tokens_to_the_others(tmp
                      ("recall", 1, None), ("outcome", 1, 1001)]
 
 
-def test_keep_copies_finished_and_running_runs_small_and_the_report_reads_them(tmp_path, capsys):
+def test_keep_copies_finished_and_running_runs_small_and_the_report_reads_them(tmp_path, capsys,
+                                                                             monkeypatch):
     bench = load_bench()
     runs, to = tmp_path / "work" / "long", tmp_path / "records" / "long"
     qs = [f"q{i}" for i in range(4)]
@@ -961,7 +962,7 @@ def test_keep_copies_finished_and_running_runs_small_and_the_report_reads_them(t
         (d / "trajectories.jsonl").write_text("".join(json.dumps(
             {"example_id": q, "answer": "a" if i < right else "b", "golden_answers": ["a"]})
             + "\n" for i, q in enumerate(qs)))
-        (d / "episodes.jsonl").write_text("big\n")
+        (d / "episodes.jsonl").write_text(f"episodes of {right}\n")
 
     def run(name: str, steps: int) -> Path:
         d = runs / name
@@ -997,10 +998,15 @@ def test_keep_copies_finished_and_running_runs_small_and_the_report_reads_them(t
     assert json.loads((kept / "eval-step-2" / "per_question.json").read_text()) == {
         "q0": 1.0, "q1": 1.0, "q2": 0.0, "q3": 0.0}
     assert sorted(p.name for p in (kept / "eval-test").iterdir()) == [
-        "metrics.json", "per_question.json"]   # no trajectories, no episodes
+        "episodes.jsonl.gz", "metrics.json", "per_question.json"]   # no trajectories
     import gzip
     assert gzip.decompress((kept / "metrics.jsonl.gz").read_bytes()) == \
         (done / "metrics.jsonl").read_bytes()
+    assert gzip.decompress((kept / "eval-test" / "episodes.jsonl.gz").read_bytes()) == \
+        b"episodes of 3\n"
+    before = {p: p.read_bytes() for p in to.rglob("*.gz")}
+    later = time.time() + 100
+    monkeypatch.setattr(time, "time", lambda: later)   # a gzip time stamp would differ
     assert (to / "recall_cost-s0-partial" / "eval-step-2" / "metrics.json").is_file()
     assert not (to / "recall_cost-s0").exists()
     assert (to / "eval-sft-test" / "per_question.json").is_file()
@@ -1011,6 +1017,7 @@ def test_keep_copies_finished_and_running_runs_small_and_the_report_reads_them(t
         "steps": 1, "rollout_tokens": 1000, "em_by_type": {}, "per_question":
         {q: 1.0 for q in qs}}))
     bench._keep(runs, to)
+    assert all(p.read_bytes() == b for p, b in before.items() if p.exists())   # no new bytes
     assert (to / "recall_cost-s0" / "result.json").is_file()
     assert not (to / "recall_cost-s0-partial").exists()
     capsys.readouterr()

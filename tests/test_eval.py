@@ -100,6 +100,8 @@ def test_score_trajectories_matches_hand_computed_values():
                         "turns": 2.0, "queries": 1.0,
                         "generated_tokens": 7.0, "evidence_recall": 0.375, "pass@2": 1.0,
                         "one_search": 0.5, "planned_lookups": None,
+                        # q2, the one yes/no question: yes in one of its two samples
+                        "answered_yes": 0.5, "gold_yes": 1.0,
                         # only q1's first sample found d1 and d2 (and was right)
                         "evidence_complete": 0.25, "em_evidence_complete": 1.0})
     # B: q3 one of two right, q4 none; no gold documents -> evidence recall None (n/a)
@@ -107,7 +109,7 @@ def test_score_trajectories_matches_hand_computed_values():
                         "cover_em": 0.25, "valid_format": 1.0, "searches": 0.0,
                         "turns": 1.0, "queries": 0.0, "generated_tokens": 5.0,
                         "evidence_recall": None, "pass@2": 0.5, "one_search": 0.0,
-                        "planned_lookups": None,
+                        "planned_lookups": None, "answered_yes": None, "gold_yes": None,
                         "evidence_complete": None, "em_evidence_complete": None})
     # macro average over the two data sets; evidence recall only where known
     assert avg == approx({"questions": 4, "trajectories": 8, "em": 0.375,
@@ -115,7 +117,8 @@ def test_score_trajectories_matches_hand_computed_values():
                           "searches": 0.5, "turns": 1.5, "queries": 0.5,
                           "generated_tokens": 6.0, "evidence_recall": 0.375,
                           "pass@2": 0.75, "one_search": 0.25,
-                          "planned_lookups": None, "evidence_complete": 0.25,
+                          "planned_lookups": None, "answered_yes": 0.5, "gold_yes": 1.0,
+                          "evidence_complete": 0.25,
                           "em_evidence_complete": 1.0})
     # per type: only A has types; each type is one question here
     assert list(m["by_type"]) == ["A"]
@@ -124,6 +127,32 @@ def test_score_trajectories_matches_hand_computed_values():
     assert bridge["evidence_recall"] == 0.75 and bridge["searches"] == 1.5
     assert comparison["valid_format"] == 0.5 and comparison["evidence_recall"] == 0.0
     json.dumps(m)  # metrics.json material
+
+
+def test_yes_no_questions_show_how_often_the_agent_says_yes():
+    """An agent that answers "no" to every yes/no question scores the golds' share of "no";
+    `answered_yes` beside `gold_yes` shows it. Other questions are left out of both."""
+    from seekrl.eval.evaluate import yes_no
+    from seekrl.eval.report import metrics_markdown
+
+    assert yes_no("Yes.", ["yes"]) == (1.0, 1.0) and yes_no(" no", "yes") == (0.0, 1.0)
+    assert yes_no(None, ["No"]) == (0.0, 0.0) and yes_no("yes", ["no", "No."]) == (1.0, 0.0)
+    assert yes_no("yes", ["Paris"]) is None and yes_no("yes", ["yes", "Paris"]) is None
+    assert yes_no("yes", []) is None
+    golds = ["no", "no", "yes", "no"]
+    run = [make_traj("A", f"q{i}", 0, "no", [g], type_="comparison", steps=[("answer", [], 3)])
+           for i, g in enumerate(golds)]
+    run.append(make_traj("A", "q9", 0, "Paris", ["Paris"], type_="bridge",
+                         steps=[("answer", [], 3)]))
+    m = score_trajectories(run)
+    a = m["datasets"]["A"]
+    assert a["answered_yes"] == 0.0 and a["gold_yes"] == 0.25 and a["em"] == approx(4 / 5)
+    comparison = m["by_type"]["A"]["comparison"]
+    assert comparison["em"] == 0.75 and comparison["gold_yes"] == 0.25
+    assert m["by_type"]["A"]["bridge"]["answered_yes"] is None
+    text = metrics_markdown(m)
+    assert "| says yes | gold yes |" in text
+    assert "says yes" not in metrics_markdown(score_trajectories(run[-1:]))
 
 
 def test_single_sample_has_no_pass_at_k_and_explicit_ks_work():

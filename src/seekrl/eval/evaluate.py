@@ -43,11 +43,11 @@ from seekrl.data.benchmarks import hop_averages, spec_name, split_name
 from seekrl.data.qa import FOLDER_SPLITS, QAExample, folder_split, load_qa
 from seekrl.errors import DataError
 from seekrl.retrieval.base import RetrievalError, Retriever
-from seekrl.rewards.metrics import cover_em, exact_match, f1_score
+from seekrl.rewards.metrics import cover_em, exact_match, f1_score, normalize_answer
 
 __all__ = ["GENERIC_STEMS", "answer_scores", "dataset_name", "describe_retriever",
            "eval_rollout_config", "eval_settings", "evaluate", "load_eval_data",
-           "pass_at_k", "protocol_record", "score_trajectories", "write_run"]
+           "pass_at_k", "protocol_record", "score_trajectories", "write_run", "yes_no"]
 
 # File stems that say which split, not which data set: the folder names the data set.
 GENERIC_STEMS = frozenset({"questions", "test", "dev", "train", "val", "validation", "data"})
@@ -56,8 +56,10 @@ GENERIC_STEMS = frozenset({"questions", "test", "dev", "train", "val", "validati
 _METRIC_KEYS = ("em", "f1", "cover_em", "valid_format", "searches", "turns", "queries",
                 "generated_tokens", "one_search")
 # known only for some episodes: averaged over those (None where no episode has one)
-# planned_lookups: what the first thought plans ("I need 2 lookups"), beside `searches`
-_PARTIAL_KEYS = ("evidence_recall", "planned_lookups")
+# planned_lookups: what the first thought plans ("I need 2 lookups"), beside `searches`;
+# answered_yes / gold_yes: on yes/no questions, how often the agent says yes and the gold
+# does (a policy that answers one way whatever it read scores the gold's share of it)
+_PARTIAL_KEYS = ("evidence_recall", "planned_lookups", "answered_yes", "gold_yes")
 _FOUND = "_evidence_complete_em"   # a question row's (episodes with every gold doc, their EM)
 
 
@@ -145,13 +147,27 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
+def yes_no(prediction: str | None, golden_answers: Sequence[str]) -> tuple[float, float] | None:
+    """(the prediction says yes, the gold does) as 1.0/0.0 on a question whose golden answers
+    are all yes or no; None on any other question."""
+    golds = {normalize_answer(g) for g in ([golden_answers] if isinstance(golden_answers, str)
+                                           else golden_answers)}
+    if not golds or not golds <= {"yes", "no"}:
+        return None
+    said = normalize_answer(prediction) if prediction is not None else ""
+    return float(said == "yes"), float("yes" in golds)
+
+
 def _trajectory_scores(t: Trajectory) -> dict[str, Any]:
     scores: dict[str, Any] = answer_scores(t.answer, t.golden_answers)
+    yn = yes_no(t.answer, t.golden_answers)
     scores.update(valid_format=float(t.valid_format), searches=float(t.n_searches),
                   turns=float(len(t.steps)),
                   queries=float(t.n_queries),
                   generated_tokens=float(t.n_generated), one_search=float(t.n_searches == 1),
-                  evidence_recall=t.evidence_recall(), planned_lookups=t.planned_lookups)
+                  evidence_recall=t.evidence_recall(), planned_lookups=t.planned_lookups,
+                  answered_yes=None if yn is None else yn[0],
+                  gold_yes=None if yn is None else yn[1])
     return scores
 
 

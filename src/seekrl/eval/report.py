@@ -65,6 +65,9 @@ def metric_columns(metrics: dict) -> list[tuple[str, str, str]]:
         at = [k for k, _, _ in columns].index("searches") + 1
         columns[at:at] = [("one_search", "one search", "{:.3f}"),
                           ("planned_lookups", "planned lookups", "{:.2f}")]
+    if any(row.get("answered_yes") is not None for row in rows):
+        # on yes/no questions: an agent that says yes (or no) whatever it read shows here
+        columns += [("answered_yes", "says yes", "{:.3f}"), ("gold_yes", "gold yes", "{:.3f}")]
     return columns
 
 
