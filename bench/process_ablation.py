@@ -141,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="report: also compare each method pair by pair with the same method "
                          "of another runs folder under WORK (another setting of the same start "
                          "and questions: e.g. a ranker's runs against decide)")
+    ap.add_argument("--set-aside-yes-no", type=Path, default=None, metavar="QUESTIONS",
+                    help="report: also give process_gain and rl_gain without the questions of "
+                         "this file (the ones the runs were tested on) whose gold answers are "
+                         "yes or no: a policy that flips one constant answer for another moves "
+                         "EM there without comparing anything")
     ap.add_argument("--prm", type=Path, default=None,
                     help="the `prm` method's process reward model (a `seekrl prm train` "
                          "folder); the generated tokens of its labels count toward the run's "
@@ -233,7 +238,9 @@ def main() -> None:
             print(f"em_sft={start['average']['em']:.4f}", flush=True)
     if args.stage in ("all", "report"):
         _report(work / args.runs_dir, started, args.named, args.final_on,
-                against=work / args.against if args.against else None)
+                against=work / args.against if args.against else None,
+                set_aside=_yes_no_ids(args.set_aside_yes_no) if args.set_aside_yes_no
+                else None)
 
 
 def _hops(results: list[dict]) -> dict[str, dict[str, float]]:
@@ -712,8 +719,27 @@ def _per_run(runs: Path, results: list[dict], on: str, tag: str = "") -> dict:
             for r in results}
 
 
+def _yes_no_ids(path: Path) -> set[str]:
+    """The ids of a question file's questions whose gold answers are all yes or no."""
+    from seekrl.data.qa import load_qa
+    from seekrl.eval.evaluate import yes_no
+
+    if not path.is_file():
+        raise SystemExit(f"--set-aside-yes-no: {path} is not a question file")
+    return {q.id for q in load_qa(path) if yes_no(None, q.golden_answers) is not None}
+
+
+def _without(per: dict | None, ids: set[str]) -> dict | None:
+    """A per-question record without the questions `ids` (`dataset/id` keys by their id)."""
+    if per is None:
+        return None
+    return {q: em for q, em in per.items() if q.rpartition("/")[2] not in ids}
+
+
 def _report(runs: Path, started: float, named: str, on: str = "test",
-            against: Path | None = None) -> None:
+            against: Path | None = None, set_aside: set[str] | None = None) -> None:
+    """The table, plots and paired gains of the runs under `runs`; with `set_aside` (question
+    ids), the two named gains also without those questions."""
     results = _results(runs)
     if not results:
         raise SystemExit(f"no results under {runs}: run the methods first")
@@ -812,6 +838,21 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
         "; " + _gain(f"{m}_vs_{m}{tag}", found.get((m, m + tag)),
                      rows[m]["em"] - their_em[m])
         for m in order if m in their_em) if tag else ""
+    if set_aside is not None:
+        kept = {k: _without(v, set_aside) for k, v in per_run.items()}
+        start_kept = _without(start, set_aside)
+        parts = []
+        for key, (a, b) in (("process_gain", (named, "outcome")), ("rl_gain", ("outcome", "start"))):
+            try:
+                paired = _paired(kept, a, b, start_kept)
+            except QuestionMismatch as e:
+                print(f"paired_{a}_vs_{b}_without_yes_no=refused ({e})")
+                paired = None
+            if paired is not None:
+                print(paired_line(f"{a}_without_yes_no", b, paired))
+            parts.append(_gain(f"{key}_without_yes_no", paired, float("nan")).split(" (")[0])
+        left = len(next((p for p in kept.values() if p), start_kept or {}))
+        versus += f"; without the yes/no questions ({left} left): " + " ".join(parts)
     print("process_ablation: " + ", ".join(
               f"{m} {r['em']:.3f}" + (f"±{r['em_sd']:.3f} ({r['seeds']} seeds)"
                                       if r["seeds"] > 1 else " (1 seed)")

@@ -1024,6 +1024,20 @@ def test_keep_copies_finished_and_running_runs_small_and_the_report_reads_them(t
     bench._report(to, time.time(), "recall_cost")
     summary = capsys.readouterr().out.strip().splitlines()[-1]
     assert "process_gain=+0.2500" in summary and "rl_gain=+0.5000" in summary
+    # q3 set aside (a yes/no question, say): recall_cost's one win over outcome-only was it
+    bench._report(to, time.time(), "recall_cost", set_aside={"q3"})
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "process_gain=+0.2500" in out[-1]
+    assert ("without the yes/no questions (3 left): process_gain_without_yes_no=+0.0000 "
+            "process_gain_without_yes_no_ci=+0.000..+0.000 rl_gain_without_yes_no=+0.6667 "
+            "rl_gain_without_yes_no_ci=") in out[-1]
+    assert any(line.startswith("paired_outcome_without_yes_no_vs_start=+0.6667") for line in out)
+    questions = tmp_path / "test.jsonl"
+    questions.write_text("".join(json.dumps({"id": q, "question": f"{q}?", "golden_answers": g})
+                                 + "\n" for q, g in (("q0", ["a"]), ("q3", ["Yes", "no"]),
+                                                     ("q9", ["yes", "Paris"]))))
+    assert bench._yes_no_ids(questions) == {"q3"}
+    assert bench._without({"hotpotqa/q3": 1.0, "hotpotqa/q1": 0.0}, {"q3"}) == {"hotpotqa/q1": 0.0}
 
     with pytest.raises(SystemExit, match="is not a runs folder"):
         bench._keep(tmp_path / "nowhere", to)
