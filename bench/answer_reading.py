@@ -11,8 +11,10 @@ one that says yes (or no) to every same question scores the golds' share of that
         W/long200w/recall_cost-s0/eval          # a run's probes; or records' eval-* folders
 
 Each EVAL is an evaluation folder (metrics.json beside episodes.jsonl or episodes.jsonl.gz)
-or a folder of them (`eval/step-N`, `eval-*`), read in step order. Prints `key=value`
-figures per evaluation, the last line a summary; `--out FILE` writes them as JSON.
+or a folder of them (`eval/step-N`, `eval-*`), read in step order; each question's first
+sample is read (a greedy probe has one), its answer parsed and scored as the evaluation
+does. Prints `key=value` figures per evaluation (`n/a` where it has no question of a
+kind), the last line a summary; `--out FILE` writes them as JSON.
 """
 
 from __future__ import annotations
@@ -20,8 +22,13 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import re
 from pathlib import Path
+
+from seekrl.agent.protocol import parse_action
+from seekrl.eval.evaluate import yes_no
+from seekrl.rewards.metrics import exact_match, normalize_answer
 
 ORDERING = frozenset({"birth_year", "founded_year", "release_year", "population"})
 _LISTED = re.compile(r"Comparing:\s*(.*?)\.\s*So the answer", re.S)
@@ -43,7 +50,8 @@ def _step(folder: Path) -> tuple[int, str]:
 
 
 def eval_folders(paths: list[Path]) -> list[Path]:
-    """The evaluation folders under `paths`, each path's in step order (start first)."""
+    """The evaluation folders under `paths`, each path's in step order (start first); one
+    folder named twice is refused."""
     out = []
     for path in paths:
         if (path / "metrics.json").is_file():
@@ -55,7 +63,19 @@ def eval_folders(paths: list[Path]) -> list[Path]:
             raise SystemExit(f"{path}: no evaluation here (a folder with metrics.json, or "
                              "folders of them)")
         out += sorted(found, key=_step)
+    seen = [f.resolve() for f in out]
+    twice = next((f for i, f in enumerate(seen) if f in seen[:i]), None)
+    if twice is not None:
+        raise SystemExit(f"{twice}: given twice")
     return out
+
+
+def names(folders: list[Path]) -> list[str]:
+    """Each folder by its path below the folder above them all: `eval/step-5` for one
+    run's probes, `A/eval/step-5` and `B/eval/step-5` for two runs'."""
+    full = [f.resolve() for f in folders]
+    above = Path(os.path.commonpath([f.parent for f in full])).parent
+    return [str(f.relative_to(above)) for f in full]
 
 
 def read_episodes(folder: Path) -> list[dict]:
@@ -89,23 +109,18 @@ def read_questions(paths: list[Path]) -> dict[str, dict]:
     return out
 
 
-def _norm(text: str) -> str:
-    return " ".join(text.lower().replace(".", " ").split())
-
-
 def last_thought(episode: dict) -> str:
     turns = [s["text"] for s in episode.get("segments", []) if s.get("kind") == "generated"]
     return turns[-1] if turns else ""
 
 
 def _answer(text: str) -> str | None:
-    m = re.search(r"<answer>(.*?)</answer>", text, re.S)
-    return m.group(1).strip() if m else None
+    action = parse_action(text)
+    return action.text if action.kind == "answer" else None
 
 
-def reading(episodes: list[dict], questions: dict[str, dict], ems: dict[str, float] | None
-            ) -> dict[str, float | int | None]:
-    """The figures of one evaluation (greedy: the first sample of each question)."""
+def reading(episodes: list[dict], questions: dict[str, dict]) -> dict[str, float | int | None]:
+    """The figures of one evaluation, from each question's first sample."""
     kinds = {"ordering": [], "same": []}
     for ep in episodes:
         if ep.get("sample_index", 0) != 0:
@@ -120,18 +135,19 @@ def reading(episodes: list[dict], questions: dict[str, dict], ems: dict[str, flo
         text = last_thought(ep)
         listed = _LISTED.search(text)
         said = _answer(text)
-        golds = [_norm(g) for g in q["golden_answers"]]
-        em = (ems[ep["example_id"]] if ems is not None and ep["example_id"] in ems
-              else float(said is not None and _norm(said) in golds))
+        golds = q["golden_answers"]
+        golds = [golds] if isinstance(golds, str) else golds
+        yn = yes_no(said, golds)
         kinds[kind].append({
-            "em": em, "chance": 1 / int(meta.get("options") or 2),
+            "em": exact_match(said, golds), "chance": 1 / int(meta.get("options") or 2),
             "listed_right": float(listed is not None and "judgement" in meta
-                                  and _norm(listed.group(1)) == _norm(meta["judgement"])),
-            "says_yes": float(said is not None and _norm(said) == "yes"),
-            "gold_yes": float("yes" in golds)})
+                                  and normalize_answer(listed.group(1))
+                                  == normalize_answer(meta["judgement"])),
+            "says_yes": yn[0] if yn else None, "gold_yes": yn[1] if yn else None})
 
     def mean(rows, key):
-        return round(sum(r[key] for r in rows) / len(rows), 3) if rows else None
+        vals = [r[key] for r in rows if r[key] is not None]
+        return round(sum(vals) / len(vals), 3) if vals else None
 
     out: dict[str, float | int | None] = {}
     for kind, rows in kinds.items():
@@ -146,25 +162,30 @@ def reading(episodes: list[dict], questions: dict[str, dict], ems: dict[str, flo
     return out
 
 
+def _show(value) -> str:
+    return "n/a" if value is None else str(value)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     questions = read_questions(args.questions)
     figures = {}
-    for folder in eval_folders(args.evals):
-        per = folder / "per_question.json"
-        ems = json.loads(per.read_text()) if per.is_file() else None
-        row = reading(read_episodes(folder), questions, ems)
-        name = f"{folder.parent.name}/{folder.name}"
+    folders = eval_folders(args.evals)
+    for folder, name in zip(folders, names(folders)):
+        row = reading(read_episodes(folder), questions)
         figures[name] = row
-        print(f"eval={name} " + " ".join(f"{k}={v}" for k, v in row.items()))
+        print(f"eval={name} " + " ".join(f"{k}={_show(v)}" for k, v in row.items()))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(figures, indent=1))
 
     def short(name, r):
-        return (f"{name.rsplit('/', 1)[-1]} ordering {r['ordering_em']} (chance "
-                f"{r['ordering_chance']}, listed right {r['ordering_listed_right']}), same "
-                f"{r['same_em']} (says yes {r['same_says_yes']}, gold {r['same_gold_yes']})")
+        if not r["ordering"] and not r["same"]:
+            return f"{name} no comparison questions"
+        return (f"{name} ordering {_show(r['ordering_em'])} (chance "
+                f"{_show(r['ordering_chance'])}, listed right "
+                f"{_show(r['ordering_listed_right'])}), same {_show(r['same_em'])} (says yes "
+                f"{_show(r['same_says_yes'])}, gold {_show(r['same_gold_yes'])})")
     print(f"answer_reading ({len(figures)} evaluations): "
           + "; ".join(short(n, r) for n, r in figures.items()))
 

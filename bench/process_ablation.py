@@ -183,6 +183,8 @@ def main() -> None:
         raise SystemExit("--budget and --budget-from: give one")
     if args.budget_by not in PROCESS_METHODS:
         raise SystemExit(f"--budget-by: unknown method {args.budget_by!r}")
+    # read before any run: a wrong path fails now, not after the runs have trained
+    set_aside = _yes_no_ids(args.set_aside_yes_no) if args.set_aside_yes_no else None
     if args.stage == "keep":
         if args.keep_to is None:
             raise SystemExit("--stage keep: needs --keep-to DIR (e.g. bench/records)")
@@ -239,8 +241,7 @@ def main() -> None:
     if args.stage in ("all", "report"):
         _report(work / args.runs_dir, started, args.named, args.final_on,
                 against=work / args.against if args.against else None,
-                set_aside=_yes_no_ids(args.set_aside_yes_no) if args.set_aside_yes_no
-                else None)
+                set_aside=set_aside)
 
 
 def _hops(results: list[dict]) -> dict[str, dict[str, float]]:
@@ -720,20 +721,22 @@ def _per_run(runs: Path, results: list[dict], on: str, tag: str = "") -> dict:
 
 
 def _yes_no_ids(path: Path) -> set[str]:
-    """The ids of a question file's questions whose gold answers are all yes or no."""
+    """The keys, in a per-question record, of a question file's questions whose gold answers
+    are all yes or no: each id, and `DATASET/id` as an evaluation of several files keys it."""
     from seekrl.data.qa import load_qa
-    from seekrl.eval.evaluate import yes_no
+    from seekrl.eval.evaluate import dataset_name, yes_no
 
     if not path.is_file():
         raise SystemExit(f"--set-aside-yes-no: {path} is not a question file")
-    return {q.id for q in load_qa(path) if yes_no(None, q.golden_answers) is not None}
+    ids = {q.id for q in load_qa(path) if yes_no(None, q.golden_answers) is not None}
+    return ids | {f"{dataset_name(path)}/{i}" for i in ids}
 
 
-def _without(per: dict | None, ids: set[str]) -> dict | None:
-    """A per-question record without the questions `ids` (`dataset/id` keys by their id)."""
+def _without(per: dict | None, keys: set[str]) -> dict | None:
+    """A per-question record without the questions `keys`."""
     if per is None:
         return None
-    return {q: em for q, em in per.items() if q.rpartition("/")[2] not in ids}
+    return {q: em for q, em in per.items() if q not in keys}
 
 
 def _report(runs: Path, started: float, named: str, on: str = "test",
@@ -841,6 +844,10 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
     if set_aside is not None:
         kept = {k: _without(v, set_aside) for k, v in per_run.items()}
         start_kept = _without(start, set_aside)
+        some = next((p for p in per_run.values() if p), start or {})
+        aside = len(some) - len(_without(some, set_aside))
+        print(f"set_aside_yes_no={aside}" + ("" if aside else
+              " (none of the runs' questions: is it the file they were tested on?)"))
         parts = []
         for key, (a, b) in (("process_gain", (named, "outcome")), ("rl_gain", ("outcome", "start"))):
             try:
@@ -850,6 +857,9 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
                 paired = None
             if paired is not None:
                 print(paired_line(f"{a}_without_yes_no", b, paired))
+            else:
+                print(f"paired_{a}_without_yes_no_vs_{b}=nan (no seed has both arms' "
+                      "per-question answers)")
             parts.append(_gain(f"{key}_without_yes_no", paired, float("nan")).split(" (")[0])
         left = len(next((p for p in kept.values() if p), start_kept or {}))
         versus += f"; without the yes/no questions ({left} left): " + " ".join(parts)

@@ -32,7 +32,7 @@ def questions(tmp_path_factory):
     rows = [json.loads(line) for line in paths["dev"].read_text().splitlines()]
     comparisons = [q for q in world.splits["dev"] if q.metadata["type"] == "comparison"]
     # the oracle's own last turn, so the bench reads the layout SFT teaches
-    last = {q.id: _answer_turn(q, "<think> The document says: x.")["content"]
+    last = {q.id: _answer_turn(q, "The document says: x.")["content"]
             for q in comparisons}
     return paths["dev"], {r["id"]: r for r in rows}, last
 
@@ -51,9 +51,10 @@ def test_the_oracle_reads_as_listing_right_and_answering_right(questions):
     same = [q for q in last if q not in ordering]
     assert ordering and same, "the world should hold both kinds of comparison"
     eps = [episode(q, text) for q, text in last.items()]
-    eps.append(episode(next(iter(qs)), "<think> bridge </think> <answer> x </answer>"))
+    other = next(q for q in qs if qs[q]["metadata"]["type"] != "comparison")
+    eps.append(episode(other, "<think> bridge </think> <answer> x </answer>"))
     eps.append(episode(ordering[0], "<answer> wrong </answer>", sample=1))   # not greedy
-    r = bench.reading(eps, qs, None)
+    r = bench.reading(eps, qs)
     assert (r["ordering"], r["same"]) == (len(ordering), len(same))
     assert r["ordering_em"] == r["ordering_listed_right"] == r["ordering_em_listed_right"] == 1.0
     assert r["same_em"] == r["same_listed_right"] == 1.0
@@ -78,13 +79,16 @@ def test_a_constant_answer_and_a_wrong_pick_show(questions):
         else:
             eps.append(episode(q, f"<think> Comparing: {meta['judgement']}. So the answer is yes."
                                   " </think>\n<answer> yes </answer>"))
-    r = bench.reading(eps, qs, None)
+    r = bench.reading(eps, qs)
     assert r["ordering_listed_right"] == 1.0 and r["ordering_em"] == 0.0
     assert r["ordering_em_listed_right"] == 0.0
     assert r["same_says_yes"] == 1.0 and r["same_em"] == pytest.approx(r["same_gold_yes"], abs=1e-3)
-    # the evaluation's own EM, where kept, is what counts
-    ems = {e["example_id"]: 1.0 for e in eps}
-    assert bench.reading(eps, qs, ems)["ordering_em"] == 1.0
+    # scored as the evaluation scores: "Yes!" is yes, a gold given as one string is one
+    same = next(q for q in last if qs[q]["metadata"]["chain"][0]["relation"] not in bench.ORDERING)
+    one = {same: {**qs[same], "golden_answers": "yes"}}
+    r = bench.reading([episode(same, "<answer> Yes! </answer>")], one)
+    assert (r["same_says_yes"], r["same_gold_yes"], r["same_em"]) == (1.0, 1.0, 1.0)
+    assert r["ordering"] == 0 and r["ordering_em"] is None
 
 
 def test_the_command_reads_kept_records_in_step_order(questions, tmp_path, capsys):
@@ -102,8 +106,24 @@ def test_the_command_reads_kept_records_in_step_order(questions, tmp_path, capsy
     out = capsys.readouterr().out.strip().splitlines()
     assert [line.split()[0] for line in out[:-1]] == [
         "eval=run/eval-start", "eval=run/eval-step-5", "eval=run/eval-step-10"]
-    assert out[-1].startswith("answer_reading (3 evaluations): eval-start ordering 0.0")
+    assert out[-1].startswith("answer_reading (3 evaluations): run/eval-start ordering 0.0")
     assert json.loads((tmp_path / "f.json").read_text())["run/eval-step-5"]["same_em"] == 1.0
+    # two runs' probes of the same names stay apart; one folder twice is refused
+    import shutil
+    shutil.copytree(run, tmp_path / "run2")
+    bench.main([str(run), str(tmp_path / "run2"), "--questions", str(path),
+                "--out", str(tmp_path / "g.json")])
+    both = json.loads((tmp_path / "g.json").read_text())
+    assert len(both) == 6 and f"{tmp_path.name}/run2/eval-step-5" in both
+    with pytest.raises(SystemExit, match="given twice"):
+        bench.main([str(run), str(run / "eval-start"), "--questions", str(path)])
+    capsys.readouterr()
+    other = next(q for q in qs if qs[q]["metadata"]["type"] != "comparison")
+    (run / "eval-start" / "episodes.jsonl.gz").write_bytes(gzip.compress(
+        (json.dumps(episode(other, "<answer> x </answer>")) + "\n").encode()))
+    bench.main([str(run / "eval-start"), "--questions", str(path)])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "ordering_em=n/a" in out[0] and out[-1].endswith("no comparison questions")
     with pytest.raises(SystemExit, match="no evaluation here"):
         bench.main([str(tmp_path / "f.json"), "--questions", str(path)])
     (run / "eval-step-5" / "episodes.jsonl.gz").unlink()

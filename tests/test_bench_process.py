@@ -1032,12 +1032,19 @@ def test_keep_copies_finished_and_running_runs_small_and_the_report_reads_them(t
             "process_gain_without_yes_no_ci=+0.000..+0.000 rl_gain_without_yes_no=+0.6667 "
             "rl_gain_without_yes_no_ci=") in out[-1]
     assert any(line.startswith("paired_outcome_without_yes_no_vs_start=+0.6667") for line in out)
-    questions = tmp_path / "test.jsonl"
+    assert "set_aside_yes_no=1" in out
+    bench._report(to, time.time(), "recall_cost", set_aside={"elsewhere"})
+    assert "set_aside_yes_no=0 (none of the runs' questions" in capsys.readouterr().out
+    questions = tmp_path / "mine.jsonl"   # data set "mine", as an evaluation names the file
     questions.write_text("".join(json.dumps({"id": q, "question": f"{q}?", "golden_answers": g})
                                  + "\n" for q, g in (("q0", ["a"]), ("q3", ["Yes", "no"]),
                                                      ("q9", ["yes", "Paris"]))))
-    assert bench._yes_no_ids(questions) == {"q3"}
-    assert bench._without({"hotpotqa/q3": 1.0, "hotpotqa/q1": 0.0}, {"q3"}) == {"hotpotqa/q1": 0.0}
+    assert bench._yes_no_ids(questions) == {"q3", "mine/q3"}   # and as a multi-file record keys it
+    # a key is matched whole: another data set's q3 stays
+    assert bench._without({"mine/q3": 1.0, "nq/q3": 0.0, "q1": 1.0}, bench._yes_no_ids(questions)) \
+        == {"nq/q3": 0.0, "q1": 1.0}
+    with pytest.raises(SystemExit, match="is not a question file"):
+        bench._yes_no_ids(tmp_path / "nowhere.jsonl")
 
     with pytest.raises(SystemExit, match="is not a runs folder"):
         bench._keep(tmp_path / "nowhere", to)

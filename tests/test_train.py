@@ -1713,6 +1713,11 @@ def test_a_start_trained_on_the_rl_questions_is_warned_about(world, tiny, tmp_pa
         dump_config(other, run / "config.yaml")                   # an RL or refine run's
         assert learned_questions(final, questions) is None
     sft(max_steps=3)
+    # a run saved on a GPU machine reads on this one too
+    (run / "config.yaml").write_text((run / "config.yaml").read_text()
+                                     .replace("device: cpu", "device: cuda:7"))
+    assert "device: cuda:7" in (run / "config.yaml").read_text()
+    assert learned_questions(final, questions) is not None
     cfg = make_cfg(tmp_path / "rl", model=final)
     with pytest.warns(UserWarning, match="training questions are in"):
         make_trainer(cfg, world, tiny).train()

@@ -234,7 +234,7 @@ def learned_questions(model: str, questions, *, limit: int = 128 << 20) -> str |
     when it cannot tell."""
     import json
 
-    from seekrl.config.loading import load_config
+    from seekrl.config.loading import build_config, read_config_file
     from seekrl.config.schema import SFTConfig
     from seekrl.errors import ConfigError
 
@@ -243,8 +243,12 @@ def learned_questions(model: str, questions, *, limit: int = 128 << 20) -> str |
     config = run / "config.yaml"
     if not folder.is_dir() or not config.is_file():
         return None
-    try:   # the SFT schema is strict: an RL or refine run's config is refused here
-        sft = load_config(SFTConfig, config)
+    try:
+        tree = read_config_file(config)
+        if not set(tree) <= set(SFTConfig.model_fields):   # an RL or refine run's config
+            return None
+        # read here, not trained: a run saved with device cuda:1 reads on any host
+        sft = build_config(SFTConfig, {**tree, "device": "cpu"}, source=str(config))
         data = Path(sft.data)
         size = data.stat().st_size
     except (ConfigError, OSError):
