@@ -44,6 +44,22 @@ def own_parts(monkeypatch):
             del sys.modules[name]
 
 
+def load_bench(name: str, *, module: str | None = None, register: bool = False):
+    """bench/NAME.py as a module (the benches are scripts, not a package): named `module`
+    (default NAME), and put in sys.modules with `register` (where its dataclasses look their
+    annotations up)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(module or name,
+                                                  _TESTS.parent / "bench" / f"{name}.py")
+    loaded = importlib.util.module_from_spec(spec)
+    if register:
+        sys.modules[module or name] = loaded
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
 @pytest.fixture(scope="module")
 def tiny():
     """The tiny random model with the bundled tokenizer (one per test module)."""

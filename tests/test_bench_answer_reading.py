@@ -5,21 +5,14 @@ last-turn layout."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "bench" / "answer_reading.py"
+from conftest import load_bench as load_bench_module
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("answer_reading", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_module("answer_reading")
 
 
 @pytest.fixture(scope="module")

@@ -4,25 +4,20 @@ process ablation's summary line (the gains, their intervals and best_em)."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import re
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import load_bench as load_bench_module
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 RECORDS = BENCH / "records"
 
 
 def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module   # where its dataclasses look their annotations up
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_module(name, register=True)
 
 
 def step_log(steps: int, every: int = 0, per_step: int = 100) -> list[dict]:

@@ -3,7 +3,6 @@ sampled rewards, and the whole bench at toy size with the tiny random model."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,16 +11,14 @@ from pathlib import Path
 
 import pytest
 from conftest import build_world_and_index
+from conftest import load_bench as load_bench_module
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench" / "group_signal.py"
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("group_signal", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_module("group_signal")
 
 
 def test_group_figures_count_the_groups_whose_rewards_differ():

@@ -3,22 +3,19 @@ summary line with process_gain, and the PNG (the runs themselves are a long job)
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import time
 from pathlib import Path
 
 import pytest
+from conftest import load_bench as load_bench_module
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "process_ablation.py"
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("process_ablation", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_module("process_ablation")
 
 
 def test_report_means_stds_and_process_gain(tmp_path, capsys):
@@ -58,9 +55,7 @@ def test_report_means_stds_and_process_gain(tmp_path, capsys):
 
 
 def test_prorag_bench_report_and_prorag_gain(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("prorag_bench", BENCH.parent / "prorag.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench_module("prorag", module="prorag_bench")
     for seed, (pipe, outcome) in enumerate([(0.30, 0.25), (0.28, 0.27), (0.32, 0.26)]):
         d = tmp_path / "runs" / f"prorag-s{seed}"
         d.mkdir(parents=True)
@@ -117,9 +112,7 @@ def test_prorag_bench_report_and_prorag_gain(tmp_path, capsys):
 def test_prorag_bench_keeps_runs_across_machines_from_the_same_start(tmp_path, capsys):
     """--keep: finished runs are copied out and put back on the next machine; runs from
     another SFT checkpoint (by weight digest) or other settings are refused."""
-    spec = importlib.util.spec_from_file_location("prorag_bench", BENCH.parent / "prorag.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench_module("prorag", module="prorag_bench")
     sft = tmp_path / "sft"
     sft.mkdir()
     (sft / "model.safetensors").write_bytes(b"weights")
@@ -141,10 +134,7 @@ def test_prorag_bench_keeps_runs_across_machines_from_the_same_start(tmp_path, c
 
 
 def test_parallel_search_bench_report(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("parallel_bench",
-                                                  BENCH.parent / "parallel_search.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench_module("parallel_search", module="parallel_bench")
     rows = {"sequential": {"comparison": (0.30, 3.0, 2.5), "bridge": (0.25, 3.2, 2.2)},
             "parallel": {"comparison": (0.40, 2.0, 2.6), "bridge": (0.20, 3.1, 2.1)}}
     for side, types in rows.items():
@@ -165,10 +155,7 @@ def test_parallel_search_bench_report(tmp_path, capsys):
 
 
 def test_simulated_search_bench_report(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("sim_bench",
-                                                  BENCH.parent / "simulated_search.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench_module("simulated_search", module="sim_bench")
     row = {"sim_answer_contained": 0.4, "sim_gold_title_hit": 0.2, "sim_empty": 0.1,
            "malformed": 0.3, "real_answer_contained": 0.7, "real_gold_title_hit": 0.8,
            "queries": 50}
@@ -473,10 +460,7 @@ def test_report_prints_the_paired_comparison_from_kept_per_question_records(tmp_
 
 
 def test_simulated_bench_borrows_real_runs_only_when_trained_the_same_way(tmp_path):
-    spec = importlib.util.spec_from_file_location("sim_bench",
-                                                  BENCH.parent / "simulated_search.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench_module("simulated_search", module="sim_bench")
 
     from seekrl.config import TrainConfig
 
