@@ -101,7 +101,7 @@ def test_score_trajectories_matches_hand_computed_values():
                         "generated_tokens": 7.0, "evidence_recall": 0.375, "pass@2": 1.0,
                         "one_search": 0.5, "planned_lookups": None,
                         # q2, the one yes/no question: yes in one of its two samples
-                        "answered_yes": 0.5, "gold_yes": 1.0,
+                        "answered_yes": 0.5, "gold_yes": 1.0, "yes_no_questions": 1,
                         # only q1's first sample found d1 and d2 (and was right)
                         "evidence_complete": 0.25, "em_evidence_complete": 1.0})
     # B: q3 one of two right, q4 none; no gold documents -> evidence recall None (n/a)
@@ -110,6 +110,7 @@ def test_score_trajectories_matches_hand_computed_values():
                         "turns": 1.0, "queries": 0.0, "generated_tokens": 5.0,
                         "evidence_recall": None, "pass@2": 0.5, "one_search": 0.0,
                         "planned_lookups": None, "answered_yes": None, "gold_yes": None,
+                        "yes_no_questions": 0,
                         "evidence_complete": None, "em_evidence_complete": None})
     # macro average over the two data sets; evidence recall only where known
     assert avg == approx({"questions": 4, "trajectories": 8, "em": 0.375,
@@ -118,6 +119,7 @@ def test_score_trajectories_matches_hand_computed_values():
                           "generated_tokens": 6.0, "evidence_recall": 0.375,
                           "pass@2": 0.75, "one_search": 0.25,
                           "planned_lookups": None, "answered_yes": 0.5, "gold_yes": 1.0,
+                          "yes_no_questions": 1,
                           "evidence_complete": 0.25,
                           "em_evidence_complete": 1.0})
     # per type: only A has types; each type is one question here
@@ -147,6 +149,7 @@ def test_yes_no_questions_show_how_often_the_agent_says_yes():
     m = score_trajectories(run)
     a = m["datasets"]["A"]
     assert a["answered_yes"] == 0.0 and a["gold_yes"] == 0.25 and a["em"] == approx(4 / 5)
+    assert a["yes_no_questions"] == 4 and m["average"]["yes_no_questions"] == 4
     comparison = m["by_type"]["A"]["comparison"]
     assert comparison["em"] == 0.75 and comparison["gold_yes"] == 0.25
     assert m["by_type"]["A"]["bridge"]["answered_yes"] is None

@@ -531,6 +531,10 @@ def test_train_evaluates_the_start_and_the_end_for_the_report(world, tiny, tmp_p
                                         .splitlines()) if "dev_em" in r]
     assert dev_steps == [0, 1, 2]
     assert summary["dev"]["questions"] == 2
+    # how many yes/no questions, what the policy said and the gold: the monitor's reading
+    assert all(isinstance(r["dev_yes_no_questions"], int) and "dev_answered_yes" in r
+               for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+               if "dev_em" in r)
     html = report_for_run(run).read_text()
     assert html.index("start") < html.index("step-1") < html.index("final")
     cfg = make_cfg(tmp_path / "b", steps=1, save_every=0, eval={

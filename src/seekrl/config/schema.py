@@ -517,6 +517,9 @@ class MonitorConfig(Strict):
     # warn when the share of groups whose rewards varied averages below this over a window
     # of steps (0: never)
     low_signal: float = Field(0.2, ge=0, le=1)
+    # warn when a greedy evaluation answers all of its yes/no questions (at least this
+    # many) the same way while the golds hold both (0: never)
+    constant_answer_min: int = Field(8, ge=0)
     # search collapse: searches per episode fall towards one on multi-hop data (a collapse
     # once the multi-hop reward falls too)
     search_floor: float = Field(1.25, gt=0)        # searches at or below this count as "one"

@@ -203,6 +203,7 @@ def _aggregate(question_rows: list[dict[str, Any]], n_trajectories: int,
     n_found = sum(q[_FOUND][0] for q in question_rows)
     row["em_evidence_complete"] = (sum(q[_FOUND][1] for q in question_rows) / n_found
                                    if n_found else None)
+    row["yes_no_questions"] = sum(q["answered_yes"] is not None for q in question_rows)
     return row
 
 
@@ -266,7 +267,8 @@ def score_trajectories(trajectories: Sequence[Trajectory], *,
     if datasets:
         rows = list(datasets.values())
         average = {"questions": sum(r["questions"] for r in rows),
-                   "trajectories": sum(r["trajectories"] for r in rows)}
+                   "trajectories": sum(r["trajectories"] for r in rows),
+                   "yes_no_questions": sum(r["yes_no_questions"] for r in rows)}
         for key in (*_METRIC_KEYS, *_PARTIAL_KEYS, "evidence_complete",
                     "em_evidence_complete", *(f"pass@{k}" for k in pass_ks)):
             average[key] = _mean(r[key] for r in rows)

@@ -67,6 +67,11 @@ not a trend). The checks, for GRPO / PPO on a search agent:
   the collapse began inside the baseline window; twice as many steps in a row is a
   collapse. When every tied group answered right (`groups_solved` is 1) the policy is not
   broken, the questions are too easy for it: that only warns.
+- constant_answer: a greedy evaluation (`Monitor.update_eval`) gave every one of its
+  yes/no questions (at least `constant_answer_min` of them) the same answer while the
+  golds hold both, at least a fifth each: the policy does not compare, and its EM on them
+  is the golds' share of that answer, which RL can move by swapping one constant for the
+  other. It only warns.
 - low_signal: some groups vary, but over a window of steps their share averages below
   `low_signal`: the run learns from a few questions a step. Mostly all-right groups mean
   questions the policy already answers (a warm-up that trained on them teaches their
@@ -103,7 +108,7 @@ from seekrl.rl import step_metrics as M
 
 KINDS = ("grad_norm_explosion", "entropy_collapse", "correct_logp_falling", "valid_format_collapse",
          "type_reward_drop", "searches_drift", "search_collapse", "greedy_search_collapse",
-         "no_signal", "low_signal")
+         "no_signal", "low_signal", "constant_answer")
 SEVERITIES = (None, "warn", "collapse")   # in increasing order
 NEAR_ZERO = 1e-8          # a baseline at or below this has nothing to fall from
 FORMAT_FLOOR = 0.1        # a valid-format rate below this is a collapse
@@ -296,6 +301,7 @@ class Monitor:
         self.no_signal_run = 0                # steps in a row without a varied group
         self.low_signal = _Signal(cfg.window)  # groups_with_signal, for low_signal
         self.solved = _Signal(cfg.window)      # groups_solved, for low_signal's message
+        self.constant_answer = _Signal(cfg.window)   # only its alert state (evaluations)
 
     @property
     def healthy(self) -> bool:
@@ -349,16 +355,36 @@ class Monitor:
     def update_eval(self, step: int, metrics: dict) -> list[Alert]:
         """Feed it each greedy evaluation's metrics (`searches` per question); it returns
         the alerts it raised (greedy_search_collapse)."""
-        searches = _finite(metrics.get(M.SEARCHES))
-        if not self.cfg.enabled or searches is None:
+        if not self.cfg.enabled:
             return []
+        alerts = self._check_constant_answer(step, metrics)
+        searches = _finite(metrics.get(M.SEARCHES))
+        if searches is None:
+            return alerts
         signal = self.greedy_searches
         signal.observe(searches)
         if len(signal.rolling) < 2 or not self.signals[M.REWARD_MULTIHOP].rolling:
-            return []   # nothing to compare with, or no multi-hop question seen in training
+            return alerts   # nothing to compare with, or no multi-hop question in training
         severity, message = check_greedy_searches(searches, signal.first[0], self.cfg)
-        return [Alert(step, "greedy_search_collapse", severity, message)] \
-            if signal.judge(severity) else []
+        if signal.judge(severity):
+            alerts.append(Alert(step, "greedy_search_collapse", severity, message))
+        return alerts
+
+    def _check_constant_answer(self, step: int, metrics: dict) -> list[Alert]:
+        said, gold = _finite(metrics.get("answered_yes")), _finite(metrics.get("gold_yes"))
+        n = metrics.get("yes_no_questions") or 0
+        if not self.cfg.constant_answer_min or said is None or gold is None \
+                or n < self.cfg.constant_answer_min:
+            return []
+        constant = said in (0.0, 1.0) and 0.2 <= gold <= 0.8
+        answer = "yes" if said == 1.0 else "no"
+        message = (f"greedy evaluation: the policy answered {answer} to all {n} yes/no questions "
+                   f"(gold yes {gold:.2f}): it does not compare, and its EM there is the golds' "
+                   f"share of {answer!r} ({gold if answer == 'yes' else 1 - gold:.2f}); RL "
+                   "moves it by swapping one constant answer for the other")
+        severity = _severity(constant, False)
+        return [Alert(step, "constant_answer", severity, message)] \
+            if self.constant_answer.judge(severity) else []
 
     def _observe(self, signal: _Signal, value: float, check) -> tuple[str | None, str] | None:
         signal.observe(value)
@@ -442,6 +468,7 @@ class Monitor:
                 "no_signal": {**self.no_signal.state_dict(), "run": self.no_signal_run},
                 "low_signal": self.low_signal.state_dict(), "solved": self.solved.state_dict(),
                 "search_collapse": self.search_collapse.state_dict(),
+                "constant_answer": self.constant_answer.state_dict(),
                 "greedy_searches": self.greedy_searches.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
@@ -453,7 +480,7 @@ class Monitor:
         saved = state.get("no_signal")   # absent in checkpoints written before this check
         self.no_signal = _Signal.from_state(saved, window) if saved else _Signal(window)
         self.no_signal_run = int(saved["run"]) if saved else 0
-        for name in ("low_signal", "solved"):   # absent in checkpoints before this check
+        for name in ("low_signal", "solved", "constant_answer"):   # absent in older checkpoints
             saved = state.get(name)
             setattr(self, name, _Signal.from_state(saved, window) if saved else _Signal(window))
         saved = state.get("search_collapse")

@@ -156,11 +156,13 @@ def lookups_by_kind(trajs: Sequence[Trajectory]) -> dict[str, dict[str, float | 
 def dev_figures(metrics: dict[str, Any]) -> dict[str, Any]:
     """What a dev evaluation adds to the log (as `dev_<name>`): the greedy average's EM, F1,
     format, searches, the share of episodes that made exactly one search and the lookups
-    planned; per question type EM, searches, one-search share and plan; with sampled
-    episodes, pass@1 (`sampled_em`) and pass@K."""
+    planned; on yes/no questions how often it says yes and the gold does, and how many;
+    per question type EM, searches, one-search share and plan; with sampled episodes,
+    pass@1 (`sampled_em`) and pass@K."""
     avg = metrics["average"]
     out = {k: avg.get(k) for k in ("em", "f1", "valid_format", "searches", "questions",
-                                   "one_search", "planned_lookups")}
+                                   "one_search", "planned_lookups", "answered_yes", "gold_yes",
+                                   "yes_no_questions")}
     by_type = {t: {k: row.get(k) for k in ("em", "searches", "one_search", "planned_lookups",
                                            "questions")}
                for rows in metrics.get("by_type", {}).values() for t, row in rows.items()}
