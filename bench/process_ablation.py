@@ -853,12 +853,11 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
             try:
                 paired = _paired(kept, a, b, start_kept)
             except QuestionMismatch as e:
-                print(f"paired_{a}_vs_{b}_without_yes_no=refused ({e})")
+                print(f"paired_{a}_without_yes_no_vs_{b}=refused ({e})")
                 paired = None
-            if paired is not None:
-                print(paired_line(f"{a}_without_yes_no", b, paired))
             else:
-                print(f"paired_{a}_without_yes_no_vs_{b}=nan (no seed has both arms' "
+                print(paired_line(f"{a}_without_yes_no", b, paired) if paired is not None
+                      else f"paired_{a}_without_yes_no_vs_{b}=nan (no seed has both arms' "
                       "per-question answers)")
             parts.append(_gain(f"{key}_without_yes_no", paired, float("nan")).split(" (")[0])
         left = len(next((p for p in kept.values() if p), start_kept or {}))

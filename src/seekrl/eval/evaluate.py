@@ -218,10 +218,12 @@ def score_trajectories(trajectories: Sequence[Trajectory], *,
     where no gold documents are known), `evidence_complete` (the share of episodes that
     retrieved every gold document) and `em_evidence_complete` (the EM of those episodes,
     pooled: low means the agent finds the documents and still answers wrong, a reading
-    failure; None where no episode found them all) and `pass@k` for each k in `pass_ks` (default: K,
-    the most samples any question has, when K > 1). `average` is the macro mean of the
-    data set rows (`questions` and `trajectories` summed); `by_type` only lists data sets
-    with `metadata["type"]`.
+    failure; None where no episode found them all), on questions whose gold answers are all
+    yes or no `answered_yes` and `gold_yes` (how often the agent and the gold say yes; None
+    where there are none) with `yes_no_questions` (how many), and `pass@k` for each k in
+    `pass_ks` (default: K, the most samples any question has, when K > 1). `average` is
+    the macro mean of the data set rows (`questions`, `trajectories` and
+    `yes_no_questions` summed); `by_type` only lists data sets with `metadata["type"]`.
     """
     groups: OrderedDict[str, OrderedDict[str, list[Trajectory]]] = OrderedDict()
     seen: set[tuple[str, str, int]] = set()

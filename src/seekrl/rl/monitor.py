@@ -353,8 +353,9 @@ class Monitor:
         return alerts
 
     def update_eval(self, step: int, metrics: dict) -> list[Alert]:
-        """Feed it each greedy evaluation's metrics (`searches` per question); it returns
-        the alerts it raised (greedy_search_collapse)."""
+        """Feed it each greedy evaluation's metrics (`searches` per question; `answered_yes`,
+        `gold_yes` and `yes_no_questions`); it returns the alerts it raised
+        (greedy_search_collapse, constant_answer)."""
         if not self.cfg.enabled:
             return []
         alerts = self._check_constant_answer(step, metrics)
