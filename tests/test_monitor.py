@@ -292,9 +292,9 @@ def test_greedy_searches_need_multi_hop_training_questions_and_a_fall():
 
 def test_a_constant_yes_no_answer_in_the_evaluations_warns():
     """The long200w run's dev probes (bench/RESULTS.md, 2026-12-02): "no" to all 9 yes/no
-    questions at the start (3 of them yes), "yes" to all 9 from step 5. Each warns once,
-    a mixed answer re-arms it; too few questions, golds of one answer or the check set to 0
-    say nothing, and the state survives a resume."""
+    questions at the start (3 of them yes), "yes" to all 9 from step 5. Each constant warns
+    once, the swap to the other too, a mixed answer re-arms it; too few questions, golds of
+    one answer or the check set to 0 say nothing, and the state survives a resume."""
     m = monitor()
     start = m.update_eval(0, {"searches": 2.06, "answered_yes": 0.0, "gold_yes": 1 / 3,
                               "yes_no_questions": 9})
@@ -303,7 +303,11 @@ def test_a_constant_yes_no_answer_in_the_evaluations_warns():
     assert "share of 'no' (0.67)" in start[0].message
     assert m.healthy
     flipped = {"searches": 2.1, "answered_yes": 1.0, "gold_yes": 1 / 3, "yes_no_questions": 9}
-    assert m.update_eval(5, flipped) == []          # still constant: alerted once
+    swap = m.update_eval(5, flipped)
+    assert len(swap) == 1 and "answered yes to all 9" in swap[0].message
+    assert "where it answered no to all before" in swap[0].message
+    assert "share of 'yes' (0.33)" in swap[0].message
+    assert m.update_eval(6, flipped) == []          # still the same constant: alerted once
     state = json.loads(json.dumps(m.state_dict()))
     again = monitor()
     again.load_state_dict(state)
@@ -311,6 +315,7 @@ def test_a_constant_yes_no_answer_in_the_evaluations_warns():
     assert again.update_eval(15, {**flipped, "answered_yes": 5 / 9}) == []   # compares: re-armed
     back = again.update_eval(20, flipped)
     assert len(back) == 1 and "answered yes to all 9" in back[0].message
+    assert "before" not in back[0].message   # after a mixed answer: not a swap
     for quiet in ({**flipped, "yes_no_questions": 7}, {**flipped, "gold_yes": 0.9},
                   {"searches": 2.0}, {**flipped, "answered_yes": None}):
         assert monitor().update_eval(0, quiet) == [], quiet

@@ -71,7 +71,7 @@ not a trend). The checks, for GRPO / PPO on a search agent:
   yes/no questions (at least `constant_answer_min` of them) the same answer while the
   golds hold both, at least a fifth each: the policy does not compare, and its EM on them
   is the golds' share of that answer, which RL can move by swapping one constant for the
-  other. It only warns.
+  other: a swap alerts again. It only warns.
 - low_signal: some groups vary, but over a window of steps their share averages below
   `low_signal`: the run learns from a few questions a step. Mostly all-right groups mean
   questions the policy already answers (a warm-up that trained on them teaches their
@@ -302,6 +302,7 @@ class Monitor:
         self.low_signal = _Signal(cfg.window)  # groups_with_signal, for low_signal
         self.solved = _Signal(cfg.window)      # groups_solved, for low_signal's message
         self.constant_answer = _Signal(cfg.window)   # only its alert state (evaluations)
+        self.constant_said: str | None = None        # the constant answer last alerted
 
     @property
     def healthy(self) -> bool:
@@ -379,13 +380,19 @@ class Monitor:
             return []
         constant = said in (0.0, 1.0) and 0.2 <= gold <= 0.8
         answer = "yes" if said == 1.0 else "no"
+        swapped = constant and self.constant_said not in (None, answer)
         message = (f"greedy evaluation: the policy answered {answer} to all {n} yes/no questions "
-                   f"(gold yes {gold:.2f}): it does not compare, and its EM there is the golds' "
-                   f"share of {answer!r} ({gold if answer == 'yes' else 1 - gold:.2f}); RL "
-                   "moves it by swapping one constant answer for the other")
+                   f"(gold yes {gold:.2f})"
+                   + (f", where it answered {self.constant_said} to all before" if swapped else "")
+                   + f": it does not compare, and its EM there is the golds' share of {answer!r} "
+                   f"({gold if answer == 'yes' else 1 - gold:.2f}); RL moves it by swapping one "
+                   "constant answer for the other")
+        if swapped:   # the other constant: worth an alert of its own
+            self.constant_answer.judge(None)
         severity = _severity(constant, False)
-        return [Alert(step, "constant_answer", severity, message)] \
-            if self.constant_answer.judge(severity) else []
+        alert = self.constant_answer.judge(severity)
+        self.constant_said = answer if constant else None
+        return [Alert(step, "constant_answer", severity, message)] if alert else []
 
     def _observe(self, signal: _Signal, value: float, check) -> tuple[str | None, str] | None:
         signal.observe(value)
@@ -469,7 +476,8 @@ class Monitor:
                 "no_signal": {**self.no_signal.state_dict(), "run": self.no_signal_run},
                 "low_signal": self.low_signal.state_dict(), "solved": self.solved.state_dict(),
                 "search_collapse": self.search_collapse.state_dict(),
-                "constant_answer": self.constant_answer.state_dict(),
+                "constant_answer": {**self.constant_answer.state_dict(),
+                                    "said": self.constant_said},
                 "greedy_searches": self.greedy_searches.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
@@ -484,6 +492,7 @@ class Monitor:
         for name in ("low_signal", "solved", "constant_answer"):   # absent in older checkpoints
             saved = state.get(name)
             setattr(self, name, _Signal.from_state(saved, window) if saved else _Signal(window))
+        self.constant_said = (state.get("constant_answer") or {}).get("said")
         saved = state.get("search_collapse")
         self.search_collapse = _Signal.from_state(saved, window) if saved else _Signal(window)
         saved = state.get("greedy_searches")
