@@ -135,8 +135,7 @@ def reading(episodes: list[dict], questions: dict[str, dict]) -> dict[str, float
         text = last_thought(ep)
         listed = _LISTED.search(text)
         said = _answer(text)
-        golds = q["golden_answers"]
-        golds = [golds] if isinstance(golds, str) else golds
+        golds = q["golden_answers"]   # a bare string is one answer to both scorers
         yn = yes_no(said, golds)
         kinds[kind].append({
             "em": exact_match(said, golds), "chance": 1 / int(meta.get("options") or 2),

@@ -860,8 +860,8 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
                       else f"paired_{a}_without_yes_no_vs_{b}=nan (no seed has both arms' "
                       "per-question answers)")
             parts.append(_gain(f"{key}_without_yes_no", paired, float("nan")).split(" (")[0])
-        left = len(next((p for p in kept.values() if p), start_kept or {}))
-        versus += f"; without the yes/no questions ({left} left): " + " ".join(parts)
+        versus += (f"; without the yes/no questions ({len(some) - aside} left): "
+                   + " ".join(parts))
     print("process_ablation: " + ", ".join(
               f"{m} {r['em']:.3f}" + (f"±{r['em_sd']:.3f} ({r['seeds']} seeds)"
                                       if r["seeds"] > 1 else " (1 seed)")
