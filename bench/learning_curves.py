@@ -16,7 +16,11 @@ tokens and every dev evaluation's step; a folder holding only a log and its `con
 Drawn: dev EM at each periodic evaluation (solid, dots), the final evaluation (a star on
 test, a diamond on dev, joined by a dotted line to the start's EM on the same questions), one
 colour per arm and one line style per seed; the reward of every step, thin per seed and
-thick the arm's mean. Prints `runs=`, `arms=`, `evaluations=` and `plot=`.
+thick the arm's mean. A second row says why a curve did or did not rise, per step from the
+step log: the share of groups whose rewards vary (the signal a group-relative advantage
+has), the KL to the start and the clip fraction (how far the updates move the policy), and
+the policy's entropy (how much its rollouts explore). Prints `runs=`, `arms=`,
+`evaluations=` and `plot=`.
 """
 
 from __future__ import annotations
@@ -35,6 +39,11 @@ TRAIN = "train_"
 
 RESULT, LOGS, CONFIG = "result.json", ("metrics.jsonl.gz", "metrics.jsonl"), "config.yaml"
 SEED_STYLES = ("-", "--", ":", "-.")
+# the second row: why a curve moved, (metric, axis label, panel title)
+HEALTH = ((M.GROUPS_WITH_SIGNAL, "groups whose rewards vary", "signal: share of groups with signal"),
+          (M.KL, "KL to the start (a token)", "how far the policy moved from the start"),
+          (M.CLIP_FRAC, "clip fraction", "the clip: only several updates a step move it"),
+          (M.ENTROPY, "entropy (a token)", "exploration: the policy's entropy"))
 # the final evaluation's marker by its questions: a dev final and a test final are not one
 # scale (tuning is read on dev, the claim on test)
 FINAL_MARKERS = {"test": "*", "dev": "D"}
@@ -57,6 +66,8 @@ class Run:
     final_on: str = "test"
     start: dict[str, float] = field(default_factory=dict)   # questions -> the start's EM
     dev_searches: list[tuple[int, float]] = field(default_factory=list)   # (step, searches)
+    # per step, from the step log: HEALTH's figures (None where a step did not log one)
+    health: dict[str, list[float | None]] = field(default_factory=dict)
     start_searches: float | None = None   # the start's on dev, when evaluated there
 
 
@@ -128,6 +139,7 @@ def read_run(folder: Path) -> Run | None:
         run.reward = [by_step[s].get(M.REWARD) for s in run.steps]
         run.searches = [by_step[s].get(M.SEARCHES) for s in run.steps]
         run.tokens = [by_step[s].get(M.ROLLOUT_TOKENS_TOTAL) for s in run.steps]
+        run.health = {key: [by_step[s].get(key) for s in run.steps] for key, _, _ in HEALTH}
         tokens_at = dict(zip(run.steps, run.tokens))
         dev_em = M.DEV + M.EM
         # an evaluation at step 0 (eval.at_start) is the start's, before any token
@@ -215,7 +227,8 @@ def read_runs(paths: list[Path]) -> list[Run]:
 
 def plot(runs: list[Run], path: Path) -> Path:
     """EM against steps, EM against rollout tokens, training reward against steps, and
-    searches a question against steps (in training, and greedy on the dev probe)."""
+    searches a question against steps (in training, and greedy on the dev probe); below
+    them the HEALTH figures against steps."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
@@ -224,8 +237,8 @@ def plot(runs: list[Run], path: Path) -> Path:
     colour = {a: f"C{i % 10}" for i, a in enumerate(arms)}
     seeds = sorted({r.seed for r in runs if r.seed is not None})
     style = {s: SEED_STYLES[i % len(SEED_STYLES)] for i, s in enumerate(seeds)}
-    fig = Figure(figsize=(20, 4.2), dpi=100, layout="constrained")
-    by_step, by_tokens, rewards, searches = fig.subplots(1, 4)
+    fig = Figure(figsize=(20, 8.4), dpi=100, layout="constrained")
+    (by_step, by_tokens, rewards, searches), health = fig.subplots(2, 4)
     for r in runs:
         c, ls = colour[r.arm], style.get(r.seed, "-")
         for ax, x in ((by_step, 0), (by_tokens, 1)):
@@ -253,6 +266,11 @@ def plot(runs: list[Run], path: Path) -> Path:
             dev.insert(0, (0, r.start_searches))
         if dev:
             searches.plot(*zip(*dev), color=c, ls=ls, marker="o", markersize=4, lw=1.6)
+        for ax, (key, _, _) in zip(health, HEALTH):
+            points = [(s, v) for s, v in zip(r.steps, r.health.get(key, ()))
+                      if isinstance(v, (int, float))]
+            if points:
+                ax.plot(*zip(*points), color=c, ls=ls, lw=0.8, alpha=0.8)
     # an arm's mean over its seeds, step by step: one step's reward is mostly which
     # questions it drew, and the seeds draw differently
     for arm in arms:
@@ -285,6 +303,15 @@ def plot(runs: list[Run], path: Path) -> Path:
     searches.set_ylabel("searches a question")
     searches.set_title("thin: in training; dots: greedy on dev (step 0: the start)", fontsize=9)
     searches.grid(True, alpha=0.3)
+    for ax, (_, label, title) in zip(health, HEALTH):
+        ax.set_xlabel("RL step")
+        ax.set_ylabel(label)
+        ax.set_title(title, fontsize=9)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(True, alpha=0.3)
+        if not ax.lines:   # an old record, or a run without a reference model (KL)
+            ax.text(0.5, 0.5, "not in the step logs", ha="center", va="center",
+                    transform=ax.transAxes, color="grey")
     handles = [Line2D([], [], color=colour[a], lw=2, label=a) for a in arms]
     handles += [Line2D([], [], color="k", ls=style[s], label=f"seed {s}") for s in seeds]
     rewards.legend(handles=handles, fontsize=7, ncol=2)

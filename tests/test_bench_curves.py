@@ -20,14 +20,18 @@ def load(name: str):
     return load_bench_module(name, register=True)
 
 
-def step_log(steps: int, every: int = 0, per_step: int = 100) -> list[dict]:
-    """A trainer's metrics.jsonl: a step record per step, a dev line every `every` steps
-    and at the last step."""
+def step_log(steps: int, every: int = 0, per_step: int = 100, health: bool = False) -> list[dict]:
+    """A trainer's metrics.jsonl: a step record per step (with `health`, the figures of the
+    curves' second row; step 2 without a KL), a dev line every `every` steps and at the
+    last step."""
     lines = []
     for s in range(1, steps + 1):
         lines.append({"step": s, "episodes": 32, "reward": 0.1 * s, "em": 0.05 * s,
                       "searches": 2.0 - 0.1 * s,
                       "rollout_tokens": per_step, "rollout_tokens_total": per_step * s})
+        if health:
+            lines[-1].update(groups_with_signal=0.5, clip_frac=0.001 * s, entropy=0.05,
+                             **({} if s == 2 else {"kl": 0.002 * s}))
         if every and (s % every == 0 or s == steps):
             lines.append({"step": s, "dev_em": 0.3 + 0.01 * s, "dev_f1": 0.4,
                           "dev_searches": 2.0 - 0.2 * s})
@@ -45,7 +49,7 @@ def test_runs_are_read_from_their_step_log_their_result_or_a_partial_log(tmp_pat
     runs = tmp_path / "runs"
     # a run of today's bench: its result and its whole step log, dev every 2 steps
     new = runs / "outcome-s0"
-    write_gz(new / "metrics.jsonl.gz", step_log(5, every=2), torn=True)
+    write_gz(new / "metrics.jsonl.gz", step_log(5, every=2, health=True), torn=True)
     (new / "result.json").write_text(json.dumps({
         "method": "outcome", "seed": 0, "steps": 5, "rollout_tokens": 500, "em": 0.4,
         "evaluated_on": "test", "curve": [[200, 0.32], [400, 0.34], [500, 0.35]],
@@ -82,9 +86,15 @@ def test_runs_are_read_from_their_step_log_their_result_or_a_partial_log(tmp_pat
     assert r.dev_searches == [(2, pytest.approx(1.6)), (4, pytest.approx(1.2)),
                               (5, pytest.approx(1.0))]
     assert r.start_searches == 2.1
+    # why it moved: each step's signal, KL, clip and entropy, None where a step lacks one
+    assert r.health["groups_with_signal"] == [0.5] * 5
+    assert r.health["kl"] == [pytest.approx(0.002), None, pytest.approx(0.006),
+                              pytest.approx(0.008), pytest.approx(0.01)]
+    assert r.health["clip_frac"][-1] == pytest.approx(0.005)
     r = got["recall"]
     assert [(s, t) for s, t, _ in r.dev] == [(5, 500), (10, 1000), (11, 1100)]
     assert r.steps == list(range(1, 12)) and r.tokens == [None] * 11 and r.final_on == "dev"
+    assert r.health == {}   # an old record kept no step log
     assert r.searches == [1.5] * 11 and r.dev_searches == []
     r = got["upd4-outcome-partial"]
     assert (r.seed, r.steps, r.final, r.dev) == (2, [1, 2, 3], None, [])
