@@ -19,7 +19,9 @@ colour per arm and one line style per seed; the reward of every step, thin per s
 thick the arm's mean. A second row says why a curve did or did not rise, per step from the
 step log: the share of groups whose rewards vary (the signal a group-relative advantage
 has), the KL to the start and the clip fraction (how far the updates move the policy), and
-the policy's entropy (how much its rollouts explore). Prints `runs=`, `arms=`,
+the policy's entropy (how much its rollouts explore). Prints each run's `trend_...=` lines
+(those figures' and the rollouts' EM, reward and searches: the mean over the first and the
+last ten steps and the slope a step with its 95% interval), `runs=`, `arms=`,
 `evaluations=` and `plot=`.
 """
 
@@ -44,6 +46,9 @@ HEALTH = ((M.GROUPS_WITH_SIGNAL, "groups whose rewards vary", "signal: share of 
           (M.KL, "KL to the start (a token)", "how far the policy moved from the start"),
           (M.CLIP_FRAC, "clip fraction", "the clip: only several updates a step move it"),
           (M.ENTROPY, "entropy (a token)", "exploration: the policy's entropy"))
+# the figures whose trend over a run `trends` prints: the rollouts' EM and reward, and HEALTH's
+TRENDS = (M.EM, M.REWARD, M.SEARCHES, *(key for key, _, _ in HEALTH))
+TREND_WINDOW = 10   # steps averaged at each end of a run
 # the final evaluation's marker by its questions: a dev final and a test final are not one
 # scale (tuning is read on dev, the claim on test)
 FINAL_MARKERS = {"test": "*", "dev": "D"}
@@ -66,8 +71,8 @@ class Run:
     final_on: str = "test"
     start: dict[str, float] = field(default_factory=dict)   # questions -> the start's EM
     dev_searches: list[tuple[int, float]] = field(default_factory=list)   # (step, searches)
-    # per step, from the step log: HEALTH's figures (None where a step did not log one)
-    health: dict[str, list[float | None]] = field(default_factory=dict)
+    # per step, from the step log: TRENDS' figures (None where a step did not log one)
+    per_step: dict[str, list[float | None]] = field(default_factory=dict)
     start_searches: float | None = None   # the start's on dev, when evaluated there
 
 
@@ -139,7 +144,7 @@ def read_run(folder: Path) -> Run | None:
         run.reward = [by_step[s].get(M.REWARD) for s in run.steps]
         run.searches = [by_step[s].get(M.SEARCHES) for s in run.steps]
         run.tokens = [by_step[s].get(M.ROLLOUT_TOKENS_TOTAL) for s in run.steps]
-        run.health = {key: [by_step[s].get(key) for s in run.steps] for key, _, _ in HEALTH}
+        run.per_step = {key: [by_step[s].get(key) for s in run.steps] for key in TRENDS}
         tokens_at = dict(zip(run.steps, run.tokens))
         dev_em = M.DEV + M.EM
         # an evaluation at step 0 (eval.at_start) is the start's, before any token
@@ -225,6 +230,36 @@ def read_runs(paths: list[Path]) -> list[Run]:
     return runs
 
 
+def trend(steps: list[int], values: list[float | None]) -> dict[str, float] | None:
+    """A figure's mean over a run's first and last TREND_WINDOW logged steps, and its
+    least-squares slope a step with the slope's 95% interval (normal, half-width); None
+    below 3 logged steps."""
+    points = [(s, v) for s, v in zip(steps, values) if isinstance(v, (int, float))]
+    if len(points) < 3:
+        return None
+    import numpy as np
+
+    x, y = (np.array(c, dtype=float) for c in zip(*points))
+    slope, intercept = np.polyfit(x, y, 1)
+    residual = y - (slope * x + intercept)
+    spread = float(((x - x.mean()) ** 2).sum())
+    se = float(np.sqrt((residual ** 2).sum() / (len(x) - 2) / spread)) if spread else 0.0
+    w = min(TREND_WINDOW, len(y))
+    return {"first": float(y[:w].mean()), "last": float(y[-w:].mean()),
+            "slope": float(slope), "slope_ci": 1.96 * se}
+
+
+def trends(run: Run) -> list[str]:
+    """`trend_ARM_sSEED_FIGURE=FIRST..LAST slope=S±CI` lines for a run's step log."""
+    lines = []
+    for key in TRENDS:
+        t = trend(run.steps, run.per_step.get(key, []))
+        if t is not None:
+            lines.append(f"trend_{run.arm}_s{run.seed}_{key}={t['first']:.4g}..{t['last']:.4g} "
+                         f"slope={t['slope']:+.2g}±{t['slope_ci']:.2g}")
+    return lines
+
+
 def plot(runs: list[Run], path: Path) -> Path:
     """EM against steps, EM against rollout tokens, training reward against steps, and
     searches a question against steps (in training, and greedy on the dev probe); below
@@ -267,7 +302,7 @@ def plot(runs: list[Run], path: Path) -> Path:
         if dev:
             searches.plot(*zip(*dev), color=c, ls=ls, marker="o", markersize=4, lw=1.6)
         for ax, (key, _, _) in zip(health, HEALTH):
-            points = [(s, v) for s, v in zip(r.steps, r.health.get(key, ()))
+            points = [(s, v) for s, v in zip(r.steps, r.per_step.get(key, ()))
                       if isinstance(v, (int, float))]
             if points:
                 ax.plot(*zip(*points), color=c, ls=ls, lw=0.8, alpha=0.8)
@@ -331,6 +366,9 @@ def main() -> None:
     if not runs:
         raise SystemExit(f"no runs under {', '.join(map(str, args.folders))}")
     out = plot(runs, args.out or args.folders[0] / "learning_curves.png")
+    for r in runs:
+        for line in trends(r):
+            print(line)
     print(f"runs={len(runs)} arms={len({r.arm for r in runs})} "
           f"evaluations={sum(len(r.dev) + (r.final is not None) for r in runs)}")
     print(f"plot={out}")

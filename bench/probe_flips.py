@@ -15,7 +15,9 @@ computed from) or a folder of them (a run's `eval/` or its kept `eval-*` folders
 step order, start first; the first evaluation is the reference unless `--against` names
 one. A test evaluation (`eval-test`) is not a probe and is left out of a run's folder.
 `--questions` gives each question's type (`metadata.type` of the world's question file);
-without it every question is of one type, `all`. Prints `key=value` figures per
+without it every question is of one type, `all`. `--set-aside-yes-no` leaves out the
+questions whose golds are all yes or no (a policy that swaps one constant answer for the
+other flips all of them at once, which says nothing about what it learned). Prints `key=value` figures per
 evaluation, the totals, the last line a summary; `--out FILE` writes them as JSON.
 """
 
@@ -32,6 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from answer_reading import eval_folders, names, read_questions  # noqa: E402
 from process_ablation import _per_question  # noqa: E402
 
+from seekrl.eval.evaluate import yes_no  # noqa: E402
+
 ALL = "all"
 
 
@@ -42,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the question file(s) the evaluations asked, for the types (repeatable)")
     ap.add_argument("--against", type=Path, default=None,
                     help="the reference evaluation (default: the first)")
+    ap.add_argument("--set-aside-yes-no", action="store_true",
+                    help="leave out the questions whose gold answers are all yes or no "
+                         "(read from --questions)")
     ap.add_argument("--out", type=Path, default=None, help="the figures as JSON")
     return ap
 
@@ -99,6 +106,8 @@ def flips(reference: dict[str, float], runs: list[dict[str, float]],
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    if args.set_aside_yes_no and not args.questions:
+        raise SystemExit("--set-aside-yes-no reads the golds from --questions: give the file")
     folders = probes(args.evals)
     if args.against is not None:
         folders = [args.against, *[f for f in folders if f.resolve() != args.against.resolve()]]
@@ -108,6 +117,12 @@ def main(argv: list[str] | None = None) -> None:
     reference, *runs = (per_question(f) for f in folders)
     questions = read_questions(args.questions) if args.questions else {}
     types = {q: _type(questions, q) for q in reference}
+    if args.set_aside_yes_no:
+        aside = {q for q in reference if yes_no(
+            None, questions[q.rsplit("/", 1)[-1]].get("golden_answers") or []) is not None}
+        print(f"set_aside_yes_no={len(aside)}")
+        reference = {q: v for q, v in reference.items() if q not in aside}
+        runs = [{q: v for q, v in r.items() if q not in aside} for r in runs]
     out = flips(reference, runs, types)
     out["reference"], out["labels"] = labels[0], labels[1:]
     print(f"reference={labels[0]} em={sum(reference.values()) / len(reference):.3f} "

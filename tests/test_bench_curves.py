@@ -87,18 +87,26 @@ def test_runs_are_read_from_their_step_log_their_result_or_a_partial_log(tmp_pat
                               (5, pytest.approx(1.0))]
     assert r.start_searches == 2.1
     # why it moved: each step's signal, KL, clip and entropy, None where a step lacks one
-    assert r.health["groups_with_signal"] == [0.5] * 5
-    assert r.health["kl"] == [pytest.approx(0.002), None, pytest.approx(0.006),
+    assert r.per_step["groups_with_signal"] == [0.5] * 5
+    assert r.per_step["kl"] == [pytest.approx(0.002), None, pytest.approx(0.006),
                               pytest.approx(0.008), pytest.approx(0.01)]
-    assert r.health["clip_frac"][-1] == pytest.approx(0.005)
+    assert r.per_step["clip_frac"][-1] == pytest.approx(0.005)
     r = got["recall"]
     assert [(s, t) for s, t, _ in r.dev] == [(5, 500), (10, 1000), (11, 1100)]
     assert r.steps == list(range(1, 12)) and r.tokens == [None] * 11 and r.final_on == "dev"
-    assert r.health == {}   # an old record kept no step log
+    assert r.per_step == {}   # an old record kept no step log
     assert r.searches == [1.5] * 11 and r.dev_searches == []
     r = got["upd4-outcome-partial"]
     assert (r.seed, r.steps, r.final, r.dev) == (2, [1, 2, 3], None, [])
 
+    # the trend lines: the first and last steps' means and the slope, here exact (a line)
+    lines = curves.trends(got["outcome"])
+    assert any(x.startswith("trend_outcome_s0_reward=0.3..0.3 slope=+0.1±")   # one window
+               for x in lines)
+    assert any(x.startswith("trend_outcome_s0_kl=") for x in lines)   # 4 steps logged one
+    assert curves.trend([1, 2], [0.1, 0.2]) is None
+    t = curves.trend(list(range(1, 21)), [float(i % 2) for i in range(1, 21)])
+    assert (t["first"], t["last"]) == (0.5, 0.5) and abs(t["slope"]) < t["slope_ci"]
     png = curves.plot(list(got.values()), tmp_path / "out" / "curves.png")
     assert png.stat().st_size > 10_000
     # two folders of runs: the same method in two settings is told apart by its folder

@@ -24,8 +24,10 @@ def _eval(folder: Path, per: dict[str, float]) -> Path:
     return folder
 
 
-def _questions(path: Path, types: dict[str, str]) -> Path:
-    path.write_text("".join(json.dumps({"id": q, "question": "?", "golden_answers": ["a"],
+def _questions(path: Path, types: dict[str, str], golds: dict[str, list[str]] | None = None
+               ) -> Path:
+    path.write_text("".join(json.dumps({"id": q, "question": "?",
+                                        "golden_answers": (golds or {}).get(q, ["a"]),
                                         "metadata": {"type": t}}) + "\n"
                             for q, t in types.items()))
     return path
@@ -91,3 +93,18 @@ def test_the_kept_long_run_reads(flips, capsys):
     assert "10 evaluations of 100 questions" in last
     assert "10 of 10 lose more than they gain" in last
     assert "right at least once 73, every time 36" in last
+
+
+def test_yes_no_questions_set_aside(flips, tmp_path, capsys):
+    """A swap of one constant answer for the other flips every yes/no question at once."""
+    a = _eval(tmp_path / "run" / "eval-start", {"y1": 0.0, "n1": 1.0, "b1": 0.0})
+    _eval(tmp_path / "run" / "eval-step-5", {"y1": 1.0, "n1": 0.0, "b1": 1.0})
+    qs = _questions(tmp_path / "qs.jsonl", {"y1": "comparison", "n1": "comparison",
+                                            "b1": "bridge"},
+                    golds={"y1": ["Yes"], "n1": ["no"]})
+    flips.main(["--questions", str(qs), str(a.parent), "--set-aside-yes-no"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "set_aside_yes_no=2"
+    assert "questions=1" in lines[1] and "gained=1 lost=0" in lines[2]
+    with pytest.raises(SystemExit, match="from --questions"):
+        flips.main([str(a.parent), "--set-aside-yes-no"])
