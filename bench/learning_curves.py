@@ -21,7 +21,8 @@ step log: the share of groups whose rewards vary (the signal a group-relative ad
 has), the KL to the start and the clip fraction (how far the updates move the policy), and
 the policy's entropy (how much its rollouts explore). Prints each run's `trend_...=` lines
 (those figures' and the rollouts' EM, reward and searches: the mean over the first and the
-last ten steps and the slope a step with its 95% interval), `runs=`, `arms=`,
+last ten steps and the slope a step with its 95% interval, as `seekrl report`'s trend
+table), `runs=`, `arms=`,
 `evaluations=` and `plot=`.
 """
 
@@ -34,6 +35,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from seekrl.eval.training_report import trend
 from seekrl.rl import step_metrics as M
 
 # a result.json's per-step lists are named TRAIN + the step figure's name
@@ -48,7 +50,6 @@ HEALTH = ((M.GROUPS_WITH_SIGNAL, "groups whose rewards vary", "signal: share of 
           (M.ENTROPY, "entropy (a token)", "exploration: the policy's entropy"))
 # the figures whose trend over a run `trends` prints: the rollouts' EM and reward, and HEALTH's
 TRENDS = (M.EM, M.REWARD, M.SEARCHES, *(key for key, _, _ in HEALTH))
-TREND_WINDOW = 10   # steps averaged at each end of a run
 # the final evaluation's marker by its questions: a dev final and a test final are not one
 # scale (tuning is read on dev, the claim on test)
 FINAL_MARKERS = {"test": "*", "dev": "D"}
@@ -230,30 +231,15 @@ def read_runs(paths: list[Path]) -> list[Run]:
     return runs
 
 
-def trend(steps: list[int], values: list[float | None]) -> dict[str, float] | None:
-    """A figure's mean over a run's first and last TREND_WINDOW logged steps, and its
-    least-squares slope a step with the slope's 95% interval (normal, half-width); None
-    below 3 logged steps."""
-    points = [(s, v) for s, v in zip(steps, values) if isinstance(v, (int, float))]
-    if len(points) < 3:
-        return None
-    import numpy as np
-
-    x, y = (np.array(c, dtype=float) for c in zip(*points))
-    slope, intercept = np.polyfit(x, y, 1)
-    residual = y - (slope * x + intercept)
-    spread = float(((x - x.mean()) ** 2).sum())
-    se = float(np.sqrt((residual ** 2).sum() / (len(x) - 2) / spread)) if spread else 0.0
-    w = min(TREND_WINDOW, len(y))
-    return {"first": float(y[:w].mean()), "last": float(y[-w:].mean()),
-            "slope": float(slope), "slope_ci": 1.96 * se}
-
-
 def trends(run: Run) -> list[str]:
-    """`trend_ARM_sSEED_FIGURE=FIRST..LAST slope=S±CI` lines for a run's step log."""
+    """`trend_ARM_sSEED_FIGURE=FIRST..LAST slope=S±CI` lines for a run's step log (the
+    training report's trend: the means over the first and last ten steps, or a third of a
+    shorter run, and the slope a step with its 95% interval)."""
     lines = []
     for key in TRENDS:
-        t = trend(run.steps, run.per_step.get(key, []))
+        points = [(s, v) for s, v in zip(run.steps, run.per_step.get(key, ()))
+                  if isinstance(v, (int, float))]
+        t = trend(*zip(*points)) if points else None
         if t is not None:
             lines.append(f"trend_{run.arm}_s{run.seed}_{key}={t['first']:.4g}..{t['last']:.4g} "
                          f"slope={t['slope']:+.2g}±{t['slope_ci']:.2g}")

@@ -101,7 +101,7 @@ def test_runs_are_read_from_their_step_log_their_result_or_a_partial_log(tmp_pat
 
     # the trend lines: the first and last steps' means and the slope, here exact (a line)
     lines = curves.trends(got["outcome"])
-    assert any(x.startswith("trend_outcome_s0_reward=0.3..0.3 slope=+0.1±")   # one window
+    assert any(x.startswith("trend_outcome_s0_reward=0.1..0.5 slope=+0.1±")   # 1-step ends
                for x in lines)
     assert any(x.startswith("trend_outcome_s0_kl=") for x in lines)   # 4 steps logged one
     assert curves.trend([1, 2], [0.1, 0.2]) is None

@@ -143,6 +143,31 @@ def test_report_for_run(run_dir: Path):
     assert "KL &lt;jumped&gt; to 0.5" in page and "<jumped>" not in page
     assert "skipped 1 bad line" in page  # the torn last line is reported, not fatal
     assert "seekrl training report: rl-run" in page
+    # the trend table: rl_log's reward and KL rise a step, entropy falls, searches are level
+    trends = page[page.index("<h2>Trends</h2>"):]
+    assert "<th>reward</th><td>0.15</td><td>0.55</td><td>+0.1 ± " in trends
+    assert re.search(r"<th>entropy</th>(<td>[^<]*</td>){3}<td>falling</td>", trends)
+    assert re.search(r"<th>searches</th>(<td>[^<]*</td>){3}<td>level</td>", trends)
+    assert re.search(r"<th>KL to the reference</th>(<td>[^<]*</td>){3}<td>rising</td>"
+                     r"<td>3 \(1 at each end\)</td>", trends)   # logged at even steps only
+    assert "dev EM" not in trends   # one dev line: no trend
+
+
+def test_trend_reads_a_run_s_course():
+    trend, rows = training_report.trend, training_report.trend_rows
+    t = trend(list(range(1, 31)), [0.5 + 0.01 * s for s in range(1, 31)])
+    assert (t["window"], t["points"]) == (10, 30)
+    assert t["first"] == pytest.approx(0.555) and t["last"] == pytest.approx(0.755)
+    assert t["slope"] == pytest.approx(0.01) and t["slope_ci"] == pytest.approx(0, abs=1e-12)
+    noisy = trend(list(range(1, 21)), [float(s % 2) for s in range(1, 21)])
+    assert abs(noisy["slope"]) < noisy["slope_ci"]   # alternating: no trend to read
+    assert trend([1, 2], [0.0, 1.0]) is None and trend([3, 3, 3], [1.0, 2.0, 3.0])["slope"] == 0
+    # a resumed step logged twice counts once (the later line), a bool is not a number
+    records = [{"step": s, "reward": float(s)} for s in (1, 2, 3, 3)] + \
+        [{"step": 4, "reward": True}, {"step": 5, "reward": 5.0}]
+    (row,) = rows(records)
+    assert row[0] == "reward" and row[4] == "rising" and row[5] == "4 (1 at each end)"
+    assert rows([{"step": 1, "loss": 2.0}]) == []
 
 
 def test_write_training_report_escapes_and_links(tmp_path: Path, run_dir: Path):

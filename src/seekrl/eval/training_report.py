@@ -44,7 +44,7 @@ from seekrl.eval.report import (
 from seekrl.rl import step_metrics as M
 
 __all__ = ["comparison_table", "plot_curves", "read_metrics_log", "report_for_run", "time_stacks",
-           "write_training_report"]
+           "trend", "trend_rows", "write_training_report"]
 
 LOG_FILE, ALERTS_FILE, EVALS_FILE, VIEWER_FILE = "metrics.jsonl", "alerts.jsonl", \
     "report_evals.json", "viewer.html"
@@ -90,6 +90,15 @@ REWARD_BY_TYPE, TIME_SPLIT = M.REWARD_BY_TYPE, "time_split"
 TIME_TOTAL = M.TIME_STEP
 _GROUP_ORDER = ("reward", "kl_entropy", "clipping", "grad_norm", "length_searches",
                 "valid_format", REWARD_BY_TYPE, TIME_SPLIT, "signal", "loss", "dev", "throughput")
+
+# The trend table: does a figure rise over the run? Each with its label, most telling first:
+# the training reward says mostly which questions a step drew, so its slope over many steps
+# (not its last value) is what says whether the run learns; the rest say why.
+TRENDS = ((M.REWARD, "reward"), (M.EM, "rollout EM"), (M.DEV + M.EM, "dev EM"),
+          (M.SEARCHES, "searches"), (M.VALID_FORMAT, "valid format"),
+          (M.GROUPS_WITH_SIGNAL, "groups with signal"), (M.KL, "KL to the reference"),
+          (M.CLIP_FRAC, "clip fraction"), (M.ENTROPY, "entropy"), (M.LOSS, "SFT loss"))
+TREND_WINDOW = 10   # steps averaged at each end of a run (a third of a shorter run)
 
 # Eval labels that name the start or the end of training, for ordering the table.
 _FIRST_WORDS = {"before", "initial", "init", "base", "baseline", "untrained", "start", "pre"}
@@ -272,6 +281,61 @@ def _plot_time_split(logs: Mapping[str, Sequence[dict]], path: Path) -> Path | N
                 bottom += stack[0]
         _finish(ax, "seconds", log_name if len(panels) > 1 else None)
     return _save(fig, path)
+
+
+def trend(steps: Sequence[float], values: Sequence[float]) -> dict[str, float] | None:
+    """A figure's course over a run: its mean over the first and the last `TREND_WINDOW`
+    points (a third of a shorter run), and its least-squares slope a step with a 95%
+    interval that treats the steps as independent (half-width, normal); None below 3
+    points. The interval is for reading, not a test: successive steps of one run share
+    a policy, so the true interval is wider."""
+    n = len(values)
+    if n < 3 or len(steps) != n:
+        return None
+    mx, my = sum(steps) / n, sum(values) / n
+    sxx = sum((x - mx) ** 2 for x in steps)
+    slope = sum((x - mx) * (y - my) for x, y in zip(steps, values)) / sxx if sxx else 0.0
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(steps, values))
+    ci = 1.96 * math.sqrt(residual / (n - 2) / sxx) if sxx else 0.0
+    w = min(TREND_WINDOW, max(1, n // 3))
+    return {"first": sum(values[:w]) / w, "last": sum(values[-w:]) / w, "slope": slope,
+            "slope_ci": ci, "points": n, "window": w}
+
+
+def trend_rows(records: Sequence[dict]) -> list[list[str]]:
+    """The trend table of one log: per figure it logged at 3 steps or more, its first and
+    last windows' means, its slope a step with the interval, and how it reads (rising or
+    falling where the interval leaves out zero, level where it does not)."""
+    rows = []
+    for key, label in TRENDS:
+        t = trend(*_series(records, key))
+        if t is None:
+            continue
+        reads = ("rising" if t["slope"] - t["slope_ci"] > 0 else
+                 "falling" if t["slope"] + t["slope_ci"] < 0 else "level")
+        rows.append([label, f"{t['first']:.4g}", f"{t['last']:.4g}",
+                     f"{t['slope']:+.2g} ± {t['slope_ci']:.2g}", reads,
+                     f"{t['points']} ({t['window']} at each end)"])
+    return rows
+
+
+def _trends_html(records: Mapping[str, list[dict]]) -> str:
+    parts = []
+    for name, recs in records.items():
+        rows = trend_rows(recs)
+        if rows:
+            parts.append((f"<h3>{escape_html(name)}</h3>" if len(records) > 1 else "")
+                         + _table_html(["figure", "first steps", "last steps",
+                                        "slope a step (95%)", "reads", "steps"], rows))
+    if not parts:
+        return ""
+    return ("<h2>Trends</h2>" + "".join(parts)
+            + '<p class="note">A step\'s reward mostly says which questions it drew: read '
+            "whether the run learns from the slope over many steps, and why from the rest "
+            "(groups with signal: what a group-relative advantage can learn from; KL and the "
+            "clip fraction: how far the updates move the policy; entropy: how much the "
+            "rollouts explore). The interval treats steps as independent, so it is narrower "
+            "than the truth.</p>")
 
 
 def plot_curves(logs: Mapping[str, Sequence[dict]], out_dir: str | Path) -> list[Path]:
@@ -501,6 +565,7 @@ def write_training_report(out: str | Path, *, logs: Mapping[str, str | Path] | N
             caption = titles.get(png.stem, png.stem)
             parts.append(f'<figure class="curve"><img src="{escape_html(_href(png, out.parent))}" '
                          f'alt="{escape_html(caption)}"><figcaption>{escape_html(caption)}</figcaption></figure>')
+        parts.append(_trends_html(records))
         if not pngs:
             parts.append('<p class="note">The logs hold no numeric metrics to plot.</p>')
         else:
