@@ -144,7 +144,7 @@ def test_report_for_run(run_dir: Path):
     assert "skipped 1 bad line" in page  # the torn last line is reported, not fatal
     assert "seekrl training report: rl-run" in page
     # the trend table: rl_log's reward and KL rise a step, entropy falls, searches are level
-    trends = page[page.index("<h2>Trends</h2>"):]
+    trends = page[page.index("<h2>Trends</h2>"):page.index("<h2>Training curves</h2>")]
     assert "<th>reward</th><td>0.15</td><td>0.55</td><td>+0.1 ± " in trends
     assert re.search(r"<th>entropy</th>(<td>[^<]*</td>){3}<td>falling</td>", trends)
     assert re.search(r"<th>searches</th>(<td>[^<]*</td>){3}<td>level</td>", trends)

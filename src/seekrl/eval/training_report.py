@@ -556,7 +556,8 @@ def write_training_report(out: str | Path, *, logs: Mapping[str, str | Path] | N
         parts.append(f"<h2>Alerts ({len(alert_list)})</h2>"
                      + _alerts_html(alert_list, len(alert_paths) > 1))
 
-    if records:
+    if records:   # whether the run learns first, then the curves that show how
+        parts.append(_trends_html(records))
         parts.append("<h2>Training curves</h2>" + _logs_html(logs, records, skipped, out.parent))
         pngs = plot_curves(records, files_dir)
         titles = {g.name: g.title for g in CURVE_GROUPS}
@@ -565,7 +566,6 @@ def write_training_report(out: str | Path, *, logs: Mapping[str, str | Path] | N
             caption = titles.get(png.stem, png.stem)
             parts.append(f'<figure class="curve"><img src="{escape_html(_href(png, out.parent))}" '
                          f'alt="{escape_html(caption)}"><figcaption>{escape_html(caption)}</figcaption></figure>')
-        parts.append(_trends_html(records))
         if not pngs:
             parts.append('<p class="note">The logs hold no numeric metrics to plot.</p>')
         else:
