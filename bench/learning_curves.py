@@ -76,6 +76,11 @@ class Run:
     per_step: dict[str, list[float | None]] = field(default_factory=dict)
     start_searches: float | None = None   # the start's on dev, when evaluated there
 
+    def points(self, key: str) -> list[tuple[int, float]]:
+        """(step, value) for the steps whose log holds a number for `key`."""
+        return [(s, v) for s, v in zip(self.steps, self.per_step.get(key, ()))
+                if isinstance(v, (int, float))]
+
 
 def _read_log(folder: Path) -> list[dict] | None:
     for name in LOGS:
@@ -237,8 +242,7 @@ def trends(run: Run) -> list[str]:
     shorter run, and the slope a step with its 95% interval)."""
     lines = []
     for key in TRENDS:
-        points = [(s, v) for s, v in zip(run.steps, run.per_step.get(key, ()))
-                  if isinstance(v, (int, float))]
+        points = run.points(key)
         t = trend(*zip(*points)) if points else None
         if t is not None:
             lines.append(f"trend_{run.arm}_s{run.seed}_{key}={t['first']:.4g}..{t['last']:.4g} "
@@ -288,8 +292,7 @@ def plot(runs: list[Run], path: Path) -> Path:
         if dev:
             searches.plot(*zip(*dev), color=c, ls=ls, marker="o", markersize=4, lw=1.6)
         for ax, (key, _, _) in zip(health, HEALTH):
-            points = [(s, v) for s, v in zip(r.steps, r.per_step.get(key, ()))
-                      if isinstance(v, (int, float))]
+            points = r.points(key)
             if points:
                 ax.plot(*zip(*points), color=c, ls=ls, lw=0.8, alpha=0.8)
     # an arm's mean over its seeds, step by step: one step's reward is mostly which

@@ -65,13 +65,17 @@ def per_question(folder: Path) -> dict[str, float]:
     return found
 
 
-def _type(questions: dict[str, dict], qid: str) -> str:
-    if not questions:
-        return ALL
+def _question(questions: dict[str, dict], qid: str) -> dict:
     q = questions.get(qid.rsplit("/", 1)[-1])   # a several-dataset key is dataset/id
     if q is None:
         raise SystemExit(f"question {qid}: not in the --questions file(s)")
-    return str((q.get("metadata") or {}).get("type") or ALL)
+    return q
+
+
+def _type(questions: dict[str, dict], qid: str) -> str:
+    if not questions:
+        return ALL
+    return str((_question(questions, qid).get("metadata") or {}).get("type") or ALL)
 
 
 def flips(reference: dict[str, float], runs: list[dict[str, float]],
@@ -119,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     types = {q: _type(questions, q) for q in reference}
     if args.set_aside_yes_no:
         aside = {q for q in reference if yes_no(
-            None, questions[q.rsplit("/", 1)[-1]].get("golden_answers") or []) is not None}
+            None, _question(questions, q).get("golden_answers") or []) is not None}
         print(f"set_aside_yes_no={len(aside)}")
         reference = {q: v for q, v in reference.items() if q not in aside}
         runs = [{q: v for q, v in r.items() if q not in aside} for r in runs]
