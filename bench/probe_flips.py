@@ -54,8 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def probes(paths: list[Path]) -> list[Path]:
-    """The evaluation folders under `paths`, without a run's test evaluation."""
-    return [f for f in eval_folders(paths) if f.name not in ("eval-test", "test")]
+    """The evaluation folders under `paths`. A run folder's test evaluation is left out (its
+    probes are dev); one named itself, as when two runs' tests are compared, is kept."""
+    named = {p.resolve() for p in paths if (p / "metrics.json").is_file()}
+    return [f for f in eval_folders(paths)
+            if f.name not in ("eval-test", "test") or f.resolve() in named]
 
 
 def per_question(folder: Path) -> dict[str, float]:

@@ -85,6 +85,17 @@ def test_another_reference_and_bad_input(flips, tmp_path, capsys):
         flips.main([str(a), str(tmp_path / "bare")])
 
 
+def test_two_runs_test_evaluations_named_are_compared(flips, tmp_path, capsys):
+    """A test evaluation is left out of a run folder's probes, but kept when named."""
+    a = _eval(tmp_path / "a" / "eval-test", {"q1": 1.0, "q2": 0.0, "q3": 0.0})
+    b = _eval(tmp_path / "b" / "eval-test", {"q1": 0.0, "q2": 1.0, "q3": 1.0})
+    flips.main([str(b), "--against", str(a)])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "a/eval-test em=0.333" in lines[0]
+    row = dict(re.findall(r"(\w+)=(\S+)", lines[1]))
+    assert (row["em"], row["gained"], row["lost"]) == ("0.667", "2", "1")
+
+
 def test_the_kept_long_run_reads(flips, capsys):
     """recall_cost seed 0 of long200w: every probe loses more than it gains."""
     run = RECORDS / "long200w" / "recall_cost-s0"
