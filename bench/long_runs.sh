@@ -8,7 +8,9 @@
 #   SNAP=/work/snap-long200w nohup bench/long_runs.sh /work/runs/probe32 > long200w.log 2>&1 &
 #
 # It runs with this checkout's venv (`make setup`; PYTHON= another); SNAP is the code the runs
-# use (default: this checkout). Keep their records as they go:
+# use (default: this checkout); SEEDS the seeds still to run (default "0 1 2": a machine that
+# lost its runs but kept seed 0's records goes on with SEEDS="1 2"; the start's test evaluation
+# runs with seed 0 only). Keep their records as they go:
 #   .venv/bin/python bench/process_ablation.py --stage keep --work-dir WORK --runs-dir long200w --keep-to bench/records
 set -euo pipefail
 W=${1:-/work/runs/probe32}
@@ -26,6 +28,6 @@ run() {
     --set optim.lr=3e-5 --set algo.kl_coef=0.1 --methods recall_cost,outcome --budget-by recall_cost \
     --runs-dir long200w "$@"
 }
-run --seeds 0
-run --seeds 1 --skip-sft-eval
-run --seeds 2 --skip-sft-eval
+for seed in ${SEEDS:-0 1 2}; do
+  if [ "$seed" = 0 ]; then run --seeds 0; else run --seeds "$seed" --skip-sft-eval; fi
+done

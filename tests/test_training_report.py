@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from urllib.parse import unquote
@@ -162,6 +163,27 @@ def test_trend_reads_a_run_s_course():
     noisy = trend(list(range(1, 21)), [float(s % 2) for s in range(1, 21)])
     assert abs(noisy["slope"]) < noisy["slope_ci"]   # alternating: no trend to read
     assert trend([1, 2], [0.0, 1.0]) is None and trend([3, 3, 3], [1.0, 2.0, 3.0])["slope"] == 0
+    # a figure that wanders (neighbours alike) gets a wider interval than the plain one;
+    # one whose residuals alternate keeps the plain one
+    xs = list(range(1, 41))
+
+    def plain(ys):
+        mx, my = sum(xs) / 40, sum(ys) / 40
+        sxx = sum((x - mx) ** 2 for x in xs)
+        b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+        ss = sum((y - my - b * (x - mx)) ** 2 for x, y in zip(xs, ys))
+        return 1.96 * math.sqrt(ss / 38 / sxx)
+    wander = [math.sin(x / 4) for x in xs]
+    w = trend(xs, wander)
+    assert w["autocorr"] > 0.8 and w["slope_ci"] > 3 * plain(wander)
+    assert w["slope_ci"] == pytest.approx(plain(wander) * math.sqrt(
+        (1 + min(w["autocorr"], 0.95)) / (1 - min(w["autocorr"], 0.95))))
+    alternate = [0.01 * x + (-1) ** x for x in xs]
+    a = trend(xs, alternate)
+    assert a["autocorr"] < 0 and a["slope_ci"] == pytest.approx(plain(alternate))
+    # the order the points come in does not matter: neighbours are neighbours in steps
+    shuffled = trend(xs[::-1], wander[::-1])
+    assert shuffled["slope_ci"] == pytest.approx(w["slope_ci"])
     # a resumed step logged twice counts once (the later line), a bool is not a number
     records = [{"step": s, "reward": float(s)} for s in (1, 2, 3, 3)] + \
         [{"step": 4, "reward": True}, {"step": 5, "reward": 5.0}]

@@ -286,20 +286,28 @@ def _plot_time_split(logs: Mapping[str, Sequence[dict]], path: Path) -> Path | N
 def trend(steps: Sequence[float], values: Sequence[float]) -> dict[str, float] | None:
     """A figure's course over a run: its mean over the first and the last `TREND_WINDOW`
     points (a third of a shorter run), and its least-squares slope a step with a 95%
-    interval that treats the steps as independent (half-width, normal); None below 3
-    points. The interval is for reading, not a test: successive steps of one run share
-    a policy, so the true interval is wider."""
+    interval (half-width, normal); None below 3 points. Successive points of one run share
+    a policy, so the interval is widened by the residuals' lag-1 autocorrelation `rho`
+    where it is positive (the AR(1) variance factor (1 + rho) / (1 - rho), rho at most
+    0.95); a figure whose points are each a fresh draw (a step's reward) keeps the plain
+    interval. It is for reading, not a test: with few points rho itself is rough."""
     n = len(values)
     if n < 3 or len(steps) != n:
         return None
     mx, my = sum(steps) / n, sum(values) / n
     sxx = sum((x - mx) ** 2 for x in steps)
     slope = sum((x - mx) * (y - my) for x, y in zip(steps, values)) / sxx if sxx else 0.0
-    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(steps, values))
-    ci = 1.96 * math.sqrt(residual / (n - 2) / sxx) if sxx else 0.0
+    res = [y - my - slope * (x - mx) for x, y in zip(steps, values)]
+    ss = sum(r * r for r in res)
+    # points in step order: the autocorrelation is of neighbours in time
+    ordered = [r for _, r in sorted(zip(steps, res), key=lambda p: p[0])]
+    rho = (sum(a * b for a, b in zip(ordered, ordered[1:])) / ss) if ss > 0 else 0.0
+    widen = min(max(rho, 0.0), 0.95)
+    ci = (1.96 * math.sqrt(ss / (n - 2) / sxx * (1 + widen) / (1 - widen))
+          if sxx else 0.0)
     w = min(TREND_WINDOW, max(1, n // 3))
     return {"first": sum(values[:w]) / w, "last": sum(values[-w:]) / w, "slope": slope,
-            "slope_ci": ci, "points": n, "window": w}
+            "slope_ci": ci, "autocorr": rho, "points": n, "window": w}
 
 
 def trend_rows(records: Sequence[dict]) -> list[list[str]]:
@@ -334,8 +342,8 @@ def _trends_html(records: Mapping[str, list[dict]]) -> str:
             "whether the run learns from the slope over many steps, and why from the rest "
             "(groups with signal: what a group-relative advantage can learn from; KL and the "
             "clip fraction: how far the updates move the policy; entropy: how much the "
-            "rollouts explore). The interval treats steps as independent, so it is narrower "
-            "than the truth.</p>")
+            "rollouts explore). The interval is widened where successive steps are "
+            "correlated, and is still for reading, not a test.</p>")
 
 
 def plot_curves(logs: Mapping[str, Sequence[dict]], out_dir: str | Path) -> list[Path]:
