@@ -42,6 +42,7 @@ from seekrl.rl import step_metrics as M
 TRAIN = "train_"
 
 RESULT, LOGS, CONFIG = "result.json", ("metrics.jsonl.gz", "metrics.jsonl"), "config.yaml"
+PARTIAL = "-partial"   # the folder suffix of a run kept while it was still going
 SEED_STYLES = ("-", "--", ":", "-.")
 # the second row: why a curve moved, (metric, axis label, panel title)
 HEALTH = ((M.GROUPS_WITH_SIGNAL, "groups whose rewards vary", "signal: share of groups with signal"),
@@ -75,6 +76,7 @@ class Run:
     # per step, from the step log: TRENDS' figures (None where a step did not log one)
     per_step: dict[str, list[float | None]] = field(default_factory=dict)
     start_searches: float | None = None   # the start's on dev, when evaluated there
+    partial: bool = False   # kept before it finished (a `RUN-partial` folder)
 
     def points(self, key: str) -> list[tuple[int, float]]:
         """(step, value) for the steps whose log holds a number for `key`."""
@@ -117,11 +119,13 @@ def _seed_of(folder: Path, result: dict) -> int | None:
 
 def _arm_of(folder: Path, result: dict, seed: int | None) -> str:
     """The method where the folder is named METHOD-sSEED, else the folder's name without
-    its seed: a run kept under another name (`noplan-outcome-s0`) is another setting."""
+    its seed: a run kept under another name (`noplan-outcome-s0`) is another setting. A
+    run kept before it finished (`outcome-s1-partial`) is its arm's: the same setting."""
+    name = folder.name.removesuffix(PARTIAL)
     method = result.get("method") or result.get("mode")
-    if method and folder.name == f"{method}-s{seed}":
+    if method and name == f"{method}-s{seed}":
         return method
-    return re.sub(rf"-s{seed}(?=-|$)", "", folder.name) if seed is not None else folder.name
+    return re.sub(rf"-s{seed}(?=-|$)", "", name) if seed is not None else name
 
 
 def _dev_steps(result: dict, n: int) -> list[int | None]:
@@ -143,7 +147,8 @@ def read_run(folder: Path) -> Run | None:
         return None
     seed = _seed_of(folder, result)
     run = Run(arm=_arm_of(folder, result, seed), seed=seed,
-              final_on=result.get("evaluated_on", "test"))
+              final_on=result.get("evaluated_on", "test"),
+              partial=folder.name.endswith(PARTIAL))
     if log is not None:
         by_step = {r[M.STEP]: r for r in log if M.EPISODES in r}   # a resumed step: the later
         run.steps = sorted(by_step)
@@ -339,7 +344,10 @@ def plot(runs: list[Run], path: Path) -> Path:
     handles = [Line2D([], [], color=colour[a], lw=2, label=a) for a in arms]
     handles += [Line2D([], [], color="k", ls=style[s], label=f"seed {s}") for s in seeds]
     rewards.legend(handles=handles, fontsize=7, ncol=2)
-    fig.suptitle("seekrl: learning curves, one line per seed", fontsize=11)
+    going = [f"{r.arm} seed {r.seed} (step {r.steps[-1] if r.steps else 0})"
+             for r in runs if r.partial]
+    fig.suptitle("seekrl: learning curves, one line per seed"
+                 + ("; still going: " + ", ".join(going) if going else ""), fontsize=11)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     return path

@@ -71,10 +71,17 @@ def test_runs_are_read_from_their_step_log_their_result_or_a_partial_log(tmp_pat
     (runs / "eval-sft-dev").mkdir()
     (runs / "eval-sft-dev" / "metrics.json").write_text(
         json.dumps({"average": {"em": 0.3, "searches": 2.1}}))
+    # the same, still going, of the outcome arm: its seed, not an arm of its own
+    going = runs / "outcome-s1-partial"
+    write_gz(going / "metrics.jsonl.gz", step_log(2))
+    (going / "config.yaml").write_text("seed: 1\nsteps: 10\n")
     (runs / "notes").mkdir()   # neither a result nor a log: not a run
 
-    got = {r.arm: r for r in curves.read_runs([runs])}
-    assert sorted(got) == ["outcome", "recall", "upd4-outcome-partial"]
+    read = curves.read_runs([runs])
+    assert sorted((r.arm, r.seed, r.partial) for r in read) == [
+        ("outcome", 0, False), ("outcome", 1, True), ("recall", 1, False),
+        ("upd4-outcome", 2, True)]
+    got = {r.arm: r for r in read if r.seed != 1 or r.arm != "outcome"}
     r = got["outcome"]
     assert (r.seed, r.steps, r.tokens) == (0, [1, 2, 3, 4, 5], [100, 200, 300, 400, 500])
     assert r.reward == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])   # the log's, not the result's
@@ -96,7 +103,7 @@ def test_runs_are_read_from_their_step_log_their_result_or_a_partial_log(tmp_pat
     assert r.steps == list(range(1, 12)) and r.tokens == [None] * 11 and r.final_on == "dev"
     assert r.per_step == {}   # an old record kept no step log
     assert r.searches == [1.5] * 11 and r.dev_searches == []
-    r = got["upd4-outcome-partial"]
+    r = got["upd4-outcome"]
     assert (r.seed, r.steps, r.final, r.dev) == (2, [1, 2, 3], None, [])
 
     # the trend lines: the first and last steps' means and the slope, here exact (a line)
@@ -107,7 +114,7 @@ def test_runs_are_read_from_their_step_log_their_result_or_a_partial_log(tmp_pat
     assert curves.trend([1, 2], [0.1, 0.2]) is None
     t = curves.trend(list(range(1, 21)), [float(i % 2) for i in range(1, 21)])
     assert (t["first"], t["last"]) == (0.5, 0.5) and abs(t["slope"]) < t["slope_ci"]
-    png = curves.plot(list(got.values()), tmp_path / "out" / "curves.png")
+    png = curves.plot(read, tmp_path / "out" / "curves.png")   # a run still going too
     assert png.stat().st_size > 10_000
     # two folders of runs: the same method in two settings is told apart by its folder
     other = tmp_path / "other"
@@ -124,7 +131,7 @@ def test_the_kept_records_are_drawn(tmp_path):
     curves = load("learning_curves")
     partial = curves.read_runs([RECORDS / "dev" / "upd4-outcome-s0-partial"])
     assert [(r.arm, r.seed, r.steps) for r in partial] == \
-        [("upd4-outcome-partial", 0, [1, 2, 3, 4, 5])]
+        [("upd4-outcome", 0, [1, 2, 3, 4, 5])] and partial[0].partial
     assert partial[0].tokens[-1] > partial[0].tokens[0] > 0
     decide = curves.read_runs([RECORDS / "decide"])
     seeds = {}
