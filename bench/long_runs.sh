@@ -10,7 +10,8 @@
 # It runs with this checkout's venv (`make setup`; PYTHON= another); SNAP is the code the runs
 # use (default: this checkout); SEEDS the seeds still to run (default "0 1 2": a machine that
 # lost its runs but kept seed 0's records goes on with SEEDS="1 2"; the start's test evaluation
-# runs with seed 0 only). Keep their records as they go:
+# runs with seed 0 only; a seed whose recall_cost run is kept in bench/records/long200w but
+# missing from WORK runs its outcome arm alone, at that run's budget). Keep their records:
 #   .venv/bin/python bench/process_ablation.py --stage keep --work-dir WORK --runs-dir long200w --keep-to bench/records
 set -euo pipefail
 W=${1:-/work/runs/probe32}
@@ -28,6 +29,16 @@ run() {
     --set optim.lr=3e-5 --set algo.kl_coef=0.1 --methods recall_cost,outcome --budget-by recall_cost \
     --runs-dir long200w "$@"
 }
+KEPT=$(cd "$(dirname "$0")" && pwd)/records/long200w   # the runs already kept in git
 for seed in ${SEEDS:-0 1 2}; do
-  if [ "$seed" = 0 ]; then run --seeds 0; else run --seeds "$seed" --skip-sft-eval; fi
+  extra=(); [ "$seed" = 0 ] || extra=(--skip-sft-eval)
+  kept=$KEPT/recall_cost-s$seed/result.json
+  if [ ! -f "$W/long200w/recall_cost-s$seed/result.json" ] && [ -f "$kept" ]; then
+    # a machine that lost this seed's finished recall_cost run but kept its records: the
+    # outcome arm alone, at the budget that run set (its rollout tokens), not both again
+    budget=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["rollout_tokens"])' "$kept")
+    run --seeds "$seed" "${extra[@]}" --methods outcome --budget "$budget"
+  else
+    run --seeds "$seed" "${extra[@]}"
+  fi
 done
