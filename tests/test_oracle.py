@@ -80,8 +80,8 @@ def test_a_missed_search_is_reformulated():
     assert ep["oracle_complete"]
 
 
-def test_non_world_questions_are_refused():
-    with pytest.raises(ValueError, match="chain"):
+def test_a_question_without_a_chain_is_refused_naming_it_and_where_chains_are_written():
+    with pytest.raises(ValueError, match=r"question q1: metadata has no 'chain'.*docs/own-data"):
         oracle_episode(QAExample("q1", "Who?", ["x"], {}), None)
 
 

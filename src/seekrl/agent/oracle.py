@@ -123,8 +123,9 @@ def oracle_episode(example: QAExample, retriever: Retriever, *, k: int = 3,
     check_judge(judge)
     chain = example.metadata.get("chain")
     if not chain:
-        raise ValueError(f"question {example.id}: metadata has no 'chain'; oracle trajectories "
-                         "need synthetic-world questions")
+        raise ValueError(f"question {example.id}: metadata has no 'chain'; the oracle follows "
+                         "a hop chain (the synthetic world's questions carry one; for your own, "
+                         "write metadata.chain as docs/own-data.md shows)")
     stats = stats if stats is not None else OracleStats()
     stats.questions += 1
     steps = _search_steps(chain)
