@@ -528,3 +528,68 @@ def test_alert_to_dict_is_json():
                            "message": "entropy 0.04 is 8% of ..."}
     json.dumps(a.to_dict())
     assert a.kind in KINDS
+
+
+def kinds(**made: tuple[float, float | None]) -> dict:
+    """A step's lookups_by_kind: kind -> (made, planned)."""
+    return {"lookups_by_kind": {k.replace("_", "-"): {"made": m, "planned": p, "n": 4}
+                                for k, (m, p) in made.items()}}
+
+
+def test_a_kind_whose_lookups_move_warns_while_the_mean_searches_hold():
+    """The trade the mean hides: bridges drop a hop while single-hop questions stop
+    over-hopping (the 50-step start's dev runs, bench/RESULTS.md 2026-11-28)."""
+    m = monitor()
+    steady = [kinds(bridge_3=(2.8, 2.9), single_1=(2.0, 2.0))] * WINDOW
+    moving = [kinds(bridge_3=(1.2, 1.1), single_1=(1.0, 1.0))] * WINDOW
+    for metrics in steady + moving:
+        metrics["searches"] = 2.0   # the mean held (more bridges than single-hop drawn)
+    alerts = [a for step in feed_alerts(m, steady + moving) for a in step]
+    assert sorted(a.kind for a in alerts) == ["hop_drift", "hop_drift"]
+    by = {a.message.split("'")[1]: a for a in alerts}
+    assert all(a.severity == "warn" for a in alerts) and m.healthy
+    # the window's mean (2.8 x 3 + 1.2 x 2) / 5 = 2.16 is the first more than 0.5 below 2.8
+    assert by["bridge-3"].step == WINDOW + 2
+    assert "'bridge-3' questions make 2.16 lookups" in by["bridge-3"].message
+    assert "hops skipped" in by["bridge-3"].message
+    assert "plans 2.18" in by["bridge-3"].message   # the planned mean over the same window
+    assert "needs one" in by["single-1"].message
+    assert feed(m, moving) == {}                     # alerted once
+
+
+def test_hop_drift_is_per_kind_and_can_be_turned_off():
+    m = monitor()
+    stream = [kinds(single_1=(1.0, 1.0))] * 6 + [kinds(single_1=(1.0, 1.0), bridge_2=(2.0, 2.0))] * 6
+    assert feed(m, stream) == {}   # a kind seen late gets its own baseline
+    rising = [kinds(single_1=(1.9, 1.0))] * WINDOW
+    alerts = feed_alerts(m, rising)
+    assert len(alerts) == 1 and "over-hopping" in alerts[0][0].message
+    unplanned = feed_alerts(monitor(), [kinds(single_1=(1.0, None))] * 5 + [kinds(single_1=(2.0, None))] * 5)
+    assert len(unplanned) == 1 and "plans" not in unplanned[0][0].message
+    off = monitor(hop_drift=0)
+    assert feed(off, [kinds(bridge_2=(2.0, 2.0))] * 5 + [kinds(bridge_2=(1.0, 1.0))] * 5) == {}
+    assert feed(monitor(), [{"lookups_by_kind": None}, {"lookups_by_kind": {"x": {"made": None}}}]) == {}
+
+
+def test_greedy_hops_per_type_against_the_first_evaluation():
+    m = monitor()
+    def ev(bridge: float, single: float) -> dict:
+        return {"by_type": {"bridge": {"searches": bridge, "planned_lookups": bridge},
+                            "single": {"searches": single, "planned_lookups": single}}}
+    assert m.update_eval(0, ev(2.4, 1.0)) == []
+    assert m.update_eval(5, ev(2.1, 1.0)) == []    # 0.3: inside
+    alerts = m.update_eval(10, ev(1.4, 1.0))
+    assert [(a.kind, a.severity) for a in alerts] == [("greedy_hop_drift", "warn")]
+    assert "greedy evaluation: 'bridge' questions make 1.40 lookups" in alerts[0].message
+    assert "2.40 at the first evaluation" in alerts[0].message
+    assert m.update_eval(15, ev(1.3, 1.0)) == []   # once
+    state = json.loads(json.dumps(m.state_dict()))
+    again = monitor()
+    again.load_state_dict(state)
+    assert again.state_dict() == m.state_dict()
+    assert again.update_eval(20, ev(2.4, 1.0)) == []   # recovered: re-armed
+    assert len(again.update_eval(25, ev(1.2, 1.0))) == 1
+    older = monitor()   # a checkpoint from before these checks
+    older.load_state_dict({k: v for k, v in m.state_dict().items()
+                           if k not in ("hops", "plans", "greedy_hops")})
+    assert older.update_eval(0, ev(1.3, 1.0)) == []

@@ -1479,6 +1479,17 @@ def test_planned_lookups_are_read_from_the_first_thought():
     assert row == {"planned": 2.0, "made": 1.5, "one": 0.5, "em": 0.0, "n": 2}
 
 
+def test_the_step_line_shows_lookups_by_kind():
+    from seekrl.rl.step_metrics import lookups_line, step_line
+
+    rows = {"single-1": {"made": 1.0, "planned": None}, "bridge-2": {"made": 1.75, "planned": 2.0},
+            "comparison-2": {"made": None, "planned": 2.0}}
+    assert lookups_line(rows) == "\n  lookups made/planned: bridge-2 1.8/2.0  single-1 1.0"
+    assert lookups_line({}) == lookups_line(None) == lookups_line({"x": {"made": None}}) == ""
+    line = step_line({"step": 2, "lookups_by_kind": rows}, 4, 10.0)
+    assert line.splitlines()[0].startswith("step 2/4") and "bridge-2 1.8/2.0" in line
+
+
 def test_a_dev_evaluation_can_also_sample_for_pass_at_k(world, tiny, tmp_path):
     cfg = make_cfg(tmp_path, steps=1, save_every=0, **{"rollout.temperature": 1.0}, eval={
         "data": str(world["paths"]["test"]), "n": 2, "at_start": False, "max_turns": 1,

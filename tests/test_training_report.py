@@ -107,6 +107,25 @@ def test_plot_curves_overlays_logs_and_smooths_long_runs(tmp_path: Path):
     assert [p.stem for p in written] == ["reward", "grad_norm", "loss"]
 
 
+def test_lookups_by_kind_are_drawn_from_training_and_dev_lines(tmp_path: Path):
+    """Made and planned lookups per kind (training lines), searches per type (dev lines):
+    one figure of two panels; a log with neither has none, and a row without a number
+    is skipped, not drawn as zero."""
+    log = [{"step": s, "lookups_by_kind": {"bridge-2": {"made": 2.0 - 0.1 * s, "planned": 2.0},
+                                           "single-1": {"made": 1.0, "planned": None}}}
+           for s in range(1, 5)]
+    log.append({"step": 4, "dev_by_type": {"bridge": {"searches": 1.8}, "single": {"searches": None}}})
+    written = plot_curves({"rl": log}, tmp_path / "both")
+    assert [p.stem for p in written] == ["lookups_by_kind"]
+    from seekrl.eval.training_report import _nested_keys, _nested_series
+    assert _nested_keys(log, "lookups_by_kind") == ["bridge-2", "single-1"]
+    assert _nested_series(log, "lookups_by_kind", "single-1", "planned") == ([], [])
+    assert _nested_series(log, "dev_by_type", "bridge", "searches") == ([4.0], [1.8])
+    dev_only = plot_curves({"rl": log[-1:]}, tmp_path / "dev")
+    assert [p.stem for p in dev_only] == ["lookups_by_kind"]
+    assert plot_curves({"rl": [{"step": 1, "lookups_by_kind": {}}]}, tmp_path / "none") == []
+
+
 def test_time_stacks_phases_and_other():
     labels, steps, stacks = time_stacks(rl_log(2))
     assert labels == ["rollout", "update", "scoring", "other"]  # time_step is the total

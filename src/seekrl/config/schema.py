@@ -513,6 +513,9 @@ class MonitorConfig(Strict):
     displacement_episodes: int = Field(4, ge=0)
     type_reward_drop: float = Field(0.3, gt=0, le=1)     # a question type's reward falls
     searches_drift: float = Field(0.5, gt=0)             # relative change of searches/episode
+    # warn when one question kind's lookups an episode (sampled, or greedy at an
+    # evaluation) move this far (absolute) from that kind's own start (0: never)
+    hop_drift: float = Field(0.5, ge=0)
     no_signal_steps: int = Field(3, ge=1)          # steps in a row with no group's rewards varying
     # warn when the share of groups whose rewards varied averages below this over a window
     # of steps (0: never)

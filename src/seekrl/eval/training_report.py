@@ -85,11 +85,12 @@ CURVE_GROUPS: tuple[CurveGroup, ...] = (
 )
 # Drawn by their own functions: reward_by_type is a dict per line, time_* keys are stacked;
 # these are also the PNGs' stems.
-REWARD_BY_TYPE, TIME_SPLIT = M.REWARD_BY_TYPE, "time_split"
+REWARD_BY_TYPE, TIME_SPLIT, LOOKUPS = M.REWARD_BY_TYPE, "time_split", M.LOOKUPS_BY_KIND
 # The whole step's seconds: not a phase to stack, what it has beyond the phases is "other".
 TIME_TOTAL = M.TIME_STEP
 _GROUP_ORDER = ("reward", "kl_entropy", "clipping", "grad_norm", "length_searches",
-                "valid_format", REWARD_BY_TYPE, TIME_SPLIT, "signal", "loss", "dev", "throughput")
+                "valid_format", REWARD_BY_TYPE, LOOKUPS, TIME_SPLIT, "signal", "loss", "dev",
+                "throughput")
 
 # The trend table: does a figure rise over the run? Each with its label, most telling first:
 # the training reward says mostly which questions a step drew, so its slope over many steps
@@ -147,6 +148,22 @@ def _type_series(records: Sequence[dict], type_name: str) -> tuple[list[float], 
     return _series(flat, "v")
 
 
+def _nested_series(records: Sequence[dict], key: str, name: str, field: str
+                   ) -> tuple[list[float], list[float]]:
+    """(steps, values) of `record[key][name][field]`: a per-kind row of a step's dict."""
+    flat = [{M.STEP: rec.get(M.STEP), "v": (rec[key].get(name) or {}).get(field)}
+            for rec in records if isinstance(rec.get(key), dict)]
+    return _series(flat, "v")
+
+
+def _nested_keys(records: Sequence[dict], key: str) -> list[str]:
+    seen: dict[str, None] = {}
+    for rec in records:
+        if isinstance(rec.get(key), dict):
+            seen.update((str(k), None) for k, v in rec[key].items() if isinstance(v, dict))
+    return sorted(seen)
+
+
 def _time_keys(records: Sequence[dict]) -> list[str]:
     seen: dict[str, None] = {}
     for rec in records:
@@ -169,14 +186,18 @@ def _rolling_mean(values: Sequence[float], window: int) -> list[float]:
     return out
 
 
-def _draw(ax, steps: list[float], values: list[float], label: str) -> None:
+def _draw(ax, steps: list[float], values: list[float], label: str, **style) -> str:
+    """One line (a smoothed one over its faint raw values when long); its colour."""
     n = len(values)
     if n > SMOOTH_ABOVE:
-        raw = ax.plot(steps, values, linewidth=0.8, alpha=0.3)[0]
+        raw = ax.plot(steps, values, linewidth=0.8, alpha=0.3, **style)[0]
+        style["color"] = raw.get_color()
         ax.plot(steps, _rolling_mean(values, max(2, n // SMOOTH_POINTS)), linewidth=1.5,
-                color=raw.get_color(), label=label)
-    else:  # few points (or a sparse key such as dev_em): show each one
-        ax.plot(steps, values, marker="o", markersize=3, linewidth=1.2, label=label)
+                label=label, **style)
+        return style["color"]
+    # few points (or a sparse key such as dev_em): show each one
+    return ax.plot(steps, values, marker="o", markersize=3, linewidth=1.2, label=label,
+                   **style)[0].get_color()
 
 
 def _figure(n_panels: int):
@@ -237,6 +258,37 @@ def _plot_reward_by_type(logs: Mapping[str, Sequence[dict]], path: Path) -> Path
     for label, steps, values in lines:
         _draw(ax, steps, values, label)
     _finish(ax, "reward", "Reward by question type")
+    return _save(fig, path)
+
+
+def _plot_lookups(logs: Mapping[str, Sequence[dict]], path: Path) -> Path | None:
+    """Lookups per episode by question kind: in training (made, solid; planned in the first
+    thought, dashed, same colour) and in the greedy dev evaluations by type. Whether the
+    hop decision follows the question is read here, not from the mean searches."""
+    panels = []
+    for ylabel, key, fields in (("lookups (training): made, planned --", M.LOOKUPS_BY_KIND,
+                                 ("made", "planned")),
+                                ("lookups (greedy dev)", M.DEV + "by_type", ("searches",))):
+        lines = []
+        for log_name, records in logs.items():
+            for kind in _nested_keys(records, key):
+                label = f"{log_name}: {kind}" if len(logs) > 1 else kind
+                series = [_nested_series(records, key, kind, f) for f in fields]
+                if series[0][0]:
+                    lines.append((label, series))
+        if lines:
+            panels.append((ylabel, lines))
+    if not panels:
+        return None
+    fig = _figure(len(panels))
+    fig.suptitle("Lookups by question kind")
+    for ax, (ylabel, lines) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
+        for label, series in lines:
+            color = _draw(ax, *series[0], label)
+            for steps, values in series[1:]:
+                if steps:
+                    _draw(ax, steps, values, "_", color=color, linestyle="--")
+        _finish(ax, ylabel)
     return _save(fig, path)
 
 
@@ -360,6 +412,8 @@ def plot_curves(logs: Mapping[str, Sequence[dict]], out_dir: str | Path) -> list
             done = _plot_reward_by_type(logs, path)
         elif name == TIME_SPLIT:
             done = _plot_time_split(logs, path)
+        elif name == LOOKUPS:
+            done = _plot_lookups(logs, path)
         else:
             done = _plot_group(groups[name], logs, path)
         if done is not None:
@@ -569,7 +623,8 @@ def write_training_report(out: str | Path, *, logs: Mapping[str, str | Path] | N
         parts.append("<h2>Training curves</h2>" + _logs_html(logs, records, skipped, out.parent))
         pngs = plot_curves(records, files_dir)
         titles = {g.name: g.title for g in CURVE_GROUPS}
-        titles.update({REWARD_BY_TYPE: "Reward by question type", TIME_SPLIT: "Time per step"})
+        titles.update({REWARD_BY_TYPE: "Reward by question type", TIME_SPLIT: "Time per step",
+                       LOOKUPS: "Lookups by question kind"})
         for png in pngs:
             caption = titles.get(png.stem, png.stem)
             parts.append(f'<figure class="curve"><img src="{escape_html(_href(png, out.parent))}" '

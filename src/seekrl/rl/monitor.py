@@ -72,6 +72,15 @@ not a trend). The checks, for GRPO / PPO on a search agent:
   golds hold both, at least a fifth each: the policy does not compare, and its EM on them
   is the golds' share of that answer, which RL can move by swapping one constant for the
   other: a swap alerts again. It only warns.
+- hop_drift: one question kind's lookups (`lookups_by_kind`: `single-1`, `bridge-3`, ...)
+  move more than `hop_drift` lookups an episode from that kind's own baseline, the median of
+  its first `window` appearances, over its last `window` appearances. The run's mean
+  searches hide it: bridges dropping a hop while single-hop questions stop over-hopping
+  leaves the mean where it was, and that trade is the hop decision moving for one kind of
+  question rather than following the question. The message gives the lookups the first
+  thought plans beside the ones made. It only warns.
+- greedy_hop_drift: the same per question type, read from the greedy evaluations
+  (`by_type`'s searches) against the first evaluation with that type. It only warns.
 - low_signal: some groups vary, but over a window of steps their share averages below
   `low_signal`: the run learns from a few questions a step. Mostly all-right groups mean
   questions the policy already answers (a warm-up that trained on them teaches their
@@ -108,7 +117,7 @@ from seekrl.rl import step_metrics as M
 
 KINDS = ("grad_norm_explosion", "entropy_collapse", "correct_logp_falling", "valid_format_collapse",
          "type_reward_drop", "searches_drift", "search_collapse", "greedy_search_collapse",
-         "no_signal", "low_signal", "constant_answer")
+         "no_signal", "low_signal", "constant_answer", "hop_drift", "greedy_hop_drift")
 SEVERITIES = (None, "warn", "collapse")   # in increasing order
 NEAR_ZERO = 1e-8          # a baseline at or below this has nothing to fall from
 FORMAT_FLOOR = 0.1        # a valid-format rate below this is a collapse
@@ -280,6 +289,27 @@ def check_greedy_searches(searches: float, searches_start: float, cfg: MonitorCo
         f"learnt to search once and guess; compare the bridge questions' EM")
 
 
+def check_hops(kind: str, recent: float, baseline: float, planned: float | None,
+               cfg: MonitorConfig, *, greedy: bool = False) -> tuple[str | None, str]:
+    change = recent - baseline
+    if not cfg.hop_drift or abs(change) <= cfg.hop_drift:
+        return None, ""
+    plan = f" (its first thought plans {planned:.2f})" if planned is not None else ""
+    single = kind.split("-")[0] == "single" or kind.endswith("-1")
+    if change < 0 and not single:
+        why = "hops skipped: a multi-hop answer found without its later documents is a guess"
+    elif change > 0 and single:
+        why = "over-hopping: the extra lookups follow the first answer to another entity"
+    elif single:
+        why = "fewer extra lookups (a single-hop question needs one); check that the bridges keep theirs"
+    else:
+        why = "the hop decision moved for this kind of question"
+    where = "greedy evaluation: " if greedy else ""
+    start = "the first evaluation" if greedy else "its baseline"
+    return "warn", (f"{where}{kind!r} questions make {recent:.2f} lookups{plan} against "
+                    f"{baseline:.2f} at {start}: {why}")
+
+
 _CHECKS = ((M.ENTROPY, "entropy_collapse", check_entropy),
            (M.VALID_FORMAT, "valid_format_collapse", check_valid_format),
            (M.SEARCHES, "searches_drift", check_searches))
@@ -303,6 +333,9 @@ class Monitor:
         self.solved = _Signal(cfg.window)      # groups_solved, for low_signal's message
         self.constant_answer = _Signal(cfg.window)   # only its alert state (evaluations)
         self.constant_said: str | None = None        # the constant answer last alerted
+        self.hops: dict[str, _Signal] = {}           # question kind -> lookups made
+        self.plans: dict[str, _Signal] = {}          # question kind -> lookups planned
+        self.greedy_hops: dict[str, _Signal] = {}    # evaluations: question type -> searches
 
     @property
     def healthy(self) -> bool:
@@ -335,6 +368,7 @@ class Monitor:
             if verdict is not None:
                 verdict = (verdict[0], f"on {qtype!r} questions, {verdict[1]}")
             verdicts.append((signal, "type_reward_drop", verdict))
+        verdicts.extend(self._check_hops(metrics.get(M.LOOKUPS_BY_KIND)))
         verdicts.append((self.search_collapse, "search_collapse",
                          self._check_search_collapse(_finite(metrics.get(M.SEARCHES)),
                                                      _finite(metrics.get(M.REWARD_MULTIHOP)))))
@@ -360,6 +394,19 @@ class Monitor:
         if not self.cfg.enabled:
             return []
         alerts = self._check_constant_answer(step, metrics)
+        for qtype, row in sorted((metrics.get("by_type") or {}).items()):
+            value = _finite((row or {}).get(M.SEARCHES))
+            if value is None:
+                continue
+            signal = self.greedy_hops.setdefault(str(qtype), _Signal(self.cfg.window))
+            signal.observe(value)
+            if len(signal.rolling) < 2:
+                continue
+            severity, message = check_hops(str(qtype), value, signal.first[0],
+                                           _finite(row.get("planned_lookups")), self.cfg,
+                                           greedy=True)
+            if signal.judge(severity):
+                alerts.append(Alert(step, "greedy_hop_drift", severity, message))
         searches = _finite(metrics.get(M.SEARCHES))
         if searches is None:
             return alerts
@@ -426,6 +473,23 @@ class Monitor:
             return None
         return check_search_collapse(sr.recent, sr.first[0], mh.recent, mh.baseline, self.cfg)
 
+    def _check_hops(self, by_kind: Any) -> list[tuple[_Signal, str, tuple | None]]:
+        """One verdict per question kind seen this step (`lookups_by_kind`'s rows)."""
+        verdicts = []
+        for kind, row in sorted((by_kind if isinstance(by_kind, dict) else {}).items()):
+            made = _finite((row or {}).get("made"))
+            if made is None:
+                continue
+            planned = _finite(row.get("planned"))
+            if planned is not None:
+                self.plans.setdefault(str(kind), _Signal(self.cfg.window)).observe(planned)
+            signal = self.hops.setdefault(str(kind), _Signal(self.cfg.window))
+            plans = self.plans.get(str(kind))
+            verdict = self._observe(signal, made, lambda recent, base, cfg: check_hops(
+                str(kind), recent, base, plans.recent if plans and plans.last else None, cfg))
+            verdicts.append((signal, "hop_drift", verdict))
+        return verdicts
+
     def _check_no_signal(self, share: float | None, solved: float | None
                          ) -> tuple[str | None, str] | None:
         if share is None:
@@ -478,7 +542,9 @@ class Monitor:
                 "search_collapse": self.search_collapse.state_dict(),
                 "constant_answer": {**self.constant_answer.state_dict(),
                                     "said": self.constant_said},
-                "greedy_searches": self.greedy_searches.state_dict()}
+                "greedy_searches": self.greedy_searches.state_dict(),
+                **{name: {k: s.state_dict() for k, s in getattr(self, name).items()}
+                   for name in ("hops", "plans", "greedy_hops")}}
 
     def load_state_dict(self, state: dict) -> None:
         window = self.cfg.window
@@ -497,3 +563,6 @@ class Monitor:
         self.search_collapse = _Signal.from_state(saved, window) if saved else _Signal(window)
         saved = state.get("greedy_searches")
         self.greedy_searches = _Signal.from_state(saved, window) if saved else _Signal(window)
+        for name in ("hops", "plans", "greedy_hops"):   # absent in older checkpoints
+            setattr(self, name, {k: _Signal.from_state(s, window)
+                                 for k, s in (state.get(name) or {}).items()})

@@ -185,4 +185,19 @@ def step_line(r: dict, total: int, elapsed: float) -> str:
             f"valid {f(VALID_FORMAT, '{:.2f}')}  searches {f(SEARCHES, '{:.2f}')}  "
             f"kl {f(KL, '{:.4f}')}  ent {f(ENTROPY, '{:.3f}')}  clip {f(CLIP_FRAC)}  "
             f"grad {f(GRAD_NORM, '{:.2f}')}  [{f(TIME_STEP, '{:.0f}')} s/step, "
-            f"~{left:.1f} min left]")
+            f"~{left:.1f} min left]{lookups_line(r.get(LOOKUPS_BY_KIND))}")
+
+
+def lookups_line(by_kind: Any) -> str:
+    """The step line's tail: per question kind the lookups made, and planned where the
+    first thought states a plan (`bridge-2 1.8/2.0`), so the hop decision is seen per kind."""
+    if not isinstance(by_kind, dict) or not by_kind:
+        return ""
+    def cell(kind: str, row: dict) -> str:
+        made, planned = row.get("made"), row.get("planned")
+        if made is None:
+            return ""
+        return f"{kind} {made:.1f}" + (f"/{planned:.1f}" if planned is not None else "")
+    cells = [c for kind, row in sorted(by_kind.items()) if isinstance(row, dict)
+             and (c := cell(kind, row))]
+    return f"\n  lookups made/planned: {'  '.join(cells)}" if cells else ""
