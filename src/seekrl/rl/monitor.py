@@ -484,9 +484,11 @@ class Monitor:
             if planned is not None:
                 self.plans.setdefault(str(kind), _Signal(self.cfg.window)).observe(planned)
             signal = self.hops.setdefault(str(kind), _Signal(self.cfg.window))
+            signal.observe(made)
             plans = self.plans.get(str(kind))
-            verdict = self._observe(signal, made, lambda recent, base, cfg: check_hops(
-                str(kind), recent, base, plans.recent if plans and plans.last else None, cfg))
+            verdict = None if signal.baseline is None else check_hops(
+                str(kind), signal.recent, signal.baseline,
+                plans.recent if plans and plans.last else None, self.cfg)
             verdicts.append((signal, "hop_drift", verdict))
         return verdicts
 
