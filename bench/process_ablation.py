@@ -834,9 +834,11 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
                     outcome - sft_em if outcome is not None and sft_em is not None else nan)
     # the arms named before the runs: outcome-only and the named process method (the best
     # of all the arms' means is biased up, and is only shown as exploratory)
-    named_em = {m: rows[m]["em"] for m in ("outcome", named) if m in rows}
+    named_em, common = _named_means(by_method, ("outcome", named))
     top = max(named_em, key=named_em.get) if named_em else None
-    best_em = f"best_em={named_em[top]:.4f} ({top})" if top else "best_em=nan"
+    best_em = (f"best_em={named_em[top]:.4f} ({top}"
+               + (f", seeds {','.join(map(str, common))} both arms have" if common else "")
+               + ")") if top else "best_em=nan"
     versus = "".join(
         "; " + _gain(f"{m}_vs_{m}{tag}", found.get((m, m + tag)),
                      rows[m]["em"] - their_em[m])
@@ -872,6 +874,20 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
           + f" ({(time.time() - started) / 60:.0f} min this run)")
 
 
+def _named_means(by_method: dict[str, list[dict]], arms: tuple[str, ...]
+                 ) -> tuple[dict[str, float], list[int] | None]:
+    """Each named arm's mean EM, over the seeds every named arm has run when their seed sets
+    differ (the common seeds, else None): an arm with an extra seed would otherwise be
+    ranked on other draws than the arm it is compared with."""
+    seeds = {m: {r["seed"] for r in by_method[m]} for m in arms if m in by_method}
+    common = sorted(set.intersection(*seeds.values())) if seeds else []
+    uneven = len({frozenset(v) for v in seeds.values()}) > 1
+    if uneven and common:
+        return ({m: statistics.mean(r["em"] for r in by_method[m] if r["seed"] in common)
+                 for m in seeds}, common)
+    return {m: statistics.mean(r["em"] for r in by_method[m]) for m in seeds}, None
+
+
 def _gain(name: str, paired: dict | None, unpaired: float) -> str:
     """A gain for this bench's summary line as `NAME=GAIN NAME_ci=LOW..HIGH (how)`: the
     paired one (the seeds both arms have, its 95% interval) where both kept per-question
@@ -886,8 +902,11 @@ def _gain(name: str, paired: dict | None, unpaired: float) -> str:
 def _how(paired: dict) -> str:
     seeds = paired["seeds"]
     over = "questions only" if len(seeds) == 1 else "seeds and questions"
+    dropped = paired.get("dropped") or []
     return (f"paired; seed{'s' * (len(seeds) > 1)} {','.join(map(str, seeds))}, "
-            f"resampling {over}")
+            f"resampling {over}"
+            + (f"; seed{'s' * (len(dropped) > 1)} {','.join(map(str, dropped))} without "
+               "the other arm left out" if dropped else ""))
 
 
 def _headline(paired: dict | None, unpaired: float) -> str:

@@ -459,6 +459,30 @@ def test_report_prints_the_paired_comparison_from_kept_per_question_records(tmp_
             "resampling seeds and questions)") in out[-1]
 
 
+def test_a_report_on_uneven_seeds_ranks_the_named_arms_on_the_seeds_both_have(tmp_path, capsys):
+    """Mid-series (recall_cost on seeds 0 and 1, outcome-only on seed 0): best_em compares
+    the arms on seed 0 alone, and the paired gain names the seed it left out."""
+    bench = load_bench()
+    runs = tmp_path / "runs"
+    qs = [f"q{i}" for i in range(10)]
+    for method, seed, right in (("outcome", 0, 6), ("recall_cost", 0, 5), ("recall_cost", 1, 9)):
+        d = runs / f"{method}-s{seed}"
+        d.mkdir(parents=True)
+        per = {q: float(i < right) for i, q in enumerate(qs)}
+        (d / "result.json").write_text(json.dumps({
+            "method": method, "seed": seed, "em": right / 10, "searches": 2,
+            "evidence_recall": 0.7, "steps": 10, "rollout_tokens": 1000,
+            "em_by_type": {"bridge": 0.1}, "per_question": per}))
+    bench._report(runs, time.time(), "recall_cost")
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    # recall_cost's two-seed mean (0.70) is above outcome-only's 0.60; on seed 0 it is below
+    assert "best_em=0.6000 (outcome, seeds 0 both arms have)" in last
+    assert ("process_gain=-0.1000 process_gain_ci=-0.300..+0.000 (paired; seed 0, resampling "
+            "questions only; seed 1 without the other arm left out)") in last
+    assert bench._named_means({"a": [{"seed": 0, "em": 0.5}], "b": [{"seed": 0, "em": 0.4}]},
+                              ("a", "b")) == ({"a": 0.5, "b": 0.4}, None)
+
+
 def test_simulated_bench_borrows_real_runs_only_when_trained_the_same_way(tmp_path):
     bench = load_bench_module("simulated_search", module="sim_bench")
 
