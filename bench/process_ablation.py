@@ -837,7 +837,8 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
     named_em, common = _named_means(by_method, ("outcome", named))
     top = max(named_em, key=named_em.get) if named_em else None
     best_em = (f"best_em={named_em[top]:.4f} ({top}"
-               + (f", seeds {','.join(map(str, common))} both arms have" if common else "")
+               + (f", on seed{'s' * (len(common) > 1)} {','.join(map(str, common))}, which "
+                  "both arms have" if common else "")
                + ")") if top else "best_em=nan"
     versus = "".join(
         "; " + _gain(f"{m}_vs_{m}{tag}", found.get((m, m + tag)),

@@ -476,7 +476,7 @@ def test_a_report_on_uneven_seeds_ranks_the_named_arms_on_the_seeds_both_have(tm
     bench._report(runs, time.time(), "recall_cost")
     last = capsys.readouterr().out.strip().splitlines()[-1]
     # recall_cost's two-seed mean (0.70) is above outcome-only's 0.60; on seed 0 it is below
-    assert "best_em=0.6000 (outcome, seeds 0 both arms have)" in last
+    assert "best_em=0.6000 (outcome, on seed 0, which both arms have)" in last
     assert ("process_gain=-0.1000 process_gain_ci=-0.300..+0.000 (paired; seed 0, resampling "
             "questions only; seed 1 without the other arm left out)") in last
     assert bench._named_means({"a": [{"seed": 0, "em": 0.5}], "b": [{"seed": 0, "em": 0.4}]},
