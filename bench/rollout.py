@@ -299,13 +299,22 @@ class PhaseClock:
 
 
 def make_engine_backend(kind: str, model, tok, cfg: RolloutConfig):
-    """seekrl's HF loop, or the static backend (HFBackend with a warning where it refuses
-    the model)."""
+    """seekrl's HF loop, or the static backend itself: where its lean forward refuses the
+    model or its logits differ from HF's, the run fails (the trainer's factory would fall
+    back to the HF loop, and a figure labelled static would be the HF loop's)."""
     if kind.startswith("static"):
-        from seekrl.agent.static_backend import static_backend
+        from seekrl.agent.static_backend import StaticBackend
 
-        return static_backend(model, tok, max_len=cfg.max_total_tokens)
+        return StaticBackend(model, tok, max_len=cfg.max_total_tokens)
     return HFBackend(model, tok)
+
+
+def backend_line(backend) -> str:
+    """What decoded: the backend's class, and the static backend's load-check difference
+    from HF's logits (relative to the largest logit)."""
+    diff = getattr(backend, "probe_diff", None)
+    return (f"engine_backend={type(backend).__name__}"
+            + (f" probe_diff={diff:.2e}" if diff is not None else ""))
 
 
 def main() -> None:
@@ -373,6 +382,8 @@ def run(args, model, tok, retriever, questions, dtype) -> None:
                             batch_size=b, greedy=True,
                             continuous=args.backend == "static-continuous")
         backend = make_engine_backend(args.backend, model, tok, cfg)
+        if not results:   # the first batch's: every batch builds the same kind
+            print(backend_line(backend))
         clock = PhaseClock(backend, args.device)
         engine = RolloutEngine(backend, tok, retriever, cfg)
         if gpu:

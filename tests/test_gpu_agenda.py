@@ -181,6 +181,10 @@ def test_speed_dry_run(tmp_path):
     assert re.search(r"^stage=speed-remedy-static dry_run=1 gpu_rollout_speedup=[\d.]+ "
                      r"backend=static static_generate_compiled=0 ", summary, re.M), summary
     assert "static_generate_warmup_s=" in summary
+    # what decoded is said: the static figures are the static backend's, not a fallback's
+    for side in ("static", "continuous"):
+        assert "engine_backend=StaticBackend probe_diff=" in log(tmp_path, f"speed-remedy-{side}")
+    assert "engine_backend=HFBackend" in log(tmp_path, "speed-remedy-default")
     assert "decode_ms_seekrl=" in summary and "best=" in summary
     assert "decode_s_b2=" in summary and "decode_tok_s_b2=" in summary
     assert "stage=speed-train dry_run=1 trl_compared=0" in summary   # said, not silent
