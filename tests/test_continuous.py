@@ -4,6 +4,10 @@ is, sampled runs repeat for a seed."""
 
 from __future__ import annotations
 
+import random
+import threading
+import time
+
 import pytest
 import torch
 
@@ -102,6 +106,8 @@ class ScriptedRows(Scripted):
             self.rows[k] = [Generated(new), len(new)]
 
     def run(self):
+        if not self.rows:   # as the static backend: no row decodes, no turn ends
+            return []
         n = min(left for _, left in self.rows.values())
         for row in self.rows.values():
             row[1] -= n
@@ -132,6 +138,82 @@ def test_the_continuous_loop_takes_turns_as_they_end(tiny):
     assert {t.finish_reason for t in mine} == {"answer", "max_turns"}
     assert sum(map(len, docs.calls)) == sum(s.info_end is not None for t in mine
                                             for s in t.steps if s.action == "search")
+
+
+class SlowDocs(CountingDocs):
+    """CountingDocs that answer after a random pause, noting the thread that asked."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        self.rng, self.threads = random.Random(seed), []
+
+    def search(self, queries, k):
+        self.threads.append(threading.current_thread().name)
+        time.sleep(self.rng.random() * 0.03)
+        return super().search(queries, k)
+
+
+class Simulated(CountingDocs):
+    """A retriever that writes its documents from the question (as the simulated one
+    does): its tool is not run beside the decoding."""
+
+    def search_with_context(self, queries, k, questions, answers):
+        self.threads = [*getattr(self, "threads", []), threading.current_thread().name]
+        return self.search(queries, k)
+
+
+def test_tool_calls_run_beside_the_decoding_and_rejoin_at_a_fixed_point(tiny):
+    """The rows that ended at one `run` have their documents fetched on the tool thread
+    while the next `run` decodes the others, and rejoin right after it: however long the
+    retriever takes, the same rows are admitted at the same points (so sampled runs stay
+    reproducible), and the episodes are the turn-by-turn ones. A tool that is not
+    `concurrent` is called on the engine's own thread."""
+    _, tok = tiny
+    scripts = {
+        "Where was Ilsa born?": ["<search> Ilsa Marrow born </search>", "<answer> Tarrow </answer>"],
+        "What country?": ["I do not know at all, not even a little bit",
+                          "<search> Velmaria </search>", "<answer> Velmaria </answer>"],
+        "Loop?": ["<search> Noise </search>"] * 4,
+        "Quick?": ["<answer> no </answer>"],
+    }
+    examples = [ex(f"q{i}", q) for i, q in enumerate(scripts)]
+    cfg = RolloutConfig(max_turns=3, topk=2, n_samples=2, batch_size=3, continuous=True)
+
+    def play(docs):
+        backend, admitted = ScriptedRows(tok, scripts), []
+        real = backend.admit
+
+        def admit(keys, contexts, budgets):   # which contexts join, in order
+            admitted.append(sorted(tok.decode(c)[-40:] for c in contexts))
+            real(keys, contexts, budgets)
+
+        backend.admit = admit
+        return RolloutEngine(backend, tok, docs, cfg).run(examples), admitted
+
+    slow = [SlowDocs(seed) for seed in (1, 2)]
+    (a, joins_a), (b, joins_b) = play(slow[0]), play(slow[1])
+    assert joins_a == joins_b and len(joins_a) > 2
+    want = RolloutEngine(Scripted(tok, scripts), tok, CountingDocs(), cfg).run(examples)
+    assert _episodes(a) == _episodes(b) == _episodes(want)
+    for docs in slow:
+        assert docs.threads and all(n.startswith("seekrl-tools") for n in docs.threads)
+    own = Simulated()
+    c, _ = play(own)
+    assert _episodes(c) == _episodes(want)
+    assert own.threads and set(own.threads) == {threading.main_thread().name}
+
+
+def test_a_failing_tool_on_the_tool_thread_fails_the_run(tiny):
+    _, tok = tiny
+
+    class Broken(CountingDocs):
+        def search(self, queries, k):
+            raise RuntimeError("index gone")
+
+    scripts = {"Where?": ["<search> x </search>", "<answer> y </answer>"]}
+    cfg = RolloutConfig(max_turns=3, topk=2, batch_size=2, continuous=True)
+    with pytest.raises(RuntimeError, match="index gone"):
+        RolloutEngine(ScriptedRows(tok, scripts), tok, Broken(), cfg).run([ex("q", "Where?")])
 
 
 def test_an_idle_row_keeps_its_cache_and_rejoins(tiny):

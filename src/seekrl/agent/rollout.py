@@ -40,6 +40,11 @@ from seekrl.data.qa import QAExample
 from seekrl.retrieval.base import Hit, Retriever
 
 
+def _run_jobs(jobs: list[tuple[Any, list[ToolCall]]]) -> list[list]:
+    """Each tool's results for its calls, in order."""
+    return [tool.call(tool_calls) for tool, tool_calls in jobs]
+
+
 class RolloutConfig(EpisodeSettings):
     """The engine's settings: the episode settings of a `rollout:` section (the same names,
     defaults and ranges: `seekrl.config.EpisodeSettings`) and one run's choices."""
@@ -324,22 +329,42 @@ class RolloutEngine:
         """`_play` on a backend's rows (`open`, `admit`, `run`, `release`): an episode whose
         turn ended takes it (tool calls batched with the others that ended with it) and
         rejoins the decoding rows at once, without waiting for the slowest row of a
-        turn; a finished episode's row goes to the next waiting one."""
+        turn; a finished episode's row goes to the next waiting one.
+
+        Where every tool may run beside the decoding (`concurrent`), the tool calls of the
+        rows that ended at one `run` go to a worker thread while the next `run` decodes
+        the other rows; those rows rejoin right after it. The point where they rejoin
+        does not depend on how long the tools took, so a run is as reproducible as
+        without the thread."""
         cfg, backend = self.cfg, self.backend
         waiting = episodes[::-1]
         ready: list[_Episode] = []   # between turns: their rows held, next context complete
         decoding: dict[int, tuple[_Episode, int]] = {}   # key -> (episode, its turn's room)
+        fetching: list[tuple[list[_Episode], dict, Any, list]] = []   # rows whose tools run
         backend.open(max(1, min(cfg.batch_size, len(episodes))), cfg.max_new_tokens, sampling)
+        worker = None
+        if all(getattr(tool, "concurrent", False) for tool in self.tools.values()):
+            from concurrent.futures import ThreadPoolExecutor
+
+            worker = ThreadPoolExecutor(1, thread_name_prefix="seekrl-tools")
 
         def leave(e: _Episode) -> None:   # a finished episode's row goes to the next one
             backend.release(id(e))
             if on_finish is not None:
                 on_finish(e.traj)
 
+        def rejoin(batch: list[_Episode]) -> None:
+            for e in batch:
+                if e.done:
+                    leave(e)
+                else:
+                    ready.append(e)
+
         try:
             while True:
                 go = []
-                while ready or (waiting and len(decoding) + len(go) < cfg.batch_size):
+                held = sum(len(b) for b, *_ in fetching)
+                while ready or (waiting and len(decoding) + len(go) + held < cfg.batch_size):
                     e = ready.pop() if ready else waiting.pop()
                     room = self._room(e)
                     if room > 0:
@@ -351,18 +376,26 @@ class RolloutEngine:
                     backend.admit([id(e) for e, _ in go], [e.traj.token_ids for e, _ in go],
                                   [room for _, room in go])
                     decoding.update((id(e), (e, room)) for e, room in go)
-                if not decoding:
+                if not decoding and not fetching:
                     break
                 ended = backend.run()
-                batch = [decoding.pop(key) for key, _ in ended]
-                self._take_turn([e for e, _ in batch],
-                                [new.cut(room) for (_, room), (_, new) in zip(batch, ended)])
-                for e, _ in batch:
-                    if e.done:
-                        leave(e)
-                    else:
-                        ready.append(e)
+                for batch, calls, future, self_search in fetching:   # fetched while it ran
+                    self._apply_tools(batch, calls, future.result(), self_search)
+                    rejoin(batch)
+                fetching = []
+                rows = [decoding.pop(key) for key, _ in ended]
+                batch = [e for e, _ in rows]
+                outs = [new.cut(room) for (_, room), (_, new) in zip(rows, ended)]
+                if worker is None or not batch:
+                    self._take_turn(batch, outs)
+                    rejoin(batch)
+                    continue
+                calls, self_search = self._record_turns(batch, outs)
+                fetching.append((batch, calls, worker.submit(_run_jobs, self._tool_jobs(calls)),
+                                 self_search))
         finally:
+            if worker is not None:
+                worker.shutdown(wait=True, cancel_futures=True)
             backend.reset()   # ends the session, frees the cached episodes
         return [e.traj for e in episodes]
 
@@ -397,6 +430,17 @@ class RolloutEngine:
         return prompts, shown_per
 
     def _take_turn(self, batch: list[_Episode], outs: list[Generated]) -> None:
+        """Record each episode's turn, call the tools its actions named (each tool once
+        for the batch) and append what they returned."""
+        calls, self_search = self._record_turns(batch, outs)
+        jobs = self._tool_jobs(calls)
+        self._apply_tools(batch, calls, _run_jobs(jobs), self_search)
+
+    def _record_turns(self, batch: list[_Episode], outs: list[Generated]
+                      ) -> tuple[dict[str, list[tuple[_Episode, Step]]], list[tuple[_Episode, Step]]]:
+        """Append each episode's generated turn and its `Step`; an answer or the last turn
+        ends the episode. The tool calls to make (by tag) and the self-search blocks to
+        write."""
         cfg = self.cfg
         calls: dict[str, list[tuple[_Episode, Step]]] = {}
         self_search: list[tuple[_Episode, Step]] = []   # SSRL: the policy writes the block
@@ -451,11 +495,25 @@ class RolloutEngine:
                     t.answer = plain_answer(text) or None
             if last_turn:
                 self._finish(e, "max_turns")
-        for tag, pending in calls.items():   # each tool once, for the whole batch
+        return calls, self_search
+
+    def _tool_jobs(self, calls: dict[str, list[tuple[_Episode, Step]]]
+                   ) -> list[tuple[Any, list[ToolCall]]]:
+        """Each tool with its batch of calls, built from the episodes as they stand (a
+        job reads nothing of them after this, so it may run beside the decoding)."""
+        return [(self.tools[tag], [ToolCall(s.query or "", e.traj.question, list(e.seen),
+                                            list(e.last), list(e.traj.golden_answers))
+                                   for e, s in pending])
+                for tag, pending in calls.items()]
+
+    def _apply_tools(self, batch: list[_Episode], calls: dict[str, list[tuple[_Episode, Step]]],
+                     results_per_tool: list[list], self_search: list[tuple[_Episode, Step]]
+                     ) -> None:
+        """Append each tool result's `<information>` block (with its evidence credit), the
+        self-search blocks, and the correction after an invalid action."""
+        cfg = self.cfg
+        for (tag, pending), results in zip(calls.items(), results_per_tool):
             tool = self.tools[tag]
-            results = tool.call([ToolCall(s.query or "", e.traj.question, e.seen, e.last,
-                                          list(e.traj.golden_answers))
-                                 for e, s in pending])
             if len(results) != len(pending):
                 raise RuntimeError(f"tool {tag!r} returned {len(results)} results for "
                                    f"{len(pending)} calls")

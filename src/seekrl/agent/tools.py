@@ -9,7 +9,11 @@ A tool is an object with
 - `instruction`: one sentence added to the agent's prompt, saying how to call it;
 - `call(calls) -> results`: every call of one turn of the whole batch at once (a list of
   `ToolCall`), one `ToolResult` each, in order: the text the model reads inside
-  `<information>` and the documents it shows.
+  `<information>` and the documents it shows;
+- optionally `concurrent`: True when `call` may run in a thread beside the policy's
+  decoding (it reads only its calls, and shares no model with the policy). Under
+  `rollout.continuous` the engine then fetches one set of rows' results while the other
+  rows decode; a tool without it is called between decoding runs.
 
 The engine cuts a result to `max_info_tokens` like a search's documents. `rollout.tools`
 names the tools beyond `search`: `open` (below) or your own by import path
@@ -94,6 +98,11 @@ class SearchTool:
     tag = SEARCH
     counts_as_search = True
 
+    @property
+    def concurrent(self) -> bool:
+        # a simulated engine decodes with a model of its own, which may be the policy's
+        return getattr(self.retriever, "search_with_context", None) is None
+
     def __init__(self, retriever: Retriever, k: int, style: PromptStyle | None = None,
                  snippet_words: int | None = None, max_queries: int = 1):
         self.retriever, self.k, self.style = retriever, k, style
@@ -142,6 +151,7 @@ class OpenTool:
     searched; a reference that matches no document shown gets a short notice."""
     tag = "open"
     counts_as_search = False
+    concurrent = True   # reads the documents its calls carry, nothing else
     instruction = ("To read a document of the results in full, write its number or title "
                    "inside <open> and </open>.")
 
