@@ -346,7 +346,8 @@ def test_example_configs_are_the_docs_and_validate(tmp_path):
     blocks = dict((name, body) for body, name in re.findall(
         r"```yaml\n(# (\S+\.yaml)\n.*?)```", docs, re.S))
     files = sorted((root / "configs").glob("*.yaml"))
-    assert {f.name for f in files} == set(blocks) == {"sft.yaml", "rl.yaml", "own_parts.yaml"}
+    assert {f.name for f in files} == set(blocks) == {"sft.yaml", "rl.yaml", "own_parts.yaml",
+                                                      "sft-plan.yaml", "rl-long.yaml"}
     for f in files:
         assert f.read_text() == blocks[f.name], f"{f.name} differs from the docs'"
         schema = SFTConfig if f.name.startswith("sft") else TrainConfig
