@@ -173,3 +173,43 @@ def test_a_trainers_dev_evaluation_reuses_its_static_backend(tmp_path, monkeypat
                       reward_fn=parity, overwrite=True).train()
     assert summary["dev"]["questions"] == 2
     assert len(built) == 1   # the start's evaluation, the step's rollouts and the final one
+
+
+def test_the_static_backend_samples_with_the_weights_of_the_last_update(tmp_path):
+    """Two RL steps on the static backend at a rate that moves the tiny policy a lot: the
+    second step's rollouts were sampled by the updated weights (their log-probs equal the
+    trainer's to rounding), so the backend's view of the weights follows the update
+    without being rebuilt."""
+    import copy
+
+    from seekrl.config import TrainConfig
+    from seekrl.data.qa import read_qa_jsonl
+    from seekrl.models import tiny_policy
+    from seekrl.recipes.train import Trainer
+    from seekrl.rewards.outcome import RewardParts
+
+    _, paths, index_dir = build_world_and_index(tmp_path / "w", seed=4, difficulty="easy",
+                                                entities=200, n_train=8, n_dev=4, n_test=4)
+    cfg = TrainConfig.model_validate({
+        "data": "unused", "index": "unused", "out": str(tmp_path / "run"), "steps": 2,
+        "questions_per_step": 2, "group_size": 2, "save_every": 0,
+        "rollout": {"max_turns": 2, "max_new_tokens": 6, "max_info_tokens": 48, "topk": 2,
+                    "batch_size": 8, "backend": "static", "temperature": 1.0},
+        "algo": {"mini_batch_size": 4, "micro_batch_size": 2},
+        "optim": {"lr": 1e-2, "warmup_steps": 0}})
+    model, tok = tiny_policy(seed=3)
+    policy = copy.deepcopy(model)
+
+    def parity(t):
+        r = float(t.sample_index % 2)
+        return RewardParts(total=r, outcome=r, format=0.0, penalty=0.0)
+
+    Trainer(cfg, model=policy, tokenizer=tok, retriever=load_index(index_dir),
+            questions=read_qa_jsonl(paths["train"]), reward_fn=parity, overwrite=True).train()
+    moved = max(float((a.detach() - b.detach()).abs().max())
+                for a, b in zip(policy.parameters(), model.parameters()))
+    assert moved > 1e-3   # the update moved the weights well past any rounding
+    steps = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+             if "episodes" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["rollout_logp_gap"] < 1e-4 for r in steps), [r["rollout_logp_gap"] for r in steps]

@@ -171,6 +171,35 @@ def test_greedy_episodes_give_hf_tokens(tiny, arch):
     assert a[0][0].token_ids == long[0].token_ids
 
 
+def test_self_search_episodes_give_hf_tokens(tiny, monkeypatch):
+    """Self-search through the engine: every turn but the last is read as a search (the
+    random model writes no tags), so the policy writes its own `<information>` blocks with
+    keyed calls on a subset of the rows between its turns; the static backend gives
+    HFBackend's tokens, blocks and masks."""
+    import seekrl.agent.rollout as rollout_mod
+    from seekrl.agent.protocol import parse_action
+
+    def as_search(text, tools, max_queries):
+        action = parse_action(text, tools, max_queries)
+        if action.kind != "invalid":
+            return action
+        return type(action)("search", text.strip()[:30] or "x")
+
+    monkeypatch.setattr(rollout_mod, "parse_action", as_search)
+    model, tok = tiny
+    cfg = RolloutConfig(max_turns=3, max_new_tokens=8, max_info_tokens=24, n_samples=2,
+                        batch_size=3, seed=3, greedy=True, self_search=True)
+    examples = [ex(f"q{i}", f"Question {'long ' * i}number {i}?") for i in range(3)]
+    static = StaticBackend(model, tok, stop_strings=STOPS, max_len=cfg.max_total_tokens)
+    mine = RolloutEngine(static, tok, Docs(), cfg).run(examples)
+    hf = RolloutEngine(HFBackend(model, tok, stop_strings=STOPS), tok, Docs(), cfg).run(examples)
+    written = [s.info_generated for t in mine for s in t.steps if s.action == "search"]
+    assert written and max(written) > 0   # the policy wrote blocks
+    assert [(t.token_ids, t.loss_mask) for t in mine] == [(t.token_ids, t.loss_mask) for t in hf]
+    assert [[s.info_generated for s in t.steps] for t in mine] == \
+        [[s.info_generated for s in t.steps] for t in hf]
+
+
 @pytest.mark.parametrize("sync_every,width_step", [(1, 64), (8, 16)])
 def test_keyed_turns_reuse_rows_across_calls_and_subsets(tiny, sync_every, width_step):
     """Calls with keys (a subset call between, as self-search makes; more rows than before;
