@@ -1415,6 +1415,49 @@ def test_the_recall_bonus_separates_a_group_that_all_answered_wrong(world, tiny,
     assert cost(two_hops) - cost(one_hop) == pytest.approx(0.15)
 
 
+def test_the_hop_bonus_pays_for_the_question_s_hop_count_from_both_sides(world, tiny, tmp_path):
+    """`reward.hop_bonus` (the `hops` method): a single-hop question's second search costs
+    the bonus, a bridge's missing hop costs it too, whether or not the searches found
+    anything; unknown hops give none; the trainer reads it from the config."""
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from seekrl.agent.trajectory import Step, Trajectory
+    from seekrl.rewards.outcome import hop_match
+    from seekrl.rl.methods import method_overrides
+
+    def episode(searches: int, hops) -> Trajectory:
+        n = searches + 1
+        steps = [Step(i, i + 1, "search", text="<search> q </search>", hits=["x"])
+                 for i in range(1, n)]
+        steps.append(Step(n, n + 1, "answer", text="<answer> rome </answer>", answer="rome"))
+        return Trajectory("q", "g", "?", ["Paris"], list(range(n + 1)), [0] + [1] * n, 1,
+                          steps=steps, answer="rome", finish_reason="answer",
+                          metadata={} if hops is None else {"hops": hops})
+
+    assert [hop_match(episode(k, 1)) for k in (0, 1, 2, 3)] == [0.0, 1.0, 0.0, 0.0]
+    assert [hop_match(episode(k, 2)) for k in (1, 2, 3, 4)] == [0.5, 1.0, 0.5, 0.0]
+    assert hop_match(episode(2, 3)) == pytest.approx(2 / 3)
+    assert hop_match(episode(1, None)) is None and hop_match(episode(1, "2")) is None
+    assert hop_match(episode(1, True)) is None and hop_match(episode(1, 0)) is None
+    parts = episode_reward(episode(2, 2), format_reward=0.1, hop_bonus=0.5)
+    assert (parts.hops, parts.total, parts.outcome) == (0.5, pytest.approx(0.6), 0.0)
+    assert episode_reward(episode(2, 1), hop_bonus=0.5).total == 0.0   # over-hopped
+    assert episode_reward(episode(2, None), hop_bonus=0.5).hops == 0.0
+    assert episode_reward(episode(2, 2)).hops == 0.0   # off by default
+
+    @given(st.integers(0, 8), st.integers(1, 4))
+    def bounded_and_best_at_the_hops(searches, hops):
+        m = hop_match(episode(searches, hops))
+        assert 0.0 <= m <= 1.0 and (m == 1.0) == (searches == hops)
+
+    bounded_and_best_at_the_hops()
+    keys = method_overrides("hops", group_size=2, baseline_advantage="dr_grpo")
+    assert keys == {"algo.advantage": "dr_grpo", "reward.hop_bonus": 0.5}
+    trainer = make_trainer(make_cfg(tmp_path, **keys), world, tiny, reward_fn=None)
+    assert trainer.reward_fn(episode(1, 2)).hops == 0.25
+
+
 def test_dtype_is_checked_when_the_config_loads():
     """`dtype=float8` passed --print-config and failed only in load_policy, minutes later."""
     from seekrl.config import DTYPE_NAMES, SFTConfig

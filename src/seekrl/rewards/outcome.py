@@ -40,17 +40,33 @@ class RewardParts:
     format: float
     penalty: float
     evidence: float = 0.0   # the recall bonus (`reward.recall_bonus`) in `total`
+    hops: float = 0.0       # the hop bonus (`reward.hop_bonus`) in `total`
+
+
+def hop_match(t: Trajectory) -> float | None:
+    """How well the episode's number of searches fits its question's hop count
+    (`metadata.hops`): 1 - |searches - hops| / hops, at least 0; None where the hops are
+    unknown. One search on a single-hop question is 1, two are 0; one on a 2-hop bridge
+    0.5, two 1."""
+    hops = t.metadata.get("hops")
+    if not isinstance(hops, int) or isinstance(hops, bool) or hops < 1:
+        return None
+    return max(0.0, 1.0 - abs(t.n_searches - hops) / hops)
 
 
 def episode_reward(t: Trajectory, *, outcome: str = "em", format_reward: float = 0.0,
                    invalid_penalty: float = 0.0, max_turns_penalty: float = 0.0,
-                   turn_cost: float = 0.0, recall_bonus: float = 0.0) -> RewardParts:
+                   turn_cost: float = 0.0, recall_bonus: float = 0.0,
+                   hop_bonus: float = 0.0) -> RewardParts:
     """An episode's reward: the outcome, `format_reward` for a valid protocol trace, minus
     the penalties; plus `recall_bonus` x the share of the gold documents its searches found
     (`Trajectory.evidence_recall`; nothing where the gold documents are unknown). The bonus
     separates the episodes of a group that all answered wrong: on a bridge question the one
     that made the second hop and found the second document ranks above the one that
-    answered after the first, where outcome alone gives them all the same reward."""
+    answered after the first, where outcome alone gives them all the same reward. Plus
+    `hop_bonus` x `hop_match`: how well its number of searches fits the question's hops,
+    a signal for the hop decision from both sides (a single-hop question's second search
+    costs it, a bridge's missing hop costs it too, whatever the searches found)."""
     out = get_outcome(outcome)(t.answer, t.golden_answers)
     fmt = format_reward if t.valid_format else 0.0
     n_invalid = sum(s.action == "invalid" for s in t.steps)
@@ -60,8 +76,10 @@ def episode_reward(t: Trajectory, *, outcome: str = "em", format_reward: float =
         penalty += turn_cost * len(t.steps)
     recall = t.evidence_recall() if recall_bonus else None
     evidence = recall_bonus * recall if recall is not None else 0.0
-    return RewardParts(total=out + fmt + evidence - penalty, outcome=out, format=fmt,
-                       penalty=penalty, evidence=evidence)
+    match = hop_match(t) if hop_bonus else None
+    hop = hop_bonus * match if match is not None else 0.0
+    return RewardParts(total=out + fmt + evidence + hop - penalty, outcome=out, format=fmt,
+                       penalty=penalty, evidence=evidence, hops=hop)
 
 
 REWARD_FN_SHAPE = "f(trajectory) -> RewardParts(total, outcome, format, penalty)"

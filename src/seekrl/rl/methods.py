@@ -33,6 +33,12 @@ the benchmark mean the same thing by a name. Every method is plain `TrainConfig`
   +0.15, each hop of a 3-hop bridge +0.07), one that finds nothing new costs 0.1, so a
   single-hop question pays for stopping at one search while a bridge still pays for its
   hops, right or wrong.
+- `hops`: the outcome run's estimator on the outcome reward plus 0.5 x how well the
+  episode's number of searches fits its question's hop count (`reward.hop_bonus`,
+  `rewards.outcome.hop_match`): the hop decision gets a signal from both sides, whatever
+  the searches found (one search on a single-hop question 0.5, two 0; one on a 2-hop
+  bridge 0.25, two 0.5), where the outcome reward gives a bridge's hop credit only when
+  the answer comes out right and `recall` only when the hop finds its document.
 - `prm`: ProRAG's RL stage on its own: dual-granularity over a trained process reward
   model's step scores (`reward.prm`: a `seekrl prm train` folder, which this method needs;
   `seekrl demo` trains none, so it does not offer it: `seekrl prorag` runs the whole pipeline).
@@ -61,6 +67,7 @@ PROCESS_METHODS: dict[str, dict[str, Any]] = {
     "tree": {"algo.advantage": "tree_grpo"},
     "recall": {"reward.recall_bonus": 0.5},
     "recall_cost": {"reward.recall_bonus": 0.5, "reward.turn_cost": 0.1},
+    "hops": {"reward.hop_bonus": 0.5},
     "prm": {"algo.advantage": "dual_granularity", "reward.process": {"prm": 1.0}},
 }
 # methods that need an input the name does not give (a trained PRM: `reward.prm`)
