@@ -350,3 +350,12 @@ def test_the_suite_tables_header_and_separator_have_as_many_cells_with_no_sets()
     for datasets in ({}, {"nq": {"em": 0.5}}):
         header, separator, *_ = suite_table([("run", {"datasets": datasets})]).splitlines()
         assert header.count("|") == separator.count("|"), (header, separator)
+
+
+def test_static_decode_says_how_far_two_backends_tokens_agree():
+    from conftest import load_bench
+
+    agreement = load_bench("static_decode").agreement
+    assert agreement([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 9, 6]]) == (1, pytest.approx(2 / 3))
+    assert agreement([[1, 2], [7]], [[1, 2, 5], [8]]) == (0, pytest.approx((2 / 3 + 0) / 2))
+    assert agreement([], []) == (0, 0.0)
