@@ -298,6 +298,9 @@ class PhaseClock:
         return self.generate_s - self.prefill_s
 
 
+BACKENDS = ("hf", "static", "static-continuous")
+
+
 def make_engine_backend(kind: str, model, tok, cfg: RolloutConfig):
     """seekrl's HF loop, or the static backend itself: where its lean forward refuses the
     model or its logits differ from HF's, the run fails (the trainer's factory would fall
@@ -339,10 +342,17 @@ def main() -> None:
                    help="static-generate: `generate` with a static cache (compiled, CUDA "
                         "graphs on CUDA) at the top batch, gpu_rollout_speedup; none: only "
                         "the engine (with bf16-mixed, its cast comparison)")
-    p.add_argument("--backend", default="hf", choices=("hf", "static", "static-continuous"),
-                   help="the engine's decoding backend: seekrl's HF loop or the static one "
-                        "(static-continuous: with rollout.continuous)")
+    p.add_argument("--backend", default="hf",
+                   help="the engine's decoding backend: hf (seekrl's HF loop), static, or "
+                        "static-continuous (with rollout.continuous); several, comma-"
+                        "separated, are run side by side on the same questions (with "
+                        "--baseline none), each against the first: ratio_NAME_bN=")
     args = p.parse_args()
+    args.backends = args.backend.split(",")
+    bad = [b for b in args.backends if b not in BACKENDS]
+    if bad or (len(args.backends) > 1 and args.baseline != "none"):
+        p.error(f"--backend: one of {', '.join(BACKENDS)}, or several with --baseline none; "
+                f"got {args.backend!r}")
     check_device(args.device)   # and SEEKRL_CUDNN_ATTENTION, as every seekrl command
     dtype = torch.bfloat16 if args.dtype == "bf16-mixed" else getattr(torch, args.dtype)
 
@@ -374,16 +384,46 @@ def run(args, model, tok, retriever, questions, dtype) -> None:
           f"device={args.device} gpu={gpu.replace(' ', '_') or '-'} attention={args.attention} "
           f"backend={args.backend} cudnn_sdp={int(torch.backends.cuda.cudnn_sdp_enabled())}")
 
-    results = {}
-    phases = {}
-    lengths: list[int] = []
+    if len(args.backends) > 1:
+        side_by_side(args, model, tok, retriever, questions, gpu)
+        return
+    results, phases, lengths = engine_rates(args, args.backend, model, tok, retriever,
+                                            questions, gpu)
+    _summary(args, model, tok, retriever, questions, gpu, params, results, phases, lengths)
+
+
+def side_by_side(args, model, tok, retriever, questions, gpu: str) -> None:
+    """Each backend of --backend on the same questions and batches, one after the other in
+    this process; each one's tokens/s against the first's (`ratio_NAME_bN=`), and whether
+    their greedy tokens agree (`same_tokens_NAME=`)."""
+    rates, tokens = {}, {}
+    for name in args.backends:
+        rates[name], _, _ = engine_rates(args, name, model, tok, retriever, questions, gpu,
+                                         keep=tokens.setdefault(name, {}))
+    first = args.backends[0]
+    ratios = [f"ratio_{name}_b{b}={rates[name][b] / rates[first][b]:.2f}"
+              for name in args.backends[1:] for b in rates[name]]
+    same = [f"same_tokens_{name}={int(tokens[name] == tokens[first])}"
+            for name in args.backends[1:]]
+    print("summary: " + " ".join(ratios + same) + " "
+          + " ".join(f"{name}_b{b}={r:.1f}tok/s" for name in args.backends
+                     for b, r in rates[name].items()) + f" against={first}")
+
+
+def engine_rates(args, kind: str, model, tok, retriever, questions, gpu: str,
+                 keep: dict | None = None):
+    """The engine on `kind`'s backend at each batch of --batches: tokens/s, the decoding
+    phase's seconds and tokens by batch, the last batch's episode lengths (`keep`: each
+    batch's episodes' tokens, by batch)."""
+    results, phases, lengths = {}, {}, []
     for b in [int(x) for x in args.batches.split(",")]:
         cfg = RolloutConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
                             batch_size=b, greedy=True,
-                            continuous=args.backend == "static-continuous")
-        backend = make_engine_backend(args.backend, model, tok, cfg)
+                            continuous=kind == "static-continuous")
+        backend = make_engine_backend(kind, model, tok, cfg)
         if not results:   # the first batch's: every batch builds the same kind
-            print(backend_line(backend))
+            print(f"{kind}: {backend_line(backend)}")
+        tag = f"{kind.replace('-', '_')}_" if len(args.backends) > 1 else ""
         clock = PhaseClock(backend, args.device)
         engine = RolloutEngine(backend, tok, retriever, cfg)
         if gpu:
@@ -397,15 +437,21 @@ def run(args, model, tok, retriever, questions, dtype) -> None:
             print(f"batched_b{b}_peak_gpu_mb={torch.cuda.max_memory_allocated() / 2**20:.0f}")
         tokens = sum(t.n_generated for t in trajs)
         lengths = [len(t.token_ids) for t in trajs]
+        if keep is not None:
+            keep[b] = [t.token_ids for t in trajs]
         results[b] = tokens / seconds
         phases[b] = (clock.decode_s, tokens)
-        print(f"batched_b{b}_tokens={tokens} batched_b{b}_seconds={seconds:.1f} "
-              f"batched_b{b}_tok_s={results[b]:.1f}")
-        print(f"batched_b{b}_decode_s={clock.decode_s:.2f} "
-              f"batched_b{b}_prefill_s={clock.prefill_s:.2f} "
-              f"batched_b{b}_other_s={seconds - clock.generate_s:.2f} "
-              f"batched_b{b}_decode_tok_s={tokens / max(clock.decode_s, 1e-9):.1f} "
+        n = f"{tag}batched_b{b}"
+        print(f"{n}_tokens={tokens} {n}_seconds={seconds:.1f} {n}_tok_s={results[b]:.1f}")
+        print(f"{n}_decode_s={clock.decode_s:.2f} {n}_prefill_s={clock.prefill_s:.2f} "
+              f"{n}_other_s={seconds - clock.generate_s:.2f} "
+              f"{n}_decode_tok_s={tokens / max(clock.decode_s, 1e-9):.1f} "
               f"(decode: the backend's decoding steps alone; other: retrieval, tokenising)")
+    return results, phases, lengths
+
+
+def _summary(args, model, tok, retriever, questions, gpu, params, results, phases,
+             lengths) -> None:
     top = max(results)
     decode_s, top_tokens = phases[top]
     decode_part = (f" decode_s_b{top}={decode_s:.2f}"

@@ -359,3 +359,26 @@ def test_static_decode_says_how_far_two_backends_tokens_agree():
     assert agreement([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 9, 6]]) == (1, pytest.approx(2 / 3))
     assert agreement([[1, 2], [7]], [[1, 2, 5], [8]]) == (0, pytest.approx((2 / 3 + 0) / 2))
     assert agreement([], []) == (0, 0.0)
+
+
+def test_rollout_bench_runs_backends_side_by_side(capsys, monkeypatch):
+    """bench/rollout.py --backend hf,static: both on the same questions in one process,
+    the static one's tokens/s against the HF loop's and whether their greedy tokens agree;
+    several backends want --baseline none."""
+    import sys
+
+    from conftest import load_bench
+
+    bench = load_bench("rollout")
+    argv = ["rollout.py", "--arch", "tiny", "--backend", "hf,static", "--baseline", "none",
+            "--batches", "2", "--questions", "2", "--max-new-tokens", "4", "--max-turns", "2"]
+    monkeypatch.setattr(sys, "argv", argv)
+    bench.main()
+    out = capsys.readouterr().out
+    summary = out.strip().splitlines()[-1]
+    assert summary.startswith("summary: ratio_static_b2=") and "same_tokens_static=1" in summary
+    assert "hf_b2=" in summary and "static_b2=" in summary and summary.endswith("against=hf")
+    assert "static: engine_backend=StaticBackend" in out and "static_batched_b2_tok_s=" in out
+    monkeypatch.setattr(sys, "argv", [*argv[:-8], "--baseline", "sequential"])
+    with pytest.raises(SystemExit):
+        bench.main()

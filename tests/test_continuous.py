@@ -117,20 +117,24 @@ class ScriptedRows(Scripted):
         self.held.discard(key)
 
 
+# searches, answers and invalid turns of different lengths
+SCRIPTS = {
+    "Where was Ilsa born?": ["<search> Ilsa Marrow born </search>", "<answer> Tarrow </answer>"],
+    "What country?": ["I do not know at all, not even a little bit",
+                      "<search> Velmaria </search>", "<answer> Velmaria </answer>"],
+    "Loop?": ["<search> Noise </search>"] * 4,
+    "Quick?": ["<answer> no </answer>"],
+}
+SCRIPTED_EXAMPLES = [ex(f"q{i}", q) for i, q in enumerate(SCRIPTS)]
+SCRIPTED_CFG = RolloutConfig(max_turns=3, topk=2, n_samples=2, batch_size=3, continuous=True)
+
+
 def test_the_continuous_loop_takes_turns_as_they_end(tiny):
     """Searches, answers and invalid turns of different lengths, more episodes than rows:
     the same trajectories as turn by turn; retrieval is batched over the turns that ended
     together."""
     _, tok = tiny
-    scripts = {
-        "Where was Ilsa born?": ["<search> Ilsa Marrow born </search>", "<answer> Tarrow </answer>"],
-        "What country?": ["I do not know at all, not even a little bit",
-                          "<search> Velmaria </search>", "<answer> Velmaria </answer>"],
-        "Loop?": ["<search> Noise </search>"] * 4,
-        "Quick?": ["<answer> no </answer>"],
-    }
-    examples = [ex(f"q{i}", q) for i, q in enumerate(scripts)]
-    cfg = RolloutConfig(max_turns=3, topk=2, n_samples=2, batch_size=3, continuous=True)
+    scripts, examples, cfg = SCRIPTS, SCRIPTED_EXAMPLES, SCRIPTED_CFG
     docs = CountingDocs()
     mine = RolloutEngine(ScriptedRows(tok, scripts), tok, docs, cfg).run(examples)
     want = RolloutEngine(Scripted(tok, scripts), tok, CountingDocs(), cfg).run(examples)
@@ -169,15 +173,7 @@ def test_tool_calls_run_beside_the_decoding_and_rejoin_at_a_fixed_point(tiny):
     reproducible), and the episodes are the turn-by-turn ones. A tool that is not
     `concurrent` is called on the engine's own thread."""
     _, tok = tiny
-    scripts = {
-        "Where was Ilsa born?": ["<search> Ilsa Marrow born </search>", "<answer> Tarrow </answer>"],
-        "What country?": ["I do not know at all, not even a little bit",
-                          "<search> Velmaria </search>", "<answer> Velmaria </answer>"],
-        "Loop?": ["<search> Noise </search>"] * 4,
-        "Quick?": ["<answer> no </answer>"],
-    }
-    examples = [ex(f"q{i}", q) for i, q in enumerate(scripts)]
-    cfg = RolloutConfig(max_turns=3, topk=2, n_samples=2, batch_size=3, continuous=True)
+    scripts, examples, cfg = SCRIPTS, SCRIPTED_EXAMPLES, SCRIPTED_CFG
 
     def play(docs):
         backend, admitted = ScriptedRows(tok, scripts), []
