@@ -797,6 +797,16 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
     best = max(process, key=process.get) if process else None
     missed = sum(r["budget_missed"] for r in rows.values())
     start = _per_question(runs / f"eval-sft-{on}")
+    # a run that began from the start rebuilt elsewhere (float32 sums in another order move
+    # a few answers) is paired with that start's own evaluation, eval-sft-ON-METHOD-sSEED
+    start_of = {}
+    for d in sorted(runs.glob(f"eval-sft-{on}-*-s*")):
+        method, _, seed = d.name.removeprefix(f"eval-sft-{on}-").rpartition("-s")
+        if seed.isdigit() and (per := _per_question(d)):
+            start_of[(method, int(seed))] = per
+            print(f"start_of_{method}_s{seed}={d}")
+    if start is not None and start_of:
+        start = {None: start, **start_of}
     per_run = _per_run(runs, results, on)
     # the named method first (its interval goes into the summary line), then every other
     # method against outcome-only, then each against the start
@@ -846,8 +856,10 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
         for m in order if m in their_em) if tag else ""
     if set_aside is not None:
         kept = {k: _without(v, set_aside) for k, v in per_run.items()}
-        start_kept = _without(start, set_aside)
-        some = next((p for p in per_run.values() if p), start or {})
+        start_kept = ({k: _without(v, set_aside) for k, v in start.items()}
+                      if _by_seed(start) else _without(start, set_aside))
+        some = next((p for p in per_run.values() if p),
+                    (start.get(None) if _by_seed(start) else start) or {})
         aside = len(some) - len(_without(some, set_aside))
         print(f"set_aside_yes_no={aside}" + ("" if aside else
               " (none of the runs' questions: is it the file they were tested on?)"))
@@ -872,6 +884,8 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
           + f", {on} EM; best {best} (exploratory); named {named}; {gain}; {rl_gain}; "
           + f"{best_em}{versus}"
           + (f"; {missed} runs outside 10% of the budget" if missed else "")
+          + ("; " + ", ".join(f"{m} s{s}" for m, s in sorted(start_of))
+             + " paired with the start they began from" if start_of else "")
           + f" ({(time.time() - started) / 60:.0f} min this run)")
 
 
@@ -970,6 +984,12 @@ def paired_line(a: str, b: str, paired: dict) -> str:
             f"questions_{a}_vs_{b}={paired['questions']}")
 
 
+def _by_seed(start: dict | None) -> bool:
+    """Whether `start` holds a start per run ({None: the shared one, (method, seed): a
+    run's own}) rather than one evaluation's {question: EM}."""
+    return bool(start) and None in start
+
+
 def _paired(per_run: dict, a: str, b: str, start: dict | None, resamples: int = 10_000,
             seed: int = 0) -> dict | None:
     """Method `a` against method `b` (or "start": the one SFT evaluation, the same for every
@@ -979,15 +999,19 @@ def _paired(per_run: dict, a: str, b: str, start: dict | None, resamples: int = 
     With one seed the interval is over questions only. `seeds` are the seeds used,
     `dropped` the seeds `a` has answers for and `b` has not. None when no seed has both
     per-question records; every record paired must answer the same questions
-    (QuestionMismatch otherwise: a gain over some of them is another comparison)."""
+    (QuestionMismatch otherwise: a gain over some of them is another comparison). `start`
+    may hold a start per run (`{None: shared, (method, seed): its own}`)."""
     import numpy as np
 
+    def start_for(s: int) -> dict | None:
+        return (start.get((a, s)) or start.get(None)) if _by_seed(start) else start
+
     seeds = sorted(s for (m, s), per in per_run.items()
-                   if m == a and per and (start if b == "start" else per_run.get((b, s))))
+                   if m == a and per and (start_for(s) if b == "start" else per_run.get((b, s))))
     if not seeds:
         return None
     dropped = sorted(s for (m, s), per in per_run.items() if m == a and per and s not in seeds)
-    other = {s: start if b == "start" else per_run[(b, s)] for s in seeds}
+    other = {s: start_for(s) if b == "start" else per_run[(b, s)] for s in seeds}
     first = f"{a} seed {seeds[0]}"
     questions = sorted(per_run[(a, seeds[0])])
     for s in seeds:

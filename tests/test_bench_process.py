@@ -483,6 +483,44 @@ def test_a_report_on_uneven_seeds_ranks_the_named_arms_on_the_seeds_both_have(tm
                               ("a", "b")) == ({"a": 0.5, "b": 0.4}, None)
 
 
+def test_a_seed_that_began_from_a_rebuilt_start_is_paired_with_that_start(tmp_path, capsys):
+    """eval-sft-test-outcome-s1 (the start that run began from, rebuilt on another machine a
+    few answers apart): that run's gain over the start is read against it, seed 0's
+    against the shared one, with and without the set-aside questions."""
+    bench = load_bench()
+    runs = tmp_path / "runs"
+    qs = [f"q{i}" for i in range(10)]
+
+    def evaluation(name: str, right: set[int]) -> None:
+        d = runs / name
+        d.mkdir(parents=True)
+        per = {q: float(i in right) for i, q in enumerate(qs)}
+        (d / "metrics.json").write_text(json.dumps({"average": {"em": len(right) / 10}}))
+        (d / "per_question.json").write_text(json.dumps(per))
+
+    for seed, right in ((0, {0, 1, 2, 3, 4, 5}), (1, {0, 1, 2, 3, 4, 5, 6})):
+        d = runs / f"outcome-s{seed}"
+        d.mkdir(parents=True)
+        (d / "result.json").write_text(json.dumps({
+            "method": "outcome", "seed": seed, "em": len(right) / 10, "searches": 2,
+            "evidence_recall": 0.7, "steps": 10, "rollout_tokens": 1000,
+            "em_by_type": {"bridge": 0.1}, "per_question": {q: float(i in right)
+                                                            for i, q in enumerate(qs)}}))
+    evaluation("eval-sft-test", {0, 1, 2, 3, 4})         # seed 0: +0.1
+    evaluation("eval-sft-test-outcome-s1", {0, 1, 2, 3, 4, 5})   # seed 1: +0.1 (not +0.2)
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps(
+        {"id": q, "question": "?", "golden_answers": ["yes" if q == "q9" else "x"]}) + "\n"
+        for q in qs))
+    bench._report(runs, time.time(), "recall_cost",
+                  set_aside=bench._yes_no_ids(tmp_path / "q.jsonl"))
+    out = capsys.readouterr().out.strip().splitlines()
+    figures = dict(kv.split("=", 1) for line in out[:-1] for kv in line.split() if "=" in kv)
+    assert figures["seeds_outcome_vs_start"] == "s0:+0.100/s1:+0.100"
+    assert figures["seeds_outcome_without_yes_no_vs_start"] == "s0:+0.111/s1:+0.111"
+    assert "rl_gain=+0.1000" in out[-1]
+    assert "outcome s1 paired with the start they began from" in out[-1]
+
+
 def test_simulated_bench_borrows_real_runs_only_when_trained_the_same_way(tmp_path):
     bench = load_bench_module("simulated_search", module="sim_bench")
 
