@@ -805,7 +805,7 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
         if seed.isdigit() and (per := _per_question(d)):
             start_of[(method, int(seed))] = per
             print(f"start_of_{method}_s{seed}={d}")
-    if start is not None and start_of:
+    if start_of:   # with or without the shared start (a seed without either is left out)
         start = {None: start, **start_of}
     per_run = _per_run(runs, results, on)
     # the named method first (its interval goes into the summary line), then every other

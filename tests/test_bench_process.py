@@ -519,6 +519,14 @@ def test_a_seed_that_began_from_a_rebuilt_start_is_paired_with_that_start(tmp_pa
     assert figures["seeds_outcome_without_yes_no_vs_start"] == "s0:+0.111/s1:+0.111"
     assert "rl_gain=+0.1000" in out[-1]
     assert "outcome s1 paired with the start they began from" in out[-1]
+    # without the shared start: seed 1 still pairs with its own, seed 0 is left out
+    (runs / "eval-sft-test" / "per_question.json").unlink()
+    bench._report(runs, time.time(), "recall_cost")
+    out = capsys.readouterr().out.strip().splitlines()
+    figures = dict(kv.split("=", 1) for line in out[:-1] for kv in line.split() if "=" in kv)
+    assert figures["seeds_outcome_vs_start"] == "s1:+0.100"
+    assert "rl_gain=+0.1000" in out[-1] and "seed 0 without the other arm left out" in out[-1]
+    assert "outcome s1 paired with the start they began from" in out[-1]
 
 
 def test_simulated_bench_borrows_real_runs_only_when_trained_the_same_way(tmp_path):

@@ -199,6 +199,50 @@ def test_tool_calls_run_beside_the_decoding_and_rejoin_at_a_fixed_point(tiny):
     assert own.threads and set(own.threads) == {threading.main_thread().name}
 
 
+def test_only_rows_with_calls_wait_and_their_tools_overlap_the_next_run(tiny):
+    """A row that answered (or ran out of turns) gives its slot back before the next `run`
+    and a row without a call goes on at once; a search submitted after one `run` is still
+    being answered when the next `run` starts (the engine does not wait on it first)."""
+    _, tok = tiny
+    scripts, examples, cfg = SCRIPTS, SCRIPTED_EXAMPLES, SCRIPTED_CFG
+
+    class Watch(ScriptedRows):
+        def open(self, capacity, max_new_tokens, sampling):
+            super().open(capacity, max_new_tokens, sampling)
+            self.runs, self.ended = 0, set()
+
+        def run(self):
+            self.runs += 1
+            # every row that answered or searched on its last turn at the last run is gone
+            assert not (self.ended & self.held), "a finished row was held into the next run"
+            out = super().run()
+            self.ended = {k for k, g in out if "<answer>" in self.tok.decode(g)}
+            return out
+
+    backend, marks = Watch(tok, scripts), []
+
+    class Gate(CountingDocs):   # answers only once the run after its submission began
+        def search(self, queries, k):
+            target = marks[len(self.calls)]
+            deadline = time.monotonic() + 10
+            while backend.runs <= target:
+                assert time.monotonic() < deadline, "the engine waited for the tools first"
+                time.sleep(0.001)
+            return super().search(queries, k)
+
+    engine = RolloutEngine(backend, tok, Gate(), cfg)
+    real = engine._tool_jobs
+
+    def jobs(calls):   # the run count when the calls are handed to the thread
+        marks.append(backend.runs)
+        return real(calls)
+
+    engine._tool_jobs = jobs
+    mine = engine.run(examples)
+    want = RolloutEngine(Scripted(tok, scripts), tok, CountingDocs(), cfg).run(examples)
+    assert _episodes(mine) == _episodes(want) and len(marks) > 2
+
+
 def test_a_failing_tool_on_the_tool_thread_fails_the_run(tiny):
     _, tok = tiny
 
@@ -302,3 +346,29 @@ def test_continuous_under_cuda_graphs_decodes_the_eager_tokens(tiny):
         play = cfg.model_copy(update={"continuous": continuous})
         runs.append(_episodes(RolloutEngine(backend, tok, Docs(), play).run(examples)))
     assert runs[0] == runs[1] == runs[2]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_retriever_on_the_gpu_beside_captured_steps(tiny):
+    """A retriever that allocates and syncs on the GPU from the tool thread (as a dense
+    encoder or a ranker does) while the engine captures and replays decoding steps: the
+    eager episodes, no capture error."""
+    _, tok = tiny
+    model = varied(tok, "llama").to("cuda")
+
+    class GpuDocs(Docs):
+        def search(self, queries, k):
+            x = torch.randn(512, 512, device="cuda")
+            (x @ x).sum().item()   # an allocation, kernels and a sync on this thread
+            return super().search(queries, k)
+
+    cfg = RolloutConfig(max_turns=4, max_new_tokens=24, n_samples=2, batch_size=3, seed=3,
+                        greedy=True, continuous=True)
+    examples = [ex(f"q{i}", f"Question {'long ' * (30 * (i % 3))}number {i}?") for i in range(5)]
+    runs = []
+    for graphs in (None, False):
+        backend = StaticBackend(model, tok, stop_strings=STOPS, max_len=cfg.max_total_tokens,
+                                width_step=16, graphs=graphs)
+        runs.append(_episodes(RolloutEngine(backend, tok, GpuDocs(), cfg).run(examples)))
+    assert runs[0] == runs[1]

@@ -571,6 +571,33 @@ def test_hop_drift_is_per_kind_and_can_be_turned_off():
     assert feed(monitor(), [{"lookups_by_kind": None}, {"lookups_by_kind": {"x": {"made": None}}}]) == {}
 
 
+def test_hop_drift_weighs_each_step_by_its_episodes():
+    """A kind drawn once in a step (one episode of three lookups) moves the pooled mean by
+    one episode's worth, not a whole step's: no alert where the per-step means would
+    (1.8 against 1.0); many episodes moving do alert; the counts survive a resume."""
+    def step(made: float, n: int) -> dict:
+        return {"lookups_by_kind": {"single-1": {"made": made, "planned": 1.0, "n": n}}}
+
+    calm = [step(1.0, 8)] * WINDOW
+    lone = [step(1.0, 8)] * 3 + [step(3.0, 1)] * 2
+    assert feed(monitor(), calm + lone) == {}
+    m = monitor()
+    feed(m, calm)
+    again = monitor()
+    again.load_state_dict(m.state_dict())
+    assert again.hops["single-1"].first_n == [8.0] * WINDOW
+    assert feed(again, lone, first_step=WINDOW + 1) == {}
+    alerts = feed_alerts(again, [step(3.0, 8)] * 2)
+    assert len(alerts) == 1 and "over-hopping" in alerts[0][0].message
+    old = m.state_dict()   # a checkpoint written before the counts: each step weighs one
+    for s in old["hops"].values():
+        del s["first_n"], s["last_n"]
+    older = monitor()
+    older.load_state_dict(old)
+    assert older.hops["single-1"].baseline == 1.0
+    assert feed_alerts(older, [step(3.0, 1)] * 2)   # per-step means again: 1.8
+
+
 def test_greedy_hops_per_type_against_the_first_evaluation():
     m = monitor()
     def ev(bridge: float, single: float) -> dict:

@@ -1440,6 +1440,9 @@ def test_the_hop_bonus_pays_for_the_question_s_hop_count_from_both_sides(world, 
     assert hop_match(episode(2, 3)) == pytest.approx(2 / 3)
     assert hop_match(episode(1, None)) is None and hop_match(episode(1, "2")) is None
     assert hop_match(episode(1, True)) is None and hop_match(episode(1, 0)) is None
+    both = episode(1, 2)   # one search of two sub-queries: both lookups of a comparison
+    both.steps[0].sub_queries = ["a", "b"]
+    assert (both.n_searches, hop_match(both)) == (1, 1.0)
     parts = episode_reward(episode(2, 2), format_reward=0.1, hop_bonus=0.5)
     assert (parts.hops, parts.total, parts.outcome) == (0.5, pytest.approx(0.6), 0.0)
     assert episode_reward(episode(2, 1), hop_bonus=0.5).total == 0.0   # over-hopped
@@ -1456,6 +1459,47 @@ def test_the_hop_bonus_pays_for_the_question_s_hop_count_from_both_sides(world, 
     assert keys == {"algo.advantage": "dr_grpo", "reward.hop_bonus": 0.5}
     trainer = make_trainer(make_cfg(tmp_path, **keys), world, tiny, reward_fn=None)
     assert trainer.reward_fn(episode(1, 2)).hops == 0.25
+
+
+def test_a_bonus_that_cannot_act_is_warned_about(world, tiny, tmp_path, monkeypatch):
+    """`hops` on questions without an integer `metadata.hops` (or `recall` without gold
+    documents) would train outcome-only without saying so: the trainer warns, counting the
+    questions; with the data's hops, nothing. A reward function of your own (reward.fn or
+    Trainer(reward_fn=)) replaces the bonuses: warned too."""
+    import dataclasses
+    import warnings as w
+
+    from seekrl.recipes.train_checks import bonus_coverage, check_config
+
+    questions = world["train"]
+    assert all(isinstance(q.metadata.get("hops"), int) for q in questions)
+    hops, recall = (make_cfg(tmp_path, **{f"reward.{k}": 0.5})
+                    for k in ("hop_bonus", "recall_bonus"))
+    assert bonus_coverage(hops.reward, questions) is None
+    assert bonus_coverage(recall.reward, questions) is None
+    bare = [dataclasses.replace(q, metadata={}) for q in questions]
+    half = bare[:3] + [dataclasses.replace(q, metadata={**q.metadata, "hops": "2"})
+                       for q in questions[3:5]] + questions[5:]
+    assert "no training question has an integer metadata.hops" in bonus_coverage(hops.reward,
+                                                                                  bare)
+    why = bonus_coverage(hops.reward, half)
+    assert f"5 of {len(half)} training questions (e.g. {half[0].id!r}) lack" in why
+    assert "gold documents" in bonus_coverage(recall.reward, bare)
+    assert bonus_coverage(make_cfg(tmp_path).reward, bare) is None       # no bonus set
+    assert "reward.hop_bonus set with a reward function of your own" in bonus_coverage(
+        hops.reward, questions, custom=True)
+    assert bonus_coverage(make_cfg(tmp_path).reward, questions, custom=True) is None
+    with pytest.warns(UserWarning, match="no training question has an integer"):
+        Trainer(hops, model=copy.deepcopy(tiny[0]), tokenizer=tiny[1],
+                retriever=world["index"], questions=bare, overwrite=True)
+    with w.catch_warnings(record=True) as caught:
+        w.simplefilter("always")
+        Trainer(hops, model=copy.deepcopy(tiny[0]), tokenizer=tiny[1],
+                retriever=world["index"], questions=questions, overwrite=True)
+    assert not [str(c.message) for c in caught if "bonus" in str(c.message)]
+    monkeypatch.setattr("seekrl.recipes.train_checks.load_reward_fn", lambda path: None)
+    with pytest.warns(UserWarning, match="reward.hop_bonus set with reward.fn"):
+        check_config(make_cfg(tmp_path, **{"reward.hop_bonus": 0.5, "reward.fn": "m:f"}))
 
 
 def test_dtype_is_checked_when_the_config_loads():

@@ -333,9 +333,9 @@ class RolloutEngine:
 
         Where every tool may run beside the decoding (`concurrent`), the tool calls of the
         rows that ended at one `run` go to a worker thread while the next `run` decodes
-        the other rows; those rows rejoin right after it. The point where they rejoin
-        does not depend on how long the tools took, so a run is as reproducible as
-        without the thread."""
+        the other rows; those rows rejoin right after it (rows without a call, finished
+        ones included, go on at once). The point where they rejoin does not depend on how
+        long the tools took, so a run is as reproducible as without the thread."""
         cfg, backend = self.cfg, self.backend
         waiting = episodes[::-1]
         ready: list[_Episode] = []   # between turns: their rows held, next context complete
@@ -391,8 +391,16 @@ class RolloutEngine:
                     rejoin(batch)
                     continue
                 calls, self_search = self._record_turns(batch, outs)
-                fetching.append((batch, calls, worker.submit(_run_jobs, self._tool_jobs(calls)),
-                                 self_search))
+                # only rows with tool calls wait for the thread: a finished row's slot and
+                # a row that answered, erred or searched itself go on before the next run
+                pending = {id(e) for called in calls.values() for e, _ in called}
+                now = [e for e in batch if id(e) not in pending]
+                self._apply_tools(now, {}, [], self_search)
+                rejoin(now)
+                later = [e for e in batch if id(e) in pending]
+                if later:
+                    fetching.append((later, calls, worker.submit(_run_jobs,
+                                                                 self._tool_jobs(calls)), []))
         finally:
             if worker is not None:
                 worker.shutdown(wait=True, cancel_futures=True)

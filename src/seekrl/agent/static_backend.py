@@ -985,7 +985,10 @@ class _CudaGraphs:
                 torch.cuda.current_stream().wait_stream(side)
                 return
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            # thread_local: the rollout's tool thread may run a retriever or ranker on the
+            # GPU while a step is captured; under the default (global) mode CUDA refuses that
+            # thread's allocations and syncs for the length of the capture
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 step()
             if self._pool is None:
                 self._pool = graph.pool()

@@ -409,8 +409,9 @@ class RewardConfig(Strict):
     # recall), so that in a group where every episode answered wrong the one that made
     # every hop still ranks above the one that stopped early (the `recall` method: 0.5)
     recall_bonus: float = Field(0.0, ge=0)
-    # added: this x how well the episode's number of searches fits its question's hop count
-    # (metadata.hops): 1 - |searches - hops| / hops, at least 0 (the `hops` method: 0.5)
+    # added: this x how well the episode's number of lookups (retriever queries) fits its
+    # question's hop count (metadata.hops): 1 - |lookups - hops| / hops, at least 0 (the
+    # `hops` method: 0.5)
     hop_bonus: float = Field(0.0, ge=0)
     # process (step) rewards: source name -> weight, e.g. {evidence: 1.0, redundancy: 0.1};
     # sources: evidence, gold_found, redundancy, step_format, decomposition, mc_value, prm

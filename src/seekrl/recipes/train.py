@@ -46,7 +46,7 @@ from seekrl.recipes.setup import (
     set_seed,
     trainable_parameters,
 )
-from seekrl.recipes.train_checks import check_config, check_start, learned_questions
+from seekrl.recipes.train_checks import bonus_coverage, check_config, check_start, learned_questions
 from seekrl.recipes.train_state import Checkpointer, RunState, run_summary
 from seekrl.rewards.outcome import RewardParts, episode_reward, load_reward_fn
 from seekrl.rewards.process import ProcessContext, StepScorer, score_steps
@@ -108,6 +108,9 @@ class Trainer:
         if self.dist.main and not resume and (
                 learned := learned_questions(cfg.model, self.questions)):   # once, not per resume
             warnings.warn(learned, stacklevel=2)
+        if self.dist.main and (uncovered := bonus_coverage(cfg.reward, self.questions,
+                                                           custom=reward_fn is not None)):
+            warnings.warn(uncovered, stacklevel=2)
         self.env = SearchEnvironment(cfg, retriever, dist=self.dist, device=self.device)
         if prm_scorer is None and "prm" in cfg.reward.process:
             from seekrl.rewards.prm import load_scorer

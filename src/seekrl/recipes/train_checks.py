@@ -70,6 +70,10 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
         check_retriever("retriever", cfg.retriever, cfg.index)
     if cfg.reward.fn:
         load_reward_fn(cfg.reward.fn)
+        if bonuses := _bonuses(cfg.reward):
+            warnings.warn(f"{' and '.join(bonuses)} set with reward.fn: the function replaces "
+                          "the built-in reward, bonuses included, so they add nothing "
+                          "(add them in the function)", stacklevel=2)
     else:
         OUTCOMES.lookup(cfg.reward.outcome, "reward.outcome")
     check_name("algo.loss_agg", algo.loss_agg, AGGREGATIONS)
@@ -221,6 +225,44 @@ def _check_log_packages(log) -> None:
             raise ConfigError(f"log.{key}: needs the {package} package (pip install "
                               f"{package}), which is not installed; install it or set "
                               f"log.{key}=false")
+
+
+def _bonuses(reward) -> list[str]:
+    return [f"reward.{k}" for k in ("recall_bonus", "hop_bonus") if getattr(reward, k)]
+
+
+def bonus_coverage(reward, questions, *, custom: bool = False) -> str | None:
+    """A warning when a reward bonus cannot act on some of the training questions:
+    `hop_bonus` needs an integer `metadata.hops`, `recall_bonus` the gold documents
+    (`metadata.gold_doc_ids` or `supporting_titles`); an episode of a question without
+    them earns the outcome alone, and a method named for the bonus (`hops`, `recall`)
+    then trains outcome-only without saying so. `custom`: a reward function given to the
+    trainer replaces the built-in reward, bonuses included. None when every bonus set
+    can act (`reward.fn` is `check_config`'s to warn about)."""
+    if reward.fn:
+        return None
+    if custom:
+        bonuses = _bonuses(reward)
+        return (f"{' and '.join(bonuses)} set with a reward function of your own "
+                "(Trainer(reward_fn=...)): it replaces the built-in reward, bonuses included, "
+                "so they add nothing") if bonuses else None
+    needs = {"hop_bonus": ("an integer metadata.hops", lambda m: isinstance(m.get("hops"), int)
+                           and not isinstance(m.get("hops"), bool) and m["hops"] >= 1),
+             "recall_bonus": ("gold documents (metadata.gold_doc_ids or supporting_titles)",
+                              lambda m: bool(m.get("gold_doc_ids") or m.get("supporting_titles")))}
+    notes = []
+    for key, (what, has) in needs.items():
+        if not getattr(reward, key):
+            continue
+        lacking = [q.id for q in questions if not has(q.metadata)]
+        if len(lacking) == len(questions):
+            notes.append(f"reward.{key} {getattr(reward, key)}: no training question has "
+                         f"{what}, so no episode earns the bonus (outcome only)")
+        elif lacking:
+            notes.append(f"reward.{key} {getattr(reward, key)}: {len(lacking)} of "
+                         f"{len(questions)} training questions (e.g. {lacking[0]!r}) lack "
+                         f"{what}; their episodes earn no bonus")
+    return "; ".join(notes) or None
 
 
 def learned_questions(model: str, questions, *, limit: int = 128 << 20) -> str | None:

@@ -44,14 +44,15 @@ class RewardParts:
 
 
 def hop_match(t: Trajectory) -> float | None:
-    """How well the episode's number of searches fits its question's hop count
-    (`metadata.hops`): 1 - |searches - hops| / hops, at least 0; None where the hops are
+    """How well the episode's number of lookups fits its question's hop count
+    (`metadata.hops`): 1 - |lookups - hops| / hops, at least 0; None where the hops are
     unknown. One search on a single-hop question is 1, two are 0; one on a 2-hop bridge
-    0.5, two 1."""
+    0.5, two 1. A lookup is a retriever query (`n_queries`): a search of two sub-queries
+    (`rollout.max_queries` > 1) looks up both entities of a comparison at once."""
     hops = t.metadata.get("hops")
     if not isinstance(hops, int) or isinstance(hops, bool) or hops < 1:
         return None
-    return max(0.0, 1.0 - abs(t.n_searches - hops) / hops)
+    return max(0.0, 1.0 - abs(t.n_queries - hops) / hops)
 
 
 def episode_reward(t: Trajectory, *, outcome: str = "em", format_reward: float = 0.0,
@@ -64,7 +65,7 @@ def episode_reward(t: Trajectory, *, outcome: str = "em", format_reward: float =
     separates the episodes of a group that all answered wrong: on a bridge question the one
     that made the second hop and found the second document ranks above the one that
     answered after the first, where outcome alone gives them all the same reward. Plus
-    `hop_bonus` x `hop_match`: how well its number of searches fits the question's hops,
+    `hop_bonus` x `hop_match`: how well its number of lookups fits the question's hops,
     a signal for the hop decision from both sides (a single-hop question's second search
     costs it, a bridge's missing hop costs it too, whatever the searches found)."""
     out = get_outcome(outcome)(t.answer, t.golden_answers)

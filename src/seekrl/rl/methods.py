@@ -34,7 +34,7 @@ the benchmark mean the same thing by a name. Every method is plain `TrainConfig`
   single-hop question pays for stopping at one search while a bridge still pays for its
   hops, right or wrong.
 - `hops`: the outcome run's estimator on the outcome reward plus 0.5 x how well the
-  episode's number of searches fits its question's hop count (`reward.hop_bonus`,
+  episode's number of lookups fits its question's hop count (`reward.hop_bonus`,
   `rewards.outcome.hop_match`): the hop decision gets a signal from both sides, whatever
   the searches found (one search on a single-hop question 0.5, two 0; one on a 2-hop
   bridge 0.25, two 0.5), where the outcome reward gives a bridge's hop credit only when

@@ -190,6 +190,50 @@ class _Signal:
         return s
 
 
+class _Pooled(_Signal):
+    """A `_Signal` of per-step means over different numbers of episodes (a question kind
+    drawn once one step, twelve times the next): the baseline and the recent value are the
+    means over the episodes of their steps, so one step's lone episode weighs as one
+    episode, not as a whole step."""
+
+    def __init__(self, window: int):
+        super().__init__(window)
+        self.first_n: list[float] = []
+        self.last_n: deque[float] = deque(maxlen=window)
+
+    def observe(self, value: float, n: float = 1.0) -> None:
+        if len(self.first) < self.window:
+            self.first_n.append(n)
+        self.last_n.append(n)
+        super().observe(value)
+
+    @staticmethod
+    def _pool(values, counts) -> float:
+        total = sum(counts)
+        return sum(v * n for v, n in zip(values, counts)) / total if total > 0 \
+            else sum(values) / len(values)
+
+    @property
+    def baseline(self) -> float | None:
+        return self._pool(self.first, self.first_n) if len(self.first) == self.window else None
+
+    @property
+    def recent(self) -> float:
+        return self._pool(self.last, self.last_n)
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "first_n": list(self.first_n),
+                "last_n": list(self.last_n)}
+
+    @classmethod
+    def from_state(cls, state: dict, window: int) -> _Pooled:
+        s = super().from_state(state, window)
+        # checkpoints written before the counts: every step weighs one
+        s.first_n = [float(n) for n in state.get("first_n", [1.0] * len(s.first))][:window]
+        s.last_n.extend(float(n) for n in state.get("last_n", [1.0] * len(s.last)))
+        return s
+
+
 def _value(x: Any) -> float | None:
     """A metric as a float; None when it is missing or not a number."""
     if x is None or isinstance(x, bool):
@@ -333,8 +377,8 @@ class Monitor:
         self.solved = _Signal(cfg.window)      # groups_solved, for low_signal's message
         self.constant_answer = _Signal(cfg.window)   # only its alert state (evaluations)
         self.constant_said: str | None = None        # the constant answer last alerted
-        self.hops: dict[str, _Signal] = {}           # question kind -> lookups made
-        self.plans: dict[str, _Signal] = {}          # question kind -> lookups planned
+        self.hops: dict[str, _Pooled] = {}           # question kind -> lookups made
+        self.plans: dict[str, _Pooled] = {}          # question kind -> lookups planned
         self.greedy_hops: dict[str, _Signal] = {}    # evaluations: question type -> searches
 
     @property
@@ -480,11 +524,13 @@ class Monitor:
             made = _finite((row or {}).get("made"))
             if made is None:
                 continue
+            n = _finite(row.get("n"))
+            n = n if n is not None and n > 0 else 1.0   # rows without a count weigh one
             planned = _finite(row.get("planned"))
             if planned is not None:
-                self.plans.setdefault(str(kind), _Signal(self.cfg.window)).observe(planned)
-            signal = self.hops.setdefault(str(kind), _Signal(self.cfg.window))
-            signal.observe(made)
+                self.plans.setdefault(str(kind), _Pooled(self.cfg.window)).observe(planned, n)
+            signal = self.hops.setdefault(str(kind), _Pooled(self.cfg.window))
+            signal.observe(made, n)
             plans = self.plans.get(str(kind))
             verdict = None if signal.baseline is None else check_hops(
                 str(kind), signal.recent, signal.baseline,
@@ -565,6 +611,6 @@ class Monitor:
         self.search_collapse = _Signal.from_state(saved, window) if saved else _Signal(window)
         saved = state.get("greedy_searches")
         self.greedy_searches = _Signal.from_state(saved, window) if saved else _Signal(window)
-        for name in ("hops", "plans", "greedy_hops"):   # absent in older checkpoints
-            setattr(self, name, {k: _Signal.from_state(s, window)
+        for name, kind in (("hops", _Pooled), ("plans", _Pooled), ("greedy_hops", _Signal)):
+            setattr(self, name, {k: kind.from_state(s, window)   # absent in older checkpoints
                                  for k, s in (state.get(name) or {}).items()})
