@@ -340,7 +340,7 @@ class RolloutEngine:
         waiting = episodes[::-1]
         ready: list[_Episode] = []   # between turns: their rows held, next context complete
         decoding: dict[int, tuple[_Episode, int]] = {}   # key -> (episode, its turn's room)
-        fetching: list[tuple[list[_Episode], dict, Any, list]] = []   # rows whose tools run
+        fetching: list[tuple[list[_Episode], dict, Any]] = []   # rows whose tools run
         backend.open(max(1, min(cfg.batch_size, len(episodes))), cfg.max_new_tokens, sampling)
         worker = None
         if all(getattr(tool, "concurrent", False) for tool in self.tools.values()):
@@ -379,8 +379,8 @@ class RolloutEngine:
                 if not decoding and not fetching:
                     break
                 ended = backend.run()
-                for batch, calls, future, self_search in fetching:   # fetched while it ran
-                    self._apply_tools(batch, calls, future.result(), self_search)
+                for batch, calls, future in fetching:   # fetched while it ran
+                    self._apply_tools(batch, calls, future.result(), [])
                     rejoin(batch)
                 fetching = []
                 rows = [decoding.pop(key) for key, _ in ended]
@@ -399,8 +399,8 @@ class RolloutEngine:
                 rejoin(now)
                 later = [e for e in batch if id(e) in pending]
                 if later:
-                    fetching.append((later, calls, worker.submit(_run_jobs,
-                                                                 self._tool_jobs(calls)), []))
+                    fetching.append((later, calls,
+                                     worker.submit(_run_jobs, self._tool_jobs(calls))))
         finally:
             if worker is not None:
                 worker.shutdown(wait=True, cancel_futures=True)

@@ -11,7 +11,7 @@ from seekrl.config import TrainConfig
 from seekrl.errors import ConfigError
 from seekrl.recipes.checkpoint import check_run_dir, held_markers
 from seekrl.recipes.setup import check_eval_data, check_eval_index, check_name, check_world_index
-from seekrl.rewards.outcome import load_reward_fn
+from seekrl.rewards.outcome import load_reward_fn, question_hops
 
 # the built-in estimators whose baseline is the question's group
 _GROUP_RELATIVE = frozenset({"grpo", "dr_grpo", "rloo", "dual_granularity", "gigpo",
@@ -246,8 +246,7 @@ def bonus_coverage(reward, questions, *, custom: bool = False) -> str | None:
         return (f"{' and '.join(bonuses)} set with a reward function of your own "
                 "(Trainer(reward_fn=...)): it replaces the built-in reward, bonuses included, "
                 "so they add nothing") if bonuses else None
-    needs = {"hop_bonus": ("an integer metadata.hops", lambda m: isinstance(m.get("hops"), int)
-                           and not isinstance(m.get("hops"), bool) and m["hops"] >= 1),
+    needs = {"hop_bonus": ("an integer metadata.hops", lambda m: question_hops(m) is not None),
              "recall_bonus": ("gold documents (metadata.gold_doc_ids or supporting_titles)",
                               lambda m: bool(m.get("gold_doc_ids") or m.get("supporting_titles")))}
     notes = []

@@ -43,14 +43,22 @@ class RewardParts:
     hops: float = 0.0       # the hop bonus (`reward.hop_bonus`) in `total`
 
 
+def question_hops(metadata: dict) -> int | None:
+    """A question's hop count (`metadata.hops`) where it is a positive integer, else None."""
+    hops = metadata.get("hops")
+    if not isinstance(hops, int) or isinstance(hops, bool) or hops < 1:
+        return None
+    return hops
+
+
 def hop_match(t: Trajectory) -> float | None:
     """How well the episode's number of lookups fits its question's hop count
     (`metadata.hops`): 1 - |lookups - hops| / hops, at least 0; None where the hops are
     unknown. One search on a single-hop question is 1, two are 0; one on a 2-hop bridge
     0.5, two 1. A lookup is a retriever query (`n_queries`): a search of two sub-queries
     (`rollout.max_queries` > 1) looks up both entities of a comparison at once."""
-    hops = t.metadata.get("hops")
-    if not isinstance(hops, int) or isinstance(hops, bool) or hops < 1:
+    hops = question_hops(t.metadata)
+    if hops is None:
         return None
     return max(0.0, 1.0 - abs(t.n_queries - hops) / hops)
 

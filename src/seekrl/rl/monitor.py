@@ -208,10 +208,8 @@ class _Pooled(_Signal):
         super().observe(value)
 
     @staticmethod
-    def _pool(values, counts) -> float:
-        total = sum(counts)
-        return sum(v * n for v, n in zip(values, counts)) / total if total > 0 \
-            else sum(values) / len(values)
+    def _pool(values, counts) -> float:   # every count is positive (observe's callers)
+        return sum(v * n for v, n in zip(values, counts)) / sum(counts)
 
     @property
     def baseline(self) -> float | None:
