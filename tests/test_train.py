@@ -1491,16 +1491,41 @@ def test_a_bonus_that_cannot_act_is_warned_about(world, tiny, tmp_path, monkeypa
     assert bonus_coverage(make_cfg(tmp_path).reward, questions, custom=True) is None
     with pytest.warns(UserWarning, match="no training question has an integer"):
         Trainer(hops, model=copy.deepcopy(tiny[0]), tokenizer=tiny[1],
-                retriever=world["index"], questions=bare, overwrite=True)
+                retriever=world["index"], questions=bare, overwrite=True).close()
     with w.catch_warnings(record=True) as caught:
         w.simplefilter("always")
         Trainer(hops, model=copy.deepcopy(tiny[0]), tokenizer=tiny[1],
-                retriever=world["index"], questions=questions, overwrite=True)
-    # (a ResourceWarning may name this test's folder, "..._bonus_...": not a bonus warning)
+                retriever=world["index"], questions=questions, overwrite=True).close()
     assert not [str(c.message) for c in caught if str(c.message).startswith("reward.")]
     monkeypatch.setattr("seekrl.recipes.train_checks.load_reward_fn", lambda path: None)
     with pytest.warns(UserWarning, match="reward.hop_bonus set with reward.fn"):
         check_config(make_cfg(tmp_path, **{"reward.hop_bonus": 0.5, "reward.fn": "m:f"}))
+
+
+def test_a_trainer_closes_its_log_when_closed_or_when_training_fails(world, tiny, tmp_path,
+                                                                     monkeypatch):
+    """A trainer built and never trained (or stepped by hand) closes its metrics log with
+    `close()` or a `with` block; a run that raises closes it too, keeping what it wrote."""
+    with make_trainer(make_cfg(tmp_path / "a"), world, tiny) as trainer:
+        trainer.step(1)
+        assert not trainer.log._file.closed
+    assert trainer.log._file.closed
+    trainer.close()   # twice is fine
+    boom = make_trainer(make_cfg(tmp_path / "b", steps=3), world, tiny)
+    real, calls = boom.step, []
+
+    def step(n, *a, **k):
+        calls.append(n)
+        if n == 2:
+            raise RuntimeError("out of memory")
+        return real(n, *a, **k)
+
+    monkeypatch.setattr(boom, "step", step)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        boom.train()
+    assert calls == [1, 2] and boom.log._file.closed
+    steps = [json.loads(line)["step"] for line in (boom.out / "metrics.jsonl").open()]
+    assert 1 in steps
 
 
 def test_dtype_is_checked_when_the_config_loads():

@@ -416,6 +416,9 @@ class MetricsLog:
             self._wandb.log(scalars, step=step)
 
     def close(self) -> None:
+        """Idempotent: a run closes its log when it ends, and again from `Trainer.close`."""
+        if self._file.closed:
+            return
         self._file.close()
         if self._tb is not None:
             self._tb.close()

@@ -570,9 +570,28 @@ class Trainer:
         return self.checkpoints.load(path)
 
     # ------------------------------------------------------------------ the run
+    def close(self) -> None:
+        """Close the metrics log (and TensorBoard / W&B). `train` does this when it returns;
+        call it (or use the trainer in a `with` block) for a trainer built and not trained, or
+        stepped by hand with `step`."""
+        self.log.close()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def train(self, until: int | None = None) -> dict[str, Any]:
         """Run the remaining steps, then save and evaluate the final policy. `until` stops
         after that step instead, as if the run were killed there (after its checkpoint)."""
+        try:
+            return self._train(until)
+        except BaseException:
+            self.close()   # what the log holds stays on disk; the file is not left open
+            raise
+
+    def _train(self, until: int | None) -> dict[str, Any]:
         cfg, state = self.cfg, self.state
         # a resumed run's clock goes on from its checkpoint's (max_minutes, the summary)
         started = self._started = time.time() - state.seconds_before
