@@ -400,7 +400,7 @@ def render() -> str:
         klass = getattr(schema.config, name)
         doc = " ".join((klass.__doc__ or "").split()) if klass.__doc__ != \
             BaseModel.__doc__ else ""
-        parts.append(f"\n## `{command}` {{#{command.replace(' ', '-')}}}\n\n{what}")
+        parts.append(f"\n## `{command}`\n\n{what}")   # its slug is the anchor, here and on GitHub
         if doc:
             parts.append(f" {doc}")
         parts.append(f"\n\n`seekrl.config.{name}`; `{command} --help` lists the command's "
