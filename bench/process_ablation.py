@@ -796,6 +796,9 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
     process = {m: r["em"] for m, r in rows.items() if m != "outcome"}
     best = max(process, key=process.get) if process else None
     missed = sum(r["budget_missed"] for r in rows.values())
+    notes = _judged_alike(results)
+    notes += [f"{r['method']} s{r['seed']} took the start itself (step 0)"
+              for r in results if r.get("taken_step") == 0]
     start = _per_question(runs / f"eval-sft-{on}")
     # a run that began from the start rebuilt elsewhere (float32 sums in another order move
     # a few answers) is paired with that start's own evaluation, eval-sft-ON-METHOD-sSEED
@@ -805,6 +808,18 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
         if seed.isdigit() and (per := _per_question(d)):
             start_of[(method, int(seed))] = per
             print(f"start_of_{method}_s{seed}={d}")
+    began = _began_from(runs, results)
+    for run, (other, d) in _same_start(began, start_of, runs, on).items():
+        start_of[run] = _per_question(d)
+        print(f"start_of_{run[0]}_s{run[1]}={d} (the start {other[0]} s{other[1]} began from: "
+              "the same answers at step 0)")
+    shared_groups = {began[k] for k in began if k not in start_of and began[k] is not None}
+    if start is not None and len(shared_groups) > 1:
+        differ = sorted(f"{m} s{s}" for (m, s), g in began.items()
+                        if g is not None and (m, s) not in start_of)
+        notes.append(f"runs paired with eval-sft-{on} began from {len(shared_groups)} starts "
+                     f"(their step-0 dev answers differ: {', '.join(differ)}); keep each "
+                     f"one's start evaluation as eval-sft-{on}-METHOD-sSEED")
     if start_of:   # with or without the shared start (a seed without either is left out)
         start = {None: start, **start_of}
     per_run = _per_run(runs, results, on)
@@ -824,24 +839,28 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
         pairs += [(m, m + tag) for m in order]
         their_em = {m: statistics.mean(r["em"] for r in theirs if r["method"] == m)
                     for m in {r["method"] for r in theirs}}
-    found = {}
+    found, refused = {}, {}
     for a, b in pairs:
         try:
             paired = _paired(per_run, a, b, start)
         except QuestionMismatch as e:   # this pair only: the others still stand
             print(f"paired_{a}_vs_{b}=refused ({e})")
+            refused[(a, b)] = str(e)
             continue
         if paired is None:
             print(f"paired_{a}_vs_{b}=nan (no seed has both arms' per-question answers)")
             continue
         found[(a, b)] = paired
         print(paired_line(a, b, paired))
+        if b != "start" and b in {m for m, _ in per_run} and start:
+            notes += _other_starts(per_run, a, b, paired["seeds"], began, start)
     nan = float("nan")
     gain = _gain("process_gain", found.get((named, "outcome")),
                  process[named] - outcome if named in process and outcome is not None
-                 else nan)
+                 else nan, refused.get((named, "outcome")))
     rl_gain = _gain("rl_gain", found.get(("outcome", "start")),
-                    outcome - sft_em if outcome is not None and sft_em is not None else nan)
+                    outcome - sft_em if outcome is not None and sft_em is not None else nan,
+                    refused.get(("outcome", "start")))
     # the arms named before the runs: outcome-only and the named process method (the best
     # of all the arms' means is biased up, and is only shown as exploratory)
     named_em, common = _named_means(by_method, ("outcome", named))
@@ -884,6 +903,7 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
           + f", {on} EM; best {best} (exploratory); named {named}; {gain}; {rl_gain}; "
           + f"{best_em}{versus}"
           + (f"; {missed} runs outside 10% of the budget" if missed else "")
+          + "".join(f"; {n}" for n in notes)
           + ("; " + ", ".join(f"{m} s{s}" for m, s in sorted(start_of))
              + " paired with the start they began from" if start_of else "")
           + f" ({(time.time() - started) / 60:.0f} min this run)")
@@ -903,25 +923,98 @@ def _named_means(by_method: dict[str, list[dict]], arms: tuple[str, ...]
     return {m: statistics.mean(r["em"] for r in by_method[m]) for m in seeds}, None
 
 
-def _gain(name: str, paired: dict | None, unpaired: float) -> str:
+def _gain(name: str, paired: dict | None, unpaired: float, refused: str | None = None) -> str:
     """A gain for this bench's summary line as `NAME=GAIN NAME_ci=LOW..HIGH (how)`: the
     paired one (the seeds both arms have, its 95% interval) where both kept per-question
-    answers, else the difference of the means, with no interval (nan..nan)."""
+    answers, else the difference of the means, with no interval (nan..nan); `refused`
+    when their per-question records answered different questions (no number stands in)."""
+    if refused is not None:
+        return f"{name}=refused {name}_ci=nan..nan (paired records differ: {refused})"
     if paired is None:
         return (f"{name}={unpaired:+.4f} {name}_ci=nan..nan"
                 + (" (unpaired means)" if unpaired == unpaired else ""))
-    return (f"{name}={paired['gain']:+.4f} {name}_ci={paired['lo']:+.3f}..{paired['hi']:+.3f} "
+    return (f"{name}={paired['gain']:+.4f} {name}_ci={paired['lo']:+.4f}..{paired['hi']:+.4f} "
             f"({_how(paired)})")
 
 
 def _how(paired: dict) -> str:
     seeds = paired["seeds"]
-    over = "questions only" if len(seeds) == 1 else "seeds and questions"
+    over = ("questions only" if len(seeds) == 1 else "seeds and questions"
+            + (f"; {len(seeds)} seeds barely measure the seeds' spread" if len(seeds) < 3
+               else ""))
     dropped = paired.get("dropped") or []
     return (f"paired; seed{'s' * (len(seeds) > 1)} {','.join(map(str, seeds))}, "
             f"resampling {over}"
+            + ("; the interval holds 0" if paired["lo"] <= 0 <= paired["hi"] else "")
             + (f"; seed{'s' * (len(dropped) > 1)} {','.join(map(str, dropped))} without "
                "the other arm left out" if dropped else ""))
+
+
+def _began_from(runs: Path, results: list[dict]) -> dict[tuple[str, int], str | None]:
+    """Each run's start, as its step-0 dev answers (`eval-start/per_question.json`, in a
+    canonical text): runs with the same text began from the same policy. None for a run
+    that kept no start evaluation."""
+    out = {}
+    for r in results:
+        per = _per_question(runs / f"{r['method']}-s{r['seed']}" / "eval-start")
+        out[(r["method"], r["seed"])] = json.dumps(per, sort_keys=True) if per else None
+    return out
+
+
+def _same_start(began: dict, start_of: dict, runs: Path, on: str) -> dict:
+    """{run: (the run whose start evaluation it shares, that folder)} for each run without
+    an `eval-sft-ON-METHOD-sSEED` of its own that began where a run with one began (both
+    arms of a seed trained on the machine that rebuilt the start)."""
+    out = {}
+    for run, began_at in began.items():
+        if run in start_of or began_at is None:
+            continue
+        for other in sorted(start_of):
+            if began.get(other) == began_at:
+                out[run] = (other, runs / f"eval-sft-{on}-{other[0]}-s{other[1]}")
+                break
+    return out
+
+
+def _other_starts(per_run: dict, a: str, b: str, seeds: list[int], began: dict,
+                  start: dict) -> list[str]:
+    """Where a seed's two arms began from different starts (rebuilt elsewhere, a few answers
+    apart), a note with the gain of each arm over its own start, differenced: the start's
+    part taken out of the arm against arm comparison (the paired line stays as named)."""
+    apart = [s for s in seeds if None not in (began.get((a, s)), began.get((b, s)))
+             and began[(a, s)] != began[(b, s)]]
+    if not apart:
+        return []
+    def own(m: str, s: int) -> dict | None:
+        return (start.get((m, s)) or start.get(None)) if _by_seed(start) else start
+
+    if any(own(m, s) is None for s in seeds for m in (a, b)):
+        return [f"{a} and {b} began from different starts on seed{'s' * (len(apart) > 1)} "
+                f"{','.join(map(str, apart))}"]
+    over = {(m, s): {q: em - own(m, s)[q] for q, em in per_run[(m, s)].items()}
+            for s in seeds for m in (a, b)}
+    try:
+        net = _paired(over, a, b, None)
+    except (QuestionMismatch, KeyError):
+        net = None
+    tail = (f" (each over its own start: {net['gain']:+.4f}, 95% {net['lo']:+.4f}.."
+            f"{net['hi']:+.4f})" if net else "")
+    print(f"starts_differ_{a}_vs_{b}=" + ",".join(f"s{s}" for s in apart)
+          + (f" paired_{a}_vs_{b}_over_own_starts={net['gain']:+.4f}" if net else ""))
+    return [f"{a} and {b} began from different starts on seed{'s' * (len(apart) > 1)} "
+            f"{','.join(map(str, apart))}{tail}"]
+
+
+def _judged_alike(results: list[dict]) -> list[str]:
+    """A note for each way the runs' final policies were judged that is not the same for
+    all of them (the policy taken, the questions evaluated on): a mixed table compares
+    other things than the methods."""
+    notes = []
+    for key in ("taken", "evaluated_on"):
+        values = {str(r.get(key)) for r in results if key in r}
+        if len(values) > 1:
+            notes.append(f"runs judged with different {key}: {', '.join(sorted(values))}")
+    return notes
 
 
 def _headline(paired: dict | None, unpaired: float) -> str:
@@ -997,7 +1090,7 @@ def _paired(per_run: dict, a: str, b: str, start: dict | None, resamples: int = 
     from a two-level bootstrap (seeds with replacement, then questions with replacement,
     `resamples` times), each seed's gain, and the discordant answers summed over seeds.
     With one seed the interval is over questions only. `seeds` are the seeds used,
-    `dropped` the seeds `a` has answers for and `b` has not. None when no seed has both
+    `dropped` the seeds one arm has answers for and the other has not. None when no seed has both
     per-question records; every record paired must answer the same questions
     (QuestionMismatch otherwise: a gain over some of them is another comparison). `start`
     may hold a start per run (`{None: shared, (method, seed): its own}`)."""
@@ -1010,7 +1103,8 @@ def _paired(per_run: dict, a: str, b: str, start: dict | None, resamples: int = 
                    if m == a and per and (start_for(s) if b == "start" else per_run.get((b, s))))
     if not seeds:
         return None
-    dropped = sorted(s for (m, s), per in per_run.items() if m == a and per and s not in seeds)
+    dropped = sorted({s for (m, s), per in per_run.items()
+                      if (m == a or (m == b and b != "start")) and per} - set(seeds))
     other = {s: start_for(s) if b == "start" else per_run[(b, s)] for s in seeds}
     first = f"{a} seed {seeds[0]}"
     questions = sorted(per_run[(a, seeds[0])])

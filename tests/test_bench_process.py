@@ -455,8 +455,9 @@ def test_report_prints_the_paired_comparison_from_kept_per_question_records(tmp_
     assert figures["seeds_recall_vs_start"] == "s0:+0.150/s1:+0.200"
     lo, hi = (float(x) for x in figures["ci95_recall_vs_outcome"].split(","))
     assert lo < 0.2 < hi
-    assert (f"process_gain=+0.2000 process_gain_ci={lo:+.3f}..{hi:+.3f} (paired; seeds 0,1, "
-            "resampling seeds and questions)") in out[-1]
+    assert (f"process_gain=+0.2000 process_gain_ci={lo:+.4f}..{hi:+.4f} (paired; seeds 0,1, "
+            "resampling seeds and questions; 2 seeds barely measure the seeds' spread)") \
+        in out[-1]
 
 
 def test_a_report_on_uneven_seeds_ranks_the_named_arms_on_the_seeds_both_have(tmp_path, capsys):
@@ -477,8 +478,9 @@ def test_a_report_on_uneven_seeds_ranks_the_named_arms_on_the_seeds_both_have(tm
     last = capsys.readouterr().out.strip().splitlines()[-1]
     # recall_cost's two-seed mean (0.70) is above outcome-only's 0.60; on seed 0 it is below
     assert "best_em=0.6000 (outcome, on seed 0, which both arms have)" in last
-    assert ("process_gain=-0.1000 process_gain_ci=-0.300..+0.000 (paired; seed 0, resampling "
-            "questions only; seed 1 without the other arm left out)") in last
+    assert ("process_gain=-0.1000 process_gain_ci=-0.3000..+0.0000 (paired; seed 0, "
+            "resampling questions only; the interval holds 0; seed 1 without the other arm "
+            "left out)") in last
     assert bench._named_means({"a": [{"seed": 0, "em": 0.5}], "b": [{"seed": 0, "em": 0.4}]},
                               ("a", "b")) == ({"a": 0.5, "b": 0.4}, None)
 
@@ -527,6 +529,63 @@ def test_a_seed_that_began_from_a_rebuilt_start_is_paired_with_that_start(tmp_pa
     assert figures["seeds_outcome_vs_start"] == "s1:+0.100"
     assert "rl_gain=+0.1000" in out[-1] and "seed 0 without the other arm left out" in out[-1]
     assert "outcome s1 paired with the start they began from" in out[-1]
+
+
+def test_runs_are_paired_with_the_start_their_step_0_answers_show(tmp_path, capsys):
+    """A run's start is known by its step-0 dev answers (eval-start): a run that began where
+    a run with its own start evaluation began shares that evaluation; arms of one seed that
+    began apart are named, with the gain each made over its own start; runs paired with the
+    shared start from two starts, a run that took step 0, and a seed one arm lacks are said."""
+    bench = load_bench()
+    runs = tmp_path / "runs"
+    qs = [f"q{i}" for i in range(10)]
+
+    def folder(path: Path, per: dict, em: float | None = None) -> None:
+        path.mkdir(parents=True)
+        (path / "per_question.json").write_text(json.dumps(per))
+        if em is not None:
+            (path / "metrics.json").write_text(json.dumps({"average": {"em": em}}))
+
+    began = {"A": {"d0": 1.0, "d1": 0.0}, "B": {"d0": 1.0, "d1": 1.0}, "C": {"d0": 0.0, "d1": 0.0}}
+    folder(runs / "eval-sft-test", {q: float(i < 5) for i, q in enumerate(qs)}, 0.5)   # A
+    folder(runs / "eval-sft-test-outcome-s1", {q: float(i < 6) for i, q in enumerate(qs)}, 0.6)
+    for method, seed, start, right, taken in (
+            ("outcome", 0, "A", 6, 40), ("recall_cost", 0, "A", 7, 40),
+            ("outcome", 1, "B", 7, 40), ("recall_cost", 1, "A", 7, 40),
+            ("outcome", 2, "B", 7, 40), ("recall_cost", 2, "B", 8, 40),
+            ("outcome", 3, "C", 6, 0)):
+        d = runs / f"{method}-s{seed}"
+        per = {q: float(i < right) for i, q in enumerate(qs)}
+        folder(d / "eval-start", began[start])
+        (d / "result.json").write_text(json.dumps({
+            "method": method, "seed": seed, "em": right / 10, "searches": 2,
+            "evidence_recall": 0.7, "steps": 10, "rollout_tokens": 1000, "em_by_type": {},
+            "per_question": per, "taken": "best", "taken_step": taken,
+            "evaluated_on": "test"}))
+    bench._report(runs, time.time(), "recall_cost")
+    out = capsys.readouterr().out.strip().splitlines()
+    figures = dict(kv.split("=", 1) for line in out[:-1] for kv in line.split() if "=" in kv)
+    # seed 2 began where outcome s1 did: +0.1 over that start, not +0.2 over the shared one
+    assert figures["seeds_outcome_vs_start"] == "s0:+0.100/s1:+0.100/s2:+0.100/s3:+0.100"
+    assert any(line.startswith("start_of_recall_cost_s2=") and "(the start outcome s1 began "
+               "from" in line for line in out)
+    assert figures["seeds_recall_cost_vs_outcome"] == "s0:+0.100/s1:+0.000/s2:+0.100"
+    assert figures["dropped_recall_cost_vs_outcome"] == "s3"
+    assert figures["starts_differ_recall_cost_vs_outcome"] == "s1"
+    assert figures["paired_recall_cost_vs_outcome_over_own_starts"] == "+0.1000"
+    last = out[-1]
+    assert "process_gain=+0.0667" in last and "seed 3 without the other arm left out" in last
+    assert "recall_cost and outcome began from different starts on seed 1 (each over its own " \
+        "start: +0.1000" in last
+    assert ("runs paired with eval-sft-test began from 2 starts (their step-0 dev answers "
+            "differ: outcome s0, outcome s3, recall_cost s0, recall_cost s1)") in last
+    assert "outcome s3 took the start itself (step 0)" in last
+    assert "judged with different" not in last
+    result = json.loads((runs / "outcome-s3" / "result.json").read_text())
+    (runs / "outcome-s3" / "result.json").write_text(json.dumps({**result, "taken": "final"}))
+    bench._report(runs, time.time(), "recall_cost")
+    assert "runs judged with different taken: best, final" in \
+        capsys.readouterr().out.strip().splitlines()[-1]
 
 
 def test_simulated_bench_borrows_real_runs_only_when_trained_the_same_way(tmp_path):
@@ -937,7 +996,10 @@ def test_one_seed_shows_no_spread_and_an_interval_over_questions_only(tmp_path, 
     assert "paired_evidence_vs_outcome=nan (no seed has both arms' per-question answers)" in out
     assert "outcome 0.300 (1 seed)" in out[-1]
     assert "process_gain=+0.3000 process_gain_ci=" in out[-1] and \
-        "paired; seed 0, resampling questions only)" in out[-1]
+        "paired; seed 0, resampling questions only" in out[-1]
+    # the refused pair stays refused in the summary line: no unpaired number stands in
+    assert "rl_gain=refused rl_gain_ci=nan..nan (paired records differ: the start and " \
+        "outcome seed 0 answered 5 and 10" in out[-1]
 
 
 @pytest.mark.parametrize("argv, why", [
@@ -1083,7 +1145,7 @@ def test_keep_copies_finished_and_running_runs_small_and_the_report_reads_them(t
     out = capsys.readouterr().out.strip().splitlines()
     assert "process_gain=+0.2500" in out[-1]
     assert ("without the yes/no questions (3 left): process_gain_without_yes_no=+0.0000 "
-            "process_gain_without_yes_no_ci=+0.000..+0.000 rl_gain_without_yes_no=+0.6667 "
+            "process_gain_without_yes_no_ci=+0.0000..+0.0000 rl_gain_without_yes_no=+0.6667 "
             "rl_gain_without_yes_no_ci=") in out[-1]
     assert any(line.startswith("paired_outcome_without_yes_no_vs_start=+0.6667") for line in out)
     assert "set_aside_yes_no=1" in out
