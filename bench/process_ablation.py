@@ -677,6 +677,12 @@ def _per_question(eval_dir: Path) -> dict[str, float] | None:
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise SystemExit(f"{trajectories}:{n}: expected a trajectory with example_id, "
                              f"answer and golden_answers ({e})") from None
+    metrics = eval_dir / "metrics.json"
+    samples = json.loads(metrics.read_text()).get("n_samples") if metrics.is_file() else None
+    over = [q for (_, q), v in ems.items() if samples is not None and len(v) > samples]
+    if over:   # a file appended to twice: its mean would pass for one evaluation
+        raise SystemExit(f"{trajectories}: {len(over)} questions (e.g. {over[0]!r}) answered "
+                         f"more often than the evaluation's {samples} sample(s) a question")
     several = len({d for d, _ in ems}) > 1
     per = {(f"{d}/{q}" if several else q): sum(v) / len(v) for (d, q), v in ems.items()}
     kept.write_text(json.dumps(per, indent=0, sort_keys=True))
@@ -823,6 +829,8 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
     if start_of:   # with or without the shared start (a seed without either is left out)
         start = {None: start, **start_of}
     per_run = _per_run(runs, results, on)
+    if unanswered := sorted(f"{m} s{s}" for (m, s), per in per_run.items() if not per):
+        notes.append(f"no per-question answers kept for {', '.join(unanswered)} (unpaired)")
     # the named method first (its interval goes into the summary line), then every other
     # method against outcome-only, then each against the start
     pairs = [(m, "outcome") for m in sorted(rows, key=lambda m: m != named)

@@ -428,6 +428,16 @@ def test_per_question_em_from_trajectories_is_kept_and_bad_lines_are_named(tmp_p
     (bad / "trajectories.jsonl").write_text(json.dumps(rows[0]) + "\n{\"answer\": 1}\n")
     with pytest.raises(SystemExit, match=r"trajectories.jsonl:2: expected a trajectory"):
         bench._per_question(bad)
+    # one sample a question (metrics.json): a question answered twice is a file written twice
+    twice = tmp_path / "twice"
+    twice.mkdir()
+    (twice / "metrics.json").write_text(json.dumps({"n_samples": 1}))
+    (twice / "trajectories.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(SystemExit, match=r"1 questions \(e.g. 'q2'\) answered more often than "
+                                         r"the evaluation's 1 sample"):
+        bench._per_question(twice)
+    (twice / "metrics.json").write_text(json.dumps({"n_samples": 2}))
+    assert bench._per_question(twice) == {"q1": 1.0, "q2": 0.5}
 
 
 def test_report_prints_the_paired_comparison_from_kept_per_question_records(tmp_path, capsys):
@@ -580,6 +590,7 @@ def test_runs_are_paired_with_the_start_their_step_0_answers_show(tmp_path, caps
     assert ("runs paired with eval-sft-test began from 2 starts (their step-0 dev answers "
             "differ: outcome s0, outcome s3, recall_cost s0, recall_cost s1)") in last
     assert "outcome s3 took the start itself (step 0)" in last
+    assert "no per-question answers" not in last
     assert "judged with different" not in last
     result = json.loads((runs / "outcome-s3" / "result.json").read_text())
     (runs / "outcome-s3" / "result.json").write_text(json.dumps({**result, "taken": "final"}))
@@ -994,6 +1005,7 @@ def test_one_seed_shows_no_spread_and_an_interval_over_questions_only(tmp_path, 
     assert figures["evidence_recall_recall"] == "nan"   # none recorded: not a recall of 0
     assert float(figures["em_recall_single"]) == 0.5 and "em_recall_bridge" not in figures
     assert "paired_evidence_vs_outcome=nan (no seed has both arms' per-question answers)" in out
+    assert "no per-question answers kept for evidence s0 (unpaired)" in out[-1]
     assert "outcome 0.300 (1 seed)" in out[-1]
     assert "process_gain=+0.3000 process_gain_ci=" in out[-1] and \
         "paired; seed 0, resampling questions only" in out[-1]
