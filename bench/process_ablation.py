@@ -552,9 +552,16 @@ def _keep(runs: Path, to: Path) -> None:
     def evaluation(src: Path, dst: Path) -> bool:
         if not (src / "metrics.json").is_file():
             return False
+        per = _per_question(src)
+        if per is not None and (dst / "per_question.json").is_file() \
+                and json.loads((dst / "per_question.json").read_text()) != per:
+            # a start evaluation kept from another machine (a start rebuilt a few answers
+            # apart): the runs paired with it would be paired with another start
+            raise SystemExit(f"--stage keep: {dst} holds other answers than {src}; keep this "
+                             "one under another name (eval-sft-test-METHOD-sSEED for the "
+                             "start a run began from)")
         dst.mkdir(parents=True, exist_ok=True)
         shutil.copy(src / "metrics.json", dst / "metrics.json")
-        per = _per_question(src)
         if per is not None:
             (dst / "per_question.json").write_text(json.dumps(per, indent=0, sort_keys=True))
         if (src / "episodes.jsonl").is_file():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -1173,6 +1174,15 @@ def test_keep_copies_finished_and_running_runs_small_and_the_report_reads_them(t
         == {"nq/q3": 0.0, "q1": 1.0}
     with pytest.raises(SystemExit, match="is not a question file"):
         bench._yes_no_ids(tmp_path / "nowhere.jsonl")
+    # another machine's start under the shared name: refused, not mixed into the records
+    other = tmp_path / "elsewhere" / "long"
+    shutil.rmtree(runs / "eval-sft-test")
+    shutil.copytree(runs / "outcome-s0", other / "outcome-s0")
+    evaluation(other / "eval-sft-test", 2)
+    with pytest.raises(SystemExit, match=r"eval-sft-test holds other answers than .*"
+                                         r"eval-sft-test-METHOD-sSEED"):
+        bench._keep(other, to)
+    assert json.loads((to / "eval-sft-test" / "per_question.json").read_text())["q1"] == 0.0
 
     with pytest.raises(SystemExit, match="is not a runs folder"):
         bench._keep(tmp_path / "nowhere", to)
