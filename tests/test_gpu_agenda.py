@@ -329,3 +329,25 @@ def test_fresh_shapes_give_each_variant_key_lengths_of_its_own():
         assert not lengths & seen
         seen |= lengths
     assert bench.longer(base, 0, tok, seed=0) is base
+
+
+def test_the_carried_tokenizer_is_unpacked_where_the_model_will_be(tmp_path, monkeypatch):
+    """prepare carries tokenizer.json as xz (the carries' margin under 64 MiB); the runner
+    places it, unpacked, beside the other tokenizer files."""
+    import importlib.util
+    import lzma
+    from importlib.machinery import SourceFileLoader
+
+    loader = SourceFileLoader("gpu_run", str(RUN))
+    run = importlib.util.module_from_spec(importlib.util.spec_from_loader("gpu_run", loader))
+    monkeypatch.setitem(sys.modules, "gpu_run", run)   # its dataclasses look it up
+    loader.exec_module(run)
+    carried = tmp_path / "c1" / "tokenizer"
+    carried.mkdir(parents=True)
+    text = json.dumps({"model": {"vocab": {f"t{i}": i for i in range(500)}}}).encode()
+    (carried / "tokenizer.json.xz").write_bytes(lzma.compress(text))
+    (carried / "config.json").write_text("{}")
+    run.place_tokenizer(carried, tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "tokenizer.json").read_bytes() == text
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["config.json",
+                                                                   "tokenizer.json"]
