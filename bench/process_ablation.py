@@ -55,6 +55,7 @@ method (`paired_outcome_vs_outcome@OTHER=`).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
 import statistics
@@ -822,10 +823,10 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
             start_of[(method, int(seed))] = per
             print(f"start_of_{method}_s{seed}={d}")
     began = _began_from(runs, results)
-    for run, (other, d) in _same_start(began, start_of, runs, on).items():
-        start_of[run] = _per_question(d)
-        print(f"start_of_{run[0]}_s{run[1]}={d} (the start {other[0]} s{other[1]} began from: "
-              "the same answers at step 0)")
+    for run, other in _same_start(began, start_of).items():
+        start_of[run] = start_of[other]
+        print(f"start_of_{run[0]}_s{run[1]}={runs}/eval-sft-{on}-{other[0]}-s{other[1]} (the "
+              f"start {other[0]} s{other[1]} began from: the same answers at step 0)")
     shared_groups = {began[k] for k in began if k not in start_of and began[k] is not None}
     if start is not None and len(shared_groups) > 1:
         differ = sorted(f"{m} s{s}" for (m, s), g in began.items()
@@ -867,7 +868,7 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
             continue
         found[(a, b)] = paired
         print(paired_line(a, b, paired))
-        if b != "start" and b in {m for m, _ in per_run} and start:
+        if b != "start" and start:
             notes += _other_starts(per_run, a, b, paired["seeds"], began, start)
     nan = float("nan")
     gain = _gain("process_gain", found.get((named, "outcome")),
@@ -976,18 +977,17 @@ def _began_from(runs: Path, results: list[dict]) -> dict[tuple[str, int], str | 
     return out
 
 
-def _same_start(began: dict, start_of: dict, runs: Path, on: str) -> dict:
-    """{run: (the run whose start evaluation it shares, that folder)} for each run without
-    an `eval-sft-ON-METHOD-sSEED` of its own that began where a run with one began (both
-    arms of a seed trained on the machine that rebuilt the start)."""
+def _same_start(began: dict, start_of: dict) -> dict:
+    """{run: the run whose start evaluation it shares} for each run without an
+    `eval-sft-ON-METHOD-sSEED` of its own that began where a run with one began (both arms
+    of a seed trained on the machine that rebuilt the start)."""
     out = {}
     for run, began_at in began.items():
         if run in start_of or began_at is None:
             continue
-        for other in sorted(start_of):
-            if began.get(other) == began_at:
-                out[run] = (other, runs / f"eval-sft-{on}-{other[0]}-s{other[1]}")
-                break
+        shared = next((o for o in sorted(start_of) if began.get(o) == began_at), None)
+        if shared is not None:
+            out[run] = shared
     return out
 
 
@@ -1000,9 +1000,7 @@ def _other_starts(per_run: dict, a: str, b: str, seeds: list[int], began: dict,
              and began[(a, s)] != began[(b, s)]]
     if not apart:
         return []
-    def own(m: str, s: int) -> dict | None:
-        return (start.get((m, s)) or start.get(None)) if _by_seed(start) else start
-
+    own = functools.partial(_start_for, start)
     if any(own(m, s) is None for s in seeds for m in (a, b)):
         return [f"{a} and {b} began from different starts on seed{'s' * (len(apart) > 1)} "
                 f"{','.join(map(str, apart))}"]
@@ -1098,6 +1096,12 @@ def _by_seed(start: dict | None) -> bool:
     return bool(start) and None in start
 
 
+def _start_for(start: dict | None, method: str, seed: int) -> dict | None:
+    """The start a run is paired with: its own where `start` holds one per run, else the
+    shared one."""
+    return (start.get((method, seed)) or start.get(None)) if _by_seed(start) else start
+
+
 def _paired(per_run: dict, a: str, b: str, start: dict | None, resamples: int = 10_000,
             seed: int = 0) -> dict | None:
     """Method `a` against method `b` (or "start": the one SFT evaluation, the same for every
@@ -1111,16 +1115,14 @@ def _paired(per_run: dict, a: str, b: str, start: dict | None, resamples: int = 
     may hold a start per run (`{None: shared, (method, seed): its own}`)."""
     import numpy as np
 
-    def start_for(s: int) -> dict | None:
-        return (start.get((a, s)) or start.get(None)) if _by_seed(start) else start
-
     seeds = sorted(s for (m, s), per in per_run.items()
-                   if m == a and per and (start_for(s) if b == "start" else per_run.get((b, s))))
+                   if m == a and per and (_start_for(start, a, s) if b == "start"
+                                          else per_run.get((b, s))))
     if not seeds:
         return None
     dropped = sorted({s for (m, s), per in per_run.items()
                       if (m == a or (m == b and b != "start")) and per} - set(seeds))
-    other = {s: start_for(s) if b == "start" else per_run[(b, s)] for s in seeds}
+    other = {s: _start_for(start, a, s) if b == "start" else per_run[(b, s)] for s in seeds}
     first = f"{a} seed {seeds[0]}"
     questions = sorted(per_run[(a, seeds[0])])
     for s in seeds:
