@@ -17,6 +17,7 @@ from seekrl.agent.rollout import RolloutConfig, RolloutEngine
 from seekrl.agent.static_backend import (
     LeanForward,
     StaticBackend,
+    _CudaGraphs,
     _sample,
     first_stop,
     static_backend,
@@ -419,6 +420,73 @@ def test_lora_adapters_are_merged_and_follow_their_updates(tiny):
                 p.add_(torch.randn_like(p) * 0.3)
     backend.sync_weights(policy, 2)
     assert backend.lean.check(policy, ctx[1] + ctx[0]) <= 1e-4
+
+
+class _FakeCuda:
+    """torch.cuda's stream and graph calls, on CPU: `capture_fails` makes every capture
+    refused at its start, as CUDA does when a kernel cannot be captured."""
+
+    def __init__(self, monkeypatch, capture_fails: bool):
+        import contextlib
+
+        self.captures = self.replays = 0
+        fake = self
+
+        class Stream:
+            def wait_stream(self, other):
+                pass
+
+        class Graph:
+            def replay(self):
+                fake.replays += 1
+
+            def pool(self):
+                return "pool"
+
+        @contextlib.contextmanager
+        def graph(g, pool=None, capture_error_mode="global"):
+            if capture_fails:
+                raise RuntimeError("operation not permitted when stream is capturing\nmore")
+            fake.captures += 1
+            yield
+
+        for name, value in (("Stream", Stream), ("CUDAGraph", Graph), ("graph", graph),
+                            ("current_stream", lambda: Stream()),
+                            ("stream", lambda s: contextlib.nullcontext()),
+                            ("synchronize", lambda: None)):
+            monkeypatch.setattr(torch.cuda, name, value)
+
+
+def test_a_step_is_warmed_eagerly_then_captured_then_replayed(monkeypatch):
+    fake, calls = _FakeCuda(monkeypatch, capture_fails=False), []
+    graphs = _CudaGraphs()
+    for _ in range(4):
+        graphs.run(("b8", "w64"), lambda: calls.append(1))
+    assert (len(calls), fake.captures, fake.replays) == (2, 1, 3)   # warm, capture, 2 replays
+    graphs.clear()
+    graphs.run(("b8", "w64"), lambda: calls.append(1))   # weights replaced: warmed again
+    assert (len(calls), fake.replays, graphs.failed) == (3, 3, None)
+
+
+def test_a_failed_capture_decodes_eagerly_with_one_warning(tiny, monkeypatch):
+    """A capture CUDA refuses turns graphs off with one warning; every step still runs, so
+    greedy episodes give the eager backend's tokens."""
+    model, tok = tiny
+    cfg = RolloutConfig(max_turns=3, max_new_tokens=12, n_samples=2, batch_size=3, seed=3,
+                        greedy=True)
+    examples = [ex(f"q{i}", f"Question {'long ' * i}number {i}?") for i in range(3)]
+    eager = StaticBackend(model, tok, stop_strings=STOPS, max_len=cfg.max_total_tokens)
+    want = [t.token_ids for t in RolloutEngine(eager, tok, Docs(), cfg).run(examples)]
+    fake = _FakeCuda(monkeypatch, capture_fails=True)
+    backend = StaticBackend(model, tok, stop_strings=STOPS, max_len=cfg.max_total_tokens)
+    backend._graphs = _CudaGraphs()   # as on CUDA: graphs on
+    with pytest.warns(RuntimeWarning, match="capture failed .*decodes eagerly") as seen:
+        got = [t.token_ids for t in RolloutEngine(backend, tok, Docs(), cfg).run(examples)]
+    assert got == want
+    assert len([w for w in seen if "capture failed" in str(w.message)]) == 1
+    assert backend._graphs.failed == ("RuntimeError: operation not permitted when stream is "
+                                      "capturing")
+    assert (fake.captures, fake.replays) == (0, 0)
 
 
 # ---------------------------------------------------------------- on CUDA (pytest -m gpu)

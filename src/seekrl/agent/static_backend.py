@@ -961,12 +961,17 @@ class _CudaGraphs:
     table). A key met the first time runs eagerly on a side stream (lazy initialisations
     happen outside any capture); the second time it is captured, then replayed. All graphs
     share one memory pool (they never run at once). The step reads and writes only buffers
-    that live as long as the graphs (cache, state, weights); `clear` when any is replaced."""
+    that live as long as the graphs (cache, state, weights); `clear` when any is replaced.
+
+    A capture that fails (a kernel or library that syncs or allocates outside the pool, an
+    old driver) turns graphs off for this backend with one warning: every later step runs
+    eagerly, the same tokens at eager speed, instead of a rollout that stops."""
 
     def __init__(self):
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._warm: set[tuple] = set()
         self._pool = None
+        self.failed: str | None = None   # why capturing was given up, once it was
 
     def clear(self) -> None:
         self._graphs.clear()
@@ -974,6 +979,9 @@ class _CudaGraphs:
         self._pool = None
 
     def run(self, key: tuple, step) -> None:
+        if self.failed is not None:
+            step()
+            return
         graph = self._graphs.get(key)
         if graph is None:
             if key not in self._warm:
@@ -985,11 +993,22 @@ class _CudaGraphs:
                 torch.cuda.current_stream().wait_stream(side)
                 return
             graph = torch.cuda.CUDAGraph()
-            # thread_local: the rollout's tool thread may run a retriever or ranker on the
-            # GPU while a step is captured; under the default (global) mode CUDA refuses that
-            # thread's allocations and syncs for the length of the capture
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            try:
+                # thread_local: the rollout's tool thread may run a retriever or ranker on
+                # the GPU while a step is captured; under the default (global) mode CUDA
+                # refuses that thread's allocations and syncs for the length of the capture
+                with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                    step()
+            except RuntimeError as err:
+                # a capture records kernels without running them, so the step's buffers are
+                # as they were: the same step run eagerly makes up for it
+                self.failed = f"{type(err).__name__}: {err}".splitlines()[0]
+                self.clear()
+                torch.cuda.synchronize()
+                warnings.warn(f"CUDA graph capture failed ({self.failed}); the static backend "
+                              "decodes eagerly from here on", RuntimeWarning, stacklevel=2)
                 step()
+                return
             if self._pool is None:
                 self._pool = graph.pool()
             self._graphs[key] = graph
