@@ -463,3 +463,25 @@ def test_a_damaged_part_or_a_failed_conversion_is_said_and_keeps_the_tokenizer(
     # the stages that need no model still find the tokenizer
     assert converts == [False] and runner.tokenizer_ready() and not runner.model_ready()
     assert json.loads((runner.checkpoint() / "tokenizer.json").read_text()) == {"t": 1}
+
+
+def test_the_tracked_tree_leaves_room_for_a_carry():
+    """Every device call ships the tracked tree beside a carry (a model part, the wheels,
+    the tokenizer) under 64 MiB: records that grow the tree past that would make
+    tools/gpu/prepare refuse the carries on the day a GPU is lent, so this says it first."""
+    import importlib.util
+    from importlib.machinery import SourceFileLoader
+
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    path = ROOT / "tools" / "gpu" / "prepare"
+    loader = SourceFileLoader("gpu_prepare", str(path))
+    prepare = importlib.util.module_from_spec(importlib.util.spec_from_loader("gpu_prepare",
+                                                                               loader))
+    loader.exec_module(prepare)
+    tree = prepare.travelling_bytes() / 2**20
+    carry = prepare.PART_MIB + prepare.WHEELS_MIB + prepare.TOKENIZER_MIB
+    room = prepare.LIMIT_MIB - prepare.RESERVE_MIB - carry
+    assert 0 < tree <= room, (
+        f"the tracked tree is {tree:.2f} MiB; a carry ({carry} MiB) leaves {room} MiB for it: "
+        "keep large records compressed, or lower prepare's PART_MIB (one more device call)")
