@@ -121,6 +121,10 @@ def test_bad_inputs_exit_2_with_a_clear_message(tmp_path):
     assert r.exit_code == 2 and "difficulty" in r.output
     r = run("world", "--out", tmp_path / "w", "--hop-mix", "2-0.5")
     assert r.exit_code == 2 and "--hop-mix: '2-0.5' is not HOPS:WEIGHT" in r.output
+    r = run("world", "--out", tmp_path / "w", "--doc-words", "30")
+    assert r.exit_code == 2 and "--doc-words: '30' is not LOW,HIGH" in r.output
+    r = run("world", "--out", tmp_path / "w", "--doc-words", "30,12")
+    assert r.exit_code == 2 and "doc_words: expected (low, high) with 0 <= low < high" in r.output
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "contents": "Tarrow\\nA city by the river."}\n{"id": "b"}\n')
@@ -905,3 +909,21 @@ def test_what_the_documented_commands_write_is_ignored_by_git_and_no_source_is()
               "bench/records/f32-sim/runs/real-s0/result.json"]
     assert git("check-ignore", "--no-index", *source).stdout == ""
     assert git("ls-files", "-ci", "--exclude-standard").stdout == ""   # no tracked file
+
+
+def test_world_flags_build_the_demos_world(tmp_path):
+    """configs/sft-plan.yaml and rl-long.yaml were measured on the demo's world: the flags
+    docs/training.md gives build it file for file (here at a small size)."""
+    from seekrl.data.world import generate_world, write_world
+    from seekrl.recipes.pipeline import DemoConfig, demo_world
+
+    want = demo_world(DemoConfig(seed=1))
+    want.entities, want.n_train, want.n_dev, want.n_test = 200, 30, 10, 10
+    write_world(generate_world(want), tmp_path / "demo")
+    r = run("world", "--out", tmp_path / "cli", "--seed", 1, "--entities", 200, "--train", 30,
+            "--dev", 10, "--test", 10, "--doc-words", "12,30", "--hop-mix", "1:0.3,2:0.45,3:0.25")
+    assert r.exit_code == 0, r.output
+    names = sorted(p.name for p in (tmp_path / "demo").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "cli").iterdir())
+    for name in names:
+        assert (tmp_path / "cli" / name).read_bytes() == (tmp_path / "demo" / name).read_bytes()

@@ -48,7 +48,7 @@ def _arrows() -> list[tuple[Path, int, str, str, str]]:
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC.parent).with_suffix("")
         source = _room(".".join(rel.parts))
-        assert source in FLOOR, f"{path}: not on a floor; add its room to FLOORS and DESIGN.md"
+        assert source in FLOOR, f"{path}: not on a floor; add its room to FLOORS (and README's Layout)"
         for line, target in _imports(path):
             room = _room(target)
             if room != source:

@@ -108,6 +108,8 @@ def world(
         help="chain lengths and weights, e.g. '2:0.5,3:0.3,4:0.2' (default: by difficulty)")] = None,
     comparison_share: Annotated[Optional[float], typer.Option(
         help="share of comparison questions (default: by difficulty)")] = None,
+    doc_words: Annotated[Optional[str], typer.Option(
+        help="words a document holds, LOW,HIGH (default 60,125; the demo's world: 12,30)")] = None,
     overwrite: Annotated[bool, typer.Option(help="replace a world already in out")] = False,
 ):
     """Generate the synthetic multi-hop world: corpus.jsonl and train/dev/test.jsonl."""
@@ -125,9 +127,17 @@ def world(
                 except ValueError:
                     raise ValueError(f"--hop-mix: {part!r} is not HOPS:WEIGHT (expected e.g. "
                                      "'2:0.5,3:0.3,4:0.2')") from None
+        words = {}
+        if doc_words:
+            low, sep, high = doc_words.partition(",")
+            try:
+                words["doc_words"] = (int(low), int(high))
+            except ValueError:
+                raise ValueError(f"--doc-words: {doc_words!r} is not LOW,HIGH (expected e.g. "
+                                 "'12,30')") from None
         cfg = WorldConfig(seed=seed, difficulty=difficulty, entities=entities, n_train=n_train,
                           n_dev=n_dev, n_test=n_test, distractors=distractors, hop_mix=mix,
-                          comparison_share=comparison_share)
+                          comparison_share=comparison_share, **words)
         if out.exists() and not out.is_dir():   # before the world is generated
             raise NotADirectoryError(f"--out: {out} is a file; a world is a folder")
         w = generate_world(cfg)
