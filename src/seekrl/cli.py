@@ -129,7 +129,7 @@ def world(
                                      "'2:0.5,3:0.3,4:0.2')") from None
         words = {}
         if doc_words:
-            low, sep, high = doc_words.partition(",")
+            low, _, high = doc_words.partition(",")
             try:
                 words["doc_words"] = (int(low), int(high))
             except ValueError:
