@@ -423,49 +423,99 @@ def test_lora_adapters_are_merged_and_follow_their_updates(tiny):
 
 
 class _FakeCuda:
-    """torch.cuda's stream and graph calls, on CPU: `capture_fails` makes every capture
-    refused at its start, as CUDA does when a kernel cannot be captured."""
+    """torch.cuda's stream, graph and pool calls, on CPU, failing as CUDA does: `fails`
+    "start" refuses a capture at its start; "step" lets the step raise while it is captured
+    (an op that syncs), after which ending the capture fails too and, as in torch, leaves
+    the capture stream current and the pool taking allocations."""
 
-    def __init__(self, monkeypatch, capture_fails: bool):
+    def __init__(self, monkeypatch, fails: str | None = None):
         import contextlib
-
-        self.captures = self.replays = 0
-        fake = self
 
         class Stream:
             def wait_stream(self, other):
                 pass
 
+        self.captures = self.replays = 0
+        self.capturing, self.handed_back = False, []
+        self.default = self.stream = Stream()
+        fake = self
+
         class Graph:
             def replay(self):
                 fake.replays += 1
 
-            def pool(self):
-                return "pool"
+        class Capture:
+            def __init__(self, g, pool=None, capture_error_mode="global"):
+                self.pool = pool
 
-        @contextlib.contextmanager
-        def graph(g, pool=None, capture_error_mode="global"):
-            if capture_fails:
-                raise RuntimeError("operation not permitted when stream is capturing\nmore")
-            fake.captures += 1
-            yield
+            def __enter__(self):
+                if fails == "start":
+                    raise RuntimeError("CUDA error: operation not supported\nmore")
+                fake.stream, fake.capturing = Stream(), True
 
-        for name, value in (("Stream", Stream), ("CUDAGraph", Graph), ("graph", graph),
-                            ("current_stream", lambda: Stream()),
+            def __exit__(self, kind, err, tb):
+                fake.capturing = False
+                if err is not None:   # capture_end fails before the stream is restored
+                    raise RuntimeError("operation failed due to a previous error during "
+                                       "capture")
+                fake.captures += 1
+                fake.stream = fake.default
+
+        def hand_back(name):
+            return lambda device, pool: fake.handed_back.append((name, pool))
+
+        for name, value in (("Stream", Stream), ("CUDAGraph", Graph), ("graph", Capture),
+                            ("current_stream", lambda: fake.stream),
+                            ("set_stream", lambda st: setattr(fake, "stream", st)),
                             ("stream", lambda s: contextlib.nullcontext()),
-                            ("synchronize", lambda: None)):
+                            ("graph_pool_handle", lambda: (0, 7)),
+                            ("current_device", lambda: 0), ("synchronize", lambda: None)):
             monkeypatch.setattr(torch.cuda, name, value)
+        for name in ("_cuda_endAllocateToPool", "_cuda_releasePool"):
+            monkeypatch.setattr(torch._C, name, hand_back(name), raising=False)
+
+    def step(self, calls: list):
+        """A step that refuses to run under capture (as a host sync does) when told to."""
+        def run():
+            if self.capturing and self.refuse:
+                raise RuntimeError("CUDA error: operation not permitted when stream is "
+                                   "capturing")
+            calls.append(1)
+        self.refuse = True
+        return run
 
 
 def test_a_step_is_warmed_eagerly_then_captured_then_replayed(monkeypatch):
-    fake, calls = _FakeCuda(monkeypatch, capture_fails=False), []
+    fake, calls = _FakeCuda(monkeypatch), []
     graphs = _CudaGraphs()
     for _ in range(4):
         graphs.run(("b8", "w64"), lambda: calls.append(1))
     assert (len(calls), fake.captures, fake.replays) == (2, 1, 3)   # warm, capture, 2 replays
+    assert graphs._pool == (0, 7) and fake.stream == fake.default
     graphs.clear()
     graphs.run(("b8", "w64"), lambda: calls.append(1))   # weights replaced: warmed again
     assert (len(calls), fake.replays, graphs.failed) == (3, 3, None)
+
+
+def test_a_capture_that_fails_in_its_step_leaves_cuda_as_it_was(monkeypatch):
+    """The step's own error is said (not capture_end's), the stream before the capture is
+    current again, the pool is handed back, the step runs once eagerly, and later steps
+    run eagerly without another capture."""
+    fake, calls = _FakeCuda(monkeypatch, fails="step"), []
+    graphs = _CudaGraphs()
+    step = fake.step(calls)
+    graphs.run("k", step)                       # warm: eager, not captured
+    with pytest.warns(RuntimeWarning, match="capture failed") as seen:
+        graphs.run("k", step)
+        graphs.run("k", step)
+        graphs.run("other", step)
+    assert len(calls) == 4 and len(seen) == 1
+    assert graphs.failed == ("RuntimeError: CUDA error: operation not permitted when stream "
+                             "is capturing")
+    assert fake.stream == fake.default
+    assert fake.handed_back == [("_cuda_endAllocateToPool", (0, 7)),
+                                ("_cuda_releasePool", (0, 7))]
+    assert (fake.captures, fake.replays, graphs._graphs, graphs._pool) == (0, 0, {}, None)
 
 
 def test_a_failed_capture_decodes_eagerly_with_one_warning(tiny, monkeypatch):
@@ -477,16 +527,15 @@ def test_a_failed_capture_decodes_eagerly_with_one_warning(tiny, monkeypatch):
     examples = [ex(f"q{i}", f"Question {'long ' * i}number {i}?") for i in range(3)]
     eager = StaticBackend(model, tok, stop_strings=STOPS, max_len=cfg.max_total_tokens)
     want = [t.token_ids for t in RolloutEngine(eager, tok, Docs(), cfg).run(examples)]
-    fake = _FakeCuda(monkeypatch, capture_fails=True)
+    fake = _FakeCuda(monkeypatch, fails="start")
     backend = StaticBackend(model, tok, stop_strings=STOPS, max_len=cfg.max_total_tokens)
     backend._graphs = _CudaGraphs()   # as on CUDA: graphs on
     with pytest.warns(RuntimeWarning, match="capture failed .*decodes eagerly") as seen:
         got = [t.token_ids for t in RolloutEngine(backend, tok, Docs(), cfg).run(examples)]
     assert got == want
     assert len([w for w in seen if "capture failed" in str(w.message)]) == 1
-    assert backend._graphs.failed == ("RuntimeError: operation not permitted when stream is "
-                                      "capturing")
-    assert (fake.captures, fake.replays) == (0, 0)
+    assert backend._graphs.failed == "RuntimeError: CUDA error: operation not supported"
+    assert (fake.captures, fake.replays, fake.stream) == (0, 0, fake.default)
 
 
 # ---------------------------------------------------------------- on CUDA (pytest -m gpu)
@@ -507,8 +556,9 @@ def test_cuda_graphs_decode_the_eager_tokens(tiny, dtype):
         backend = StaticBackend(model, tok, stop_strings=STOPS, max_len=cfg.max_total_tokens,
                                 width_step=16, graphs=graphs)
         runs[name] = [t.token_ids for t in RolloutEngine(backend, tok, Docs(), cfg).run(examples)]
-        if graphs is None:
-            assert backend._graphs is not None and backend._graphs._graphs   # some replayed
+        if graphs is None:   # captured and replayed, not fallen back to eager
+            assert backend._graphs is not None and backend._graphs._graphs
+            assert backend._graphs.failed is None
     assert runs["graphs"] == runs["eager"]
     if dtype != "float32":
         return
@@ -520,6 +570,7 @@ def test_cuda_graphs_decode_the_eager_tokens(tiny, dtype):
     sampled = RolloutConfig(max_turns=2, max_new_tokens=40, n_samples=3, temperature=0.7, seed=2)
     backend = StaticBackend(model, tok, max_len=sampled.max_total_tokens, width_step=16)
     trajs = RolloutEngine(backend, tok, Docs(), sampled).run(examples[:2])
+    assert backend._graphs.failed is None   # sampling captured too
     ids, attn, mask = collate([t.token_ids for t in trajs], [t.loss_mask for t in trajs],
                               tok.pad_token_id, "cuda")
     with torch.no_grad():

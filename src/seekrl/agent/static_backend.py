@@ -993,26 +993,43 @@ class _CudaGraphs:
                 torch.cuda.current_stream().wait_stream(side)
                 return
             graph = torch.cuda.CUDAGraph()
+            # the pool named up front: a failed capture's pool must be handed back by name
+            pool = self._pool if self._pool is not None else torch.cuda.graph_pool_handle()
+            stream = torch.cuda.current_stream()
             try:
                 # thread_local: the rollout's tool thread may run a retriever or ranker on
                 # the GPU while a step is captured; under the default (global) mode CUDA
                 # refuses that thread's allocations and syncs for the length of the capture
-                with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
                     step()
             except RuntimeError as err:
+                self._give_up(err, stream, pool)
                 # a capture records kernels without running them, so the step's buffers are
                 # as they were: the same step run eagerly makes up for it
-                self.failed = f"{type(err).__name__}: {err}".splitlines()[0]
-                self.clear()
-                torch.cuda.synchronize()
-                warnings.warn(f"CUDA graph capture failed ({self.failed}); the static backend "
-                              "decodes eagerly from here on", RuntimeWarning, stacklevel=2)
                 step()
                 return
-            if self._pool is None:
-                self._pool = graph.pool()
+            self._pool = pool
             self._graphs[key] = graph
         graph.replay()
+
+    def _give_up(self, err: BaseException, stream, pool) -> None:
+        """Graphs off after a failed capture, with CUDA as it was before it: when
+        cudaStreamEndCapture fails, torch.cuda.graph leaves its capture stream current and
+        the allocator routing this thread's allocations to the pool."""
+        while err.__context__ is not None:   # the step's own error, not capture_end's
+            err = err.__context__
+        self.failed = f"{type(err).__name__}: {err}".splitlines()[0]
+        torch.cuda.set_stream(stream)
+        device = torch.cuda.current_device()
+        for hand_back in (torch._C._cuda_endAllocateToPool, torch._C._cuda_releasePool):
+            try:
+                hand_back(device, pool)
+            except RuntimeError:   # capture_end got as far as this itself
+                pass
+        self.clear()
+        torch.cuda.synchronize()
+        warnings.warn(f"CUDA graph capture failed ({self.failed}); the static backend "
+                      "decodes eagerly from here on", RuntimeWarning, stacklevel=3)
 
 
 # ---------------------------------------------------------------- the factory's entry
