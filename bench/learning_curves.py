@@ -350,7 +350,18 @@ def plot(runs: list[Run], path: Path) -> Path:
                  + ("; still going: " + ", ".join(going) if going else ""), fontsize=11)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
+    _palette(path)
     return path
+
+
+def _palette(path: Path) -> None:
+    """The PNG in 64 colours (a third of the bytes, the same lines): kept records travel
+    with every GPU call, under a size limit (tools/gpu/prepare)."""
+    from PIL import Image  # matplotlib's own dependency
+
+    with Image.open(path) as im:
+        small = im.convert("RGB").quantize(colors=64, method=Image.Quantize.MEDIANCUT)
+    small.save(path, optimize=True)
 
 
 def main() -> None:
