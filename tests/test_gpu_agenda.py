@@ -62,6 +62,19 @@ def check_what_comes_back(out: Path) -> list[Path]:
     return files
 
 
+def tool(path: Path, name: str, monkeypatch):
+    """A script of tools/gpu (no .py suffix) loaded as module `name` (in sys.modules while
+    the test runs: its dataclasses look it up)."""
+    import importlib.util
+    from importlib.machinery import SourceFileLoader
+
+    loader = SourceFileLoader(name, str(path))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
+    monkeypatch.setitem(sys.modules, name, module)
+    loader.exec_module(module)
+    return module
+
+
 def test_unknown_stage_is_one_line(tmp_path):
     r = subprocess.run([sys.executable, str(RUN), "nonsense", "--dry-run", "--out",
                         str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
@@ -334,14 +347,9 @@ def test_fresh_shapes_give_each_variant_key_lengths_of_its_own():
 def test_the_carried_tokenizer_is_unpacked_where_the_model_will_be(tmp_path, monkeypatch):
     """prepare carries tokenizer.json as xz (the carries' margin under 64 MiB); the runner
     places it, unpacked, beside the other tokenizer files."""
-    import importlib.util
     import lzma
-    from importlib.machinery import SourceFileLoader
 
-    loader = SourceFileLoader("gpu_run", str(RUN))
-    run = importlib.util.module_from_spec(importlib.util.spec_from_loader("gpu_run", loader))
-    monkeypatch.setitem(sys.modules, "gpu_run", run)   # its dataclasses look it up
-    loader.exec_module(run)
+    run = tool(RUN, "gpu_run", monkeypatch)
     carried = tmp_path / "c1" / "tokenizer"
     carried.mkdir(parents=True)
     text = json.dumps({"model": {"vocab": {f"t{i}": i for i in range(500)}}}).encode()
@@ -382,14 +390,9 @@ def _carried(tmp_path: Path, monkeypatch):
     them out: a wheel and the tokenizer in each, one model part in each, the manifest."""
     import argparse
     import hashlib
-    import importlib.util
     import lzma
-    from importlib.machinery import SourceFileLoader
 
-    loader = SourceFileLoader("gpu_run", str(RUN))
-    run = importlib.util.module_from_spec(importlib.util.spec_from_loader("gpu_run", loader))
-    monkeypatch.setitem(sys.modules, "gpu_run", run)
-    loader.exec_module(run)
+    run = tool(RUN, "gpu_run", monkeypatch)
     root = tmp_path / "repo"
     monkeypatch.setattr(run, "ROOT", root)
     gguf = os.urandom(3000)
@@ -465,20 +468,13 @@ def test_a_damaged_part_or_a_failed_conversion_is_said_and_keeps_the_tokenizer(
     assert json.loads((runner.checkpoint() / "tokenizer.json").read_text()) == {"t": 1}
 
 
-def test_the_tracked_tree_leaves_room_for_a_carry():
+def test_the_tracked_tree_leaves_room_for_a_carry(monkeypatch):
     """Every device call ships the tracked tree beside a carry (a model part, the wheels,
     the tokenizer) under 64 MiB: records that grow the tree past that would make
     tools/gpu/prepare refuse the carries on the day a GPU is lent, so this says it first."""
-    import importlib.util
-    from importlib.machinery import SourceFileLoader
-
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
-    path = ROOT / "tools" / "gpu" / "prepare"
-    loader = SourceFileLoader("gpu_prepare", str(path))
-    prepare = importlib.util.module_from_spec(importlib.util.spec_from_loader("gpu_prepare",
-                                                                               loader))
-    loader.exec_module(prepare)
+    prepare = tool(ROOT / "tools" / "gpu" / "prepare", "gpu_prepare", monkeypatch)
     tree = prepare.travelling_bytes() / 2**20
     carry = prepare.PART_MIB + prepare.WHEELS_MIB + prepare.TOKENIZER_MIB
     room = prepare.LIMIT_MIB - prepare.RESERVE_MIB - carry
