@@ -125,7 +125,7 @@ def test_policy_loss_clip_higher():
     assert stats["clip_frac"] == pytest.approx(2 / 3)
 
 
-def test_kl_estimators_and_entropy():
+def test_kl_estimators():
     lp, ref = torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -2.0])
     assert kl_penalty(lp, ref, "k1").tolist() == pytest.approx([0.5, 0.0])
     assert kl_penalty(lp, ref, "k3").tolist() == pytest.approx([math.exp(-0.5) - 1 + 0.5, 0.0])
@@ -187,9 +187,13 @@ def test_token_rewards_join_the_token_view_and_the_totals():
 
 
 def test_value_loss_clipping():
-    v, old, ret = torch.tensor([[1.0]]), torch.tensor([[0.0]]), torch.tensor([[0.0]])
     m = torch.ones(1, 1)
+    # the clipped value (0.2) is further from the return (2) than the value (1): its error wins
+    v, old, ret = torch.tensor([[1.0]]), torch.tensor([[0.0]]), torch.tensor([[2.0]])
     assert float(value_loss(v, old, ret, m, clip=None)) == pytest.approx(0.5)
+    assert float(value_loss(v, old, ret, m, clip=0.2)) == pytest.approx(0.5 * 1.8 ** 2)
+    # the clipped value is nearer the return (0): the unclipped error stays
+    ret = torch.tensor([[0.0]])
     assert float(value_loss(v, old, ret, m, clip=0.2)) == pytest.approx(0.5)  # max(1, 0.04)
 
 
@@ -280,6 +284,31 @@ def test_shared_prompt_forward_equals_the_plain_forward(lora):
     assert g_plain.keys() == g_shared.keys() and g_plain
     for n in g_plain:
         torch.testing.assert_close(g_plain[n], g_shared[n], atol=2e-5, rtol=1e-3, msg=n)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_and_entropy_equal_the_full_logits_grid(temperature):
+    """The trainer's head-at-policy-positions forward against the plain one: the whole
+    [batch, seq, vocab] grid from the model's own logits, shifted by one."""
+    from seekrl.models import tiny_policy
+    from seekrl.rl.forward import masked_logprobs
+
+    model, _ = tiny_policy(seed=2)
+    ids, attn, mask = _shared_prompt_batch()
+    with torch.no_grad():
+        out = masked_logprobs(model, ids, attn, mask, entropy=True, temperature=temperature,
+                              share_prompts=False)
+        logits = model(input_ids=ids, attention_mask=attn).logits.float() / temperature
+    logp = torch.log_softmax(logits[:, :-1], dim=-1)        # position t predicts token t + 1
+    want_lp = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    want_h = -(logp.exp() * logp).sum(-1)
+    on = mask[:, 1:].bool()
+    assert on.any() and (~on).any()
+    for key, want in (("logprobs", want_lp), ("entropy", want_h)):
+        got = out[key][:, 1:]
+        torch.testing.assert_close(got[on], want[on], atol=1e-5, rtol=1e-5)
+        assert torch.count_nonzero(got[~on]) == 0 and torch.count_nonzero(out[key][:, 0]) == 0
+    assert (want_h[on] > 0).all()
 
 
 def test_shared_prompts_only_when_rows_share_one():
@@ -449,7 +478,7 @@ def test_llds_regularises_only_fallen_tokens_of_fallen_non_negative_actions():
     assert float(zero) == 0.0 and not same.grad.any()
 
 
-def test_llds_needs_an_update_to_compare_with_and_logs_itself(tmp_path):
+def test_llds_needs_an_update_to_compare_with():
     from seekrl.config import ConfigError, TrainConfig, build_config
     from seekrl.recipes.train import check_config
 

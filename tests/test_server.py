@@ -138,7 +138,10 @@ def test_batches_respect_max_batch_size_and_split_by_topk():
     for body, r in zip(bodies, responses):
         assert len(r.json()["result"][0]) == body["topk"]
     assert all(len(queries) <= 4 for queries, _ in retriever.calls)
-    assert all(len({q for q in queries}) == len(queries) for queries, _ in retriever.calls)
+    # each call is at one topk, the topk its queries asked for (q1, q3, ... at 2)
+    assert all(k == 1 + int(q[1:]) % 2 for queries, k in retriever.calls for q in queries)
+    assert sorted(q for queries, _ in retriever.calls for q in queries) == \
+        sorted(b["queries"][0] for b in bodies)
 
 
 def test_identical_concurrent_queries_are_retrieved_once():

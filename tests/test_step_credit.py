@@ -582,6 +582,8 @@ def test_retrieved_tokens_get_zero_gradient_with_step_rewards(estimator):
     grid = torch.zeros(ids.shape)
     for r, a in enumerate(advs):
         grid[r, :len(a)] = a
+    # advantages off the policy tokens made non-zero: only the mask can keep them from training
+    grid = grid + (1 - mask) * 3.0
     finals = []
 
     def keep(_module, _inputs, output):

@@ -844,7 +844,7 @@ def test_the_last_budgeted_step_plays_only_the_questions_the_budget_pays_for(wor
                .splitlines() if '"episodes"' in x]
     assert [r["episodes"] for r in records][:2] == [8, 4]    # 4 x 2 rollouts, then 2 x 2
     assert summary["steps"] == 2 and trainer.state.questions_drawn == 6
-    assert summary["budget_met"] is (abs(summary["budget_ratio"] - 1) <= 0.1)
+    assert abs(summary["budget_ratio"] - 1) <= 0.1 and summary["budget_met"] is True
 
 
 def test_resume_continues_identically_with_step_rewards(world, tiny, tmp_path):
@@ -1056,7 +1056,9 @@ def test_advantages_are_computed_once_per_step(world, tiny, tmp_path, monkeypatc
 def test_a_step_with_llds_logs_what_it_regularised(world, tiny, tmp_path):
     cfg = make_cfg(tmp_path, **{"algo.llds_coef": 1.0})   # 2 mini-batches x 2 epochs
     record = make_trainer(cfg, world, tiny).step(1)
-    assert record["llds"] >= 0.0 and 0.0 <= record["llds_frac"] <= 1.0
+    # the first mini-batch meets the rollout's own log-probs (nothing fell); the later ones
+    # meet a moved policy, where some tokens fell and were regularised
+    assert record["llds"] > 0.0 and 0.0 < record["llds_frac"] <= 1.0
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
