@@ -125,6 +125,15 @@ def test_bad_inputs_exit_2_with_a_clear_message(tmp_path):
     assert r.exit_code == 2 and "--doc-words: '30' is not LOW,HIGH" in r.output
     r = run("world", "--out", tmp_path / "w", "--doc-words", "30,12")
     assert r.exit_code == 2 and "doc_words: expected (low, high) with 0 <= low < high" in r.output
+    for flags, said in ((["--hop-mix", "2:0.5,2:0.3"], "--hop-mix: 2 hops given twice"),
+                        (["--hop-mix", "2:nan"], "hop_mix: weights must be finite"),
+                        (["--hop-mix", "2:inf,3:1"], "hop_mix: weights must be finite"),
+                        (["--distractors", "nan"], "distractors: expected a finite mean >= 0"),
+                        (["--distractors", "-1"], "distractors: expected a finite mean >= 0"),
+                        (["--train", "-5"], "n_train: expected a number of questions >= 0")):
+        r = run("world", "--out", tmp_path / "w", *flags)
+        assert r.exit_code == 2 and said in r.output, (flags, r.output)
+    assert not (tmp_path / "w").exists()
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "contents": "Tarrow\\nA city by the river."}\n{"id": "b"}\n')
@@ -432,6 +441,16 @@ def test_asking_for_cuda_without_it_fails_in_one_line(tmp_path):
         assert len([x for x in r.output.splitlines() if x.strip()]) <= 2, r.output
 
 
+def test_serve_refuses_a_log_level_before_loading_the_index(tmp_path, monkeypatch):
+    import seekrl.retrieval.index
+
+    monkeypatch.setattr(seekrl.retrieval.index, "load_index",
+                        lambda *a, **k: pytest.fail("the index was loaded"))
+    r = run("serve", "--index", tmp_path, "--log-level", "bogus")
+    assert r.exit_code == 2 and "log level: expected one of" in r.output \
+        and "'bogus'" in r.output, r.output
+
+
 def test_serve_faiss_gpu_needs_a_cuda_device(tmp_path):
     r = run("serve", "--index", tmp_path, "--faiss-gpu")
     assert r.exit_code == 2 and "--device cuda" in r.output
@@ -478,20 +497,25 @@ def test_overwrite_checks_every_input_before_it_deletes_the_old_run(lab, tmp_pat
             "--overwrite")
     assert r.exit_code == 2 and "bad.jsonl:4" in r.output and "turns" in r.output, r.output
     assert untouched(out, old)
+    def replaced(keys: list[str], wrong: str) -> list[str]:   # a key is given once
+        name = wrong.partition("=")[0]
+        return [k for k in keys if k.partition("=")[0] != name] + [wrong]
+
+    sft_keys = [f"data={lab['oracle']}", f"out={out}", f"model={lab['model']}",
+                f"index={lab['index']}", f"eval.data={lab['dev']}"]
     for key in ("eval.data", "index"):
         wrong = {"eval.data": f"eval.data={tmp_path / 'dev.jsnol'}",
                  "index": f"index={tmp_path / 'no-index'}"}[key]
-        r = run("sft", f"data={lab['oracle']}", f"out={out}", f"model={lab['model']}",
-                f"index={lab['index']}", f"eval.data={lab['dev']}", wrong, "--overwrite")
-        assert r.exit_code == 2 and key in r.output, (key, r.output)
+        r = run("sft", *replaced(sft_keys, wrong), "--overwrite")
+        assert r.exit_code == 2 and wrong.partition("=")[2] in r.output, (key, r.output)
         assert untouched(out, old)
-    common = ["train", f"data={lab['train']}", f"index={lab['index']}", f"out={out}",
-              f"model={lab['model']}", *SMALL_RL, "--overwrite"]
+    common = [f"data={lab['train']}", f"index={lab['index']}", f"out={out}",
+              f"model={lab['model']}", *SMALL_RL]
     for wrong, named in ((f"eval.data={tmp_path / 'dev.jsnol'}", "eval.data: "),
                          ("log.wandb=true", "log.wandb: "),
                          (f"data={tmp_path / 'train.jsnol'}", "train.jsnol"),
                          ("train_layers=99", "train_layers: ")):
-        r = run(*common, wrong)
+        r = run("train", *replaced(common, wrong), "--overwrite")
         assert r.exit_code == 2 and named in r.output, (wrong, r.output)
         assert untouched(out, old), wrong
     # and a sound command does replace it

@@ -121,6 +121,12 @@ def test_base_url_or_endpoint_url(url):
     assert str(server.requests[0].url) == "http://127.0.0.1:9/retrieve"
 
 
+@pytest.mark.parametrize("url", ["http://[::1", "http://localhost:abc"])
+def test_a_malformed_url_is_named(url):
+    with pytest.raises(ValueError, match=r"^url: .* is not a valid URL \(Invalid port"):
+        RemoteRetriever(url)
+
+
 def test_5xx_is_retried_then_succeeds():
     server = FlakyServer(failures=2, fail_with=503)
     hits = remote(server, retries=3).search(["q"], k=1)

@@ -52,6 +52,22 @@ def test_iter_corpus_title_text_form(tmp_path):
     ]
 
 
+def test_a_title_beside_the_contents_is_kept_as_its_first_line(tmp_path):
+    path = write_lines(tmp_path / "c.jsonl", [
+        {"id": "d1", "title": "Paris", "contents": "The capital of France."},
+        {"id": "d2", "title": "Paris", "contents": "Paris\nThe capital of France."},
+        {"id": "d3", "title": "", "contents": "Untitled."},
+    ])
+    assert list(iter_corpus(path)) == [
+        ("d1", "Paris\nThe capital of France."),
+        ("d2", "Paris\nThe capital of France."),      # there already: not twice
+        ("d3", "Untitled."),
+    ]
+    bad = write_lines(tmp_path / "b.jsonl", [{"id": "d1", "title": 3, "contents": "x"}])
+    with pytest.raises(DataError, match="b.jsonl:1: field 'title': expected a string, got int"):
+        list(iter_corpus(bad))
+
+
 def test_iter_corpus_int_ids_become_strings(tmp_path):
     path = write_lines(tmp_path / "c.jsonl", [{"id": 0, "contents": "a"}, {"id": 17, "contents": "b"}])
     assert list(iter_corpus(path)) == [("0", "a"), ("17", "b")]

@@ -104,6 +104,14 @@ def test_the_demo_presets_resolve_to_the_configs_built_in_code_before():
             "train_layers": 1}))
 
 
+@pytest.mark.parametrize("episodes, batch, accum", [
+    (8, 2, 4), (3, 3, 1), (7, 1, 7), (9, 1, 9), (10, 2, 5), (1, 1, 1)])
+def test_sft_batch_is_the_episodes_of_a_step_exactly(episodes, batch, accum):
+    sft = sft_config(DemoConfig(sft_batch=episodes), "d", "o")
+    assert (sft.batch_size, sft.grad_accum) == (batch, accum)
+    assert sft.batch_size * sft.grad_accum == episodes
+
+
 def test_the_demo_options_set_the_keys_they_set_before(monkeypatch):
     """`seekrl demo`'s options, as the CLI turns them into the demo's settings."""
     import seekrl.demo

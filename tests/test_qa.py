@@ -406,6 +406,68 @@ def test_a_golden_answer_that_normalises_to_nothing_is_not_scored(answer, caplog
     assert QAExample.from_dict({"id": "x", "question": "Q?", "golden_answers": ["A"]})
 
 
+def test_unscored_answers_given_in_metadata_are_kept_beside_the_set_aside_ones() -> None:
+    ex = QAExample.from_dict({"id": "x", "question": "Q?", "golden_answers": ["ok", "."],
+                              "metadata": {"unscored_answers": ["mine"]}})
+    assert ex.metadata["unscored_answers"] == ["mine", "."]
+    with pytest.raises(DataError, match="field 'metadata.unscored_answers': expected a list"):
+        QAExample.from_dict({"id": "x", "question": "Q?", "golden_answers": ["ok", "."],
+                             "metadata": {"unscored_answers": "mine"}})
+
+
+def test_a_key_at_the_top_level_and_in_metadata_must_agree() -> None:
+    with pytest.raises(DataError, match=r"q.jsonl:2: field 'hops': given at the top level "
+                                        r"\(int 2\) and in metadata \(int 3\)"):
+        QAExample.from_dict({"id": 1, "question": "Q?", "golden_answers": ["a"], "hops": 2,
+                             "metadata": {"hops": 3}}, path="q.jsonl", line=2)
+    ex = QAExample.from_dict({"id": 1, "question": "Q?", "golden_answers": ["a"], "hops": 2,
+                              "metadata": {"hops": 2, "note": "x"}})
+    assert ex.metadata == {"hops": 2, "note": "x"}
+
+
+@pytest.mark.parametrize("given, kept", [
+    ("doc_17", ["doc_17"]), (17, ["17"]), (["d1", 2], ["d1", "2"]), (("d1",), ["d1"]), ([], []),
+])
+def test_gold_doc_ids_become_a_list_of_ids(given, kept) -> None:
+    ex = QAExample.from_dict({"id": 1, "question": "Q?", "golden_answers": ["a"],
+                              "metadata": {"gold_doc_ids": given}})
+    assert ex.metadata["gold_doc_ids"] == kept
+
+
+@pytest.mark.parametrize("given", [[["d1"], ["d2"]], {"d1": 1}, [True], None, 1.5])
+def test_gold_doc_ids_of_another_shape_are_refused(given) -> None:
+    with pytest.raises(DataError, match=r"q.jsonl:5: field 'metadata.gold_doc_ids': expected "
+                                        "a list of document ids"):
+        QAExample.from_dict({"id": 1, "question": "Q?", "golden_answers": ["a"],
+                             "metadata": {"gold_doc_ids": given}}, path="q.jsonl", line=5)
+
+
+def test_a_parquet_metadata_column_of_any_shape_is_read_or_refused(tmp_path: Path) -> None:
+    target = {"style": "rule", "ground_truth": {"target": ["a"]}}
+
+    def read(rows):
+        path = tmp_path / "m.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        return read_searchr1_parquet(path)
+
+    # a `metadata` column as JSON text, or a value of another kind (kept whole)
+    text, number = read([{"prompt": "Question: q?", "reward_model": target,
+                          "metadata": '{"hops": 2}'},
+                         {"prompt": "Question: r?", "reward_model": target,
+                          "metadata": '5'}])
+    assert text.metadata == {"hops": 2, "data_source": "searchr1"}
+    assert number.metadata == {"metadata": "5", "data_source": "searchr1"}
+    # extra_info.metadata as a struct (other tools write it so): kept, not dropped
+    (ex,) = read([{"prompt": "Question: q?", "reward_model": target,
+                   "extra_info": {"metadata": {"hops": 2, "gold_doc_ids": "d1"}}}])
+    assert ex.metadata == {"hops": 2, "gold_doc_ids": ["d1"], "data_source": "searchr1"}
+    for bad, said in (('[1, 2]', "expected a JSON object, got list"),
+                      (7, "expected an object or its JSON text, got int")):
+        with pytest.raises(DataError, match=rf"m.parquet:1: field 'extra_info.metadata': {said}"):
+            read([{"prompt": "Question: q?", "reward_model": target,
+                   "extra_info": {"metadata": bad}}])
+
+
 @given(st.text(max_size=12))
 def test_what_the_check_refuses_normalises_to_nothing(answer) -> None:
     from seekrl.data.qa import _nothing_left

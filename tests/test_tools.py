@@ -166,6 +166,51 @@ def test_bad_tools_fail_at_config_time_naming_the_key(tools, message, own_parts)
     assert message in str(err.value)
 
 
+def test_a_tool_class_that_cannot_be_made_is_named_with_its_error(own_parts):
+    from seekrl.agent.tools import check_tool_names
+
+    # a class whose __init__ needs an argument (a retriever here, not a tool at all)
+    with pytest.raises(ConfigError, match=r"^rollout.tools\[0\]: examples.my_parts:"
+                       r"KeywordRetriever\(\) failed: TypeError: .*corpus"):
+        check_tool_names(["examples.my_parts:KeywordRetriever"])
+    with pytest.raises(ConfigError, match=r"^--tool\[1\]: a second tool with tag 'open'"):
+        check_tool_names(["open", "open"], key="--tool")
+
+
+def test_every_recipe_that_plays_episodes_refuses_a_bad_tool_before_its_model(tmp_path,
+                                                                               own_parts):
+    from seekrl.config import LabelConfig, RefineConfig, SFTConfig
+    from seekrl.recipes.mcts import run_labelling
+    from seekrl.recipes.refine import run_refine
+    from seekrl.recipes.sft import run_sft
+
+    bad = {"tools": ["examples.my_parts:judge"]}    # a function, not a tool
+    with pytest.raises(ConfigError, match=r"rollout.tools\[0\]: a tool needs tag"):
+        run_refine(RefineConfig(out=str(tmp_path / "r"), rollout=bad), retriever=object(),
+                   questions=[])
+    with pytest.raises(ConfigError, match=r"rollout.tools\[0\]: a tool needs tag"):
+        run_labelling(LabelConfig(out=str(tmp_path / "m"), data="q.jsonl", rollout=bad),
+                      questions=[])
+    (tmp_path / "dev.jsonl").write_text('{"id": 1, "question": "q?", "golden_answers": ["a"]}\n')
+    (tmp_path / "sft.jsonl").write_text("")
+    with pytest.raises(ConfigError, match=r"rollout.tools\[0\]: a tool needs tag"):
+        run_sft(SFTConfig(data=str(tmp_path / "sft.jsonl"), out=str(tmp_path / "s"),
+                          index=str(tmp_path), rollout=bad,
+                          eval={"data": str(tmp_path / "dev.jsonl"), "every": 1}))
+    assert not (tmp_path / "r").exists() and not (tmp_path / "m").exists()
+
+
+def test_eval_names_its_tool_flag(own_parts, tmp_path):
+    from typer.testing import CliRunner
+
+    from seekrl.cli import app
+
+    (tmp_path / "q.jsonl").write_text('{"id": 1, "question": "q?", "golden_answers": ["a"]}\n')
+    r = CliRunner().invoke(app, ["eval", "--data", str(tmp_path / "q.jsonl"), "--out",
+                                 str(tmp_path / "e"), "--tool", "examples.my_parts:judge"])
+    assert r.exit_code == 2 and "--tool[0]: a tool needs tag" in r.output, r.output
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.sampled_from(["<open>", "</open>", "<search>", "</search>", "<answer>",
                                  "</answer>", "<calc>", "</calc>", "<think>", " 2 ", "x"]),

@@ -459,6 +459,43 @@ def test_an_override_yaml_would_read_otherwise_than_written_is_refused(override,
         == "runs/exp #2"
 
 
+def test_a_key_given_twice_on_the_command_line_is_refused():
+    with pytest.raises(ConfigError, match="steps is given twice"):
+        build_config(TrainConfig, {"data": "d"}, ["steps=10", "steps=20"])
+    with pytest.raises(ConfigError, match="optim.lr is given twice"):
+        build_config(TrainConfig, {"data": "d"}, ["optim.lr=1e-4", "optim.lr=3e-4"])
+
+
+@pytest.mark.parametrize("line, said", [
+    ("seed: 0755", "'0755' would be read as the number 493 (YAML 1.1's octal)"),
+    ("steps: 1:30", "'1:30' would be read as the number 90 (YAML 1.1's base 60)"),
+    ("optim: {lr: 1:30.5}", "'1:30.5' would be read as a base-60 number"),
+])
+def test_a_file_value_yaml_would_read_otherwise_than_written_is_refused(tmp_path, line, said):
+    from seekrl.config import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f"data: d\n{line}\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: line 2 ") + ".*" + re.escape(said)):
+        load_config(TrainConfig, path)
+    path.write_text("data: d\nseed: 755\nsteps: 130\noptim: {lr: 0.5}\n")
+    assert (load_config(TrainConfig, path).seed, load_config(TrainConfig, path).steps) \
+        == (755, 130)
+
+
+def test_a_yaml_merge_key_reads_and_may_be_overridden(tmp_path):
+    from seekrl.config import load_config
+    from seekrl.config.loading import read_config_file
+
+    path = tmp_path / "c.yaml"
+    path.write_text("data: d\nx-base: &base {lr: 0.001, weight_decay: 0.1}\n"
+                    "optim:\n  <<: *base\n  lr: 0.0003\n")
+    tree = read_config_file(path)
+    assert tree["optim"] == {"lr": 0.0003, "weight_decay": 0.1}
+    with pytest.raises(ConfigError, match="x-base: unknown key"):   # read, then validated
+        load_config(TrainConfig, path)
+
+
 def test_an_unknown_key_of_an_optional_section_lists_the_known_ones():
     with pytest.raises(ConfigError, match="ranker.lrr: unknown key; expected one of "
                                           "batch_size, candidates, kind, lr"):

@@ -123,10 +123,13 @@ def world(
             for part in hop_mix.split(","):
                 hops, sep, weight = part.partition(":")
                 try:
-                    mix[int(hops)] = float(weight)
+                    hops, weight = int(hops), float(weight)
                 except ValueError:
                     raise ValueError(f"--hop-mix: {part!r} is not HOPS:WEIGHT (expected e.g. "
                                      "'2:0.5,3:0.3,4:0.2')") from None
+                if hops in mix:
+                    raise ValueError(f"--hop-mix: {hops} hops given twice ({hop_mix!r})")
+                mix[hops] = weight
         words = {}
         if doc_words:
             low, _, high = doc_words.partition(",")
@@ -609,7 +612,7 @@ def eval_(
                                   seed=seed)
         if cfg.tools:   # each tool importable, before the model loads
             from seekrl.agent.tools import check_tool_names
-            check_tool_names(cfg.tools)
+            check_tool_names(cfg.tools, key="--tool")
         skipped: list | None = [] if skip_bad else None
         examples = load_eval_data(files, limit=limit, skipped=skipped)
         if prompt == "data" and method == "agent":   # before the model loads

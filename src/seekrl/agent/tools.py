@@ -217,25 +217,38 @@ def _named_tool(name: str, where: str, style: PromptStyle | None) -> Tool:
         raise ValueError(f"{where}: {name!r}: expected a built-in tool ({', '.join(BUILT_IN)}) "
                          "or an import path module:attribute")
     obj = load(where, name)
-    return check_tool(obj() if isinstance(obj, type) else obj, where)
+    if isinstance(obj, type):
+        try:
+            obj = obj()
+        except Exception as err:   # a tool class is made with no arguments
+            raise ValueError(f"{where}: {name}() failed: {type(err).__name__}: {err} "
+                             "(a tool class is made with no arguments; give an instance "
+                             "to configure one)") from None
+    return check_tool(obj, where)
 
 
-def check_tool_names(names: Sequence[str]) -> None:
-    """`rollout.tools` at config time: each name a built-in or an importable tool, and no
-    two tools with one tag (search's included)."""
-    make_tools(names, retriever=None, k=1, style=None)
+def check_tool_names(names: Sequence[str], key: str = "rollout.tools") -> None:
+    """The tools setting at config time, before any model loads: each name a built-in or
+    an importable tool, and no two tools with one tag (search's included); a ConfigError
+    naming `key` (the config key, or a command's flag) otherwise."""
+    from seekrl.errors import ConfigError
+
+    try:
+        make_tools(names, retriever=None, k=1, style=None, key=key)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(str(err)) from None
 
 
 def make_tools(names: Sequence[str], *, retriever: Retriever | None, k: int,
                style: PromptStyle | None, snippet_words: int | None = None,
-               max_queries: int = 1) -> dict[str, Tool]:
+               max_queries: int = 1, key: str = "rollout.tools") -> dict[str, Tool]:
     """The tools of an agent episode by tag: `search` (with a retriever), then `names` (the
     `rollout.tools` setting) in order."""
     tools: dict[str, Tool] = {}
     if retriever is not None:
         tools[SEARCH] = SearchTool(retriever, k, style, snippet_words, max_queries)
     for i, name in enumerate(names):
-        where = f"rollout.tools[{i}]"
+        where = f"{key}[{i}]"
         tool = _named_tool(name, where, style)
         if tool.tag in tools or tool.tag == SEARCH:
             raise ValueError(f"{where}: a second tool with tag {tool.tag!r}")

@@ -2,7 +2,7 @@
 
 A bad input is a `ConfigError` that names its source (the file and line, or the command
 line) and the key: `algo.clip_lo: unknown key; expected one of ... (did you mean clip_low?)`.
-Nothing is silently dropped: a key given twice, an override YAML would cut or read as octal,
+Nothing is silently dropped: a key given twice, a value YAML would cut or read as octal,
 a key that would replace one set before it, or one that would switch a section on unsaid.
 """
 
@@ -50,6 +50,8 @@ def with_keys(tree: dict, keys: dict[str, Any] | list[tuple[str, Any]],
     given: list[list[str]] = []
     for dotted, value in (keys.items() if isinstance(keys, dict) else keys):
         parts = dotted.split(".")
+        if parts in given:   # the last would win unsaid
+            raise ConfigError(f"{where}: {dotted} is given twice; give it once")
         under = next((k for k in given if len(k) > len(parts) and k[:len(parts)] == parts),
                      None)
         if under is not None:
@@ -244,6 +246,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":   # `<<: *base`: its keys may be
+                continue                                      # overridden, on purpose
             key = self.construct_object(key_node, deep=deep)
             try:
                 twice = key in seen
@@ -255,6 +259,31 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     "while reading a mapping", node.start_mark,
                     f"the key {key!r} is given twice", key_node.start_mark)
         return super().construct_mapping(node, deep)
+
+    def construct_yaml_int(self, node):
+        # YAML 1.1 reads `0755` as octal 493 and `1:30` as base 60 (90); the overrides
+        # refuse the first, and a file must not take either silently
+        text = str(self.construct_scalar(node)).replace("_", "")
+        if ":" in text or re.fullmatch(r"[-+]?0[0-7]+", text):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{text!r} would be read as the number "
+                f"{super().construct_yaml_int(node)} (YAML 1.1's "
+                + ("base 60); quote it" if ":" in text else
+                   "octal); write it without the leading 0, or quote it"), node.start_mark)
+        return super().construct_yaml_int(node)
+
+    def construct_yaml_float(self, node):
+        text = str(self.construct_scalar(node))
+        if ":" in text:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{text!r} would be read as a base-60 number "
+                f"({super().construct_yaml_float(node)}); quote it", node.start_mark)
+        return super().construct_yaml_float(node)
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float",
+                                 _UniqueKeyLoader.construct_yaml_float)
 
 
 def read_config_file(path: str | Path) -> dict:

@@ -177,11 +177,36 @@ class QAExample:
         prompt = prompt_messages(d.get("prompt"), where)
         extras = {k: v for k, v in d.items()
                   if k not in ("id", "question", "golden_answers", "metadata", "prompt")}
+        for k, v in extras.items():   # kept in metadata: one of two values would be lost
+            if k in metadata and metadata[k] != v:
+                raise DataError(f"given at the top level ({_describe(v)}) and in metadata "
+                                f"({_describe(metadata[k])}); expected one value",
+                                field=k, **where)
         metadata = {**extras, **metadata}
+        if "gold_doc_ids" in metadata:
+            metadata["gold_doc_ids"] = _doc_ids(metadata["gold_doc_ids"], where)
         if unscored:
-            metadata["unscored_answers"] = unscored
+            given = metadata.get("unscored_answers") or []
+            if not isinstance(given, list) or not all(isinstance(a, str) for a in given):
+                raise DataError(f"expected a list of strings, got {_describe(given)}",
+                                field="metadata.unscored_answers", **where)
+            metadata["unscored_answers"] = list(dict.fromkeys([*given, *unscored]))
         return cls(id=str(raw_id), question=question, golden_answers=answers,
                    metadata=with_supporting_titles(metadata), prompt=prompt)
+
+
+def _doc_ids(raw: Any, where: dict) -> list[str]:
+    """`metadata.gold_doc_ids` as a list of ids: one id given alone is one id (never its
+    letters), integer ids become text as the corpus's do."""
+    if isinstance(raw, (str, int)) and not isinstance(raw, bool):
+        raw = [raw]
+    if isinstance(raw, tuple):
+        raw = list(raw)
+    if not isinstance(raw, list) or not all(
+            isinstance(x, (str, int)) and not isinstance(x, bool) for x in raw):
+        raise DataError(f"expected a list of document ids (strings or integers), got "
+                        f"{_describe(raw)}", field="metadata.gold_doc_ids", **where)
+    return [str(x) for x in raw]
 
 
 def prompt_messages(raw: Any, where: dict) -> list[dict[str, str]] | None:
@@ -464,13 +489,23 @@ def _searchr1_record(row: dict[str, Any], row_no: int, path: str) -> dict[str, A
         index = row_no - 1 if index is None else index
         example_id = f"{data_source}-{extra.get('split') or 'data'}-{index}"
 
-    if "metadata" in extra and isinstance(extra["metadata"], str):  # written by seekrl
+    inner = extra.get("metadata")
+    if isinstance(inner, str):  # written by seekrl
         try:
-            metadata = json.loads(extra["metadata"])
+            metadata = json.loads(inner)
         except json.JSONDecodeError as e:
             raise bad("extra_info.metadata", f"invalid JSON ({e.msg})") from None
-    else:
-        metadata = dict(row.get("metadata") or {})
+        if not isinstance(metadata, dict):
+            raise bad("extra_info.metadata",
+                      f"expected a JSON object, got {_describe(metadata)}")
+    elif isinstance(inner, Mapping):  # a struct, as other tools write it
+        metadata = dict(inner)
+        metadata.setdefault("data_source", data_source)
+    elif inner is not None:
+        raise bad("extra_info.metadata", f"expected an object or its JSON text, got "
+                  f"{_describe(inner)}")
+    else:  # a `metadata` column: a struct, JSON text, or any other value kept whole
+        metadata = _metadata_column(row.get("metadata"))
         metadata.setdefault("data_source", data_source)
     return {"id": example_id, "question": question, "golden_answers": answers,
             "metadata": metadata, "prompt": row.get("prompt")}

@@ -17,6 +17,7 @@ cluster of entities, so no test question touches an entity that a train question
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 from collections import Counter
@@ -76,9 +77,17 @@ class WorldConfig:
         bad = [h for h in self.hop_mix if not 1 <= h <= 4]
         if bad:
             raise ValueError(f"hop_mix: hops must be 1..4, got {bad}")
-        if min(self.hop_mix.values(), default=-1) < 0 or sum(self.hop_mix.values()) <= 0:
-            raise ValueError(f"hop_mix: weights must be >= 0 with a positive sum, "
+        if (min(self.hop_mix.values(), default=-1) < 0 or sum(self.hop_mix.values()) <= 0
+                or not all(math.isfinite(v) for v in self.hop_mix.values())):
+            raise ValueError(f"hop_mix: weights must be finite and >= 0 with a positive sum, "
                              f"got {self.hop_mix}")
+        if not (math.isfinite(self.distractors) and self.distractors >= 0):
+            raise ValueError(f"distractors: expected a finite mean >= 0, got "
+                             f"{self.distractors}")
+        for name in ("n_train", "n_dev", "n_test"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: expected a number of questions >= 0, got "
+                                 f"{getattr(self, name)}")
         if self.entities < 60:
             raise ValueError(f"entities: need at least 60 to make three splits, "
                              f"got {self.entities}")

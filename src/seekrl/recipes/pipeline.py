@@ -110,8 +110,11 @@ def sft_config(cfg: DemoConfig, data: str | Path, out: str | Path, **keys: Any) 
     sft = build({})
     if cfg.sft_batch is None:
         return sft
-    accum = max(1, cfg.sft_batch // sft.batch_size)
-    return build({"batch_size": max(1, cfg.sft_batch // accum), "grad_accum": accum})
+    # n // batch_size micro-batches, or the next count that splits the step exactly (7 at
+    # batch_size 2 is 7 of 1, not 3 of 2: a step is the episodes asked for)
+    n = cfg.sft_batch
+    accum = next(a for a in range(max(1, n // sft.batch_size), n + 1) if n % a == 0)
+    return build({"batch_size": n // accum, "grad_accum": accum})
 
 
 def rl_config(cfg: DemoConfig, *, model: str | Path, train_file: str | Path,

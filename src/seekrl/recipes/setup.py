@@ -31,11 +31,15 @@ def check_name(key: str, value: str, known) -> None:
 
 def check_episode_recipe(cfg, command: str) -> None:
     """What the recipes that play episodes with an outcome reward (labelling, refine)
-    check alike: the `reward` name, and that `rollout.backend` can serve `command`."""
+    check alike: the `reward` name, the tools, and that `rollout.backend` can serve
+    `command`."""
     from seekrl.agent.factory import backend_refusal
     from seekrl.rewards.outcome import OUTCOMES
 
     check_name("reward", cfg.reward, OUTCOMES)
+    if cfg.rollout.tools:   # before the policy loads
+        from seekrl.agent.tools import check_tool_names
+        check_tool_names(cfg.rollout.tools)
     if cfg.retriever:
         from seekrl.plugins import check_retriever
 

@@ -583,6 +583,9 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
                           "(eval.every) say which step to take")
     check_eval_data(cfg.eval)
     check_eval_index(cfg.index, None, cfg.eval)
+    if cfg.rollout.tools:   # the dev evaluations play them: refused now, not after training
+        from seekrl.agent.tools import check_tool_names
+        check_tool_names(cfg.rollout.tools)
     retriever = _eval_retriever(cfg)
     set_seed(cfg.seed)
     if model is None:   # the data is read with the tokenizer alone: bad lines fail fast

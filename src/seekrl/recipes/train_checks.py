@@ -57,10 +57,7 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
     _check_log_packages(cfg.log)
     if cfg.rollout.tools:
         from seekrl.agent.tools import check_tool_names
-        try:
-            check_tool_names(cfg.rollout.tools)
-        except (TypeError, ValueError) as err:
-            raise ConfigError(str(err)) from None
+        check_tool_names(cfg.rollout.tools)
     # the registries take your own parts by import path too (imported and registered here)
     for name in cfg.reward.process:
         PROCESS_REWARDS.lookup(name, f"reward.process.{name}")

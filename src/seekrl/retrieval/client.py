@@ -39,7 +39,10 @@ class RemoteRetriever:
             raise ValueError(f"url: expected http(s)://host:port[/retrieve], got {url!r}")
         self.base_url = base
         self.retries, self.backoff, self.max_backoff = retries, backoff, max_backoff
-        self._client = httpx.Client(base_url=base, timeout=timeout, transport=transport)
+        try:
+            self._client = httpx.Client(base_url=base, timeout=timeout, transport=transport)
+        except httpx.InvalidURL as err:   # "http://[::1", a port that is not a number
+            raise ValueError(f"url: {url!r} is not a valid URL ({err})") from None
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         if isinstance(queries, str):

@@ -57,6 +57,14 @@ def _doc_fields(obj: dict, path: str | Path, line_no: int) -> tuple[str, str]:
         if not isinstance(contents, str):
             raise DataError(f"expected a string, got {type(contents).__name__}",
                             path=str(path), line=line_no, field="contents")
+        title = obj.get("title")
+        if title is not None and not isinstance(title, str):
+            raise DataError(f"expected a string, got {type(title).__name__}",
+                            path=str(path), line=line_no, field="title")
+        # a title beside the contents: the contents' first line is the title, so it goes
+        # there unless it is there already (else it would be lost, unsearchable)
+        if title and contents.partition("\n")[0].strip() != title.strip():
+            contents = f"{title}\n{contents}"
     elif "text" in obj:  # the other common layout: separate title and text fields
         title, text = obj.get("title", ""), obj["text"]
         if not isinstance(text, str) or not isinstance(title, str):

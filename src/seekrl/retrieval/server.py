@@ -127,6 +127,8 @@ def _error(status: int, message: str, detail: Any = None) -> Response:
 
 def _short(value: Any, limit: int = 80) -> Any:
     """The offending value for an error message: scalars as they are, the rest abridged."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)   # NaN / Infinity are not JSON: a strict client rejects the body
     if isinstance(value, (int, float, bool)) or value is None:
         return value
     text = value if isinstance(value, str) else repr(value)
@@ -435,6 +437,10 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
     from seekrl.retrieval.index import load_index
 
     server_config = server_settings(config)  # checked before the (slow) index load
+    from uvicorn.config import LOG_LEVELS
+    if log_level.lower() not in LOG_LEVELS:
+        raise RetrievalError(f"log level: expected one of {', '.join(LOG_LEVELS)}, got "
+                             f"{log_level!r}")
     if (index_dir is None) == (simulate is None):
         raise RetrievalError("serve: give an index folder or a model to simulate search with, "
                              "one of the two")
