@@ -442,7 +442,9 @@ def engine_rates(args, kind: str, model, tok, retriever, questions, gpu: str,
         results[b] = tokens / seconds
         phases[b] = (clock.decode_s, tokens)
         n = f"{tag}batched_b{b}"
-        print(f"{n}_tokens={tokens} {n}_seconds={seconds:.1f} {n}_tok_s={results[b]:.1f}")
+        graphs = getattr(backend, "graphs_state", None)   # the static backend's: captured?
+        print(f"{n}_tokens={tokens} {n}_seconds={seconds:.1f} {n}_tok_s={results[b]:.1f}"
+              + (f" {graphs(f'{n}_')}" if graphs else ""))
         print(f"{n}_decode_s={clock.decode_s:.2f} {n}_prefill_s={clock.prefill_s:.2f} "
               f"{n}_other_s={seconds - clock.generate_s:.2f} "
               f"{n}_decode_tok_s={tokens / max(clock.decode_s, 1e-9):.1f} "

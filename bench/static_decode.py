@@ -140,6 +140,7 @@ def main() -> None:
         step_ms = 1000 * (whole - first) / max(1, args.new - 1)
         print(f"{name}_tokens_per_s={rates[name]:.1f} {name}_turn_s={whole:.3f} "
               f"{name}_prefill_s={first:.3f} {name}_decode_ms_per_step={step_ms:.2f}")
+    graphs = backends["static"].graphs_state()
     same = tokens["hf"] == tokens["static"]
     speedup = rates["static"] / rates["hf"]
     rows, prefix = agreement(tokens["hf"], tokens["static"])
@@ -148,7 +149,7 @@ def main() -> None:
     print(f"same_tokens={same} same_rows={rows}/{len(tokens['hf'])} prefix_agree={prefix:.3f}")
     print(f"summary: static_speedup={speedup:.2f} static_tokens_per_s={rates['static']:.1f} "
           f"hf_tokens_per_s={rates['hf']:.1f} same_tokens={same} device={args.device} "
-          f"batch={args.batch} model={args.model}")
+          f"batch={args.batch} model={args.model} {graphs}")
 
 
 if __name__ == "__main__":

@@ -379,6 +379,7 @@ def test_rollout_bench_runs_backends_side_by_side(capsys, monkeypatch):
     assert summary.startswith("summary: ratio_static_b2=") and "same_tokens_static=1" in summary
     assert "hf_b2=" in summary and "static_b2=" in summary and summary.endswith("against=hf")
     assert "static: engine_backend=StaticBackend" in out and "static_batched_b2_tok_s=" in out
+    assert "static_batched_b2_graphs=off" in out             # on CPU: said, not assumed
     monkeypatch.setattr(sys, "argv", [*argv[:-8], "--baseline", "sequential"])
     with pytest.raises(SystemExit):
         bench.main()

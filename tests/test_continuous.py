@@ -350,25 +350,42 @@ def test_continuous_under_cuda_graphs_decodes_the_eager_tokens(tiny):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_a_retriever_on_the_gpu_beside_captured_steps(tiny):
-    """A retriever that allocates and syncs on the GPU from the tool thread (as a dense
-    encoder or a ranker does) while the engine captures and replays decoding steps: the
-    eager episodes, no capture error."""
+def test_gpu_work_on_another_thread_beside_captured_steps(tiny):
+    """Another thread allocating, computing and syncing on the GPU (as a dense encoder or
+    a ranker on the rollout's tool thread does) while the engine captures and replays
+    decoding steps: the eager episodes, graphs captured, no capture error on either side.
+    (The varied model writes no <search>, so the work runs on a thread of its own.)"""
+    import threading
+
     _, tok = tiny
     model = varied(tok, "llama").to("cuda")
-
-    class GpuDocs(Docs):
-        def search(self, queries, k):
-            x = torch.randn(512, 512, device="cuda")
-            (x @ x).sum().item()   # an allocation, kernels and a sync on this thread
-            return super().search(queries, k)
-
     cfg = RolloutConfig(max_turns=4, max_new_tokens=24, n_samples=2, batch_size=3, seed=3,
                         greedy=True, continuous=True)
     examples = [ex(f"q{i}", f"Question {'long ' * (30 * (i % 3))}number {i}?") for i in range(5)]
+    stop, done, errors = threading.Event(), [], []
+
+    def busy():   # no random draws: the default generator is the capture's
+        while not stop.is_set():
+            try:
+                x = torch.ones(512, 512, device="cuda")
+                done.append((x @ x).sum().item())
+            except RuntimeError as err:
+                errors.append(err)
+                return
+
     runs = []
     for graphs in (None, False):
         backend = StaticBackend(model, tok, stop_strings=STOPS, max_len=cfg.max_total_tokens,
                                 width_step=16, graphs=graphs)
-        runs.append(_episodes(RolloutEngine(backend, tok, GpuDocs(), cfg).run(examples)))
+        stop.clear()
+        thread = threading.Thread(target=busy)
+        thread.start()
+        try:
+            runs.append(_episodes(RolloutEngine(backend, tok, Docs(), cfg).run(examples)))
+        finally:
+            stop.set()
+            thread.join()
+        if graphs is None:
+            assert backend._graphs._graphs and backend._graphs.failed is None
     assert runs[0] == runs[1]
+    assert done and not errors, errors[:1]

@@ -435,9 +435,20 @@ class _FakeCuda:
             def wait_stream(self, other):
                 pass
 
+        class Generator:   # the default CUDA generator: in capture mode until capture_end
+            def __init__(self):
+                self.capturing = False
+
+            def clone_state(self):
+                return Generator()
+
+            def graphsafe_set_state(self, other):
+                self.capturing = other.capturing
+
         self.captures = self.replays = 0
         self.capturing, self.handed_back = False, []
         self.default = self.stream = Stream()
+        self.generator = Generator()
         fake = self
 
         class Graph:
@@ -452,13 +463,16 @@ class _FakeCuda:
                 if fails == "start":
                     raise RuntimeError("CUDA error: operation not supported\nmore")
                 fake.stream, fake.capturing = Stream(), True
+                fake.generator.capturing = True
 
             def __exit__(self, kind, err, tb):
                 fake.capturing = False
-                if err is not None:   # capture_end fails before the stream is restored
+                if err is not None:   # capture_end fails before the stream (and, torch
+                    # < 2.12, the generator) is restored
                     raise RuntimeError("operation failed due to a previous error during "
                                        "capture")
                 fake.captures += 1
+                fake.generator.capturing = False
                 fake.stream = fake.default
 
         def hand_back(name):
@@ -469,7 +483,8 @@ class _FakeCuda:
                             ("set_stream", lambda st: setattr(fake, "stream", st)),
                             ("stream", lambda s: contextlib.nullcontext()),
                             ("graph_pool_handle", lambda: (0, 7)),
-                            ("current_device", lambda: 0), ("synchronize", lambda: None)):
+                            ("current_device", lambda: 0), ("synchronize", lambda: None),
+                            ("default_generators", (self.generator,))):
             monkeypatch.setattr(torch.cuda, name, value)
         for name in ("_cuda_endAllocateToPool", "_cuda_releasePool"):
             monkeypatch.setattr(torch._C, name, hand_back(name), raising=False)
@@ -480,6 +495,9 @@ class _FakeCuda:
             if self.capturing and self.refuse:
                 raise RuntimeError("CUDA error: operation not permitted when stream is "
                                    "capturing")
+            if self.generator.capturing and not self.capturing:   # a random draw
+                raise RuntimeError("Offset increment outside graph capture encountered "
+                                   "unexpectedly.")
             calls.append(1)
         self.refuse = True
         return run
@@ -499,8 +517,8 @@ def test_a_step_is_warmed_eagerly_then_captured_then_replayed(monkeypatch):
 
 def test_a_capture_that_fails_in_its_step_leaves_cuda_as_it_was(monkeypatch):
     """The step's own error is said (not capture_end's), the stream before the capture is
-    current again, the pool is handed back, the step runs once eagerly, and later steps
-    run eagerly without another capture."""
+    current again, the pool is handed back, the generator draws again, the step (which
+    draws) runs once eagerly, and later steps run eagerly without another capture."""
     fake, calls = _FakeCuda(monkeypatch, fails="step"), []
     graphs = _CudaGraphs()
     step = fake.step(calls)
@@ -512,7 +530,7 @@ def test_a_capture_that_fails_in_its_step_leaves_cuda_as_it_was(monkeypatch):
     assert len(calls) == 4 and len(seen) == 1
     assert graphs.failed == ("RuntimeError: CUDA error: operation not permitted when stream "
                              "is capturing")
-    assert fake.stream == fake.default
+    assert fake.stream == fake.default and not fake.generator.capturing
     assert fake.handed_back == [("_cuda_endAllocateToPool", (0, 7)),
                                 ("_cuda_releasePool", (0, 7))]
     assert (fake.captures, fake.replays, graphs._graphs, graphs._pool) == (0, 0, {}, None)
@@ -539,6 +557,32 @@ def test_a_failed_capture_decodes_eagerly_with_one_warning(tiny, monkeypatch):
 
 
 # ---------------------------------------------------------------- on CUDA (pytest -m gpu)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_capture_that_fails_on_cuda_leaves_streams_memory_and_random_draws_working():
+    """A step that syncs (`.item()`) under capture: the warning, the eager re-run, and CUDA
+    as before it: the same current stream, allocations outside the pool, and random draws
+    (torch < 2.12 left the default generator in capture mode)."""
+    stream = torch.cuda.current_stream()
+    x = torch.ones(64, device="cuda")
+    seen = []
+
+    def step():
+        y = x * torch.rand(64, device="cuda")      # a draw, as sampling makes
+        seen.append(float((y >= 0).all().item()))   # a host sync: refused under capture
+
+    graphs = _CudaGraphs()
+    graphs.run("k", step)                               # warm: eager on a side stream
+    with pytest.warns(RuntimeWarning, match="capture failed"):
+        graphs.run("k", step)
+    graphs.run("k", step)
+    assert graphs.failed is not None and seen == [1.0, 1.0, 1.0]
+    assert torch.cuda.current_stream() == stream
+    z = torch.rand(1000, device="cuda") + torch.empty(10**6, device="cuda").fill_(1).sum()
+    torch.cuda.synchronize()
+    assert z.shape == (1000,)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

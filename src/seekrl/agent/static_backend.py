@@ -759,6 +759,15 @@ class StaticBackend(Backend):
 
     # ---- one turn
     @torch.no_grad()
+    def graphs_state(self, prefix: str = "") -> str:
+        """What decoded, for a bench's figures: `graphs=N graphs_failed=0|1` (N steps held
+        captured; 1: a capture failed and the steps ran eagerly), `graphs=off` without CUDA
+        graphs; each key after `prefix`. A figure after a failed capture is eager speed."""
+        if self._graphs is None:
+            return f"{prefix}graphs=off"
+        return (f"{prefix}graphs={len(self._graphs._graphs)} "
+                f"{prefix}graphs_failed={int(self._graphs.failed is not None)}")
+
     def generate(self, contexts: list[list[int]], max_new_tokens: int, sampling: Sampling,
                  keys: Sequence[Hashable] | None = None) -> list[Generated]:
         if self._session is not None:   # it would overwrite the session's decoding state
@@ -965,7 +974,10 @@ class _CudaGraphs:
 
     A capture that fails (a kernel or library that syncs or allocates outside the pool, an
     old driver) turns graphs off for this backend with one warning: every later step runs
-    eagerly, the same tokens at eager speed, instead of a rollout that stops."""
+    eagerly, the same tokens at eager speed, instead of a rollout that stops.
+
+    While a step is captured, the default CUDA generator belongs to the capture (torch <
+    2.13): work on another thread (a tool's) must not draw from it, or the draw fails."""
 
     def __init__(self):
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
@@ -1014,8 +1026,9 @@ class _CudaGraphs:
 
     def _give_up(self, err: BaseException, stream, pool) -> None:
         """Graphs off after a failed capture, with CUDA as it was before it: when
-        cudaStreamEndCapture fails, torch.cuda.graph leaves its capture stream current and
-        the allocator routing this thread's allocations to the pool."""
+        cudaStreamEndCapture fails, torch.cuda.graph leaves its capture stream current, the
+        allocator routing this thread's allocations to the pool, and (torch < 2.12) the
+        default generator capturing."""
         while err.__context__ is not None:   # the step's own error, not capture_end's
             err = err.__context__
         self.failed = f"{type(err).__name__}: {err}".splitlines()[0]
@@ -1026,6 +1039,14 @@ class _CudaGraphs:
                 hand_back(device, pool)
             except RuntimeError:   # capture_end got as far as this itself
                 pass
+        # before torch 2.12 the device's default generator stays in capture mode too, and
+        # every later random draw on it fails ("Offset increment outside graph capture"):
+        # it gets a clone of its state (the same seed and offset), which is not
+        generator = torch.cuda.default_generators[device]
+        try:
+            generator.graphsafe_set_state(generator.clone_state())
+        except (AttributeError, RuntimeError):   # a torch without graph-safe generators
+            pass
         self.clear()
         torch.cuda.synchronize()
         warnings.warn(f"CUDA graph capture failed ({self.failed}); the static backend "
