@@ -50,13 +50,13 @@ def with_keys(tree: dict, keys: dict[str, Any] | list[tuple[str, Any]],
     given: list[list[str]] = []
     for dotted, value in (keys.items() if isinstance(keys, dict) else keys):
         parts = dotted.split(".")
-        if parts in given:   # the last would win unsaid
-            raise ConfigError(f"{where}: {dotted} is given twice; give it once")
         under = next((k for k in given if len(k) > len(parts) and k[:len(parts)] == parts),
                      None)
         if under is not None:
             raise ConfigError(f"{where}: {dotted} comes after {'.'.join(under)}, which it "
                               f"would replace; give {dotted} first")
+        if parts in given:   # the last would win unsaid
+            raise ConfigError(f"{where}: {dotted} is given twice; give it once")
         if isinstance(value, dict) and schema is not None and _is_section(schema, parts):
             # a section given whole keeps the file's other keys of it (`algo={advantage:
             # rloo}` does not reset the file's micro_batch_size), as a file's partial
