@@ -266,9 +266,13 @@ def parse_sets(texts: list[str]) -> dict:
     from seekrl.config import parse_override
 
     try:
-        return dict(parse_override(text) for text in texts)
+        pairs = [parse_override(text) for text in texts]
     except ValueError as e:
         raise SystemExit(f"--set: {e}") from None
+    twice = sorted({k for k, _ in pairs if sum(k == j for j, _ in pairs) > 1})
+    if twice:   # the last would win unsaid
+        raise SystemExit(f"--set: {', '.join(twice)} given twice")
+    return dict(pairs)
 
 
 def _label_tokens(prm: Path) -> int:

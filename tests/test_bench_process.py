@@ -19,6 +19,16 @@ def load_bench():
     return load_bench_module("process_ablation")
 
 
+def test_set_flags_are_config_keys_given_once():
+    parse_sets = load_bench().parse_sets
+    assert parse_sets(["optim.lr=3e-5", "algo.kl_coef=0.1"]) == {"optim.lr": "3e-5",
+                                                                 "algo.kl_coef": 0.1}
+    with pytest.raises(SystemExit, match="^--set: optim.lr given twice$"):
+        parse_sets(["optim.lr=3e-5", "steps=5", "optim.lr=1e-4"])
+    with pytest.raises(SystemExit, match="^--set: override 'lr'"):
+        parse_sets(["lr"])
+
+
 def test_report_means_stds_and_process_gain(tmp_path, capsys):
     bench = load_bench()
     # gigpo's mean is higher, but process_gain is the named method's, not the best's

@@ -57,14 +57,18 @@ def test_a_title_beside_the_contents_is_kept_as_its_first_line(tmp_path):
         {"id": "d1", "title": "Paris", "contents": "The capital of France."},
         {"id": "d2", "title": "Paris", "contents": "Paris\nThe capital of France."},
         {"id": "d3", "title": "", "contents": "Untitled."},
+        {"id": "d4", "title": "Aaron", "contents": '"Aaron"\nA prophet.'},   # wiki-18's way
+        {"id": "d5", "title": 1984, "contents": "A novel."},
     ])
     assert list(iter_corpus(path)) == [
         ("d1", "Paris\nThe capital of France."),
         ("d2", "Paris\nThe capital of France."),      # there already: not twice
         ("d3", "Untitled."),
+        ("d4", '"Aaron"\nA prophet.'),
+        ("d5", "1984\nA novel."),
     ]
-    bad = write_lines(tmp_path / "b.jsonl", [{"id": "d1", "title": 3, "contents": "x"}])
-    with pytest.raises(DataError, match="b.jsonl:1: field 'title': expected a string, got int"):
+    bad = write_lines(tmp_path / "b.jsonl", [{"id": "d1", "title": [3], "contents": "x"}])
+    with pytest.raises(DataError, match="b.jsonl:1: field 'title': expected a string, got list"):
         list(iter_corpus(bad))
 
 

@@ -451,6 +451,8 @@ def test_true_is_no_number_anywhere_in_a_setting(override):
 @pytest.mark.parametrize("override, said", [
     ("out=runs/exp #2", "starts a YAML comment"),       # became runs/exp
     ("seed=010", "octal number"),                        # became 8
+    ("steps=1:30", "base-60 number"),                    # became 90
+    ("optim.lr=1:30.5", "base-60 number"),               # became 90.5
 ])
 def test_an_override_yaml_would_read_otherwise_than_written_is_refused(override, said):
     with pytest.raises(ConfigError, match=said):

@@ -757,8 +757,6 @@ class StaticBackend(Backend):
         self.pos[:B].add_(self.fed[:B].long())
         self._advance(logits, B, mode, table)
 
-    # ---- one turn
-    @torch.no_grad()
     def graphs_state(self, prefix: str = "") -> str:
         """What decoded, for a bench's figures: `graphs=N graphs_failed=0|1` (N steps held
         captured; 1: a capture failed and the steps ran eagerly), `graphs=off` without CUDA
@@ -768,6 +766,8 @@ class StaticBackend(Backend):
         return (f"{prefix}graphs={len(self._graphs._graphs)} "
                 f"{prefix}graphs_failed={int(self._graphs.failed is not None)}")
 
+    # ---- one turn
+    @torch.no_grad()
     def generate(self, contexts: list[list[int]], max_new_tokens: int, sampling: Sampling,
                  keys: Sequence[Hashable] | None = None) -> list[Generated]:
         if self._session is not None:   # it would overwrite the session's decoding state
@@ -977,7 +977,7 @@ class _CudaGraphs:
     eagerly, the same tokens at eager speed, instead of a rollout that stops.
 
     While a step is captured, the default CUDA generator belongs to the capture (torch <
-    2.13): work on another thread (a tool's) must not draw from it, or the draw fails."""
+    2.12): work on another thread (a tool's) must not draw from it, or the draw fails."""
 
     def __init__(self):
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}

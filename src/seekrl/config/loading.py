@@ -123,6 +123,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     if re.fullmatch(r"\s*[-+]?0[0-9_]+\s*", raw):
         raise ConfigError(f"override {text!r}: a leading 0 makes YAML read an octal number "
                           f"({yaml.safe_load(raw)}); write it without")
+    if re.fullmatch(r"\s*[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?\s*", raw):
+        raise ConfigError(f"override {text!r}: YAML reads this as a base-60 number "
+                          f"({yaml.safe_load(raw)}); quote it")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:

@@ -183,7 +183,9 @@ class QAExample:
                                 f"({_describe(metadata[k])}); expected one value",
                                 field=k, **where)
         metadata = {**extras, **metadata}
-        if "gold_doc_ids" in metadata:
+        if metadata.get("gold_doc_ids") is None:   # a struct column fills a missing key
+            metadata.pop("gold_doc_ids", None)      # with null: none given
+        else:
             metadata["gold_doc_ids"] = _doc_ids(metadata["gold_doc_ids"], where)
         if unscored:
             given = metadata.get("unscored_answers") or []
@@ -495,6 +497,7 @@ def _searchr1_record(row: dict[str, Any], row_no: int, path: str) -> dict[str, A
             metadata = json.loads(inner)
         except json.JSONDecodeError as e:
             raise bad("extra_info.metadata", f"invalid JSON ({e.msg})") from None
+        metadata = {} if metadata is None else metadata
         if not isinstance(metadata, dict):
             raise bad("extra_info.metadata",
                       f"expected a JSON object, got {_describe(metadata)}")

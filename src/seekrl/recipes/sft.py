@@ -583,7 +583,8 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
                           "(eval.every) say which step to take")
     check_eval_data(cfg.eval)
     check_eval_index(cfg.index, None, cfg.eval)
-    if cfg.rollout.tools:   # the dev evaluations play them: refused now, not after training
+    if cfg.rollout.tools and cfg.eval.data:   # the dev evaluations play them: checked now,
+        # not after training
         from seekrl.agent.tools import check_tool_names
         check_tool_names(cfg.rollout.tools)
     retriever = _eval_retriever(cfg)

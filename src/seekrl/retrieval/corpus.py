@@ -58,12 +58,15 @@ def _doc_fields(obj: dict, path: str | Path, line_no: int) -> tuple[str, str]:
             raise DataError(f"expected a string, got {type(contents).__name__}",
                             path=str(path), line=line_no, field="contents")
         title = obj.get("title")
+        if isinstance(title, (int, float)) and not isinstance(title, bool):
+            title = str(title)   # "1984"
         if title is not None and not isinstance(title, str):
             raise DataError(f"expected a string, got {type(title).__name__}",
                             path=str(path), line=line_no, field="title")
         # a title beside the contents: the contents' first line is the title, so it goes
-        # there unless it is there already (else it would be lost, unsearchable)
-        if title and contents.partition("\n")[0].strip() != title.strip():
+        # there unless it is there already, as split_contents reads it (wiki-18 quotes it)
+        if title and split_contents(contents)[0].casefold() != \
+                title.strip().strip('"').casefold():
             contents = f"{title}\n{contents}"
     elif "text" in obj:  # the other common layout: separate title and text fields
         title, text = obj.get("title", ""), obj["text"]
