@@ -306,7 +306,7 @@ def serve(
     cache_size: Annotated[int, typer.Option(help="LRU cache entries; 0 disables")] = 10000,
     default_topk: Annotated[int, typer.Option(help="topk when a request gives none")] = 3,
     max_topk: Annotated[int, typer.Option(help="largest topk a request may ask for")] = 100,
-    max_queries: Annotated[int, typer.Option(help="queries per request")] = 512,
+    max_queries: Annotated[int, typer.Option(help="queries per request")] = 4096,
     max_query_chars: Annotated[int, typer.Option(help="characters per query")] = 4096,
     no_batching: Annotated[bool, typer.Option(
         "--no-batching", help="one retriever call per request")] = False,

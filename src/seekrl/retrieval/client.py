@@ -18,7 +18,7 @@ class RemoteRetriever:
     caller's mistake and raises `RetrievalError` at once with the server's message.
     A search of more than `max_batch` queries (a rollout batch of several sub-queries a
     turn can hold thousands) goes as several requests of at most that many, in order:
-    `seekrl serve` refuses a request over its `--max-queries` (512 by default). A server
+    `seekrl serve` refuses a request over its `--max-queries` (4096 by default). A server
     started with a lower limit says so in its refusal; `max_batch` then drops to it and the
     search goes on in smaller requests (once: a second refusal raises).
     """

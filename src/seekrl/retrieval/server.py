@@ -18,6 +18,7 @@ so that retrieval and HTTP handling do not take turns on one GIL.
 from __future__ import annotations
 
 import errno
+import functools
 import gc
 import json
 import logging
@@ -29,7 +30,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -40,8 +41,10 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
+    create_model,
     model_validator,
 )
+from starlette.requests import ClientDisconnect
 
 from seekrl.retrieval.base import Hit, RetrievalError, Retriever
 from seekrl.retrieval.batching import LRUCache, SearchRunner
@@ -60,7 +63,9 @@ class ServerConfig(BaseModel):
 
     default_topk: int = Field(3, ge=1, description="topk when a request leaves it out (Search-R1: 3)")
     max_topk: int = Field(100, ge=1, description="largest topk a request may ask for")
-    max_queries: int = Field(512, ge=1, description="queries per request")
+    # Search-R1's client sends every search of a turn in one request (train batch x
+    # rollouts: thousands); the body limit bounds the memory whatever this is.
+    max_queries: int = Field(4096, ge=1, description="queries per request")
     max_query_chars: int = Field(4096, ge=1, description="characters per query")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="request body size")
     batching: bool = Field(True, description="merge concurrent requests into one retriever call")
@@ -135,13 +140,28 @@ def _short(value: Any, limit: int = 80) -> Any:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _validation_error(exc: ValidationError) -> RequestError:
+# a body of a million wrong items is answered with this many, and a count of the rest
+_MAX_DETAIL = 20
+
+
+def _too_many_queries(count: int | None, config: ServerConfig) -> RequestError:
+    said = f"{count} queries exceed" if count is not None else "more queries than"
+    return RequestError(
+        422, f"field 'queries': {said} max_queries ({config.max_queries}) per request",
+        {"field": "queries", "limit": "max_queries", "max": config.max_queries,
+         "value": count})
+
+
+def _validation_error(exc: ValidationError, config: ServerConfig) -> RequestError:
     errors = exc.errors(include_url=False)
     if errors and errors[0]["type"] == "json_invalid":
         return RequestError(400, f"malformed JSON body: {errors[0]['msg']}",
                             {"reason": errors[0].get("ctx", {}).get("error")})
-    detail = []
     for err in errors:
+        if err["type"] == "too_long" and tuple(err["loc"]) == ("queries",):
+            return _too_many_queries(err.get("ctx", {}).get("actual_length"), config)
+    detail = []
+    for err in errors[:_MAX_DETAIL]:
         where = ".".join(str(part) for part in err["loc"]) or "body"
         entry = {"field": where, "message": err["msg"]}
         if err["type"] != "missing":
@@ -151,8 +171,10 @@ def _validation_error(exc: ValidationError) -> RequestError:
     message = f"field '{first['field']}': {first['message']}"
     if "value" in first:
         message += f" (got {first['value']!r})"
-    if len(detail) > 1:
-        message += f"; and {len(detail) - 1} more"
+    if len(errors) > 1:
+        message += f"; and {len(errors) - 1} more"
+    if len(errors) > len(detail):
+        detail.append({"more": len(errors) - len(detail)})
     return RequestError(422, message, detail)
 
 
@@ -163,31 +185,36 @@ async def _read_body(request: Request, max_bytes: int) -> bytes:
                                 f"({max_bytes})",
                            {"limit": "max_body_bytes", "max": max_bytes, "value": int(declared)})
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:  # a chunked body with no length: stop reading at the limit
-            raise RequestError(413, f"request body exceeds max_body_bytes ({max_bytes})",
-                               {"limit": "max_body_bytes", "max": max_bytes})
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:  # a chunked body with no length: stop reading at the limit
+                raise RequestError(413, f"request body exceeds max_body_bytes ({max_bytes})",
+                                   {"limit": "max_body_bytes", "max": max_bytes})
+            chunks.append(chunk)
+    except ClientDisconnect:   # gone mid-upload: nobody reads the answer, nothing to log
+        raise RequestError(400, "the client disconnected before its body was read") from None
     return b"".join(chunks)
 
 
+@functools.lru_cache(maxsize=8)
+def _request_model(max_queries: int) -> type[RetrieveRequest]:
+    # The count limit inside the schema: the validator stops at item max_queries + 1, where
+    # a check after validation would first collect an error for each of millions of items.
+    return create_model("RetrieveRequest", __base__=RetrieveRequest,
+                        queries=(Annotated[list[StrictStr], Field(max_length=max_queries)], ...))
+
+
 def parse_request(body: bytes, config: ServerConfig) -> tuple[list[str], int, bool]:
-    """Validate a /retrieve body against the schema and the limits: (queries, k, scores)."""
+    """Validate a /retrieve body against the schema and the limits: (queries, k, scores).
+    An empty `queries` is valid (Search-R1's client sends one when no rollout searched)."""
     try:
-        req = RetrieveRequest.model_validate_json(body)
+        req = _request_model(config.max_queries).model_validate_json(body)
     except ValidationError as exc:
-        raise _validation_error(exc) from None
+        raise _validation_error(exc, config) from None
     queries = req.queries
-    if not queries:
-        raise RequestError(422, "field 'queries': expected a non-empty list of strings, got []",
-                           {"field": "queries", "value": []})
-    if len(queries) > config.max_queries:
-        raise RequestError(
-            422, f"field 'queries': {len(queries)} queries exceed max_queries "
-                 f"({config.max_queries}) per request",
-            {"field": "queries", "limit": "max_queries", "max": config.max_queries,
-             "value": len(queries)})
+    if len(queries) > config.max_queries:   # the schema's limit already; kept as the contract
+        raise _too_many_queries(len(queries), config)
     for i, query in enumerate(queries):
         if len(query) > config.max_query_chars:
             raise RequestError(
@@ -302,6 +329,8 @@ def create_app(retriever: Retriever, manifest: dict | None = None,
             queries, k, return_scores = parse_request(body, config)
         except RequestError as exc:
             return _error(exc.status, exc.message, exc.detail)
+        if not queries:
+            return _json_response({"result": []})
 
         if sampled:   # each query on its own draw, repeats too
             results: list[list[Hit] | None] = [None] * len(queries)
