@@ -619,8 +619,16 @@ def test_train_evaluates_the_start_and_the_end_for_the_report(world, tiny, tmp_p
         if every == 0:
             with open(run / "metrics.jsonl", "a") as f:    # a final evaluation, then the kill
                 f.write(json.dumps({"step": 1, "dev_em": 0.5}) + "\n")
+            with open(run / "alerts.jsonl", "a") as f:     # with its alert, beside a step's
+                for kind in ("constant_answer", "no_signal"):
+                    f.write(json.dumps({"step": 1, "kind": kind, "severity": "warn",
+                                        "message": f"planted {kind}"}) + "\n")
         summary = make_trainer(cfg, world, tiny, resume=True).train()
         assert dev_lines(run) == [1]
+        if every == 0:   # the evaluation's alert goes (it would come back), the step's stays
+            planted = [r["kind"] for r in map(json.loads, (run / "alerts.jsonl").read_text()
+                                              .splitlines()) if "planted" in r["message"]]
+            assert planted == ["no_signal"]
         assert (run / "eval" / "final").is_dir() == (every == 0)
         assert summary["dev_dir"] == str(run / "eval" / ("final" if every == 0 else "step-1"))
 
@@ -859,6 +867,24 @@ def test_a_run_resumed_after_its_budget_stopped_it_trains_no_further(world, tiny
     last = make_cfg(tmp_path / "last", steps=1, max_rollout_tokens=1, save_every=1)
     assert make_trainer(last, world, tiny).train()["budget"] is None
     assert make_trainer(last, world, tiny, resume=True).train()["budget"] is None
+
+
+def test_a_run_resumed_after_its_time_budget_stopped_it_trains_no_further(world, tiny,
+                                                                          tmp_path):
+    """The time budget's stop is kept with the checkpoint: a run killed in its final save
+    or evaluation resumes to its finish (it played one step more); a raised max_minutes
+    goes on training."""
+    cfg = make_cfg(tmp_path, steps=3, max_minutes=1e-6, save_every=1)
+    first = make_trainer(cfg, world, tiny).train()
+    assert first["steps"] == 1 and "time budget" in first["budget"]
+    resumed = make_trainer(cfg, world, tiny, resume=True)
+    summary = resumed.train()
+    assert summary["steps"] == 1 and "time budget" in summary["budget"]
+    records = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in records if '"episodes"' in x] == [1]
+    longer = make_cfg(tmp_path, steps=3, max_minutes=600, save_every=1)
+    summary = make_trainer(longer, world, tiny, resume=True).train()
+    assert summary["steps"] == 3 and summary["budget"] is None
 
 
 def load_policy_state(folder):

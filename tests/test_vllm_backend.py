@@ -188,6 +188,13 @@ def test_refine_and_labelling_refuse_the_vllm_backend(tmp_path):
         run_labelling(LabelConfig(out=str(tmp_path / "m"), data="q.jsonl",
                                    rollout={"backend": "vllm"}), model=model, tokenizer=tok,
                       questions=[])
+    # tree rollouts are RL's: here they would be read by nothing
+    from seekrl.recipes import mcts, refine
+    tree = {"tree": {"trees": 2}}
+    with pytest.raises(ValueError, match="rollout.tree: .* refine plays"):
+        refine.check_config(RefineConfig(out=str(tmp_path / "r"), rollout=tree))
+    with pytest.raises(ValueError, match="rollout.tree: .* labelling plays"):
+        mcts.check_config(LabelConfig(out=str(tmp_path / "m"), data="q.jsonl", rollout=tree))
 
 
 def test_the_templates_end_of_turn_stops_vllm_as_it_stops_the_hf_backend(fake_vllm):

@@ -131,7 +131,9 @@ class EvalConfig(Strict):
     # url), e.g. dev questions of another corpus than the training questions'
     index: str | None = None
     n: int = Field(32, ge=1)       # first n questions of it
-    every: int = Field(0, ge=0)    # every N optimizer steps (0: only at the end)
+    # every N steps (0: only at the end): SFT's optimizer steps, RL's steps (each of
+    # algo.epochs x mini-batch updates)
+    every: int = Field(0, ge=0)
     at_start: bool = True          # also the starting policy (eval/start), unless resuming
     # K > 0: each evaluation also samples K episodes a question at the rollout temperature
     # (eval/NAME/sampled): pass@1 and pass@K, what sampling finds beside the greedy answer

@@ -638,8 +638,8 @@ def _import_datasets():
     try:
         import datasets
     except ImportError:
-        raise ImportError("loading Hugging Face datasets needs the `datasets` package: "
-                          "pip install 'seekrl[hf]'") from None
+        raise ImportError("loading Hugging Face datasets needs the `datasets` package "
+                          "(`make setup` installs it): pip install datasets") from None
     return datasets
 
 

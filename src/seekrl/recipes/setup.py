@@ -47,6 +47,9 @@ def check_episode_recipe(cfg, command: str) -> None:
     why = backend_refusal(cfg.rollout.backend, command)
     if why:
         raise ConfigError(f"rollout.backend: {why}")
+    if cfg.rollout.tree is not None:   # read by RL's rollouts alone: here it would do nothing
+        raise ConfigError(f"rollout.tree: tree rollouts are seekrl train's; {command} plays "
+                          "its own episodes (leave tree out)")
 
 
 def open_index(index: str | None, what: str, retriever: str | None = None):

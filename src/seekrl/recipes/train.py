@@ -598,13 +598,15 @@ class Trainer:
         last: dict[str, Any] = {}
         if cfg.eval.data and cfg.eval.at_start and state.step_done == 0:
             self._dev_eval("start", 0, " before training")
-        if 0 < state.step_done < cfg.steps and cfg.max_rollout_tokens is not None \
-                and self._questions_for_budget() == 0:
-            # resumed after its token budget stopped it (killed while saving or evaluating
-            # the final policy): the step a budget left at none would still play one question
-            state.stopped_budget = f"rollout budget of {cfg.max_rollout_tokens} tokens"
-            self._say(f"{state.stopped_budget} already used up at step {state.step_done}")
-            return self._finish(started, last)
+        if 0 < state.step_done < cfg.steps:
+            # resumed after a budget stopped it (killed while saving or evaluating the final
+            # policy): the loop would play another step before its check. The clock is read
+            # only where the checkpoint says time stopped it (a raised max_minutes goes on).
+            state.stopped_budget = self._budget_spent(
+                state.seconds_before if state.stopped_budget else None)
+            if state.stopped_budget:
+                self._say(f"{state.stopped_budget} already used up at step {state.step_done}")
+                return self._finish(started, last)
         for step in range(state.step_done + 1, cfg.steps + 1):
             # rank 0's record (its timings) on every rank: the monitor, and so the decision
             # to stop, must be the same everywhere; at least one question: the stop below
@@ -635,25 +637,33 @@ class Trainer:
         # the evaluation before the checkpoint: the monitor saved with it has seen it
         if cfg.eval.data and cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.steps:
             self._dev_eval(f"step-{step}", step, "")
+        out_of = self.dist.broadcast(self._budget_spent(time.time() - started))  # rank 0's clock
+        if step >= cfg.steps:
+            out_of = None
+        # decided before the checkpoint, which keeps it: a run killed after this step (in
+        # its final save or evaluation) resumes to its finish, not to another step
+        state.stopped_budget = out_of
         if cfg.save_every and step % cfg.save_every == 0:
             if self.monitor.healthy:
                 state.healthy_checkpoint = f"step-{step}"
             self.save_checkpoint(step)
-        out_of = None
-        if cfg.max_minutes is not None and time.time() - started > cfg.max_minutes * 60:
-            out_of = f"time budget of {cfg.max_minutes} min"
-        # the question nearest the token budget: the last step plays only the questions
-        # the budget has left, and the run stops once they round to none
-        if cfg.max_rollout_tokens is not None and self._questions_for_budget() == 0:
-            out_of = f"rollout budget of {cfg.max_rollout_tokens} tokens"
-        out_of = self.dist.broadcast(out_of)   # rank 0's clock decides
-        if not out_of or step >= cfg.steps:
+        if not out_of:
             return False
         self._say(f"{out_of} used up after step {step}")
-        state.stopped_budget = out_of
         if cfg.save_every and step % cfg.save_every != 0:
             self.save_checkpoint(step)  # so --resume can go on from here
         return True
+
+    def _budget_spent(self, seconds: float | None) -> str | None:
+        """The budget this run has used up, if any (`seconds` None: the clock not read)."""
+        cfg = self.cfg
+        # the question nearest the token budget: the last step plays only the questions
+        # the budget has left, and the run stops once they round to none
+        if cfg.max_rollout_tokens is not None and self._questions_for_budget() == 0:
+            return f"rollout budget of {cfg.max_rollout_tokens} tokens"
+        if cfg.max_minutes is not None and seconds is not None and seconds > cfg.max_minutes * 60:
+            return f"time budget of {cfg.max_minutes} min"
+        return None
 
     def _finish(self, started: float, last: dict[str, Any]) -> dict[str, Any]:
         """The final policy (the last healthy one after a collapse) saved and evaluated;

@@ -28,6 +28,7 @@ from seekrl.recipes.checkpoint import (
     save_policy,
 )
 from seekrl.recipes.setup import keep_log_until, rng_state, set_rng_state, units_within_budget
+from seekrl.rl.monitor import EVAL_KINDS
 
 BEST, BEST_JSON = "best", "best.json"   # RUN/best: the policy of the best evaluation
 
@@ -60,7 +61,8 @@ class RunState:
                 "rollout_tokens": self.rollout_tokens, "questions_drawn": self.questions_drawn,
                 "questions_planned": self.questions_planned, "train_seconds": train_seconds,
                 "last_dev": None if last is None else [last[0], last[1], str(last[2])],
-                "best_dev": None if self.best_dev is None else list(self.best_dev)}
+                "best_dev": None if self.best_dev is None else list(self.best_dev),
+                "stopped_budget": self.stopped_budget}
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> RunState:
@@ -73,7 +75,8 @@ class RunState:
                    seconds_before=float(meta.get("train_seconds", 0.0)),
                    last_dev=None if last is None else
                    (int(last[0]), dict(last[1]), Path(last[2])),
-                   best_dev=None if best is None else (int(best[0]), float(best[1])))
+                   best_dev=None if best is None else (int(best[0]), float(best[1])),
+                   stopped_budget=meta.get("stopped_budget"))
 
     def improves(self, step: int, em: float) -> bool:
         """Whether an evaluation's EM beats every earlier one (the first evaluation always
@@ -243,17 +246,21 @@ class Checkpointer:
 
 def drop_redone_lines(out: Path, state: RunState) -> None:
     """On resume: the metrics and alert lines of the steps after the checkpoint go (they are
-    about to be redone, and their lines come back), and so does a dev line at the
-    checkpoint's step that the checkpoint does not know of (the final evaluation of a run
-    killed after it, which comes back too)."""
+    about to be redone, and their lines come back), and so do a dev line and its alerts at
+    the checkpoint's step that the checkpoint does not know of (the final evaluation of a
+    run killed after it, which comes back too)."""
     step, last = state.step_done, state.last_dev
+    unknown = last is None or last[0] != step
 
     def unknown_dev(record: dict) -> bool:
-        return record.get("step") == step and any(k.startswith("dev_") for k in record) \
-            and (last is None or last[0] != step)
+        return unknown and record.get("step") == step and \
+            any(k.startswith("dev_") for k in record)
+
+    def unknown_eval_alert(record: dict) -> bool:
+        return unknown and record.get("step") == step and record.get("kind") in EVAL_KINDS
 
     keep_log_until(out / "metrics.jsonl", step, unknown_dev)
-    keep_log_until(out / "alerts.jsonl", step)
+    keep_log_until(out / "alerts.jsonl", step, unknown_eval_alert)
 
 
 def run_summary(state: RunState, *, final: Path, last: dict[str, Any], minutes: float,

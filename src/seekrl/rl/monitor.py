@@ -118,6 +118,8 @@ from seekrl.rl import step_metrics as M
 KINDS = ("grad_norm_explosion", "entropy_collapse", "correct_logp_falling", "valid_format_collapse",
          "type_reward_drop", "searches_drift", "search_collapse", "greedy_search_collapse",
          "no_signal", "low_signal", "constant_answer", "hop_drift", "greedy_hop_drift")
+# raised by `update_eval` (a greedy dev evaluation), not by a training step
+EVAL_KINDS = frozenset({"greedy_search_collapse", "constant_answer", "greedy_hop_drift"})
 SEVERITIES = (None, "warn", "collapse")   # in increasing order
 NEAR_ZERO = 1e-8          # a baseline at or below this has nothing to fall from
 FORMAT_FLOOR = 0.1        # a valid-format rate below this is a collapse
