@@ -757,6 +757,50 @@ def test_logging_backend_missing_names_the_config_key(backend, key, tmp_path, mo
         MetricsLog(tmp_path / "metrics.jsonl", **{flag: True})
 
 
+def test_a_resumed_log_tells_tensorboard_and_wandb_where_it_goes_on(tmp_path, monkeypatch):
+    """A resume redoes the steps after its checkpoint: TensorBoard purges its events of them
+    (a new event file beside the old one held them twice), W&B goes on in the same run."""
+    import sys
+    import types
+
+    from seekrl.recipes.setup import MetricsLog
+
+    made = []
+
+    class Writer:
+        def __init__(self, log_dir, purge_step=None):
+            made.append(("tb", purge_step))
+
+        def add_scalar(self, *a):
+            pass
+
+        def close(self):
+            pass
+
+    class Run:
+        def __init__(self, id):
+            self.id = id
+
+        def log(self, *a, **k):
+            pass
+
+        def finish(self):
+            pass
+
+    def init(project, config, dir, id=None, resume=None):
+        made.append(("wandb", id, resume))
+        return Run(id or "run-1")
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard",
+                        types.SimpleNamespace(SummaryWriter=Writer))
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+    path = tmp_path / "metrics.jsonl"
+    MetricsLog(path, tensorboard=True, wandb=True).close()
+    MetricsLog(path, tensorboard=True, wandb=True, resume=True, resume_step=7).close()
+    assert made == [("tb", None), ("wandb", None, None), ("tb", 8), ("wandb", "run-1", "allow")]
+    assert (tmp_path / "wandb_id").read_text() == "run-1\n"
+
+
 # ---------------------------------------------------------------------- process supervision
 
 

@@ -389,7 +389,11 @@ class MetricsLog:
     TensorBoard / Weights & Biases when asked for and installed."""
 
     def __init__(self, path: str | Path, *, tensorboard: bool = False, wandb: bool = False,
-                 wandb_project: str = "seekrl", config: dict | None = None, resume: bool = False):
+                 wandb_project: str = "seekrl", config: dict | None = None, resume: bool = False,
+                 resume_step: int = 0):
+        """`resume_step`: the checkpoint's step a resumed run goes on from; the steps after
+        it are redone, so TensorBoard drops what it holds of them and W&B goes on in the
+        same run (its id is kept in RUN_DIR/wandb_id)."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a" if resume else "w", encoding="utf-8")
@@ -397,18 +401,23 @@ class MetricsLog:
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-                self._tb = SummaryWriter(str(self.path.parent / "tensorboard"))
             except ImportError as err:
                 raise ConfigError("log.tensorboard: needs the tensorboard package "
                                   "(pip install tensorboard)") from err
+            self._tb = SummaryWriter(str(self.path.parent / "tensorboard"),
+                                     purge_step=resume_step + 1 if resume else None)
         if wandb:
             try:
                 import wandb as wb
             except ImportError as err:
                 raise ConfigError("log.wandb: needs the wandb package (pip install wandb)") \
                     from err
+            id_file = self.path.parent / "wandb_id"
+            run_id = id_file.read_text().strip() if resume and id_file.is_file() else None
             self._wandb = wb.init(project=wandb_project, config=config or {},
-                                  dir=str(self.path.parent))
+                                  dir=str(self.path.parent), id=run_id,
+                                  resume="allow" if run_id else None)
+            id_file.write_text(str(self._wandb.id) + "\n")
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record, default=float) + "\n")

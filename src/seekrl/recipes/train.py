@@ -142,7 +142,8 @@ class Trainer:
             self.state = self.checkpoints.resume(self.monitor, steps=cfg.steps, say=self._say)
         self.log = MetricsLog(self.out / "metrics.jsonl", tensorboard=cfg.log.tensorboard,
                               wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project,
-                              config=cfg.model_dump(mode="json"), resume=resume) \
+                              config=cfg.model_dump(mode="json"), resume=resume,
+                              resume_step=self.state.step_done) \
             if self.dist.main else NoLog()
 
     def _build_policy(self, model, tokenizer) -> None:
