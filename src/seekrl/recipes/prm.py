@@ -20,6 +20,7 @@ reader, `load_scorer`): a plain Hugging Face checkpoint of the backbone (LoRA me
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import time
@@ -146,6 +147,19 @@ def prm_metrics(scorer: PRMScorer, labels: LabelSet, threshold: float = 0.5) -> 
     return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}
 
 
+def labels_digest(labels: LabelSet) -> str:
+    """A short hash of the labels a run samples from, in their order: what a resume must
+    find again."""
+    h = hashlib.sha256()
+    for p in labels.points:
+        h.update(json.dumps([p.traj.example_id, p.traj.token_ids, p.index, p.label]).encode())
+    h.update(b"|")
+    for p in labels.pairs:
+        h.update(json.dumps([p.better.example_id, p.better.token_ids, p.worse.token_ids,
+                             p.index, p.gap]).encode())
+    return h.hexdigest()[:16]
+
+
 # ---------------------------------------------------------------------- the recipe
 def _save_checkpoint(prm: ProcessRewardModel, tokenizer, folder: Path, step: int,
                      keep_last: int, info: dict, state: dict) -> None:
@@ -221,9 +235,19 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
     say = console.print if console is not None else (lambda *a, **k: None)
     rng = random.Random(cfg.seed)
     done = 0
+    digest = labels_digest(train)
     if checkpoint is not None:
         state = resume_training(checkpoint, prm, optimizer, scheduler, out=out, cfg=cfg,
                                 total_steps=cfg.steps, say=say)
+        saved = state.get("labels_digest")   # absent in checkpoints written before it
+        if saved is not None and saved != digest:
+            # the sampler draws from this list: other labels (a labels folder that grew
+            # with `seekrl mcts --resume`, another dev_share) would go on another run
+            raise ConfigError(f"labels: {', '.join(map(str, cfg.labels))} hold other training "
+                              f"labels than the run in {checkpoint} was trained on "
+                              f"({len(train.points)} steps and {len(train.pairs)} pairs now, "
+                              f"digest {digest}; the checkpoint's: {saved}); resume with "
+                              "the run's labels, or start a new run in another out")
         rng.setstate(state["sampler_rng"])
         done = int(state["step"])
     # the labels read, the model loaded and built (train_layers, lora): now the old run goes
@@ -276,7 +300,8 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
                                   "dev_share": cfg.dev_share,
                                   **({"dev": dev_now} if dev_now else {})},
                                  training_state(prm, step, optimizer, scheduler,
-                                                sampler_rng=rng.getstate()))
+                                                sampler_rng=rng.getstate(),
+                                                labels_digest=digest))
             done = step
     except KeyboardInterrupt:
         log.close()

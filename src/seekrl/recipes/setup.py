@@ -158,14 +158,25 @@ def set_seed(seed: int) -> None:
 
 
 def rng_state() -> dict:
+    """The global random states; the CUDA generators too (dropout on a GPU draws there)."""
     return {"python": random.getstate(), "numpy": np.random.get_state(),
-            "torch": torch.get_rng_state()}
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+        else:
+            import warnings
+            warnings.warn(f"resume: the checkpoint holds the random states of {len(cuda)} "
+                          f"GPUs and {torch.cuda.device_count()} are visible: the GPUs' "
+                          "draws (dropout) start afresh", stacklevel=2)
 
 
 def training_state(module, step: int, optimizer, scheduler, **extra) -> dict:

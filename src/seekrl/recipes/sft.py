@@ -541,11 +541,9 @@ def _save_state(out: Path, step: int, model, tokenizer, optimizer, scheduler, rn
 
     def write(tmp: Path) -> None:
         write_policy(model, tokenizer, tmp)
-        # the CUDA generators too: LoRA dropout on a GPU draws from them
-        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         torch.save(training_state(model, step, optimizer, scheduler, batches_rng=rng.getstate(),
-                                  queue=[[index[id(e)] for e in mb] for mb in queue],
-                                  cuda_rng=cuda), tmp / "state.pt")
+                                  queue=[[index[id(e)] for e in mb] for mb in queue]),
+                   tmp / "state.pt")
         (tmp / "sft.json").write_text(json.dumps({"step": step, "episodes": len(index),
                                                   "digest": digest}))
 
@@ -630,7 +628,7 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
         state = resume_training(checkpoint, model, optimizer, scheduler, out=out, cfg=cfg,
                                 total_steps=total_steps, say=say)
         rng.setstate(state["batches_rng"])
-        cuda = state.get("cuda_rng")
+        cuda = state.get("cuda_rng")   # where checkpoints before rng_state's own kept them
         if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda)
         queue = [[examples[i] for i in mb] for mb in state["queue"]]
