@@ -53,12 +53,18 @@ def save_prm(prm: ProcessRewardModel, tokenizer, path: str | Path, info: dict | 
     from seekrl.recipes.checkpoint import save_policy
 
     def head_and_marker(folder: Path) -> None:   # inside the folder before it is moved in
-        torch.save(prm.head.state_dict(), folder / "prm_head.pt")
-        (folder / PRM_MARKER).write_text(json.dumps({"kind": "seekrl-prm", **(info or {})},
-                                                    indent=1))
-        if state is not None:
-            torch.save(state, folder / "state.pt")
+        _write_head(prm, folder, info, state)
     return save_policy(prm.lm, tokenizer, path, before_rename=head_and_marker)
+
+
+def _write_head(prm: ProcessRewardModel, folder: Path, info: dict | None,
+                state: dict | None) -> None:
+    """What a PRM folder holds beside its language model."""
+    torch.save(prm.head.state_dict(), folder / "prm_head.pt")
+    (folder / PRM_MARKER).write_text(json.dumps({"kind": "seekrl-prm", **(info or {})},
+                                                indent=1))
+    if state is not None:
+        torch.save(state, folder / "state.pt")
 
 
 # ---------------------------------------------------------------------- losses
@@ -163,13 +169,16 @@ def labels_digest(labels: LabelSet) -> str:
 # ---------------------------------------------------------------------- the recipe
 def _save_checkpoint(prm: ProcessRewardModel, tokenizer, folder: Path, step: int,
                      keep_last: int, info: dict, state: dict) -> None:
-    """`folder/step-N`, a PRM `load_scorer` reads, with the training state in state.pt;
-    then `latest` names it and only the newest `keep_last` stay."""
-    from seekrl.recipes.checkpoint import point_latest, prune_steps
+    """`folder/step-N`, a PRM `load_scorer` reads, with the training state in state.pt,
+    written whole or not at all and flushed to disk before `latest` names it; only the
+    newest `keep_last` stay (`write_checkpoint`, as SFT's)."""
+    from seekrl.recipes.checkpoint import write_checkpoint, write_policy
 
-    target = save_prm(prm, tokenizer, folder / f"step-{step}", info, state=state)
-    point_latest(folder, target)
-    prune_steps(folder, keep_last)
+    def write(tmp: Path) -> None:
+        write_policy(prm.lm, tokenizer, tmp)
+        _write_head(prm, tmp, info, state)
+
+    write_checkpoint(folder, step, write, keep_last)
 
 
 def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool = False,
