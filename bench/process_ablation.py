@@ -57,6 +57,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -442,7 +443,6 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
                              f"not --take {args.take}'s: another runs folder, or delete it")
         print(f"{method} seed {seed}: already in {done}", flush=True)
         return result
-    t0 = time.time()
     cfg, keys, label_tokens = _run_config(method, seed, budget, args, demo, sft, world_dir,
                                           index_dir, out)
     if args.budget_from is not None:   # the same setting as theirs but what is named
@@ -455,6 +455,7 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
         # trainer's overwrite clears its own outputs, not the bench's cached evaluation)
         shutil.rmtree(out / f"eval-{args.final_on}", ignore_errors=True)
     summary = Trainer(cfg, resume=resume, overwrite=not resume).train()
+    after_training = time.time()
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if M.EPISODES in r]
     tokens_at = {r[M.STEP]: r[M.ROLLOUT_TOKENS_TOTAL] for r in steps}
@@ -504,12 +505,16 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
               "ranker_minutes": round(sum(r.get(M.TIME_RANKER_SCORE, 0.0)
                                           + r.get(M.TIME_RANKER_UPDATE, 0.0)
                                           for r in steps) / 60, 2) if cfg.ranker else None,
-              "minutes": round((time.time() - t0) / 60, 2), "device": args.device,
+              # training over every resume (the trainer's clock), then this evaluation
+              "minutes": round(summary["minutes"] + (time.time() - after_training) / 60, 2),
+              "device": args.device,
               "evaluated_on": args.final_on, "overrides": args.overrides,
               "taken": args.take, "taken_step": summary["steps"] if best is None
               else best["step"],
               "config": cfg.model_dump(mode="json")}
-    done.write_text(json.dumps(result, indent=1))
+    tmp = done.with_name(f".{done.name}.tmp{os.getpid()}")   # whole or not at all: a
+    tmp.write_text(json.dumps(result, indent=1))                # rerun reads it back
+    os.replace(tmp, done)
     print(f"{method} seed {seed}: EM {avg['em']:.3f} searches {avg['searches']:.2f} in "
           f"{summary['steps']} steps, {summary['rollout_tokens']} rollout tokens "
           f"({result['minutes']:.1f} min)"

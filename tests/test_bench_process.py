@@ -317,7 +317,9 @@ def test_a_fresh_run_is_not_given_the_evaluation_an_earlier_policy_left_in_its_f
             (out / "metrics.jsonl").write_text(json.dumps(
                 {"step": 1, "episodes": 4, "rollout_tokens_total": 10, "searches": 1.0,
                  "reward": 0.5}) + "\n")
-            return {"steps": 1, "rollout_tokens": 10, "final": str(out / "final")}
+            # a resumed run: 30 minutes of training before this process
+            return {"steps": 1, "rollout_tokens": 10, "final": str(out / "final"),
+                    "minutes": 30.0}
 
     seen = []
 
@@ -332,6 +334,9 @@ def test_a_fresh_run_is_not_given_the_evaluation_an_earlier_policy_left_in_its_f
     args = _stand_ins(bench, monkeypatch, tmp_path, FakeTrainer, evaluate, take="final")
     result = bench._run("outcome", 0, None, args, None, None, None, None, None)
     assert seen == [False] and result["em"] == 0.0 and result["per_question"] == {"q0": 0.0}
+    assert 30.0 <= result["minutes"] < 31   # every resume's training, then the evaluation
+    assert json.loads((out / "result.json").read_text()) == json.loads(json.dumps(result))
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
     # the step's figures kept for the curve, and the whole log beside the result
     import gzip
 
@@ -369,7 +374,7 @@ def test_take_best_judges_the_policy_of_the_best_dev_evaluation(tmp_path, monkey
                 "valid_format": 1.0}, "by_type": {"dev": {"single": {
                     "em": 0.5, "searches": 1.0, "one_search": 1.0, "planned_lookups": 1.0}}}}))
             return {"steps": 2, "rollout_tokens": 20, "final": str(out / "final"),
-                    "dev_dir": str(out / "eval" / "final"),
+                    "minutes": 1.0, "dev_dir": str(out / "eval" / "final"),
                     "best": {"step": 1, "em": 0.4, "eval_dir": str(step1),
                              "dir": str(out / "best")}}
 

@@ -528,9 +528,12 @@ def write_run(out_dir: str | Path, trajectories: Sequence[Trajectory], metrics: 
                    for t in trajectories)
         with open(out / EPISODES_FILE, "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-    (out / METRICS_FILE).write_text(json.dumps(metrics, indent=2, ensure_ascii=False) + "\n",
-                                    encoding="utf-8")
     (out / "metrics.md").write_text(metrics_markdown(metrics), encoding="utf-8")
+    # written last and whole (beside, then renamed): a folder with metrics.json is a
+    # finished evaluation, which callers reuse rather than play again
+    tmp = out / f".{METRICS_FILE}.tmp{os.getpid()}"
+    tmp.write_text(json.dumps(metrics, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, out / METRICS_FILE)
 
 
 def write_rollouts(out_dir: str | Path, trajectories: Sequence[Trajectory], tokenizer,
