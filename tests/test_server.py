@@ -292,6 +292,23 @@ def test_a_body_of_many_wrong_items_is_refused_at_the_count_limit_not_item_by_it
     assert retriever.calls == []
 
 
+def test_a_client_gone_mid_upload_is_a_4xx_not_a_logged_500():
+    from starlette.requests import ClientDisconnect
+
+    from seekrl.retrieval.server import RequestError, _read_body
+
+    class Gone:
+        headers: dict = {}
+
+        async def stream(self):
+            yield b'{"queries": ['
+            raise ClientDisconnect()
+
+    with pytest.raises(RequestError, match="disconnected") as err:
+        asyncio.run(_read_body(Gone(), 1024))
+    assert err.value.status == 400
+
+
 def test_serve_s_default_limits_are_the_server_s():
     import inspect
 
@@ -416,6 +433,13 @@ def test_index_process_serves_a_real_index_like_the_index_itself(tmp_path):
         dead = process._conn
         assert process.search(["Rome"], 1)[0][0].doc_id == "d1"
         assert dead.closed      # the dead child's pipe is not left open
+        # a child that does not answer in time is stopped, and the next search restarts it
+        process.search_timeout = 1e-9
+        with pytest.raises(RetrievalError, match="did not answer 1 queries within"):
+            process.search(["Oslo"], 1)
+        assert not process._proc.is_alive()
+        process.search_timeout = 60
+        assert process.search(["Oslo"], 1)[0][0].doc_id == "d2"
     finally:
         process.close()
     assert not process._proc.is_alive()

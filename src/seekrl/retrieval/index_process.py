@@ -25,12 +25,15 @@ class IndexProcess:
     Why: BM25 scoring and the HTTP handling are both Python and would take turns on one GIL.
     In a child process retrieval of one batch runs in parallel with the parsing and answering
     of the requests around it, which raises throughput and cuts latency under load. Only the
-    queries and the hits cross the pipe. A child that dies is restarted on the next search.
+    queries and the hits cross the pipe. A child that dies is restarted on the next search;
+    one that does not answer a search within `search_timeout` seconds is killed (the
+    search fails, the next one restarts it), so a hung child cannot hang every request.
     """
 
     def __init__(self, index_dir: str | Path, device: str = "cpu", start_timeout: float = 600,
-                 faiss_gpu: bool = False):
+                 faiss_gpu: bool = False, search_timeout: float = 600):
         self.index_dir, self.device, self.start_timeout = str(index_dir), device, start_timeout
+        self.search_timeout = search_timeout
         self.faiss_gpu = faiss_gpu
         self.manifest: dict = {}
         self.doc_count: int | None = None
@@ -75,6 +78,12 @@ class IndexProcess:
                 self._conn.send((list(queries), int(k)))
             except (BrokenPipeError, OSError):
                 raise RetrievalError(f"{self.index_dir}: the index process exited") from None
+            if not self._conn.poll(self.search_timeout):
+                self._proc.kill()      # its late answer must not reach the next search
+                self._proc.join(timeout=10)
+                raise RetrievalError(f"{self.index_dir}: the index process did not answer "
+                                     f"{len(queries)} queries within {self.search_timeout:g} "
+                                     "s; it was stopped and restarts on the next search")
             status, payload = self._recv()
         if status != "ok":
             raise RetrievalError(payload)
