@@ -316,8 +316,29 @@ def test_serve_s_default_limits_are_the_server_s():
 
     defaults = {name: p.default for name, p in inspect.signature(serve).parameters.items()}
     for name in ("max_queries", "max_query_chars", "max_topk", "default_topk", "cache_size",
-                 "max_batch_size", "max_wait_ms"):
+                 "max_batch_size", "max_wait_ms", "max_pending"):
         assert defaults[name] == ServerConfig.model_fields[name].default, name
+
+
+def test_past_max_pending_a_request_is_answered_503_at_once_and_the_rest_are_served():
+    # a slow retriever and six concurrent requests of two queries: the first two requests
+    # fill max_pending (4), the others are refused at once with a 503 a client retries
+    retriever = FakeRetriever(delay=0.2)
+    app = create_app(retriever, config=ServerConfig(max_pending=4, cache_size=0,
+                                                     max_wait_ms=50))
+    bodies = [{"queries": [f"q{i}a", f"q{i}b"]} for i in range(6)]
+    responses = post_concurrently(app, bodies)
+    codes = [r.status_code for r in responses]
+    assert sorted(codes) == [200, 200, 503, 503, 503, 503], codes
+    busy = next(r for r in responses if r.status_code == 503)
+    assert "max_pending 4" in busy.json()["error"] and busy.headers["retry-after"] == "1"
+    assert busy.json()["detail"] == {"limit": "max_pending", "max": 4}
+    assert len(retriever.retrieved_queries) == 4
+    with TestClient(app) as client:   # nothing is left counted once they are answered
+        health = client.get("/health").json()["batching"]
+        assert health["in_flight"] == 0 and health["refused_busy"] == 4
+        # one request over the bound alone is still taken (nothing else waits)
+        assert client.post("/retrieve", json={"queries": list("abcdef")}).status_code == 200
 
 
 def test_retriever_failure_is_500_and_the_server_keeps_serving():

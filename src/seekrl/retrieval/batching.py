@@ -22,10 +22,15 @@ log = logging.getLogger(__name__)
 
 
 class BatchSettings(Protocol):
-    """What `SearchRunner` reads from its config (`ServerConfig` has it all)."""
+    """What `SearchRunner` reads from its config (`ServerConfig` has it all; a config
+    without `max_pending` sets no bound)."""
     batching: bool
     max_batch_size: int
     max_wait_ms: float
+
+
+class Busy(Exception):
+    """More queries are waiting for the retriever than `max_pending`: come back later."""
 
 
 # --- the LRU cache -------------------------------------------------------------------------
@@ -89,6 +94,7 @@ class _SearchStats:
     retriever_errors: int = 0
     retriever_seconds: float = 0.0
     max_batch_queries: int = 0
+    refused_busy: int = 0
     batch_sizes: dict[int, int] = field(default_factory=dict)  # requests merged -> count
 
 
@@ -111,6 +117,7 @@ class SearchRunner:
         self._queue: asyncio.Queue[_Pending] | None = None
         self._task: asyncio.Task | None = None
         self._carry: _Pending | None = None  # taken from the queue but too big for the last batch
+        self.in_flight = 0   # queries handed to search() and not yet answered
 
     # lifecycle: the queue and task belong to one event loop; (re)create them lazily for the
     # running loop, so the app works whether or not the ASGI lifespan was run.
@@ -136,14 +143,25 @@ class SearchRunner:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        bound = getattr(self.config, "max_pending", None)
+        # under overload the queue would grow without end while clients time out and send
+        # the same queries again; past the bound a request is refused at once (Busy)
+        if bound is not None and self.in_flight and self.in_flight + len(queries) > bound:
+            self.stats.refused_busy += 1
+            raise Busy(f"{self.in_flight} queries are waiting for the retriever "
+                       f"(max_pending {bound}); retry later")
         self.stats.requests += 1
         self.stats.queries += len(queries)
-        if not self.config.batching:
-            return await self._call_retriever(queries, k)
-        self._ensure_started()
-        future = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Pending(queries, k, future))
-        return await future
+        self.in_flight += len(queries)
+        try:
+            if not self.config.batching:
+                return await self._call_retriever(queries, k)
+            self._ensure_started()
+            future = asyncio.get_running_loop().create_future()
+            self._queue.put_nowait(_Pending(queries, k, future))
+            return await future
+        finally:
+            self.in_flight -= len(queries)
 
     def _timed_search(self, queries: list[str], k: int) -> list[list[Hit]]:
         # timed inside the worker thread, so that waiting for the thread is not counted
@@ -258,6 +276,8 @@ class SearchRunner:
             "retriever_queries": s.retriever_queries,
             "retriever_errors": s.retriever_errors,
             "retriever_seconds": round(s.retriever_seconds, 4),
+            "in_flight": self.in_flight,
+            "refused_busy": s.refused_busy,
         }
 
 

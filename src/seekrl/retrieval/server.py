@@ -47,7 +47,7 @@ from pydantic import (
 from starlette.requests import ClientDisconnect
 
 from seekrl.retrieval.base import Hit, RetrievalError, Retriever
-from seekrl.retrieval.batching import LRUCache, SearchRunner
+from seekrl.retrieval.batching import Busy, LRUCache, SearchRunner
 from seekrl.retrieval.index_process import IndexProcess
 
 __all__ = ["IndexProcess", "LRUCache", "RetrieveRequest", "SearchRunner", "ServerConfig",
@@ -74,6 +74,9 @@ class ServerConfig(BaseModel):
     # (bench/retrieval_server.py measures the tail latency of each size)
     max_batch_size: int = Field(16, ge=1, description="queries per merged retriever call")
     max_wait_ms: float = Field(2.0, ge=0, description="how long a batch waits for company")
+    # a request that would take the queries waiting for the retriever past this is answered
+    # 503 at once (clients retry with backoff); one request alone is always taken
+    max_pending: int = Field(65_536, ge=1, description="queries waiting for the retriever")
     cache_size: int = Field(10_000, ge=0, description="LRU entries keyed by (query, k); 0 disables")
 
     @model_validator(mode="after")
@@ -292,7 +295,8 @@ def _retrieve_path(config: ServerConfig) -> dict:
             "400": error("malformed JSON body"),
             "413": error("request body larger than max_body_bytes"),
             "422": error("a field is missing, of the wrong type or past a limit"),
-            "500": error("the retriever failed (the server keeps serving)")}}}
+            "500": error("the retriever failed (the server keeps serving)"),
+            "503": error("more queries waiting for the retriever than max_pending: retry")}}}
 
 
 def create_app(retriever: Retriever, manifest: dict | None = None,
@@ -341,6 +345,10 @@ def create_app(retriever: Retriever, manifest: dict | None = None,
         if missing:
             try:
                 fetched = await runner.search(missing, k)
+            except Busy as exc:
+                return Response(json.dumps({"error": f"server busy: {exc}", "detail": {
+                    "limit": "max_pending", "max": config.max_pending}}).encode(), 503,
+                    media_type="application/json", headers={"Retry-After": "1"})
             except Exception as exc:
                 log.exception("retriever failed on %d queries", len(missing))
                 return _error(500, f"retriever failed: {type(exc).__name__}: {exc}",
@@ -387,7 +395,8 @@ def create_app(retriever: Retriever, manifest: dict | None = None,
             "limits": {"default_topk": config.default_topk, "max_topk": config.max_topk,
                        "max_queries": config.max_queries,
                        "max_query_chars": config.max_query_chars,
-                       "max_body_bytes": config.max_body_bytes},
+                       "max_body_bytes": config.max_body_bytes,
+                       "max_pending": config.max_pending},
         })
 
     return app
