@@ -454,8 +454,10 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
     else:   # a fresh run: an evaluation left in its folder is an earlier policy's (the
         # trainer's overwrite clears its own outputs, not the bench's cached evaluation)
         shutil.rmtree(out / f"eval-{args.final_on}", ignore_errors=True)
-    summary = Trainer(cfg, resume=resume, overwrite=not resume).train()
-    after_training = time.time()
+    started = time.time()
+    trainer = Trainer(cfg, resume=resume, overwrite=not resume)
+    trained_before = trainer.state.seconds_before   # a resumed run's training until now
+    summary = trainer.train()
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if M.EPISODES in r]
     tokens_at = {r[M.STEP]: r[M.ROLLOUT_TOKENS_TOTAL] for r in steps}
@@ -505,8 +507,8 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
               "ranker_minutes": round(sum(r.get(M.TIME_RANKER_SCORE, 0.0)
                                           + r.get(M.TIME_RANKER_UPDATE, 0.0)
                                           for r in steps) / 60, 2) if cfg.ranker else None,
-              # training over every resume (the trainer's clock), then this evaluation
-              "minutes": round(summary["minutes"] + (time.time() - after_training) / 60, 2),
+              # the training before a resume (the trainer's clock), then all of this process
+              "minutes": round((trained_before + time.time() - started) / 60, 2),
               "device": args.device,
               "evaluated_on": args.final_on, "overrides": args.overrides,
               "taken": args.take, "taken_step": summary["steps"] if best is None

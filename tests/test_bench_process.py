@@ -8,6 +8,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import load_bench as load_bench_module
@@ -312,12 +313,13 @@ def test_a_fresh_run_is_not_given_the_evaluation_an_earlier_policy_left_in_its_f
     class FakeTrainer:
         def __init__(self, cfg, resume, overwrite):
             self.resume = resume
+            # a resumed run: 30 minutes of training before this process
+            self.state = SimpleNamespace(seconds_before=1800.0)
 
         def train(self):
             (out / "metrics.jsonl").write_text(json.dumps(
                 {"step": 1, "episodes": 4, "rollout_tokens_total": 10, "searches": 1.0,
                  "reward": 0.5}) + "\n")
-            # a resumed run: 30 minutes of training before this process
             return {"steps": 1, "rollout_tokens": 10, "final": str(out / "final"),
                     "minutes": 30.0}
 
@@ -357,7 +359,7 @@ def test_take_best_judges_the_policy_of_the_best_dev_evaluation(tmp_path, monkey
 
     class FakeTrainer:
         def __init__(self, cfg, resume, overwrite):
-            pass
+            self.state = SimpleNamespace(seconds_before=0.0)
 
         def train(self):
             out.mkdir(parents=True, exist_ok=True)

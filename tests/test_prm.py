@@ -506,8 +506,10 @@ def test_a_resumed_prm_run_ends_where_a_straight_one_does(tiny, label_dir, tmp_p
                   overwrite=True)
     # other training labels (here another dev split) would be sampled otherwise: refused
     other = cfg("b").model_copy(update={"dev_share": 0.5})
+    logged = (tmp_path / "b" / "metrics.jsonl").read_text()
     with pytest.raises(ConfigError, match="other training labels than the run in"):
         train_prm(other, model=copy.deepcopy(model), tokenizer=tok, resume=True)
+    assert (tmp_path / "b" / "metrics.jsonl").read_text() == logged   # refused untouched
     resumed = train_prm(cfg("b"), model=copy.deepcopy(model), tokenizer=tok, resume=True)
     a, b = load_policy(straight["final"])[0], load_policy(resumed["final"])[0]
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):

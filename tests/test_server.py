@@ -320,12 +320,13 @@ def test_serve_s_default_limits_are_the_server_s():
         assert defaults[name] == ServerConfig.model_fields[name].default, name
 
 
-def test_past_max_pending_a_request_is_answered_503_at_once_and_the_rest_are_served():
+@pytest.mark.parametrize("batching", [True, False])
+def test_past_max_pending_a_request_is_answered_503_at_once_and_the_rest_are_served(batching):
     # a slow retriever and six concurrent requests of two queries: the first two requests
     # fill max_pending (4), the others are refused at once with a 503 a client retries
-    retriever = FakeRetriever(delay=0.2)
+    retriever = FakeRetriever(delay=1.0)   # long enough for all six to arrive on a busy CI
     app = create_app(retriever, config=ServerConfig(max_pending=4, cache_size=0,
-                                                     max_wait_ms=50))
+                                                     max_wait_ms=50, batching=batching))
     bodies = [{"queries": [f"q{i}a", f"q{i}b"]} for i in range(6)]
     responses = post_concurrently(app, bodies)
     codes = [r.status_code for r in responses]
@@ -333,7 +334,8 @@ def test_past_max_pending_a_request_is_answered_503_at_once_and_the_rest_are_ser
     busy = next(r for r in responses if r.status_code == 503)
     assert "max_pending 4" in busy.json()["error"] and busy.headers["retry-after"] == "1"
     assert busy.json()["detail"] == {"limit": "max_pending", "max": 4}
-    assert len(retriever.retrieved_queries) == 4
+    assert sorted(retriever.retrieved_queries) == sorted(
+        q for body, r in zip(bodies, responses) if r.status_code == 200 for q in body["queries"])
     with TestClient(app) as client:   # nothing is left counted once they are answered
         health = client.get("/health").json()["batching"]
         assert health["in_flight"] == 0 and health["refused_busy"] == 4
@@ -347,7 +349,8 @@ def test_retriever_failure_is_500_and_the_server_keeps_serving():
         assert r.status_code == 500
         assert "ValueError" in r.json()["error"] and "bad" in r.json()["error"]
         assert client.post("/retrieve", json={"queries": ["good"]}).status_code == 200
-        assert client.get("/health").json()["batching"]["retriever_errors"] == 1
+        batching = client.get("/health").json()["batching"]
+        assert batching["retriever_errors"] == 1 and batching["in_flight"] == 0
 
 
 def test_one_failing_query_fails_only_its_own_request_in_a_batch():
@@ -356,6 +359,24 @@ def test_one_failing_query_fails_only_its_own_request_in_a_batch():
     bodies = [{"queries": [q]} for q in ["a", "b", "bad", "c", "d"]]
     responses = post_concurrently(app, bodies)
     assert [r.status_code for r in responses] == [200, 200, 500, 200, 200]
+
+
+def test_a_timed_out_batch_is_not_retried_request_by_request():
+    # each retry of a timeout would wait as long again, holding the one worker thread
+    class Hung(FakeRetriever):
+        def search(self, queries, k):
+            self.calls.append((list(queries), k))
+            time.sleep(0.02)
+            raise TimeoutError("did not answer in time")
+
+    retriever = Hung()
+    app = create_app(retriever, config=ServerConfig(max_wait_ms=50, cache_size=0))
+    responses = post_concurrently(app, [{"queries": [q]} for q in "abcd"])
+    assert [r.status_code for r in responses] == [500] * 4
+    assert all("did not answer" in r.json()["error"] for r in responses)
+    # each query asked once, in merged calls (a merged call's requests were retried alone)
+    assert sorted(q for queries, _ in retriever.calls for q in queries) == list("abcd")
+    assert len(retriever.calls) < 4
 
 
 def test_wrong_length_from_retriever_is_500_not_a_crash():
@@ -454,12 +475,13 @@ def test_index_process_serves_a_real_index_like_the_index_itself(tmp_path):
         dead = process._conn
         assert process.search(["Rome"], 1)[0][0].doc_id == "d1"
         assert dead.closed      # the dead child's pipe is not left open
-        # a child that does not answer in time is stopped, and the next search restarts it
-        process.search_timeout = 1e-9
+        # a child that does not answer in time is stopped, its pipe closed (its late answer
+        # is never read as the next search's), and the next search restarts it
+        late = process._conn
+        late.poll = lambda timeout: False   # no answer within search_timeout
         with pytest.raises(RetrievalError, match="did not answer 1 queries within"):
             process.search(["Oslo"], 1)
-        assert not process._proc.is_alive()
-        process.search_timeout = 60
+        assert not process._proc.is_alive() and late.closed
         assert process.search(["Oslo"], 1)[0][0].doc_id == "d2"
     finally:
         process.close()

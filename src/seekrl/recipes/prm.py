@@ -246,9 +246,8 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
     done = 0
     digest = labels_digest(train)
     if checkpoint is not None:
-        state = resume_training(checkpoint, prm, optimizer, scheduler, out=out, cfg=cfg,
-                                total_steps=cfg.steps, say=say)
-        saved = state.get("labels_digest")   # absent in checkpoints written before it
+        # read before the resume loads anything or cuts the log back
+        saved = json.loads((checkpoint / PRM_MARKER).read_text()).get("labels_digest")
         if saved is not None and saved != digest:
             # the sampler draws from this list: other labels (a labels folder that grew
             # with `seekrl mcts --resume`, another dev_share) would go on another run
@@ -257,6 +256,8 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
                               f"({len(train.points)} steps and {len(train.pairs)} pairs now, "
                               f"digest {digest}; the checkpoint's: {saved}); resume with "
                               "the run's labels, or start a new run in another out")
+        state = resume_training(checkpoint, prm, optimizer, scheduler, out=out, cfg=cfg,
+                                total_steps=cfg.steps, say=say)
         rng.setstate(state["sampler_rng"])
         done = int(state["step"])
     # the labels read, the model loaded and built (train_layers, lora): now the old run goes
@@ -306,11 +307,10 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
                 _save_checkpoint(prm, tokenizer, out / "checkpoints", step, cfg.keep_last,
                                  {"init": cfg.model, "loss": cfg.loss, "step": step,
                                   "labels": [str(x) for x in cfg.labels],
-                                  "dev_share": cfg.dev_share,
+                                  "dev_share": cfg.dev_share, "labels_digest": digest,
                                   **({"dev": dev_now} if dev_now else {})},
                                  training_state(prm, step, optimizer, scheduler,
-                                                sampler_rng=rng.getstate(),
-                                                labels_digest=digest))
+                                                sampler_rng=rng.getstate()))
             done = step
     except KeyboardInterrupt:
         log.close()

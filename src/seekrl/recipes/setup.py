@@ -167,11 +167,12 @@ def rng_state() -> dict:
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    # torch takes byte tensors on the CPU: a checkpoint loaded onto a GPU moved them there
+    torch.set_rng_state(state["torch"].cpu())
     cuda = state.get("cuda")
     if cuda is not None and torch.cuda.is_available():
         if len(cuda) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda)
+            torch.cuda.set_rng_state_all([s.cpu() for s in cuda])
         else:
             import warnings
             warnings.warn(f"resume: the checkpoint holds the random states of {len(cuda)} "
@@ -401,10 +402,11 @@ class MetricsLog:
 
     def __init__(self, path: str | Path, *, tensorboard: bool = False, wandb: bool = False,
                  wandb_project: str = "seekrl", config: dict | None = None, resume: bool = False,
-                 resume_step: int = 0):
+                 resume_step: int | None = None):
         """`resume_step`: the checkpoint's step a resumed run goes on from; the steps after
-        it are redone, so TensorBoard drops what it holds of them and W&B goes on in the
-        same run (its id is kept in RUN_DIR/wandb_id)."""
+        it are redone, so TensorBoard drops what it holds of them. W&B goes on in the same
+        run (its id is kept in RUN_DIR/wandb_id); it takes no step twice, so it keeps the
+        values it had of the redone steps (metrics.jsonl holds the new ones)."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a" if resume else "w", encoding="utf-8")
@@ -416,7 +418,8 @@ class MetricsLog:
                 raise ConfigError("log.tensorboard: needs the tensorboard package "
                                   "(pip install tensorboard)") from err
             self._tb = SummaryWriter(str(self.path.parent / "tensorboard"),
-                                     purge_step=resume_step + 1 if resume else None)
+                                     purge_step=resume_step + 1
+                                     if resume and resume_step is not None else None)
         if wandb:
             try:
                 import wandb as wb

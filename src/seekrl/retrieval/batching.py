@@ -239,8 +239,9 @@ class SearchRunner:
         try:
             results = await self._call_retriever(asked, k)
         except Exception as exc:  # noqa: BLE001 - any retriever failure goes back to the caller
-            if len(group) == 1:
-                _resolve(group[0].future, exc)
+            if len(group) == 1 or isinstance(exc, TimeoutError):   # a timeout, retried
+                for pending in group:                               # alone, waits as long
+                    _resolve(pending.future, exc)
                 return
             # One bad query must not fail everyone's request: retry each request alone.
             log.warning("batched retriever call failed (%s); retrying request by request", exc)

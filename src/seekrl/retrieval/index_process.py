@@ -19,6 +19,11 @@ log = logging.getLogger(__name__)
 # --- the index in its own process ------------------------------------------------------------
 
 
+class SearchTimeout(RetrievalError, TimeoutError):
+    """The index process did not answer in time (a batcher does not retry its requests one
+    by one: each would wait as long again)."""
+
+
 class IndexProcess:
     """A `Retriever` that loads `index_dir` in a child process and searches there.
 
@@ -70,7 +75,7 @@ class IndexProcess:
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         with self._lock:
-            if not self._proc.is_alive():
+            if not self._proc.is_alive() or self._conn.closed:
                 log.warning("index process is gone (code %s); restarting it", self._proc.exitcode)
                 self._conn.close()     # the dead child's pipe
                 self._start()
@@ -79,11 +84,12 @@ class IndexProcess:
             except (BrokenPipeError, OSError):
                 raise RetrievalError(f"{self.index_dir}: the index process exited") from None
             if not self._conn.poll(self.search_timeout):
-                self._proc.kill()      # its late answer must not reach the next search
+                self._proc.kill()
                 self._proc.join(timeout=10)
-                raise RetrievalError(f"{self.index_dir}: the index process did not answer "
-                                     f"{len(queries)} queries within {self.search_timeout:g} "
-                                     "s; it was stopped and restarts on the next search")
+                self._conn.close()     # a late answer is never read as the next search's
+                raise SearchTimeout(f"{self.index_dir}: the index process did not answer "
+                                    f"{len(queries)} queries within {self.search_timeout:g} "
+                                    "s; it was stopped and restarts on the next search")
             status, payload = self._recv()
         if status != "ok":
             raise RetrievalError(payload)
