@@ -1272,6 +1272,12 @@ def test_an_existing_run_is_refused_replaced_or_resumed_with_its_differences(wor
     fresh = make_trainer(cfg, world, tiny, overwrite=True)
     assert fresh.state.step_done == 0 and not (run / "checkpoints").exists()
     assert not (run / "alerts.jsonl").exists()
+    # an attempt that failed at its start (its step-0 evaluation logged, an alert raised)
+    # holds no run, and a new one there does not append to its alerts
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "dev_em": 0.1}) + "\n")
+    (run / "alerts.jsonl").write_text(json.dumps({"step": 0, "kind": "constant_answer"}) + "\n")
+    make_trainer(cfg, world, tiny, overwrite=False)
+    assert not (run / "alerts.jsonl").exists() and (run / "metrics.jsonl").read_text() == ""
 
 
 def test_a_checkpoint_is_flushed_with_its_folder_and_the_latest_pointer(world, tiny, tmp_path,

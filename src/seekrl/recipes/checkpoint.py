@@ -81,11 +81,12 @@ def claim_run_dir(out: Path, *, resume: bool = False, overwrite: bool = False,
     """Make `out` ready for the run: with `overwrite`, the old run's files (`outputs`) go.
     Call `check_run_dir` first, and this only once every input has been read and checked
     and the model has loaded, so a bad input never costs the old run; with `resume`
-    nothing is touched."""
+    nothing is touched. Without either, `out` holds no work (`check_run_dir`), but an
+    attempt that failed at its start may have left alerts, which a new run would append to."""
     out.mkdir(parents=True, exist_ok=True)
-    if resume or not overwrite:
+    if resume:
         return
-    remove_outputs(out, outputs)
+    remove_outputs(out, outputs if overwrite else [n for n in outputs if n == "alerts.jsonl"])
 
 
 def remove_outputs(out: Path, names: Sequence[str]) -> None:
