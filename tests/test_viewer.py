@@ -223,6 +223,44 @@ def test_bad_run_folders_name_the_problem(tmp_path):
     (run / "episodes.jsonl").write_text(json.dumps({"dataset": "nq"}) + "\n")
     with pytest.raises(ValueError, match=r"episodes.jsonl:1.*example_id"):
         read_episodes(run / "episodes.jsonl")
+    (run / "episodes.jsonl").write_text(json.dumps(
+        {"dataset": "nq", "example_id": "q", "sample_index": 0, "segments": [1]}) + "\n")
+    with pytest.raises(ValueError, match=r"episodes.jsonl:1.*segments.*segment objects"):
+        read_episodes(run / "episodes.jsonl")
+
+
+@pytest.mark.parametrize("field, value", [
+    ("sample_index", "<img src=x onerror=alert(1)>"), ("sample_index", -1),
+    ("steps.0.process_reward", "high"), ("steps.0.value", "0.5"),
+    ("steps.0.process_parts", {"recall": "x"}), ("steps.0.process_parts", [1])])
+def test_a_trajectory_field_the_viewer_shows_is_checked_as_read(tmp_path, field, value):
+    """Shown in the page as markup, or formatted as a number: a wrong type there is named
+    with its file, line and field when read (it became live markup, or a format error)."""
+    from seekrl.agent.trajectory import checked_trajectory
+
+    record = Trajectory(example_id="q", group_id="g", question="?", golden_answers=["a"],
+                        token_ids=[1, 2, 3], loss_mask=[0, 1, 1], prompt_len=1,
+                        steps=[Step(start=1, end=3, text="<answer>a</answer>",
+                                    action="answer", answer="a")]).to_dict()
+    checked_trajectory(record, "t.jsonl", 1)
+    where = record
+    *parents, last = field.split(".")
+    for p in parents:
+        where = where[int(p)] if p.isdigit() else where[p]
+    where[last] = value
+    name = ".".join(p for p in field.split(".") if not p.isdigit())
+    with pytest.raises(ValueError, match=rf"t.jsonl:1.*{re.escape(name)}"):
+        checked_trajectory(record, "t.jsonl", 1)
+
+
+def test_the_config_line_shows_no_credentials_of_a_retriever_url():
+    from seekrl.eval.report import config_line
+
+    line = config_line({"retriever": {"url": "http://user:secret@search.lan:8000/retrieve?key=K"}})
+    assert "secret" not in line and "key=K" not in line and "user" not in line
+    assert "http://search.lan:8000/retrieve" in line
+    assert "http://[::1]:8000/retrieve" in config_line({"retriever": {"url": "http://[::1]:8000/retrieve"}})
+    assert "/data/index" in config_line({"retriever": {"path": "/data/index"}})
 
 
 # ------------------------------------------------------------------ headless Chromium
@@ -312,15 +350,16 @@ def test_viewer_filters_run_in_the_browser(tmp_path):
     uri = write_viewer(run).resolve().as_uri()
     shown = {}
     for fragment in ("#searches=1", "#searches=1&wrong=1", "#dataset=nq",
-                     "#type=bridge&q=2%2B2"):
+                     "#type=bridge&q=2%2B2", "#searches=1&q=%E0"):
         r = chromium(tmp_path, "--dump-dom", uri + fragment)
         match = re.search(r'id="f-count"[^>]*>(\d+) of (\d+) episodes shown<', r.stdout)
         assert match, f"the filter script did not run for {fragment!r}:\n{r.stderr[-2000:]}"
         shown[fragment] = int(match.group(1))
         assert int(match.group(2)) == 3
     # filters combine with AND; the text filter matches the question or the answer
+    # a malformed %-escape (a hand-edited link) leaves its filter unset, not the script dead
     assert shown == {"#searches=1": 2, "#searches=1&wrong=1": 1, "#dataset=nq": 1,
-                     "#type=bridge&q=2%2B2": 0}
+                     "#type=bridge&q=2%2B2": 0, "#searches=1&q=%E0": 2}
 
 
 def test_printed_hits_escape_every_field_as_markup():

@@ -261,6 +261,8 @@ def checked_trajectory(obj: Any, path: str | Path, line: int, field: str = "", *
             raise bad(f"expected 0..{len(t.token_ids)}, got {t.prompt_len!r}", "prompt_len")
     if t.outcome_reward is not None and not is_number(t.outcome_reward):
         raise bad(f"expected a number or null, got {t.outcome_reward!r}", "outcome_reward")
+    if not (_index(t.sample_index) and t.sample_index >= 0):
+        raise bad(f"expected an integer >= 0, got {t.sample_index!r:.80}", "sample_index")
     if not isinstance(t.metadata, dict):
         raise bad(f"expected an object, got {type(t.metadata).__name__}", "metadata")
     for i, s in enumerate(t.steps):
@@ -293,6 +295,15 @@ def checked_trajectory(obj: Any, path: str | Path, line: int, field: str = "", *
             raise bad(f"step {i}: expected a list of strings or null", "steps.block_hits")
         if not (isinstance(s.sub_hits, list) and all(map(_strings, s.sub_hits))):
             raise bad(f"step {i}: expected a list of lists of strings", "steps.sub_hits")
+        for name in ("process_reward", "value"):
+            v = getattr(s, name)
+            if v is not None and not is_number(v):
+                raise bad(f"step {i}: expected a number or null, got {v!r:.80}", f"steps.{name}")
+        if not (isinstance(s.process_parts, dict) and all(
+                isinstance(k, str) and (v is None or is_number(v))
+                for k, v in s.process_parts.items())):
+            raise bad(f"step {i}: expected an object of numbers or nulls, got "
+                      f"{s.process_parts!r:.80}", "steps.process_parts")
         if labels and s.value is not None and not (is_number(s.value) and 0.0 <= s.value <= 1.0):
             raise bad(f"step {i}: expected a label in [0, 1] or null, got {s.value!r}",
                       "steps.value")

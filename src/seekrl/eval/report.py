@@ -188,7 +188,7 @@ def config_line(cfg: dict) -> str:
     retriever = cfg.get("retriever")
     if isinstance(retriever, dict):
         where = retriever.get("url") or retriever.get("path") or retriever.get("type")
-        parts.append(f"retriever `{where}`")
+        parts.append(f"retriever `{_without_secrets(where)}`")
     for key, label in (("n_samples", "samples"), ("topk", "top-k"), ("max_turns", "max turns"),
                        ("max_new_tokens", "max new tokens")):
         if key in rollout:
@@ -245,6 +245,23 @@ def decode_segments(traj: Trajectory, tokenizer) -> list[dict[str, Any]]:
     return segments
 
 
+def _without_secrets(where: Any) -> Any:
+    """A retriever URL as a shared page may show it: no user, password or query string."""
+    if not isinstance(where, str) or "://" not in where:
+        return where
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        u = urlsplit(where)
+        host = u.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        netloc = host + (f":{u.port}" if u.port else "")
+    except ValueError:   # not a URL after all
+        return where
+    return urlunsplit((u.scheme, netloc, u.path, "", ""))
+
+
 def read_episodes(path: str | Path) -> dict[str, list[dict]]:
     """episodes.jsonl -> {episode_key: segments}."""
     out: dict[str, list[dict]] = {}
@@ -255,8 +272,9 @@ def read_episodes(path: str | Path) -> dict[str, list[dict]]:
         except (KeyError, TypeError) as err:
             raise DataError(f"not an episode record (missing {err})", path=str(path),
                             line=line_no) from None
-        if not isinstance(segments, list):
-            raise DataError("expected a list", path=str(path), line=line_no, field="segments")
+        if not isinstance(segments, list) or not all(isinstance(s, dict) for s in segments):
+            raise DataError("expected a list of segment objects", path=str(path),
+                            line=line_no, field="segments")
         out[key] = segments
     return out
 
@@ -354,7 +372,8 @@ def _episode_html(t: Trajectory, segments: list[dict] | None, index: int,
                f'<span class="stats">EM {em:g} · F1 {f1:.2f} · reward {reward} · '
                f'{searches} search{"es" if searches != 1 else ""} · {escape_html(t.finish_reason)}'
                f'</span></summary>')
-    meta = (f'<div class="meta">id <code>{escape_html(t.example_id)}</code> · sample {t.sample_index}'
+    meta = (f'<div class="meta">id <code>{escape_html(t.example_id)}</code> · '
+            f'sample {escape_html(t.sample_index)}'
             f' · {t.n_generated} generated of {len(t.token_ids)} tokens'
             + (f' · type {escape_html(type_name)}' if type_name else "")
             + (f' · gold docs {" ".join(f"<code>{escape_html(d)}</code>" for d in t.gold_doc_ids)}'
@@ -482,8 +501,10 @@ _JS = """
   function readHash(){
     var h={};
     location.hash.replace(/^#/,'').split('&').forEach(function(kv){
-      var i=kv.indexOf('='); if(i>0) h[decodeURIComponent(kv.slice(0,i))]=
-        decodeURIComponent(kv.slice(i+1).replace(/[+]/g,' '));
+      var i=kv.indexOf('=');
+      try{ if(i>0) h[decodeURIComponent(kv.slice(0,i))]=
+        decodeURIComponent(kv.slice(i+1).replace(/[+]/g,' ')); }
+      catch(e){}   // a malformed %-escape (a hand-edited link): that filter left unset
     });
     wrong.checked=h.wrong==='1';
     [[ds,'dataset'],[ns,'searches'],[ty,'type'],[q,'q']].forEach(function(p){
