@@ -968,7 +968,10 @@ def _how(paired: dict) -> str:
     seeds = paired["seeds"]
     over = ("questions only" if len(seeds) == 1 else "seeds and questions"
             + (f"; {len(seeds)} seeds barely measure the seeds' spread" if len(seeds) < 3
-               else ""))
+               else "")
+            + (f"; over the seeds alone (t, {len(seeds) - 1} df) "
+               f"{paired['seed_lo']:+.4f}..{paired['seed_hi']:+.4f}"
+               if len(seeds) > 1 and "seed_lo" in paired else ""))
     dropped = paired.get("dropped") or []
     return (f"paired; seed{'s' * (len(seeds) > 1)} {','.join(map(str, seeds))}, "
             f"resampling {over}"
@@ -1095,7 +1098,9 @@ def paired_line(a: str, b: str, paired: dict) -> str:
     dropped = ",".join(f"s{s}" for s in paired.get("dropped") or [])
     return (f"paired_{a}_vs_{b}={paired['gain']:+.4f} "
             f"ci95_{a}_vs_{b}={paired['lo']:+.4f},{paired['hi']:+.4f} "
-            f"seeds_{a}_vs_{b}={by_seed} "
+            + (f"seed_ci95_{a}_vs_{b}={paired['seed_lo']:+.4f},{paired['seed_hi']:+.4f} "
+               if len(paired["seeds"]) > 1 and "seed_lo" in paired else "")
+            + f"seeds_{a}_vs_{b}={by_seed} "
             + (f"dropped_{a}_vs_{b}={dropped} " if dropped else "")
             + f"wins_{a}_vs_{b}={paired['wins']} losses_{a}_vs_{b}={paired['losses']} "
             f"questions_{a}_vs_{b}={paired['questions']}")
@@ -1111,6 +1116,18 @@ def _start_for(start: dict | None, method: str, seed: int) -> dict | None:
     """The start a run is paired with: its own where `start` holds one per run, else the
     shared one."""
     return (start.get((method, seed)) or start.get(None)) if _by_seed(start) else start
+
+
+class _TQuantiles(dict):
+    """Student's t 0.975 quantile by degrees of freedom (tabled to 10, then a series)."""
+
+    def __missing__(self, df: int) -> float:
+        z = 1.959964
+        return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+_T975 = _TQuantiles({1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365,
+                     8: 2.306, 9: 2.262, 10: 2.228})
 
 
 def _paired(per_run: dict, a: str, b: str, start: dict | None, resamples: int = 10_000,
@@ -1150,8 +1167,15 @@ def _paired(per_run: dict, a: str, b: str, start: dict | None, resamples: int = 
     cols = rng.integers(0, len(questions), size=(resamples, len(questions)))
     boot = np.array([diff[r][:, c].mean() for r, c in zip(rows, cols)])
     lo, hi = np.percentile(boot, [2.5, 97.5])
+    by_seed = diff.mean(axis=1)
+    # the seeds alone, by Student's t: a bootstrap over n seeds shrinks their variance by
+    # (n - 1) / n and takes few distinct draws (10 for 3 seeds), so with few seeds this
+    # interval, wider, says how much the seeds themselves could move the gain
+    half = (_T975[len(seeds) - 1] * float(by_seed.std(ddof=1)) / len(seeds) ** 0.5
+            if len(seeds) > 1 else float("nan"))
     return {"gain": float(diff.mean()), "lo": float(lo), "hi": float(hi),
-            "by_seed": [float(d) for d in diff.mean(axis=1)], "seeds": seeds,
+            "seed_lo": float(by_seed.mean()) - half, "seed_hi": float(by_seed.mean()) + half,
+            "by_seed": [float(d) for d in by_seed], "seeds": seeds,
             "dropped": dropped,
             "wins": int((diff > 0).sum()), "losses": int((diff < 0).sum()),
             "questions": len(questions)}

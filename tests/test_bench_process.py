@@ -483,9 +483,14 @@ def test_report_prints_the_paired_comparison_from_kept_per_question_records(tmp_
     assert figures["seeds_recall_vs_start"] == "s0:+0.150/s1:+0.200"
     lo, hi = (float(x) for x in figures["ci95_recall_vs_outcome"].split(","))
     assert lo < 0.2 < hi
+    # beside the bootstrap, the seeds alone by Student's t (two seeds: 1 df, t = 12.706)
+    gains = [float(g.split(":")[1]) for g in figures["seeds_recall_vs_outcome"].split("/")]
+    half = 12.706 * abs(gains[0] - gains[1]) / 2 ** 0.5 / 2 ** 0.5
+    seed_lo, seed_hi = (float(x) for x in figures["seed_ci95_recall_vs_outcome"].split(","))
+    assert (seed_lo, seed_hi) == pytest.approx((0.2 - half, 0.2 + half), abs=1e-3)
     assert (f"process_gain=+0.2000 process_gain_ci={lo:+.4f}..{hi:+.4f} (paired; seeds 0,1, "
-            "resampling seeds and questions; 2 seeds barely measure the seeds' spread)") \
-        in out[-1]
+            "resampling seeds and questions; 2 seeds barely measure the seeds' spread; over "
+            f"the seeds alone (t, 1 df) {seed_lo:+.4f}..{seed_hi:+.4f})") in out[-1]
 
 
 def test_a_report_on_uneven_seeds_ranks_the_named_arms_on_the_seeds_both_have(tmp_path, capsys):
