@@ -179,3 +179,85 @@ def test_empty_queries_make_no_request_and_bad_arguments_are_named():
         remote(server).search("a query", k=3)
     with pytest.raises(ValueError, match="url"):
         RemoteRetriever("localhost:8000")
+
+
+class FakeClock:
+    """time.monotonic and time.sleep for the client: sleeping moves the clock."""
+
+    def __init__(self, monkeypatch):
+        self.now, self.sleeps = 1000.0, []
+        monkeypatch.setattr("seekrl.retrieval.client.time.monotonic", lambda: self.now)
+        monkeypatch.setattr("seekrl.retrieval.client.time.sleep", self.sleep)
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def busy_server(times: int, status: int = 503, retry_after: str | None = "2"):
+    """Answers busy `times` times (seekrl serve's overload answer), then searches."""
+    server = FlakyServer()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if len(server.requests) < times:
+            server.requests.append(request)
+            headers = {} if retry_after is None else {"Retry-After": retry_after}
+            return httpx.Response(status, headers=headers, json={
+                "error": "server busy: 70000 queries waiting", "detail": {"limit": "max_pending"}})
+        return server(request)
+
+    return server, handler
+
+
+def test_a_busy_server_is_waited_for_as_it_asks_without_using_up_retries(monkeypatch):
+    clock = FakeClock(monkeypatch)
+    server, handler = busy_server(times=10)
+    retriever = RemoteRetriever("http://127.0.0.1:9", transport=httpx.MockTransport(handler),
+                                retries=1, backoff=0.5)
+    hits = retriever.search(["q"], k=1)
+    assert hits[0][0].doc_id == "q-0"
+    assert len(server.requests) == 11            # 10 busy answers, more than `retries`
+    assert clock.sleeps == [2.0] * 10            # the Retry-After, not the backoff
+
+
+def test_a_server_busy_past_busy_wait_fails_naming_it(monkeypatch):
+    clock = FakeClock(monkeypatch)
+    server, handler = busy_server(times=1000, retry_after="30")
+    retriever = RemoteRetriever("http://127.0.0.1:9", transport=httpx.MockTransport(handler),
+                                busy_wait=100)
+    with pytest.raises(RetrievalError, match=r"still busy after 100 s.*HTTP 503.*70000 queries"):
+        retriever.search(["q"], k=1)
+    assert clock.sleeps == [30.0, 30.0, 30.0, 10.0]   # the last wait cut to what is left
+    assert len(server.requests) == 5
+
+
+@pytest.mark.parametrize("status, retry_after, waits", [
+    (429, None, [0.5, 0.5]),             # too many requests: busy, at the backoff
+    (429, "0", [0.5, 0.5]),              # no busy loop on a zero
+    (503, "Wed, 21 Oct 2015 07:28:00 GMT", [0.5, 0.5]),   # a date already past
+    (503, "soon", [0.5, 0.5]),           # unreadable: waited for at the backoff
+])
+def test_busy_answers_without_a_usable_wait_use_the_backoff(monkeypatch, status, retry_after,
+                                                            waits):
+    clock = FakeClock(monkeypatch)
+    server, handler = busy_server(times=2, status=status, retry_after=retry_after)
+    retriever = RemoteRetriever("http://127.0.0.1:9", transport=httpx.MockTransport(handler),
+                                retries=0, backoff=0.5)
+    assert retriever.search(["q"], k=1)[0][0].doc_id == "q-0"
+    assert clock.sleeps == waits
+
+
+def test_a_503_without_retry_after_is_an_error_and_uses_retries(monkeypatch):
+    clock = FakeClock(monkeypatch)
+    server, handler = busy_server(times=10, retry_after=None)
+    retriever = RemoteRetriever("http://127.0.0.1:9", transport=httpx.MockTransport(handler),
+                                retries=2, backoff=0.5)
+    with pytest.raises(RetrievalError, match="after 3 attempts"):
+        retriever.search(["q"], k=1)
+    assert clock.sleeps == [0.5, 1.0]
+
+
+def test_busy_wait_must_not_be_negative():
+    with pytest.raises(ValueError, match="busy_wait"):
+        RemoteRetriever("http://127.0.0.1:9", busy_wait=-1)
+

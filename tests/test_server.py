@@ -84,11 +84,13 @@ def test_response_without_scores_is_documents_alone():
 def test_topk_defaults_to_three_and_extra_fields_are_ignored():
     retriever = FakeRetriever()
     with make_client(retriever) as client:
-        for body in ({"queries": ["q"]}, {"queries": ["q2"], "topk": None, "extra": [1, 2]}):
+        # Search-R1's server takes a missing, null or 0 topk as its default (`if not topk`)
+        for body in ({"queries": ["q"]}, {"queries": ["q2"], "topk": None, "extra": [1, 2]},
+                     {"queries": ["q3"], "topk": 0}):
             r = client.post("/retrieve", json=body)
             assert r.status_code == 200
             assert len(r.json()["result"][0]) == 3
-    assert [k for _, k in retriever.calls] == [3, 3]
+    assert [k for _, k in retriever.calls] == [3, 3, 3]
 
 
 def test_health_reports_manifest_count_uptime_cache_batching():
@@ -210,7 +212,7 @@ def test_cache_evicts_least_recently_used():
     ({"queries": ["q"] * 5}, "max_queries", "5 queries"),
     ({"queries": ["ok", "x" * 11]}, "max_query_chars", "queries.1"),
     ({"queries": ["q"], "topk": 11}, "max_topk", "11"),
-    ({"queries": ["q"], "topk": 0}, "max_topk", "0"),
+    ({"queries": ["q"], "topk": -1}, "max_topk", "-1"),
 ])
 def test_limits_answer_422_naming_the_limit_and_value(body, limit, needle):
     retriever = FakeRetriever()
@@ -266,7 +268,7 @@ def test_an_empty_query_list_is_answered_with_an_empty_result():
         r = client.post("/retrieve", json={"queries": [], "topk": 3, "return_scores": True})
         assert r.status_code == 200 and r.json() == {"result": []}
         # a bad topk is still a mistake with nothing to search
-        assert client.post("/retrieve", json={"queries": [], "topk": 0}).status_code == 422
+        assert client.post("/retrieve", json={"queries": [], "topk": -1}).status_code == 422
     assert retriever.calls == []
 
 
@@ -318,6 +320,34 @@ def test_serve_s_default_limits_are_the_server_s():
     for name in ("max_queries", "max_query_chars", "max_topk", "default_topk", "cache_size",
                  "max_batch_size", "max_wait_ms", "max_pending"):
         assert defaults[name] == ServerConfig.model_fields[name].default, name
+
+
+def test_seekrl_client_waits_out_the_busy_answer_as_it_asks(monkeypatch):
+    # the 503 + Retry-After of max_pending, read by RemoteRetriever: it waits the second the
+    # server names and asks again, past its `retries` (0 here), until the search is served
+    from seekrl.retrieval import batching
+    busy_twice = iter([True, True])
+    real = batching.SearchRunner.search
+
+    async def search(self, queries, k):
+        if next(busy_twice, False):
+            raise batching.Busy("max_pending 4: too many queries waiting")
+        return await real(self, queries, k)
+
+    monkeypatch.setattr(batching.SearchRunner, "search", search)
+    sleeps: list[float] = []
+    monkeypatch.setattr("seekrl.retrieval.client.time.sleep", sleeps.append)
+    with make_client() as client:
+        def through_app(request: httpx.Request) -> httpx.Response:
+            r = client.request(request.method, request.url.path, content=request.content,
+                               headers={"content-type": "application/json"})
+            return httpx.Response(r.status_code, headers=r.headers, content=r.content)
+
+        remote = RemoteRetriever("http://testserver", transport=httpx.MockTransport(through_app),
+                                 retries=0)
+        assert [h.doc_id for h in remote.search(["q"], k=2)[0]] == ["q#0", "q#1"]
+        assert client.get("/health").json()["batching"]["in_flight"] == 0
+    assert sleeps == [1.0, 1.0]
 
 
 @pytest.mark.parametrize("batching", [True, False])

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import datetime
+import email.utils
+import math
 import time
 from typing import Any, Self
 
@@ -15,7 +18,11 @@ class RemoteRetriever:
 
     Connection errors, timeouts and 5xx answers are retried `retries` times, waiting
     `backoff * 2**attempt` seconds (capped at `max_backoff`) in between; a 4xx answer is the
-    caller's mistake and raises `RetrievalError` at once with the server's message.
+    caller's mistake and raises `RetrievalError` at once with the server's message. A busy
+    server (429, or 503 with `Retry-After`: `seekrl serve` past its `--max-pending`) is not
+    broken: it is asked again after the wait it names, for up to `busy_wait` seconds in all,
+    without using up `retries` (a trainer sharing a loaded server would otherwise fail
+    after a few seconds).
     A search of more than `max_batch` queries (a rollout batch of several sub-queries a
     turn can hold thousands) goes as several requests of at most that many, in order:
     `seekrl serve` refuses a request over its `--max-queries` (4096 by default). A server
@@ -25,7 +32,7 @@ class RemoteRetriever:
 
     def __init__(self, url: str, timeout: float = 30.0, retries: int = 3, backoff: float = 0.5,
                  max_backoff: float = 8.0, transport: httpx.BaseTransport | None = None,
-                 max_batch: int = 512):
+                 max_batch: int = 512, busy_wait: float = 300.0):
         if retries < 0:
             raise ValueError(f"retries: expected >= 0, got {retries}")
         if max_batch < 1:
@@ -33,6 +40,9 @@ class RemoteRetriever:
         self.max_batch = max_batch
         if backoff < 0:
             raise ValueError(f"backoff: expected >= 0 seconds, got {backoff}")
+        if not busy_wait >= 0:
+            raise ValueError(f"busy_wait: expected >= 0 seconds, got {busy_wait}")
+        self.busy_wait = busy_wait
         # accept the endpoint url as well as the base url
         base = url.rstrip("/").removesuffix("/retrieve")
         if not base.startswith(("http://", "https://")):
@@ -113,16 +123,35 @@ class RemoteRetriever:
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         url = f"{self.base_url}{path}"
         last_error = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(min(self.backoff * 2 ** (attempt - 1), self.max_backoff))
+        failures, busy_since, wait = 0, None, 0.0
+        while True:
+            if wait:
+                time.sleep(wait)
             try:
                 response = self._client.request(method, path, **kwargs)
             except httpx.TransportError as exc:  # refused, reset, timed out: worth retrying
                 last_error = f"{type(exc).__name__}: {exc}"
+                response = None
+            busy = None if response is None else _busy_for(response)
+            if busy is not None:
+                now = time.monotonic()
+                busy_since = now if busy_since is None else busy_since
+                left = busy_since + self.busy_wait - now
+                if left <= 0:
+                    raise RetrievalError(
+                        f"{method} {url}: the server was still busy after {self.busy_wait:g} s "
+                        f"(busy_wait); last answer HTTP {response.status_code}: "
+                        f"{_server_message(response)}")
+                # the wait the server asks for, at least `backoff` and never a busy loop
+                wait = min(max(busy, self.backoff, 0.05), left)
                 continue
-            if response.status_code >= 500:
-                last_error = f"HTTP {response.status_code}: {_server_message(response)}"
+            if response is None or response.status_code >= 500:
+                if response is not None:
+                    last_error = f"HTTP {response.status_code}: {_server_message(response)}"
+                failures += 1
+                if failures > self.retries:
+                    break
+                wait = min(self.backoff * 2 ** (failures - 1), self.max_backoff)
                 continue
             if response.status_code >= 400:
                 message = (f"{method} {url} was refused with HTTP {response.status_code}: "
@@ -136,6 +165,27 @@ class RemoteRetriever:
                                      f"{response.text[:200]!r}") from None
         raise RetrievalError(f"{method} {url} failed after {self.retries + 1} attempts; "
                              f"last error: {last_error}")
+
+
+def _busy_for(response: httpx.Response) -> float | None:
+    """Seconds a busy server asks the client to wait (429, or 503 with `Retry-After`; 0 when
+    it names no wait it can be read as), else None: not busy."""
+    if response.status_code not in (429, 503):
+        return None
+    after = response.headers.get("retry-after")
+    if after is None:
+        return 0.0 if response.status_code == 429 else None
+    try:
+        seconds = float(after)
+    except ValueError:   # an HTTP date
+        try:
+            when = email.utils.parsedate_to_datetime(after)
+        except (TypeError, ValueError):
+            return 0.0
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.timezone.utc)
+        seconds = (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+    return seconds if seconds > 0 and math.isfinite(seconds) else 0.0
 
 
 class _OverLimit(RetrievalError):

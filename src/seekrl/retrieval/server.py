@@ -216,8 +216,6 @@ def parse_request(body: bytes, config: ServerConfig) -> tuple[list[str], int, bo
     except ValidationError as exc:
         raise _validation_error(exc, config) from None
     queries = req.queries
-    if len(queries) > config.max_queries:   # the schema's limit already; kept as the contract
-        raise _too_many_queries(len(queries), config)
     for i, query in enumerate(queries):
         if len(query) > config.max_query_chars:
             raise RequestError(
@@ -225,8 +223,8 @@ def parse_request(body: bytes, config: ServerConfig) -> tuple[list[str], int, bo
                      f"({config.max_query_chars})",
                 {"field": f"queries.{i}", "index": i, "limit": "max_query_chars",
                  "max": config.max_query_chars, "value": len(query)})
-    # Search-R1 falls back to its default topk when the field is missing or null.
-    k = config.default_topk if req.topk is None else req.topk
+    # Search-R1 falls back to its default topk when the field is missing, null or 0.
+    k = req.topk or config.default_topk
     if not 1 <= k <= config.max_topk:
         raise RequestError(
             422, f"field 'topk': {k} is outside [1, max_topk={config.max_topk}]",
@@ -284,7 +282,7 @@ def _retrieve_path(config: ServerConfig) -> dict:
         "summary": "Search: the Search-R1 retrieval request",
         "description": (f"`queries` (at most {config.max_queries}, each at most "
                         f"{config.max_query_chars} characters), `topk` (default "
-                        f"{config.default_topk}, at most {config.max_topk}); with "
+                        f"{config.default_topk} when missing, null or 0; at most {config.max_topk}); with "
                         "`return_scores` each hit is {document, score}."),
         "operationId": "retrieve",
         "requestBody": {"required": True, "content": {"application/json": {
