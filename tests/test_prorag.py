@@ -5,6 +5,7 @@ stage keys fail before any work (the real model's numbers are in the README)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -146,6 +147,51 @@ def test_a_stage_without_a_model_or_pairs_is_not_recorded_done(tmp_path, monkeyp
     from seekrl.errors import DataError
     with pytest.raises(DataError, match="pipeline.json.*not JSON"):
         run_prorag(cfg, resume=True)
+
+
+def test_a_stopped_sft_or_prm_stage_goes_on_from_its_checkpoint(tmp_path, monkeypatch):
+    """--resume continues an SFT or PRM stage from the checkpoint it left (a long SFT stage
+    on a GPU was started over); a stage stopped before any checkpoint is redone."""
+    import seekrl.recipes.mcts as mcts
+    import seekrl.recipes.prm as prm
+    import seekrl.recipes.sft as sft
+    from seekrl.recipes import refine
+
+    calls: list[tuple[str, bool, bool]] = []
+    stop = {"sft": 1, "prm": 2}     # how many times each stage is stopped before it finishes
+
+    def stage(name: str, needs: str | None = None):
+        def run(c, **k):
+            calls.append((name, k["resume"], k["overwrite"]))
+            if stop[name]:
+                stop[name] -= 1
+                ck = Path(c.out) / "checkpoints" / f"step-{len(calls)}"
+                ck.mkdir(parents=True)
+                if needs and stop[name] == 0:     # the PRM's first stop left no state.pt
+                    (ck / needs).write_text("state")
+                (Path(c.out) / "checkpoints" / "latest").write_text(ck.name)
+                raise RuntimeError(f"{name} stopped")
+            final = Path(c.out) / "final"
+            final.mkdir(parents=True)
+            return {"final": str(final), "steps": 2, "loss": 1.0}
+        return run
+
+    monkeypatch.setattr(sft, "run_sft", stage("sft"))
+    monkeypatch.setattr(prm, "train_prm", stage("prm", needs="state.pt"))
+    monkeypatch.setattr(mcts, "run_labelling", lambda c, **k: {"out": c.out, "pairs": 3})
+    monkeypatch.setattr(refine, "run_refine", lambda c, **k: (_ for _ in ()).throw(
+        RuntimeError("refine stopped")))
+    cfg = ProragConfig(out=str(tmp_path / "p"), evaluate=[])
+    with pytest.raises(RuntimeError, match="sft stopped"):
+        run_prorag(cfg)
+    for stopped in ("prm stopped", "prm stopped", "refine stopped"):
+        with pytest.raises(RuntimeError, match=stopped):
+            run_prorag(cfg, resume=True)
+    assert calls == [("sft", False, True),    # a fresh run: the stage's own folder
+                     ("sft", True, False),    # resumed from its checkpoint
+                     ("prm", False, True),
+                     ("prm", False, True),    # its checkpoint had no state.pt: redone
+                     ("prm", True, False)]
 
 
 def test_the_prm_backbone_is_the_users_choice(tmp_path):

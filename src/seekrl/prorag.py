@@ -214,7 +214,10 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
         if cfg.sft_model:
             return {"final": cfg.sft_model, "skipped": True, "generated_tokens": 0}
         from seekrl.recipes.sft import run_sft
-        s = run_sft(stages["sft"], console=console, overwrite=True)
+        # a stage stopped after a checkpoint (`sft.save_every`) goes on from it; one stopped
+        # before any is redone (pipeline.json has already refused a changed config)
+        partial = resume and _has_checkpoint(stages["sft"].out)
+        s = run_sft(stages["sft"], console=console, resume=partial, overwrite=not partial)
         return {"final": s["final"], "steps": s["steps"], "loss": s["loss"],
                 "generated_tokens": 0}
 
@@ -248,8 +251,9 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
         from seekrl.recipes.prm import train_prm
         # the SFT policy by default (ProRAG's choice); `prm.model` sets another backbone
         backbone = {} if "model" in cfg.prm else {"model": sft_out["final"]}
+        partial = resume and _has_checkpoint(stages["prm"].out, "state.pt")   # prm.save_every
         return train_prm(stages["prm"].model_copy(update={**backbone, "labels": [lab["out"]]}),
-                         console=console, overwrite=True)   # a stage cut short is redone
+                         console=console, resume=partial, overwrite=not partial)
 
     prm_out = pipe.run("prm", "2b. process reward model", prm)
     weak = prm_warning(prm_out.get("dev") or {})
@@ -275,7 +279,7 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
         rl_cfg.reward = rl_cfg.reward.model_copy(update={"prm": prm_out["final"]})
         # an RL stage interrupted after a checkpoint goes on from it (pipeline.json has
         # already refused a changed config); otherwise its folder is the stage's own
-        partial = resume and (Path(rl_cfg.out) / "checkpoints" / "latest").is_file()
+        partial = resume and _has_checkpoint(rl_cfg.out)
         r = Trainer(rl_cfg, console=console, retriever=retriever, resume=partial,
                     overwrite=not partial).train()
         return {"final": r["final"], "steps": r["steps"], "generated_tokens": r["rollout_tokens"],
@@ -294,6 +298,15 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
     summary["peak_rss_mb"] = peak_rss_mb()    # this process (a resumed run: since resuming)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
+
+
+def _has_checkpoint(out: str, needs: str | None = None) -> bool:
+    """Whether a stage's folder holds a checkpoint it can go on from (`checkpoints/latest`
+    naming a folder, with `needs` in it)."""
+    from seekrl.recipes.checkpoint import latest_checkpoint
+
+    found = latest_checkpoint(Path(out))
+    return found is not None and found.is_dir() and (needs is None or (found / needs).is_file())
 
 
 def _data(cfg: ProragConfig, paths: dict[str, str], console: Console) -> dict:
