@@ -208,8 +208,20 @@ def test_viewer_without_episodes_file_shows_step_text_and_titles(tmp_path):
 def test_render_viewer_limits_episodes_and_works_without_metrics():
     tok = WordTokenizer()
     page = render_viewer(sample_run(tok), max_episodes=1)
-    assert page.count('<details class="ep"') == 1 and "(first 1 of 3)" in page
+    assert page.count('<details class="ep"') == 1 and "(first 1 of 3:" in page
     assert "<h2>Metrics</h2>" not in page
+
+
+def test_the_viewers_a_run_writes_by_itself_are_capped(tmp_path, monkeypatch):
+    # a training run writes a viewer at every dev evaluation and rollout step: a large dev
+    # set must not make pages a browser cannot open; `seekrl inspect` writes every episode
+    import seekrl.eval.evaluate as evaluate
+    monkeypatch.setattr(evaluate, "AUTO_VIEWER_EPISODES", 2)
+    tok = WordTokenizer()
+    evaluate.write_rollouts(tmp_path / "step-1", sample_run(tok), tok, {"model": "unit-test"})
+    page = (tmp_path / "step-1" / "viewer.html").read_text()
+    assert page.count('<details class="ep"') == 2 and "(first 2 of 3" in page
+    assert write_viewer(tmp_path / "step-1").read_text().count('<details class="ep"') == 3
 
 
 def test_bad_run_folders_name_the_problem(tmp_path):

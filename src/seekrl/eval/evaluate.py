@@ -50,6 +50,9 @@ __all__ = ["GENERIC_STEMS", "answer_scores", "dataset_name", "describe_retriever
            "pass_at_k", "protocol_record", "score_trajectories", "write_run", "yes_no"]
 
 # File stems that say which split, not which data set: the folder names the data set.
+# the viewer a training run writes by itself (dev evaluations, each step's rollouts) shows
+# at most this many episodes, a page of ~10 MB
+AUTO_VIEWER_EPISODES = 1000
 GENERIC_STEMS = frozenset({"questions", "test", "dev", "train", "val", "validation", "data"})
 # turns: model turns per episode; queries: retriever queries per episode (a search of
 # several sub-queries counts each; otherwise as searches)
@@ -504,7 +507,9 @@ def eval_policy(model, tokenizer, retriever, cfg, out_dir: str | Path, *,
             metrics["sampled"] = sampled["average"]
     finally:
         model.train(was_training)
-    write_viewer(out_dir, tokenizer=tokenizer)
+    # written at every dev evaluation: capped so that a large dev set does not leave a page
+    # a browser cannot open (`seekrl inspect RUN_DIR` renders them all)
+    write_viewer(out_dir, tokenizer=tokenizer, max_episodes=AUTO_VIEWER_EPISODES)
     return metrics
 
 
@@ -551,7 +556,7 @@ def write_rollouts(out_dir: str | Path, trajectories: Sequence[Trajectory], toke
         seen[t.example_id] += 1
     write_run(out_dir, renumbered, {"config": config, **score_trajectories(renumbered)},
               tokenizer)
-    write_viewer(out_dir)
+    write_viewer(out_dir, max_episodes=AUTO_VIEWER_EPISODES)
 
 
 def _version() -> str:

@@ -587,7 +587,8 @@ def render_viewer(trajectories: Sequence[Trajectory], metrics: dict | None = Non
                  'environment, masked</span><span style="background:#fff3c4">&#9733; gold '
                  'document</span></div>')
     note = "" if max_episodes is None or len(trajectories) <= max_episodes else \
-        f' <span class="note">(first {max_episodes} of {len(trajectories)})</span>'
+        f' <span class="note">(first {max_episodes} of {len(trajectories)}: `seekrl inspect` ' \
+        'with a higher --limit for more)</span>'
     parts.append(f'<h2>Episodes{note}</h2><div class="filters">{"".join(filters)}</div>')
     for i, t in enumerate(shown):
         segs = None if episodes is None else \
