@@ -71,6 +71,9 @@ def test_supporting_titles_shapes() -> None:
     given = QAExample.from_dict({"id": "q", "question": "?", "golden_answers": ["a"],
                                  "metadata": {"supporting_titles": "Paris"}})
     assert given.metadata["supporting_titles"] == ["Paris"]
+    one_fact = QAExample.from_dict({"id": "q", "question": "?", "golden_answers": ["a"],
+                                    "supporting_facts": {"title": "Paris", "sent_id": 0}})
+    assert one_fact.metadata["supporting_titles"] == ["Paris"]   # not its letters
     # the original HotpotQA JSON: [[title, sentence], ...] at the top level
     raw = {"id": 1, "question": "q?", "golden_answers": ["x"],
            "supporting_facts": [["A", 0], ["B", 2]]}
@@ -95,6 +98,21 @@ def test_flashrag_folder_with_and_without_split(tmp_path: Path) -> None:
     assert [e.id for e in load_qa(folder, "train")] == ["t0", "t1", "t2"]
     with pytest.raises(FileNotFoundError, match="no test.jsonl"):
         load_qa(f"{folder}:test")
+    # a split the folder lacks is said with what it has, not handed to `datasets`
+    with pytest.raises(FileNotFoundError, match=r"no validation.jsonl.*\['dev.jsonl', 'train"):
+        load_qa(folder, "validation")
+    # a folder of one QA file under another name: that file, read by seekrl's reader
+    other = tmp_path / "mine"
+    _write_jsonl(other / "questions.jsonl", _rows("q", 2))
+    assert [e.id for e in load_qa(other)] == ["q0", "q1"]
+    (other / "questions.jsonl").write_text('{"id": "a", "question": "q", '
+                                           '"golden_answers": ["x"]}\n{bad\n')
+    with pytest.raises(DataError, match=r"questions.jsonl:2"):
+        load_qa(other)
+    _write_jsonl(other / "more.jsonl", _rows("m", 1))
+    with pytest.raises(FileNotFoundError, match=r"2 QA files; it has \['more.jsonl', "
+                                                r"'questions.jsonl'\]: name the file"):
+        load_qa(other)
     assert dataset_name(f"{folder}:train") == "hotpotqa-train"   # not the reported split
     assert load_qa(folder)[0].metadata["supporting_titles"] == ["Muse (band)", "Kasabian"]
 
@@ -121,6 +139,14 @@ def test_flashrag_specs_from_a_local_mirror(tmp_path: Path, monkeypatch) -> None
         load_qa("flashrag:squad")
     with pytest.raises(FileNotFoundError, match="no popqa/ folder"):
         load_qa("flashrag:popqa")
+    # a set named twice (an alias counts) would come twice under one id each time
+    for spec, twice in (("flashrag:nq+nq", "'nq' and 'nq'"),
+                        ("flashrag:hotpotqa+nq+HotpotQA", "'hotpotqa' and 'HotpotQA'")):
+        with pytest.raises(DataError, match=f"names hotpotqa twice|names nq twice.*{twice}"):
+            load_qa(spec)
+    for spec in ("flashrag:nq+", "flashrag:+nq", "flashrag:nq::", "flashrag:nq:a:b"):
+        with pytest.raises(DataError, match=r"expected flashrag:NAME\[\+NAME"):
+            load_qa(spec)
     # a mirror without the split asked for names the folder and what it holds
     with pytest.raises(FileNotFoundError, match=r"nq has no dev.jsonl.*test.jsonl"):
         load_qa("flashrag:nq:dev")

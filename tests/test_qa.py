@@ -71,6 +71,22 @@ def test_from_dict_is_lenient_where_files_differ_harmlessly() -> None:
         ({"id": "x", "question": "Q", "golden_answers": ["A", None]}, "golden_answers[1]"),
         ({"id": True, "question": "Q", "golden_answers": ["A"]}, "id"),
         ({"id": "x", "question": "Q", "golden_answers": ["A"], "metadata": [1]}, "metadata"),
+        ({"id": " ", "question": "Q", "golden_answers": ["A"]}, "id"),
+        # JSON's NaN / Infinity (Python writes them for a float NaN) are no answers
+        ({"id": "x", "question": "Q", "golden_answers": [float("nan")]}, "golden_answers[0]"),
+        ({"id": "x", "question": "Q", "golden_answers": ["A", float("inf")]},
+         "golden_answers[1]"),
+        # a lone surrogate (a "\\ud800" escape) loads, then fails the first write
+        ({"id": "x", "question": "Q\ud800?", "golden_answers": ["A"]}, "question"),
+        ({"id": "x", "question": "Q", "golden_answers": ["A", "\udfff"]}, "golden_answers[1]"),
+        ({"id": "\ud800", "question": "Q", "golden_answers": ["A"]}, "id"),
+        # supporting titles are titles: not letters, not numbers, not dropped
+        ({"id": "x", "question": "Q", "golden_answers": ["A"],
+          "metadata": {"supporting_titles": [1, None]}}, "metadata.supporting_titles"),
+        ({"id": "x", "question": "Q", "golden_answers": ["A"],
+          "supporting_facts": [["A", 0], [1, 0]]}, "metadata.supporting_facts[1][0]"),
+        ({"id": "x", "question": "Q", "golden_answers": ["A"],
+          "supporting_facts": {"title": ["A", None]}}, "metadata.supporting_facts.title[1]"),
     ],
 )
 def test_from_dict_names_path_line_and_field(record: dict, field: str) -> None:

@@ -118,11 +118,19 @@ def parse_flashrag_spec(spec: str) -> tuple[list[Benchmark], str | None]:
     evaluation split)."""
     body = spec[len("flashrag:"):]
     names, _, split = body.partition(":")
-    entries = [benchmark(n.strip()) for n in names.split("+") if n.strip()]
-    if not entries:
-        raise DataError(f"expected flashrag:NAME[:SPLIT] with NAME from "
-                        f"{', '.join(BENCHMARKS)}, got {spec!r}", field="data")
-    return entries, split or None
+    parts = [n.strip() for n in names.split("+")]
+    if not any(parts) or not all(parts) or ":" in split:
+        raise DataError(f"expected flashrag:NAME[+NAME...][:SPLIT] with NAME from "
+                        f"{', '.join(BENCHMARKS)} and SPLIT a split's name, got {spec!r}",
+                        field="data")
+    entries = [benchmark(n) for n in parts]
+    seen: dict[str, str] = {}
+    for given, entry in zip(parts, entries):
+        if entry.name in seen:   # its questions twice, under one id each time
+            raise DataError(f"{spec!r} names {entry.name} twice ({seen[entry.name]!r} and "
+                            f"{given!r})", field="data")
+        seen[entry.name] = given
+    return entries, split.strip() or None
 
 
 def spec_name(spec: str) -> str | None:
@@ -151,13 +159,26 @@ def split_name(name: str, split: str | None) -> str:
 
 def _titles_from_facts(facts: Any) -> list[str]:
     """HotpotQA / 2Wiki supporting facts: `{"title": [...], "sent_id": [...]}` (the HF and
-    FlashRAG shape) or `[[title, sentence], ...]` (the original JSON)."""
+    FlashRAG shape) or `[[title, sentence], ...]` (the original JSON). A title that is not
+    text raises ValueError naming where it is (the caller adds the file and line)."""
     if isinstance(facts, Mapping):
         titles = facts.get("title") or []
-        return [t for t in titles if isinstance(t, str)]
-    if isinstance(facts, (list, tuple)):
-        return [f[0] for f in facts if isinstance(f, (list, tuple)) and f and isinstance(f[0], str)]
-    return []
+        if isinstance(titles, str):   # one fact: one title, not its letters
+            titles = [titles]
+        if not isinstance(titles, (list, tuple)):
+            raise ValueError(f"supporting_facts.title: expected a list of titles, got "
+                             f"{type(titles).__name__}")
+        where = "supporting_facts.title[{}]"
+    elif isinstance(facts, (list, tuple)):
+        titles = [f[0] if isinstance(f, (list, tuple)) and f else f for f in facts]
+        where = "supporting_facts[{}][0]"
+    else:
+        return []
+    for i, title in enumerate(titles):
+        if not isinstance(title, str):
+            raise ValueError(f"{where.format(i)}: expected a title (a string), got "
+                             f"{type(title).__name__} {title!r:.60}")
+    return list(titles)
 
 
 def supporting_titles(metadata: Mapping[str, Any]) -> list[str]:
@@ -175,7 +196,12 @@ def with_supporting_titles(metadata: dict[str, Any]) -> dict[str, Any]:
     distractor passages (`context`, `paragraphs`) dropped once their titles are taken."""
     if "supporting_titles" in metadata:   # one title given as text is one title, not letters
         given = metadata["supporting_titles"]
-        return {**metadata, "supporting_titles": [given]} if isinstance(given, str) else metadata
+        if isinstance(given, str):
+            return {**metadata, "supporting_titles": [given]}
+        if not isinstance(given, (list, tuple)) or not all(isinstance(t, str) for t in given):
+            raise ValueError(f"supporting_titles: expected a list of titles (strings), got "
+                             f"{type(given).__name__} {given!r:.60}")
+        return metadata
     titles = supporting_titles(metadata)
     if not titles:
         return metadata

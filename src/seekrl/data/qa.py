@@ -19,6 +19,7 @@ import functools
 import io
 import json
 import logging
+import math
 import os
 import reprlib
 import string
@@ -65,6 +66,8 @@ def _answer_text(value: Any) -> str | None:
     """An answer as text: strings as they are, numbers (years, counts) spelled out."""
     if isinstance(value, str):
         return value
+    if isinstance(value, float) and not math.isfinite(value):
+        return None   # NaN, Infinity (JSON's extensions, a float column's missing value)
     if isinstance(value, float) and value.is_integer():
         return str(int(value))   # 1984.0 (a column with nulls read as floats) is 1984
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -131,7 +134,8 @@ class QAExample:
                 raise DataError("missing required field", field=name, **where)
 
         raw_id = d["id"]
-        if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)) or raw_id == "":
+        if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)) or \
+                (isinstance(raw_id, str) and not raw_id.strip()):
             raise DataError(f"expected a non-empty string or an integer, got {_describe(raw_id)}",
                             field="id", **where)
 
@@ -193,8 +197,27 @@ class QAExample:
                 raise DataError(f"expected a list of strings, got {_describe(given)}",
                                 field="metadata.unscored_answers", **where)
             metadata["unscored_answers"] = list(dict.fromkeys([*given, *unscored]))
+        try:
+            metadata = with_supporting_titles(metadata)
+        except ValueError as err:
+            field_name, _, why = str(err).partition(": ")
+            raise DataError(why, field=f"metadata.{field_name}", **where) from None
+        for name, text in (("id", str(raw_id)), ("question", question),
+                           *((f"golden_answers[{i}]", a) for i, a in enumerate(answers))):
+            _check_storable(text, name, where)
         return cls(id=str(raw_id), question=question, golden_answers=answers,
-                   metadata=with_supporting_titles(metadata), prompt=prompt)
+                   metadata=metadata, prompt=prompt)
+
+
+def _check_storable(text: str, name: str, where: dict) -> None:
+    """Refuse text UTF-8 cannot hold (a lone surrogate, from a JSON "\\ud800" escape): it
+    would load, then fail where a trajectory or eval file is written, naming neither."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise DataError(f"character {err.start} is a lone surrogate "
+                        f"({text[err.start]!a}), which UTF-8 cannot store", field=name,
+                        **where) from None
 
 
 def _doc_ids(raw: Any, where: dict) -> list[str]:
@@ -790,9 +813,10 @@ def load_qa(path_or_name: str | os.PathLike[str], split: str | None = None,
             raise FileNotFoundError(f"{folder}: no {named}.jsonl, {named}.json or "
                                     f"{named}.parquet inside")
     elif path.is_dir() and not _saved_to_disk(path):
-        # FlashRAG's layout; with no such file `datasets` reads the folder (below)
+        # FlashRAG's layout; a folder of other files (CSV) goes to `datasets` (below)
         picked = split if split is not None else folder_split(path)
-        path = (_split_file(path, picked) if picked is not None else None) or path
+        path = (_split_file(path, picked) if picked is not None else None) or \
+            _only_qa_file(path, split)
     suffix = path.suffix.lower()
     if suffix in _SPLIT_FILE_SUFFIXES and not path.is_file():
         raise FileNotFoundError(f"{path}: no such QA file")
@@ -812,6 +836,22 @@ def load_qa(path_or_name: str | os.PathLike[str], split: str | None = None,
         raise FileNotFoundError(f"{spec}: no such file or folder; for the FlashRAG set write "
                                 f"flashrag:{spec}, for a hub dataset hf:NAME[:CONFIG]:SPLIT")
     return load_hf_qa(spec, split or "train", **kw)
+
+
+def _only_qa_file(folder: Path, split: str | None) -> Path:
+    """A folder without a file of the split: its one QA file when no split was named, read
+    by seekrl's readers (their errors name the file and line; `datasets`' do not); the
+    folder itself when it holds no QA file; otherwise a FileNotFoundError listing them."""
+    files = sorted(p for p in folder.iterdir()
+                   if p.is_file() and p.suffix.lower() in _SPLIT_FILE_SUFFIXES)
+    if not files:
+        return folder
+    if split is None and len(files) == 1:
+        return files[0]
+    wanted = f"no {split}.jsonl, {split}.json or {split}.parquet" if split is not None else \
+        f"no {', '.join(FOLDER_SPLITS)} file and {len(files)} QA files"
+    raise FileNotFoundError(f"{folder}: {wanted}; it has {[p.name for p in files][:8]}: name "
+                            "the file, or FOLDER:SPLIT for FOLDER/SPLIT.jsonl")
 
 
 def _meant_as_file(path: Path, suffix: str) -> bool:
