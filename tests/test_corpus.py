@@ -44,11 +44,13 @@ def test_iter_corpus_title_text_form(tmp_path):
         {"id": "d1", "title": "Paris", "text": "Capital of France."},
         {"id": "d2", "text": "No title field."},
         {"id": "d3", "title": "", "text": "Empty title."},
+        {"id": "d4", "title": 1984, "text": "A novel."},   # a number, as beside contents
     ])
     assert list(iter_corpus(path)) == [
         ("d1", "Paris\nCapital of France."),
         ("d2", "No title field."),
         ("d3", "Empty title."),
+        ("d4", "1984\nA novel."),
     ]
 
 
@@ -92,8 +94,8 @@ def test_iter_corpus_skips_blank_lines_and_accepts_str_path(tmp_path):
     ({"id": ["a"], "contents": "x"}, "id", "list"),
     ({"id": "d", "contents": 42}, "contents", "int"),
     ({"id": "d", "contents": None}, "contents", "NoneType"),
-    ({"id": "d", "title": "T", "text": ["not", "a", "string"]}, "text", "strings"),
-    ({"id": "d", "title": 3, "text": "t"}, "text", "strings"),
+    ({"id": "d", "title": "T", "text": ["not", "a", "string"]}, "text", "list"),
+    ({"id": "d", "title": ["T"], "text": "t"}, "title", "list"),   # the title named, not text
 ])
 def test_iter_corpus_bad_fields_name_file_line_and_field(tmp_path, bad, field, expected):
     path = write_lines(tmp_path / "c.jsonl", [{"id": "ok", "contents": "fine"}, bad])
@@ -286,7 +288,7 @@ def test_docstore_duplicate_ids_raise_naming_the_id(tmp_path):
     with pytest.raises(DataError, match="duplicate document id 'dup-7'") as info:
         DocStore.build(tmp_path, docs)
     assert info.value.field == "id"
-    assert "#4" in str(info.value)
+    assert "documents #2 and #4" in str(info.value)   # both, the first one too
 
 
 def test_docstore_int_and_str_ids_collide(tmp_path):

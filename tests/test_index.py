@@ -325,7 +325,7 @@ def test_failed_build_leaves_nothing_and_keeps_the_old_index(tmp_path, corpus):
     dup = tmp_path / "dup.jsonl"
     dup.write_text('{"id": "a", "contents": "x"}\n{"id": "a", "contents": "y"}\n')
     with pytest.raises(DataError, match=r"dup\.jsonl: field 'id': duplicate document id 'a' "
-                                        r"\(document #2\)"):   # the file named
+                                        r"\(documents #1 and #2"):   # the file named
         build_index(dup, tmp_path / "new", show_progress=False)
     newline = tmp_path / "newline.jsonl"   # caught where the line is known
     newline.write_text('{"id": "a", "contents": "x"}\n{"id": "b\\nc", "contents": "y"}\n')

@@ -249,6 +249,7 @@ def test_labels_are_read_up_to_the_recorded_bytes(label_dir, tmp_path, caplog):
     """A killed `seekrl mcts` may leave half a chunk after what progress.json records: it is
     not read (a torn last line would otherwise be a parse error, a whole one a label), and
     what is left out is said."""
+    import json
     import logging
 
     whole = read_labels([label_dir])
@@ -268,6 +269,13 @@ def test_labels_are_read_up_to_the_recorded_bytes(label_dir, tmp_path, caplog):
     (d / "labels.jsonl").write_bytes((d / "labels.jsonl").read_bytes()[:50])
     with pytest.raises(DataError, match="recorded as written"):
         read_labels([d])
+    # a recorded count that is no count of bytes is a damaged progress.json, not "read 0"
+    progress = json.loads((d / "progress.json").read_text())
+    for bad in (-5, 10.7, "12", True, None):
+        progress["bytes"]["labels.jsonl"] = bad
+        (d / "progress.json").write_text(json.dumps(progress))
+        with pytest.raises(DataError, match=r"progress.json: field 'bytes'.*a count of bytes"):
+            read_labels([d])
 
 
 def _set(record: dict, dotted: str, value):
@@ -299,6 +307,9 @@ _DELETE = object()
     ("pairs", "depth", 99, "depth"),
     ("pairs", "depth", "0", "depth"),
     ("pairs", "gap", "big", "gap"),
+    ("pairs", "gap", -0.8, "gap"),        # the worse step the better: DPO the wrong way round
+    ("pairs", "gap", 0, "gap"),
+    ("pairs", "worse.example_id", "another question", "worse.example_id"),
     ("pairs", "better", [1, 2], "better"),
     ("pairs", "worse.steps.0.value", 7, "worse.steps.value"),
     ("pairs", "worse", _DELETE, "worse"),

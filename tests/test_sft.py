@@ -82,6 +82,27 @@ def test_incomplete_episodes_are_skipped_and_counted(world, tiny, tmp_path):
     assert len(examples) == 2 and skipped["incomplete"] == 1
     examples, skipped = load_sft_examples(path, tok, only_complete=False)
     assert len(examples) == 3
+    # nothing left: the error says why, not only that
+    path.write_text(json.dumps(recs[1]) + "\n")
+    with pytest.raises(DataError, match="no usable episodes: 1 left out as incomplete"):
+        load_sft_examples(path, tok)
+    # "false" is no boolean: it would be trained on as complete
+    path.write_text(json.dumps({**recs[1], "oracle_complete": "false"}) + "\n")
+    with pytest.raises(DataError, match=r"o.jsonl:1: field 'oracle_complete': expected true"):
+        load_sft_examples(path, tok)
+
+
+def test_sft_metadata_and_max_len_errors_say_what_is_wrong(world, tiny, tmp_path):
+    _, tok = tiny
+    rec = json.loads(world["oracle"].read_text().splitlines()[0])
+    path = tmp_path / "o.jsonl"
+    path.write_text(json.dumps({**rec, "metadata": [1]}) + "\n")   # balance_types reads it
+    with pytest.raises(DataError, match=r"o.jsonl:1: field 'metadata': expected an object"):
+        load_sft_examples(path, tok)
+    path.write_text(json.dumps(rec) + "\n")
+    with pytest.raises(DataError, match=r"no policy tokens within max_len \(8 tokens\): the "
+                                        r"first is token \d+; raise max_len"):
+        load_sft_examples(path, tok, max_len=8)
 
 
 def test_bad_episode_names_line_and_field(world, tiny, tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import zlib
 from collections.abc import Sequence
@@ -187,11 +188,11 @@ def _recorded_lines(folder: Path, name: str):
     limit = None
     if progress.is_file():
         recorded = _read_progress(progress)["bytes"]
-        try:
-            limit = int(recorded[name])
-        except (ValueError, KeyError, TypeError):
-            raise DataError("expected {\"bytes\": {\"%s\": N, ...}} (written by `seekrl "
-                            "mcts`)" % name, path=str(progress), field="bytes") from None
+        limit = recorded.get(name)
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise DataError("expected {\"bytes\": {\"%s\": N, ...}}, N a count of bytes "
+                            "(written by `seekrl mcts`), got %r" % (name, limit),
+                            path=str(progress), field="bytes")
         size = path.stat().st_size if path.exists() else 0
         if size < limit:   # a missing file too: its recorded labels would vanish unsaid
             raise DataError(f"{f'{size} bytes' if path.exists() else 'missing'}, but {limit} "
@@ -261,9 +262,15 @@ def _pair_label(rec: dict, path: Path, line: int) -> PairLabel:
         raise DataError(f"expected a step index below both episodes' step counts "
                         f"({len(better.steps)}, {len(worse.steps)}), got {depth!r}",
                         path=str(path), line=line, field="depth")
-    if not is_number(gap):
-        raise DataError(f"expected a number, got {gap!r}", path=str(path), line=line,
-                        field="gap")
+    if not is_number(gap) or not 0 < gap < math.inf:
+        # the better step's Q minus the worse's: a pair whose gap is not above zero says
+        # its "worse" is as good or better, and step-DPO would learn it the wrong way round
+        raise DataError(f"expected Q(better) - Q(worse), a number above 0, got {gap!r}",
+                        path=str(path), line=line, field="gap")
+    if better.example_id != worse.example_id:
+        raise DataError(f"better is an episode of {better.example_id!r}, worse of "
+                        f"{worse.example_id!r}: a pair is two episodes of one question",
+                        path=str(path), line=line, field="worse.example_id")
     shared = better.steps[depth].start
     if better.steps[depth].start != worse.steps[depth].start or \
             better.token_ids[:shared] != worse.token_ids[:shared]:

@@ -374,8 +374,16 @@ def load_sft_examples(path: str | Path, tokenizer, *,
     skipped = {"incomplete": 0, "truncated": 0}
     for line_no, rec in iter_jsonl(path):
         where = f"{path}:{line_no}"
+        complete = rec.get("oracle_complete", True)
+        if not isinstance(complete, bool):   # "false" would be trained on as complete
+            raise DataError(f"expected true or false, got {complete!r}", path=str(path),
+                            line=line_no, field="oracle_complete")
+        meta = rec.get("metadata")
+        if meta is not None and not isinstance(meta, dict):   # it decides balance_types' draw
+            raise DataError(f"expected an object or null, got {type(meta).__name__}",
+                            path=str(path), line=line_no, field="metadata")
         if "turns" in rec:
-            if only_complete and rec.get("oracle_complete") is False:
+            if only_complete and not complete:
                 skipped["incomplete"] += 1
                 continue
             ids, mask = episode_tokens(tokenizer, rec, max_info_tokens=max_info_tokens,
@@ -397,19 +405,25 @@ def load_sft_examples(path: str | Path, tokenizer, *,
         else:
             raise DataError("expected an oracle episode ('turns') or a trajectory "
                             "('token_ids' and 'loss_mask')", path=str(path), line=line_no)
+        first = next((i for i, m in enumerate(mask) if m), None)
         if len(ids) > max_len:
             skipped["truncated"] += 1
             ids, mask = ids[:max_len], mask[:max_len]
-        if sum(mask) == 0:
+        if first is None:
             raise DataError("no policy tokens to train on", path=str(path), line=line_no,
                             field="loss_mask")
-        meta = rec.get("metadata")
-        examples.append(SFTExample(ids, mask, where, meta if isinstance(meta, dict) else None,
+        if first >= max_len:   # the prompt alone fills max_len
+            raise DataError(f"no policy tokens within max_len ({max_len} tokens): the first "
+                            f"is token {first}; raise max_len", path=str(path), line=line_no,
+                            field="loss_mask")
+        examples.append(SFTExample(ids, mask, where, meta,
                                    plan_span(decode, ids, mask) if plans else None))
         if limit is not None and len(examples) >= limit:
             break
     if not examples:
-        raise DataError("no usable episodes", path=str(path))
+        left = (f": {skipped['incomplete']} left out as incomplete (oracle_complete false; "
+                "only_complete: false trains on them)" if skipped["incomplete"] else "")
+        raise DataError(f"no usable episodes{left}", path=str(path))
     return examples, skipped
 
 

@@ -70,9 +70,12 @@ def _doc_fields(obj: dict, path: str | Path, line_no: int) -> tuple[str, str]:
             contents = f"{title}\n{contents}"
     elif "text" in obj:  # the other common layout: separate title and text fields
         title, text = obj.get("title", ""), obj["text"]
-        if not isinstance(text, str) or not isinstance(title, str):
-            raise DataError("expected strings for 'title' and 'text'", path=str(path),
-                            line=line_no, field="text")
+        if isinstance(title, (int, float)) and not isinstance(title, bool):
+            title = str(title)   # "1984", as beside `contents`
+        for name, value in (("title", title), ("text", text)):
+            if not isinstance(value, str):
+                raise DataError(f"expected a string, got {type(value).__name__}",
+                                path=str(path), line=line_no, field=name)
         contents = f"{title}\n{text}" if title else text
     else:
         raise DataError("missing; expected 'contents' (\"Title\\ntext\") or 'text'",
@@ -205,14 +208,15 @@ class DocStore:
 
 def _raise_duplicate(id_file: Path) -> None:
     """Second pass, only on the error path: find and name a duplicated id."""
-    seen: set[str] = set()
+    seen: dict[str, int] = {}
     with open(id_file, encoding="utf-8", newline="\n") as f:
         for row, line in enumerate(f):
             doc_id = line.rstrip("\n")
             if doc_id in seen:
-                raise DataError(f"duplicate document id '{doc_id}' (document #{row + 1}); "
+                raise DataError(f"duplicate document id '{doc_id}' (documents #{seen[doc_id]} "
+                                f"and #{row + 1}, counting the documents read, not lines); "
                                 "ids must be unique", field="id")
-            seen.add(doc_id)
+            seen[doc_id] = row + 1
 
 
 class StoreRetriever:
