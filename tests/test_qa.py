@@ -342,6 +342,18 @@ def test_load_qa_dispatches_by_extension(tmp_path: Path) -> None:
         load_qa(tmp_path / "missing.jsonl")
 
 
+def test_a_json_file_of_one_object_is_said_to_be_one(tmp_path: Path) -> None:
+    path = tmp_path / "squad.json"
+    for text in (json.dumps({"version": "1", "data": [json.loads(GOOD)]}),
+                 json.dumps({"version": "1", "data": [json.loads(GOOD)]}, indent=2)):
+        path.write_text(text, encoding="utf-8")
+        with pytest.raises(DataError, match=r"squad\.json: one JSON object with keys "
+                                            r"\['data', 'version'\].*questions in 'data'"):
+            load_qa(path)
+    path.write_text(GOOD + "\n", encoding="utf-8")    # one question: JSONL of one line
+    assert len(load_qa(path)) == 1
+
+
 def test_load_qa_json_array_errors_name_the_item(tmp_path: Path) -> None:
     path = tmp_path / "array.json"
     path.write_text(json.dumps([json.loads(GOOD), {"id": "x"}]), encoding="utf-8")

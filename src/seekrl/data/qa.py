@@ -823,8 +823,10 @@ def load_qa(path_or_name: str | os.PathLike[str], split: str | None = None,
     if suffix == ".jsonl":
         return read_qa_jsonl(path, **kw)
     if suffix == ".json":
-        return (_read_qa_json_array(path, **kw) if _starts_with_bracket(path)
-                else read_qa_jsonl(path, **kw))
+        if _starts_with_bracket(path):
+            return _read_qa_json_array(path, **kw)
+        _refuse_one_object(path)
+        return read_qa_jsonl(path, **kw)
     if suffix == ".parquet":
         return read_searchr1_parquet(path, **kw)
     if not path.exists() and suffix and _meant_as_file(path, suffix):
@@ -907,6 +909,25 @@ def _load_flashrag(spec: str, split: str | None, **kw: Any) -> list[QAExample]:
                 ex.metadata.setdefault("source", entry.name)
         out.extend(examples)
     return out
+
+
+def _refuse_one_object(path: Path, max_bytes: int = 1 << 28) -> None:
+    """A .json file that is one object (`{"data": [...]}`, SQuAD's `{"version", "data"}`)
+    rather than JSONL or an array: said as such, with its keys, instead of an error about
+    line 1's missing `id`."""
+    if path.stat().st_size > max_bytes:
+        return
+    try:
+        whole = json.loads(path.read_text(encoding="utf-8-sig"))
+    except (ValueError, UnicodeDecodeError):
+        return   # JSONL (several values) or broken: the JSONL reader names the line
+    if isinstance(whole, dict) and "question" not in whole:
+        lists = [k for k, v in whole.items() if isinstance(v, list)]
+        hint = (f"; the questions in {lists[0]!r}? write them out as JSONL or an array"
+                if lists else "")
+        raise DataError(f"one JSON object with keys {sorted(whole)[:8]}: expected a JSON "
+                        f"array of questions or JSONL (one question object a line){hint}",
+                        path=str(path))
 
 
 def _starts_with_bracket(path: Path) -> bool:
