@@ -1972,3 +1972,19 @@ def test_a_start_trained_on_the_rl_questions_is_warned_about(world, tiny, tmp_pa
             make_trainer(make_cfg(tmp_path / folder, model=final if resume else "smollm2-135m",
                                   steps=2), world, tiny, resume=resume)
         assert not [c for c in caught if "training questions are in" in str(c.message)]
+
+
+@pytest.mark.parametrize("train_layers, adapted", [(None, {0, 1, 2}), (1, {2}), (2, {1, 2})])
+def test_lora_adapters_go_in_the_top_train_layers_blocks(train_layers, adapted):
+    """`train_layers` with LoRA: adapters in the top blocks only (peft over every block
+    froze the model again and undid `train_layers`), and only adapters train."""
+    from seekrl.config.schema import LoRAConfig
+    from seekrl.recipes.setup import prepare_trainable
+
+    model = prepare_trainable(tiny_policy(layers=3)[0], train_layers,
+                              LoRAConfig(enabled=True, r=2))
+    trained = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trained and all("lora_" in n for n in trained)
+    assert {int(re.search(r"layers\.(\d+)\.", n).group(1)) for n in trained} == adapted
+    with pytest.raises(ValueError, match=r"train_layers: expected 1..3"):
+        prepare_trainable(tiny_policy(layers=3)[0], 4, LoRAConfig(enabled=True))

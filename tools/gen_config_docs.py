@@ -65,7 +65,8 @@ NOTES: dict[tuple[str, str] | str, str] = {
     "index": "an index folder (`seekrl index`) or a retrieval server url (`seekrl serve`)",
     "questions": "only the first N questions of `data`",
     "search": "the search that labels steps: MCTS or Monte-Carlo rollouts",
-    ("LoRAConfig", "enabled"): "train LoRA adapters instead of the weights",
+    ("LoRAConfig", "enabled"): "train LoRA adapters instead of the weights (with "
+                               "`train_layers`, in the top blocks only)",
     ("LoRAConfig", "r"): "the adapters' rank",
     ("LoRAConfig", "alpha"): "the adapters' scale: their update is multiplied by alpha / r",
     ("LoRAConfig", "dropout"): "dropout on the adapters' input",

@@ -282,11 +282,15 @@ def train_top_layers(model, n: int | None):
 
 
 def _blocks(model) -> torch.nn.ModuleList:
+    return getattr(getattr(model, model.base_model_prefix, model), _blocks_name(model))
+
+
+def _blocks_name(model) -> str:
+    """The attribute of the backbone that holds its transformer blocks."""
     backbone = getattr(model, model.base_model_prefix, model)
     for name in ("layers", "h", "blocks"):
-        blocks = getattr(backbone, name, None)
-        if isinstance(blocks, torch.nn.ModuleList):
-            return blocks
+        if isinstance(getattr(backbone, name, None), torch.nn.ModuleList):
+            return name
     raise ValueError("train_layers: cannot find this model's list of transformer blocks")
 
 
@@ -294,7 +298,16 @@ def prepare_trainable(model, train_layers: int | None, lora: LoRAConfig):
     """The one policy set-up of SFT, RL, the PRM and step-DPO: freeze all but the top
     `train_layers` blocks, add LoRA adapters when enabled, and turn off the generation KV
     cache (training forwards never reuse it; keeping it costs memory)."""
-    model = apply_lora(train_top_layers(model, train_layers), lora)
+    if lora.enabled and train_layers is not None:
+        # adapters in the top `train_layers` blocks only: LoRA over every block froze the
+        # model again and undid `train_layers` without a word (and backpropagated through
+        # all of them)
+        n = len(_blocks(model))
+        if not 1 <= train_layers <= n:
+            raise ValueError(f"train_layers: expected 1..{n} for this model, got {train_layers}")
+        model = apply_lora(model, lora, layers=list(range(n - train_layers, n)))
+    else:
+        model = apply_lora(train_top_layers(model, train_layers), lora)
     if hasattr(model, "config"):
         model.config.use_cache = False
     return model
@@ -332,8 +345,9 @@ def units_within_budget(budget: int, spent: float, done: int, most: int) -> int:
     return max(0, min(most, round((budget - spent) / (spent / done))))
 
 
-def apply_lora(model, cfg: LoRAConfig):
-    """Wrap `model` with LoRA adapters (peft) when enabled; else return it unchanged."""
+def apply_lora(model, cfg: LoRAConfig, layers: list[int] | None = None):
+    """Wrap `model` with LoRA adapters (peft) when enabled, in the blocks numbered `layers`
+    (None: every block); else return it unchanged."""
     if not cfg.enabled:
         return model
     from peft import LoraConfig, get_peft_model
@@ -343,9 +357,11 @@ def apply_lora(model, cfg: LoRAConfig):
     if not targets:
         raise ValueError(f"lora.target_modules: none of {cfg.target_modules} is a module of "
                          f"this model (it has e.g. {sorted(present)[:12]})")
+    where = {} if layers is None else {"layers_to_transform": layers,
+                                       "layers_pattern": _blocks_name(model)}
     return get_peft_model(model, LoraConfig(r=cfg.r, lora_alpha=cfg.alpha,
                                             lora_dropout=cfg.dropout, target_modules=targets,
-                                            task_type="CAUSAL_LM"))
+                                            task_type="CAUSAL_LM", **where))
 
 
 def trainable_parameters(*modules) -> list[torch.nn.Parameter]:
