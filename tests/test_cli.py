@@ -235,6 +235,16 @@ def test_refine_print_config_refuses_what_refine_would():
     assert r.exit_code == 2 and "teacher: only rft samples episodes" in r.output, r.output
 
 
+@pytest.mark.parametrize("key, said", [
+    ("rl.stepz=10", "prorag rl: stepz: unknown key"),          # a stage's key, in its preset
+    ("labels.search.simulations=-3", "prorag labels: search.simulations"),
+    ("train=x.jsonl", "train, test and index go together"),
+])
+def test_prorag_print_config_refuses_what_a_run_would(key, said):
+    r = run("prorag", "--print-config", key)
+    assert r.exit_code == 2 and said in r.output, r.output
+
+
 def test_process_supervision_commands_fail_fast_with_one_line(tmp_path):
     r = run("mcts", "data=" + str(tmp_path / "missing.jsonl"), f"out={tmp_path / 'labels'}")
     assert r.exit_code == 2 and "missing.jsonl" in r.output

@@ -1203,11 +1203,12 @@ def prorag(
 ):
     """ProRAG end to end: SFT -> MCTS labels -> PRM -> refinement -> PRM-supervised RL, with
     the evaluation after each stage (default: the synthetic world at demo size, on a CPU)."""
-    from seekrl.prorag import run_prorag
+    from seekrl.prorag import check_config, run_prorag
 
     try:
         cfg = _load(schema.ProragConfig, config, overrides)
         if print_config:
+            check_config(cfg)   # the stages' keys, as a run checks them first
             _print_config(cfg)
             return
         _threads(threads)

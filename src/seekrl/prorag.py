@@ -181,13 +181,9 @@ class _Pipeline:
         return result
 
 
-def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: bool = False
-               ) -> dict:
-    from seekrl.recipes.pipeline import evaluate_greedy
-    from seekrl.retrieval.open import open_retriever
-    from seekrl.runtime import peak_rss_mb
-
-    console = console or Console()
+def check_config(cfg: ProragConfig) -> tuple[dict[str, str], dict[str, Any]]:
+    """The pipeline's own rules and every stage's config, built and checked without reading
+    any file (what `--print-config` checks too): the input paths and the stage configs."""
     own = [cfg.train, cfg.test, cfg.index]
     if any(own) and not all(own):
         raise ConfigError("train, test and index go together (your own data), or none of them "
@@ -195,16 +191,26 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
     if all(own) and not (cfg.sft_data or cfg.sft_model):
         raise ConfigError("sft_data or sft_model: with your own data the warm-up needs episodes "
                           "to imitate (trajectory JSONL), or a checkpoint to start from")
-    if all(own):       # questions of a `seekrl world` must meet that world's own index
+    paths = input_paths(cfg)
+    return paths, stage_configs(cfg, paths)
+
+
+def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: bool = False
+               ) -> dict:
+    from seekrl.recipes.pipeline import evaluate_greedy
+    from seekrl.retrieval.open import open_retriever
+    from seekrl.runtime import peak_rss_mb
+
+    console = console or Console()
+    world_paths, stages = check_config(cfg)      # every stage's keys checked now
+    if cfg.train:       # questions of a `seekrl world` must meet that world's own index
         from seekrl.recipes.setup import check_world_index
         check_world_index(cfg.index, cfg.train, cfg.test)
     out = Path(cfg.out)
-    world_paths = input_paths(cfg)
-    stages = stage_configs(cfg, world_paths)      # every stage's keys checked now
     pipe = _Pipeline(cfg, console, resume)
 
     data = pipe.run("data", "the data: synthetic world, BM25 index, oracle episodes"
-                    if not all(own) else "the data", lambda: _data(cfg, world_paths, console))
+                    if not cfg.train else "the data", lambda: _data(cfg, world_paths, console))
     retriever = open_retriever(data["index"])
     # greedy, the pipeline's episodes, in float32 whatever a stage trained in
     ev = dict(index=retriever, test_file=Path(data["test"]), episode=cfg.rollout,
