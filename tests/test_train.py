@@ -478,7 +478,7 @@ def test_a_file_value_yaml_would_read_otherwise_than_written_is_refused(tmp_path
 
     path = tmp_path / "c.yaml"
     path.write_text(f"data: d\n{line}\n")
-    with pytest.raises(ConfigError, match=re.escape(f"{path}: line 2 ") + ".*" + re.escape(said)):
+    with pytest.raises(ConfigError, match=re.escape(f"{path}:2: ") + ".*" + re.escape(said)):
         load_config(TrainConfig, path)
     path.write_text("data: d\nseed: 755\nsteps: 130\noptim: {lr: 0.5}\n")
     assert (load_config(TrainConfig, path).seed, load_config(TrainConfig, path).steps) \
@@ -524,7 +524,15 @@ def test_an_optional_section_is_switched_on_by_its_model_or_by_itself():
 def test_config_file_errors(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("data: d\nindex: i\nalgo:\n  epochs: [1\n")
-    with pytest.raises(ConfigError, match="c.yaml: line"):
+    with pytest.raises(ConfigError, match=r"c.yaml:\d+: not valid YAML"):
+        load_config(TrainConfig, path)
+    # a key the schema refuses is named with its line in the file
+    path.write_text("data: d\nsteps: 4\n\nstepz: 40\n")
+    with pytest.raises(ConfigError, match=r"c.yaml:4: stepz: unknown key.*did you mean steps"):
+        load_config(TrainConfig, path)
+    path.write_text("data: d\nstepz: 40\noptim:\n  lr: -1\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: line 4: optim.lr: .*; line 2: stepz|"
+                                          r"c.yaml: line 2: stepz.*; line 4: optim.lr"):
         load_config(TrainConfig, path)
     path.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="mapping"):
@@ -534,7 +542,7 @@ def test_config_file_errors(tmp_path):
         load_config(TrainConfig, path)
     # a key given twice: YAML keeps the last silently (the first optim block's lr lost)
     path.write_text("data: d\noptim:\n  lr: 1.0e-4\nsteps: 3\noptim:\n  warmup_steps: 2\n")
-    with pytest.raises(ConfigError, match=r"c.yaml: line 5 not valid YAML \(the key 'optim' is "
+    with pytest.raises(ConfigError, match=r"c.yaml:5: not valid YAML \(the key 'optim' is "
                                           r"given twice\)"):
         load_config(TrainConfig, path)
     path.write_text("algo: {epochs: 1, epochs: 2}\n")
@@ -554,7 +562,7 @@ def test_config_file_errors(tmp_path):
     with pytest.raises(ConfigError, match=r"^command line: algo.clip_low:"):
         load_config(TrainConfig, path, ["algo.clip_low=abc"])
     path.write_text("data: d\nindex: i\nsteps: 0\n")
-    with pytest.raises(ConfigError, match=r"c.yaml: steps:"):
+    with pytest.raises(ConfigError, match=r"c.yaml:3: steps:"):
         load_config(TrainConfig, path, ["optim.lr=1e-5"])
 
 

@@ -224,7 +224,9 @@ def _check_switches(schema: type[BaseModel], data: dict, given: list[list[str]],
 
 
 def build_config(schema: type[C], data: dict | None, overrides: list[str] = (),
-                 source: str = "config") -> C:
+                 source: str = "config", key_lines: dict[tuple, int] | None = None) -> C:
+    """`key_lines`: the file line of each key path of `data` (`_key_lines`), so that an
+    error in a file names its line."""
     pairs = [parse_override(text) for text in overrides]
     given = [key.split(".") for key, _ in pairs]   # the keys set on the command line
     tree = with_keys(data or {}, pairs, schema, where="command line")
@@ -239,7 +241,45 @@ def build_config(schema: type[C], data: dict | None, overrides: list[str] = (),
 
         if given and all(overridden(e["loc"]) for e in err.errors()):
             source = "command line"    # not the file's fault
+        elif key_lines:
+            found = [_line_of(e["loc"], key_lines) for e in err.errors()]
+            if len(found) == 1 and found[0] is not None:
+                source = f"{source}:{found[0]}"
+            else:
+                lines = [f"line {n}: {text}" if n is not None else text
+                         for n, text in zip(found, lines)]
         raise ConfigError(f"{source}: " + "; ".join(lines)) from None
+
+
+def _line_of(loc: tuple, key_lines: dict[tuple, int]) -> int | None:
+    """The line of the deepest key of `loc` the file gives (a missing key: its section's)."""
+    path = tuple(str(part) for part in loc)
+    for n in range(len(path), 0, -1):
+        if path[:n] in key_lines:
+            return key_lines[path[:n]]
+    return None
+
+
+def _key_lines(text: str) -> dict[tuple, int]:
+    """Each key path of a YAML text's mappings and the line it is on (1-based)."""
+    out: dict[tuple, int] = {}
+
+    def walk(node, prefix: tuple) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value in node.value:
+                if isinstance(key_node, yaml.ScalarNode):
+                    path = (*prefix, key_node.value)
+                    out.setdefault(path, key_node.start_mark.line + 1)
+                    walk(value, path)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                walk(item, (*prefix, str(i)))
+
+    try:
+        walk(yaml.compose(text, Loader=yaml.SafeLoader), ())
+    except yaml.YAMLError:
+        pass
+    return out
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -305,7 +345,7 @@ def read_config_file(path: str | Path) -> dict:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
+        where = f"{mark.line + 1}:" if mark is not None else ""
         raise ConfigError(f"{path}:{where} not valid YAML ({getattr(err, 'problem', err)})") \
             from None
     if data is None:   # an empty file: every default
@@ -320,7 +360,9 @@ def load_config(schema: type[C], path: str | Path | None, overrides: list[str] =
     """Read a YAML file (or nothing) into `schema`, with `key.sub=value` overrides on top."""
     if path is None:
         return build_config(schema, {}, overrides, "overrides")
-    return build_config(schema, read_config_file(path), overrides, str(Path(path)))
+    data = read_config_file(path)
+    return build_config(schema, data, overrides, str(Path(path)),
+                        key_lines=_key_lines(Path(path).read_text(encoding="utf-8")))
 
 
 def dump_config(cfg: BaseModel, path: str | Path) -> None:
