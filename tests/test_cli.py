@@ -245,6 +245,16 @@ def test_prorag_print_config_refuses_what_a_run_would(key, said):
     assert r.exit_code == 2 and said in r.output, r.output
 
 
+@pytest.mark.parametrize("keys", [["data=q.jsonl", "out="], ["data=q.jsonl", "model="],
+                                  ["data= "], ["data=q.jsonl", "index="]])
+def test_an_empty_path_is_refused(keys):
+    # `out=` would write into the current folder, `model=` load nothing: slips, not settings
+    r = run("train", "--print-config", *keys)
+    key = keys[-1]
+    assert r.exit_code == 2 and f"{key.split('=')[0]}: expected a path or name, got an " \
+        "empty string" in r.output, r.output
+
+
 def test_process_supervision_commands_fail_fast_with_one_line(tmp_path):
     r = run("mcts", "data=" + str(tmp_path / "missing.jsonl"), f"out={tmp_path / 'labels'}")
     assert r.exit_code == 2 and "missing.jsonl" in r.output

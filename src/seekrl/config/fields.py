@@ -65,6 +65,11 @@ def _yes_for_a_number(annotation: Any, value: Any) -> bool | None:
     return None
 
 
+# fields that name a file, folder, model or server: never the empty string
+_PATH_FIELDS = frozenset({"model", "data", "out", "index", "prm", "sft_model", "sft_data",
+                          "train", "test", "presets", "teacher", "retriever"})
+
+
 class Strict(BaseModel):
     # inf and nan are refused everywhere: no setting means "unbounded" by them, and a
     # nan weight or schedule poisons a run silently
@@ -79,6 +84,10 @@ class Strict(BaseModel):
             bad = _yes_for_a_number(cls.model_fields[info.field_name].annotation, value)
             if bad is not None:
                 raise ValueError(f"expected a number, got {bad}")
+        if info.field_name in _PATH_FIELDS and isinstance(value, str) and not value.strip():
+            # `out=` is the current folder, `model=` no model: a slip, not a setting
+            raise ValueError("expected a path or name, got an empty string (leave the key "
+                             "out for its default)")
         return value
 
     @model_validator(mode="before")
