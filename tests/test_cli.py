@@ -246,7 +246,7 @@ def test_prorag_print_config_refuses_what_a_run_would(key, said):
 
 
 @pytest.mark.parametrize("keys", [["data=q.jsonl", "out="], ["data=q.jsonl", "model="],
-                                  ["data= "], ["data=q.jsonl", "index="]])
+                                  ["data= "]])
 def test_an_empty_path_is_refused(keys):
     # `out=` would write into the current folder, `model=` load nothing: slips, not settings
     r = run("train", "--print-config", *keys)

@@ -1171,7 +1171,8 @@ def test_advantages_are_computed_once_per_step(world, tiny, tmp_path, monkeypatc
 
 
 def test_a_step_with_llds_logs_what_it_regularised(world, tiny, tmp_path):
-    cfg = make_cfg(tmp_path, **{"algo.llds_coef": 1.0})   # 2 mini-batches x 2 epochs
+    cfg = make_cfg(tmp_path, **{"algo.llds_coef": 1.0, "algo.epochs": 3,   # 2 mini-batches x 3 epochs
+                                "optim": {"lr": 1e-2}})   # moved for sure, on any CPU
     record = make_trainer(cfg, world, tiny).step(1)
     # the first mini-batch meets the rollout's own log-probs (nothing fell); the later ones
     # meet a moved policy, where some tokens fell and were regularised

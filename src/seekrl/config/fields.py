@@ -84,8 +84,10 @@ class Strict(BaseModel):
             bad = _yes_for_a_number(cls.model_fields[info.field_name].annotation, value)
             if bad is not None:
                 raise ValueError(f"expected a number, got {bad}")
-        if info.field_name in _PATH_FIELDS and isinstance(value, str) and not value.strip():
-            # `out=` is the current folder, `model=` no model: a slip, not a setting
+        if info.field_name in _PATH_FIELDS and isinstance(value, str) and not value.strip() \
+                and type(None) not in get_args(cls.model_fields[info.field_name].annotation):
+            # `out=` is the current folder, `model=` no model: a slip, not a setting (where
+            # None is a setting, `eval.data=` stays the way to say none)
             raise ValueError("expected a path or name, got an empty string (leave the key "
                              "out for its default)")
         return value
