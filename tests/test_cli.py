@@ -255,6 +255,13 @@ def test_an_empty_path_is_refused(keys):
         "empty string" in r.output, r.output
 
 
+@pytest.mark.parametrize("command", [["sft", "data=q.jsonl"], ["train", "data=q.jsonl"],
+                                     ["prm", "train", "labels=[l]"]])
+def test_resume_and_overwrite_together_are_refused_before_anything(command):
+    r = run(*command, "--resume", "--overwrite", "--print-config")
+    assert r.exit_code == 2 and "give one of --resume" in r.output, r.output
+
+
 def test_process_supervision_commands_fail_fast_with_one_line(tmp_path):
     r = run("mcts", "data=" + str(tmp_path / "missing.jsonl"), f"out={tmp_path / 'labels'}")
     assert r.exit_code == 2 and "missing.jsonl" in r.output

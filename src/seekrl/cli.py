@@ -722,6 +722,16 @@ def inspect_(
     console.print(f"viewer -> {path}")
 
 
+def _one_of(resume: bool, overwrite: bool) -> None:
+    """--resume and --overwrite contradict each other: refused before anything is read (and
+    by --print-config, which runs nothing)."""
+    from seekrl.config import ConfigError
+
+    if resume and overwrite:
+        raise ConfigError("give one of --resume (continue the run in out) or --overwrite "
+                          "(replace it), not both")
+
+
 @app.command()
 def sft(
     config: Annotated[Optional[Path], typer.Option(help="YAML config (keys: see seekrl.config.SFTConfig)")]
@@ -744,6 +754,7 @@ def sft(
     command = shlex.join(["seekrl", "sft", *(["--config", str(config)] if config else []),
                           *(overrides or [])])
     try:
+        _one_of(resume, overwrite)
         cfg = load_config(SFTConfig, config, overrides or [])
         if print_config:
             _print_config(cfg)
@@ -785,6 +796,7 @@ def train(
     out = console
     trainer = None
     try:
+        _one_of(resume, overwrite)
         if process is not None:
             from seekrl.rl.methods import method_overrides
 
@@ -1072,6 +1084,7 @@ def prm_train(
     command = shlex.join(["seekrl", "prm", "train", *(["--config", str(config)] if config
                                                       else []), *(overrides or [])])
     try:
+        _one_of(resume, overwrite)
         cfg = _load(schema.PRMConfig, config, overrides)
         if print_config:
             _print_config(cfg)
