@@ -468,6 +468,15 @@ def test_asking_for_cuda_without_it_fails_in_one_line(tmp_path):
         assert len([x for x in r.output.splitlines() if x.strip()]) <= 2, r.output
 
 
+def test_eval_refuses_several_greedy_samples(tmp_path):
+    q = tmp_path / "q.jsonl"
+    q.write_text('{"id": "1", "question": "q?", "golden_answers": ["a"]}\n')
+    r = run("eval", "--data", q, "--out", tmp_path / "e", "--method", "direct",
+            "--n-samples", "4", "--temperature", "0")
+    assert r.exit_code == 2 and "pass@K would be pass@1" in r.output, r.output
+    assert not (tmp_path / "e").exists()
+
+
 def test_serve_refuses_a_log_level_before_loading_the_index(tmp_path, monkeypatch):
     import seekrl.retrieval.index
 

@@ -534,6 +534,8 @@ def test_config_file_errors(tmp_path):
     with pytest.raises(ConfigError, match=r"c.yaml: line 4: optim.lr: .*; line 2: stepz|"
                                           r"c.yaml: line 2: stepz.*; line 4: optim.lr"):
         load_config(TrainConfig, path)
+    with pytest.raises(ConfigError, match=r": a folder; expected a YAML config file"):
+        load_config(TrainConfig, tmp_path)
     path.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(TrainConfig, path)

@@ -612,6 +612,10 @@ def eval_(
             "max_queries": max_queries, "topk": topk, "max_turns": max_turns,
             "max_new_tokens": max_new_tokens, "max_total_tokens": max_total_tokens,
             "batch_size": batch_size, "backend": backend, "attention": attention})
+        if n_samples > 1 and temperature == 0:
+            raise ValueError(f"--n-samples {n_samples} with --temperature 0: greedy samples "
+                             "are one sample repeated, so pass@K would be pass@1; sample at "
+                             "a temperature above 0, or --n-samples 1")
         cfg = eval_rollout_config(settings, n_samples=n_samples, temperature=temperature,
                                   seed=seed)
         if cfg.tools:   # each tool importable, before the model loads

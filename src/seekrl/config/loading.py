@@ -334,6 +334,8 @@ def read_config_file(path: str | Path) -> dict:
     twice, a mapping at the top (an empty file: {}). A config a recipe reads, or a preset
     (src/seekrl/presets/demo, src/seekrl/presets/prorag) a pipeline builds a stage's config from."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: a folder; expected a YAML config file")
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file")
     try:
