@@ -49,10 +49,10 @@ __all__ = ["GENERIC_STEMS", "answer_scores", "dataset_name", "describe_retriever
            "eval_rollout_config", "eval_settings", "evaluate", "load_eval_data",
            "pass_at_k", "protocol_record", "score_trajectories", "write_run", "yes_no"]
 
-# File stems that say which split, not which data set: the folder names the data set.
 # the viewer a training run writes by itself (dev evaluations, each step's rollouts) shows
 # at most this many episodes, a page of ~10 MB
 AUTO_VIEWER_EPISODES = 1000
+# File stems that say which split, not which data set: the folder names the data set.
 GENERIC_STEMS = frozenset({"questions", "test", "dev", "train", "val", "validation", "data"})
 # turns: model turns per episode; queries: retriever queries per episode (a search of
 # several sub-queries counts each; otherwise as searches)
