@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar, get_args
 
@@ -224,9 +225,10 @@ def _check_switches(schema: type[BaseModel], data: dict, given: list[list[str]],
 
 
 def build_config(schema: type[C], data: dict | None, overrides: list[str] = (),
-                 source: str = "config", key_lines: dict[tuple, int] | None = None) -> C:
-    """`key_lines`: the file line of each key path of `data` (`_key_lines`), so that an
-    error in a file names its line."""
+                 source: str = "config",
+                 key_lines: Callable[[], dict[tuple, int]] | None = None) -> C:
+    """`key_lines`: gives the file line of each key path of `data` (`_key_lines`), asked
+    only when the config is refused, so that the error names its line."""
     pairs = [parse_override(text) for text in overrides]
     given = [key.split(".") for key, _ in pairs]   # the keys set on the command line
     tree = with_keys(data or {}, pairs, schema, where="command line")
@@ -241,8 +243,9 @@ def build_config(schema: type[C], data: dict | None, overrides: list[str] = (),
 
         if given and all(overridden(e["loc"]) for e in err.errors()):
             source = "command line"    # not the file's fault
-        elif key_lines:
-            found = [_line_of(e["loc"], key_lines) for e in err.errors()]
+        elif key_lines is not None:
+            where = key_lines()
+            found = [_line_of(e["loc"], where) for e in err.errors()]
             if len(found) == 1 and found[0] is not None:
                 source = f"{source}:{found[0]}"
             else:
@@ -364,7 +367,7 @@ def load_config(schema: type[C], path: str | Path | None, overrides: list[str] =
         return build_config(schema, {}, overrides, "overrides")
     data = read_config_file(path)
     return build_config(schema, data, overrides, str(Path(path)),
-                        key_lines=_key_lines(Path(path).read_text(encoding="utf-8")))
+                        key_lines=lambda: _key_lines(Path(path).read_text(encoding="utf-8")))
 
 
 def dump_config(cfg: BaseModel, path: str | Path) -> None:

@@ -825,8 +825,11 @@ def load_qa(path_or_name: str | os.PathLike[str], split: str | None = None,
     if suffix == ".json":
         if _starts_with_bracket(path):
             return _read_qa_json_array(path, **kw)
-        _refuse_one_object(path)
-        return read_qa_jsonl(path, **kw)
+        try:
+            return read_qa_jsonl(path, **kw)
+        except DataError:   # only then: is the file one object rather than JSONL?
+            _refuse_one_object(path)
+            raise
     if suffix == ".parquet":
         return read_searchr1_parquet(path, **kw)
     if not path.exists() and suffix and _meant_as_file(path, suffix):

@@ -270,15 +270,21 @@ def train_top_layers(model, n: int | None):
     if n is None:
         return model
     blocks = _blocks(model)
-    if not 1 <= n <= len(blocks):
-        raise ValueError(f"train_layers: expected 1..{len(blocks)} for this model, got {n}")
     model.requires_grad_(False)
-    for block in blocks[len(blocks) - n:]:
-        block.requires_grad_(True)
+    for i in _top_blocks(model, n):
+        blocks[i].requires_grad_(True)
     norm = getattr(getattr(model, model.base_model_prefix, model), "norm", None)
     if norm is not None:
         norm.requires_grad_(True)
     return model
+
+
+def _top_blocks(model, n: int) -> list[int]:
+    """The indices of the model's top `n` transformer blocks (`train_layers`), checked."""
+    count = len(_blocks(model))
+    if not 1 <= n <= count:
+        raise ValueError(f"train_layers: expected 1..{count} for this model, got {n}")
+    return list(range(count - n, count))
 
 
 def _blocks(model) -> torch.nn.ModuleList:
@@ -302,10 +308,7 @@ def prepare_trainable(model, train_layers: int | None, lora: LoRAConfig):
         # adapters in the top `train_layers` blocks only: LoRA over every block froze the
         # model again and undid `train_layers` without a word (and backpropagated through
         # all of them)
-        n = len(_blocks(model))
-        if not 1 <= train_layers <= n:
-            raise ValueError(f"train_layers: expected 1..{n} for this model, got {train_layers}")
-        model = apply_lora(model, lora, layers=list(range(n - train_layers, n)))
+        model = apply_lora(model, lora, layers=_top_blocks(model, train_layers))
     else:
         model = apply_lora(train_top_layers(model, train_layers), lora)
     if hasattr(model, "config"):
