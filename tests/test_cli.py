@@ -205,6 +205,18 @@ def test_an_unknown_config_key_says_which_was_meant(tmp_path):
     assert r.exit_code == 2 and "(did you mean simulations?)" in r.output, r.output
 
 
+def test_a_refused_value_is_named_once_even_where_the_message_holds_it():
+    """pydantic's bound (`greater than 0`) is not the value: `optim.lr=0` says what it got;
+    a seekrl check that says it already is not repeated."""
+    from seekrl.config import ConfigError, TrainConfig, build_config
+
+    with pytest.raises(ConfigError, match=r"optim\.lr: Input should be greater than 0 \(got 0\)$"):
+        build_config(TrainConfig, {"data": "q.jsonl"}, ["optim.lr=0"])
+    with pytest.raises(ConfigError) as err:
+        build_config(TrainConfig, {"data": "q.jsonl"}, ["dtype=float64"])
+    assert str(err.value).count("float64") == 1, err.value
+
+
 @pytest.mark.parametrize("command, schema, keys", [
     (["refine"], "RefineConfig", ["method=rft", "data=q.jsonl"]),
     (["mcts"], "LabelConfig", ["data=q.jsonl", "search.simulations=8"]),

@@ -10,7 +10,7 @@ import torch
 
 from seekrl.demo import run_demo
 from seekrl.models import tiny_policy
-from seekrl.recipes.pipeline import DemoConfig, demo_world
+from seekrl.recipes.pipeline import PRESETS, DemoConfig, demo_world
 
 
 @pytest.mark.parametrize("process", [None, "evidence"])
@@ -78,6 +78,53 @@ def test_a_bad_setting_fails_before_the_old_run_is_removed(tmp_path, bad, messag
         run_demo(out, DemoConfig.model_validate(bad), overwrite=True)
     assert (out / "summary.json").read_text() == "{}"
     assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--eval-questions", "0"], "error: --eval-questions: Input should be greater than or "
+                                "equal to 1 (got 0)"),
+    (["--sft-steps", "0"], "error: --sft-steps: Input should be greater than or equal to 1"),
+    (["--sft-batch", "0"], "error: --sft-batch: Input should be"),
+    (["--rl-steps", "0", "--group-size", "0"], "error: --rl-steps: Input should be greater "
+     "than or equal to 1 (got 0); --group-size: Input should be"),
+    (["--rl-minutes", "0"], "error: --rl-minutes: Input should be greater than 0"),
+    (["--advantage", "foo"], "error: --advantage: expected one of"),
+    (["--train-layers", "-2"], "error: --train-layers: expected 0 (every block) or more, got -2"),
+])
+def test_the_demo_names_the_option_a_bad_value_came_from(tmp_path, args, said):
+    """`seekrl demo`'s errors named the stage's keys (`n_test`, `demo rl: steps`), which the
+    user never typed; and `--train-layers -2` said ">= 1" where 0 is allowed."""
+    from typer.testing import CliRunner
+
+    from seekrl.cli import app
+
+    r = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "d"), *args])
+    text = " ".join(r.output.split())
+    assert r.exit_code == 2 and said in text, r.output
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_presets_bad_key_keeps_its_stage_name(tmp_path):
+    """Only keys an option set are retold as the option: a bad value in the user's preset
+    copy is still named by its stage and key."""
+    from typer.testing import CliRunner
+
+    from seekrl.cli import app
+
+    presets = tmp_path / "p"
+    presets.mkdir()
+    for name in ("sft.yaml", "rl.yaml"):
+        (presets / name).write_text((PRESETS / "demo" / name).read_text())
+    rl = presets / "rl.yaml"
+    rl.write_text(rl.read_text().replace("steps: 3 ", "steps: 0 "))
+    r = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "d"), "--presets", str(presets)])
+    bare = "".join(r.output.split())   # a long path may be wrapped anywhere
+    assert r.exit_code == 2 and f"error:demorl(preset{rl}):steps:Input" in bare, r.output
+    r = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "d"), "--presets", str(presets),
+                                 "--rl-steps", "-1"])   # the option's value over the copy's
+    text = " ".join(r.output.split())
+    assert r.exit_code == 2 and "error: --rl-steps: Input should be greater than or equal to " \
+        "1 (got -1)" in text, r.output
 
 
 @pytest.mark.parametrize("max_queries,judge", [(1, "values"), (3, "values"), (1, "ordered")])

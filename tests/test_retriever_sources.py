@@ -219,6 +219,29 @@ def test_eval_without_any_retriever_is_refused_but_direct_needs_none(lab, tmp_pa
     assert r.exit_code == 2 and "not both" in r.output
 
 
+def test_eval_and_serve_refuse_option_clashes_before_reading_anything(lab, tmp_path):
+    """Options that cannot go together are refused before the data is read (a file that is
+    not there would otherwise be the error), and --candidates without --ranker is refused
+    where it was ignored."""
+    missing = tmp_path / "no-such-questions.jsonl"
+    for flags, said in ((["--index", lab["index"], "--retriever-url", "http://127.0.0.1:9"],
+                         "give one of --index DIR or --retriever-url URL, not both"),
+                        (["--retriever", "x:y", "--retriever-url", "http://127.0.0.1:9"],
+                         "give one of --retriever MODULE:ATTR or --retriever-url URL, not both"),
+                        (["--index", lab["index"], "--candidates", "5"],
+                         "--candidates 5: the first-stage documents a --ranker orders")):
+        r = run("eval", "--model", lab["model"], "--data", missing, "--out", tmp_path / "x",
+                *flags)
+        text = " ".join(r.output.split())
+        assert r.exit_code == 2 and said in text, r.output
+    r = run("eval", "--model", lab["model"], "--data", missing, "--out", tmp_path / "x",
+            "--index", lab["index"], "--ranker", lab["encoder"], "--candidates", "0")
+    assert r.exit_code == 2 and "--candidates: expected at least 1, got 0" in r.output
+    r = run("serve", "--index", lab["index"], "--candidates", "5", "--port", "9")
+    text = " ".join(r.output.split())
+    assert r.exit_code == 2 and "give --ranker too" in text, r.output
+
+
 @pytest.mark.parametrize("source", ["index", "url", "url-ranked-by-server", "url-simulated"])
 def test_search_with_every_source(lab, servers, source):
     served = {"url": "index", "url-ranked-by-server": "ranked", "url-simulated": "simulated"}

@@ -293,8 +293,8 @@ def serve(
     ranker: Annotated[Optional[str], typer.Option(
         help="reorder the index's top --candidates with a ranker (`seekrl ranker train`'s "
              "final/, or minilm) and answer its best topk")] = None,
-    candidates: Annotated[int, typer.Option(help="with --ranker: first-stage documents it "
-                                            "orders")] = 10,
+    candidates: Annotated[Optional[int], typer.Option(
+        help="with --ranker: first-stage documents it orders (default 10)")] = None,
     host: Annotated[str, typer.Option(help="bind address (loopback by default)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port")] = 8000,
     device: Annotated[str, typer.Option(help="where a dense encoder runs: cpu | cuda")] = "cpu",
@@ -336,6 +336,7 @@ def serve(
                              "of the two")
         _simulator_options({"words": words, "max_new_tokens": sim_max_new_tokens,
                             "temperature": sim_temperature})
+        candidates = _ranker_candidates(ranker, candidates)
         _threads(threads)   # a dense encoder's, a ranker's or a simulator's
         make_decoder = None
         if simulate is not None:   # the simulator decodes with the rollout engine's loop
@@ -351,6 +352,19 @@ def serve(
                    max_pending=max_pending)
     except ERRORS as err:
         _fail(err)
+
+
+def _ranker_candidates(ranker: str | None, candidates: int | None) -> int:
+    """--candidates checked against --ranker: the number of first-stage documents the ranker
+    orders (10 when not given); refused without a ranker, where nothing would read it."""
+    if candidates is None:
+        return 10
+    if ranker is None:
+        raise RetrievalError(f"--candidates {candidates}: the first-stage documents a --ranker "
+                             "orders; give --ranker too, or leave --candidates out")
+    if candidates < 1:
+        raise RetrievalError(f"--candidates: expected at least 1, got {candidates}")
+    return candidates
 
 
 def _simulator_options(values: dict) -> None:
@@ -469,7 +483,7 @@ def demo(
     """The whole pipeline on the built-in synthetic world, on CPU: world, index, untrained
     eval, SFT warm-up, eval, RL, eval, report (about 17 minutes on 2 cores that multiply
     bfloat16 natively, 27 in float32 on 2 AVX2-only cores)."""
-    from seekrl.config import build_config
+    from seekrl.config import ConfigError, build_config
     from seekrl.demo import run_demo
     from seekrl.recipes.pipeline import DemoConfig
 
@@ -482,18 +496,52 @@ def demo(
         rl["algo"] = {"advantage": advantage}
     if train_layers is not None:
         sft["train_layers"] = rl["train_layers"] = train_layers or None
+    given = {"options": {"n_test": "--eval-questions", "sft_batch": "--sft-batch",
+                         "seed": "--seed", "difficulty": "--difficulty", "model": "--model",
+                         "process": "--process", "dtype": "--dtype", "presets": "--presets"},
+             "demo sft": {"max_steps": "--sft-steps", "train_layers": "--train-layers"},
+             "demo rl": {"steps": "--rl-steps", "max_minutes": "--rl-minutes",
+                         "questions_per_step": "--questions-per-step",
+                         "group_size": "--group-size", "algo.advantage": "--advantage",
+                         "train_layers": "--train-layers"}}
+    for source, keys in given.items():   # a stage's key is the option's only if it was given
+        if source != "options":
+            stage = sft if source == "demo sft" else rl
+            given[source] = {k: o for k, o in keys.items()
+                             if k in stage or (k == "algo.advantage" and advantage is not None)}
     try:
+        if train_layers is not None and train_layers < 0:
+            raise ValueError(f"--train-layers: expected 0 (every block) or more, got "
+                             f"{train_layers}")
         cfg = build_config(DemoConfig, {
             "seed": seed, "difficulty": difficulty, "model": model, "n_test": eval_questions,
             "process": process, "dtype": dtype, "presets": presets, "sft_batch": sft_batch,
             "sft": sft, "rl": rl}, source="options")
         _threads(threads)
         run_demo(out, cfg, console=console, overwrite=overwrite)
+    except ConfigError as err:
+        _fail(ConfigError(_name_options(str(err), given)))
     except ERRORS as err:
         _fail(err)
     except KeyboardInterrupt:   # where it stopped and how to start again, not "Aborted!"
         _stopped(f"interrupted: {out} holds a partial demo run; start again with: "
                  f"seekrl demo --out {out} --overwrite")
+
+
+def _name_options(text: str, options: dict[str, dict[str, str]]) -> str:
+    """A config error about keys a command's options set, retold with the options' names:
+    `demo rl: steps: ... (got -1)` -> `--rl-steps: ... (got -1)`. `options` maps an error's
+    source (its prefix) to {key: option}; keys the options did not set keep their source."""
+    source, sep, rest = text.partition(": ")
+    names = options.get(source.split(" (preset ")[0])   # a user's preset copy: the same keys
+    if not sep or names is None:
+        return text
+    parts = []
+    for part in rest.split("; "):
+        key, colon, msg = part.partition(": ")
+        parts.append(f"{names[key]}: {msg}" if colon and key in names
+                     else f"{source}: {part}")
+    return "; ".join(parts)
 
 
 @app.command()
@@ -569,8 +617,8 @@ def eval_(
     ranker: Annotated[Optional[str], typer.Option(
         help="reorder the retriever's top --candidates with a ranker (`seekrl ranker train`'s "
              "final/, or minilm)")] = None,
-    candidates: Annotated[int, typer.Option(help="with --ranker: first-stage documents it "
-                                            "orders")] = 10,
+    candidates: Annotated[Optional[int], typer.Option(
+        help="with --ranker: first-stage documents it orders (default 10)")] = None,
     max_turns: Annotated[int, typer.Option(
         help="model turns per episode")] = _EPISODE["max_turns"].default,
     max_new_tokens: Annotated[int, typer.Option(
@@ -621,6 +669,13 @@ def eval_(
         if cfg.tools:   # each tool importable, before the model loads
             from seekrl.agent.tools import check_tool_names
             check_tool_names(cfg.tools, key="--tool")
+        # the options that cannot go together, before any file is read
+        if index is not None and retriever_url is not None:
+            raise RetrievalError("give one of --index DIR or --retriever-url URL, not both")
+        if own_retriever is not None and retriever_url is not None:
+            raise RetrievalError("give one of --retriever MODULE:ATTR or --retriever-url "
+                                 "URL, not both")
+        candidates = _ranker_candidates(ranker, candidates)
         skipped: list | None = [] if skip_bad else None
         examples = load_eval_data(files, limit=limit, skipped=skipped)
         if prompt == "data" and method == "agent":   # before the model loads
@@ -630,12 +685,7 @@ def eval_(
         for report in skipped or []:
             console.print(str(report), markup=False, highlight=False)
         retriever = None
-        if index is not None and retriever_url is not None:
-            raise RetrievalError("give one of --index DIR or --retriever-url URL, not both")
         if own_retriever is not None:
-            if retriever_url is not None:
-                raise RetrievalError("give one of --retriever MODULE:ATTR or --retriever-url "
-                                     "URL, not both")
             from seekrl.plugins import make_retriever
 
             retriever = make_retriever("--retriever", own_retriever,
@@ -654,8 +704,6 @@ def eval_(
             if retriever is None:
                 raise RetrievalError("--ranker orders a retriever's candidates: give --index, "
                                      "--retriever-url or --retriever")
-            if candidates < 1:
-                raise RetrievalError(f"--candidates: expected at least 1, got {candidates}")
             retriever = ranked_retriever(
                 retriever, load_ranker(ranker, device=device, first=retriever), candidates)
         from seekrl.agent.factory import backend_refusal, make_backend
