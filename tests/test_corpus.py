@@ -96,6 +96,11 @@ def test_iter_corpus_skips_blank_lines_and_accepts_str_path(tmp_path):
     ({"id": "d", "contents": None}, "contents", "NoneType"),
     ({"id": "d", "title": "T", "text": ["not", "a", "string"]}, "text", "list"),
     ({"id": "d", "title": ["T"], "text": "t"}, "title", "list"),   # the title named, not text
+    ({"id": "", "contents": "x"}, "id", "blank"),          # a hit could not name it
+    ({"id": " ", "contents": "x"}, "id", "blank"),
+    ({"id": "d", "contents": ""}, "contents", "no text"),  # it can match no query
+    ({"id": "d", "contents": " \n "}, "contents", "no text"),
+    ({"id": "d", "text": ""}, "text", "no text"),
 ])
 def test_iter_corpus_bad_fields_name_file_line_and_field(tmp_path, bad, field, expected):
     path = write_lines(tmp_path / "c.jsonl", [{"id": "ok", "contents": "fine"}, bad])

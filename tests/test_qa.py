@@ -297,6 +297,7 @@ def test_parquet_errors_name_file_row_and_field(tmp_path: Path) -> None:
     kept = load_qa(bad_target, skip_bad=True, report=report)
     assert [e.question for e in kept] == ["q1?"] and report.count == 1
     assert report.skipped[0][0] == 2 and "golden_answers" in report.skipped[0][1]
+    assert report.path == str(bad_target) and str(bad_target) in str(report)   # named
 
     not_parquet = _write_lines(tmp_path / "x.parquet", ["hello"])
     with pytest.raises(DataError, match="not a readable parquet file"):

@@ -124,6 +124,11 @@ def test_bad_episode_names_line_and_field(world, tiny, tmp_path):
         with pytest.raises(DataError, match=r"bad.jsonl:1") as err:
             load_sft_examples(path, tok)
         assert err.value.field == field
+    rec["turns"][1]["role"] = "information"   # a good episode, with its tokens beside it
+    path.write_text(json.dumps({**rec, "token_ids": [1, 2], "loss_mask": [0, 1]}) + "\n")
+    with pytest.raises(DataError, match=r"bad.jsonl:1: field 'token_ids': both 'turns' .* "
+                                        r"and 'token_ids'"):
+        load_sft_examples(path, tok)
 
 
 def test_token_ids_are_checked_against_the_embedding_table(tiny, tmp_path):

@@ -270,6 +270,8 @@ def _valid_rows(rows: Iterable[tuple[int, Callable[[], QAExample]]], *, skip_bad
     row whose id an earlier row has: a question's id names its GRPO group, its labels and
     its evaluation row, so two questions under one id would be mixed (`source`: the file,
     for that error)."""
+    if report is not None and report.path is None:   # a report of the caller's, unnamed
+        report.path = path or source
     own = report if report is not None else SkipReport(path=path)
     first: dict[str, int] = {}
     for row_no, build in rows:
@@ -331,8 +333,6 @@ def _read_qa_json_array(
     if not isinstance(items, list):
         raise DataError(f"expected a JSON array of records, got {type(items).__name__}",
                         path=str(path))
-    if report is not None:
-        report.path = report.path or str(path)
     # items have no line numbers: the array index goes into the path, and a skipped item
     # is reported by its 1-based number, like a line
     return list(_valid_rows(((i + 1, functools.partial(QAExample.from_dict, item,

@@ -382,6 +382,10 @@ def load_sft_examples(path: str | Path, tokenizer, *,
         if meta is not None and not isinstance(meta, dict):   # it decides balance_types' draw
             raise DataError(f"expected an object or null, got {type(meta).__name__}",
                             path=str(path), line=line_no, field="metadata")
+        if "turns" in rec and "token_ids" in rec:   # two versions of one episode
+            raise DataError("both 'turns' (an episode's text) and 'token_ids' (its tokens): "
+                            "give one of the two", path=str(path), line=line_no,
+                            field="token_ids")
         if "turns" in rec:
             if only_complete and not complete:
                 skipped["incomplete"] += 1

@@ -80,6 +80,13 @@ def _doc_fields(obj: dict, path: str | Path, line_no: int) -> tuple[str, str]:
     else:
         raise DataError("missing; expected 'contents' (\"Title\\ntext\") or 'text'",
                         path=str(path), line=line_no, field="contents")
+    if not str(doc_id).strip():   # a hit names its document by id
+        raise DataError("blank; expected a document id a hit can name", path=str(path),
+                        line=line_no, field="id")
+    if not contents.strip():
+        raise DataError("no text: a blank document can match no query (--skip-bad leaves "
+                        "such lines out and counts them)", path=str(path), line=line_no,
+                        field="contents" if "contents" in obj else "text")
     if "\n" in str(doc_id):   # the store keeps one id a line
         raise DataError(f"document id {str(doc_id)!r} contains a newline", path=str(path),
                         line=line_no, field="id")
