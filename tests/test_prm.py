@@ -253,6 +253,8 @@ def test_labels_are_read_up_to_the_recorded_bytes(label_dir, tmp_path, caplog):
     import logging
 
     whole = read_labels([label_dir])
+    with pytest.raises(ValueError, match="is listed twice"):   # its labels would count twice
+        read_labels([label_dir, label_dir / ".." / label_dir.name])
     d = _copy_labels(label_dir, tmp_path / "l")
     first_label = (d / "labels.jsonl").read_text().splitlines()[0]
     first_pair = (d / "pairs.jsonl").read_text().splitlines()[0]

@@ -222,8 +222,13 @@ def read_labels(folders: Sequence[str | Path]) -> LabelSet:
     pairs: list[PairLabel] = []
     episodes: list[Trajectory] = []
     seen: set[tuple] = set()
+    listed: dict[Path, str] = {}
     for folder in folders:
         folder = Path(folder)
+        if folder.resolve() in listed:   # its labels would count twice
+            raise ValueError(f"labels: {folder} is listed twice (as "
+                             f"{listed[folder.resolve()]} too)")
+        listed[folder.resolve()] = str(folder)
         if not (folder / "labels.jsonl").is_file():
             raise FileNotFoundError(f"{folder}: no labels.jsonl (write labels with "
                                     "`seekrl mcts`)")
