@@ -63,12 +63,17 @@ def test_pipeline_runs_every_stage_and_resumes(tmp_path):
     again = run_prorag(cfg, resume=True)       # every stage is skipped: nothing rewritten
     assert again["em_rl"] == summary["em_rl"]
     assert all(p.stat().st_mtime_ns == t for p, t in stamp.items())
-    # a run killed during RL: the finished stages are kept, RL and its evaluation run again
-    del state["stages"]["rl"], state["stages"]["eval_rl"]
+    # a run killed during refinement's fine-tuning: the finished stages are kept, RFT goes
+    # on from its samples (not drawn again), RL and the evaluations run again
+    samples = out / "refine" / "samples.jsonl"
+    drawn = samples.stat().st_mtime_ns
+    for name in ("refine", "eval_refine", "rl", "eval_rl"):
+        del state["stages"][name]
     (out / "pipeline.json").write_text(json.dumps(state))
     run_prorag(cfg, resume=True)
     redone = json.loads((out / "pipeline.json").read_text())["stages"]
     assert list(redone) == list(STAGES)
+    assert samples.stat().st_mtime_ns == drawn
     assert (out / "sft" / "final" / "config.json").stat().st_mtime_ns == \
         stamp[out / "sft" / "final" / "config.json"]
     assert (out / "rl" / "final" / "config.json").stat().st_mtime_ns > \

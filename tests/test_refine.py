@@ -407,3 +407,82 @@ def test_refine_command_samples_with_a_teacher_and_says_why_nothing_was_kept(tmp
         in said
     assert "warning: no episode was kept: the policy answered none of 2 episodes right" in said
     assert (tmp_path / "rs" / "rft_data.jsonl").read_text() == ""
+
+
+def test_a_stopped_rft_run_resumes_from_its_samples_and_its_checkpoint(tiny, tmp_path,
+                                                                        monkeypatch):
+    """Ctrl-C in RFT's fine-tuning, then --resume: the samples are not drawn again and the
+    fine-tuning goes on from its checkpoint, ending on a straight run's weights; a stop
+    before the sampling finished samples again; other settings and step-DPO are refused."""
+    import seekrl.recipes.sft as sft_module
+    from seekrl.config import ConfigError
+    from seekrl.models import load_policy
+    from seekrl.recipes.setup import Interrupted
+
+    model, tok = tiny
+
+    def cfg(out, **keys):
+        return RefineConfig(method="rft", out=str(tmp_path / out), samples=4, steps=4,
+                            batch_size=2, save_every=1, rollout={"max_turns": 3},
+                            optim={"lr": 1e-3, "warmup_steps": 1}, **keys)
+
+    def refine(out, **kw):
+        return run_refine(cfg(out), model=copy.deepcopy(model), tokenizer=tok,
+                          backend=Dice(tok, OPTIONS), retriever=Docs(),
+                          questions=questions(4), **kw)
+
+    straight = refine("a")
+    assert straight["kept"] >= 4
+    real, calls = sft_module.sft_loss, []
+
+    def stop_in_step_3(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(sft_module, "sft_loss", stop_in_step_3)
+    with pytest.raises(Interrupted):
+        refine("b")
+    monkeypatch.setattr(sft_module, "sft_loss", real)
+    samples = (tmp_path / "b" / "samples.jsonl").read_bytes()
+    with pytest.raises(ConfigError, match="already holds a run"):
+        refine("b")
+
+    class NoSampling(Dice):   # a resumed run must not draw its samples again
+        def generate(self, *a, **k):
+            raise AssertionError("sampled again")
+
+    resumed = run_refine(cfg("b"), model=copy.deepcopy(model), tokenizer=tok,
+                         backend=NoSampling(tok, OPTIONS), retriever=Docs(),
+                         questions=questions(4), resume=True)
+    assert (tmp_path / "b" / "samples.jsonl").read_bytes() == samples
+    assert {k: v for k, v in resumed.items() if k not in ("minutes", "final", "loss")} == \
+        {k: v for k, v in straight.items() if k not in ("minutes", "final", "loss")}
+    a, b = load_policy(straight["final"])[0], load_policy(resumed["final"])[0]
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), name
+
+    with pytest.raises(ConfigError, match=r"ran with other settings: samples: 4 -> 2"):
+        run_refine(cfg("b", ).model_copy(update={"samples": 2}), model=model, tokenizer=tok,
+                   backend=Dice(tok, OPTIONS), retriever=Docs(), questions=questions(4),
+                   resume=True)
+    with pytest.raises(ConfigError, match="not both"):
+        refine("b", resume=True, overwrite=True)
+    with pytest.raises(ConfigError, match="step_dpo keeps no checkpoints"):
+        run_refine(RefineConfig(method="step_dpo", out=str(tmp_path / "b")), model=model,
+                   tokenizer=tok, resume=True)
+    with pytest.raises(ConfigError, match="holds no refinement"):
+        refine("c", resume=True)
+    # stopped before its sampling finished: no marker, so it samples again, from scratch
+    (tmp_path / "b" / "rft_sampled.json").unlink()
+
+    def stop_at_once(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sft_module, "sft_loss", stop_at_once)
+    with pytest.raises(Interrupted):
+        refine("b", resume=True)
+    assert json.loads((tmp_path / "b" / "rft_sampled.json").read_text())["sampled"] == \
+        straight["sampled"]
+    assert not (tmp_path / "b" / "sft" / "checkpoints").exists()   # the old fine-tuning went

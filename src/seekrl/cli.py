@@ -1232,6 +1232,9 @@ def refine(
         help="key.sub=value overrides, e.g. method=rft prm=runs/prm/final data=train.jsonl",
         show_default=False)] = None,
     overwrite: Annotated[bool, typer.Option(help="replace a refinement already in out")] = False,
+    resume: Annotated[bool, typer.Option(
+        help="rft: go on with the stopped refinement in out (its samples, once all were "
+             "drawn, and its fine-tuning from the latest checkpoint)")] = False,
     print_config: PrintConfig = False,
     threads: Threads = None,
 ):
@@ -1240,6 +1243,7 @@ def refine(
     from seekrl.recipes.refine import run_refine
 
     try:
+        _one_of(resume, overwrite)
         cfg = _load(schema.RefineConfig, config, overrides)
         if print_config:
             from seekrl.recipes.refine import check_config
@@ -1248,7 +1252,7 @@ def refine(
             _print_config(cfg)
             return
         _threads(threads)
-        summary = run_refine(cfg, console=console, overwrite=overwrite)
+        summary = run_refine(cfg, console=console, overwrite=overwrite, resume=resume)
     except ERRORS as err:
         _fail(err)
     if summary.get("final"):

@@ -269,10 +269,13 @@ def run_prorag(cfg: ProragConfig, *, console: Console | None = None, resume: boo
     def refine() -> dict:
         if cfg.refine_method == "none":
             return {"final": sft_out["final"], "skipped": True, "generated_tokens": 0}
-        from seekrl.recipes.refine import run_refine
+        from seekrl.recipes.refine import RFT_SAMPLED, run_refine
+        # RFT's samples, once all were drawn, are kept (and its fine-tuning's checkpoints)
+        partial = resume and cfg.refine_method == "rft" and \
+            (Path(stages["refine"].out) / RFT_SAMPLED).is_file()
         return run_refine(stages["refine"].model_copy(update={
             "model": sft_out["final"], "prm": prm_out["final"], "pairs": [lab["out"]]}),
-            console=console, overwrite=True)
+            console=console, overwrite=not partial, resume=partial)
 
     ref = pipe.run("refine", f"3. PRM-guided refinement ({cfg.refine_method})", refine)
     if "refine" in cfg.evaluate:

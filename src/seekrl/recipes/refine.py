@@ -190,7 +190,11 @@ def train_step_dpo(model, tokenizer, pairs, *, steps: int, batch_size: int, beta
 # ---------------------------------------------------------------------- the recipe
 # a folder holding these holds a refinement; --overwrite removes the outputs
 REFINE_MARKERS = ("metrics.jsonl", "final", "sft", "samples.jsonl", "rft_data.jsonl")
-REFINE_OUTPUTS = (*REFINE_MARKERS, "config.yaml")
+# written once RFT's samples and its data are complete: what a resumed run goes on from
+RFT_SAMPLED = "rft_sampled.json"
+REFINE_OUTPUTS = (*REFINE_MARKERS, RFT_SAMPLED, "config.yaml")
+# what a resumed refinement may run with otherwise: the rest decides what is sampled and kept
+REFINE_RESUME_MAY_CHANGE = ("out", "device", "save_every")
 
 
 def check_config(cfg) -> None:
@@ -253,101 +257,11 @@ def rft_warning(*, questions: int, questions_kept: int, sampled: int, right: int
             "stronger teacher policy (teacher=PATH or hub id). See docs/trajectory-format.md")
 
 
-def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
-               questions=None, scorer=None, teacher=None, console=None,
-               overwrite: bool = False) -> dict[str, Any]:
-    """`seekrl refine`: RFT or step-DPO from `cfg.model`; returns the summary with `final`,
-    the refined checkpoint. `teacher` (a (model, tokenizer) pair) overrides `cfg.teacher`,
-    the policy RFT samples with. An `out` that holds a refinement is refused unless
-    `overwrite`."""
-    from seekrl.config import SFTConfig, dump_config
-    from seekrl.models import load_policy, load_tokenizer
-    from seekrl.recipes.checkpoint import check_run_dir, claim_run_dir, save_policy
-    from seekrl.recipes.setup import (
-        MetricsLog,
-        check_world_index,
-        make_optimizer,
-        make_scheduler,
-        open_index,
-        prepare_trainable,
-        set_seed,
-        trainable_parameters,
-    )
-
-    check_config(cfg)
-    started = time.time()
-    out = Path(cfg.out)
-    check_run_dir(out, overwrite=overwrite, model=cfg.model if model is None else None,
-                  markers=REFINE_MARKERS, resumable=False)
-    say = console.print if console is not None else (lambda *a, **k: None)
-    pairs = None
-    if cfg.method == "step_dpo":
-        from seekrl.recipes.labels import read_labels
-        if not cfg.pairs:
-            raise ValueError("pairs: step_dpo trains on sibling pairs; give the label folders "
-                             "(`seekrl mcts` output)")
-        pairs = read_labels(cfg.pairs).pairs
-        if not pairs:
-            raise ValueError(f"pairs: no sibling pairs in {', '.join(cfg.pairs)} (lower "
-                             "search.min_gap / min_visits, or label more questions)")
-    elif questions is None and not cfg.data:
-        raise ValueError("data: rft samples episodes on questions; give a QA file")
-    elif scorer is None and cfg.prm:
-        from seekrl.rewards.prm import load_scorer
-        scorer = load_scorer(cfg.prm, device=cfg.device, dtype=cfg.dtype)
-    if cfg.method == "rft" and retriever is None:     # a missing index before a model loads
-        retriever = open_index(cfg.index, "RFT samples search episodes", cfg.retriever)
-        check_world_index(cfg.index, cfg.data)
-    if cfg.method == "rft":                            # and the questions
-        from seekrl.data.qa import load_qa
-        try:
-            questions = list(questions) if questions is not None else load_qa(cfg.data, "train")
-        except FileNotFoundError as err:
-            raise FileNotFoundError(f"data: {err}") from None
-        if cfg.questions is not None:
-            questions = questions[:cfg.questions]
-        if not questions:
-            raise ValueError(f"data: {cfg.data} has no questions")
-    set_seed(cfg.seed)
-    if teacher is None and cfg.teacher and cfg.method == "rft":
-        teacher = load_policy(cfg.teacher, dtype=cfg.dtype, device=cfg.device)
-    if model is None and teacher is not None and cfg.steps == 0:
-        # nothing is fine-tuned: model's tokenizer alone says how the data is written
-        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
-    elif model is None:
-        model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
-    sampler, sampler_tokenizer = teacher if teacher is not None else (model, tokenizer)
-    # a teacher's token ids mean nothing to a policy with another tokenizer: text turns
-    as_text = teacher is not None and not same_tokenizer(sampler_tokenizer, tokenizer)
-    if as_text:
-        check_text_turns(cfg.rollout)
-    from seekrl.recipes.labels import check_label_tokenizer
-    from seekrl.rewards.prm import check_scorer_tokenizer
-    if pairs is not None:      # step-DPO trains on the pairs' token ids as they are
-        check_label_tokenizer(cfg.pairs, tokenizer, f"model {cfg.model}")
-    if scorer is not None:     # it reads the sampled episodes' token ids
-        check_scorer_tokenizer(scorer, sampler_tokenizer, f"prm {cfg.prm or '(given)'}")
-
-    if cfg.method == "step_dpo":
-        model = prepare_trainable(model, cfg.train_layers, cfg.lora)
-        optimizer = make_optimizer(trainable_parameters(model), cfg.optim)
-        scheduler = make_scheduler(optimizer, cfg.optim, cfg.steps)
-    # every input read and the model loaded: only now do the old run's files go
-    claim_run_dir(out, overwrite=overwrite, outputs=REFINE_OUTPUTS)
-    dump_config(cfg, out / "config.yaml")
-    if cfg.method == "step_dpo":
-        log = MetricsLog(out / "metrics.jsonl")
-        say(f"step-DPO on {len(pairs)} sibling pairs, beta {cfg.beta}, {cfg.steps} steps")
-        last = train_step_dpo(model, tokenizer, pairs, steps=cfg.steps,
-                              batch_size=cfg.batch_size, beta=cfg.beta, optimizer=optimizer,
-                              scheduler=scheduler, device=cfg.device, seed=cfg.seed, log=log,
-                              say=say, max_grad_norm=cfg.optim.max_grad_norm)
-        log.close()
-        final = save_policy(model, tokenizer, out / "final")
-        return {"method": "step_dpo", "final": str(final), "pairs": len(pairs), **last,
-                "generated_tokens": 0, "minutes": round((time.time() - started) / 60, 2)}
-
-    # RFT: sample, filter, fine-tune
+def _rft_sample(cfg, out: Path, *, sampler, sampler_tokenizer, retriever, backend, questions,
+                scorer, teacher, as_text: bool, say) -> tuple[dict, Path]:
+    """RFT's sampling and filter: the episodes drawn (`samples.jsonl`), those kept as SFT
+    data (`rft_data.jsonl`, text turns when `as_text`), and the summary of what was kept
+    and why the rest was not."""
     from seekrl.agent.backends import HFBackend
     from seekrl.agent.rollout import RolloutConfig, RolloutEngine
     from seekrl.rewards.outcome import get_outcome
@@ -425,12 +339,173 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     if as_text:
         say(f"the teacher's tokenizer is not {cfg.model}'s: {data} holds the kept episodes as "
             "text turns, which SFT lays out with the learner's own tokens")
+    return summary, data
+
+
+def _resumable_rft(out: Path, cfg) -> dict | None:
+    """What `--resume` goes on from in `out`: the summary of RFT's finished sampling (its
+    samples and data are kept), or None when the stopped run had not finished sampling (it
+    samples again). Refused: a folder without a refinement, step-DPO (it keeps no
+    checkpoints), and other settings than the stopped run's."""
+    import json
+
+    from seekrl.config import ConfigError
+    from seekrl.recipes.checkpoint import config_changes
+
+    if cfg.method != "rft":
+        raise ConfigError("--resume: step_dpo keeps no checkpoints (its updates take "
+                          "minutes); start it again with --overwrite")
+    if not (out / "config.yaml").is_file():
+        raise ConfigError(f"--resume: {out} holds no refinement (no config.yaml)")
+    refused = [c for c in config_changes(out / "config.yaml", cfg)
+               if c.split(":", 1)[0].split(".")[0] not in REFINE_RESUME_MAY_CHANGE]
+    if refused:
+        raise ConfigError(f"--resume: the refinement in {out} ran with other settings: "
+                          + "; ".join(refused) + f" (old -> new); resume with its settings "
+                          f"({out / 'config.yaml'}), or start a new one in another out")
+    marker = out / RFT_SAMPLED
+    if not marker.is_file():
+        return None
+    summary = json.loads(marker.read_text())
+    data = Path(summary.get("data", ""))
+    if not data.is_file():
+        raise ConfigError(f"--resume: {marker} names {data}, which is not there; start "
+                          "again with --overwrite")
+    return summary
+
+
+def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
+               questions=None, scorer=None, teacher=None, console=None,
+               overwrite: bool = False, resume: bool = False) -> dict[str, Any]:
+    """`seekrl refine`: RFT or step-DPO from `cfg.model`; returns the summary with `final`,
+    the refined checkpoint. `teacher` (a (model, tokenizer) pair) overrides `cfg.teacher`,
+    the policy RFT samples with. An `out` that holds a refinement is refused unless
+    `overwrite`; `resume` goes on with a stopped RFT run: its samples once they were all
+    drawn, and its fine-tuning from the latest checkpoint (`save_every` of the SFT recipe)."""
+    from seekrl.config import ConfigError, SFTConfig, dump_config
+    from seekrl.models import load_policy, load_tokenizer
+    from seekrl.recipes.checkpoint import check_run_dir, claim_run_dir, save_policy
+    from seekrl.recipes.setup import (
+        MetricsLog,
+        check_world_index,
+        make_optimizer,
+        make_scheduler,
+        open_index,
+        prepare_trainable,
+        set_seed,
+        trainable_parameters,
+    )
+
+    check_config(cfg)
+    started = time.time()
+    out = Path(cfg.out)
+    if resume and overwrite:
+        raise ConfigError("give one of --resume (continue the refinement in out) or "
+                          "--overwrite (replace it), not both")
+    check_run_dir(out, overwrite=overwrite, resume=resume,
+                  model=cfg.model if model is None else None, markers=REFINE_MARKERS,
+                  resumable=cfg.method == "rft")
+    sampled = _resumable_rft(out, cfg) if resume else None
+    say = console.print if console is not None else (lambda *a, **k: None)
+    pairs = None
+    if cfg.method == "step_dpo":
+        from seekrl.recipes.labels import read_labels
+        if not cfg.pairs:
+            raise ValueError("pairs: step_dpo trains on sibling pairs; give the label folders "
+                             "(`seekrl mcts` output)")
+        pairs = read_labels(cfg.pairs).pairs
+        if not pairs:
+            raise ValueError(f"pairs: no sibling pairs in {', '.join(cfg.pairs)} (lower "
+                             "search.min_gap / min_visits, or label more questions)")
+    elif questions is None and not cfg.data:
+        raise ValueError("data: rft samples episodes on questions; give a QA file")
+    elif scorer is None and cfg.prm:
+        from seekrl.rewards.prm import load_scorer
+        scorer = load_scorer(cfg.prm, device=cfg.device, dtype=cfg.dtype)
+    if cfg.method == "rft" and retriever is None:     # a missing index before a model loads
+        retriever = open_index(cfg.index, "RFT samples search episodes", cfg.retriever)
+        check_world_index(cfg.index, cfg.data)
+    if cfg.method == "rft":                            # and the questions
+        from seekrl.data.qa import load_qa
+        try:
+            questions = list(questions) if questions is not None else load_qa(cfg.data, "train")
+        except FileNotFoundError as err:
+            raise FileNotFoundError(f"data: {err}") from None
+        if cfg.questions is not None:
+            questions = questions[:cfg.questions]
+        if not questions:
+            raise ValueError(f"data: {cfg.data} has no questions")
+    set_seed(cfg.seed)
+    if sampled is not None:   # the samples are drawn: no teacher needed
+        teacher = None
+    elif teacher is None and cfg.teacher and cfg.method == "rft":
+        teacher = load_policy(cfg.teacher, dtype=cfg.dtype, device=cfg.device)
+    if model is None and (teacher is not None or sampled is not None) and cfg.steps == 0:
+        # nothing is fine-tuned: model's tokenizer alone says how the data is written
+        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
+    elif model is None:
+        model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
+    sampler, sampler_tokenizer = teacher if teacher is not None else (model, tokenizer)
+    # a teacher's token ids mean nothing to a policy with another tokenizer: text turns
+    as_text = teacher is not None and not same_tokenizer(sampler_tokenizer, tokenizer)
+    if as_text:
+        check_text_turns(cfg.rollout)
+    from seekrl.recipes.labels import check_label_tokenizer
+    from seekrl.rewards.prm import check_scorer_tokenizer
+    if pairs is not None:      # step-DPO trains on the pairs' token ids as they are
+        check_label_tokenizer(cfg.pairs, tokenizer, f"model {cfg.model}")
+    if scorer is not None:     # it reads the sampled episodes' token ids
+        check_scorer_tokenizer(scorer, sampler_tokenizer, f"prm {cfg.prm or '(given)'}")
+
+    if cfg.method == "step_dpo":
+        model = prepare_trainable(model, cfg.train_layers, cfg.lora)
+        optimizer = make_optimizer(trainable_parameters(model), cfg.optim)
+        scheduler = make_scheduler(optimizer, cfg.optim, cfg.steps)
+    # every input read and the model loaded: only now do the old run's files go
+    # a resume before the sampling finished samples again, from a clean folder
+    fresh = not resume or sampled is None
+    if resume and fresh:
+        say(f"--resume: the refinement in {out} had not finished sampling; it samples again")
+    claim_run_dir(out, overwrite=overwrite or resume, resume=not fresh, outputs=REFINE_OUTPUTS)
+    if fresh:
+        dump_config(cfg, out / "config.yaml")
+    if cfg.method == "step_dpo":
+        log = MetricsLog(out / "metrics.jsonl")
+        say(f"step-DPO on {len(pairs)} sibling pairs, beta {cfg.beta}, {cfg.steps} steps")
+        last = train_step_dpo(model, tokenizer, pairs, steps=cfg.steps,
+                              batch_size=cfg.batch_size, beta=cfg.beta, optimizer=optimizer,
+                              scheduler=scheduler, device=cfg.device, seed=cfg.seed, log=log,
+                              say=say, max_grad_norm=cfg.optim.max_grad_norm)
+        log.close()
+        final = save_policy(model, tokenizer, out / "final")
+        return {"method": "step_dpo", "final": str(final), "pairs": len(pairs), **last,
+                "generated_tokens": 0, "minutes": round((time.time() - started) / 60, 2)}
+
+    # RFT: sample, filter, fine-tune
+    import json
+
+    r = cfg.rollout
+    if sampled is None:
+        summary, data = _rft_sample(cfg, out, sampler=sampler,
+                                    sampler_tokenizer=sampler_tokenizer, retriever=retriever,
+                                    backend=backend, questions=questions, scorer=scorer,
+                                    teacher=teacher, as_text=as_text, say=say)
+        marker = out / RFT_SAMPLED   # last: its presence says both files are whole
+        marker.with_suffix(".tmp").write_text(json.dumps({**summary, "data": str(data)}))
+        marker.with_suffix(".tmp").replace(marker)
+    else:
+        data = Path(sampled["data"])
+        summary = {k: v for k, v in sampled.items() if k != "data"}
+        say(f"--resume: the {summary['sampled']} episodes sampled before the stop are kept "
+            f"({out / 'samples.jsonl'}), {summary['kept']} of them as the data ({data})")
+
     if cfg.steps == 0:      # rejection sampling only: the data, no fine-tuning
         say(f"rejection-sampled SFT data -> {data}"
-            + (f"; train on it with: seekrl sft data={data} model={cfg.model}" if kept else ""))
+            + (f"; train on it with: seekrl sft data={data} model={cfg.model}"
+               if summary["kept"] else ""))
         return {**summary, "final": None, "data": str(data),
                 "minutes": round((time.time() - started) / 60, 2)}
-    if not kept:
+    if not summary["kept"]:
         say("[yellow]RFT kept no episode: the policy is returned unchanged[/]")
         final = save_policy(model, tokenizer, out / "final")
         return {**summary, "final": str(final), "minutes": round((time.time() - started) / 60, 2)}
@@ -438,9 +513,12 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
                         seed=cfg.seed, max_steps=cfg.steps, batch_size=cfg.batch_size,
                         grad_accum=cfg.grad_accum, rollout=r.episode_settings(),
                         train_layers=cfg.train_layers, lora=cfg.lora, optim=cfg.optim,
-                        dtype=cfg.dtype, device=cfg.device, log_every=5)
+                        dtype=cfg.dtype, device=cfg.device, log_every=5,
+                        save_every=cfg.save_every)
+    from seekrl.recipes.checkpoint import latest_checkpoint
     from seekrl.recipes.sft import run_sft
+    partial = sampled is not None and latest_checkpoint(out / "sft") is not None
     sft = run_sft(sft_cfg, console=console, model=model, tokenizer=tokenizer,
-                  overwrite=True)
+                  overwrite=not partial, resume=partial)
     return {**summary, "final": sft["final"], "loss": sft["loss"],
             "minutes": round((time.time() - started) / 60, 2)}
