@@ -749,3 +749,53 @@ def test_the_served_simulators_defaults_are_the_train_configs():
     sim = SimulatorSettings()
     assert (sim.words, sim.max_new_tokens, sim.temperature) == (
         simulated.DEFAULT_WORDS, simulated.DEFAULT_MAX_NEW_TOKENS, simulated.DEFAULT_TEMPERATURE)
+
+
+def test_a_stopped_simulator_training_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    """Ctrl-C after step 1 of 3 (a checkpoint every step), then --resume: the simulator a
+    straight run trains; a run there is refused without --resume or --overwrite before its
+    examples file is written over."""
+    import torch
+    from conftest import build_lab
+
+    import seekrl.recipes.sft as sft_module
+    from seekrl.config import ConfigError
+    from seekrl.models import load_policy
+    from seekrl.recipes.setup import Interrupted
+    from seekrl.config import SimulatorTrainConfig
+    from seekrl.recipes.simulator import train_simulator
+
+    _, paths, index_dir, model_dir = build_lab(tmp_path)
+
+    def cfg(out, **keys):
+        return SimulatorTrainConfig(**{"model": str(model_dir), "index": str(index_dir),
+                                       "data": [str(paths["train"])],
+                                       "out": str(tmp_path / out), "steps": 3, "limit": 12,
+                                       "batch_size": 2, "grad_accum": 1, "save_every": 1,
+                                       **keys})
+
+    straight = train_simulator(cfg("a"))
+    real, calls = sft_module.sft_loss, []
+
+    def stop_in_step_2(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(sft_module, "sft_loss", stop_in_step_2)
+    with pytest.raises(Interrupted):
+        train_simulator(cfg("b"))
+    monkeypatch.setattr(sft_module, "sft_loss", real)
+    examples = tmp_path / "b" / "simulator_examples.jsonl"
+    examples.write_text("kept\n")   # a refused run must not write over it
+    with pytest.raises(ConfigError, match="already holds a run"):
+        train_simulator(cfg("b", limit=6))
+    assert examples.read_text() == "kept\n"
+    with pytest.raises(ConfigError, match="not both"):
+        train_simulator(cfg("b"), resume=True, overwrite=True)
+    resumed = train_simulator(cfg("b"), resume=True)
+    assert resumed["steps"] == 3 and resumed["examples"] == straight["examples"]
+    a, b = load_policy(straight["final"])[0], load_policy(resumed["final"])[0]
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), name

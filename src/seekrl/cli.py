@@ -956,6 +956,9 @@ def simulator_train(
         help="key.sub=value overrides, e.g. index=data/index 'data=[data/world/train.jsonl]' "
              "out=runs/simulator steps=100", show_default=False)] = None,
     overwrite: Annotated[bool, typer.Option(help="replace a simulator already in out")] = False,
+    resume: Annotated[bool, typer.Option(
+        help="go on with the stopped run in out from its latest checkpoint (save_every)")]
+    = False,
     print_config: PrintConfig = False,
     threads: Threads = None,
 ):
@@ -963,12 +966,13 @@ def simulator_train(
     from seekrl.recipes.simulator import train_simulator
 
     try:
+        _one_of(resume, overwrite)
         cfg = _load(schema.SimulatorTrainConfig, config, overrides)
         if print_config:
             _print_config(cfg)
             return
         _threads(threads)
-        summary = train_simulator(cfg, console=console, overwrite=overwrite)
+        summary = train_simulator(cfg, console=console, overwrite=overwrite, resume=resume)
     except ERRORS as err:
         _fail(err)
     console.print(f"simulator -> {summary['final']} (in RL: simulator.model={summary['final']}; "

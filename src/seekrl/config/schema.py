@@ -596,6 +596,7 @@ class SimulatorTrainConfig(Strict):
     batch_size: int = Field(2, ge=1)
     grad_accum: int = Field(4, ge=1)
     max_len: int = Field(1024, ge=16)
+    save_every: int = Field(50, ge=0)  # a checkpoint every N steps, for --resume (0: final only)
     train_layers: int | None = Field(None, ge=1)
     dtype: Dtype = "float32"
     device: Device = "cpu"

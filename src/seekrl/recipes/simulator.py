@@ -107,13 +107,21 @@ def examples(records: Sequence[dict[str, Any]], retriever, tokenizer, k: int, wo
 
 
 def train_simulator(cfg: SimulatorTrainConfig, *, console: Console | None = None,
-                    overwrite: bool = False) -> dict[str, Any]:
-    """Build the examples, then SFT `cfg.model` on them; the summary holds `final`."""
-    from seekrl.config import SFTConfig
+                    overwrite: bool = False, resume: bool = False) -> dict[str, Any]:
+    """Build the examples, then SFT `cfg.model` on them; the summary holds `final`.
+    `resume` goes on with a stopped run from its latest checkpoint (`save_every`), on the
+    same examples (built again, and checked against the checkpoint's)."""
+    from seekrl.config import ConfigError, SFTConfig
     from seekrl.models import load_tokenizer
+    from seekrl.recipes.checkpoint import check_run_dir
     from seekrl.recipes.setup import open_index
     from seekrl.recipes.sft import run_sft
 
+    if resume and overwrite:
+        raise ConfigError("give one of --resume (continue the run in out) or --overwrite "
+                          "(replace it), not both")
+    # before the examples file is written over: a run there needs one of the two
+    check_run_dir(Path(cfg.out) / "sft", resume=resume, overwrite=overwrite, model=cfg.model)
     console = console or Console()
     records = interactions(cfg)
     retriever = open_index(cfg.index, "the simulator learns the real engine's documents")
@@ -133,8 +141,8 @@ def train_simulator(cfg: SimulatorTrainConfig, *, console: Console | None = None
                             seed=cfg.seed, max_steps=cfg.steps, batch_size=cfg.batch_size,
                             grad_accum=cfg.grad_accum, max_len=cfg.max_len, dtype=cfg.dtype,
                             device=cfg.device, train_layers=cfg.train_layers,
-                            optim=cfg.optim.model_dump()),
-                  console=console, overwrite=overwrite)
+                            save_every=cfg.save_every, optim=cfg.optim.model_dump()),
+                  console=console, overwrite=overwrite, resume=resume)
     # the prompt it learned, checked against the one RL or `seekrl serve` gives it
     (Path(sft["final"]) / SIMULATOR_FILE).write_text(json.dumps(
         {"topk": cfg.topk, "words": cfg.words}, indent=1))
