@@ -261,3 +261,42 @@ def test_busy_wait_must_not_be_negative():
     with pytest.raises(ValueError, match="busy_wait"):
         RemoteRetriever("http://127.0.0.1:9", busy_wait=-1)
 
+
+@pytest.mark.parametrize("key, value", [("backoff", float("nan")), ("max_backoff", -1.0),
+                                        ("max_backoff", float("inf")), ("timeout", 0.0),
+                                        ("timeout", -5.0)])
+def test_waits_that_would_fail_at_the_first_retry_are_refused_at_once(key, value):
+    """time.sleep(-1) or a NaN backoff failed only after the first 5xx, with a bare error."""
+    with pytest.raises(ValueError, match=rf"^{key}: expected"):
+        RemoteRetriever("http://127.0.0.1:9", **{key: value})
+    RemoteRetriever("http://127.0.0.1:9", timeout=None)   # no limit, as httpx takes it
+
+
+def test_no_documents_asked_is_no_request():
+    """k <= 0 answers no documents, as a local index does (the server would read topk 0
+    as its default and send 3)."""
+    server = FlakyServer()
+    assert remote(server).search(["a", "b"], k=0) == [[], []]
+    assert remote(server).search(["a"], k=-1) == [[]]
+    assert server.requests == []
+
+
+def test_a_score_too_large_for_a_float_is_named():
+    def huge(request: httpx.Request) -> httpx.Response:
+        body = '{"result": [[{"document": {"id": "d", "contents": "T\\nx"}, "score": 1' + \
+            "0" * 400 + "}]]}"
+        return httpx.Response(200, content=body.encode(),
+                              headers={"content-type": "application/json"})
+
+    r = RemoteRetriever("http://127.0.0.1:9", transport=httpx.MockTransport(huge))
+    with pytest.raises(RetrievalError, match=r"result\[0\]\[0\]\.score: expected a number"):
+        r.search(["q"], k=1)
+
+
+def test_contents_are_kept_as_the_server_sent_them():
+    """A quoted title (wiki-18) is read as the title without its quotes, and the document
+    goes on (to a ranker, or a server in front) as it came."""
+    (hit,) = remote(FlakyServer()).search(["q"], k=1)[0]
+    assert (hit.title, hit.text, hit.contents) == ("T0", "about q", '"T0"\nabout q')
+    assert hit == Hit("q-0", "T0", "about q", 1.0) and "stored" not in hit.to_dict()
+

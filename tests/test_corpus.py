@@ -361,8 +361,12 @@ def test_split_contents(contents, expected):
 def test_hit_from_contents_round_trip():
     hit = Hit.from_contents("d", '"Ed Wood"\nAmerican filmmaker.', 3)
     assert hit == Hit("d", "Ed Wood", "American filmmaker.", 3.0)
-    assert hit.contents == "Ed Wood\nAmerican filmmaker."
+    # served and reranked as the corpus holds it (Search-R1's server sends it so)
+    assert hit.contents == '"Ed Wood"\nAmerican filmmaker.'
+    assert Hit("d", "Ed Wood", "American filmmaker.", 3.0).contents == \
+        "Ed Wood\nAmerican filmmaker."
     assert Hit.from_contents("d", "just text", 0).contents == "just text"
+    assert Hit.from_contents("d", "T\ntext", 0).stored is None   # composed again: not kept
 
 
 # --------------------------------------------------------------------------- file_sha256

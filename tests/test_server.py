@@ -383,6 +383,24 @@ def test_retriever_failure_is_500_and_the_server_keeps_serving():
         assert batching["retriever_errors"] == 1 and batching["in_flight"] == 0
 
 
+@pytest.mark.parametrize("batching", [True, False])
+def test_a_retriever_raising_stop_iteration_is_a_500_not_a_hung_server(batching):
+    """A future cannot hold StopIteration (asyncio refuses it): the request and, with
+    batching, every later one waited forever."""
+    class Stray(FakeRetriever):
+        def search(self, queries, k):
+            if "stray" in queries:
+                next(iter([]))
+            return super().search(queries, k)
+
+    app = create_app(Stray(), config=ServerConfig(batching=batching))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        r = client.post("/retrieve", json={"queries": ["stray"]})
+        assert r.status_code == 500 and "StopIteration" in r.json()["error"]
+        assert client.post("/retrieve", json={"queries": ["fine"]}).status_code == 200
+        assert client.get("/health").json()["batching"]["in_flight"] == 0
+
+
 def test_one_failing_query_fails_only_its_own_request_in_a_batch():
     retriever = FakeRetriever(delay=0.02, fail_on="bad")
     app = create_app(retriever, config=ServerConfig(max_wait_ms=20, cache_size=0))
@@ -488,15 +506,19 @@ def test_index_process_serves_a_real_index_like_the_index_itself(tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     docs = [("d0", "Paris\nParis is the capital of France."),
             ("d1", "Rome\nRome is the capital of Italy."),
-            ("d2", "Oslo\nOslo is the capital of Norway.")]
+            ("d2", "Oslo\nOslo is the capital of Norway."),
+            ("d3", '"Bergen"\nBergen is a city in Norway. ')]   # wiki-18's quoted title
     corpus.write_text("".join(json.dumps({"id": i, "contents": c}) + "\n" for i, c in docs))
     index_dir = build_index(corpus, tmp_path / "index", "bm25", show_progress=False)
 
     process = IndexProcess(index_dir)
     try:
-        assert process.doc_count == 3 and process.manifest["retriever"] == "bm25"
+        assert process.doc_count == 4 and process.manifest["retriever"] == "bm25"
         queries = ["capital of Italy", "Norway"]
         assert process.search(queries, 2) == load_index(index_dir).search(queries, 2)
+        with make_client(process) as client:   # contents go out as the corpus holds them
+            r = client.post("/retrieve", json={"queries": ["Bergen"], "topk": 1})
+            assert r.json()["result"][0][0] == {"id": "d3", "contents": docs[3][1]}
         with make_client(process) as client:
             r = client.post("/retrieve", json={"queries": ["France"], "topk": 1})
             assert r.json()["result"][0][0]["id"] == "d0"

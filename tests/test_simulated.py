@@ -759,10 +759,9 @@ def test_a_stopped_simulator_training_resumes_from_its_checkpoint(tmp_path, monk
     from conftest import build_lab
 
     import seekrl.recipes.sft as sft_module
-    from seekrl.config import ConfigError
+    from seekrl.config import ConfigError, SimulatorTrainConfig
     from seekrl.models import load_policy
     from seekrl.recipes.setup import Interrupted
-    from seekrl.config import SimulatorTrainConfig
     from seekrl.recipes.simulator import train_simulator
 
     _, paths, index_dir, model_dir = build_lab(tmp_path)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Protocol, runtime_checkable
 
 from seekrl.errors import SeekrlError
@@ -17,19 +17,28 @@ class Hit:
     title: str
     text: str
     score: float
+    # the stored contents where title and text do not compose them again (wiki-18's quoted
+    # titles, surrounding whitespace): served as stored, as Search-R1's server does
+    stored: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def contents(self) -> str:
-        """The Search-R1 / FlashRAG corpus form: `"Title\\ntext"`."""
+        """The Search-R1 / FlashRAG corpus form: `"Title\\ntext"`, as the corpus holds it."""
+        if self.stored is not None:
+            return self.stored
         return f"{self.title}\n{self.text}" if self.title else self.text
 
     @classmethod
     def from_contents(cls, doc_id: str, contents: str, score: float) -> "Hit":
         title, text = split_contents(contents)
-        return cls(doc_id=doc_id, title=title, text=text, score=float(score))
+        composed = f"{title}\n{text}" if title else text
+        return cls(doc_id=doc_id, title=title, text=text, score=float(score),
+                   stored=None if composed == contents else contents)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        del d["stored"]   # a trajectory's hits keep the fields the agent read
+        return d
 
 
 _SIMULATED_ID = re.compile(r"sim-[0-9a-f]{12}")

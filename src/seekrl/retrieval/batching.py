@@ -168,6 +168,8 @@ class SearchRunner:
         start = time.perf_counter()
         try:
             return self.retriever.search(queries, k)
+        except StopIteration as err:   # a future cannot hold one: the caller would wait forever
+            raise RuntimeError(f"the retriever raised StopIteration ({err!r})") from err
         finally:
             self.stats.retriever_seconds += time.perf_counter() - start
 

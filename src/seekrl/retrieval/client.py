@@ -30,7 +30,7 @@ class RemoteRetriever:
     search goes on in smaller requests (once: a second refusal raises).
     """
 
-    def __init__(self, url: str, timeout: float = 30.0, retries: int = 3, backoff: float = 0.5,
+    def __init__(self, url: str, timeout: float | None = 30.0, retries: int = 3, backoff: float = 0.5,
                  max_backoff: float = 8.0, transport: httpx.BaseTransport | None = None,
                  max_batch: int = 512, busy_wait: float = 300.0):
         if retries < 0:
@@ -38,8 +38,11 @@ class RemoteRetriever:
         if max_batch < 1:
             raise ValueError(f"max_batch: expected >= 1 queries a request, got {max_batch}")
         self.max_batch = max_batch
-        if backoff < 0:
-            raise ValueError(f"backoff: expected >= 0 seconds, got {backoff}")
+        for name, value in (("backoff", backoff), ("max_backoff", max_backoff)):
+            if not 0 <= value < float("inf"):   # NaN too: it would fail at the first retry
+                raise ValueError(f"{name}: expected >= 0 seconds, got {value}")
+        if timeout is not None and not 0 < timeout < float("inf"):   # None: no limit
+            raise ValueError(f"timeout: expected > 0 seconds or None, got {timeout}")
         if not busy_wait >= 0:
             raise ValueError(f"busy_wait: expected >= 0 seconds, got {busy_wait}")
         self.busy_wait = busy_wait
@@ -60,6 +63,8 @@ class RemoteRetriever:
         if not queries:
             return []
         queries = list(queries)
+        if k <= 0:   # no documents, as a local index answers (the server reads 0 as its default)
+            return [[] for _ in queries]
         found: list[list[Hit]] = []
         while len(found) < len(queries):
             chunk = queries[len(found):len(found) + self.max_batch]
@@ -116,7 +121,7 @@ class RemoteRetriever:
                                  f"got {_kind(doc['contents'])}")
         try:
             score = float("nan") if score is None else float(score)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):   # 1e400 written as an integer
             raise RetrievalError(f"{where}.score: expected a number, got {score!r}") from None
         return Hit.from_contents(str(doc["id"]), doc["contents"], score)
 

@@ -159,8 +159,7 @@ class DocStore:
         return len(self.ids)
 
     def hit(self, row: int, score: float) -> Hit:
-        title, text = split_contents(self.contents[row])
-        return Hit(doc_id=self.ids[row], title=title, text=text, score=float(score))
+        return Hit.from_contents(self.ids[row], self.contents[row], score)
 
     def rows_of(self, doc_ids: Sequence[str]) -> list[int]:
         """The row of each document id (a KeyError naming an id the store does not hold).

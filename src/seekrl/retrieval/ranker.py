@@ -26,6 +26,7 @@ queries) is the recipe's part.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import random
 import time
@@ -358,8 +359,7 @@ class RerankingRetriever:
             if self.keep_candidates:   # keyed by the query with its spaces collapsed
                 self.last[" ".join(q.split())] = pool
             order = sorted(range(len(pool)), key=lambda i: -s[i])[:k]
-            out.append([Hit(pool[i].doc_id, pool[i].title, pool[i].text, float(s[i]))
-                        for i in order])
+            out.append([dataclasses.replace(pool[i], score=float(s[i])) for i in order])
         return out
 
     def forget(self) -> None:
