@@ -81,6 +81,23 @@ def test_search_r1_prompt_documents_and_correction_are_search_r1s(tiny):
     assert t.answer == "Ilsa"
 
 
+def test_search_r1_documents_keep_the_served_first_line_as_its_client_does():
+    """Search-R1's client takes a document's first line as its title as served: wiki-18's
+    quoted titles keep their quotes there, and the other lines are its text."""
+    from seekrl.agent.protocol import format_hits
+    from seekrl.agent.rollout import shown_hits
+    from seekrl.retrieval.base import Hit
+
+    wiki = Hit.from_contents("1", '"Abraham Lincoln"\nAbraham Lincoln was a lawyer.\nHe led.', 1)
+    assert format_hits([wiki], PROMPTS["search_r1"]) == \
+        'Doc 1(Title: "Abraham Lincoln") Abraham Lincoln was a lawyer.\nHe led.'
+    assert format_hits([wiki]) == \
+        "Doc 1 (Title: Abraham Lincoln) Abraham Lincoln was a lawyer.\nHe led."   # seekrl's
+    full = format_hits([wiki, wiki], PROMPTS["search_r1"])
+    assert shown_hits([wiki, wiki], full, full.split("\n")[0], PROMPTS["search_r1"]) == \
+        [True, False]
+
+
 def test_the_default_prompt_is_unchanged(tiny):
     _, tok = tiny
     (t,), _ = _play(tok, "seekrl", [QAExample("a", "who?", ["x"])], ["<search> q </search>",

@@ -74,6 +74,17 @@ class PromptStyle:
     doc: str = "Doc {i} (Title: {title}) {text}"
     invalid: str = "\n\n<information>" + INVALID_MESSAGE + "</information>\n\n"
     question_mark: bool = False    # end the question with "?" as Search-R1's data scripts do
+    # a document's title and text as Search-R1's client splits the served contents: the
+    # first line as it is (wiki-18's quotes kept), the other lines after it
+    stored_lines: bool = False
+
+    def doc_line(self, i: int, hit: Hit, *, text: bool = True) -> str:
+        """Document `i`'s line (`text=False`: the line up to its text)."""
+        if self.stored_lines:
+            title, _, body = hit.contents.partition("\n")
+        else:
+            title, body = hit.title, hit.text
+        return self.doc.format(i=i, title=title, text=body if text else "")
 
     def user(self, question: str, tools: str = "") -> str:
         """The agent's user message; `tools`: sentences on the tools beyond search, put
@@ -97,7 +108,7 @@ PROMPTS = {
     "search_r1": PromptStyle("search_r1", SEARCH_R1_INSTRUCTION.replace(
                                  " Question: {question}", "{tools} Question: {question}"),
                              doc="Doc {i}(Title: {title}) {text}", invalid=SEARCH_R1_INVALID,
-                             question_mark=True),
+                             question_mark=True, stored_lines=True),
 }
 
 
@@ -126,9 +137,8 @@ def format_hits(hits: Sequence[Hit], style: PromptStyle | None = None, *,
     nothing."""
     if not hits:
         return "No documents matched the query."
-    doc = (style or PROMPTS["seekrl"]).doc
-    return "\n".join(doc.format(i=i, title=h.title, text=h.text)
-                     for i, h in enumerate(hits, first))
+    style = style or PROMPTS["seekrl"]
+    return "\n".join(style.doc_line(i, h) for i, h in enumerate(hits, first))
 
 
 def format_query_results(queries: Sequence[str], hits: Sequence[Sequence[Hit]],

@@ -116,11 +116,11 @@ def shown_hits(hits: Sequence[Hit], full: str, shown: str, style: PromptStyle | 
     any cut. `same`: the text as the tokenizer gives it back (`decode(encode(text))`: a
     tokenizer may normalise a title's characters or spaces), applied to the lines and to
     `full` alike."""
-    doc = (style or PROMPTS["seekrl"]).doc
+    style = style or PROMPTS["seekrl"]
     full, shown = "\n" + same(full), "\n" + shown
     out = []
     for i, h in enumerate(hits, 1):
-        line = "\n" + same(doc.format(i=i, title=h.title, text="").rstrip())
+        line = "\n" + same(style.doc_line(i, h, text=False).rstrip())
         out.append(line not in full or line in shown)
     return out
 
