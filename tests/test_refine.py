@@ -411,9 +411,12 @@ def test_refine_command_samples_with_a_teacher_and_says_why_nothing_was_kept(tmp
 
 def test_a_stopped_rft_run_resumes_from_its_samples_and_its_checkpoint(tiny, tmp_path,
                                                                         monkeypatch):
-    """Ctrl-C in RFT's fine-tuning, then --resume: the samples are not drawn again and the
-    fine-tuning goes on from its checkpoint, ending on a straight run's weights; a stop
-    before the sampling finished samples again; other settings and step-DPO are refused."""
+    """Ctrl-C in RFT's fine-tuning, then --resume (the folder moved meanwhile): the samples
+    are not drawn again and the fine-tuning goes on from its checkpoint, ending on a straight
+    run's weights; a stop before the sampling finished samples again, with any settings;
+    other settings once the samples are drawn, and step-DPO, are refused."""
+    import shutil
+
     import seekrl.recipes.sft as sft_module
     from seekrl.config import ConfigError
     from seekrl.models import load_policy
@@ -422,13 +425,14 @@ def test_a_stopped_rft_run_resumes_from_its_samples_and_its_checkpoint(tiny, tmp
     model, tok = tiny
 
     def cfg(out, **keys):
-        return RefineConfig(method="rft", out=str(tmp_path / out), samples=4, steps=4,
-                            batch_size=2, save_every=1, rollout={"max_turns": 3},
-                            optim={"lr": 1e-3, "warmup_steps": 1}, **keys)
+        return RefineConfig(**{"method": "rft", "out": str(tmp_path / out), "samples": 4,
+                               "steps": 4, "batch_size": 2, "save_every": 1,
+                               "rollout": {"max_turns": 3},
+                               "optim": {"lr": 1e-3, "warmup_steps": 1}, **keys})
 
-    def refine(out, **kw):
-        return run_refine(cfg(out), model=copy.deepcopy(model), tokenizer=tok,
-                          backend=Dice(tok, OPTIONS), retriever=Docs(),
+    def refine(out, backend=None, config=None, **kw):
+        return run_refine(config or cfg(out), model=copy.deepcopy(model), tokenizer=tok,
+                          backend=backend or Dice(tok, OPTIONS), retriever=Docs(),
                           questions=questions(4), **kw)
 
     straight = refine("a")
@@ -445,18 +449,17 @@ def test_a_stopped_rft_run_resumes_from_its_samples_and_its_checkpoint(tiny, tmp
     with pytest.raises(Interrupted):
         refine("b")
     monkeypatch.setattr(sft_module, "sft_loss", real)
-    samples = (tmp_path / "b" / "samples.jsonl").read_bytes()
+    shutil.move(tmp_path / "b", tmp_path / "moved")   # its data is read where it is now
+    samples = (tmp_path / "moved" / "samples.jsonl").read_bytes()
     with pytest.raises(ConfigError, match="already holds a run"):
-        refine("b")
+        refine("moved")
 
     class NoSampling(Dice):   # a resumed run must not draw its samples again
         def generate(self, *a, **k):
             raise AssertionError("sampled again")
 
-    resumed = run_refine(cfg("b"), model=copy.deepcopy(model), tokenizer=tok,
-                         backend=NoSampling(tok, OPTIONS), retriever=Docs(),
-                         questions=questions(4), resume=True)
-    assert (tmp_path / "b" / "samples.jsonl").read_bytes() == samples
+    resumed = refine("moved", backend=NoSampling(tok, OPTIONS), resume=True)
+    assert (tmp_path / "moved" / "samples.jsonl").read_bytes() == samples
     assert {k: v for k, v in resumed.items() if k not in ("minutes", "final", "loss")} == \
         {k: v for k, v in straight.items() if k not in ("minutes", "final", "loss")}
     a, b = load_policy(straight["final"])[0], load_policy(resumed["final"])[0]
@@ -464,25 +467,54 @@ def test_a_stopped_rft_run_resumes_from_its_samples_and_its_checkpoint(tiny, tmp
         assert torch.equal(x, y), name
 
     with pytest.raises(ConfigError, match=r"ran with other settings: samples: 4 -> 2"):
-        run_refine(cfg("b", ).model_copy(update={"samples": 2}), model=model, tokenizer=tok,
-                   backend=Dice(tok, OPTIONS), retriever=Docs(), questions=questions(4),
-                   resume=True)
+        refine("moved", config=cfg("moved", samples=2), resume=True)
     with pytest.raises(ConfigError, match="not both"):
-        refine("b", resume=True, overwrite=True)
+        refine("moved", resume=True, overwrite=True)
     with pytest.raises(ConfigError, match="step_dpo keeps no checkpoints"):
-        run_refine(RefineConfig(method="step_dpo", out=str(tmp_path / "b")), model=model,
+        run_refine(RefineConfig(method="step_dpo", out=str(tmp_path / "moved")), model=model,
                    tokenizer=tok, resume=True)
     with pytest.raises(ConfigError, match="holds no refinement"):
         refine("c", resume=True)
-    # stopped before its sampling finished: no marker, so it samples again, from scratch
-    (tmp_path / "b" / "rft_sampled.json").unlink()
+    # stopped before its sampling finished: no record of the samples, so it samples again
+    # from a clean folder, and a changed setting is taken
+    (tmp_path / "moved" / "rft_sampled.json").unlink()
 
     def stop_at_once(*a, **k):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(sft_module, "sft_loss", stop_at_once)
     with pytest.raises(Interrupted):
-        refine("b", resume=True)
-    assert json.loads((tmp_path / "b" / "rft_sampled.json").read_text())["sampled"] == \
-        straight["sampled"]
-    assert not (tmp_path / "b" / "sft" / "checkpoints").exists()   # the old fine-tuning went
+        refine("moved", config=cfg("moved", samples=2), resume=True)
+    assert json.loads((tmp_path / "moved" / "rft_sampled.json").read_text())["sampled"] == 8
+    assert not (tmp_path / "moved" / "sft" / "checkpoints").exists()   # the old one went
+
+
+def test_ctrl_c_in_refine_says_how_to_go_on(tmp_path, monkeypatch):
+    """Interrupted is a KeyboardInterrupt: it printed a traceback. Once the samples are
+    drawn the way on is --resume, with or without a checkpoint of the fine-tuning."""
+    from typer.testing import CliRunner
+
+    import seekrl.recipes.refine as refine_module
+    from seekrl.cli import app
+    from seekrl.recipes.setup import Interrupted
+
+    out = tmp_path / "r"
+
+    def stopped(cfg, **kw):
+        out.mkdir()
+        (out / "rft_sampled.json").write_text("{}")
+        raise Interrupted(2, out / "sft" / "checkpoints" / "step-2", 1)
+
+    monkeypatch.setattr(refine_module, "run_refine", stopped)
+    r = CliRunner().invoke(app, ["refine", f"out={out}", "data=q.jsonl"])
+    text = " ".join(r.output.split())
+    assert r.exit_code == 130 and f"interrupted; {out} keeps RFT's sampled episodes and the " \
+        f"fine-tuning's checkpoint {out}/sft/checkpoints/step-2; continue with: seekrl " \
+        f"refine out={out} data=q.jsonl --resume" in text, r.output
+
+    def early(cfg, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(refine_module, "run_refine", early)
+    r = CliRunner().invoke(app, ["refine", f"out={tmp_path / 'e'}", "data=q.jsonl"])
+    assert r.exit_code == 130 and "interrupted before the first step" in r.output

@@ -793,6 +793,14 @@ def test_a_stopped_simulator_training_resumes_from_its_checkpoint(tmp_path, monk
     assert examples.read_text() == "kept\n"
     with pytest.raises(ConfigError, match="not both"):
         train_simulator(cfg("b"), resume=True, overwrite=True)
+    with pytest.raises(ConfigError, match="--resume: the run in .* other settings: max_steps"):
+        train_simulator(cfg("b", steps=5), resume=True)   # refused before the searches
+    with pytest.raises(ConfigError, match="examples built now differ"):
+        train_simulator(cfg("b", limit=6), resume=True)
+    assert examples.read_text() == "kept\n"
+    with pytest.raises(ConfigError, match="has no checkpoint"):
+        train_simulator(cfg("c"), resume=True)
+    examples.unlink()   # the stopped run's, rebuilt
     resumed = train_simulator(cfg("b"), resume=True)
     assert resumed["steps"] == 3 and resumed["examples"] == straight["examples"]
     a, b = load_policy(straight["final"])[0], load_policy(resumed["final"])[0]

@@ -963,8 +963,13 @@ def simulator_train(
     threads: Threads = None,
 ):
     """Fine-tune a simulator on the real index's documents for logged queries."""
+    import shlex
+
+    from seekrl.recipes.setup import Interrupted
     from seekrl.recipes.simulator import train_simulator
 
+    command = shlex.join(["seekrl", "simulator", "train",
+                          *(["--config", str(config)] if config else []), *(overrides or [])])
     try:
         _one_of(resume, overwrite)
         cfg = _load(schema.SimulatorTrainConfig, config, overrides)
@@ -975,6 +980,8 @@ def simulator_train(
         summary = train_simulator(cfg, console=console, overwrite=overwrite, resume=resume)
     except ERRORS as err:
         _fail(err)
+    except KeyboardInterrupt as err:   # one line, not wrapped: the command is copied from it
+        _interrupted(err, Interrupted, command, resume=resume, overwrite=overwrite)
     console.print(f"simulator -> {summary['final']} (in RL: simulator.model={summary['final']}; "
                   f"served: seekrl serve --simulate {summary['final']})")
 
@@ -1244,8 +1251,14 @@ def refine(
 ):
     """PRM-guided refinement: RFT (keep right episodes whose every step the PRM accepts) or
     step-level DPO on sibling pairs."""
-    from seekrl.recipes.refine import run_refine
+    import shlex
 
+    from seekrl.recipes.refine import RFT_SAMPLED, run_refine
+    from seekrl.recipes.setup import Interrupted
+
+    command = shlex.join(["seekrl", "refine", *(["--config", str(config)] if config else []),
+                          *(overrides or [])])
+    cfg = None
     try:
         _one_of(resume, overwrite)
         cfg = _load(schema.RefineConfig, config, overrides)
@@ -1259,6 +1272,13 @@ def refine(
         summary = run_refine(cfg, console=console, overwrite=overwrite, resume=resume)
     except ERRORS as err:
         _fail(err)
+    except KeyboardInterrupt as err:
+        if cfg is not None and (Path(cfg.out) / RFT_SAMPLED).is_file():   # samples drawn
+            ckpt = err.checkpoint if isinstance(err, Interrupted) else None
+            _stopped(f"interrupted; {cfg.out} keeps RFT's sampled episodes"
+                     + (f" and the fine-tuning's checkpoint {ckpt}" if ckpt else "")
+                     + f"; continue with: {command} --resume")
+        _interrupted(err, Interrupted, command, resume=resume, overwrite=overwrite)
     if summary.get("final"):
         console.print(f"refined policy -> {summary['final']}")
 

@@ -192,7 +192,7 @@ def train_step_dpo(model, tokenizer, pairs, *, steps: int, batch_size: int, beta
 REFINE_MARKERS = ("metrics.jsonl", "final", "sft", "samples.jsonl", "rft_data.jsonl")
 # written once RFT's samples and its data are complete: what a resumed run goes on from
 RFT_SAMPLED = "rft_sampled.json"
-REFINE_OUTPUTS = (*REFINE_MARKERS, RFT_SAMPLED, "config.yaml")
+REFINE_OUTPUTS = (*REFINE_MARKERS, RFT_SAMPLED, RFT_SAMPLED + ".tmp", "config.yaml")
 # what a resumed refinement may run with otherwise: the rest decides what is sampled and kept
 REFINE_RESUME_MAY_CHANGE = ("out", "device", "save_every")
 
@@ -342,6 +342,14 @@ def _rft_sample(cfg, out: Path, *, sampler, sampler_tokenizer, retriever, backen
     return summary, data
 
 
+def _sync(path: Path) -> None:
+    """`path`'s bytes on disk (a power cut after the marker must not find them missing)."""
+    import os
+
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
 def _resumable_rft(out: Path, cfg) -> dict | None:
     """What `--resume` goes on from in `out`: the summary of RFT's finished sampling (its
     samples and data are kept), or None when the stopped run had not finished sampling (it
@@ -349,29 +357,41 @@ def _resumable_rft(out: Path, cfg) -> dict | None:
     checkpoints), and other settings than the stopped run's."""
     import json
 
+    import yaml
+
     from seekrl.config import ConfigError
     from seekrl.recipes.checkpoint import config_changes
 
     if cfg.method != "rft":
         raise ConfigError("--resume: step_dpo keeps no checkpoints (its updates take "
                           "minutes); start it again with --overwrite")
-    if not (out / "config.yaml").is_file():
+    saved = out / "config.yaml"
+    if not saved.is_file():
         raise ConfigError(f"--resume: {out} holds no refinement (no config.yaml)")
-    refused = [c for c in config_changes(out / "config.yaml", cfg)
-               if c.split(":", 1)[0].split(".")[0] not in REFINE_RESUME_MAY_CHANGE]
+    marker = out / RFT_SAMPLED
+    if not marker.is_file():   # sampled again from a clean folder: any setting will do
+        return None
+    old = yaml.safe_load(saved.read_text()) or {}
+
+    def recorded(key: str) -> bool:   # a key added since the run was saved is not a change
+        node = old
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+        return True
+
+    refused = [c for c in config_changes(saved, cfg)
+               if (key := c.split(":", 1)[0]).split(".")[0] not in REFINE_RESUME_MAY_CHANGE
+               and recorded(key)]
     if refused:
         raise ConfigError(f"--resume: the refinement in {out} ran with other settings: "
                           + "; ".join(refused) + f" (old -> new); resume with its settings "
-                          f"({out / 'config.yaml'}), or start a new one in another out")
-    marker = out / RFT_SAMPLED
-    if not marker.is_file():
-        return None
-    summary = json.loads(marker.read_text())
-    data = Path(summary.get("data", ""))
-    if not data.is_file():
-        raise ConfigError(f"--resume: {marker} names {data}, which is not there; start "
-                          "again with --overwrite")
-    return summary
+                          f"({saved}), or start a new one in another out")
+    if not (out / "rft_data.jsonl").is_file():
+        raise ConfigError(f"--resume: {out} has its samples' record ({marker}) but no "
+                          "rft_data.jsonl; start again with --overwrite")
+    return json.loads(marker.read_text())
 
 
 def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
@@ -490,12 +510,15 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
                                     sampler_tokenizer=sampler_tokenizer, retriever=retriever,
                                     backend=backend, questions=questions, scorer=scorer,
                                     teacher=teacher, as_text=as_text, say=say)
-        marker = out / RFT_SAMPLED   # last: its presence says both files are whole
-        marker.with_suffix(".tmp").write_text(json.dumps({**summary, "data": str(data)}))
-        marker.with_suffix(".tmp").replace(marker)
+        # last, once both files are on disk: its presence says they are whole
+        for path in (out / "samples.jsonl", data):
+            _sync(path)
+        marker, tmp = out / RFT_SAMPLED, out / (RFT_SAMPLED + ".tmp")
+        tmp.write_text(json.dumps(summary))
+        _sync(tmp)
+        tmp.replace(marker)
     else:
-        data = Path(sampled["data"])
-        summary = {k: v for k, v in sampled.items() if k != "data"}
+        data, summary = out / "rft_data.jsonl", sampled
         say(f"--resume: the {summary['sampled']} episodes sampled before the stop are kept "
             f"({out / 'samples.jsonl'}), {summary['kept']} of them as the data ({data})")
 

@@ -113,15 +113,28 @@ def train_simulator(cfg: SimulatorTrainConfig, *, console: Console | None = None
     same examples (built again, and checked against the checkpoint's)."""
     from seekrl.config import ConfigError, SFTConfig
     from seekrl.models import load_tokenizer
-    from seekrl.recipes.checkpoint import check_run_dir
+    from seekrl.recipes.checkpoint import check_run_dir, latest_checkpoint
     from seekrl.recipes.setup import open_index
-    from seekrl.recipes.sft import run_sft
+    from seekrl.recipes.sft import check_resume_settings, run_sft
 
     if resume and overwrite:
         raise ConfigError("give one of --resume (continue the run in out) or --overwrite "
                           "(replace it), not both")
-    # before the examples file is written over: a run there needs one of the two
-    check_run_dir(Path(cfg.out) / "sft", resume=resume, overwrite=overwrite, model=cfg.model)
+    out = Path(cfg.out)
+    data = out / "simulator_examples.jsonl"
+    sft_cfg = SFTConfig(model=cfg.model, data=str(data), out=str(out / "sft"), seed=cfg.seed,
+                        max_steps=cfg.steps, batch_size=cfg.batch_size,
+                        grad_accum=cfg.grad_accum, max_len=cfg.max_len, dtype=cfg.dtype,
+                        device=cfg.device, train_layers=cfg.train_layers,
+                        save_every=cfg.save_every, optim=cfg.optim.model_dump())
+    # before the queries are searched and the examples file written over: a run there needs
+    # one of the two, and a resume its checkpoint and its settings
+    check_run_dir(out / "sft", resume=resume, overwrite=overwrite, model=cfg.model)
+    if resume:
+        if latest_checkpoint(out / "sft") is None:
+            raise ConfigError(f"--resume: {out / 'sft'} has no checkpoint (checkpoints/latest; "
+                              f"one every save_every steps)")
+        check_resume_settings(out / "sft", sft_cfg)
     console = console or Console()
     records = interactions(cfg)
     retriever = open_index(cfg.index, "the simulator learns the real engine's documents")
@@ -130,19 +143,16 @@ def train_simulator(cfg: SimulatorTrainConfig, *, console: Console | None = None
     if not rows:
         raise ValueError(f"index: {cfg.index} found no documents for any of the "
                          f"{len(records)} queries")
-    out = Path(cfg.out)
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    if resume and data.is_file() and data.read_text(encoding="utf-8") != text:
+        raise ConfigError(f"--resume: the examples built now differ from the stopped run's "
+                          f"({data}: other queries, index or settings); resume with its "
+                          "settings and index, or start a new run in another out")
     out.mkdir(parents=True, exist_ok=True)
-    data = out / "simulator_examples.jsonl"
-    with open(data, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
+    data.write_text(text, encoding="utf-8")
     console.print(f"{len(rows)} simulator examples ({counts[USEFUL]} useful, {counts[NOISY]} "
                   f"noisy, {counts['no_documents']} queries without documents) -> {data}")
-    sft = run_sft(SFTConfig(model=cfg.model, data=str(data), out=str(out / "sft"),
-                            seed=cfg.seed, max_steps=cfg.steps, batch_size=cfg.batch_size,
-                            grad_accum=cfg.grad_accum, max_len=cfg.max_len, dtype=cfg.dtype,
-                            device=cfg.device, train_layers=cfg.train_layers,
-                            save_every=cfg.save_every, optim=cfg.optim.model_dump()),
-                  console=console, overwrite=overwrite, resume=resume)
+    sft = run_sft(sft_cfg, console=console, overwrite=overwrite, resume=resume)
     # the prompt it learned, checked against the one RL or `seekrl serve` gives it
     (Path(sft["final"]) / SIMULATOR_FILE).write_text(json.dumps(
         {"topk": cfg.topk, "words": cfg.words}, indent=1))
