@@ -523,6 +523,12 @@ def test_a_resumed_prm_run_ends_where_a_straight_one_does(tiny, label_dir, tmp_p
     with pytest.raises(ConfigError, match="other training labels than the run in"):
         train_prm(other, model=copy.deepcopy(model), tokenizer=tok, resume=True)
     assert (tmp_path / "b" / "metrics.jsonl").read_text() == logged   # refused untouched
+    # a rate the checkpoint's optimizer state would put back (and config.yaml then record
+    # as trained with): refused
+    faster = cfg("b").model_copy(update={"head_lr_factor": 3.0})
+    with pytest.raises(ConfigError, match=r"--resume: head_lr_factor: 10\.0 -> 3\.0"):
+        train_prm(faster, model=copy.deepcopy(model), tokenizer=tok, resume=True)
+    assert (tmp_path / "b" / "metrics.jsonl").read_text() == logged
     resumed = train_prm(cfg("b"), model=copy.deepcopy(model), tokenizer=tok, resume=True)
     a, b = load_policy(straight["final"])[0], load_policy(resumed["final"])[0]
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):

@@ -1280,6 +1280,12 @@ def test_an_existing_run_is_refused_replaced_or_resumed_with_its_differences(wor
     assert [json.loads(x)["step"] for x in (run / "alerts.jsonl").read_text().splitlines()] \
         == [1]
     assert resumed.state.step_done == 1
+    # a rate the checkpoint's optimizer state would put back: refused, not said and ignored
+    lower = make_cfg(tmp_path, steps=2)
+    lower = lower.model_copy(update={"optim": lower.optim.model_copy(update={"lr": 1e-7})})
+    with pytest.raises(ConfigError, match=r"--resume: optim\.lr: .* -> 1e-07 \(old -> new\): "
+                                          "the checkpoint's optimizer state holds the old"):
+        make_trainer(lower, world, tiny, resume=True)
     fresh = make_trainer(cfg, world, tiny, overwrite=True)
     assert fresh.state.step_done == 0 and not (run / "checkpoints").exists()
     assert not (run / "alerts.jsonl").exists()

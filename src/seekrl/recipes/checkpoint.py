@@ -119,6 +119,23 @@ def config_changes(saved: Path, cfg) -> list[str]:
     return out
 
 
+# settings a checkpoint's optimizer state carries (its param groups, the schedule's base
+# rates): changed on --resume, loading that state would put the old values back unsaid
+OPTIMIZER_STATE_KEYS = ("optim.lr", "optim.weight_decay", "optim.betas", "head_lr_factor",
+                        "algo.value_lr")
+
+
+def refuse_optimizer_changes(changed: Sequence[str], saved: Path) -> None:
+    """Refuse `--resume` with a changed setting the optimizer's saved state would override
+    (`changed`: `config_changes`' lines)."""
+    bad = [c for c in changed if c.split(":", 1)[0] in OPTIMIZER_STATE_KEYS]
+    if bad:
+        raise ConfigError(f"--resume: {'; '.join(bad)} (old -> new): the checkpoint's "
+                          "optimizer state holds the old values and would keep them; resume "
+                          f"with the run's ({saved}), or start a new run from a checkpoint's "
+                          "weights in another out")
+
+
 def save_policy(model, tokenizer, path: str | Path, *, before_rename=None) -> Path:
     """A plain HF checkpoint (LoRA merged into a copy of the weights) that `load_policy`,
     `seekrl eval --model` and any transformers code can load; written to a temporary folder

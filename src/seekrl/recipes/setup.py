@@ -198,9 +198,10 @@ def resume_training(checkpoint: Path, module, optimizer, scheduler, *, out: Path
     random states. Says which settings differ from the run's config.yaml and where it goes
     on, and drops the metrics lines of the steps after the checkpoint (they are redone).
     Returns the state, for the recipe's own entries."""
-    from seekrl.recipes.checkpoint import config_changes
+    from seekrl.recipes.checkpoint import config_changes, refuse_optimizer_changes
 
     changed = config_changes(out / "config.yaml", cfg)
+    refuse_optimizer_changes(changed, out / "config.yaml")
     if changed:
         say("[yellow]--resume with settings that differ from the run's config.yaml:[/] "
             + "; ".join(changed))

@@ -208,6 +208,9 @@ def check_start(cfg: TrainConfig, *, scorer_given: bool, resume: bool, overwrite
             + (f"it stopped before its first checkpoint (save_every {cfg.save_every}): start "
                "it again with --overwrite" if held_markers(out)
                else "start the run again without --resume"))
+    if resume:   # before a model loads, on every process (none goes on alone)
+        from seekrl.recipes.checkpoint import config_changes, refuse_optimizer_changes
+        refuse_optimizer_changes(config_changes(out / "config.yaml", cfg), out / "config.yaml")
     if main:   # the run folder is rank 0's
         check_run_dir(out, resume=resume, overwrite=overwrite,
                       model=None if model_given else cfg.model)
