@@ -530,6 +530,8 @@ def test_a_resumed_prm_run_ends_where_a_straight_one_does(tiny, label_dir, tmp_p
         train_prm(faster, model=copy.deepcopy(model), tokenizer=tok, resume=True)
     assert (tmp_path / "b" / "metrics.jsonl").read_text() == logged
     resumed = train_prm(cfg("b"), model=copy.deepcopy(model), tokenizer=tok, resume=True)
+    # the held-out figures before training, measured before the stop, are still reported
+    assert resumed["dev_at_start"] == straight["dev_at_start"] and straight["dev_at_start"]
     a, b = load_policy(straight["final"])[0], load_policy(resumed["final"])[0]
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x, y), name

@@ -663,6 +663,7 @@ def test_serve_takes_an_index_or_a_simulator_not_both_nor_neither(tmp_path):
     (["--words", "40", "--sim-temperature", "0"], "--words, --sim-temperature: settings of"),
     (["--max-batch-size", "0"], "--max-batch-size: Input should be greater than or equal to 1"),
     (["--default-topk", "200"], "--default-topk 200 is above --max-topk 100"),
+    (["--max-wait-ms", "1e9"], "--max-wait-ms: Input should be less than or equal to 1000"),
 ])
 def test_serve_names_the_flag_of_a_bad_setting_before_loading_anything(tmp_path, args, said):
     from typer.testing import CliRunner

@@ -244,6 +244,7 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
     say = console.print if console is not None else (lambda *a, **k: None)
     rng = random.Random(cfg.seed)
     done = 0
+    resumed_start: dict = {}
     digest = labels_digest(train)
     if checkpoint is not None:
         # read before the resume loads anything or cuts the log back
@@ -260,6 +261,7 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
                                 total_steps=cfg.steps, say=say)
         rng.setstate(state["sampler_rng"])
         done = int(state["step"])
+        resumed_start = state.get("dev_at_start", {})   # measured before the stop
     # the labels read, the model loaded and built (train_layers, lora): now the old run goes
     claim_run_dir(out, overwrite=overwrite, resume=resume)
     dump_config(cfg, out / "config.yaml")
@@ -270,7 +272,7 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
     for note in notes:
         say(f"[yellow]warning:[/] {note}")
     start_metrics = prm_metrics(scorer, dev, cfg.threshold) \
-        if cfg.eval_at_start and not done else {}
+        if cfg.eval_at_start and not done else resumed_start
     losses = [(name, fn, data) for name, fn, data, on in (
         ("pointwise_loss", pointwise_loss, train.points, use_points),
         ("pairwise_loss", pairwise_loss, train.pairs, use_pairs)) if on]
@@ -310,7 +312,8 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
                                   "dev_share": cfg.dev_share, "labels_digest": digest,
                                   **({"dev": dev_now} if dev_now else {})},
                                  training_state(prm, step, optimizer, scheduler,
-                                                sampler_rng=rng.getstate()))
+                                                sampler_rng=rng.getstate(),
+                                                dev_at_start=start_metrics))
             done = step
     except KeyboardInterrupt:
         log.close()

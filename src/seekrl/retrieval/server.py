@@ -73,7 +73,8 @@ class ServerConfig(BaseModel):
     # the other's HTTP is handled; larger batches buy little once the encoder is busy
     # (bench/retrieval_server.py measures the tail latency of each size)
     max_batch_size: int = Field(16, ge=1, description="queries per merged retriever call")
-    max_wait_ms: float = Field(2.0, ge=0, description="how long a batch waits for company")
+    # a second at most: a lone request waits this long for nothing
+    max_wait_ms: float = Field(2.0, ge=0, le=1000, description="how long a batch waits for company")
     # a request that would take the queries waiting for the retriever past this is answered
     # 503 at once (clients retry with backoff); one request alone is always taken
     max_pending: int = Field(65_536, ge=1, description="queries waiting for the retriever")
