@@ -104,6 +104,19 @@ def test_the_demo_names_the_option_a_bad_value_came_from(tmp_path, args, said):
     assert not (tmp_path / "d").exists()
 
 
+def test_only_the_errors_of_keys_an_option_set_are_retold():
+    """A message of its own holding "; " (an unknown key's list) stays one error, and text
+    naming no option's key comes back as it was."""
+    from seekrl.cli import _name_options
+
+    names = {"demo rl": {"steps": "--rl-steps"}}
+    unknown = "demo rl: stepz: unknown key; expected one of a, b (did you mean steps?)"
+    assert _name_options(unknown, names) == unknown
+    assert _name_options("demo rl: steps: Input should be >= 1 (got 0); " + unknown[9:],
+                         names) == "--rl-steps: Input should be >= 1 (got 0); " + unknown
+    assert _name_options("demo sft: max_steps: bad", names) == "demo sft: max_steps: bad"
+
+
 def test_a_presets_bad_key_keeps_its_stage_name(tmp_path):
     """Only keys an option set are retold as the option: a bad value in the user's preset
     copy is still named by its stage and key."""

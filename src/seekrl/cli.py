@@ -536,12 +536,18 @@ def _name_options(text: str, options: dict[str, dict[str, str]]) -> str:
     names = options.get(source.split(" (preset ")[0])   # a user's preset copy: the same keys
     if not sep or names is None:
         return text
-    parts = []
+    items: list[list[str]] = []   # [key, message] per error; "; expected ..." goes on one
     for part in rest.split("; "):
         key, colon, msg = part.partition(": ")
-        parts.append(f"{names[key]}: {msg}" if colon and key in names
-                     else f"{source}: {part}")
-    return "; ".join(parts)
+        if items and (not colon or " " in key):
+            items[-1][1] += "; " + part
+        else:
+            items.append([key, msg] if colon else ["", part])
+    if not any(key in names for key, _ in items):
+        return text
+    return "; ".join(f"{names[key]}: {msg}" if key in names else
+                     f"{source}: {key}: {msg}" if key else f"{source}: {msg}"
+                     for key, msg in items)
 
 
 @app.command()
