@@ -710,9 +710,14 @@ def test_keep_best_saves_the_policy_of_the_best_evaluation(world, tiny, tmp_path
     note = run / "best" / "best.json"
     assert json.loads(note.read_text())["step"] == 3
     saved_at = note.stat().st_mtime_ns
+    # ... and killed between the two renames of a best being replaced: its old copy is put
+    # back (it is the only one), a half-written new one removed
+    (run / "best").rename(run / "best.old99999")
+    (run / "best.tmp99998").mkdir()
     summary = make_trainer(cfg, world, tiny, resume=True).train()
     assert (summary["best"]["step"], summary["best"]["em"]) == (3, 0.5)
     assert note.stat().st_mtime_ns == saved_at
+    assert sorted(p.name for p in run.glob("best*")) == ["best"]
     # the best folder deleted before a resume: said, and the next evaluation saved there
     cfg = make_cfg(tmp_path / "g", steps=4, save_every=2, eval=dev)
     make_trainer(cfg, world, tiny).train(until=2)

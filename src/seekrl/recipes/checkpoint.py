@@ -233,6 +233,23 @@ def replace_dir(tmp: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def recover_replaced(target: Path) -> None:
+    """What a kill inside `replace_dir` (or `save_policy`) left beside `target`: the old
+    copy renamed aside is put back when `target` is missing (it is then the only copy) and
+    removed when `target` is in place; a half-written temporary folder is removed."""
+    mine = str(os.getpid())
+    olds = sorted((p for p in target.parent.glob(target.name + ".old*")
+                   if p.is_dir() and p.name.rpartition(".old")[2] != mine),
+                  key=lambda p: p.stat().st_mtime_ns)
+    if olds and not target.exists():
+        olds.pop().rename(target)   # the newest aside
+    for p in olds:
+        shutil.rmtree(p, ignore_errors=True)
+    for p in target.parent.glob(target.name + ".tmp*"):
+        if p.is_dir() and p.name.rpartition(".tmp")[2] != mine:
+            shutil.rmtree(p, ignore_errors=True)
+
+
 def point_latest(folder: Path, target: Path) -> None:
     """Make `folder/latest` name `target` (a step-N folder in it): written under a temporary
     name, flushed, then renamed over, so `latest` always names a complete checkpoint."""

@@ -24,6 +24,7 @@ from seekrl.recipes.checkpoint import (
     fsync_dir,
     point_latest,
     prune_steps,
+    recover_replaced,
     replace_dir,
     save_policy,
 )
@@ -208,6 +209,9 @@ class Checkpointer:
         path = self.folder / self.latest()
         meta = self.load(path)
         state = RunState.from_meta(meta)
+        if self.dist.main:   # a kill while the best was being replaced: its old copy back
+            recover_replaced(self.folder.parent / BEST)
+        self.dist.barrier()   # every rank then reads the same best (they all save it)
         note = self.best_note()
         if note is not None:   # saved after the checkpoint, it is the record to beat: it
             # is a policy that scored that (a redone step that scores the same keeps it)
