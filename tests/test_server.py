@@ -350,6 +350,33 @@ def test_seekrl_client_waits_out_the_busy_answer_as_it_asks(monkeypatch):
     assert sleeps == [1.0, 1.0]
 
 
+def test_an_answer_of_more_documents_than_max_hits_is_refused_and_the_client_splits():
+    """queries x topk bounds one answer's size (4096 x 100 would build ~400k documents on the
+    event loop); the refusal says how many queries fit, and seekrl's client goes on with
+    requests of that many, every answer in order."""
+    with make_client(max_hits=8) as client:
+        r = client.post("/retrieve", json={"queries": list("abcde"), "topk": 2})
+        assert r.status_code == 422 and r.json()["detail"] == {
+            "field": "queries", "limit": "max_hits", "max": 8, "max_queries": 4, "value": 10}
+        assert "send at most 4 queries a request at this topk" in r.json()["error"]
+        assert client.post("/retrieve", json={"queries": list("abcd"), "topk": 2}
+                           ).status_code == 200
+        assert client.get("/health").json()["limits"]["max_hits"] == 8
+
+        def through_app(request: httpx.Request) -> httpx.Response:
+            r = client.request(request.method, request.url.path, content=request.content,
+                               headers={"content-type": "application/json"})
+            return httpx.Response(r.status_code, headers=r.headers, content=r.content)
+
+        remote = RemoteRetriever("http://testserver", transport=httpx.MockTransport(through_app),
+                                 retries=0)
+        hits = remote.search([f"q{i}" for i in range(9)], k=2)
+        assert [h[0].doc_id for h in hits] == [f"q{i}#0" for i in range(9)]
+        assert remote.max_batch == 4
+        with pytest.raises(RetrievalError, match="exceed max_hits"):   # one query is too many
+            remote.search(["q"], k=9)
+
+
 @pytest.mark.parametrize("batching", [True, False])
 def test_past_max_pending_a_request_is_answered_503_at_once_and_the_rest_are_served(batching):
     # a slow retriever and six concurrent requests of two queries: the first two requests

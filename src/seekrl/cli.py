@@ -308,6 +308,8 @@ def serve(
     max_topk: Annotated[int, typer.Option(help="largest topk a request may ask for")] = 100,
     max_queries: Annotated[int, typer.Option(help="queries per request")] = 4096,
     max_query_chars: Annotated[int, typer.Option(help="characters per query")] = 4096,
+    max_hits: Annotated[int, typer.Option(
+        help="documents in one answer (queries x topk)")] = 65536,
     max_pending: Annotated[int, typer.Option(
         help="queries waiting for the retriever before a request is answered 503 (busy)")]
     = 65536,
@@ -349,7 +351,7 @@ def serve(
                    max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
                    cache_size=cache_size, default_topk=default_topk, max_topk=max_topk,
                    max_queries=max_queries, max_query_chars=max_query_chars,
-                   max_pending=max_pending)
+                   max_hits=max_hits, max_pending=max_pending)
     except ERRORS as err:
         _fail(err)
 

@@ -194,7 +194,8 @@ def _busy_for(response: httpx.Response) -> float | None:
 
 
 class _OverLimit(RetrievalError):
-    """seekrl's server refused a request of more queries than its `--max-queries`."""
+    """seekrl's server refused a request of more queries than its `--max-queries` (or its
+    `--max-hits` documents allow at the request's topk)."""
 
     def __init__(self, message: str, limit: int):
         super().__init__(message)
@@ -202,14 +203,18 @@ class _OverLimit(RetrievalError):
 
 
 def _query_limit(response: httpx.Response) -> int | None:
-    """The `max` of a seekrl server's refusal of too many queries, else None."""
+    """The queries a request may hold, from a seekrl server's refusal of too many
+    (`max_queries`, or `max_hits`: documents at this topk), else None."""
     try:
         detail = response.json().get("detail")
     except (ValueError, AttributeError):
         return None
-    if isinstance(detail, dict) and detail.get("limit") == "max_queries" and \
-            isinstance(detail.get("max"), int) and not isinstance(detail.get("max"), bool):
-        return detail["max"]
+    if not isinstance(detail, dict):
+        return None
+    key = {"max_queries": "max", "max_hits": "max_queries"}.get(detail.get("limit"))
+    value = detail.get(key) if key else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
     return None
 
 

@@ -67,6 +67,9 @@ class ServerConfig(BaseModel):
     # rollouts: thousands); the body limit bounds the memory whatever this is.
     max_queries: int = Field(4096, ge=1, description="queries per request")
     max_query_chars: int = Field(4096, ge=1, description="characters per query")
+    # documents in one answer (queries x topk): the two limits at their most would build
+    # about 400k documents, hundreds of MB of JSON, on the event loop
+    max_hits: int = Field(65_536, ge=1, description="documents per answer (queries x topk)")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="request body size")
     batching: bool = Field(True, description="merge concurrent requests into one retriever call")
     # Small enough that a few dozen concurrent clients form two batches, one retrieved while
@@ -230,6 +233,14 @@ def parse_request(body: bytes, config: ServerConfig) -> tuple[list[str], int, bo
         raise RequestError(
             422, f"field 'topk': {k} is outside [1, max_topk={config.max_topk}]",
             {"field": "topk", "limit": "max_topk", "min": 1, "max": config.max_topk, "value": k})
+    if len(queries) * k > config.max_hits:
+        fits = config.max_hits // k
+        raise RequestError(
+            422, f"field 'queries': {len(queries)} queries x topk {k} = {len(queries) * k} "
+                 f"documents exceed max_hits ({config.max_hits}); send at most {fits} queries "
+                 "a request at this topk",
+            {"field": "queries", "limit": "max_hits", "max": config.max_hits,
+             "max_queries": fits, "value": len(queries) * k})
     return queries, k, bool(req.return_scores)
 
 
@@ -395,7 +406,7 @@ def create_app(retriever: Retriever, manifest: dict | None = None,
                        "max_queries": config.max_queries,
                        "max_query_chars": config.max_query_chars,
                        "max_body_bytes": config.max_body_bytes,
-                       "max_pending": config.max_pending},
+                       "max_hits": config.max_hits, "max_pending": config.max_pending},
         })
 
     return app
