@@ -47,6 +47,15 @@ def make_client(retriever=None, **config) -> TestClient:
     return TestClient(app)
 
 
+def _through(client: TestClient) -> httpx.MockTransport:
+    """A transport that hands a RemoteRetriever's requests to the app behind `client`."""
+    def handle(request: httpx.Request) -> httpx.Response:
+        r = client.request(request.method, request.url.path, content=request.content,
+                           headers={"content-type": "application/json"})
+        return httpx.Response(r.status_code, headers=r.headers, content=r.content)
+    return httpx.MockTransport(handle)
+
+
 def post_concurrently(app, bodies: list[dict]) -> list[httpx.Response]:
     """Send all bodies at once over an in-process ASGI transport."""
 
@@ -338,13 +347,7 @@ def test_seekrl_client_waits_out_the_busy_answer_as_it_asks(monkeypatch):
     sleeps: list[float] = []
     monkeypatch.setattr("seekrl.retrieval.client.time.sleep", sleeps.append)
     with make_client() as client:
-        def through_app(request: httpx.Request) -> httpx.Response:
-            r = client.request(request.method, request.url.path, content=request.content,
-                               headers={"content-type": "application/json"})
-            return httpx.Response(r.status_code, headers=r.headers, content=r.content)
-
-        remote = RemoteRetriever("http://testserver", transport=httpx.MockTransport(through_app),
-                                 retries=0)
+        remote = RemoteRetriever("http://testserver", transport=_through(client), retries=0)
         assert [h.doc_id for h in remote.search(["q"], k=2)[0]] == ["q#0", "q#1"]
         assert client.get("/health").json()["batching"]["in_flight"] == 0
     assert sleeps == [1.0, 1.0]
@@ -363,13 +366,7 @@ def test_an_answer_of_more_documents_than_max_hits_is_refused_and_the_client_spl
                            ).status_code == 200
         assert client.get("/health").json()["limits"]["max_hits"] == 8
 
-        def through_app(request: httpx.Request) -> httpx.Response:
-            r = client.request(request.method, request.url.path, content=request.content,
-                               headers={"content-type": "application/json"})
-            return httpx.Response(r.status_code, headers=r.headers, content=r.content)
-
-        remote = RemoteRetriever("http://testserver", transport=httpx.MockTransport(through_app),
-                                 retries=0)
+        remote = RemoteRetriever("http://testserver", transport=_through(client), retries=0)
         hits = remote.search([f"q{i}" for i in range(9)], k=2)
         assert [h[0].doc_id for h in hits] == [f"q{i}#0" for i in range(9)]
         assert remote.max_batch == 4
