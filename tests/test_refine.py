@@ -20,6 +20,7 @@ from seekrl.recipes.mcts import run_labelling, step_key
 from seekrl.recipes.refine import keep_for_rft, run_refine, step_dpo_loss, step_logps, step_mask
 from tests.test_mcts import OPTIONS, Dice, dice_engine, questions
 from tests.test_rollout import Docs
+from tests.test_sft import _same_weights
 
 
 @pytest.fixture(scope="module")
@@ -419,7 +420,6 @@ def test_a_stopped_rft_run_resumes_from_its_samples_and_its_checkpoint(tiny, tmp
 
     import seekrl.recipes.sft as sft_module
     from seekrl.config import ConfigError
-    from seekrl.models import load_policy
     from seekrl.recipes.setup import Interrupted
 
     model, tok = tiny
@@ -462,9 +462,7 @@ def test_a_stopped_rft_run_resumes_from_its_samples_and_its_checkpoint(tiny, tmp
     assert (tmp_path / "moved" / "samples.jsonl").read_bytes() == samples
     assert {k: v for k, v in resumed.items() if k not in ("minutes", "final", "loss")} == \
         {k: v for k, v in straight.items() if k not in ("minutes", "final", "loss")}
-    a, b = load_policy(straight["final"])[0], load_policy(resumed["final"])[0]
-    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
-        assert torch.equal(x, y), name
+    _same_weights(straight["final"], resumed["final"])
 
     with pytest.raises(ConfigError, match=r"ran with other settings: samples: 4 -> 2"):
         refine("moved", config=cfg("moved", samples=2), resume=True)

@@ -756,14 +756,13 @@ def test_a_stopped_simulator_training_resumes_from_its_checkpoint(tmp_path, monk
     """Ctrl-C after step 1 of 3 (a checkpoint every step), then --resume: the simulator a
     straight run trains; a run there is refused without --resume or --overwrite before its
     examples file is written over."""
-    import torch
     from conftest import build_lab
 
     import seekrl.recipes.sft as sft_module
     from seekrl.config import ConfigError, SimulatorTrainConfig
-    from seekrl.models import load_policy
     from seekrl.recipes.setup import Interrupted
     from seekrl.recipes.simulator import train_simulator
+    from tests.test_sft import _same_weights
 
     _, paths, index_dir, model_dir = build_lab(tmp_path)
 
@@ -804,6 +803,4 @@ def test_a_stopped_simulator_training_resumes_from_its_checkpoint(tmp_path, monk
     examples.unlink()   # the stopped run's, rebuilt
     resumed = train_simulator(cfg("b"), resume=True)
     assert resumed["steps"] == 3 and resumed["examples"] == straight["examples"]
-    a, b = load_policy(straight["final"])[0], load_policy(resumed["final"])[0]
-    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
-        assert torch.equal(x, y), name
+    _same_weights(straight["final"], resumed["final"])

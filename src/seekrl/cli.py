@@ -498,19 +498,20 @@ def demo(
         rl["algo"] = {"advantage": advantage}
     if train_layers is not None:
         sft["train_layers"] = rl["train_layers"] = train_layers or None
+    # the option each key came from; a stage's key is the option's only if it was given
+    # (else it is its preset's)
+    stage_keys = {"demo sft": (sft, {"max_steps": "--sft-steps",
+                                     "train_layers": "--train-layers"}),
+                  "demo rl": (rl, {"steps": "--rl-steps", "max_minutes": "--rl-minutes",
+                                   "questions_per_step": "--questions-per-step",
+                                   "group_size": "--group-size",
+                                   "algo.advantage": "--advantage",
+                                   "train_layers": "--train-layers"})}
     given = {"options": {"n_test": "--eval-questions", "sft_batch": "--sft-batch",
                          "seed": "--seed", "difficulty": "--difficulty", "model": "--model",
                          "process": "--process", "dtype": "--dtype", "presets": "--presets"},
-             "demo sft": {"max_steps": "--sft-steps", "train_layers": "--train-layers"},
-             "demo rl": {"steps": "--rl-steps", "max_minutes": "--rl-minutes",
-                         "questions_per_step": "--questions-per-step",
-                         "group_size": "--group-size", "algo.advantage": "--advantage",
-                         "train_layers": "--train-layers"}}
-    for source, keys in given.items():   # a stage's key is the option's only if it was given
-        if source != "options":
-            stage = sft if source == "demo sft" else rl
-            given[source] = {k: o for k, o in keys.items()
-                             if k in stage or (k == "algo.advantage" and advantage is not None)}
+             **{source: {k: o for k, o in keys.items() if k.split(".")[0] in stage}
+                for source, (stage, keys) in stage_keys.items()}}
     try:
         if train_layers is not None and train_layers < 0:
             raise ValueError(f"--train-layers: expected 0 (every block) or more, got "

@@ -99,8 +99,10 @@ def remove_outputs(out: Path, names: Sequence[str]) -> None:
             path.unlink()
 
 
-def config_changes(saved: Path, cfg) -> list[str]:
-    """`key: old -> new` for every setting that differs from the run's saved config.yaml."""
+def config_changes(saved: Path, cfg, *, recorded_only: bool = False) -> list[str]:
+    """`key: old -> new` for every setting that differs from the run's saved config.yaml;
+    with `recorded_only`, keys the file does not hold (added since it was saved) are not
+    counted."""
     import yaml
 
     if not saved.is_file():
@@ -111,7 +113,7 @@ def config_changes(saved: Path, cfg) -> list[str]:
 
     def walk(a, b, prefix: str) -> None:
         if isinstance(a, dict) and isinstance(b, dict):
-            for k in sorted(set(a) | set(b), key=str):
+            for k in sorted(set(a) if recorded_only else set(a) | set(b), key=str):
                 walk(a.get(k), b.get(k), f"{prefix}{k}.")
         elif a != b:
             out.append(f"{prefix[:-1]}: {a!r} -> {b!r}")

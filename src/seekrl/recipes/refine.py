@@ -342,22 +342,12 @@ def _rft_sample(cfg, out: Path, *, sampler, sampler_tokenizer, retriever, backen
     return summary, data
 
 
-def _sync(path: Path) -> None:
-    """`path`'s bytes on disk (a power cut after the marker must not find them missing)."""
-    import os
-
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
 def _resumable_rft(out: Path, cfg) -> dict | None:
     """What `--resume` goes on from in `out`: the summary of RFT's finished sampling (its
     samples and data are kept), or None when the stopped run had not finished sampling (it
     samples again). Refused: a folder without a refinement, step-DPO (it keeps no
     checkpoints), and other settings than the stopped run's."""
     import json
-
-    import yaml
 
     from seekrl.config import ConfigError
     from seekrl.recipes.checkpoint import config_changes
@@ -371,19 +361,9 @@ def _resumable_rft(out: Path, cfg) -> dict | None:
     marker = out / RFT_SAMPLED
     if not marker.is_file():   # sampled again from a clean folder: any setting will do
         return None
-    old = yaml.safe_load(saved.read_text()) or {}
-
-    def recorded(key: str) -> bool:   # a key added since the run was saved is not a change
-        node = old
-        for part in key.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return False
-            node = node[part]
-        return True
-
-    refused = [c for c in config_changes(saved, cfg)
-               if (key := c.split(":", 1)[0]).split(".")[0] not in REFINE_RESUME_MAY_CHANGE
-               and recorded(key)]
+    # a key added since the run was saved is not a change
+    refused = [c for c in config_changes(saved, cfg, recorded_only=True)
+               if c.split(":", 1)[0].split(".")[0] not in REFINE_RESUME_MAY_CHANGE]
     if refused:
         raise ConfigError(f"--resume: the refinement in {out} ran with other settings: "
                           + "; ".join(refused) + f" (old -> new); resume with its settings "
@@ -404,7 +384,13 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     drawn, and its fine-tuning from the latest checkpoint (`save_every` of the SFT recipe)."""
     from seekrl.config import ConfigError, SFTConfig, dump_config
     from seekrl.models import load_policy, load_tokenizer
-    from seekrl.recipes.checkpoint import check_run_dir, claim_run_dir, save_policy
+    from seekrl.recipes.checkpoint import (
+        check_run_dir,
+        claim_run_dir,
+        fsync_dir,
+        latest_checkpoint,
+        save_policy,
+    )
     from seekrl.recipes.setup import (
         MetricsLog,
         check_world_index,
@@ -511,12 +497,11 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
                                     backend=backend, questions=questions, scorer=scorer,
                                     teacher=teacher, as_text=as_text, say=say)
         # last, once both files are on disk: its presence says they are whole
-        for path in (out / "samples.jsonl", data):
-            _sync(path)
         marker, tmp = out / RFT_SAMPLED, out / (RFT_SAMPLED + ".tmp")
         tmp.write_text(json.dumps(summary))
-        _sync(tmp)
+        fsync_dir(out)
         tmp.replace(marker)
+        fsync_dir(out, files=False)
     else:
         data, summary = out / "rft_data.jsonl", sampled
         say(f"--resume: the {summary['sampled']} episodes sampled before the stop are kept "
@@ -538,7 +523,6 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
                         train_layers=cfg.train_layers, lora=cfg.lora, optim=cfg.optim,
                         dtype=cfg.dtype, device=cfg.device, log_every=5,
                         save_every=cfg.save_every)
-    from seekrl.recipes.checkpoint import latest_checkpoint
     from seekrl.recipes.sft import run_sft
     partial = sampled is not None and latest_checkpoint(out / "sft") is not None
     sft = run_sft(sft_cfg, console=console, model=model, tokenizer=tokenizer,
