@@ -999,3 +999,20 @@ def test_world_flags_build_the_demos_world(tmp_path):
     assert names == sorted(p.name for p in (tmp_path / "cli").iterdir())
     for name in names:
         assert (tmp_path / "cli" / name).read_bytes() == (tmp_path / "demo" / name).read_bytes()
+
+
+def test_command_lists_show_each_summary_on_one_line(monkeypatch):
+    """A wrapped docstring's first paragraph reads as one sentence in the command lists
+    (typer kept its line breaks there: 'wire-compatible with the' / 'Search-R1 ...')."""
+    import inspect
+
+    from seekrl import cli
+
+    monkeypatch.setenv("COLUMNS", "400")
+    groups = [([], cli.app)] + [([g.name], g.typer_instance) for g in cli.app.registered_groups]
+    for prefix, group in groups:
+        listing = runner.invoke(app, prefix + ["--help"], terminal_width=400).output
+        for info in group.registered_commands:
+            first = inspect.cleandoc(info.callback.__doc__).split("\n\n")[0]
+            summary = " ".join(first.split())
+            assert summary in " ".join(listing.split("│")), (prefix, info.callback.__name__)

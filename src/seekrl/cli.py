@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 from typing import Annotated, Optional
@@ -1345,6 +1346,20 @@ def _retriever(index: Path | None, url: str | None):
 
     return load_index(index)
 
+
+def _one_line_summaries(typer_app: typer.Typer) -> None:
+    """Each command's summary in a command list is its docstring's first paragraph on one
+    line: typer joins the lines on the command's own page but not in the list, where a
+    wrapped docstring broke mid-sentence."""
+    for info in typer_app.registered_commands:
+        doc = info.callback.__doc__ if info.callback is not None else None
+        if info.short_help is None and info.help is None and doc:
+            info.short_help = " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
+    for group in typer_app.registered_groups:
+        _one_line_summaries(group.typer_instance)
+
+
+_one_line_summaries(app)
 
 if __name__ == "__main__":
     app()
