@@ -28,8 +28,9 @@ from tests.test_rollout import Docs
 
 
 def episode(actions: list[tuple[str, str]], qid: str = "q") -> Trajectory:
-    """A hand-made episode: ("search", query) / ("answer", text) steps, 3 tokens each, an
-    environment block of 2 tokens after every step but an answer."""
+    """A hand-made episode: ("search", query) / ("answer", text) steps (or another tool's
+    ("open", argument)), 3 tokens each, an environment block of 2 tokens after every step
+    but an answer."""
     ids, mask, steps = [0, 0], [0, 0], []
     answer = None
     for kind, text in actions:
@@ -37,7 +38,7 @@ def episode(actions: list[tuple[str, str]], qid: str = "q") -> Trajectory:
         ids += [1, 1, 1]
         mask += [1, 1, 1]
         step = Step(start, len(ids), kind, text=f"<{kind}> {text} </{kind}>")
-        if kind == "search":
+        if kind != "answer":
             step.query = text
             step.info_start = len(ids)
             ids += [2, 2]
@@ -82,6 +83,21 @@ def test_expansion_backup_and_puct_by_hand():
     tree.backup(z, 0.0, z.depth)
     assert z.visits == 2 and root.visits == 6
     assert [n.id for n in tree.path(c)] == [b.id, c.id]
+
+
+def test_a_tool_call_is_its_own_child_not_an_invalid_turn():
+    """Opening document 1 and document 7 are two actions: they were one child keyed
+    'invalid:' (with an invalid turn of no reason), Q averaged over both."""
+    tree = Tree(QAExample("q", "question?", ["x"]), episode([]), c_puct=1.0, gamma=0.5)
+    root = tree.nodes[0]
+    tree.expand(root, [episode([("open", "1"), ("answer", "x")]),
+                       episode([("open", " 1"), ("answer", "y")]),
+                       episode([("open", "7"), ("answer", "y")])], score)
+    one, seven = (tree.nodes[i] for i in root.children)
+    assert (one.key, seven.key) == ("open:1", "open:7")
+    assert (one.visits, one.value_sum, seven.visits, seven.value_sum) == (2, 0.5, 1, 0.0)
+    invalid = Step(0, 1, "invalid", reason="")
+    assert step_key(invalid) == "invalid:" != step_key(Step(0, 1, "open", query=""))
 
 
 def test_tree_labels_pairs_follow_the_rules():

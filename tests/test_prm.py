@@ -223,6 +223,24 @@ def test_rollouts_of_one_question_share_the_prompt_pass(tiny, monkeypatch):
         assert row == pytest.approx(alone, abs=1e-4)
 
 
+
+def test_an_empty_first_turn_is_read_where_it_is_when_rows_share_a_prompt(tiny):
+    """Old data's empty turn is read before the first policy token, inside the prompt the
+    shared pass runs once: it was read at a negative suffix index (a token at the end)."""
+    from seekrl.agent.rollout import RolloutConfig, RolloutEngine
+
+    model, tok = tiny
+    engine = RolloutEngine(Dice(tok, OPTIONS), tok, Docs(), RolloutConfig(max_turns=3, seed=2))
+    t = next(t for t in engine.run(questions(4)) if len(t.steps) >= 2)
+    first = t.steps[0]
+    old = copy.deepcopy(t)                  # turn 0 written without its tokens
+    old.steps[0] = replace(first, end=first.start)
+    old.loss_mask = [0 if first.start <= i < first.end else m for i, m in enumerate(t.loss_mask)]
+    scorer = PRMScorer(random_prm(model), tok, batch_size=4)
+    alone = scorer.logits([old])[0]
+    for row in scorer.logits([old, copy.deepcopy(old)]):
+        assert row == pytest.approx(alone, abs=1e-4)
+
 # ---------------------------------------------------------------- reading label folders
 @pytest.fixture(scope="module")
 def label_dir(tiny, tmp_path_factory):

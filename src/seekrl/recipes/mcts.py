@@ -58,13 +58,16 @@ ScoreFn = Callable[[Trajectory], float]
 
 
 def step_key(step: Step) -> str:
-    """What a step does, for de-duplicating siblings: the same query, or the same answer,
-    or the same kind of invalid turn, is the same child whatever the reasoning around it."""
-    if step.action == "search":
-        return "search:" + normalise_text(step.query or "")
+    """What a step does, for de-duplicating siblings: the same query (or another tool's
+    same argument), the same answer, or the same kind of invalid turn, is the same child
+    whatever the reasoning around it."""
     if step.action == "answer":
         return "answer:" + normalise_text(step.answer or "")
-    return "invalid:" + (step.reason or "")
+    if step.action == "invalid":
+        return "invalid:" + (step.reason or "")
+    # a search or another tool's call (`open` a document): its own action and argument,
+    # so opening document 1 and document 7 are two children, neither an invalid turn
+    return f"{step.action}:" + normalise_text(step.query or "")
 
 
 @dataclass

@@ -52,12 +52,18 @@ class ProcessRewardModel(nn.Module):
         rollouts) run it once and reuse its KV cache, as the policy's forward does."""
         shared = shared_prompts(input_ids, attention_mask, policy_mask) \
             if policy_mask is not None else None
+        if shared is not None:
+            cuts = torch.tensor(shared[0], dtype=torch.long, device=positions.device)
+            local = positions - cuts[rows]
+            # an empty turn of old data is read inside the shared prompt (`step_end`),
+            # which the suffix pass does not hold: read every row whole then
+            if bool((local < 0).any()):
+                shared = None
         h = suffix_hidden(self.lm, input_ids, attention_mask, *shared) if shared else None
         if h is None:
             h = hidden_states(self.lm, input_ids, attention_mask)
             return self.head(h[rows, positions].float()).squeeze(-1)
-        cuts = torch.tensor(shared[0], dtype=torch.long, device=positions.device)
-        return self.head(h[rows, positions - cuts[rows]].float()).squeeze(-1)
+        return self.head(h[rows, local].float()).squeeze(-1)
 
 
 def step_end(traj: Trajectory, index: int) -> int:
