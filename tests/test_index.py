@@ -184,6 +184,21 @@ def test_bm25_empty_batch_and_zero_k(bm25):
     assert bm25.search(["platypus"], 0) == [[]]
 
 
+def test_bm25_ties_keep_corpus_order_at_every_k(tmp_path):
+    """Documents of equal score come in corpus order, so a search at k is the first k of a
+    deeper one (bm25s's top-k left tied rows in any order: rankers and fusion, which ask
+    for more candidates, saw another first stage than a search at k)."""
+    corpus = tmp_path / "c.jsonl"
+    lines = [{"id": f"t{i}", "contents": f"Title {i}\nharbour lamp mill"} for i in range(40)]
+    lines.insert(17, {"id": "best", "contents": "Best\nharbour harbour lamp"})
+    corpus.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    index = load_index(build_index(corpus, tmp_path / "ix", "bm25", show_progress=False))
+    [deep] = index.search(["harbour lamp"], 41)
+    assert deep[0].doc_id == "best"
+    assert [h.doc_id for h in deep[1:]] == [f"t{i}" for i in range(40)]
+    for k in (1, 2, 3, 5, 8, 13, 40):
+        assert index.search(["harbour lamp"], k)[0] == deep[:k]
+
 def test_bm25_batch_equals_per_query(bm25):
     queries = ["platypus", "xylophone", "water ice light", "the", "coffee beans water",
                "Ed Wood", "platypus"]

@@ -153,10 +153,19 @@ class BM25Retriever(StoreRetriever):
         todo = [i for i, q in enumerate(tokens) if q]
         if not todo:
             return out
-        # n_threads=0: score in this thread; bm25s builds a thread pool per call otherwise
-        rows, scores = self.model.retrieve([tokens[i] for i in todo], k=k, show_progress=False,
-                                           n_threads=0, backend_selection="numpy")
-        for i, r, s in zip(todo, np.asarray(rows), np.asarray(scores)):
-            out[i] = [(int(row), float(score)) for row, score in zip(r, s) if score > 0]
+        for i in todo:
+            scores = self.model.get_scores(tokens[i])
+            out[i] = [(int(row), float(scores[row])) for row in _top(scores, k)]
         return out
+
+
+def _top(scores: np.ndarray, k: int) -> np.ndarray:
+    """The rows of the `k` best positive scores, best first, ties in row order: the same
+    order for every k (bm25s's top-k leaves tied rows in any order, so a search at k was not
+    the first k of a deeper one, which rankers and fusion ask for)."""
+    rows = np.flatnonzero(scores > 0)
+    if len(rows) > k:
+        cut = len(rows) - k
+        rows = rows[scores[rows] >= np.partition(scores[rows], cut)[cut]]
+    return rows[np.lexsort((rows, -scores[rows]))][:k]
 
