@@ -451,6 +451,19 @@ def test_the_eval_options_are_the_episode_settings():
     assert eval_settings(EvalConfig(batch_size=64), run).batch_size == 64
 
 
+def test_a_cuda_index_is_checked_even_when_empty(monkeypatch):
+    """'cuda:' passed the check (an empty index skipped it) and failed later in torch."""
+    import torch
+
+    from seekrl.runtime import device_problem
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert device_problem("cuda") is None and device_problem("cuda:1") is None
+    for bad in ("cuda:", "cuda:2", "cuda:x", "cuda:-1"):
+        assert "expected cuda or cuda:N with N below 2" in device_problem(bad), bad
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(),
                     reason="checks a machine without CUDA")
 def test_asking_for_cuda_without_it_fails_in_one_line(tmp_path):

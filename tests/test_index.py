@@ -520,6 +520,28 @@ def test_dense_manifest_records_the_encoder(dense, dense_path):
     assert meta["encoder"] == "all-MiniLM-L6-v2" and meta["dim"] == 384
 
 
+def test_a_local_encoder_is_recorded_by_its_absolute_path(corpus, tmp_path, monkeypatch):
+    """A relative --encoder was written as given and read against the folder the index was
+    loaded from; an encoder folder gone since the build is said to be the encoder's
+    problem, not a damaged index."""
+    import os
+
+    from seekrl.retrieval.dense import bundled_encoder_path
+
+    work = tmp_path / "work"
+    shutil.copytree(bundled_encoder_path(), work / "enc", copy_function=os.symlink)
+    monkeypatch.chdir(work)
+    out = build_index(corpus, tmp_path / "ix", "dense", encoder="enc", show_progress=False)
+    monkeypatch.chdir(tmp_path)
+    index = load_index(out)
+    assert index.manifest["encoder"] == str(work / "enc")
+    assert json.loads((out / "dense" / "encoder.json").read_text())["encoder"] == str(work / "enc")
+    assert len(index.search(["platypus"], 1)[0]) == 1
+    shutil.rmtree(work / "enc")
+    with pytest.raises(RetrievalError, match="encoder .*enc.* cannot be loaded .*moved or deleted") as info:
+        load_index(out)
+    assert "damaged" not in str(info.value)
+
 @pytest.mark.parametrize("query, doc_id", SEMANTIC.items())
 def test_dense_finds_doc_without_shared_words(dense, bm25, query, doc_id):
     assert bm25.search([query], 3) == [[]]  # truly no word in common

@@ -146,6 +146,9 @@ def test_the_reranker_asks_for_candidates_and_shows_the_rankers_best_k():
     rr.search(["q"], 7)          # k above the candidates: k documents are asked for
     assert first.calls[-1] == 7
     assert recall_at(rr, ["a", "b"], ["d5", "d0"], 1) == 0.5
+    calls = len(first.calls)
+    assert rr.search(["q", "r"], 0) == rr.search(["q", "r"], -1) == [[], []]
+    assert len(first.calls) == calls          # nothing asked of the first stage
     with pytest.raises(ValueError, match="candidates"):
         RerankingRetriever(first, ByIndex(), candidates=0)
 
@@ -515,6 +518,7 @@ def test_a_query_encoder_learns_over_the_stored_vectors_and_saves_and_loads(tmp_
     query = "who founded the old mill"
     assert [h.doc_id for h in rr.search([query], 5)[0]] == \
         [h.doc_id for h in index.search([query], 5)[0]]
+    assert rr.search([query], -1) == rr.search([query], 0) == [[]]
     pool = rr.last[query]
     assert len(pool) == 6
     target = pool[-1]                # the sixth: teach the encoder to put it first
@@ -538,6 +542,28 @@ def test_a_query_encoder_learns_over_the_stored_vectors_and_saves_and_loads(tmp_
     assert again.score([query], [pool])[0] == pytest.approx(qe.score([query], [pool])[0],
                                                             abs=1e-4)
 
+
+def test_a_query_encoder_reads_the_stored_vectors_of_an_ivf_index(dense_lab):
+    """An IVF index (what `--index-type ivfpq` builds) gives rows only with a direct map:
+    the first training step failed with a raw faiss error."""
+    import faiss
+
+    from seekrl.retrieval.index import load_index
+    from seekrl.retrieval.ranker import dense_part
+
+    _, dense_dir, _ = dense_lab
+    index = load_index(dense_dir)
+    dense = dense_part(index)
+    stored = dense.index.reconstruct_n(0, dense.index.ntotal)
+    ivf = faiss.IndexIVFFlat(faiss.IndexFlatIP(stored.shape[1]), stored.shape[1], 4,
+                             faiss.METRIC_INNER_PRODUCT)
+    ivf.train(stored)
+    ivf.add(stored)
+    dense.index = ivf
+    qe = load_ranker(kind="query", first=index)
+    qe.bind(index)
+    hits = [Hit(index.store.ids[r], "", "", 0.0) for r in (3, 0, 7)]
+    assert np.allclose(qe.vectors(hits).numpy(), stored[[3, 0, 7]])
 
 def test_a_query_encoder_needs_a_dense_index(dense_lab):
     from seekrl.retrieval.base import RetrievalError

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from seekrl.agent.backends import Backend
 from seekrl.agent.rollout import RolloutConfig, RolloutEngine
 from seekrl.data.qa import QAExample
-from seekrl.retrieval.base import Hit
+from seekrl.retrieval.base import Hit, RetrievalError
 from seekrl.retrieval.server import create_app
 from seekrl.retrieval.simulated import (
     NOISY,
@@ -198,6 +198,10 @@ def test_both_engines_decode_the_same_greedy_documents(tiny):
     replies = mute.generate(prompts)   # a decoder that does not count: its replies, re-read
     assert mute.stats["tokens"] == sum(len(tok(r, add_special_tokens=False)["input_ids"])
                                        for r in replies) > 0
+    short = SimulatedRetriever(model, tok, max_new_tokens=10, temperature=0.0,
+                               decoder=lambda texts, n, t: decoder(texts[:1], n, t))
+    with pytest.raises(RetrievalError, match="returned 1 replies for 3 prompts"):
+        short.search(prompts, 2)     # not the first query's documents alone, the rest lost
     state = torch.random.get_rng_state()
 
     def sampled(seed):

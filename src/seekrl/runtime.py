@@ -25,7 +25,7 @@ def device_problem(device: str) -> str | None:
     cuda:N, mps."""
     import torch
 
-    kind, _, index = device.partition(":")
+    kind, colon, index = device.partition(":")
     if kind == "cpu" and not index:
         return None
     if kind == "cuda":
@@ -36,7 +36,7 @@ def device_problem(device: str) -> str | None:
                         "section)")
             return (f"device {device!r}: torch has CUDA {torch.version.cuda} but sees no GPU "
                     "(check nvidia-smi and CUDA_VISIBLE_DEVICES)")
-        if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+        if colon and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
             return (f"device {device!r}: expected cuda or cuda:N with N below "
                     f"{torch.cuda.device_count()} (the GPUs torch sees)")
         return None

@@ -299,7 +299,14 @@ class DenseRetriever(StoreRetriever):
         if index.ntotal != len(store):
             raise RetrievalError(f"{directory}: faiss index has {index.ntotal} vectors but the "
                                  f"document store has {len(store)}; rebuild the index")
-        model = load_encoder(meta["encoder"], device, pooling=meta.get("pooling"))
+        try:
+            model = load_encoder(meta["encoder"], device, pooling=meta.get("pooling"))
+        except OSError as err:   # the encoder, not the index: "damaged" would mislead
+            first = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
+            where = " (a local folder: moved or deleted since the build?)" \
+                if Path(meta["encoder"]).is_absolute() else ""
+            raise RetrievalError(f"{directory}: the index's encoder {meta['encoder']!r} cannot "
+                                 f"be loaded{where}: {first}") from err
         if embedding_dim(model) != index.d:
             raise RetrievalError(f"{directory}: the encoder {meta['encoder']!r} gives "
                                  f"{embedding_dim(model)}-dimensional vectors but the faiss "

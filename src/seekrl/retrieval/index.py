@@ -101,7 +101,10 @@ def build_index(corpus: str | Path, out: str | Path, retriever: str = "bm25", *,
         if retriever in ("bm25", "hybrid"):
             BM25Retriever.build(store, tmp / "bm25", show_progress=show_progress)
         if dense:
-            DenseRetriever.build(store, tmp / "dense", encoder=encoder, index_type=index_type,
+            # a local encoder by its absolute path: a relative one was resolved against the
+            # folder the index was later loaded from
+            DenseRetriever.build(store, tmp / "dense", encoder=plan["encoder"] if encoder else None,
+                                 index_type=index_type,
                                  batch_size=batch_size, show_progress=show_progress,
                                  pooling=pooling, query_prefix=query_prefix,
                                  doc_prefix=doc_prefix, device=device,
@@ -109,7 +112,7 @@ def build_index(corpus: str | Path, out: str | Path, retriever: str = "bm25", *,
             shutil.rmtree(tmp / SHARDS)
         (tmp / PLAN).unlink(missing_ok=True)
         return _manifest(retriever, corpus, n, report, started, sha=plan["corpus_sha256"],
-                         encoder=(encoder or DEFAULT_ENCODER) if retriever != "bm25" else None,
+                         encoder=plan["encoder"] if retriever != "bm25" else None,
                          index_type=index_type if retriever != "bm25" else None)
 
     return _write_atomically(Path(out), fill, plan=plan if dense else None, resume=resume)

@@ -240,6 +240,7 @@ class QueryEncoder(Ranker):
             raise RetrievalError(f"ranker kind query: the encoder gives {embedding_dim(self.model)}"
                                  f"-dimensional vectors but the index holds {dense.index.d}-"
                                  "dimensional ones: start from the index's own encoder")
+        _direct_map(dense.index)
         self.dense = dense
 
     def embed(self, queries: Sequence[str]) -> torch.Tensor:
@@ -279,6 +280,20 @@ class QueryEncoder(Ranker):
         return path
 
 
+def _direct_map(index) -> None:
+    """An IVF index (`ivfpq`) gives its stored vectors by row only with a direct map
+    (`vectors` read them; IVF-PQ's are its codes decoded): built once here, one pass over
+    the lists, instead of a raw faiss error in the first training step."""
+    import faiss
+
+    try:
+        ivf = faiss.extract_index_ivf(index)
+    except RuntimeError:      # not IVF: flat and HNSW read rows as they are
+        return
+    if ivf is not None and ivf.direct_map.type == faiss.DirectMap.NoMap:
+        ivf.make_direct_map()
+
+
 class QueryEncoderRetriever:
     """`first` (a dense or hybrid index) searched with `ranker`'s queries over the whole
     index, not only over candidates; the top `candidates` of each query stay in `last` with
@@ -314,6 +329,8 @@ class QueryEncoderRetriever:
         self._ranker, self._search = ranker, mine
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        if k <= 0:          # pool[:k] of a negative k kept all but the last hits
+            return [[] for _ in queries]
         t0 = time.perf_counter()
         pools = self._search.search(list(queries), max(k, self.candidates))
         self.seconds += time.perf_counter() - t0
@@ -350,6 +367,8 @@ class RerankingRetriever:
         self.seconds = 0.0   # in the ranker's scoring, all told (the first stage's not counted)
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        if k <= 0:          # order[:k] of a negative k kept all but the last candidates
+            return [[] for _ in queries]
         pools = self.first.search(queries, max(k, self.candidates))
         t0 = time.perf_counter()
         scores = self.ranker.score(queries, [[h.contents for h in pool] for pool in pools])

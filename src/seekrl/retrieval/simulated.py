@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from seekrl.retrieval.base import Hit
+from seekrl.retrieval.base import Hit, RetrievalError
 
 USEFUL = "useful"
 NOISY = "noisy"
@@ -271,6 +271,9 @@ class SimulatedRetriever:
         if self.decoder is not None:
             with torch.no_grad(), seeded:
                 replies = list(self.decoder(texts, self.max_new_tokens, self.temperature))
+            if len(replies) != len(texts):   # zip would hand the rest wrong documents or none
+                raise RetrievalError(f"the simulator's decoder {self.decoder!r} returned "
+                                     f"{len(replies)} replies for {len(texts)} prompts")
             decoded = getattr(self.decoder, "last_tokens", None)
             if decoded is None:   # a decoder that does not say: its replies, tokenised again
                 decoded = sum(len(self.tokenizer(r, add_special_tokens=False)["input_ids"])
