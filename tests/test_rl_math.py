@@ -343,6 +343,12 @@ def test_shared_prompt_forward_with_activation_checkpointing():
     out = masked_logprobs(model, ids, attn, mask)["logprobs"]
     out.sum().backward()
     torch.testing.assert_close(out.detach(), plain, atol=2e-5, rtol=1e-4)
+    # the old log-probs (eval mode, checkpointing still on) take the training pass's own
+    # path: the first PPO ratio is 1 to the last bit (the shared pass differed by ~1e-6)
+    model.eval()
+    with torch.no_grad():
+        old = masked_logprobs(model, ids, attn, mask)["logprobs"]
+    assert torch.equal(old, out.detach())
 
 
 def _gemma2():

@@ -202,6 +202,12 @@ def test_gigpo_hand_computed_with_anchor_states_and_a_singleton_step_group():
     trajs = [e1, e2, e3, e4]
     assert anchor_states(e2, "queries") == [(), ("x",)]
     assert anchor_states(e4, "docs") == [(), ("d2",)]
+    # another tool's calls keep their argument: after opening document 2 or 5 the agent
+    # stands in different states (both were '<open>', one step group)
+    opened = [ep("g", [("open", 2, 2, arg, ()), answer()]) for arg in ("2", " 5")]
+    assert [anchor_states(e, "queries")[1] for e in opened] == [("<open> 2",), ("<open> 5",)]
+    assert anchor_states(ep("g", [("invalid", 2, 2, None, ()), answer()]), "queries")[1] == \
+        ("<invalid>",)
     assert step_returns(1.0, [0.0, 0.0], 0.5) == [0.5, 1.0]
     cfg = AlgoConfig(step_gamma=0.5, step_weight=1.0)
     estimate = compute_advantages("gigpo", trajs, [1.0, 0.0, 0.0, 0.0], cfg)

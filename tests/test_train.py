@@ -1207,6 +1207,29 @@ def test_correct_logp_shift_measures_the_same_episodes_after_the_update(world, t
     assert shift * sign > 0
 
 
+def test_the_likelihood_before_the_update_is_read_before_the_first_optimizer_step(
+        world, tiny, tmp_path):
+    """With the sampler's log-probs as the old ones, the right episodes' likelihood before
+    the update is read in the update's own passes: only those of its first mini-batch, at
+    the policy that sampled them (a later mini-batch's were read after a step, a baseline
+    already moved)."""
+    cfg = make_cfg(tmp_path, **{"algo.kl_coef": 0.0, "algo.entropy_coef": 0.0,
+                                "algo.epochs": 1, "algo.mini_batch_size": 2,
+                                "algo.micro_batch_size": 2, "optim": {"lr": 3e-2}})
+    trainer = make_trainer(cfg, world, tiny)
+    trajs = trainer.rollout(trainer.sample_questions(1, 2), seed=1)
+    for t in trajs:
+        t.answer = t.golden_answers[0]
+    old, _ = trainer.batch_logprobs(trajs)
+    before = {i: lp[torch.tensor(t.loss_mask, dtype=torch.bool)].mean().item()
+              for i, (lp, t) in enumerate(zip(old, trajs))}
+    adv = [torch.tensor(t.loss_mask, dtype=torch.float32) for t in trajs]
+    update = trainer._update(trajs, adv, None, None, None, None, from_sampler=True)
+    read = update["correct_logps"]
+    assert len(read) == 2                     # the first mini-batch of two
+    for i, value in read.items():
+        assert value == pytest.approx(before[i], abs=1e-5)
+
 @pytest.mark.parametrize("cap", [0, 1, 3])
 def test_displacement_measures_at_most_monitor_displacement_episodes(world, tiny, tmp_path,
                                                                       cap, monkeypatch):

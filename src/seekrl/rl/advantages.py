@@ -495,9 +495,10 @@ def _within_and_group(batch: StepBatch, cfg: AlgoConfig, parts_of: Sequence, com
 @register("stratified_grpo")
 def stratified_grpo(batch: StepBatch, cfg: AlgoConfig):
     """Stratified advantage normalisation: within each question's group, episodes with the
-    same number of searches form a stratum and are normalised among themselves (a stratum of
-    one gets 0 from this part); blended with the group-normalised score as
-    alpha * A_stratum + (1 - alpha) * A_group."""
+    same number of searches form a stratum and are centred among themselves, divided by the
+    stratum's std with `algo.std_norm` (the paper's form; off by default, as for the group
+    part: Dr. GRPO's centring) (a stratum of one gets 0 from this part); blended with the
+    group-normalised score as alpha * A_stratum + (1 - alpha) * A_group."""
     return _within_and_group(batch, cfg, batch.n_searches.tolist(),
                              lambda w, g: cfg.alpha * w + (1 - cfg.alpha) * g)
 

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from seekrl.models import (
+    backbone,
     causal_lm,
     check_window,
     collate,
@@ -41,6 +42,10 @@ def masked_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     the policy's features but its loss never moves the policy."""
     check_window(model, input_ids.shape[1])
     sel = mask[:, 1:].bool()                       # token t is predicted at t - 1
+    # under activation checkpointing a training pass cannot share (no cache): the old
+    # log-probs, taken in eval mode, then read every row whole too, so that the first
+    # PPO ratio is 1 to the last bit
+    share_prompts = share_prompts and not getattr(backbone(model), "gradient_checkpointing", False)
     shared = shared_prompts(input_ids, attention_mask, mask) if share_prompts else None
     h = suffix_hidden(model, input_ids, attention_mask, *shared) if shared else None
     if h is None:

@@ -128,8 +128,9 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "
     gradient is (1 - q/p) grad log p, which pushes log p down where the policy puts more
     mass than the reference (q/p < 1) and up where less: a real pull towards the reference
     (in expectation the gradient of KL(q || p), the reverse KL, as analysed by Tang & Munos
-    2025). Both are clamped to [-10, 10] as verl does, so one token whose probability
-    collapsed cannot dominate the batch."""
+    2025). Both are clamped to [-10, 10], so one token whose probability collapsed cannot
+    dominate the batch: k3 as verl's `low_var_kl`; k1 here only (verl's is unclamped), which
+    matters for `kl_in_reward` alone."""
     diff = logprobs - ref_logprobs
     if kind == "k1":
         return diff.clamp(-KL_CLAMP, KL_CLAMP)

@@ -133,9 +133,11 @@ def sample_questions(questions: Sequence[Any], n: int, rng: random.Random, *,
 
 
 class seeds:
-    """Every random stream of a run, from its seed: different steps, draws (dynamic
-    sampling's refills), ranks and Monte-Carlo continuations never share one. The
-    multipliers are primes, so the streams stay apart for any seed."""
+    """Every random stream of a run, from its seed: steps, draws (dynamic sampling's
+    refills), ranks and Monte-Carlo continuations get seeds apart by large primes. They
+    can meet far apart (step k's refill 1 seeds as step k + 7919's first draw; rank 1 of
+    run seed s as rank 0 of seed s + 1), which leaves the streams of one step distinct and
+    costs nothing in practice: the questions are drawn from their own string seeds."""
 
     @staticmethod
     def step(run_seed: int, step: int) -> int:

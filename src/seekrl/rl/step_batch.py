@@ -96,12 +96,17 @@ def step_reward_position(t: Trajectory, step) -> int:
 
 
 def anchor_states(t: Trajectory, kind: str) -> list[tuple]:
-    """The state before each step: the queries so far (in order; invalid turns count as a
-    turn), or the set of documents retrieved so far."""
+    """The state before each step: the queries so far (in order; another tool's calls with
+    their argument, invalid turns as a turn), or the set of documents retrieved so far."""
     states, queries, docs = [], [], set(t.prompt_hits or [])
     for s in t.steps:
         states.append(tuple(queries) if kind == "queries" else tuple(sorted(docs)))
-        queries.append(normalise_text(s.query) if s.action == "search" else f"<{s.action}>")
+        if s.action == "search":
+            queries.append(normalise_text(s.query))
+        elif s.query is not None:   # `open 2` and `open 5` lead to different states
+            queries.append(f"<{s.action}> " + normalise_text(s.query))
+        else:
+            queries.append(f"<{s.action}>")
         docs.update(s.hits)
     return states
 

@@ -186,8 +186,10 @@ class PolicyUpdate:
             s["value_loss"] = float(vl.detach())
             s["explained_var"] = explained_variance(out["values"], returns, mask)
             loss = loss + algo.value_coef * vl
-        with torch.no_grad():  # for the monitor: the right episodes before the update
-            for r, i in enumerate(micro):
+        # for the monitor: the right episodes before the update, so only until the first
+        # optimizer step (a later mini-batch's first pass already meets a moved policy)
+        with torch.no_grad():
+            for r, i in enumerate(micro if not probe.stepped else ()):
                 if self.correct(trajs[i]) and i not in probe.correct_logps:
                     n = mask[r].sum().clamp(min=1)
                     probe.correct_logps[i] = float((logp[r] * mask[r]).sum() / n)
