@@ -328,6 +328,29 @@ def test_build_removes_a_stale_building_folder(tmp_path, corpus):
     assert [p.name for p in tmp_path.iterdir()] == ["idx"]
 
 
+def test_a_rebuild_puts_the_new_index_in_place_before_deleting_the_old(tmp_path, corpus,
+                                                                       monkeypatch):
+    """The old index is set aside and the new one renamed in before anything is deleted:
+    a kill while the old one was deleted left no index at `out`."""
+    from seekrl.retrieval import index as index_module
+
+    out = build_index(corpus, tmp_path / "idx", show_progress=False)
+    real = shutil.rmtree
+
+    def killed(path, *args, **kwargs):
+        if Path(path).name == "idx.replaced" and Path(path).exists():
+            raise KeyboardInterrupt    # the deletion of the replaced index is cut short
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(index_module.shutil, "rmtree", killed)
+    small = write_corpus(tmp_path / "small.jsonl", DOCS[:3])
+    with pytest.raises(KeyboardInterrupt):
+        build_index(small, out, overwrite=True, show_progress=False)
+    assert load_index(out).doc_count == 3
+    monkeypatch.setattr(index_module.shutil, "rmtree", real)
+    build_index(small, out, overwrite=True, show_progress=False)   # the leftover goes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["idx", "small.jsonl"]
+
 def test_failed_build_leaves_nothing_and_keeps_the_old_index(tmp_path, corpus):
     out = build_index(corpus, tmp_path / "idx", show_progress=False)
     bad = tmp_path / "bad.jsonl"

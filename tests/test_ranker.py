@@ -179,6 +179,20 @@ def test_a_ranker_learns_a_toy_preference_and_saves_and_loads(tmp_path, tiny_enc
         load_ranker(str(tmp_path / "r"), max_len=64)
     with pytest.raises(Exception, match="trained with temperature 0.05, asked for 0.1"):
         load_ranker(str(tmp_path / "r"), temperature=0.1)
+    # a damaged settings file is named with what is wrong (a bare KeyError / JSON error)
+    from seekrl.retrieval.base import RetrievalError
+    from seekrl.retrieval.ranker import RANKER_FILE
+
+    meta_file = tmp_path / "r" / RANKER_FILE
+    good = meta_file.read_text()
+    for text, message in (("{", "not JSON"), ("[1]", "expected a JSON object, got list"),
+                          (json.dumps({k: v for k, v in json.loads(good).items()
+                                       if k != "max_len"}), "field 'max_len' is missing")):
+        meta_file.write_text(text)
+        with pytest.raises(RetrievalError, match=message) as info:
+            load_ranker(str(tmp_path / "r"))
+        assert str(meta_file) in str(info.value)
+    meta_file.write_text(good)
     # a ranker trained at another length loads at it through the configs' defaults
     from seekrl.config import RankerSettings, RankerTrainConfig
 

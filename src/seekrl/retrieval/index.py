@@ -293,9 +293,15 @@ def _write_atomically(out: Path, fill, *, plan: dict | None = None,
         else:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+    if out.exists():   # swapped by renames: a kill while the old one is deleted (seconds
+        # for gigabytes) left neither index at `out`; it is removed once the new one is there
+        old = out.with_name(out.name + ".replaced")
+        shutil.rmtree(old, ignore_errors=True)
+        out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(out)
     return out
 
 
