@@ -102,6 +102,7 @@ def test_score_trajectories_matches_hand_computed_values():
                         "one_search": 0.5, "planned_lookups": None,
                         # q2, the one yes/no question: yes in one of its two samples
                         "answered_yes": 0.5, "gold_yes": 1.0, "yes_no_questions": 1,
+                        "answered_no": 0.0,           # no sample said no (one said nothing)
                         # only q1's first sample found d1 and d2 (and was right)
                         "evidence_complete": 0.25, "em_evidence_complete": 1.0})
     # B: q3 one of two right, q4 none; no gold documents -> evidence recall None (n/a)
@@ -110,7 +111,7 @@ def test_score_trajectories_matches_hand_computed_values():
                         "turns": 1.0, "queries": 0.0, "generated_tokens": 5.0,
                         "evidence_recall": None, "pass@2": 0.5, "one_search": 0.0,
                         "planned_lookups": None, "answered_yes": None, "gold_yes": None,
-                        "yes_no_questions": 0,
+                        "yes_no_questions": 0, "answered_no": None,
                         "evidence_complete": None, "em_evidence_complete": None})
     # macro average over the two data sets; evidence recall only where known
     assert avg == approx({"questions": 4, "trajectories": 8, "em": 0.375,
@@ -119,7 +120,7 @@ def test_score_trajectories_matches_hand_computed_values():
                           "generated_tokens": 6.0, "evidence_recall": 0.375,
                           "pass@2": 0.75, "one_search": 0.25,
                           "planned_lookups": None, "answered_yes": 0.5, "gold_yes": 1.0,
-                          "yes_no_questions": 1,
+                          "yes_no_questions": 1, "answered_no": 0.0,
                           "evidence_complete": 0.25,
                           "em_evidence_complete": 1.0})
     # per type: only A has types; each type is one question here
@@ -137,8 +138,9 @@ def test_yes_no_questions_show_how_often_the_agent_says_yes():
     from seekrl.eval.evaluate import yes_no
     from seekrl.eval.report import metrics_markdown
 
-    assert yes_no("Yes.", ["yes"]) == (1.0, 1.0) and yes_no(" no", "yes") == (0.0, 1.0)
-    assert yes_no(None, ["No"]) == (0.0, 0.0) and yes_no("yes", ["no", "No."]) == (1.0, 0.0)
+    assert yes_no("Yes.", ["yes"]) == (1.0, 1.0, 0.0) and yes_no(" no", "yes") == (0.0, 1.0, 1.0)
+    assert yes_no(None, ["No"]) == (0.0, 0.0, 0.0) and yes_no("yes", ["no", "No."]) == (1.0, 0.0, 0.0)
+    assert yes_no("Paris", ["no"]) == (0.0, 0.0, 0.0)     # neither yes nor no
     assert yes_no("yes", ["Paris"]) is None and yes_no("yes", ["yes", "Paris"]) is None
     assert yes_no("yes", []) is None
     golds = ["no", "no", "yes", "no"]
@@ -149,6 +151,7 @@ def test_yes_no_questions_show_how_often_the_agent_says_yes():
     m = score_trajectories(run)
     a = m["datasets"]["A"]
     assert a["answered_yes"] == 0.0 and a["gold_yes"] == 0.25 and a["em"] == approx(4 / 5)
+    assert a["answered_no"] == 1.0
     assert a["yes_no_questions"] == 4 and m["average"]["yes_no_questions"] == 4
     comparison = m["by_type"]["A"]["comparison"]
     assert comparison["em"] == 0.75 and comparison["gold_yes"] == 0.25

@@ -316,14 +316,18 @@ def test_a_constant_yes_no_answer_in_the_evaluations_warns():
     back = again.update_eval(20, flipped)
     assert len(back) == 1 and "answered yes to all 9" in back[0].message
     assert "before" not in back[0].message   # after a mixed answer: not a swap
+    never_yes = {**flipped, "answered_yes": 0.0}
     for quiet in ({**flipped, "yes_no_questions": 7}, {**flipped, "gold_yes": 0.9},
-                  {"searches": 2.0}, {**flipped, "answered_yes": None}):
+                  {"searches": 2.0}, {**flipped, "answered_yes": None},
+                  # never yes, but not always no either (names, no answer): not constant
+                  {**never_yes, "answered_no": 0.0}, {**never_yes, "answered_no": 0.5}):
         assert monitor().update_eval(0, quiet) == [], quiet
     off = Monitor(MonitorConfig(constant_answer_min=0))
     assert off.update_eval(0, flipped) == []
     older = monitor()   # a checkpoint from before this check
     older.load_state_dict({k: v for k, v in m.state_dict().items() if k != "constant_answer"})
     assert len(older.update_eval(0, flipped)) == 1
+    assert len(monitor().update_eval(0, {**never_yes, "answered_no": 1.0})) == 1
 
 
 def test_searching_more_only_warns():

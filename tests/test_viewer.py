@@ -3,6 +3,7 @@ render in headless Chromium (skipped where no browser is installed)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -223,6 +224,20 @@ def test_the_viewers_a_run_writes_by_itself_are_capped(tmp_path, monkeypatch):
     assert page.count('<details class="ep"') == 2 and "(first 2 of 3" in page
     assert write_viewer(tmp_path / "step-1").read_text().count('<details class="ep"') == 3
 
+
+def test_a_steps_rollouts_with_a_question_drawn_twice_are_written(tmp_path):
+    """A refill can bring a question back within a step: its 2G episodes beside others' G
+    made the default pass@2G refuse the step, and the training run with it."""
+    import seekrl.eval.evaluate as evaluate
+
+    tok = WordTokenizer()
+    first, second = sample_run(tok)[:2]
+    step = [dataclasses.replace(t, sample_index=i, group_id=f"{t.example_id}/{g}")
+            for g, t0 in enumerate([first, second, first]) for i, t in enumerate([t0, t0])]
+    evaluate.write_rollouts(tmp_path / "step-1", step, tok, {"model": "unit-test"})
+    metrics = json.loads((tmp_path / "step-1" / "metrics.json").read_text())
+    assert metrics["average"]["pass@2"] is not None
+    assert metrics["average"]["trajectories"] == 6
 
 def test_bad_run_folders_name_the_problem(tmp_path):
     with pytest.raises(FileNotFoundError, match="trajectories.jsonl"):

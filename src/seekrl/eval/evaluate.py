@@ -60,9 +60,11 @@ _METRIC_KEYS = ("em", "f1", "cover_em", "valid_format", "searches", "turns", "qu
                 "generated_tokens", "one_search")
 # known only for some episodes: averaged over those (None where no episode has one)
 # planned_lookups: what the first thought plans ("I need 2 lookups"), beside `searches`;
-# answered_yes / gold_yes: on yes/no questions, how often the agent says yes and the gold
-# does (a policy that answers one way whatever it read scores the gold's share of it)
-_PARTIAL_KEYS = ("evidence_recall", "planned_lookups", "answered_yes", "gold_yes")
+# answered_yes / answered_no / gold_yes: on yes/no questions, how often the agent says yes
+# (no) and the gold says yes (a policy that answers one way whatever it read scores the
+# gold's share of it); an answer that is neither counts in neither
+_PARTIAL_KEYS = ("evidence_recall", "planned_lookups", "answered_yes", "answered_no",
+                 "gold_yes")
 _FOUND = "_evidence_complete_em"   # a question row's (episodes with every gold doc, their EM)
 
 
@@ -150,15 +152,16 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def yes_no(prediction: str | None, golden_answers: Sequence[str]) -> tuple[float, float] | None:
-    """(the prediction says yes, the gold does) as 1.0/0.0 on a question whose golden answers
-    are all yes or no; None on any other question."""
+def yes_no(prediction: str | None, golden_answers: Sequence[str]
+           ) -> tuple[float, float, float] | None:
+    """(the prediction says yes, the gold does, the prediction says no) as 1.0/0.0 on a
+    question whose golden answers are all yes or no; None on any other question."""
     golds = {normalize_answer(g) for g in ([golden_answers] if isinstance(golden_answers, str)
                                            else golden_answers)}
     if not golds or not golds <= {"yes", "no"}:
         return None
     said = normalize_answer(prediction) if prediction is not None else ""
-    return float(said == "yes"), float("yes" in golds)
+    return float(said == "yes"), float("yes" in golds), float(said == "no")
 
 
 def _trajectory_scores(t: Trajectory) -> dict[str, Any]:
@@ -170,7 +173,8 @@ def _trajectory_scores(t: Trajectory) -> dict[str, Any]:
                   generated_tokens=float(t.n_generated), one_search=float(t.n_searches == 1),
                   evidence_recall=t.evidence_recall(), planned_lookups=t.planned_lookups,
                   answered_yes=None if yn is None else yn[0],
-                  gold_yes=None if yn is None else yn[1])
+                  gold_yes=None if yn is None else yn[1],
+                  answered_no=None if yn is None else yn[2])
     return scores
 
 
@@ -554,8 +558,11 @@ def write_rollouts(out_dir: str | Path, trajectories: Sequence[Trajectory], toke
     for t in trajectories:
         renumbered.append(dataclasses.replace(t, sample_index=seen[t.example_id]))
         seen[t.example_id] += 1
-    write_run(out_dir, renumbered, {"config": config, **score_trajectories(renumbered)},
-              tokenizer)
+    # pass@G at the group size: a question drawn twice has 2G episodes, and pass@2G (the
+    # default, the most any question has) refused every question with G
+    fewest = min(seen.values(), default=1)
+    scores = score_trajectories(renumbered, pass_ks=[fewest] if fewest > 1 else [])
+    write_run(out_dir, renumbered, {"config": config, **scores}, tokenizer)
     write_viewer(out_dir, max_episodes=AUTO_VIEWER_EPISODES)
 
 

@@ -469,7 +469,11 @@ class Monitor:
         if not self.cfg.constant_answer_min or said is None or gold is None \
                 or n < self.cfg.constant_answer_min:
             return []
-        constant = said in (0.0, 1.0) and 0.2 <= gold <= 0.8
+        said_no = _finite(metrics.get("answered_no"))
+        # never saying yes is answering no only if it said no (not a name, not nothing);
+        # metrics without `answered_no` (older records) are read as before
+        constant = (said == 1.0 or (said == 0.0 and said_no in (None, 1.0))) \
+            and 0.2 <= gold <= 0.8
         answer = "yes" if said == 1.0 else "no"
         swapped = constant and self.constant_said not in (None, answer)
         message = (f"greedy evaluation: the policy answered {answer} to all {n} yes/no questions "

@@ -161,8 +161,8 @@ def dev_figures(metrics: dict[str, Any]) -> dict[str, Any]:
     pass@1 (`sampled_em`) and pass@K."""
     avg = metrics["average"]
     out = {k: avg.get(k) for k in ("em", "f1", "valid_format", "searches", "questions",
-                                   "one_search", "planned_lookups", "answered_yes", "gold_yes",
-                                   "yes_no_questions")}
+                                   "one_search", "planned_lookups", "answered_yes", "answered_no",
+                                   "gold_yes", "yes_no_questions")}
     by_type = {t: {k: row.get(k) for k in ("em", "searches", "one_search", "planned_lookups",
                                            "questions")}
                for rows in metrics.get("by_type", {}).values() for t, row in rows.items()}
