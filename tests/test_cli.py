@@ -871,6 +871,16 @@ def test_bad_input_of_world_oracle_table_search_is_one_line_not_a_traceback(lab,
     refused(["table", run_dir], "metrics.json", "expected an object of metrics")
     (run_dir / "metrics.json").write_text("{bad")
     refused(["table", run_dir], "metrics.json", "not JSON")
+    for shape, field in (({"datasets": None, "average": []}, "field 'average'"),
+                         ({"datasets": {"nq": 0.5}}, "field 'datasets.nq'"),
+                         ({"by_type": {"nq": {"bridge": [1]}}}, "field 'by_type.nq.bridge'")):
+        (run_dir / "metrics.json").write_text(json.dumps(shape))
+        refused(["table", run_dir], "metrics.json", field, "expected an object")
+        trained = tmp_path / "trained"       # a training run whose evaluation is damaged
+        (trained / "eval" / "final").mkdir(parents=True, exist_ok=True)
+        (trained / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward": 0.5}) + "\n")
+        (trained / "eval" / "final" / "metrics.json").write_text(json.dumps(shape))
+        refused(["report", trained], "metrics.json", field)
     (run_dir / "metrics.json").write_text(json.dumps(
         {"datasets": {"nq": {"em": 0.5, "f1": 0.6}}, "average": {"em": 0.5}}))
     refused(["table", run_dir, "--metric", "nosuch"], "no run has 'nosuch'", "em, f1")

@@ -149,6 +149,24 @@ def test_comparison_table_rows_deltas_and_types():
     assert rows[1][header.index("evidence recall")] == "n/a"
 
 
+def test_comparison_table_shows_the_yes_no_columns_the_runs_have():
+    """The before/after table takes its optional columns from the runs, as a run's own
+    metrics.md does (it was asked with no rows: 'says yes' never showed)."""
+    def yes_no_run(answer: str) -> dict:
+        trajs = [Trajectory(example_id=f"q{i}", group_id=f"q{i}", question=f"same city {i}?",
+                            golden_answers=[gold], token_ids=[1, 2, 3], loss_mask=[0, 1, 1],
+                            prompt_len=1, answer=answer, finish_reason="answer", dataset="nq",
+                            metadata={"type": "comparison"})
+                 for i, gold in enumerate(["yes", "no", "no"])]
+        return {"config": {}, **score_trajectories(trajs)}
+
+    header, rows = comparison_table({"start": yes_no_run("no"), "RL": yes_no_run("yes")})
+    assert header[header.index("says yes") + 1] == "gold yes"
+    assert rows[0][header.index("says yes")] == "0.000"
+    assert rows[1][header.index("says yes")] == "1.000 (+1.000)"
+    plain, _ = comparison_table({"a": eval_metrics([True], ["bridge"])})
+    assert "says yes" not in plain
+
 def test_report_for_run(run_dir: Path):
     out = report_for_run(run_dir)
     assert out == run_dir / "report.html"

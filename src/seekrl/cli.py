@@ -565,7 +565,7 @@ def table(
     per data set, single-hop / multi-hop / overall averages."""
     import json
 
-    from seekrl.eval.report import METRICS_FILE, run_label, suite_table, unique_labels
+    from seekrl.eval.report import METRICS_FILE, check_metrics, run_label, suite_table, unique_labels
 
     try:
         if label and len(label) != len(runs):
@@ -579,9 +579,7 @@ def table(
                 metrics = json.loads(path.read_text(encoding="utf-8"))
             except ValueError as e:
                 raise DataError(f"not JSON ({e})", path=str(path)) from None
-            if not isinstance(metrics, dict):
-                raise DataError("expected an object of metrics (written by `seekrl eval`), "
-                                f"got {type(metrics).__name__}", path=str(path))
+            check_metrics(metrics, path)
             rows.append((label[i] if label else run_label(metrics, run.name), metrics))
         if not label:
             names = unique_labels([r[0] for r in rows], [run.name for run in runs])

@@ -120,6 +120,27 @@ def metrics_markdown(metrics: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check_metrics(metrics: Any, path: str | Path) -> dict:
+    """`metrics` (a metrics.json read from `path`) as `seekrl eval` writes it, else a
+    DataError naming the file and field: the tables index into it by shape."""
+    if not isinstance(metrics, dict):
+        raise DataError("expected an object of metrics (written by `seekrl eval`), got "
+                        f"{type(metrics).__name__}", path=str(path))
+
+    def objects(value: Any, field: str, depth: int) -> None:
+        if not isinstance(value, dict):
+            raise DataError(f"expected an object, got {type(value).__name__}",
+                            path=str(path), field=field)
+        for k, v in value.items() if depth else ():
+            objects(v, f"{field}.{k}", depth - 1)
+
+    # datasets: name -> row; average: a row; by_type: dataset -> type -> row
+    for key, depth in (("datasets", 1), ("average", 0), ("by_type", 2)):
+        if metrics.get(key) is not None:
+            objects(metrics[key], key, depth)
+    return metrics
+
+
 def suite_table(runs: Sequence[tuple[str, dict]], keys: Sequence[str] | None = None,
                 key: str = "em") -> str:
     """The table layout of the Search-R1 / FlashRAG papers, as markdown: a row per run

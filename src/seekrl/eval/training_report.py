@@ -36,6 +36,7 @@ from seekrl.eval.report import (
     METRICS_FILE,
     VIEWER_CSS,
     cell,
+    check_metrics,
     config_line,
     escape_html,
     metric_columns,
@@ -444,7 +445,12 @@ def comparison_table(evals: Mapping[str, dict]) -> tuple[list[str], list[list[st
     per label in order: the averaged metrics, then EM per question type where the runs have
     `by_type`; every row after the first shows its difference to the first, "0.420 (+0.170)"."""
     pass_ks = sorted({int(k) for m in evals.values() for k in m.get("pass_ks", [])})
-    columns = metric_columns({"pass_ks": pass_ks})
+    # the runs' rows decide the optional columns (the plan, yes/no answers), as in a run's
+    # own metrics.md: with none given they never showed
+    columns = metric_columns({"pass_ks": pass_ks,
+                              "datasets": {label: _summary_row(m) for label, m in evals.items()},
+                              "by_type": {label: types for label, m in evals.items()
+                                          for types in (m.get("by_type") or {}).values()}})
     type_keys: dict[tuple[str, str], None] = {}
     for m in evals.values():
         for dataset, types in (m.get("by_type") or {}).items():
@@ -480,9 +486,10 @@ def _read_eval(path: Path) -> tuple[Path, dict]:
     if not file.is_file():
         raise FileNotFoundError(f"{path}: no {METRICS_FILE} (is it an eval run folder?)")
     try:
-        return file.parent, json.loads(file.read_text(encoding="utf-8"))
+        metrics = json.loads(file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise DataError(f"not valid JSON ({err.msg})", path=str(file), line=err.lineno) from None
+    return file.parent, check_metrics(metrics, file)
 
 
 def _relative(target: Path, base: Path) -> str:
