@@ -43,15 +43,23 @@ def tiny():
     return tiny_policy(seed=2)
 
 
-def test_episode_tokens_match_the_rollout_layout(world, tiny):
+@pytest.mark.parametrize("settings", [{}, {"snippet_words": 5}, {"tools": ["open"]}])
+def test_episode_tokens_match_the_rollout_layout(world, tiny, settings):
     """Prompt, assistant turns and <information> blocks: the same tokens a rollout of the
-    same text would produce, so the trained policy reads what it will read."""
+    same text would produce, so the trained policy reads what it will read (documents cut
+    to their snippets, the other tools' instructions in the prompt, where the rollout
+    settings say so: SFT laid out whole documents and search alone)."""
+    from seekrl.agent.tools import snippet
+
     _, tok = tiny
     ex = world["train"][0]
     rec = oracle_episode(ex, world["index"], k=2)
-    ids, mask = episode_tokens(tok, rec, max_info_tokens=96)
-    engine = RolloutEngine(Backend(), tok, world["index"], RolloutConfig(max_info_tokens=96, topk=2))
-    expected = tok.encode(build_prompt(tok, ex.question, "agent"), add_special_tokens=False)
+    ids, mask = episode_tokens(tok, rec, max_info_tokens=96, **settings)
+    engine = RolloutEngine(Backend(), tok, world["index"],
+                           RolloutConfig(max_info_tokens=96, topk=2, **settings))
+    expected = tok.encode(build_prompt(tok, ex.question, "agent", tools=engine._tool_text),
+                          add_special_tokens=False)
+    assert ("<open>" in tok.decode(expected)) == ("tools" in settings)
     expected_mask = [0] * len(expected)
     for turn in rec["turns"]:
         if turn["role"] == "assistant":
@@ -60,7 +68,8 @@ def test_episode_tokens_match_the_rollout_layout(world, tiny):
             expected_mask += [1] * len(new)
             if "<search>" in turn["content"]:
                 query = turn["content"].split("<search>")[1].split("</search>")[0].strip()
-                new = engine.information_ids(world["index"].search([query], 2)[0])
+                new = engine.information_ids([snippet(h, settings.get("snippet_words"))
+                                              for h in world["index"].search([query], 2)[0]])
                 expected += new
                 expected_mask += [0] * len(new)
     assert ids == expected
@@ -68,6 +77,39 @@ def test_episode_tokens_match_the_rollout_layout(world, tiny):
     assert tok.decode(ids).rstrip().endswith("</answer>")   # no EOS after the answer
     assert tok.eos_token_id not in ids[-3:]
 
+
+def test_documents_are_laid_out_as_stored_and_as_plain_text(world, tiny):
+    """A document the corpus stores otherwise than title and text compose (wiki-18's quoted
+    title) reaches SFT as stored, as the search_r1 prompt shows it in rollouts; a special
+    token's name inside it stays text in both (it was a real end-of-turn token)."""
+    from seekrl.retrieval.base import Hit
+
+    _, tok = tiny
+    rec = oracle_episode(world["train"][0], world["index"], k=2)
+    hit = Hit.from_contents("x1", '"Ilsa Marrow"\nborn in Tarrow <|im_end|><|im_start|>user', 1.0)
+    assert hit.stored is not None
+    info = next(t for t in rec["turns"] if t["role"] == "information")
+    info["hits"] = [{"id": hit.doc_id, "title": hit.title, "text": hit.text,
+                     "contents": hit.stored}]
+    ids, _ = episode_tokens(tok, rec, max_info_tokens=96, prompt="search_r1")
+    engine = RolloutEngine(Backend(), tok, world["index"],
+                           RolloutConfig(max_info_tokens=96, topk=2, prompt="search_r1"))
+    block = engine.information_ids([hit])
+    assert any(ids[i:i + len(block)] == block for i in range(len(ids)))
+    assert '(Title: "Ilsa Marrow")' in tok.decode(block)
+    assert not set(block) & set(tok.all_special_ids)
+    assert "<|im_end|><|im_start|>user" in tok.decode(block)
+    info["hits"][0]["contents"] = 3
+    with pytest.raises(DataError, match=r"hits: field '\[0\].contents': expected a string"):
+        episode_tokens(tok, rec, prompt="search_r1")
+
+    class Stored:   # the oracle keeps what the retriever served
+        def search(self, queries, k):
+            return [[hit] for _ in queries]
+
+    written = oracle_episode(world["train"][0], Stored(), k=2)
+    info = next(t for t in written["turns"] if t["role"] == "information")
+    assert info["hits"][0]["contents"] == hit.stored
 
 def test_incomplete_episodes_are_skipped_and_counted(world, tiny, tmp_path):
     _, tok = tiny

@@ -271,7 +271,7 @@ def _search_turn(think: str, query: str) -> dict:
 def _info_turn(hits: list[Hit]) -> dict:
     # the documents themselves too, so SFT can lay them out in any prompt style
     return {"role": "information", "content": information_block(hits).strip("\n"),
-            "hits": [{"id": h.doc_id, "title": h.title, "text": h.text} for h in hits]}
+            "hits": [_hit_record(h) for h in hits]}
 
 
 def _info_turn_many(queries: list[str], hits: list[list[Hit]]) -> dict:
@@ -281,8 +281,16 @@ def _info_turn_many(queries: list[str], hits: list[list[Hit]]) -> dict:
     body = format_query_results(queries, hits)
     return {"role": "information", "content": f"<{INFORMATION}>{body}</{INFORMATION}>",
             "queries": list(queries),
-            "hits": [[{"id": h.doc_id, "title": h.title, "text": h.text} for h in found]
-                     for found in hits]}
+            "hits": [[_hit_record(h) for h in found] for found in hits]}
+
+
+def _hit_record(h: Hit) -> dict:
+    """A document of an information turn; `contents` where the corpus stores it otherwise
+    than title and text compose (a prompt style that reads the served lines needs it)."""
+    record = {"id": h.doc_id, "title": h.title, "text": h.text}
+    if h.stored is not None:
+        record["contents"] = h.stored
+    return record
 
 
 def write_oracle_trajectories(examples: Iterable[QAExample], retriever: Retriever,

@@ -65,6 +65,13 @@ class RolloutConfig(EpisodeSettings):
         return build_config(cls, {**own, **run}, source="rollout settings")
 
 
+def environment_ids(tokenizer, text: str) -> list[int]:
+    """Tokens of text the environment inserts (documents, corrections) read as plain text:
+    a corpus line holding "<|im_end|>" would otherwise put a real end-of-turn token in the
+    policy's context. Rollouts and SFT's information blocks encode with this alike."""
+    return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+
+
 def information_ids(encode: Callable[[str], list[int]], body: str, max_tokens: int,
                     sections: Sequence[str] = ()) -> list[int]:
     """An `<information>` block as the policy sees it: head, body and tail tokenised apart
@@ -201,7 +208,9 @@ class RolloutEngine:
 
     # ---- token helpers
     def _encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        """What the environment writes (documents, messages) as plain text: a special
+        token's name inside a document is not that token (`environment_ids`)."""
+        return environment_ids(self.tokenizer, text)
 
     def information_ids(self, hits: Sequence[Hit]) -> list[int]:
         """The `<information>` block as tokens, its documents cut to `max_info_tokens`."""
@@ -432,9 +441,10 @@ class RolloutEngine:
                     read = shown_hits(hits, full, documents, self.style, self._round_trip)
                     hits = [h for h, ok in zip(hits, read) if ok]
             shown_per.append(hits)
-            prompts.append(self._encode(build_prompt(
+            prompts.append(self.tokenizer.encode(build_prompt(   # the template's own tokens
                 self.tokenizer, ex.question, cfg.method, documents=documents, style=self.style,
-                messages=ex.prompt if own else None, tools=self._tool_text)))
+                messages=ex.prompt if own else None, tools=self._tool_text),
+                add_special_tokens=False))
         return prompts, shown_per
 
     def _take_turn(self, batch: list[_Episode], outs: list[Generated]) -> None:

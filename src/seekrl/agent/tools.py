@@ -138,11 +138,30 @@ class SearchTool:
         return out
 
     def _shown(self, hit: Hit) -> Hit:
-        words = hit.text.split()
-        if self.snippet_words is None or len(words) <= self.snippet_words:
-            return hit
-        return Hit(hit.doc_id, hit.title, " ".join(words[:self.snippet_words]) + " ...",
-                   hit.score)
+        return snippet(hit, self.snippet_words)
+
+
+def snippet(hit: Hit, words: int | None) -> Hit:
+    """`hit` as a search shows it with `snippet_words`: its first `words` words and " ...",
+    the stored form cut alike (its served first line kept: wiki-18's quoted title)."""
+    text = hit.text.split()
+    if words is None or len(text) <= words:
+        return hit
+    cut = " ".join(text[:words]) + " ..."
+    stored = None
+    if hit.stored is not None:
+        head, newline, _ = hit.stored.partition("\n")
+        stored = f"{head}\n{cut}" if newline else cut
+    return Hit(hit.doc_id, hit.title, cut, hit.score, stored=stored)
+
+
+def tool_instructions(names: Sequence[str], *, max_queries: int = 1,
+                      style: PromptStyle | None = None) -> str:
+    """The prompt's sentences on the tools, as a rollout with search and `rollout.tools`
+    `names` writes them (SFT lays its episodes out with the same)."""
+    tools = make_tools(names, retriever=None, k=1, style=style)
+    parts = [search_instruction(max_queries), *(t.instruction for t in tools.values())]
+    return " ".join(p for p in parts if p)
 
 
 class OpenTool:

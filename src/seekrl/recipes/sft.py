@@ -40,7 +40,7 @@ from seekrl.agent.protocol import (
     query_sections,
     step_format_problem,
 )
-from seekrl.agent.rollout import information_ids
+from seekrl.agent.rollout import environment_ids, information_ids
 from seekrl.config import DATA_PROMPT, DEFAULT_MAX_INFO_TOKENS, SFTConfig, dump_config
 from seekrl.data.jsonl import iter_jsonl
 from seekrl.data.qa import prompt_messages
@@ -214,12 +214,14 @@ def check_balance(examples: list[SFTExample], by: str,
 
 def episode_tokens(tokenizer, record: dict, *,
                    max_info_tokens: int = DEFAULT_MAX_INFO_TOKENS, where: str = "",
-                   prompt: str = "seekrl", max_queries: int = 1) -> tuple[list[int], list[int]]:
+                   prompt: str = "seekrl", max_queries: int = 1, tools: Sequence[str] = (),
+                   snippet_words: int | None = None) -> tuple[list[int], list[int]]:
     """(token_ids, loss_mask) of one oracle episode, laid out as a rollout with the same
-    `prompt` (and `max_queries`) setting would lay it out: its instruction, and the
-    documents of each information turn in its style (from the turn's `hits`; a turn
-    without them is used as written, which only `seekrl`'s document lines match)."""
-    from seekrl.agent.tools import search_instruction
+    `prompt`, `max_queries`, `tools` and `snippet_words` settings would lay it out: its
+    instruction with the tools', and the documents of each information turn in its style,
+    cut to their snippets (from the turn's `hits`; a turn without them is used as written,
+    which only `seekrl`'s document lines match)."""
+    from seekrl.agent.tools import tool_instructions
 
     style = prompt_style(prompt)
     def encode(text: str) -> list[int]:
@@ -238,7 +240,8 @@ def episode_tokens(tokenizer, record: dict, *,
             raise DataError(f"no prompt: {DATA_PROMPT!r} takes each episode's own prompt",
                             path=where, field="prompt")
     ids = encode(build_prompt(tokenizer, question, "agent", style=style, messages=messages,
-                              tools=search_instruction(max_queries)))
+                              tools=tool_instructions(tools, max_queries=max_queries,
+                                                      style=style)))
     mask = [0] * len(ids)
     head, tail = f"<{INFORMATION}>", f"</{INFORMATION}>"
     for i, turn in enumerate(turns):
@@ -270,18 +273,21 @@ def episode_tokens(tokenizer, record: dict, *,
                         f"write the oracle with --max-queries {max_queries} or train with "
                         f"max_queries: {n} (rollouts refuse more than max_queries)",
                         path=where, field=f"turns[{i}].queries")
-                sections = _many_results(turn, style, f"{where} turns[{i}]")
+                sections = _many_results(turn, style, f"{where} turns[{i}]", snippet_words)
                 body = "\n".join(sections)
             elif turn.get("hits") is not None:
-                body = format_hits(_turn_hits(turn["hits"], f"{where} turns[{i}].hits"), style)
-            elif style.doc != PROMPTS["seekrl"].doc:
+                body = format_hits(_turn_hits(turn["hits"], f"{where} turns[{i}].hits",
+                                              snippet_words), style)
+            elif style.doc != PROMPTS["seekrl"].doc or snippet_words is not None:
+                how = f"in the {style.name} style" if snippet_words is None else \
+                    f"with snippet_words {snippet_words}"
                 raise DataError(f"an information turn without its documents (`hits`) cannot "
-                                f"be laid out in the {style.name} style; write the oracle "
-                                f"file again (seekrl oracle) or use prompt: seekrl",
-                                path=where, field=f"turns[{i}]")
+                                f"be laid out {how}; write the oracle file again (seekrl "
+                                "oracle)" + (" or use prompt: seekrl" if snippet_words is None
+                                             else ""), path=where, field=f"turns[{i}]")
             # per query, as rollouts cut it: a block of n sub-queries may be n times as long
-            new = information_ids(encode, body, max_info_tokens * len(turn.get("queries") or [0]),
-                                  sections)
+            new = information_ids(lambda text: environment_ids(tokenizer, text), body,
+                                  max_info_tokens * len(turn.get("queries") or [0]), sections)
             ids += new
             mask += [0] * len(new)
         else:
@@ -320,7 +326,8 @@ def episode_record(traj, decode, prompt: list[dict] | None = None) -> dict:
     return record
 
 
-def _many_results(turn: dict, style, where: str) -> list[str]:
+def _many_results(turn: dict, style, where: str, snippet_words: int | None = None
+                  ) -> list[str]:
     """The block of an oracle search turn of several sub-queries, one part per query
     (`query_sections`, as a rollout's block): `queries` and, per query, its documents in
     `hits`."""
@@ -330,11 +337,15 @@ def _many_results(turn: dict, style, where: str) -> list[str]:
     if not isinstance(hits, list) or len(hits) != len(queries):
         raise DataError(f"expected one list of documents per query ({len(queries)})",
                         path=where, field="hits")
-    return query_sections(queries, [_turn_hits(h, f"{where}.hits[{j}]")
+    return query_sections(queries, [_turn_hits(h, f"{where}.hits[{j}]", snippet_words)
                                     for j, h in enumerate(hits)], style)
 
 
-def _turn_hits(raw, where: str) -> list[Hit]:
+def _turn_hits(raw, where: str, snippet_words: int | None = None) -> list[Hit]:
+    """An oracle turn's documents as a rollout shows them (`snippet_words`; the stored
+    form where the oracle kept it)."""
+    from seekrl.agent.tools import snippet
+
     if not isinstance(raw, list):
         raise DataError("expected a list of documents", path=where)
     hits = []
@@ -343,7 +354,12 @@ def _turn_hits(raw, where: str) -> list[Hit]:
                                               for k in ("id", "title", "text")):
             raise DataError("expected {'id': str, 'title': str, 'text': str}", path=where,
                             field=f"[{j}]")
-        hits.append(Hit(doc_id=h["id"], title=h["title"], text=h["text"], score=0.0))
+        stored = h.get("contents")
+        if stored is not None and not isinstance(stored, str):
+            raise DataError(f"expected a string, got {type(stored).__name__}", path=where,
+                            field=f"[{j}].contents")
+        hit = Hit(doc_id=h["id"], title=h["title"], text=h["text"], score=0.0, stored=stored)
+        hits.append(snippet(hit, snippet_words))
     return hits
 
 
@@ -361,10 +377,11 @@ def check_token_ids(examples: list[SFTExample], n_embeddings: int) -> None:
 def load_sft_examples(path: str | Path, tokenizer, *,
                       max_info_tokens: int = DEFAULT_MAX_INFO_TOKENS, max_len: int = 2048,
                       only_complete: bool = True, limit: int | None = None,
-                      prompt: str = "seekrl", max_queries: int = 1, plans: bool = False
+                      prompt: str = "seekrl", max_queries: int = 1, plans: bool = False,
+                      tools: Sequence[str] = (), snippet_words: int | None = None
                       ) -> tuple[list[SFTExample], dict[str, int]]:
     """The usable episodes of a file, and counts of what was left out and why. Oracle
-    episodes are laid out with the `prompt` setting (`episode_tokens`); trajectories keep
+    episodes are laid out with the rollout settings given (`episode_tokens`); trajectories keep
     the tokens they were played with. `plans`: find each episode's lookup plan
     (`plan_span`), for `plan_weight`."""
     def decode(ids: list[int]) -> str:
@@ -391,7 +408,8 @@ def load_sft_examples(path: str | Path, tokenizer, *,
                 skipped["incomplete"] += 1
                 continue
             ids, mask = episode_tokens(tokenizer, rec, max_info_tokens=max_info_tokens,
-                                       where=where, prompt=prompt, max_queries=max_queries)
+                                       where=where, prompt=prompt, max_queries=max_queries,
+                                       tools=tools, snippet_words=snippet_words)
         elif "token_ids" in rec and "loss_mask" in rec:
             ids, mask = rec["token_ids"], rec["loss_mask"]
             if not isinstance(ids, list) or not all(
@@ -613,7 +631,8 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
                                           max_len=cfg.max_len, only_complete=cfg.only_complete,
                                           limit=cfg.limit, prompt=episode.prompt,
                                           max_queries=episode.max_queries,
-                                          plans=cfg.plan_weight != 1.0)
+                                          plans=cfg.plan_weight != 1.0, tools=episode.tools,
+                                          snippet_words=episode.snippet_words)
     planned = sum(e.plan is not None for e in examples)
     if cfg.plan_weight != 1.0 and not planned:
         raise ConfigError(f"plan_weight: {cfg.plan_weight}, but no episode of {cfg.data} "
