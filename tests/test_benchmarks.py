@@ -87,6 +87,14 @@ def test_supporting_titles_shapes() -> None:
     given = {**HOTPOT_ROW, "metadata": {"supporting_titles": ["Z"], "context": {"title": []}}}
     assert QAExample.from_dict(given).metadata == {"supporting_titles": ["Z"],
                                                    "context": {"title": []}}
+    # null, as a parquet struct or HF dataset fills a key other rows have: none given, so
+    # the supporting facts say (it was refused as not a list of titles)
+    null = {"id": "q", "question": "?", "golden_answers": ["a"],
+            "metadata": {"supporting_titles": None, "supporting_facts": [["A", 0], ["B", 1]]}}
+    assert QAExample.from_dict(null).metadata["supporting_titles"] == ["A", "B"]
+    bare = {"id": "q", "question": "?", "golden_answers": ["a"],
+            "metadata": {"supporting_titles": None, "hops": 2}}
+    assert QAExample.from_dict(bare).metadata == {"hops": 2}
 
 
 def test_flashrag_folder_with_and_without_split(tmp_path: Path) -> None:

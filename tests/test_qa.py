@@ -218,6 +218,12 @@ def test_parquet_round_trip(tmp_path: Path) -> None:
     assert _without_prompts(back) == EXAMPLES
     assert back[0].prompt == [{"role": "user", "content": SEARCH_R1_INSTRUCTION.format(
         question="Who wrote Hamlet?")}]
+    # an example's own prompt is written as it is (it became the default instruction)
+    own = [{"role": "system", "content": "SYS"}, {"role": "user", "content": "custom: Hamlet?"}]
+    again = write_searchr1_parquet(tmp_path / "again.parquet",
+                                   [dataclasses.replace(back[0], prompt=own), *back[1:]])
+    reread = read_searchr1_parquet(again)
+    assert reread[0].prompt == own and reread[1:] == back[1:]
 
 
 def test_parquet_has_search_r1_shape(tmp_path: Path) -> None:
@@ -276,6 +282,20 @@ def test_reads_third_party_search_r1_parquet(tmp_path: Path, with_question_colum
     assert first.metadata["data_source"] == "nq"
     assert second.id == ("train_1" if with_question_column else "nq-train-1")
 
+
+def test_a_merged_search_r1_file_keeps_each_data_sets_questions_apart(tmp_path: Path) -> None:
+    """Search-R1's merged training file (nq + hotpotqa) keeps each set's `id` column, whose
+    ids restart in every set: read as they were, `train_0` came twice and the file was
+    refused. With several data sets each id takes its set's name; one set keeps its own."""
+    nq = _search_r1_style_table(with_question_column=True, with_id=True)
+    hotpot = nq.set_column(nq.schema.get_field_index("data_source"), "data_source",
+                           pa.array(["hotpotqa"] * nq.num_rows))
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.concat_tables([nq, hotpot]), path)
+    ids = [ex.id for ex in read_searchr1_parquet(path)]
+    assert ids == ["nq-train_0", "nq-train_1", "hotpotqa-train_0", "hotpotqa-train_1"]
+    pq.write_table(nq, path)
+    assert [ex.id for ex in read_searchr1_parquet(path)] == ["train_0", "train_1"]
 
 def test_parquet_errors_name_file_row_and_field(tmp_path: Path) -> None:
     no_answers = tmp_path / "no_answers.parquet"

@@ -194,6 +194,9 @@ def supporting_titles(metadata: Mapping[str, Any]) -> list[str]:
 def with_supporting_titles(metadata: dict[str, Any]) -> dict[str, Any]:
     """`metadata` with `supporting_titles` filled from the record's supporting facts and the
     distractor passages (`context`, `paragraphs`) dropped once their titles are taken."""
+    if "supporting_titles" in metadata and metadata["supporting_titles"] is None:
+        # a parquet struct or an HF dataset fills a key some rows lack with null: none given
+        metadata = {k: v for k, v in metadata.items() if k != "supporting_titles"}
     if "supporting_titles" in metadata:   # one title given as text is one title, not letters
         given = metadata["supporting_titles"]
         if isinstance(given, str):

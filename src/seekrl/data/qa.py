@@ -428,9 +428,10 @@ def write_searchr1_parquet(
 ) -> Path:
     """Write Search-R1 / verl training parquet; returns the path.
 
-    `instruction` is a template with a `{question}` slot (default: Search-R1's own).
-    `extra_info` also carries the raw question, id and metadata (JSON) so the file reads
-    back to the same `QAExample`s.
+    `instruction` is a template with a `{question}` slot (default: Search-R1's own), for
+    examples without a prompt of their own; one that has it (`QAExample.prompt`, e.g. read
+    from another Search-R1 file) keeps it. `extra_info` also carries the raw question, id
+    and metadata (JSON) so the file reads back to the same `QAExample`s.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -439,7 +440,8 @@ def write_searchr1_parquet(
     for index, ex in enumerate(examples):
         rows.append({
             "data_source": data_source,
-            "prompt": [{"role": "user", "content": instruction.format(
+            "prompt": [{"role": m["role"], "content": m["content"]} for m in ex.prompt]
+            if ex.prompt else [{"role": "user", "content": instruction.format(
                 question=_searchr1_prompt_question(ex.question))}],
             "ability": "fact-reasoning",
             "reward_model": {"style": "rule",
@@ -475,7 +477,8 @@ def _question_from_prompt(prompt: Any) -> str | None:
     return None
 
 
-def _searchr1_record(row: dict[str, Any], row_no: int, path: str) -> dict[str, Any]:
+def _searchr1_record(row: dict[str, Any], row_no: int, path: str, *,
+                     prefix_source: bool = False) -> dict[str, Any]:
     """A Search-R1 row (ours or third-party) -> a FlashRAG-style record for `from_dict`."""
     def bad(field_name: str, message: str) -> DataError:
         return DataError(message, path=path, line=row_no, field=field_name)
@@ -508,6 +511,11 @@ def _searchr1_record(row: dict[str, Any], row_no: int, path: str) -> dict[str, A
 
     data_source = row.get("data_source") or "searchr1"
     example_id = extra.get("id") or row.get("id")
+    if prefix_source and not extra.get("id") and example_id is not None \
+            and not str(example_id).startswith(f"{data_source}-"):
+        # a file of several data sets keeps each set's own ids, which restart in every
+        # one (Search-R1's merged nq+hotpotqa files: `train_0` twice)
+        example_id = f"{data_source}-{example_id}"
     if example_id is None:
         # Third-party rows are identified by (data_source, split, index), as verl does.
         index = extra.get("index")
@@ -560,9 +568,13 @@ def read_searchr1_parquet(path: str | os.PathLike[str], *, skip_bad: bool = Fals
                         f"'golden_answers'; columns are {sorted(names)}", path=path_str)
     wanted = [c for c in (*_SEARCHR1_COLUMNS, "id", "question", "golden_answers", "metadata")
               if c in names]
+    several = "id" in names and "data_source" in names and len(
+        parquet.read(columns=["data_source"]).column("data_source").unique()) > 1
+
     def example(row: dict, row_no: int) -> QAExample:
-        return QAExample.from_dict(_searchr1_record(row, row_no, path_str), path=path_str,
-                                   line=row_no)
+        return QAExample.from_dict(_searchr1_record(row, row_no, path_str,
+                                                    prefix_source=several),
+                                   path=path_str, line=row_no)
 
     # Batches keep memory flat on big training files; only the needed columns are read.
     rows = (row for batch in parquet.iter_batches(columns=wanted) for row in batch.to_pylist())
