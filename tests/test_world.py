@@ -133,6 +133,18 @@ def test_distractors_have_near_duplicate_names(world):
     assert close >= 80
 
 
+def test_an_organisations_alias_is_its_own_word(world):
+    """'College of Ruon' is called 'Ruon', not 'College': the kind's word named one
+    organisation of every world while a dozen others bear it."""
+    from seekrl.data import names as nm
+
+    kinds = {w for suffixes, _ in nm.ORG_KINDS.values() for s in suffixes for w in s.split()}
+    orgs = [e for e in world.entities.values() if e.type == "org" and not e.distractor]
+    assert any(" of " in e.name for e in orgs)          # the form the check is about
+    aliases = [e.alias for e in orgs if e.alias]
+    assert aliases and not set(aliases) & kinds
+    assert all(a in e.name.split(" ") for e in orgs if (a := e.alias))
+
 def test_difficulty_dials_the_questions():
     easy = generate_world(seed=1, difficulty="easy", **SMALL)
     hard = generate_world(seed=1, difficulty="hard", **SMALL)

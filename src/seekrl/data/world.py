@@ -32,6 +32,16 @@ _COMMON_WORDS = {"The", "of"} | {w for suffixes, _ in nm.ORG_KINDS.values()
                                  for suffix in suffixes for w in suffix.split()}
 
 
+def _org_stem(name: str) -> str:
+    """An organisation's short name: its own word, not the kind's ("College of Ruon" is
+    "Ruon"; taking the first word called two organisations of every world "College" and
+    "Institute", which named a dozen others too)."""
+    for kind in nm.ORG_KINDS["university"][0]:
+        if name.startswith(f"{kind} of "):
+            return name[len(kind) + 4:].split(" ")[0]
+    return name.split(" ")[0]
+
+
 # --------------------------------------------------------------------------- config
 
 
@@ -375,6 +385,7 @@ class _Builder:
         self.rng = random.Random(cfg.seed)
         self.entities: dict[str, Entity] = {}
         self.used_names: set[str] = set()
+        self.own_word_aliases: list[tuple[Entity, str]] = []   # see settle_aliases
         self.by_type: dict[tuple[str, str], list[Entity]] = {}  # (split, type) -> real entities
 
     # ---- names
@@ -467,10 +478,15 @@ class _Builder:
             e.attrs["founded_year"] = min(founder.attrs["birth_year"] + rng.randrange(22, 55), 2024)
             e.rels["founder"] = founder.key
             e.rels["hq"] = rng.choice(cities).key
-            stem = name.replace("University of ", "").split(" ")[0]
-            e.alias = stem if stem.lower() not in self.used_names else None
-            if e.alias:
-                self.used_names.add(e.alias.lower())
+            first = name.replace("University of ", "").split(" ")[0]
+            if first.lower() not in self.used_names:
+                # the names taken grow as they always have, so that a seed's world stays
+                # the same but for these aliases ("College", "Institute" were aliases)
+                self.used_names.add(first.lower())
+                stem = _org_stem(name)
+                e.alias = stem if stem == first or stem.lower() not in self.used_names else None
+                if e.alias and stem != first:
+                    self.own_word_aliases.append((e, first))
         orgs = self.pool(split, "org")
         for p in people:
             if rng.random() < 0.6:
@@ -492,6 +508,18 @@ class _Builder:
             for rel in e.rels:
                 if rel != "spouse" and rng.random() < self.cfg.reverse_rate:
                     e.stated_in_object.add(rel)
+
+    def settle_aliases(self) -> None:
+        """An organisation's own-word alias ("Ruon" of "College of Ruon") that another
+        entity also goes by, or is named, goes back to the kind's word it had: these words
+        are checked against the names taken only now, and an alias is never removed (a
+        question draws for one only when there is one), so that a seed's world is otherwise
+        the one it was."""
+        taken = Counter(n.lower() for e in self.entities.values()
+                        for n in (e.name, e.alias) if n)
+        for e, first in self.own_word_aliases:
+            if taken[e.alias.lower()] > 1:
+                e.alias = first
 
     def make_distractors(self, split: str) -> None:
         rng = self.rng
@@ -858,6 +886,7 @@ def generate_world(cfg: WorldConfig | None = None, **overrides) -> World:
         b.make_cluster(split, n)
     for split in SPLITS:
         b.make_distractors(split)
+    b.settle_aliases()
     docs = b.write_docs()
     counts = {"train": cfg.n_train, "dev": cfg.n_dev, "test": cfg.n_test}
     splits = {s: b.make_questions(s, counts[s]) for s in SPLITS}
