@@ -85,6 +85,10 @@ def test_zero_grad_norms_are_not_observations():
     # explosion
     m = monitor()
     assert feed(m, series("grad_norm", [0.0] * 6 + [1.0] * 5 + [0.0, 1.2, 0.8])) == {}
+    # nor does a zero end an explosion: the same explosion after it is not news
+    m = monitor()
+    alerts = feed(m, series("grad_norm", [1.0] * 6 + [50.0, 0.0, 50.0]))
+    assert list(alerts) == [7] and not m.healthy
 
 
 def test_entropy_collapse_warns_then_collapses():

@@ -501,7 +501,7 @@ class Monitor:
         if not math.isfinite(value):
             return "collapse", f"grad norm is {value}: the update is not finite"
         if value <= 0:   # zero: no update happened, which says nothing about the scale
-            return None, ""
+            return None  # (nor that an explosion ended: the alert stands)
         previous = list(signal.rolling)
         signal.observe(value)
         if len(previous) < self.cfg.window:
