@@ -105,8 +105,10 @@ def test_the_demo_presets_resolve_to_the_configs_built_in_code_before():
 
 
 @pytest.mark.parametrize("episodes, batch, accum", [
-    (8, 2, 4), (3, 3, 1), (7, 1, 7), (9, 1, 9), (10, 2, 5), (1, 1, 1)])
+    (8, 2, 4), (3, 1, 3), (7, 1, 7), (9, 1, 9), (10, 2, 5), (1, 1, 1), (2, 2, 1), (6, 2, 3)])
 def test_sft_batch_is_the_episodes_of_a_step_exactly(episodes, batch, accum):
+    """A step is the episodes asked for, in micro-batches of at most the preset's
+    batch_size (2: its memory bound; 3 episodes were one micro-batch of 3)."""
     sft = sft_config(DemoConfig(sft_batch=episodes), "d", "o")
     assert (sft.batch_size, sft.grad_accum) == (batch, accum)
     assert sft.batch_size * sft.grad_accum == episodes

@@ -72,6 +72,11 @@ def test_without_gold_ids_shown_documents_of_right_episodes_holding_the_answer_a
     assert label_candidates(right, cands) == [1, 0, None]
     wrong = dict(right, right=False)    # a wrong episode's documents did not lead anywhere
     assert label_candidates(wrong, cands) == [0, 0, None]
+    # the answer as whole words: "no" is not in "not", nor "1" in "1990"
+    shown = [hit(0, "It was not finished until 1990."), hit(1, "The answer is no.")]
+    for answer, labels in (("no", [0, 1]), ("1", [0, 0]), ("1990", [1, 0])):
+        rec = dict(right, answers=[answer], shown=["d0", "d1"])
+        assert label_candidates(rec, shown) == labels, answer
 
 
 def test_trajectory_records_take_every_search_and_sub_query_with_the_episode_facts():

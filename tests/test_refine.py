@@ -239,6 +239,26 @@ def test_quantile_threshold_follows_the_prm_scale():
     assert kept == [] and sum(why.values()) == 0
 
 
+def test_the_quantile_bar_is_taken_over_the_episodes_it_filters():
+    """Invalid right episodes (RFT drops them anyway; their steps score low) and repeats
+    filled the bottom of a stratum: the bar fell below every valid episode and the PRM
+    filtered nothing. Over valid, distinct episodes the q-quantile drops its share."""
+    from seekrl.recipes.refine import quantile_threshold
+
+    trajs = _answered(8)
+    for t in trajs[:2]:
+        t.finish_reason = "max_turns"        # right by its answer, not a valid format
+    trajs.append(replace(trajs[2]))   # a repeat of the lowest valid one
+    scores = [[0.05, 0.9], [0.06, 0.9]] + [[m, 0.9] for m in (0.2, 0.3, 0.5, 0.6, 0.7, 0.8)] \
+        + [[0.2, 0.9]]
+    outcomes = [1.0] * len(trajs)
+    assert quantile_threshold(outcomes, scores, 1.0, 0.25) == {2: 0.2}   # what it was
+    bars = quantile_threshold(outcomes, scores, 1.0, 0.25, trajs)
+    assert bars == {2: 0.3}                  # index int(0.25 * 6) = 1 of .2 .3 .5 .6 .7 .8
+    kept, why = keep_for_rft(trajs, outcomes, scores, min_outcome=1.0, threshold=bars,
+                             max_per_question=2)
+    assert len(kept) == 5 and why["low_step_score"] == 2 and why["invalid_format"] == 2
+
 def _answered(n: int) -> list[Trajectory]:
     """`n` distinct right, well-formed episodes of distinct questions (the step scores come
     separately: `keep_for_rft` reads a row's length as the episode's step count)."""

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from seekrl.agent.backends import Backend
 from seekrl.agent.rollout import RolloutConfig, RolloutEngine
-from seekrl.data.qa import QAExample
+from seekrl.data.qa import QAExample, read_qa_jsonl
 from seekrl.retrieval.base import Hit, RetrievalError
 from seekrl.retrieval.server import create_app
 from seekrl.retrieval.simulated import (
@@ -551,7 +551,6 @@ def test_evaluation_searches_the_real_index_whatever_the_rollouts_search(tmp_pat
     trainer.evaluate(tmp_path / "ev")
     (used,) = seen
     assert used is trainer.retriever and not isinstance(used, SimulatedRetriever)
-    from seekrl.data.qa import read_qa_jsonl
 
     hits = used.search([read_qa_jsonl(paths["dev"])[0].question], 2)[0]
     assert hits and not any(h.doc_id.startswith("sim-") for h in hits)   # the corpus's own
@@ -612,6 +611,11 @@ def test_simulator_examples_label_useful_and_noisy_and_train_only_the_documents(
     plain.write_text(json.dumps({"id": "q", "question": "q?", "golden_answers": ["a"]}) + "\n")
     with pytest.raises(ValueError, match="no search queries found"):
         interactions(SimulatorTrainConfig(index=str(index_dir), data=[str(plain)]))
+    # the world's folder: its train split (the first file a folder gave was test's, whose
+    # gold answers would be in the simulator's prompts)
+    folder = SimulatorTrainConfig(index=str(index_dir), data=[str(paths["train"].parent)])
+    train_questions = {q.question for q in read_qa_jsonl(paths["train"])}
+    assert {r["question"] for r in interactions(folder)} <= train_questions
 
 
 def test_seekrl_simulator_train_runs_from_the_cli(tmp_path):

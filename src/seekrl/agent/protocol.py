@@ -317,6 +317,12 @@ def normalise_text(text: str | None) -> str:
     return " ".join(str(text or "").lower().split())
 
 
+def holds_phrase(text: str, phrase: str) -> bool:
+    """`phrase` in `text` as whole words ("no" is not in "not", nor "1" in "1990"); both
+    normalised by the caller (`normalise_text`)."""
+    return bool(phrase) and re.search(rf"(?<!\w){re.escape(phrase)}(?!\w)", text) is not None
+
+
 _THINK_BLOCK = re.compile(rf"<{THINK}>.*?(</{THINK}>|$)", re.S)
 _ANY_TAG = re.compile(r"</?[a-z]+>")
 

@@ -110,10 +110,11 @@ def sft_config(cfg: DemoConfig, data: str | Path, out: str | Path, **keys: Any) 
     sft = build({})
     if cfg.sft_batch is None:
         return sft
-    # n // batch_size micro-batches, or the next count that splits the step exactly (7 at
-    # batch_size 2 is 7 of 1, not 3 of 2: a step is the episodes asked for)
+    # the fewest micro-batches of at most batch_size (the preset's memory bound) that split
+    # the step exactly (7 at batch_size 2 is 7 of 1, not 3 of 2: a step is the episodes
+    # asked for; 3 at batch_size 2 was 1 of 3, over the bound)
     n = cfg.sft_batch
-    accum = next(a for a in range(max(1, n // sft.batch_size), n + 1) if n % a == 0)
+    accum = next(a for a in range(-(-n // sft.batch_size), n + 1) if n % a == 0)
     return build({"batch_size": n // accum, "grad_accum": accum})
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from seekrl.agent.protocol import normalise_text
+from seekrl.agent.protocol import holds_phrase, normalise_text
 from seekrl.config import RankerTrainConfig
 from seekrl.retrieval.base import Hit
 from seekrl.retrieval.ranker import RankerUpdater, load_ranker, ranked_retriever, recall_at
@@ -124,7 +124,8 @@ def label_candidates(record: dict[str, Any], candidates: Sequence[Hit]) -> list[
             out.append(None)
         else:
             text = normalise_text(h.contents)
-            out.append(int(bool(record["right"]) and any(a in text for a in answers)))
+            # as whole words: "no" is not in "not", nor "1" in "1990"
+            out.append(int(bool(record["right"]) and any(holds_phrase(text, a) for a in answers)))
     return out
 
 
@@ -181,7 +182,8 @@ def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
     for path in cfg.trajectories:
         records += trajectory_records(read_trajectories(path, tokens=False))
     for path in cfg.data:
-        records += qa_records(load_qa(path), question_queries=cfg.question_queries)
+        # a FlashRAG folder gives its train split (its first file found was test's)
+        records += qa_records(load_qa(path, "train"), question_queries=cfg.question_queries)
     seen, unique = set(), []
     for r in records:   # one record per (query, gold set): the first wins
         key = (r["query"].lower(), tuple(r["gold_ids"]))
@@ -199,7 +201,7 @@ def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
     torch.manual_seed(cfg.seed)
     ranker = load_ranker(cfg.model, kind=cfg.kind, device=cfg.device, max_len=cfg.max_len,
                          temperature=cfg.temperature, first=first)
-    held = [r for path in cfg.eval_data for r in qa_records(load_qa(path))]
+    held = [r for path in cfg.eval_data for r in qa_records(load_qa(path, "dev"))]
     logged = [r for path in cfg.eval_trajectories
               for r in trajectory_records(read_trajectories(path, tokens=False))]
     recall: dict[str, float] = {}

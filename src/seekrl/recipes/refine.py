@@ -79,9 +79,13 @@ def keep_for_rft(trajs: Sequence[Trajectory], outcomes: Sequence[float],
 
 
 def quantile_threshold(outcomes: Sequence[float], step_scores: Sequence[Sequence[float]],
-                       min_outcome: float, q: float) -> dict[int, float]:
+                       min_outcome: float, q: float,
+                       trajs: Sequence[Trajectory] | None = None) -> dict[int, float]:
     """A bar per number of scored steps, for `keep_for_rft`: the q-quantile of the lowest
-    step scores of the right episodes with that many steps.
+    step scores of the right episodes with that many steps. With `trajs`, of those the bar
+    is applied to: episodes of a valid format, each distinct episode of a question once
+    (invalid ones, which RFT drops anyway and whose steps score low, filled the bottom
+    quantile and set the bar below every episode it was meant to filter).
 
     A PRM trained on soft Q labels scores on the policy's own success scale (a weak policy's
     steps all sit far below 0.5), so a fixed threshold can keep nothing; a quantile drops the
@@ -96,7 +100,14 @@ def quantile_threshold(outcomes: Sequence[float], step_scores: Sequence[Sequence
     longer step counts again, but only for those few episodes. Right episodes without
     scored steps have no minimum and no stratum; no right episode: no bars."""
     strata: dict[int, list[float]] = {}
-    for o, row in zip(outcomes, step_scores):
+    counted: set[tuple] = set()
+    for i, (o, row) in enumerate(zip(outcomes, step_scores)):
+        if trajs is not None:
+            t = trajs[i]
+            key = (t.example_id, tuple(t.token_ids))
+            if not t.valid_format or key in counted:
+                continue
+            counted.add(key)
         if o >= min_outcome and len(row):
             strata.setdefault(len(row), []).append(min(row))
 
@@ -281,7 +292,7 @@ def _rft_sample(cfg, out: Path, *, sampler, sampler_tokenizer, retriever, backen
     threshold: float | dict[int, float] = cfg.threshold
     if step_scores is not None and cfg.threshold_quantile is not None:
         threshold = quantile_threshold(outcomes, step_scores, cfg.min_outcome,
-                                       cfg.threshold_quantile)
+                                       cfg.threshold_quantile, trajs)
     kept, why = keep_for_rft(trajs, outcomes, step_scores, min_outcome=cfg.min_outcome,
                              threshold=threshold, max_per_question=cfg.max_per_question)
     generated = sum(t.n_decoded for t in trajs)   # self-search blocks too: decoded

@@ -14,14 +14,13 @@ through the SFT recipe as token records (the prompt masked, the documents traine
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from seekrl.agent.protocol import normalise_text
+from seekrl.agent.protocol import holds_phrase, normalise_text
 from seekrl.config import SimulatorTrainConfig
 from seekrl.retrieval.simulated import (
     NOISY,
@@ -56,7 +55,7 @@ def interactions(cfg: SimulatorTrainConfig) -> list[dict[str, Any]]:
                     for q in s.sub_queries or [s.query]:
                         add(q, t.question, t.golden_answers, t.gold_doc_ids, titles)
     for path in cfg.data:
-        for ex in load_qa(path):
+        for ex in load_qa(path, "train"):   # a FlashRAG folder: its train split, not test's
             gold = ex.metadata.get("gold_doc_ids") or []
             titles = ex.metadata.get("supporting_titles") or []
             for hop in ex.metadata.get("chain") or []:
@@ -78,9 +77,7 @@ def label(record: dict[str, Any], hits) -> str:
                                                                   record["gold_titles"]}:
         return USEFUL
     text = " ".join(norm(h.text) for h in hits)
-    # as a whole word: "no" is not in "not", nor "1" in "1990"
-    return USEFUL if any(norm(a) and re.search(rf"(?<!\w){re.escape(norm(a))}(?!\w)", text)
-                         for a in record["answers"]) else NOISY
+    return USEFUL if any(holds_phrase(text, norm(a)) for a in record["answers"]) else NOISY
 
 
 def examples(records: Sequence[dict[str, Any]], retriever, tokenizer, k: int, words: int
