@@ -93,6 +93,26 @@ def test_scripted_episodes(tiny):
         and c.steps[-1].gold_hit is None and c.steps[-1].info_start is None
 
 
+def test_a_rollout_that_raises_still_frees_the_cached_episodes(tiny):
+    """The cache is keyed by episode ids, which Python reuses: a rollout that raised kept
+    its episodes' keys and values for the next one to continue from."""
+    _, tok = tiny
+
+    class Failing(Backend):
+        resets = 0
+
+        def generate(self, contexts, max_new_tokens, sampling, keys=None):
+            raise RuntimeError("out of memory")
+
+        def reset(self):
+            self.resets += 1
+
+    backend = Failing()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        RolloutEngine(backend, tok, Docs(), RolloutConfig()).run([ex("q1", "Who?")])
+    assert backend.resets == 1
+
+
 def test_information_tokens_are_masked_and_capped(tiny):
     _, tok = tiny
     scripts = {"Q1": ["<search> Tarrow </search>", "<answer> Tarrow </answer>"]}
@@ -634,6 +654,23 @@ def test_sampling_never_picks_a_token_of_zero_probability(tiny, monkeypatch):
     monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.zeros(*a[0], dtype=k["dtype"]))
     picked, logp = backend._next_tokens(logits, Sampling(temperature=1.0, top_p=0.5))
     assert picked.tolist() == [5, 5] and torch.isfinite(logp).all()
+
+
+def test_top_p_keeps_a_token_only_while_the_mass_before_it_is_below_top_p(tiny):
+    """HF's warper and vLLM's rule: at top_p 0.5 over [0.5, 0.25, 0.25] only the first
+    token is left (the boundary token was kept too); the static loop cuts alike."""
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    from seekrl.agent.static_backend import _sample
+
+    model, tok = tiny
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.25]])).repeat(64, 1)
+    picked, _ = HFBackend(model, tok)._next_tokens(logits, Sampling(temperature=1.0, top_p=0.5))
+    assert set(picked.tolist()) == {0}
+    static, _ = _sample(logits, "top_p", torch.tensor(1.0), torch.tensor(0.5))
+    assert set(static.tolist()) == {0}
+    kept = TopPLogitsWarper(0.5)(None, logits[:1].clone()).isfinite()
+    assert kept.tolist() == [[True, False, False]]
 
 
 def test_a_backend_returning_too_few_generations_is_named():

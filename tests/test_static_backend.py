@@ -228,6 +228,29 @@ def test_keyed_turns_reuse_rows_across_calls_and_subsets(tiny, sync_every, width
         [list(x) for x in hf.generate(list(ctx.values()), 9, stop)]
 
 
+def test_a_weight_sync_forgets_the_episodes_cached_under_the_old_weights():
+    """An optimizer step changes the weights in place; a keyed episode cached before it
+    was continued from its old keys and values (a rollout that raised kept its cache, and
+    its ids come back). Both backends now forget them at `sync_weights`."""
+    import copy
+
+    model, tok = tiny_policy(seed=0)
+    ctx = tok.encode("episode one of many", add_special_tokens=False)
+    greedy = Sampling(greedy=True)
+    for make in (lambda m: HFBackend(m, tok, stop_strings=()),
+                 lambda m: StaticBackend(m, tok, stop_strings=(), max_len=128)):
+        policy = copy.deepcopy(model)
+        backend = make(policy)
+        first = list(backend.generate([ctx], 4, greedy, keys=[7])[0])
+        with torch.no_grad():
+            for p in policy.parameters():
+                p.mul_(1.3)
+        backend.sync_weights(policy, 1)
+        later = ctx + first + tok.encode(" info", add_special_tokens=False)
+        got = [list(x) for x in backend.generate([later], 6, greedy, keys=[7])]
+        assert got == [list(x) for x in make(policy).generate([later], 6, greedy)]
+
+
 def test_rows_stop_at_their_width_and_a_context_past_it_widens_them(tiny):
     """A row's turn ends at `max_len` (the engine's total budget, where it would cut the
     turn anyway); a context longer than that (a self-search block's head) widens every row

@@ -328,6 +328,10 @@ class HFBackend(Backend):
         """Forget cached episodes (the engine calls this when a rollout ends)."""
         self._kept = None
 
+    def sync_weights(self, policy, version: int | None = None) -> None:
+        """The policy's weights changed in place: episodes cached under the old ones go."""
+        self.reset()
+
     def _piece(self, token: int) -> str:
         piece = self._pieces.get(token)
         if piece is None:
@@ -343,7 +347,9 @@ class HFBackend(Backend):
         probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
         if sampling.top_p < 1.0:
             sorted_p, order = probs.sort(dim=-1, descending=True)
-            drop = sorted_p.cumsum(-1) - sorted_p > sampling.top_p
+            # a token goes once the mass before it reaches top_p (HF's warper and vLLM: at
+            # 0.5 over [0.5, 0.25, 0.25] only the first token is left)
+            drop = sorted_p.cumsum(-1) - sorted_p >= sampling.top_p
             sorted_p[drop] = 0.0
             probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
         # inverse-CDF sampling: one uniform number per row, where torch.multinomial and the

@@ -307,6 +307,14 @@ class RolloutEngine:
         if cfg.continuous and not cfg.self_search and callable(
                 getattr(self.backend, "admit", None)):
             return self._play_continuous(episodes, sampling, on_finish)
+        try:
+            return self._play_batches(episodes, sampling, on_finish)
+        finally:   # cached episodes go even when a turn raised: their keys are ids, reused
+            self.backend.reset()
+
+    def _play_batches(self, episodes: list[_Episode], sampling: Sampling,
+                      on_finish: Callable[[Trajectory], None] | None) -> list[Trajectory]:
+        cfg = self.cfg
         waiting = list(range(len(episodes)))[::-1]
         active: list[int] = []
         while waiting or active:
@@ -330,7 +338,6 @@ class RolloutEngine:
                 if e.done and on_finish is not None:
                     on_finish(e.traj)
             active = [i for i in active if not episodes[i].done]
-        self.backend.reset()  # free the cached episodes
         return [e.traj for e in episodes]
 
     def _play_continuous(self, episodes: list[_Episode], sampling: Sampling,

@@ -456,7 +456,7 @@ def _sample(logits: torch.Tensor, mode: str, temperature: torch.Tensor, top_p: t
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     if mode == "top_p":
         sorted_p, order = probs.sort(dim=-1, descending=True)
-        drop = sorted_p.cumsum(-1) - sorted_p > top_p
+        drop = sorted_p.cumsum(-1) - sorted_p >= top_p
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p.masked_fill(drop, 0.0))
     cdf = probs.double().cumsum(-1)
     u = torch.rand((probs.shape[0], 1), dtype=torch.float64, device=probs.device)
@@ -556,6 +556,7 @@ class StaticBackend(Backend):
         optimizer step changed them in place); own copies (mixed precision, LoRA) are
         refreshed in place, so graphs captured before stay valid."""
         self.model = policy
+        self.reset()   # the episodes' cached keys and values were the old weights'
         if self.lean.sync(policy) and self._graphs is not None:
             self._graphs.clear()
 
