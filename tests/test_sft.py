@@ -240,6 +240,9 @@ def test_run_sft_saves_a_model_that_loads_and_evaluates(world, tiny, tmp_path, l
     # the rate each step applied: warm-up over 1 step, then cosine from 1e-3 (not the next one's)
     assert [r["lr"] for r in log if "loss" in r] == pytest.approx([1e-3, 1e-3])
     assert any("dev_em" in r for r in log)
+    # eval.at_start (the default): the policy before training, as RL's runs do
+    assert log[0]["step"] == 0 and "dev_em" in log[0] and "loss" not in log[0]
+    assert (tmp_path / "sft" / "eval" / "start" / "metrics.json").is_file()
     # memory you can see: the process's peak after each step, and the step's longest episode
     steps = [r for r in log if "loss" in r]
     assert all(r["longest"] > 0 for r in steps)

@@ -392,6 +392,9 @@ def test_invalid_turns_get_no_positive_advantage():
     # one key of an optional section that is off would switch it all on
     ("ranker.lr=1e-4", "ranker.lr"),
     ("simulator.noise_end=0.7", "simulator.noise_end"),
+    ("optim.betas=[1.5,0.999]", "optim.betas.0"),        # AdamW refused it after loading
+    ("optim.betas=[0.9,-0.1]", "optim.betas.1"),
+    ("reward.prm=runs/prm/final", "reward.prm"),          # nothing would read it
 ])
 def test_bad_config_keys_and_values_name_the_key(override, key):
     """Types and ranges fail when the config is read; registry names (estimators, losses,
@@ -401,6 +404,29 @@ def test_bad_config_keys_and_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as err:
         check_config(build_config(TrainConfig, {"data": "d", "index": "i"}, [override]))
     assert f"{key}:" in str(err.value)
+
+
+def test_vllm_in_training_is_refused_on_a_gpu_it_would_not_use(monkeypatch):
+    """vLLM takes the first GPU it sees: `seekrl eval` refused device cuda:1 with it and
+    `seekrl train` did not ask."""
+    import torch
+
+    from seekrl.recipes.train_checks import check_start
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    cfg = build_config(TrainConfig, {"data": "d", "index": "i", "device": "cuda:1",
+                                     "rollout": {"backend": "vllm"}})
+    with pytest.raises(ConfigError, match="rollout.backend vllm: .*first GPU"):
+        check_start(cfg, scorer_given=False, resume=False, overwrite=False, processes=1,
+                    main=True, model_given=False)
+
+
+def test_sft_refuses_continuous_batching_it_would_not_use():
+    from seekrl.config import SFTConfig
+
+    with pytest.raises(ConfigError, match="rollout: continuous: batching by rows"):
+        build_config(SFTConfig, {"data": "d"}, ["rollout.continuous=true"])
 
 
 def test_a_section_given_in_part_keeps_the_recipes_own_defaults():

@@ -7,7 +7,7 @@ configuration reference (tools/gen_config_docs.py) print it (`printing.field_not
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -42,10 +42,14 @@ class LoRAConfig(Strict):
                                  "gate_proj", "up_proj", "down_proj"]
 
 
+# checked when the config is read (AdamW refused others only after the model loaded)
+Beta = Annotated[float, Field(ge=0, lt=1)]
+
+
 class OptimConfig(Strict):
     lr: float = Field(1e-5, gt=0)
     weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[Beta, Beta] = (0.9, 0.999)   # AdamW's (beta1, beta2), each in [0, 1)
     warmup_steps: int = Field(0, ge=0)
     # cosine decays over `steps`, or over `max_rollout_tokens` while that budget's share spent leads
     schedule: Literal["cosine", "constant"] = "cosine"
@@ -217,6 +221,14 @@ class SFTConfig(Strict):
             raise ValueError("type_weights weighs the groups of balance_types: set "
                              "balance_types (hops, type or kind)")
         return _attention_runs_here(self)
+
+    @field_validator("rollout")
+    @classmethod
+    def _no_rows(cls, value: EpisodeSettings) -> EpisodeSettings:
+        if value.continuous:   # SFT's dev evaluations decode with hf, by batches
+            raise ValueError("continuous: batching by rows is the static backend's, which "
+                             "SFT's evaluations do not use; leave it out here")
+        return value
 
 
 class TreeSettings(Strict):

@@ -691,6 +691,10 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
     index = {id(e): i for i, e in enumerate(examples)}
     last: dict[str, Any] = {}
     dev: dict[str, Any] = {}
+    if cfg.eval.data and cfg.eval.at_start and done == 0:   # the policy before training
+        start = _dev_eval(model, tokenizer, retriever, cfg, out / "eval" / "start")
+        log.write({"step": 0, **{f"dev_{k}": v for k, v in start.items()}})
+        say(f"dev EM at the start {start['em']:.3f} on {start['questions']} questions")
     try:
         for step in range(done + 1, total_steps + 1):
             t0 = time.time()

@@ -107,6 +107,9 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
                               f"{', '.join(every)} score every step in [0, 1]: added raw they "
                               "push every token of every episode up, with no contrast; keep "
                               "group for them")
+    if cfg.reward.prm and "prm" not in cfg.reward.process:
+        raise ConfigError("reward.prm: nothing reads it without a prm step reward (add "
+                          "reward.process.prm, or --process prm, or leave reward.prm out)")
     if "prm" in cfg.reward.process and not cfg.reward.prm and not scorer_given:
         raise ConfigError("reward.process.prm: no process reward model given (set "
                           "reward.prm to a `seekrl prm train` folder, e.g. RUN/final)")
@@ -191,7 +194,7 @@ def check_start(cfg: TrainConfig, *, scorer_given: bool, resume: bool, overwrite
         except FileNotFoundError as err:
             raise ConfigError(f"reward.prm: {err}") from None
     out = Path(cfg.out)
-    why = backend_refusal(cfg.rollout.backend, "train", processes=processes)
+    why = backend_refusal(cfg.rollout.backend, "train", processes=processes, device=cfg.device)
     if why:
         raise ConfigError(f"rollout.backend {cfg.rollout.backend}: {why}")
     if cfg.rollout.backend == "vllm":
