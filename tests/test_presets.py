@@ -213,6 +213,26 @@ def test_every_preset_is_a_config_of_its_stage():
         load_config(schema, path, keys)
 
 
+def test_a_stages_own_keys_merge_sections_and_replace_mappings():
+    """A stage's keys go over its preset as a config file's over the recipe's: sections
+    merge, a mapping such as reward.process is replaced (prorag's RL could not drop the
+    PRM: {"evidence": 1} came out as {"prm": 1, "evidence": 1}); without the PRM among
+    the step rewards the pipeline gives RL no PRM to load."""
+    from seekrl.prorag import stage_configs
+
+    cfg = ProragConfig(rl={"reward": {"process": {"evidence": 1.0}}, "algo": {"beta": 0.5}})
+    rl = stage_configs(cfg, prorag_paths(cfg))["rl"]
+    assert rl.reward.process == {"evidence": 1.0} and rl.reward.prm is None
+    assert (rl.algo.beta, rl.algo.advantage, rl.algo.mini_batch_size) == \
+        (0.5, "dual_granularity", 32)                   # the preset's other algo keys kept
+    plain = stage_configs(ProragConfig(), prorag_paths(ProragConfig()))["rl"]
+    assert plain.reward.process == {"prm": 1.0} and plain.reward.prm.endswith("prm/final")
+    # an override of a whole section does the same in seekrl train
+    train = build_config(TrainConfig, {"data": "d", "reward": {"process": {"prm": 1.0}}},
+                         ["reward={process: {evidence: 1.0}}"])
+    assert train.reward.process == {"evidence": 1.0}
+
+
 def test_a_copy_of_the_presets_is_read_and_its_bad_key_named(tmp_path):
     import shutil
 
@@ -223,6 +243,10 @@ def test_a_copy_of_the_presets_is_read_and_its_bad_key_named(tmp_path):
     rl = rl_config(DemoConfig(presets=tmp_path), model="m", train_file="t", index_dir="i",
                    out="o")
     assert rl.group_size == 2 and rl.algo.mini_batch_size == 16   # one update a step
+    # a copy that sets its own mini-batch keeps it (the demo wrote one update a step over it)
+    rl_yaml.write_text(rl_yaml.read_text().replace("algo:\n", "algo:\n  mini_batch_size: 8\n"))
+    assert rl_config(DemoConfig(presets=tmp_path), model="m", train_file="t", index_dir="i",
+                     out="o").algo.mini_batch_size == 8
     (tmp_path / "sft.yaml").write_text("max_stepz: 3\n")
     with pytest.raises(ConfigError,   # a user's copy is named
                        match=r"demo sft \(preset .*sft\.yaml\): max_stepz: unknown key.*max_steps"):

@@ -110,9 +110,11 @@ def stage_configs(cfg: ProragConfig, paths: dict[str, str]) -> dict[str, Any]:
                           "refine_method=none to go from SFT to RL, or `seekrl refine` alone "
                           "for the data")
     refined = paths.get("refined", str(Path(stages["refine"].out) / "final"))
-    stages["rl"] = build("rl", TrainConfig, {
-        "model": refined, "data": paths["train"], "index": paths["index"],
-        "out": str(out / "rl"), "reward.prm": prm_final, **layers})
+    rl = {"model": refined, "data": paths["train"], "index": paths["index"],
+          "out": str(out / "rl"), **layers}
+    stages["rl"] = build("rl", TrainConfig, {**rl, "reward.prm": prm_final})
+    if "prm" not in stages["rl"].reward.process:   # the user's process without the PRM
+        stages["rl"] = build("rl", TrainConfig, rl)
     from seekrl.recipes import mcts, refine, train
     for name, check in (("labels", mcts.check_config), ("refine", refine.check_config),
                         ("rl", train.check_config)):

@@ -65,7 +65,7 @@ def with_keys(tree: dict, keys: dict[str, Any] | list[tuple[str, Any]],
             # is replaced
             here = _get_dotted(out, parts)
             if isinstance(here, dict):
-                value = merged(here, value)
+                value = merged(here, value, schema, parts)
         set_dotted(out, dotted, value)
         given.append(parts)
     if schema is not None:
@@ -91,11 +91,17 @@ def _is_section(schema: type[BaseModel], parts: list[str]) -> bool:
     return node is not None
 
 
-def merged(base: dict, top: dict) -> dict:
-    """`top`'s keys over a copy of `base`, section by section."""
+def merged(base: dict, top: dict, schema: type[BaseModel] | None = None,
+           at: list[str] | None = None) -> dict:
+    """`top`'s keys over a copy of `base`, section by section. With `schema` (the tree's
+    type; `at`, where the two dicts sit in it) only its sections merge: a mapping-valued
+    key such as reward.process is replaced whole, as an override replaces it."""
     out = copy.deepcopy(base)
     for k, v in top.items():
-        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) \
+        path = [*(at or []), k]
+        section = schema is None or _is_section(schema, path)
+        out[k] = merged(out[k], v, schema, path) \
+            if section and isinstance(v, dict) and isinstance(out.get(k), dict) \
             else copy.deepcopy(v)
     return out
 

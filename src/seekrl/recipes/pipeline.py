@@ -41,7 +41,9 @@ def stage_config(schema: type[C], preset: str | Path, *, keys: dict[str, Any],
         source = f"{source} (preset {preset})"
     if episode is not None:
         tree = merged({"rollout": episode.episode_settings().model_dump()}, tree)
-    tree = merged(with_keys(tree, keys, schema, where=source), own or {})
+    # the user's keys as a config file's over the recipe's: sections merge, a mapping such
+    # as reward.process is replaced (prorag's rl.reward.process could not drop the PRM)
+    tree = merged(with_keys(tree, keys, schema, where=source), own or {}, schema)
     if then:
         tree = with_keys(tree, then, schema, where=source)
     return build_config(schema, tree, source=source)
@@ -135,7 +137,9 @@ def rl_config(cfg: DemoConfig, *, model: str | Path, train_file: str | Path,
 
     first = build({})
     then: dict[str, Any] = {}
-    if "mini_batch_size" not in (cfg.rl.get("algo") or {}):
+    # one update a step unless the preset (a user's copy) or `cfg.rl` says otherwise
+    preset = read_config_file(_preset(cfg, "rl.yaml")).get("algo") or {}
+    if "mini_batch_size" not in {**preset, **(cfg.rl.get("algo") or {})}:
         then["algo.mini_batch_size"] = first.questions_per_step * first.group_size
     if budget_tokens is not None:
         then.update(max_rollout_tokens=budget_tokens, steps=10 * first.steps)
