@@ -19,14 +19,13 @@ Prints one line per size and side, `ratio` lines per size, and a one-line summar
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from retrieval_scale import in_fresh_process, make_corpus  # noqa: E402
+from retrieval_scale import corpus_files, in_fresh_process  # noqa: E402
 
 
 def _store(corpus: str, folder: str):
@@ -74,12 +73,8 @@ def main() -> None:
     started = time.time()
     summary = []
     for n in sorted(int(s) for s in args.sizes.split(",")):
-        folder = args.work_dir / f"n{n}"
-        folder.mkdir(parents=True, exist_ok=True)
-        corpus, qfile = folder / "corpus.jsonl", folder / "queries.json"
-        if not corpus.is_file() or not qfile.is_file():
-            qfile.write_text(json.dumps(make_corpus(corpus, n)))
-        queries = json.loads(qfile.read_text())[:200]
+        folder, corpus, queries = corpus_files(args.work_dir, n)
+        queries = queries[:200]
         store_dir = str(folder / "store")
         in_fresh_process(_prepare, str(corpus), store_dir)   # once, outside the timings
         got = {}

@@ -14,7 +14,6 @@ Prints `bm25q_docs=N ...` per size and a one-line summary last.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from retrieval_scale import _build_bm25, in_fresh_process, make_corpus  # noqa: E402
+from retrieval_scale import _build_bm25, corpus_files, in_fresh_process  # noqa: E402
 
 
 def bm25s_rows(index, queries: list[str], k: int) -> list[list[tuple[int, float]]]:
@@ -60,15 +59,11 @@ def main() -> None:
 
     speedups = []
     for n in sorted(int(s) for s in args.sizes.split(",")):
-        folder = args.work_dir / f"n{n}"
-        folder.mkdir(parents=True, exist_ok=True)
-        corpus, qfile = folder / "corpus.jsonl", folder / "queries.json"
-        if not corpus.is_file() or not qfile.is_file():
-            qfile.write_text(json.dumps(make_corpus(corpus, n)))
+        folder, corpus, queries = corpus_files(args.work_dir, n)
+        queries = queries[:args.queries]
         index_dir = folder / "bm25-index"
         if not (index_dir / "manifest.json").is_file():
             in_fresh_process(_build_bm25, str(corpus), str(index_dir))
-        queries = json.loads(qfile.read_text())[:args.queries]
         index = load_index(index_dir).retriever     # the BM25Retriever itself
         index.search_rows(queries[:2], 3)          # warm the memory maps
         bm25s_rows(index, queries[:2], 3)

@@ -95,6 +95,17 @@ def make_corpus(path: Path, n: int, seed: int = 0) -> list[str]:
     return queries
 
 
+def corpus_files(work_dir: Path, n: int, rebuild: bool = False) -> tuple[Path, Path, list[str]]:
+    """(folder, corpus.jsonl, queries) of size `n` under `work_dir`, made once and reused
+    (the BM25 benchmarks share them)."""
+    folder = work_dir / f"n{n}"
+    folder.mkdir(parents=True, exist_ok=True)
+    corpus, qfile = folder / "corpus.jsonl", folder / "queries.json"
+    if rebuild or not corpus.is_file() or not qfile.is_file():
+        qfile.write_text(json.dumps(make_corpus(corpus, n)))
+    return folder, corpus, json.loads(qfile.read_text())
+
+
 def _child(fn, args, queue) -> None:
     started = time.perf_counter()
     try:
@@ -314,13 +325,8 @@ def main() -> None:
     started = time.time()
     rows: list[dict] = []
     for n in sizes:
-        folder = args.work_dir / f"n{n}"
-        folder.mkdir(exist_ok=True)
-        corpus, qfile = folder / "corpus.jsonl", folder / "queries.json"
         t0 = time.perf_counter()
-        if args.rebuild or not corpus.is_file() or not qfile.is_file():
-            qfile.write_text(json.dumps(make_corpus(corpus, n)))
-        queries = json.loads(qfile.read_text())
+        folder, corpus, queries = corpus_files(args.work_dir, n, args.rebuild)
         row: dict = {"scale_docs": n, "corpus_mb": round(dir_mb(corpus), 1),
                      "corpus_gen_s": round(time.perf_counter() - t0, 1)}
         index_dir = folder / "bm25-index"

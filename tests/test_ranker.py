@@ -190,9 +190,9 @@ def test_a_ranker_learns_a_toy_preference_and_saves_and_loads(tmp_path, tiny_enc
 
     meta_file = tmp_path / "r" / RANKER_FILE
     good = meta_file.read_text()
-    for text, message in (("{", "not JSON"), ("[1]", "expected a JSON object, got list"),
+    for text, message in (("{", "not valid JSON"), ("[1]", "expected a JSON object, got list"),
                           (json.dumps({k: v for k, v in json.loads(good).items()
-                                       if k != "max_len"}), "field 'max_len' is missing")):
+                                       if k != "max_len"}), "missing field 'max_len'")):
         meta_file.write_text(text)
         with pytest.raises(RetrievalError, match=message) as info:
             load_ranker(str(tmp_path / "r"))

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from seekrl.errors import SeekrlError
@@ -49,6 +52,21 @@ def simulated_id(doc_id: str) -> bool:
     self-search: `retrieval.simulated.document_id`), not one of the corpus: it earns no
     evidence credit, by id or by title."""
     return _SIMULATED_ID.fullmatch(doc_id) is not None
+
+
+def json_object(file: Path, fields: Sequence[str]) -> dict:
+    """The JSON object a seekrl file holds (an index manifest, a ranker's settings) with
+    `fields` present, or a RetrievalError naming the file and what is wrong."""
+    try:
+        obj = json.loads(file.read_text())
+    except (ValueError, UnicodeDecodeError) as err:   # JSONDecodeError is a ValueError
+        raise RetrievalError(f"{file}: not valid JSON ({err})") from err
+    if not isinstance(obj, dict):
+        raise RetrievalError(f"{file}: expected a JSON object, got {type(obj).__name__}")
+    for key in fields:
+        if key not in obj:
+            raise RetrievalError(f"{file}: missing field '{key}'")
+    return obj
 
 
 def split_contents(contents: str) -> tuple[str, str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from seekrl import __version__
 from seekrl.data.jsonl import SkipReport
 from seekrl.errors import DataError
-from seekrl.retrieval.base import Hit, RetrievalError
+from seekrl.retrieval.base import Hit, RetrievalError, json_object
 from seekrl.retrieval.bm25 import BM25Retriever
 from seekrl.retrieval.corpus import DocStore, file_sha256, iter_corpus
 from seekrl.retrieval.dense import (
@@ -379,15 +379,7 @@ def read_manifest(path: str | Path) -> dict:
     if not file.is_file():
         raise RetrievalError(f"{path}: not a seekrl index (no {MANIFEST}); "
                              "build one with `seekrl index`")
-    try:
-        manifest = json.loads(file.read_text())
-    except json.JSONDecodeError as err:
-        raise RetrievalError(f"{file}: not valid JSON ({err})") from err
-    if not isinstance(manifest, dict):
-        raise RetrievalError(f"{file}: expected a JSON object, got {type(manifest).__name__}")
-    for key in ("format", "retriever", "doc_count"):
-        if key not in manifest:
-            raise RetrievalError(f"{file}: missing field '{key}'")
+    manifest = json_object(file, ("format", "retriever", "doc_count"))
     if manifest["format"] != FORMAT_VERSION:
         raise RetrievalError(f"{file}: index format {manifest['format']} is not supported "
                              f"(expected {FORMAT_VERSION}); rebuild the index")

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seekrl.retrieval.base import Hit, RetrievalError, Retriever
+from seekrl.retrieval.base import Hit, RetrievalError, Retriever, json_object
 
 RANKER_KINDS = ("bi", "cross", "query")
 RANKER_FILE = "ranker.json"
@@ -125,20 +125,6 @@ class Ranker:
         return path
 
 
-def _ranker_meta(path: Path) -> dict:
-    """A saved ranker's settings, or a RetrievalError naming the file and field."""
-    try:
-        meta = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise RetrievalError(f"{path}: not JSON ({err}); save the ranker again") from None
-    if not isinstance(meta, dict):
-        raise RetrievalError(f"{path}: expected a JSON object, got {type(meta).__name__}")
-    for name in ("kind", "max_len", "temperature"):
-        if name not in meta:
-            raise RetrievalError(f"{path}: field {name!r} is missing; save the ranker again")
-    return meta
-
-
 def load_ranker(spec: str | None = None, *, kind: str | None = None, device: str = "cpu",
                 max_len: int | None = None, temperature: float | None = None,
                 first=None) -> Ranker:
@@ -159,7 +145,7 @@ def load_ranker(spec: str | None = None, *, kind: str | None = None, device: str
     saved = Path(spec) / RANKER_FILE if spec else None
     meta: dict = {}
     if saved is not None and saved.is_file():
-        meta = _ranker_meta(saved)
+        meta = json_object(saved, ("kind", "max_len", "temperature"))
         if kind is not None and kind != meta["kind"]:
             raise RetrievalError(f"ranker {spec}: it is a {meta['kind']!r} ranker, asked for "
                                  f"{kind!r}")
