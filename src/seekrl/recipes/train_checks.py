@@ -194,7 +194,10 @@ def check_start(cfg: TrainConfig, *, scorer_given: bool, resume: bool, overwrite
         except FileNotFoundError as err:
             raise ConfigError(f"reward.prm: {err}") from None
     out = Path(cfg.out)
-    why = backend_refusal(cfg.rollout.backend, "train", processes=processes, device=cfg.device)
+    # a GPU other than the first is refused, as seekrl eval does (vllm takes the first it
+    # sees); a CPU policy pushes its weights to the engine wherever that runs
+    why = backend_refusal(cfg.rollout.backend, "train", processes=processes,
+                          device=cfg.device if cfg.device.startswith("cuda") else None)
     if why:
         raise ConfigError(f"rollout.backend {cfg.rollout.backend}: {why}")
     if cfg.rollout.backend == "vllm":
