@@ -24,7 +24,9 @@ graph. This backend keeps every shape fixed and every per-token decision on the 
   leaves the decoding batch while the others go on, and rejoins with its next turn's
   context prefilled into its row; a finished episode's row takes a waiting one.
 
-`generate` follows `HFBackend` to the token: a row's result ends at its first stop string
+`generate` follows `HFBackend` to the token when greedy (sampled, the same distribution
+and log-probs, but this loop draws for every row of its bucket, stopped ones too, so the
+two draw apart once a row stops): a row's result ends at its first stop string
 (matched on the concatenation of each token's own decoded text, as HFBackend's tail scan
 does) or stop id, both kept; the stopping token is not fed back, so a row's cache holds
 everything but its last token.
