@@ -326,6 +326,35 @@ def test_shared_prompts_only_when_rows_share_one():
     assert shared_prompts(ids, attn, mask) is None
 
 
+@pytest.mark.parametrize("arch", ["sliding_window", "absolute_positions"])
+def test_prompt_sharing_reads_rows_whole_when_its_layout_would_outgrow_the_model(arch):
+    """A short prompt with a long suffix sits, in the shared layout, behind the longest
+    prompt: past a sliding window's cut (wrong log-probs, silently) or past an absolute
+    position table (an IndexError), though every row fits. Then rows are read whole."""
+    from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM
+
+    from seekrl.models import collate
+    from seekrl.rl.forward import masked_logprobs
+
+    torch.manual_seed(0)
+    if arch == "sliding_window":
+        model = MistralForCausalLM(MistralConfig(
+            vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, sliding_window=16,
+            max_position_embeddings=64)).eval()
+    else:
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=16, n_embd=32,
+                                           n_layer=1, n_head=2)).eval()
+    prompt = list(range(1, 12))
+    rows = [prompt + [20, 21], prompt + [22, 23], [5, 6] + list(range(30, 43))]   # 13, 13, 15
+    masks = [[0] * 11 + [1, 1], [0] * 11 + [1, 1], [0, 0] + [1] * 13]
+    ids, attn, mask = collate(rows, masks, 0)
+    with torch.no_grad():
+        whole = masked_logprobs(model, ids, attn, mask, share_prompts=False)["logprobs"]
+        shared = masked_logprobs(model, ids, attn, mask, share_prompts=True)["logprobs"]
+    torch.testing.assert_close(shared, whole, atol=1e-5, rtol=1e-4)
+
+
 def test_shared_prompt_forward_with_activation_checkpointing():
     """A model that returns no KV cache (activation checkpointing in training) takes the
     plain path: still the right log-probs."""

@@ -440,13 +440,22 @@ def suffix_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     """Hidden states of each row from its cut on, [batch, longest suffix, hidden], with each
     distinct prompt run once (right-padded) and its KV cache repeated for the rows that
     share it. Position ids are explicit: a suffix continues at its own prompt's length.
-    None when the model returned no cache (activation checkpointing turns it off)."""
+    None when the model returned no cache (activation checkpointing turns it off), or when
+    the padded layout would outgrow the model's window or positions (then read rows whole)."""
     dev = input_ids.device
     check_positions(model)
     body = backbone(model)
     if body.training and getattr(body, "gradient_checkpointing", False):
         return None   # HF models return no cache then: skip the prompt pass, not waste it
     lengths = attention_mask.sum(-1).tolist()
+    # the cache holds the longest prompt's columns, then the longest suffix's: a row of a
+    # short prompt and a long suffix sits further from its prompt than it is, past a
+    # sliding window's cut (wrong attention, silently), and its padded positions can pass
+    # an absolute-position table's end (an IndexError) though every row fits
+    span = max(cuts) + max(n - c for n, c in zip(lengths, cuts))
+    limits = [sliding_window(model), getattr(_config(model), "max_position_embeddings", None)]
+    if any(isinstance(x, int) and span > x for x in limits):
+        return None
     prompt_of = {u: r for r, u in reversed(list(enumerate(index)))}   # first row per prompt
     n_prompts = len(prompt_of)
     width = max(cuts)
