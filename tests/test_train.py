@@ -281,6 +281,43 @@ def test_dynamic_sampling_drops_groups_without_signal(world, tiny, tmp_path):
     assert record["groups_with_signal"] == 0.5   # of the groups sampled, not of those kept
 
 
+def test_a_steps_episode_figures_are_over_every_episode_it_played(world, tiny, tmp_path):
+    """Dynamic sampling keeps the varied groups for the update; the step's reward, format
+    and searches describe the policy, over every episode played. A step that kept none read
+    as reward 0 and valid format 0 (the monitor warned of a format collapse); one that
+    dropped a solved group read as a falling reward."""
+    def solved_first(t):   # the first question's group all right, the other's varied
+        r = 1.0 if t.example_id == first[0] else float(t.sample_index)
+        return RewardParts(total=r, outcome=r, format=0.0, penalty=0.0)
+
+    cfg = make_cfg(tmp_path, **{"algo.dynamic_sampling": True, "algo.max_refills": 0,
+                                "algo.balance_types": False})
+    trainer = make_trainer(cfg, world, tiny, reward_fn=solved_first)
+    first = [trainer.sample_questions(1, 2)[0].id]
+    record = trainer.step(1)
+    assert record["episodes"] == 2 and record["episodes_sampled"] == 4
+    assert record["reward"] == pytest.approx(0.75)     # (1 + 1 + 0 + 1) / 4, not 0.5
+    # every draw's tokens (time_rollout is rounded to 10 ms: the kept half read as half)
+    assert record["tokens_per_s"] * record["time_rollout"] == \
+        pytest.approx(record["rollout_tokens"], rel=0.25)
+    flat = make_trainer(make_cfg(tmp_path / "flat", **{"algo.dynamic_sampling": True,
+                                                       "algo.max_refills": 0}), world, tiny,
+                        reward_fn=lambda t: RewardParts(total=0.0, outcome=0.0, format=0.0,
+                                                        penalty=0.0))
+    skipped = flat.step(1)
+    assert skipped["episodes"] == 0 and skipped["skipped_update"]
+    assert skipped["turns"] > 0 and skipped["response_length"] > 0   # what was played
+
+
+def test_dynamic_sampling_with_groups_of_one_is_refused():
+    from seekrl.recipes.train import check_config
+
+    with pytest.raises(ConfigError, match="dynamic_sampling with group_size: 1"):
+        check_config(build_config(TrainConfig, {"data": "d", "index": "i", "group_size": 1,
+                                                "algo": {"advantage": "reinforce_pp",
+                                                         "dynamic_sampling": True}}))
+
+
 def test_dynamic_sampling_refills_until_the_batch_is_full_not_every_group_varied(
         world, tiny, tmp_path):
     """The refill loop compared the kept episodes with all sampled so far (a target that
@@ -784,6 +821,30 @@ def test_stop_on_collapse_keeps_the_last_healthy_checkpoint(world, tiny, tmp_pat
     one.train()
     for (name, a), (_, b) in zip(trainer.model.named_parameters(), one.model.named_parameters()):
         assert torch.equal(a, b), name
+
+
+def test_after_a_collapse_the_final_evaluation_is_of_the_restored_step(world, tiny, tmp_path,
+                                                                        monkeypatch):
+    """The run stops on a collapse at step 2 and its final policy is step 1's checkpoint:
+    that evaluation is logged, and kept as the best, under step 1 (it named step 2, the
+    collapsed policy that was not evaluated)."""
+    def tied(t):
+        return RewardParts(total=0.0, outcome=0.0, format=0.0, penalty=0.0)
+
+    def fake_eval(self, out_dir):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return {"em": 0.5 if out_dir.name == "final" else 0.1, "f1": 0.1,
+                "valid_format": 1.0, "searches": 1.5, "questions": 2}
+
+    monkeypatch.setattr(Trainer, "evaluate", fake_eval)
+    dev = {"data": str(world["paths"]["test"]), "keep_best": True, "at_start": False}
+    over = {"steps": 5, "monitor.stop_on_collapse": True, "monitor.no_signal_steps": 1}
+    trainer = make_trainer(make_cfg(tmp_path, eval=dev, **over), world, tiny, reward_fn=tied)
+    summary = trainer.train()
+    assert trainer.state.healthy_checkpoint == "step-1" and trainer.state.step_done == 2
+    assert summary["best"]["step"] == 1 and summary["best"]["evaluation"] == "final"
+    log = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if "dev_em" in r] == [1]
 
 
 @pytest.mark.parametrize("backend, key", [("torch.utils.tensorboard", "log.tensorboard"),

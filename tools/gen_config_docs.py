@@ -74,7 +74,10 @@ NOTES: dict[tuple[str, str] | str, str] = {
     ("OptimConfig", "lr"): "peak learning rate",
     ("OptimConfig", "weight_decay"): "AdamW's decoupled weight decay",
     ("OptimConfig", "betas"): "AdamW's (beta1, beta2)",
-    ("OptimConfig", "warmup_steps"): "linear warm-up from 0 over this many optimizer steps",
+    ("OptimConfig", "warmup_steps"): "linear warm-up to lr over this many schedule steps (the "
+                                     "first at lr / warmup_steps): optimizer steps, but RL "
+                                     "steps in seekrl train (each algo.epochs x its "
+                                     "mini-batches of updates)",
     ("OptimConfig", "max_grad_norm"): "clip the gradient's global norm to this (null: no "
                                       "clipping)",
     ("SFTConfig", "epochs"): "passes over the data (`max_steps` overrides)",

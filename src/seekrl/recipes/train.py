@@ -250,6 +250,8 @@ class Trainer:
             draws.process_stats[k] = draws.process_stats.get(k, 0.0) + v
         draws.fresh_tokens += sum(x.n_decoded - x.prefix_tokens
                                   for x in trajs)   # shared tree prefixes count once
+        draws.played += trajs
+        draws.played_parts += parts
         draws.scoring_s += time.time() - t
         return trajs, parts
 
@@ -262,13 +264,15 @@ class Trainer:
         t_rollout = max(self.dist.gather([draws.rollout_s]))
         step_tokens = draws.fresh_tokens + int(draws.process_stats.get("mc_tokens", 0))
         self.state.rollout_tokens += step_tokens
-        record = episode_metrics(trajs, parts, process=list(self.cfg.reward.process),
+        # over every episode played (dynamic sampling keeps only varied groups: an empty or
+        # solved-less batch read as zero reward and no valid format, and the monitor with it)
+        record = episode_metrics(draws.played, draws.played_parts,
+                                 process=list(self.cfg.reward.process),
                                  self_search=self.cfg.rollout.self_search,
                                  sub_queries=self.cfg.rollout.max_queries > 1)
         varied, multi, solved = signal
-        generated = sum(t.n_decoded for t in trajs)   # what was decoded, blocks it wrote too
         record.update(step=step, episodes=len(trajs), episodes_sampled=n_sampled,
-                      refills=refills, lookups_by_kind=lookups_by_kind(trajs),
+                      refills=refills, lookups_by_kind=lookups_by_kind(draws.played),
                       rollout_tokens=step_tokens, rollout_tokens_total=self.state.rollout_tokens,
                       **{f"process_{k}": round(v, 4)
                          for k, v in sorted(draws.process_stats.items())},
@@ -276,7 +280,8 @@ class Trainer:
                       groups_solved=round(solved / multi, 4) if multi else None,
                       time_rollout=round(t_rollout, 2),
                       time_scoring=round(draws.scoring_s + draws.rollout_s - t_rollout, 3),
-                      tokens_per_s=round(generated / max(t_rollout, 1e-9), 1))
+                      # every draw's decoding (blocks it wrote too), a tree prefix once
+                      tokens_per_s=round(draws.fresh_tokens / max(t_rollout, 1e-9), 1))
         every = self.cfg.log.save_rollouts
         if self.dist.main and every and step % every == 0 and trajs:
             self._save_rollouts(step, trajs)
@@ -670,8 +675,10 @@ class Trainer:
         """The final policy (the last healthy one after a collapse) saved and evaluated;
         the run's summary."""
         cfg, state, main = self.cfg, self.state, self.dist.main   # rank 0 writes
+        final_step = state.step_done   # the step whose policy is the final one
         if state.stopped_reason and state.healthy_checkpoint:
             self.load_checkpoint(self.checkpoints.folder / state.healthy_checkpoint)
+            final_step = int(state.healthy_checkpoint[len("step-"):])
         elif state.stopped_reason:
             self._say("no healthy checkpoint was saved: the final policy is the collapsed one")
         final = self.out / "final"
@@ -688,12 +695,13 @@ class Trainer:
                       f"tokens, {state.budget_share(cfg.max_rollout_tokens):.2f} x the budget "
                       f"of {cfg.max_rollout_tokens} (equal compute is within 10%)")
         if cfg.eval.data:
-            if state.last_dev is not None and state.last_dev[0] == state.step_done:
+            if state.last_dev is not None and state.last_dev[0] == final_step:
                 # the run stopped (a budget, the clock) right after a periodic evaluation:
                 # the final policy is the one just evaluated, greedily; not again
                 summary["dev"], summary["dev_dir"] = state.last_dev[1], str(state.last_dev[2])
             else:
-                summary["dev"] = self._dev_eval("final", state.step_done, "")
+                # logged and kept as best under that step, not the collapsed one's
+                summary["dev"] = self._dev_eval("final", final_step, "")
                 summary["dev_dir"] = str(self.out / "eval" / "final")
         if cfg.eval.keep_best:   # after the final evaluation, which may be the best
             summary["best"] = self.checkpoints.best_note()
@@ -764,4 +772,8 @@ class _Draws:
     scoring_s: float = 0.0
     process_stats: dict[str, float] = field(default_factory=dict)
     fresh_tokens: int = 0
+    # every episode the step played, and its reward parts: the step's episode figures
+    # describe the policy, not the groups dynamic sampling kept for the update
+    played: list = field(default_factory=list)
+    played_parts: list = field(default_factory=list)
     ranked_before: float | None = None   # the ranker's scoring seconds before the step

@@ -143,6 +143,11 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
             "with the others of its question's group, and a group of one has none, so every "
             "advantage is 0 and nothing is learned; set group_size >= 2 (4-8 is usual), or "
             "use an estimator that needs no group (gae with a critic, reinforce_pp)")
+    if cfg.group_size == 1 and tree is None and algo.dynamic_sampling:
+        raise ConfigError(
+            "algo.dynamic_sampling with group_size: 1: it keeps the groups whose rewards "
+            "vary, and a group of one never varies, so every step would play its refills and "
+            "skip its update; set group_size >= 2 or dynamic_sampling: false")
     if facts.needs_tree and tree is None:
         raise ConfigError(f"algo.advantage: {algo.advantage} needs tree rollouts (rollout.tree)")
     if cfg.ranker is not None:
