@@ -283,6 +283,18 @@ def test_reads_third_party_search_r1_parquet(tmp_path: Path, with_question_colum
     assert second.id == ("train_1" if with_question_column else "nq-train-1")
 
 
+def test_the_question_is_read_after_the_prompts_last_question_marker(tmp_path: Path) -> None:
+    """A few-shot template shows example questions before the real one: the text after
+    the first "Question: " was an example's."""
+    few_shot = ("Question: What is 2+2?\nAnswer: 4\n\nQuestion: Who wrote Hamlet?\n")
+    path = tmp_path / "fs.parquet"
+    pq.write_table(pa.Table.from_pylist([{
+        "data_source": "nq", "prompt": [{"role": "user", "content": few_shot}],
+        "reward_model": {"style": "rule", "ground_truth": {"target": ["Shakespeare"]}},
+        "extra_info": {"split": "test", "index": 0}}]), path)
+    assert read_searchr1_parquet(path)[0].question == "Who wrote Hamlet?"
+
+
 def test_a_merged_search_r1_file_keeps_each_data_sets_questions_apart(tmp_path: Path) -> None:
     """Search-R1's merged training file (nq + hotpotqa) keeps each set's `id` column, whose
     ids restart in every set: read as they were, `train_0` came twice and the file was

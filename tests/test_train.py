@@ -1861,6 +1861,9 @@ def test_a_dev_evaluation_can_also_sample_for_pass_at_k(world, tiny, tmp_path):
     assert {"sampled_em", "pass@2", "one_search", "planned_lookups", "by_type"} <= set(dev)
     assert 0 <= dev["sampled_em"] <= dev["pass@2"] <= 1
     assert (tmp_path / "run" / "eval" / "final" / "sampled" / "metrics.json").is_file()
+    # the evaluation's own metrics.json holds the sampled summary too (it was written before)
+    written = json.loads((tmp_path / "run" / "eval" / "final" / "metrics.json").read_text())
+    assert set(written["sampled"]) >= {"em", "pass@2"}
     logged = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any("dev_pass@2" in r for r in logged)
 

@@ -247,6 +247,10 @@ def test_bad_run_folders_name_the_problem(tmp_path):
     with pytest.raises(ValueError, match="metrics.json"):
         write_viewer(run)
     (run / "metrics.json").unlink()
+    twice = json.dumps({"dataset": "nq", "example_id": "q", "sample_index": 0, "segments": []})
+    (run / "episodes.jsonl").write_text(twice + "\n" + twice + "\n")
+    with pytest.raises(ValueError, match=r"episodes.jsonl:2: .*written twice"):
+        read_episodes(run / "episodes.jsonl")
     (run / "episodes.jsonl").write_text(json.dumps({"dataset": "nq"}) + "\n")
     with pytest.raises(ValueError, match=r"episodes.jsonl:1.*example_id"):
         read_episodes(run / "episodes.jsonl")

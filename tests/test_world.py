@@ -269,8 +269,10 @@ def test_yes_no_comparisons_stay_balanced(medium):
     assert 0.35 <= answers["yes"] / (answers["yes"] + answers["no"]) <= 0.65
 
 
-def test_no_three_way_comparisons_without_3_hop_questions():
-    w = generate_world(seed=4, difficulty="medium", hop_mix={1: 0.5, 2: 0.5}, **SMALL)
+@pytest.mark.parametrize("hop_mix", [{1: 0.5, 2: 0.5}, {1: 0.5, 2: 0.5, 4: 0.0}])
+def test_no_three_way_comparisons_without_3_hop_questions(hop_mix):
+    """A hop count of weight 0 is not asked for (it opened three-way comparisons)."""
+    w = generate_world(seed=4, difficulty="medium", hop_mix=hop_mix, **SMALL)
     comparisons = [q for qs in w.splits.values() for q in qs
                    if q.metadata["type"] == "comparison"]
     assert comparisons and all(q.metadata["options"] == 2 and q.metadata["hops"] == 2

@@ -460,7 +460,8 @@ def write_searchr1_parquet(
 
 
 def _question_from_prompt(prompt: Any) -> str | None:
-    """The text after "Question: " in the last user message (Search-R1's prompt layout)."""
+    """The text after the last "Question: " in the last user message (Search-R1's prompt
+    layout; a few-shot template's example questions come before the real one)."""
     if isinstance(prompt, str):
         messages = [{"role": "user", "content": prompt}]
     elif isinstance(prompt, list):
@@ -472,7 +473,7 @@ def _question_from_prompt(prompt: Any) -> str | None:
             continue
         content = message.get("content")
         if isinstance(content, str) and _QUESTION_MARKER in content:
-            return content.split(_QUESTION_MARKER, 1)[1].strip()
+            return content.rsplit(_QUESTION_MARKER, 1)[1].strip()
         return None
     return None
 

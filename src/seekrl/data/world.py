@@ -824,7 +824,9 @@ class _Builder:
         as the same kind: starting over would favour the kinds that fail least (1-hop
         chains, comparisons)."""
         rng = self.rng
-        max_hops = max(self.cfg.hop_mix)
+        # the longest chain asked for: a hop count of weight 0 is not (it opened three-way
+        # comparisons in a world of 2-hop chains)
+        max_hops = max(h for h, w in self.cfg.hop_mix.items() if w > 0)
         seen: set[str] = set()
         out: list[QAExample] = []
         for kind, quota in self.quotas(n).items():

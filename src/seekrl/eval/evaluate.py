@@ -509,6 +509,7 @@ def eval_policy(model, tokenizer, retriever, cfg, out_dir: str | Path, *,
                                run_info=run_info, progress=console is not None,
                                console=console)
             metrics["sampled"] = sampled["average"]
+            write_metrics(Path(out_dir), metrics)   # the summary beside the greedy figures
     finally:
         model.train(was_training)
     # written at every dev evaluation: capped so that a large dev set does not leave a page
@@ -522,7 +523,6 @@ def write_run(out_dir: str | Path, trajectories: Sequence[Trajectory], metrics: 
     """trajectories.jsonl, episodes.jsonl (when a tokenizer is given), metrics.json/.md."""
     from seekrl.eval.report import (
         EPISODES_FILE,
-        METRICS_FILE,
         TRAJECTORIES_FILE,
         decode_segments,
         metrics_markdown,
@@ -538,8 +538,14 @@ def write_run(out_dir: str | Path, trajectories: Sequence[Trajectory], metrics: 
         with open(out / EPISODES_FILE, "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     (out / "metrics.md").write_text(metrics_markdown(metrics), encoding="utf-8")
-    # written last and whole (beside, then renamed): a folder with metrics.json is a
-    # finished evaluation, which callers reuse rather than play again
+    write_metrics(out, metrics)
+
+
+def write_metrics(out: Path, metrics: dict) -> None:
+    """OUT/metrics.json, written last and whole (beside, then renamed): a folder with it is
+    a finished evaluation, which callers reuse rather than play again."""
+    from seekrl.eval.report import METRICS_FILE
+
     tmp = out / f".{METRICS_FILE}.tmp{os.getpid()}"
     tmp.write_text(json.dumps(metrics, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(tmp, out / METRICS_FILE)

@@ -296,6 +296,8 @@ def read_episodes(path: str | Path) -> dict[str, list[dict]]:
         if not isinstance(segments, list) or not all(isinstance(s, dict) for s in segments):
             raise DataError("expected a list of segment objects", path=str(path),
                             line=line_no, field="segments")
+        if key in out:   # two records of one episode: the viewer would show the last only
+            raise DataError(f"episode {key} is written twice", path=str(path), line=line_no)
         out[key] = segments
     return out
 
