@@ -119,6 +119,11 @@ def test_golden_answers_as_string_and_blank_lines(tmp_path: Path) -> None:
         ('["not", "an", "object"]', None, "expected a JSON object"),
         ('{"id": "x", "golden_answers": ["A"]}', "question", "missing"),
         ('{"id": "x", "question": "Q", "golden_answers": 5}', "golden_answers", "expected"),
+        # plain json.loads keeps the second value: the first answer was lost unsaid
+        ('{"id": "x", "question": "Q", "golden_answers": ["a"], "golden_answers": ["b"]}',
+         None, "key 'golden_answers' given twice"),
+        ('{"id": "x", "question": "Q", "golden_answers": ["a"], "metadata": '
+         '{"hops": 1, "hops": 2}}', None, "key 'hops' given twice"),
     ],
 )
 def test_malformed_line_names_file_line_and_field(
@@ -394,6 +399,23 @@ def test_load_qa_json_array_errors_name_the_item(tmp_path: Path) -> None:
         load_qa(path)
 
 
+def test_a_json_arrays_duplicates_name_the_item(tmp_path: Path) -> None:
+    """A duplicate id in a `.json` array is named by its item, as the array's other errors
+    are (it had read `array.json:3`: the item's 1-based number as a line); a key given
+    twice in an item is refused, not read as its last value."""
+    path = tmp_path / "array.json"
+    first, second = json.loads(GOOD), json.loads(GOOD2)
+    path.write_text("[\n" + ",\n".join(json.dumps(x) for x in (first, second, first)) + "\n]",
+                    encoding="utf-8")
+    with pytest.raises(DataError, match=r"array\.json\[2\]: field 'id': duplicate id "
+                                        r"'ok' \(item \[0\] has it too\)"):
+        load_qa(path)
+    path.write_text('[{"id": "a", "question": "Q?", "golden_answers": ["x"], '
+                    '"golden_answers": ["y"]}]', encoding="utf-8")
+    with pytest.raises(DataError, match=r"array\.json: key 'golden_answers' given twice"):
+        load_qa(path)
+
+
 def test_load_qa_json_array_skips_name_the_item_number(tmp_path: Path, caplog) -> None:
     path = tmp_path / "array.json"
     path.write_text(json.dumps([json.loads(GOOD), {"id": "x"}, json.loads(GOOD2)]),
@@ -534,6 +556,29 @@ def test_a_parquet_metadata_column_of_any_shape_is_read_or_refused(tmp_path: Pat
         with pytest.raises(DataError, match=rf"m.parquet:1: field 'extra_info.metadata': {said}"):
             read([{"prompt": "Question: q?", "reward_model": target,
                    "extra_info": {"metadata": bad}}])
+
+
+def test_a_parquets_other_columns_are_kept_in_metadata(tmp_path: Path) -> None:
+    """A FlashRAG file saved as parquet carries `type`, `hops` and `gold_doc_ids` as
+    columns: they are read (type balancing, evidence recall and `recall` need them), a
+    null cell is not given, pandas' index column is left out, and a column that says
+    otherwise than the metadata is refused."""
+    path = tmp_path / "f.parquet"
+    table = pa.Table.from_pylist([
+        {"id": "a", "question": "Q1?", "golden_answers": ["x"], "type": "bridge", "hops": 2,
+         "gold_doc_ids": ["d1", "d2"], "__index_level_0__": 0},
+        {"id": "b", "question": "Q2?", "golden_answers": ["y"], "type": None, "hops": 1,
+         "gold_doc_ids": ["d3"], "__index_level_0__": 1}])
+    pq.write_table(table, path)
+    first, second = read_searchr1_parquet(path)
+    assert first.metadata == {"type": "bridge", "hops": 2, "gold_doc_ids": ["d1", "d2"],
+                              "data_source": "searchr1"}
+    assert second.metadata == {"hops": 1, "gold_doc_ids": ["d3"], "data_source": "searchr1"}
+    pq.write_table(pa.Table.from_pylist([
+        {"id": "a", "question": "Q1?", "golden_answers": ["x"], "hops": 2,
+         "metadata": '{"hops": 3}'}]), path)
+    with pytest.raises(DataError, match=r"f.parquet:1: field 'hops': given at the top level"):
+        read_searchr1_parquet(path)
 
 
 @given(st.text(max_size=12))

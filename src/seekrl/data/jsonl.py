@@ -15,7 +15,7 @@ from typing import Any
 
 from seekrl.errors import DataError
 
-__all__ = ["SkipReport", "iter_jsonl"]
+__all__ = ["DuplicateKey", "SkipReport", "iter_jsonl", "unique_keys"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,26 @@ def reason_of(error: DataError) -> str:
     return str(error).removeprefix(prefix)
 
 
+class DuplicateKey(ValueError):
+    """A JSON object names one key twice (raised by `unique_keys`)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"key {key!r} given twice in one object; expected each once")
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's pairs -> a dict, refusing a key given twice (plain `json.loads` keeps
+    the last value and the first is lost without a word)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(key)
+            seen.add(key)
+    return out
+
+
 def _parse_line(raw: bytes, path: str, line_no: int) -> dict[str, Any] | None:
     """One raw line -> its JSON object, None for a blank line; DataError otherwise."""
     try:
@@ -69,7 +89,9 @@ def _parse_line(raw: bytes, path: str, line_no: int) -> dict[str, Any] | None:
     if not text.strip():
         return None
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, object_pairs_hook=unique_keys)
+    except DuplicateKey as e:
+        raise DataError(str(e), path=path, line=line_no) from None
     except json.JSONDecodeError as e:
         raise DataError(f"invalid JSON ({e.msg} at column {e.colno}); "
                         "expected one JSON object per line", path=path, line=line_no) from None

@@ -37,7 +37,7 @@ from seekrl.data.benchmarks import (
     parse_hf_spec,
     with_supporting_titles,
 )
-from seekrl.data.jsonl import SkipReport, iter_jsonl, reason_of
+from seekrl.data.jsonl import DuplicateKey, SkipReport, iter_jsonl, reason_of, unique_keys
 from seekrl.errors import DataError
 from seekrl.runtime import hub_unreachable
 
@@ -264,12 +264,13 @@ def prompt_messages(raw: Any, where: dict) -> list[dict[str, str]] | None:
 
 def _valid_rows(rows: Iterable[tuple[int, Callable[[], QAExample]]], *, skip_bad: bool,
                 report: SkipReport | None, path: str | None,
-                source: str | None = None) -> Iterator[QAExample]:
+                source: str | None = None, array: bool = False) -> Iterator[QAExample]:
     """The examples `rows` build ((row number, builder) pairs). A row whose builder raises
     DataError is an error, or with `skip_bad` left out and recorded in `report`. So is a
     row whose id an earlier row has: a question's id names its GRPO group, its labels and
     its evaluation row, so two questions under one id would be mixed (`source`: the file,
-    for that error)."""
+    for that error; `array`: rows are a JSON array's items, named `file[index]` as the
+    other errors of such a file are, not by a line)."""
     if report is not None and report.path is None:   # a report of the caller's, unnamed
         report.path = path or source
     own = report if report is not None else SkipReport(path=path)
@@ -278,11 +279,14 @@ def _valid_rows(rows: Iterable[tuple[int, Callable[[], QAExample]]], *, skip_bad
         try:
             example = build()
             if example.id in first:
+                earlier = (f"item [{first[example.id] - 1}]" if array
+                           else f"row {first[example.id]}")
+                where = ({"path": f"{source or path}[{row_no - 1}]"} if array
+                         else {"path": source or path, "line": row_no})
                 raise DataError(
-                    f"duplicate id {example.id!r} (row {first[example.id]} has it too): ids "
+                    f"duplicate id {example.id!r} ({earlier} has it too): ids "
                     "must be unique within a file (mixing datasets: prefix each one's ids, "
-                    "as flashrag:nq+hotpotqa does)", path=source or path, line=row_no,
-                    field="id")
+                    "as flashrag:nq+hotpotqa does)", field="id", **where)
             first[example.id] = row_no
             yield example
         except DataError as err:
@@ -327,7 +331,10 @@ def _read_qa_json_array(
 ) -> list[QAExample]:
     """A `.json` file holding one array of records (some exports do that instead of JSONL)."""
     try:
-        items = json.loads(path.read_text(encoding="utf-8-sig"))
+        items = json.loads(path.read_text(encoding="utf-8-sig"),
+                           object_pairs_hook=unique_keys)
+    except DuplicateKey as e:
+        raise DataError(str(e), path=str(path)) from None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise DataError(f"not a valid JSON array ({e})", path=str(path)) from None
     if not isinstance(items, list):
@@ -338,7 +345,7 @@ def _read_qa_json_array(
     return list(_valid_rows(((i + 1, functools.partial(QAExample.from_dict, item,
                                                        path=f"{path}[{i}]"))
                              for i, item in enumerate(items)),
-                            skip_bad=skip_bad, report=report, path=str(path)))
+                            skip_bad=skip_bad, report=report, path=str(path), array=True))
 
 
 def _atomic_target(path: str | os.PathLike[str]) -> tuple[Path, Path]:
@@ -542,7 +549,11 @@ def _searchr1_record(row: dict[str, Any], row_no: int, path: str, *,
     else:  # a `metadata` column: a struct, JSON text, or any other value kept whole
         metadata = _metadata_column(row.get("metadata"))
         metadata.setdefault("data_source", data_source)
-    return {"id": example_id, "question": question, "golden_answers": answers,
+    # any other column (a FlashRAG file's `type`, `hops`, `gold_doc_ids`) goes to
+    # `from_dict` as a top-level key, which keeps it in metadata; a null cell is not given
+    known = {*_SEARCHR1_COLUMNS, "id", "question", "golden_answers", "metadata"}
+    extras = {k: v for k, v in row.items() if k not in known and v is not None}
+    return {**extras, "id": example_id, "question": question, "golden_answers": answers,
             "metadata": metadata, "prompt": row.get("prompt")}
 
 
@@ -567,8 +578,8 @@ def read_searchr1_parquet(path: str | os.PathLike[str], *, skip_bad: bool = Fals
     if "reward_model" not in names and "golden_answers" not in names:
         raise DataError(f"no answers: expected a 'reward_model' column (Search-R1) or "
                         f"'golden_answers'; columns are {sorted(names)}", path=path_str)
-    wanted = [c for c in (*_SEARCHR1_COLUMNS, "id", "question", "golden_answers", "metadata")
-              if c in names]
+    # every column but pandas' index (`__index_level_0__`): none is dropped unread
+    wanted = [c for c in parquet.schema_arrow.names if not c.startswith("__")]
     several = "id" in names and "data_source" in names and len(
         parquet.read(columns=["data_source"]).column("data_source").unique()) > 1
 
@@ -577,7 +588,7 @@ def read_searchr1_parquet(path: str | os.PathLike[str], *, skip_bad: bool = Fals
                                                     prefix_source=several),
                                    path=path_str, line=row_no)
 
-    # Batches keep memory flat on big training files; only the needed columns are read.
+    # Batches keep memory flat on big training files.
     rows = (row for batch in parquet.iter_batches(columns=wanted) for row in batch.to_pylist())
     return list(_valid_rows(((n, lambda r=row, n=n: example(r, n))
                              for n, row in enumerate(rows, start=1)),
