@@ -334,6 +334,21 @@ def test_prm_score_and_eval_on_files(tmp_path):
     assert r.exit_code == 0, r.output
     figures = json.loads(r.stdout)   # the threads line goes to stderr
     assert figures["split"] == "all" and figures["pair_accuracy"] == 0.5   # all ties
+    # a batch size below 1 scored nothing and wrote the input back; a threshold outside
+    # (0, 1) put every step in one class (auc null, no error); a damaged prm.json was a
+    # bare JSONDecodeError without its file
+    r = run("prm", "score", "--prm", tmp_path / "prm", "--trajectories",
+            tmp_path / "labels" / "labels.jsonl", "--out", tmp_path / "neg.jsonl",
+            "--batch-size", "-1")
+    assert r.exit_code == 2 and "--batch-size: expected" in r.output
+    assert not (tmp_path / "neg.jsonl").exists()
+    for threshold in ("2", "nan", "0"):
+        r = run("prm", "eval", "--prm", tmp_path / "prm", "--labels", tmp_path / "labels",
+                "--threshold", threshold)
+        assert r.exit_code == 2 and "--threshold: expected" in r.output, r.output
+    (tmp_path / "prm" / "prm.json").write_text("{broken")
+    r = run("prm", "eval", "--prm", tmp_path / "prm", "--labels", tmp_path / "labels")
+    assert r.exit_code == 2 and "prm.json: not valid JSON" in " ".join(r.output.split())
 
 
 def test_sft_and_train_name_a_missing_data_file_before_loading_a_model(tmp_path, monkeypatch):
@@ -980,6 +995,24 @@ def test_index_refuses_dense_options_with_bm25_and_a_bad_index_type_first(lab, t
         assert r.exit_code == 2 and needle in " ".join(r.output.split()), (extra, r.output)
     assert not (tmp_path / "i").exists()
     assert INDEX_TYPES == ("flat", "hnsw", "ivfpq")   # the names the CLI checks
+
+
+def test_index_refuses_what_a_faiss_import_would_drop(lab, tmp_path):
+    """An import encodes nothing: --retriever hybrid had built a dense index alone, and
+    --index-type, --resume and --device were dropped; --copy-faiss without --faiss built a
+    BM25 index as if it were not given."""
+    corpus = Path(lab["world"]) / "corpus.jsonl"
+    faiss_file = tmp_path / "e5.index"
+    faiss_file.write_bytes(b"")
+    base = ["--encoder", "e5", "--faiss", faiss_file]
+    for extra, needle in (([*base, "--retriever", "hybrid"], "--retriever hybrid: not used"),
+                          ([*base, "--index-type", "hnsw", "--resume"],
+                           "--index-type, --resume: not used by --faiss"),
+                          ([*base, "--device", "cuda"], "--device: not used by --faiss"),
+                          (["--copy-faiss"], "--copy-faiss: copies the file --faiss")):
+        r = run("index", "--corpus", corpus, "--out", tmp_path / "i", *extra)
+        assert r.exit_code == 2 and needle in " ".join(r.output.split()), (extra, r.output)
+    assert not (tmp_path / "i").exists()
 
 
 def test_what_the_documented_commands_write_is_ignored_by_git_and_no_source_is():

@@ -218,7 +218,19 @@ def index(
         if index_type not in INDEX_TYPES:   # before the corpus is stored
             raise ValueError(f"--index-type: expected {', '.join(INDEX_TYPES[:-1])} or "
                              f"{INDEX_TYPES[-1]}, got {index_type!r}")
+        if faiss is None and copy_faiss:
+            raise ValueError("--copy-faiss: copies the file --faiss imports, and no --faiss "
+                             "is given")
         if faiss is not None:
+            # an import encodes nothing: these would be dropped unsaid (hybrid as dense alone)
+            given = [flag for flag, value, default in (
+                ("--index-type", index_type, "flat"), ("--resume", resume, False),
+                ("--device", device, "cpu")) if value != default]
+            if retriever == "hybrid":
+                given.insert(0, "--retriever hybrid")
+            if given:
+                raise ValueError(f"{', '.join(given)}: not used by --faiss, which imports a "
+                                 "built dense index as it is (its type is the file's)")
             if encoder is None:
                 raise RetrievalError("--faiss needs --encoder: the model the index was built "
                                      "with (e.g. intfloat/e5-base-v2)")
@@ -1189,6 +1201,9 @@ def prm_score(
     from seekrl.rewards.prm import load_scorer
 
     try:
+        if batch_size < 1:   # before the model loads
+            raise ValueError(f"--batch-size: expected episodes per forward pass, at least 1; "
+                             f"got {batch_size}")
         trajs = read_episodes(trajectories)
         _threads(threads)
         scorer = load_scorer(prm, device=device, batch_size=batch_size, dtype=dtype)
@@ -1226,15 +1241,19 @@ def prm_eval(
 
     from seekrl.recipes.labels import read_labels, split_labels
     from seekrl.recipes.prm import prm_metrics
+    from seekrl.retrieval.base import json_object
     from seekrl.rewards.prm import PRM_MARKER, load_scorer, prm_folder
 
     try:
         if split not in ("dev", "all"):
             raise ValueError(f"--split: expected dev or all, got {split!r}")
+        if not 0 < threshold < 1:   # as prm train's: outside it every step is one class
+            raise ValueError(f"--threshold: expected a Q value between 0 and 1 (exclusive), "
+                             f"got {threshold}")
         data = read_labels(labels)
         prm = prm_folder(prm)
         if split == "dev":
-            info = json.loads((prm / PRM_MARKER).read_text())
+            info = json_object(prm / PRM_MARKER, ())
             data = split_labels(data, float(info.get("dev_share", 0.1)))[1]
         _threads(threads)
         metrics = prm_metrics(load_scorer(prm, device=device, dtype=dtype), data, threshold)

@@ -99,6 +99,9 @@ class PRMScorer:
 
     def __init__(self, prm: ProcessRewardModel, tokenizer, *, device: str = "cpu",
                  batch_size: int = 8):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch_size: expected episodes per forward pass, at least 1; "
+                              f"got {batch_size!r}")
         self.prm, self.tokenizer, self.device, self.batch_size = prm, tokenizer, device, batch_size
         self.pad_id = pad_id_of(tokenizer)
 
