@@ -517,6 +517,17 @@ def test_eval_refuses_several_greedy_samples(tmp_path):
     assert not (tmp_path / "e").exists()
 
 
+def test_eval_direct_refuses_a_retriever_it_would_not_use(tmp_path):
+    """`direct` never searches: --index and --ranker were loaded and then unused."""
+    q = tmp_path / "q.jsonl"
+    q.write_text('{"id": "1", "question": "q?", "golden_answers": ["a"]}\n')
+    r = run("eval", "--data", q, "--out", tmp_path / "e", "--method", "direct",
+            "--index", tmp_path, "--ranker", tmp_path)
+    assert r.exit_code == 2 and "--index, --ranker: method 'direct' answers without " \
+        "searching" in " ".join(r.output.split()), r.output
+    assert not (tmp_path / "e").exists()
+
+
 def test_serve_refuses_a_log_level_before_loading_the_index(tmp_path, monkeypatch):
     import seekrl.retrieval.index
 

@@ -268,3 +268,8 @@ def test_the_old_top_level_episode_keys_are_read_into_rollout():
     assert (p.rollout.topk, p.rollout.max_turns, p.rollout.max_info_tokens) == (3, 2, 256)
     with pytest.raises(ConfigError, match="max_queries: the same setting as rollout.max_queries"):
         build_config(SFTConfig, {"data": "d", "max_queries": 2, "rollout": {"max_queries": 3}})
+    # a null other than max_new_tokens' is the section's to check (it was dropped unsaid)
+    with pytest.raises(ConfigError, match="topk"):
+        build_config(SFTConfig, {"data": "d"}, ["topk=null"])
+    with pytest.raises(ConfigError, match="topk"):
+        build_config(ProragConfig, {"k": None})

@@ -529,6 +529,11 @@ def test_a_key_given_twice_on_the_command_line_is_refused():
         build_config(TrainConfig, {"data": "d"}, ["steps=10", "steps=20"])
     with pytest.raises(ConfigError, match="optim.lr is given twice"):
         build_config(TrainConfig, {"data": "d"}, ["optim.lr=1e-4", "optim.lr=3e-4"])
+    # inside a section given whole before it: the section's value was dropped unsaid
+    with pytest.raises(ConfigError, match=r"optim.lr is given twice \(in optim too\)"):
+        build_config(TrainConfig, {"data": "d"}, ["optim={lr: 2e-5}", "optim.lr=3e-5"])
+    cfg = build_config(TrainConfig, {"data": "d"}, ["optim={lr: 2e-5}", "optim.warmup_steps=2"])
+    assert (cfg.optim.lr, cfg.optim.warmup_steps) == (2e-5, 2)
 
 
 @pytest.mark.parametrize("line, said", [

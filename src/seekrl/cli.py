@@ -695,6 +695,13 @@ def eval_(
         if own_retriever is not None and retriever_url is not None:
             raise RetrievalError("give one of --retriever MODULE:ATTR or --retriever-url "
                                  "URL, not both")
+        if method == "direct":   # it never searches: these would be loaded and unused
+            given = [flag for flag, value in (
+                ("--index", index), ("--retriever-url", retriever_url),
+                ("--retriever", own_retriever), ("--ranker", ranker)) if value is not None]
+            if given:
+                raise RetrievalError(f"{', '.join(given)}: method 'direct' answers without "
+                                     "searching (use agent or rag to search)")
         candidates = _ranker_candidates(ranker, candidates)
         skipped: list | None = [] if skip_bad else None
         examples = load_eval_data(files, limit=limit, skipped=skipped)

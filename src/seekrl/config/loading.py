@@ -49,6 +49,7 @@ def with_keys(tree: dict, keys: dict[str, Any] | list[tuple[str, Any]],
     (`_check_switches`). `where` names the keys' source in those errors."""
     out = copy.deepcopy(tree)
     given: list[list[str]] = []
+    values: list[Any] = []
     for dotted, value in (keys.items() if isinstance(keys, dict) else keys):
         parts = dotted.split(".")
         under = next((k for k in given if len(k) > len(parts) and k[:len(parts)] == parts),
@@ -58,6 +59,11 @@ def with_keys(tree: dict, keys: dict[str, Any] | list[tuple[str, Any]],
                               f"would replace; give {dotted} first")
         if parts in given:   # the last would win unsaid
             raise ConfigError(f"{where}: {dotted} is given twice; give it once")
+        for k, earlier in zip(given, values):   # `optim={lr: 2} optim.lr=3`: 2 was dropped
+            if len(k) < len(parts) and k == parts[:len(k)] and \
+                    _holds(earlier, parts[len(k):]):
+                raise ConfigError(f"{where}: {dotted} is given twice (in {'.'.join(k)} "
+                                  "too); give it once")
         if isinstance(value, dict) and schema is not None and _is_section(schema, parts):
             # a section given whole keeps the file's other keys of it (`algo={advantage:
             # rloo}` does not reset the file's micro_batch_size), as a file's partial
@@ -68,9 +74,19 @@ def with_keys(tree: dict, keys: dict[str, Any] | list[tuple[str, Any]],
                 value = merged(here, value, schema, parts)
         set_dotted(out, dotted, value)
         given.append(parts)
+        values.append(value)
     if schema is not None:
         _check_switches(schema, tree, given, where)
     return out
+
+
+def _holds(value: Any, parts: list[str]) -> bool:
+    """`value` (a mapping given whole) has the key path `parts`."""
+    for part in parts:
+        if not isinstance(value, dict) or part not in value:
+            return False
+        value = value[part]
+    return True
 
 
 def _get_dotted(tree: dict, parts: list[str]) -> Any:

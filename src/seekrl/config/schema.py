@@ -121,7 +121,9 @@ def _episode_keys_into_rollout(cls, data: Any, names: dict[str, str]) -> Any:
         if new in section and isinstance(data.get("rollout"), dict):
             raise ValueError(f"{old}: the same setting as rollout.{new}; give it once, as "
                              f"rollout.{new}")
-        if value is not None:   # SFT's `max_new_tokens: null` meant "the rollouts' own"
+        # SFT's `max_new_tokens: null` meant "the rollouts' own"; any other null is a
+        # value the section checks (`topk=null` had been dropped unsaid)
+        if value is not None or old != "max_new_tokens":
             section[new] = value
     data["rollout"] = section
     return data
