@@ -271,5 +271,5 @@ def test_the_old_top_level_episode_keys_are_read_into_rollout():
     # a null other than max_new_tokens' is the section's to check (it was dropped unsaid)
     with pytest.raises(ConfigError, match="topk"):
         build_config(SFTConfig, {"data": "d"}, ["topk=null"])
-    with pytest.raises(ConfigError, match="topk"):
+    with pytest.raises(ConfigError, match="config: k: Input should be a valid integer"):
         build_config(ProragConfig, {"k": None})

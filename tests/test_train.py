@@ -636,6 +636,24 @@ def test_config_file_errors(tmp_path):
         load_config(TrainConfig, path, ["optim.lr=1e-5"])
 
 
+def test_an_old_top_level_keys_error_names_it_as_written(tmp_path):
+    """SFT's `topk` is read into rollout:; its error had named rollout.topk at the
+    section's line (a key the user never wrote), and blamed the file for `topk=0` given on
+    the command line. A check across keys names the file and the overrides together."""
+    from seekrl.config import SFTConfig
+
+    path = tmp_path / "sft.yaml"
+    path.write_text("data: d\nrollout:\n  max_turns: 2\n# c\ntopk: 0\n")
+    with pytest.raises(ConfigError, match=r"sft.yaml:5: topk: .*\(got 0\)"):
+        load_config(SFTConfig, path)
+    path.write_text("data: d\nrollout:\n  max_turns: 2\n")
+    with pytest.raises(ConfigError, match=r"^command line: topk: "):
+        load_config(SFTConfig, path, ["topk=0"])
+    with pytest.raises(ConfigError, match=r"sft.yaml with the command line's type_weights: "
+                                          r"\(top level\): type_weights weighs"):
+        load_config(SFTConfig, path, ["type_weights={a: 1}"])
+
+
 def test_train_evaluates_the_start_and_the_end_for_the_report(world, tiny, tmp_path):
     from seekrl.eval.training_report import report_for_run
     cfg = make_cfg(tmp_path, steps=2, save_every=0, eval={

@@ -259,23 +259,39 @@ def build_config(schema: type[C], data: dict | None, overrides: list[str] = (),
     try:
         return schema.model_validate(tree)
     except ValidationError as err:
-        lines = [_describe(schema, e) for e in err.errors()]
+        errors = [{**e, "loc": _as_written(schema, tree, e["loc"])} for e in err.errors()]
+        lines = [_describe(schema, e) for e in errors]
 
         def overridden(loc) -> bool:   # the failing key, or a key above it, was given
             path = [str(part) for part in loc]
             return bool(path) and any(path[:len(k)] == k or k[:len(path)] == path for k in given)
 
-        if given and all(overridden(e["loc"]) for e in err.errors()):
+        if given and all(overridden(e["loc"]) for e in errors):
             source = "command line"    # not the file's fault
+        elif given and any(not e["loc"] for e in errors):
+            # a check across keys (the top level's) may fail on the file's keys or the
+            # command line's: both are named
+            source = f"{source} with the command line's {', '.join(k for k, _ in pairs)}"
         elif key_lines is not None:
             where = key_lines()
-            found = [_line_of(e["loc"], where) for e in err.errors()]
+            found = [_line_of(e["loc"], where) for e in errors]
             if len(found) == 1 and found[0] is not None:
                 source = f"{source}:{found[0]}"
             else:
                 lines = [f"line {n}: {text}" if n is not None else text
                          for n, text in zip(found, lines)]
         raise ConfigError(f"{source}: " + "; ".join(lines)) from None
+
+
+def _as_written(schema: type[BaseModel], tree: dict, loc: tuple) -> tuple:
+    """An error's key path as the config gave it: an old top-level key read into rollout:
+    (`topk: 0` fails as rollout.topk) is named by its own name, so that the error shows
+    the key written and its line, and is laid on the command line when given there."""
+    if len(loc) >= 2 and loc[0] == "rollout" and isinstance(tree, dict):
+        for old, new in getattr(schema, "moved_keys", {}).items():
+            if loc[1] == new and old in tree:
+                return (old, *loc[2:])
+    return loc
 
 
 def _line_of(loc: tuple, key_lines: dict[tuple, int]) -> int | None:

@@ -198,11 +198,14 @@ class SFTConfig(Strict):
     keep_last: int = Field(2, ge=1)            # checkpoints kept on disk
     log_every: int = Field(1, ge=1)
 
+    # the old top-level keys read into rollout: (their errors name the key as written)
+    moved_keys: ClassVar[dict[str, str]] = {
+        k: k for k in ("topk", "prompt", "max_info_tokens", "max_queries", "max_new_tokens")}
+
     @model_validator(mode="before")
     @classmethod
     def _flat_episode_keys(cls, data: Any) -> Any:
-        return _episode_keys_into_rollout(cls, data, {
-            k: k for k in ("topk", "prompt", "max_info_tokens", "max_queries", "max_new_tokens")})
+        return _episode_keys_into_rollout(cls, data, cls.moved_keys)
 
     @field_validator("type_weights", mode="before")
     @classmethod
@@ -760,9 +763,11 @@ class ProragConfig(Strict):
     # rl.yaml: copies of src/seekrl/presets/prorag, edited); null: src/seekrl/presets/prorag
     presets: str | None = None
 
+    moved_keys: ClassVar[dict[str, str]] = {
+        "k": "topk", "max_info_tokens": "max_info_tokens", "max_turns": "max_turns",
+        "max_new_tokens": "max_new_tokens"}
+
     @model_validator(mode="before")
     @classmethod
     def _flat_episode_keys(cls, data: Any) -> Any:
-        return _episode_keys_into_rollout(cls, data, {
-            "k": "topk", "max_info_tokens": "max_info_tokens", "max_turns": "max_turns",
-            "max_new_tokens": "max_new_tokens"})
+        return _episode_keys_into_rollout(cls, data, cls.moved_keys)
