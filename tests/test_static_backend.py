@@ -445,6 +445,45 @@ def test_lora_adapters_are_merged_and_follow_their_updates(tiny):
     assert backend.lean.check(policy, ctx[1] + ctx[0]) <= 1e-4
 
 
+def test_a_new_weights_version_is_copied_whatever_the_version_counters_say(tiny):
+    """An own copy (mixed precision) was refreshed only when a source's version counter
+    moved; a write that does not bump it (through `.data`, or a kernel that skips the bump)
+    left the backend decoding stale weights. A new version passed to sync_weights copies
+    them whole; the same version does not."""
+    from seekrl.models import mixed_precision
+
+    model, tok = tiny
+    model = mixed_precision(copy.deepcopy(model))
+    backend = StaticBackend(model, tok, stop_strings=(), max_len=64)
+    backend.sync_weights(model, 1)
+    q = model.model.layers[0].self_attn.q_proj.weight
+    q.data.add_(1.0)                       # no version bump
+    backend.sync_weights(model, 1)         # the same version: the counters decide
+    assert not torch.equal(backend.lean.w["0.q"], q.detach().to(torch.bfloat16))
+    backend.sync_weights(model, 2)
+    assert torch.equal(backend.lean.w["0.q"], q.detach().to(torch.bfloat16))
+
+
+def test_adapters_the_merge_would_get_wrong_fall_back(tiny):
+    """peft's `.weight` of a wrapped embedding is its base weight: an adapter on
+    embed_tokens was dropped (its B starts at 0, so the load probe passed); DoRA rescales
+    in its forward. Both are refused, and `static_backend` falls back to HF."""
+    from peft import LoraConfig, get_peft_model
+
+    from seekrl.agent.static_backend import unsupported
+
+    model, tok = tiny
+    embed = get_peft_model(copy.deepcopy(model), LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "embed_tokens"]))
+    assert "embed_tokens" in unsupported(embed)
+    dora = get_peft_model(copy.deepcopy(model), LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj"], use_dora=True))
+    assert "DoRA" in unsupported(dora)
+    plain = get_peft_model(copy.deepcopy(model), LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "lm_head"]))
+    assert unsupported(plain) is None
+
+
 class _FakeCuda:
     """torch.cuda's stream, graph and pool calls, on CPU, failing as CUDA does: `fails`
     "start" refuses a capture at its start; "step" lets the step raise while it is captured

@@ -182,6 +182,12 @@ def unsupported(model) -> str | None:
         return "its forward transforms the logits"
     if getattr(lm, "lm_head", None) is None:
         return "no lm_head"
+    # adapters the merge into a weight would get wrong: peft's `.weight` of a wrapped
+    # embedding is its base weight (the delta dropped), and DoRA rescales in its forward
+    if hasattr(lm.model.embed_tokens, "base_layer"):
+        return "a LoRA adapter on embed_tokens (the lean forward merges Linear layers' only)"
+    if any(getattr(m, "lora_magnitude_vector", None) for m in model.modules()):
+        return "DoRA adapters (the lean forward merges plain LoRA deltas)"
     return None
 
 
@@ -312,9 +318,11 @@ class LeanForward:
                             self.mm))
         return out
 
-    def sync(self, model, *, copy_owned: bool = True) -> bool:
+    def sync(self, model, *, copy_owned: bool = True, force: bool = False) -> bool:
         """Bring every slot up to the policy's weights; True when a slot was rebound to a
-        new tensor (captured graphs must then be dropped)."""
+        new tensor (captured graphs must then be dropped). `force`: refresh every own copy
+        whatever the version counters say (an in-place write that does not bump them, as
+        through `.data`, would otherwise go unseen)."""
         rebound = False
         with torch.no_grad():
             for name, parts, make, dtype in self._sources(model):
@@ -337,7 +345,7 @@ class LeanForward:
                     # a new tensor either way: make() merges into one, .to casts a copy
                     self.w[name] = (make() if make is not None else src.detach()).to(dtype)
                     self._owned.add(name)
-                elif copy_owned and key != self._keys.get(name):
+                elif copy_owned and (force or key != self._keys.get(name)):
                     held.copy_(make() if make is not None else src)   # in place: graphs hold
                 self._keys[name] = key
         return rebound
@@ -517,6 +525,7 @@ class StaticBackend(Backend):
         self.stop_ids = {self.pad_id} | end_of_turn_ids(tokenizer, model)
         self.max_len = int(max_len)
         self.lean = LeanForward(model, self.max_len)
+        self._weights_version: int | None = None
         self.device = self.lean.device
         cuda = self.device.type == "cuda"
         if graphs and not cuda:
@@ -559,7 +568,11 @@ class StaticBackend(Backend):
         refreshed in place, so graphs captured before stay valid."""
         self.model = policy
         self.reset()   # the episodes' cached keys and values were the old weights'
-        if self.lean.sync(policy) and self._graphs is not None:
+        # a new version is copied whole: the version counters are a shortcut for calls
+        # that name none, not a proof that the weights are unchanged
+        force = version is not None and version != self._weights_version
+        self._weights_version = version
+        if self.lean.sync(policy, force=force) and self._graphs is not None:
             self._graphs.clear()
 
     def sleep(self) -> None:
