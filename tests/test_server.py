@@ -12,6 +12,7 @@ import httpx
 import pytest
 import uvicorn
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 
 from seekrl.retrieval.base import Hit, RetrievalError
 from seekrl.retrieval.client import RemoteRetriever
@@ -379,7 +380,7 @@ def test_past_max_pending_a_request_is_answered_503_at_once_and_the_rest_are_ser
     # a slow retriever and six concurrent requests of two queries: the first two requests
     # fill max_pending (4), the others are refused at once with a 503 a client retries
     retriever = FakeRetriever(delay=1.0)   # long enough for all six to arrive on a busy CI
-    app = create_app(retriever, config=ServerConfig(max_pending=4, cache_size=0,
+    app = create_app(retriever, config=ServerConfig(max_pending=4, max_queries=4, cache_size=0,
                                                      max_wait_ms=50, batching=batching))
     bodies = [{"queries": [f"q{i}a", f"q{i}b"]} for i in range(6)]
     responses = post_concurrently(app, bodies)
@@ -393,8 +394,75 @@ def test_past_max_pending_a_request_is_answered_503_at_once_and_the_rest_are_ser
     with TestClient(app) as client:   # nothing is left counted once they are answered
         health = client.get("/health").json()["batching"]
         assert health["in_flight"] == 0 and health["refused_busy"] == 4
-        # one request over the bound alone is still taken (nothing else waits)
-        assert client.post("/retrieve", json={"queries": list("abcdef")}).status_code == 200
+        # one request alone is taken however many it holds (nothing else waits)
+        assert client.post("/retrieve", json={"queries": list("abcd")}).status_code == 200
+
+
+def test_max_pending_below_max_queries_is_refused():
+    """A request larger than max_pending is taken only when nothing else waits: under load
+    it was answered 503 for ever, and the client retried it for minutes."""
+    with pytest.raises(ValidationError, match="--max-pending 3 is below --max-queries 4"):
+        ServerConfig(max_queries=4, max_pending=3)
+
+
+async def _raw_post(app, body: dict, leave_after: float | None = None) -> list[dict]:
+    """One POST /retrieve through the ASGI interface; `leave_after`: the client
+    disconnects that many seconds after sending its body (else once it has the answer)."""
+    messages = [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
+    sent: list[dict] = []
+    answered = asyncio.Event()
+
+    async def receive() -> dict:
+        if messages:
+            return messages.pop(0)
+        if leave_after is not None:
+            await asyncio.sleep(leave_after)
+        else:
+            await answered.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            answered.set()
+
+    scope = {"type": "http", "method": "POST", "path": "/retrieve", "raw_path": b"/retrieve",
+             "headers": [(b"content-type", b"application/json")], "query_string": b"",
+             "http_version": "1.1", "scheme": "http", "server": ("test", 80),
+             "client": ("c", 1), "root_path": ""}
+    await app(scope, receive, send)
+    return sent
+
+
+@pytest.mark.parametrize("batching", [True, False])
+def test_a_request_whose_client_left_is_not_searched(batching):
+    """The handler awaited its search whatever became of the client: one that timed out
+    and sent its queries again had the server search them twice, behind the abandoned copy
+    (and counted in in_flight). A client that leaves while its request waits for the
+    retriever has it dropped from the queue."""
+    retriever = FakeRetriever(delay=0.6)
+    app = create_app(retriever, config=ServerConfig(cache_size=0, batching=batching))
+
+    async def go():
+        first = asyncio.ensure_future(_raw_post(app, {"queries": ["a"]}))
+        await asyncio.sleep(0.1)          # "a" is in the retriever now
+        left = await _raw_post(app, {"queries": ["b"]}, leave_after=0.1)
+        return await first, left
+
+    first, left = asyncio.run(asyncio.wait_for(go(), timeout=30))
+    assert first[0]["status"] == 200 and left[0]["status"] == 499
+    time.sleep(0.8)                       # the worker would have taken "b" by now
+    assert retriever.retrieved_queries == ["a"]
+    assert app.state.runner.in_flight == 0
+
+
+def test_the_app_serves_again_after_its_lifespan_ended():
+    """The retriever's worker thread was made once and shut down with the lifespan: a
+    second client of the same app had every search answered 500."""
+    app = create_app(FakeRetriever(), config=ServerConfig(cache_size=0))
+    for _ in range(2):
+        with TestClient(app) as client:
+            assert client.post("/retrieve", json={"queries": ["a"]}).status_code == 200
 
 
 def test_retriever_failure_is_500_and_the_server_keeps_serving():

@@ -112,7 +112,7 @@ class SearchRunner:
         self.retriever = retriever
         self.config = config
         self.stats = _SearchStats()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seekrl-retriever")
+        self._executor: ThreadPoolExecutor | None = None   # made when first needed
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[_Pending] | None = None
         self._task: asyncio.Task | None = None
@@ -140,7 +140,17 @@ class SearchRunner:
         self._task = None
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        # made again on the next call: an app whose lifespan ran twice (a second test
+        # client) had answered every search 500 from a shut executor
+        self._executor = None
+
+    def _worker(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1,
+                                                thread_name_prefix="seekrl-retriever")
+        return self._executor
 
     async def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         bound = getattr(self.config, "max_pending", None)
@@ -178,7 +188,7 @@ class SearchRunner:
         self.stats.retriever_calls += 1
         self.stats.retriever_queries += len(queries)
         try:
-            results = await loop.run_in_executor(self._executor, self._timed_search, queries, k)
+            results = await loop.run_in_executor(self._worker(), self._timed_search, queries, k)
         except Exception:
             self.stats.retriever_errors += 1
             raise
@@ -215,7 +225,11 @@ class SearchRunner:
 
     async def _batch_loop(self) -> None:
         while True:
-            batch = await self._next_batch()
+            # a request whose caller went away (its handler cancelled: the client left) is
+            # not searched for nobody
+            batch = [p for p in await self._next_batch() if not p.future.done()]
+            if not batch:
+                continue
             n_requests, n_queries = len(batch), sum(len(p.queries) for p in batch)
             self.stats.batch_sizes[n_requests] = self.stats.batch_sizes.get(n_requests, 0) + 1
             self.stats.max_batch_queries = max(self.stats.max_batch_queries, n_queries)
@@ -235,6 +249,9 @@ class SearchRunner:
         # question in a GRPO group) are retrieved once; a sampled retriever (a simulator)
         # answers each on its own draw.
         sampled = getattr(self.retriever, "sampled", False)
+        group = [p for p in group if not p.future.done()]   # left while the last group ran
+        if not group:
+            return
         asked = [q for pending in group for q in pending.queries]
         if not sampled:
             asked = list(dict.fromkeys(asked))
@@ -285,7 +302,7 @@ class SearchRunner:
 
 
 def _resolve(future: asyncio.Future, outcome: Any) -> None:
-    if future.done():  # the client went away and its handler was cancelled
+    if future.done():  # the client went away and its handler was cancelled (its future too)
         return
     if isinstance(outcome, BaseException):
         future.set_exception(outcome)

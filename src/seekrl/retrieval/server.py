@@ -17,6 +17,8 @@ so that retrieval and HTTP handling do not take turns on one GIL.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import functools
 import gc
@@ -27,10 +29,10 @@ import socket
 import time
 import warnings
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -54,6 +56,7 @@ __all__ = ["IndexProcess", "LRUCache", "RetrieveRequest", "SearchRunner", "Serve
            "bind_socket", "create_app", "format_result", "parse_request", "run_server"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class ServerConfig(BaseModel):
@@ -88,6 +91,12 @@ class ServerConfig(BaseModel):
         if self.default_topk > self.max_topk:
             raise ValueError(f"--default-topk {self.default_topk} is above --max-topk "
                              f"{self.max_topk}: every request without a topk would be refused")
+        if self.max_pending < self.max_queries:
+            # a request larger than max_pending is taken only when nothing else waits:
+            # under load it is answered 503 for ever, and the client retries for minutes
+            raise ValueError(f"--max-pending {self.max_pending} is below --max-queries "
+                             f"{self.max_queries}: a request of that many queries would "
+                             "wait for an idle server")
         return self
 
 
@@ -309,6 +318,35 @@ def _retrieve_path(config: ServerConfig) -> dict:
             "503": error("more queries waiting for the retriever than max_pending: retry")}}}
 
 
+class _ClientGone(Exception):
+    pass
+
+
+async def _unless_gone(request: Request, work: Coroutine[Any, Any, T]) -> T:
+    """`work`'s result, or _ClientGone once the client disconnects first: its search is
+    cancelled (dropped from the batch queue), since a client that timed out and sends it
+    again would otherwise have the server do it twice, behind its own abandoned copy."""
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:   # the handler itself cancelled (the server stopping)
+        task.cancel()
+        watch.cancel()
+        raise
+    watch.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise _ClientGone
+    return task.result()
+
+
 def create_app(retriever: Retriever, manifest: dict | None = None,
                config: ServerConfig | None = None) -> FastAPI:
     """The FastAPI app serving `retriever`; `manifest` is shown by /health, its corpus path
@@ -354,7 +392,9 @@ def create_app(retriever: Retriever, manifest: dict | None = None,
             missing = list(dict.fromkeys(q for q, r in zip(queries, results) if r is None))
         if missing:
             try:
-                fetched = await runner.search(missing, k)
+                fetched = await _unless_gone(request, runner.search(missing, k))
+            except _ClientGone:
+                return Response(status_code=499)   # nobody reads it
             except Busy as exc:
                 return Response(json.dumps({"error": f"server busy: {exc}", "detail": {
                     "limit": "max_pending", "max": config.max_pending}}).encode(), 503,
