@@ -544,9 +544,18 @@ def test_a_resumed_prm_run_ends_where_a_straight_one_does(tiny, label_dir, tmp_p
     # a rate the checkpoint's optimizer state would put back (and config.yaml then record
     # as trained with): refused
     faster = cfg("b").model_copy(update={"head_lr_factor": 3.0})
-    with pytest.raises(ConfigError, match=r"--resume: head_lr_factor: 10\.0 -> 3\.0"):
+    with pytest.raises(ConfigError, match=r"--resume: .*head_lr_factor: 10\.0 -> 3\.0"):
         train_prm(faster, model=copy.deepcopy(model), tokenizer=tok, resume=True)
     assert (tmp_path / "b" / "metrics.jsonl").read_text() == logged
+    # other batches or a longer schedule were only warned about, and config.yaml rewritten
+    # with them: refused, the record kept
+    saved = (tmp_path / "b" / "config.yaml").read_text()
+    for change in ({"batch_size": 2}, {"steps": 6}, {"loss": "pointwise"}):
+        with pytest.raises(ConfigError, match="was trained with other settings: "
+                                              f"{next(iter(change))}: "):
+            train_prm(cfg("b").model_copy(update=change), model=copy.deepcopy(model),
+                      tokenizer=tok, resume=True)
+    assert (tmp_path / "b" / "config.yaml").read_text() == saved
     resumed = train_prm(cfg("b"), model=copy.deepcopy(model), tokenizer=tok, resume=True)
     # the held-out figures before training, measured before the stop, are still reported
     assert resumed["dev_at_start"] == straight["dev_at_start"] and straight["dev_at_start"]

@@ -113,6 +113,30 @@ def auc(scores: Sequence[float], positive: Sequence[bool]) -> float | None:
     return (rank_sum - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg))
 
 
+# What a resumed PRM run may change: where it writes and logs, its device, and what its
+# dev figures count (the training labels, `labels` and `dev_share`, are checked by their
+# digest). Anything else changes how it trains (the sampled batches, the loss, the
+# schedule's length), so the run would end neither where the stopped one was going nor
+# where a new one would.
+RESUME_MAY_CHANGE = ("out", "labels", "dev_share", "device", "threshold", "eval_every",
+                     "eval_at_start", "log_every", "save_every", "keep_last")
+
+
+def check_resume_settings(out: Path, cfg) -> None:
+    """Refuse `--resume` with training settings other than the run's config.yaml (which
+    the resume would then overwrite, leaving no record of the mixed run)."""
+    from seekrl.recipes.checkpoint import config_changes
+
+    refused = [c for c in config_changes(out / "config.yaml", cfg)
+               if not any(c.split(":", 1)[0] == k or c.startswith(k + ".")
+                          for k in RESUME_MAY_CHANGE)]
+    if refused:
+        raise ConfigError(f"--resume: the PRM in {out} was trained with other settings: "
+                          + "; ".join(refused) + f" (old -> new). Resume with the run's "
+                          f"settings ({out / 'config.yaml'}), or start a new run in another "
+                          f"out; only {', '.join(RESUME_MAY_CHANGE)} may change on resume")
+
+
 def first_below(values: Sequence[float], threshold: float) -> int | None:
     return next((i for i, v in enumerate(values) if v < threshold), None)
 
@@ -224,6 +248,8 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
         raise ConfigError(f"--resume: {out} has no PRM checkpoint to continue from "
                           "(checkpoints/latest with its state.pt); checkpoints are written "
                           "every save_every steps")
+    if checkpoint is not None:
+        check_resume_settings(out, cfg)
     check_run_dir(out, overwrite=overwrite, resume=resume,
                   model=cfg.model if model is None else None,
                   markers=("metrics.jsonl", "final", "checkpoints"))
