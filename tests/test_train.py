@@ -870,6 +870,47 @@ def test_after_a_collapse_the_final_evaluation_is_of_the_restored_step(world, ti
     assert [r["step"] for r in log if "dev_em" in r] == [1]
 
 
+def test_a_collapsed_run_resumed_logs_its_final_evaluation_once(world, tiny, tmp_path,
+                                                               monkeypatch):
+    """Collapse at step 6, the last healthy checkpoint step 4 (evaluated at 4 and 5): the
+    final evaluation is logged under step 4, which the checkpoint knows of from its periodic
+    evaluation. A resume from step 4 (a kill in the finish) kept that line and its alerts
+    and logged them again."""
+    def tied(t):
+        return RewardParts(total=0.0, outcome=0.0, format=0.0, penalty=0.0)
+
+    def fake_eval(self, out_dir):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        # the policy says "no" to every yes/no question, and "yes" at the final evaluation:
+        # the swap raises an alert there
+        yes = float(out_dir.name == "final")
+        return {"em": 0.0, "f1": 0.0, "valid_format": 1.0, "searches": 0.0, "questions": 40,
+                "answered_yes": yes, "answered_no": 1.0 - yes, "gold_yes": 0.6,
+                "yes_no_questions": 40}
+
+    monkeypatch.setattr(Trainer, "evaluate", fake_eval)
+    dev = {"data": str(world["paths"]["test"]), "every": 1, "at_start": False}
+    cfg = make_cfg(tmp_path, eval=dev, steps=6, save_every=2,
+                   **{"monitor.stop_on_collapse": True, "monitor.no_signal_steps": 3})
+    run = tmp_path / "run"
+
+    def lines(name):
+        return [json.loads(x) for x in (run / name).read_text().splitlines()]
+
+    first = make_trainer(cfg, world, tiny, reward_fn=tied).train()
+    dev_lines = [(r["step"], r.get("eval")) for r in lines("metrics.jsonl") if "dev_em" in r]
+    assert dev_lines == [(1, None), (2, None), (3, None), (4, None), (5, None), (4, "final")]
+    alerts = lines("alerts.jsonl")
+    assert any(a.get("eval") == "final" for a in alerts)   # the final's own alerts, marked
+    resumed = make_trainer(cfg, world, tiny, reward_fn=tied, resume=True)
+    assert resumed.state.step_done == 4
+    second = resumed.train()
+    assert [(r["step"], r.get("eval")) for r in lines("metrics.jsonl") if "dev_em" in r] \
+        == dev_lines
+    assert lines("alerts.jsonl") == alerts
+    assert second["last"]["step"] == first["last"]["step"] == 6
+
+
 @pytest.mark.parametrize("backend, key", [("torch.utils.tensorboard", "log.tensorboard"),
                                           ("wandb", "log.wandb")])
 def test_logging_backend_missing_names_the_config_key(backend, key, tmp_path, monkeypatch):
@@ -1028,6 +1069,8 @@ def test_a_run_resumed_after_its_budget_stopped_it_trains_no_further(world, tiny
     summary = resumed.train()
     assert summary["steps"] == 1 and "rollout budget" in summary["budget"]
     assert summary["rollout_tokens"] == first["rollout_tokens"]
+    # the last step's record, as the straight run reported it (it was {})
+    assert summary["last"] == json.loads(json.dumps(first["last"]))
     records = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in records if '"episodes"' in x] == [1]
     for k, v in load_policy_state(tmp_path / "run" / "final").items():

@@ -47,7 +47,13 @@ from seekrl.recipes.setup import (
     trainable_parameters,
 )
 from seekrl.recipes.train_checks import bonus_coverage, check_config, check_start, learned_questions
-from seekrl.recipes.train_state import Checkpointer, RunState, run_summary
+from seekrl.recipes.train_state import (
+    FINAL_EVAL,
+    Checkpointer,
+    RunState,
+    logged_step,
+    run_summary,
+)
 from seekrl.rewards.outcome import RewardParts, episode_reward, load_reward_fn
 from seekrl.rewards.process import ProcessContext, StepScorer, score_steps
 from seekrl.rl.advantages import (
@@ -601,7 +607,10 @@ class Trainer:
         cfg, state = self.cfg, self.state
         # a resumed run's clock goes on from its checkpoint's (max_minutes, the summary)
         started = self._started = time.time() - state.seconds_before
-        last: dict[str, Any] = {}
+        # a resume that goes straight to the finish (killed in the final save or
+        # evaluation) reports its last step's record as logged, as a straight run does
+        last: dict[str, Any] = logged_step(self.out / "metrics.jsonl", state.step_done) \
+            if state.step_done else {}
         if cfg.eval.data and cfg.eval.at_start and state.step_done == 0:
             self._dev_eval("start", 0, " before training")
         if 0 < state.step_done < cfg.steps:
@@ -729,12 +738,13 @@ class Trainer:
         if self.console is not None:
             self.console.print(text)
 
-    def _report(self, alerts: list) -> None:
-        """Alerts into `alerts.jsonl` (rank 0) and onto the console."""
+    def _report(self, alerts: list, tag: dict[str, str] | None = None) -> None:
+        """Alerts into `alerts.jsonl` (rank 0) and onto the console (`tag`: keys added to
+        each line)."""
         if alerts and self.dist.main:
             with open(self.out / "alerts.jsonl", "a", encoding="utf-8") as f:
                 for a in alerts:
-                    f.write(json.dumps(a.to_dict()) + "\n")
+                    f.write(json.dumps({**a.to_dict(), **(tag or {})}) + "\n")
         for a in alerts:
             self._say(f"  [bold {'red' if a.severity == 'collapse' else 'yellow'}]"
                       f"{a.severity}[/]: {a.message}")
@@ -743,9 +753,12 @@ class Trainer:
         # rank 0's numbers on every rank: the monitor must be the same everywhere
         dev = self.dist.broadcast(self.evaluate(self.out / "eval" / name))
         self.state.last_dev = (step, dev, self.out / "eval" / name)
-        self.log.write({"step": step, **{f"dev_{k}": v for k, v in dev.items()}})
+        # the final evaluation's lines are marked: a resume redoes the finish (after a
+        # collapse, at the restored step, which its checkpoint may hold), and drops them
+        tag = {FINAL_EVAL: "final"} if name == "final" else {}
+        self.log.write({"step": step, **{f"dev_{k}": v for k, v in dev.items()}, **tag})
         self._say(f"  dev EM {dev['em']:.3f}{label}")
-        self._report(self.monitor.update_eval(step, dev))
+        self._report(self.monitor.update_eval(step, dev), tag)
         if self.cfg.eval.keep_best and self.state.improves(step, dev["em"]):
             best = self.checkpoints.save_best(self.tokenizer, step, dev["em"],
                                               self.out / "eval" / name, self._trained_ranker())

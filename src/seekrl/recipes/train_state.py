@@ -248,23 +248,49 @@ class Checkpointer:
         return f"interrupted {where}: nothing to resume; start again with: {command}"
 
 
+# the key that marks the final evaluation's lines in metrics.jsonl and alerts.jsonl
+FINAL_EVAL = "eval"
+
+
 def drop_redone_lines(out: Path, state: RunState) -> None:
     """On resume: the metrics and alert lines of the steps after the checkpoint go (they are
     about to be redone, and their lines come back), and so do a dev line and its alerts at
     the checkpoint's step that the checkpoint does not know of (the final evaluation of a
-    run killed after it, which comes back too)."""
+    run killed after it, which comes back too). A line marked as the final evaluation's
+    goes wherever it is: after a collapse it was logged under the restored step, which the
+    checkpoint may know of from its periodic evaluation, and the finish is redone."""
     step, last = state.step_done, state.last_dev
     unknown = last is None or last[0] != step
 
+    def final(record: dict) -> bool:
+        return record.get(FINAL_EVAL) == "final"
+
     def unknown_dev(record: dict) -> bool:
-        return unknown and record.get("step") == step and \
+        return final(record) or unknown and record.get("step") == step and \
             any(k.startswith("dev_") for k in record)
 
     def unknown_eval_alert(record: dict) -> bool:
-        return unknown and record.get("step") == step and record.get("kind") in EVAL_KINDS
+        return final(record) or unknown and record.get("step") == step and \
+            record.get("kind") in EVAL_KINDS
 
     keep_log_until(out / "metrics.jsonl", step, unknown_dev)
     keep_log_until(out / "alerts.jsonl", step, unknown_eval_alert)
+
+
+def logged_step(path: Path, step: int) -> dict[str, Any]:
+    """The training record of `step` in a metrics log ({} where it has none): the last
+    line of that step without dev figures."""
+    found: dict[str, Any] = {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and record.get("step") == step and \
+                    not any(k.startswith("dev_") for k in record):
+                found = record
+    return found
 
 
 def run_summary(state: RunState, *, final: Path, last: dict[str, Any], minutes: float,
