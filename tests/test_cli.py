@@ -517,6 +517,23 @@ def test_eval_refuses_several_greedy_samples(tmp_path):
     assert not (tmp_path / "e").exists()
 
 
+def test_bad_numbers_are_named_by_their_flag(tmp_path):
+    """The library's key names (`n_samples`, `limit`, `n_train`) were shown for options
+    typed as --n-samples, --limit and --train."""
+    q = tmp_path / "q.jsonl"
+    q.write_text('{"id": "1", "question": "q?", "golden_answers": ["a"]}\n')
+    for args, said in ((["eval", "--data", q, "--out", tmp_path / "e", "--method", "direct",
+                         "--n-samples", "0"], "error: --n-samples: expected at least 1"),
+                       (["eval", "--data", q, "--out", tmp_path / "e", "--method", "direct",
+                         "--limit", "-1"], "error: --limit: expected at least 1"),
+                       (["world", "--out", tmp_path / "w", "--train", "-5"],
+                        "error: --train: expected a number of questions"),
+                       (["world", "--out", tmp_path / "w", "--comparison-share", "2"],
+                        "error: --comparison-share: expected")):
+        r = run(*args)
+        assert r.exit_code == 2 and said in r.output, (args, r.output)
+
+
 def test_eval_direct_refuses_a_retriever_it_would_not_use(tmp_path):
     """`direct` never searches: --index and --ranker were loaded and then unused."""
     q = tmp_path / "q.jsonl"

@@ -139,9 +139,16 @@ def world(
             except ValueError:
                 raise ValueError(f"--doc-words: {doc_words!r} is not LOW,HIGH (expected e.g. "
                                  "'12,30')") from None
-        cfg = WorldConfig(seed=seed, difficulty=difficulty, entities=entities, n_train=n_train,
-                          n_dev=n_dev, n_test=n_test, distractors=distractors, hop_mix=mix,
-                          comparison_share=comparison_share, **words)
+        try:
+            cfg = WorldConfig(seed=seed, difficulty=difficulty, entities=entities,
+                              n_train=n_train, n_dev=n_dev, n_test=n_test,
+                              distractors=distractors, hop_mix=mix,
+                              comparison_share=comparison_share, **words)
+        except ValueError as err:   # the library names its keys: say the flags
+            import re
+            flags = {"n_train": "--train", "n_dev": "--dev", "n_test": "--test"}
+            raise ValueError(re.sub(r"^(\w+):", lambda m: flags.get(
+                m[1], "--" + m[1].replace("_", "-")) + ":", str(err))) from None
         if out.exists() and not out.is_dir():   # before the world is generated
             raise NotADirectoryError(f"--out: {out} is a file; a world is a folder")
         w = generate_world(cfg)
@@ -675,6 +682,11 @@ def eval_(
     files = [*data, *(more_data or [])]
     try:
         _refuse_to_replace(out, "an evaluation", EVAL_RUN_FILES, overwrite=overwrite)
+        if limit is not None and limit < 1:   # named by the flag, not the library's key
+            raise ValueError(f"--limit: expected at least 1, got {limit}")
+        if n_samples < 1:
+            raise ValueError(f"--n-samples: expected at least 1 episode a question, got "
+                             f"{n_samples}")
         settings = _episode_options({
             "method": method, "prompt": prompt, "tools": list(tool or []),
             "max_queries": max_queries, "topk": topk, "max_turns": max_turns,
