@@ -242,3 +242,22 @@ def test_the_engine_asks_the_backend_to_stop_at_each_tools_closing_tag(tiny, own
     plain = RolloutEngine(Spy(tok, ["<answer> x </answer>"]), tok, Docs(), RolloutConfig())
     plain.run([QAExample("a", "q?", ["x"])])
     assert seen[-1] == ()
+
+
+@pytest.mark.parametrize("extra", [-1, 1])
+def test_a_retriever_that_miscounts_its_result_lists_is_named(extra):
+    """A plugin retriever returning one list too few raised a bare StopIteration through
+    the rollout; one too many had its last list dropped unsaid."""
+    from seekrl.agent.tools import SearchTool, ToolCall
+    from seekrl.retrieval.base import RetrievalError
+
+    class Miscounts:
+        def search(self, queries, k):
+            return [DOCS[:k] for _ in range(len(queries) + extra)]
+
+    tool = SearchTool(Miscounts(), k=2)
+    calls = [ToolCall("Tarrow", "q?", answers=["a"]), ToolCall("Ilsa", "q?", answers=["a"])]
+    with pytest.raises(RetrievalError, match=r"Miscounts returned (1|3) result lists for 2 "
+                                              "queries"):
+        tool.call(calls)
+    assert [r.hits for r in SearchTool(Docs(), k=1).call(calls)] == [DOCS[:1], DOCS[:1]]

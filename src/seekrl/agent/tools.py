@@ -39,7 +39,7 @@ from seekrl.agent.protocol import (
     query_sections,
     split_queries,
 )
-from seekrl.retrieval.base import Hit, Retriever
+from seekrl.retrieval.base import Hit, RetrievalError, Retriever
 
 TAG = re.compile(r"[a-z][a-z0-9_]*")
 RESERVED = (THINK, ANSWER, INFORMATION)
@@ -121,10 +121,16 @@ class SearchTool:
         simulated = getattr(self.retriever, "search_with_context", None)
         if simulated is not None:   # a simulated engine writes from the question and answer
             owners = [c for c, qs in zip(calls, split) for _ in qs]
-            found = iter(simulated(flat, self.k, [c.question for c in owners],
-                                   [c.answers[0] if c.answers else None for c in owners]))
+            results = simulated(flat, self.k, [c.question for c in owners],
+                                [c.answers[0] if c.answers else None for c in owners])
         else:
-            found = iter(self.retriever.search(flat, self.k))
+            results = self.retriever.search(flat, self.k)
+        results = list(results)
+        if len(results) != len(flat):   # a plugin's miscount: each query its own documents
+            raise RetrievalError(f"the retriever {type(self.retriever).__name__} returned "
+                                 f"{len(results)} result lists for {len(flat)} queries; "
+                                 "expected one list a query, in order")
+        found = iter(results)
         out = []
         for queries in split:
             hits = [list(next(found)) for _ in queries]
