@@ -882,15 +882,18 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
         if b != "start" and start:
             notes += _other_starts(per_run, a, b, paired["seeds"], began, start)
     nan = float("nan")
+    # the arms named before the runs: outcome-only and the named process method (the best
+    # of all the arms' means is biased up, and is only shown as exploratory); their means
+    # over the seeds both have, which the unpaired gain takes too (an arm's extra seed is
+    # another draw, not a gain)
+    named_em, common = _named_means(by_method, ("outcome", named))
     gain = _gain("process_gain", found.get((named, "outcome")),
-                 process[named] - outcome if named in process and outcome is not None
-                 else nan, refused.get((named, "outcome")))
+                 named_em[named] - named_em["outcome"]
+                 if named in named_em and "outcome" in named_em else nan,
+                 refused.get((named, "outcome")))
     rl_gain = _gain("rl_gain", found.get(("outcome", "start")),
                     outcome - sft_em if outcome is not None and sft_em is not None else nan,
                     refused.get(("outcome", "start")))
-    # the arms named before the runs: outcome-only and the named process method (the best
-    # of all the arms' means is biased up, and is only shown as exploratory)
-    named_em, common = _named_means(by_method, ("outcome", named))
     top = max(named_em, key=named_em.get) if named_em else None
     best_em = (f"best_em={named_em[top]:.4f} ({top}"
                + (f", on seed{'s' * (len(common) > 1)} {','.join(map(str, common))}, which "
@@ -898,7 +901,7 @@ def _report(runs: Path, started: float, named: str, on: str = "test",
                + ")") if top else "best_em=nan"
     versus = "".join(
         "; " + _gain(f"{m}_vs_{m}{tag}", found.get((m, m + tag)),
-                     rows[m]["em"] - their_em[m])
+                     rows[m]["em"] - their_em[m], refused.get((m, m + tag)))
         for m in order if m in their_em) if tag else ""
     if set_aside is not None:
         kept = {k: _without(v, set_aside) for k, v in per_run.items()}

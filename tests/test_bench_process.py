@@ -64,6 +64,16 @@ def test_report_means_stds_and_process_gain(tmp_path, capsys):
         in out[-1]
     assert figures["budget_missed_gigpo"] == "1" and figures["budget_missed_evidence"] == "0"
     assert (tmp_path / "runs" / "process_ablation.png").stat().st_size > 1000
+    # a fourth seed of the named arm alone is another draw, not a gain: the unpaired gain
+    # is over the seeds both arms have (it had been +0.1100, over four seeds against three)
+    d = tmp_path / "runs" / "evidence-s3"
+    d.mkdir()
+    (d / "result.json").write_text(json.dumps({
+        "method": "evidence", "seed": 3, "em": 0.50, "searches": 1.5, "evidence_recall": 0.6,
+        "steps": 3, "rollout_tokens": 1000, "budget_met": True}))
+    bench._report(tmp_path / "runs", time.time(), "evidence")
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "process_gain=+0.0600 process_gain_ci=nan..nan (unpaired means)" in out[-1]
 
 
 def test_prorag_bench_report_and_prorag_gain(tmp_path, capsys):
@@ -753,6 +763,11 @@ def test_report_against_another_setting_pairs_each_method_with_its_namesake(tmp_
     assert "outcome_vs_outcome@decide=+0.2000 outcome_vs_outcome@decide_ci=nan..nan " \
         "(unpaired means)" in out[-1]
     assert "paired_outcome_vs_outcome@decide=nan (no seed has both" in " ".join(out)
+    # records of other questions: the pair is refused, and no difference of means stands in
+    bench._paired = lambda *a, **k: (_ for _ in ()).throw(bench.QuestionMismatch("other ids"))
+    bench._report(tmp_path / "ranker", time.time(), "recall", against=tmp_path / "decide")
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "outcome_vs_outcome@decide=refused" in out[-1] and "+0.2000" not in out[-1]
     with pytest.raises(SystemExit, match="is not a runs folder"):
         bench._report(tmp_path / "ranker", time.time(), "recall", against=tmp_path / "nope")
 
