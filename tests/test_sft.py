@@ -12,7 +12,7 @@ from conftest import build_world_and_index
 
 from seekrl.agent.backends import Backend
 from seekrl.agent.oracle import oracle_episode
-from seekrl.agent.protocol import build_prompt
+from seekrl.agent.protocol import PROMPTS, build_prompt
 from seekrl.agent.rollout import RolloutConfig, RolloutEngine
 from seekrl.config import SFTConfig
 from seekrl.data.qa import read_qa_jsonl
@@ -458,6 +458,21 @@ def test_sft_resume_refusals_at_the_command_line(tmp_path):
     assert "optim.lr: 0.001 -> 0.002" in " ".join(r.output.split()), r.output
 
 
+def test_episodes_past_the_rollouts_turns_or_tokens_are_reported():
+    """A complete oracle episode of five turns, where rollouts play four (max_turns), or
+    longer than max_total_tokens, teaches an ending the rollouts never reach: said (only
+    the turn length was checked)."""
+    from seekrl.recipes.sft import SFTExample, episode_limit_warning
+
+    ex = [SFTExample([1] * 12, [0, 0, 1, 1, 1, 0, 1, 1, 1, 1, 1, 0], "f.jsonl:1"),
+          SFTExample([1] * 6, [0, 1, 0, 1, 0, 1], "f.jsonl:2")]
+    assert episode_limit_warning(ex, max_turns=3, max_total_tokens=12) is None
+    said = episode_limit_warning(ex, max_turns=2, max_total_tokens=11)
+    assert said.startswith("of 2 episodes, 1 hold more than rollout.max_turns 2 turns "
+                           "(first f.jsonl:2); 1 run past rollout.max_total_tokens 11 "
+                           "(first f.jsonl:1)")
+
+
 def test_turns_longer_than_the_rollout_limit_are_reported(world, tiny, tmp_path):
     """An episode whose turn is longer than the turn limit its rollouts will use teaches
     turns the rollouts cut mid-way (an invalid turn): SFT says so, naming the count, the
@@ -539,6 +554,28 @@ def test_the_documented_formats_train_as_written(tiny, tmp_path):
     ([{"role": "assistant", "content": "<search> a </search>"}], "turns[0].content",
      "an episode must end with an <answer> turn"),
     ([{"role": "user", "content": "hi"}], "turns[0].role", "expected 'assistant' or"),
+    # turns and orders a rollout never plays (they were all taught)
+    ([{"role": "assistant", "content": "<open> 2 </open>"},
+      {"role": "information", "content": "x"},
+      {"role": "assistant", "content": "<answer> b </answer>"}], "turns[0].content",
+     "not a protocol turn (no <search> or <answer> tag)"),
+    ([{"role": "assistant", "content": f"<search> {'a' * 600} </search>"},
+      {"role": "information", "content": "x"},
+      {"role": "assistant", "content": "<answer> b </answer>"}], "turns[0].content",
+     "query longer than"),
+    ([{"role": "assistant", "content": "<search> a </search>"},
+      {"role": "assistant", "content": "<answer> b </answer>"}], "turns[0]",
+     "a tool turn without the information turn"),
+    ([{"role": "assistant", "content": "<answer> a </answer>"},
+      {"role": "assistant", "content": "<answer> b </answer>"}], "turns[0].content",
+     "an answer ends the episode"),
+    ([{"role": "information", "content": "x"},
+      {"role": "assistant", "content": "<answer> b </answer>"}], "turns[0]",
+     "an information turn comes only after a search"),
+    ([{"role": "assistant", "content": "<search> a </search>"},
+      {"role": "information", "content": "x"}, {"role": "information", "content": "y"},
+      {"role": "assistant", "content": "<answer> b </answer>"}], "turns[2]",
+     "an information turn comes only after a search"),
 ])
 def test_a_hand_written_episode_that_breaks_the_protocol_is_refused(tiny, tmp_path, turns,
                                                                     field, said):
@@ -550,6 +587,43 @@ def test_a_hand_written_episode_that_breaks_the_protocol_is_refused(tiny, tmp_pa
     with pytest.raises(DataError) as err:
         load_sft_examples(path, tok)
     assert f"{path}:2" in str(err.value) and field in str(err.value) and said in str(err.value)
+
+
+def test_a_parallel_search_laid_out_from_text_or_hits_reads_as_the_rollout_does(tiny):
+    """A played episode converted to text (`episode_record`, RFT's "as text") had its block
+    of two sub-queries cut at one query's budget (Query 2 and its documents lost), and an
+    oracle turn's `Query i:` lines showed its stored queries as written, where the rollout
+    heads them with the search turn's text, whitespace collapsed. Sub-queries past
+    max_queries in a text block are refused as a rollout refuses them."""
+    from seekrl.agent.protocol import query_sections
+    from seekrl.retrieval.base import Hit
+
+    _, tok = tiny
+    docs = [[Hit(f"a{i}", f"Alpha {i}", ("alpha " * 12).strip(), 1.0) for i in range(2)],
+            [Hit(f"b{i}", f"Beta {i}", ("beta " * 12).strip(), 1.0) for i in range(2)]]
+    search = "<search> Ilsa  Marrow born ## Tarrow  country </search>"
+    queries = ["Ilsa Marrow born", "Tarrow country"]
+    text = "\n".join(query_sections(queries, docs, PROMPTS["seekrl"]))
+    as_text = {"question": "q?", "turns": [
+        {"role": "assistant", "content": search},
+        {"role": "information", "content": text},
+        {"role": "assistant", "content": "<answer> b </answer>"}]}
+    ids, _ = episode_tokens(tok, as_text, max_info_tokens=64, max_queries=2)
+    assert "Query 2: Tarrow country" in tok.decode(ids)
+    hits = [[{"id": h.doc_id, "title": h.title, "text": h.text} for h in hs] for hs in docs]
+    oracle = {"question": "q?", "turns": [
+        as_text["turns"][0],
+        {"role": "information", "content": "", "queries": ["Ilsa  Marrow born",
+                                                           "Tarrow  country"], "hits": hits},
+        as_text["turns"][2]]}
+    laid, _ = episode_tokens(tok, oracle, max_info_tokens=64, max_queries=2)
+    assert "Query 1: Ilsa Marrow born\n" in tok.decode(laid)
+    assert "Query 1: Ilsa  Marrow" not in tok.decode(laid)
+    assert laid == ids
+    three = {**as_text, "turns": [{"role": "assistant", "content": "<search> a ## b ## c "
+                                   "</search>"}, *as_text["turns"][1:]]}
+    with pytest.raises(DataError, match="3 sub-queries; at most 2"):
+        episode_tokens(tok, three, max_queries=2)
 
 
 def test_sft_dev_evaluation_searches_eval_index_when_set(world, tiny, tmp_path):

@@ -326,6 +326,40 @@ def test_a_weighted_balanced_run_logs_the_plan_and_resumes_exactly(world, tiny, 
             .splitlines()] == [r["loss"] for r in rows]
 
 
+def test_resume_refuses_episodes_labelled_otherwise_when_drawn_by_them(world, tiny, tmp_path,
+                                                                       monkeypatch):
+    """The resume's digest covered the episodes' tokens only: the same file with its hops
+    labels changed resumed, and the balanced draw then picked other episodes than a
+    straight run."""
+    import seekrl.recipes.sft as sft_module
+    from seekrl.recipes.setup import Interrupted
+
+    model, tok = tiny
+    data = tmp_path / "oracle.jsonl"
+    data.write_text(world["oracle"].read_text())
+    keys = {"balance_types": "hops", "max_steps": 3, "data": str(data)}
+    real, calls = sft_module.sft_loss, []
+
+    def stop_in_step_2(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(sft_module, "sft_loss", stop_in_step_2)
+    with pytest.raises(Interrupted):
+        run_sft(_sft(world, tmp_path / "b", **keys), model=copy.deepcopy(model), tokenizer=tok)
+    monkeypatch.setattr(sft_module, "sft_loss", real)
+    records = [json.loads(x) for x in data.read_text().splitlines()]
+    for r in records:   # the same turns, the hops relabelled
+        r["metadata"]["hops"] = 5 - int(r["metadata"]["hops"]) if int(
+            r["metadata"]["hops"]) in (2, 3) else r["metadata"]["hops"]
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(ConfigError, match="hops labels .* differ"):
+        run_sft(_sft(world, tmp_path / "b", **keys), model=copy.deepcopy(model),
+                tokenizer=tok, resume=True)
+
+
 def test_resume_refuses_changed_plan_weight_and_balance(world, tiny, tmp_path):
     """The new keys change what is trained: --resume with another value is refused,
     naming the key."""

@@ -34,10 +34,13 @@ from seekrl.agent.protocol import (
     ANSWER,
     INFORMATION,
     PROMPTS,
+    SEARCH,
     build_prompt,
     format_hits,
+    parse_action,
     prompt_style,
     query_sections,
+    split_queries,
     step_format_problem,
 )
 from seekrl.agent.rollout import environment_ids, information_ids
@@ -91,6 +94,31 @@ class SFTExample:
             run = run + 1 if m else 0
             longest = max(longest, run)
         return longest
+
+
+def episode_limit_warning(examples: list[SFTExample], max_turns: int,
+                          max_total_tokens: int) -> str | None:
+    """A sentence when some episodes run past what a rollout plays: more policy turns than
+    `max_turns` (the rollout stops before the answer) or more tokens than
+    `max_total_tokens` (it drops the block that would pass them and ends); None when every
+    episode fits. The policy learns endings its rollouts never reach."""
+    def turns(e: SFTExample) -> int:
+        return sum(1 for i, m in enumerate(e.loss_mask) if m and (i == 0 or not e.loss_mask[i - 1]))
+
+    many = [e.source for e in examples if turns(e) > max_turns]
+    long = [e.source for e in examples if len(e.token_ids) > max_total_tokens]
+    if not many and not long:
+        return None
+    parts = []
+    if many:
+        parts.append(f"{len(many)} hold more than rollout.max_turns {max_turns} turns "
+                     f"(first {many[0]})")
+    if long:
+        parts.append(f"{len(long)} run past rollout.max_total_tokens {max_total_tokens} "
+                     f"(first {long[0]})")
+    return (f"of {len(examples)} episodes, " + "; ".join(parts) + ": rollouts stop such "
+            "episodes before their answer, so the policy learns endings it will not reach. "
+            "Raise those limits (here and in RL) or leave such episodes out.")
 
 
 def turn_limit_warning(examples: list[SFTExample], limit: int) -> str | None:
@@ -221,7 +249,7 @@ def episode_tokens(tokenizer, record: dict, *,
     instruction with the tools', and the documents of each information turn in its style,
     cut to their snippets (from the turn's `hits`; a turn without them is used as written,
     which only `seekrl`'s document lines match)."""
-    from seekrl.agent.tools import tool_instructions
+    from seekrl.agent.tools import make_tools, tool_instructions
 
     style = prompt_style(prompt)
     def encode(text: str) -> list[int]:
@@ -244,6 +272,10 @@ def episode_tokens(tokenizer, record: dict, *,
                                                       style=style)))
     mask = [0] * len(ids)
     head, tail = f"<{INFORMATION}>", f"</{INFORMATION}>"
+    # the actions a rollout with these tools parses; the episode's order, as rollouts play
+    # it: each tool turn answered by one information turn, the answer last
+    tags = (SEARCH, *make_tools(tools, retriever=None, k=1, style=style))
+    searched: list[str] | None = None   # the open tool turn's sub-queries (search) or []
     for i, turn in enumerate(turns):
         role = turn.get("role") if isinstance(turn, dict) else None
         content = turn.get("content") if isinstance(turn, dict) else None
@@ -252,15 +284,31 @@ def episode_tokens(tokenizer, record: dict, *,
         if role == "assistant":
             # a policy taught a malformed turn plays it: refused here, not learnt
             problem = step_format_problem(content)
+            action = parse_action(content, tags, max_queries)
+            if problem is None and action.kind == "invalid":
+                problem = action.text
+            if problem is None and action.kind == SEARCH:
+                searched, problem = split_queries(action.text, max_queries)
             if problem is not None:
                 raise DataError(f"not a protocol turn ({problem}): expected an optional "
                                 "<think> ... </think>, then one <search> query </search> or "
                                 "<answer> text </answer>", path=where,
                                 field=f"turns[{i}].content")
+            if i and turns[i - 1].get("role") == "assistant":
+                raise DataError("a tool turn without the information turn a rollout puts "
+                                "after it", path=where, field=f"turns[{i - 1}]")
+            if action.kind == ANSWER and i != len(turns) - 1:
+                raise DataError("an answer ends the episode, and turns follow it",
+                                path=where, field=f"turns[{i}].content")
+            if action.kind not in (SEARCH, ANSWER):
+                searched = []
             new = encode(content)
             ids += new
             mask += [1] * len(new)
         elif role == "information":
+            if searched is None:
+                raise DataError("an information turn comes only after a search or tool "
+                                "turn", path=where, field=f"turns[{i}]")
             body = content.strip()
             if body.startswith(head) and body.endswith(tail):
                 body = body[len(head):-len(tail)]
@@ -273,7 +321,13 @@ def episode_tokens(tokenizer, record: dict, *,
                         f"write the oracle with --max-queries {max_queries} or train with "
                         f"max_queries: {n} (rollouts refuse more than max_queries)",
                         path=where, field=f"turns[{i}].queries")
-                sections = _many_results(turn, style, f"{where} turns[{i}]", snippet_words)
+                if n != len(searched):
+                    raise DataError(f"{n} sub-queries, and the search before it holds "
+                                    f"{len(searched)}", path=where,
+                                    field=f"turns[{i}].queries")
+                # headed by the queries as the rollout reads them from the search turn
+                sections = _many_results({**turn, "queries": searched}, style,
+                                         f"{where} turns[{i}]", snippet_words)
                 body = "\n".join(sections)
             elif turn.get("hits") is not None:
                 body = format_hits(_turn_hits(turn["hits"], f"{where} turns[{i}].hits",
@@ -286,14 +340,16 @@ def episode_tokens(tokenizer, record: dict, *,
                                 "oracle)" + (" or use prompt: seekrl" if snippet_words is None
                                              else ""), path=where, field=f"turns[{i}]")
             # per query, as rollouts cut it: a block of n sub-queries may be n times as long
+            # (a block given as text too: a played episode's, `episode_record`)
             new = information_ids(lambda text: environment_ids(tokenizer, text), body,
-                                  max_info_tokens * len(turn.get("queries") or [0]), sections)
+                                  max_info_tokens * max(1, len(searched)), sections)
             ids += new
             mask += [0] * len(new)
+            searched = None
         else:
             raise DataError(f"expected 'assistant' or 'information', got {role!r}", path=where,
                             field=f"turns[{i}].role")
-    if turns[-1].get("role") != "assistant":
+    if not isinstance(turns[-1], dict) or turns[-1].get("role") != "assistant":
         raise DataError("an episode must end with the assistant's turn", path=where,
                         field="turns")
     if f"<{ANSWER}>" not in turns[-1]["content"]:
@@ -550,25 +606,52 @@ def episodes_digest(examples: list[SFTExample]) -> str:
     return h.hexdigest()[:16]
 
 
-def check_resume_data(checkpoint: Path, examples: list[SFTExample], data: str) -> None:
+def groups_digest(examples: list[SFTExample], by: str) -> str:
+    """A digest of each episode's `balance_types` group, in order: the balanced draw picks
+    episodes by it, so a file of the same tokens with other type labels draws others."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for e in examples:
+        h.update(question_group(e.metadata, by).encode())
+        h.update(b"|")
+    return h.hexdigest()[:16]
+
+
+def data_digests(examples: list[SFTExample], balance_types: str | None) -> dict[str, str]:
+    """What a checkpoint's sft.json records of the episodes (`check_resume_data`)."""
+    out = {"digest": episodes_digest(examples)}
+    if balance_types is not None:
+        out["groups"] = groups_digest(examples, balance_types)
+    return out
+
+
+def check_resume_data(checkpoint: Path, examples: list[SFTExample], data: str,
+                      balance_types: str | None = None) -> None:
     """Refuse to resume on other episodes than the checkpoint was trained on (a changed
-    data file, or one laid out otherwise); checkpoints without the record pass."""
+    data file, or one laid out otherwise, or, drawn by `balance_types`, labelled otherwise);
+    checkpoints without the record (or without its groups) pass."""
     import json
 
     record = checkpoint / "sft.json"
     if not record.is_file():
         return
     saved = json.loads(record.read_text())
-    digest = episodes_digest(examples)
-    if saved.get("episodes") != len(examples) or saved.get("digest") != digest:
+    now = data_digests(examples, balance_types)
+    if saved.get("episodes") != len(examples) or saved.get("digest") != now["digest"]:
         raise ConfigError(f"data: {data} holds other episodes than the run in {checkpoint} "
-                          f"was trained on ({len(examples)} episodes, digest {digest}; the "
-                          f"checkpoint's: {saved.get('episodes')}, {saved.get('digest')}); "
+                          f"was trained on ({len(examples)} episodes, digest {now['digest']}; "
+                          f"the checkpoint's: {saved.get('episodes')}, {saved.get('digest')}); "
                           "resume with the run's data, or start a new run in another out")
+    if saved.get("groups") is not None and saved["groups"] != now.get("groups"):
+        raise ConfigError(f"data: the episodes of {data} are the checkpoint's, but their "
+                          f"{balance_types} labels (metadata) differ from those the run in "
+                          f"{checkpoint} drew its batches by; resume with the run's data, or "
+                          "start a new run in another out")
 
 
 def _save_state(out: Path, step: int, model, tokenizer, optimizer, scheduler, rng,
-                queue, index: dict[int, int], keep_last: int, digest: str) -> Path:
+                queue, index: dict[int, int], keep_last: int, digest: dict[str, str]) -> Path:
     """checkpoints/step-N, written whole or not at all (`write_checkpoint`): the policy
     (loadable as it is), in state.pt what a resumed run needs to go on exactly (the trained
     weights, the optimizer and schedule, the random states, the epoch's remaining batches),
@@ -581,7 +664,7 @@ def _save_state(out: Path, step: int, model, tokenizer, optimizer, scheduler, rn
                                   queue=[[index[id(e)] for e in mb] for mb in queue]),
                    tmp / "state.pt")
         (tmp / "sft.json").write_text(json.dumps({"step": step, "episodes": len(index),
-                                                  "digest": digest}))
+                                                  **digest}))
 
     return write_checkpoint(out / "checkpoints", step, write, keep_last)
 
@@ -645,9 +728,9 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
 
         def draw(r: random.Random) -> list[SFTExample]:
             return balanced_draw(examples, cfg.balance_types, cfg.type_weights, r)
-    digest = episodes_digest(examples)
+    digest = data_digests(examples, cfg.balance_types)
     if checkpoint is not None:
-        check_resume_data(checkpoint, examples, cfg.data)
+        check_resume_data(checkpoint, examples, cfg.data, cfg.balance_types)
     if model is None:
         model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
     check_token_ids(examples, model.get_input_embeddings().num_embeddings)
@@ -679,6 +762,9 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
     too_long = turn_limit_warning(examples, turn_limit)
     if too_long:
         say(f"[yellow]warning:[/] {too_long}")
+    past = episode_limit_warning(examples, cfg.rollout.max_turns, cfg.rollout.max_total_tokens)
+    if past:
+        say(f"[yellow]warning:[/] {past}")
     say(f"SFT on {len(examples)} episodes ({skipped['incomplete']} incomplete skipped, "
         f"{skipped['truncated']} cut to {cfg.max_len} tokens): {total_steps} steps of "
         f"{cfg.batch_size} x {cfg.grad_accum} episodes")
