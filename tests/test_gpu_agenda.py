@@ -92,8 +92,8 @@ def test_the_whole_agenda_comes_back_within_the_limits(tmp_path):
     assert sorted(f.name for f in files) == ["results.zip", "summary.txt"]   # no live.log
     calls = ["smoke", "static-check", "static-decode", "static-decode-1.5b",
              "speed-remedy-default", "speed-remedy-static", "speed-remedy-continuous",
-             "speed-train", "speed-rollout",
-             "speed-rollout-cudnn-on", "speed-arch", "speed-decode", "speed-decode-arch",
+             "speed-remedy-cudnn-on", "speed-train", "speed-rollout",
+             "speed-arch", "speed-decode", "speed-decode-arch",
              "learn-sft", "learn-start-eval", "learn-report",
              *(f"learn-{m}-s{s}" for s in range(3) for m in ("outcome", "recall"))]
     entries = archived(tmp_path)
@@ -154,12 +154,12 @@ def test_speed_remedy_adds_the_settings_speed_decode_ranked(tmp_path):
     batching; with its ranking, its two best settings too."""
     summary = run(tmp_path, "speed-remedy", mode="--stand-in")
     assert [m for m in re.findall(r"^stage=speed-remedy-(\S+) dry_run=1 rc=0", summary, re.M)] \
-        == ["default", "static", "continuous"]
+        == ["default", "static", "continuous", "cudnn-on"]
     (tmp_path / "out" / "summary.txt").write_text(
         "stage=speed-decode dry_run=1 best=eager remedies=eager,default,sdpa_efficient,sdpa_math\n")
     summary = run(tmp_path, "speed-remedy", mode="--stand-in")
     assert re.findall(r"^stage=speed-remedy-(\S+) dry_run=1 rc=0", summary, re.M) == \
-        ["default", "static", "continuous", "eager", "sdpa_efficient"]
+        ["default", "static", "continuous", "eager", "sdpa_efficient", "cudnn-on"]
 
 
 def test_first_call_dry_run(tmp_path):
@@ -187,7 +187,7 @@ def test_speed_dry_run(tmp_path):
     summary = run(tmp_path, "speed")
     for stage in ("speed-rollout", "speed-arch", "speed-decode", "speed-train",
                   "speed-remedy-default", "speed-remedy-static", "speed-remedy-continuous",
-                  "speed-rollout-cudnn-on"):
+                  "speed-remedy-cudnn-on"):
         assert f"stage={stage} dry_run=1 rc=0" in summary, stage
     assert "speedup_b2=" in summary and "agent_step=" in summary
     # the static backend against generate with a static cache (eager on a CPU)
@@ -197,6 +197,9 @@ def test_speed_dry_run(tmp_path):
     # what decoded is said: the static figures are the static backend's, not a fallback's
     for side in ("static", "continuous"):
         assert "engine_backend=StaticBackend probe_diff=" in log(tmp_path, f"speed-remedy-{side}")
+    # whether its steps ran captured is in the summary (on a GPU: graphs_failed=0|1; a
+    # failed capture's figure is eager speed)
+    assert re.search(r"^stage=speed-remedy-static .*batched_b2_graphs=off", summary, re.M)
     assert "engine_backend=HFBackend" in log(tmp_path, "speed-remedy-default")
     assert "decode_ms_seekrl=" in summary and "best=" in summary
     assert "decode_s_b2=" in summary and "decode_tok_s_b2=" in summary
