@@ -346,6 +346,10 @@ def test_prm_score_and_eval_on_files(tmp_path):
         r = run("prm", "eval", "--prm", tmp_path / "prm", "--labels", tmp_path / "labels",
                 "--threshold", threshold)
         assert r.exit_code == 2 and "--threshold: expected" in r.output, r.output
+    info = json.loads((tmp_path / "prm" / "prm.json").read_text())
+    (tmp_path / "prm" / "prm.json").write_text(json.dumps({**info, "dev_share": 0}))
+    r = run("prm", "eval", "--prm", tmp_path / "prm", "--labels", tmp_path / "labels")
+    assert r.exit_code == 2 and "held out no questions" in " ".join(r.output.split())
     (tmp_path / "prm" / "prm.json").write_text("{broken")
     r = run("prm", "eval", "--prm", tmp_path / "prm", "--labels", tmp_path / "labels")
     assert r.exit_code == 2 and "prm.json: not valid JSON" in " ".join(r.output.split())

@@ -1273,7 +1273,12 @@ def prm_eval(
         prm = prm_folder(prm)
         if split == "dev":
             info = json_object(prm / PRM_MARKER, ())
-            data = split_labels(data, float(info.get("dev_share", 0.1)))[1]
+            share = float(info.get("dev_share", 0.1))
+            if share == 0:   # every figure would be over no label, unsaid
+                raise ValueError(f"--split dev: the PRM in {prm} held out no questions "
+                                 "(dev_share 0); use --split all (in-sample) or labels it "
+                                 "was not trained on")
+            data = split_labels(data, share)[1]
         _threads(threads)
         metrics = prm_metrics(load_scorer(prm, device=device, dtype=dtype), data, threshold)
     except ERRORS as err:
