@@ -133,6 +133,19 @@ def test_tree_labels_pairs_follow_the_rules():
         {"better_repeats_query": 1}
 
 
+def test_pairs_are_judged_on_the_gap_as_written():
+    """Two siblings whose Q values differ by float noise (the same rewards backed up in
+    another order) paired with a written gap of 0.0, which the label reader refuses (the
+    whole folder failed to read); a gap of exactly min_gap was lost to 0.7 - 0.2 =
+    0.49999999999999994."""
+    from seekrl.recipes.mcts import _gap_pairs
+
+    assert 0.735087375 > 0.7350873749999999
+    assert not _gap_pairs(0.735087375, 0.7350873749999999, 0.0)
+    assert _gap_pairs(0.7, 0.2, 0.5) and not _gap_pairs(0.7, 0.21, 0.5)
+    assert not _gap_pairs(0.2, 0.7, 0.0)
+
+
 class Dice(Backend):
     """A scripted stochastic policy: each turn one of a few scripted replies, drawn with
     torch's generator (so the engine's seed fixes the draws)."""

@@ -396,6 +396,48 @@ def test_a_teacher_samples_and_another_tokenizer_gets_text_turns(tiny, tmp_path)
     assert tuned["final"].endswith("final") and tuned["data_form"] == "text turns"
 
 
+def test_a_teachers_prm_run_resumes_past_its_sampling(tiny, tmp_path, monkeypatch):
+    """A PRM shares the teacher's tokenizer (it scores the teacher's episodes). Resumed
+    past the sampling, the teacher is not loaded, and the PRM was checked against the
+    learner's other tokenizer: every such resume was refused."""
+    import seekrl.recipes.sft as sft_module
+    from seekrl.recipes.setup import Interrupted
+
+    model, tok = tiny
+    other = copy.deepcopy(tok)
+    other.add_tokens(["<only-the-teacher-has-this>"])
+
+    class Scorer:   # scores every step 1.0; reads the teacher's tokens
+        tokenizer = other
+
+        def score_steps(self, trajs):
+            return [[1.0] * len(t.steps) for t in trajs]
+
+    cfg = RefineConfig(method="rft", out=str(tmp_path / "r"), samples=4, steps=3, batch_size=2,
+                       save_every=1, teacher="(given)", prm="(given)", rollout={"max_turns": 3},
+                       optim={"lr": 1e-3, "warmup_steps": 1})
+
+    def refine(**kw):
+        return run_refine(cfg, model=copy.deepcopy(model), tokenizer=tok, teacher=(model, other),
+                          scorer=Scorer(), backend=Dice(other, OPTIONS), retriever=Docs(),
+                          questions=questions(4), **kw)
+
+    real, calls = sft_module.sft_loss, []
+
+    def stop_in_step_2(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(sft_module, "sft_loss", stop_in_step_2)
+    with pytest.raises(Interrupted):
+        refine()
+    monkeypatch.setattr(sft_module, "sft_loss", real)
+    done = refine(resume=True)
+    assert done["final"].endswith("final") and done["data_form"] == "text turns"
+
+
 def test_teacher_is_for_rft_and_text_turns_need_what_sft_rebuilds(tiny):
     from seekrl.config import ConfigError
     from seekrl.recipes.refine import check_config, check_text_turns

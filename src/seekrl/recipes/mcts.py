@@ -244,6 +244,15 @@ def _pair_problem(better: Node | tuple[Trajectory, int], prefix: Trajectory, dep
     return None
 
 
+def _gap_pairs(better: float, worse: float, min_gap: float) -> bool:
+    """Whether two siblings' Q values pair: judged on the gap as written (6 places), so a
+    float tie (Q values backed up in another order, 1e-16 apart) does not pair with a gap
+    of 0.0 that the label reader refuses, and a gap of min_gap is not lost to rounding
+    (0.7 - 0.2 = 0.49999999999999994)."""
+    gap = round(better - worse, 6)
+    return gap > 0 and gap >= min_gap
+
+
 def _pair_record(example_id: str, depth: int, better: tuple[Trajectory, float, int],
                  worse: tuple[Trajectory, float, int], method: str) -> dict:
     (bt, bq, bn), (wt, wq, wn) = better, worse
@@ -279,7 +288,7 @@ def tree_labels(trees: Sequence[Tree], rules: PairRules) -> Labels:
             for a, b in combinations(kids, 2):
                 if a.visits < rules.min_visits or b.visits < rules.min_visits:
                     out.reject("few_visits")
-                elif a.q - b.q < rules.min_gap or a.q <= b.q:
+                elif not _gap_pairs(a.q, b.q, rules.min_gap):
                     out.reject("small_gap")
                 elif (why := _pair_problem(a, node.traj, node.depth)) is not None:
                     out.reject(why)
@@ -326,7 +335,7 @@ def mc_labels(engine: RolloutEngine, examples: Sequence[QAExample], score: Score
         for a, b in combinations(kids, 2):
             if a[2] < rules.min_visits or b[2] < rules.min_visits:
                 out.reject("few_visits")
-            elif a[1] - b[1] < rules.min_gap or a[1] <= b[1]:
+            elif not _gap_pairs(a[1], b[1], rules.min_gap):
                 out.reject("small_gap")
             elif (why := _pair_problem((a[0], 0), a[0], 0)) is not None:
                 out.reject(why)

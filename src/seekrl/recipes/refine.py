@@ -436,7 +436,7 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
                              "search.min_gap / min_visits, or label more questions)")
     elif questions is None and not cfg.data:
         raise ValueError("data: rft samples episodes on questions; give a QA file")
-    elif scorer is None and cfg.prm:
+    elif scorer is None and cfg.prm and sampled is None:   # resumed: the scores are kept
         from seekrl.rewards.prm import load_scorer
         scorer = load_scorer(cfg.prm, device=cfg.device, dtype=cfg.dtype)
     if cfg.method == "rft" and retriever is None:     # a missing index before a model loads
@@ -471,7 +471,9 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     from seekrl.rewards.prm import check_scorer_tokenizer
     if pairs is not None:      # step-DPO trains on the pairs' token ids as they are
         check_label_tokenizer(cfg.pairs, tokenizer, f"model {cfg.model}")
-    if scorer is not None:     # it reads the sampled episodes' token ids
+    if scorer is not None and sampled is None:   # it reads the sampled episodes' token ids
+        # (a resume past the sampling scores nothing: its teacher, whose tokenizer the PRM
+        # shares, is not loaded, and the learner's may differ)
         check_scorer_tokenizer(scorer, sampler_tokenizer, f"prm {cfg.prm or '(given)'}")
 
     if cfg.method == "step_dpo":
