@@ -281,6 +281,23 @@ def test_dynamic_sampling_drops_groups_without_signal(world, tiny, tmp_path):
     assert record["groups_with_signal"] == 0.5   # of the groups sampled, not of those kept
 
 
+def test_the_rollout_viewer_says_dynamic_sampling_kept_some(world, tiny, tmp_path):
+    """The saved rollouts under dynamic sampling are the kept groups: the page said nothing,
+    and its EM read as the policy's."""
+    def first_group_flat(t):
+        r = 0.0 if t.example_id == flat_id[0] else float(t.sample_index)
+        return RewardParts(total=r, outcome=r, format=0.0, penalty=0.0)
+
+    cfg = make_cfg(tmp_path, **{"algo.dynamic_sampling": True, "algo.max_refills": 0,
+                                "algo.balance_types": False, "log.save_rollouts": 1})
+    trainer = make_trainer(cfg, world, tiny, reward_fn=first_group_flat)
+    flat_id = [trainer.sample_questions(1, 2)[0].id]
+    trainer.step(1)
+    page = (tmp_path / "run" / "rollouts" / "step-1" / "viewer.html").read_text()
+    assert "2 of the 4 episodes played (dynamic sampling keeps the groups whose rewards " \
+        "vary)" in page
+
+
 def test_a_steps_episode_figures_are_over_every_episode_it_played(world, tiny, tmp_path):
     """Dynamic sampling keeps the varied groups for the update; the step's reward, format
     and searches describe the policy, over every episode played. A step that kept none read

@@ -132,6 +132,12 @@ def test_time_stacks_phases_and_other():
     assert steps == [1.0, 2.0]
     assert stacks == [[3.0, 3.0], [1.0, 1.0], [0.5, 0.0], [0.5, 1.0]]
     assert time_stacks([{"step": 1, "loss": 1.0}]) is None
+    # the ranker's scoring is inside the rollouts: not stacked beside them (a 16 s step
+    # stacked to 20 s, and "other" hid the overlap at 0)
+    labels, _, stacks = time_stacks([{"step": 1, "time_rollout": 10, "time_scoring": 1,
+                                      "time_ranker_score": 4, "time_update": 4.5,
+                                      "time_step": 16}])
+    assert "ranker_score" not in labels and sum(s[0] for s in stacks) == 16
 
 
 def test_comparison_table_rows_deltas_and_types():
@@ -166,6 +172,30 @@ def test_comparison_table_shows_the_yes_no_columns_the_runs_have():
     assert rows[1][header.index("says yes")] == "1.000 (+1.000)"
     plain, _ = comparison_table({"a": eval_metrics([True], ["bridge"])})
     assert "says yes" not in plain
+
+
+def test_comparison_table_compares_like_with_like():
+    """Averages over other data sets, or over another number of samples, were shown with
+    a difference against the first run; runs that all sample K say EM is a mean of K."""
+    types = ["bridge", "bridge"]
+    a, b = eval_metrics([True, False], types), eval_metrics([True, True], types)
+    other = {**b, "datasets": {**b["datasets"], "hotpotqa": b["datasets"]["nq"]}}
+    header, rows = comparison_table({"a": a, "b": other})
+    em = header.index("EM")
+    assert rows[1][0].endswith("(other data sets or samples: no difference shown)")
+    assert "(" not in rows[1][em]
+    sampled = {label: {**m, "n_samples": 4} for label, m in (("a", a), ("b", b))}
+    header, rows = comparison_table(sampled)
+    assert "EM (mean of 4)" in header and rows[1][header.index("EM (mean of 4)")].endswith(")")
+
+def test_a_cut_off_alert_line_is_said_on_the_page(run_dir: Path):
+    """A dying run's last alert (often its collapse) is the line a kill cuts: it was left
+    out with a warning on stderr only, and the page counted the rest as all."""
+    with open(run_dir / "alerts.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"step": 4, "severity": "collapse", "mess')
+    page = report_for_run(run_dir).read_text(encoding="utf-8")
+    assert "Alerts (1)" in page and "alerts.jsonl:" in page and "line 2:" in page
+
 
 def test_report_for_run(run_dir: Path):
     out = report_for_run(run_dir)

@@ -192,6 +192,39 @@ def test_gold_known_by_title_is_marked_too():
     assert "evidence recall 0.50" in page
 
 
+def test_one_supporting_title_and_a_null_type_are_shown_as_such():
+    """A string `supporting_titles` (one title, as evidence recall reads it) was shown
+    letter by letter; a null type as the type "None" (the metrics say "(no type)")."""
+    tok = WordTokenizer()
+    t = episode(tok, "hotpotqa", "q9", "Who wrote it?", ["Polley"], [
+        {"action": "search", "query": "author", "text": "<search> author </search>",
+         "hits": [("w-1", "The Crimson Orchard")]},
+        {"action": "answer", "answer": "Polley", "text": "<answer> Polley </answer>"}])
+    t.metadata["supporting_titles"] = "The Crimson Orchard"
+    t.metadata["type"] = None
+    page = render_viewer([t])
+    assert "supporting titles The Crimson Orchard ·" in page
+    assert "type None" not in page and 'data-type=""' in page
+
+
+def test_a_metrics_file_of_another_shape_is_named(tmp_path):
+    """`seekrl inspect` indexed metrics.json without checking it: a raw AttributeError or
+    TypeError; now the file and the field are named (a null n_samples reads as absent)."""
+    from seekrl.errors import DataError
+
+    run, _ = write_sample_run(tmp_path / "run")
+    good = json.loads((run / "metrics.json").read_text())
+    for shape, field in (([1], None), ({"datasets": {"nq": None}}, "datasets.nq"),
+                         ({**good, "n_samples": "4"}, "n_samples"),
+                         ({**good, "pass_ks": 4}, "pass_ks")):
+        (run / "metrics.json").write_text(json.dumps(shape))
+        with pytest.raises(DataError) as err:
+            write_viewer(run)
+        assert "metrics.json" in str(err.value) and (field is None or err.value.field == field)
+    (run / "metrics.json").write_text(json.dumps({**good, "n_samples": None, "pass_ks": None}))
+    assert write_viewer(run).is_file()
+
+
 def test_viewer_without_episodes_file_shows_step_text_and_titles(tmp_path):
     run, _ = write_sample_run(tmp_path / "run", with_episodes=False)
     assert not (run / "episodes.jsonl").exists()

@@ -54,9 +54,9 @@ _BASE_COLUMNS: list[tuple[str, str, str]] = [
 def metric_columns(metrics: dict) -> list[tuple[str, str, str]]:
     """The table columns for a metrics dict: the base ones, then pass@k where present."""
     columns = list(_BASE_COLUMNS)
-    if metrics.get("n_samples", 1) > 1:
+    if (metrics.get("n_samples") or 1) > 1:
         columns[1] = ("em", f"EM (mean of {metrics['n_samples']})", "{:.3f}")
-    for k in metrics.get("pass_ks", []):
+    for k in metrics.get("pass_ks") or []:
         columns.append((f"pass@{k}", f"pass@{k}", "{:.3f}"))
     rows = [row for _, row in _table_rows(metrics)] + [
         row for types in (metrics.get("by_type") or {}).values() for row in types.values()]
@@ -138,6 +138,15 @@ def check_metrics(metrics: Any, path: str | Path) -> dict:
     for key, depth in (("datasets", 1), ("average", 0), ("by_type", 2)):
         if metrics.get(key) is not None:
             objects(metrics[key], key, depth)
+    n = metrics.get("n_samples")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise DataError(f"expected a count of samples, got {n!r}", path=str(path),
+                        field="n_samples")
+    ks = metrics.get("pass_ks")
+    if ks is not None and (not isinstance(ks, list) or not all(
+            isinstance(k, int) and not isinstance(k, bool) for k in ks)):
+        raise DataError(f"expected a list of k values, got {ks!r}", path=str(path),
+                        field="pass_ks")
     return metrics
 
 
@@ -222,6 +231,10 @@ def config_line(cfg: dict) -> str:
         parts.append(f"seed {rollout['seed']}")
     if cfg.get("limit"):
         parts.append(f"limit {cfg['limit']}")
+    kept = cfg.get("kept")
+    if isinstance(kept, dict):   # a training step's rollouts filtered by dynamic sampling
+        parts.append(f"{kept.get('episodes')} of the {kept.get('played')} episodes played "
+                     f"({kept.get('why')})")
     return "Run: " + ", ".join(parts) + "."
 
 
@@ -381,8 +394,12 @@ def _episode_html(t: Trajectory, segments: list[dict] | None, index: int,
     f1 = f1_score(t.answer, t.golden_answers)
     gold, by_title = t.evidence_keys()[0], not t.gold_doc_ids
     supporting = t.metadata.get("supporting_titles") or [] if isinstance(t.metadata, dict) else []
+    if isinstance(supporting, str):   # one title, as `evidence_keys` reads it
+        supporting = [supporting]
     searches = t.n_searches
-    type_name = str(t.metadata.get("type", "")) if isinstance(t.metadata, dict) else ""
+    # a null type is none given ("(no type)" in the metrics), not the type "None"
+    kind = t.metadata.get("type") if isinstance(t.metadata, dict) else None
+    type_name = "" if kind is None else str(kind)
     reward = _fmt(t.outcome_reward, "{:g}")
     verdict = '<span class="ok">&#10003;</span>' if em == 1 else '<span class="bad">&#10007;</span>'
     answer = escape_html(t.answer) if t.answer is not None else '<i>no answer</i>'
@@ -640,6 +657,7 @@ def write_viewer(run_dir: str | Path, out: str | Path | None = None, *, tokenize
         except json.JSONDecodeError as err:
             raise DataError(f"not valid JSON ({err.msg})", path=str(run_dir / METRICS_FILE),
                             line=err.lineno) from None
+        metrics = check_metrics(metrics, run_dir / METRICS_FILE)   # the viewer indexes it
     episodes = None
     if (run_dir / EPISODES_FILE).is_file():
         episodes = read_episodes(run_dir / EPISODES_FILE)

@@ -297,7 +297,9 @@ def time_stacks(records: Sequence[dict]) -> tuple[list[str], list[float], list[l
     """(phase labels, steps, one list of seconds per phase) of a log, or None without time_*
     keys: the phases in first-logged order, a phase missing from a line counted as 0, and
     "other" last (what `time_step` has beyond the phases) where `time_step` is logged."""
-    keys = _time_keys(records)
+    # the ranker's scoring time is spent inside the rollouts (environment.py): stacked
+    # beside them it counted twice
+    keys = [k for k in _time_keys(records) if k != M.TIME_RANKER_SCORE]
     rows = [rec for rec in records if _number(rec.get(M.STEP)) is not None
             and any(_number(rec.get(k)) is not None for k in keys)]
     if not keys or not rows:
@@ -447,7 +449,10 @@ def comparison_table(evals: Mapping[str, dict]) -> tuple[list[str], list[list[st
     pass_ks = sorted({int(k) for m in evals.values() for k in m.get("pass_ks", [])})
     # the runs' rows decide the optional columns (the plan, yes/no answers), as in a run's
     # own metrics.md: with none given they never showed
+    samples = {m.get("n_samples") or 1 for m in evals.values()}
     columns = metric_columns({"pass_ks": pass_ks,
+                              # "EM (mean of K)" where every run sampled K
+                              "n_samples": samples.pop() if len(samples) == 1 else 1,
                               "datasets": {label: _summary_row(m) for label, m in evals.items()},
                               "by_type": {label: types for label, m in evals.items()
                                           for types in (m.get("by_type") or {}).values()}})
@@ -465,13 +470,21 @@ def comparison_table(evals: Mapping[str, dict]) -> tuple[list[str], list[list[st
         return [*(row.get(key) for key, _, _ in columns),
                 *((by_type.get(d) or {}).get(t, {}).get("em") for d, t in type_keys)]
 
+    def measured_on(m: dict) -> tuple:
+        return tuple(sorted(m.get("datasets") or {})), m.get("n_samples") or 1
+
     formats = [fmt for _, _, fmt in columns] + ["{:.3f}"] * len(type_keys)
-    rows, first = [], None
+    rows, first, basis = [], None, None
     for label, m in evals.items():
         vals = values(m)
         if first is None:
-            first = vals
+            first, basis = vals, measured_on(m)
             rows.append([label, *(cell({"v": v}, "v", f) for v, f in zip(vals, formats))])
+        elif measured_on(m) != basis:
+            # averages over other data sets or another number of samples: a difference
+            # would compare unlike things (suite_table refuses the same)
+            rows.append([f"{label} (other data sets or samples: no difference shown)",
+                         *(cell({"v": v}, "v", f) for v, f in zip(vals, formats))])
         else:
             rows.append([label, *(_with_delta(v, f0, f) for v, f0, f in zip(vals, first, formats))])
     return header, rows
@@ -620,10 +633,14 @@ def write_training_report(out: str | Path, *, logs: Mapping[str, str | Path] | N
                          f'{escape_html(next(iter(loaded)))}.</p>')
 
     if alert_paths:
+        # a cut-off line (a dying run's last alert, often its collapse) is said on the page
+        torn = {source: SkipReport(path=str(p)) for source, p in alert_paths.items()}
         alert_list = [(source, a) for source, p in alert_paths.items()
-                      for _, a in iter_jsonl(p, skip_bad=True)]
+                      for _, a in iter_jsonl(p, skip_bad=True, report=torn[source])]
         parts.append(f"<h2>Alerts ({len(alert_list)})</h2>"
-                     + _alerts_html(alert_list, len(alert_paths) > 1))
+                     + _alerts_html(alert_list, len(alert_paths) > 1)
+                     + "".join(f'<p class="note">{escape_html(str(r))}</p>'
+                               for r in torn.values() if r))
 
     if records:   # whether the run learns first, then the curves that show how
         parts.append(_trends_html(records))

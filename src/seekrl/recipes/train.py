@@ -290,7 +290,7 @@ class Trainer:
                       tokens_per_s=round(draws.fresh_tokens / max(t_rollout, 1e-9), 1))
         every = self.cfg.log.save_rollouts
         if self.dist.main and every and step % every == 0 and trajs:
-            self._save_rollouts(step, trajs)
+            self._save_rollouts(step, trajs, played=len(draws.played))
         record.update(self.env.after_rollouts(trajs, draws.ranked_before))
         if trajs:
             if self._backend is not None:
@@ -559,16 +559,21 @@ class Trainer:
         return state_bytes((self.model, self.value_head, self.ref_model), self.optimizer)
 
     # ------------------------------------------------------------------ 6. log
-    def _save_rollouts(self, step: int, trajs: Sequence[Trajectory]) -> None:
+    def _save_rollouts(self, step: int, trajs: Sequence[Trajectory],
+                       played: int | None = None) -> None:
         """RUN_DIR/rollouts/step-N: the step's episodes with their step rewards and values,
-        and the trajectory viewer over them."""
+        and the trajectory viewer over them. Under dynamic sampling they are the groups the
+        update kept, and the page says of how many played (its figures are theirs)."""
         r = self.cfg.rollout
+        kept = {"kept": {"episodes": len(trajs), "played": played,
+                         "why": "dynamic sampling keeps the groups whose rewards vary"}} \
+            if self.cfg.algo.dynamic_sampling and played is not None else {}
         write_rollouts(self.out / "rollouts" / f"step-{step}", trajs, self.tokenizer, {
             "model": self.cfg.model, "step": step, "advantage": self.cfg.algo.advantage,
             "process": dict(self.cfg.reward.process),
             "rollout": {"method": r.method, "n_samples": self.cfg.group_size, "topk": r.topk,
                         "max_turns": r.max_turns, "max_new_tokens": r.max_new_tokens,
-                        "temperature": r.temperature}})
+                        "temperature": r.temperature}, **kept})
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, step: int) -> Path:
