@@ -231,7 +231,14 @@ def test_a_part_by_file_path_loads_from_any_working_directory(own_parts, tmp_pat
                                  r"name .*rename the file$"),
     ("import not_installed_pkg\n", "broken.py:x",
      r"^reward\.fn: importing .*broken\.py failed \(ModuleNotFoundError: No module named "
-     r"'not_installed_pkg'\)$"),
+     r"'not_installed_pkg' at .*broken\.py:1\)$"),
+    # the user's line, not only the error's name
+    ("x = 1\ny = undefined_name\n", "broken2.py:x",
+     r"^reward\.fn: importing .*broken2\.py failed \(NameError: .* at .*broken2\.py:2\)$"),
+    # a module that is not imported yet but would be by that name (as peft is by LoRA)
+    ("x = 1\n", "tabnanny.py:x", r"^reward\.fn: .*tabnanny\.py: 'tabnanny' is the name of "
+                                  r"another module \(.*tabnanny\.py\), which importing this "
+                                  r"file would replace; rename the file$"),
     ("x = 1\n", "json.py:x", r"^reward\.fn: .*json\.py: a module named 'json' is imported "
                              r"already \(from .*\); rename the file$"),
     (None, "judge", r"^reward\.fn: 'judge' is not an import path; expected module\.path:"
@@ -249,3 +256,24 @@ def test_a_bad_file_path_says_what_is_wrong(own_parts, tmp_path, monkeypatch, te
     with pytest.raises(ConfigError, match=message):
         load("reward.fn", path)
     assert "broken" not in sys.modules   # a failed import leaves nothing half-made behind
+
+
+def test_a_file_named_by_path_and_by_module_is_one_module(tmp_path, monkeypatch):
+    """`pkg/rewards.py:f` and `pkg.rewards:f` ran the file twice, under two names, with
+    two sets of globals."""
+    from seekrl.plugins import load
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "plugpkg").mkdir()
+    (tmp_path / "plugpkg" / "__init__.py").write_text("")
+    (tmp_path / "plugpkg" / "plugrewards.py").write_text(
+        "RUNS = []\nRUNS.append(1)\ndef f(t):\n    return 0.0\n")
+    try:
+        by_file = load("reward.fn", "plugpkg/plugrewards.py:f")
+        by_module = load("reward.fn", "plugpkg.plugrewards:f")
+        assert by_file is by_module
+        assert sys.modules["plugrewards"].RUNS == [1]
+    finally:
+        for name in ("plugrewards", "plugpkg", "plugpkg.plugrewards"):
+            sys.modules.pop(name, None)

@@ -1534,6 +1534,28 @@ def test_overwrite_deletes_the_old_run_only_once_the_new_one_has_loaded(world, t
     assert (run / "final").exists()
 
 
+def test_overwrite_into_a_folder_that_holds_no_run_keeps_its_files(tmp_path):
+    """--overwrite deleted every run-output name in out whether or not a run was there:
+    a user's own `final/` model (the start model, which the "inside out" guard checks only
+    where a run is found) and `eval/` data went."""
+    from seekrl.recipes.checkpoint import check_run_dir, claim_run_dir
+
+    out = tmp_path / "mine"
+    (out / "final").mkdir(parents=True)
+    (out / "final" / "model.safetensors").write_bytes(b"weights")
+    (out / "eval").mkdir()
+    (out / "eval" / "questions.jsonl").write_text("{}\n")
+    (out / "alerts.jsonl").write_text('{"step": 0}\n')
+    check_run_dir(out, overwrite=True, model=str(out / "final"))
+    claim_run_dir(out, overwrite=True)
+    assert (out / "final" / "model.safetensors").is_file()
+    assert (out / "eval" / "questions.jsonl").is_file()
+    assert not (out / "alerts.jsonl").exists()     # an attempt's leftovers still go
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')   # now a run: replaced whole
+    claim_run_dir(out, overwrite=True)
+    assert not (out / "final").exists() and not (out / "metrics.jsonl").exists()
+
+
 def test_activation_checkpointing_keeps_train_mode_with_dropout_off(tiny):
     from seekrl.rl.update import no_dropout_mode as _no_dropout_mode
 

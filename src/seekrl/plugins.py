@@ -60,6 +60,30 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())}"
 
 
+def _failed_at(err: BaseException) -> str:
+    """Where the user's code raised: the last frame of its traceback outside the import
+    machinery (` at FILE:LINE`), so the message points into their file."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if "importlib" not in f.filename and f.filename != __file__]
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+
+
+def _loaded_from(path: Path) -> ModuleType | None:
+    """A module already imported from the file `path`, under whatever name: a file named
+    both as `pkg/rewards.py:f` and `pkg.rewards:f` is the one module, run once."""
+    for module in list(sys.modules.values()):
+        where = getattr(module, "__file__", None)
+        if where:
+            try:
+                if Path(where).resolve() == path:
+                    return module
+            except OSError:
+                continue
+    return None
+
+
 def _cwd_on_path() -> str:
     cwd = os.getcwd()
     here = {os.path.abspath(p or os.curdir) for p in sys.path}
@@ -99,6 +123,13 @@ def load(key: str, path: str) -> Any:
 
 def _import_module(key: str, module_name: str, cwd: str) -> ModuleType:
     try:
+        if module_name not in sys.modules:   # the file, if it was imported by its path
+            spec = importlib.util.find_spec(module_name)
+            origin = getattr(spec, "origin", None)
+            if origin and os.path.isfile(origin):
+                same = _loaded_from(Path(origin).resolve())
+                if same is not None:
+                    return same
         return importlib.import_module(module_name)
     except ModuleNotFoundError as err:
         missing = err.name or ""
@@ -111,7 +142,7 @@ def _import_module(key: str, module_name: str, cwd: str) -> ModuleType:
                           f"({_one_line(err)})") from None
     except Exception as err:   # the module's own code failed: a syntax error, a bad import
         raise ConfigError(f"{key}: importing module {module_name!r} failed "
-                          f"({_one_line(err)})") from None
+                          f"({_one_line(err)}{_failed_at(err)})") from None
 
 
 def _import_file(key: str, file: str, cwd: str) -> ModuleType:
@@ -127,13 +158,32 @@ def _import_file(key: str, file: str, cwd: str) -> ModuleType:
     if not name.isidentifier():
         raise ConfigError(f"{key}: {path}: {name!r} is no Python module name (letters, digits "
                           "and _, not starting with a digit); rename the file")
+    same = _loaded_from(path)
+    if same is not None:
+        return same
     loaded = sys.modules.get(name)
     if loaded is not None:
         where = getattr(loaded, "__file__", None)
-        if where and Path(where).resolve() == path:
-            return loaded
         raise ConfigError(f"{key}: {path}: a module named {name!r} is imported already "
                           f"(from {where or 'built in'}); rename the file")
+    # nor one importable by that name and not imported yet (`peft.py` would stand in for
+    # the library when LoRA imports it later)
+    # (searched past the file's own folder, which may be the working directory first on
+    # sys.path: from there the file would shadow the module for every later import)
+    import importlib.machinery
+
+    elsewhere = [p for p in sys.path if Path(os.path.abspath(p or os.curdir)) != path.parent]
+    try:
+        other = importlib.machinery.PathFinder.find_spec(name, elsewhere)
+    except (ImportError, ValueError):
+        other = None
+    if other is None and name in sys.builtin_module_names:
+        other = importlib.machinery.ModuleSpec(name, None)
+    origin = getattr(other, "origin", None)
+    if other is not None and (origin is None or Path(origin).resolve() != path):
+        raise ConfigError(f"{key}: {path}: {name!r} is the name of another module "
+                          f"({origin or 'built in'}), which importing this file would "
+                          "replace; rename the file")
     folder = str(path.parent)
     if folder not in {os.path.abspath(p or os.curdir) for p in sys.path}:
         sys.path.insert(0, folder)   # its sibling modules import as when it runs as a script
@@ -146,7 +196,8 @@ def _import_file(key: str, file: str, cwd: str) -> ModuleType:
         spec.loader.exec_module(module)
     except Exception as err:   # the file's own code failed: a syntax error, a bad import
         del sys.modules[name]
-        raise ConfigError(f"{key}: importing {path} failed ({_one_line(err)})") from None
+        raise ConfigError(f"{key}: importing {path} failed ({_one_line(err)}"
+                          f"{_failed_at(err)})") from None
     return module
 
 

@@ -77,16 +77,21 @@ def completed_steps(metrics: Path) -> int:
 
 
 def claim_run_dir(out: Path, *, resume: bool = False, overwrite: bool = False,
-                  outputs: Sequence[str] = RUN_OUTPUTS) -> None:
-    """Make `out` ready for the run: with `overwrite`, the old run's files (`outputs`) go.
-    Call `check_run_dir` first, and this only once every input has been read and checked
-    and the model has loaded, so a bad input never costs the old run; with `resume`
-    nothing is touched. Without either, `out` holds no work (`check_run_dir`), but an
-    attempt that failed at its start may have left alerts, which a new run would append to."""
+                  outputs: Sequence[str] = RUN_OUTPUTS,
+                  markers: Sequence[str] = RUN_MARKERS) -> None:
+    """Make `out` ready for the run: with `overwrite`, the old run's files (`outputs`) go,
+    where `out` holds a run (`markers`, as `check_run_dir` judged it): a folder that holds
+    none keeps its `final/` or `eval/` (a model or data of the user's that `check_run_dir`
+    did not look at). Call `check_run_dir` first, and this only once every input has been
+    read and checked and the model has loaded, so a bad input never costs the old run; with
+    `resume` nothing is touched. Without either, `out` holds no work (`check_run_dir`), but
+    an attempt that failed at its start may have left alerts, which a new run would append
+    to."""
     out.mkdir(parents=True, exist_ok=True)
     if resume:
         return
-    remove_outputs(out, outputs if overwrite else [n for n in outputs if n == "alerts.jsonl"])
+    old_run = overwrite and bool(held_markers(out, markers))
+    remove_outputs(out, outputs if old_run else [n for n in outputs if n == "alerts.jsonl"])
 
 
 def remove_outputs(out: Path, names: Sequence[str]) -> None:

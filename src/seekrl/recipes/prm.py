@@ -289,7 +289,8 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
         done = int(state["step"])
         resumed_start = state.get("dev_at_start", {})   # measured before the stop
     # the labels read, the model loaded and built (train_layers, lora): now the old run goes
-    claim_run_dir(out, overwrite=overwrite, resume=resume)
+    claim_run_dir(out, overwrite=overwrite, resume=resume,
+                  markers=("metrics.jsonl", "final", "checkpoints"))
     dump_config(cfg, out / "config.yaml")
     log = MetricsLog(out / "metrics.jsonl", resume=resume)
     say(f"PRM on {len(train.points)} labelled steps and {len(train.pairs)} pairs "

@@ -485,7 +485,8 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
     fresh = not resume or sampled is None
     if resume and fresh:
         say(f"--resume: the refinement in {out} had not finished sampling; it samples again")
-    claim_run_dir(out, overwrite=overwrite or resume, resume=not fresh, outputs=REFINE_OUTPUTS)
+    claim_run_dir(out, overwrite=overwrite or resume, resume=not fresh, outputs=REFINE_OUTPUTS,
+                  markers=REFINE_MARKERS)
     if fresh:
         dump_config(cfg, out / "config.yaml")
     if cfg.method == "step_dpo":
