@@ -213,7 +213,9 @@ def test_eval_without_any_retriever_is_refused_but_direct_needs_none(lab, tmp_pa
             "URL or --retriever MODULE:ATTR" in text, r.output
     r = run("eval", "--model", lab["model"], "--data", lab["test"], "--out", tmp_path / "x",
             "--ranker", lab["encoder"], "--method", "direct", "--limit", "1")
-    assert r.exit_code == 2 and "--ranker orders a retriever's candidates" in r.output
+    assert r.exit_code == 2 and "--ranker: method 'direct' answers without searching" \
+        in r.output
+
     r = run("eval", "--model", lab["model"], "--data", lab["test"], "--out", tmp_path / "x",
             "--index", lab["index"], "--retriever-url", "http://127.0.0.1:9")
     assert r.exit_code == 2 and "not both" in r.output
