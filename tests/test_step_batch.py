@@ -226,3 +226,16 @@ def test_values_must_match_the_tokens():
         StepBatch.build(trajs, [0.0] * 4,
                         values=[torch.zeros(len(t.token_ids) - (i == 1))
                                 for i, t in enumerate(trajs)])
+
+
+def test_an_empty_first_steps_reward_goes_to_the_nearest_policy_token_after_it():
+    """A step without tokens and no policy token before it (old data) had its reward put
+    on the episode's last token: another step's, whose per-step figures then dropped it."""
+    from seekrl.agent.trajectory import Step, Trajectory
+    from seekrl.rl.step_batch import step_reward_position
+
+    t = Trajectory("q", "g", "?", ["a"], list(range(9)), [0, 0, 1, 1, 1, 0, 0, 1, 1], 2,
+                   steps=[Step(2, 2, "invalid"), Step(2, 5, "search", text="<search> q </search>"),
+                          Step(7, 9, "answer", text="<answer> a </answer>", answer="a")],
+                   answer="a", finish_reason="answer")
+    assert [step_reward_position(t, s) for s in t.steps] == [2, 4, 8]

@@ -275,6 +275,20 @@ def one_flat_group_step(world, tiny, tmp_path, max_refills: int):
     return trainer, trainer.step(1)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.5])
+def test_a_reward_fn_given_from_python_is_checked_as_a_configured_one(world, tiny, tmp_path,
+                                                                     bad):
+    """`Trainer(reward_fn=...)` was used unchecked: one NaN made every advantage of its
+    group NaN, prompt tokens included; a plain number failed somewhere inside."""
+    def judge(t):
+        return bad if bad == 0.5 else RewardParts(total=bad, outcome=bad, format=0.0,
+                                                  penalty=0.0)
+
+    trainer = make_trainer(make_cfg(tmp_path), world, tiny, reward_fn=judge)
+    with pytest.raises((ValueError, TypeError), match=r"reward_fn judge returned "):
+        trainer.step(1)
+
+
 def test_dynamic_sampling_drops_groups_without_signal(world, tiny, tmp_path):
     _, record = one_flat_group_step(world, tiny, tmp_path, max_refills=0)
     assert record["episodes_sampled"] == 4 and record["episodes"] == 2
@@ -1782,12 +1796,19 @@ def test_the_hop_bonus_pays_for_the_question_s_hop_count_from_both_sides(world, 
 
     def episode(searches: int, hops) -> Trajectory:
         n = searches + 1
-        steps = [Step(i, i + 1, "search", text="<search> q </search>", hits=["x"])
-                 for i in range(1, n)]
+        steps = [Step(i, i + 1, "search", text="<search> q </search>", hits=["x"],
+                      info_start=i + 1, info_end=i + 1) for i in range(1, n)]
         steps.append(Step(n, n + 1, "answer", text="<answer> rome </answer>", answer="rome"))
         return Trajectory("q", "g", "?", ["Paris"], list(range(n + 1)), [0] + [1] * n, 1,
                           steps=steps, answer="rome", finish_reason="answer",
                           metadata={} if hops is None else {"hops": hops})
+
+    # a search on the last allowed turn is not run: it looks nothing up (it was paid as
+    # a hop, and an episode out of turns outranked one that answered)
+    out_of_turns = episode(1, 2)
+    out_of_turns.steps[-1] = Step(2, 3, "search", text="<search> q </search>")
+    out_of_turns.finish_reason, out_of_turns.answer = "max_turns", None
+    assert (out_of_turns.n_searches, hop_match(out_of_turns)) == (2, 0.5)
 
     assert [hop_match(episode(k, 1)) for k in (0, 1, 2, 3)] == [0.0, 1.0, 0.0, 0.0]
     assert [hop_match(episode(k, 2)) for k in (1, 2, 3, 4)] == [0.5, 1.0, 0.5, 0.0]

@@ -103,8 +103,11 @@ class Trajectory:
 
     @property
     def n_queries(self) -> int:
-        """The retriever queries its searches carried (a search of sub-queries, each)."""
-        return sum(max(1, len(s.sub_queries)) for s in self.steps if s.action == "search")
+        """The retriever queries its searches made (a search of sub-queries, each): a
+        search the environment answered with its block. One on the last allowed turn is
+        not run (the episode ends there), and looks nothing up."""
+        return sum(max(1, len(s.sub_queries)) for s in self.steps
+                   if s.action == "search" and s.info_end is not None)
 
     @property
     def n_generated(self) -> int:

@@ -54,7 +54,12 @@ from seekrl.recipes.train_state import (
     logged_step,
     run_summary,
 )
-from seekrl.rewards.outcome import RewardParts, episode_reward, load_reward_fn
+from seekrl.rewards.outcome import (
+    RewardParts,
+    checked_reward_fn,
+    episode_reward,
+    load_reward_fn,
+)
 from seekrl.rewards.process import ProcessContext, StepScorer, score_steps
 from seekrl.rl.advantages import (
     Estimate,
@@ -124,6 +129,9 @@ class Trainer:
         self.prm_scorer = prm_scorer
         if reward_fn is None and cfg.reward.fn:
             reward_fn = load_reward_fn(cfg.reward.fn)
+        elif reward_fn is not None:   # given from Python: the same checks as reward.fn's
+            reward_fn = checked_reward_fn(reward_fn, f"reward_fn "
+                                          f"{getattr(reward_fn, '__name__', type(reward_fn).__name__)}")
         r = cfg.reward
         self.reward_fn = reward_fn or partial(
             episode_reward, outcome=r.outcome, format_reward=r.format_reward,

@@ -101,17 +101,25 @@ def load_reward_fn(path: str, key: str = "reward.fn") -> Callable[[Trajectory], 
     checked on every call: a wrong type fails naming the key."""
     from seekrl.plugins import load_function
 
-    fn = load_function(key, path, args=(1,), shape=REWARD_FN_SHAPE)
+    return checked_reward_fn(load_function(key, path, args=(1,), shape=REWARD_FN_SHAPE),
+                             f"{key}: {path}")
 
+
+def checked_reward_fn(fn: Callable[[Trajectory], RewardParts], name: str
+                      ) -> Callable[[Trajectory], RewardParts]:
+    """`fn` with what it returns checked on every call: a `RewardParts` of finite total and
+    outcome, else an error naming `name` (one NaN made the advantages of its whole group,
+    prompt tokens too, NaN)."""
     def reward(t: Trajectory) -> RewardParts:
         parts = fn(t)
         if not isinstance(parts, RewardParts):
-            raise TypeError(f"{key}: {path} returned a {type(parts).__name__}; expected "
+            raise TypeError(f"{name} returned a {type(parts).__name__}; expected "
                             f"RewardParts(total, outcome, format, penalty) "
                             "(seekrl.rewards.outcome)")
         if not all(math.isfinite(float(x)) for x in (parts.total, parts.outcome)):
-            raise ValueError(f"{key}: {path} returned total {parts.total!r}, outcome "
+            raise ValueError(f"{name} returned total {parts.total!r}, outcome "
                              f"{parts.outcome!r} for {t.example_id}; expected finite numbers")
         return parts
 
+    reward.__wrapped__ = fn
     return reward

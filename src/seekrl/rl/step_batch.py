@@ -91,8 +91,10 @@ def step_reward_position(t: Trajectory, step) -> int:
     for i in range(min(step.start, len(t.loss_mask)) - 1, -1, -1):
         if t.loss_mask[i]:
             return i
-    last = last_policy_token(t)
-    return last if last is not None else 0
+    for i in range(max(step.start, 0), len(t.loss_mask)):   # the nearest after it
+        if t.loss_mask[i]:
+            return i
+    return 0
 
 
 def anchor_states(t: Trajectory, kind: str) -> list[tuple]:
