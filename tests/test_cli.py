@@ -124,13 +124,14 @@ def test_bad_inputs_exit_2_with_a_clear_message(tmp_path):
     r = run("world", "--out", tmp_path / "w", "--doc-words", "30")
     assert r.exit_code == 2 and "--doc-words: '30' is not LOW,HIGH" in r.output
     r = run("world", "--out", tmp_path / "w", "--doc-words", "30,12")
-    assert r.exit_code == 2 and "doc_words: expected (low, high) with 0 <= low < high" in r.output
+    assert r.exit_code == 2 and "--doc-words: expected (low, high) with 0 <= low < high" \
+        in r.output
     for flags, said in ((["--hop-mix", "2:0.5,2:0.3"], "--hop-mix: 2 hops given twice"),
-                        (["--hop-mix", "2:nan"], "hop_mix: weights must be finite"),
-                        (["--hop-mix", "2:inf,3:1"], "hop_mix: weights must be finite"),
-                        (["--distractors", "nan"], "distractors: expected a finite mean >= 0"),
-                        (["--distractors", "-1"], "distractors: expected a finite mean >= 0"),
-                        (["--train", "-5"], "n_train: expected a number of questions >= 0")):
+                        (["--hop-mix", "2:nan"], "--hop-mix: weights must be finite"),
+                        (["--hop-mix", "2:inf,3:1"], "--hop-mix: weights must be finite"),
+                        (["--distractors", "nan"], "--distractors: expected a finite mean >= 0"),
+                        (["--distractors", "-1"], "--distractors: expected a finite mean >= 0"),
+                        (["--train", "-5"], "--train: expected a number of questions >= 0")):
         r = run("world", "--out", tmp_path / "w", *flags)
         assert r.exit_code == 2 and said in r.output, (flags, r.output)
     assert not (tmp_path / "w").exists()

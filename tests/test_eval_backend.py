@@ -112,8 +112,10 @@ def test_cli_eval_backend_static_gives_the_hf_loops_run(world_index, sharp, tmp_
     # agent: multi-turn episodes; direct: the reply is the answer (the random model's text)
     for method in ("agent", "direct"):
         for kind in ("hf", "static"):
+            # direct searches nothing: no index (it is refused as unused)
+            where = ["--index", str(index_dir)] if method == "agent" else []
             r = runner.invoke(app, ["eval", "--model", str(model_dir), "--data",
-                                    str(paths["test"]), "--index", str(index_dir), "--out",
+                                    str(paths["test"]), *where, "--out",
                                     str(tmp_path / kind / method), "--limit", "3",
                                     "--max-new-tokens", "10", "--max-turns", "2",
                                     "--max-total-tokens", "512", "--backend", kind,
