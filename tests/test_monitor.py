@@ -628,3 +628,34 @@ def test_greedy_hops_per_type_against_the_first_evaluation():
     older.load_state_dict({k: v for k, v in m.state_dict().items()
                            if k not in ("hops", "plans", "greedy_hops")})
     assert older.update_eval(0, ev(1.3, 1.0)) == []
+
+
+def test_a_collapse_after_a_fall_back_to_warn_alerts_again():
+    """warn, collapse, back to warn (not passed), collapse again: the second collapse was
+    silent (judged against the worst since the check last passed), and a run stopped on it
+    with no alert line."""
+    m = Monitor(MonitorConfig(window=2))
+    got = feed(m, series("valid_format", [0.9, 0.9, 0.1, 0.1, 0.6, 0.6, 0.1, 0.1]))
+    severities = [(step, sev) for step, alerts in got.items() for kind, sev in alerts
+                  if kind == "valid_format_collapse"]
+    assert [sev for _, sev in severities].count("collapse") == 2, got
+    assert not m.healthy
+
+
+def test_steps_too_easy_to_teach_do_not_count_towards_a_no_signal_collapse():
+    """Five all-right steps (a warn: too easy) and one tie that was not all right made a
+    collapse of "6 steps" with no_signal_steps 3, stopping a run that had one mixed step."""
+    m = monitor(no_signal_steps=3)
+    stream = [{"groups_with_signal": 0.0, "groups_solved": 1.0}] * 5 + \
+        [{"groups_with_signal": 0.0, "groups_solved": 0.9}]
+    got = feed(m, stream)
+    assert all(sev != "collapse" for alerts in got.values() for _, sev in alerts), got
+    assert m.healthy
+    # six ties not solved are a collapse, as before
+    m = monitor(no_signal_steps=3)
+    got = feed(m, [{"groups_with_signal": 0.0, "groups_solved": 0.5}] * 6)
+    assert got[6] == [("no_signal", "collapse")] and not m.healthy
+    state = m.state_dict()   # the count of ties not solved resumes
+    again = monitor(no_signal_steps=3)
+    again.load_state_dict(state)
+    assert again.unsolved_run == 6

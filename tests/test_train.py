@@ -289,6 +289,25 @@ def test_a_reward_fn_given_from_python_is_checked_as_a_configured_one(world, tin
         trainer.step(1)
 
 
+def test_a_nan_gradient_norm_of_a_later_mini_batch_is_the_steps_figure(world, tiny, tmp_path,
+                                                                      monkeypatch):
+    """Four updates a step, the last one's norm NaN (its optimizer step skipped): the step
+    recorded the largest finite norm (max() drops a NaN that is not first), so the monitor
+    never saw the collapse it is built to stop on."""
+    def step_with_nan():
+        norms.append(0.5 if len(norms) < 3 else float("nan"))
+        return norms[-1]
+
+    cfg = make_cfg(tmp_path, **{"algo.mini_batch_size": 2})
+    trainer = make_trainer(cfg, world, tiny)
+    norms: list[float] = []
+    monkeypatch.setattr(trainer.updater, "optimizer_step", step_with_nan)
+    record = trainer.step(1)
+    assert record["updates"] == 4 and math.isnan(record["grad_norm"])
+    assert any(a.kind == "grad_norm_explosion" and a.severity == "collapse"
+               for a in trainer.monitor.update(1, record))
+
+
 def test_dynamic_sampling_drops_groups_without_signal(world, tiny, tmp_path):
     _, record = one_flat_group_step(world, tiny, tmp_path, max_refills=0)
     assert record["episodes_sampled"] == 4 and record["episodes"] == 2

@@ -168,15 +168,16 @@ class _Signal:
         return sum(self.last) / len(self.last)
 
     def judge(self, severity: str | None) -> bool:
-        """Record a check's outcome; True when it is worth an alert (new, or more severe)."""
-        self.level = severity
+        """Record a check's outcome; True when it is worth an alert: more severe than the
+        last check's (a collapse after a fall back to warn alerts again; it was silent,
+        judged against the worst since the check last passed)."""
+        before, self.level = self.level, severity
         if severity is None:
             self.alerted = None
             return False
         if SEVERITIES.index(severity) > SEVERITIES.index(self.alerted):
             self.alerted = severity
-            return True
-        return False
+        return SEVERITIES.index(severity) > SEVERITIES.index(before)
 
     def state_dict(self) -> dict:
         return {"first": list(self.first), "last": list(self.last),
@@ -373,6 +374,7 @@ class Monitor:
         self.search_collapse = _Signal(cfg.window)   # only its alert state
         self.greedy_searches = _Signal(cfg.window)   # evaluations: first = the first one's
         self.no_signal_run = 0                # steps in a row without a varied group
+        self.unsolved_run = 0                 # ... of which not every group was right
         self.low_signal = _Signal(cfg.window)  # groups_with_signal, for low_signal
         self.solved = _Signal(cfg.window)      # groups_solved, for low_signal's message
         self.constant_answer = _Signal(cfg.window)   # only its alert state (evaluations)
@@ -546,14 +548,18 @@ class Monitor:
                          ) -> tuple[str | None, str] | None:
         if share is None:
             return None
+        all_right = solved is not None and solved >= 1.0
         self.no_signal_run = self.no_signal_run + 1 if share <= 0 else 0
+        # a collapse is ties the policy did not solve: steps too easy to teach only warn,
+        # and do not count towards it
+        self.unsolved_run = self.unsolved_run + 1 if share <= 0 and not all_right else 0
         n, steps = self.no_signal_run, self.cfg.no_signal_steps
         s = "s" if n != 1 else ""
-        if solved is not None and solved >= 1.0:   # every group all right: too easy
+        if all_right:   # every group all right: too easy
             return _severity(n >= steps, False), (
                 f"every group answered right for {n} step{s} in a row: the questions are too "
                 "easy for the policy and teach it nothing (harder data, or dynamic sampling)")
-        return _severity(n >= steps, n >= 2 * steps), (
+        return _severity(n >= steps, self.unsolved_run >= 2 * steps), (
             f"no group's rewards varied for {n} step{s} in a row: every group-relative "
             "advantage is zero and the outcome reward teaches nothing")
 
@@ -589,7 +595,8 @@ class Monitor:
     def state_dict(self) -> dict:
         return {"signals": {name: s.state_dict() for name, s in self.signals.items()},
                 "types": {t: s.state_dict() for t, s in self.types.items()},
-                "no_signal": {**self.no_signal.state_dict(), "run": self.no_signal_run},
+                "no_signal": {**self.no_signal.state_dict(), "run": self.no_signal_run,
+                              "unsolved": self.unsolved_run},
                 "low_signal": self.low_signal.state_dict(), "solved": self.solved.state_dict(),
                 "search_collapse": self.search_collapse.state_dict(),
                 "constant_answer": {**self.constant_answer.state_dict(),
@@ -607,6 +614,7 @@ class Monitor:
         saved = state.get("no_signal")   # absent in checkpoints written before this check
         self.no_signal = _Signal.from_state(saved, window) if saved else _Signal(window)
         self.no_signal_run = int(saved["run"]) if saved else 0
+        self.unsolved_run = int(saved.get("unsolved", saved["run"])) if saved else 0
         for name in ("low_signal", "solved", "constant_answer"):   # absent in older checkpoints
             saved = state.get(name)
             setattr(self, name, _Signal.from_state(saved, window) if saved else _Signal(window))

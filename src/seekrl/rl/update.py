@@ -10,6 +10,7 @@ the optimizer step); nothing here reads a config file or a run folder."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -112,7 +113,11 @@ class PolicyUpdate:
                 stats["grad_norm"].append(self.optimizer_step())
                 probe.stepped = True
         out: dict[str, Any] = {k: round(sum(v) / len(v), 5) for k, v in stats.items()}
-        out["grad_norm"] = round(max(stats["grad_norm"]), 4)
+        # a non-finite norm skipped its optimizer step: the step's figure says so (max()
+        # drops a NaN that is not first, and the monitor then saw a healthy norm)
+        norms = stats["grad_norm"]
+        out["grad_norm"] = float("nan") if not all(math.isfinite(g) for g in norms) \
+            else round(max(norms), 4)
         out["updates"] = len(stats["grad_norm"])   # optimizer steps this batch made
         out["correct_logps"] = {i: lp for part in self.dist.gather([probe.correct_logps])
                                 for i, lp in part.items()}
