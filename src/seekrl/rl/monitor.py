@@ -66,7 +66,8 @@ not a trend). The checks, for GRPO / PPO on a search agent:
   run starts that is too hard for its policy. It needs no baseline, so it fires even when
   the collapse began inside the baseline window; twice as many steps in a row is a
   collapse. When every tied group answered right (`groups_solved` is 1) the policy is not
-  broken, the questions are too easy for it: that only warns.
+  broken, the questions are too easy for it: that only warns, and such steps do not count
+  towards the collapse.
 - constant_answer: a greedy evaluation (`Monitor.update_eval`) gave every one of its
   yes/no questions (at least `constant_answer_min` of them) the same answer while the
   golds hold both, at least a fifth each: the policy does not compare, and its EM on them
