@@ -604,3 +604,23 @@ def test_the_metrics_table_shows_the_hop_decision_where_the_policy_plans():
     assert m["datasets"]["A"]["planned_lookups"] == 2.0   # over the one episode that plans
     text = metrics_markdown(m)
     assert "| one search | planned lookups |" in text
+
+
+def test_an_evaluation_written_again_is_not_complete_until_it_is(tmp_path, monkeypatch):
+    """An evaluation folder written over in place (a resumed run's eval/step-N) kept the
+    old metrics.json, which says the folder is complete, while its trajectories were being
+    rewritten: a kill there left the old figures beside half the new episodes."""
+    import seekrl.eval.evaluate as evaluate_module
+    from seekrl.eval.evaluate import write_run
+
+    out = tmp_path / "eval"
+    out.mkdir()
+    (out / "metrics.json").write_text('{"average": {"em": 0.9}}')
+
+    def killed(path, trajs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluate_module, "write_trajectories", killed)
+    with pytest.raises(KeyboardInterrupt):
+        write_run(out, [], {"average": {"em": 0.1}})
+    assert not (out / "metrics.json").exists()

@@ -161,6 +161,17 @@ def test_the_fingerprint_follows_the_prompt(tiny):
         protocol_record(RolloutConfig(prompt="data"), tok, other)["data_prompts_sha256"]
 
 
+def test_the_fingerprint_reads_named_chat_templates():
+    """A tokenizer with several named templates (Hermes-2-Pro, Command-R) holds a dict:
+    hashing it as text failed every evaluation once its episodes were played."""
+    from types import SimpleNamespace
+
+    named = SimpleNamespace(chat_template={"default": "x", "tool_use": "y"})
+    other = SimpleNamespace(chat_template={"default": "x", "tool_use": "z"})
+    a = protocol_record(RolloutConfig(), named)["chat_template_sha256"]
+    assert a and a != protocol_record(RolloutConfig(), other)["chat_template_sha256"]
+
+
 def _oracle(with_hits=True, prompt=None):
     info = {"role": "information", "content": "<information>Doc 1 (Title: Tarrow) Tarrow is a "
                                               "city.</information>"}

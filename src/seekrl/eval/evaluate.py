@@ -299,7 +299,9 @@ def protocol_record(cfg: RolloutConfig, tokenizer,
 
     from seekrl.agent.protocol import PROMPTS, prompt_style, user_message
 
-    def digest(text: str | None) -> str | None:
+    def digest(text) -> str | None:
+        if text and not isinstance(text, str):   # named templates: {"default": ..., ...}
+            text = json.dumps(text, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16] if text else None
 
     style = prompt_style(cfg.prompt)
@@ -488,7 +490,7 @@ def eval_policy(model, tokenizer, retriever, cfg, out_dir: str | Path, *,
     as `sampled` (pass@1 = its `em`, and `pass@K`). The episodes decode on `backend` (a
     trainer hands in its own static backend: its rows and graphs are reused, not allocated
     twice), else on the one `episode.backend` names (`eval_backend`)."""
-    from seekrl.eval.report import write_viewer
+    from seekrl.eval.report import METRICS_FILE, write_viewer
 
     play = eval_settings(cfg, episode)
     data = load_eval_data([cfg.data], limit=limit or cfg.n)
@@ -502,6 +504,8 @@ def eval_policy(model, tokenizer, retriever, cfg, out_dir: str | Path, *,
                            progress=console is not None, console=console)
         samples = getattr(cfg, "samples", 0)
         if samples:
+            # the folder is complete (metrics.json) only once the sampled run is in too
+            (Path(out_dir) / METRICS_FILE).unlink(missing_ok=True)
             sampled_cfg = eval_rollout_config(play, n_samples=samples,
                                               temperature=play.temperature)
             sampled = evaluate(model, tokenizer, retriever, data, sampled_cfg,
@@ -523,6 +527,7 @@ def write_run(out_dir: str | Path, trajectories: Sequence[Trajectory], metrics: 
     """trajectories.jsonl, episodes.jsonl (when a tokenizer is given), metrics.json/.md."""
     from seekrl.eval.report import (
         EPISODES_FILE,
+        METRICS_FILE,
         TRAJECTORIES_FILE,
         decode_segments,
         metrics_markdown,
@@ -530,6 +535,9 @@ def write_run(out_dir: str | Path, trajectories: Sequence[Trajectory], metrics: 
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # an old run's metrics.json goes first: written over in place, a kill would leave it,
+    # saying the folder is complete, beside half the new trajectories
+    (out / METRICS_FILE).unlink(missing_ok=True)
     write_trajectories(out / TRAJECTORIES_FILE, trajectories)
     if tokenizer is not None:
         records = ({"dataset": t.dataset, "example_id": t.example_id,
