@@ -160,6 +160,12 @@ def test_flashrag_specs_from_a_local_mirror(tmp_path: Path, monkeypatch) -> None
         load_qa("flashrag:nq:dev")
     data = load_eval_data(["flashrag:nq", "flashrag:2wiki"][:1] + ["flashrag:hotpotqa"], limit=2)
     assert list(data) == ["nq", "hotpotqa"] and len(data["nq"]) == 2
+    # several sets in one spec are evaluated apart, the limit a set's (they were one row,
+    # named nq+hotpotqa, its limit taken from nq alone)
+    data = load_eval_data(["flashrag:nq+hotpotqa"], limit=2)
+    assert list(data) == ["nq", "hotpotqa"] and [len(v) for v in data.values()] == [2, 1]
+    data = load_eval_data(["flashrag:nq+hotpotqa:train"])
+    assert list(data) == ["nq-train", "hotpotqa-train"]
 
 
 @needs_datasets

@@ -624,3 +624,21 @@ def test_an_evaluation_written_again_is_not_complete_until_it_is(tmp_path, monke
     with pytest.raises(KeyboardInterrupt):
         write_run(out, [], {"average": {"em": 0.1}})
     assert not (out / "metrics.json").exists()
+
+
+def test_a_merged_search_r1_parquet_is_scored_a_data_set_a_row(tmp_path):
+    """Search-R1's merged test file holds every set, each row its `data_source`: it was one
+    dataset (a micro mean over all, no hop averages, a limit from its first set)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    target = {"style": "rule", "ground_truth": {"target": ["a"]}}
+    rows = [{"data_source": source, "prompt": [{"role": "user", "content": f"Question: {q}?"}],
+             "reward_model": target, "extra_info": {"split": "test", "index": i}}
+            for i, (source, q) in enumerate([("nq", "n1"), ("nq", "n2"), ("hotpotqa", "h1"),
+                                             ("nq", "n3"), ("hotpotqa", "h2")])]
+    path = tmp_path / "test.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    data = load_eval_data([path], limit=2)
+    assert list(data) == ["nq", "hotpotqa"]
+    assert [[e.question for e in v] for v in data.values()] == [["n1?", "n2?"], ["h1?", "h2?"]]

@@ -110,12 +110,15 @@ def load_eval_data(paths: Sequence[str | Path], *, limit: int | None = None,
     if limit is not None and limit < 1:
         raise ValueError(f"limit: expected a positive integer, got {limit}")
     data: OrderedDict[str, list[QAExample]] = OrderedDict()
-    for path in paths:
-        name = base = dataset_name(path)
-        n = 1
+
+    def add(base: str, examples: list[QAExample]) -> None:
+        name, n = base, 1
         while name in data:
             n += 1
             name = f"{base}-{n}"
+        data[name] = examples[:limit] if limit is not None else examples
+
+    for path in _one_set_each(paths):
         if skipped is None:
             examples = load_qa(path)
         else:
@@ -127,8 +130,32 @@ def load_eval_data(paths: Sequence[str | Path], *, limit: int | None = None,
                 skipped.append(report)
         if not examples:
             raise DataError("no questions in the file", path=str(path))
-        data[name] = examples[:limit] if limit is not None else examples
+        sources = list(dict.fromkeys(str((ex.metadata or {}).get("data_source", ""))
+                                     for ex in examples))
+        if str(path).endswith(".parquet") and len(sources) > 1 and all(sources):
+            # Search-R1's merged test file: a table row per data set, as its papers give
+            for source in sources:
+                add(source, [ex for ex in examples
+                             if str(ex.metadata.get("data_source")) == source])
+        else:
+            add(dataset_name(path), examples)
     return data
+
+
+def _one_set_each(paths: Sequence[str | Path]) -> list[str | Path]:
+    """`flashrag:nq+hotpotqa[:SPLIT]` as one spec a set: scored together, they were one row
+    (a micro mean, no hop class), and a limit took its questions from the first set."""
+    from seekrl.data.benchmarks import parse_flashrag_spec
+
+    out: list[str | Path] = []
+    for path in paths:
+        text = os.fspath(path)
+        if text.startswith("flashrag:") and "+" in text.split(":")[1]:
+            entries, split = parse_flashrag_spec(text)
+            out += [f"flashrag:{e.name}" + (f":{split}" if split else "") for e in entries]
+        else:
+            out.append(path)
+    return out
 
 
 # --------------------------------------------------------------------------------- scoring
