@@ -122,6 +122,13 @@ def test_flashrag_folder_with_and_without_split(tmp_path: Path) -> None:
                                                 r"'questions.jsonl'\]: name the file"):
         load_qa(other)
     assert dataset_name(f"{folder}:train") == "hotpotqa-train"   # not the reported split
+    # a folder of saved splits (DatasetDict.save_to_disk) is read at its train split, and
+    # named so (it was named as the set's reported split, and its scores went to the
+    # multi-hop average)
+    saved = tmp_path / "saved" / "hotpotqa"
+    saved.mkdir(parents=True)
+    (saved / "dataset_dict.json").write_text('{"splits": ["train", "validation"]}')
+    assert dataset_name(saved) == "hotpotqa-train"
     assert load_qa(folder)[0].metadata["supporting_titles"] == ["Muse (band)", "Kasabian"]
 
 

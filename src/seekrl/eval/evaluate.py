@@ -89,6 +89,8 @@ def dataset_name(path: str | Path) -> str:
     # a suite set's name as `flashrag:` gives it (`2wiki` -> `2wikimultihopqa`), and named
     # apart when read from another split than the papers' (`hotpotqa/train.jsonl`)
     if path.is_dir():
+        if (path / "dataset_dict.json").is_file():   # saved splits: `load_qa` reads train
+            return split_name(path.name, "train")
         return split_name(path.name, folder_split(path))
     stem = path.stem.lower()
     if stem not in GENERIC_STEMS:
