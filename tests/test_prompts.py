@@ -161,6 +161,22 @@ def test_the_fingerprint_follows_the_prompt(tiny):
         protocol_record(RolloutConfig(prompt="data"), tok, other)["data_prompts_sha256"]
 
 
+def test_search_r1_blocks_read_as_search_r1_writes_them():
+    """Search-R1 strips its block's body and writes nothing where nothing was found:
+    a last document ending in whitespace (wiki-18's stored contents) and a title-only
+    document left a space before </information>, and an empty search read "No documents
+    matched the query."; seekrl's own style is unchanged."""
+    from seekrl.agent.protocol import format_hits
+
+    r1 = PROMPTS["search_r1"]
+    hits = [Hit.from_contents("a", '"A"\nalpha text', 1.0),
+            Hit.from_contents("b", '"B"\nbeta text ', 1.0)]
+    assert format_hits(hits, r1) == 'Doc 1(Title: "A") alpha text\nDoc 2(Title: "B") beta text'
+    assert format_hits([Hit.from_contents("x", '"X"', 1.0)], r1) == 'Doc 1(Title: "X")'
+    assert format_hits([], r1) == ""
+    assert format_hits([], PROMPTS["seekrl"]) == "No documents matched the query."
+
+
 def test_the_fingerprint_reads_named_chat_templates():
     """A tokenizer with several named templates (Hermes-2-Pro, Command-R) holds a dict:
     hashing it as text failed every evaluation once its episodes were played."""

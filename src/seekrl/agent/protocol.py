@@ -77,6 +77,10 @@ class PromptStyle:
     # a document's title and text as Search-R1's client splits the served contents: the
     # first line as it is (wiki-18's quotes kept), the other lines after it
     stored_lines: bool = False
+    # the block's body as Search-R1 writes it: its document lines stripped (a document
+    # ending in whitespace ends the body without it), and nothing where nothing was found
+    strip_body: bool = False
+    no_hits: str = "No documents matched the query."
 
     def doc_line(self, i: int, hit: Hit, *, text: bool = True) -> str:
         """Document `i`'s line (`text=False`: the line up to its text)."""
@@ -108,7 +112,8 @@ PROMPTS = {
     "search_r1": PromptStyle("search_r1", SEARCH_R1_INSTRUCTION.replace(
                                  " Question: {question}", "{tools} Question: {question}"),
                              doc="Doc {i}(Title: {title}) {text}", invalid=SEARCH_R1_INVALID,
-                             question_mark=True, stored_lines=True),
+                             question_mark=True, stored_lines=True, strip_body=True,
+                             no_hits=""),
 }
 
 
@@ -135,10 +140,11 @@ def format_hits(hits: Sequence[Hit], style: PromptStyle | None = None, *,
     """Documents as the policy reads them, one per line (`Doc i (Title: ...) text` in
     seekrl's style, numbered from `first`), or a short notice when the search found
     nothing."""
-    if not hits:
-        return "No documents matched the query."
     style = style or PROMPTS["seekrl"]
-    return "\n".join(style.doc_line(i, h) for i, h in enumerate(hits, first))
+    if not hits:
+        return style.no_hits
+    body = "\n".join(style.doc_line(i, h) for i, h in enumerate(hits, first))
+    return body.strip() if style.strip_body else body
 
 
 def format_query_results(queries: Sequence[str], hits: Sequence[Sequence[Hit]],

@@ -218,7 +218,15 @@ class RolloutEngine:
                                self.cfg.max_info_tokens)
 
     def _document_ids(self, hits: Sequence[Hit], budget: int) -> list[int]:
-        return self._encode(format_hits(hits, self.style))[:max(1, budget)]
+        ids = self._encode(format_hits(hits, self.style))
+        if len(ids) <= budget:
+            return ids
+        ids = ids[:max(1, budget)]
+        # not inside a character: its first bytes alone decode to U+FFFD, which the
+        # prompt's text would then hold
+        while len(ids) > 1 and self.tokenizer.decode(ids).endswith("\ufffd"):
+            ids = ids[:-1]
+        return ids
 
     # ---- the loop
     def run(self, examples: Sequence[QAExample], *, dataset: str = "",
@@ -448,10 +456,19 @@ class RolloutEngine:
                     read = shown_hits(hits, full, documents, self.style, self._round_trip)
                     hits = [h for h, ok in zip(hits, read) if ok]
             shown_per.append(hits)
-            prompts.append(self.tokenizer.encode(build_prompt(   # the template's own tokens
-                self.tokenizer, ex.question, cfg.method, documents=documents, style=self.style,
-                messages=ex.prompt if own else None, tools=self._tool_text),
-                add_special_tokens=False))
+            text = build_prompt(self.tokenizer, ex.question, cfg.method, documents=documents,
+                                style=self.style, messages=ex.prompt if own else None,
+                                tools=self._tool_text)
+            if documents and any(s in documents for s in self.tokenizer.all_special_tokens):
+                # a document naming a special token: its text stays text, the template's
+                # own tokens around it are the template's (encoded whole, "<|im_end|>" in a
+                # document was a real end of turn)
+                before, _, after = text.partition(documents)
+                prompts.append(self.tokenizer.encode(before, add_special_tokens=False)
+                               + self._encode(documents)
+                               + self.tokenizer.encode(after, add_special_tokens=False))
+            else:
+                prompts.append(self.tokenizer.encode(text, add_special_tokens=False))
         return prompts, shown_per
 
     def _take_turn(self, batch: list[_Episode], outs: list[Generated]) -> None:
