@@ -106,3 +106,18 @@ def build_lab(root: Path):
     model.save_pretrained(root / "tiny")
     tok.save_pretrained(root / "tiny")
     return world, paths, index_dir, root / "tiny"
+
+
+def interrupt_at_call(monkeypatch, module, name: str, n: int):
+    """`module.name` raising KeyboardInterrupt (a Ctrl-C) at its `n`-th call; returns what
+    puts the real one back."""
+    real, calls = getattr(module, name), []
+
+    def stopping(*a, **k):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(module, name, stopping)
+    return lambda: monkeypatch.setattr(module, name, real)

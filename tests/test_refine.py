@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import interrupt_at_call
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -422,18 +423,10 @@ def test_a_teachers_prm_run_resumes_past_its_sampling(tiny, tmp_path, monkeypatc
                           scorer=Scorer(), backend=Dice(other, OPTIONS), retriever=Docs(),
                           questions=questions(4), **kw)
 
-    real, calls = sft_module.sft_loss, []
-
-    def stop_in_step_2(*a, **k):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(sft_module, "sft_loss", stop_in_step_2)
+    restore = interrupt_at_call(monkeypatch, sft_module, "sft_loss", 2)   # in step 2
     with pytest.raises(Interrupted):
         refine()
-    monkeypatch.setattr(sft_module, "sft_loss", real)
+    restore()
     done = refine(resume=True)
     assert done["final"].endswith("final") and done["data_form"] == "text turns"
 

@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import build_world_and_index
+from conftest import build_world_and_index, interrupt_at_call
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -338,18 +338,10 @@ def test_resume_refuses_episodes_labelled_otherwise_when_drawn_by_them(world, ti
     data = tmp_path / "oracle.jsonl"
     data.write_text(world["oracle"].read_text())
     keys = {"balance_types": "hops", "max_steps": 3, "data": str(data)}
-    real, calls = sft_module.sft_loss, []
-
-    def stop_in_step_2(*a, **k):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(sft_module, "sft_loss", stop_in_step_2)
+    restore = interrupt_at_call(monkeypatch, sft_module, "sft_loss", 3)   # in step 2
     with pytest.raises(Interrupted):
         run_sft(_sft(world, tmp_path / "b", **keys), model=copy.deepcopy(model), tokenizer=tok)
-    monkeypatch.setattr(sft_module, "sft_loss", real)
+    restore()
     records = [json.loads(x) for x in data.read_text().splitlines()]
     for r in records:   # the same turns, the hops relabelled
         r["metadata"]["hops"] = 5 - int(r["metadata"]["hops"]) if int(
