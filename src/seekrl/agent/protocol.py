@@ -138,8 +138,8 @@ def tag(name: str, body: str) -> str:
 def format_hits(hits: Sequence[Hit], style: PromptStyle | None = None, *,
                 first: int = 1) -> str:
     """Documents as the policy reads them, one per line (`Doc i (Title: ...) text` in
-    seekrl's style, numbered from `first`), or a short notice when the search found
-    nothing."""
+    seekrl's style, numbered from `first`), or the style's `no_hits` when the search found
+    nothing (a short notice; nothing in Search-R1's)."""
     style = style or PROMPTS["seekrl"]
     if not hits:
         return style.no_hits
