@@ -2268,3 +2268,21 @@ def test_lora_adapters_go_in_the_top_train_layers_blocks(train_layers, adapted):
     assert {int(re.search(r"layers\.(\d+)\.", n).group(1)) for n in trained} == adapted
     with pytest.raises(ValueError, match=r"train_layers: expected 1..3"):
         prepare_trainable(tiny_policy(layers=3)[0], 4, LoRAConfig(enabled=True))
+
+
+def test_train_layers_trains_the_final_norm_of_every_family():
+    """The top blocks "and the final norm": only a module named `norm` was found, so
+    GPT-2's `ln_f` stayed frozen."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from seekrl.models import tiny_policy
+    from seekrl.recipes.setup import train_top_layers
+
+    gpt2 = train_top_layers(GPT2LMHeadModel(GPT2Config(
+        vocab_size=50, n_positions=16, n_embd=32, n_layer=3, n_head=2)), 1)
+    assert all(p.requires_grad for p in gpt2.transformer.ln_f.parameters())
+    assert all(p.requires_grad for p in gpt2.transformer.h[2].parameters())
+    assert not any(p.requires_grad for p in gpt2.transformer.h[0].parameters())
+    llama = train_top_layers(copy.deepcopy(tiny_policy(seed=0)[0]), 1)
+    assert llama.model.norm.weight.requires_grad
+    assert not llama.model.embed_tokens.weight.requires_grad

@@ -274,9 +274,14 @@ def train_top_layers(model, n: int | None):
     model.requires_grad_(False)
     for i in _top_blocks(model, n):
         blocks[i].requires_grad_(True)
-    norm = getattr(getattr(model, model.base_model_prefix, model), "norm", None)
-    if norm is not None:
-        norm.requires_grad_(True)
+    base = getattr(model, model.base_model_prefix, model)
+    # the final norm by each family's name (Llama/Qwen `norm`, GPT-2 `ln_f`, Phi
+    # `final_layernorm`): GPT-2's stayed frozen
+    for name in ("norm", "ln_f", "final_layernorm", "final_layer_norm"):
+        norm = getattr(base, name, None)
+        if isinstance(norm, torch.nn.Module):
+            norm.requires_grad_(True)
+            break
     return model
 
 
