@@ -152,7 +152,6 @@ class _Signal:
         self.last: deque[float] = deque(maxlen=window)
         self.rolling: deque[float] = deque(maxlen=ROLLING * window)
         self.level: str | None = None     # the latest check's severity
-        self.alerted: str | None = None   # the highest severity alerted since it last passed
 
     def observe(self, value: float) -> None:
         if len(self.first) < self.window:
@@ -173,16 +172,11 @@ class _Signal:
         last check's (a collapse after a fall back to warn alerts again; it was silent,
         judged against the worst since the check last passed)."""
         before, self.level = self.level, severity
-        if severity is None:
-            self.alerted = None
-            return False
-        if SEVERITIES.index(severity) > SEVERITIES.index(self.alerted):
-            self.alerted = severity
         return SEVERITIES.index(severity) > SEVERITIES.index(before)
 
     def state_dict(self) -> dict:
         return {"first": list(self.first), "last": list(self.last),
-                "rolling": list(self.rolling), "level": self.level, "alerted": self.alerted}
+                "rolling": list(self.rolling), "level": self.level}
 
     @classmethod
     def from_state(cls, state: dict, window: int) -> _Signal:
@@ -190,7 +184,7 @@ class _Signal:
         s.first = [float(v) for v in state["first"]][:window]
         s.last.extend(float(v) for v in state["last"])
         s.rolling.extend(float(v) for v in state.get("rolling", state["last"]))
-        s.level, s.alerted = state["level"], state["alerted"]
+        s.level = state["level"]
         return s
 
 
