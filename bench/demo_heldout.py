@@ -1,0 +1,165 @@
+"""The demo's RL against its SFT warm-up on more test questions than the demo scores.
+
+`seekrl demo` scores its three stages on the first `n_test` (40) questions of its world's
+test split, too few for a 3-answer gain to read as more than noise. This script takes the
+folders that `seekrl demo --out` wrote, evaluates each one's SFT and RL checkpoints on the
+first `--n` questions of the same split (200: all of it) with the demo's own episode
+settings and dtype (greedy), and pairs them question by question:
+
+    .venv/bin/python bench/demo_heldout.py /work/runs/demo3/s0 /work/runs/demo3/s1 \\
+        /work/runs/demo3/s2 --records bench/records/demo-heldout
+
+Each evaluation goes to RUN/eval_{sft,rl}_n{N}/ and is skipped when already there (a run
+stopped midway resumes). Prints the paired RL - SFT gain over all N questions (95% interval
+from a bootstrap over seeds, then questions), the same over the questions the demo did not
+score (index >= its n_test), EM per stage and per question type, how often the first 40
+answers agree with the demo's own evaluation, then a one-line summary. `--records` keeps
+each run's per-question answers (gzip) and the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from process_ablation import _paired, _per_question, paired_line  # noqa: E402
+
+STAGES = ("sft", "rl")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="folders `seekrl demo --out` wrote")
+    ap.add_argument("--n", type=int, default=200, help="the first N test questions")
+    ap.add_argument("--records", type=Path, default=None,
+                    help="keep per-question answers and the figures here")
+    ap.add_argument("--resamples", type=int, default=10_000)
+    return ap
+
+
+def demo_run(run: Path) -> dict:
+    """What a demo folder holds that the evaluation needs, checked: its settings, dtype,
+    seed, index, test split and the two checkpoints."""
+    need = {"config": run / "demo_config.json", "summary": run / "summary.json",
+            "index": run / "index", "test": run / "world" / "test.jsonl",
+            "sft": run / "sft" / "final", "rl": run / "rl" / "final"}
+    missing = [f"{k} ({p})" for k, p in need.items() if not p.exists()]
+    if missing:
+        raise SystemExit(f"{run}: not a finished `seekrl demo` folder; missing "
+                         + ", ".join(missing))
+    cfg = json.loads(need["config"].read_text())
+    summary = json.loads(need["summary"].read_text())
+    return {**need, "seed": cfg["seed"], "rollout": cfg["rollout"], "n_test": cfg["n_test"],
+            "dtype": summary["dtype"]}
+
+
+def evaluate(run: dict, stage: str, n: int, out: Path) -> Path:
+    """The stage's checkpoint on the first `n` test questions, as the demo evaluates."""
+    from rich.console import Console
+
+    from seekrl.config.schema import EpisodeSettings
+    from seekrl.data.qa import read_qa_jsonl, write_qa_jsonl
+    from seekrl.recipes.pipeline import evaluate_greedy
+    from seekrl.retrieval.index import load_index
+
+    done = out / "metrics.json"
+    if done.is_file() and _answered(out) == n:
+        return out
+    questions = read_qa_jsonl(run["test"])[:n]
+    if len(questions) < n:
+        raise SystemExit(f"{run['test']}: {len(questions)} questions, fewer than --n {n}")
+    out.mkdir(parents=True, exist_ok=True)
+    test_file = out.parent / f"test_questions_n{n}.jsonl"
+    write_qa_jsonl(test_file, questions)
+    evaluate_greedy(str(run[stage]), out, index=load_index(run["index"]), test_file=test_file,
+                    episode=EpisodeSettings(**run["rollout"]), n=n, dtype=run["dtype"],
+                    console=Console(stderr=True))
+    return out
+
+
+def _answered(eval_dir: Path) -> int | None:
+    per = _per_question(eval_dir)
+    return None if per is None else len(per)
+
+
+def _types(test: Path, n: int) -> dict[str, str]:
+    from seekrl.data.qa import read_qa_jsonl
+
+    return {q.id: (q.metadata or {}).get("type", "?") for q in read_qa_jsonl(test)[:n]}
+
+
+def _demo_answers(run: Path, stage: str) -> dict[str, float] | None:
+    return _per_question(run / f"eval_{stage}")
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    started = time.time()
+    runs = [demo_run(r) for r in args.runs]
+    seeds = [r["seed"] for r in runs]
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"the runs' seeds repeat ({seeds}): one demo folder a seed")
+    per_run: dict[tuple[str, int], dict[str, float]] = {}
+    fresh_run: dict[tuple[str, int], dict[str, float]] = {}
+    agree = agree_of = 0
+    by_type: dict[tuple[str, str], list[float]] = {}
+    for run, folder in zip(runs, args.runs):
+        types = _types(run["test"], args.n)
+        order = list(types)
+        seen = set(order[:run["n_test"]])
+        for stage in STAGES:
+            t0 = time.time()
+            per = _per_question(evaluate(run, stage, args.n, folder / f"eval_{stage}_n{args.n}"))
+            print(f"seed={run['seed']} stage={stage} em={sum(per.values()) / len(per):.4f} "
+                  f"questions={len(per)} seconds={time.time() - t0:.0f}", flush=True)
+            per_run[(stage, run["seed"])] = per
+            fresh_run[(stage, run["seed"])] = {q: v for q, v in per.items() if q not in seen}
+            for q, v in per.items():
+                by_type.setdefault((stage, types[q]), []).append(v)
+            demo = _demo_answers(folder, stage)
+            if demo:
+                agree += sum(demo[q] == per[q] for q in demo if q in per)
+                agree_of += sum(q in per for q in demo)
+    figures: dict[str, object] = {}
+    for stage in STAGES:
+        ems = [sum(per_run[(stage, s)].values()) / len(per_run[(stage, s)]) for s in seeds]
+        figures[f"em_{stage}"] = round(sum(ems) / len(ems), 4)
+        figures[f"em_{stage}_by_seed"] = "/".join(f"{e:.3f}" for e in ems)
+    for (stage, kind), values in sorted(by_type.items()):
+        figures[f"em_{stage}_{kind}"] = round(sum(values) / len(values), 4)
+        if stage == STAGES[0]:
+            figures[f"n_{kind}"] = len(values)
+    paired = _paired(per_run, "rl", "sft", None, resamples=args.resamples)
+    fresh = _paired(fresh_run, "rl", "sft", None, resamples=args.resamples)
+    for k, v in figures.items():
+        print(f"{k}={v}")
+    print(paired_line("rl", "sft", paired))
+    if fresh:   # None when --n leaves no question the demo did not score
+        print(paired_line("rl", "sft", fresh).replace("_rl_vs_sft", "_rl_vs_sft_unscored"))
+    print(f"demo_answers_agree={agree}/{agree_of}")
+    if args.records:
+        args.records.mkdir(parents=True, exist_ok=True)
+        for (stage, seed), per in per_run.items():
+            with gzip.open(args.records / f"s{seed}_{stage}_per_question.json.gz", "wt") as f:
+                json.dump(per, f, sort_keys=True)
+        (args.records / "figures.json").write_text(json.dumps(
+            {"runs": [str(r) for r in args.runs], "n": args.n, **figures,
+             "paired": paired, "paired_unscored": fresh,
+             "demo_answers_agree": [agree, agree_of]}, indent=1) + "\n")
+    print(f"demo_rl_gain={paired['gain']:+.4f} demo_rl_gain_ci={paired['lo']:+.4f}.."
+          f"{paired['hi']:+.4f} "
+          + (f"unscored_gain={fresh['gain']:+.4f} unscored_ci={fresh['lo']:+.4f}.."
+             f"{fresh['hi']:+.4f} " if fresh else "")
+          + f"em_sft={figures['em_sft']} "
+          f"em_rl={figures['em_rl']} seeds={len(seeds)} questions={args.n} "
+          f"minutes={(time.time() - started) / 60:.1f}")
+
+
+if __name__ == "__main__":
+    main()
