@@ -12,8 +12,9 @@ settings and dtype (greedy), and pairs them question by question:
 Each evaluation goes to RUN/eval_{sft,rl}_n{N}/ and is skipped when already there (a run
 stopped midway resumes). Prints the paired RL - SFT gain over all N questions (95% interval
 from a bootstrap over seeds, then questions), the same over the questions the demo did not
-score (index >= its n_test), EM per stage and per question type, how often the first 40
-answers agree with the demo's own evaluation, then a one-line summary. `--records` keeps
+score (index >= its n_test), EM per stage and per question type, valid format and
+searches, how often the first 40 answers agree with the demo's own evaluation, then a
+one-line summary. `--records` keeps
 each run's per-question answers (gzip) and the figures.
 """
 
@@ -109,14 +110,20 @@ def main() -> None:
     fresh_run: dict[tuple[str, int], dict[str, float]] = {}
     agree = agree_of = 0
     by_type: dict[tuple[str, str], list[float]] = {}
+    averages: dict[tuple[str, str], list[float]] = {}
     for run, folder in zip(runs, args.runs):
         types = _types(run["test"], args.n)
         order = list(types)
         seen = set(order[:run["n_test"]])
         for stage in STAGES:
             t0 = time.time()
-            per = _per_question(evaluate(run, stage, args.n, folder / f"eval_{stage}_n{args.n}"))
+            out = evaluate(run, stage, args.n, folder / f"eval_{stage}_n{args.n}")
+            per = _per_question(out)
+            avg = json.loads((out / "metrics.json").read_text())["average"]
+            for key in ("valid_format", "searches"):
+                averages.setdefault((stage, key), []).append(avg[key])
             print(f"seed={run['seed']} stage={stage} em={sum(per.values()) / len(per):.4f} "
+                  f"valid_format={avg['valid_format']:.3f} searches={avg['searches']:.2f} "
                   f"questions={len(per)} seconds={time.time() - t0:.0f}", flush=True)
             per_run[(stage, run["seed"])] = per
             fresh_run[(stage, run["seed"])] = {q: v for q, v in per.items() if q not in seen}
@@ -131,6 +138,8 @@ def main() -> None:
         ems = [sum(per_run[(stage, s)].values()) / len(per_run[(stage, s)]) for s in seeds]
         figures[f"em_{stage}"] = round(sum(ems) / len(ems), 4)
         figures[f"em_{stage}_by_seed"] = "/".join(f"{e:.3f}" for e in ems)
+    for (stage, key), values in averages.items():
+        figures[f"{key}_{stage}"] = round(sum(values) / len(values), 4)
     for (stage, kind), values in sorted(by_type.items()):
         figures[f"em_{stage}_{kind}"] = round(sum(values) / len(values), 4)
         if stage == STAGES[0]:
