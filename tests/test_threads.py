@@ -69,6 +69,33 @@ def test_busy_cores_are_measured_from_proc_stat():
     assert busy is None or 0.0 <= busy <= runtime.usable_cores() + 0.01
 
 
+def test_busy_cores_under_a_cpu_quota_count_this_cgroup_not_the_host(tmp_path, monkeypatch):
+    # a container that sees 16 cores with a quota of 2: the host's tenants keep the 16 busy
+    # in /proc/stat; what takes this container's cores is its own cgroup's other CPU use
+    (tmp_path / "cpu.max").write_text("200000 100000\n")
+    stat = tmp_path / "cpu.stat"
+    usage = {"usec": 5_000_000}
+    stat.write_text("usage_usec 5000000\nuser_usec 4000000\n")
+    monkeypatch.setattr(runtime, "CGROUP", str(tmp_path))
+    monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: set(range(16)),
+                        raising=False)
+    monkeypatch.setattr(runtime, "_cpu_times", lambda cpus: pytest.fail("read /proc/stat"))
+    clock = {"t": 100.0}
+    monkeypatch.setattr(runtime.time, "monotonic", lambda: clock["t"])
+    monkeypatch.setattr(runtime.time, "process_time", lambda: 7.0)
+
+    def sleep(seconds):   # another process of the container uses 0.5 s of CPU in 0.5 s
+        clock["t"] += seconds
+        usage["usec"] += int(seconds * 1e6)
+        stat.write_text(f"usage_usec {usage['usec']}\nuser_usec 4400000\n")
+
+    monkeypatch.setattr(runtime.time, "sleep", sleep)
+    assert runtime.usable_cores() == 2
+    assert runtime.busy_cores(0.5) == 1.0
+    plan = runtime.plan_threads(env={})
+    assert (plan.cores, plan.busy, plan.threads) == (2, 1.0, 1)
+
+
 def test_use_threads_sets_torch_and_survives_a_second_call():
     before = torch.get_num_threads()
     try:

@@ -231,21 +231,31 @@ def _probe_hub(env, timeout: float) -> str | None:
 
 # ---------------------------------------------------------------- CPU threads
 
+CGROUP = "/sys/fs/cgroup"   # cgroup v2's mount, where a container's CPU quota is read
+
+
+def _affinity() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):   # not Linux
+        return os.cpu_count() or 1
+
+
+def _quota_cores() -> int | None:
+    """The cgroup v2 CPU quota (`cpu.max`) in whole cores, rounded up; None without one."""
+    try:
+        with open(os.path.join(CGROUP, "cpu.max")) as f:
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" else max(1, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        return None
+
+
 def usable_cores() -> int:
     """The cores this process may run on: its CPU affinity (a container's or taskset's
     cpuset), capped by a cgroup v2 CPU quota (`cpu.max`), at least 1."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):   # not Linux
-        cores = os.cpu_count() or 1
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()[:2]
-        if quota != "max":
-            cores = min(cores, max(1, -(-int(quota) // int(period))))   # rounded up
-    except (OSError, ValueError):
-        pass
-    return max(1, cores)
+    quota = _quota_cores()
+    return max(1, min(_affinity(), quota) if quota is not None else _affinity())
 
 
 def _cpu_times(cpus: set[int] | None) -> tuple[int, int] | None:
@@ -265,11 +275,37 @@ def _cpu_times(cpus: set[int] | None) -> tuple[int, int] | None:
     return (busy, total) if total else None
 
 
+def _cgroup_usage() -> float | None:
+    """CPU seconds this cgroup's processes have used (cgroup v2 `cpu.stat`)."""
+    try:
+        with open(os.path.join(CGROUP, "cpu.stat")) as f:
+            for line in f:
+                key, value = line.split()[:2]
+                if key == "usage_usec":
+                    return int(value) / 1e6
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def busy_cores(seconds: float = 0.25) -> float | None:
     """How many of this process's cores other processes keep busy right now: the share of
     CPU time not idle over `seconds` (this process sleeps meanwhile), times the cores. None
     where /proc/stat is missing (not Linux). Measured, not the load average, whose minute of
-    memory still counts a job that has just ended."""
+    memory still counts a job that has just ended.
+
+    Under a CPU quota smaller than the cores the container sees, /proc/stat counts the
+    host's other tenants on all of them (16 busy cores against a quota of 2 would leave no
+    core free); there the cores taken are this cgroup's other CPU use over the same time."""
+    quota = _quota_cores()
+    if quota is not None and quota < _affinity():
+        used, own, start = _cgroup_usage(), time.process_time(), time.monotonic()
+        if used is not None:
+            time.sleep(seconds)
+            after, elapsed = _cgroup_usage(), time.monotonic() - start
+            if after is not None and elapsed > 0:
+                others = (after - used) - (time.process_time() - own)
+                return round(min(float(quota), max(0.0, others / elapsed)), 2)
     try:
         cpus: set[int] | None = set(os.sched_getaffinity(0))
     except (AttributeError, OSError):
