@@ -157,6 +157,52 @@ def test_token_budget_micro_batches_leave_the_update_unchanged(world, tiny, tmp_
         assert ra[key] == pytest.approx(rb[key], abs=1e-4), key
 
 
+def test_logged_figures_are_token_means_whatever_the_split_and_aggregation(tiny):
+    """Entropy, clip fraction, approx_kl and the KL to the reference are means over policy
+    tokens: the micro-batch split and `algo.loss_agg` (which weight the loss) leave them
+    alone. They had been summed with each micro-batch's loss weight (its episodes' share
+    under seq-*), and the KL aggregated as the loss (Dr. GRPO's divides by the length)."""
+    import random
+
+    from seekrl.agent.trajectory import Trajectory
+    from seekrl.config.schema import AlgoConfig
+    from seekrl.models import collate
+    from seekrl.rl.distributed import Dist, Replicated
+    from seekrl.rl.update import PolicyUpdate, UpdateBatch
+
+    model, _ = tiny
+    gen = torch.Generator().manual_seed(0)
+    trajs, advs = [], []
+    for n, trained in enumerate((3, 11, 6, 20)):   # episodes of unlike lengths
+        ids = torch.randint(5, 200, (4 + trained,), generator=gen).tolist()
+        trajs.append(Trajectory(f"q{n}", "g", "q?", ["x"], ids, [0] * 4 + [1] * trained, 4))
+        advs.append(torch.full((trained,), 1.0 if n % 2 else -1.0))
+    # a sharp policy (its entropy varies by token), and a reference near it (k3 unclamped)
+    runtime = Replicated(model, None, Dist(), temperature=0.1, share_prompts=False)
+    with torch.no_grad():
+        ids, attn, mask = collate([t.token_ids for t in trajs], [t.loss_mask for t in trajs],
+                                  0, "cpu")
+        logp = runtime.forward(ids, attn, mask)["logprobs"]
+    refs = [logp[n, :t.n_generated] + torch.rand(t.n_generated, generator=gen)
+            for n, t in enumerate(trajs)]
+    batch = UpdateBatch(trajs, advs, old_logps=None, ref_logps=refs, old_values=None,
+                        returns=None, norm_length=64)
+    records = {}
+    for agg, micro in (("seq-mean-token-mean", 4), ("seq-mean-token-mean", 1),
+                       ("seq-mean-token-sum-norm", 4), ("token-mean", 2)):
+        algo = AlgoConfig(loss_agg=agg, micro_batch_size=micro, mini_batch_size=4,
+                          epochs=1, kl_coef=0.1)
+        update = PolicyUpdate(algo, runtime, Dist(), "cpu", 0, None,
+                              optimizer_step=lambda: 1.0, correct=lambda t: False)
+        records[agg, micro] = update.run(batch, random.Random(0))
+        model.zero_grad(set_to_none=True)
+    base = records["seq-mean-token-mean", 4]
+    assert 0.05 < base["kl"] < 9 and base["entropy"] > 0
+    for key in ("entropy", "clip_frac", "approx_kl", "ratio_mean", "kl"):
+        for run, record in records.items():
+            assert record[key] == pytest.approx(base[key], rel=1e-5), (key, run)
+
+
 @given(st.lists(st.integers(1, 300), max_size=40), st.integers(1, 8),
        st.one_of(st.none(), st.integers(1, 1200)))
 def test_split_micro_batches_properties(lengths, max_episodes, max_tokens):

@@ -31,6 +31,13 @@ from seekrl.rl.loss import (
 )
 from seekrl.rl.sampling import split_micro_batches
 
+# the figures that are the loss's own terms, aggregated as the loss is (`algo.loss_agg`):
+# a micro-batch's value counts by its share of the mini-batch's loss; every other figure is
+# a mean over policy tokens (entropy, clip fractions, approx_kl, kl, ...), so it reads the
+# same whatever the micro-batches and mini-batches
+LOSS_TERMS = frozenset({"pg_loss", "value_loss", "llds"})
+TOKENS = "tokens/"   # token_sums' key of a figure's policy tokens
+
 
 @dataclass
 class UpdateBatch:
@@ -76,6 +83,8 @@ class PolicyUpdate:
         algo, trajs = self.algo, batch.trajs
         stats: dict[str, list[float]] = defaultdict(list)       # one value per mini-batch
         mini_stats: dict[str, float] = defaultdict(float)
+        # the other figures are token means: summed over their policy tokens, divided once
+        token_sums: dict[str, float] = defaultdict(float)
         probe = Probe()
         turn = 0   # micro-batches go to the ranks in turn (all to this one in one process)
         scale = self.runtime.loss_scale
@@ -104,8 +113,13 @@ class PolicyUpdate:
                         weight = len(micro) / len(mini)
                     loss, s = self.micro_loss(batch, micro, probe if live else Probe())
                     (loss * (weight * scale if live else 0.0)).backward()
-                    for k, v in s.items() if live else ():  # each one's share, as in the loss
-                        mini_stats[k] += v * weight
+                    tokens = sum(trajs[i].n_generated for i in micro)
+                    for k, v in s.items() if live else ():
+                        if k in LOSS_TERMS:   # each one's share, as in the loss
+                            mini_stats[k] += v * weight
+                        elif tokens:   # a figure a micro-batch lacks is not a 0 there
+                            token_sums[k] += v * tokens
+                            token_sums[TOKENS + k] += tokens
                 turn += len(cuts)
                 for k, v in self.dist.sum_values(mini_stats).items():
                     stats[k].append(v)
@@ -113,6 +127,9 @@ class PolicyUpdate:
                 stats["grad_norm"].append(self.optimizer_step())
                 probe.stepped = True
         out: dict[str, Any] = {k: round(sum(v) / len(v), 5) for k, v in stats.items()}
+        sums = self.dist.sum_values(token_sums)
+        out.update({k: round(v / sums[TOKENS + k], 5) for k, v in sums.items()
+                    if not k.startswith(TOKENS)})
         # a non-finite norm skipped its optimizer step: the step's figure says so (max()
         # drops a NaN that is not first, and the monitor then saw a healthy norm)
         norms = stats["grad_norm"]
@@ -180,9 +197,10 @@ class PolicyUpdate:
             s.update(llds_stats)
             loss = loss + algo.llds_coef * llds
         if batch.ref_logps is not None:
-            kl = aggregate(kl_penalty(logp, grid(batch.ref_logps), algo.kl_estimator), mask,
-                           algo.loss_agg, norm_length)
-            s["kl"] = float(kl.detach())
+            per_token = kl_penalty(logp, grid(batch.ref_logps), algo.kl_estimator)
+            kl = aggregate(per_token, mask, algo.loss_agg, norm_length)
+            # logged per token whatever the loss's aggregation (as `kl_in_reward` logs it)
+            s["kl"] = float(aggregate(per_token.detach(), mask, "token-mean"))
             loss = loss + algo.kl_coef * kl
         if self.value_head is not None:
             returns = grid(batch.returns)
