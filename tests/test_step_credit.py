@@ -264,6 +264,26 @@ def test_gae_takes_step_rewards_on_their_tokens():
     assert ret.tolist() == pytest.approx([0, 1.5, 1.5, 0, 0, 1.0])
 
 
+def test_gae_whitens_with_algo_epsilon():
+    t = ep("g", [search(2, 2), answer(1)], prompt=1)
+    values = [torch.zeros(len(t.token_ids))]
+    rewards = Rewards([1.0], [[0.5, 0.0]])
+    (tight,), _ = compute_advantages("gae", [t], rewards, AlgoConfig(epsilon=1e-8),
+                                     values=values)
+    (loose,), _ = compute_advantages("gae", [t], rewards, AlgoConfig(epsilon=1.0),
+                                     values=values)
+    # advantages 1.5, 1.5, 1.0 on the policy tokens: centred, divided by std + epsilon
+    assert loose.abs().sum() < tight.abs().sum() * 0.5
+
+
+def test_tree_grpo_without_trees_is_dr_grpo():
+    trajs = [ep("g", [answer()], sample=i) for i in range(4)]
+    scores = [1.0, 0.0, 0.0, 0.0]
+    tree, _ = compute_advantages("tree_grpo", trajs, scores)
+    dr, _ = compute_advantages("dr_grpo", trajs, scores)
+    assert [float(a[0]) for a in tree] == pytest.approx([float(a[0]) for a in dr])
+
+
 def test_every_estimator_sees_step_rewards_through_the_total():
     """Outcome estimators score an episode by outcome + its step rewards."""
     e1, e2 = ep("g", [search(), answer()]), ep("g", [search(), answer()], sample=1)

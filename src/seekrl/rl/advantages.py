@@ -319,7 +319,7 @@ def gae(batch: StepBatch, cfg: AlgoConfig):
         raise ValueError("gae needs the critic's values (a value head): pass values=")
     adv = gae_advantages(batch.token_rewards, batch.values, batch.policy, cfg.gamma, cfg.lam)
     returns = adv + batch.values * batch.loss_mask
-    return (whiten(adv, batch.policy) if cfg.whiten else adv), returns
+    return (whiten(adv, batch.policy, cfg.epsilon) if cfg.whiten else adv), returns
 
 
 def normalised_over(per_token: torch.Tensor, applies: torch.Tensor, epsilon: float
@@ -506,10 +506,12 @@ def stratified_grpo(batch: StepBatch, cfg: AlgoConfig):
 @register("tree_grpo", needs_tree=True)
 def tree_grpo(batch: StepBatch, cfg: AlgoConfig):
     """Tree-relative advantage for tree rollouts (`rollout.tree`): each leaf's score is
-    normalised within its tree (`Trajectory.tree`) and over the whole group, and the two
-    are added. Leaves share their ancestors' tokens, so a shared prefix collects the sum of
-    its leaves' advantages in the gradient: that is the implicit step-level credit. Without
-    tree metadata every episode is its own tree and this is GRPO."""
+    centred within its tree (`Trajectory.tree`) and over the whole group, each divided by
+    its std with `algo.std_norm` (off by default, as for `dr_grpo`), and the two are added.
+    Leaves share their ancestors' tokens, so a shared prefix collects the sum of its
+    leaves' advantages in the gradient: that is the implicit step-level credit. Without
+    tree metadata every episode is its own tree (its within part 0) and this is `dr_grpo`
+    (`grpo` with `algo.std_norm: true`)."""
     trees = [str(tree) if tree is not None else f"#{i}" for i, tree in enumerate(batch.tree_ids)]
     return _within_and_group(batch, cfg, trees, lambda w, g: w + g)
 
