@@ -103,6 +103,47 @@ def test_qa_records_carry_each_hops_own_gold_document():
         ("A worked for", "d1"), ("B founded by", "d2"), ("Who?", None)]
 
 
+def test_qa_records_check_the_chain_and_read_its_ids_as_text():
+    from seekrl.data.qa import QAExample
+
+    ex = QAExample(id="x", question="Who?", golden_answers=["Z"],
+                   metadata={"gold_doc_ids": [7], "chain": [{"query": "A", "doc_id": 7}]})
+    assert [(r["gold_ids"], r["hop_gold"]) for r in qa_records([ex])] == [(["7"], "7")]
+    for chain, where in (("abc", "metadata.chain: expected a list"),
+                         (["A"], r"metadata.chain\[0\]: expected an object")):
+        bad = QAExample(id="q9", question="?", golden_answers=["Z"], metadata={"chain": chain})
+        with pytest.raises(ValueError, match=f"question q9: {where}"):
+            qa_records([bad])
+
+
+def test_logged_searches_without_gold_ids_are_told_apart_by_their_episode(tmp_path,
+                                                                         tiny_encoder):
+    """The same query in a wrong episode and then a right one: the right one's labels are
+    kept (the first copy alone was kept, all negative, so nothing was learnt)."""
+    from seekrl.agent.trajectory import write_trajectories
+    from seekrl.config import RankerTrainConfig
+    from seekrl.recipes.ranker import train_ranker
+    from seekrl.retrieval.index import build_index
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"d{i}", "contents": text}) + "\n"
+                              for i, text in enumerate(["France capital Paris city",
+                                                        "France capital wine region",
+                                                        "Germany capital Berlin"])))
+    index = build_index(corpus, tmp_path / "index", "bm25", show_progress=False)
+
+    def episode(answer):
+        return traj(answer, [], [Step(start=0, end=1, action="search",
+                                      query="France capital", hits=["d0", "d1"])])
+
+    logged = tmp_path / "logged.jsonl"
+    write_trajectories(logged, [episode("Lyon"), episode("Paris")])
+    summary = train_ranker(RankerTrainConfig(model=tiny_encoder, index=str(index),
+                                             trajectories=[str(logged)], candidates=3,
+                                             steps=1, out=str(tmp_path / "r")))
+    assert summary["examples"] == 1 and summary["queries"] == 2
+
+
 def test_examples_need_a_positive_and_a_negative_and_leave_unknowns_out():
     recs = [{"query": "q1", "gold_ids": ["d1"], "answers": [], "shown": [], "right": None},
             {"query": "q2", "gold_ids": ["d9"], "answers": [], "shown": [], "right": None},
@@ -303,6 +344,43 @@ def test_a_ranker_with_nothing_to_learn_from_says_so(tmp_path, tiny_encoder):
         train_ranker(RankerTrainConfig(model=tiny_encoder, index=str(index_dir),
                                        data=[str(paths["train"])], candidates=1,
                                        out=str(tmp_path / "r")))
+
+
+def test_ranker_train_measures_held_out_questions_without_a_chain(tmp_path, tiny_encoder):
+    """eval_data of questions with gold ids but no hop chain (a benchmark's dev set) is
+    measured as `ranker eval` measures it (it was dropped without a word); eval data with
+    no gold at all is refused; an eval_trajectories error names that field."""
+    from conftest import build_world_and_index
+
+    from seekrl.config import RankerTrainConfig
+    from seekrl.data.qa import read_qa_jsonl
+    from seekrl.recipes.ranker import train_ranker
+
+    _, paths, index_dir = build_world_and_index(tmp_path / "w", seed=4, entities=200,
+                                                n_train=6, n_dev=3, n_test=2)
+    flat = tmp_path / "flat.jsonl"
+    flat.write_text("".join(json.dumps({"id": q.id, "question": q.question,
+                                        "golden_answers": q.golden_answers,
+                                        "metadata": {"gold_doc_ids":
+                                                     q.metadata["gold_doc_ids"]}}) + "\n"
+                            for q in read_qa_jsonl(paths["dev"])))
+    cfg = dict(model=tiny_encoder, index=str(index_dir), data=[str(paths["train"])],
+               candidates=5, topk=2, steps=1)
+    summary = train_ranker(RankerTrainConfig(**cfg, eval_data=[str(flat)],
+                                             out=str(tmp_path / "a")))
+    assert set(summary["question_recall"]) == {"first_stage", "before", "after"}
+    assert summary["held_out_questions"] == 3 and summary["recall"] == {}
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text(json.dumps({"id": "b", "question": "b?", "golden_answers": ["x"]}) + "\n")
+    with pytest.raises(ValueError, match="eval_data: no question with gold documents"):
+        train_ranker(RankerTrainConfig(**cfg, eval_data=[str(bare)], out=str(tmp_path / "b")))
+    from seekrl.agent.trajectory import write_trajectories
+    logged = tmp_path / "logged.jsonl"
+    write_trajectories(logged, [traj("x", [], [Step(start=0, end=1, action="search",
+                                                    query="who", hits=[])])])
+    with pytest.raises(ValueError, match="^eval_trajectories: no searches"):
+        train_ranker(RankerTrainConfig(**cfg, eval_trajectories=[str(logged)],
+                                       out=str(tmp_path / "c")))
 
 
 # ---- trained with the agent

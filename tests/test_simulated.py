@@ -611,6 +611,16 @@ def test_simulator_examples_label_useful_and_noisy_and_train_only_the_documents(
     plain.write_text(json.dumps({"id": "q", "question": "q?", "golden_answers": ["a"]}) + "\n")
     with pytest.raises(ValueError, match="no search queries found"):
         interactions(SimulatorTrainConfig(index=str(index_dir), data=[str(plain)]))
+    # a hop without a query is no search to simulate (a KeyError before); one supporting
+    # title given as text is that title, not its letters
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text(json.dumps({"id": "o", "question": "o?", "golden_answers": ["a"],
+                               "metadata": {"supporting_titles": "Tarrow Hall",
+                                            "chain": [{"doc_id": "d1"},
+                                                      {"query": "Tarrow", "doc_id": "d2"}]}})
+                   + "\n")
+    got = interactions(SimulatorTrainConfig(index=str(index_dir), data=[str(odd)]))
+    assert [(r["query"], r["gold_titles"]) for r in got] == [("Tarrow", ["Tarrow Hall"])]
     # the world's folder: its train split (the first file a folder gave was test's, whose
     # gold answers would be in the simulator's prompts)
     folder = SimulatorTrainConfig(index=str(index_dir), data=[str(paths["train"].parent)])

@@ -654,7 +654,7 @@ class RankerTrainConfig(Strict):
     trajectories: list[str] = []       # logged episodes whose searches are the queries
     data: list[str] = []               # QA files: synthetic-world questions' hop queries
     question_queries: bool = False     # ... and each question itself as a query
-    eval_data: list[str] = []          # held-out QA files: recall@k on their hop queries
+    eval_data: list[str] = []          # held-out QA files: recall@k of hop queries, else of questions
     eval_trajectories: list[str] = []  # held-out logged episodes: gold hit rate of their searches
     out: str = "runs/ranker"
     candidates: int = Field(10, ge=1)

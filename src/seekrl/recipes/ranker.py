@@ -56,17 +56,39 @@ def trajectory_records(trajectories: Iterable) -> list[dict[str, Any]]:
     return [r for r in out if r["query"]]
 
 
+def hop_chain(example) -> list[dict[str, Any]]:
+    """A question's `metadata.chain` (its hops: objects with `query` and `doc_id`, as
+    `seekrl world` writes them), checked: a ValueError naming the question and the hop."""
+    chain = example.metadata.get("chain") or []
+    if not isinstance(chain, list):
+        raise ValueError(f"question {example.id}: metadata.chain: expected a list of hops "
+                         f"(objects with query and doc_id), got {type(chain).__name__}")
+    for i, hop in enumerate(chain):
+        if not isinstance(hop, dict):
+            raise ValueError(f"question {example.id}: metadata.chain[{i}]: expected an object "
+                             f"with query and doc_id, got {type(hop).__name__}")
+    return chain
+
+
+def supporting_titles(metadata: dict[str, Any]) -> list[str]:
+    """`metadata.supporting_titles` as a list (one title given as text is that title, not
+    its letters)."""
+    titles = metadata.get("supporting_titles") or []
+    return [titles] if isinstance(titles, str) else list(titles)
+
+
 def qa_records(examples: Iterable, *, question_queries: bool = False) -> list[dict[str, Any]]:
     """The hop queries of synthetic-world questions (and the questions themselves), each with
     the question's gold ids and the hop's own gold document (`hop_gold`, for recall@k)."""
     out = []
     for ex in examples:
-        gold = ex.metadata.get("gold_doc_ids") or []
-        for hop in ex.metadata.get("chain") or []:
+        gold = [str(i) for i in ex.metadata.get("gold_doc_ids") or []]
+        for hop in hop_chain(ex):
             if hop.get("query"):
-                out.append({"query": hop["query"], "gold_ids": list(gold),
+                doc = hop.get("doc_id")
+                out.append({"query": hop["query"], "gold_ids": gold,
                             "answers": list(ex.golden_answers), "shown": [], "right": None,
-                            "hop_gold": hop.get("doc_id")})
+                            "hop_gold": None if doc is None else str(doc)})
         if question_queries:
             out.append({"query": ex.question, "gold_ids": list(gold),
                         "answers": list(ex.golden_answers), "shown": [], "right": None})
@@ -83,10 +105,7 @@ def question_records(examples: Iterable) -> list[dict[str, Any]]:
         if ex.metadata.get("chain"):
             continue
         ids = [str(i) for i in ex.metadata.get("gold_doc_ids") or []]
-        titles = ex.metadata.get("supporting_titles") or []
-        if isinstance(titles, str):   # one title, not its letters
-            titles = [titles]
-        keys = {normalise_text(str(t)) for t in titles} - {""}
+        keys = {normalise_text(str(t)) for t in supporting_titles(ex.metadata)} - {""}
         if ids or keys:
             out.append({"query": ex.question, "gold_ids": list(dict.fromkeys(ids)),
                         "gold_titles": [] if ids else sorted(keys)})
@@ -153,12 +172,14 @@ def hop_recall(retriever, records: Sequence[dict[str, Any]], k: int) -> float:
     return recall_at(retriever, [r["query"] for r in rows], [r["hop_gold"] for r in rows], k)
 
 
-def gold_hit_rate(retriever, records: Sequence[dict[str, Any]], k: int) -> float:
+def gold_hit_rate(retriever, records: Sequence[dict[str, Any]], k: int,
+                  field: str = "trajectories") -> float:
     """For logged searches (`trajectory_records`) of questions with known gold documents:
-    the share of queries whose top k hold at least one of them."""
+    the share of queries whose top k hold at least one of them; `field` names where the
+    searches came from in an error."""
     rows = [r for r in records if r["gold_ids"]]
     if not rows:
-        raise ValueError("trajectories: no searches of questions with known gold documents")
+        raise ValueError(f"{field}: no searches of questions with known gold documents")
     return recall_at(retriever, [r["query"] for r in rows], [r["gold_ids"] for r in rows], k)
 
 
@@ -186,7 +207,10 @@ def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
         records += qa_records(load_qa(path, "train"), question_queries=cfg.question_queries)
     seen, unique = set(), []
     for r in records:   # one record per (query, gold set): the first wins
-        key = (r["query"].lower(), tuple(r["gold_ids"]))
+        # without gold ids a record's labels come from its own episode (what it was
+        # shown, whether it ended right), so those tell records apart too
+        key = (r["query"].lower(), tuple(r["gold_ids"])) if r["gold_ids"] else \
+            (r["query"].lower(), (), tuple(r["answers"]), tuple(r["shown"]), r["right"])
         if key not in seen:
             seen.add(key)
             unique.append(r)
@@ -201,19 +225,31 @@ def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
     torch.manual_seed(cfg.seed)
     ranker = load_ranker(cfg.model, kind=cfg.kind, device=cfg.device, max_len=cfg.max_len,
                          temperature=cfg.temperature, first=first)
-    held = [r for path in cfg.eval_data for r in qa_records(load_qa(path, "dev"))]
+    held_questions = [ex for path in cfg.eval_data for ex in load_qa(path, "dev")]
+    held = [r for r in qa_records(held_questions) if r.get("hop_gold")]
+    asked = question_records(held_questions)   # questions without a chain, as ranker eval
+    if cfg.eval_data and not held and not asked:
+        raise ValueError(f"eval_data: no question with gold documents in "
+                         f"{', '.join(map(str, cfg.eval_data))} (recall@k reads each "
+                         "question's metadata.chain, as `seekrl world` writes it, else its "
+                         "metadata.gold_doc_ids or metadata.supporting_titles)")
     logged = [r for path in cfg.eval_trajectories
               for r in trajectory_records(read_trajectories(path, tokens=False))]
     recall: dict[str, float] = {}
+    question: dict[str, float] = {}
     hit: dict[str, float] = {}
 
     def measure(when: str, retriever) -> None:
         if held:
             recall[when] = hop_recall(retriever, held, cfg.topk)
+        if asked:
+            question[when] = question_recall(retriever, asked, cfg.topk)
         if logged:
-            hit[when] = gold_hit_rate(retriever, logged, cfg.topk)
+            hit[when] = gold_hit_rate(retriever, logged, cfg.topk, "eval_trajectories")
         parts = ([f"recall@{cfg.topk} of {len(held)} held-out hop queries "
                   f"{recall[when]:.3f}"] if held else []) + \
+                ([f"question recall@{cfg.topk} of {len(asked)} held-out questions "
+                  f"{question[when]:.3f}"] if asked else []) + \
                 ([f"gold hit@{cfg.topk} of {len(logged)} held-out logged searches "
                   f"{hit[when]:.3f}"] if logged else [])
         if parts:
@@ -231,7 +267,8 @@ def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
     ranker.save(final)
     summary = {"final": str(final), "kind": ranker.kind, "examples": len(examples),
                "queries": len(unique), "candidates": cfg.candidates, "k": cfg.topk,
-               "recall": recall, "gold_hit": hit, "held_out_queries": len(held),
+               "recall": recall, "question_recall": question, "gold_hit": hit,
+               "held_out_queries": len(held), "held_out_questions": len(asked),
                "held_out_searches": len(logged), "log": log,
                "minutes": round((time.time() - started) / 60, 2),
                "config": cfg.model_dump(mode="json")}

@@ -37,6 +37,7 @@ def interactions(cfg: SimulatorTrainConfig) -> list[dict[str, Any]]:
     sources, duplicates (same query and question) once, in a seeded order."""
     from seekrl.agent.trajectory import read_trajectories
     from seekrl.data.qa import load_qa
+    from seekrl.recipes.ranker import hop_chain, supporting_titles
 
     out: dict[tuple[str, str], dict[str, Any]] = {}
 
@@ -49,7 +50,7 @@ def interactions(cfg: SimulatorTrainConfig) -> list[dict[str, Any]]:
 
     for path in cfg.trajectories:
         for t in read_trajectories(path, tokens=False):
-            titles = t.metadata.get("supporting_titles") or []
+            titles = supporting_titles(t.metadata)
             for s in t.steps:
                 if s.action == "search" and s.query:
                     for q in s.sub_queries or [s.query]:
@@ -57,9 +58,10 @@ def interactions(cfg: SimulatorTrainConfig) -> list[dict[str, Any]]:
     for path in cfg.data:
         for ex in load_qa(path, "train"):   # a FlashRAG folder: its train split, not test's
             gold = ex.metadata.get("gold_doc_ids") or []
-            titles = ex.metadata.get("supporting_titles") or []
-            for hop in ex.metadata.get("chain") or []:
-                add(hop["query"], ex.question, ex.golden_answers, gold, titles)
+            titles = supporting_titles(ex.metadata)
+            for hop in hop_chain(ex):
+                if hop.get("query"):   # a hop without one is not a search to simulate
+                    add(hop["query"], ex.question, ex.golden_answers, gold, titles)
             if cfg.question_queries:
                 add(ex.question, ex.question, ex.golden_answers, gold, titles)
     from seekrl.recipes.setup import sample_queries
