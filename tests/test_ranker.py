@@ -257,6 +257,17 @@ def test_the_bundled_encoder_ranks_the_matching_document_first_before_training()
     assert ranker.kind == "bi"
 
 
+def test_a_runs_folder_as_a_ranker_names_the_ranker_inside(tmp_path):
+    from seekrl.retrieval.base import RetrievalError
+    from seekrl.retrieval.ranker import RANKER_FILE
+
+    (tmp_path / "final" / "ranker").mkdir(parents=True)
+    (tmp_path / "final" / "ranker" / RANKER_FILE).write_text("{}")
+    with pytest.raises(RetrievalError, match=r"a run's folder, not a ranker; its trained "
+                                             r"ranker is .*final/ranker"):
+        load_ranker(str(tmp_path / "final"))
+
+
 def test_ranker_updater_state_round_trips(tiny_encoder):
     ranker = load_ranker(tiny_encoder)
     upd = RankerUpdater(ranker, lr=1e-3, seed=1)

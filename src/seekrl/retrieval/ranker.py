@@ -157,6 +157,10 @@ def load_ranker(spec: str | None = None, *, kind: str | None = None, device: str
         kind, max_len, temperature = meta["kind"], meta["max_len"], meta["temperature"]
         base = meta.get("base", "")
     else:
+        if spec and (Path(spec) / "ranker" / RANKER_FILE).is_file():
+            # a trained run's policy folder (final/, best/, step-N/): its ranker is inside
+            raise RetrievalError(f"ranker {spec}: a run's folder, not a ranker; its trained "
+                                 f"ranker is {Path(spec) / 'ranker'}")
         kind = kind or "bi"
         base = spec or "all-MiniLM-L6-v2"
         max_len = DEFAULT_MAX_LEN if max_len is None else max_len
