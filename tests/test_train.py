@@ -157,27 +157,21 @@ def test_token_budget_micro_batches_leave_the_update_unchanged(world, tiny, tmp_
         assert ra[key] == pytest.approx(rb[key], abs=1e-4), key
 
 
-def test_logged_figures_are_token_means_whatever_the_split_and_aggregation(tiny):
-    """Entropy, clip fraction, approx_kl and the KL to the reference are means over policy
-    tokens: the micro-batch split and `algo.loss_agg` (which weight the loss) leave them
-    alone. They had been summed with each micro-batch's loss weight (its episodes' share
-    under seq-*), and the KL aggregated as the loss (Dr. GRPO's divides by the length)."""
-    import random
-
+def _update_batch(model, lengths=(3, 11, 6, 20)):
+    """Episodes of unlike lengths (a 4-token prompt each), alternating advantages, and a
+    reference near a sharp policy's log-probs (its entropy varies by token; k3 unclamped):
+    (the runtime, the UpdateBatch)."""
     from seekrl.agent.trajectory import Trajectory
-    from seekrl.config.schema import AlgoConfig
     from seekrl.models import collate
     from seekrl.rl.distributed import Dist, Replicated
-    from seekrl.rl.update import PolicyUpdate, UpdateBatch
+    from seekrl.rl.update import UpdateBatch
 
-    model, _ = tiny
     gen = torch.Generator().manual_seed(0)
     trajs, advs = [], []
-    for n, trained in enumerate((3, 11, 6, 20)):   # episodes of unlike lengths
+    for n, trained in enumerate(lengths):
         ids = torch.randint(5, 200, (4 + trained,), generator=gen).tolist()
         trajs.append(Trajectory(f"q{n}", "g", "q?", ["x"], ids, [0] * 4 + [1] * trained, 4))
         advs.append(torch.full((trained,), 1.0 if n % 2 else -1.0))
-    # a sharp policy (its entropy varies by token), and a reference near it (k3 unclamped)
     runtime = Replicated(model, None, Dist(), temperature=0.1, share_prompts=False)
     with torch.no_grad():
         ids, attn, mask = collate([t.token_ids for t in trajs], [t.loss_mask for t in trajs],
@@ -185,22 +179,60 @@ def test_logged_figures_are_token_means_whatever_the_split_and_aggregation(tiny)
         logp = runtime.forward(ids, attn, mask)["logprobs"]
     refs = [logp[n, :t.n_generated] + torch.rand(t.n_generated, generator=gen)
             for n, t in enumerate(trajs)]
-    batch = UpdateBatch(trajs, advs, old_logps=None, ref_logps=refs, old_values=None,
-                        returns=None, norm_length=64)
-    records = {}
-    for agg, micro in (("seq-mean-token-mean", 4), ("seq-mean-token-mean", 1),
-                       ("seq-mean-token-sum-norm", 4), ("token-mean", 2)):
-        algo = AlgoConfig(loss_agg=agg, micro_batch_size=micro, mini_batch_size=4,
-                          epochs=1, kl_coef=0.1)
-        update = PolicyUpdate(algo, runtime, Dist(), "cpu", 0, None,
-                              optimizer_step=lambda: 1.0, correct=lambda t: False)
-        records[agg, micro] = update.run(batch, random.Random(0))
-        model.zero_grad(set_to_none=True)
+    return runtime, UpdateBatch(trajs, advs, old_logps=None, ref_logps=refs, old_values=None,
+                                returns=None, norm_length=64)
+
+
+def _run_update(model, runtime, batch, **algo):
+    import random
+
+    from seekrl.config.schema import AlgoConfig
+    from seekrl.rl.distributed import Dist
+    from seekrl.rl.update import PolicyUpdate
+
+    update = PolicyUpdate(AlgoConfig(**algo), runtime, Dist(), "cpu", 0, None,
+                          optimizer_step=lambda: 1.0, correct=lambda t: False)
+    record = update.run(batch, random.Random(0))
+    model.zero_grad(set_to_none=True)
+    return record
+
+
+def test_logged_figures_are_token_means_whatever_the_split_and_aggregation(tiny):
+    """Entropy, clip fraction, approx_kl and the KL to the reference are means over policy
+    tokens: the micro-batch split and `algo.loss_agg` (which weight the loss) leave them
+    alone. They had been summed with each micro-batch's loss weight (its episodes' share
+    under seq-*), and the KL aggregated as the loss (Dr. GRPO's divides by the length)."""
+    model, _ = tiny
+    runtime, batch = _update_batch(model)
+    records = {(agg, micro): _run_update(model, runtime, batch, loss_agg=agg,
+                                         micro_batch_size=micro, mini_batch_size=4,
+                                         epochs=1, kl_coef=0.1)
+               for agg, micro in (("seq-mean-token-mean", 4), ("seq-mean-token-mean", 1),
+                                  ("seq-mean-token-sum-norm", 4), ("token-mean", 2))}
     base = records["seq-mean-token-mean", 4]
     assert 0.05 < base["kl"] < 9 and base["entropy"] > 0
     for key in ("entropy", "clip_frac", "approx_kl", "ratio_mean", "kl"):
         for run, record in records.items():
             assert record[key] == pytest.approx(base[key], rel=1e-5), (key, run)
+
+
+def test_a_batch_that_does_not_divide_is_cut_into_near_equal_mini_batches(tiny, monkeypatch):
+    """5 episodes at mini_batch_size 4: two optimizer steps of 3 and 2 episodes, not 4 and a
+    full step from 1; a batch that divides keeps its mini-batches."""
+    from seekrl.rl import sampling, update
+
+    model, _ = tiny
+    runtime, batch = _update_batch(model, lengths=(3, 11, 6, 20, 5))
+    sizes = []
+    real = sampling.split_micro_batches
+    monkeypatch.setattr(update, "split_micro_batches",
+                        lambda lengths, *a: sizes.append(len(lengths)) or real(lengths, *a))
+    for mini, epochs in ((4, 1), (5, 2), (2, 1), (1, 1)):
+        sizes.clear()
+        record = _run_update(model, runtime, batch, mini_batch_size=mini, epochs=epochs)
+        assert record["updates"] == len(sizes) == epochs * -(-5 // mini)
+        assert sum(sizes) == 5 * epochs and max(sizes) - min(sizes) <= 1, (mini, sizes)
+        assert max(sizes) <= mini
 
 
 @given(st.lists(st.integers(1, 300), max_size=40), st.integers(1, 8),

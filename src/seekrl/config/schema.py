@@ -461,7 +461,7 @@ class AlgoConfig(Strict):
     policy_loss: str = "ppo_clip"       # a registered policy loss (rl/loss.py POLICY_LOSSES):
                                         # ppo_clip, PPO's clipped surrogate with dual clip
     epochs: int = Field(1, ge=1)        # passes over each batch (K)
-    mini_batch_size: int = Field(32, ge=1)   # episodes per optimizer step
+    mini_batch_size: int = Field(32, ge=1)   # episodes per optimizer step (at most; split evenly)
     micro_batch_size: int = Field(8, ge=1)   # episodes per forward/backward (at most)
     # ... and at most this many padded tokens (episodes x the longest one) per forward, so
     # memory follows the batch's tokens, not its episode count; None: episodes only

@@ -91,8 +91,13 @@ class PolicyUpdate:
         for _ in range(algo.epochs):
             order = list(range(len(trajs)))
             order_rng.shuffle(order)
-            for m in range(0, len(order), algo.mini_batch_size):
-                mini = order[m:m + algo.mini_batch_size]
+            # as many optimizer steps as mini-batches of `mini_batch_size` cover the batch,
+            # of near-equal sizes: a batch that does not divide (dynamic sampling's, cut to
+            # whole groups) would otherwise end on a full step from a few episodes
+            parts = -(-len(order) // algo.mini_batch_size)
+            bounds = [round(p * len(order) / parts) for p in range(parts + 1)]
+            for lo, hi in zip(bounds, bounds[1:]):
+                mini = order[lo:hi]
                 if algo.share_prompts:  # a group's episodes in one micro-batch share a
                     # prompt pass; the mini-batch (and so the gradient) stays the same
                     rank = {g: n for n, g in reversed(list(enumerate(
