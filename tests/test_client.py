@@ -164,6 +164,15 @@ def test_malformed_answers_raise_retrieval_error():
     with pytest.raises(RetrievalError, match=r"result\[0\]\[0\].document: missing field 'id'"):
         RemoteRetriever("http://h", transport=httpx.MockTransport(bad)).search(["q"], k=1)
 
+    for doc_id in (None, "  ", True, [1]):   # all of them became one id ("None", ...)
+        def odd(request: httpx.Request, doc_id=doc_id) -> httpx.Response:
+            return httpx.Response(200, json={"result": [[{"document": {
+                "id": doc_id, "contents": "T\nx"}, "score": 1.0}]]})
+
+        with pytest.raises(RetrievalError, match=r"result\[0\]\[0\].document.id: expected "
+                                                 r"a string or integer that is not blank"):
+            RemoteRetriever("http://h", transport=httpx.MockTransport(odd)).search(["q"], 1)
+
     def short(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json={"result": []})
 

@@ -45,13 +45,21 @@ def test_iter_corpus_title_text_form(tmp_path):
         {"id": "d2", "text": "No title field."},
         {"id": "d3", "title": "", "text": "Empty title."},
         {"id": "d4", "title": 1984, "text": "A novel."},   # a number, as beside contents
+        # several lines without a title: the first is no title (it was read as one)
+        {"id": "d5", "text": "Para one.\nPara two."},
+        {"id": "d6", "title": "Two\nlines", "text": "x"},   # a title is one line
+        {"id": "d7", "title": "A\n B", "contents": "y"},
     ])
     assert list(iter_corpus(path)) == [
         ("d1", "Paris\nCapital of France."),
         ("d2", "No title field."),
         ("d3", "Empty title."),
         ("d4", "1984\nA novel."),
+        ("d5", "\nPara one.\nPara two."),
+        ("d6", "Two lines\nx"),
+        ("d7", "A B\ny"),
     ]
+    assert split_contents("\nPara one.\nPara two.") == ("", "Para one.\nPara two.")
 
 
 def test_a_title_beside_the_contents_is_kept_as_its_first_line(tmp_path):

@@ -84,6 +84,20 @@ def test_open_resolves_numbers_titles_and_ids(ref, want):
     assert (hit.doc_id if hit else None) == want
 
 
+def test_open_finds_a_number_past_the_results_as_an_id_or_a_title():
+    """wiki-18's ids are numbers, and titles can be ("1984"): a number that is no result
+    number is looked up as an id or a title (it gave nothing)."""
+    from seekrl.retrieval.base import Hit
+
+    novel, year = Hit("1984", "Nineteen Eighty-Four", "a novel", 1.0), \
+        Hit("77", "1984", "a year", 1.0)
+    seen = [novel, year]
+    assert resolve_document("1984", seen, last=[year]).doc_id == "77"   # its title
+    assert resolve_document("2", seen, last=[year]) is None
+    assert resolve_document("77", seen, last=[novel]).doc_id == "77"    # its id
+    assert resolve_document("1", seen, last=[year]).doc_id == "77"      # a result number
+
+
 def test_open_of_nothing_shown_says_so_and_the_episode_goes_on(tiny):
     _, tok = tiny
     backend = Script(tok, ["<open> 1 </open>", "<answer> x </answer>"])

@@ -205,9 +205,10 @@ def resolve_document(reference: str, seen: Sequence[Hit], last: Sequence[Hit]) -
     latest first."""
     ref = reference.strip()
     m = _NUMBER.fullmatch(ref)
-    if m is not None:
-        i = int(m.group(1))
-        return last[i - 1] if 1 <= i <= len(last) else None
+    if m is not None and 1 <= int(m.group(1)) <= len(last):
+        return last[int(m.group(1)) - 1]
+    # a number past the latest results may be an id or a title (wiki-18's ids are
+    # numbers, and so are titles such as "1984")
     key = normalise_text(ref)
     for hit in reversed(seen):
         if hit.doc_id == ref or normalise_text(hit.title) == key:

@@ -119,6 +119,11 @@ class RemoteRetriever:
         if not isinstance(doc["contents"], str):
             raise RetrievalError(f"{where}.document.contents: expected a string, "
                                  f"got {_kind(doc['contents'])}")
+        doc_id = doc["id"]   # evidence, `open` and gold matching name a document by it
+        if not isinstance(doc_id, (str, int)) or isinstance(doc_id, bool) \
+                or not str(doc_id).strip():
+            raise RetrievalError(f"{where}.document.id: expected a string or integer that "
+                                 f"is not blank, got {doc_id!r}")
         try:
             score = float("nan") if score is None else float(score)
         except (TypeError, ValueError, OverflowError):   # 1e400 written as an integer

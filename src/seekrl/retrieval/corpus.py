@@ -44,6 +44,11 @@ def iter_corpus(path: str | Path, *, skip_bad: bool = False,
         log.warning("%s", report)
 
 
+def _one_line(title: str | None) -> str | None:
+    """A title's whitespace collapsed: the stored form ends the title at its first newline."""
+    return " ".join(title.split()) if title else title
+
+
 def _doc_fields(obj: dict, path: str | Path, line_no: int) -> tuple[str, str]:
     if "id" not in obj:
         raise DataError("missing; expected a document id", path=str(path), line=line_no,
@@ -63,6 +68,7 @@ def _doc_fields(obj: dict, path: str | Path, line_no: int) -> tuple[str, str]:
         if title is not None and not isinstance(title, str):
             raise DataError(f"expected a string, got {type(title).__name__}",
                             path=str(path), line=line_no, field="title")
+        title = _one_line(title)
         # a title beside the contents: the contents' first line is the title, so it goes
         # there unless it is there already, as split_contents reads it (wiki-18 quotes it)
         if title and split_contents(contents)[0].casefold() != \
@@ -76,7 +82,10 @@ def _doc_fields(obj: dict, path: str | Path, line_no: int) -> tuple[str, str]:
             if not isinstance(value, str):
                 raise DataError(f"expected a string, got {type(value).__name__}",
                                 path=str(path), line=line_no, field=name)
-        contents = f"{title}\n{text}" if title else text
+        title = _one_line(title)
+        # the stored form's first line is its title: a text of several lines without one
+        # starts on the second (its first paragraph was read as the title)
+        contents = f"{title}\n{text}" if title or "\n" in text else text
     else:
         raise DataError("missing; expected 'contents' (\"Title\\ntext\") or 'text'",
                         path=str(path), line=line_no, field="contents")
