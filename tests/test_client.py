@@ -173,6 +173,19 @@ def test_malformed_answers_raise_retrieval_error():
                                                  r"a string or integer that is not blank"):
             RemoteRetriever("http://h", transport=httpx.MockTransport(odd)).search(["q"], 1)
 
+    def moved(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(307, headers={"location": "http://other/retrieve"}, json={})
+
+    with pytest.raises(RetrievalError, match=r"redirected \(HTTP 307\) to http://other/retr"):
+        RemoteRetriever("http://h", transport=httpx.MockTransport(moved)).search(["q"], k=1)
+
+    def flat(request: httpx.Request) -> httpx.Response:   # the document alone, its score in
+        return httpx.Response(200, json={"result": [[{"id": "d", "contents": "T\nx",
+                                                       "score": 2.5}]]})
+
+    hit = RemoteRetriever("http://h", transport=httpx.MockTransport(flat)).search(["q"], 1)
+    assert hit[0][0].score == 2.5
+
     def short(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json={"result": []})
 

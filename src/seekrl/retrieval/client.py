@@ -109,8 +109,9 @@ class RemoteRetriever:
         if not isinstance(item, dict):
             raise RetrievalError(f"{where}: expected an object, got {_kind(item)}")
         # With return_scores the hit is {"document": doc, "score": s}; a server that ignores
-        # the flag sends the document alone, which then gets score 0.
-        doc, score = (item["document"], item.get("score")) if "document" in item else (item, 0.0)
+        # the flag sends the document alone, which then gets its own score or 0.
+        doc, score = (item["document"], item.get("score")) if "document" in item \
+            else (item, item.get("score", 0.0))
         if not isinstance(doc, dict):
             raise RetrievalError(f"{where}.document: expected an object, got {_kind(doc)}")
         for key in ("id", "contents"):
@@ -163,6 +164,11 @@ class RemoteRetriever:
                     break
                 wait = min(self.backoff * 2 ** (failures - 1), self.max_backoff)
                 continue
+            if 300 <= response.status_code < 400:   # not followed: a POST's body would be lost
+                raise RetrievalError(f"{method} {url} was redirected (HTTP "
+                                     f"{response.status_code}) to "
+                                     f"{response.headers.get('location', '(no Location)')}: "
+                                     "give that address as the retriever url")
             if response.status_code >= 400:
                 message = (f"{method} {url} was refused with HTTP {response.status_code}: "
                            f"{_server_message(response)}")
