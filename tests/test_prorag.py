@@ -96,13 +96,26 @@ def test_bad_stage_keys_fail_before_any_work(tmp_path):
     for section, keys, name in (("labels", {"model": "m"}, "labels.model"),
                                 ("refine", {"prm": "p"}, "refine.prm"),
                                 ("rl", {"reward": {"prm": "p"}}, "rl.reward.prm"),
-                                ("prm", {"labels": ["l"]}, "prm.labels")):
+                                ("prm", {"labels": ["l"]}, "prm.labels"),
+                                ("refine", {"method": "step_dpo"}, "refine.method")):
         with pytest.raises(ConfigError, match=f"{name}: the pipeline sets it"):
             run_prorag(ProragConfig(out=str(tmp_path / "x"), **{section: keys}))
     # no refined policy for RL to start from: refused before any work, not recorded done
     with pytest.raises(ConfigError, match="refine.steps: 0 trains no refined policy"):
         run_prorag(ProragConfig(out=str(tmp_path / "x"), refine={"steps": 0}))
     assert not (tmp_path / "x").exists()
+
+
+def test_a_new_pipeline_refuses_an_out_holding_another_runs_stages(tmp_path):
+    """Without pipeline.json each stage was written over what out held (an SFT run, a
+    world and its index), with no --overwrite to ask for it."""
+    (tmp_path / "x" / "sft").mkdir(parents=True)
+    (tmp_path / "x" / "sft" / "metrics.jsonl").write_text("{}\n")
+    (tmp_path / "x" / "index").mkdir()
+    (tmp_path / "x" / "index" / "manifest.json").write_text("{}")
+    with pytest.raises(FileExistsError, match="already holds index, sft and no pipeline.json"):
+        run_prorag(ProragConfig(out=str(tmp_path / "x")))
+    assert (tmp_path / "x" / "sft" / "metrics.jsonl").read_text() == "{}\n"
 
 
 def test_a_stage_without_a_model_or_pairs_is_not_recorded_done(tmp_path, monkeypatch):

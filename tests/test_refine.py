@@ -117,6 +117,32 @@ def test_step_dpo_touches_only_the_differing_step(tiny, episodes, monkeypatch):
     assert stats["accuracy"] == 1.0
 
 
+def test_step_dpo_accumulates_grad_accum_parts_into_one_update(tiny, tmp_path):
+    """batch_size 2 x grad_accum 2 is batch_size 4 in parts: the same pairs an update, the
+    same updates (grad_accum was accepted and ignored: half the pairs an update)."""
+    model, tok = tiny
+    run_labelling(LabelConfig(data="unused", out=str(tmp_path / "labels"),
+                              search={"simulations": 8, "expansions": 4, "min_visits": 1,
+                                      "min_gap": 0.1}, rollout={"max_turns": 3}),
+                  backend=Dice(tok, OPTIONS), tokenizer=tok, retriever=Docs(),
+                  questions=questions(6))
+    logs = []
+    for batch, accum in ((4, 1), (2, 2), (2, 1)):
+        out = tmp_path / f"dpo{batch}x{accum}"
+        run_refine(RefineConfig(method="step_dpo", pairs=str(tmp_path / "labels"),
+                                out=str(out), steps=4, batch_size=batch, grad_accum=accum,
+                                beta=0.5, optim={"lr": 1e-3, "warmup_steps": 0,
+                                                 "schedule": "constant"}),
+                   model=copy.deepcopy(model), tokenizer=tok)
+        logs.append([json.loads(line) for line in
+                     (out / "metrics.jsonl").read_text().splitlines()])
+    whole, parts, half = logs
+    for a, b in zip(whole, parts):
+        for key in ("loss", "margin", "accuracy", "grad_norm"):
+            assert a[key] == pytest.approx(b[key], rel=1e-3, abs=1e-4), key
+    assert [r["loss"] for r in half] != [r["loss"] for r in whole]
+
+
 def test_step_dpo_recipe_moves_the_margin(tiny, tmp_path):
     model, tok = tiny
     run_labelling(LabelConfig(data="unused", out=str(tmp_path / "labels"),

@@ -42,7 +42,8 @@ _FLOW_KEYS = {
     "labels": {"model": "the SFT policy; start from your own checkpoint with sft_model"},
     "prm": {"labels": "the labels stage's folder"},
     "refine": {"model": "the SFT policy; start from your own checkpoint with sft_model",
-               "prm": "the PRM stage's model", "pairs": "the labels stage's folder"},
+               "prm": "the PRM stage's model", "pairs": "the labels stage's folder",
+               "method": "from refine_method: rft, step_dpo or none"},
     "rl": {"model": "the refined policy", "reward.prm": "the PRM stage's model"},
 }
 
@@ -125,6 +126,11 @@ def stage_configs(cfg: ProragConfig, paths: dict[str, str]) -> dict[str, Any]:
     return stages
 
 
+# what a pipeline writes in its out folder
+_OWNED = ("world", "index", "oracle_train.jsonl", "test_questions.jsonl", "sft", "eval_sft",
+          "labels", "prm", "refine", "eval_refine", "rl", "eval_rl", "summary.json")
+
+
 class _Pipeline:
     """The stage bookkeeping: `pipeline.json`, written atomically after every stage."""
 
@@ -147,6 +153,16 @@ class _Pipeline:
         if saved is not None and not resume:
             raise FileExistsError(f"{self.out} holds a pipeline run; continue it with --resume "
                                   "or choose another out=")
+        if saved is None and not resume:
+            # a new pipeline writes all of these, each stage over what is there: another
+            # run's would be lost without a word (a run stopped before its first stage
+            # ended has no pipeline.json either: --resume goes on with it)
+            taken = [name for name in _OWNED if (self.out / name).is_file()
+                     or ((self.out / name).is_dir() and any((self.out / name).iterdir()))]
+            if taken:
+                raise FileExistsError(f"{self.out} already holds {', '.join(taken)} and no "
+                                      "pipeline.json: continue a pipeline stopped in its "
+                                      "first stage with --resume, or choose another out=")
         mine = cfg.model_dump(mode="json")
         if saved is not None and saved["config"] != mine:
             differ = sorted(k for k in set(mine) | set(saved["config"])

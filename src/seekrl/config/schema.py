@@ -386,7 +386,7 @@ class RefineConfig(Strict):
     # real questions (`seekrl sft data=OUT/rft_data.jsonl`)
     steps: int = Field(20, ge=0)
     batch_size: int = Field(8, ge=1)
-    grad_accum: int = Field(1, ge=1)   # rft: micro-batches of batch_size per optimizer step
+    grad_accum: int = Field(1, ge=1)   # micro-batches of batch_size per optimizer step
     save_every: int = Field(10, ge=0)  # rft: a checkpoint of the fine-tuning every N steps,
                                        # for --resume (0: the final policy only)
     train_layers: int | None = Field(None, ge=1)

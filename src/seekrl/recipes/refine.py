@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -155,9 +156,10 @@ def step_dpo_loss(policy_better: torch.Tensor, policy_worse: torch.Tensor,
 
 def train_step_dpo(model, tokenizer, pairs, *, steps: int, batch_size: int, beta: float,
                    optimizer, scheduler, device, seed: int, log=None, say=None,
-                   max_grad_norm: float | None = 1.0) -> dict[str, Any]:
+                   max_grad_norm: float | None = 1.0, grad_accum: int = 1) -> dict[str, Any]:
     """Step-DPO updates of `model` on `pairs` (`prm.PairLabel`s); the reference log-probs
-    are the model's own before the first update."""
+    are the model's own before the first update. An update takes batch_size x grad_accum
+    pairs, `batch_size` a forward."""
     from seekrl.models import pad_id_of
     from seekrl.recipes.setup import clip_and_step, trainable_parameters
 
@@ -178,18 +180,25 @@ def train_step_dpo(model, tokenizer, pairs, *, steps: int, batch_size: int, beta
     last: dict[str, Any] = {}
     for step in range(1, steps + 1):
         t0 = time.time()
-        pick = rng.sample(range(len(pairs)), min(batch_size, len(pairs)))
-        chunk = [pairs[i] for i in pick]
-        idx = [p.index for p in chunk]
-        pb = step_logps(model, [p.better for p in chunk], idx, pad_id, device)
-        pw = step_logps(model, [p.worse for p in chunk], idx, pad_id, device)
-        loss, stats = step_dpo_loss(pb, pw, ref_b[pick], ref_w[pick], beta)
+        pick = rng.sample(range(len(pairs)), min(batch_size * grad_accum, len(pairs)))
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss_sum, sums = 0.0, defaultdict(float)
+        for c in range(0, len(pick), batch_size):   # each part's share of the update's mean
+            part = pick[c:c + batch_size]
+            chunk = [pairs[i] for i in part]
+            idx = [p.index for p in chunk]
+            pb = step_logps(model, [p.better for p in chunk], idx, pad_id, device)
+            pw = step_logps(model, [p.worse for p in chunk], idx, pad_id, device)
+            loss, stats = step_dpo_loss(pb, pw, ref_b[part], ref_w[part], beta)
+            share = len(part) / len(pick)
+            (loss * share).backward()
+            loss_sum += float(loss.detach()) * share
+            for k, v in stats.items():
+                sums[k] += v * share
         norm = clip_and_step(trainable_parameters(model), optimizer, max_grad_norm)
         scheduler.step()
-        last = {"step": step, "loss": round(float(loss.detach()), 5),
-                "grad_norm": round(float(norm), 4), **{k: round(v, 4) for k, v in stats.items()},
+        last = {"step": step, "loss": round(loss_sum, 5),
+                "grad_norm": round(float(norm), 4), **{k: round(v, 4) for k, v in sums.items()},
                 "seconds": round(time.time() - t0, 2)}
         if log is not None:
             log.write(last)
@@ -495,7 +504,8 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
         last = train_step_dpo(model, tokenizer, pairs, steps=cfg.steps,
                               batch_size=cfg.batch_size, beta=cfg.beta, optimizer=optimizer,
                               scheduler=scheduler, device=cfg.device, seed=cfg.seed, log=log,
-                              say=say, max_grad_norm=cfg.optim.max_grad_norm)
+                              say=say, max_grad_norm=cfg.optim.max_grad_norm,
+                              grad_accum=cfg.grad_accum)
         log.close()
         final = save_policy(model, tokenizer, out / "final")
         return {"method": "step_dpo", "final": str(final), "pairs": len(pairs), **last,
