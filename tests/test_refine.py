@@ -469,6 +469,15 @@ def test_teacher_is_for_rft_and_text_turns_need_what_sft_rebuilds(tiny):
             check_text_turns(RefineConfig(rollout=rollout).rollout)
 
 
+def test_rft_checks_its_index_and_questions_before_loading_the_prm(tmp_path, monkeypatch):
+    import seekrl.rewards.prm as prm
+
+    monkeypatch.setattr(prm, "load_scorer", lambda *a, **k: pytest.fail("the PRM loaded"))
+    with pytest.raises(ValueError, match="index: RFT samples search episodes"):
+        run_refine(RefineConfig(data="q.jsonl", prm=str(tmp_path / "prm"),
+                                out=str(tmp_path / "r")))
+
+
 def test_refine_command_samples_with_a_teacher_and_says_why_nothing_was_kept(tmp_path):
     """`seekrl refine method=rft steps=0 teacher=DIR`: the teacher loads by path, samples,
     and a random policy's empty harvest ends in a warning with what to do (exit 0: the

@@ -445,9 +445,6 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
                              "search.min_gap / min_visits, or label more questions)")
     elif questions is None and not cfg.data:
         raise ValueError("data: rft samples episodes on questions; give a QA file")
-    elif scorer is None and cfg.prm and sampled is None:   # resumed: the scores are kept
-        from seekrl.rewards.prm import load_scorer
-        scorer = load_scorer(cfg.prm, device=cfg.device, dtype=cfg.dtype)
     if cfg.method == "rft" and retriever is None:     # a missing index before a model loads
         retriever = open_index(cfg.index, "RFT samples search episodes", cfg.retriever)
         check_world_index(cfg.index, cfg.data)
@@ -461,6 +458,9 @@ def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
             questions = questions[:cfg.questions]
         if not questions:
             raise ValueError(f"data: {cfg.data} has no questions")
+        if scorer is None and cfg.prm and sampled is None:   # resumed: the scores are kept
+            from seekrl.rewards.prm import load_scorer
+            scorer = load_scorer(cfg.prm, device=cfg.device, dtype=cfg.dtype)
     set_seed(cfg.seed)
     if sampled is not None:   # the samples are drawn: no teacher needed
         teacher = None
