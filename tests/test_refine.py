@@ -563,6 +563,13 @@ def test_a_stopped_rft_run_resumes_from_its_samples_and_its_checkpoint(tiny, tmp
                    tokenizer=tok, resume=True)
     with pytest.raises(ConfigError, match="holds no refinement"):
         refine("c", resume=True)
+    marker = tmp_path / "moved" / "rft_sampled.json"
+    whole = marker.read_text()
+    for damaged, why in (("{", "not valid JSON"), ('{"kept": 1}', "missing field 'sampled'")):
+        marker.write_text(damaged)
+        with pytest.raises(ConfigError, match=f"--resume: .*rft_sampled.json: {why}"):
+            refine("moved", resume=True)
+    marker.write_text(whole)
     # stopped before its sampling finished: no record of the samples, so it samples again
     # from a clean folder, and a changed setting is taken
     (tmp_path / "moved" / "rft_sampled.json").unlink()

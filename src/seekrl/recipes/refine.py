@@ -367,8 +367,6 @@ def _resumable_rft(out: Path, cfg) -> dict | None:
     samples and data are kept), or None when the stopped run had not finished sampling (it
     samples again). Refused: a folder without a refinement, step-DPO (it keeps no
     checkpoints), and other settings than the stopped run's."""
-    import json
-
     from seekrl.config import ConfigError
     from seekrl.recipes.checkpoint import config_changes
 
@@ -391,7 +389,11 @@ def _resumable_rft(out: Path, cfg) -> dict | None:
     if not (out / "rft_data.jsonl").is_file():
         raise ConfigError(f"--resume: {out} has its samples' record ({marker}) but no "
                           "rft_data.jsonl; start again with --overwrite")
-    return json.loads(marker.read_text())
+    from seekrl.retrieval.base import RetrievalError, json_object
+    try:
+        return json_object(marker, ("sampled", "kept"))
+    except RetrievalError as err:   # written whole by the run: damaged since
+        raise ConfigError(f"--resume: {err}; start again with --overwrite") from None
 
 
 def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
