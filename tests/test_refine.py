@@ -117,15 +117,20 @@ def test_step_dpo_touches_only_the_differing_step(tiny, episodes, monkeypatch):
     assert stats["accuracy"] == 1.0
 
 
-def test_step_dpo_accumulates_grad_accum_parts_into_one_update(tiny, tmp_path):
-    """batch_size 2 x grad_accum 2 is batch_size 4 in parts: the same pairs an update, the
-    same updates (grad_accum was accepted and ignored: half the pairs an update)."""
-    model, tok = tiny
-    run_labelling(LabelConfig(data="unused", out=str(tmp_path / "labels"),
+def _label_pairs(tok, out):
+    """Sibling pairs of six questions (MCTS over the Dice policy) into `out`."""
+    run_labelling(LabelConfig(data="unused", out=str(out),
                               search={"simulations": 8, "expansions": 4, "min_visits": 1,
                                       "min_gap": 0.1}, rollout={"max_turns": 3}),
                   backend=Dice(tok, OPTIONS), tokenizer=tok, retriever=Docs(),
                   questions=questions(6))
+
+
+def test_step_dpo_accumulates_grad_accum_parts_into_one_update(tiny, tmp_path):
+    """batch_size 2 x grad_accum 2 is batch_size 4 in parts: the same pairs an update, the
+    same updates (grad_accum was accepted and ignored: half the pairs an update)."""
+    model, tok = tiny
+    _label_pairs(tok, tmp_path / "labels")
     logs = []
     for batch, accum in ((4, 1), (2, 2), (2, 1)):
         out = tmp_path / f"dpo{batch}x{accum}"
@@ -145,11 +150,7 @@ def test_step_dpo_accumulates_grad_accum_parts_into_one_update(tiny, tmp_path):
 
 def test_step_dpo_recipe_moves_the_margin(tiny, tmp_path):
     model, tok = tiny
-    run_labelling(LabelConfig(data="unused", out=str(tmp_path / "labels"),
-                              search={"simulations": 8, "expansions": 4, "min_visits": 1,
-                                      "min_gap": 0.1}, rollout={"max_turns": 3}),
-                  backend=Dice(tok, OPTIONS), tokenizer=tok, retriever=Docs(),
-                  questions=questions(6))
+    _label_pairs(tok, tmp_path / "labels")
     cfg = RefineConfig(method="step_dpo", pairs=str(tmp_path / "labels"),
                        out=str(tmp_path / "dpo"), steps=6, batch_size=4, beta=0.5,
                        optim={"lr": 1e-3, "warmup_steps": 0, "schedule": "constant"})
