@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from seekrl.models import cache_kwarg, output_cache, tiny_policy
+from seekrl.models import cache_kwarg, load_tokenizer, output_cache, tiny_policy
 
 
 class _OldStyle(torch.nn.Module):
@@ -190,6 +190,53 @@ class _Always(torch.nn.Module):
         out = torch.zeros(*h.shape[:-1], self.vocab, dtype=h.dtype)
         out[..., self.token] = 10.0
         return out
+
+
+class _Script(torch.nn.Module):
+    """An LM head whose logits pick the script's next token at each call (the prefill's
+    last position, then one decoding step a call)."""
+
+    def __init__(self, vocab: int, tokens: list[int]):
+        super().__init__()
+        self.vocab, self.tokens, self.calls = vocab, tokens, 0
+
+    def forward(self, h):
+        out = torch.zeros(*h.shape[:-1], self.vocab, dtype=h.dtype)
+        out[..., self.tokens[min(self.calls, len(self.tokens) - 1)]] = 10.0
+        self.calls += 1
+        return out
+
+
+def _word_start_tokenizer():
+    """A tokenizer that marks a word's start with U+2581 and drops its space when one
+    token is decoded alone (Llama 2's and Mistral's decoder)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "</": 1, "\u2581search": 2, ">": 3, "search": 4, "\u2581a": 5}
+    t = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.Metaspace()
+    t.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                   decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=t, unk_token="<unk>", pad_token="<unk>")
+
+
+def test_stop_strings_read_each_token_as_it_reads_in_the_text():
+    """"</ search>" is no "</search>": a token decoded alone loses its word-start space
+    under such tokenizers, and the joined pieces stopped the turn there."""
+    from seekrl.agent.backends import HFBackend, Sampling, token_texts
+
+    tok = _word_start_tokenizer()
+    assert tok.decode([1, 2, 3]) == "</ search>" and tok.decode([2]) == "search"
+    assert token_texts(tok, [1, 2, 3, 4]) == ["</", " search", ">", "search"]
+    model, _ = tiny_policy(tok)
+    model.lm_head = _Script(model.config.vocab_size, [1, 2, 3, 1, 4, 3, 5, 5])
+    out = HFBackend(model, tok).generate([[5]], 8, Sampling(greedy=True, stop=("</search>",)))
+    assert list(out[0]) == [1, 2, 3, 1, 4, 3]   # "</ search></search>": the second stops it
+    # the bundled tokenizer reads every token alike either way
+    bundled = load_tokenizer()
+    ids = range(0, len(bundled), 97)
+    assert token_texts(bundled, ids) == bundled.batch_decode([[i] for i in ids])
 
 
 def test_a_turn_stops_at_the_templates_end_of_turn_when_eos_is_another_token():

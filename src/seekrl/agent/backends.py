@@ -271,6 +271,22 @@ def _compact(parts: list[_Batch], room: int = 0) -> _Batch:
                   torch.cat([p.next_pos for p in parts]))
 
 
+def token_texts(tokenizer, ids) -> list[str]:
+    """Each token's text as it reads inside a text, which stop strings are matched on:
+    decoded after an ordinary token, since tokenizers that mark a word's start (Llama 2's
+    and Mistral's "\u2581") drop its space when the token is decoded alone, and the pieces
+    joined would read "</ search>" as "</search>"."""
+    ids = list(ids)
+    lead = tokenizer.encode("a", add_special_tokens=False)
+    alone = tokenizer.batch_decode([[i] for i in ids])
+    if not lead:
+        return alone
+    head = tokenizer.decode(lead[-1:])
+    after = tokenizer.batch_decode([[lead[-1], i] for i in ids])
+    # where decoding after it changes more than the token's own text, its own text
+    return [a[len(head):] if a.startswith(head) else b for a, b in zip(after, alone)]
+
+
 class HFBackend(Backend):
     """Batched generation for a Hugging Face causal LM, with its own decoding loop.
 
@@ -335,7 +351,7 @@ class HFBackend(Backend):
     def _piece(self, token: int) -> str:
         piece = self._pieces.get(token)
         if piece is None:
-            piece = self._pieces[token] = self.tokenizer.decode([token])
+            piece = self._pieces[token] = token_texts(self.tokenizer, [token])[0]
         return piece
 
     def _next_tokens(self, logits: torch.Tensor, sampling: Sampling

@@ -40,7 +40,7 @@ from collections.abc import Hashable, Sequence
 import torch
 import torch.nn.functional as F
 
-from seekrl.agent.backends import Backend, Generated, HFBackend, Sampling
+from seekrl.agent.backends import Backend, Generated, HFBackend, Sampling, token_texts
 from seekrl.agent.protocol import STOP_STRINGS
 
 SUPPORTED = ("llama", "qwen2")
@@ -583,9 +583,9 @@ class StaticBackend(Backend):
     def _table(self, stops: tuple[str, ...]) -> torch.Tensor:
         table = self._tables.get(stops)
         if table is None:
-            if self._pieces is None:   # each token's own text, as HFBackend._piece decodes it
+            if self._pieces is None:   # each token's own text, as HFBackend._piece reads it
                 n = min(len(self.tokenizer), self.lean.vocab)
-                self._pieces = self.tokenizer.batch_decode([[i] for i in range(n)])
+                self._pieces = token_texts(self.tokenizer, range(n))
             table = stop_table(self._pieces, stops, self.stop_ids, vocab=self.lean.vocab)
             table = self._tables[stops] = table.to(self.device)
         return table
