@@ -659,3 +659,13 @@ def test_steps_too_easy_to_teach_do_not_count_towards_a_no_signal_collapse():
     again = monitor(no_signal_steps=3)
     again.load_state_dict(state)
     assert again.unsolved_run == 6
+
+
+def test_stop_on_collapse_needs_the_monitor_on():
+    from seekrl.config import ConfigError, TrainConfig
+    from seekrl.recipes.train_checks import check_config
+
+    with pytest.raises(ConfigError, match="monitor.stop_on_collapse: the monitor is off"):
+        check_config(TrainConfig(data="d", index="i",
+                                 monitor={"enabled": False, "stop_on_collapse": True}))
+    check_config(TrainConfig(data="d", index="i", monitor={"enabled": False}))

@@ -464,6 +464,32 @@ def test_the_ranker_learns_each_step_from_the_candidates_it_gave_labelled_by_gol
     assert after < before
 
 
+def test_the_ranker_learns_from_every_search_played_under_dynamic_sampling(tmp_path, tiny,
+                                                                          tiny_encoder):
+    """Dynamic sampling keeps the groups whose rewards vary; the ranker's labels are gold
+    documents, so it learns from every group's searches (here every group ties: it had
+    learnt from none)."""
+    from conftest import build_world_and_index
+
+    from seekrl.recipes.train import Trainer
+
+    _, paths, index_dir = build_world_and_index(tmp_path / "w", seed=4, entities=200,
+                                                n_train=8, n_dev=2, n_test=2)
+    model, tok = tiny
+    cfg = _rl_config(tmp_path, paths, index_dir, tiny_encoder, out="ds")
+    cfg = cfg.model_copy(update={"algo": cfg.algo.model_copy(
+        update={"dynamic_sampling": True, "max_refills": 0})})
+    trainer = Trainer(cfg, model=copy_model(model), tokenizer=tok)
+    _force_searches(trainer)   # every episode answers "x": every group ties
+    got = []
+    real_update = trainer.env.ranker_updater.update
+    trainer.env.ranker_updater.update = lambda ex, *a, **k: got.extend(ex) or \
+        real_update(ex, *a, **k)
+    record = trainer.step(1)
+    assert record["episodes"] == 0 and record["episodes_sampled"] == 4
+    assert len(got) == 4   # every episode's search (one each), a gold document in its pool
+
+
 def _through_and_resumed(tmp_path, tiny, retriever_type, config) -> dict:
     """Train with the ranker twice, straight through and stopped after step 1 then resumed
     (every step with searches the ranker learns from); the final rankers by run."""

@@ -1075,8 +1075,8 @@ def test_a_resumed_log_tells_tensorboard_and_wandb_where_it_goes_on(tmp_path, mo
         def __init__(self, id):
             self.id = id
 
-        def log(self, *a, **k):
-            pass
+        def log(self, scalars, step=None):
+            made.append(("log", scalars.get("step"), step))
 
         def finish(self):
             pass
@@ -1093,6 +1093,15 @@ def test_a_resumed_log_tells_tensorboard_and_wandb_where_it_goes_on(tmp_path, mo
     MetricsLog(path, tensorboard=True, wandb=True, resume=True, resume_step=7).close()
     assert made == [("tb", None), ("wandb", None, None), ("tb", 8), ("wandb", "run-1", "allow")]
     assert (tmp_path / "wandb_id").read_text() == "run-1\n"
+    # a line below the last step logged (a collapse-stopped run's final evaluation, under
+    # its restored step) goes at the last step, which W&B keeps; its own step is a field
+    made.clear()
+    log = MetricsLog(path, wandb=True, resume=True)
+    for record in ({"step": 5, "reward": 0.1}, {"step": 6, "reward": 0.0},
+                   {"step": 4, "eval": "final", "dev_em": 0.3}):
+        log.write(record)
+    log.close()
+    assert [m for m in made if m[0] == "log"] == [("log", 5, 5), ("log", 6, 6), ("log", 4, 6)]
 
 
 # ---------------------------------------------------------------------- process supervision

@@ -436,6 +436,7 @@ class MetricsLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a" if resume else "w", encoding="utf-8")
         self._tb = self._wandb = None
+        self._wandb_step: int | None = None   # the last step logged to W&B by this process
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -468,7 +469,13 @@ class MetricsLog:
             for k, v in scalars.items():
                 self._tb.add_scalar(k, v, step)
         if self._wandb is not None:
+            # W&B drops what is logged below its last step: a collapse-stopped run's final
+            # evaluation (logged under the restored step) goes at the last step, its own
+            # step in the `step` field
+            if step is not None and self._wandb_step is not None and step < self._wandb_step:
+                step = self._wandb_step
             self._wandb.log(scalars, step=step)
+            self._wandb_step = step if step is not None else self._wandb_step
 
     def close(self) -> None:
         """Idempotent: a run closes its log when it ends, and again from `Trainer.close`."""

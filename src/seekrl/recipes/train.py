@@ -299,7 +299,9 @@ class Trainer:
         every = self.cfg.log.save_rollouts
         if self.dist.main and every and step % every == 0 and trajs:
             self._save_rollouts(step, trajs, played=len(draws.played))
-        record.update(self.env.after_rollouts(trajs, draws.ranked_before))
+        # the ranker learns from every search played: its labels are gold documents and
+        # right answers, not the group variance that dynamic sampling keeps
+        record.update(self.env.after_rollouts(draws.played, draws.ranked_before))
         if trajs:
             if self._backend is not None:
                 self._backend.sleep()   # the update gets the engine's memory (vllm_sleep)

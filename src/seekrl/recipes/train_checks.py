@@ -55,6 +55,9 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
 
     algo = cfg.algo
     _check_log_packages(cfg.log)
+    if cfg.monitor.stop_on_collapse and not cfg.monitor.enabled:
+        raise ConfigError("monitor.stop_on_collapse: the monitor is off (monitor.enabled: "
+                          "false), so no collapse is ever seen; turn it on or leave this out")
     if cfg.rollout.tools:
         from seekrl.agent.tools import check_tool_names
         check_tool_names(cfg.rollout.tools)
