@@ -95,7 +95,8 @@ class PolicyUpdate:
             # of near-equal sizes: a batch that does not divide (dynamic sampling's, cut to
             # whole groups) would otherwise end on a full step from a few episodes
             parts = -(-len(order) // algo.mini_batch_size)
-            bounds = [round(p * len(order) / parts) for p in range(parts + 1)]
+            bounds = [round(p * len(order) / parts) for p in range(parts + 1)] if parts \
+                else []   # an empty batch: no mini-batch, as before
             for lo, hi in zip(bounds, bounds[1:]):
                 mini = order[lo:hi]
                 if algo.share_prompts:  # a group's episodes in one micro-batch share a
