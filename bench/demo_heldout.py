@@ -95,10 +95,6 @@ def _types(test: Path, n: int) -> dict[str, str]:
     return {q.id: (q.metadata or {}).get("type", "?") for q in read_qa_jsonl(test)[:n]}
 
 
-def _demo_answers(run: Path, stage: str) -> dict[str, float] | None:
-    return _per_question(run / f"eval_{stage}")
-
-
 def main() -> None:
     args = build_parser().parse_args()
     started = time.time()
@@ -129,7 +125,7 @@ def main() -> None:
             fresh_run[(stage, run["seed"])] = {q: v for q, v in per.items() if q not in seen}
             for q, v in per.items():
                 by_type.setdefault((stage, types[q]), []).append(v)
-            demo = _demo_answers(folder, stage)
+            demo = _per_question(folder / f"eval_{stage}")   # the demo's own 40
             if demo:
                 agree += sum(demo[q] == per[q] for q in demo if q in per)
                 agree_of += sum(q in per for q in demo)

@@ -18,6 +18,7 @@ from typing import Any
 
 from seekrl.agent.protocol import normalise_text, step_format_problem
 from seekrl.data.jsonl import iter_jsonl
+from seekrl.data.qa import given_titles
 from seekrl.errors import DataError
 from seekrl.retrieval.base import simulated_id
 
@@ -134,9 +135,7 @@ class Trajectory:
         if self.gold_doc_ids:
             return (set(self.gold_doc_ids), [set(s.hits) for s in self.steps],
                     set(self.prompt_hits or []))
-        titles = self.metadata.get("supporting_titles") or []
-        if isinstance(titles, str):   # one title, not its letters
-            titles = [titles]
+        titles = given_titles(self.metadata)
         if not titles:
             return set(), [set() for _ in self.steps], set()
         return ({normalise_text(x) for x in titles},

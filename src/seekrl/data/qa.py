@@ -45,6 +45,8 @@ __all__ = [
     "SEARCH_R1_INSTRUCTION",
     "QAExample",
     "SkipReport",
+    "given_titles",
+    "hop_chain",
     "iter_qa_jsonl",
     "load_hf_qa",
     "load_qa",
@@ -55,6 +57,27 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+def hop_chain(example) -> list[dict[str, Any]]:
+    """A question's `metadata.chain` (its hops: objects with `query` and `doc_id`, as
+    `seekrl world` writes them), checked: a ValueError naming the question and the hop."""
+    chain = example.metadata.get("chain") or []
+    if not isinstance(chain, list):
+        raise ValueError(f"question {example.id}: metadata.chain: expected a list of hops "
+                         f"(objects with query and doc_id), got {type(chain).__name__}")
+    for i, hop in enumerate(chain):
+        if not isinstance(hop, dict):
+            raise ValueError(f"question {example.id}: metadata.chain[{i}]: expected an object "
+                             f"with query and doc_id, got {type(hop).__name__}")
+    return chain
+
+
+def given_titles(metadata: Mapping[str, Any]) -> list[str]:
+    """`metadata.supporting_titles` as a list (one title given as text is that title, not
+    its letters)."""
+    titles = metadata.get("supporting_titles") or []
+    return [titles] if isinstance(titles, str) else list(titles)
 
 
 def _describe(value: Any) -> str:

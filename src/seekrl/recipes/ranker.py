@@ -34,6 +34,7 @@ from rich.console import Console
 
 from seekrl.agent.protocol import holds_phrase, normalise_text
 from seekrl.config import RankerTrainConfig
+from seekrl.data.qa import given_titles, hop_chain
 from seekrl.retrieval.base import Hit
 from seekrl.retrieval.ranker import RankerUpdater, load_ranker, ranked_retriever, recall_at
 from seekrl.rewards.metrics import exact_match
@@ -54,27 +55,6 @@ def trajectory_records(trajectories: Iterable) -> list[dict[str, Any]]:
                             "answers": list(t.golden_answers), "shown": list(shown),
                             "right": right})
     return [r for r in out if r["query"]]
-
-
-def hop_chain(example) -> list[dict[str, Any]]:
-    """A question's `metadata.chain` (its hops: objects with `query` and `doc_id`, as
-    `seekrl world` writes them), checked: a ValueError naming the question and the hop."""
-    chain = example.metadata.get("chain") or []
-    if not isinstance(chain, list):
-        raise ValueError(f"question {example.id}: metadata.chain: expected a list of hops "
-                         f"(objects with query and doc_id), got {type(chain).__name__}")
-    for i, hop in enumerate(chain):
-        if not isinstance(hop, dict):
-            raise ValueError(f"question {example.id}: metadata.chain[{i}]: expected an object "
-                             f"with query and doc_id, got {type(hop).__name__}")
-    return chain
-
-
-def supporting_titles(metadata: dict[str, Any]) -> list[str]:
-    """`metadata.supporting_titles` as a list (one title given as text is that title, not
-    its letters)."""
-    titles = metadata.get("supporting_titles") or []
-    return [titles] if isinstance(titles, str) else list(titles)
 
 
 def qa_records(examples: Iterable, *, question_queries: bool = False) -> list[dict[str, Any]]:
@@ -105,7 +85,7 @@ def question_records(examples: Iterable) -> list[dict[str, Any]]:
         if ex.metadata.get("chain"):
             continue
         ids = [str(i) for i in ex.metadata.get("gold_doc_ids") or []]
-        keys = {normalise_text(str(t)) for t in supporting_titles(ex.metadata)} - {""}
+        keys = {normalise_text(str(t)) for t in given_titles(ex.metadata)} - {""}
         if ids or keys:
             out.append({"query": ex.question, "gold_ids": list(dict.fromkeys(ids)),
                         "gold_titles": [] if ids else sorted(keys)})

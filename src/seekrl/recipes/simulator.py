@@ -36,8 +36,7 @@ def interactions(cfg: SimulatorTrainConfig) -> list[dict[str, Any]]:
     """(query, question, answers, gold ids, gold titles) records from the configured
     sources, duplicates (same query and question) once, in a seeded order."""
     from seekrl.agent.trajectory import read_trajectories
-    from seekrl.data.qa import load_qa
-    from seekrl.recipes.ranker import hop_chain, supporting_titles
+    from seekrl.data.qa import given_titles, hop_chain, load_qa
 
     out: dict[tuple[str, str], dict[str, Any]] = {}
 
@@ -50,7 +49,7 @@ def interactions(cfg: SimulatorTrainConfig) -> list[dict[str, Any]]:
 
     for path in cfg.trajectories:
         for t in read_trajectories(path, tokens=False):
-            titles = supporting_titles(t.metadata)
+            titles = given_titles(t.metadata)
             for s in t.steps:
                 if s.action == "search" and s.query:
                     for q in s.sub_queries or [s.query]:
@@ -58,7 +57,7 @@ def interactions(cfg: SimulatorTrainConfig) -> list[dict[str, Any]]:
     for path in cfg.data:
         for ex in load_qa(path, "train"):   # a FlashRAG folder: its train split, not test's
             gold = ex.metadata.get("gold_doc_ids") or []
-            titles = supporting_titles(ex.metadata)
+            titles = given_titles(ex.metadata)
             for hop in hop_chain(ex):
                 if hop.get("query"):   # a hop without one is not a search to simulate
                     add(hop["query"], ex.question, ex.golden_answers, gold, titles)

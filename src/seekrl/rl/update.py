@@ -113,13 +113,11 @@ class PolicyUpdate:
                     micro = [mini[p] for p in positions]
                     # each micro-batch's share of the mini-batch's loss, so that the
                     # accumulated gradient equals that of one mini-batch forward
-                    if algo.loss_agg == "token-mean":
-                        weight = sum(trajs[i].n_generated for i in micro) / max(1, mini_tokens)
-                    else:
-                        weight = len(micro) / len(mini)
+                    tokens = sum(trajs[i].n_generated for i in micro)
+                    weight = tokens / max(1, mini_tokens) if algo.loss_agg == "token-mean" \
+                        else len(micro) / len(mini)
                     loss, s = self.micro_loss(batch, micro, probe if live else Probe())
                     (loss * (weight * scale if live else 0.0)).backward()
-                    tokens = sum(trajs[i].n_generated for i in micro)
                     for k, v in s.items() if live else ():
                         if k in LOSS_TERMS:   # each one's share, as in the loss
                             mini_stats[k] += v * weight
