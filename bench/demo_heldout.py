@@ -16,6 +16,11 @@ score (index >= its n_test), EM per stage and per question type, valid format an
 searches, how often the first 40 answers agree with the demo's own evaluation, then a
 one-line summary. `--records` keeps
 each run's per-question answers (gzip) and the figures.
+
+`--samples K` samples each question K times at the rollout's temperature instead (what the
+RL objective moves: a question's EM is then the mean of its K samples, sampled pass@1, and
+`pass@K` is reported beside it), into RUN/eval_{sft,rl}_n{N}_k{K}/, seeded by the run's
+seed so that both stages of a seed draw from the same generator state.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--n", type=int, default=200, help="the first N test questions")
     ap.add_argument("--records", type=Path, default=None,
                     help="keep per-question answers and the figures here")
+    ap.add_argument("--samples", type=int, default=0,
+                    help="sample each question K times at the rollout temperature (0: greedy)")
     ap.add_argument("--resamples", type=int, default=10_000)
     return ap
 
@@ -60,8 +67,9 @@ def demo_run(run: Path) -> dict:
             "dtype": summary["dtype"]}
 
 
-def evaluate(run: dict, stage: str, n: int, out: Path) -> Path:
-    """The stage's checkpoint on the first `n` test questions, as the demo evaluates."""
+def evaluate(run: dict, stage: str, n: int, out: Path, samples: int = 0) -> Path:
+    """The stage's checkpoint on the first `n` test questions, as the demo evaluates
+    (greedy), or sampled `samples` times a question at the rollout's temperature."""
     from rich.console import Console
 
     from seekrl.config.schema import EpisodeSettings
@@ -78,9 +86,33 @@ def evaluate(run: dict, stage: str, n: int, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     test_file = out.parent / f"test_questions_n{n}.jsonl"
     write_qa_jsonl(test_file, questions)
-    evaluate_greedy(str(run[stage]), out, index=load_index(run["index"]), test_file=test_file,
-                    episode=EpisodeSettings(**run["rollout"]), n=n, dtype=run["dtype"],
-                    console=Console(stderr=True))
+    episode = EpisodeSettings(**run["rollout"])
+    console = Console(stderr=True)
+    if not samples:
+        evaluate_greedy(str(run[stage]), out, index=load_index(run["index"]),
+                        test_file=test_file, episode=episode, n=n, dtype=run["dtype"],
+                        console=console)
+        return out
+    from seekrl.config import EvalConfig
+    from seekrl.eval.evaluate import (
+        eval_backend,
+        eval_rollout_config,
+        eval_settings,
+        load_eval_data,
+    )
+    from seekrl.eval.evaluate import evaluate as run_episodes
+    from seekrl.models import load_policy
+    from seekrl.recipes.setup import set_seed
+
+    set_seed(run["seed"])
+    policy, tokenizer = load_policy(str(run[stage]), dtype=run["dtype"])
+    policy.eval()
+    play = eval_settings(EvalConfig(data=str(test_file), n=n, batch_size=min(n, 64)), episode)
+    run_episodes(policy, tokenizer, load_index(run["index"]),
+                 load_eval_data([test_file], limit=n),
+                 eval_rollout_config(play, n_samples=samples, temperature=play.temperature),
+                 out, backend=eval_backend(policy, tokenizer, play),
+                 run_info={"model": str(run[stage]), "seed": run["seed"]}, console=console)
     return out
 
 
@@ -113,10 +145,13 @@ def main() -> None:
         seen = set(order[:run["n_test"]])
         for stage in STAGES:
             t0 = time.time()
-            out = evaluate(run, stage, args.n, folder / f"eval_{stage}_n{args.n}")
+            name = f"eval_{stage}_n{args.n}" + (f"_k{args.samples}" if args.samples else "")
+            out = evaluate(run, stage, args.n, folder / name, args.samples)
             per = _per_question(out)
             avg = json.loads((out / "metrics.json").read_text())["average"]
-            for key in ("valid_format", "searches"):
+            if args.samples:
+                avg = {**avg, "pass_at_k": avg[f"pass@{args.samples}"]}
+            for key in ("valid_format", "searches") + (("pass_at_k",) if args.samples else ()):
                 averages.setdefault((stage, key), []).append(avg[key])
             print(f"seed={run['seed']} stage={stage} em={sum(per.values()) / len(per):.4f} "
                   f"valid_format={avg['valid_format']:.3f} searches={avg['searches']:.2f} "
@@ -126,7 +161,7 @@ def main() -> None:
             for q, v in per.items():
                 by_type.setdefault((stage, types[q]), []).append(v)
             demo = _per_question(folder / f"eval_{stage}")   # the demo's own 40
-            if demo:
+            if demo and not args.samples:
                 agree += sum(demo[q] == per[q] for q in demo if q in per)
                 agree_of += sum(q in per for q in demo)
     figures: dict[str, object] = {}
@@ -151,10 +186,13 @@ def main() -> None:
     if args.records:
         args.records.mkdir(parents=True, exist_ok=True)
         for (stage, seed), per in per_run.items():
-            with gzip.open(args.records / f"s{seed}_{stage}_per_question.json.gz", "wt") as f:
+            tag = f"_k{args.samples}" if args.samples else ""
+            with gzip.open(args.records / f"s{seed}_{stage}{tag}_per_question.json.gz",
+                           "wt") as f:
                 json.dump(per, f, sort_keys=True)
         (args.records / "figures.json").write_text(json.dumps(
-            {"runs": [str(r) for r in args.runs], "n": args.n, **figures,
+            {"runs": [str(r) for r in args.runs], "n": args.n, "samples": args.samples,
+             **figures,
              "paired": paired, "paired_unscored": fresh,
              "demo_answers_agree": [agree, agree_of]}, indent=1) + "\n")
     print(f"demo_rl_gain={paired['gain']:+.4f} demo_rl_gain_ci={paired['lo']:+.4f}.."
@@ -163,6 +201,7 @@ def main() -> None:
              f"{fresh['hi']:+.4f} " if fresh else "")
           + f"em_sft={figures['em_sft']} "
           f"em_rl={figures['em_rl']} seeds={len(seeds)} questions={args.n} "
+          f"samples={args.samples or 'greedy'} "
           f"minutes={(time.time() - started) / 60:.1f}")
 
 
