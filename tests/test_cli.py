@@ -323,6 +323,16 @@ def test_prm_score_and_eval_on_files(tmp_path):
     r = run("prm", "score", "--prm", tmp_path / "prm", "--trajectories", tmp_path / "bad.jsonl",
             "--out", tmp_path / "x.jsonl")
     assert r.exit_code == 2 and "bad.jsonl:2: field 'steps'" in r.output, r.output
+    # an existing out (here the input itself) is kept unless --overwrite
+    before = (tmp_path / "labels" / "labels.jsonl").read_text()
+    r = run("prm", "score", "--prm", tmp_path / "prm", "--trajectories",
+            tmp_path / "labels" / "labels.jsonl", "--out", tmp_path / "labels" / "labels.jsonl")
+    assert r.exit_code == 2 and "already holds a file" in r.output and "--overwrite" in r.output
+    assert (tmp_path / "labels" / "labels.jsonl").read_text() == before
+    r = run("prm", "score", "--prm", tmp_path / "prm", "--trajectories",
+            tmp_path / "labels" / "labels.jsonl", "--out", tmp_path / "scored.jsonl",
+            "--overwrite")
+    assert r.exit_code == 0, r.output
     alien = json.loads(lines[0])
     alien["token_ids"][0] = 10**6
     (tmp_path / "alien.jsonl").write_text(json.dumps(alien) + "\n")

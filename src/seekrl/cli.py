@@ -1213,6 +1213,8 @@ def prm_score(
     dtype: Annotated[str, typer.Option(
         help="float32 | bfloat16 | float16 | bf16-mixed (the PRM's forward)")] = "float32",
     threads: Threads = None,
+    overwrite: Annotated[bool, typer.Option(
+        help="replace an existing out file (out may be the trajectories file itself)")] = False,
 ):
     """Score every step of a trajectory file with a PRM (one forward pass per episode batch)."""
     from seekrl.agent.trajectory import write_trajectories
@@ -1223,6 +1225,9 @@ def prm_score(
         if batch_size < 1:   # before the model loads
             raise ValueError(f"--batch-size: expected episodes per forward pass, at least 1; "
                              f"got {batch_size}")
+        # an existing file (the labels or an evaluation's trajectories given twice) was
+        # written over without a word
+        _refuse_to_replace(out, "a file", overwrite=overwrite)
         trajs = read_episodes(trajectories)
         _threads(threads)
         scorer = load_scorer(prm, device=device, batch_size=batch_size, dtype=dtype)
