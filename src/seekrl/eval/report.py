@@ -25,6 +25,7 @@ from typing import Any
 
 from seekrl.agent.trajectory import Trajectory, read_trajectories, title_keys
 from seekrl.data.jsonl import iter_jsonl
+from seekrl.data.qa import given_titles
 from seekrl.errors import DataError
 from seekrl.rewards.metrics import exact_match, f1_score
 
@@ -393,9 +394,7 @@ def _episode_html(t: Trajectory, segments: list[dict] | None, index: int,
     em = exact_match(t.answer, t.golden_answers)
     f1 = f1_score(t.answer, t.golden_answers)
     gold, by_title = t.evidence_keys()[0], not t.gold_doc_ids
-    supporting = t.metadata.get("supporting_titles") or [] if isinstance(t.metadata, dict) else []
-    if isinstance(supporting, str):   # one title, as `evidence_keys` reads it
-        supporting = [supporting]
+    supporting = given_titles(t.metadata) if isinstance(t.metadata, dict) else []
     searches = t.n_searches
     # a null type is none given ("(no type)" in the metrics), not the type "None"
     kind = t.metadata.get("type") if isinstance(t.metadata, dict) else None
