@@ -395,6 +395,13 @@ def test_model_names_are_checked_before_the_hub_is_asked(tmp_path, monkeypatch):
     assert resolve_model("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
     assert resolve_model("gpt2") == "gpt2"
     assert resolve_model(str(tmp_path)) == str(tmp_path)
+    # a folder named like the bundled alias: the alias is loaded, and said so
+    (tmp_path / "smollm2").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("seekrl.models.bundled_checkpoint", lambda: Path("/bundled"))
+    with pytest.warns(UserWarning, match=r"write ./smollm2 to load it"):
+        assert resolve_model("smollm2") == "/bundled"
+    assert resolve_model("./smollm2") == "./smollm2"
 
 
 def test_every_seekrl_error_has_one_base_the_cli_catches():

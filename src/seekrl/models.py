@@ -128,9 +128,19 @@ def resolve_model(name: str | None) -> str:
     path (`/...`, `./...`, `~/...`, or with more than one `/`) must exist, and a bare name
     one typo away from a bundled alias is a typo ("did you mean smollm2-135m?")."""
     if name is None or name.lower() in BUNDLED_ALIASES:
+        if name is not None and Path(name).exists():
+            import warnings
+
+            # the alias wins (a config means the same model wherever it runs), but a run
+            # that meant its own folder must not train the bundled model unsaid
+            warnings.warn(f"model: {name!r} is the bundled model's name; the {name} in the "
+                          f"working folder is not loaded (write ./{name} to load it)",
+                          stacklevel=2)
         return str(bundled_checkpoint())
     if Path(name).expanduser().exists():
-        return str(Path(name).expanduser())
+        local = str(Path(name).expanduser())
+        # "./smollm2" keeps its "./": bare, the name would read as the alias again
+        return f"./{local}" if local.lower() in BUNDLED_ALIASES else local
     if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
         raise ModelError(f"model: {name} does not exist (a path was given; no such folder)")
     if "/" not in name:
