@@ -1604,6 +1604,11 @@ def test_an_existing_run_is_refused_replaced_or_resumed_with_its_differences(wor
     with pytest.raises(ConfigError, match=r"--resume: optim\.lr: .* -> 1e-07 \(old -> new\): "
                                           "the checkpoint's optimizer state holds the old"):
         make_trainer(lower, world, tiny, resume=True)
+    # the co-trained ranker's optimizer state holds its rate the same way
+    from seekrl.recipes.checkpoint import refuse_optimizer_changes
+    with pytest.raises(ConfigError, match=r"ranker\.lr: 1e-05 -> 2e-05 \(old -> new\)"):
+        refuse_optimizer_changes(["ranker.lr: 1e-05 -> 2e-05"], run / "config.yaml")
+    refuse_optimizer_changes(["ranker.candidates: 20 -> 30"], run / "config.yaml")
     fresh = make_trainer(cfg, world, tiny, overwrite=True)
     assert fresh.state.step_done == 0 and not (run / "checkpoints").exists()
     assert not (run / "alerts.jsonl").exists()

@@ -129,7 +129,7 @@ def config_changes(saved: Path, cfg, *, recorded_only: bool = False) -> list[str
 # settings a checkpoint's optimizer state carries (its param groups, the schedule's base
 # rates): changed on --resume, loading that state would put the old values back unsaid
 OPTIMIZER_STATE_KEYS = ("optim.lr", "optim.weight_decay", "optim.betas", "head_lr_factor",
-                        "algo.value_lr")
+                        "algo.value_lr", "ranker.lr")   # the co-trained ranker's AdamW too
 
 
 def refuse_optimizer_changes(changed: Sequence[str], saved: Path) -> None:
