@@ -216,6 +216,35 @@ def test_logged_figures_are_token_means_whatever_the_split_and_aggregation(tiny)
             assert record[key] == pytest.approx(base[key], rel=1e-5), (key, run)
 
 
+def test_entropy_as_a_figure_stays_out_of_the_graph(tiny, monkeypatch):
+    """Without an entropy bonus the update reads the entropy detached: the same values,
+    and no [tokens, vocabulary] tensor kept for a backward pass that never uses it."""
+    from seekrl.models import collate
+    from seekrl.rl import forward
+    from seekrl.rl.forward import masked_logprobs
+
+    model, _ = tiny
+    runtime, batch = _update_batch(model)
+    ids, attn, mask = collate([t.token_ids for t in batch.trajs],
+                              [t.loss_mask for t in batch.trajs], 0, "cpu")
+    graph = masked_logprobs(model, ids, attn, mask, entropy=True)
+    figure = masked_logprobs(model, ids, attn, mask, entropy="detached")
+    assert graph["entropy"].requires_grad and not figure["entropy"].requires_grad
+    assert figure["logprobs"].requires_grad
+    torch.testing.assert_close(figure["entropy"], graph["entropy"].detach())
+    asked = []
+    monkeypatch.setattr(forward, "masked_logprobs",
+                        lambda *a, real=masked_logprobs, **kw: asked.append(kw["entropy"])
+                        or real(*a, **kw))
+    records = {}
+    for coef, want in ((0.0, "detached"), (0.01, True)):
+        asked.clear()
+        records[coef] = _run_update(model, runtime, batch, entropy_coef=coef, epochs=1,
+                                    mini_batch_size=4)
+        assert asked and set(asked) == {want}
+    assert records[0.0]["entropy"] == pytest.approx(records[0.01]["entropy"], rel=1e-5)
+
+
 def test_a_batch_that_does_not_divide_is_cut_into_near_equal_mini_batches(tiny, monkeypatch):
     """5 episodes at mini_batch_size 4: two optimizer steps of 3 and 2 episodes, not 4 and a
     full step from 1; a batch that divides keeps its mini-batches."""

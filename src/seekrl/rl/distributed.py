@@ -263,7 +263,7 @@ class Replicated:
         self.temperature = temperature
         self.share_prompts = share_prompts
 
-    def forward(self, input_ids, attention_mask, mask, entropy: bool = False) -> dict:
+    def forward(self, input_ids, attention_mask, mask, entropy: bool | str = False) -> dict:
         from seekrl.rl.forward import masked_logprobs
 
         return masked_logprobs(self.policy, input_ids, attention_mask, mask,
@@ -340,7 +340,7 @@ class ShardedForward(torch.nn.Module):
         self.value_head = value_head
         self.temperature = temperature
 
-    def forward(self, input_ids, attention_mask, mask, entropy: bool = False):
+    def forward(self, input_ids, attention_mask, mask, entropy: bool | str = False):
         from seekrl.rl.forward import masked_logprobs
 
         return masked_logprobs(self.policy, input_ids, attention_mask, mask,
@@ -440,7 +440,7 @@ class Sharded:
             for group in state._fsdp_param_groups:
                 group._post_forward_indices.clear()
 
-    def forward(self, input_ids, attention_mask, mask, entropy: bool = False) -> dict:
+    def forward(self, input_ids, attention_mask, mask, entropy: bool | str = False) -> dict:
         return self.root(input_ids, attention_mask, mask, entropy=entropy)
 
     def assign(self, cuts: Sequence[list[int]], start: int) -> list[tuple[list[int], bool]]:

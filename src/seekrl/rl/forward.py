@@ -33,10 +33,13 @@ from seekrl.models import (
 
 
 def masked_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    mask: torch.Tensor, *, temperature: float = 1.0, entropy: bool = False,
-                    value_head: nn.Module | None = None,
+                    mask: torch.Tensor, *, temperature: float = 1.0,
+                    entropy: bool | str = False, value_head: nn.Module | None = None,
                     share_prompts: bool = True) -> dict[str, torch.Tensor]:
     """{"logprobs": ..., "entropy": ... (if asked), "values": ... (with a value head)}.
+    `entropy="detached"` gives the entropy as a figure, outside autograd: one in the graph
+    keeps a [tokens, vocabulary] tensor alive until the backward pass, for nothing when
+    no entropy bonus is trained.
 
     `values` come from the value head on the *detached* hidden states: the critic shares
     the policy's features but its loss never moves the policy."""
@@ -67,7 +70,8 @@ def masked_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     targets = input_ids[:, 1:][sel]
     out = {"logprobs": _scatter(sel, logp_all.gather(-1, targets[:, None]).squeeze(-1))}
     if entropy:
-        out["entropy"] = _scatter(sel, -(logp_all.exp() * logp_all).sum(-1))
+        with torch.set_grad_enabled(torch.is_grad_enabled() and entropy != "detached"):
+            out["entropy"] = _scatter(sel, -(logp_all.exp() * logp_all).sum(-1))
     if value_head is not None:
         out["values"] = _scatter(sel, value_head(picked.detach().float()).squeeze(-1))
     return out

@@ -155,7 +155,8 @@ class PolicyUpdate:
         part = [trajs[i] for i in micro]
         ids, attn, mask = collate([t.token_ids for t in part], [t.loss_mask for t in part],
                                   self.pad_id, dev)
-        out = self.runtime.forward(ids, attn, mask, entropy=True)
+        out = self.runtime.forward(ids, attn, mask,
+                                   entropy=True if algo.entropy_coef > 0 else "detached")
         logp = out["logprobs"]
 
         def grid(rows: list[torch.Tensor] | None) -> torch.Tensor | None:
