@@ -180,6 +180,25 @@ def test_untyped_questions_are_kept_in_the_type_breakdown():
            make_traj("A", "q2", 0, "y", ["x"], steps=[("answer", [], 1)])]
     types = score_trajectories(run)["by_type"]["A"]
     assert types["bridge"]["em"] == 1.0 and types["(no type)"]["em"] == 0.0
+    # a type spelt "(no type)" shares the row with the untyped, not replaced by them
+    run.append(make_traj("A", "q3", 0, "z", ["z"], type_="(no type)", steps=[("answer", [], 1)]))
+    types = score_trajectories(run)["by_type"]["A"]
+    assert types["(no type)"]["questions"] == 2 and types["(no type)"]["em"] == 0.5
+
+
+def test_dev_figures_keep_each_data_sets_types():
+    """Two dev sets with one type name (hotpotqa's and 2wiki's comparisons): a row each;
+    the second had written over the first in the log and the monitor."""
+    from seekrl.rl.step_metrics import dev_figures
+
+    run = [make_traj("A", "q1", 0, "x", ["x"], type_="comparison", steps=[("answer", [], 1)]),
+           make_traj("A", "q2", 0, "x", ["x"], type_="comparison", steps=[("answer", [], 1)]),
+           make_traj("B", "q1", 0, "y", ["x"], type_="comparison", steps=[("answer", [], 1)])]
+    rows = dev_figures(score_trajectories(run))["by_type"]
+    assert rows["A/comparison"]["em"] == 1.0 and rows["A/comparison"]["questions"] == 2
+    assert rows["B/comparison"]["em"] == 0.0 and set(rows) == {"A/comparison", "B/comparison"}
+    one = dev_figures(score_trajectories(run[:2]))["by_type"]
+    assert set(one) == {"comparison"}   # one data set: the type's own name, as before
 
 
 def test_repeated_question_ids_are_an_error_not_extra_samples(tiny, tmp_path):

@@ -184,6 +184,12 @@ def test_comparison_table_compares_like_with_like():
     em = header.index("EM")
     assert rows[1][0].endswith("(other data sets or samples: no difference shown)")
     assert "(" not in rows[1][em]
+    # the same set, other questions (100 against 3,000 of nq): no difference either
+    more = {**b, "datasets": {"nq": {**b["datasets"]["nq"], "questions": 3000}}}
+    header, rows = comparison_table({"a": a, "b": more})
+    assert rows[1][0].endswith("(other data sets or samples: no difference shown)")
+    header, rows = comparison_table({"a": a, "b": b})
+    assert rows[1][em].endswith(")")   # like with like: the difference is shown
     sampled = {label: {**m, "n_samples": 4} for label, m in (("a", a), ("b", b))}
     header, rows = comparison_table(sampled)
     assert "EM (mean of 4)" in header and rows[1][header.index("EM (mean of 4)")].endswith(")")
@@ -302,7 +308,9 @@ def test_report_for_run_discovers_subruns_and_step_order(tmp_path: Path):
 
 def test_report_evals_json_overrides_discovery(tmp_path: Path, run_dir: Path, monkeypatch):
     monkeypatch.setattr(training_report, "plot_curves", lambda logs, out_dir: [])  # not tested here
-    write_eval(tmp_path / "elsewhere" / "sft-eval", eval_metrics([True, False], ["a", "b"]))
+    # the four questions of the run's own evaluations (other questions are not compared)
+    write_eval(tmp_path / "elsewhere" / "sft-eval",
+               eval_metrics([True, False, False, True], ["a", "b", "a", "b"]))
     (run_dir / "report_evals.json").write_text(json.dumps(
         {"SFT": "../elsewhere/sft-eval", "RL": "eval/final"}), encoding="utf-8")
     page = report_for_run(run_dir).read_text(encoding="utf-8")

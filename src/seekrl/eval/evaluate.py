@@ -294,8 +294,9 @@ def score_trajectories(trajectories: Sequence[Trajectory], *,
         if types:
             untyped = [qid for qid in questions if qid not in {q for v in types.values()
                                                                for q in v}]
-            if untyped:  # never drop questions silently from the breakdown
-                types["(no type)"] = untyped
+            if untyped:  # never drop questions silently from the breakdown (nor those
+                # whose type is spelt "(no type)")
+                types.setdefault("(no type)", []).extend(untyped)
             by_type[name] = OrderedDict(
                 (type_name, _aggregate([rows[q] for q in qids],
                                        sum(len(questions[q]) for q in qids), pass_ks))

@@ -471,7 +471,10 @@ def comparison_table(evals: Mapping[str, dict]) -> tuple[list[str], list[list[st
                 *((by_type.get(d) or {}).get(t, {}).get("em") for d, t in type_keys)]
 
     def measured_on(m: dict) -> tuple:
-        return tuple(sorted(m.get("datasets") or {})), m.get("n_samples") or 1
+        # the questions each set held too: 100 and 3,000 questions of nq are unlike
+        sets = m.get("datasets") or {}
+        return (tuple(sorted((name, (row or {}).get("questions")) for name, row in sets.items())),
+                m.get("n_samples") or 1)
 
     formats = [fmt for _, _, fmt in columns] + ["{:.3f}"] * len(type_keys)
     rows, first, basis = [], None, None

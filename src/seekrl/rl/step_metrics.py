@@ -163,9 +163,13 @@ def dev_figures(metrics: dict[str, Any]) -> dict[str, Any]:
     out = {k: avg.get(k) for k in ("em", "f1", "valid_format", "searches", "questions",
                                    "one_search", "planned_lookups", "answered_yes", "answered_no",
                                    "gold_yes", "yes_no_questions")}
-    by_type = {t: {k: row.get(k) for k in ("em", "searches", "one_search", "planned_lookups",
-                                           "questions")}
-               for rows in metrics.get("by_type", {}).values() for t, row in rows.items()}
+    sets = metrics.get("by_type", {})
+    # a dev set of several data sets (hotpotqa+2wiki both have comparisons): one row per
+    # set and type, where one set's row had written over another's
+    by_type = {f"{name}/{t}" if len(sets) > 1 else t:
+               {k: row.get(k) for k in ("em", "searches", "one_search", "planned_lookups",
+                                        "questions")}
+               for name, rows in sets.items() for t, row in rows.items()}
     if by_type:
         out["by_type"] = by_type
     sampled = metrics.get("sampled")
