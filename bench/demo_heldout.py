@@ -14,8 +14,9 @@ stopped midway resumes). Prints the paired RL - SFT gain over all N questions (9
 from a bootstrap over seeds, then questions), the same over the questions the demo did not
 score (index >= its n_test), EM per stage and per question type, valid format and
 searches, how often the first 40 answers agree with the demo's own evaluation, then a
-one-line summary. `--records` keeps
-each run's per-question answers (gzip) and the figures.
+one-line summary. `--records` keeps every answer of each seed's two stages
+(`sN_answers.json.gz`: id, sample, answer, gold, type, hops, search turns, finish) and the
+figures.
 
 `--samples K` samples each question K times at the rollout's temperature instead (what the
 RL objective moves: a question's EM is then the mean of its K samples, sampled pass@1, and
@@ -116,6 +117,22 @@ def evaluate(run: dict, stage: str, n: int, out: Path, samples: int = 0) -> Path
     return out
 
 
+def episode_answers(eval_dir: Path) -> list[dict]:
+    """Every episode of an evaluation as a small row (the records keep these, not the
+    token ids): id, sample, answer, gold, type, hops, search turns, finish."""
+    rows = []
+    with open(eval_dir / "trajectories.jsonl", encoding="utf-8") as f:
+        for line in f:
+            t = json.loads(line)
+            meta = t.get("metadata") or {}
+            rows.append({"id": t["example_id"], "sample": t.get("sample_index", 0),
+                         "answer": t.get("answer"), "gold": t["golden_answers"],
+                         "type": meta.get("type"), "hops": meta.get("hops"),
+                         "searches": sum(s.get("action") == "search" for s in t["steps"]),
+                         "finish": t.get("finish_reason")})
+    return rows
+
+
 def _answered(eval_dir: Path) -> int | None:
     per = _per_question(eval_dir)
     return None if per is None else len(per)
@@ -139,6 +156,7 @@ def main() -> None:
     agree = agree_of = 0
     by_type: dict[tuple[str, str], list[float]] = {}
     averages: dict[tuple[str, str], list[float]] = {}
+    answers: dict[int, dict[str, list[dict]]] = {}
     for run, folder in zip(runs, args.runs):
         types = _types(run["test"], args.n)
         order = list(types)
@@ -157,6 +175,7 @@ def main() -> None:
                   f"valid_format={avg['valid_format']:.3f} searches={avg['searches']:.2f} "
                   f"questions={len(per)} seconds={time.time() - t0:.0f}", flush=True)
             per_run[(stage, run["seed"])] = per
+            answers.setdefault(run["seed"], {})[name] = episode_answers(out)
             fresh_run[(stage, run["seed"])] = {q: v for q, v in per.items() if q not in seen}
             for q, v in per.items():
                 by_type.setdefault((stage, types[q]), []).append(v)
@@ -185,11 +204,10 @@ def main() -> None:
     print(f"demo_answers_agree={agree}/{agree_of}")
     if args.records:
         args.records.mkdir(parents=True, exist_ok=True)
-        for (stage, seed), per in per_run.items():
-            tag = f"_k{args.samples}" if args.samples else ""
-            with gzip.open(args.records / f"s{seed}_{stage}{tag}_per_question.json.gz",
-                           "wt") as f:
-                json.dump(per, f, sort_keys=True)
+        tag = f"_k{args.samples}" if args.samples else ""
+        for seed, stages in answers.items():
+            with gzip.open(args.records / f"s{seed}{tag}_answers.json.gz", "wt") as f:
+                json.dump(stages, f)
         (args.records / "figures.json").write_text(json.dumps(
             {"runs": [str(r) for r in args.runs], "n": args.n, "samples": args.samples,
              **figures,
