@@ -256,6 +256,10 @@ def test_a_batch_that_does_not_divide_is_cut_into_near_equal_mini_batches(tiny, 
     real = sampling.split_micro_batches
     monkeypatch.setattr(update, "split_micro_batches",
                         lambda lengths, *a: sizes.append(len(lengths)) or real(lengths, *a))
+    # an empty batch makes no step and says so (max() of no norms had raised)
+    empty = update.UpdateBatch([], [], None, None, None, None, norm_length=64)
+    record = _run_update(model, runtime, empty, mini_batch_size=4)
+    assert record["updates"] == 0 and record["grad_norm"] is None
     for mini, epochs in ((4, 1), (5, 2), (2, 1), (1, 1)):
         sizes.clear()
         record = _run_update(model, runtime, batch, mini_batch_size=mini, epochs=epochs)
@@ -1636,8 +1640,12 @@ def test_an_existing_run_is_refused_replaced_or_resumed_with_its_differences(wor
     # the co-trained ranker's optimizer state holds its rate the same way
     from seekrl.recipes.checkpoint import refuse_optimizer_changes
     with pytest.raises(ConfigError, match=r"ranker\.lr: 1e-05 -> 2e-05 \(old -> new\)"):
-        refuse_optimizer_changes(["ranker.lr: 1e-05 -> 2e-05"], run / "config.yaml")
-    refuse_optimizer_changes(["ranker.candidates: 20 -> 30"], run / "config.yaml")
+        refuse_optimizer_changes(["ranker.lr: 1e-05 -> 2e-05"], run / "config.yaml",
+                                 ranker_trains=True)
+    refuse_optimizer_changes(["ranker.candidates: 20 -> 30"], run / "config.yaml",
+                             ranker_trains=True)
+    # a ranker that does not train has no optimizer state to put the old rate back
+    refuse_optimizer_changes(["ranker.lr: 1e-05 -> 2e-05"], run / "config.yaml")
     fresh = make_trainer(cfg, world, tiny, overwrite=True)
     assert fresh.state.step_done == 0 and not (run / "checkpoints").exists()
     assert not (run / "alerts.jsonl").exists()

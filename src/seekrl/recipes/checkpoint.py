@@ -132,10 +132,14 @@ OPTIMIZER_STATE_KEYS = ("optim.lr", "optim.weight_decay", "optim.betas", "head_l
                         "algo.value_lr", "ranker.lr")   # the co-trained ranker's AdamW too
 
 
-def refuse_optimizer_changes(changed: Sequence[str], saved: Path) -> None:
+def refuse_optimizer_changes(changed: Sequence[str], saved: Path, *,
+                             ranker_trains: bool = False) -> None:
     """Refuse `--resume` with a changed setting the optimizer's saved state would override
-    (`changed`: `config_changes`' lines)."""
-    bad = [c for c in changed if c.split(":", 1)[0] in OPTIMIZER_STATE_KEYS]
+    (`changed`: `config_changes`' lines); `ranker.lr` only where a ranker trains (no
+    ranker optimizer state is read otherwise)."""
+    keys = OPTIMIZER_STATE_KEYS if ranker_trains else \
+        tuple(k for k in OPTIMIZER_STATE_KEYS if k != "ranker.lr")
+    bad = [c for c in changed if c.split(":", 1)[0] in keys]
     if bad:
         raise ConfigError(f"--resume: {'; '.join(bad)} (old -> new): the checkpoint's "
                           "optimizer state holds the old values and would keep them; resume "

@@ -224,7 +224,8 @@ def check_start(cfg: TrainConfig, *, scorer_given: bool, resume: bool, overwrite
                else "start the run again without --resume"))
     if resume:   # before a model loads, on every process (none goes on alone)
         from seekrl.recipes.checkpoint import config_changes, refuse_optimizer_changes
-        refuse_optimizer_changes(config_changes(out / "config.yaml", cfg), out / "config.yaml")
+        refuse_optimizer_changes(config_changes(out / "config.yaml", cfg), out / "config.yaml",
+                                 ranker_trains=cfg.ranker is not None and cfg.ranker.train)
     if main:   # the run folder is rank 0's
         check_run_dir(out, resume=resume, overwrite=overwrite,
                       model=None if model_given else cfg.model)

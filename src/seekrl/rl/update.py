@@ -138,7 +138,7 @@ class PolicyUpdate:
         # drops a NaN that is not first, and the monitor then saw a healthy norm)
         norms = stats["grad_norm"]
         out["grad_norm"] = float("nan") if not all(math.isfinite(g) for g in norms) \
-            else round(max(norms), 4)
+            else round(max(norms), 4) if norms else None   # an empty batch: no step
         out["updates"] = len(stats["grad_norm"])   # optimizer steps this batch made
         out["correct_logps"] = {i: lp for part in self.dist.gather([probe.correct_logps])
                                 for i, lp in part.items()}
