@@ -110,7 +110,11 @@ def test_qa_records_check_the_chain_and_read_its_ids_as_text():
                    metadata={"gold_doc_ids": [7], "chain": [{"query": "A", "doc_id": 7}]})
     assert [(r["gold_ids"], r["hop_gold"]) for r in qa_records([ex])] == [(["7"], "7")]
     for chain, where in (("abc", "metadata.chain: expected a list"),
-                         (["A"], r"metadata.chain\[0\]: expected an object")):
+                         (["A"], r"metadata.chain\[0\]: expected an object"),
+                         ([{"query": 5, "doc_id": "d"}], r"metadata.chain\[0\]\.query: expected"
+                          " text, got int 5"),
+                         ([{"query": "A", "doc_id": ["d"]}], r"metadata.chain\[0\]\.doc_id: "
+                          "expected a document id")):
         bad = QAExample(id="q9", question="?", golden_answers=["Z"], metadata={"chain": chain})
         with pytest.raises(ValueError, match=f"question q9: {where}"):
             qa_records([bad])

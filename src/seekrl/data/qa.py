@@ -70,6 +70,13 @@ def hop_chain(example) -> list[dict[str, Any]]:
         if not isinstance(hop, dict):
             raise ValueError(f"question {example.id}: metadata.chain[{i}]: expected an object "
                              f"with query and doc_id, got {type(hop).__name__}")
+        query, doc = hop.get("query"), hop.get("doc_id")
+        if query is not None and not isinstance(query, str):
+            raise ValueError(f"question {example.id}: metadata.chain[{i}].query: expected "
+                             f"text, got {_describe(query)}")
+        if doc is not None and (isinstance(doc, (bool, list, dict, float))):
+            raise ValueError(f"question {example.id}: metadata.chain[{i}].doc_id: expected "
+                             f"a document id (text or an integer), got {_describe(doc)}")
     return chain
 
 
