@@ -566,7 +566,9 @@ def test_a_stopped_rft_run_resumes_from_its_samples_and_its_checkpoint(tiny, tmp
         refine("c", resume=True)
     marker = tmp_path / "moved" / "rft_sampled.json"
     whole = marker.read_text()
-    for damaged, why in (("{", "not valid JSON"), ('{"kept": 1}', "missing field 'sampled'")):
+    for damaged, why in (("{", "not valid JSON"), ('{"kept": 1}', "missing field 'sampled'"),
+                         ('{"sampled": 8, "kept": null}', "kept: expected a count of episodes, "
+                          "got None")):
         marker.write_text(damaged)
         with pytest.raises(ConfigError, match=f"--resume: .*rft_sampled.json: {why}"):
             refine("moved", resume=True)

@@ -391,9 +391,17 @@ def _resumable_rft(out: Path, cfg) -> dict | None:
                           "rft_data.jsonl; start again with --overwrite")
     from seekrl.retrieval.base import RetrievalError, json_object
     try:
-        return json_object(marker, ("sampled", "kept"))
+        done = json_object(marker, ("sampled", "kept"))
     except RetrievalError as err:   # written whole by the run: damaged since
         raise ConfigError(f"--resume: {err}; start again with --overwrite") from None
+    bad = [k for k in ("sampled", "kept") if not (isinstance(done[k], int)
+                                                  and not isinstance(done[k], bool)
+                                                  and done[k] >= 0)]
+    if bad:   # a null "kept" had read as "kept no episode": the policy returned unchanged
+        raise ConfigError(f"--resume: {marker}: {', '.join(bad)}: expected a count of "
+                          f"episodes, got {', '.join(repr(done[k]) for k in bad)}; start "
+                          "again with --overwrite")
+    return done
 
 
 def run_refine(cfg, *, model=None, tokenizer=None, retriever=None, backend=None,
