@@ -246,3 +246,18 @@ def test_a_prm_no_better_than_chance_is_called_out():
     assert prm_warning({"auc": None, "pairs": 30, "pair_accuracy": 0.8}) is None
     assert "no better than chance" in prm_warning({"auc": None, "pairs": 9,
                                                    "pair_accuracy": 0.5})
+
+
+def test_step_dpo_in_the_pipeline_accumulates_as_set():
+    """Step-DPO honours grad_accum, so the pipeline passes the preset's 2 pairs a forward x
+    4 and a user's grad_accum as given; it had folded the preset into 8 pairs a forward, so
+    that refine.grad_accum: 2 made 16 pairs an update."""
+    from seekrl.prorag import input_paths, stage_configs
+
+    cfg = ProragConfig(out="p", refine_method="step_dpo")
+    refine = stage_configs(cfg, input_paths(cfg))["refine"]
+    assert (refine.batch_size, refine.grad_accum) == (2, 4)
+    cfg = ProragConfig(out="p", refine_method="step_dpo", refine={"grad_accum": 2})
+    refine = stage_configs(cfg, input_paths(cfg))["refine"]
+    assert (refine.batch_size, refine.grad_accum) == (2, 2)
+

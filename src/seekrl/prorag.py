@@ -101,9 +101,6 @@ def stage_configs(cfg: ProragConfig, paths: dict[str, str]) -> dict[str, Any]:
               "method": "step_dpo" if cfg.refine_method == "step_dpo" else "rft",
               "index": paths["index"], "prm": prm_final, "pairs": [stages["labels"].out],
               **layers}
-    if cfg.refine_method == "step_dpo":   # no accumulation: the preset's pairs a step at once
-        preset = build("refine", RefineConfig, refine, own=False)
-        refine.update(batch_size=preset.batch_size * preset.grad_accum, grad_accum=1)
     stages["refine"] = build("refine", RefineConfig, refine)
     if cfg.refine_method != "none" and stages["refine"].steps == 0:
         raise ConfigError("refine.steps: 0 trains no refined policy (RFT's rejection-sampled "
