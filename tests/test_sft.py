@@ -223,6 +223,24 @@ def test_loss_ignores_prompt_and_information_tokens(world, tiny):
     assert float(nll) == pytest.approx(manual, rel=1e-4)
 
 
+def test_an_epoch_counts_its_last_partial_micro_batch(world, tiny, tmp_path):
+    """`epochs` in steps: every micro-batch of an epoch (the last one partial), grad_accum
+    at a time. The count was a floor of n / (batch_size x grad_accum): 9 episodes at 8 made
+    one step a pass, and whichever batch it drew (8 or 1) was the epoch."""
+    model, tok = tiny
+    lines = __import__("pathlib").Path(world["oracle"]).read_text().splitlines()
+    assert len(lines) >= 12
+    for n, bs, accum, epochs, steps in ((9, 8, 1, 1, 2), (12, 4, 2, 3, 6), (8, 4, 2, 1, 1)):
+        data = tmp_path / f"o{n}.jsonl"
+        data.write_text("\n".join(lines[:n]) + "\n")
+        cfg = SFTConfig(data=str(data), out=str(tmp_path / f"sft{n}"),
+                        index=str(world["index_dir"]), epochs=epochs, batch_size=bs,
+                        grad_accum=accum, max_info_tokens=64, topk=2, only_complete=False,
+                        optim={"lr": 1e-4, "warmup_steps": 0}, eval={"at_start": False})
+        summary = run_sft(cfg, model=__import__("copy").deepcopy(model), tokenizer=tok)
+        assert (summary["episodes"], summary["steps"]) == (n, steps), (n, bs, accum, epochs)
+
+
 @pytest.mark.parametrize("lora", [False, True])
 def test_run_sft_saves_a_model_that_loads_and_evaluates(world, tiny, tmp_path, lora):
     model, tok = tiny

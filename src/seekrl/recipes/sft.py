@@ -18,6 +18,7 @@ which `seekrl eval --model` loads like any Hugging Face model.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import time
@@ -736,7 +737,9 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
     check_token_ids(examples, model.get_input_embeddings().num_embeddings)
     model = prepare_trainable(model, cfg.train_layers, cfg.lora)
     model.train()
-    per_epoch = max(1, len(examples) // (cfg.batch_size * cfg.grad_accum))
+    # an epoch's micro-batches (`batches`: the last one partial) in steps of grad_accum: a
+    # floor of n / (batch_size x grad_accum) left episodes of every epoch unseen (1 of 9 at 8)
+    per_epoch = max(1, math.ceil(math.ceil(len(examples) / cfg.batch_size) / cfg.grad_accum))
     total_steps = cfg.max_steps or max(1, round(per_epoch * cfg.epochs))
     optimizer = make_optimizer(trainable_parameters(model), cfg.optim)
     scheduler = make_scheduler(optimizer, cfg.optim, total_steps)
