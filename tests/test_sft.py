@@ -161,7 +161,8 @@ def test_bad_episode_names_line_and_field(world, tiny, tmp_path):
         load_sft_examples(path, tok)
     for ids, mask, field in [("1 2", [0, 1], "token_ids"), ([1, True], [0, 1], "token_ids"),
                              ([1, -2], [0, 1], "token_ids"), ([1, 2], [0, 2], "loss_mask"),
-                             ([1, 2], "01", "loss_mask")]:
+                             ([1, 2], "01", "loss_mask"), ([1, 2], [0, 1.0], "loss_mask"),
+                             ([10 ** 20, 2], [0, 1], "token_ids"), ([1, 2], [1, 1], "loss_mask")]:
         path.write_text(json.dumps({"token_ids": ids, "loss_mask": mask}) + "\n")
         with pytest.raises(DataError, match=r"bad.jsonl:1") as err:
             load_sft_examples(path, tok)

@@ -469,18 +469,24 @@ def load_sft_examples(path: str | Path, tokenizer, *,
                                        tools=tools, snippet_words=snippet_words)
         elif "token_ids" in rec and "loss_mask" in rec:
             ids, mask = rec["token_ids"], rec["loss_mask"]
+            # ids past 2**63 and masks of 1.0 had passed, then failed in `data_digests`
+            # with a traceback naming no line
             if not isinstance(ids, list) or not all(
-                    isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in ids):
+                    type(x) is int and 0 <= x < 2 ** 63 for x in ids):
                 raise DataError("expected a list of token ids (integers >= 0)",
                                 path=str(path), line=line_no, field="token_ids")
-            if not isinstance(mask, list) or not all(
-                    x in (0, 1) and not isinstance(x, bool) for x in mask):
+            if not isinstance(mask, list) or not all(type(x) is int and x in (0, 1)
+                                                     for x in mask):
                 raise DataError("expected a list of 0s and 1s", path=str(path), line=line_no,
                                 field="loss_mask")
             ids, mask = list(ids), list(mask)
             if len(ids) != len(mask):
                 raise DataError("token_ids and loss_mask differ in length", path=str(path),
                                 line=line_no, field="loss_mask")
+            if mask and mask[0]:   # it would count in the loss's mean with a log-prob of 0
+                raise DataError("expected 0 first: the first token has nothing before it "
+                                "to be predicted from", path=str(path), line=line_no,
+                                field="loss_mask")
         else:
             raise DataError("expected an oracle episode ('turns') or a trajectory "
                             "('token_ids' and 'loss_mask')", path=str(path), line=line_no)
