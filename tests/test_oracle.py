@@ -83,6 +83,16 @@ def test_a_missed_search_is_reformulated():
 def test_a_question_without_a_chain_is_refused_naming_it_and_where_chains_are_written():
     with pytest.raises(ValueError, match=r"question q1: metadata has no 'chain'.*docs/own-data"):
         oracle_episode(QAExample("q1", "Who?", ["x"], {}), None)
+    # a hand-written hop without what the oracle writes from is named, not a KeyError
+    hop = {"subject": "A", "doc_id": "d1", "query": "A born", "need": "n", "answer": "B"}
+    with pytest.raises(ValueError, match=r"question q2: metadata.chain\[0\]: missing fact "):
+        oracle_episode(QAExample("q2", "Who?", ["x"], {"chain": [hop]}), None)
+    hop = {**hop, "fact": "A was born in B."}
+    del hop["need"]
+    with pytest.raises(ValueError, match=r"chain\[0\]: missing need \(or relation\)"):
+        oracle_episode(QAExample("q3", "Who?", ["x"], {"chain": [hop]}), None)
+    with pytest.raises(ValueError, match=r"chain\[0\]: expected an object"):
+        oracle_episode(QAExample("q4", "Who?", ["x"], {"chain": ["A born"]}), None)
 
 
 def test_write_oracle_trajectories(tmp_path, setup):

@@ -44,7 +44,7 @@ from seekrl.agent.protocol import (
     information_block,
     tag,
 )
-from seekrl.data.qa import QAExample
+from seekrl.data.qa import QAExample, hop_chain
 from seekrl.retrieval.base import Hit, Retriever
 
 
@@ -58,6 +58,22 @@ class OracleStats:
     def summary(self) -> str:
         return (f"{self.questions} oracle trajectories, {self.searches} searches, "
                 f"{self.reformulated} reformulated, {self.incomplete} incomplete")
+
+
+HOP_KEYS = ("subject", "answer", "doc_id", "query", "fact")   # and need or relation
+
+
+def _check_chain(example: QAExample) -> None:
+    """Each hop has what the oracle writes from (docs/own-data.md): a hand-written chain
+    missing one had ended in a bare KeyError naming neither question nor hop."""
+    for i, hop in enumerate(hop_chain(example)):
+        missing = [k for k in HOP_KEYS if hop.get(k) in (None, "")]
+        if not hop.get("need") and not hop.get("relation"):
+            missing.append("need (or relation)")
+        if missing:
+            raise ValueError(f"question {example.id}: metadata.chain[{i}]: missing "
+                             f"{', '.join(missing)} (a hop has subject, answer, doc_id, query, "
+                             "fact and need: docs/own-data.md)")
 
 
 def _search_steps(chain: list[dict]) -> list[list[dict]]:
@@ -126,6 +142,7 @@ def oracle_episode(example: QAExample, retriever: Retriever, *, k: int = 3,
         raise ValueError(f"question {example.id}: metadata has no 'chain'; the oracle follows "
                          "a hop chain (the synthetic world's questions carry one; for your own, "
                          "write metadata.chain as docs/own-data.md shows)")
+    _check_chain(example)
     stats = stats if stats is not None else OracleStats()
     stats.questions += 1
     steps = _search_steps(chain)
