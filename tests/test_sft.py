@@ -435,7 +435,9 @@ def test_resume_refuses_other_settings_and_other_data(world, tiny, tmp_path):
     for keys, named in [({"optim": {"lr": 2e-3, "warmup_steps": 1}}, "optim.lr: 0.001 -> 0.002"),
                         ({"max_steps": 3}, "max_steps: 2 -> 3"),
                         ({"seed": 1}, "seed: 0 -> 1"),
-                        ({"batch_size": 1}, "batch_size: 2 -> 1")]:
+                        ({"batch_size": 1}, "batch_size: 2 -> 1"),
+                        ({"rollout": {"snippet_words": 20}}, "rollout.snippet_words: None -> 20"),
+                        ({"rollout": {"tools": ["open"]}}, r"rollout.tools: \[\] -> \['open'\]")]:
         with pytest.raises(ConfigError, match="--resume: the run in .* was trained with other "
                            "settings: " + named.replace(".", r"\.")):
             run_sft(_small_sft(world, out, **{"max_steps": 2, **keys}),

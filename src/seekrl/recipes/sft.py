@@ -572,7 +572,9 @@ def loss_weight(examples: Sequence[SFTExample], plan_weight: float = 1.0) -> flo
 # `rollout` is how the dev evaluation plays, except the keys that lay out the episodes.
 RESUME_MAY_CHANGE = ("out", "data", "device", "index", "eval", "rollout", "save_every",
                      "keep_last", "log_every")
-RESUME_MUST_KEEP = ("rollout.prompt", "rollout.max_info_tokens", "rollout.max_queries")
+# the episodes' token layout: changed, the data digest refused it as "other episodes"
+RESUME_MUST_KEEP = ("rollout.prompt", "rollout.max_info_tokens", "rollout.max_queries",
+                    "rollout.tools", "rollout.snippet_words")
 
 
 def _may_change(key: str) -> bool:
