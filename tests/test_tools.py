@@ -128,6 +128,28 @@ def test_your_own_tool_by_import_path_is_called_once_per_turn(tiny, monkeypatch,
         assert t.n_searches == 0 and t.valid_format and t.answer == "42"
 
 
+def test_a_tool_that_raises_is_named_in_the_error(tiny, monkeypatch, own_parts):
+    """A plug-in tool's exception stops the batch (no episode trains on a result that was
+    never made), with a note naming the tool and its arguments: its message alone had not
+    said which tool, and the CLI prints the notes under the one-line error."""
+    import importlib
+
+    _, tok = tiny
+    parts = importlib.import_module("examples.my_parts")
+
+    def broken(self, calls):
+        raise ValueError("the calculator's service is down")
+
+    monkeypatch.setattr(parts.Calculator, "call", broken)
+    engine = RolloutEngine(Script(tok, ["<calc> 2 + 2 </calc>", "<answer> 4 </answer>"]), tok,
+                           Docs(), RolloutConfig(max_turns=3, batch_size=2,
+                                                 tools=["examples.my_parts:Calculator"]))
+    with pytest.raises(ValueError, match="service is down") as err:
+        engine.run([QAExample(str(i), f"q{i}?", ["4"]) for i in range(2)])
+    assert err.value.__notes__ == ["raised by the tool <calc> (Calculator.call) on 2 call(s): "
+                                   "'2 + 2', '2 + 2'"]
+
+
 def test_a_continuation_can_open_what_its_prefix_was_shown(tiny):
     _, tok = tiny
     backend = Script(tok, ["<search> Ilsa </search>", "<answer> x </answer>"])

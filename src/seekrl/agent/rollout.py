@@ -41,8 +41,20 @@ from seekrl.retrieval.base import Hit, Retriever
 
 
 def _run_jobs(jobs: list[tuple[Any, list[ToolCall]]]) -> list[list]:
-    """Each tool's results for its calls, in order."""
-    return [tool.call(tool_calls) for tool, tool_calls in jobs]
+    """Each tool's results for its calls, in order. An error raised inside a tool goes on
+    up (a broken tool must not train on made-up results) with a note naming the tool and
+    the call's argument, which its own message may not (a plug-in's)."""
+    out = []
+    for tool, tool_calls in jobs:
+        try:
+            out.append(tool.call(tool_calls))
+        except Exception as err:
+            args = ", ".join(repr(c.argument[:60]) for c in tool_calls[:3])
+            err.add_note(f"raised by the tool <{tool.tag}> ({type(tool).__name__}.call) on "
+                         f"{len(tool_calls)} call(s): {args}"
+                         + (", ..." if len(tool_calls) > 3 else ""))
+            raise
+    return out
 
 
 class RolloutConfig(EpisodeSettings):
