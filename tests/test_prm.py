@@ -203,6 +203,28 @@ def test_loading_and_saving_print_no_third_party_progress_bars(tiny, tmp_path, c
     assert "Writing model shards" not in captured.err + captured.out
 
 
+def test_a_saved_policy_is_flushed_before_its_rename(tiny, tmp_path, monkeypatch):
+    """final/ and best/ are flushed to disk before they take their name, and the rename
+    after, as checkpoints are (a power cut left a named folder of unwritten files)."""
+    import os
+
+    from seekrl.recipes import checkpoint
+
+    model, tok = tiny
+    flushed, renamed = [], []
+    real_fsync, real_replace = os.fsync, checkpoint.replace_dir
+    monkeypatch.setattr(os, "fsync", lambda fd: flushed.append(
+        os.readlink(f"/proc/self/fd/{fd}")) or real_fsync(fd))
+    monkeypatch.setattr(checkpoint, "replace_dir", lambda tmp, target: renamed.append(
+        len(flushed)) or real_replace(tmp, target))
+    checkpoint.save_policy(model, tok, tmp_path / "final")
+    before = flushed[:renamed[0]]
+    assert any(f.endswith("model.safetensors") for f in before)
+    assert any(f.endswith("tokenizer.json") or f.endswith("tokenizer_config.json")
+               for f in before)
+    assert flushed[-1] == str(tmp_path)   # the folder that holds the new name
+
+
 def test_rollouts_of_one_question_share_the_prompt_pass(tiny, monkeypatch):
     from seekrl.agent.rollout import RolloutConfig, RolloutEngine
     from seekrl.rewards import prm as prm_module

@@ -158,7 +158,11 @@ def save_policy(model, tokenizer, path: str | Path, *, before_rename=None) -> Pa
     write_policy(model, tokenizer, tmp)
     if before_rename is not None:
         before_rename(tmp)
+    # on disk before the rename, as a checkpoint's are: a power cut could otherwise leave
+    # `final/` (or `best/`) in place with files that were never written
+    fsync_dir(tmp)
     replace_dir(tmp, path)
+    fsync_dir(path.parent, files=False)
     return path
 
 
