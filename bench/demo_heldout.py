@@ -22,6 +22,12 @@ figures.
 RL objective moves: a question's EM is then the mean of its K samples, sampled pass@1, and
 `pass@K` is reported beside it), into RUN/eval_{sft,rl}_n{N}_k{K}/, seeded by the run's
 seed so that both stages of a seed draw from the same generator state.
+
+`--against RUN...` pairs each run's SFT warm-up with the warm-up of the demo folder of the
+same seed given there (another recipe's start on the same world: its test split must be
+the same file), evaluated the same way into that folder:
+
+    .venv/bin/python bench/demo_heldout.py new/s0 new/s1 new/s2 --against old/s0 old/s1 old/s2
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from process_ablation import _paired, _per_question, paired_line  # noqa: E402
 
 STAGES = ("sft", "rl")
+BEFORE = "before"   # the --against run's SFT warm-up, under the run's seed
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="keep per-question answers and the figures here")
     ap.add_argument("--samples", type=int, default=0,
                     help="sample each question K times at the rollout temperature (0: greedy)")
+    ap.add_argument("--against", nargs="+", type=Path, default=[],
+                    help="demo folders of the same seeds: pair each run's SFT with theirs")
     ap.add_argument("--resamples", type=int, default=10_000)
     return ap
 
@@ -144,6 +153,33 @@ def _types(test: Path, n: int) -> dict[str, str]:
     return {q.id: (q.metadata or {}).get("type", "?") for q in read_qa_jsonl(test)[:n]}
 
 
+def _against(runs: list[dict], others: list[Path]) -> dict[int, tuple[dict, Path]]:
+    """{seed: (the --against demo folder of that seed, its path)}, each checked to hold a
+    finished warm-up on the same test split, played the same way, as the run of its seed."""
+    if not others:
+        return {}
+    by_seed: dict[int, tuple[dict, Path]] = {}
+    for folder in others:
+        other = demo_run(folder)
+        if other["seed"] in by_seed:
+            raise SystemExit(f"--against: seed {other['seed']} twice ({by_seed[other['seed']][1]}"
+                             f", {folder}): one demo folder a seed")
+        by_seed[other["seed"]] = (other, folder)
+    seeds = {r["seed"] for r in runs}
+    if set(by_seed) != seeds:
+        raise SystemExit(f"--against: seeds {sorted(by_seed)}, the runs' are {sorted(seeds)}: "
+                         "one folder for each run's seed")
+    for run in runs:
+        other, folder = by_seed[run["seed"]]
+        if run["test"].read_bytes() != other["test"].read_bytes():
+            raise SystemExit(f"--against: {other['test']} differs from {run['test']}: the two "
+                             "warm-ups would be scored on different questions")
+        if other["rollout"] != run["rollout"] or other["dtype"] != run["dtype"]:
+            raise SystemExit(f"--against: {folder} plays its episodes with other settings "
+                             f"(rollout or dtype) than the run of seed {run['seed']}")
+    return by_seed
+
+
 def main() -> None:
     args = build_parser().parse_args()
     started = time.time()
@@ -151,6 +187,7 @@ def main() -> None:
     seeds = [r["seed"] for r in runs]
     if len(set(seeds)) != len(seeds):
         raise SystemExit(f"the runs' seeds repeat ({seeds}): one demo folder a seed")
+    against = _against(runs, args.against)
     per_run: dict[tuple[str, int], dict[str, float]] = {}
     fresh_run: dict[tuple[str, int], dict[str, float]] = {}
     agree = agree_of = 0
@@ -161,10 +198,15 @@ def main() -> None:
         types = _types(run["test"], args.n)
         order = list(types)
         seen = set(order[:run["n_test"]])
-        for stage in STAGES:
+        plays = [(stage, run, folder) for stage in STAGES]
+        if run["seed"] in against:
+            plays.append((BEFORE, *against[run["seed"]]))
+        for stage, of, where in plays:
             t0 = time.time()
-            name = f"eval_{stage}_n{args.n}" + (f"_k{args.samples}" if args.samples else "")
-            out = evaluate(run, stage, args.n, folder / name, args.samples)
+            name = (f"eval_{'sft' if stage == BEFORE else stage}_n{args.n}"
+                    + (f"_k{args.samples}" if args.samples else ""))
+            out = evaluate(of, "sft" if stage == BEFORE else stage, args.n, where / name,
+                           args.samples)
             per = _per_question(out)
             avg = json.loads((out / "metrics.json").read_text())["average"]
             if args.samples:
@@ -175,16 +217,18 @@ def main() -> None:
                   f"valid_format={avg['valid_format']:.3f} searches={avg['searches']:.2f} "
                   f"questions={len(per)} seconds={time.time() - t0:.0f}", flush=True)
             per_run[(stage, run["seed"])] = per
-            answers.setdefault(run["seed"], {})[name] = episode_answers(out)
+            answers.setdefault(run["seed"], {})[
+                f"{BEFORE}_{name}" if stage == BEFORE else name] = episode_answers(out)
             fresh_run[(stage, run["seed"])] = {q: v for q, v in per.items() if q not in seen}
             for q, v in per.items():
                 by_type.setdefault((stage, types[q]), []).append(v)
             demo = _per_question(folder / f"eval_{stage}")   # the demo's own 40
-            if demo and not args.samples:
+            if demo and not args.samples and stage != BEFORE:
                 agree += sum(demo[q] == per[q] for q in demo if q in per)
                 agree_of += sum(q in per for q in demo)
     figures: dict[str, object] = {}
-    for stage in STAGES:
+    stages = STAGES + ((BEFORE,) if against else ())
+    for stage in stages:
         ems = [sum(per_run[(stage, s)].values()) / len(per_run[(stage, s)]) for s in seeds]
         figures[f"em_{stage}"] = round(sum(ems) / len(ems), 4)
         figures[f"em_{stage}_by_seed"] = "/".join(f"{e:.3f}" for e in ems)
@@ -196,9 +240,12 @@ def main() -> None:
             figures[f"n_{kind}"] = len(values)
     paired = _paired(per_run, "rl", "sft", None, resamples=args.resamples)
     fresh = _paired(fresh_run, "rl", "sft", None, resamples=args.resamples)
+    warmup = _paired(per_run, "sft", BEFORE, None, resamples=args.resamples) if against else None
     for k, v in figures.items():
         print(f"{k}={v}")
     print(paired_line("rl", "sft", paired))
+    if warmup:
+        print(paired_line("sft", BEFORE, warmup))
     if fresh:   # None when --n leaves no question the demo did not score
         print(paired_line("rl", "sft", fresh).replace("_rl_vs_sft", "_rl_vs_sft_unscored"))
     print(f"demo_answers_agree={agree}/{agree_of}")
@@ -212,11 +259,15 @@ def main() -> None:
             {"runs": [str(r) for r in args.runs], "n": args.n, "samples": args.samples,
              **figures,
              "paired": paired, "paired_unscored": fresh,
+             **({"against": [str(r) for r in args.against], "paired_sft_vs_before": warmup}
+                if against else {}),
              "demo_answers_agree": [agree, agree_of]}, indent=1) + "\n")
     print(f"demo_rl_gain={paired['gain']:+.4f} demo_rl_gain_ci={paired['lo']:+.4f}.."
           f"{paired['hi']:+.4f} "
           + (f"unscored_gain={fresh['gain']:+.4f} unscored_ci={fresh['lo']:+.4f}.."
              f"{fresh['hi']:+.4f} " if fresh else "")
+          + (f"warmup_gain={warmup['gain']:+.4f} warmup_gain_ci={warmup['lo']:+.4f}.."
+             f"{warmup['hi']:+.4f} em_sft_before={figures[f'em_{BEFORE}']} " if warmup else "")
           + f"em_sft={figures['em_sft']} "
           f"em_rl={figures['em_rl']} seeds={len(seeds)} questions={args.n} "
           f"samples={args.samples or 'greedy'} "
