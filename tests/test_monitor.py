@@ -661,6 +661,47 @@ def test_steps_too_easy_to_teach_do_not_count_towards_a_no_signal_collapse():
     assert again.unsolved_run == 6
 
 
+def test_an_all_right_step_neither_breaks_nor_joins_a_run_of_unsolved_ties():
+    """The "too easy" warning counts the all-right steps in a row, not the tied steps
+    before them; one all-right step inside unsolved ties pauses their count (ten unsolved
+    ties of eleven were healthy when it reset the count); the count resumes."""
+    tie, easy = ({"groups_with_signal": 0.0, "groups_solved": x} for x in (0.0, 1.0))
+    m = monitor(no_signal_steps=3)
+    messages = {a.step: a.message for step, x in enumerate([tie, tie] + [easy] * 3, 1)
+                for a in m.update(step, x)}
+    assert list(messages) == [5] and "right for 3 steps in a row" in messages[5]
+    m = monitor(no_signal_steps=3)
+    got = feed(m, [tie] * 5 + [easy] + [tie] * 5)
+    assert got[7] == [("no_signal", "collapse")] and not m.healthy
+    m = monitor(no_signal_steps=3)
+    feed(m, [easy] * 2)
+    again = monitor(no_signal_steps=3)
+    again.load_state_dict(m.state_dict())
+    (alert,) = again.update(3, easy)
+    assert alert.severity == "warn" and "right for 3 steps in a row" in alert.message
+    # a varied step ends every run
+    assert feed(monitor(no_signal_steps=3), [tie] * 2 + [{"groups_with_signal": 0.5}]
+                + [tie] * 2 + [easy]) == {}
+
+
+def test_the_plan_in_hop_drift_weighs_the_episodes_that_state_one():
+    """`planned` is a mean over the episodes that state a plan (`n_planned`), so the pooled
+    plan weighs those: 10 episodes of which one planned 3, then 2 that planned 1, is a plan
+    of 1.67, not 2.67 (each weighed by all its step's episodes)."""
+    def step(made: float, planned: float | None, n: int, n_planned: int) -> dict:
+        return {"lookups_by_kind": {"bridge-2": {"made": made, "planned": planned, "n": n,
+                                                 "n_planned": n_planned}}}
+    m = Monitor(MonitorConfig(window=2))
+    stream = [step(2.0, 3.0, 10, 1), step(2.0, 1.0, 2, 2), step(1.0, 1.0, 4, 1),
+              step(1.0, None, 4, 0)]
+    alerts = [a for s, x in enumerate(stream, 1) for a in m.update(s, x)]
+    (drift,) = [a for a in alerts if a.kind == "hop_drift"]
+    assert "plans 1.00" in drift.message, drift.message   # the last two steps' one plan
+    m = Monitor(MonitorConfig(window=2))
+    feed(m, stream[:2])
+    assert m.plans["bridge-2"].recent == pytest.approx(5 / 3, abs=1e-9)
+
+
 def test_stop_on_collapse_needs_the_monitor_on():
     from seekrl.config import ConfigError, TrainConfig
     from seekrl.recipes.train_checks import check_config

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from seekrl.agent.oracle import PLAN_LEAD, oracle_episode
 from seekrl.config import ConfigError, SFTConfig
 from seekrl.data.qa import read_qa_jsonl
+from seekrl.errors import DataError
 from seekrl.models import collate, load_tokenizer, tiny_policy
 from seekrl.recipes.sft import (
     SFTExample,
@@ -268,6 +269,16 @@ def test_group_labels_and_weights_are_checked():
         check_balance(examples, "hops", {"1": 1, "2": 1, "4": 1})
     with pytest.raises(ConfigError, match="every weight is 0"):
         check_balance(examples, "hops", {"1": 0, "2": 0, "3": 0})
+    # a hop count written as text would be drawn with the unlabelled episodes: refused,
+    # by the episode's file and line; drawing by type does not read it
+    odd = [*examples[:3], SFTExample([1, 2], [0, 1], "oracle.jsonl:7", {"type": "bridge",
+                                                                         "hops": "2"})]
+    for by in ("hops", "kind"):
+        with pytest.raises(DataError, match=r"oracle.jsonl:7: field 'metadata.hops': .*'2'"):
+            check_balance(odd, by, None)
+    assert check_balance(odd, "type", None) == {"single": 3, "bridge": 1}
+    assert check_balance(examples[:3] + [SFTExample([1], [1], "x:1", {"hops": None})],
+                         "hops", None) == {"1": 3, "-": 1}
 
 
 def test_the_config_keys():

@@ -2112,7 +2112,8 @@ def test_planned_lookups_are_read_from_the_first_thought():
     unplanned = episode("<think> Let me search.", 1, 2)
     assert planned.planned_lookups == 2 and unplanned.planned_lookups is None
     row = lookups_by_kind([planned, unplanned])["bridge-2"]
-    assert row == {"planned": 2.0, "made": 1.5, "one": 0.5, "em": 0.0, "n": 2}
+    assert row == {"planned": 2.0, "made": 1.5, "one": 0.5, "em": 0.0, "n": 2,
+                   "n_planned": 1}
 
 
 def test_the_step_line_shows_lookups_by_kind():

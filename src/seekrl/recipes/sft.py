@@ -225,6 +225,12 @@ def check_balance(examples: list[SFTExample], by: str,
     leave out groups it has (a weight of 0 leaves a group out on purpose)."""
     sizes: dict[str, int] = {}
     for e in examples:
+        hops = (e.metadata or {}).get("hops")
+        if by != "type" and hops is not None and (not isinstance(hops, int)
+                                                   or isinstance(hops, bool)):
+            # "2" would join the unlabelled "-" group and be drawn with the wrong share
+            raise DataError(f"expected an integer hop count, got {hops!r}", path=e.source,
+                            field="metadata.hops")
         g = question_group(e.metadata, by)
         sizes[g] = sizes.get(g, 0) + 1
     if weights is not None:

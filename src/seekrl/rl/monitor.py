@@ -370,6 +370,7 @@ class Monitor:
         self.greedy_searches = _Signal(cfg.window)   # evaluations: first = the first one's
         self.no_signal_run = 0                # steps in a row without a varied group
         self.unsolved_run = 0                 # ... of which not every group was right
+        self.easy_run = 0                     # steps in a row with every group right
         self.low_signal = _Signal(cfg.window)  # groups_with_signal, for low_signal
         self.solved = _Signal(cfg.window)      # groups_solved, for low_signal's message
         self.constant_answer = _Signal(cfg.window)   # only its alert state (evaluations)
@@ -528,8 +529,12 @@ class Monitor:
             n = _finite(row.get("n"))
             n = n if n is not None and n > 0 else 1.0   # rows without a count weigh one
             planned = _finite(row.get("planned"))
-            if planned is not None:
-                self.plans.setdefault(str(kind), _Pooled(self.cfg.window)).observe(planned, n)
+            # the plan is a mean over the episodes that state one (logs before
+            # `n_planned`: weighed by all of them)
+            n_planned = _finite(row.get("n_planned"))
+            if planned is not None and n_planned != 0:
+                self.plans.setdefault(str(kind), _Pooled(self.cfg.window)).observe(
+                    planned, n if n_planned is None else n_planned)
             signal = self.hops.setdefault(str(kind), _Pooled(self.cfg.window))
             signal.observe(made, n)
             plans = self.plans.get(str(kind))
@@ -546,14 +551,17 @@ class Monitor:
         all_right = solved is not None and solved >= 1.0
         self.no_signal_run = self.no_signal_run + 1 if share <= 0 else 0
         # a collapse is ties the policy did not solve: steps too easy to teach only warn,
-        # and do not count towards it
-        self.unsolved_run = self.unsolved_run + 1 if share <= 0 and not all_right else 0
+        # and neither count towards it nor break it
+        self.unsolved_run = 0 if share > 0 else self.unsolved_run + (not all_right)
+        self.easy_run = self.easy_run + 1 if all_right and share <= 0 else 0
         n, steps = self.no_signal_run, self.cfg.no_signal_steps
-        s = "s" if n != 1 else ""
         if all_right:   # every group all right: too easy
+            n = self.easy_run
+            s = "s" if n != 1 else ""
             return _severity(n >= steps, False), (
                 f"every group answered right for {n} step{s} in a row: the questions are too "
                 "easy for the policy and teach it nothing (harder data, or dynamic sampling)")
+        s = "s" if n != 1 else ""
         return _severity(n >= steps, self.unsolved_run >= 2 * steps), (
             f"no group's rewards varied for {n} step{s} in a row: every group-relative "
             "advantage is zero and the outcome reward teaches nothing")
@@ -591,7 +599,7 @@ class Monitor:
         return {"signals": {name: s.state_dict() for name, s in self.signals.items()},
                 "types": {t: s.state_dict() for t, s in self.types.items()},
                 "no_signal": {**self.no_signal.state_dict(), "run": self.no_signal_run,
-                              "unsolved": self.unsolved_run},
+                              "unsolved": self.unsolved_run, "easy": self.easy_run},
                 "low_signal": self.low_signal.state_dict(), "solved": self.solved.state_dict(),
                 "search_collapse": self.search_collapse.state_dict(),
                 "constant_answer": {**self.constant_answer.state_dict(),
@@ -610,6 +618,7 @@ class Monitor:
         self.no_signal = _Signal.from_state(saved, window) if saved else _Signal(window)
         self.no_signal_run = int(saved["run"]) if saved else 0
         self.unsolved_run = int(saved.get("unsolved", saved["run"])) if saved else 0
+        self.easy_run = int(saved.get("easy", 0)) if saved else 0
         for name in ("low_signal", "solved", "constant_answer"):   # absent in older checkpoints
             saved = state.get(name)
             setattr(self, name, _Signal.from_state(saved, window) if saved else _Signal(window))

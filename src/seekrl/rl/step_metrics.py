@@ -137,8 +137,8 @@ def episode_metrics(trajs: Sequence[Trajectory], parts: Sequence[Any], *,
 
 def lookups_by_kind(trajs: Sequence[Trajectory]) -> dict[str, dict[str, float | None]]:
     """Per question kind: `planned`, the mean number of lookups the first thought plans
-    (over the episodes that state one), `made`, the searches made, `one`, the share of
-    episodes that made exactly one, `em`, and `n`, the episodes. Whether the hop decision
+    (over the `n_planned` episodes that state one), `made`, the searches made, `one`, the
+    share of episodes that made exactly one, `em`, and `n`, the episodes. Whether the hop decision
     follows the question shows here: a single-hop question should plan and make one."""
     groups: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajs:
@@ -149,7 +149,8 @@ def lookups_by_kind(trajs: Sequence[Trajectory]) -> dict[str, dict[str, float | 
         out[kind] = {"planned": _mean(plans, 3),
                      "made": _mean([t.n_searches for t in ts], 3),
                      "one": _mean([float(t.n_searches == 1) for t in ts], 3),
-                     "em": _mean([float(correct(t)) for t in ts], 3), "n": len(ts)}
+                     "em": _mean([float(correct(t)) for t in ts], 3), "n": len(ts),
+                     "n_planned": len(plans)}
     return out
 
 
