@@ -358,7 +358,7 @@ def test_an_answer_of_more_documents_than_max_hits_is_refused_and_the_client_spl
     """queries x topk bounds one answer's size (4096 x 100 would build ~400k documents on the
     event loop); the refusal says how many queries fit, and seekrl's client goes on with
     requests of that many, every answer in order."""
-    with make_client(max_hits=8) as client:
+    with make_client(max_hits=8, max_topk=8) as client:
         r = client.post("/retrieve", json={"queries": list("abcde"), "topk": 2})
         assert r.status_code == 422 and r.json()["detail"] == {
             "field": "queries", "limit": "max_hits", "max": 8, "max_queries": 4, "value": 10}
@@ -371,8 +371,11 @@ def test_an_answer_of_more_documents_than_max_hits_is_refused_and_the_client_spl
         hits = remote.search([f"q{i}" for i in range(9)], k=2)
         assert [h[0].doc_id for h in hits] == [f"q{i}#0" for i in range(9)]
         assert remote.max_batch == 4
-        with pytest.raises(RetrievalError, match="exceed max_hits"):   # one query is too many
-            remote.search(["q"], k=9)
+        assert client.post("/retrieve", json={"queries": ["q"], "topk": 8}).status_code == 200
+    # a topk the server allows is never too many hits for one query: refused when set up
+    with pytest.raises(ValueError, match=r"--max-topk 100 is above --max-hits 8: .*"
+                                         r"set --max-topk 8 or less"):
+        ServerConfig(max_hits=8)
 
 
 @pytest.mark.parametrize("batching", [True, False])
@@ -499,6 +502,35 @@ def test_one_failing_query_fails_only_its_own_request_in_a_batch():
     bodies = [{"queries": [q]} for q in ["a", "b", "bad", "c", "d"]]
     responses = post_concurrently(app, bodies)
     assert [r.status_code for r in responses] == [200, 200, 500, 200, 200]
+
+
+def test_a_request_whose_client_left_is_not_searched_again_after_a_failed_batch():
+    """A merged call fails on one bad query and the requests are retried one by one; a
+    client that left meanwhile (its handler cancelled) is not searched for."""
+    from seekrl.retrieval.batching import SearchRunner
+
+    async def scenario() -> list[list[str]]:
+        loop = asyncio.get_running_loop()
+        tasks: dict[str, asyncio.Task] = {}
+
+        class LeavesDuringTheMergedCall(FakeRetriever):
+            def search(self, queries, k):
+                if len(queries) > 1:   # the merged call: client "a" leaves while it runs
+                    loop.call_soon_threadsafe(tasks["a"].cancel)
+                return super().search(queries, k)
+
+        retriever = LeavesDuringTheMergedCall(fail_on="bad")
+        runner = SearchRunner(retriever, ServerConfig(max_wait_ms=50, cache_size=0))
+        for q in ("a", "bad", "c"):
+            tasks[q] = asyncio.create_task(runner.search([q], 1))
+        done = await asyncio.gather(*tasks.values(), return_exceptions=True)
+        await runner.stop()
+        runner.close()
+        assert isinstance(done[0], asyncio.CancelledError)
+        assert isinstance(done[1], ValueError) and done[2][0][0].doc_id == "c#0"
+        return [queries for queries, _ in retriever.calls]
+
+    assert asyncio.run(scenario()) == [["a", "bad", "c"], ["bad"], ["c"]]
 
 
 def test_a_timed_out_batch_is_not_retried_request_by_request():
@@ -675,6 +707,22 @@ def test_serve_on_a_busy_port_fails_in_one_line_before_loading_the_index(tmp_pat
     assert r.exit_code == 2
     assert f"127.0.0.1:{port} is already in use" in r.output
     assert "Traceback" not in r.output
+
+
+def test_a_failed_load_after_the_port_is_taken_gives_the_port_back(tmp_path):
+    """The port is bound before the (slow) index load; an index that fails to load closes
+    it, even while the error (and its frames) are still held, as a notebook holds them."""
+    from seekrl.retrieval.server import bind_socket, run_server
+
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    with pytest.raises(Exception) as held:
+        run_server(tmp_path / "missing", port=port, index_process=False)
+    assert "missing" in str(held.value)
+    again = bind_socket("127.0.0.1", port)   # "already in use" while the socket leaked
+    again.close()
 
 
 def test_openapi_schema_describes_retrieve():

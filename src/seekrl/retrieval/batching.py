@@ -265,6 +265,8 @@ class SearchRunner:
             # One bad query must not fail everyone's request: retry each request alone.
             log.warning("batched retriever call failed (%s); retrying request by request", exc)
             for pending in group:
+                if pending.future.done():   # its client left: search for no one
+                    continue
                 try:
                     _resolve(pending.future, await self._call_retriever(pending.queries, k))
                 except Exception as single_exc:  # noqa: BLE001 - as above

@@ -91,6 +91,11 @@ class ServerConfig(BaseModel):
         if self.default_topk > self.max_topk:
             raise ValueError(f"--default-topk {self.default_topk} is above --max-topk "
                              f"{self.max_topk}: every request without a topk would be refused")
+        if self.max_topk > self.max_hits:
+            # one query at a topk the server lists as allowed would be refused for its hits
+            raise ValueError(f"--max-topk {self.max_topk} is above --max-hits "
+                             f"{self.max_hits}: a request of one query at that topk "
+                             f"would be refused (set --max-topk {self.max_hits} or less)")
         if self.max_pending < self.max_queries:
             # a request larger than max_pending is taken only when nothing else waits:
             # under load it is answered 503 for ever, and the client retries for minutes
@@ -557,39 +562,42 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
         if ordering.kind == "query":   # it searches the faiss index itself, in this process
             index_process = False
     sock = bind_socket(host, port)          # so is the port, and it stays ours meanwhile
-    if simulate is not None:
-        from seekrl.retrieval.simulated import (
-            DEFAULT_WORDS,
-            SimulatedRetriever,
-            prompt_mismatch,
-        )
-
-        chosen = {k: v for k, v in sim_settings.items() if v is not None}
-        why = prompt_mismatch(simulate, topk=None, words=chosen.get("words", DEFAULT_WORDS))
-        if why:
-            warnings.warn(f"{why} (--words)", stacklevel=2)
-        retriever = SimulatedRetriever.from_pretrained(
-            simulate, device=device, noise=noise, make_decoder=make_decoder, **chosen)
-        manifest = {"type": "simulated", "model": simulate, "noise": noise,
-                    "words": retriever.words, "max_new_tokens": retriever.max_new_tokens,
-                    "temperature": retriever.temperature}
-        doc_count, index_dir = 0, f"simulated search ({simulate})"
-    elif index_process:
-        retriever = IndexProcess(index_dir, device=device, faiss_gpu=faiss_gpu)
-        manifest, doc_count = retriever.manifest, retriever.doc_count
-    else:
-        retriever = load_index(index_dir, device=device, faiss_gpu=faiss_gpu)
-        manifest, doc_count = retriever.manifest, retriever.doc_count
-        gc.collect()  # see _index_process_main
-        gc.freeze()
-    served = retriever
-    if ordering is not None:
-        from seekrl.retrieval.ranker import ranked_retriever
-
-        served = ranked_retriever(retriever, ordering, candidates)
-        manifest = {**manifest, "ranker": ranker, "ranker_kind": ordering.kind,
-                    "candidates": candidates}
+    retriever = None
+    # from here on a failure (a bad index, simulator or ranker) closes the socket: one left
+    # listening holds the port and answers no one
     try:
+        if simulate is not None:
+            from seekrl.retrieval.simulated import (
+                DEFAULT_WORDS,
+                SimulatedRetriever,
+                prompt_mismatch,
+            )
+
+            chosen = {k: v for k, v in sim_settings.items() if v is not None}
+            why = prompt_mismatch(simulate, topk=None, words=chosen.get("words", DEFAULT_WORDS))
+            if why:
+                warnings.warn(f"{why} (--words)", stacklevel=2)
+            retriever = SimulatedRetriever.from_pretrained(
+                simulate, device=device, noise=noise, make_decoder=make_decoder, **chosen)
+            manifest = {"type": "simulated", "model": simulate, "noise": noise,
+                        "words": retriever.words, "max_new_tokens": retriever.max_new_tokens,
+                        "temperature": retriever.temperature}
+            doc_count, index_dir = 0, f"simulated search ({simulate})"
+        elif index_process:
+            retriever = IndexProcess(index_dir, device=device, faiss_gpu=faiss_gpu)
+            manifest, doc_count = retriever.manifest, retriever.doc_count
+        else:
+            retriever = load_index(index_dir, device=device, faiss_gpu=faiss_gpu)
+            manifest, doc_count = retriever.manifest, retriever.doc_count
+            gc.collect()  # see _index_process_main
+            gc.freeze()
+        served = retriever
+        if ordering is not None:
+            from seekrl.retrieval.ranker import ranked_retriever
+
+            served = ranked_retriever(retriever, ordering, candidates)
+            manifest = {**manifest, "ranker": ranker, "ranker_kind": ordering.kind,
+                        "candidates": candidates}
         app = create_app(served, manifest=manifest, config=server_config)
         # said on stdout whatever the logging set-up (a user needs the address; port 0 picks)
         print(f"serving {index_dir} ({doc_count or 'no'} docs) on {server_url(sock)}/retrieve "
