@@ -131,6 +131,27 @@ def test_a_module_that_fails_on_import_says_why(own_parts, tmp_path, monkeypatch
         load("retriever", "badparts:Thing")
 
 
+def test_a_module_that_exits_on_import_is_a_named_error_not_the_end_of_the_run(
+        tmp_path, monkeypatch):
+    """A script with argparse at the top calls sys.exit when imported: SystemExit had ended
+    the run with the script's usage line, no key named, and (as a file) had left the
+    half-imported module behind for the next load to misread."""
+    import sys
+
+    from seekrl.plugins import load
+
+    (tmp_path / "exitplug.py").write_text("import sys\nsys.exit('usage: exitplug.py ARGS')\n"
+                                          "def f(t, ctx):\n    return [0.0]\n")
+    monkeypatch.chdir(tmp_path)
+    for path, what in (("exitplug:f", "module 'exitplug'"),
+                       ("exitplug.py:f", str(tmp_path / "exitplug.py"))):
+        with pytest.raises(ConfigError) as err:
+            load("reward.fn", path)
+        assert str(err.value).startswith(f"reward.fn: importing {what} failed (it called "
+                                         "sys.exit('usage: exitplug.py ARGS') when imported")
+        assert "exitplug" not in sys.modules
+
+
 def test_label_and_refine_take_a_retriever_by_import_path(own_parts, world):
     from seekrl.recipes.mcts import check_config
     from seekrl.recipes.setup import open_index

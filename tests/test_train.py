@@ -677,6 +677,10 @@ def test_true_is_no_number_anywhere_in_a_setting(override):
     ("seed=010", "octal number"),                        # became 8
     ("steps=1:30", "base-60 number"),                    # became 90
     ("optim.lr=1:30.5", "base-60 number"),               # became 90.5
+    # inside [...] or {...}, as a file's value is read
+    ("optim={lr: 1e-4, lr: 2e-4}", "the key 'lr' is given twice"),   # became 2e-4
+    ("reward.process={evidence: 010}", "octal"),         # became 8
+    ("rollout.tools=[1:30]", "base 60"),                 # became [90]
 ])
 def test_an_override_yaml_would_read_otherwise_than_written_is_refused(override, said):
     with pytest.raises(ConfigError, match=said):

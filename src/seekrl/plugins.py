@@ -57,6 +57,8 @@ def is_import_path(value: object) -> bool:
 
 
 def _one_line(err: BaseException) -> str:
+    if isinstance(err, SystemExit):   # argparse at the top of a script, say
+        return f"it called sys.exit({' '.join(str(err).split())!r}) when imported"
     return f"{type(err).__name__}: {' '.join(str(err).split())}"
 
 
@@ -140,7 +142,8 @@ def _import_module(key: str, module_name: str, cwd: str) -> ModuleType:
                 "file: path/to/file.py:attribute") from None
         raise ConfigError(f"{key}: importing module {module_name!r} failed "
                           f"({_one_line(err)})") from None
-    except Exception as err:   # the module's own code failed: a syntax error, a bad import
+    except (Exception, SystemExit) as err:   # the module's own code failed: a syntax error,
+        # a bad import, a sys.exit (which would end the whole run unnamed)
         raise ConfigError(f"{key}: importing module {module_name!r} failed "
                           f"({_one_line(err)}{_failed_at(err)})") from None
 
@@ -194,7 +197,7 @@ def _import_file(key: str, file: str, cwd: str) -> ModuleType:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as err:   # the file's own code failed: a syntax error, a bad import
+    except (Exception, SystemExit) as err:   # the file's own code failed (as above)
         del sys.modules[name]
         raise ConfigError(f"{key}: importing {path} failed ({_one_line(err)}"
                           f"{_failed_at(err)})") from None

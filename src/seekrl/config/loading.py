@@ -149,8 +149,10 @@ def parse_override(text: str) -> tuple[str, Any]:
     if re.fullmatch(r"\s*[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?\s*", raw):
         raise ConfigError(f"override {text!r}: YAML reads this as a base-60 number "
                           f"({yaml.safe_load(raw)}); quote it")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+    try:   # the file's loader: a key twice, octal or base 60 inside [...] / {...} refused
+        value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw.strip() else ""
+    except yaml.constructor.ConstructorError as err:
+        raise ConfigError(f"override {text!r}: {err.problem}") from None
     except yaml.YAMLError:
         value = raw
     # YAML reads 1e-5 as a string; pydantic turns it into the float the field wants.
