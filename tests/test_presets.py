@@ -273,3 +273,27 @@ def test_the_old_top_level_episode_keys_are_read_into_rollout():
         build_config(SFTConfig, {"data": "d"}, ["topk=null"])
     with pytest.raises(ConfigError, match="config: k: Input should be a valid integer"):
         build_config(ProragConfig, {"k": None})
+
+
+def test_a_pipelines_stage_section_on_the_command_line_is_a_section_of_that_stage():
+    """`rl={...}` had replaced the file's `rl:` keys (steps and algo dropped unsaid), and
+    `rl.ranker.lr=...` had switched a co-trained ranker on with its defaults, where `seekrl
+    train ranker.lr=...` is refused; the demo's stage sections alike."""
+    data = {"rl": {"steps": 7, "algo": {"beta": 0.5}}}
+    cfg = build_config(ProragConfig, data, ["rl={optim: {lr: 1e-6}}", "sft.max_steps=5"])
+    assert cfg.rl == {"steps": 7, "algo": {"beta": 0.5}, "optim": {"lr": "1e-6"}}
+    assert cfg.sft == {"max_steps": 5}
+    for key, switch in (("rl.ranker.lr=1e-4", "rl.ranker.model"),
+                        ("rl.simulator.noise_end=0.9", "rl.simulator.model")):
+        with pytest.raises(ConfigError, match=rf"`{switch[:-6]}` is off in the config.*"
+                                              rf"give {switch}=\.\.\."):
+            build_config(ProragConfig, data, [key])
+    on = build_config(ProragConfig, data, ["rl.ranker.model=minilm", "rl.ranker.lr=1e-4"])
+    assert on.rl["ranker"] == {"model": "minilm", "lr": "1e-4"}
+    # a mapping-valued key inside a stage is still replaced whole (reward.process)
+    process = build_config(ProragConfig, {"rl": {"reward": {"process": {"prm": 1.0}}}},
+                           ["rl.reward.process={evidence: 1.0}"])
+    assert process.rl["reward"]["process"] == {"evidence": 1.0}
+    demo = build_config(DemoConfig, {"rl": {"steps": 2, "algo": {"kl_coef": 0.1}}},
+                        ["rl={algo: {advantage: rloo}}"])
+    assert demo.rl == {"steps": 2, "algo": {"kl_coef": 0.1, "advantage": "rloo"}}

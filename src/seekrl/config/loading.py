@@ -96,14 +96,25 @@ def _get_dotted(tree: dict, parts: list[str]) -> Any:
     return node
 
 
+def _child(node: Any, part: str) -> tuple[Any, type[BaseModel] | None]:
+    """The field `part` of the config class `node`, and the section class under it: the
+    field's model class, or for a pipeline's stage section (a mapping of one stage's keys,
+    named in the class's `stage_schemas`) that stage's config class; None for a value."""
+    field = getattr(node, "model_fields", {}).get(part)
+    if field is None:
+        return None, None
+    stage = getattr(node, "stage_schemas", {}).get(part)
+    return field, stage if stage is not None else _section_class(field.annotation)
+
+
 def _is_section(schema: type[BaseModel], parts: list[str]) -> bool:
-    """The dotted key names a section of the schema (a model), not a mapping-valued key."""
+    """The dotted key names a section of the schema (a model, or a pipeline's stage), not a
+    mapping-valued key."""
     node: Any = schema
     for part in parts:
-        field = getattr(node, "model_fields", {}).get(part)
+        field, node = _child(node, part)
         if field is None:
             return False
-        node = _section_class(field.annotation)
     return node is not None
 
 
@@ -233,8 +244,7 @@ def _check_switches(schema: type[BaseModel], data: dict, given: list[list[str]],
     for key in given:
         node, here = schema, data
         for depth, part in enumerate(key[:-1]):
-            field = getattr(node, "model_fields", {}).get(part)
-            section = _section_class(field.annotation) if field is not None else None
+            field, section = _child(node, part)
             if section is None:
                 break
             here = here.get(part) if isinstance(here, dict) else None

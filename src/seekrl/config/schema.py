@@ -766,6 +766,12 @@ class ProragConfig(Strict):
     moved_keys: ClassVar[dict[str, str]] = {
         "k": "topk", "max_info_tokens": "max_info_tokens", "max_turns": "max_turns",
         "max_new_tokens": "max_new_tokens"}
+    # the config class each stage section holds keys of: an override of a section given
+    # whole merges into the file's (`rl={optim: ...}` keeps its `steps`), and one of its keys
+    # cannot switch an optional section on by the way (`rl.ranker.lr=...`), as in `seekrl train`
+    stage_schemas: ClassVar[dict[str, type]] = {
+        "sft": SFTConfig, "labels": LabelConfig, "prm": PRMConfig, "refine": RefineConfig,
+        "rl": TrainConfig}
 
     @model_validator(mode="before")
     @classmethod

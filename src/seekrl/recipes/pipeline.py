@@ -5,7 +5,7 @@ src/seekrl/presets/prorag), the demo's settings and stages, and greedy evaluatio
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, Field
 from rich.console import Console
@@ -75,6 +75,7 @@ class DemoConfig(Strict):
     sft_batch: int | None = Field(None, ge=1)
     sft: dict[str, Any] = {}           # SFTConfig keys over sft.yaml (--sft-steps: max_steps)
     rl: dict[str, Any] = {}            # TrainConfig keys over rl.yaml (--rl-steps: steps)
+    stage_schemas: ClassVar[dict[str, type]] = {"sft": SFTConfig, "rl": TrainConfig}
 
 
 def demo_dtype(cfg: DemoConfig) -> str:
