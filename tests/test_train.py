@@ -799,6 +799,19 @@ def test_config_file_errors(tmp_path):
     path.write_text("data: d\nindex: i\nsteps: 0\n")
     with pytest.raises(ConfigError, match=r"c.yaml:3: steps:"):
         load_config(TrainConfig, path, ["optim.lr=1e-5"])
+    # both at once: each error by its own source (the command line's -1 had been laid on
+    # the file's `optim:` line, and seed=x on the file without a line)
+    path.write_text("data: d\nindex: i\nsteps: 0\noptim: {schedule: cosine}\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: line 3: steps: .*; command line: "
+                                          r"optim.lr: .*\(got -1\)$"):
+        load_config(TrainConfig, path, ["optim.lr=-1"])
+    with pytest.raises(ConfigError, match=r"c.yaml: command line: seed: .*; line 3: steps:"):
+        load_config(TrainConfig, path, ["seed=x"])
+    # a section's own check, the file's key against the command line's: both named
+    path.write_text("data: d\nindex: i\nrollout: {attention: eager}\n")
+    with pytest.raises(ConfigError, match=r"c.yaml with the command line's rollout.backend: "
+                                          r"rollout: "):
+        load_config(TrainConfig, path, ["rollout.backend=vllm"])
 
 
 def test_an_old_top_level_keys_error_names_it_as_written(tmp_path):

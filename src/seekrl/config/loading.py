@@ -276,22 +276,32 @@ def build_config(schema: type[C], data: dict | None, overrides: list[str] = (),
 
         def overridden(loc) -> bool:   # the failing key, or a key above it, was given
             path = [str(part) for part in loc]
-            return bool(path) and any(path[:len(k)] == k or k[:len(path)] == path for k in given)
+            return bool(path) and any(path[:len(k)] == k for k in given)
+
+        def across(loc) -> bool:   # a check of a section (or the top) with a key given in it
+            path = [str(part) for part in loc]
+            return not path or any(len(k) > len(path) and k[:len(path)] == path
+                                   for k in given)
 
         if given and all(overridden(e["loc"]) for e in errors):
             source = "command line"    # not the file's fault
-        elif given and any(not e["loc"] for e in errors):
-            # a check across keys (the top level's) may fail on the file's keys or the
-            # command line's: both are named
+        elif given and any(across(e["loc"]) and not overridden(e["loc"]) for e in errors):
+            # a check across keys may fail on the file's keys or the command line's: both
+            # are named
             source = f"{source} with the command line's {', '.join(k for k, _ in pairs)}"
         elif key_lines is not None:
             where = key_lines()
-            found = [_line_of(e["loc"], where) for e in errors]
+            found = [None if overridden(e["loc"]) else _line_of(e["loc"], where)
+                     for e in errors]
+            mine = [overridden(e["loc"]) for e in errors]
             if len(found) == 1 and found[0] is not None:
                 source = f"{source}:{found[0]}"
-            else:
-                lines = [f"line {n}: {text}" if n is not None else text
-                         for n, text in zip(found, lines)]
+            else:   # each error by its own source: a file line, or the command line
+                lines = [("command line: " if cli else f"line {n}: " if n is not None else "")
+                         + text for n, cli, text in zip(found, mine, lines)]
+        elif given:
+            lines = [("command line: " if overridden(e["loc"]) else "") + text
+                     for e, text in zip(errors, lines)]
         raise ConfigError(f"{source}: " + "; ".join(lines)) from None
 
 
