@@ -284,6 +284,20 @@ def test_metrics_markdown_tables():
     assert "model `m`" in md
 
 
+def test_a_metrics_file_with_null_sections_renders_as_an_empty_one():
+    """`check_metrics` lets `datasets: null` and `pass_ks: null` through (JSON writers
+    give null for nothing); the tables had crashed on them with a raw AttributeError."""
+    from seekrl.eval.report import metrics_table_html
+    from seekrl.eval.training_report import comparison_table
+
+    m = {**score_trajectories(hand_made_run()), "config": {"model": "m"}}
+    empty = {**m, "datasets": None, "pass_ks": None}
+    assert metrics_markdown(empty).startswith("# Evaluation")
+    assert "<table" in metrics_table_html(empty)
+    header, rows = comparison_table({"sft": empty, "rl": m})
+    assert "pass@2" in header and [r[0].split()[0] for r in rows] == ["sft", "rl"]
+
+
 def test_dataset_names(tmp_path):
     for rel, expected in [("nq.jsonl", "nq"), ("hotpotqa/questions.jsonl", "hotpotqa"),
                           ("musique/dev.jsonl", "musique"), ("w1/test.jsonl", "world"),

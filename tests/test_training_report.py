@@ -121,6 +121,15 @@ def test_lookups_by_kind_are_drawn_from_training_and_dev_lines(tmp_path: Path):
     assert _nested_keys(log, "lookups_by_kind") == ["bridge-2", "single-1"]
     assert _nested_series(log, "lookups_by_kind", "single-1", "planned") == ([], [])
     assert _nested_series(log, "dev_by_type", "bridge", "searches") == ([4.0], [1.8])
+    # a step logged twice is read from its later line whole: a kind or type that line
+    # lacks is not taken from the line it replaced; a row that is no dict is skipped
+    from seekrl.eval.training_report import _type_series
+    redone = [{"step": 5, "reward_by_type": {"bridge": 0.9}, "lookups_by_kind": {"x": {"made": 3.0}}},
+              {"step": 5, "reward_by_type": {"comparison": 0.2}, "lookups_by_kind": {"x": 2}},
+              {"step": 6, "reward_by_type": {"bridge": 0.5}}]
+    assert _type_series(redone, "bridge") == ([6.0], [0.5])
+    assert _type_series(redone, "comparison") == ([5.0], [0.2])
+    assert _nested_series(redone, "lookups_by_kind", "x", "made") == ([], [])
     dev_only = plot_curves({"rl": log[-1:]}, tmp_path / "dev")
     assert [p.stem for p in dev_only] == ["lookups_by_kind"]
     assert plot_curves({"rl": [{"step": 1, "lookups_by_kind": {}}]}, tmp_path / "none") == []

@@ -82,7 +82,7 @@ def cell(row: dict, key: str, fmt: str) -> str:
 
 
 def _table_rows(metrics: dict) -> list[tuple[str, dict]]:
-    rows = list(metrics.get("datasets", {}).items())
+    rows = list((metrics.get("datasets") or {}).items())
     if "average" in metrics and len(rows) > 1:
         rows.append(("average", metrics["average"]))
     return rows
@@ -161,7 +161,7 @@ def suite_table(runs: Sequence[tuple[str, dict]], keys: Sequence[str] | None = N
 
     names: list[str] = []
     for _, m in runs:
-        names += [n for n in m.get("datasets", {}) if n not in names]
+        names += [n for n in (m.get("datasets") or {}) if n not in names]
     order = {name: i for i, name in enumerate(BENCHMARKS)}
     names.sort(key=lambda n: order.get(n, len(order)))
     keys = list(keys) if keys is not None else [key] * len(runs)
@@ -170,7 +170,7 @@ def suite_table(runs: Sequence[tuple[str, dict]], keys: Sequence[str] | None = N
              "|---|" + "---:|" * (len(names) + 3)]
     partial = False
     for (label, m), k in zip(runs, keys):
-        datasets = m.get("datasets", {})
+        datasets = m.get("datasets") or {}
         hops = hop_averages(datasets, [k])
         cells = [cell(datasets.get(n, {}), k, "{:.3f}") for n in names]
         if all(n in datasets for n in names):

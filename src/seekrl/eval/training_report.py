@@ -143,17 +143,29 @@ def _type_keys(records: Sequence[dict]) -> list[str]:
     return list(seen)
 
 
+def _last_per_step(records: Sequence[dict], key: str) -> list[dict]:
+    """The records holding a dict under `key`, the last of each step: a step logged twice
+    is read whole from its later line (a type that line lacks is not taken from the line
+    it replaced)."""
+    last: dict[Any, dict] = {}
+    for rec in records:
+        if isinstance(rec.get(key), dict):
+            last[rec.get(M.STEP)] = rec
+    return list(last.values())
+
+
 def _type_series(records: Sequence[dict], type_name: str) -> tuple[list[float], list[float]]:
     flat = [{M.STEP: rec.get(M.STEP), "v": rec[REWARD_BY_TYPE].get(type_name)}
-            for rec in records if isinstance(rec.get(REWARD_BY_TYPE), dict)]
+            for rec in _last_per_step(records, REWARD_BY_TYPE)]
     return _series(flat, "v")
 
 
 def _nested_series(records: Sequence[dict], key: str, name: str, field: str
                    ) -> tuple[list[float], list[float]]:
     """(steps, values) of `record[key][name][field]`: a per-kind row of a step's dict."""
-    flat = [{M.STEP: rec.get(M.STEP), "v": (rec[key].get(name) or {}).get(field)}
-            for rec in records if isinstance(rec.get(key), dict)]
+    flat = [{M.STEP: rec.get(M.STEP), "v": row.get(field) if isinstance(
+                row := rec[key].get(name), dict) else None}
+            for rec in _last_per_step(records, key)]
     return _series(flat, "v")
 
 
@@ -446,7 +458,7 @@ def comparison_table(evals: Mapping[str, dict]) -> tuple[list[str], list[list[st
     """(header, rows) comparing eval runs (`evals`: label -> metrics.json contents), one row
     per label in order: the averaged metrics, then EM per question type where the runs have
     `by_type`; every row after the first shows its difference to the first, "0.420 (+0.170)"."""
-    pass_ks = sorted({int(k) for m in evals.values() for k in m.get("pass_ks", [])})
+    pass_ks = sorted({int(k) for m in evals.values() for k in m.get("pass_ks") or []})
     # the runs' rows decide the optional columns (the plan, yes/no answers), as in a run's
     # own metrics.md: with none given they never showed
     samples = {m.get("n_samples") or 1 for m in evals.values()}
