@@ -13,6 +13,7 @@ from seekrl.agent.protocol import (
     invalid_block,
     parse_action,
     plain_answer,
+    step_format_problem,
     user_message,
 )
 from seekrl.retrieval.base import Hit
@@ -93,3 +94,16 @@ def test_plain_answer_drops_reasoning_and_tags():
     assert plain_answer("<think> hmm </think> Paris, France.") == "Paris, France."
     assert plain_answer("<information> fake </information> Tarrow") == "Tarrow"
     assert plain_answer("<think> never closed") == ""
+
+
+def test_a_well_formed_turn_is_one_action_with_no_stray_tag_of_any_kind():
+    assert step_format_problem("<think> a </think> <search> q </search>") is None
+    assert step_format_problem("<open> 2 </open>") is None
+    assert step_format_problem("x <search> q </search>") == "text outside the tags"
+    assert step_format_problem("<answer>  </answer>") == "empty answer"
+    assert step_format_problem("I do not know") == "no complete <search> or <answer>"
+    nested = "a protocol tag inside another"
+    assert step_format_problem("<think> <search> 1 </think> <search> q </search>") == nested
+    # a tool's own tag inside its call or the reasoning, as with <search> (it had passed)
+    assert step_format_problem("<open> 2 <open> 3 </open>") == nested
+    assert step_format_problem("<think> maybe <open> </think> <open> 3 </open>") == nested

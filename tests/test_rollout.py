@@ -389,6 +389,13 @@ def test_one_turn_methods_take_an_untagged_reply_as_the_answer(tiny):
     (t,) = RolloutEngine(Scripted(tok, scripts), tok, Docs(), RolloutConfig(max_turns=1)).run(
         [ex("q", "Q3")])
     assert t.answer is None  # the agent must use the protocol
+    # a search asked for in a one-turn method is not run, and its query is no answer (it
+    # had been scored as one: "capital of Tarrow" covers the gold)
+    asks = {"Q5": ["<think> look it up </think> <search> capital of Tarrow </search>"]}
+    for method in ("rag", "direct"):
+        (t,) = RolloutEngine(Scripted(tok, asks), tok, Docs(), RolloutConfig(method=method)
+                             ).run([ex("q", "Q5")])
+        assert t.answer is None and t.steps[0].reason == "no search in this mode"
 
 
 def test_rag_documents_get_the_information_token_budget(tiny):

@@ -311,7 +311,10 @@ def step_format_problem(text: str) -> str | None:
         if not _ANY_ACTION.search(text):
             return "no complete <search> or <answer>"
         return "text outside the tags"
-    if _PROTOCOL_TAG.search(m.group("think") or "") or _PROTOCOL_TAG.search(m.group("body")):
+    # a tool's own tag inside its call (or the reasoning) is as stray as a nested <search>
+    own = re.compile(rf"</?{re.escape(m.group('kind'))}>")
+    if any(tag.search(part) for tag in (_PROTOCOL_TAG, own)
+           for part in (m.group("think") or "", m.group("body"))):
         return "a protocol tag inside another"
     if not m.group("body").strip():
         return f"empty {m.group('kind')}"

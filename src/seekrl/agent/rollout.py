@@ -515,7 +515,8 @@ class RolloutEngine:
             body = new[:-1] if new and new[-1] in self._end_ids else new
             text = self.tokenizer.decode(body, skip_special_tokens=False)
             action = parse_action(text, tuple(self.tools) or ("search",), cfg.max_queries)
-            if cfg.method != "agent" and action.kind == "search":
+            searched = action.kind == "search"
+            if cfg.method != "agent" and searched:
                 action = type(action)("invalid", "no search in this mode")
             elif action.kind == "search" and cfg.max_queries > 1:
                 problem = split_queries(action.text, cfg.max_queries)[1]
@@ -543,9 +544,10 @@ class RolloutEngine:
                         calls.setdefault(action.kind, []).append((e, step))
             else:
                 step.reason = action.text
-                if cfg.method != "agent":
+                if cfg.method != "agent" and not searched:
                     # One-turn methods: an untagged reply still is the model's answer (as
                     # FlashRAG scores direct / rag generation); the format stays invalid.
+                    # A search asked for is no answer: its query would be scored as one.
                     t.answer = plain_answer(text) or None
             if last_turn:
                 self._finish(e, "max_turns")
