@@ -1880,6 +1880,30 @@ def test_prune_steps_keeps_the_newest_and_the_named(tmp_path):
         "step-10", "step-11", "step-12", "step-2", "step-notes"]   # 11 after 10: by number
 
 
+def test_a_restart_under_the_dead_runs_pid_still_recovers_its_leftovers(tmp_path):
+    """A save killed between moving `best` aside and moving the new one in leaves
+    `best.old<tag>`; a restart under the same PID (a container's PID 1) had taken the
+    dead process's leftovers for its own: `best` was not put back, a half-written
+    `.step-N.tmp` never removed, and a `step-N.old` beside its new copy kept."""
+    import os
+
+    from seekrl.recipes.checkpoint import process_tag, prune_steps, recover_replaced
+
+    pid = os.getpid()
+    dead = f"{pid}"   # a save by an earlier process of this PID (names before the tag)
+    (tmp_path / f"best.old{dead}").mkdir()
+    (tmp_path / f"best.old{dead}" / "weights").write_text("the best policy")
+    recover_replaced(tmp_path / "best")
+    assert (tmp_path / "best" / "weights").read_text() == "the best policy"
+    for name in (f".step-3.tmp{dead}", f".step-4.tmp{pid}-0a1b2c3d", "step-2", f"step-2.old{dead}",
+                 f".step-5.tmp{process_tag()}"):
+        (tmp_path / name).mkdir()
+    prune_steps(tmp_path, 5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f".step-5.tmp{process_tag()}", "best", "step-2"]   # this process's own save is kept
+    assert process_tag().startswith(f"{pid}-") and process_tag() == process_tag()
+
+
 def test_a_step_under_bf16_mixed_updates_float32_weights(world, tiny, tmp_path):
     """dtype: bf16-mixed through the whole step (rollout, update, displacement): the
     weights stay float32 and move, the loss and the rollout/trainer gap are finite."""

@@ -5,11 +5,25 @@ of old `step-N` folders, and flushing a folder to disk."""
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
 from seekrl.errors import ConfigError
+
+_TAG: tuple[int, str] | None = None
+
+
+def process_tag() -> str:
+    """This process's suffix for the folders a save writes or moves aside (`.tmpTAG`,
+    `.oldTAG`): its PID and a random part. Leftovers of a killed save are told from this
+    process's own by it, and a restart can get the dead process's PID (a container's
+    entrypoint is PID 1 every time): by the PID alone its leftovers passed as ours."""
+    global _TAG
+    if _TAG is None or _TAG[0] != os.getpid():   # a forked child gets a tag of its own
+        _TAG = (os.getpid(), f"{os.getpid()}-{secrets.token_hex(4)}")
+    return _TAG[1]
 
 RUN_MARKERS = ("metrics.jsonl", "checkpoints")      # a folder holding these holds a run
 RUN_OUTPUTS = ("metrics.jsonl", "alerts.jsonl", "checkpoints", "final", "best", "eval",
@@ -153,7 +167,7 @@ def save_policy(model, tokenizer, path: str | Path, *, before_rename=None) -> Pa
     and renamed, so a killed run never leaves half a model under `path`. `before_rename`
     (folder -> None) adds files to the temporary folder first."""
     path = Path(path)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp = path.with_name(path.name + f".tmp{process_tag()}")
     shutil.rmtree(tmp, ignore_errors=True)
     write_policy(model, tokenizer, tmp)
     if before_rename is not None:
@@ -181,7 +195,7 @@ def write_policy(model, tokenizer, folder: Path) -> None:
 
 
 def write_checkpoint(folder: Path, step: int, write, keep_last: int) -> Path:
-    """`folder/step-N`, whole or not at all: `write(tmp)` fills `.step-N.tmpPID`, which is
+    """`folder/step-N`, whole or not at all: `write(tmp)` fills `.step-N.tmpTAG`, which is
     flushed to disk, renamed into place (the rename flushed too), and only then named by
     `latest`; older step folders beyond `keep_last` go, and so do later ones (a killed
     run's, renamed but never named by `latest`: this run redoes those steps). A kill at
@@ -189,7 +203,7 @@ def write_checkpoint(folder: Path, step: int, write, keep_last: int) -> Path:
     is removed by the next save (`prune_steps`)."""
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"step-{step}"
-    tmp = folder / f".step-{step}.tmp{os.getpid()}"
+    tmp = folder / f".step-{step}.tmp{process_tag()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     write(tmp)
@@ -221,10 +235,10 @@ def prune_steps(folder: Path, keep_last: int, keep: set[str | None] = frozenset(
     for p in done[:-keep_last]:
         if p.name not in keep:
             shutil.rmtree(p, ignore_errors=True)
-    # what a kill during an earlier save left: a half-written `.step-N.tmpPID` (never
-    # named by `latest`), and a replaced `step-N.oldPID` whose new `step-N` is in place
+    # what a kill during an earlier save left: a half-written `.step-N.tmpTAG` (never
+    # named by `latest`), and a replaced `step-N.oldTAG` whose new `step-N` is in place
     # (without it, the old one is the only copy: kept)
-    mine = str(os.getpid())
+    mine = process_tag()
     for p in folder.glob(".step-*.tmp*"):
         if p.is_dir() and p.name.rpartition(".tmp")[2] != mine:
             shutil.rmtree(p, ignore_errors=True)
@@ -241,7 +255,7 @@ def replace_dir(tmp: Path, target: Path) -> None:
     """Move a finished folder into place; an older one at `target` goes only after."""
     old = None
     if target.exists():
-        old = target.with_name(target.name + f".old{os.getpid()}")
+        old = target.with_name(target.name + f".old{process_tag()}")
         target.rename(old)
     tmp.rename(target)
     if old is not None:
@@ -252,7 +266,7 @@ def recover_replaced(target: Path) -> None:
     """What a kill inside `replace_dir` (or `save_policy`) left beside `target`: the old
     copy renamed aside is put back when `target` is missing (it is then the only copy) and
     removed when `target` is in place; a half-written temporary folder is removed."""
-    mine = str(os.getpid())
+    mine = process_tag()
     olds = sorted((p for p in target.parent.glob(target.name + ".old*")
                    if p.is_dir() and p.name.rpartition(".old")[2] != mine),
                   key=lambda p: p.stat().st_mtime_ns)
@@ -268,7 +282,7 @@ def recover_replaced(target: Path) -> None:
 def point_latest(folder: Path, target: Path) -> None:
     """Make `folder/latest` name `target` (a step-N folder in it): written under a temporary
     name, flushed, then renamed over, so `latest` always names a complete checkpoint."""
-    pointer = folder / f".latest.tmp{os.getpid()}"
+    pointer = folder / f".latest.tmp{process_tag()}"
     with open(pointer, "w", encoding="utf-8") as fh:
         fh.write(target.name)
         fh.flush()

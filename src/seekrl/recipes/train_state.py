@@ -10,7 +10,6 @@ continues where the run stopped."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from seekrl.recipes.checkpoint import (
     drop_later_steps,
     fsync_dir,
     point_latest,
+    process_tag,
     prune_steps,
     recover_replaced,
     replace_dir,
@@ -130,7 +130,7 @@ class Checkpointer:
         the weights (rank 0 the whole ones; sharded, every rank its shards of the weights
         and optimizer state), rank 0 the rest, and the others wait until it is on disk."""
         target = self.folder / f"step-{step}"
-        tmp = self.dist.broadcast(self.folder / f".step-{step}.tmp{os.getpid()}")
+        tmp = self.dist.broadcast(self.folder / f".step-{step}.tmp{process_tag()}")
         if self.dist.main:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
