@@ -1654,6 +1654,19 @@ def test_an_existing_run_is_refused_replaced_or_resumed_with_its_differences(wor
     with pytest.raises(ConfigError, match=r"--resume: optim\.lr: .* -> 1e-07 \(old -> new\): "
                                           "the checkpoint's optimizer state holds the old"):
         make_trainer(lower, world, tiny, resume=True)
+    # a setting the checkpoint's weights depend on: refused (its weights had been loaded
+    # onto another base, or rescaled by another LoRA alpha, with a warning)
+    other = make_cfg(tmp_path, steps=2).model_copy(update={"model": "another/base"})
+    with pytest.raises(ConfigError, match=r"--resume: model: .* -> 'another/base' \(old -> "
+                                          r"new\): the checkpoint's weights were trained"):
+        make_trainer(other, world, tiny, resume=True)
+    from seekrl.recipes.checkpoint import refuse_weight_changes
+    for line in ("lora.alpha: 32.0 -> 128.0", "lora: None -> {'r': 8}", "train_layers: 4 -> 8",
+                 "algo.advantage: 'grpo' -> 'gae'"):
+        with pytest.raises(ConfigError, match="the checkpoint's weights were trained"):
+            refuse_weight_changes([line], run / "config.yaml")
+    refuse_weight_changes(["steps: 2 -> 3", "model_revision: 'a' -> 'b'", "algo.kl_coef: 0 -> 1",
+                           "lora_targets: 1 -> 2"], run / "config.yaml")
     # the co-trained ranker's optimizer state holds its rate the same way
     from seekrl.recipes.checkpoint import refuse_optimizer_changes
     with pytest.raises(ConfigError, match=r"ranker\.lr: 1e-05 -> 2e-05 \(old -> new\)"):

@@ -161,6 +161,24 @@ def refuse_optimizer_changes(changed: Sequence[str], saved: Path, *,
                           "weights in another out")
 
 
+# settings an RL checkpoint's weights were trained under: the base they sit on, which
+# parameters train and what a LoRA's scale means, and whether a critic (value head) exists
+WEIGHT_KEYS = ("model", "lora", "train_layers", "algo.advantage")
+
+
+def refuse_weight_changes(changed: Sequence[str], saved: Path) -> None:
+    """Refuse `--resume` with a changed setting the checkpoint's weights depend on
+    (`changed`: `config_changes`' lines): its adapters or top blocks loaded onto another
+    base, or rescaled by another `lora.alpha`, would be neither the old run nor a new one."""
+    bad = [c for c in changed if any(c.split(":", 1)[0] == k or c.startswith(k + ".")
+                                     for k in WEIGHT_KEYS)]
+    if bad:
+        raise ConfigError(f"--resume: {'; '.join(bad)} (old -> new): the checkpoint's weights "
+                          "were trained with the old values; resume with the run's "
+                          f"({saved}), or start a new run in another out (model: a "
+                          "checkpoint's final/ to go on from its weights)")
+
+
 def save_policy(model, tokenizer, path: str | Path, *, before_rename=None) -> Path:
     """A plain HF checkpoint (LoRA merged into a copy of the weights) that `load_policy`,
     `seekrl eval --model` and any transformers code can load; written to a temporary folder

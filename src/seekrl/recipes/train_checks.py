@@ -223,8 +223,14 @@ def check_start(cfg: TrainConfig, *, scorer_given: bool, resume: bool, overwrite
                "it again with --overwrite" if held_markers(out)
                else "start the run again without --resume"))
     if resume:   # before a model loads, on every process (none goes on alone)
-        from seekrl.recipes.checkpoint import config_changes, refuse_optimizer_changes
-        refuse_optimizer_changes(config_changes(out / "config.yaml", cfg), out / "config.yaml",
+        from seekrl.recipes.checkpoint import (
+            config_changes,
+            refuse_optimizer_changes,
+            refuse_weight_changes,
+        )
+        changed = config_changes(out / "config.yaml", cfg)
+        refuse_weight_changes(changed, out / "config.yaml")
+        refuse_optimizer_changes(changed, out / "config.yaml",
                                  ranker_trains=cfg.ranker is not None and cfg.ranker.train)
     if main:   # the run folder is rank 0's
         check_run_dir(out, resume=resume, overwrite=overwrite,
