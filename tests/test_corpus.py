@@ -49,6 +49,8 @@ def test_iter_corpus_title_text_form(tmp_path):
         {"id": "d5", "text": "Para one.\nPara two."},
         {"id": "d6", "title": "Two\nlines", "text": "x"},   # a title is one line
         {"id": "d7", "title": "A\n B", "contents": "y"},
+        {"id": "d8", "title": 1984.0, "text": "z"},   # as a float column writes it
+        {"id": "d9", "title": 2.5, "contents": "w"},
     ])
     assert list(iter_corpus(path)) == [
         ("d1", "Paris\nCapital of France."),
@@ -58,6 +60,8 @@ def test_iter_corpus_title_text_form(tmp_path):
         ("d5", "\nPara one.\nPara two."),
         ("d6", "Two lines\nx"),
         ("d7", "A B\ny"),
+        ("d8", "1984\nz"),
+        ("d9", "2.5\nw"),
     ]
     assert split_contents("\nPara one.\nPara two.") == ("", "Para one.\nPara two.")
 
@@ -80,6 +84,11 @@ def test_a_title_beside_the_contents_is_kept_as_its_first_line(tmp_path):
     bad = write_lines(tmp_path / "b.jsonl", [{"id": "d1", "title": [3], "contents": "x"}])
     with pytest.raises(DataError, match="b.jsonl:1: field 'title': expected a string, got list"):
         list(iter_corpus(bad))
+    for layout in ("contents", "text"):   # a NaN had become the title "nan"
+        nan = write_lines(tmp_path / "n.jsonl", [{"id": "d1", "title": float("nan"), layout: "x"}])
+        with pytest.raises(DataError, match="n.jsonl:1: field 'title': expected a string, "
+                                            "got the number nan"):
+            list(iter_corpus(nan))
 
 
 def test_iter_corpus_int_ids_become_strings(tmp_path):

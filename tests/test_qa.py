@@ -581,6 +581,41 @@ def test_a_parquets_other_columns_are_kept_in_metadata(tmp_path: Path) -> None:
         read_searchr1_parquet(path)
 
 
+def test_a_hop_count_is_an_integer_or_not_given(tmp_path: Path) -> None:
+    """`hops` drives the hop bonus, hop-balanced SFT and the per-hop figures: "2" had
+    switched them off for the question unsaid; a float column's 2.0 is read as 2 and its
+    NaN (pandas' null) as not given, where NaN had been kept and written as JSON's NaN."""
+    def hops(value):
+        return QAExample.from_dict({"id": "a", "question": "q", "golden_answers": ["x"],
+                                    "metadata": {"hops": value}}).metadata.get("hops", "-")
+
+    assert [hops(v) for v in (2, 2.0, None, float("nan"))] == [2, 2, "-", "-"]
+    for bad in ("2", 2.5, 0, True, [2]):
+        with pytest.raises(DataError, match=r"field 'metadata.hops': expected a hop count"):
+            hops(bad)
+    path = tmp_path / "h.parquet"
+    pq.write_table(pa.Table.from_pylist([
+        {"id": "a", "question": "Q1?", "golden_answers": ["x"], "hops": 2.0},
+        {"id": "b", "question": "Q2?", "golden_answers": ["y"], "hops": float("nan")}]), path)
+    first, second = read_searchr1_parquet(path)
+    assert first.metadata["hops"] == 2 and "hops" not in second.metadata
+    write_qa_jsonl(tmp_path / "h.jsonl", [first, second])
+    assert "NaN" not in (tmp_path / "h.jsonl").read_text()
+
+
+def test_a_number_past_pythons_digit_limit_is_a_bad_line_not_a_crash(tmp_path: Path) -> None:
+    big = '{"id": "b", "question": "q", "golden_answers": ["x"], "n": 1' + "1" * 5000 + "}"
+    path = tmp_path / "big.jsonl"
+    path.write_text('{"id": "a", "question": "q", "golden_answers": ["x"]}\n' + big + "\n")
+    with pytest.raises(DataError, match=r"big.jsonl:2: invalid JSON \(Exceeds the limit"):
+        read_qa_jsonl(path)
+    assert [e.id for e in read_qa_jsonl(path, skip_bad=True)] == ["a"]
+    array = tmp_path / "big.json"
+    array.write_text("[" + big + "]")
+    with pytest.raises(DataError, match="big.json: not a valid JSON array"):
+        load_qa(array)
+
+
 @given(st.text(max_size=12))
 def test_what_the_check_refuses_normalises_to_nothing(answer) -> None:
     from seekrl.data.qa import _nothing_left

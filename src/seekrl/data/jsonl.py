@@ -95,6 +95,9 @@ def _parse_line(raw: bytes, path: str, line_no: int) -> dict[str, Any] | None:
     except json.JSONDecodeError as e:
         raise DataError(f"invalid JSON ({e.msg} at column {e.colno}); "
                         "expected one JSON object per line", path=path, line=line_no) from None
+    except ValueError as e:   # an integer past Python's 4,300-digit limit: no decode error
+        raise DataError(f"invalid JSON ({e}); expected one JSON object per line",
+                        path=path, line=line_no) from None
     except RecursionError:
         raise DataError("JSON nested too deeply", path=path, line=line_no) from None
     if not isinstance(obj, dict):

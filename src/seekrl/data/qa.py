@@ -217,6 +217,15 @@ class QAExample:
                                 f"({_describe(metadata[k])}); expected one value",
                                 field=k, **where)
         metadata = {**extras, **metadata}
+        hops = metadata.get("hops")
+        if hops is None or (isinstance(hops, float) and math.isnan(hops)):
+            metadata.pop("hops", None)   # a null cell (a float column's is NaN): not given
+        elif isinstance(hops, float) and hops.is_integer() and hops >= 1:
+            metadata["hops"] = int(hops)   # pandas writes an int column with gaps as floats
+        elif isinstance(hops, bool) or not isinstance(hops, int) or hops < 1:
+            # "2" had switched the hop bonus and the per-hop figures off for the question
+            raise DataError(f"expected a hop count (an integer >= 1) or null, got "
+                            f"{_describe(hops)}", field="metadata.hops", **where)
         if metadata.get("gold_doc_ids") is None:   # a struct column fills a missing key
             metadata.pop("gold_doc_ids", None)      # with null: none given
         else:
@@ -365,7 +374,7 @@ def _read_qa_json_array(
                            object_pairs_hook=unique_keys)
     except DuplicateKey as e:
         raise DataError(str(e), path=str(path)) from None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    except (ValueError, RecursionError) as e:   # undecodable, invalid, a 4,300-digit number
         raise DataError(f"not a valid JSON array ({e})", path=str(path)) from None
     if not isinstance(items, list):
         raise DataError(f"expected a JSON array of records, got {type(items).__name__}",
@@ -564,8 +573,8 @@ def _searchr1_record(row: dict[str, Any], row_no: int, path: str, *,
     if isinstance(inner, str):  # written by seekrl
         try:
             metadata = json.loads(inner)
-        except json.JSONDecodeError as e:
-            raise bad("extra_info.metadata", f"invalid JSON ({e.msg})") from None
+        except (ValueError, RecursionError) as e:
+            raise bad("extra_info.metadata", f"invalid JSON ({e})") from None
         metadata = {} if metadata is None else metadata
         if not isinstance(metadata, dict):
             raise bad("extra_info.metadata",
@@ -582,7 +591,8 @@ def _searchr1_record(row: dict[str, Any], row_no: int, path: str, *,
     # any other column (a FlashRAG file's `type`, `hops`, `gold_doc_ids`) goes to
     # `from_dict` as a top-level key, which keeps it in metadata; a null cell is not given
     known = {*_SEARCHR1_COLUMNS, "id", "question", "golden_answers", "metadata"}
-    extras = {k: v for k, v in row.items() if k not in known and v is not None}
+    extras = {k: v for k, v in row.items() if k not in known and v is not None
+              and not (isinstance(v, float) and math.isnan(v))}
     return {**extras, "id": example_id, "question": question, "golden_answers": answers,
             "metadata": metadata, "prompt": row.get("prompt")}
 

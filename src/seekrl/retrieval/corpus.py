@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -49,6 +50,20 @@ def _one_line(title: str | None) -> str | None:
     return " ".join(title.split()) if title else title
 
 
+def _number_title(title, path, line_no: int):
+    """A title written as a number, as text ("1984"; 1984.0 too, as answers read it); a
+    NaN or infinite one refused (it had become the title "nan"); anything else as given."""
+    if isinstance(title, bool) or not isinstance(title, (int, float)):
+        return title
+    if isinstance(title, float):
+        if not math.isfinite(title):
+            raise DataError(f"expected a string, got the number {title}", path=str(path),
+                            line=line_no, field="title")
+        if title.is_integer():
+            return str(int(title))
+    return str(title)
+
+
 def _doc_fields(obj: dict, path: str | Path, line_no: int) -> tuple[str, str]:
     if "id" not in obj:
         raise DataError("missing; expected a document id", path=str(path), line=line_no,
@@ -62,9 +77,7 @@ def _doc_fields(obj: dict, path: str | Path, line_no: int) -> tuple[str, str]:
         if not isinstance(contents, str):
             raise DataError(f"expected a string, got {type(contents).__name__}",
                             path=str(path), line=line_no, field="contents")
-        title = obj.get("title")
-        if isinstance(title, (int, float)) and not isinstance(title, bool):
-            title = str(title)   # "1984"
+        title = _number_title(obj.get("title"), path, line_no)
         if title is not None and not isinstance(title, str):
             raise DataError(f"expected a string, got {type(title).__name__}",
                             path=str(path), line=line_no, field="title")
@@ -75,9 +88,7 @@ def _doc_fields(obj: dict, path: str | Path, line_no: int) -> tuple[str, str]:
                 title.strip().strip('"').casefold():
             contents = f"{title}\n{contents}"
     elif "text" in obj:  # the other common layout: separate title and text fields
-        title, text = obj.get("title", ""), obj["text"]
-        if isinstance(title, (int, float)) and not isinstance(title, bool):
-            title = str(title)   # "1984", as beside `contents`
+        title, text = _number_title(obj.get("title", ""), path, line_no), obj["text"]
         for name, value in (("title", title), ("text", text)):
             if not isinstance(value, str):
                 raise DataError(f"expected a string, got {type(value).__name__}",
