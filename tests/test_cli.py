@@ -565,6 +565,25 @@ def test_eval_direct_refuses_a_retriever_it_would_not_use(tmp_path):
     assert r.exit_code == 2 and "--index, --ranker: method 'direct' answers without " \
         "searching" in " ".join(r.output.split()), r.output
     assert not (tmp_path / "e").exists()
+    # nor does it read the agent's prompt, tools or sub-queries (they were ignored unsaid)
+    r = run("eval", "--data", q, "--out", tmp_path / "e", "--method", "direct",
+            "--prompt", "search_r1", "--tool", "open", "--max-queries", "3")
+    assert r.exit_code == 2 and "--prompt, --tool, --max-queries: method 'direct' answers " \
+        "without searching" in " ".join(r.output.split()), r.output
+
+
+def test_eval_refuses_its_settings_before_reading_the_data_or_the_index(tmp_path):
+    """A bad --dtype, --backend or --out was refused only after the questions, the index
+    and the ranker had loaded: here none of those exists, and the setting is named."""
+    missing = tmp_path / "missing.jsonl"
+    (tmp_path / "afile").write_text("x")
+    for extra, said in ((["--dtype", "bogus"], "--dtype: expected one of"),
+                        (["--backend", "vllm", "--device", "cpu"], "--backend:"),
+                        (["--out", tmp_path / "afile"], "a file; expected a folder")):
+        args = ["eval", "--data", missing, "--index", tmp_path / "no-index",
+                "--out", tmp_path / "e", *extra]
+        r = run(*args)
+        assert r.exit_code == 2 and said in " ".join(r.output.split()), (extra, r.output)
 
 
 def test_serve_refuses_a_log_level_before_loading_the_index(tmp_path, monkeypatch):
@@ -894,6 +913,30 @@ def test_an_interrupted_sft_or_prm_run_gives_the_command_that_goes_on(tmp_path, 
         r = run(*args)
         assert r.exit_code == 130, r.output
         assert said in r.output, r.output
+
+
+@pytest.mark.parametrize("command", ["mcts", "prorag"])
+def test_an_interrupted_labelling_or_prorag_run_gives_the_command_that_goes_on(
+        tmp_path, monkeypatch, command):
+    """Both resume (--resume), but Ctrl-C had ended them with a bare exit 130."""
+    import seekrl.prorag as prorag_module
+    import seekrl.recipes.mcts as mcts_module
+
+    module, name = (mcts_module, "run_labelling") if command == "mcts" else \
+        (prorag_module, "run_prorag")
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(module, name, stop)
+    if command == "prorag":
+        monkeypatch.setattr(prorag_module, "check_config", lambda cfg: None)
+    args = [command, f"out={tmp_path / 'o'}"] + ([f"data={tmp_path / 'q.jsonl'}"]
+                                                 if command == "mcts" else [])
+    r = run(*args)
+    assert r.exit_code == 130, r.output
+    text = " ".join(r.output.split())
+    assert f"interrupted: {tmp_path / 'o'} keeps" in text
+    assert f"continue with: seekrl {' '.join(args)} --resume" in text, text
 
 
 def test_bad_input_of_world_oracle_table_search_is_one_line_not_a_traceback(lab, tmp_path):

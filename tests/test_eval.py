@@ -675,3 +675,10 @@ def test_a_merged_search_r1_parquet_is_scored_a_data_set_a_row(tmp_path):
     data = load_eval_data([path], limit=2)
     assert list(data) == ["nq", "hotpotqa"]
     assert [[e.question for e in v] for v in data.values()] == [["n1?", "n2?"], ["h1?", "h2?"]]
+    # each set's file, as metrics.json records it (a zip of sets and files had given
+    # hotpotqa the next file's name and left the next file's set out)
+    other = tmp_path / "q.jsonl"
+    other.write_text('{"id": "1", "question": "q?", "golden_answers": ["a"]}\n')
+    sources: dict[str, str] = {}
+    load_eval_data([path, other], sources=sources)
+    assert sources == {"nq": str(path), "hotpotqa": str(path), "q": str(other)}

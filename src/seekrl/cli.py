@@ -711,12 +711,36 @@ def eval_(
             given = [flag for flag, value in (
                 ("--index", index), ("--retriever-url", retriever_url),
                 ("--retriever", own_retriever), ("--ranker", ranker)) if value is not None]
+            # nor does it read the agent's prompt or tools: its instruction is its own
+            given += [flag for flag, unused in (
+                ("--prompt", prompt != _EPISODE["prompt"].default), ("--tool", bool(tool)),
+                ("--max-queries", max_queries != _EPISODE["max_queries"].default)) if unused]
             if given:
                 raise RetrievalError(f"{', '.join(given)}: method 'direct' answers without "
-                                     "searching (use agent or rag to search)")
+                                     "searching, from its own instruction (use agent or rag "
+                                     "to search)")
         candidates = _ranker_candidates(ranker, candidates)
+        # the settings a later stage would refuse, before the data, index and model load
+        from seekrl.agent.factory import backend_refusal, make_backend
+        from seekrl.models import DTYPES, MIXED
+        from seekrl.runtime import check_device
+
+        why = backend_refusal(backend, "eval", device=device)
+        if why:
+            raise ValueError(f"--backend: {why}")
+        why = schema.attention_refusal(attention, device)
+        if why:
+            raise ValueError(f"--attention: {why}")
+        check_device(device)
+        if dtype not in DTYPES and dtype not in MIXED:
+            raise ValueError(f"--dtype: expected one of {', '.join([*DTYPES, *MIXED])}, "
+                             f"got {dtype!r}")
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out}: a file; expected a folder for the results")
+        _threads(threads)
         skipped: list | None = [] if skip_bad else None
-        examples = load_eval_data(files, limit=limit, skipped=skipped)
+        sources: dict[str, str] = {}
+        examples = load_eval_data(files, limit=limit, skipped=skipped, sources=sources)
         if prompt == "data" and method == "agent":   # before the model loads
             from seekrl.agent.rollout import require_own_prompts
             for name, questions in examples.items():
@@ -745,21 +769,10 @@ def eval_(
                                      "--retriever-url or --retriever")
             retriever = ranked_retriever(
                 retriever, load_ranker(ranker, device=device, first=retriever), candidates)
-        from seekrl.agent.factory import backend_refusal, make_backend
-
-        why = backend_refusal(backend, "eval", device=device)
-        if why:
-            raise ValueError(f"--backend: {why}")
-        why = schema.attention_refusal(attention, device)
-        if why:
-            raise ValueError(f"--attention: {why}")
-        _threads(threads)
         generator = None
         if backend == "vllm":
             from seekrl.models import load_tokenizer, resolve_model
-            from seekrl.runtime import check_device
 
-            check_device(device)
             policy, tokenizer = None, load_tokenizer(resolve_model(model))
             generator = make_backend("vllm", tokenizer, model_name=resolve_model(model),
                                      dtype=dtype, seed=seed, max_model_len=max_total_tokens)
@@ -768,7 +781,7 @@ def eval_(
             # static: rows as long as an episode may get
             generator = make_backend(backend, tokenizer, model=policy, attention=attention,
                                      max_model_len=max_total_tokens)
-        run_info = {"model": model, "data": {name: str(f) for name, f in zip(examples, files)},
+        run_info = {"model": model, "data": sources,
                     "ranker": ranker, "candidates": candidates if ranker else None,
                     "limit": limit, "dtype": dtype, "device": device, "backend": backend,
                     "attention": attention}
@@ -963,8 +976,13 @@ def mcts(
 ):
     """Step labels for a process reward model: MCTS over search steps (or Monte-Carlo
     rollouts with search.method=mc) -> OUT/nodes.jsonl, labels.jsonl, pairs.jsonl."""
+    import shlex
+
     from seekrl.recipes.mcts import run_labelling
 
+    command = shlex.join(["seekrl", "mcts", *(["--config", str(config)] if config else []),
+                          *(overrides or []), "--resume"])
+    cfg = None
     try:
         cfg = _load(schema.LabelConfig, config, overrides)
         if print_config:
@@ -977,6 +995,9 @@ def mcts(
         summary = run_labelling(cfg, console=console, resume=resume)
     except ERRORS as err:
         _fail(err)
+    except KeyboardInterrupt:   # one line, not wrapped: the command is copied from it
+        _stopped(f"interrupted: {cfg.out if cfg else 'out'} keeps the questions labelled so "
+                 f"far; continue with: {command}")
     console.print(f"{summary['questions']} questions, {summary['simulations']:.0f} simulations "
                   f"({summary['simulations_per_s']} per s), {summary['generated_tokens']:.0f} "
                   f"generated tokens, {summary['pairs']:.0f} pairs -> {summary['out']}")
@@ -1352,8 +1373,13 @@ def prorag(
 ):
     """ProRAG end to end: SFT -> MCTS labels -> PRM -> refinement -> PRM-supervised RL, with
     the evaluation after each stage (default: the synthetic world at demo size, on a CPU)."""
+    import shlex
+
     from seekrl.prorag import check_config, run_prorag
 
+    command = shlex.join(["seekrl", "prorag", *(["--config", str(config)] if config else []),
+                          *(overrides or []), "--resume"])
+    cfg = None
     try:
         cfg = _load(schema.ProragConfig, config, overrides)
         if print_config:
@@ -1364,6 +1390,9 @@ def prorag(
         run_prorag(cfg, console=console, resume=resume)
     except ERRORS as err:
         _fail(err)
+    except KeyboardInterrupt:
+        _stopped(f"interrupted: {cfg.out if cfg else 'out'} keeps the stages it finished; "
+                 f"continue with: {command}")
 
 
 @app.command()

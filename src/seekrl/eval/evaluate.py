@@ -104,11 +104,13 @@ def dataset_name(path: str | Path) -> str:
 
 
 def load_eval_data(paths: Sequence[str | Path], *, limit: int | None = None,
-                   skipped: list | None = None) -> OrderedDict[str, list[QAExample]]:
+                   skipped: list | None = None, sources: dict[str, str] | None = None
+                   ) -> OrderedDict[str, list[QAExample]]:
     """{dataset name: examples} for the given files, in order; the first `limit` questions
     of each. Two files with the same name get `-2`, `-3`, ... suffixes. With a `skipped`
     list, malformed lines are skipped instead of refused and one `SkipReport` per file
-    that had any is appended to it."""
+    that had any is appended to it. A `sources` dict is filled with each set's file (a
+    merged Search-R1 parquet gives several sets, `flashrag:a+b` one set a name)."""
     if limit is not None and limit < 1:
         raise ValueError(f"limit: expected a positive integer, got {limit}")
     data: OrderedDict[str, list[QAExample]] = OrderedDict()
@@ -119,6 +121,8 @@ def load_eval_data(paths: Sequence[str | Path], *, limit: int | None = None,
             n += 1
             name = f"{base}-{n}"
         data[name] = examples[:limit] if limit is not None else examples
+        if sources is not None:
+            sources[name] = str(path)
 
     for path in _one_set_each(paths):
         if skipped is None:
@@ -132,11 +136,11 @@ def load_eval_data(paths: Sequence[str | Path], *, limit: int | None = None,
                 skipped.append(report)
         if not examples:
             raise DataError("no questions in the file", path=str(path))
-        sources = list(dict.fromkeys(str((ex.metadata or {}).get("data_source", ""))
+        in_file = list(dict.fromkeys(str((ex.metadata or {}).get("data_source", ""))
                                      for ex in examples))
-        if str(path).endswith(".parquet") and len(sources) > 1 and all(sources):
+        if str(path).endswith(".parquet") and len(in_file) > 1 and all(in_file):
             # Search-R1's merged test file: a table row per data set, as its papers give
-            for source in sources:
+            for source in in_file:
                 add(source, [ex for ex in examples
                              if str(ex.metadata.get("data_source")) == source])
         else:
