@@ -85,6 +85,10 @@ def test_world_index_search_oracle(tmp_path):
             "--limit", 5, "--plan", "none")
     assert r.exit_code == 0, r.output
     assert "lookup" not in (tmp_path / "n.jsonl").read_text()
+    # refused before the index loads (a dense one loads its encoder): no index here
+    r = run("oracle", "--world", w, "--index", tmp_path / "no-idx", "--out",
+            tmp_path / "x.jsonl", "--max-queries", 9)
+    assert r.exit_code == 2 and "--max-queries: expected 1 to 8, got 9" in r.output, r.output
     r = run("oracle", "--world", w, "--index", tmp_path / "idx", "--out", tmp_path / "x.jsonl",
             "--plan", "steps")
     assert r.exit_code == 2 and "plan: expected one of count, none, got 'steps'" in r.output

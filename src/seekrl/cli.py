@@ -441,6 +441,8 @@ def oracle(
             raise ValueError(f"--limit: expected at least 1, got {limit}")
         if k < 1:
             raise ValueError(f"-k/--topk: expected at least 1, got {k}")
+        if not 1 <= max_queries <= 8:
+            raise ValueError(f"--max-queries: expected 1 to 8, got {max_queries}")
         if out.is_dir():
             raise IsADirectoryError(f"--out: {out} is a folder; oracle episodes are one JSONL "
                                     "file")
@@ -454,11 +456,9 @@ def oracle(
         examples = read_qa_jsonl(split_file)[:limit]
         if not examples:
             raise ValueError(f"{split_file}: no questions")
-        retriever = load_index(index)
         if (world_dir / "corpus.jsonl").is_file():   # the index must be this world's
             check_index_corpus(index, world_dir / "corpus.jsonl")
-        if not 1 <= max_queries <= 8:
-            raise ValueError(f"--max-queries: expected 1 to 8, got {max_queries}")
+        retriever = load_index(index)
         stats = write_oracle_trajectories(examples, retriever, out, k=k, max_queries=max_queries,
                                           plan=plan, judge=judge)
     except ERRORS as err:
