@@ -321,11 +321,20 @@ def test_seekrl_ranker_train_and_eval_run_from_the_cli(tmp_path, tiny_encoder):
     assert "gold_hit@2 first_stage=1.0000 (1 logged searches)" in result.output
     nothing = CliRunner().invoke(app, ["ranker", "eval", "--index", str(index_dir)])
     assert nothing.exit_code != 0 and "--trajectories" in nothing.output
-    for k in ("0", "6"):   # recall@k of more than the ranker orders, or of nothing
+    for k, said in (("0", "--topk: expected at least 1, got 0"),   # recall@k of nothing,
+                    ("6", "--topk: expected 1 to --candidates (5), got 6")):   # or of more
         bad = CliRunner().invoke(app, ["ranker", "eval", "--index", str(index_dir), "--data",
-                                       str(paths["dev"]), "--candidates", "5", "--topk", k])
-        assert bad.exit_code != 0 and f"--topk: expected 1 to --candidates (5), got {k}" \
-            in " ".join(bad.output.split())
+                                       str(paths["dev"]), "--ranker", summary["final"],
+                                       "--candidates", "5", "--topk", k])
+        assert bad.exit_code != 0 and said in " ".join(bad.output.split()), bad.output
+    # the first stage alone has no candidates to stay within (--topk 20 had been refused
+    # against a default of 10), and --candidates without a ranker would be read by nothing
+    alone = CliRunner().invoke(app, ["ranker", "eval", "--index", str(index_dir), "--data",
+                                     str(paths["dev"]), "--topk", "20"])
+    assert alone.exit_code == 0 and "recall@20 first_stage=" in alone.output, alone.output
+    unread = CliRunner().invoke(app, ["ranker", "eval", "--index", str(index_dir), "--data",
+                                      str(paths["dev"]), "--candidates", "5"])
+    assert unread.exit_code != 0 and "give --ranker too" in " ".join(unread.output.split())
 
 
 def test_bad_ranker_settings_name_the_key(tmp_path):

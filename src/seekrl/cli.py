@@ -1093,7 +1093,8 @@ def ranker_eval(
     ranker: Annotated[Optional[list[str]], typer.Option(
         help="rankers to compare with the first stage (a folder, or minilm); repeatable")]
     = None,
-    candidates: Annotated[int, typer.Option(help="first-stage documents a ranker orders")] = 10,
+    candidates: Annotated[Optional[int], typer.Option(
+        help="first-stage documents a ranker orders (with --ranker; default 10)")] = None,
     topk: Annotated[int, typer.Option(help="k of recall@k")] = schema.DEFAULT_TOPK,
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
     threads: Threads = None,
@@ -1115,9 +1116,12 @@ def ranker_eval(
     from seekrl.retrieval.ranker import load_ranker, ranked_retriever
 
     try:
-        if candidates < 1:
-            raise ValueError(f"--candidates: expected at least 1, got {candidates}")
-        if not 1 <= topk <= candidates:
+        # a ranker orders the first stage's candidates: its top k are among them; the
+        # first stage alone has no such bound
+        candidates = _ranker_candidates(ranker[0] if ranker else None, candidates)
+        if topk < 1:
+            raise ValueError(f"--topk: expected at least 1, got {topk}")
+        if ranker and topk > candidates:
             raise ValueError(f"--topk: expected 1 to --candidates ({candidates}), got {topk}")
         if not data and not trajectories:
             raise ValueError("ranker eval: give --data QA files, --trajectories, or both")
