@@ -603,6 +603,17 @@ def test_a_hop_count_is_an_integer_or_not_given(tmp_path: Path) -> None:
     assert "NaN" not in (tmp_path / "h.jsonl").read_text()
 
 
+def test_a_lone_surrogate_in_metadata_or_a_prompt_fails_naming_the_example(tmp_path: Path
+                                                                            ) -> None:
+    """Read from JSON escapes, it had passed, then broken both writers with a bare
+    UnicodeEncodeError naming neither the example nor the field."""
+    ex = QAExample.from_dict({"id": "b", "question": "q", "golden_answers": ["a"],
+                              "type": "\ud800"})
+    for write in (write_qa_jsonl, write_searchr1_parquet):
+        with pytest.raises(DataError, match=r"example 'b': not JSON-serialisable .*surrogate"):
+            write(tmp_path / "out.data", [ex])
+
+
 def test_a_number_past_pythons_digit_limit_is_a_bad_line_not_a_crash(tmp_path: Path) -> None:
     big = '{"id": "b", "question": "q", "golden_answers": ["x"], "n": 1' + "1" * 5000 + "}"
     path = tmp_path / "big.jsonl"

@@ -395,10 +395,13 @@ def _atomic_target(path: str | os.PathLike[str]) -> tuple[Path, Path]:
 
 
 def _to_json(example: QAExample, value: Any) -> str:
-    """json.dumps, but a non-serialisable metadata value fails naming the example."""
+    """json.dumps, but a non-serialisable metadata value fails naming the example (a lone
+    surrogate in metadata or a prompt too: it would fail later, in the file's encoding)."""
     try:
-        return json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError) as e:
+        text = json.dumps(value, ensure_ascii=False)
+        text.encode("utf-8")
+        return text
+    except (TypeError, ValueError) as e:   # UnicodeEncodeError is a ValueError
         raise DataError(f"example {example.id!r}: not JSON-serialisable ({e})",
                         field="metadata") from None
 
