@@ -349,6 +349,15 @@ def test_prm_score_and_eval_on_files(tmp_path):
     assert r.exit_code == 0, r.output
     figures = json.loads(r.stdout)   # the threads line goes to stderr
     assert figures["split"] == "all" and figures["pair_accuracy"] == 0.5   # all ties
+    # without --threshold, the one the PRM was trained with (its prm.json); 0.5 had been
+    # taken whatever the training's, so its figures differed from prm.json's unsaid
+    info = json.loads((tmp_path / "prm" / "prm.json").read_text())
+    (tmp_path / "prm" / "prm.json").write_text(json.dumps({**info, "threshold": 0.7}))
+    for extra, used in (([], 0.7), (["--threshold", "0.4"], 0.4)):
+        r = run("prm", "eval", "--prm", tmp_path / "prm", "--labels", tmp_path / "labels",
+                "--split", "all", *extra)
+        assert r.exit_code == 0 and json.loads(r.stdout)["threshold"] == used, r.output
+    (tmp_path / "prm" / "prm.json").write_text(json.dumps(info))
     # a batch size below 1 scored nothing and wrote the input back; a threshold outside
     # (0, 1) put every step in one class (auc null, no error); a damaged prm.json was a
     # bare JSONDecodeError without its file

@@ -174,6 +174,9 @@ def test_train_save_load_score_on_mcts_labels(tiny, tmp_path):
     marks = {s: json.loads((tmp_path / "prm" / "checkpoints" / s / PRM_MARKER).read_text())
              for s in saved}
     assert all(m["labels"] == [str(tmp_path / "labels")] for m in marks.values())
+    # the threshold its held-out figures were taken at, for `seekrl prm eval` to reuse
+    final_mark = json.loads((tmp_path / "prm" / "final" / PRM_MARKER).read_text())
+    assert final_mark["threshold"] == marks["step-2"]["threshold"] == cfg.threshold
     assert set(marks["step-2"]["dev"]) >= {"points", "pairs"} and "dev" not in marks["step-3"]
     assert result["train_points"] > 0 and set(result["dev"]) >= {"points", "pairs"}
     scorer = load_scorer(result["final"])

@@ -1276,7 +1276,9 @@ def prm_score(
 def prm_eval(
     prm: Annotated[Path, typer.Option(help="a `seekrl prm train` folder (its final/)")],
     labels: Annotated[list[Path], typer.Option(help="label folder(s) from `seekrl mcts`")],
-    threshold: Annotated[float, typer.Option(help="Q at or above it is a good step")] = 0.5,
+    threshold: Annotated[Optional[float], typer.Option(
+        help="Q at or above it is a good step (default: the one the PRM was trained with, "
+             "in its prm.json; 0.5)")] = None,
     split: Annotated[str, typer.Option(
         help="dev: only the questions the PRM held out in training (its prm.json dev_share); "
              "all: every label (in-sample for labels it was trained on)")] = "dev",
@@ -1296,13 +1298,16 @@ def prm_eval(
     try:
         if split not in ("dev", "all"):
             raise ValueError(f"--split: expected dev or all, got {split!r}")
-        if not 0 < threshold < 1:   # as prm train's: outside it every step is one class
+        if threshold is not None and not 0 < threshold < 1:   # as prm train's: outside it
+            # every step is one class
             raise ValueError(f"--threshold: expected a Q value between 0 and 1 (exclusive), "
                              f"got {threshold}")
         data = read_labels(labels)
         prm = prm_folder(prm)
+        info = json_object(prm / PRM_MARKER, ())
+        if threshold is None:   # the training's, so its prm.json figures are comparable
+            threshold = float(info.get("threshold", 0.5))
         if split == "dev":
-            info = json_object(prm / PRM_MARKER, ())
             share = float(info.get("dev_share", 0.1))
             if share == 0:   # every figure would be over no label, unsaid
                 raise ValueError(f"--split dev: the PRM in {prm} held out no questions "
@@ -1313,7 +1318,7 @@ def prm_eval(
         metrics = prm_metrics(load_scorer(prm, device=device, dtype=dtype), data, threshold)
     except ERRORS as err:
         _fail(err)
-    console.print(json.dumps({"split": split, **metrics}, indent=1))
+    console.print(json.dumps({"split": split, "threshold": threshold, **metrics}, indent=1))
 
 
 @app.command()

@@ -336,7 +336,8 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
                 _save_checkpoint(prm, tokenizer, out / "checkpoints", step, cfg.keep_last,
                                  {"init": cfg.model, "loss": cfg.loss, "step": step,
                                   "labels": [str(x) for x in cfg.labels],
-                                  "dev_share": cfg.dev_share, "labels_digest": digest,
+                                  "dev_share": cfg.dev_share, "threshold": cfg.threshold,
+                                  "labels_digest": digest,
                                   **({"dev": dev_now} if dev_now else {})},
                                  training_state(prm, step, optimizer, scheduler,
                                                 sampler_rng=rng.getstate(),
@@ -354,7 +355,8 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
     log.close()
     final = save_prm(prm, tokenizer, out / "final", {"init": cfg.model, "loss": cfg.loss,
                                                      "labels": [str(x) for x in cfg.labels],
-                                                     "dev_share": cfg.dev_share, "dev": metrics})
+                                                     "dev_share": cfg.dev_share,
+                                                     "threshold": cfg.threshold, "dev": metrics})
     say("dev: " + ", ".join(f"{k} {v}" for k, v in metrics.items()))
     return {"final": str(final), "steps": cfg.steps, "loss": last.get("loss"),
             "dev": metrics, "dev_at_start": start_metrics,
