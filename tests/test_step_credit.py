@@ -645,6 +645,22 @@ def test_a_prm_with_an_estimator_that_sums_step_rewards_is_refused():
                              reward={"process": {"prm": 1.0}, "prm": "x"}))
 
 
+def test_mc_value_with_an_estimator_that_sums_step_rewards_is_refused():
+    """mc_value's step rewards telescope to the episode's score less the group's mean:
+    summed into the outcome (dr_grpo gave 1.0 where the outcome alone gives 0.5), the
+    outcome counts twice; its named method uses dual_granularity."""
+    from seekrl.config import ConfigError, TrainConfig
+    from seekrl.recipes.train import check_config
+
+    for advantage in ("grpo", "dr_grpo", "gigpo", "gae", "stratified_grpo"):
+        cfg = TrainConfig(data="q.jsonl", algo={"advantage": advantage},
+                          reward={"process": {"mc_value": 1.0}})
+        with pytest.raises(ConfigError, match="counting it twice"):
+            check_config(cfg)
+    check_config(TrainConfig(data="q.jsonl", algo={"advantage": "dual_granularity"},
+                             reward={"process": {"mc_value": 1.0}}))
+
+
 def test_a_process_source_giving_nan_is_refused_naming_it():
     from seekrl.rewards.process import score_steps
 

@@ -123,6 +123,13 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
             "(a right answer at once 1.7, a wrong one after seven searches 4.9 at 0.6 a "
             "step): more turns, more reward. dual_granularity (`--process prm`) normalises "
             "each step's score across the group instead")
+    if "mc_value" in cfg.reward.process and algo.advantage != "dual_granularity":
+        raise ConfigError(
+            f"reward.process.mc_value with algo.advantage {algo.advantage!r}: its step "
+            "rewards are the Monte-Carlo value's gains, which add up to the episode's score "
+            "less the group's mean; this estimator adds them to the outcome, counting it "
+            "twice. dual_granularity (`--process mc_value`) normalises each step's gain "
+            "across the group instead")
     tree = cfg.rollout.tree
     if tree is not None:
         if tree.leaves != cfg.group_size:
