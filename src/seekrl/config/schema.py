@@ -415,10 +415,10 @@ class RewardConfig(Strict):
     # RewardParts, as Trainer(reward_fn=...); it replaces outcome, format_reward and the
     # penalties below (None: those make the reward)
     fn: str | None = None
-    # added for a valid protocol trace / subtracted per invalid action. Not 0 by default: with
-    # outcome alone, an episode that broke the protocol (a turn ended on EOS with no tag,
-    # was corrected, then answered right) scored as much as a clean one, and the demo's RL
-    # lost the format (valid 0.85 -> 0.53) while EM held; 0.1 / 0.1 kept it (0.99)
+    # added for a valid protocol trace (an invalid turn costs invalid_penalty). Not 0 by
+    # default: with outcome alone, an episode that broke the protocol (a turn ended on EOS
+    # with no tag, was corrected, then answered right) scored as much as a clean one, and
+    # the demo's RL lost the format (valid 0.85 -> 0.53) while EM held; 0.1 / 0.1 kept it
     format_reward: float = 0.1
     # penalties are subtracted, so below 0 they pay: -0.1 would reward invalid turns
     invalid_penalty: float = Field(0.1, ge=0)

@@ -1,7 +1,9 @@
 """Outcome rewards: one number per finished episode, from its answer and its trace.
 
 `reward = outcome(answer, golden) + format_reward * valid - invalid_penalty * n_invalid
-- max_turns_penalty * (ran out of turns or tokens) - turn_cost * n_turns`. Outcome functions are registered by
+- max_turns_penalty * (ran out of turns or tokens) - turn_cost * n_turns
++ recall_bonus * (share of gold documents found) + hop_bonus * (searches near the hop
+count)` (`episode_reward`). Outcome functions are registered by
 name (`em`, `f1`, `cover_em`), so a recipe picks one from its config and later rewards
 (rubrics, evidence) register next to them.
 """
