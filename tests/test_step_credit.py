@@ -304,6 +304,8 @@ def test_evidence_rewards_first_finds_of_gold_documents():
     assert PROCESS_REWARDS["evidence"]([t, lone], ctx) == [[0.5, 0.0, 0.5, None],
                                                              [None, None]]
     assert ctx.stats["evidence_no_gold"] == 1
+    PROCESS_REWARDS["gold_found"]([t, lone], ctx)   # both sources read the same episodes:
+    assert ctx.stats["evidence_no_gold"] == 1       # counted once (each had added them)
     rag = ep("r", [search(hits=["d1", "d2"]), answer()], gold=["d1", "d2"],
              meta={"prompt_hits": ["d2"]})                       # d2 was in the prompt
     assert PROCESS_REWARDS["evidence"]([rag], ctx) == [[0.5, None]]

@@ -147,10 +147,11 @@ def _gold_finds(trajectories: Sequence[Trajectory], ctx: ProcessContext, value
     """`value(new, n_gold)` for each search (`new`: the gold documents it found first),
     None for other steps and, on every step, for an episode whose gold is unknown."""
     out: list[list[float | None]] = []
+    no_gold = 0
     for t in trajectories:
         gold, step_keys, seen = t.evidence_keys()   # by document id, else by title
         if not gold:
-            ctx.stats["evidence_no_gold"] += 1
+            no_gold += 1
             out.append([None] * len(t.steps))
             continue
         row: list[float | None] = []
@@ -159,6 +160,8 @@ def _gold_finds(trajectories: Sequence[Trajectory], ctx: ProcessContext, value
                        else None)
             seen = seen | hits
         out.append(row)
+    # the episodes, once: evidence and gold_found both read them (each call had added them)
+    ctx.stats["evidence_no_gold"] = max(ctx.stats["evidence_no_gold"], no_gold)
     return out
 
 
