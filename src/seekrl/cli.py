@@ -503,8 +503,8 @@ def demo(
     threads: Threads = None,
 ):
     """The whole pipeline on the built-in synthetic world, on CPU: world, index, untrained
-    eval, SFT warm-up, eval, RL, eval, report (about 17 minutes on 2 cores that multiply
-    bfloat16 natively, 27 in float32 on 2 AVX2-only cores)."""
+    eval, SFT warm-up, eval, RL, eval, report (about 24 minutes on 2 cores that multiply
+    bfloat16 natively; longer in float32 on AVX2-only cores)."""
     from seekrl.config import ConfigError, build_config
     from seekrl.demo import run_demo
     from seekrl.recipes.pipeline import DemoConfig

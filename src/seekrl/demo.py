@@ -12,13 +12,15 @@ are paid for), is evaluated on the same questions, and the report gains its row
 (`em_rl_process`). Both runs keep their training rollouts with each step's process reward
 and value in the trajectory viewer (`rl*/rollouts/step-N/viewer.html`).
 
-The defaults are chosen for a 2-core CPU and under half an hour (about 17 minutes where
-the CPU multiplies bfloat16 natively, 27 in float32 on AVX2 alone): short documents (the policy
-reads every retrieved token on every update), two documents per search, 1-3 hop questions,
-and only the top `train_layers` transformer blocks trained (backpropagation stops there,
-about twice as many updates per minute as full fine-tuning). The SFT budget is small on
-purpose: enough to teach the protocol, not enough to saturate the world, so the RL stage
-has something to improve. The two stages' settings are YAML presets (src/seekrl/presets/demo/sft.yaml,
+The defaults are chosen for a 2-core CPU and under half an hour where the CPU multiplies
+bfloat16 natively (about 24 minutes; in float32 on AVX2 alone each model stage takes
+1.4-2 times as long): short documents (the policy reads every retrieved token on every
+update), two documents per search, 1-3 hop questions, and only the top `train_layers`
+transformer blocks trained (backpropagation stops there, about twice as many updates per
+minute as full fine-tuning). The SFT warm-up takes most of the time: 50 steps with the
+lookup plan's tokens weighted and the hop counts drawn evenly, so that the plan follows
+the question (a shorter one planned two lookups for every question, and no RL setting
+tried moved that). The two stages' settings are YAML presets (src/seekrl/presets/demo/sft.yaml,
 rl.yaml) under `DemoConfig`'s world and episodes; its `sft` / `rl` keys (and the CLI's
 options) make every stage longer or bigger, `presets` reads a copy of them you edited.
 """
@@ -115,12 +117,15 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
     dtype = demo_dtype(cfg)
     if dtype not in DTYPES and dtype not in MIXED:
         raise ValueError(f"--dtype: expected auto, {', '.join([*DTYPES, *MIXED])}; got {cfg.dtype!r}")
-    planned = _check_stages(cfg, out)   # every stage's settings, before the old run goes
-    # planned stage minutes: the 3 seeds of 2026-11-27 on 2 CPU cores took 0.1 / 1.0-1.2 /
-    # 5.5-5.9 / 1.2-1.8 / 6.9-7.4 (3 steps) / 0.9-1.6 (bench/RESULTS.md, "The demo")
+    planned_sft, planned = _check_stages(cfg, out)   # every stage's settings, before the
+    # old run goes. Planned stage minutes: the 3 seeds of 2026-11-27 on 2 CPU cores took
+    # 0.1 / 1.0-1.2 / 5.5-5.9 (20 SFT steps) / 1.2-1.8 / 6.9-7.4 (3 steps) / 0.9-1.6, and
+    # 50 SFT steps took 13.9-14.2 (2026-12-06; bench/RESULTS.md, "The demo")
     rl_minutes = (2.5 * planned.steps if planned.max_minutes is None
                   else planned.max_minutes + 2.0)
-    plan = {"world": 0.1, "eval_untrained": 1.2, "sft": 6.0, "eval_sft": 1.6,
+    # (a preset that counts epochs instead: about 20 steps' worth, as planned before)
+    plan = {"world": 0.1, "eval_untrained": 1.2,
+            "sft": 0.29 * (planned_sft.max_steps or 20), "eval_sft": 1.6,
             "rl": rl_minutes, "eval_rl": 1.6}
     if cfg.process:
         plan.update(rl_process=rl_minutes, eval_rl_process=1.6)
@@ -267,8 +272,8 @@ def run_demo(out: str | Path = "runs/demo", cfg: DemoConfig | None = None, *,
 def _check_stages(cfg: DemoConfig, out: Path):
     """The SFT and RL stages' settings as those stages will build them (their presets'
     keys, schema ranges and the trainer's cross-key rules), so that a bad number fails
-    before anything is written or an old run removed, not ten minutes in; returns the RL
-    stage's config (its steps and budget plan the demo's time)."""
+    before anything is written or an old run removed, not ten minutes in; returns the SFT
+    and RL stages' configs (their steps and budget plan the demo's time)."""
     from seekrl.config import ConfigError
     from seekrl.recipes.train import check_config
 
@@ -279,7 +284,7 @@ def _check_stages(cfg: DemoConfig, out: Path):
             raise ConfigError(f"demo {name}: {err}") from None
 
     try:
-        sft_config(cfg, out / "oracle_train.jsonl", out / "sft", index=str(out / "index"))
+        sft = sft_config(cfg, out / "oracle_train.jsonl", out / "sft", index=str(out / "index"))
         kw = dict(model=cfg.model, train_file=out / "world" / "train.jsonl",
                   index_dir=out / "index")
         rl = rl_config(cfg, out=out / "rl", **kw)
@@ -293,7 +298,7 @@ def _check_stages(cfg: DemoConfig, out: Path):
         raise
     except ValueError as err:   # pydantic's ValidationError: its first line names the key
         raise ConfigError(f"demo settings: {err}") from None
-    return rl
+    return sft, rl
 
 
 def _rl(rl_cfg, index, console) -> dict:
