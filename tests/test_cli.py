@@ -1054,8 +1054,7 @@ def test_ranker_eval_reads_gold_doc_ids_or_supporting_titles_without_a_chain(lab
         records = question_records(load_qa(str(path)))
         assert len(records) == len(questions)
         assert question_recall(index, records, 3) == pytest.approx(expected)
-        r = run("ranker", "eval", "--index", lab["index"], "--data", path, "--topk", "3",
-                "--candidates", "5")
+        r = run("ranker", "eval", "--index", lab["index"], "--data", path, "--topk", "3")
         assert r.exit_code == 0, r.output
         text = " ".join(r.output.split())
         assert f"question_recall@3 first_stage={expected:.4f} ({len(questions)} questions " \

@@ -2148,7 +2148,7 @@ def test_the_step_logs_its_updates_and_lookups_by_question_kind(world, tiny, tmp
     kinds = record["lookups_by_kind"]
     assert sum(k["n"] for k in kinds.values()) == record["episodes"]
     for row in kinds.values():
-        assert set(row) == {"planned", "made", "one", "em", "n"}
+        assert set(row) == {"planned", "made", "one", "em", "n", "n_planned"}
         assert 0 <= row["one"] <= 1
 
 

@@ -116,20 +116,21 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
     if "prm" in cfg.reward.process and not cfg.reward.prm and not scorer_given:
         raise ConfigError("reward.process.prm: no process reward model given (set "
                           "reward.prm to a `seekrl prm train` folder, e.g. RUN/final)")
-    if "prm" in cfg.reward.process and algo.advantage != "dual_granularity":
-        raise ConfigError(
-            f"reward.process.prm with algo.advantage {algo.advantage!r}: a PRM scores every "
-            "step in [0, 1], and this estimator adds the step rewards into the episode's "
-            "(a right answer at once 1.7, a wrong one after seven searches 4.9 at 0.6 a "
-            "step): more turns, more reward. dual_granularity (`--process prm`) normalises "
-            "each step's score across the group instead")
-    if "mc_value" in cfg.reward.process and algo.advantage != "dual_granularity":
-        raise ConfigError(
-            f"reward.process.mc_value with algo.advantage {algo.advantage!r}: its step "
-            "rewards are the Monte-Carlo value's gains, which add up to the episode's score "
-            "less the group's mean; this estimator adds them to the outcome, counting it "
-            "twice. dual_granularity (`--process mc_value`) normalises each step's gain "
-            "across the group instead")
+    # step rewards this estimator would add into the episode's score, where only
+    # dual_granularity (their named methods' estimator) normalises them across the group
+    summed = {
+        "prm": "a PRM scores every step in [0, 1], and this estimator adds the step rewards "
+               "into the episode's (a right answer at once 1.7, a wrong one after seven "
+               "searches 4.9 at 0.6 a step): more turns, more reward",
+        "mc_value": "its step rewards are the Monte-Carlo value's gains, which add up to the "
+                    "episode's score less the group's mean; this estimator adds them to the "
+                    "outcome, counting it twice"}
+    for name in sorted(set(cfg.reward.process) & set(summed)):
+        if algo.advantage != "dual_granularity":
+            raise ConfigError(f"reward.process.{name} with algo.advantage "
+                              f"{algo.advantage!r}: {summed[name]}. dual_granularity "
+                              f"(`--process {name}`) normalises each step's value across "
+                              "the group instead")
     tree = cfg.rollout.tree
     if tree is not None:
         if tree.leaves != cfg.group_size:
