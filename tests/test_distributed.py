@@ -228,12 +228,15 @@ def _worker(rank: int, job: str, world_dir: str, work: str, port: int) -> None:
         torch.save({"records": records, "played": len(mine)}, work_dir / f"rank{rank}.pt")
     elif job == "unstepped":   # a sharded checkpoint of an optimizer that never stepped
         over = {"shard": "fsdp", "steps": 2, "save_every": 1,
-                "algo": {"dynamic_sampling": True, "max_refills": 0}}
+                "algo": {"dynamic_sampling": True, "max_refills": 0},
+                "optim": {"lr": 1e-3, "warmup_steps": 3}}   # an lr that moves step by step
         first = _trainer(_cfg(work_dir / "run", **over), Path(world_dir), overwrite=True)
         first.reward_fn = lambda t: RewardParts(total=0.0, outcome=0.0, format=0.0, penalty=0.0)
         first.train(until=1)
         resumed = _trainer(_cfg(work_dir / "run", **over), Path(world_dir), resume=True)
-        torch.save({"state": len(resumed.optimizer.state), "step": resumed.state.step_done},
+        torch.save({"state": len(resumed.optimizer.state), "step": resumed.state.step_done,
+                    "lr": resumed.optimizer.param_groups[0]["lr"],
+                    "lr_stopped": first.optimizer.param_groups[0]["lr"]},
                    work_dir / f"rank{rank}.pt")
     else:   # a 3-step run stopped after step 2 and resumed; and 3 steps straight
         over = json.loads((work_dir / "cfg.json").read_text())
@@ -446,3 +449,6 @@ def test_a_sharded_checkpoint_before_any_optimizer_step_resumes_without_one(worl
     assert optim["sharded_optimizer"] is False
     assert [got["state"] for got in ranks] == [0, 0]
     assert [got["step"] for got in ranks] == [1, 1]
+    # the warm-up's lr where the stopped run left it (the optimizer's own groups, never
+    # saved here, had kept its first step's lr)
+    assert all(got["lr"] == got["lr_stopped"] > 0 for got in ranks)

@@ -135,7 +135,8 @@ def test_the_simulator_turns_its_text_into_hits_and_counts_what_went_wrong():
     assert [[h.title for h in hits] for hits in out] == [["Tarrow", "Kelbaan"], [], ["X"]]
     assert all(h.doc_id.startswith("sim-") for hits in out for h in hits)
     assert [h.score for h in out[0]] == [2.0, 1.0]
-    assert dict(sim.stats) == {"queries": 3, USEFUL: 3, "malformed": 2, "empty": 1, "short": 2}
+    assert dict(sim.stats) == {"queries": 3, USEFUL: 3, "malformed": 2, "empty": 1, "short": 2,
+                               "cut": 0}   # a scripted reply does not say it was cut
     assert all("Question:" not in p for p in sim.prompts)   # search() knows queries alone
 
 
@@ -190,9 +191,20 @@ def test_both_engines_decode_the_same_greedy_documents(tiny):
     assert seekrl.engine == "seekrl" and hf.engine == "generate"
     for batch in ([prompts[0]], prompts):
         assert seekrl.generate(batch) == hf.generate(batch)
+        # both say which replies ran out of tokens before their end, alike (the tiny
+        # random model writes 10 tokens and no end)
+        assert seekrl.last_cut == hf.last_cut == [True] * len(batch)
     # both count the tokens they decoded alike (each reply's up to its end token; none of
     # generate's padding after it), at most 10 a reply
     assert 0 < seekrl.stats["tokens"] == hf.stats["tokens"] <= 10 * 4
+    seekrl.search(prompts, 2)
+    assert seekrl.stats["cut"] == 3
+    end = next(iter(decoder.backend.stop_ids))
+    real = decoder.backend.generate
+    decoder.backend.generate = lambda contexts, n, sampling: [[5, end], [5] * n, [5] * 3]
+    seekrl.generate(prompts)   # an ended reply, a cut one, one that stopped without its end
+    assert seekrl.last_cut == [False, True, True]
+    decoder.backend.generate = real
     mute = SimulatedRetriever(model, tok, max_new_tokens=10, temperature=0.0,
                               decoder=lambda texts, n, t: decoder(texts, n, t))
     replies = mute.generate(prompts)   # a decoder that does not count: its replies, re-read
@@ -284,6 +296,18 @@ def test_the_engine_gives_a_simulator_the_question_and_answer_and_masks_its_docu
     assert "Doc 1 (Title: Tarrow) Tarrow is a city" in block and "Extra" not in block
     assert set(t.loss_mask[s.info_start:s.info_end]) == {0}
     assert s.hit_titles == ["Tarrow", "Kelbaan"] and t.answer == "40,000"
+
+
+def test_rag_gives_a_simulator_the_question_and_answer_as_the_agent_does(tiny):
+    """rag's one retrieval went through `search` (queries alone): a simulator then wrote
+    its useful documents without the answer the agent's searches give it."""
+    _, tok = tiny
+    sim = Scripted([GOOD])
+    backend = Script(tok, ["<answer> 40,000 </answer>"])
+    engine = RolloutEngine(backend, tok, sim, RolloutConfig(method="rag", topk=2))
+    (t,) = engine.run([QAExample("a", "How big is Tarrow?", ["40,000"])])
+    assert len(sim.prompts) == 1 and "whose answer is 40,000" in sim.prompts[0]
+    assert "Question: How big is Tarrow?" in sim.prompts[0] and t.answer == "40,000"
 
 
 def test_self_search_the_policy_writes_the_block_and_none_of_it_is_trained(tiny):
@@ -384,7 +408,7 @@ def test_a_training_step_with_a_simulator_follows_the_curriculum(tmp_path, tiny)
     trainer.train()
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     noise = [r["simulator_noise"] for r in records if "simulator_noise" in r]
-    assert noise == [0.0, pytest.approx(1 / 3, abs=1e-4)]   # step 1 at 0/2; 2 at (4^0.5-1)/3
+    assert noise == [0.0, 1.0]   # the first step at noise_start, the last at noise_end
     assert trainer.env.simulator is not trainer.retriever   # evaluation kept the real index
     assert type(trainer.env.simulator.decoder).__name__ == "TextDecoder"
     assert any("dev_em" in r for r in records)
@@ -401,8 +425,10 @@ def test_the_curriculum_follows_a_token_budget_that_ends_the_run_before_its_step
         return RunState(step_done=step, rollout_tokens=tokens).progress(steps, budget)
 
     assert progress(5, 100, 23_000, 46_000) == pytest.approx(0.5)   # the budget leads
-    assert progress(5, 10, 1_000, 46_000) == pytest.approx(0.5)     # the steps lead
-    assert progress(5, 10, 0, None) == pytest.approx(0.5)
+    assert progress(5, 11, 1_000, 46_000) == pytest.approx(0.5)     # the steps lead
+    assert progress(5, 11, 0, None) == pytest.approx(0.5)
+    assert progress(9, 10, 0, None) == 1.0                          # the last step: the end
+    assert progress(0, 1, 0, None) == 0.0                           # one step: the start
     assert progress(11, 100, 47_000, 46_000) == 1.0                # capped
     assert noise_probability(progress(10, 100, 41_000, 46_000), 1.0, 0.0, 0.5) > 0.4
 
@@ -626,6 +652,40 @@ def test_simulator_examples_label_useful_and_noisy_and_train_only_the_documents(
     folder = SimulatorTrainConfig(index=str(index_dir), data=[str(paths["train"].parent)])
     train_questions = {q.question for q in read_qa_jsonl(paths["train"])}
     assert {r["question"] for r in interactions(folder)} <= train_questions
+
+
+def test_a_bad_question_or_episode_in_the_simulator_data_names_its_file(tmp_path, tiny):
+    """A bad hop chain named the question alone (with several files, which one?), and an
+    episode's `supporting_titles: 5` was a TypeError from deep in the reader."""
+    from conftest import build_world_and_index
+
+    from seekrl.agent.trajectory import Step, Trajectory, write_trajectories
+    from seekrl.config import SimulatorTrainConfig
+    from seekrl.errors import DataError
+    from seekrl.recipes.simulator import interactions
+
+    _, paths, index_dir = build_world_and_index(tmp_path / "w", seed=4, entities=200,
+                                                n_train=2, n_dev=2, n_test=2)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"id": "b", "question": "b?", "golden_answers": ["a"],
+                               "metadata": {"chain": [{"query": 5, "doc_id": "d"}]}}) + "\n")
+    with pytest.raises(DataError, match=r"bad\.jsonl: question b: metadata\.chain\[0\]\.query"):
+        interactions(SimulatorTrainConfig(index=str(index_dir),
+                                          data=[str(paths["train"]), str(bad)]))
+    logged = tmp_path / "logged.jsonl"
+    write_trajectories(logged, [Trajectory(
+        example_id="e", group_id="g", question="e?", golden_answers=["a"], token_ids=[0] * 4,
+        loss_mask=[0, 0, 1, 1], prompt_len=2,
+        steps=[Step(start=2, end=4, action="search", query="x")])])
+    episode = json.loads(logged.read_text())
+    episode["metadata"] = {"supporting_titles": 5}
+    logged.write_text(json.dumps(episode) + "\n")
+    with pytest.raises(DataError, match=r"logged\.jsonl:1: field 'metadata\.supporting_titles'"):
+        interactions(SimulatorTrainConfig(index=str(index_dir), trajectories=[str(logged)]))
+    episode["metadata"]["supporting_titles"] = ["Tarrow"]   # a list of titles reads
+    logged.write_text(json.dumps(episode) + "\n")
+    got = interactions(SimulatorTrainConfig(index=str(index_dir), trajectories=[str(logged)]))
+    assert [(r["query"], r["gold_titles"]) for r in got] == [("x", ["Tarrow"])]
 
 
 def test_seekrl_simulator_train_runs_from_the_cli(tmp_path):

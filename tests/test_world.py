@@ -188,10 +188,21 @@ def test_explicit_knobs_override_the_preset():
     (dict(hop_mix={2: 0.0}), "hop_mix"),
     (dict(entities=10), "entities"),
     (dict(alias_rate=1.5), "alias_rate"),
+    # a negative share had made a 20-entity split; a pair had dropped the test split
+    (dict(split_shares=(0.9, 0.2, -0.1)), "split_shares"),
+    (dict(split_shares=(0.8, 0.2)), "split_shares"),
+    (dict(split_shares=(0.0, 0.0, 0.0)), "split_shares"),
+    (dict(split_shares=(0.7, float("nan"), 0.15)), "split_shares"),
 ])
 def test_bad_config_names_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         WorldConfig(**kwargs)
+
+
+def test_a_config_and_keyword_fields_together_are_refused():
+    """generate_world(cfg, seed=5) built cfg's world and dropped seed=5 without a word."""
+    with pytest.raises(TypeError, match="not both .*seed"):
+        generate_world(WorldConfig(**SMALL), seed=5)
 
 
 def test_write_world_files(tmp_path, world):

@@ -1103,7 +1103,7 @@ def ranker_eval(
     gold documents (--data with gold_doc_ids or supporting_titles) and the gold hit rate of
     logged searches (--trajectories): the first stage alone, then with each ranker."""
     from seekrl.agent.trajectory import read_trajectories
-    from seekrl.data.qa import load_qa
+    from seekrl.data.qa import in_file, load_qa
     from seekrl.recipes.ranker import (
         gold_hit_rate,
         hop_recall,
@@ -1125,8 +1125,12 @@ def ranker_eval(
             raise ValueError(f"--topk: expected 1 to --candidates ({candidates}), got {topk}")
         if not data and not trajectories:
             raise ValueError("ranker eval: give --data QA files, --trajectories, or both")
-        questions = [ex for path in data or [] for ex in load_qa(path)]
-        hops = [r for r in qa_records(questions) if r.get("hop_gold")]
+        questions, hops = [], []
+        for path in data or []:
+            with in_file(path):
+                these = load_qa(path)
+                hops += [r for r in qa_records(these) if r.get("hop_gold")]
+            questions += these
         asked = question_records(questions)
         logged = [r for path in trajectories or []
                   for r in trajectory_records(read_trajectories(path, tokens=False))]

@@ -585,6 +585,7 @@ class TextDecoder:
         self.backend = HFBackend(model, tokenizer, stop_strings=())
         self.tokenizer = tokenizer
         self.last_tokens = 0   # the tokens the last call decoded, all replies together
+        self.last_cut: list[bool] = []   # each reply of the last call stopped by the limit
 
     def __call__(self, texts: list[str], max_new_tokens: int, temperature: float
                  ) -> list[str]:
@@ -593,6 +594,8 @@ class TextDecoder:
         sampling = Sampling(greedy=temperature <= 0, temperature=max(temperature, 1e-6))
         out = self.backend.generate(contexts, max_new_tokens, sampling)
         self.last_tokens = sum(len(x) for x in out)
+        # a reply that ended keeps its end token; one without it ran out of tokens
+        self.last_cut = [not (x and x[-1] in self.backend.stop_ids) for x in out]
         return tok.batch_decode([list(x) for x in out], skip_special_tokens=True)
 
 

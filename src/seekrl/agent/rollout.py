@@ -456,7 +456,15 @@ class RolloutEngine:
             require_own_prompts(examples)
         hits_per: list[Sequence[Hit]] = [()] * len(examples)
         if cfg.method == "rag":  # one retrieval with the question, before the only turn
-            hits_per = self.retriever.search([ex.question for ex in examples], cfg.topk)
+            questions = [ex.question for ex in examples]
+            simulated = getattr(self.retriever, "search_with_context", None)
+            if simulated is not None:   # a simulated engine writes from the question and
+                # answer, as it does for the agent's searches (`SearchTool`)
+                hits_per = simulated(questions, cfg.topk, questions,
+                                     [ex.golden_answers[0] if ex.golden_answers else None
+                                      for ex in examples])
+            else:
+                hits_per = self.retriever.search(questions, cfg.topk)
         prompts, shown_per = [], []
         for ex, hits in zip(examples, hits_per):
             documents = None

@@ -267,6 +267,10 @@ def checked_trajectory(obj: Any, path: str | Path, line: int, field: str = "", *
         raise bad(f"expected an integer >= 0, got {t.sample_index!r:.80}", "sample_index")
     if not isinstance(t.metadata, dict):
         raise bad(f"expected an object, got {type(t.metadata).__name__}", "metadata")
+    titles = t.metadata.get("supporting_titles")   # the ranker's and simulator's gold titles
+    if titles is not None and not (isinstance(titles, str) or _strings(titles)):
+        raise bad(f"expected a list of titles (strings), one title or null, got "
+                  f"{titles!r:.80}", "metadata.supporting_titles")
     for i, s in enumerate(t.steps):
         if tokens and not (isinstance(s.start, int) and isinstance(s.end, int)
                            and t.prompt_len <= s.start <= s.end <= len(t.token_ids)):

@@ -47,6 +47,7 @@ __all__ = [
     "SkipReport",
     "given_titles",
     "hop_chain",
+    "in_file",
     "iter_qa_jsonl",
     "load_hf_qa",
     "load_qa",
@@ -78,6 +79,18 @@ def hop_chain(example) -> list[dict[str, Any]]:
             raise ValueError(f"question {example.id}: metadata.chain[{i}].doc_id: expected "
                              f"a document id (text or an integer), got {_describe(doc)}")
     return chain
+
+
+@contextlib.contextmanager
+def in_file(path: str | Path):
+    """A question's own check failing while a file's questions are read (`hop_chain` names
+    the question and the hop) as a DataError that also names the file."""
+    try:
+        yield
+    except DataError:
+        raise
+    except ValueError as err:
+        raise DataError(str(err), path=str(path)) from None
 
 
 def given_titles(metadata: Mapping[str, Any]) -> list[str]:

@@ -79,6 +79,13 @@ class WorldConfig:
             if getattr(self, key) is None:
                 setattr(self, key, value)
         self.split_shares = tuple(self.split_shares)
+        shares = self.split_shares
+        if (len(shares) != 3 or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                        and math.isfinite(v) and v >= 0 for v in shares)
+                or sum(shares) <= 0):
+            # a negative share had become a 20-entity split, a pair had lost the test split
+            raise ValueError(f"split_shares: expected three finite shares >= 0 (train, dev, "
+                             f"test) with a positive sum, got {shares}")
         self.doc_words = tuple(self.doc_words)
         if len(self.doc_words) != 2 or not 0 <= self.doc_words[0] < self.doc_words[1]:
             raise ValueError(f"doc_words: expected (low, high) with 0 <= low < high, "
@@ -880,7 +887,12 @@ def _attr_text(template: str, name: str, value) -> str:
 
 
 def generate_world(cfg: WorldConfig | None = None, **overrides) -> World:
-    """Build the whole world in memory: deterministic for a given config (seed included)."""
+    """Build the whole world in memory: deterministic for a given config (seed included),
+    or for WorldConfig's fields given as keywords."""
+    if cfg is not None and overrides:
+        # ignored before; laid over a config they would keep its filled-in preset values
+        raise TypeError(f"generate_world: give a WorldConfig or its fields, not both "
+                        f"(got {', '.join(sorted(overrides))} beside a config)")
     cfg = cfg or WorldConfig(**overrides)
     b = _Builder(cfg)
     sizes = [max(20, round(cfg.entities * s)) for s in cfg.split_shares]

@@ -21,7 +21,7 @@ from seekrl.errors import ConfigError
 from seekrl.recipes.setup import open_index
 
 # what a simulator counts (SimulatedRetriever.stats), logged as simulator_<count>_total
-SIMULATOR_COUNTS = ("queries", "noisy", "malformed", "empty", "short", "tokens")
+SIMULATOR_COUNTS = ("queries", "noisy", "malformed", "empty", "short", "cut", "tokens")
 
 
 class SearchEnvironment:

@@ -34,7 +34,7 @@ from rich.console import Console
 
 from seekrl.agent.protocol import holds_phrase, normalise_text
 from seekrl.config import RankerTrainConfig
-from seekrl.data.qa import given_titles, hop_chain
+from seekrl.data.qa import given_titles, hop_chain, in_file
 from seekrl.retrieval.base import Hit
 from seekrl.retrieval.ranker import RankerUpdater, load_ranker, ranked_retriever, recall_at
 from seekrl.rewards.metrics import exact_match
@@ -184,7 +184,8 @@ def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
         records += trajectory_records(read_trajectories(path, tokens=False))
     for path in cfg.data:
         # a FlashRAG folder gives its train split (its first file found was test's)
-        records += qa_records(load_qa(path, "train"), question_queries=cfg.question_queries)
+        with in_file(path):
+            records += qa_records(load_qa(path, "train"), question_queries=cfg.question_queries)
     seen, unique = set(), []
     for r in records:   # one record per (query, gold set): the first wins
         # without gold ids a record's labels come from its own episode (what it was
@@ -205,8 +206,12 @@ def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
     torch.manual_seed(cfg.seed)
     ranker = load_ranker(cfg.model, kind=cfg.kind, device=cfg.device, max_len=cfg.max_len,
                          temperature=cfg.temperature, first=first)
-    held_questions = [ex for path in cfg.eval_data for ex in load_qa(path, "dev")]
-    held = [r for r in qa_records(held_questions) if r.get("hop_gold")]
+    held_questions, held = [], []
+    for path in cfg.eval_data:
+        with in_file(path):
+            questions = load_qa(path, "dev")
+            held += [r for r in qa_records(questions) if r.get("hop_gold")]
+        held_questions += questions
     asked = question_records(held_questions)   # questions without a chain, as ranker eval
     if cfg.eval_data and not held and not asked:
         raise ValueError(f"eval_data: no question with gold documents in "

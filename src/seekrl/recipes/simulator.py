@@ -36,7 +36,7 @@ def interactions(cfg: SimulatorTrainConfig) -> list[dict[str, Any]]:
     """(query, question, answers, gold ids, gold titles) records from the configured
     sources, duplicates (same query and question) once, in a seeded order."""
     from seekrl.agent.trajectory import read_trajectories
-    from seekrl.data.qa import given_titles, hop_chain, load_qa
+    from seekrl.data.qa import given_titles, hop_chain, in_file, load_qa
 
     out: dict[tuple[str, str], dict[str, Any]] = {}
 
@@ -55,14 +55,15 @@ def interactions(cfg: SimulatorTrainConfig) -> list[dict[str, Any]]:
                     for q in s.sub_queries or [s.query]:
                         add(q, t.question, t.golden_answers, t.gold_doc_ids, titles)
     for path in cfg.data:
-        for ex in load_qa(path, "train"):   # a FlashRAG folder: its train split, not test's
-            gold = ex.metadata.get("gold_doc_ids") or []
-            titles = given_titles(ex.metadata)
-            for hop in hop_chain(ex):
-                if hop.get("query"):   # a hop without one is not a search to simulate
-                    add(hop["query"], ex.question, ex.golden_answers, gold, titles)
-            if cfg.question_queries:
-                add(ex.question, ex.question, ex.golden_answers, gold, titles)
+        with in_file(path):
+            for ex in load_qa(path, "train"):   # a FlashRAG folder: its train split
+                gold = ex.metadata.get("gold_doc_ids") or []
+                titles = given_titles(ex.metadata)
+                for hop in hop_chain(ex):
+                    if hop.get("query"):   # a hop without one is not a search to simulate
+                        add(hop["query"], ex.question, ex.golden_answers, gold, titles)
+                if cfg.question_queries:
+                    add(ex.question, ex.question, ex.golden_answers, gold, titles)
     from seekrl.recipes.setup import sample_queries
 
     return sample_queries(list(out.values()), cfg.seed, cfg.limit)

@@ -88,10 +88,11 @@ class RunState:
         return True
 
     def progress(self, steps: int, budget: int | None) -> float:
-        """The share of the run behind it, 0 to 1: its steps done, or the token budget's
-        share spent if larger (a run a budget ends early still goes through its schedules:
-        the simulator's noise curriculum, the cosine learning rate)."""
-        return min(max(self.step_done / steps, self.budget_share(budget)), 1.0)
+        """Where the next step sits in the run, 0 to 1: 0 at its first step and 1 at its
+        last (steps done over steps - 1, so a schedule reaches its end value on a step that
+        is played), or the token budget's share spent if larger (a run a budget ends early
+        still goes through the simulator's noise curriculum)."""
+        return min(max(self.step_done / max(steps - 1, 1), self.budget_share(budget)), 1.0)
 
     def budget_share(self, budget: int | None) -> float:
         """The share of the rollout-token budget spent (0 without a budget)."""
@@ -198,6 +199,10 @@ class Checkpointer:
         state = torch.load(path / "optim.pt", map_location=self.device, weights_only=False)
         self.runtime.load(path, self.optimizer, state)
         self.scheduler.load_state_dict(state["scheduler"])
+        # the schedule's lr into the groups: loading a scheduler does not set it, and a
+        # sharded checkpoint of an optimizer that never stepped holds no groups to load
+        for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
+            group["lr"] = lr
         set_rng_state(state["rng"])
         self.env.load(path)
         return meta

@@ -164,8 +164,9 @@ class SimulatedRetriever:
     sampled at `temperature` (0: greedy), at most `max_new_tokens` per query. `noise` is the
     probability of a noisy prompt per query (`set_noise`, the curriculum's value). `stats`
     counts queries, useful and noisy prompts, malformed outputs and empty ones (no document
-    parsed: the agent is then told nothing matched), and the tokens the simulator decoded
-    (`tokens`: its compute, which no rollout-token budget counts).
+    parsed: the agent is then told nothing matched), cut ones (stopped by `max_new_tokens`
+    before their end: the last document is a fragment, kept as written), and the tokens the
+    simulator decoded (`tokens`: its compute, which no rollout-token budget counts).
 
     `decoder`: what turns the prompts' texts into replies, `decoder(texts, max_new_tokens,
     temperature) -> texts`, called under the simulator's seed. None: Hugging Face's
@@ -191,6 +192,7 @@ class SimulatedRetriever:
         self._seed = seed
         self._calls = 0
         self.stats: Counter = Counter()
+        self.last_cut: list[bool] | None = None
 
     @property
     def sampled(self) -> bool:
@@ -246,14 +248,21 @@ class SimulatedRetriever:
         prompts = [simulator_prompt(q, k, kind=kind, question=qu, answer=a, words=self.words)
                    for q, kind, qu, a in zip(queries, kinds, questions, answers)]
         texts: list[str] = []
+        cuts: list[bool] = []
         for start in range(0, n, self.batch_size):
-            texts += self.generate(prompts[start:start + self.batch_size])
+            self.last_cut = None
+            replies = self.generate(prompts[start:start + self.batch_size])
+            texts += replies
+            said = self.last_cut   # which replies ran out of tokens (None: not known)
+            cuts += list(said) if said is not None and len(said) == len(replies) \
+                else [False] * len(replies)
         out = []
-        for kind, text in zip(kinds, texts):
+        for kind, text, cut in zip(kinds, texts, cuts):
             docs, ok = parse_documents(text, k)
             self.stats["queries"] += 1
             self.stats[kind] += 1
             self.stats["malformed"] += not ok
+            self.stats["cut"] += bool(cut)
             self.stats["empty"] += not docs
             self.stats["short"] += len(docs) < k   # fewer than k (repeats dropped, or unwritten)
             out.append([Hit(document_id(t, x), t, x, float(len(docs) - i))
@@ -261,7 +270,9 @@ class SimulatedRetriever:
         return out
 
     def generate(self, prompts: list[str]) -> list[str]:
-        """The simulator's reply to each user message (through its chat template)."""
+        """The simulator's reply to each user message (through its chat template); sets
+        `last_cut`, whether each reply stopped at `max_new_tokens` before its end (None
+        when its decoder does not say)."""
         import torch
 
         texts = [simulator_input(self.tokenizer, p) for p in prompts]
@@ -279,6 +290,7 @@ class SimulatedRetriever:
                 decoded = sum(len(self.tokenizer(r, add_special_tokens=False)["input_ids"])
                               for r in replies)
             self.stats["tokens"] += int(decoded)
+            self.last_cut = getattr(self.decoder, "last_cut", None)
             return replies
         return self._hf_generate(texts, seeded)
 
@@ -312,6 +324,9 @@ class SimulatedRetriever:
             ended = torch.isin(new, torch.tensor(sorted(stop), device=new.device))
             first = torch.where(ended.any(1), ended.int().argmax(1) + 1, new.shape[1])
             self.stats["tokens"] += int(first.sum())
+            # generate stops early only once every row has ended
+            self.last_cut = ((~ended.any(1)).tolist() if new.shape[1] >= self.max_new_tokens
+                             else [False] * new.shape[0])
         return tok.batch_decode(new, skip_special_tokens=True)
 
 
