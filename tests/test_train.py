@@ -1760,6 +1760,26 @@ def test_activation_checkpointing_keeps_train_mode_with_dropout_off(tiny):
     assert model.training and not model.model.layers[0].mlp.drop.training
 
 
+def test_activation_checkpointing_turns_the_attention_layers_own_dropout_off(tiny):
+    """A Llama whose config sets attention_dropout: in train mode its attention reads that
+    rate itself (no Dropout module to put in eval mode), so two passes over the same
+    tokens differed and an update's first ratio was noise."""
+    from seekrl.rl.update import no_dropout_mode as _no_dropout_mode
+
+    model = copy.deepcopy(tiny[0])
+    model.gradient_checkpointing_enable()
+    attention = [m for m in model.modules() if hasattr(m, "attention_dropout")]
+    assert attention   # the tiny Llama's attention layers: the test means something
+    for m in attention:
+        m.attention_dropout = 0.5
+    ids = torch.arange(3, 19)[None]
+    _no_dropout_mode(model)
+    assert model.training
+    with torch.no_grad():
+        a, b = model(input_ids=ids).logits, model(input_ids=ids).logits
+    assert torch.equal(a, b)
+
+
 def test_gradient_checkpointing_gives_the_same_update(world, tiny, tmp_path):
     """`gradient_checkpointing: true` recomputes activations; the step it takes is the same."""
     from seekrl.agent.trajectory import read_trajectories, write_trajectories

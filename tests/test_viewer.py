@@ -119,6 +119,15 @@ def write_sample_run(run_dir: Path, with_episodes: bool = True) -> tuple[Path, l
     return run_dir, trajs
 
 
+def test_a_run_written_again_without_a_tokenizer_drops_the_old_episodes(tmp_path):
+    """write_run without a tokenizer wrote no episodes.jsonl and left the old one: the
+    viewer then showed the old run's turns beside the new run's answers."""
+    run, _ = write_sample_run(tmp_path / "run")
+    assert (run / "episodes.jsonl").exists()
+    write_sample_run(run, with_episodes=False)
+    assert not (run / "episodes.jsonl").exists()
+
+
 def test_decode_segments_tile_the_tokens_and_follow_the_loss_mask():
     tok = WordTokenizer()
     t = sample_run(tok)[1]
@@ -271,6 +280,26 @@ def test_a_steps_rollouts_with_a_question_drawn_twice_are_written(tmp_path):
     metrics = json.loads((tmp_path / "step-1" / "metrics.json").read_text())
     assert metrics["average"]["pass@2"] is not None
     assert metrics["average"]["trajectories"] == 6
+
+
+def test_a_steps_tree_rollouts_keep_their_lineage_when_renumbered(tmp_path):
+    """Tree rollouts come back grouped by tree (root 0, its child 2, root 1, its child 3):
+    numbering them afresh in list order had left `tree` and `parent` on the old numbers,
+    so the second child named the first tree's child as its parent."""
+    import seekrl.eval.evaluate as evaluate
+    from seekrl.agent.trajectory import read_trajectories
+
+    tok = WordTokenizer()
+    t = sample_run(tok)[0]
+    order = [(0, 0, None), (2, 0, 0), (1, 1, None), (3, 1, 1)]   # (index, tree, parent)
+    draw = [dataclasses.replace(t, sample_index=i, tree=tree, parent=parent)
+            for i, tree, parent in order]
+    again = [dataclasses.replace(x, sample_index=x.sample_index) for x in draw[:2]]
+    evaluate.write_rollouts(tmp_path / "step-1", draw + again, tok, {"model": "unit-test"})
+    got = [(x.sample_index, x.tree, x.parent)
+           for x in read_trajectories(tmp_path / "step-1" / "trajectories.jsonl")]
+    # each child names its own tree's root; a refill's draw of the question its own numbers
+    assert got == [(0, 0, None), (1, 0, 0), (2, 2, None), (3, 2, 2), (4, 4, None), (5, 4, 4)]
 
 def test_bad_run_folders_name_the_problem(tmp_path):
     with pytest.raises(FileNotFoundError, match="trajectories.jsonl"):

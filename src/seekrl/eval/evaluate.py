@@ -572,6 +572,9 @@ def write_run(out_dir: str | Path, trajectories: Sequence[Trajectory], metrics: 
     # an old run's metrics.json goes first: written over in place, a kill would leave it,
     # saying the folder is complete, beside half the new trajectories
     (out / METRICS_FILE).unlink(missing_ok=True)
+    # and its episodes: without a tokenizer none are written, and the viewer would show
+    # the old run's turns beside the new answers
+    (out / EPISODES_FILE).unlink(missing_ok=True)
     write_trajectories(out / TRAJECTORIES_FILE, trajectories)
     if tokenizer is not None:
         records = ({"dataset": t.dataset, "example_id": t.example_id,
@@ -602,10 +605,21 @@ def write_rollouts(out_dir: str | Path, trajectories: Sequence[Trajectory], toke
     from seekrl.eval.report import write_viewer
 
     seen: dict[str, int] = defaultdict(int)
-    renumbered = []
+    blocks: dict[str, dict[int, int]] = {}   # each question's current draw: old -> new number
+    drawn = []
     for t in trajectories:
-        renumbered.append(dataclasses.replace(t, sample_index=seen[t.example_id]))
+        block = blocks.get(t.example_id)
+        if block is None or t.sample_index in block:   # a question's next draw begins
+            block = blocks[t.example_id] = {}
+        block[t.sample_index] = seen[t.example_id]
         seen[t.example_id] += 1
+        drawn.append(block)
+    # a tree rollout's `tree` and `parent` name numbers of its own draw: renumbered with it
+    renumbered = [dataclasses.replace(
+        t, sample_index=block[t.sample_index],
+        tree=block.get(t.tree, t.tree) if t.tree is not None else None,
+        parent=block.get(t.parent, t.parent) if t.parent is not None else None)
+        for t, block in zip(trajectories, drawn)]
     # pass@G at the group size: a question drawn twice has 2G episodes, and pass@2G (the
     # default, the most any question has) refused every question with G
     fewest = min(seen.values(), default=1)

@@ -305,9 +305,11 @@ def explained_variance(values, returns, mask) -> float:
 
 
 def no_dropout_mode(model) -> None:
-    """Eval mode; but train mode with every dropout layer in eval mode when activation
-    checkpointing is on (transformers checkpoints only while training). Without dropout the
-    first ratio of an update is 1 and the clip does not act on noise."""
+    """Eval mode; but train mode with every dropout off when activation checkpointing is on
+    (transformers checkpoints only while training). Without dropout the first ratio of an
+    update is 1 and the clip does not act on noise. Attention layers read their own rate
+    while training (Llama's and Qwen2's `attention_dropout`, GPT-2's dropout module's `p`
+    handed to SDPA), so those rates are set to 0 on the policy: RL never wants them."""
     from seekrl.models import backbone
 
     try:
@@ -321,6 +323,9 @@ def no_dropout_mode(model) -> None:
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.eval()
+            module.p = 0.0
+        elif isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
 
 
 def kl_rewards(trajs, logps, ref_logps, algo) -> tuple[list[torch.Tensor], float]:
