@@ -984,12 +984,13 @@ def _how(paired: dict) -> str:
 
 
 def _began_from(runs: Path, results: list[dict]) -> dict[tuple[str, int], str | None]:
-    """Each run's start, as its step-0 dev answers (`eval-start/per_question.json`, in a
-    canonical text): runs with the same text began from the same policy. None for a run
-    that kept no start evaluation."""
+    """Each run's start, as its step-0 dev answers (`eval-start/per_question.json` in kept
+    records, `eval/start/` in a run's own folder; in a canonical text): runs with the same
+    text began from the same policy. None for a run that kept no start evaluation."""
     out = {}
     for r in results:
-        per = _per_question(runs / f"{r['method']}-s{r['seed']}" / "eval-start")
+        run = runs / f"{r['method']}-s{r['seed']}"
+        per = _per_question(run / "eval-start") or _per_question(run / "eval" / "start")
         out[(r["method"], r["seed"])] = json.dumps(per, sort_keys=True) if per else None
     return out
 

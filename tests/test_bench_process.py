@@ -574,8 +574,10 @@ def test_a_seed_that_began_from_a_rebuilt_start_is_paired_with_that_start(tmp_pa
     assert "outcome s1 paired with the start they began from" in out[-1]
 
 
-def test_runs_are_paired_with_the_start_their_step_0_answers_show(tmp_path, capsys):
-    """A run's start is known by its step-0 dev answers (eval-start): a run that began where
+@pytest.mark.parametrize("layout", ["eval-start", "eval/start"])
+def test_runs_are_paired_with_the_start_their_step_0_answers_show(tmp_path, capsys, layout):
+    """A run's start is known by its step-0 dev answers (eval-start in kept records, a run's
+    own eval/start, which was not read): a run that began where
     a run with its own start evaluation began shares that evaluation; arms of one seed that
     began apart are named, with the gain each made over its own start; runs paired with the
     shared start from two starts, a run that took step 0, and a seed one arm lacks are said."""
@@ -599,7 +601,7 @@ def test_runs_are_paired_with_the_start_their_step_0_answers_show(tmp_path, caps
             ("outcome", 3, "C", 6, 0)):
         d = runs / f"{method}-s{seed}"
         per = {q: float(i < right) for i, q in enumerate(qs)}
-        folder(d / "eval-start", began[start])
+        folder(d / layout, began[start])
         (d / "result.json").write_text(json.dumps({
             "method": method, "seed": seed, "em": right / 10, "searches": 2,
             "evidence_recall": 0.7, "steps": 10, "rollout_tokens": 1000, "em_by_type": {},
