@@ -425,6 +425,14 @@ def test_sft_lays_out_a_multi_query_oracle_turn_as_the_engine_does(tiny):
     with pytest.raises(DataError, match=r"turns\[\d+\]\.queries.*2 sub-queries, but "
                                         r"max_queries is 1"):
         episode_tokens(tok, ep)
+    # a multi-query search's documents as one flat `hits` list (a hand-made file) were laid
+    # out without the query headings and per-query cut a rollout gives them
+    flat = dict(ep, turns=[{k: v for k, v in t.items() if k != "queries"}
+                           | {"hits": [h for hs in t["hits"] for h in hs]}
+                           if t.get("queries") else t for t in ep["turns"]])
+    with pytest.raises(DataError, match=r"turns\[\d+\]\.hits.*2 sub-queries needs an "
+                                        r"information turn with `queries`"):
+        episode_tokens(tok, flat, max_queries=2)
 
 
 def test_the_information_budget_is_per_sub_query(tiny):

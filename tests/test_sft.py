@@ -225,13 +225,15 @@ def test_loss_ignores_prompt_and_information_tokens(world, tiny):
 
 
 def test_an_epoch_counts_its_last_partial_micro_batch(world, tiny, tmp_path):
-    """`epochs` in steps: every micro-batch of an epoch (the last one partial), grad_accum
-    at a time. The count was a floor of n / (batch_size x grad_accum): 9 episodes at 8 made
-    one step a pass, and whichever batch it drew (8 or 1) was the epoch."""
+    """`epochs` in steps: every micro-batch of the epochs (each one's last partial),
+    grad_accum at a time, rounded up once. The count was a floor of n / (batch_size x
+    grad_accum): 9 episodes at 8 made one step a pass, and whichever batch it drew (8 or 1)
+    was the epoch."""
     model, tok = tiny
     lines = __import__("pathlib").Path(world["oracle"]).read_text().splitlines()
     assert len(lines) >= 12
-    for n, bs, accum, epochs, steps in ((9, 8, 1, 1, 2), (12, 4, 2, 3, 6), (8, 4, 2, 1, 1)):
+    # 12 at 4 x 2 for 3 epochs: 9 micro-batches in 5 steps (6 had trained a fourth pass)
+    for n, bs, accum, epochs, steps in ((9, 8, 1, 1, 2), (12, 4, 2, 3, 5), (8, 4, 2, 1, 1)):
         data = tmp_path / f"o{n}.jsonl"
         data.write_text("\n".join(lines[:n]) + "\n")
         cfg = SFTConfig(data=str(data), out=str(tmp_path / f"sft{n}"),

@@ -337,6 +337,11 @@ def episode_tokens(tokenizer, record: dict, *,
                                          f"{where} turns[{i}]", snippet_words)
                 body = "\n".join(sections)
             elif turn.get("hits") is not None:
+                if len(searched) > 1:   # one flat list: a rollout heads and cuts each query's
+                    raise DataError(f"a search of {len(searched)} sub-queries needs an "
+                                    "information turn with `queries` (each query's hits), "
+                                    "as rollouts lay it out; this one has one `hits` list",
+                                    path=where, field=f"turns[{i}].hits")
                 body = format_hits(_turn_hits(turn["hits"], f"{where} turns[{i}].hits",
                                               snippet_words), style)
             elif style.doc != PROMPTS["seekrl"].doc or snippet_words is not None:
@@ -751,10 +756,13 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
     check_token_ids(examples, model.get_input_embeddings().num_embeddings)
     model = prepare_trainable(model, cfg.train_layers, cfg.lora)
     model.train()
-    # an epoch's micro-batches (`batches`: the last one partial) in steps of grad_accum: a
-    # floor of n / (batch_size x grad_accum) left episodes of every epoch unseen (1 of 9 at 8)
-    per_epoch = max(1, math.ceil(math.ceil(len(examples) / cfg.batch_size) / cfg.grad_accum))
-    total_steps = cfg.max_steps or max(1, round(per_epoch * cfg.epochs))
+    # the epochs' micro-batches (`batches`: each epoch's last one partial) in steps of
+    # grad_accum, rounded up once over all of them: a floor of n / (batch_size x grad_accum)
+    # left episodes of every epoch unseen (1 of 9 at 8), and a step count rounded up per
+    # epoch took the spare micro-batches from the next epoch's shuffle (4 passes for 3)
+    micro = math.ceil(len(examples) / cfg.batch_size)
+    total_steps = cfg.max_steps or max(1, math.ceil(round(micro * cfg.epochs, 9)
+                                                    / cfg.grad_accum))
     optimizer = make_optimizer(trainable_parameters(model), cfg.optim)
     scheduler = make_scheduler(optimizer, cfg.optim, total_steps)
     say = console.print if console is not None else (lambda *a, **k: None)
