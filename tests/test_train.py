@@ -2058,6 +2058,59 @@ def test_the_hop_bonus_pays_for_the_question_s_hop_count_from_both_sides(world, 
     assert trainer.reward_fn(episode(1, 2)).hops == 0.25
 
 
+def test_the_plan_bonus_pays_for_keeping_the_episode_s_own_plan(world, tiny, tmp_path):
+    """`reward.plan_bonus` (the `plan` method): the lookups the first thought plans are the
+    target, not the data's hop count; a bridge answered after one lookup of a two-lookup
+    plan earns half, a single-hop question planned at one lookup earns all of it for
+    stopping; an episode that states no plan earns none; the trainer reads it."""
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from seekrl.agent.oracle import PLAN_LEAD
+    from seekrl.agent.trajectory import Step, Trajectory
+    from seekrl.rewards.outcome import plan_match
+    from seekrl.rl.methods import method_overrides
+
+    def episode(searches: int, planned, hops=None) -> Trajectory:
+        lead = "" if planned is None else f"{PLAN_LEAD}{planned} lookups. "
+        n = searches + 1
+        steps = [Step(i, i + 1, "search", text=(f"<think> {lead}</think> " if i == 1 else "")
+                      + "<search> q </search>", hits=["x"], info_start=i + 1, info_end=i + 1)
+                 for i in range(1, n)]
+        steps.append(Step(n, n + 1, "answer", text=("" if searches else f"<think> {lead}</think> ")
+                          + "<answer> rome </answer>", answer="rome"))
+        return Trajectory("q", "g", "?", ["Paris"], list(range(n + 1)), [0] + [1] * n, 1,
+                          steps=steps, answer="rome", finish_reason="answer",
+                          metadata={} if hops is None else {"hops": hops})
+
+    assert episode(2, 2).planned_lookups == 2 and episode(0, 1).planned_lookups == 1
+    assert [plan_match(episode(k, 1)) for k in (0, 1, 2, 3)] == [0.0, 1.0, 0.0, 0.0]
+    assert [plan_match(episode(k, 2)) for k in (1, 2, 3, 4)] == [0.5, 1.0, 0.5, 0.0]
+    assert [plan_match(episode(k, 0)) for k in (0, 1)] == [1.0, 0.0]
+    assert plan_match(episode(2, None, hops=2)) is None   # no plan: the hops don't stand in
+    # the plan, not the question's hops, is the target
+    assert plan_match(episode(1, 1, hops=2)) == 1.0
+    both = episode(1, 2)   # one search of two sub-queries is two lookups
+    both.steps[0].sub_queries = ["a", "b"]
+    assert plan_match(both) == 1.0
+    parts = episode_reward(episode(1, 2), format_reward=0.1, plan_bonus=0.5)
+    assert (parts.plan, parts.total, parts.hops) == (0.25, pytest.approx(0.35), 0.0)
+    assert episode_reward(episode(2, 2, hops=2), plan_bonus=0.5, hop_bonus=0.5).total == 1.0
+    assert episode_reward(episode(2, None), plan_bonus=0.5).plan == 0.0
+    assert episode_reward(episode(2, 2)).plan == 0.0   # off by default
+
+    @given(st.integers(0, 8), st.integers(1, 4))
+    def bounded_and_best_at_the_plan(searches, planned):
+        m = plan_match(episode(searches, planned))
+        assert 0.0 <= m <= 1.0 and (m == 1.0) == (searches == planned)
+
+    bounded_and_best_at_the_plan()
+    keys = method_overrides("plan", group_size=2, baseline_advantage="dr_grpo")
+    assert keys == {"algo.advantage": "dr_grpo", "reward.plan_bonus": 0.5}
+    trainer = make_trainer(make_cfg(tmp_path, **keys), world, tiny, reward_fn=None)
+    assert trainer.reward_fn(episode(1, 2)).plan == 0.25
+
+
 def test_a_bonus_that_cannot_act_is_warned_about(world, tiny, tmp_path, monkeypatch):
     """`hops` on questions without an integer `metadata.hops` (or `recall` without gold
     documents) would train outcome-only without saying so: the trainer warns, counting the

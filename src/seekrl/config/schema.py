@@ -434,6 +434,11 @@ class RewardConfig(Strict):
     # question's hop count (metadata.hops): 1 - |lookups - hops| / hops, at least 0 (the
     # `hops` method: 0.5)
     hop_bonus: float = Field(0.0, ge=0)
+    # added: this x how well the episode's number of lookups keeps the plan its first
+    # thought states ("To answer this I need N lookups", the oracle's warm-up):
+    # 1 - |lookups - N| / N, at least 0; none for an episode that states no plan (the
+    # `plan` method: 0.5). Needs no hop count from the data
+    plan_bonus: float = Field(0.0, ge=0)
     # process (step) rewards: source name -> weight, e.g. {evidence: 1.0, redundancy: 0.1};
     # sources: evidence, gold_found, redundancy, step_format, decomposition, mc_value, prm
     # (rewards/process.py), or your

@@ -136,7 +136,8 @@ class Trainer:
         self.reward_fn = reward_fn or partial(
             episode_reward, outcome=r.outcome, format_reward=r.format_reward,
             invalid_penalty=r.invalid_penalty, max_turns_penalty=r.max_turns_penalty,
-            turn_cost=r.turn_cost, recall_bonus=r.recall_bonus, hop_bonus=r.hop_bonus)
+            turn_cost=r.turn_cost, recall_bonus=r.recall_bonus, hop_bonus=r.hop_bonus,
+            plan_bonus=r.plan_bonus)
         self.monitor = Monitor(cfg.monitor)
         self.state = RunState()
         self._started: float | None = None   # train()'s clock, less the seconds before

@@ -257,7 +257,8 @@ def _check_log_packages(log) -> None:
 
 
 def _bonuses(reward) -> list[str]:
-    return [f"reward.{k}" for k in ("recall_bonus", "hop_bonus") if getattr(reward, k)]
+    return [f"reward.{k}" for k in ("recall_bonus", "hop_bonus", "plan_bonus")
+            if getattr(reward, k)]
 
 
 def bonus_coverage(reward, questions, *, custom: bool = False) -> str | None:

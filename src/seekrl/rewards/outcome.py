@@ -3,9 +3,10 @@
 `reward = outcome(answer, golden) + format_reward * valid - invalid_penalty * n_invalid
 - max_turns_penalty * (ran out of turns or tokens) - turn_cost * n_turns
 + recall_bonus * (share of gold documents found) + hop_bonus * (searches near the hop
-count)` (`episode_reward`). Outcome functions are registered by
-name (`em`, `f1`, `cover_em`), so a recipe picks one from its config and later rewards
-(rubrics, evidence) register next to them.
+count) + plan_bonus * (searches near the episode's own planned lookups)`
+(`episode_reward`). Outcome functions are registered by name (`em`, `f1`, `cover_em`),
+so a recipe picks one from its config and later rewards (rubrics, evidence) register next
+to them.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class RewardParts:
     penalty: float
     evidence: float = 0.0   # the recall bonus (`reward.recall_bonus`) in `total`
     hops: float = 0.0       # the hop bonus (`reward.hop_bonus`) in `total`
+    plan: float = 0.0       # the plan bonus (`reward.plan_bonus`) in `total`
 
 
 def question_hops(metadata: dict) -> int | None:
@@ -65,10 +67,25 @@ def hop_match(t: Trajectory) -> float | None:
     return max(0.0, 1.0 - abs(t.n_queries - hops) / hops)
 
 
+def plan_match(t: Trajectory) -> float | None:
+    """How well the episode's number of lookups keeps the plan its first thought states
+    ("To answer this I need 2 lookups": `Trajectory.planned_lookups`): 1 - |lookups -
+    planned| / planned, at least 0 (a plan of 0 lookups: 1 with none made, else 0); None
+    where it states no plan. Unlike `hop_match` it needs no hop count from the data: it
+    pays a policy that plans by the question for doing what it planned, so answering a
+    bridge after its first lookup costs where the plan said two."""
+    planned = t.planned_lookups
+    if planned is None:
+        return None
+    if planned == 0:
+        return float(t.n_queries == 0)
+    return max(0.0, 1.0 - abs(t.n_queries - planned) / planned)
+
+
 def episode_reward(t: Trajectory, *, outcome: str = "em", format_reward: float = 0.0,
                    invalid_penalty: float = 0.0, max_turns_penalty: float = 0.0,
                    turn_cost: float = 0.0, recall_bonus: float = 0.0,
-                   hop_bonus: float = 0.0) -> RewardParts:
+                   hop_bonus: float = 0.0, plan_bonus: float = 0.0) -> RewardParts:
     """An episode's reward: the outcome, `format_reward` for a valid protocol trace, minus
     the penalties; plus `recall_bonus` x the share of the gold documents its searches found
     (`Trajectory.evidence_recall`; nothing where the gold documents are unknown). The bonus
@@ -77,7 +94,8 @@ def episode_reward(t: Trajectory, *, outcome: str = "em", format_reward: float =
     answered after the first, where outcome alone gives them all the same reward. Plus
     `hop_bonus` x `hop_match`: how well its number of lookups fits the question's hops,
     a signal for the hop decision from both sides (a single-hop question's second search
-    costs it, a bridge's missing hop costs it too, whatever the searches found)."""
+    costs it, a bridge's missing hop costs it too, whatever the searches found). Plus
+    `plan_bonus` x `plan_match`: the same from the episode's own stated plan."""
     out = get_outcome(outcome)(t.answer, t.golden_answers)
     fmt = format_reward if t.valid_format else 0.0
     n_invalid = sum(s.action == "invalid" for s in t.steps)
@@ -89,8 +107,10 @@ def episode_reward(t: Trajectory, *, outcome: str = "em", format_reward: float =
     evidence = recall_bonus * recall if recall is not None else 0.0
     match = hop_match(t) if hop_bonus else None
     hop = hop_bonus * match if match is not None else 0.0
-    return RewardParts(total=out + fmt + evidence + hop - penalty, outcome=out, format=fmt,
-                       penalty=penalty, evidence=evidence, hops=hop)
+    kept = plan_match(t) if plan_bonus else None
+    plan = plan_bonus * kept if kept is not None else 0.0
+    return RewardParts(total=out + fmt + evidence + hop + plan - penalty, outcome=out,
+                       format=fmt, penalty=penalty, evidence=evidence, hops=hop, plan=plan)
 
 
 REWARD_FN_SHAPE = "f(trajectory) -> RewardParts(total, outcome, format, penalty)"

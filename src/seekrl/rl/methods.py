@@ -39,6 +39,12 @@ the benchmark mean the same thing by a name. Every method is plain `TrainConfig`
   the searches found (one search on a single-hop question 0.5, two 0; one on a 2-hop
   bridge 0.25, two 0.5), where the outcome reward gives a bridge's hop credit only when
   the answer comes out right and `recall` only when the hop finds its document.
+- `plan`: the outcome run's estimator on the outcome reward plus 0.5 x how well the
+  episode's number of lookups keeps the plan its first thought states (`reward.plan_bonus`,
+  `rewards.outcome.plan_match`): where the warm-up plans by the question, answering a
+  bridge after one lookup of a two-lookup plan costs, while a single-hop question planned
+  at one lookup is paid for stopping. It needs no hop count from the data, only a policy
+  that states its plan.
 - `prm`: ProRAG's RL stage on its own: dual-granularity over a trained process reward
   model's step scores (`reward.prm`: a `seekrl prm train` folder, which this method needs;
   `seekrl demo` trains none, so it does not offer it: `seekrl prorag` runs the whole pipeline).
@@ -68,6 +74,7 @@ PROCESS_METHODS: dict[str, dict[str, Any]] = {
     "recall": {"reward.recall_bonus": 0.5},
     "recall_cost": {"reward.recall_bonus": 0.5, "reward.turn_cost": 0.1},
     "hops": {"reward.hop_bonus": 0.5},
+    "plan": {"reward.plan_bonus": 0.5},
     "prm": {"algo.advantage": "dual_granularity", "reward.process": {"prm": 1.0}},
 }
 # methods that need an input the name does not give (a trained PRM: `reward.prm`)
