@@ -230,6 +230,9 @@ def test_dense_build_resumes_from_saved_shards(tmp_path, monkeypatch) -> None:
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
     with pytest.raises(ValueError, match="only dense and hybrid builds"):
         build_index(corpus, tmp_path / "b", "bm25", resume=True, show_progress=False)
+    with pytest.warns(UserWarning, match="nothing saved to resume at .*fresh.building"):
+        build_index(corpus, tmp_path / "fresh", "dense", resume=True, show_progress=False)
+    assert load_index(tmp_path / "fresh").doc_count == len(DOCS)
 
 
 def test_import_refuses_l2_and_id_mapped_indexes(tmp_path, encoder) -> None:

@@ -689,6 +689,24 @@ def test_an_override_yaml_would_read_otherwise_than_written_is_refused(override,
         == "runs/exp #2"
 
 
+def test_python_s_none_unquoted_is_null_in_an_override_and_a_file(tmp_path):
+    """`reward.prm=None` had been the string "None" (a path, read later); quoted it stays
+    a string, and plain YAML elsewhere is not changed."""
+    import yaml
+
+    from seekrl.config.loading import parse_override, read_config_file
+
+    assert parse_override("reward.prm=None") == ("reward.prm", None)
+    assert parse_override("out='None'") == ("out", "None")
+    assert parse_override("out=Nonesuch") == ("out", "Nonesuch")
+    assert build_config(TrainConfig, {"data": "d", "reward": {"prm": "x"}},
+                        ["reward.prm=None"]).reward.prm is None
+    f = tmp_path / "c.yaml"
+    f.write_text("data: d\nreward: {prm: None}\nout: \"None\"\n")
+    assert read_config_file(f) == {"data": "d", "reward": {"prm": None}, "out": "None"}
+    assert yaml.safe_load("a: None") == {"a": "None"}
+
+
 def test_a_key_given_twice_on_the_command_line_is_refused():
     with pytest.raises(ConfigError, match="steps is given twice"):
         build_config(TrainConfig, {"data": "d"}, ["steps=10", "steps=20"])

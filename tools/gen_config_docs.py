@@ -379,7 +379,8 @@ HEADER = """\
 Every key of every recipe's config: its type, default, allowed range and what it does, as
 the schema in `src/seekrl/config/schema.py` declares them. A config is a YAML file
 (`--config FILE`) with `key.sub=value` overrides on top, read as YAML scalars
-(`optim.lr=1e-5`, `'algo={advantage: rloo}'`, `eval.data=null`). An unknown key, a value of
+(`optim.lr=1e-5`, `'algo={advantage: rloo}'`, `eval.data=null`; Python's `None`, unquoted, is
+null too, in a file as well). An unknown key, a value of
 the wrong type or one out of range is an error naming the key, before any model loads.
 `--print-config` prints the resolved config, every key with its note, and stops.
 

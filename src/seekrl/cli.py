@@ -356,6 +356,11 @@ def serve(
         if (index is None) == (simulate is None):
             raise ValueError("serve: give --index (an index folder) or --simulate MODEL, one "
                              "of the two")
+        if simulate is not None and (given := ["--faiss-gpu"] * faiss_gpu
+                                     + ["--no-index-process"] * no_index_process):
+            # both act on an index; with a simulator they were ignored unsaid
+            raise ValueError(f"{', '.join(given)}: settings of an index (--index); a simulated "
+                             "engine has none")
         _simulator_options({"words": words, "max_new_tokens": sim_max_new_tokens,
                             "temperature": sim_temperature})
         candidates = _ranker_candidates(ranker, candidates)

@@ -392,6 +392,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float",
                                  _UniqueKeyLoader.construct_yaml_float)
+# Python's `None`, unquoted, is null as `null` and `~` are: `reward.prm=None` had been the
+# path "None" (quoted, 'None' stays a string). PyYAML copies the resolver lists per class,
+# so yaml.safe_load is untouched.
+_UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:null", re.compile(r"^None$"), ["N"])
 
 
 def read_config_file(path: str | Path) -> dict:

@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import time
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -275,6 +276,9 @@ def _write_atomically(out: Path, fill, *, plan: dict | None = None,
     else:
         if resume and plan is None:
             raise ValueError("resume: only dense and hybrid builds save progress to resume")
+        if resume:   # said, not silent: a mistyped --out resumes nothing and encodes it all
+            warnings.warn(f"--resume: nothing saved to resume at {tmp}; building from the "
+                          "start", stacklevel=3)
         shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True, exist_ok=True)
     if plan is not None:

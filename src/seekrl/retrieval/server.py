@@ -549,6 +549,9 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
         if given:
             raise RetrievalError(f"{', '.join(given)}: settings of a simulated engine "
                                  "(--simulate); an index has none")
+    if faiss_gpu and simulate is not None:
+        raise RetrievalError("--faiss-gpu: searches an index on the GPU; a simulated engine "
+                             "has none")
     if ranker is not None and simulate is not None:
         raise RetrievalError("serve: --ranker orders an index's candidates; a simulated engine "
                              "has none")
