@@ -735,10 +735,12 @@ def test_serve_takes_an_index_or_a_simulator_not_both_nor_neither(tmp_path):
         result = CliRunner().invoke(app, ["serve", *args])
         assert result.exit_code != 0 and "one of the two" in result.output
     # the index's own settings, with a simulator: they had been ignored unsaid
-    result = CliRunner().invoke(app, ["serve", "--simulate", "smollm2-135m", "--host",
-                                      "256.0.0.1", "--no-index-process"])
-    assert result.exit_code != 0 and "--no-index-process: settings of an index (--index)" \
-        in " ".join(result.output.split())
+    for args, said in ((["--no-index-process"], "--no-index-process: settings of an index"),
+                       (["--faiss-gpu", "--no-index-process"],
+                        "--faiss-gpu, --no-index-process: settings of an index (--index)")):
+        result = CliRunner().invoke(app, ["serve", "--simulate", "smollm2-135m", "--host",
+                                          "256.0.0.1", *args])
+        assert result.exit_code != 0 and said in " ".join(result.output.split())
     from seekrl.retrieval.base import RetrievalError as Refused
     from seekrl.retrieval.server import run_server
 

@@ -705,6 +705,16 @@ def test_python_s_none_unquoted_is_null_in_an_override_and_a_file(tmp_path):
     f.write_text("data: d\nreward: {prm: None}\nout: \"None\"\n")
     assert read_config_file(f) == {"data": "d", "reward": {"prm": None}, "out": "None"}
     assert yaml.safe_load("a: None") == {"a": "None"}
+    # a saved config reads back as it was: the string "None" is written quoted
+    from seekrl.config.loading import dump_config
+    from seekrl.config.printing import annotated_yaml
+
+    cfg = build_config(TrainConfig, {"data": "d", "out": "None", "index": None})
+    dump_config(cfg, tmp_path / "saved.yaml")
+    again = read_config_file(tmp_path / "saved.yaml")
+    assert (again["out"], again["index"]) == ("None", None)
+    assert build_config(TrainConfig, again) == cfg
+    assert "out: 'None'" in annotated_yaml(cfg)
 
 
 def test_a_key_given_twice_on_the_command_line_is_refused():
@@ -2102,6 +2112,8 @@ def test_the_plan_bonus_pays_for_keeping_the_episode_s_own_plan(world, tiny, tmp
                           metadata={} if hops is None else {"hops": hops})
 
     assert episode(2, 2).planned_lookups == 2 and episode(0, 1).planned_lookups == 1
+    # a number past int()'s digit limit is no plan (it had raised ValueError in scoring)
+    assert episode(1, "9" * 5000).planned_lookups is None
     assert [plan_match(episode(k, 1)) for k in (0, 1, 2, 3)] == [0.0, 1.0, 0.0, 0.0]
     assert [plan_match(episode(k, 2)) for k in (1, 2, 3, 4)] == [0.5, 1.0, 0.5, 0.0]
     assert [plan_match(episode(k, 0)) for k in (0, 1)] == [1.0, 0.0]

@@ -347,6 +347,12 @@ def serve(
     from seekrl.retrieval.server import run_server
 
     try:
+        if simulate is not None and (given := ["--faiss-gpu"] * faiss_gpu
+                                     + ["--no-index-process"] * no_index_process):
+            # both act on an index; with a simulator they were ignored unsaid (said before
+            # the device check, which would ask for --device cuda first)
+            raise ValueError(f"{', '.join(given)}: settings of an index (--index); a simulated "
+                             "engine has none")
         if faiss_gpu and not device.startswith("cuda"):
             raise ValueError("--faiss-gpu: the index goes to the GPU the encoder uses; give "
                              "--device cuda")
@@ -356,11 +362,6 @@ def serve(
         if (index is None) == (simulate is None):
             raise ValueError("serve: give --index (an index folder) or --simulate MODEL, one "
                              "of the two")
-        if simulate is not None and (given := ["--faiss-gpu"] * faiss_gpu
-                                     + ["--no-index-process"] * no_index_process):
-            # both act on an index; with a simulator they were ignored unsaid
-            raise ValueError(f"{', '.join(given)}: settings of an index (--index); a simulated "
-                             "engine has none")
         _simulator_options({"words": words, "max_new_tokens": sim_max_new_tokens,
                             "temperature": sim_temperature})
         candidates = _ranker_candidates(ranker, candidates)

@@ -99,7 +99,7 @@ class Trajectory:
 
         if not self.steps:
             return None
-        found = re.search(re.escape(PLAN_LEAD) + r"(\d+) lookup", self.steps[0].text)
+        found = re.search(re.escape(PLAN_LEAD) + r"(\d{1,4}) lookup", self.steps[0].text)
         return int(found.group(1)) if found else None
 
     @property

@@ -436,5 +436,19 @@ def load_config(schema: type[C], path: str | Path | None, overrides: list[str] =
                         key_lines=lambda: _key_lines(Path(path).read_text(encoding="utf-8")))
 
 
+class ConfigDumper(yaml.SafeDumper):
+    """`yaml.safe_dump`'s dumper, quoting the string "None", which `_UniqueKeyLoader` reads
+    as null: a saved config reads back as it was."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, text: str):
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text,
+                                   style="'" if text == "None" else None)
+
+
+ConfigDumper.add_representer(str, _represent_str)
+
+
 def dump_config(cfg: BaseModel, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    Path(path).write_text(yaml.dump(cfg.model_dump(mode="json"), Dumper=ConfigDumper,
+                                    sort_keys=False))

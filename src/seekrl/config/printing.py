@@ -7,6 +7,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel
 
+from seekrl.config.loading import ConfigDumper
+
 
 def field_notes() -> dict[tuple[str, str], str]:
     """(class, field) -> the comment written beside the field in schema.py (on its line
@@ -71,8 +73,8 @@ def annotated_yaml(cfg: BaseModel) -> str:
                 out.append(f"{pad}{name}:{note(model, name)}")
                 walk(value, pad + "  ")
                 continue
-            text = yaml.safe_dump(values[name], default_flow_style=True, width=10**9,
-                                  sort_keys=False).strip()
+            text = yaml.dump(values[name], Dumper=ConfigDumper, default_flow_style=True,
+                             width=10**9, sort_keys=False).strip()
             text = text.removesuffix("\n...").removesuffix("...").strip()
             out.append(f"{pad}{name}: {text}{note(model, name)}")
 

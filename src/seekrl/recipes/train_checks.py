@@ -268,7 +268,9 @@ def bonus_coverage(reward, questions, *, custom: bool = False) -> str | None:
     them earns the outcome alone, and a method named for the bonus (`hops`, `recall`)
     then trains outcome-only without saying so. `custom`: a reward function given to the
     trainer replaces the built-in reward, bonuses included. None when every bonus set
-    can act (`reward.fn` is `check_config`'s to warn about)."""
+    can act (`reward.fn` is `check_config`'s to warn about). `plan_bonus` reads the
+    policy's own stated plan, not the data, so the questions cannot tell whether it acts:
+    the step log's `lookups_by_kind` (`n_planned`) shows it."""
     if reward.fn:
         return None
     if custom:

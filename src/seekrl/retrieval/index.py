@@ -277,7 +277,7 @@ def _write_atomically(out: Path, fill, *, plan: dict | None = None,
         if resume and plan is None:
             raise ValueError("resume: only dense and hybrid builds save progress to resume")
         if resume:   # said, not silent: a mistyped --out resumes nothing and encodes it all
-            warnings.warn(f"--resume: nothing saved to resume at {tmp}; building from the "
+            warnings.warn(f"resume: nothing saved to resume at {tmp}; building from the "
                           "start", stacklevel=3)
         shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True, exist_ok=True)

@@ -73,7 +73,9 @@ def plan_match(t: Trajectory) -> float | None:
     planned| / planned, at least 0 (a plan of 0 lookups: 1 with none made, else 0); None
     where it states no plan. Unlike `hop_match` it needs no hop count from the data: it
     pays a policy that plans by the question for doing what it planned, so answering a
-    bridge after its first lookup costs where the plan said two."""
+    bridge after its first lookup costs where the plan said two. It pays keeping a plan,
+    not the right one (one lookup planned on a bridge and kept earns it all), and a search
+    retried after a miss is a lookup past the plan, as the oracle's own retries are."""
     planned = t.planned_lookups
     if planned is None:
         return None
