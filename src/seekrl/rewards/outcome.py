@@ -62,9 +62,14 @@ def hop_match(t: Trajectory) -> float | None:
     0.5, two 1. A lookup is a retriever query (`n_queries`): a search of two sub-queries
     (`rollout.max_queries` > 1) looks up both entities of a comparison at once."""
     hops = question_hops(t.metadata)
-    if hops is None:
-        return None
-    return max(0.0, 1.0 - abs(t.n_queries - hops) / hops)
+    return None if hops is None else _lookups_fit(t.n_queries, hops)
+
+
+def _lookups_fit(made: int, target: int) -> float:
+    """1 - |made - target| / target, at least 0; for a target of 0: 1 with none made."""
+    if target == 0:
+        return float(made == 0)
+    return max(0.0, 1.0 - abs(made - target) / target)
 
 
 def plan_match(t: Trajectory) -> float | None:
@@ -77,11 +82,7 @@ def plan_match(t: Trajectory) -> float | None:
     not the right one (one lookup planned on a bridge and kept earns it all), and a search
     retried after a miss is a lookup past the plan, as the oracle's own retries are."""
     planned = t.planned_lookups
-    if planned is None:
-        return None
-    if planned == 0:
-        return float(t.n_queries == 0)
-    return max(0.0, 1.0 - abs(t.n_queries - planned) / planned)
+    return None if planned is None else _lookups_fit(t.n_queries, planned)
 
 
 def episode_reward(t: Trajectory, *, outcome: str = "em", format_reward: float = 0.0,
