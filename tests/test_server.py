@@ -321,6 +321,67 @@ def test_a_client_gone_mid_upload_is_a_4xx_not_a_logged_500():
     assert err.value.status == 400
 
 
+def test_a_body_that_stalls_is_answered_408_naming_the_limit():
+    from seekrl.retrieval.server import RequestError, _read_body
+
+    class Stalled:
+        headers = {"content-length": "100"}
+
+        async def stream(self):
+            yield b'{"queries": ['
+            await asyncio.sleep(30)   # the rest never comes
+            yield b"]}"
+
+    started = time.monotonic()
+    with pytest.raises(RequestError, match="body_timeout_s") as err:
+        asyncio.run(_read_body(Stalled(), 1024, timeout_s=0.2))
+    assert time.monotonic() - started < 5
+    assert err.value.status == 408
+    assert err.value.detail == {"limit": "body_timeout_s", "max": 0.2, "received": 13}
+    assert "13 bytes arrived of 100" in err.value.message
+
+
+def test_a_stalled_upload_to_a_real_server_is_408_and_others_are_served_meanwhile():
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    app = create_app(FakeRetriever(), config=ServerConfig(body_timeout_s=0.5))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start within 20 s"
+            time.sleep(0.02)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as slow:
+            slow.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                         b"application/json\r\nContent-Length: 100\r\n\r\n{\"queries\"")
+            ok = httpx.post(f"http://127.0.0.1:{port}/retrieve", json={"queries": ["a"]},
+                            timeout=10)
+            assert ok.status_code == 200
+            answer = slow.recv(65536).decode()
+        assert answer.startswith("HTTP/1.1 408") and "body_timeout_s" in answer
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+    assert not thread.is_alive()
+
+
+def test_a_500_body_names_a_file_not_its_folders():
+    class Missing(FakeRetriever):
+        def search(self, queries, k):
+            raise FileNotFoundError(2, "No such file or directory",
+                                    "/home/someone/indexes/wiki/shard-3.faiss")
+
+    with make_client(Missing()) as client:
+        r = client.post("/retrieve", json={"queries": ["a"]})
+    assert r.status_code == 500
+    assert "shard-3.faiss" in r.json()["error"] and "FileNotFoundError" in r.json()["error"]
+    assert "/home/someone" not in r.text and "indexes" not in r.text
+
+
 def test_serve_s_default_limits_are_the_server_s():
     import inspect
 
@@ -328,7 +389,7 @@ def test_serve_s_default_limits_are_the_server_s():
 
     defaults = {name: p.default for name, p in inspect.signature(serve).parameters.items()}
     for name in ("max_queries", "max_query_chars", "max_topk", "default_topk", "cache_size",
-                 "max_batch_size", "max_wait_ms", "max_pending"):
+                 "max_batch_size", "max_wait_ms", "max_pending", "body_timeout_s"):
         assert defaults[name] == ServerConfig.model_fields[name].default, name
 
 

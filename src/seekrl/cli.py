@@ -333,6 +333,8 @@ def serve(
     max_pending: Annotated[int, typer.Option(
         help="queries waiting for the retriever before a request is answered 503 (busy)")]
     = 65536,
+    body_timeout_s: Annotated[float, typer.Option(
+        help="seconds to receive a request's body before answering 408")] = 60.0,
     no_batching: Annotated[bool, typer.Option(
         "--no-batching", help="one retriever call per request")] = False,
     no_index_process: Annotated[bool, typer.Option(
@@ -377,7 +379,8 @@ def serve(
                    max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
                    cache_size=cache_size, default_topk=default_topk, max_topk=max_topk,
                    max_queries=max_queries, max_query_chars=max_query_chars,
-                   max_hits=max_hits, max_pending=max_pending)
+                   max_hits=max_hits, max_pending=max_pending,
+                   body_timeout_s=body_timeout_s)
     except ERRORS as err:
         _fail(err)
 

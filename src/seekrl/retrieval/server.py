@@ -25,6 +25,7 @@ import gc
 import json
 import logging
 import math
+import re
 import socket
 import time
 import warnings
@@ -74,6 +75,10 @@ class ServerConfig(BaseModel):
     # about 400k documents, hundreds of MB of JSON, on the event loop
     max_hits: int = Field(65_536, ge=1, description="documents per answer (queries x topk)")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="request body size")
+    # a client that declares a body and stalls would otherwise hold its connection and the
+    # part it sent for ever; past this the request is answered 408
+    body_timeout_s: float = Field(60.0, gt=0, le=3600,
+                                  description="seconds to receive a request's body")
     batching: bool = Field(True, description="merge concurrent requests into one retriever call")
     # Small enough that a few dozen concurrent clients form two batches, one retrieved while
     # the other's HTTP is handled; larger batches buy little once the encoder is busy
@@ -199,23 +204,45 @@ def _validation_error(exc: ValidationError, config: ServerConfig) -> RequestErro
     return RequestError(422, message, detail)
 
 
-async def _read_body(request: Request, max_bytes: int) -> bytes:
+async def _read_body(request: Request, max_bytes: int, timeout_s: float = 60.0) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise RequestError(413, f"request body of {declared} bytes exceeds max_body_bytes "
                                 f"({max_bytes})",
                            {"limit": "max_body_bytes", "max": max_bytes, "value": int(declared)})
-    chunks, size = [], 0
-    try:
+    chunks: list[bytes] = []
+
+    async def read() -> None:
+        size = 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > max_bytes:  # a chunked body with no length: stop reading at the limit
                 raise RequestError(413, f"request body exceeds max_body_bytes ({max_bytes})",
                                    {"limit": "max_body_bytes", "max": max_bytes})
             chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(read(), timeout_s)
     except ClientDisconnect:   # gone mid-upload: nobody reads the answer, nothing to log
         raise RequestError(400, "the client disconnected before its body was read") from None
+    except asyncio.TimeoutError:
+        got = sum(map(len, chunks))
+        raise RequestError(408, f"request body not received within body_timeout_s "
+                                f"({timeout_s:g} s; {got} bytes arrived"
+                                + (f" of {declared})" if declared is not None else ")"),
+                           {"limit": "body_timeout_s", "max": timeout_s, "received": got}) from None
     return b"".join(chunks)
+
+
+# an absolute path: a root ("/" or a drive), then folders, then the last part
+_PATH = re.compile(r"(?<![\w.~/])(?:[A-Za-z]:)?[\\/](?:[^\s'\":\\/]+[\\/])+([^\s'\":\\/]*)")
+
+
+def _public_error(exc: BaseException) -> str:
+    """An exception for a 500 body: its type and message with each absolute path cut to its
+    last part. A server bound beyond loopback should not show the machine's folder layout
+    (as /health does not); the log keeps the whole traceback."""
+    return f"{type(exc).__name__}: {_PATH.sub(lambda m: m.group(1) or '<path>', str(exc))}"
 
 
 @functools.lru_cache(maxsize=8)
@@ -317,6 +344,7 @@ def _retrieve_path(config: ServerConfig) -> dict:
             "200": {"description": "hits per query", "content": {"application/json": {
                 "schema": {"$ref": _REF.format("RetrieveResponse")}}}},
             "400": error("malformed JSON body"),
+            "408": error("request body not received within body_timeout_s"),
             "413": error("request body larger than max_body_bytes"),
             "422": error("a field is missing, of the wrong type or past a limit"),
             "500": error("the retriever failed (the server keeps serving)"),
@@ -376,13 +404,13 @@ def create_app(retriever: Retriever, manifest: dict | None = None,
 
     async def internal_error(request: Request, exc: Exception) -> Response:
         # a bug must still answer JSON, like every other error of this server
-        return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+        return _error(500, f"internal error: {_public_error(exc)}")
 
     app.add_exception_handler(Exception, internal_error)
 
     async def retrieve(request: Request) -> Response:
         try:
-            body = await _read_body(request, config.max_body_bytes)
+            body = await _read_body(request, config.max_body_bytes, config.body_timeout_s)
             queries, k, return_scores = parse_request(body, config)
         except RequestError as exc:
             return _error(exc.status, exc.message, exc.detail)
@@ -406,7 +434,7 @@ def create_app(retriever: Retriever, manifest: dict | None = None,
                     media_type="application/json", headers={"Retry-After": "1"})
             except Exception as exc:
                 log.exception("retriever failed on %d queries", len(missing))
-                return _error(500, f"retriever failed: {type(exc).__name__}: {exc}",
+                return _error(500, f"retriever failed: {_public_error(exc)}",
                               {"queries": len(missing), "topk": k})
             if sampled:
                 results = fetched
@@ -451,6 +479,7 @@ def create_app(retriever: Retriever, manifest: dict | None = None,
                        "max_queries": config.max_queries,
                        "max_query_chars": config.max_query_chars,
                        "max_body_bytes": config.max_body_bytes,
+                       "body_timeout_s": config.body_timeout_s,
                        "max_hits": config.max_hits, "max_pending": config.max_pending},
         })
 
