@@ -1729,12 +1729,36 @@ def test_a_checkpoint_is_flushed_with_its_folder_and_the_latest_pointer(world, t
         return real(fd)
 
     trainer = make_trainer(make_cfg(tmp_path, steps=1), world, tiny)
+    trainer.log.write({"step": 1, "reward": 0.5})
+    (tmp_path / "run" / "alerts.jsonl").write_text('{"step": 1, "kind": "x"}\n')
     monkeypatch.setattr(os, "fsync", spy)
     trainer.save_checkpoint(1)
     ckpts = tmp_path / "run" / "checkpoints"
     assert ("dir", os.stat(ckpts).st_ino) in synced          # the renames are on disk
-    assert ("file", os.stat(ckpts / "latest").st_ino) in synced   # the pointer's content
+    latest = synced.index(("file", os.stat(ckpts / "latest").st_ino))   # the pointer's content
     assert ("file", os.stat(ckpts / "step-1" / "policy.pt").st_ino) in synced
+    # the step logs are on disk before a checkpoint is named: a resume keeps their lines up
+    # to its step and redoes only the later ones, so a lost line would be a hole for good
+    for log in ("metrics.jsonl", "alerts.jsonl"):
+        inode = os.stat(tmp_path / "run" / log).st_ino
+        assert ("file", inode) in synced[:latest], log
+
+
+def test_a_recipe_checkpoint_flushes_the_run_s_logs_before_naming_it(tmp_path, monkeypatch):
+    import os
+
+    from seekrl.recipes.checkpoint import write_checkpoint
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    order = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: order.append(
+        os.readlink(f"/proc/self/fd/{fd}")) or real(fd))
+    write_checkpoint(out / "checkpoints", 1, lambda tmp: (tmp / "w.pt").write_text("w"), 2)
+    latest = next(i for i, path in enumerate(order) if ".latest.tmp" in path)
+    assert str(out / "metrics.jsonl") in order[:latest]
 
 
 def test_overwrite_deletes_the_old_run_only_once_the_new_one_has_loaded(world, tiny, tmp_path):

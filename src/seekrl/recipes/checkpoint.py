@@ -228,6 +228,7 @@ def write_checkpoint(folder: Path, step: int, write, keep_last: int) -> Path:
     fsync_dir(tmp)
     replace_dir(tmp, target)
     fsync_dir(folder, files=False)
+    sync_run_logs(folder.parent)
     point_latest(folder, target)
     drop_later_steps(folder, step)
     prune_steps(folder, keep_last, keep={target.name})
@@ -313,6 +314,18 @@ def latest_checkpoint(out: Path) -> Path | None:
     """The checkpoint `out/checkpoints/latest` names, None when there is none."""
     pointer = out / "checkpoints" / "latest"
     return out / "checkpoints" / pointer.read_text().strip() if pointer.is_file() else None
+
+
+def sync_run_logs(out: Path) -> None:
+    """Flush a run's step logs to disk before a checkpoint is named `latest`: their lines are
+    flushed to the OS at every write, not to the disk, and a resume keeps the lines up to the
+    checkpoint's step and redoes only the later ones, so a power cut after the checkpoint
+    would leave a hole in the curve that no resume fills."""
+    for name in ("metrics.jsonl", "alerts.jsonl"):
+        path = out / name
+        if path.is_file():
+            with open(path, "rb") as fh:
+                os.fsync(fh.fileno())
 
 
 def fsync_dir(path: Path, *, files: bool = True) -> None:

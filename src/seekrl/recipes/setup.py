@@ -240,7 +240,10 @@ def keep_log_until(path: Path, step: int, drop=None) -> None:
                 not (drop is not None and drop(record)):
             kept.append(line)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write("".join(ln + "\n" for ln in kept))
+        fh.flush()
+        os.fsync(fh.fileno())   # renamed over the log unflushed, a power cut could empty it
     os.replace(tmp, path)
 
 

@@ -27,6 +27,7 @@ from seekrl.recipes.checkpoint import (
     recover_replaced,
     replace_dir,
     save_policy,
+    sync_run_logs,
 )
 from seekrl.recipes.setup import keep_log_until, rng_state, set_rng_state, units_within_budget
 from seekrl.rl.monitor import EVAL_KINDS
@@ -147,6 +148,7 @@ class Checkpointer:
             fsync_dir(tmp)
             replace_dir(tmp, target)
             fsync_dir(self.folder, files=False)     # the checkpoint's rename is on disk
+            sync_run_logs(self.folder.parent)
             point_latest(self.folder, target)
             drop_later_steps(self.folder, step)
             prune_steps(self.folder, self.keep_last, keep={*keep, target.name})
