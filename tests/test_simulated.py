@@ -746,6 +746,10 @@ def test_serve_takes_an_index_or_a_simulator_not_both_nor_neither(tmp_path):
 
     with pytest.raises(Refused, match="--faiss-gpu: searches an index on the GPU"):
         run_server(None, host="256.0.0.1", simulate="smollm2-135m", faiss_gpu=True)
+    # from Python too: either choice of where an index lives had been taken for the default
+    for choice in (False, True):
+        with pytest.raises(Refused, match=f"index_process={choice}: where an index lives"):
+            run_server(None, host="256.0.0.1", simulate="smollm2-135m", index_process=choice)
 
 
 @pytest.mark.parametrize("args, said", [

@@ -375,7 +375,7 @@ def serve(
                    faiss_gpu=faiss_gpu, simulate=simulate, noise=noise, ranker=ranker,
                    make_decoder=make_decoder, words=words, sim_max_new_tokens=sim_max_new_tokens,
                    sim_temperature=sim_temperature,
-                   candidates=candidates, index_process=not no_index_process, batching=not no_batching,
+                   candidates=candidates, index_process=False if no_index_process else None, batching=not no_batching,
                    max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
                    cache_size=cache_size, default_topk=default_topk, max_topk=max_topk,
                    max_queries=max_queries, max_query_chars=max_query_chars,

@@ -528,7 +528,7 @@ def server_url(sock: socket.socket) -> str:
 
 
 def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int = 8000,
-               log_level: str = "info", device: str = "cpu", index_process: bool = True,
+               log_level: str = "info", device: str = "cpu", index_process: bool | None = None,
                faiss_gpu: bool = False, simulate: str | None = None, noise: float = 0.0,
                ranker: str | None = None, candidates: int = 10, make_decoder=None,
                words: int | None = None, sim_max_new_tokens: int | None = None,
@@ -547,8 +547,9 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
 
     `config` holds `ServerConfig` fields (e.g. `batching=False`, `cache_size=0`). The default
     host is loopback: pass `host="0.0.0.0"` deliberately to serve other machines. `device`
-    is where a dense encoder runs ("cpu", "cuda"). With `index_process` (the default) the
-    index lives in a child process (see `IndexProcess`); without, in the server's process.
+    is where a dense encoder runs ("cpu", "cuda"). With `index_process` (None: yes, for an
+    index) the index lives in a child process (see `IndexProcess`); with False, in the
+    server's process; a simulated engine has no index, and either choice is refused with it.
     `faiss_gpu` searches a flat / IVF dense index on the GPU too (faiss-gpu, `device` cuda).
     With `ranker` (a folder `seekrl ranker train` wrote, or an encoder: `minilm`), the index's
     top `candidates` per query are reordered by it, in the server's process, and the best
@@ -581,6 +582,9 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
     if faiss_gpu and simulate is not None:
         raise RetrievalError("--faiss-gpu: searches an index on the GPU; a simulated engine "
                              "has none")
+    if index_process is not None and simulate is not None:
+        raise RetrievalError(f"index_process={index_process}: where an index lives; a "
+                             "simulated engine has none (--no-index-process)")
     if ranker is not None and simulate is not None:
         raise RetrievalError("serve: --ranker orders an index's candidates; a simulated engine "
                              "has none")
@@ -615,7 +619,7 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
                         "words": retriever.words, "max_new_tokens": retriever.max_new_tokens,
                         "temperature": retriever.temperature}
             doc_count, index_dir = 0, f"simulated search ({simulate})"
-        elif index_process:
+        elif index_process is not False:
             retriever = IndexProcess(index_dir, device=device, faiss_gpu=faiss_gpu)
             manifest, doc_count = retriever.manifest, retriever.doc_count
         else:
