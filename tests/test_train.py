@@ -2206,6 +2206,33 @@ def test_a_bonus_that_cannot_act_is_warned_about(world, tiny, tmp_path, monkeypa
         check_config(make_cfg(tmp_path, **{"reward.hop_bonus": 0.5, "reward.fn": "m:f"}))
 
 
+def test_a_plan_bonus_no_episode_can_earn_is_warned_about_once(world, tiny, tmp_path):
+    """`plan_bonus` reads the plan the policy states, which the questions cannot show
+    before the run: a policy that states none (a model never warmed up on seekrl's data)
+    trained on the outcome alone without saying so. The first step's episodes tell."""
+    import types
+    import warnings as w
+
+    from seekrl.recipes.train_checks import plan_coverage
+
+    cfg = make_cfg(tmp_path, **{"reward.plan_bonus": 0.5})
+    plain, planned = (types.SimpleNamespace(planned_lookups=p) for p in (None, 2))
+    why = plan_coverage(cfg.reward, [plain, plain], 1)
+    assert "reward.plan_bonus 0.5: none of step 1's 2 episodes states a plan" in why
+    assert "'To answer this I need 'N lookups" in why
+    assert plan_coverage(cfg.reward, [plain, planned], 1) is None      # one states it
+    assert plan_coverage(cfg.reward, [plain], 1, custom=True) is None  # a reward of your own
+    assert plan_coverage(make_cfg(tmp_path).reward, [plain], 1) is None   # no bonus set
+    trainer = make_trainer(cfg, world, tiny, reward_fn=None)   # a random model plans nothing
+    with pytest.warns(UserWarning, match="none of step 1's .* episodes states a plan"):
+        trainer.step(1)
+    with w.catch_warnings(record=True) as caught:
+        w.simplefilter("always")
+        trainer.step(2)                            # said once, not every step
+    assert not [c for c in caught if "plan_bonus" in str(c.message)]
+    trainer.close()
+
+
 def test_a_trainer_closes_its_log_when_closed_or_when_training_fails(world, tiny, tmp_path,
                                                                      monkeypatch):
     """A trainer built and never trained (or stepped by hand) closes its metrics log with

@@ -46,7 +46,13 @@ from seekrl.recipes.setup import (
     set_seed,
     trainable_parameters,
 )
-from seekrl.recipes.train_checks import bonus_coverage, check_config, check_start, learned_questions
+from seekrl.recipes.train_checks import (
+    bonus_coverage,
+    check_config,
+    check_start,
+    learned_questions,
+    plan_coverage,
+)
 from seekrl.recipes.train_state import (
     FINAL_EVAL,
     Checkpointer,
@@ -133,6 +139,8 @@ class Trainer:
             reward_fn = checked_reward_fn(reward_fn, f"reward_fn "
                                           f"{getattr(reward_fn, '__name__', type(reward_fn).__name__)}")
         r = cfg.reward
+        self._custom_reward = reward_fn is not None
+        self._plan_checked = False   # plan_coverage: said once, at the first step with episodes
         self.reward_fn = reward_fn or partial(
             episode_reward, outcome=r.outcome, format_reward=r.format_reward,
             invalid_penalty=r.invalid_penalty, max_turns_penalty=r.max_turns_penalty,
@@ -277,6 +285,11 @@ class Trainer:
         # with several processes: the slowest rank's rollout time (the others waited for it
         # in the gather, which counts as scoring), so tokens_per_s is the whole group's rate
         t_rollout = max(self.dist.gather([draws.rollout_s]))
+        if self.dist.main and not self._plan_checked and draws.played:
+            self._plan_checked = True
+            if unplanned := plan_coverage(self.cfg.reward, draws.played, step,
+                                          custom=self._custom_reward):
+                warnings.warn(unplanned, stacklevel=2)
         step_tokens = draws.fresh_tokens + int(draws.process_stats.get("mc_tokens", 0))
         self.state.rollout_tokens += step_tokens
         # over every episode played (dynamic sampling keeps only varied groups: an empty or

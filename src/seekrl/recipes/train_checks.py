@@ -296,6 +296,24 @@ def bonus_coverage(reward, questions, *, custom: bool = False) -> str | None:
     return "; ".join(notes) or None
 
 
+def plan_coverage(reward, trajs, step: int, *, custom: bool = False) -> str | None:
+    """A warning when `reward.plan_bonus` is set and no episode of a step states a plan (the
+    first thought's "I need N lookups", `Trajectory.planned_lookups`): none earns the bonus,
+    and the run trains on the outcome alone without saying so. The questions cannot tell
+    this before the run (`bonus_coverage`); the policy's first episodes do. None otherwise,
+    and with a reward of the user's own (`reward.fn`, `custom`), which has no such bonus."""
+    if not reward.plan_bonus or reward.fn or custom or not trajs:
+        return None
+    if any(t.planned_lookups is not None for t in trajs):
+        return None
+    from seekrl.agent.oracle import PLAN_LEAD
+
+    return (f"reward.plan_bonus {reward.plan_bonus}: none of step {step}'s {len(trajs)} "
+            f"episodes states a plan in its first thought ({PLAN_LEAD!r}N lookups), so none "
+            "earns the bonus (outcome only); a policy warmed up on seekrl's SFT data "
+            "(seekrl sft) states one")
+
+
 def learned_questions(model: str, questions, *, limit: int = 128 << 20) -> str | None:
     """A warning when most of RL's `questions` are in the data the starting checkpoint was
     fine-tuned on, for half a pass over it or more: `model` an SFT run's `final/` or one of
