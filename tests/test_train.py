@@ -2206,6 +2206,27 @@ def test_a_bonus_that_cannot_act_is_warned_about(world, tiny, tmp_path, monkeypa
         check_config(make_cfg(tmp_path, **{"reward.hop_bonus": 0.5, "reward.fn": "m:f"}))
 
 
+@pytest.mark.parametrize("process", ["evidence", "gold_found"])
+def test_the_recall_bonus_stacked_on_evidence_step_rewards_is_warned_about(tmp_path, process):
+    """Each search's gold finds, summed over an episode, are its recall: with both, a
+    found document is paid twice."""
+    import warnings as w
+
+    from seekrl.recipes.train_checks import check_config
+
+    both = make_cfg(tmp_path, **{"reward.recall_bonus": 0.5, "algo.advantage": "dual_granularity",
+                                 f"reward.process.{process}": 1.0})
+    with pytest.warns(UserWarning, match=f"recall_bonus 0.5 with reward.process {process}: both "
+                                         "pay for the gold documents"):
+        check_config(both)
+    for alone in ({"reward.recall_bonus": 0.5},
+                  {"algo.advantage": "dual_granularity", f"reward.process.{process}": 1.0}):
+        with w.catch_warnings(record=True) as caught:
+            w.simplefilter("always")
+            check_config(make_cfg(tmp_path, **alone))
+        assert not [c for c in caught if "counts twice" in str(c.message)]
+
+
 def test_a_plan_bonus_no_episode_can_earn_is_warned_about_once(world, tiny, tmp_path):
     """`plan_bonus` reads the plan the policy states, which the questions cannot show
     before the run: a policy that states none (a model never warmed up on seekrl's data)
