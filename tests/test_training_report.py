@@ -107,6 +107,42 @@ def test_plot_curves_overlays_logs_and_smooths_long_runs(tmp_path: Path):
     assert [p.stem for p in written] == ["reward", "grad_norm", "loss"]
 
 
+def test_a_value_gone_nan_is_marked_on_its_curve_and_named_in_the_trends(tmp_path: Path,
+                                                                           monkeypatch):
+    """A finite-only line ran straight over a step whose loss or KL was NaN: the curve
+    looked healthy. The steps are drawn as dotted lines and said in the trend table."""
+    from matplotlib.axes import Axes
+
+    from seekrl.recipes.setup import MetricsLog
+
+    log = MetricsLog(tmp_path / "metrics.jsonl")   # what a run writes, read back
+    for s in range(1, 13):
+        bad = s in (4, 9)
+        log.write({"step": s, "reward": float("nan") if bad else 0.1 * s,
+                   "kl": float("inf") if s == 9 else 0.01, "grad_norm": 1.0})
+    log.write({"step": 12, "grad_norm": float("nan")})   # a resumed step: the later line wins
+    log.close()
+    records = training_report.read_metrics_log(tmp_path / "metrics.jsonl")
+    assert training_report.nonfinite_steps(records, "reward") == [4, 9]
+    assert training_report.nonfinite_steps(records, "kl") == [9]
+    assert training_report.nonfinite_steps(records, "grad_norm") == [12]
+    assert 4 not in training_report._series(records, "reward")[0]
+    drawn = []
+    real = Axes.vlines
+    monkeypatch.setattr(Axes, "vlines", lambda ax, x, *a, **k: drawn.append(
+        (list(x), k.get("label"))) or real(ax, x, *a, **k))
+    plot_curves({"rl": records}, tmp_path / "plots")
+    assert ([4, 9], "reward: NaN/inf at step 4, 9") in drawn
+    assert ([12], "grad_norm: NaN/inf at step 12") in drawn
+    rows = {row[0]: row for row in training_report.trend_rows(records)}
+    assert rows["reward"][4].endswith("; NaN/inf at step 4, 9")
+    assert rows["KL to the reference"][4].endswith("NaN/inf at step 9")
+    # too few finite points for a trend, yet named
+    (few,) = training_report.trend_rows([{"step": 1, "reward": float("nan")},
+                                         {"step": 2, "reward": 1.0}])
+    assert few[0] == "reward" and few[4] == "NaN/inf at step 1"
+
+
 def test_lookups_by_kind_are_drawn_from_training_and_dev_lines(tmp_path: Path):
     """Made and planned lookups per kind (training lines), searches per type (dev lines):
     one figure of two panels; a log with neither has none, and a row without a number

@@ -122,16 +122,36 @@ def read_metrics_log(path: str | Path, report: SkipReport | None = None) -> list
     return [obj for _, obj in iter_jsonl(path, skip_bad=True, report=report)]
 
 
-def _series(records: Sequence[dict], key: str) -> tuple[list[float], list[float]]:
-    """(steps, values) of `key`, sorted by step. A resumed run logs some steps twice: the
-    later line wins, as it is the one the run went on from."""
-    by_step: dict[float, float] = {}
+def _points(records: Sequence[dict], key: str) -> dict[float, float | None]:
+    """Step -> the value of `key`, None where it is a number but not finite (NaN, inf).
+    A resumed run logs some steps twice: the later line wins, as it is the one the run
+    went on from."""
+    by_step: dict[float, float | None] = {}
     for rec in records:
-        step, value = _number(rec.get(M.STEP)), _number(rec.get(key))
-        if step is not None and value is not None:
-            by_step[step] = value
-    steps = sorted(by_step)
+        step, value = _number(rec.get(M.STEP)), rec.get(key)
+        if step is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        by_step[step] = _number(value)
+    return by_step
+
+
+def _series(records: Sequence[dict], key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of `key`'s finite values, sorted by step (see `_points`)."""
+    by_step = _points(records, key)
+    steps = sorted(s for s, v in by_step.items() if v is not None)
     return steps, [by_step[s] for s in steps]
+
+
+def nonfinite_steps(records: Sequence[dict], key: str) -> list[float]:
+    """The steps whose `key` was logged as NaN or infinite: a line drawn through the
+    finite values alone would hide them (a loss gone NaN), so the curves and the trend
+    table name them."""
+    return sorted(s for s, v in _points(records, key).items() if v is None)
+
+
+def _step_list(steps: Sequence[float], most: int = 5) -> str:
+    said = ", ".join(f"{s:g}" for s in steps[:most])
+    return said + (f" and {len(steps) - most} more" if len(steps) > most else "")
 
 
 def _type_keys(records: Sequence[dict]) -> list[str]:
@@ -241,8 +261,10 @@ def _plot_group(group: CurveGroup, logs: Mapping[str, Sequence[dict]], path: Pat
         for log_name, records in logs.items():
             for key in keys:
                 steps, values = _series(records, key)
-                if steps:
-                    lines.append((f"{log_name}: {key}" if len(logs) > 1 else key, steps, values))
+                bad = nonfinite_steps(records, key)
+                if steps or bad:
+                    lines.append((f"{log_name}: {key}" if len(logs) > 1 else key, steps, values,
+                                  bad))
         if lines:
             panels.append((ylabel, lines))
     if not panels:
@@ -250,8 +272,12 @@ def _plot_group(group: CurveGroup, logs: Mapping[str, Sequence[dict]], path: Pat
     fig = _figure(len(panels))
     fig.suptitle(group.title)
     for ax, (ylabel, lines) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
-        for label, steps, values in lines:
-            _draw(ax, steps, values, label)
+        for label, steps, values, bad in lines:
+            color = _draw(ax, steps, values, label) if steps else None
+            if bad:   # a dotted line across the panel at each step the value was not finite
+                ax.vlines(bad, 0, 1, transform=ax.get_xaxis_transform(), linestyles=":",
+                          colors=color or "red", linewidth=1.2,
+                          label=f"{label}: NaN/inf at step {_step_list(bad, 3)}")
         _finish(ax, ylabel)
     return _save(fig, path)
 
@@ -384,12 +410,17 @@ def trend_rows(records: Sequence[dict]) -> list[list[str]]:
     rows = []
     for key, label in TRENDS:
         t = trend(*_series(records, key))
+        bad = nonfinite_steps(records, key)
+        said = f"NaN/inf at step {_step_list(bad)}" if bad else ""
         if t is None:
+            if bad:   # too few finite points for a trend: the non-finite ones still say
+                rows.append([label, "-", "-", "-", said, f"{len(_series(records, key)[0])}"])
             continue
         reads = ("rising" if t["slope"] - t["slope_ci"] > 0 else
                  "falling" if t["slope"] + t["slope_ci"] < 0 else "level")
         rows.append([label, f"{t['first']:.4g}", f"{t['last']:.4g}",
-                     f"{t['slope']:+.2g} ± {t['slope_ci']:.2g}", reads,
+                     f"{t['slope']:+.2g} ± {t['slope_ci']:.2g}",
+                     f"{reads}; {said}" if said else reads,
                      f"{t['points']} ({t['window']} at each end)"])
     return rows
 
