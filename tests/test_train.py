@@ -1242,6 +1242,32 @@ def test_a_prm_object_stands_in_for_reward_prm(world, tiny, tmp_path):
     assert record["process_prm_by_action"] == {"answer": 0.8, "search": 0.2}
 
 
+def test_the_multihop_reward_reads_the_type_where_no_hop_count_is_given():
+    """HotpotQA's and 2Wiki's files give a question's type, not its hops: the multi-hop
+    reward (and with it the monitor's search-collapse alerts) had been None on them."""
+    from seekrl.agent.trajectory import Trajectory
+    from seekrl.rewards.outcome import RewardParts
+    from seekrl.rl.step_metrics import episode_metrics, is_multihop
+
+    def episode(reward, **metadata):
+        t = Trajectory("q", "q", "?", ["x"], [1, 2], [0, 1], 1, metadata=metadata)
+        return t, RewardParts(reward, reward, 0.0, 0.0)
+
+    assert is_multihop({"type": "bridge"}) and is_multihop({"type": "Comparison"})
+    assert is_multihop({"type": "bridge_comparison"}) and is_multihop({"hops": 3})
+    assert not is_multihop({"type": "single"}) and not is_multihop({})
+    assert not is_multihop({"type": "bridge", "hops": 1})   # a hop count given wins
+    assert not is_multihop({"hops": True, "type": "single"})
+    hotpot = [episode(1.0, type="bridge"), episode(0.0, type="comparison"),
+              episode(1.0, type="single")]
+    record = episode_metrics(*map(list, zip(*hotpot)))
+    assert record["reward_multihop"] == 0.5 and record["reward_by_hops"] == {}
+    world = [episode(1.0, type="bridge", hops=2), episode(0.0, type="single", hops=1)]
+    assert episode_metrics(*map(list, zip(*world)))["reward_multihop"] == 1.0
+    nq = [episode(1.0), episode(0.0, type="single")]
+    assert episode_metrics(*map(list, zip(*nq)))["reward_multihop"] is None
+
+
 def test_mc_value_counts_its_continuations_as_rollout_compute(world, tiny, tmp_path):
     cfg = make_cfg(tmp_path, **{"algo.advantage": "dual_granularity",
                                 "reward.process": {"mc_value": 1.0}, "reward.mc_samples": 2,

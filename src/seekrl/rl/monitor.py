@@ -38,7 +38,8 @@ not a trend). The checks, for GRPO / PPO on a search agent:
   (relative) from baseline. Falling is the reported pattern: the policy answers after one
   search, or from its own memory, and stops using the tool. Rising may be the policy learning
   the tool or a search loop, so it is worth a look, never a stop (it only warns).
-- search_collapse: on data with multi-hop questions (`reward_multihop`, hops >= 2), searches
+- search_collapse: on data with multi-hop questions (`reward_multihop`: hops >= 2, or where
+  no hop count is given a multi-hop type such as HotpotQA's bridge and comparison), searches
   per episode fall towards one: the mean of the last `window` steps is at most `search_floor`
   and `searches_drop` (absolute) below the *first* step's value, the policy before any
   update. This is the credit-assignment failure of outcome-only RL on multi-hop search: the
