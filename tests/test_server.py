@@ -360,8 +360,12 @@ def test_a_stalled_upload_to_a_real_server_is_408_and_others_are_served_meanwhil
             ok = httpx.post(f"http://127.0.0.1:{port}/retrieve", json={"queries": ["a"]},
                             timeout=10)
             assert ok.status_code == 200
-            answer = slow.recv(65536).decode()
-        assert answer.startswith("HTTP/1.1 408") and "body_timeout_s" in answer
+            answer = b""
+            while chunk := slow.recv(65536):   # to the end: the server closes the connection
+                answer += chunk
+        text = answer.decode()
+        assert text.startswith("HTTP/1.1 408") and "body_timeout_s" in text
+        assert "connection: close" in text.lower()
     finally:
         server.should_exit = True
         thread.join(timeout=10)
@@ -369,17 +373,26 @@ def test_a_stalled_upload_to_a_real_server_is_408_and_others_are_served_meanwhil
     assert not thread.is_alive()
 
 
-def test_a_500_body_names_a_file_not_its_folders():
+@pytest.mark.parametrize("path", ["/home/someone/indexes/wiki/shard-3.faiss",
+                                  "/home/Some One/indexes/wiki/shard-3.faiss",
+                                  "C:\\Users\\Some One\\indexes\\shard-3.faiss"])
+def test_a_500_body_names_a_file_not_its_folders(path):
     class Missing(FakeRetriever):
         def search(self, queries, k):
-            raise FileNotFoundError(2, "No such file or directory",
-                                    "/home/someone/indexes/wiki/shard-3.faiss")
+            raise FileNotFoundError(2, "No such file or directory", path)
 
     with make_client(Missing()) as client:
         r = client.post("/retrieve", json={"queries": ["a"]})
     assert r.status_code == 500
-    assert "shard-3.faiss" in r.json()["error"] and "FileNotFoundError" in r.json()["error"]
-    assert "/home/someone" not in r.text and "indexes" not in r.text
+    assert "'shard-3.faiss'" in r.json()["error"] and "FileNotFoundError" in r.json()["error"]
+    assert "Some" not in r.text and "someone" not in r.text and "indexes" not in r.text
+
+
+def test_a_500_body_keeps_what_is_not_an_absolute_path():
+    from seekrl.retrieval.server import _public_error
+
+    said = _public_error(ValueError("cannot search 'a/b' at http://host/x from /srv/i/d.bin"))
+    assert said == "ValueError: cannot search 'a/b' at http://host/x from d.bin"
 
 
 def test_serve_s_default_limits_are_the_server_s():

@@ -2246,7 +2246,9 @@ def test_the_recall_bonus_stacked_on_evidence_step_rewards_is_warned_about(tmp_p
                                          "pay for the gold documents"):
         check_config(both)
     for alone in ({"reward.recall_bonus": 0.5},
-                  {"algo.advantage": "dual_granularity", f"reward.process.{process}": 1.0}):
+                  {"algo.advantage": "dual_granularity", f"reward.process.{process}": 1.0},
+                  {"reward.recall_bonus": 0.5, "algo.advantage": "dual_granularity",
+                   f"reward.process.{process}": 0.0, "reward.process.redundancy": 0.2}):
         with w.catch_warnings(record=True) as caught:
             w.simplefilter("always")
             check_config(make_cfg(tmp_path, **alone))

@@ -77,13 +77,15 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
     else:
         OUTCOMES.lookup(cfg.reward.outcome, "reward.outcome")
         if cfg.reward.recall_bonus and (finds := sorted(
-                set(cfg.reward.process) & {"evidence", "gold_found"})):
-            # the searches' finds, summed over an episode, are its recall again
+                n for n in ("evidence", "gold_found") if cfg.reward.process.get(n))):
+            # the searches' finds, summed over an episode, are its recall again (evidence)
+            # or a count of the searches that found gold (gold_found)
             warnings.warn(
                 f"reward.recall_bonus {cfg.reward.recall_bonus} with reward.process "
                 f"{' and '.join(finds)}: both pay for the gold documents the searches find "
-                "(the episode's recall, and each search's share of it), so a found document "
-                "counts twice; keep one unless that is meant", stacklevel=2)
+                "(the bonus for the episode's recall, the step reward for each search that "
+                "finds one), so a found document counts twice; keep one unless that is "
+                "meant", stacklevel=2)
     check_name("algo.loss_agg", algo.loss_agg, AGGREGATIONS)
     facts = FACTS[algo.advantage]
     if algo.kl_coef > 0 and not algo.kl_in_reward and algo.kl_estimator == "k1":

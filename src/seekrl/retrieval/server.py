@@ -153,7 +153,12 @@ def _json_response(payload: Any, status: int = 200) -> Response:
 
 
 def _error(status: int, message: str, detail: Any = None) -> Response:
-    return _json_response({"error": message, "detail": detail}, status)
+    response = _json_response({"error": message, "detail": detail}, status)
+    if status in (408, 413):
+        # the body was left unread: the connection ends with the answer (kept open, a
+        # client that stalls could hold it past any timer)
+        response.headers["Connection"] = "close"
+    return response
 
 
 def _short(value: Any, limit: int = 80) -> Any:
@@ -234,7 +239,9 @@ async def _read_body(request: Request, max_bytes: int, timeout_s: float = 60.0) 
     return b"".join(chunks)
 
 
-# an absolute path: a root ("/" or a drive), then folders, then the last part
+# an absolute path: a root ("/" or a drive), then folders, then the last part; quoted (as
+# OSError quotes its file) it may hold spaces, unquoted it ends at one
+_QUOTED_PATH = re.compile(r"""(['"])(?:[A-Za-z]:)?[\\/](?:[^'"\n\\/]*[\\/])+([^'"\n\\/]*)\1""")
 _PATH = re.compile(r"(?<![\w.~/])(?:[A-Za-z]:)?[\\/](?:[^\s'\":\\/]+[\\/])+([^\s'\":\\/]*)")
 
 
@@ -242,7 +249,9 @@ def _public_error(exc: BaseException) -> str:
     """An exception for a 500 body: its type and message with each absolute path cut to its
     last part. A server bound beyond loopback should not show the machine's folder layout
     (as /health does not); the log keeps the whole traceback."""
-    return f"{type(exc).__name__}: {_PATH.sub(lambda m: m.group(1) or '<path>', str(exc))}"
+    text = _QUOTED_PATH.sub(lambda m: m.group(1) + (m.group(2) or "<path>") + m.group(1),
+                            str(exc))
+    return f"{type(exc).__name__}: {_PATH.sub(lambda m: m.group(1) or '<path>', text)}"
 
 
 @functools.lru_cache(maxsize=8)
@@ -584,7 +593,7 @@ def run_server(index_dir: str | Path | None, host: str = "127.0.0.1", port: int 
                              "has none")
     if index_process is not None and simulate is not None:
         raise RetrievalError(f"index_process={index_process}: where an index lives; a "
-                             "simulated engine has none (--no-index-process)")
+                             "simulated engine has none (leave index_process out)")
     if ranker is not None and simulate is not None:
         raise RetrievalError("serve: --ranker orders an index's candidates; a simulated engine "
                              "has none")
