@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -66,6 +67,29 @@ def post_concurrently(app, bodies: list[dict]) -> list[httpx.Response]:
             return await asyncio.gather(*(client.post("/retrieve", json=b) for b in bodies))
 
     return asyncio.run(asyncio.wait_for(go(), timeout=30))
+
+
+@contextlib.contextmanager
+def served(app):
+    """A real uvicorn server of `app` on a free loopback port, in a thread: its base URL.
+    Stopped (and checked stopped) on the way out."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))  # a free loopback port, held so nothing else takes it
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start within 20 s"
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+    assert not thread.is_alive()
 
 
 # --- wire format -----------------------------------------------------------------------------
@@ -342,35 +366,20 @@ def test_a_body_that_stalls_is_answered_408_naming_the_limit():
 
 
 def test_a_stalled_upload_to_a_real_server_is_408_and_others_are_served_meanwhile():
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
     app = create_app(FakeRetriever(), config=ServerConfig(body_timeout_s=0.5))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 20
-        while not server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start within 20 s"
-            time.sleep(0.02)
+    with served(app) as url:
+        port = int(url.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port), timeout=10) as slow:
             slow.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: "
                          b"application/json\r\nContent-Length: 100\r\n\r\n{\"queries\"")
-            ok = httpx.post(f"http://127.0.0.1:{port}/retrieve", json={"queries": ["a"]},
-                            timeout=10)
+            ok = httpx.post(f"{url}/retrieve", json={"queries": ["a"]}, timeout=10)
             assert ok.status_code == 200
             answer = b""
             while chunk := slow.recv(65536):   # to the end: the server closes the connection
                 answer += chunk
-        text = answer.decode()
-        assert text.startswith("HTTP/1.1 408") and "body_timeout_s" in text
-        assert "connection: close" in text.lower()
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
-    assert not thread.is_alive()
+    text = answer.decode()
+    assert text.startswith("HTTP/1.1 408") and "body_timeout_s" in text
+    assert "connection: close" in text.lower()
 
 
 @pytest.mark.parametrize("path", ["/home/someone/indexes/wiki/shard-3.faiss",
@@ -648,19 +657,7 @@ def test_server_config_rejects_unknown_and_bad_settings():
 def test_real_uvicorn_server_with_search_r1_request_and_remote_retriever():
     app = create_app(FakeRetriever(), manifest={"retriever": "fake"},
                      config=ServerConfig(max_queries=3))
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))  # a free loopback port, held so nothing else takes it
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 20
-        while not server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start within 20 s"
-            time.sleep(0.02)
-        url = f"http://127.0.0.1:{port}"
+    with served(app) as url:
         r = httpx.post(f"{url}/retrieve", timeout=10,
                        json={"queries": ["What is the capital of France?"], "topk": 2,
                              "return_scores": True})
@@ -679,11 +676,6 @@ def test_real_uvicorn_server_with_search_r1_request_and_remote_retriever():
             hits = remote.search([f"q{i}" for i in range(7)], k=1)
             assert [h[0].doc_id for h in hits] == [f"q{i}#0" for i in range(7)]
             assert remote.max_batch == 3
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
-    assert not thread.is_alive()
 
 
 def test_unexpected_errors_answer_json_500():
