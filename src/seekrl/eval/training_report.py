@@ -135,18 +135,25 @@ def _points(records: Sequence[dict], key: str) -> dict[float, float | None]:
     return by_step
 
 
-def _series(records: Sequence[dict], key: str) -> tuple[list[float], list[float]]:
-    """(steps, values) of `key`'s finite values, sorted by step (see `_points`)."""
+def _series_and_gaps(records: Sequence[dict], key: str
+                     ) -> tuple[list[float], list[float], list[float]]:
+    """(steps, values) of `key`'s finite values, sorted by step (see `_points`), and the
+    steps where it was logged as NaN or infinite: a line drawn through the finite values
+    alone would hide them (a loss gone NaN), so the curves and the trend table name them."""
     by_step = _points(records, key)
     steps = sorted(s for s, v in by_step.items() if v is not None)
-    return steps, [by_step[s] for s in steps]
+    gaps = sorted(s for s, v in by_step.items() if v is None)
+    return steps, [by_step[s] for s in steps], gaps
+
+
+def _series(records: Sequence[dict], key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of `key`'s finite values, sorted by step."""
+    return _series_and_gaps(records, key)[:2]
 
 
 def nonfinite_steps(records: Sequence[dict], key: str) -> list[float]:
-    """The steps whose `key` was logged as NaN or infinite: a line drawn through the
-    finite values alone would hide them (a loss gone NaN), so the curves and the trend
-    table name them."""
-    return sorted(s for s, v in _points(records, key).items() if v is None)
+    """The steps whose `key` was logged as NaN or infinite (`_series_and_gaps`)."""
+    return _series_and_gaps(records, key)[2]
 
 
 def _step_list(steps: Sequence[float], most: int = 5) -> str:
@@ -260,8 +267,7 @@ def _plot_group(group: CurveGroup, logs: Mapping[str, Sequence[dict]], path: Pat
         lines = []
         for log_name, records in logs.items():
             for key in keys:
-                steps, values = _series(records, key)
-                bad = nonfinite_steps(records, key)
+                steps, values, bad = _series_and_gaps(records, key)
                 if steps or bad:
                     lines.append((f"{log_name}: {key}" if len(logs) > 1 else key, steps, values,
                                   bad))
@@ -409,12 +415,12 @@ def trend_rows(records: Sequence[dict]) -> list[list[str]]:
     falling where the interval leaves out zero, level where it does not)."""
     rows = []
     for key, label in TRENDS:
-        t = trend(*_series(records, key))
-        bad = nonfinite_steps(records, key)
+        steps, values, bad = _series_and_gaps(records, key)
+        t = trend(steps, values)
         said = f"NaN/inf at step {_step_list(bad)}" if bad else ""
         if t is None:
             if bad:   # too few finite points for a trend: the non-finite ones still say
-                rows.append([label, "-", "-", "-", said, f"{len(_series(records, key)[0])}"])
+                rows.append([label, "-", "-", "-", said, f"{len(steps)}"])
             continue
         reads = ("rising" if t["slope"] - t["slope_ci"] > 0 else
                  "falling" if t["slope"] + t["slope_ci"] < 0 else "level")

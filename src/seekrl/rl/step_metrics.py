@@ -10,6 +10,7 @@ from typing import Any
 
 from seekrl.agent.trajectory import Trajectory
 from seekrl.rewards.metrics import exact_match
+from seekrl.rewards.outcome import question_hops
 
 # the episodes'
 STEP = "step"
@@ -86,8 +87,8 @@ MULTIHOP_TYPES = frozenset({"bridge", "comparison", "compositional", "inference"
 def is_multihop(metadata: dict) -> bool:
     """A question of two hops or more: its `hops` where given (an integer), else its `type`
     (`MULTIHOP_TYPES`)."""
-    hops = metadata.get("hops")
-    if isinstance(hops, int) and not isinstance(hops, bool):
+    hops = question_hops(metadata)
+    if hops is not None:
         return hops >= 2
     return str(metadata.get("type", "")).lower() in MULTIHOP_TYPES
 
