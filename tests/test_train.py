@@ -2136,6 +2136,85 @@ def test_the_hop_bonus_pays_for_the_question_s_hop_count_from_both_sides(world, 
     assert trainer.reward_fn(episode(1, 2)).hops == 0.25
 
 
+def test_answer_credit_lays_the_outcome_on_the_answer_and_the_rest_everywhere(world, tiny,
+                                                                                tmp_path):
+    """`algo.answer_credit` (the `answer` and `hops_answer` methods): the outcome's group
+    advantage reaches only the tokens after the answer turn's `<answer>` tag; the rest of
+    the reward (the hop bonus) its own group advantage on every policy token, so the
+    searches and the choice to stop learn from the bonus alone; retrieved tokens stay at 0."""
+    from seekrl.agent.trajectory import Step, Trajectory
+    from seekrl.recipes.train import check_config
+    from seekrl.rl.advantages import answer_span
+    from seekrl.rl.methods import method_overrides
+
+    tok = tiny[1]
+
+    def enc(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False)
+
+    def episode(searches: int, answer: str, index: int) -> Trajectory:
+        ids, mask, steps = enc("question"), [], []
+        mask = [0] * len(ids)
+        for _ in range(searches):
+            turn, info = enc("<think> look </think><search> q </search>"), enc(" docs ")
+            steps.append(Step(len(ids), len(ids) + len(turn), "search", query="q",
+                              text="<think> look </think><search> q </search>",
+                              info_start=len(ids) + len(turn),
+                              info_end=len(ids) + len(turn) + len(info)))
+            ids, mask = ids + turn + info, mask + [1] * len(turn) + [0] * len(info)
+        text = f"<think> so </think><answer> {answer} </answer>"
+        turn = enc(text)
+        steps.append(Step(len(ids), len(ids) + len(turn), "answer", text=text, answer=answer))
+        return Trajectory("q", "g", "?", ["paris"], ids + turn, mask + [1] * len(turn),
+                          len(enc("question")), steps=steps, answer=answer,
+                          finish_reason="answer", sample_index=index, metadata={"hops": 2})
+
+    group = [episode(1, "paris", 0), episode(2, "rome", 1), episode(2, "paris", 2),
+             episode(1, "rome", 3)]
+    span = answer_span(group[0], tok.decode)
+    answer_turn = group[0].steps[-1]
+    assert span[1] == answer_turn.end and span[0] > answer_turn.start
+    assert tok.decode(group[0].token_ids[span[0]:span[1]]).strip() == "paris </answer>"
+    assert "<answer>" in tok.decode(group[0].token_ids[answer_turn.start:span[0]])
+    no_tag = episode(1, "paris", 0)
+    no_tag.steps[-1].action = "search"
+    assert answer_span(no_tag, tok.decode) is None
+
+    def advantages(method: str):
+        keys = method_overrides(method, group_size=4, baseline_advantage="grpo")
+        trainer = make_trainer(make_cfg(tmp_path, group_size=4, **keys), world, tiny,
+                               reward_fn=None)
+        trainer.score(group)
+        est, _ = trainer.estimate(group)
+        return est
+
+    def on(t, a, where):   # the advantages on one kind of token, as a set
+        spans = {"answer": [answer_span(t, tok.decode)],
+                 "searches": [(s.start, s.end) for s in t.steps if s.action == "search"],
+                 "retrieved": [(s.info_start, s.info_end) for s in t.steps
+                               if s.info_start is not None]}[where]
+        return {round(float(x), 3) for lo, hi in spans for x in a[lo:hi]}
+
+    alone = advantages("answer")
+    assert alone.diagnostics["answer_token_share"] > 0
+    for t, a in zip(group, alone.advantages):
+        assert on(t, a, "searches") == {0.0} and on(t, a, "retrieved") == {0.0}
+        assert on(t, a, "answer") == {0.866 if t.answer == "paris" else -0.866}
+        assert a[t.steps[-1].start] == 0.0   # the turn's thought, before the tag
+    both = advantages("hops_answer")
+    hop = {1: -0.866, 2: 0.866}   # one search of two hops against two: +-sqrt(3)/2 (eps aside)
+    for t, a in zip(group, both.advantages):
+        assert on(t, a, "searches") == {hop[t.n_searches]} and on(t, a, "retrieved") == {0.0}
+        assert on(t, a, "answer") == {round(hop[t.n_searches] + (0.866 if t.answer == "paris"
+                                                                 else -0.866), 3)}
+    plain = advantages("hops")   # the same reward on every token, as one score
+    assert len({round(float(x), 5) for x in plain.advantages[0][group[0].steps[0].start:]
+                if x != 0}) == 1
+    for over in ({"algo.advantage": "gigpo"}, {"reward.process": {"evidence": 1.0}}):
+        with pytest.raises(ConfigError, match="algo.answer_credit"):
+            check_config(make_cfg(tmp_path, **{"algo.answer_credit": True, **over}))
+
+
 def test_the_plan_bonus_pays_for_keeping_the_episode_s_own_plan(world, tiny, tmp_path):
     """`reward.plan_bonus` (the `plan` method): the lookups the first thought plans are the
     target, not the data's hop count; a bridge answered after one lookup of a two-lookup

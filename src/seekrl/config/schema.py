@@ -499,6 +499,11 @@ class AlgoConfig(Strict):
     # EOS) never get a positive advantage: the episode succeeded in spite of them, and an
     # outcome advantage would teach them with the rest of a right episode
     credit_invalid_turns: bool = False
+    # true: the outcome (EM) reaches only the tokens of the answer itself (the answer turn's
+    # tokens after its <answer> tag), each normalised in its group apart from the rest of
+    # the reward (bonuses, format, penalties), which reaches every policy token; so whether
+    # to search again is taught by the bonuses alone, what to answer by the outcome
+    answer_credit: bool = False
     value_coef: float = Field(0.5, ge=0)
     value_clip: float | None = Field(0.2, gt=0)
     value_lr: float | None = Field(None, gt=0)   # critic head lr (default: optim.lr * 10)

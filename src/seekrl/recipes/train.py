@@ -70,6 +70,7 @@ from seekrl.rewards.process import ProcessContext, StepScorer, score_steps
 from seekrl.rl.advantages import (
     Estimate,
     advantage_stats,
+    answer_credit,
     batch_relative,
     estimate_advantages,
     needs_values,
@@ -443,13 +444,26 @@ class Trainer:
         """The run's advantages of a batch, as the update uses them: the estimator on the
         batch's step batch (outcome and step rewards, each process source's part, per-token
         rewards: a KL penalty in the reward; the critic's values), then, unless
-        `algo.credit_invalid_turns`, no positive credit for invalid turns. Returns the
-        estimate and how many tokens that cap changed (None when it is off)."""
+        `algo.credit_invalid_turns`, no positive credit for invalid turns. With
+        `algo.answer_credit` the estimator runs twice, on the outcome and on the rest of the
+        reward, and the outcome's advantages go to the answer's tokens alone (`answer_credit`).
+        Returns the estimate and how many tokens the cap changed (None when it is off)."""
         algo = self.cfg.algo
         rewards = Rewards.from_trajectories(trajs, self.cfg.reward.process)
         rewards.tokens = token_rewards
+        if algo.answer_credit:   # the outcome apart from the rest (check_config: no steps)
+            outcome = [self.reward_fn(t).outcome for t in trajs]
+            rewards.outcome = [r - o for r, o in zip(rewards.outcome, outcome)]
         batch = StepBatch.build(trajs, rewards, values=values)
         est = estimate_advantages(algo.advantage, batch, algo)
+        if algo.answer_credit:
+            answers = estimate_advantages(
+                algo.advantage, StepBatch.build(trajs, Rewards.outcome_only(trajs, outcome)), algo)
+            est.advantages, reached = answer_credit(answers.advantages, est.advantages, trajs,
+                                                    self.tokenizer.decode)
+            est.returns = [a.clone() for a in est.advantages]
+            policy = sum(sum(t.loss_mask) for t in trajs)
+            est.diagnostics["answer_token_share"] = round(reached / policy, 4) if policy else 0.0
         capped = None
         if not algo.credit_invalid_turns:
             est.advantages, capped = no_positive_credit_for_invalid_turns(est.advantages, trajs)

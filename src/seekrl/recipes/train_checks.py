@@ -100,6 +100,18 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
             f"only; algo.advantage is {algo.advantage!r} (use the KL loss term there: "
             "kl_in_reward: false)")
     check_old_logprobs(cfg, facts)
+    if algo.answer_credit:
+        from seekrl.rl.advantages import ANSWER_CREDIT_ESTIMATORS
+        if algo.advantage not in ANSWER_CREDIT_ESTIMATORS:
+            raise ConfigError(
+                f"algo.answer_credit: it splits an estimator that gives each episode one "
+                f"advantage from its group ({', '.join(ANSWER_CREDIT_ESTIMATORS)}); "
+                f"algo.advantage is {algo.advantage!r}")
+        if cfg.reward.process:
+            raise ConfigError(
+                "algo.answer_credit: the step rewards (reward.process: "
+                f"{', '.join(sorted(cfg.reward.process))}) have their own tokens; it splits "
+                "the episode's reward alone, so leave reward.process empty")
     turns = cfg.rollout.max_turns
     if not cfg.reward.fn and turns > 1 and cfg.reward.turn_cost * (turns - 1) >= 1:
         # a right answer earns at most 1 more than a wrong one (both valid): past this,

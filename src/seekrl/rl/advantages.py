@@ -534,6 +534,51 @@ def no_positive_credit_for_invalid_turns(advantages: Sequence[torch.Tensor],
     return out, capped
 
 
+# the estimators `algo.answer_credit` splits: one scalar per episode from its group alone, so
+# the outcome's and the rest's can be computed apart and laid on different tokens
+ANSWER_CREDIT_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+ANSWER_TAG = "<answer>"
+
+
+def answer_span(t: Trajectory, decode: Callable[[list[int]], str]) -> tuple[int, int] | None:
+    """[start, end) into `t.token_ids`: the tokens of the episode's answer after its
+    `<answer>` tag (the answer and the closing tag), found by decoding the answer turn's
+    prefixes (`decode`: the tokenizer's). The token that completes the tag is left out, so
+    the choice of answering over searching is not in the span. None: the episode has no
+    answer turn, or its text holds no tag."""
+    step = next((s for s in reversed(t.steps) if s.action == "answer" and s.end > s.start),
+                None)
+    if step is None:
+        return None
+    ids = list(t.token_ids[step.start:step.end])
+    at = decode(ids).find(ANSWER_TAG)
+    if at < 0:
+        return None
+    after = at + len(ANSWER_TAG)
+    for k in range(1, len(ids) + 1):
+        if len(decode(ids[:k])) >= after:
+            return (step.start + k, step.end) if k < len(ids) else None
+    return None
+
+
+def answer_credit(outcome: Sequence[torch.Tensor], rest: Sequence[torch.Tensor],
+                  trajectories: Sequence[Trajectory], decode: Callable[[list[int]], str]
+                  ) -> tuple[list[torch.Tensor], int]:
+    """`algo.answer_credit`: each episode's advantages are the rest of its reward's
+    (`rest`: bonuses, format, penalties; every policy token) plus its outcome's (`outcome`)
+    on its answer span alone (`answer_span`). Returns them and how many tokens the outcome
+    reached."""
+    out, reached = [], 0
+    for a_outcome, a_rest, t in zip(outcome, rest, trajectories):
+        a = a_rest.clone()
+        span = answer_span(t, decode)
+        if span is not None:
+            a[span[0]:span[1]] += a_outcome[span[0]:span[1]]
+            reached += int(sum(t.loss_mask[span[0]:span[1]]))
+        out.append(a)
+    return out, reached
+
+
 def advantage_stats(advantages: Sequence[torch.Tensor], trajectories) -> dict[str, float]:
     """Mean |advantage| over policy tokens, and the share of policy tokens whose advantage
     differs from their episode's first policy token (0 for outcome estimators)."""

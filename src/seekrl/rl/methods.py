@@ -45,6 +45,13 @@ the benchmark mean the same thing by a name. Every method is plain `TrainConfig`
   bridge after one lookup of a two-lookup plan costs, while a single-hop question planned
   at one lookup is paid for stopping. It needs no hop count from the data, only a policy
   that states its plan.
+- `answer`: the outcome reward's advantage on the answer's own tokens alone
+  (`algo.answer_credit`): the tokens after the answer turn's `<answer>` tag learn what to
+  answer, and nothing teaches the searches or the choice to stop (they move only through
+  the weights they share with the answer), where the outcome on every token moves them.
+- `hops_answer`: `hops` with the outcome on the answer alone: the hop-count bonus, in its
+  own group normalisation, is then the only signal on the searches and the choice to
+  stop, and the outcome only on what the answer says.
 - `prm`: ProRAG's RL stage on its own: dual-granularity over a trained process reward
   model's step scores (`reward.prm`: a `seekrl prm train` folder, which this method needs;
   `seekrl demo` trains none, so it does not offer it: `seekrl prorag` runs the whole pipeline).
@@ -75,6 +82,8 @@ PROCESS_METHODS: dict[str, dict[str, Any]] = {
     "recall_cost": {"reward.recall_bonus": 0.5, "reward.turn_cost": 0.1},
     "hops": {"reward.hop_bonus": 0.5},
     "plan": {"reward.plan_bonus": 0.5},
+    "answer": {"algo.answer_credit": True},
+    "hops_answer": {"reward.hop_bonus": 0.5, "algo.answer_credit": True},
     "prm": {"algo.advantage": "dual_granularity", "reward.process": {"prm": 1.0}},
 }
 # methods that need an input the name does not give (a trained PRM: `reward.prm`)
