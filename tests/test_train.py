@@ -2210,9 +2210,32 @@ def test_answer_credit_lays_the_outcome_on_the_answer_and_the_rest_everywhere(wo
     plain = advantages("hops")   # the same reward on every token, as one score
     assert len({round(float(x), 5) for x in plain.advantages[0][group[0].steps[0].start:]
                 if x != 0}) == 1
-    for over in ({"algo.advantage": "gigpo"}, {"reward.process": {"evidence": 1.0}}):
+    for over in ({"algo.advantage": "gigpo"}, {"reward.process": {"evidence": 1.0}},
+                 {"reward.fn": "seekrl.rewards.outcome:episode_reward"}):
         with pytest.raises(ConfigError, match="algo.answer_credit"):
             check_config(make_cfg(tmp_path, **{"algo.answer_credit": True, **over}))
+    with pytest.raises(ConfigError, match="algo.answer_credit"):   # a function's one score
+        make_trainer(make_cfg(tmp_path, **{"algo.answer_credit": True}), world, tiny)
+
+    # a right and a wrong episode of equal turns: their rests, (1 + 0.1 - 0.3) - 1 and
+    # 0.1 - 0.3, differ in the last bit; at algo.epsilon 0 that was the whole outcome again
+    pair = [episode(2, "paris", 0), episode(2, "rome", 1)]
+    trainer = make_trainer(make_cfg(tmp_path, group_size=2, **{
+        "algo.answer_credit": True, "algo.advantage": "grpo", "algo.epsilon": 0.0,
+        "reward.turn_cost": 0.1}), world, tiny, reward_fn=None)
+    trainer.score(pair)
+    est, _ = trainer.estimate(pair)
+    assert [on(t, a, "searches") for t, a in zip(pair, est.advantages)] == [{0.0}, {0.0}]
+
+    # the tag `parse_action` reads: not one inside the model's own <information> block
+    own = episode(1, "paris", 0)
+    turn = own.steps[-1]
+    text = "<information> <answer> junk </information><answer> paris </answer>"
+    own.token_ids[turn.start:] = enc(text)
+    own.loss_mask[turn.start:] = [1] * (len(own.token_ids) - turn.start)
+    turn.end, turn.text = len(own.token_ids), text
+    lo, hi = answer_span(own, tok.decode)
+    assert tok.decode(own.token_ids[lo:hi]).strip() == "paris </answer>"
 
 
 def test_the_plan_bonus_pays_for_keeping_the_episode_s_own_plan(world, tiny, tmp_path):

@@ -261,6 +261,12 @@ def strip_own_information(text: str) -> str:
     return _OWN_INFORMATION.sub(" ", text)
 
 
+def blank_own_information(text: str) -> str:
+    """`strip_own_information` keeping every other character where it was: each block
+    becomes as many spaces, so a position found in the result is one in `text`."""
+    return _OWN_INFORMATION.sub(lambda m: " " * len(m.group()), text)
+
+
 def parse_action(text: str, tools: Sequence[str] = (SEARCH,), max_queries: int = 1) -> Action:
     """Exactly one action for any text: the first complete tag of a tool (`tools`, by
     default search alone) or of the answer wins, as generation stops at the first closing

@@ -30,6 +30,7 @@ from seekrl.agent.factory import make_backend
 from seekrl.agent.rollout import RolloutConfig, RolloutEngine, grow_trees
 from seekrl.agent.trajectory import Trajectory
 from seekrl.config import TrainConfig, dump_config
+from seekrl.errors import ConfigError
 from seekrl.data.qa import QAExample, load_qa
 from seekrl.eval.evaluate import episode_progress, eval_policy, write_rollouts
 from seekrl.models import pad_id_of
@@ -140,6 +141,9 @@ class Trainer:
             reward_fn = checked_reward_fn(reward_fn, f"reward_fn "
                                           f"{getattr(reward_fn, '__name__', type(reward_fn).__name__)}")
         r = cfg.reward
+        if reward_fn is not None and cfg.algo.answer_credit:
+            raise ConfigError("algo.answer_credit: it splits the built-in reward (its outcome "
+                              "from the rest); a reward function's total is one score")
         self._custom_reward = reward_fn is not None
         self._plan_checked = False   # plan_coverage: said once, at the first step with episodes
         self.reward_fn = reward_fn or partial(
@@ -445,15 +449,18 @@ class Trainer:
         batch's step batch (outcome and step rewards, each process source's part, per-token
         rewards: a KL penalty in the reward; the critic's values), then, unless
         `algo.credit_invalid_turns`, no positive credit for invalid turns. With
-        `algo.answer_credit` the estimator runs twice, on the outcome and on the rest of the
-        reward, and the outcome's advantages go to the answer's tokens alone (`answer_credit`).
+        `algo.answer_credit` the estimator runs twice, on the built-in reward's outcome (read
+        again: it is deterministic) and on the rest of `outcome_reward`, and the outcome's
+        advantages go to the answer's tokens alone (`answer_credit`).
         Returns the estimate and how many tokens the cap changed (None when it is off)."""
         algo = self.cfg.algo
         rewards = Rewards.from_trajectories(trajs, self.cfg.reward.process)
         rewards.tokens = token_rewards
         if algo.answer_credit:   # the outcome apart from the rest (check_config: no steps)
             outcome = [self.reward_fn(t).outcome for t in trajs]
-            rewards.outcome = [r - o for r, o in zip(rewards.outcome, outcome)]
+            # rounded: (out + format - penalty) - out differs between a right and a wrong
+            # episode in the last bit, which a std of 0 (algo.epsilon 0) would blow up
+            rewards.outcome = [round(r - o, 12) for r, o in zip(rewards.outcome, outcome)]
         batch = StepBatch.build(trajs, rewards, values=values)
         est = estimate_advantages(algo.advantage, batch, algo)
         if algo.answer_credit:

@@ -61,6 +61,7 @@ from difflib import SequenceMatcher
 
 import torch
 
+from seekrl.agent.protocol import blank_own_information
 from seekrl.agent.trajectory import Trajectory
 from seekrl.config import AlgoConfig
 from seekrl.plugins import Registry
@@ -542,23 +543,30 @@ ANSWER_TAG = "<answer>"
 
 def answer_span(t: Trajectory, decode: Callable[[list[int]], str]) -> tuple[int, int] | None:
     """[start, end) into `t.token_ids`: the tokens of the episode's answer after its
-    `<answer>` tag (the answer and the closing tag), found by decoding the answer turn's
-    prefixes (`decode`: the tokenizer's). The token that completes the tag is left out, so
-    the choice of answering over searching is not in the span. None: the episode has no
-    answer turn, or its text holds no tag."""
+    `<answer>` tag (the answer, the closing tag and whatever ends the turn), found by
+    decoding prefixes of the answer turn (`decode`: the tokenizer's). The tag is the one
+    `parse_action` reads: the first outside the model's own `<information>` blocks. The
+    token that completes the tag is left out, so the choice of answering over searching is
+    not in the span. None: the episode has no answer turn, or its text holds no tag."""
     step = next((s for s in reversed(t.steps) if s.action == "answer" and s.end > s.start),
                 None)
     if step is None:
         return None
     ids = list(t.token_ids[step.start:step.end])
-    at = decode(ids).find(ANSWER_TAG)
+    at = blank_own_information(decode(ids)).find(ANSWER_TAG)
     if at < 0:
         return None
     after = at + len(ANSWER_TAG)
-    for k in range(1, len(ids) + 1):
-        if len(decode(ids[:k])) >= after:
-            return (step.start + k, step.end) if k < len(ids) else None
-    return None
+    # the first prefix whose text holds the whole tag: a prefix's text grows with it (but
+    # for a character split across tokens, which moves the boundary by a token at most)
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(decode(ids[:mid])) >= after:
+            hi = mid
+        else:
+            lo = mid + 1
+    return (step.start + lo, step.end) if lo < len(ids) else None
 
 
 def answer_credit(outcome: Sequence[torch.Tensor], rest: Sequence[torch.Tensor],
