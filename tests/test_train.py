@@ -2217,12 +2217,13 @@ def test_answer_credit_lays_the_outcome_on_the_answer_and_the_rest_everywhere(wo
     with pytest.raises(ConfigError, match="algo.answer_credit"):   # a function's one score
         make_trainer(make_cfg(tmp_path, **{"algo.answer_credit": True}), world, tiny)
 
-    # a right and a wrong episode of equal turns: their rests, (1 + 0.1 - 0.3) - 1 and
-    # 0.1 - 0.3, differ in the last bit; at algo.epsilon 0 that was the whole outcome again
+    # a right and a wrong episode of equal turns and hops: their rests (format 0.1 + hops
+    # 0.5 - 3 turns x 0.2) come out 0 and -1.1e-16 in float64, a difference float32 keeps;
+    # at algo.epsilon 0 it was the whole outcome again, on every token
     pair = [episode(2, "paris", 0), episode(2, "rome", 1)]
     trainer = make_trainer(make_cfg(tmp_path, group_size=2, **{
-        "algo.answer_credit": True, "algo.advantage": "grpo", "algo.epsilon": 0.0,
-        "reward.turn_cost": 0.1}), world, tiny, reward_fn=None)
+        **method_overrides("hops_answer", group_size=2, baseline_advantage="grpo"),
+        "algo.epsilon": 0.0, "reward.turn_cost": 0.2}), world, tiny, reward_fn=None)
     trainer.score(pair)
     est, _ = trainer.estimate(pair)
     assert [on(t, a, "searches") for t, a in zip(pair, est.advantages)] == [{0.0}, {0.0}]
