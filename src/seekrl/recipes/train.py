@@ -72,7 +72,9 @@ from seekrl.rl.advantages import (
     Estimate,
     advantage_stats,
     answer_credit,
+    answer_shares,
     batch_relative,
+    broadcast,
     estimate_advantages,
     needs_values,
     no_positive_credit_for_invalid_turns,
@@ -449,25 +451,21 @@ class Trainer:
         batch's step batch (outcome and step rewards, each process source's part, per-token
         rewards: a KL penalty in the reward; the critic's values), then, unless
         `algo.credit_invalid_turns`, no positive credit for invalid turns. With
-        `algo.answer_credit` the estimator runs twice, on the built-in reward's outcome (read
-        again: it is deterministic) and on the rest of `outcome_reward`, and the outcome's
-        advantages go to the answer's tokens alone (`answer_credit`).
+        `algo.answer_credit` the estimator's advantage is split into the parts the built-in
+        reward's outcome (read again: it is deterministic) and the rest of `outcome_reward`
+        make (`answer_shares`), and the outcome's goes to the answer's tokens alone.
         Returns the estimate and how many tokens the cap changed (None when it is off)."""
         algo = self.cfg.algo
         rewards = Rewards.from_trajectories(trajs, self.cfg.reward.process)
         rewards.tokens = token_rewards
-        if algo.answer_credit:   # the outcome apart from the rest (check_config: no steps)
-            outcome = [self.reward_fn(t).outcome for t in trajs]
-            # rounded: (out + format - penalty) - out differs between a right and a wrong
-            # episode in the last bit, which a std of 0 (algo.epsilon 0) would blow up
-            rewards.outcome = [round(r - o, 12) for r, o in zip(rewards.outcome, outcome)]
         batch = StepBatch.build(trajs, rewards, values=values)
         est = estimate_advantages(algo.advantage, batch, algo)
-        if algo.answer_credit:
-            answers = estimate_advantages(
-                algo.advantage, StepBatch.build(trajs, Rewards.outcome_only(trajs, outcome)), algo)
-            est.advantages, reached = answer_credit(answers.advantages, est.advantages, trajs,
-                                                    self.tokenizer.decode)
+        if algo.answer_credit:   # check_config: a group-scalar estimator, no step rewards
+            outcome, rest = answer_shares(algo.advantage, batch,
+                                          [self.reward_fn(t).outcome for t in trajs], algo)
+            est.advantages, reached = answer_credit(
+                batch.unpad(broadcast(batch, outcome)), batch.unpad(broadcast(batch, rest)),
+                trajs, self.tokenizer.decode)
             est.returns = [a.clone() for a in est.advantages]
             policy = sum(sum(t.loss_mask) for t in trajs)
             est.diagnostics["answer_token_share"] = round(reached / policy, 4) if policy else 0.0

@@ -535,8 +535,8 @@ def no_positive_credit_for_invalid_turns(advantages: Sequence[torch.Tensor],
     return out, capped
 
 
-# the estimators `algo.answer_credit` splits: one scalar per episode from its group alone, so
-# the outcome's and the rest's can be computed apart and laid on different tokens
+# the estimators `algo.answer_credit` splits: one scalar per episode from its group alone,
+# linear in the scores, so the outcome's part and the rest's can be laid on different tokens
 ANSWER_CREDIT_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 ANSWER_TAG = "<answer>"
 
@@ -567,6 +567,35 @@ def answer_span(t: Trajectory, decode: Callable[[list[int]], str]) -> tuple[int,
         else:
             lo = mid + 1
     return (step.start + lo, step.end) if lo < len(ids) else None
+
+
+def answer_shares(name: str, batch: StepBatch, outcome: Sequence[float], cfg: AlgoConfig
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B,) float32 each: the parts of every episode's group advantage (`name`, one of
+    `ANSWER_CREDIT_ESTIMATORS`, on the whole reward, `batch.totals`) that its outcome and the
+    rest of its reward make. These estimators are linear in the scores but for `grpo`'s
+    division by the group's deviation, which both parts share, so the two add up to the
+    estimator's own advantage and each keeps its scale in it (a 0.1 format reward stays
+    small beside a right answer). A part that ties within its group, and a group whose
+    scores tie, get 0."""
+    o_all = torch.as_tensor(list(outcome), dtype=torch.float64)
+    # rounded: (out + format - penalty) - out differs between a right and a wrong episode
+    # in the last bit, which is not a difference in the rest
+    rest_all = (batch.totals - o_all).mul(1e12).round().div(1e12)
+    shares = torch.zeros(2, len(o_all), dtype=torch.float32)
+    for idx in batch.groups:
+        total = batch.totals[idx].to(torch.float32)
+        if _tied(total):
+            continue
+        scale = total.std(unbiased=True) + cfg.epsilon if name == "grpo" else 1.0
+        for k, part in enumerate((o_all[idx].to(torch.float32), rest_all[idx].to(torch.float32))):
+            if _tied(part):
+                continue
+            if name == "rloo":
+                shares[k, idx] = part - (part.sum() - part) / (len(part) - 1)
+            else:
+                shares[k, idx] = (part - part.mean()) / scale
+    return shares[0], shares[1]
 
 
 def answer_credit(outcome: Sequence[torch.Tensor], rest: Sequence[torch.Tensor],

@@ -49,6 +49,8 @@ the benchmark mean the same thing by a name. Every method is plain `TrainConfig`
   (`algo.answer_credit`): the tokens after the answer turn's `<answer>` tag learn what to
   answer, and nothing teaches the searches or the choice to stop (they move only through
   the weights they share with the answer), where the outcome on every token moves them.
+  The estimator's own advantage is split (`rl.advantages.answer_shares`): the answer's
+  tokens get all of it, the others the part the rest of the reward makes, at its scale.
 - `hops_answer`: `hops` with the outcome on the answer alone: the hop-count bonus, in its
   own group normalisation, is then the only signal on the searches and the choice to
   stop, and the outcome only on what the answer says.
