@@ -460,7 +460,10 @@ class Trainer:
         rewards.tokens = token_rewards
         batch = StepBatch.build(trajs, rewards, values=values)
         est = estimate_advantages(algo.advantage, batch, algo)
-        if algo.answer_credit:   # check_config: a group-scalar estimator, no step rewards
+        # check_config: a group-scalar estimator, no step rewards. The estimator's own run
+        # above still gives the step's diagnostics (groups with signal, ...); its
+        # advantages are replaced by the same ones split in two
+        if algo.answer_credit:
             outcome, rest = answer_shares(algo.advantage, batch,
                                           [self.reward_fn(t).outcome for t in trajs], algo)
             est.advantages, reached = answer_credit(

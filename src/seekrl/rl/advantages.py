@@ -61,7 +61,7 @@ from difflib import SequenceMatcher
 
 import torch
 
-from seekrl.agent.protocol import blank_own_information
+from seekrl.agent.protocol import ANSWER, blank_own_information
 from seekrl.agent.trajectory import Trajectory
 from seekrl.config import AlgoConfig
 from seekrl.plugins import Registry
@@ -538,7 +538,7 @@ def no_positive_credit_for_invalid_turns(advantages: Sequence[torch.Tensor],
 # the estimators `algo.answer_credit` splits: one scalar per episode from its group alone,
 # linear in the scores, so the outcome's part and the rest's can be laid on different tokens
 ANSWER_CREDIT_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
-ANSWER_TAG = "<answer>"
+ANSWER_TAG = f"<{ANSWER}>"
 
 
 def answer_span(t: Trajectory, decode: Callable[[list[int]], str]) -> tuple[int, int] | None:
