@@ -30,8 +30,8 @@ from seekrl.agent.factory import make_backend
 from seekrl.agent.rollout import RolloutConfig, RolloutEngine, grow_trees
 from seekrl.agent.trajectory import Trajectory
 from seekrl.config import TrainConfig, dump_config
-from seekrl.errors import ConfigError
 from seekrl.data.qa import QAExample, load_qa
+from seekrl.errors import ConfigError
 from seekrl.eval.evaluate import episode_progress, eval_policy, write_rollouts
 from seekrl.models import pad_id_of
 from seekrl.recipes.checkpoint import claim_run_dir, config_changes, save_policy
