@@ -206,6 +206,7 @@ def test_trajectory_jsonl_round_trip(tmp_path, tiny):
     ("steps.0.sub_hits", ["d1"], "steps.sub_hits"),
     ("rollout_logprobs", ["x"], "rollout_logprobs"),
     ("outcome_reward", "1", "outcome_reward"),
+    ("outcome_part", "1", "outcome_part"),
     ("prompt_len", 10**6, "prompt_len"),
     ("steps.0.info_end", 10**6, "steps.info_start"),    # past the next step's start
     ("steps.0.info_start", True, "steps.info_start"),

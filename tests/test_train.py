@@ -2212,12 +2212,30 @@ def test_answer_credit_lays_the_outcome_on_the_answer_and_the_rest_everywhere(wo
         assert on(t, a, "answer") == {round(hop[t.n_searches] + (0.84 if t.answer == "paris"
                                                                  else -0.84), 3)}
         assert on(t, a, "answer") == on(t, whole, "searches") == on(t, whole, "answer")
-    for over in ({"algo.advantage": "gigpo"}, {"reward.process": {"evidence": 1.0}},
-                 {"reward.fn": "seekrl.rewards.outcome:episode_reward"}):
+    for over in ({"algo.advantage": "gigpo"}, {"reward.process": {"evidence": 1.0}}):
         with pytest.raises(ConfigError, match="algo.answer_credit"):
             check_config(make_cfg(tmp_path, **{"algo.answer_credit": True, **over}))
-    with pytest.raises(ConfigError, match="algo.answer_credit"):   # a function's one score
-        make_trainer(make_cfg(tmp_path, **{"algo.answer_credit": True}), world, tiny)
+
+    # a reward function's own parts: its outcome, kept at scoring, on the answer; the rest
+    # (a bonus for two searches) everywhere. Scores 1, 0.5, 1.5, 0 (deviation 0.645)
+    def custom(t):
+        right = float(t.answer == "paris")
+        return RewardParts(total=right + 0.5 * (t.n_searches == 2), outcome=right,
+                           format=0.0, penalty=0.0)
+
+    def with_custom(split: bool):
+        trainer = make_trainer(make_cfg(tmp_path, group_size=4, **{
+            "algo.advantage": "grpo", "algo.answer_credit": split}), world, tiny,
+            reward_fn=custom)
+        trainer.score(group)
+        return trainer.estimate(group)[0]
+
+    split, whole_custom = with_custom(True), with_custom(False)
+    assert [t.outcome_part for t in group] == [1.0, 0.0, 1.0, 0.0]
+    for t, a, whole in zip(group, split.advantages, whole_custom.advantages):
+        assert on(t, a, "searches") == {0.387 if t.n_searches == 2 else -0.387}
+        assert on(t, a, "answer") == on(t, whole, "answer") == on(t, whole, "searches")
+        assert on(t, a, "retrieved") == {0.0}
 
     # a right and a wrong episode of equal turns and hops: their rests (format 0.1 + hops
     # 0.5 - 3 turns x 0.2) come out 0 and -1.1e-16 in float64, a difference float32 keeps

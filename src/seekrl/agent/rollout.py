@@ -304,7 +304,7 @@ class RolloutEngine:
                 decoded = policy_tokens + sum(s.info_generated for s in t.steps[:k])
                 traj = replace(t, token_ids=list(t.token_ids[:cut]),
                                loss_mask=list(t.loss_mask[:cut]), steps=steps, answer=None,
-                               finish_reason="", outcome_reward=None,
+                               finish_reason="", outcome_reward=None, outcome_part=None,
                                sample_index=j, metadata=copy.deepcopy(t.metadata),
                                prefix_steps=k, prefix_tokens=decoded,
                                gold_doc_ids=list(t.gold_doc_ids),

@@ -71,6 +71,9 @@ class Trajectory:
     answer: str | None = None
     finish_reason: str = ""          # answer | max_turns | length
     outcome_reward: float | None = None
+    # the part of `outcome_reward` that is the answer's own (`RewardParts.outcome`), filled
+    # with it at scoring: `algo.answer_credit` lays it on the answer's tokens alone
+    outcome_part: float | None = None
     sample_index: int = 0            # which of the group's samples
     dataset: str = ""
     metadata: dict = field(default_factory=dict)
@@ -261,8 +264,9 @@ def checked_trajectory(obj: Any, path: str | Path, line: int, field: str = "", *
             raise bad("expected a list of numbers or null", "rollout_logprobs")
         if not isinstance(t.prompt_len, int) or not 0 <= t.prompt_len <= len(t.token_ids):
             raise bad(f"expected 0..{len(t.token_ids)}, got {t.prompt_len!r}", "prompt_len")
-    if t.outcome_reward is not None and not is_number(t.outcome_reward):
-        raise bad(f"expected a number or null, got {t.outcome_reward!r}", "outcome_reward")
+    for name in ("outcome_reward", "outcome_part"):
+        if getattr(t, name) is not None and not is_number(getattr(t, name)):
+            raise bad(f"expected a number or null, got {getattr(t, name)!r}", name)
     if not (_index(t.sample_index) and t.sample_index >= 0):
         raise bad(f"expected an integer >= 0, got {t.sample_index!r:.80}", "sample_index")
     if not isinstance(t.metadata, dict):

@@ -499,10 +499,11 @@ class AlgoConfig(Strict):
     # EOS) never get a positive advantage: the episode succeeded in spite of them, and an
     # outcome advantage would teach them with the rest of a right episode
     credit_invalid_turns: bool = False
-    # true: the estimator's advantage is split into the outcome's (EM's) part, which reaches
-    # only the tokens of the answer itself (the answer turn's tokens after its <answer> tag),
-    # and the part the rest of the reward makes (bonuses, format, penalties), which reaches
-    # every policy token; so whether to search again is taught by the bonuses alone
+    # true: the estimator's advantage is split into the outcome's part (EM's, or a reward
+    # function's `RewardParts.outcome`), which reaches only the tokens of the answer itself
+    # (the answer turn's tokens after its <answer> tag), and the part the rest of the reward
+    # makes (bonuses, format, penalties), which reaches every policy token; so whether to
+    # search again is taught by the bonuses alone
     answer_credit: bool = False
     value_coef: float = Field(0.5, ge=0)
     value_clip: float | None = Field(0.2, gt=0)

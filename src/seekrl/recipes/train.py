@@ -31,7 +31,6 @@ from seekrl.agent.rollout import RolloutConfig, RolloutEngine, grow_trees
 from seekrl.agent.trajectory import Trajectory
 from seekrl.config import TrainConfig, dump_config
 from seekrl.data.qa import QAExample, load_qa
-from seekrl.errors import ConfigError
 from seekrl.eval.evaluate import episode_progress, eval_policy, write_rollouts
 from seekrl.models import pad_id_of
 from seekrl.recipes.checkpoint import claim_run_dir, config_changes, save_policy
@@ -143,9 +142,6 @@ class Trainer:
             reward_fn = checked_reward_fn(reward_fn, f"reward_fn "
                                           f"{getattr(reward_fn, '__name__', type(reward_fn).__name__)}")
         r = cfg.reward
-        if reward_fn is not None and cfg.algo.answer_credit:
-            raise ConfigError("algo.answer_credit: it splits the built-in reward (its outcome "
-                              "from the rest); a reward function's total is one score")
         self._custom_reward = reward_fn is not None
         self._plan_checked = False   # plan_coverage: said once, at the first step with episodes
         self.reward_fn = reward_fn or partial(
@@ -422,7 +418,7 @@ class Trainer:
         Monte-Carlo step rewards play continuations on the gathered weights."""
         parts = [self.reward_fn(t) for t in trajs]
         for t, p in zip(trajs, parts):
-            t.outcome_reward = p.total
+            t.outcome_reward, t.outcome_part = p.total, p.outcome
         weights = self.cfg.reward.process
         if weights:
             ctx = ProcessContext(
@@ -451,9 +447,9 @@ class Trainer:
         batch's step batch (outcome and step rewards, each process source's part, per-token
         rewards: a KL penalty in the reward; the critic's values), then, unless
         `algo.credit_invalid_turns`, no positive credit for invalid turns. With
-        `algo.answer_credit` the estimator's advantage is split into the parts the built-in
-        reward's outcome (read again: it is deterministic) and the rest of `outcome_reward`
-        make (`answer_shares`), and the outcome's goes to the answer's tokens alone.
+        `algo.answer_credit` the estimator's advantage is split into the parts the reward's
+        outcome (`outcome_part`, kept at scoring) and the rest of `outcome_reward` make
+        (`answer_shares`), and the outcome's goes to the answer's tokens alone.
         Returns the estimate and how many tokens the cap changed (None when it is off)."""
         algo = self.cfg.algo
         rewards = Rewards.from_trajectories(trajs, self.cfg.reward.process)
@@ -465,7 +461,7 @@ class Trainer:
         # advantages are replaced by the same ones split in two
         if algo.answer_credit:
             outcome, rest = answer_shares(algo.advantage, batch,
-                                          [self.reward_fn(t).outcome for t in trajs], algo)
+                                          [self._outcome_part(t) for t in trajs], algo)
             est.advantages, reached = answer_credit(
                 batch.unpad(broadcast(batch, outcome)), batch.unpad(broadcast(batch, rest)),
                 trajs, self.tokenizer.decode)
@@ -476,6 +472,11 @@ class Trainer:
         if not algo.credit_invalid_turns:
             est.advantages, capped = no_positive_credit_for_invalid_turns(est.advantages, trajs)
         return est, capped
+
+    def _outcome_part(self, t: Trajectory) -> float:
+        """The outcome's part of an episode's reward: the one kept at scoring, else (an
+        episode scored elsewhere, e.g. read from a file) the reward function's again."""
+        return t.outcome_part if t.outcome_part is not None else self.reward_fn(t).outcome
 
     def _signal_estimate(self, trajs):
         """The advantages the signal check reads, computed once for the draw: None when the

@@ -107,10 +107,6 @@ def check_config(cfg: TrainConfig, *, scorer_given: bool = False) -> None:
                 f"algo.answer_credit: it splits an estimator that gives each episode one "
                 f"advantage from its group ({', '.join(ANSWER_CREDIT_ESTIMATORS)}); "
                 f"algo.advantage is {algo.advantage!r}")
-        if cfg.reward.fn:
-            raise ConfigError(
-                f"algo.answer_credit: it splits the built-in reward (its outcome from the "
-                f"rest); reward.fn ({cfg.reward.fn}) returns one score")
         if cfg.reward.process:
             raise ConfigError(
                 "algo.answer_credit: the step rewards (reward.process: "

@@ -51,9 +51,9 @@ the benchmark mean the same thing by a name. Every method is plain `TrainConfig`
   the weights they share with the answer), where the outcome on every token moves them.
   The estimator's own advantage is split (`rl.advantages.answer_shares`): the answer's
   tokens get all of it, the others the part the rest of the reward makes, at its scale.
-- `hops_answer`: `hops` with the outcome on the answer alone: the hop-count bonus, in its
-  own group normalisation, is then the only signal on the searches and the choice to
-  stop, and the outcome only on what the answer says.
+- `hops_answer`: `hops` with the outcome on the answer alone: the hop-count bonus's part
+  of the advantage is then the only signal on the searches and the choice to stop, and
+  the outcome only on what the answer says.
 - `prm`: ProRAG's RL stage on its own: dual-granularity over a trained process reward
   model's step scores (`reward.prm`: a `seekrl prm train` folder, which this method needs;
   `seekrl demo` trains none, so it does not offer it: `seekrl prorag` runs the whole pipeline).
