@@ -10,8 +10,9 @@ the methods of one runs folder, this pairs arms kept in different folders).
 
 Each run is a kept archive (`.tar.gz` holding its `result.json`, and its start's
 `start-eval-dev/per_question.json`), a run folder or a `result.json`; its seed is the
-one its result names, and the arms are paired seed by seed. The start is `--start` (an
-evaluation folder or its `per_question.json`), else the first archive's. Prints the
+one its result names, and the arms are paired seed by seed; an arm's runs are of one
+method. The start is `--start` (an evaluation folder or its `per_question.json`), else the
+one the archives kept, which must be the same in all of them. Prints the
 process bench's `paired_...=` lines (the arm against the base, each against the start),
 the last line a summary.
 """
@@ -49,9 +50,9 @@ def read_run(path: Path) -> tuple[dict, dict | None]:
     else:
         result, start = json.loads(path.read_text()), None
     for key in ("seed", "per_question"):
-        if key not in result:
+        if result.get(key) is None:
             raise SystemExit(f"{path}: its result has no {key!r} (a run kept before "
-                             "per-question EM was)")
+                             "per-question EM was, or one whose evaluation kept none)")
     return result, start
 
 
@@ -69,23 +70,36 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--base", nargs="+", required=True, metavar=("NAME", "RUN"),
                     help="the arm it is compared with: its name, then its runs")
     ap.add_argument("--start", type=Path, default=None,
-                    help="the start's evaluation (default: the first archive's)")
+                    help="the start's evaluation (default: the one the archives kept)")
     ap.add_argument("--resamples", type=int, default=10_000)
     args = ap.parse_args(argv)
     per_run, start = {}, read_start(args.start) if args.start else None
-    names = []
+    names, kept = [], {}   # the start each archive kept, by the run that kept it
     for name, *runs in (args.arm, args.base):
         if not runs:
             raise SystemExit(f"{name}: name its runs after it")
         if name in names or name == "start":
             raise SystemExit(f"{name}: give the two arms different names, neither 'start'")
         names.append(name)
+        methods = {}
         for run in map(Path, runs):
             result, kept_start = read_run(run)
             if (name, result["seed"]) in per_run:
                 raise SystemExit(f"{run}: a second run of {name} seed {result['seed']}")
+            methods.setdefault(result.get("method"), run)
+            if len(methods) > 1:
+                raise SystemExit(f"{name}: its runs are of different methods ("
+                                 + ", ".join(f"{m!r} in {r}" for m, r in methods.items())
+                                 + "): one arm is one method")
             per_run[(name, result["seed"])] = result["per_question"]
-            start = start if start is not None else kept_start
+            if kept_start is not None:
+                kept[run] = kept_start
+    if start is None and kept:
+        first, start = next(iter(kept.items()))
+        other = next((run for run, s in kept.items() if s != start), None)
+        if other is not None:
+            raise SystemExit(f"{first} and {other} kept different starts: the arms began "
+                             "from different policies (name the one to pair with: --start)")
     arm, base = names
     try:
         pairs = [(a, b, _paired(per_run, a, b, start, args.resamples))

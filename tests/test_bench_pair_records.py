@@ -17,9 +17,10 @@ def pair():
     return load_bench("pair_records")
 
 
-def _archive(path: Path, seed: int, per: dict[str, float], start: dict | None = None) -> Path:
+def _archive(path: Path, seed: int, per: dict[str, float] | None, start: dict | None = None,
+             method: str = "m") -> Path:
     """A run kept as `bench/records` keeps one: its result and its start's per-question EM."""
-    files = {"result.json": {"method": "m", "seed": seed, "per_question": per}}
+    files = {"result.json": {"method": method, "seed": seed, "per_question": per}}
     if start is not None:
         files["start-eval-dev/per_question.json"] = start
     with tarfile.open(path, "w:gz") as tar:
@@ -76,3 +77,17 @@ def test_a_bad_record_is_named(pair, tmp_path):
         pair.main(["--arm", "x", str(a), "--base", "x", str(other)])
     with pytest.raises(SystemExit, match="no such run record"):
         pair.main(["--arm", "new", str(tmp_path / "missing.tar.gz"), "--base", "old", str(a)])
+    unevaluated = _archive(tmp_path / "none.tar.gz", 1, None)
+    with pytest.raises(SystemExit, match="none.tar.gz: its result has no 'per_question'"):
+        pair.main(["--arm", "new", str(a), str(unevaluated), "--base", "old", str(other)])
+    plan = _archive(tmp_path / "plan.tar.gz", 1, {"q1": 1.0}, method="plan")
+    with pytest.raises(SystemExit, match="new: its runs are of different methods"):
+        pair.main(["--arm", "new", str(a), str(plan), "--base", "old", str(other)])
+    # arms that began from different policies: no one start to pair with, unless named
+    here = _archive(tmp_path / "here.tar.gz", 0, {"q1": 1.0}, start={"q1": 0.0})
+    there = _archive(tmp_path / "there.tar.gz", 0, {"q1": 0.0}, start={"q1": 1.0})
+    with pytest.raises(SystemExit, match="kept different starts"):
+        pair.main(["--arm", "new", str(here), "--base", "old", str(there)])
+    (tmp_path / "start.json").write_text(json.dumps({"q1": 0.0}))
+    pair.main(["--arm", "new", str(here), "--base", "old", str(there),
+               "--start", str(tmp_path / "start.json"), "--resamples", "50"])

@@ -2224,10 +2224,19 @@ def test_answer_credit_lays_the_outcome_on_the_answer_and_the_rest_everywhere(wo
                            format=0.0, penalty=0.0)
 
     def with_custom(split: bool):
-        trainer = make_trainer(make_cfg(tmp_path, group_size=4, **{
-            "algo.advantage": "grpo", "algo.answer_credit": split}), world, tiny,
-            reward_fn=custom)
+        cfg = make_cfg(tmp_path, group_size=4, **{"algo.advantage": "grpo",
+                                                 "algo.answer_credit": split})
+        if split:   # said: the split needs outcome to be the answer's part of total
+            with pytest.warns(UserWarning, match="answer's own part of total"):
+                trainer = make_trainer(cfg, world, tiny, reward_fn=custom)
+        else:
+            trainer = make_trainer(cfg, world, tiny, reward_fn=custom)
         trainer.score(group)
+
+        def scored_again(t):   # the split reads the parts kept at scoring
+            raise AssertionError("the reward function ran again after scoring")
+
+        trainer.reward_fn = scored_again
         return trainer.estimate(group)[0]
 
     split, whole_custom = with_custom(True), with_custom(False)

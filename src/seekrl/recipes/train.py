@@ -142,6 +142,14 @@ class Trainer:
             reward_fn = checked_reward_fn(reward_fn, f"reward_fn "
                                           f"{getattr(reward_fn, '__name__', type(reward_fn).__name__)}")
         r = cfg.reward
+        if reward_fn is not None and cfg.algo.answer_credit:
+            # the split reads `outcome` as the answer's own part of `total`: a function
+            # that fills it with something else (EM beside a judge's total, for logging)
+            # teaches every other token from the difference
+            warnings.warn("algo.answer_credit with a reward function: its RewardParts.outcome "
+                          "goes to the answer's tokens and total - outcome to every other "
+                          "token, so outcome must be the answer's own part of total",
+                          stacklevel=2)
         self._custom_reward = reward_fn is not None
         self._plan_checked = False   # plan_coverage: said once, at the first step with episodes
         self.reward_fn = reward_fn or partial(
