@@ -463,19 +463,17 @@ class Trainer:
         rewards = Rewards.from_trajectories(trajs, self.cfg.reward.process)
         rewards.tokens = token_rewards
         batch = StepBatch.build(trajs, rewards, values=values)
-        est = estimate_advantages(algo.advantage, batch, algo)
-        # check_config: a group-scalar estimator, no step rewards. The estimator's own run
-        # above still gives the step's diagnostics (groups with signal, ...); its
-        # advantages are replaced by the same ones split in two
-        if algo.answer_credit:
+        if algo.answer_credit:   # check_config: a group-scalar estimator, no step rewards
             outcome, rest = answer_shares(algo.advantage, batch,
                                           [self._outcome_part(t) for t in trajs], algo)
-            est.advantages, reached = answer_credit(
+            advantages, reached = answer_credit(
                 batch.unpad(broadcast(batch, outcome)), batch.unpad(broadcast(batch, rest)),
                 trajs, self.tokenizer.decode)
-            est.returns = [a.clone() for a in est.advantages]
             policy = sum(sum(t.loss_mask) for t in trajs)
-            est.diagnostics["answer_token_share"] = round(reached / policy, 4) if policy else 0.0
+            est = Estimate(advantages, [a.clone() for a in advantages], {
+                "answer_token_share": round(reached / policy, 4) if policy else 0.0})
+        else:
+            est = estimate_advantages(algo.advantage, batch, algo)
         capped = None
         if not algo.credit_invalid_turns:
             est.advantages, capped = no_positive_credit_for_invalid_turns(est.advantages, trajs)

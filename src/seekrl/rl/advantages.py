@@ -295,12 +295,13 @@ def dr_grpo(batch: StepBatch, cfg: AlgoConfig):
         batch, batch.totals, lambda r: _centre(r, cfg.epsilon, std_norm=False)))
 
 
+def _leave_one_out(r: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(r) if _tied(r) else r - (r.sum() - r) / (len(r) - 1)
+
+
 @register("rloo")
 def rloo(batch: StepBatch, cfg: AlgoConfig):
-    def leave_one_out(r: torch.Tensor) -> torch.Tensor:
-        n = len(r)
-        return torch.zeros_like(r) if _tied(r) else r - (r.sum() - r) / (n - 1)
-    return _scalar_result(batch, group_scalars(batch, batch.totals, leave_one_out))
+    return _scalar_result(batch, group_scalars(batch, batch.totals, _leave_one_out))
 
 
 @register("reinforce_pp", reads_token_rewards=True, batch_relative=True)
@@ -582,20 +583,21 @@ def answer_shares(name: str, batch: StepBatch, outcome: Sequence[float], cfg: Al
     # rounded: (out + format - penalty) - out differs between a right and a wrong episode
     # in the last bit, which is not a difference in the rest
     rest_all = (batch.totals - o_all).mul(1e12).round().div(1e12)
-    shares = torch.zeros(2, len(o_all), dtype=torch.float32)
-    for idx in batch.groups:
-        total = batch.totals[idx].to(torch.float32)
+    centre = _leave_one_out if name == "rloo" else \
+        (lambda r: _centre(r, cfg.epsilon, std_norm=False))
+
+    def scale(total: torch.Tensor) -> torch.Tensor:   # 0: the group's scores tie
         if _tied(total):
-            continue
-        scale = total.std(unbiased=True) + cfg.epsilon if name == "grpo" else 1.0
-        for k, part in enumerate((o_all[idx].to(torch.float32), rest_all[idx].to(torch.float32))):
-            if _tied(part):
-                continue
-            if name == "rloo":
-                shares[k, idx] = part - (part.sum() - part) / (len(part) - 1)
-            else:
-                shares[k, idx] = (part - part.mean()) / scale
-    return shares[0], shares[1]
+            return torch.zeros_like(total)
+        if name != "grpo":
+            return torch.ones_like(total)
+        return (total.std(unbiased=True) + cfg.epsilon).expand_as(total)
+
+    scales = group_scalars(batch, batch.totals, scale)
+    # where the whole ties the parts may not (a right answer's outcome against a wrong one's
+    # bonus): nothing then, as the estimator gives
+    return tuple(torch.where(scales > 0, group_scalars(batch, part, centre) / scales, 0.0)
+                 for part in (o_all, rest_all))
 
 
 def answer_credit(outcome: Sequence[torch.Tensor], rest: Sequence[torch.Tensor],
