@@ -63,6 +63,19 @@ def read_start(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def common_start(kept: dict) -> dict | None:
+    """The start's per-question EM that every run kept ({run: its start}), None if none
+    kept one; runs that kept different starts began from different policies."""
+    if not kept:
+        return None
+    first, start = next(iter(kept.items()))
+    other = next((run for run, s in kept.items() if s != start), None)
+    if other is not None:
+        raise SystemExit(f"{first} and {other} kept different starts: the arms began "
+                         "from different policies (name the one to pair with: --start)")
+    return start
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arm", nargs="+", required=True, metavar=("NAME", "RUN"),
@@ -94,12 +107,8 @@ def main(argv: list[str] | None = None) -> None:
             per_run[(name, result["seed"])] = result["per_question"]
             if kept_start is not None:
                 kept[run] = kept_start
-    if start is None and kept:
-        first, start = next(iter(kept.items()))
-        other = next((run for run, s in kept.items() if s != start), None)
-        if other is not None:
-            raise SystemExit(f"{first} and {other} kept different starts: the arms began "
-                             "from different policies (name the one to pair with: --start)")
+    if start is None:
+        start = common_start(kept)
     arm, base = names
     try:
         pairs = [(a, b, _paired(per_run, a, b, start, args.resamples))
