@@ -5,7 +5,9 @@ rollout tokens, one line per seed of each arm, and the training reward per step.
         --out /tmp/learning_curves.png
 
 Each argument is a run folder or a folder of them (`bench/process_ablation.py`'s runs
-folder, whose `--stage report` draws `learning_curves.png` beside `process_ablation.png`).
+folder, whose `--stage report` draws `learning_curves.png` beside `process_ablation.png`),
+or a run kept as one archive (`bench/records/demo-dev/*/*.tar.gz`, with its start's dev
+evaluation beside it).
 A run is read from what it kept: its `result.json` (the bench's record: final EM, steps,
 rollout tokens, `train_reward`, the dev `curve` of (tokens, EM)) and its step log
 (`metrics.jsonl.gz` or `metrics.jsonl`), which, where kept, gives every step's reward and
@@ -84,14 +86,43 @@ class Run:
                 if isinstance(v, (int, float))]
 
 
-def _read_log(folder: Path) -> list[dict] | None:
+ARCHIVES = (".tar.gz", ".tgz")
+# what a kept archive (`bench/records`) holds of its start: the start's dev evaluation
+START_IN_ARCHIVE = "start-eval-dev/metrics.json"
+
+
+class _Kept:
+    """A run's kept files by name: its folder's, or those of the archive it was packed into
+    (one `.tar.gz` a run, as `bench/records` keeps them); `.gz` files read decompressed."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.name = path.name.removesuffix(".tar.gz").removesuffix(".tgz") \
+            if path.name.endswith(ARCHIVES) else path.name
+        self.members: dict[str, bytes] | None = None
+        if path.name.endswith(ARCHIVES):
+            import tarfile
+
+            with tarfile.open(path) as tar:
+                self.members = {m.name.removeprefix("./"): tar.extractfile(m).read()
+                                for m in tar.getmembers() if m.isfile()}
+
+    def text(self, name: str) -> str | None:
+        if self.members is not None:
+            data = self.members.get(name)
+        else:
+            path = self.path / name
+            data = path.read_bytes() if path.is_file() else None
+        if data is None:
+            return None
+        return (gzip.decompress(data) if name.endswith(".gz") else data).decode("utf-8")
+
+
+def _read_log(kept: _Kept) -> list[dict] | None:
     for name in LOGS:
-        path = folder / name
-        if path.is_file():
-            opener = gzip.open if name.endswith(".gz") else open
-            with opener(path, "rt", encoding="utf-8") as f:
-                # a run killed while writing leaves a torn last line
-                return [r for r in map(_loads, f) if r is not None]
+        text = kept.text(name)
+        if text is not None:   # a run killed while writing leaves a torn last line
+            return [r for r in map(_loads, text.splitlines()) if r is not None]
     return None
 
 
@@ -103,27 +134,30 @@ def _loads(line: str) -> dict | None:
     return r if isinstance(r, dict) else None
 
 
-def _seed_of(folder: Path, result: dict) -> int | None:
+def _seed_of(kept: _Kept, result: dict) -> int | None:
     if isinstance(result.get("seed"), int):
         return result["seed"]
-    config = folder / CONFIG
-    if config.is_file():
+    config = kept.text(CONFIG)
+    if config is not None:
         import yaml
 
-        seed = (yaml.safe_load(config.read_text()) or {}).get("seed")
+        seed = (yaml.safe_load(config) or {}).get("seed")
         if isinstance(seed, int):
             return seed
-    found = re.search(r"-s(\d+)(?:-|$)", folder.name)
+    found = re.search(r"-s(\d+)(?:-|$)", kept.name)
     return int(found.group(1)) if found else None
 
 
-def _arm_of(folder: Path, result: dict, seed: int | None) -> str:
-    """The method where the folder is named METHOD-sSEED, else the folder's name without
-    its seed: a run kept under another name (`noplan-outcome-s0`) is another setting. A
-    run kept before it finished (`outcome-s1-partial`) is its arm's: the same setting."""
-    name = folder.name.removesuffix(PARTIAL)
+def _arm_of(kept: _Kept, result: dict, seed: int | None) -> str:
+    """The method where the folder (or archive) is named METHOD-sSEED, else its name without
+    the seed: a run kept under another name (`noplan-outcome-s0`) is another setting. A
+    run kept before it finished (`outcome-s1-partial`) is its arm's: the same setting. An
+    archive whose name holds no seed (`records.tar.gz`) is its method's."""
+    name = kept.name.removesuffix(PARTIAL)
     method = result.get("method") or result.get("mode")
     if method and name == f"{method}-s{seed}":
+        return method
+    if method and kept.members is not None and not re.search(r"-s\d+(?:-|$)", name):
         return method
     return re.sub(rf"-s{seed}(?=-|$)", "", name) if seed is not None else name
 
@@ -139,16 +173,25 @@ def _dev_steps(result: dict, n: int) -> list[int | None]:
 
 
 def read_run(folder: Path) -> Run | None:
-    """The run kept in `folder`, or None when it holds neither a result nor a step log."""
-    path = folder / RESULT
-    result = json.loads(path.read_text()) if path.is_file() else {}
-    log = _read_log(folder)
+    """The run kept in `folder` (or in a kept archive), or None when it holds neither a
+    result nor a step log. An archive's start is the dev evaluation it kept beside the run."""
+    kept = _Kept(folder)
+    text = kept.text(RESULT)
+    result = json.loads(text) if text is not None else {}
+    log = _read_log(kept)
     if not result and log is None:
         return None
-    seed = _seed_of(folder, result)
-    run = Run(arm=_arm_of(folder, result, seed), seed=seed,
+    seed = _seed_of(kept, result)
+    run = Run(arm=_arm_of(kept, result, seed), seed=seed,
               final_on=result.get("evaluated_on", "test"),
-              partial=folder.name.endswith(PARTIAL))
+              partial=kept.name.endswith(PARTIAL))
+    start = kept.text(START_IN_ARCHIVE) if kept.members is not None else None
+    if start is not None:
+        average = json.loads(start).get("average") or {}
+        if isinstance(average.get("em"), (int, float)):
+            run.start = {"dev": float(average["em"])}
+        if isinstance(average.get(M.SEARCHES), (int, float)):
+            run.start_searches = float(average[M.SEARCHES])
     if log is not None:
         by_step = {r[M.STEP]: r for r in log if M.EPISODES in r}   # a resumed step: the later
         run.steps = sorted(by_step)
@@ -221,13 +264,21 @@ def runs_in(runs_dir: Path, names: list[str] | None = None) -> list[Run]:
 
 
 def read_runs(paths: list[Path]) -> list[Run]:
-    """Every run under `paths` (run folders, or folders of them), arms prefixed with their
-    folder's name when several folders of runs are given (the same method in two
-    settings)."""
+    """Every run under `paths` (run folders, folders of them, or kept archives), arms
+    prefixed with their folder's name when several folders of runs are given (the same
+    method in two settings); an archive's arm is its name without the seed, or its
+    method."""
     runs = []
     for path in paths:
+        if path.name.endswith(ARCHIVES) and path.is_file():   # a kept run, with its start
+            one = read_run(path)
+            if one is None:
+                raise SystemExit(f"{path}: the archive holds neither a result.json nor a "
+                                 "step log")
+            runs.append(one)
+            continue
         if not path.is_dir():
-            raise SystemExit(f"{path}: no such folder")
+            raise SystemExit(f"{path}: no such folder or kept run (.tar.gz)")
         one = read_run(path)
         if one is not None:   # a single run: its runs folder's start, if it has one
             one.start, one.start_searches = _start(path.parent), _start_searches(path.parent)
@@ -366,14 +417,18 @@ def _palette(path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("folders", nargs="+", type=Path, help="run folders or folders of runs")
+    ap.add_argument("folders", nargs="+", type=Path,
+                    help="run folders, folders of runs, or kept runs (.tar.gz)")
     ap.add_argument("--out", type=Path, default=None,
-                    help="the PNG (default: learning_curves.png in the first folder)")
+                    help="the PNG (default: learning_curves.png in the first folder, or "
+                         "beside the first archive)")
     args = ap.parse_args()
     runs = read_runs(args.folders)
     if not runs:
         raise SystemExit(f"no runs under {', '.join(map(str, args.folders))}")
-    out = plot(runs, args.out or args.folders[0] / "learning_curves.png")
+    first = args.folders[0]
+    out = plot(runs, args.out or (first.parent if first.is_file() else first)
+               / "learning_curves.png")
     for r in runs:
         for line in trends(r):
             print(line)

@@ -144,6 +144,52 @@ def test_the_kept_records_are_drawn(tmp_path):
     assert curves.plot(decide + partial, tmp_path / "c.png").stat().st_size > 10_000
 
 
+def test_a_run_kept_as_one_archive_reads_as_its_folder_with_its_start(tmp_path):
+    import io
+    import tarfile
+
+    curves = load("learning_curves")
+    folder = tmp_path / "hops-kl-s2"
+    (folder / "eval-final").mkdir(parents=True)
+    result = {"method": "hops", "seed": 2, "steps": 5, "rollout_tokens": 500, "em": 0.5,
+              "evaluated_on": "dev", "train_reward": [0.0] * 5}
+    (folder / "result.json").write_text(json.dumps(result))
+    (folder / "metrics.jsonl").write_text(
+        "".join(json.dumps(x) + "\n" for x in step_log(5, every=2, health=True)))
+    start = {"average": {"em": 0.46, "searches": 2.15}}
+
+    def pack(path: Path, files: dict[str, str]) -> Path:
+        with tarfile.open(path, "w:gz") as tar:
+            for name, text in files.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(text.encode())
+                tar.addfile(info, io.BytesIO(text.encode()))
+        return path
+
+    files = {"result.json": json.dumps(result),
+             "metrics.jsonl": (folder / "metrics.jsonl").read_text(),
+             "start-eval-dev/metrics.json": json.dumps(start)}
+    kept = pack(tmp_path / "hops-kl-s2.tar.gz", files)
+    # named without its seed (one run's archive in a folder of its own): its method's
+    plain = pack(tmp_path / "records.tar.gz", files)
+    from_folder, = curves.read_runs([folder])
+    from_archive, other = curves.read_runs([kept, plain])
+    assert (from_archive.arm, from_archive.seed, other.arm) == ("hops-kl", 2, "hops")
+    for key in ("steps", "reward", "tokens", "dev", "final", "per_step", "dev_searches"):
+        assert getattr(from_archive, key) == getattr(from_folder, key), key
+    assert from_archive.start == {"dev": 0.46} and from_archive.start_searches == 2.15
+    assert curves.plot([from_archive, other], tmp_path / "c.png").stat().st_size > 10_000
+    with pytest.raises(SystemExit, match="neither a result.json nor a step log"):
+        curves.read_runs([pack(tmp_path / "empty.tar.gz", {"config.yaml": "seed: 0"})])
+    # the records kept one archive a run: every nine-step arm's seeds, from the start
+    nine = sorted((RECORDS / "demo-dev").glob("*9/*.tar.gz"))
+    by_arm: dict[str, set] = {}
+    for r in curves.read_runs(nine):
+        by_arm.setdefault(r.arm, set()).add(r.seed)
+        assert r.start["dev"] == pytest.approx(0.46) and r.final is not None
+    assert by_arm["hops"] == by_arm["answer"] == by_arm["hops-kl"] == {0, 1, 2}
+
+
 def test_summary_line_holds_the_gains_their_intervals_and_best_em(tmp_path, capsys):
     bench = load("process_ablation")
     runs = tmp_path / "runs"
