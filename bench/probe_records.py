@@ -86,12 +86,14 @@ class Run:
             elif name.endswith("per_question.json"):
                 self.kept_em[label] = obj
         # the run's reported evaluation: its own eval-final, else the probe it took (a run
-        # ending on a probe's step is not evaluated twice), checked against its result
-        taken = result.get("taken_step")
-        if "final" not in self.answers and f"step-{taken}" in self.answers:
-            self.answers["final"] = self.answers[f"step-{taken}"]
-        if "final" in self.answers and result.get("per_question") is not None:
-            self.kept_em["final"] = result["per_question"]
+        # ending on a probe's step is not evaluated twice), checked against its result (a
+        # run judged by its best probe reports that probe's answers, not its last policy's)
+        if result.get("taken", "final") == "final":
+            taken = result.get("taken_step")
+            if "final" not in self.answers and f"step-{taken}" in self.answers:
+                self.answers["final"] = self.answers[f"step-{taken}"]
+            if "final" in self.answers and result.get("per_question") is not None:
+                self.kept_em["final"] = result["per_question"]
 
 
 def read_questions(path: Path) -> dict[str, dict]:
