@@ -1,0 +1,97 @@
+"""One RL run's small records packed into one `.tar.gz`, the form `bench/records/demo-dev`
+keeps a run in: what `bench/pair_records.py`, `bench/probe_records.py` and
+`bench/learning_curves.py` read back.
+
+    .venv/bin/python bench/pack_run.py W/steps9kl1/hops-s0 W/plan/eval-sft-dev \\
+        bench/records/demo-dev/hopskl1/hops-kl1-s0.tar.gz
+
+Kept: the run's `config.yaml`, step log and `result.json`; for each of its evaluations
+(`eval/step-N` and `eval/final` as `eval-step-N` and `eval-final`, an older run's
+`eval-dev` as it is) and for the start's evaluation (the second argument, as
+`start-eval-dev`), its `metrics.json`, its `per_question.json` where it kept one, and
+`answers.json`: each episode's question id, answer, searches, the lookups its first
+thought planned and how it finished. Where the run kept its steps' episodes
+(`log.save_rollouts`), each step's go in as `rollouts-step-N/answers.json`, the same
+fields with the episode's sample, its rewards (total, outcome, the answer's part) and
+each turn's action and process reward. Token ids, documents and checkpoints stay behind.
+Prints the archive and its size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import re
+import tarfile
+from pathlib import Path
+
+
+def _answers(folder: Path, *, training: bool = False) -> bytes:
+    """An evaluation's (or a training step's) episodes, compact."""
+    from seekrl.agent.trajectory import iter_trajectories
+
+    path = folder / "trajectories.jsonl"
+    if not path.is_file():
+        raise SystemExit(f"{folder}: no trajectories.jsonl to take the answers from")
+    rows = []
+    for t in iter_trajectories(path, tokens=False):
+        row = {"id": t.example_id, "answer": t.answer, "searches": t.n_searches,
+               "planned": t.planned_lookups, "finish": t.finish_reason}
+        if training:
+            row.update(sample=t.sample_index, reward=t.outcome_reward, outcome=t.outcome_part,
+                       steps=[[s.action, s.process_reward] for s in t.steps])
+        rows.append(row)
+    return json.dumps(rows, separators=(",", ":")).encode()
+
+
+def _evaluations(run: Path) -> list[tuple[str, Path]]:
+    if (run / "eval-dev").is_dir():   # an older layout: the final evaluation beside the run
+        return [("eval-dev", run / "eval-dev")]
+    folder = run / "eval"
+    found = [d for d in folder.iterdir() if d.is_dir()] if folder.is_dir() else []
+    return [(f"eval-{d.name}", d) for d in sorted(found, key=lambda d: (len(d.name), d.name))]
+
+
+def pack(run: Path, start: Path, out: Path) -> Path:
+    for name in ("config.yaml", "metrics.jsonl", "result.json"):
+        if not (run / name).is_file():
+            raise SystemExit(f"{run}: no {name} (pack a finished run)")
+    if not (start / "metrics.json").is_file():
+        raise SystemExit(f"{start}: not an evaluation (no metrics.json)")
+    rollouts = sorted(((int(m.group(1)), d) for d in (run / "rollouts").glob("step-*")
+                       if (m := re.fullmatch(r"step-(\d+)", d.name)) and d.is_dir()),
+                      key=lambda x: x[0]) if (run / "rollouts").is_dir() else []
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(out, "w:gz") as tar:
+        def add(name: str, data: bytes) -> None:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+        for name in ("config.yaml", "metrics.jsonl", "result.json"):
+            add(name, (run / name).read_bytes())
+        for tag, folder in _evaluations(run) + [("start-eval-dev", start)]:
+            for name in ("metrics.json", "per_question.json"):
+                if (folder / name).is_file():
+                    add(f"{tag}/{name}", (folder / name).read_bytes())
+            add(f"{tag}/answers.json", _answers(folder))
+        for step, folder in rollouts:
+            add(f"rollouts-step-{step}/answers.json", _answers(folder, training=True))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", type=Path, help="the run's folder")
+    ap.add_argument("start", type=Path, help="the start's dev evaluation (eval-sft-dev)")
+    ap.add_argument("out", type=Path, help="the archive to write (.tar.gz)")
+    args = ap.parse_args(argv)
+    if not args.out.name.endswith(".tar.gz"):
+        raise SystemExit(f"{args.out}: name the archive NAME-sSEED.tar.gz")
+    out = pack(args.run, args.start, args.out)
+    print(f"packed={out} bytes={out.stat().st_size}")
+
+
+if __name__ == "__main__":
+    main()

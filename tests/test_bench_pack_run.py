@@ -1,0 +1,130 @@
+"""bench/pack_run.py: a run packed as the records keep it, and read back by the benches
+that read records (probe_records, pair_records, learning_curves)."""
+
+from __future__ import annotations
+
+import json
+import re
+import tarfile
+from pathlib import Path
+
+import pytest
+from conftest import load_bench
+
+from seekrl.agent.trajectory import Step, Trajectory, write_trajectories
+
+GOLDS = {"q1": "Ann", "q2": "Bo"}
+
+
+def _episode(qid: str, answer: str, searches: int, sample: int = 0,
+             reward: float | None = None) -> Trajectory:
+    """A layout-valid episode: `searches` search turns (a 2-token block after each), then
+    the answer; its first thought plans two lookups."""
+    ids, mask, steps = [0, 0, 0], [0, 0, 0], []
+    for i in range(searches + 1):
+        start = len(ids)
+        ids += [1, 1]
+        mask += [1, 1]
+        plan = "To answer this I need 2 lookups. " if i == 0 else ""
+        if i < searches:
+            step = Step(start=start, end=len(ids), action="search",
+                        text=plan + "<search> q </search>", process_reward=0.5)
+            step.info_start = len(ids)
+            ids += [2, 2]
+            mask += [0, 0]
+            step.info_end = len(ids)
+        else:
+            step = Step(start=start, end=len(ids), action="answer",
+                        text=plan + f"<answer> {answer} </answer>")
+        steps.append(step)
+    t = Trajectory(example_id=qid, group_id=qid, question=f"who is {qid}?",
+                   golden_answers=[GOLDS[qid]], token_ids=ids, loss_mask=mask, prompt_len=3,
+                   steps=steps, answer=answer, finish_reason="answer", sample_index=sample,
+                   outcome_reward=reward, outcome_part=reward)
+    t.check()
+    return t
+
+
+def _evaluation(folder: Path, episodes: list[Trajectory], per: dict | None = None) -> Path:
+    folder.mkdir(parents=True)
+    write_trajectories(folder / "trajectories.jsonl", episodes)
+    (folder / "metrics.json").write_text(json.dumps({"average": {"em": 0.5, "searches": 1.5}}))
+    if per is not None:
+        (folder / "per_question.json").write_text(json.dumps(per))
+    return folder
+
+
+def _run(root: Path, seed: int, right_at_end: bool) -> Path:
+    run = root / f"hops-s{seed}"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(f"seed: {seed}\n")
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
+        {"step": 1, "episodes": 4, "reward": 0.5, "searches": 1.5, "rollout_tokens_total": 40},
+        {"step": 2, "episodes": 4, "reward": 0.7, "searches": 1.0, "rollout_tokens_total": 80},
+        {"step": 2, "dev_em": 0.5, "dev_searches": 1.5})))
+    final = {"q1": 1.0, "q2": float(right_at_end)}
+    (run / "result.json").write_text(json.dumps({
+        "method": "hops", "seed": seed, "steps": 2, "rollout_tokens": 80, "em": 0.75,
+        "evaluated_on": "dev", "taken": "final", "taken_step": 2, "per_question": final}))
+    _evaluation(run / "eval" / "step-2",
+                [_episode("q1", "Ann", 2), _episode("q2", "Bo" if right_at_end else "X", 1)],
+                per=final)
+    _evaluation(run / "rollouts" / "step-1",
+                [_episode("q1", "Ann", 2, 0, 1.0), _episode("q1", "Cy", 1, 1, 0.0)])
+    return run
+
+
+def test_a_packed_run_reads_back_in_every_bench_that_reads_records(tmp_path, capsys):
+    pack = load_bench("pack_run")
+    start = _evaluation(tmp_path / "eval-sft-dev", [_episode("q1", "Ann", 2),
+                                                    _episode("q2", "X", 2)],
+                        per={"q1": 1.0, "q2": 0.0})
+    # one seed of two arms: the first answers both questions at the end, the second one
+    archives = [tmp_path / "records" / arm / "hops-s0.tar.gz" for arm in ("a", "b")]
+    for arm, out in zip("ab", archives):
+        pack.main([str(_run(tmp_path / arm, 0, right_at_end=arm == "a")), str(start),
+                   str(out)])
+    assert "packed=" in capsys.readouterr().out
+    with tarfile.open(archives[0]) as tar:
+        names = set(tar.getnames())
+        answers = json.load(tar.extractfile("eval-step-2/answers.json"))
+        rollouts = json.load(tar.extractfile("rollouts-step-1/answers.json"))
+    assert {"config.yaml", "metrics.jsonl", "result.json", "eval-step-2/per_question.json",
+            "start-eval-dev/per_question.json", "start-eval-dev/answers.json"} <= names
+    assert answers[0] == {"id": "q1", "answer": "Ann", "searches": 2, "planned": 2,
+                          "finish": "answer"}
+    assert rollouts[1] == {"id": "q1", "answer": "Cy", "searches": 1, "planned": 2,
+                           "finish": "answer", "sample": 1, "reward": 0.0, "outcome": 0.0,
+                           "steps": [["search", 0.5], ["answer", None]]}
+    # the run ended on its step-2 probe: that is its final evaluation
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps({"id": q, "question": f"who is {q}?",
+                                             "golden_answers": [g],
+                                             "metadata": {"type": "bridge", "hops": 2}}) + "\n"
+                                 for q, g in GOLDS.items()))
+    load_bench("probe_records").main(["--questions", str(questions), "--arm", "a",
+                                      str(archives[0]), "--base", "b", str(archives[1]),
+                                      "--resamples", "50"])
+    out = capsys.readouterr().out
+    assert "paired_a_vs_b=+0.5000" in out and "paired_a_vs_start=+0.5000" in out
+    assert re.search(r"probe_records: a vs b at final \+0\.5000", out)
+    load_bench("pair_records").main(["--arm", "a", str(archives[0]), "--base", "b",
+                                     str(archives[1]), "--resamples", "50"])
+    assert "paired_a_vs_b=+0.5000" in capsys.readouterr().out
+    runs = load_bench("learning_curves", register=True).read_runs(archives)
+    assert [(r.arm, r.seed, r.steps, r.start) for r in runs] == \
+        [("hops", 0, [1, 2], {"dev": 0.5})] * 2
+
+
+def test_what_cannot_be_packed_is_named(tmp_path):
+    pack = load_bench("pack_run")
+    start = _evaluation(tmp_path / "start", [_episode("q1", "Ann", 1)])
+    run = _run(tmp_path / "runs", 0, right_at_end=True)
+    with pytest.raises(SystemExit, match="name the archive"):
+        pack.main([str(run), str(start), str(tmp_path / "x.zip")])
+    (run / "result.json").unlink()
+    with pytest.raises(SystemExit, match="no result.json"):
+        pack.main([str(run), str(start), str(tmp_path / "x.tar.gz")])
+    with pytest.raises(SystemExit, match="not an evaluation"):
+        pack.main([str(_run(tmp_path / "more", 1, True)), str(tmp_path),
+                   str(tmp_path / "x.tar.gz")])
