@@ -3,7 +3,8 @@
 start (the process bench's two-level bootstrap, as `bench/pair_records.py` pairs the final
 evaluation), what each question kind did (EM, searches, the share answered after at most one
 search, the lookups the policy planned), and the bridges split by the searches they made
-against the hops they need.
+against the hops they need; and, where a run kept its training steps' episodes
+(`bench/pack_run.py` packs them), what the training reward told each search count.
 
     .venv/bin/python bench/probe_records.py \\
         --questions bench/records/demo-dev/dev-questions.jsonl \\
@@ -39,6 +40,7 @@ from process_ablation import QuestionMismatch, _paired, paired_line  # noqa: E40
 
 START = "start"
 EVAL = re.compile(r"eval-(.+)/(answers|per_question)\.json")
+ROLLOUTS = re.compile(r"rollouts-step-(\d+)/answers\.json")
 
 
 def _label_order(label: str) -> tuple[int, int]:
@@ -73,7 +75,11 @@ class Run:
         self.seed, self.method = int(result["seed"]), result.get("method")
         self.answers: dict[str, list[dict]] = {}
         self.kept_em: dict[str, dict[str, float]] = {}
+        self.rollouts: dict[int, list[dict]] = {}   # training step: its episodes, if kept
         for name, data in files.items():
+            if m := ROLLOUTS.fullmatch(name):
+                self.rollouts[int(m.group(1))] = json.loads(data)
+                continue
             if name.startswith("start-eval-dev/"):
                 label = START
             elif m := EVAL.fullmatch(name):
@@ -171,6 +177,50 @@ def bridges_line(name: str, label: str, evaluations: list[list[dict]]) -> str:
     return " ".join(parts)
 
 
+def _cell(kind: str, hops, searches: int) -> str | None:
+    """Where an episode's lookups stand against its question's hops: `h2_fewer`, ..."""
+    if not hops or kind == "comparison":
+        return None
+    h = int(hops)
+    return f"h{h}_" + ("fewer" if searches < h else "as_many" if searches == h else "more")
+
+
+def push_line(name: str, runs: list[Run], questions: dict[str, dict]) -> str | None:
+    """What the training reward told each search count, from the steps' kept episodes: per
+    cell (a bridge's or single-hop question's searches against its hops) the episodes'
+    share and their mean reward less their group's mean (the group-relative advantage's
+    sign and size before the spread's scaling), pooled over steps and seeds. None when no
+    run kept its steps' episodes (`log.save_rollouts`)."""
+    cells: dict[str, list[float]] = defaultdict(list)
+    steps = set()
+    for run in runs:
+        for step, episodes in run.rollouts.items():
+            steps.add(step)
+            # a question's episodes of the step (one group; a question a refill drew
+            # twice in one step has its two groups pooled: the records number its
+            # episodes on)
+            groups: dict[str, list[dict]] = defaultdict(list)
+            for e in episodes:
+                groups[e["id"]].append(e)
+            for qid, group in groups.items():
+                rewards = [e.get("reward") for e in group]
+                q = questions.get(qid)
+                if q is None or len(group) < 2 or None in rewards:
+                    continue
+                mean = sum(rewards) / len(rewards)
+                for e, r in zip(group, rewards):
+                    cell = _cell(q["type"], q["hops"], e["searches"])
+                    if cell is not None:
+                        cells[cell].append(r - mean)
+    if not cells:
+        return None
+    total = sum(len(v) for v in cells.values())
+    return (f"push arm={name} seeds={sum(bool(r.rollouts) for r in runs)} "
+            f"steps={min(steps)}-{max(steps)} episodes={total} "
+            + " ".join(f"{c}_share={len(v) / total:.2f} {c}_adv={_mean(v):+.3f}"
+                       for c, v in sorted(cells.items())))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--questions", type=Path, required=True,
@@ -238,6 +288,10 @@ def main(argv: list[str] | None = None) -> None:
             if by:
                 print(kinds_line(name, label, list(by.values())))
                 print(bridges_line(name, label, list(by.values())))
+    for name, by_seed in arms.items():
+        line = push_line(name, list(by_seed.values()), questions)
+        if line is not None:
+            print(line)
     if summary is None:
         raise SystemExit(f"{arm} and {base} share no evaluation of a common seed")
     label, p = summary

@@ -108,6 +108,12 @@ def test_a_packed_run_reads_back_in_every_bench_that_reads_records(tmp_path, cap
     out = capsys.readouterr().out
     assert "paired_a_vs_b=+0.5000" in out and "paired_a_vs_start=+0.5000" in out
     assert re.search(r"probe_records: a vs b at final \+0\.5000", out)
+    # the training step's group of q1 (a 2-hop bridge): two searches right (reward 1), one
+    # wrong (0): the reward told two searches +0.5 and one -0.5
+    push = dict(re.findall(r"(\S+?)=(\S+)", next(
+        ln for ln in out.splitlines() if ln.startswith("push arm=a"))))
+    assert push["h2_as_many_adv"] == "+0.500" and push["h2_fewer_adv"] == "-0.500"
+    assert push["h2_as_many_share"] == "0.50" and push["steps"] == "1-1"
     load_bench("pair_records").main(["--arm", "a", str(archives[0]), "--base", "b",
                                      str(archives[1]), "--resamples", "50"])
     assert "paired_a_vs_b=+0.5000" in capsys.readouterr().out
