@@ -12,8 +12,8 @@ Kept: the run's `config.yaml`, step log and `result.json`; for each of its evalu
 `answers.json`: each episode's question id, answer, searches, the lookups its first
 thought planned and how it finished. Where the run kept its steps' episodes
 (`log.save_rollouts`), each step's go in as `rollouts-step-N/answers.json`, the same
-fields with the episode's sample, its rewards (total, outcome, the answer's part) and
-each turn's action and process reward. Token ids, documents and checkpoints stay behind.
+fields with the episode's sample, its question's kind and hops, its rewards (total, the
+answer's part) and each turn's action and process reward. Token ids, documents and checkpoints stay behind.
 Prints the archive and its size.
 """
 
@@ -39,7 +39,10 @@ def _answers(folder: Path, *, training: bool = False) -> bytes:
         row = {"id": t.example_id, "answer": t.answer, "searches": t.n_searches,
                "planned": t.planned_lookups, "finish": t.finish_reason}
         if training:
-            row.update(sample=t.sample_index, reward=t.outcome_reward, outcome=t.outcome_part,
+            # a training question is not among the evaluated ones: its kind goes with it
+            row.update(sample=t.sample_index, type=t.metadata.get("type"),
+                       hops=t.metadata.get("hops"), reward=t.outcome_reward,
+                       outcome=t.outcome_part,
                        steps=[[s.action, s.process_reward] for s in t.steps])
         rows.append(row)
     return json.dumps(rows, separators=(",", ":")).encode()

@@ -204,7 +204,9 @@ def push_line(name: str, runs: list[Run], questions: dict[str, dict]) -> str | N
                 groups[e["id"]].append(e)
             for qid, group in groups.items():
                 rewards = [e.get("reward") for e in group]
-                q = questions.get(qid)
+                # the kind packed with a training episode, else the evaluated question's
+                q = {"type": group[0]["type"], "hops": group[0].get("hops")} \
+                    if group[0].get("type") is not None else questions.get(qid)
                 if q is None or len(group) < 2 or None in rewards:
                     continue
                 mean = sum(rewards) / len(rewards)

@@ -17,7 +17,7 @@ GOLDS = {"q1": "Ann", "q2": "Bo"}
 
 
 def _episode(qid: str, answer: str, searches: int, sample: int = 0,
-             reward: float | None = None) -> Trajectory:
+             reward: float | None = None, metadata: dict | None = None) -> Trajectory:
     """A layout-valid episode: `searches` search turns (a 2-token block after each), then
     the answer; its first thought plans two lookups."""
     ids, mask, steps = [0, 0, 0], [0, 0, 0], []
@@ -38,9 +38,9 @@ def _episode(qid: str, answer: str, searches: int, sample: int = 0,
                         text=plan + f"<answer> {answer} </answer>")
         steps.append(step)
     t = Trajectory(example_id=qid, group_id=qid, question=f"who is {qid}?",
-                   golden_answers=[GOLDS[qid]], token_ids=ids, loss_mask=mask, prompt_len=3,
+                   golden_answers=[GOLDS.get(qid, "Ann")], token_ids=ids, loss_mask=mask, prompt_len=3,
                    steps=steps, answer=answer, finish_reason="answer", sample_index=sample,
-                   outcome_reward=reward, outcome_part=reward)
+                   outcome_reward=reward, outcome_part=reward, metadata=metadata or {})
     t.check()
     return t
 
@@ -69,8 +69,10 @@ def _run(root: Path, seed: int, right_at_end: bool) -> Path:
     _evaluation(run / "eval" / "step-2",
                 [_episode("q1", "Ann", 2), _episode("q2", "Bo" if right_at_end else "X", 1)],
                 per=final)
+    # a training question (not among the evaluated ones): its kind is packed with it
+    kind = {"type": "bridge", "hops": 2}
     _evaluation(run / "rollouts" / "step-1",
-                [_episode("q1", "Ann", 2, 0, 1.0), _episode("q1", "Cy", 1, 1, 0.0)])
+                [_episode("t1", "Ann", 2, 0, 1.0, kind), _episode("t1", "Cy", 1, 1, 0.0, kind)])
     return run
 
 
@@ -93,8 +95,9 @@ def test_a_packed_run_reads_back_in_every_bench_that_reads_records(tmp_path, cap
             "start-eval-dev/per_question.json", "start-eval-dev/answers.json"} <= names
     assert answers[0] == {"id": "q1", "answer": "Ann", "searches": 2, "planned": 2,
                           "finish": "answer"}
-    assert rollouts[1] == {"id": "q1", "answer": "Cy", "searches": 1, "planned": 2,
-                           "finish": "answer", "sample": 1, "reward": 0.0, "outcome": 0.0,
+    assert rollouts[1] == {"id": "t1", "answer": "Cy", "searches": 1, "planned": 2,
+                           "finish": "answer", "sample": 1, "type": "bridge", "hops": 2,
+                           "reward": 0.0, "outcome": 0.0,
                            "steps": [["search", 0.5], ["answer", None]]}
     # the run ended on its step-2 probe: that is its final evaluation
     questions = tmp_path / "questions.jsonl"
@@ -108,7 +111,7 @@ def test_a_packed_run_reads_back_in_every_bench_that_reads_records(tmp_path, cap
     out = capsys.readouterr().out
     assert "paired_a_vs_b=+0.5000" in out and "paired_a_vs_start=+0.5000" in out
     assert re.search(r"probe_records: a vs b at final \+0\.5000", out)
-    # the training step's group of q1 (a 2-hop bridge): two searches right (reward 1), one
+    # the training step's group of t1 (a 2-hop bridge): two searches right (reward 1), one
     # wrong (0): the reward told two searches +0.5 and one -0.5
     push = dict(re.findall(r"(\S+?)=(\S+)", next(
         ln for ln in out.splitlines() if ln.startswith("push arm=a"))))
