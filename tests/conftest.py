@@ -60,6 +60,21 @@ def load_bench(name: str, *, module: str | None = None, register: bool = False):
     return loaded
 
 
+def write_archive(path: Path, files: dict[str, object]) -> Path:
+    """A `.tar.gz` as `bench/records` keeps a run: each name's text, or its object as JSON."""
+    import io
+    import json
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        for name, obj in files.items():
+            data = (obj if isinstance(obj, str) else json.dumps(obj)).encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
 @pytest.fixture(scope="module")
 def tiny():
     """The tiny random model with the bundled tokenizer (one per test module)."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import load_bench as load_bench_module
+from conftest import write_archive
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 RECORDS = BENCH / "records"
@@ -145,9 +146,6 @@ def test_the_kept_records_are_drawn(tmp_path):
 
 
 def test_a_run_kept_as_one_archive_reads_as_its_folder_with_its_start(tmp_path):
-    import io
-    import tarfile
-
     curves = load("learning_curves")
     folder = tmp_path / "hops-kl-s2"
     (folder / "eval-final").mkdir(parents=True)
@@ -158,20 +156,12 @@ def test_a_run_kept_as_one_archive_reads_as_its_folder_with_its_start(tmp_path):
         "".join(json.dumps(x) + "\n" for x in step_log(5, every=2, health=True)))
     start = {"average": {"em": 0.46, "searches": 2.15}}
 
-    def pack(path: Path, files: dict[str, str]) -> Path:
-        with tarfile.open(path, "w:gz") as tar:
-            for name, text in files.items():
-                info = tarfile.TarInfo(name)
-                info.size = len(text.encode())
-                tar.addfile(info, io.BytesIO(text.encode()))
-        return path
-
     files = {"result.json": json.dumps(result),
              "metrics.jsonl": (folder / "metrics.jsonl").read_text(),
              "start-eval-dev/metrics.json": json.dumps(start)}
-    kept = pack(tmp_path / "hops-kl-s2.tar.gz", files)
+    kept = write_archive(tmp_path / "hops-kl-s2.tar.gz", files)
     # named without its seed (one run's archive in a folder of its own): its method's
-    plain = pack(tmp_path / "records.tar.gz", files)
+    plain = write_archive(tmp_path / "records.tar.gz", files)
     from_folder, = curves.read_runs([folder])
     from_archive, other = curves.read_runs([kept, plain])
     assert (from_archive.arm, from_archive.seed, other.arm) == ("hops-kl", 2, "hops")
@@ -180,7 +170,7 @@ def test_a_run_kept_as_one_archive_reads_as_its_folder_with_its_start(tmp_path):
     assert from_archive.start == {"dev": 0.46} and from_archive.start_searches == 2.15
     assert curves.plot([from_archive, other], tmp_path / "c.png").stat().st_size > 10_000
     with pytest.raises(SystemExit, match="neither a result.json nor a step log"):
-        curves.read_runs([pack(tmp_path / "empty.tar.gz", {"config.yaml": "seed: 0"})])
+        curves.read_runs([write_archive(tmp_path / "empty.tar.gz", {"config.yaml": "seed: 0"})])
     # the records kept one archive a run: every nine-step arm's seeds, from the start
     nine = sorted((RECORDS / "demo-dev").glob("*9/*.tar.gz"))
     by_arm: dict[str, set] = {}

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import io
 import json
 import re
-import tarfile
 from pathlib import Path
 
 import pytest
-from conftest import load_bench
+from conftest import load_bench, write_archive
 
 
 @pytest.fixture(scope="module")
@@ -23,13 +21,7 @@ def _archive(path: Path, seed: int, per: dict[str, float] | None, start: dict | 
     files = {"result.json": {"method": method, "seed": seed, "per_question": per}}
     if start is not None:
         files["start-eval-dev/per_question.json"] = start
-    with tarfile.open(path, "w:gz") as tar:
-        for name, obj in files.items():
-            data = json.dumps(obj).encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return path
+    return write_archive(path, files)
 
 
 def _figures(text: str) -> dict[str, str]:

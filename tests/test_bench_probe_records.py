@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import io
 import json
 import re
-import tarfile
 from pathlib import Path
 
 import pytest
-from conftest import load_bench
+from conftest import load_bench, write_archive
 
 # q1, q2: 2-hop bridges; q3: a 3-hop bridge; q4: single-hop
 QUESTIONS = [("q1", "Ann", "bridge", 2), ("q2", "Bo", "bridge", 2), ("q3", "Cy", "bridge", 3),
@@ -49,13 +47,7 @@ def _archive(path: Path, seed: int, evals: dict[str, list[dict]], *, method: str
     for label, answers in evals.items():
         folder = "start-eval-dev" if label == "start" else f"eval-{label}"
         files[f"{folder}/answers.json"] = answers
-    with tarfile.open(path, "w:gz") as tar:
-        for name, obj in files.items():
-            data = json.dumps(obj).encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return path
+    return write_archive(path, files)
 
 
 def _figures(line: str) -> dict[str, str]:
