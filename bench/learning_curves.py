@@ -31,14 +31,18 @@ table), `runs=`, `arms=`,
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from seekrl.eval.training_report import trend
 from seekrl.rl import step_metrics as M
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from pack_run import ARCHIVES, KeptRun  # noqa: E402
 
 # a result.json's per-step lists are named TRAIN + the step figure's name
 TRAIN = "train_"
@@ -86,39 +90,11 @@ class Run:
                 if isinstance(v, (int, float))]
 
 
-ARCHIVES = (".tar.gz", ".tgz")
 # what a kept archive (`bench/records`) holds of its start: the start's dev evaluation
 START_IN_ARCHIVE = "start-eval-dev/metrics.json"
 
 
-class _Kept:
-    """A run's kept files by name: its folder's, or those of the archive it was packed into
-    (one `.tar.gz` a run, as `bench/records` keeps them); `.gz` files read decompressed."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.name = path.name.removesuffix(".tar.gz").removesuffix(".tgz") \
-            if path.name.endswith(ARCHIVES) else path.name
-        self.members: dict[str, bytes] | None = None
-        if path.name.endswith(ARCHIVES):
-            import tarfile
-
-            with tarfile.open(path) as tar:
-                self.members = {m.name.removeprefix("./"): tar.extractfile(m).read()
-                                for m in tar.getmembers() if m.isfile()}
-
-    def text(self, name: str) -> str | None:
-        if self.members is not None:
-            data = self.members.get(name)
-        else:
-            path = self.path / name
-            data = path.read_bytes() if path.is_file() else None
-        if data is None:
-            return None
-        return (gzip.decompress(data) if name.endswith(".gz") else data).decode("utf-8")
-
-
-def _read_log(kept: _Kept) -> list[dict] | None:
+def _read_log(kept: KeptRun) -> list[dict] | None:
     for name in LOGS:
         text = kept.text(name)
         if text is not None:   # a run killed while writing leaves a torn last line
@@ -134,7 +110,7 @@ def _loads(line: str) -> dict | None:
     return r if isinstance(r, dict) else None
 
 
-def _seed_of(kept: _Kept, result: dict) -> int | None:
+def _seed_of(kept: KeptRun, result: dict) -> int | None:
     if isinstance(result.get("seed"), int):
         return result["seed"]
     config = kept.text(CONFIG)
@@ -148,7 +124,7 @@ def _seed_of(kept: _Kept, result: dict) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def _arm_of(kept: _Kept, result: dict, seed: int | None) -> str:
+def _arm_of(kept: KeptRun, result: dict, seed: int | None) -> str:
     """The method where the folder (or archive) is named METHOD-sSEED, else its name without
     the seed: a run kept under another name (`noplan-outcome-s0`) is another setting. A
     run kept before it finished (`outcome-s1-partial`) is its arm's: the same setting. An
@@ -157,7 +133,7 @@ def _arm_of(kept: _Kept, result: dict, seed: int | None) -> str:
     method = result.get("method") or result.get("mode")
     if method and name == f"{method}-s{seed}":
         return method
-    if method and kept.members is not None and not re.search(r"-s\d+(?:-|$)", name):
+    if method and kept.packed and not re.search(r"-s\d+(?:-|$)", name):
         return method
     return re.sub(rf"-s{seed}(?=-|$)", "", name) if seed is not None else name
 
@@ -175,7 +151,7 @@ def _dev_steps(result: dict, n: int) -> list[int | None]:
 def read_run(folder: Path) -> Run | None:
     """The run kept in `folder` (or in a kept archive), or None when it holds neither a
     result nor a step log. An archive's start is the dev evaluation it kept beside the run."""
-    kept = _Kept(folder)
+    kept = KeptRun(folder)
     text = kept.text(RESULT)
     result = json.loads(text) if text is not None else {}
     log = _read_log(kept)
@@ -185,7 +161,7 @@ def read_run(folder: Path) -> Run | None:
     run = Run(arm=_arm_of(kept, result, seed), seed=seed,
               final_on=result.get("evaluated_on", "test"),
               partial=kept.name.endswith(PARTIAL))
-    start = kept.text(START_IN_ARCHIVE) if kept.members is not None else None
+    start = kept.text(START_IN_ARCHIVE) if kept.packed else None
     if start is not None:
         average = json.loads(start).get("average") or {}
         if isinstance(average.get("em"), (int, float)):

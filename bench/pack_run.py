@@ -14,17 +14,61 @@ thought planned and how it finished. Where the run kept its steps' episodes
 (`log.save_rollouts`), each step's go in as `rollouts-step-N/answers.json`, the same
 fields with the episode's sample, its question's kind and hops, its rewards (total, the
 answer's part) and each turn's action and process reward. Token ids, documents and checkpoints stay behind.
-Prints the archive and its size.
+Prints the archive and its size. `KeptRun` reads a run back, packed or as its folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import io
 import json
 import re
 import tarfile
 from pathlib import Path
+
+ARCHIVES = (".tar.gz", ".tgz")
+
+
+class KeptRun:
+    """A kept run's files by name: those of the archive it was packed into, or of its
+    folder (read on demand); `text` reads a `.gz` file decompressed."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.packed = path.name.endswith(ARCHIVES)
+        self.name = (path.name.removesuffix(".tar.gz").removesuffix(".tgz") if self.packed
+                     else path.name)
+        self.members: dict[str, bytes] | None = None
+        if self.packed:
+            if not path.is_file():
+                raise SystemExit(f"{path}: no such archive")
+            with tarfile.open(path) as tar:
+                self.members = {m.name.removeprefix("./"): tar.extractfile(m).read()
+                                for m in tar.getmembers() if m.isfile()}
+
+    def names(self, suffix: str = "") -> list[str]:
+        """Every file it holds (a folder's, relative to it) whose name ends with suffix."""
+        if self.members is not None:
+            return [n for n in self.members if n.endswith(suffix)]
+        return [str(p.relative_to(self.path)) for p in sorted(self.path.rglob(f"*{suffix}"))
+                if p.is_file()]
+
+    def read(self, name: str) -> bytes | None:
+        if self.members is not None:
+            return self.members.get(name)
+        path = self.path / name
+        return path.read_bytes() if path.is_file() else None
+
+    def text(self, name: str) -> str | None:
+        data = self.read(name)
+        if data is None:
+            return None
+        return (gzip.decompress(data) if name.endswith(".gz") else data).decode("utf-8")
+
+    def json(self, name: str):
+        data = self.read(name)
+        return None if data is None else json.loads(data)
 
 
 def _answers(folder: Path, *, training: bool = False) -> bytes:

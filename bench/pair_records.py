@@ -22,11 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tarfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from pack_run import ARCHIVES, KeptRun  # noqa: E402
 from process_ablation import QuestionMismatch, _paired, paired_line  # noqa: E402
 
 START_IN_ARCHIVE = "start-eval-dev/per_question.json"
@@ -39,14 +39,11 @@ def read_run(path: Path) -> tuple[dict, dict | None]:
     if not path.is_file():
         raise SystemExit(f"{path}: no such run record (a .tar.gz, a run folder or a "
                          "result.json)")
-    if path.name.endswith((".tar.gz", ".tgz")):
-        with tarfile.open(path) as tar:
-            names = set(tar.getnames())
-            if "result.json" not in names:
-                raise SystemExit(f"{path}: the archive holds no result.json")
-            result = json.load(tar.extractfile("result.json"))
-            start = (json.load(tar.extractfile(START_IN_ARCHIVE))
-                     if START_IN_ARCHIVE in names else None)
+    if path.name.endswith(ARCHIVES):
+        kept = KeptRun(path)
+        result, start = kept.json("result.json"), kept.json(START_IN_ARCHIVE)
+        if result is None:
+            raise SystemExit(f"{path}: the archive holds no result.json")
     else:
         result, start = json.loads(path.read_text()), None
     for key in ("seed", "per_question"):

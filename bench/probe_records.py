@@ -29,12 +29,12 @@ import argparse
 import json
 import re
 import sys
-import tarfile
 from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from pack_run import ARCHIVES, KeptRun  # noqa: E402
 from pair_records import common_start  # noqa: E402
 from process_ablation import QuestionMismatch, _paired, paired_line  # noqa: E402
 
@@ -51,13 +51,10 @@ def _label_order(label: str) -> tuple[int, int]:
 
 def _members(path: Path) -> dict[str, bytes]:
     """The JSON files of a kept run, by their name inside it."""
-    if path.is_dir():
-        return {str(p.relative_to(path)): p.read_bytes() for p in path.rglob("*.json")}
-    if not path.name.endswith((".tar.gz", ".tgz")) or not path.is_file():
+    if not path.is_dir() and not (path.name.endswith(ARCHIVES) and path.is_file()):
         raise SystemExit(f"{path}: expected a kept run (a .tar.gz, or the folder it unpacks to)")
-    with tarfile.open(path) as tar:
-        return {m.name: tar.extractfile(m).read() for m in tar.getmembers()
-                if m.isfile() and m.name.endswith(".json")}
+    kept = KeptRun(path)
+    return {name: kept.read(name) for name in kept.names(".json")}
 
 
 class Run:

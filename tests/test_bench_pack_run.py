@@ -137,3 +137,31 @@ def test_what_cannot_be_packed_is_named(tmp_path):
     with pytest.raises(SystemExit, match="not an evaluation"):
         pack.main([str(_run(tmp_path / "more", 1, True)), str(tmp_path),
                    str(tmp_path / "x.tar.gz")])
+
+
+def test_a_kept_run_reads_alike_packed_and_unpacked(tmp_path):
+    """KeptRun, the one reader of kept runs: an archive and the folder it unpacks to hold
+    the same files, and a gzipped step log reads as its text."""
+    import gzip
+
+    pack = load_bench("pack_run")
+    start = _evaluation(tmp_path / "start", [_episode("q1", "Ann", 1)])
+    run = _run(tmp_path / "runs", 3, right_at_end=True)
+    (run / "metrics.jsonl.gz").write_bytes(gzip.compress((run / "metrics.jsonl").read_bytes()))
+    archive = pack.pack(run, start, tmp_path / "hops-s3.tar.gz")
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    packed, folder = pack.KeptRun(archive), pack.KeptRun(tmp_path / "unpacked")
+    assert packed.packed and not folder.packed and packed.name == "hops-s3"
+    assert sorted(packed.names(".json")) == sorted(folder.names(".json"))
+    assert "rollouts-step-1/answers.json" in packed.names(".json")
+    for name in packed.names():
+        assert packed.read(name) == folder.read(name)
+    assert packed.json("result.json")["seed"] == 3 and packed.json("absent.json") is None
+    assert packed.text("nothing.gz") is None
+    # a run folder itself: its gzipped log read decompressed, files below it by their path
+    as_run = pack.KeptRun(run)
+    assert as_run.text("metrics.jsonl.gz") == (run / "metrics.jsonl").read_text()
+    assert "eval/step-2/metrics.json" in as_run.names(".json")
+    with pytest.raises(SystemExit, match="no such archive"):
+        pack.KeptRun(tmp_path / "missing.tar.gz")
