@@ -133,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a train-config override for every run (repeatable), e.g. "
                          "rollout.temperature=0.7 algo.kl_coef=0.05; method keys win over it")
+    ap.add_argument("--set-for", action="append", default=[], metavar="METHOD:KEY=VALUE",
+                    help="a train-config override for one method's runs (repeatable), over "
+                         "--set and the method's keys: arms that differ in more than their "
+                         "reward, e.g. hops:algo.kl_coef=1.0 beside outcome without the anchor")
     ap.add_argument("--runs-dir", default="runs",
                     help="folder under WORK for this setting's runs, SFT evaluation and plot "
                          "(one world and SFT, several settings side by side)")
@@ -207,6 +211,7 @@ def main() -> None:
     methods.sort(key=lambda m: m != args.budget_by)
     seeds = [int(s) for s in args.seeds.split(",")]
     args.overrides = parse_sets(args.set)
+    args.method_sets = parse_sets_for(args.set_for, methods)
 
     from learning import _setup
 
@@ -274,6 +279,24 @@ def parse_sets(texts: list[str]) -> dict:
     if twice:   # the last would win unsaid
         raise SystemExit(f"--set: {', '.join(twice)} given twice")
     return dict(pairs)
+
+
+def parse_sets_for(texts: list[str], methods: list[str]) -> dict[str, dict]:
+    """`--set-for METHOD:KEY=VALUE` arguments: {method: its dotted config keys}."""
+    given: dict[str, list[str]] = {}
+    for text in texts:
+        method, sep, rest = text.partition(":")
+        if not sep or not method or "=" not in rest:
+            raise SystemExit(f"--set-for {text!r}: expected METHOD:KEY=VALUE, "
+                             "e.g. hops:algo.kl_coef=1.0")
+        if method not in methods:
+            raise SystemExit(f"--set-for {text!r}: {method!r} is not among the methods "
+                             f"run ({', '.join(methods)})")
+        given.setdefault(method, []).append(rest)
+    try:
+        return {m: parse_sets(sets) for m, sets in given.items()}
+    except SystemExit as e:
+        raise SystemExit(str(e).replace("--set:", "--set-for:", 1)) from None
 
 
 def _label_tokens(prm: Path) -> int:
@@ -422,6 +445,7 @@ def _run_config(method: str, seed: int, budget: int | None, args, demo, sft: Pat
     kw = dict(model=str(sft), train_file=train_file, index_dir=rollout_index, out=out)
     base = rl_config(run_cfg, **kw)
     keys = method_overrides(method, group_size=base.group_size, baseline_advantage=args.baseline)
+    keys.update(getattr(args, "method_sets", {}).get(method, {}))
     label_tokens = 0
     if method in NEEDS_PRM:
         keys["reward.prm"] = str(args.prm)
@@ -510,7 +534,8 @@ def _run(method: str, seed: int, budget: int | None, args, demo, sft: Path, worl
               # the training before a resume (the trainer's clock), then all of this process
               "minutes": round((trained_before + time.time() - started) / 60, 2),
               "device": args.device,
-              "evaluated_on": args.final_on, "overrides": args.overrides,
+              "evaluated_on": args.final_on,
+              "overrides": {**args.overrides, **getattr(args, "method_sets", {}).get(method, {})},
               "taken": args.take, "taken_step": summary["steps"] if best is None
               else best["step"],
               "config": cfg.model_dump(mode="json")}

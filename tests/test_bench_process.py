@@ -1094,6 +1094,42 @@ def test_the_method_that_sets_the_budget_runs_its_steps_and_the_others_spend_it(
     assert (args.budget_by, args.take, args.n_dev) == ("outcome", "final", None)
 
 
+def test_set_for_gives_one_methods_runs_their_own_keys_over_set_and_the_methods(tmp_path):
+    """--set-for METHOD:KEY=VALUE: arms that differ in more than their reward (the anchor on
+    the process arm alone); the others keep --set's; a method not run or a malformed one
+    is refused."""
+    from seekrl.recipes.pipeline import DemoConfig
+
+    bench = load_bench()
+    (tmp_path / "train.jsonl").write_text("")
+    args = bench.build_parser().parse_args([
+        "--steps", "4", "--set", "algo.kl_coef=0.1", "--set", "algo.mini_batch_size=8",
+        "--set-for", "hops:algo.kl_coef=1.0", "--set-for", "hops:reward.hop_bonus=0.25"])
+    args.overrides, args.label_tokens = bench.parse_sets(args.set), 0
+    args.method_sets = bench.parse_sets_for(args.set_for, ["hops", "outcome"])
+
+    def config(method):
+        cfg, keys, _ = bench._run_config(method, 0, None, args, DemoConfig(),
+                                         tmp_path / "sft", tmp_path, tmp_path,
+                                         tmp_path / "runs" / f"{method}-s0")
+        return cfg
+
+    hops, outcome = config("hops"), config("outcome")
+    assert (hops.algo.kl_coef, hops.reward.hop_bonus, hops.algo.mini_batch_size) == \
+        (1.0, 0.25, 8)
+    assert (outcome.algo.kl_coef, outcome.reward.hop_bonus, outcome.algo.mini_batch_size) == \
+        (0.1, 0.0, 8)
+    for given, why in ((["recall:algo.kl_coef=1"], "'recall' is not among the methods run"),
+                       (["hops=algo.kl_coef"], "expected METHOD:KEY=VALUE"),
+                       (["hops:algo.kl_coef"], "expected METHOD:KEY=VALUE"),
+                       (["hops:x=1", "hops:x=2"], "--set-for: x given twice")):
+        with pytest.raises(SystemExit, match=why):
+            bench.parse_sets_for(given, ["hops", "outcome"])
+    with pytest.raises(Exception, match="kl_cof"):   # a key no config has
+        args.method_sets = {"hops": {"algo.kl_cof": "1.0"}}
+        config("hops")
+
+
 def test_budget_by_runs_that_method_first_and_gives_its_tokens_to_the_others(tmp_path,
                                                                             monkeypatch):
     import sys
