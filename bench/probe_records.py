@@ -175,18 +175,21 @@ def bridges_line(name: str, label: str, evaluations: list[list[dict]]) -> str:
 
 
 def _cell(kind: str, hops, searches: int) -> str | None:
-    """Where an episode's lookups stand against its question's hops: `h2_fewer`, ..."""
-    if not hops or kind == "comparison":
+    """Where an episode's lookups stand against its question's hops: `h2_fewer`, ... for a
+    bridge or a single-hop question, `c2_fewer`, ... for a comparison (its hops: the
+    documents both sides need)."""
+    if not hops:
         return None
     h = int(hops)
-    return f"h{h}_" + ("fewer" if searches < h else "as_many" if searches == h else "more")
+    return f"{'c' if kind == 'comparison' else 'h'}{h}_" + (
+        "fewer" if searches < h else "as_many" if searches == h else "more")
 
 
 def push_line(name: str, runs: list[Run], questions: dict[str, dict]) -> str | None:
     """What the training reward told each search count, from the steps' kept episodes: per
-    cell (a bridge's or single-hop question's searches against its hops) the episodes'
-    share and their mean reward less their group's mean (the group-relative advantage's
-    sign and size before the spread's scaling), pooled over steps and seeds. None when no
+    cell (a question's searches against its hops, comparisons apart) the episodes' share
+    and their mean reward less their group's mean (the group-relative advantage's sign and
+    size before the spread's scaling), pooled over steps and seeds. None when no
     run kept its steps' episodes (`log.save_rollouts`)."""
     cells: dict[str, list[float]] = defaultdict(list)
     steps = set()

@@ -117,6 +117,7 @@ def test_a_packed_run_reads_back_in_every_bench_that_reads_records(tmp_path, cap
         ln for ln in out.splitlines() if ln.startswith("push arm=a"))))
     assert push["h2_as_many_adv"] == "+0.500" and push["h2_fewer_adv"] == "-0.500"
     assert push["h2_as_many_share"] == "0.50" and push["steps"] == "1-1"
+    assert not any(k.startswith("c") for k in push)   # no comparison was drawn
     load_bench("pair_records").main(["--arm", "a", str(archives[0]), "--base", "b",
                                      str(archives[1]), "--resamples", "50"])
     assert "paired_a_vs_b=+0.5000" in capsys.readouterr().out
@@ -165,3 +166,24 @@ def test_a_kept_run_reads_alike_packed_and_unpacked(tmp_path):
     assert "eval/step-2/metrics.json" in as_run.names(".json")
     with pytest.raises(SystemExit, match="no such archive"):
         pack.KeptRun(tmp_path / "missing.tar.gz")
+
+
+def test_the_push_puts_comparisons_in_cells_of_their_own():
+    """A comparison's searches stand against its hops in `c` cells, beside the bridges' and
+    single-hop questions' `h` cells; a question without hops is in none."""
+    probe = load_bench("probe_records")
+
+    class Kept:
+        rollouts = {1: [
+            {"id": "c", "searches": 3, "reward": 0.0, "type": "comparison", "hops": 2},
+            {"id": "c", "searches": 2, "reward": 1.0, "type": "comparison", "hops": 2},
+            {"id": "b", "searches": 1, "reward": 0.0, "type": "bridge", "hops": 2},
+            {"id": "b", "searches": 2, "reward": 0.0, "type": "bridge", "hops": 2},
+            {"id": "x", "searches": 1, "reward": 1.0, "type": "single", "hops": None},
+            {"id": "x", "searches": 2, "reward": 0.0, "type": "single", "hops": None}]}
+
+    line = probe.push_line("a", [Kept()], {})
+    push = dict(re.findall(r"(\S+?)=(\S+)", line))
+    assert push["c2_more_adv"] == "-0.500" and push["c2_as_many_adv"] == "+0.500"
+    assert push["h2_fewer_adv"] == "+0.000" and push["episodes"] == "4"
+    assert push["c2_more_share"] == "0.25" and not any(k.startswith("h1") for k in push)
