@@ -6,14 +6,15 @@ keeps a run in: what `bench/pair_records.py`, `bench/probe_records.py` and
         bench/records/demo-dev/hopskl1/hops-kl1-s0.tar.gz
 
 Kept: the run's `config.yaml`, step log and `result.json`; for each of its evaluations
-(`eval/step-N` and `eval/final` as `eval-step-N` and `eval-final`, an older run's
-`eval-dev` as it is) and for the start's evaluation (the second argument, as
-`start-eval-dev`), its `metrics.json`, its `per_question.json` where it kept one, and
-`answers.json`: each episode's question id, answer, searches, the lookups its first
-thought planned and how it finished. Where the run kept its steps' episodes
-(`log.save_rollouts`), each step's go in as `rollouts-step-N/answers.json`, the same
-fields with the episode's sample, its question's kind and hops, its rewards (total, the
-answer's part) and each turn's action and process reward. Token ids, documents and checkpoints stay behind.
+(`eval/step-N` and `eval/final` as `eval-step-N` and `eval-final`; those beside it, as
+`eval-test` of a run tested once or an older run's `eval-dev`, as they are) and for the
+start's evaluation (the second argument, as `start-eval-dev`), its `metrics.json`, its
+`per_question.json` where it kept one, and `answers.json`: each episode's question id,
+answer, searches, the lookups its first thought planned and how it finished. Where the run
+kept its steps' episodes (`log.save_rollouts`), each step's go in as
+`rollouts-step-N/answers.json`, the same fields with the episode's sample, its question's
+kind and hops, its rewards (total, the answer's part) and each turn's action and process
+reward. Token ids, documents and checkpoints stay behind.
 Prints the archive and its size. `KeptRun` reads a run back, packed or as its folder.
 """
 
@@ -93,11 +94,15 @@ def _answers(folder: Path, *, training: bool = False) -> bytes:
 
 
 def _evaluations(run: Path) -> list[tuple[str, Path]]:
-    if (run / "eval-dev").is_dir():   # an older layout: the final evaluation beside the run
-        return [("eval-dev", run / "eval-dev")]
+    """The run's probes (`eval/step-N`, `eval/final`) in step order, then the evaluations
+    beside it (`eval-test`: the final policy's on the test questions; `eval-dev` in an
+    older layout, its final one)."""
     folder = run / "eval"
     found = [d for d in folder.iterdir() if d.is_dir()] if folder.is_dir() else []
-    return [(f"eval-{d.name}", d) for d in sorted(found, key=lambda d: (len(d.name), d.name))]
+    probes = [(f"eval-{d.name}", d) for d in sorted(found, key=lambda d: (len(d.name), d.name))]
+    beside = [(d.name, d) for d in sorted(run.glob("eval-*"))
+              if d.is_dir() and (d / "metrics.json").is_file()]
+    return probes + beside
 
 
 def pack(run: Path, start: Path, out: Path) -> Path:

@@ -39,14 +39,16 @@ from pair_records import common_start  # noqa: E402
 from process_ablation import QuestionMismatch, _paired, paired_line  # noqa: E402
 
 START = "start"
+TEST = "test"   # a run's evaluation on the test questions (eval-test), not a dev probe
 EVAL = re.compile(r"eval-(.+)/(answers|per_question)\.json")
 ROLLOUTS = re.compile(r"rollouts-step-(\d+)/answers\.json")
 
 
 def _label_order(label: str) -> tuple[int, int]:
-    """step-N in order of N, then final (an older archive's eval-dev is its final)."""
+    """step-N in order of N, then final (an older archive's eval-dev is its final), then
+    test."""
     m = re.fullmatch(r"step-(\d+)", label)
-    return (0, int(m.group(1))) if m else (1, 0)
+    return (0, int(m.group(1))) if m else (2, 0) if label == TEST else (1, 0)
 
 
 def _members(path: Path) -> dict[str, bytes]:
@@ -231,9 +233,13 @@ def main(argv: list[str] | None = None) -> None:
                     help="the arm's name, then its kept runs (one a seed)")
     ap.add_argument("--base", nargs="+", required=True, metavar=("NAME", "RUN"),
                     help="the arm it is compared with: its name, then its kept runs")
+    ap.add_argument("--test-questions", type=Path, default=None,
+                    help="the test questions, to read a run's evaluation on them (eval-test: "
+                         "a run tested once); without it that evaluation is left out, and said")
     ap.add_argument("--resamples", type=int, default=10_000)
     args = ap.parse_args(argv)
     questions = read_questions(args.questions)
+    test_questions = read_questions(args.test_questions) if args.test_questions else None
 
     arms: dict[str, dict[int, Run]] = {}
     for name, *paths in (args.arm, args.base):
@@ -261,13 +267,18 @@ def main(argv: list[str] | None = None) -> None:
 
     labels = sorted({label for r in runs for label in r.answers if label != START},
                     key=_label_order)
+    if TEST in labels and test_questions is None:
+        labels.remove(TEST)
+        print(f"probe={TEST} left out: the runs kept an evaluation on the test questions; "
+              "give --test-questions to read it")
     summary = None
     if start_run is not None:
         ev = [scored(start_run, START, questions)]
         print(kinds_line(START, "start", ev))
         print(bridges_line(START, "start", ev))
     for label in labels:
-        evals = {name: {s: scored(r, label, questions) for s, r in by_seed.items()
+        asked = test_questions if label == TEST else questions
+        evals = {name: {s: scored(r, label, asked) for s, r in by_seed.items()
                         if label in r.answers} for name, by_seed in arms.items()}
         per_run = {(name, s): per_question(ev) for name, by in evals.items()
                    for s, ev in by.items()}
@@ -277,8 +288,8 @@ def main(argv: list[str] | None = None) -> None:
                              for name in arms if (name, s) in per_run))
         try:
             for a, b in ((arm, base), (arm, START), (base, START)):
-                if b == START and start is None:
-                    continue
+                if b == START and (start is None or label == TEST):
+                    continue   # the start kept is its dev evaluation
                 paired = _paired(per_run, a, b, start, args.resamples)
                 if paired is not None:
                     print(f"probe={label} " + paired_line(a, b, paired))

@@ -187,3 +187,38 @@ def test_the_push_puts_comparisons_in_cells_of_their_own():
     assert push["c2_more_adv"] == "-0.500" and push["c2_as_many_adv"] == "+0.500"
     assert push["h2_fewer_adv"] == "+0.000" and push["episodes"] == "4"
     assert push["c2_more_share"] == "0.25" and not any(k.startswith("h1") for k in push)
+
+
+def test_a_run_tested_once_keeps_its_test_answers_and_they_are_read_with_their_questions(
+        tmp_path, capsys):
+    """A long run's final policy is evaluated on the test questions (`eval-test` beside the
+    run): packed as it is, left out by probe_records (and said) without the test
+    questions, paired on them with."""
+    pack = load_bench("pack_run")
+    probe = load_bench("probe_records")
+    start = _evaluation(tmp_path / "start", [_episode("q1", "Ann", 2), _episode("q2", "X", 2)],
+                        per={"q1": 1.0, "q2": 0.0})
+    archives = []
+    for arm, right in (("a", True), ("b", False)):
+        run = _run(tmp_path / arm, 0, right_at_end=True)
+        _evaluation(run / "eval-test", [_episode("t1", "Ann" if right else "No", 1)],
+                    per={"t1": float(right)})
+        archives.append(pack.pack(run, start, tmp_path / "records" / arm / "hops-s0.tar.gz"))
+    with tarfile.open(archives[0]) as tar:
+        assert {"eval-test/answers.json", "eval-test/per_question.json",
+                "eval-step-2/answers.json"} <= set(tar.getnames())
+    qa = {"q1": "Ann", "q2": "Bo"}
+    dev, test = tmp_path / "dev.jsonl", tmp_path / "test.jsonl"
+    for path, golds in ((dev, qa), (test, {"t1": "Ann"})):
+        path.write_text("".join(json.dumps({"id": q, "question": q, "golden_answers": [g],
+                                            "metadata": {"type": "bridge", "hops": 2}}) + "\n"
+                                for q, g in golds.items()))
+    argv = ["--questions", str(dev), "--arm", "a", str(archives[0]), "--base", "b",
+            str(archives[1]), "--resamples", "20"]
+    probe.main(argv)
+    out = capsys.readouterr().out
+    assert "probe=test left out" in out and "at final +0.0000" in out
+    probe.main(argv + ["--test-questions", str(test)])
+    out = capsys.readouterr().out
+    assert "probe=test paired_a_vs_b=+1.0000" in out and "probe=test paired_a_vs_start" not in out
+    assert re.search(r"probe_records: a vs b at test \+1\.0000", out)
