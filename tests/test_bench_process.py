@@ -1266,17 +1266,22 @@ def test_keep_copies_finished_and_running_runs_small_and_the_report_reads_them(t
         bench._keep(tmp_path / "empty", to)
 
 
-def test_the_long_runs_script_runs_the_settings_results_names():
-    """bench/long_runs.sh parses, and its runs carry every setting of the command that
-    bench/RESULTS.md names for the long200w series (its first line of options onward)."""
+@pytest.mark.parametrize("script, runs, must", [
+    ("long_runs.sh", "long200w", {"--rl-world-seed 1", "--set rollout.temperature=1.0"}),
+    ("long_runs_demo.sh", "longdemo", {"--set-for hops:algo.kl_coef=1.0", "--steps 50",
+                                       "--set algo.mini_batch_size=8", "--take best"}),
+])
+def test_the_long_runs_script_runs_the_settings_results_names(script, runs, must):
+    """bench/long_runs*.sh parse, and their runs carry every setting of the command that
+    bench/RESULTS.md names for their series (its first line of options onward)."""
     import re
     import subprocess
 
     root = Path(__file__).resolve().parent.parent
-    script = root / "bench" / "long_runs.sh"
+    script = root / "bench" / script
     subprocess.run(["bash", "-n", str(script)], check=True)
     results = (root / "bench" / "RESULTS.md").read_text()
-    end = results.index("--runs-dir long200w\n") + len("--runs-dir long200w")
+    end = results.index(f"--runs-dir {runs}\n") + len(f"--runs-dir {runs}")
     named = results[results.rindex("process_ablation.py", 0, end):end]
 
     def options(text: str) -> set[str]:
@@ -1285,5 +1290,5 @@ def test_the_long_runs_script_runs_the_settings_results_names():
                 if k not in ("--work-dir", "--sft", "--seeds")}
 
     want = options(named)
-    assert {"--rl-world-seed 1", "--set rollout.temperature=1.0", "--runs-dir long200w"} <= want
+    assert must | {f"--runs-dir {runs}"} <= want
     assert want <= options(script.read_text())
