@@ -846,6 +846,53 @@ def _one_of(resume: bool, overwrite: bool) -> None:
                           "(replace it), not both")
 
 
+def _command_line(words: list[str], config: Optional[Path], overrides: Optional[list[str]],
+                  *tail: str) -> str:
+    """How a run was started, as a shell line, for the message after an interrupt."""
+    import shlex
+
+    return shlex.join([*words, *(["--config", str(config)] if config else []),
+                       *(overrides or []), *tail])
+
+
+def _resumable(err: KeyboardInterrupt, cfg, command: str, *, resume: bool,
+               overwrite: bool) -> None:
+    """Ctrl-C in a recipe that checkpoints: where it stopped and the command that goes on."""
+    from seekrl.recipes.setup import Interrupted
+
+    _interrupted(err, Interrupted, command, resume=resume, overwrite=overwrite)
+
+
+def _recipe(words: list[str], kind, config: Optional[Path], overrides: Optional[list[str]],
+            run, *, print_config: bool, threads: Optional[int], resume: bool = False,
+            overwrite: bool = False, check=None, tail: tuple[str, ...] = (),
+            on_interrupt=_resumable):
+    """The body the recipe commands share: --resume with --overwrite refused, `kind` loaded
+    from the config file and the overrides, then either printed (--print-config, after
+    `check`: the keys the recipe would refuse) or run (`run(cfg)`, its summary returned)
+    with the thread count. An error ends in one line; Ctrl-C in `on_interrupt(err, cfg,
+    command, resume=, overwrite=)`, which says how to go on (None: not caught). Returns None
+    after --print-config."""
+    command = _command_line(words, config, overrides, *tail)
+    cfg = None
+    try:
+        _one_of(resume, overwrite)
+        cfg = _load(kind, config, overrides)
+        if print_config:
+            if check is not None:
+                check(cfg)
+            _print_config(cfg)
+            return None
+        _threads(threads)
+        return run(cfg)
+    except ERRORS as err:
+        _fail(err)
+    except KeyboardInterrupt as err:
+        if on_interrupt is None:
+            raise
+        on_interrupt(err, cfg, command, resume=resume, overwrite=overwrite)
+
+
 @app.command()
 def sft(
     config: Annotated[Optional[Path], typer.Option(help="YAML config (keys: see seekrl.config.SFTConfig)")]
@@ -859,26 +906,15 @@ def sft(
     threads: Threads = None,
 ):
     """Supervised warm-up on trajectory JSONL (oracle episodes): loss on policy tokens only."""
-    import shlex
-
-    from seekrl.config import SFTConfig, load_config
-    from seekrl.recipes.setup import Interrupted
     from seekrl.recipes.sft import run_sft
 
-    command = shlex.join(["seekrl", "sft", *(["--config", str(config)] if config else []),
-                          *(overrides or [])])
-    try:
-        _one_of(resume, overwrite)
-        cfg = load_config(SFTConfig, config, overrides or [])
-        if print_config:
-            _print_config(cfg)
-            return
-        _threads(threads)
-        summary = run_sft(cfg, console=console, overwrite=overwrite, resume=resume)
-    except ERRORS as err:
-        _fail(err)
-    except KeyboardInterrupt as err:   # one line, not wrapped: the command is copied from it
-        _interrupted(err, Interrupted, command, resume=resume, overwrite=overwrite)
+    summary = _recipe(["seekrl", "sft"], schema.SFTConfig, config, overrides,
+                      lambda cfg: run_sft(cfg, console=console, overwrite=overwrite,
+                                          resume=resume),
+                      print_config=print_config, threads=threads, resume=resume,
+                      overwrite=overwrite)
+    if summary is None:
+        return
     console.print(f"final model -> {summary['final']} (load it with `seekrl eval --model "
                   f"{summary['final']}`)")
 
@@ -899,14 +935,11 @@ def train(
 ):
     """RL from outcome and process (step) rewards: GRPO, Dr. GRPO, RLOO, REINFORCE++, PPO, and
     the step-level estimators (dual_granularity, gigpo, stratified_grpo, tree_grpo)."""
-    import shlex
-
     from seekrl.config import TrainConfig, build_config, load_config, read_config_file, with_keys
     from seekrl.recipes.train import Trainer, check_config
 
-    # how this run was started, for the message after an interrupt
-    command = shlex.join(["seekrl", "train", *(["--config", str(config)] if config else []),
-                          *(["--process", process] if process else []), *(overrides or [])])
+    command = _command_line(["seekrl", "train"], config,
+                            [*(["--process", process] if process else []), *(overrides or [])])
     out = console
     trainer = None
     try:
@@ -986,28 +1019,18 @@ def mcts(
 ):
     """Step labels for a process reward model: MCTS over search steps (or Monte-Carlo
     rollouts with search.method=mc) -> OUT/nodes.jsonl, labels.jsonl, pairs.jsonl."""
-    import shlex
+    from seekrl.recipes.mcts import check_config, run_labelling
 
-    from seekrl.recipes.mcts import run_labelling
-
-    command = shlex.join(["seekrl", "mcts", *(["--config", str(config)] if config else []),
-                          *(overrides or []), "--resume"])
-    cfg = None
-    try:
-        cfg = _load(schema.LabelConfig, config, overrides)
-        if print_config:
-            from seekrl.recipes.mcts import check_config
-
-            check_config(cfg)   # the keys the recipe would refuse, refused here too
-            _print_config(cfg)
-            return
-        _threads(threads)
-        summary = run_labelling(cfg, console=console, resume=resume)
-    except ERRORS as err:
-        _fail(err)
-    except KeyboardInterrupt:   # one line, not wrapped: the command is copied from it
+    def interrupted(err, cfg, command, **flags):
         _stopped(f"interrupted: {cfg.out if cfg else 'out'} keeps the questions labelled so "
                  f"far; continue with: {command}")
+
+    summary = _recipe(["seekrl", "mcts"], schema.LabelConfig, config, overrides,
+                      lambda cfg: run_labelling(cfg, console=console, resume=resume),
+                      print_config=print_config, threads=threads, check=check_config,
+                      tail=("--resume",), on_interrupt=interrupted)
+    if summary is None:
+        return
     console.print(f"{summary['questions']} questions, {summary['simulations']:.0f} simulations "
                   f"({summary['simulations_per_s']} per s), {summary['generated_tokens']:.0f} "
                   f"generated tokens, {summary['pairs']:.0f} pairs -> {summary['out']}")
@@ -1033,25 +1056,15 @@ def simulator_train(
     threads: Threads = None,
 ):
     """Fine-tune a simulator on the real index's documents for logged queries."""
-    import shlex
-
-    from seekrl.recipes.setup import Interrupted
     from seekrl.recipes.simulator import train_simulator
 
-    command = shlex.join(["seekrl", "simulator", "train",
-                          *(["--config", str(config)] if config else []), *(overrides or [])])
-    try:
-        _one_of(resume, overwrite)
-        cfg = _load(schema.SimulatorTrainConfig, config, overrides)
-        if print_config:
-            _print_config(cfg)
-            return
-        _threads(threads)
-        summary = train_simulator(cfg, console=console, overwrite=overwrite, resume=resume)
-    except ERRORS as err:
-        _fail(err)
-    except KeyboardInterrupt as err:   # one line, not wrapped: the command is copied from it
-        _interrupted(err, Interrupted, command, resume=resume, overwrite=overwrite)
+    summary = _recipe(["seekrl", "simulator", "train"], schema.SimulatorTrainConfig, config,
+                      overrides, lambda cfg: train_simulator(cfg, console=console,
+                                                             overwrite=overwrite, resume=resume),
+                      print_config=print_config, threads=threads, resume=resume,
+                      overwrite=overwrite)
+    if summary is None:
+        return
     console.print(f"simulator -> {summary['final']} (in RL: simulator.model={summary['final']}; "
                   f"served: seekrl serve --simulate {summary['final']})")
 
@@ -1076,15 +1089,12 @@ def ranker_train(
     after on held-out questions."""
     from seekrl.recipes.ranker import train_ranker
 
-    try:
-        cfg = _load(schema.RankerTrainConfig, config, overrides)
-        if print_config:
-            _print_config(cfg)
-            return
-        _threads(threads)
-        summary = train_ranker(cfg, console=console, overwrite=overwrite)
-    except ERRORS as err:
-        _fail(err)
+    summary = _recipe(["seekrl", "ranker", "train"], schema.RankerTrainConfig, config,
+                      overrides, lambda cfg: train_ranker(cfg, console=console,
+                                                          overwrite=overwrite),
+                      print_config=print_config, threads=threads, on_interrupt=None)
+    if summary is None:
+        return
     console.print(f"ranker -> {summary['final']} (in RL: ranker.model={summary['final']}; "
                   f"evaluation: seekrl eval --ranker {summary['final']}; served: seekrl serve "
                   f"--index INDEX --ranker {summary['final']})")
@@ -1217,25 +1227,15 @@ def prm_train(
     threads: Threads = None,
 ):
     """Train a PRM (LM + scalar head at each step's last token) on label folders."""
-    import shlex
-
     from seekrl.recipes.prm import train_prm
-    from seekrl.recipes.setup import Interrupted
 
-    command = shlex.join(["seekrl", "prm", "train", *(["--config", str(config)] if config
-                                                      else []), *(overrides or [])])
-    try:
-        _one_of(resume, overwrite)
-        cfg = _load(schema.PRMConfig, config, overrides)
-        if print_config:
-            _print_config(cfg)
-            return
-        _threads(threads)
-        summary = train_prm(cfg, console=console, overwrite=overwrite, resume=resume)
-    except ERRORS as err:
-        _fail(err)
-    except KeyboardInterrupt as err:   # one line, not wrapped: the command is copied from it
-        _interrupted(err, Interrupted, command, resume=resume, overwrite=overwrite)
+    summary = _recipe(["seekrl", "prm", "train"], schema.PRMConfig, config, overrides,
+                      lambda cfg: train_prm(cfg, console=console, overwrite=overwrite,
+                                            resume=resume),
+                      print_config=print_config, threads=threads, resume=resume,
+                      overwrite=overwrite)
+    if summary is None:
+        return
     console.print(f"PRM -> {summary['final']} (use it in RL: reward.process.prm=1.0 "
                   f"reward.prm={summary['final']})")
 
@@ -1351,34 +1351,24 @@ def refine(
 ):
     """PRM-guided refinement: RFT (keep right episodes whose every step the PRM accepts) or
     step-level DPO on sibling pairs."""
-    import shlex
-
-    from seekrl.recipes.refine import RFT_SAMPLED, run_refine
+    from seekrl.recipes.refine import RFT_SAMPLED, check_config, run_refine
     from seekrl.recipes.setup import Interrupted
 
-    command = shlex.join(["seekrl", "refine", *(["--config", str(config)] if config else []),
-                          *(overrides or [])])
-    cfg = None
-    try:
-        _one_of(resume, overwrite)
-        cfg = _load(schema.RefineConfig, config, overrides)
-        if print_config:
-            from seekrl.recipes.refine import check_config
-
-            check_config(cfg)   # the keys the recipe would refuse, refused here too
-            _print_config(cfg)
-            return
-        _threads(threads)
-        summary = run_refine(cfg, console=console, overwrite=overwrite, resume=resume)
-    except ERRORS as err:
-        _fail(err)
-    except KeyboardInterrupt as err:
+    def interrupted(err, cfg, command, **flags):
         if cfg is not None and (Path(cfg.out) / RFT_SAMPLED).is_file():   # samples drawn
             ckpt = err.checkpoint if isinstance(err, Interrupted) else None
             _stopped(f"interrupted; {cfg.out} keeps RFT's sampled episodes"
                      + (f" and the fine-tuning's checkpoint {ckpt}" if ckpt else "")
                      + f"; continue with: {command} --resume")
-        _interrupted(err, Interrupted, command, resume=resume, overwrite=overwrite)
+        _resumable(err, cfg, command, **flags)
+
+    summary = _recipe(["seekrl", "refine"], schema.RefineConfig, config, overrides,
+                      lambda cfg: run_refine(cfg, console=console, overwrite=overwrite,
+                                             resume=resume),
+                      print_config=print_config, threads=threads, resume=resume,
+                      overwrite=overwrite, check=check_config, on_interrupt=interrupted)
+    if summary is None:
+        return
     if summary.get("final"):
         console.print(f"refined policy -> {summary['final']}")
 
@@ -1396,26 +1386,16 @@ def prorag(
 ):
     """ProRAG end to end: SFT -> MCTS labels -> PRM -> refinement -> PRM-supervised RL, with
     the evaluation after each stage (default: the synthetic world at demo size, on a CPU)."""
-    import shlex
-
     from seekrl.prorag import check_config, run_prorag
 
-    command = shlex.join(["seekrl", "prorag", *(["--config", str(config)] if config else []),
-                          *(overrides or []), "--resume"])
-    cfg = None
-    try:
-        cfg = _load(schema.ProragConfig, config, overrides)
-        if print_config:
-            check_config(cfg)   # the stages' keys, as a run checks them first
-            _print_config(cfg)
-            return
-        _threads(threads)
-        run_prorag(cfg, console=console, resume=resume)
-    except ERRORS as err:
-        _fail(err)
-    except KeyboardInterrupt:
+    def interrupted(err, cfg, command, **flags):
         _stopped(f"interrupted: {cfg.out if cfg else 'out'} keeps the stages it finished; "
                  f"continue with: {command}")
+
+    _recipe(["seekrl", "prorag"], schema.ProragConfig, config, overrides,
+            lambda cfg: run_prorag(cfg, console=console, resume=resume),
+            print_config=print_config, threads=threads, check=check_config,
+            tail=("--resume",), on_interrupt=interrupted)
 
 
 @app.command()
