@@ -952,6 +952,27 @@ def test_an_interrupted_labelling_or_prorag_run_gives_the_command_that_goes_on(
     assert f"continue with: seekrl {' '.join(args)} --resume" in text, text
 
 
+def test_an_interrupted_ranker_training_says_how_to_start_again(tmp_path, monkeypatch):
+    """`seekrl ranker train` keeps no checkpoint: Ctrl-C is exit 130 and one line with the
+    command to run again (with --overwrite where it was given), not a traceback."""
+    import shlex
+
+    import seekrl.recipes.ranker as ranker_module
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(ranker_module, "train_ranker", stop)
+    args = ["ranker", "train", f"index={tmp_path / 'idx'}", f"data=[{tmp_path / 'q.jsonl'}]",
+            f"out={tmp_path / 'r'}"]
+    for flags in ([], ["--overwrite"]):
+        r = run(*args, *flags)
+        assert r.exit_code == 130, r.output
+        text = " ".join(r.output.split())
+        assert f"interrupted: {tmp_path / 'r'} holds no new ranker; start again with: " \
+            f"{shlex.join(['seekrl', *args, *flags])}" in text, text
+        assert "Traceback" not in r.output
+
+
 def test_bad_input_of_world_oracle_table_search_is_one_line_not_a_traceback(lab, tmp_path):
     """A path holding rich markup, a file where a folder was meant (and back), nonsense
     numbers for oracle and a metrics file that is not one: each a one-line error, exit 2."""

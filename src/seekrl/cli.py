@@ -871,8 +871,8 @@ def _recipe(words: list[str], kind, config: Optional[Path], overrides: Optional[
     from the config file and the overrides, then either printed (--print-config, after
     `check`: the keys the recipe would refuse) or run (`run(cfg)`, its summary returned)
     with the thread count. An error ends in one line; Ctrl-C in `on_interrupt(err, cfg,
-    command, resume=, overwrite=)`, which says how to go on (None: not caught). Returns None
-    after --print-config."""
+    command, resume=, overwrite=)`, which says how to go on. Returns None after
+    --print-config."""
     command = _command_line(words, config, overrides, *tail)
     cfg = None
     try:
@@ -888,8 +888,6 @@ def _recipe(words: list[str], kind, config: Optional[Path], overrides: Optional[
     except ERRORS as err:
         _fail(err)
     except KeyboardInterrupt as err:
-        if on_interrupt is None:
-            raise
         on_interrupt(err, cfg, command, resume=resume, overwrite=overwrite)
 
 
@@ -1089,10 +1087,14 @@ def ranker_train(
     after on held-out questions."""
     from seekrl.recipes.ranker import train_ranker
 
+    def interrupted(err, cfg, command, **flags):   # the ranker is written once, at the end
+        _stopped(f"interrupted: {cfg.out if cfg else 'out'} holds no new ranker; start again "
+                 f"with: {command}" + (" --overwrite" if overwrite else ""))
+
     summary = _recipe(["seekrl", "ranker", "train"], schema.RankerTrainConfig, config,
                       overrides, lambda cfg: train_ranker(cfg, console=console,
                                                           overwrite=overwrite),
-                      print_config=print_config, threads=threads, on_interrupt=None)
+                      print_config=print_config, threads=threads, on_interrupt=interrupted)
     if summary is None:
         return
     console.print(f"ranker -> {summary['final']} (in RL: ranker.model={summary['final']}; "
