@@ -970,7 +970,7 @@ def test_an_interrupted_ranker_training_says_how_to_start_again(tmp_path, monkey
         text = " ".join(r.output.split())
         assert f"interrupted: {tmp_path / 'r'} holds no new ranker; start again with: " \
             f"{shlex.join(['seekrl', *args, *flags])}" in text, text
-        assert "Traceback" not in r.output
+        assert "Aborted" not in r.output
 
 
 def test_bad_input_of_world_oracle_table_search_is_one_line_not_a_traceback(lab, tmp_path):
