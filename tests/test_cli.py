@@ -273,7 +273,8 @@ def test_an_empty_path_is_refused(keys):
 
 
 @pytest.mark.parametrize("command", [["sft", "data=q.jsonl"], ["train", "data=q.jsonl"],
-                                     ["prm", "train", "labels=[l]"]])
+                                     ["prm", "train", "labels=[l]"], ["simulator", "train"],
+                                     ["refine"]])
 def test_resume_and_overwrite_together_are_refused_before_anything(command):
     r = run(*command, "--resume", "--overwrite", "--print-config")
     assert r.exit_code == 2 and "give one of --resume" in r.output, r.output
