@@ -955,7 +955,7 @@ def test_an_interrupted_labelling_or_prorag_run_gives_the_command_that_goes_on(
 
 def test_an_interrupted_ranker_training_says_how_to_start_again(tmp_path, monkeypatch):
     """`seekrl ranker train` keeps no checkpoint: Ctrl-C is exit 130 and one line with the
-    command to run again (with --overwrite where it was given), not a traceback."""
+    command to run again (with --overwrite where it was given), not click's bare 'Aborted!'."""
     import shlex
 
     import seekrl.recipes.ranker as ranker_module
