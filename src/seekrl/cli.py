@@ -857,10 +857,13 @@ def _command_line(words: list[str], config: Optional[Path], overrides: Optional[
 
 def _resumable(err: KeyboardInterrupt, cfg, command: str, *, resume: bool,
                overwrite: bool) -> None:
-    """Ctrl-C in a recipe that checkpoints: where it stopped and the command that goes on."""
+    """Ctrl-C in a recipe that checkpoints: where it stopped and the command that goes on,
+    on one line that is not wrapped (it is copied from), then exit 130."""
     from seekrl.recipes.setup import Interrupted
 
-    _interrupted(err, Interrupted, command, resume=resume, overwrite=overwrite)
+    _stopped(err.message(command) if isinstance(err, Interrupted) else
+             "interrupted before the first step; start again with: " + command
+             + (" --resume" if resume else " --overwrite" if overwrite else ""))
 
 
 def _recipe(words: list[str], kind, config: Optional[Path], overrides: Optional[list[str]],
@@ -1196,15 +1199,6 @@ def ranker_eval(
 
 prm_app = typer.Typer(no_args_is_help=True, help="The process reward model: train, score, eval.")
 app.add_typer(prm_app, name="prm")
-
-
-def _interrupted(err: KeyboardInterrupt, interrupted: type, command: str, *, resume: bool,
-                 overwrite: bool) -> None:
-    """Ctrl-C in a resumable command: where it stopped and the command that goes on, on one
-    line that is not wrapped (it is copied from), then exit 130."""
-    _stopped(err.message(command) if isinstance(err, interrupted) else
-             "interrupted before the first step; start again with: " + command
-             + (" --resume" if resume else " --overwrite" if overwrite else ""))
 
 
 def _stopped(message: str) -> None:
