@@ -974,6 +974,31 @@ def test_an_interrupted_ranker_training_says_how_to_start_again(tmp_path, monkey
         assert "Aborted" not in r.output
 
 
+def test_an_interrupted_index_build_says_what_it_kept(tmp_path, monkeypatch):
+    """`seekrl index` on Ctrl-C: exit 130 and one line, the shards a dense build kept and
+    --resume when it kept some, else that the index folder is as it was; not 'Aborted!'."""
+    import seekrl.retrieval.index as index_module
+
+    note = f"{tmp_path / 'idx.building'} keeps the 3 dense shard(s) encoded so far; build " \
+        "again with --resume (resume=True) to continue from there"
+
+    def stop(*a, **k):
+        err = KeyboardInterrupt()
+        if a[2] == "dense":   # build_index(corpus, out, retriever, ...)
+            err.add_note(note)
+        raise err
+    monkeypatch.setattr(index_module, "build_index", stop)
+    (tmp_path / "c.jsonl").write_text('{"id": "a", "contents": "x"}\n')
+    for retriever, said in (("dense", f"interrupted: {note}"),
+                            ("bm25", f"interrupted: no index was written; {tmp_path / 'idx'} "
+                                     "is as it was")):
+        r = run("index", "--corpus", str(tmp_path / "c.jsonl"), "--out", str(tmp_path / "idx"),
+                "--retriever", retriever)
+        assert r.exit_code == 130, r.output
+        assert said in " ".join(r.output.split()), r.output
+        assert "Aborted" not in r.output and "Traceback" not in r.output
+
+
 def test_bad_input_of_world_oracle_table_search_is_one_line_not_a_traceback(lab, tmp_path):
     """A path holding rich markup, a file where a folder was meant (and back), nonsense
     numbers for oracle and a metrics file that is not one: each a one-line error, exit 2."""

@@ -260,6 +260,10 @@ def index(
         _fail(FileExistsError(err.said("--overwrite")))
     except ERRORS as err:
         _fail(err)
+    except KeyboardInterrupt as err:   # a dense build's note says where its shards are
+        kept = getattr(err, "__notes__", None)
+        _stopped("interrupted: " + (kept[-1] if kept else
+                                    f"no index was written; {out} is as it was"))
     m = read_manifest(path)
     skipped = f", skipped {m['skipped_lines']} bad lines" if m["skipped_lines"] else ""
     console.print(f"indexed {m['doc_count']} documents ({retriever}) in "
