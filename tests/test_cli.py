@@ -274,7 +274,7 @@ def test_an_empty_path_is_refused(keys):
 
 @pytest.mark.parametrize("command", [["sft", "data=q.jsonl"], ["train", "data=q.jsonl"],
                                      ["prm", "train", "labels=[l]"], ["simulator", "train"],
-                                     ["refine"]])
+                                     ["refine"], ["ranker", "train", "index=i", "data=[q]"]])
 def test_resume_and_overwrite_together_are_refused_before_anything(command):
     r = run(*command, "--resume", "--overwrite", "--print-config")
     assert r.exit_code == 2 and "give one of --resume" in r.output, r.output
@@ -953,24 +953,31 @@ def test_an_interrupted_labelling_or_prorag_run_gives_the_command_that_goes_on(
     assert f"continue with: seekrl {' '.join(args)} --resume" in text, text
 
 
-def test_an_interrupted_ranker_training_says_how_to_start_again(tmp_path, monkeypatch):
-    """`seekrl ranker train` keeps no checkpoint: Ctrl-C is exit 130 and one line with the
-    command to run again (with --overwrite where it was given), not click's bare 'Aborted!'."""
+def test_an_interrupted_ranker_training_gives_the_command_that_goes_on(tmp_path,
+                                                                       monkeypatch):
+    """`seekrl ranker train` on Ctrl-C: exit 130 and one line, the checkpoint and the
+    command with --resume once one was written, else the command to start again; not
+    click's bare 'Aborted!'."""
     import shlex
 
     import seekrl.recipes.ranker as ranker_module
+    from seekrl.recipes.setup import Interrupted
 
-    def stop(*a, **k):
-        raise KeyboardInterrupt
-    monkeypatch.setattr(ranker_module, "train_ranker", stop)
-    args = ["ranker", "train", f"index={tmp_path / 'idx'}", f"data=[{tmp_path / 'q.jsonl'}]",
-            f"out={tmp_path / 'r'}"]
-    for flags in ([], ["--overwrite"]):
+    checkpoint = tmp_path / "r" / "checkpoints" / "step-50"
+    for raised, flags, said in (
+            (Interrupted(60, checkpoint, 50), [], f"interrupted after step 60; the latest "
+             f"checkpoint is {checkpoint}; continue from it with: {{}} --resume"),
+            (KeyboardInterrupt(), ["--overwrite"], "interrupted before the first step; start "
+             "again with: {} --overwrite")):
+        def stop(*a, raised=raised, **k):
+            raise raised
+        monkeypatch.setattr(ranker_module, "train_ranker", stop)
+        args = ["ranker", "train", f"index={tmp_path / 'idx'}",
+                f"data=[{tmp_path / 'q.jsonl'}]", f"out={tmp_path / 'r'}"]
         r = run(*args, *flags)
         assert r.exit_code == 130, r.output
-        text = " ".join(r.output.split())
-        assert f"interrupted: {tmp_path / 'r'} holds no new ranker; start again with: " \
-            f"{shlex.join(['seekrl', *args, *flags])}" in text, text
+        assert said.format(shlex.join(["seekrl", *args])) in " ".join(r.output.split()), \
+            r.output
         assert "Aborted" not in r.output
 
 

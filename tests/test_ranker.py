@@ -407,6 +407,83 @@ def test_ranker_train_measures_held_out_questions_without_a_chain(tmp_path, tiny
                                        out=str(tmp_path / "c")))
 
 
+def test_a_stopped_ranker_training_resumes_to_what_a_straight_one_trains(tmp_path,
+                                                                        tiny_encoder,
+                                                                        monkeypatch):
+    """Ctrl-C after step 15 of 25 (a checkpoint every 5): `resume` ends with the weights,
+    the logged losses and the before/after figures of a run that never stopped and saved
+    nothing (the checkpoint blocks change no draw, dropout's included), and leaves no
+    checkpoint behind."""
+    from conftest import build_world_and_index, interrupt_at_call
+
+    from seekrl.config import RankerTrainConfig
+    from seekrl.recipes.ranker import train_ranker
+    from seekrl.recipes.setup import Interrupted
+    from seekrl.retrieval.ranker import RankerUpdater
+
+    _, paths, index_dir = build_world_and_index(tmp_path / "w", seed=4, entities=200,
+                                                n_train=8, n_dev=3, n_test=2)
+    cfg = dict(model=tiny_encoder, index=str(index_dir), data=[str(paths["train"])],
+               eval_data=[str(paths["dev"])], candidates=5, topk=2, steps=25, batch_size=4,
+               lr=1e-3)
+    straight = train_ranker(RankerTrainConfig(**cfg, save_every=0, out=str(tmp_path / "a")))
+    stopped = RankerTrainConfig(**cfg, save_every=5, out=str(tmp_path / "b"))
+    put_back = interrupt_at_call(monkeypatch, RankerUpdater, "update", 4)   # blocks of 5
+    with pytest.raises(Interrupted) as err:
+        train_ranker(stopped)
+    assert err.value.done == 15 and err.value.checkpoint == tmp_path / "b/checkpoints/step-15"
+    put_back()
+    with pytest.raises(FileExistsError, match="stopped ranker training .* --resume"):
+        train_ranker(stopped)
+    resumed = train_ranker(stopped, resume=True)
+    # the losses are block means, rounded: a 10-step block cut at 15 may differ in the last place
+    assert [r["step"] for r in resumed["log"]] == [r["step"] for r in straight["log"]] == \
+        [10, 20, 25]
+    assert [r["ranker_loss"] for r in resumed["log"]] == pytest.approx(
+        [r["ranker_loss"] for r in straight["log"]], abs=2e-5)
+    assert resumed["recall"] == straight["recall"]
+    from safetensors.torch import load_file
+    a, b = (load_file(tmp_path / run / "final" / "model.safetensors") for run in ("a", "b"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not (tmp_path / "b" / "checkpoints").exists()
+    with pytest.raises(FileExistsError, match="already holds a trained ranker"):
+        train_ranker(stopped, resume=True)
+
+
+def test_a_ranker_resume_refuses_what_would_mix_two_trainings(tmp_path, tiny_encoder,
+                                                              monkeypatch):
+    """Resume needs a checkpoint; a changed setting that shapes the training (lr, data) is
+    named and refused, more steps are taken, fewer than done are refused; --overwrite
+    starts over."""
+    from conftest import build_world_and_index, interrupt_at_call
+
+    from seekrl.config import ConfigError, RankerTrainConfig
+    from seekrl.recipes.ranker import train_ranker
+    from seekrl.recipes.setup import Interrupted
+    from seekrl.retrieval.ranker import RankerUpdater
+
+    _, paths, index_dir = build_world_and_index(tmp_path / "w", seed=4, entities=200,
+                                                n_train=6, n_dev=2, n_test=2)
+    cfg = dict(model=tiny_encoder, index=str(index_dir), data=[str(paths["train"])],
+               candidates=5, topk=2, batch_size=4, save_every=10, out=str(tmp_path / "r"))
+    with pytest.raises(ConfigError, match="has no ranker checkpoint"):
+        train_ranker(RankerTrainConfig(**cfg, steps=30), resume=True)
+    interrupt_at_call(monkeypatch, RankerUpdater, "update", 3)
+    with pytest.raises(Interrupted):
+        train_ranker(RankerTrainConfig(**cfg, steps=30))   # stopped after step 20
+    monkeypatch.undo()
+    for changed, said in ((dict(lr=1e-3), "lr: 2e-05 -> 0.001"),
+                          (dict(data=[str(paths["dev"])]), "data: ")):
+        with pytest.raises(ConfigError, match=f"other settings: {said}"):
+            train_ranker(RankerTrainConfig(**{**cfg, **changed}, steps=30), resume=True)
+    with pytest.raises(ConfigError, match="steps: 20, and .* has done 20"):
+        train_ranker(RankerTrainConfig(**cfg, steps=20), resume=True)
+    longer = train_ranker(RankerTrainConfig(**cfg, steps=40), resume=True)
+    assert [r["step"] for r in longer["log"]] == [10, 20, 30, 40]
+    again = train_ranker(RankerTrainConfig(**cfg, steps=10), overwrite=True)
+    assert [r["step"] for r in again["log"]] == [10]
+
+
 # ---- trained with the agent
 def _rl_config(tmp_path, paths, index_dir, encoder, out="run", **ranker):
     from seekrl.config import TrainConfig

@@ -1087,6 +1087,8 @@ def ranker_train(
         help="key.sub=value overrides, e.g. index=data/index 'data=[data/world/train.jsonl]' "
              "'eval_data=[data/world/dev.jsonl]' out=runs/ranker", show_default=False)] = None,
     overwrite: Annotated[bool, typer.Option(help="replace a ranker already in out")] = False,
+    resume: Annotated[bool, typer.Option(
+        help="continue a stopped training in out from its latest checkpoint")] = False,
     print_config: PrintConfig = False,
     threads: Threads = None,
 ):
@@ -1094,14 +1096,11 @@ def ranker_train(
     after on held-out questions."""
     from seekrl.recipes.ranker import train_ranker
 
-    def interrupted(err, cfg, command, **flags):   # the ranker is written once, at the end
-        _stopped(f"interrupted: {cfg.out if cfg else 'out'} holds no new ranker; start again "
-                 f"with: {command}" + (" --overwrite" if overwrite else ""))
-
     summary = _recipe(["seekrl", "ranker", "train"], schema.RankerTrainConfig, config,
                       overrides, lambda cfg: train_ranker(cfg, console=console,
-                                                          overwrite=overwrite),
-                      print_config=print_config, threads=threads, on_interrupt=interrupted)
+                                                          overwrite=overwrite, resume=resume),
+                      print_config=print_config, threads=threads, resume=resume,
+                      overwrite=overwrite)
     if summary is None:
         return
     console.print(f"ranker -> {summary['final']} (in RL: ranker.model={summary['final']}; "

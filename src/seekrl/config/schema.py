@@ -672,6 +672,7 @@ class RankerTrainConfig(Strict):
     topk: TopK = DEFAULT_TOPK          # k of recall@k (the documents an agent is shown)
     limit: int | None = Field(None, ge=1)   # at most this many training queries
     steps: int = Field(200, ge=1)
+    save_every: int = Field(50, ge=0)  # a checkpoint every N steps, for --resume (0: none)
     batch_size: int = Field(16, ge=1)
     lr: float = Field(2e-5, gt=0)
     # None: a trained ranker's own (a different value is refused), 128 / 0.05 for a fresh one

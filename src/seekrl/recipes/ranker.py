@@ -35,6 +35,14 @@ from rich.console import Console
 from seekrl.agent.protocol import holds_phrase, normalise_text
 from seekrl.config import RankerTrainConfig
 from seekrl.data.qa import given_titles, hop_chain, in_file
+from seekrl.errors import ConfigError
+from seekrl.recipes.checkpoint import (
+    latest_checkpoint,
+    process_tag,
+    remove_outputs,
+    replace_dir,
+)
+from seekrl.recipes.setup import Interrupted, rng_state, set_rng_state
 from seekrl.retrieval.base import Hit
 from seekrl.retrieval.ranker import RankerUpdater, load_ranker, ranked_retriever, recall_at
 from seekrl.rewards.metrics import exact_match
@@ -163,10 +171,53 @@ def gold_hit_rate(retriever, records: Sequence[dict[str, Any]], k: int,
     return recall_at(retriever, [r["query"] for r in rows], [r["gold_ids"] for r in rows], k)
 
 
+# the settings a resumed ranker training may change: where it writes, how long it trains
+# and how often it saves, the device; any other changes its examples, its model or what
+# its before/after figures measure
+RESUME_MAY_CHANGE = ("out", "steps", "save_every", "device")
+
+
+def check_ranker_run(out: Path, cfg: RankerTrainConfig, *, overwrite: bool,
+                     resume: bool) -> Path | None:
+    """Refuse what would lose work or mix two runs, before anything slow: a finished ranker
+    or a stopped training in `out` (unless `overwrite` or, for a stopped one, `resume`),
+    and a resume without a checkpoint or with changed settings. Returns the checkpoint a
+    resume goes on from."""
+    from seekrl.recipes.checkpoint import config_changes
+
+    if resume and overwrite:
+        raise ConfigError("give one of --resume (continue the training in out) or "
+                          "--overwrite (replace it), not both")
+    if (out / "final").exists() and not overwrite:
+        raise FileExistsError(f"out: {out} already holds a trained ranker (final/); pass "
+                              "--overwrite or choose another out")
+    checkpoint = latest_checkpoint(out)
+    if not resume:
+        if checkpoint is not None and not overwrite:
+            raise FileExistsError(f"out: {out} holds a stopped ranker training "
+                                  f"({checkpoint.name}); pass --resume to continue it, "
+                                  "--overwrite to replace it, or choose another out")
+        return None
+    if checkpoint is None:
+        raise ConfigError(f"--resume: {out} has no ranker checkpoint (checkpoints/latest); "
+                          "one is written every save_every steps")
+    refused = [c for c in config_changes(out / "config.yaml", cfg)
+               if c.split(":", 1)[0] not in RESUME_MAY_CHANGE]
+    if refused:
+        raise ConfigError(f"--resume: the ranker in {out} was trained with other settings: "
+                          + "; ".join(refused) + f" (old -> new); resume with the run's "
+                          f"({out / 'config.yaml'}), or start a new one in another out; only "
+                          f"{', '.join(RESUME_MAY_CHANGE)} may change on resume")
+    return checkpoint
+
+
 def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
-                 overwrite: bool = False) -> dict[str, Any]:
+                 overwrite: bool = False, resume: bool = False) -> dict[str, Any]:
     """Build the examples, train, measure recall@k before and after; the summary holds
-    `final` (the ranker's folder)."""
+    `final` (the ranker's folder). Every `save_every` steps a checkpoint (the ranker, its
+    optimizer and sampler, the random states, the figures so far) lets `resume` go on
+    where a stopped training was, drawing what a straight one would; Ctrl-C raises
+    `Interrupted`, which names it."""
     from seekrl.agent.trajectory import read_trajectories
     from seekrl.data.qa import load_qa
     from seekrl.recipes.setup import open_index, sample_queries
@@ -174,9 +225,13 @@ def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
     console = console or Console()
     out = Path(cfg.out)
     final = out / "final"
-    if final.exists() and not overwrite:
-        raise FileExistsError(f"out: {out} already holds a trained ranker (final/); pass "
-                              "--overwrite or choose another --out")
+    checkpoint = check_ranker_run(out, cfg, overwrite=overwrite, resume=resume)
+    state = None
+    if checkpoint is not None:
+        state = torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=False)
+        if state["step"] >= cfg.steps:
+            raise ConfigError(f"steps: {cfg.steps}, and {checkpoint} has done {state['step']}; "
+                              "resume with more steps than that")
     started = time.time()
     first = open_index(cfg.index, "the ranker orders its candidates")
     records: list[dict[str, Any]] = []
@@ -206,6 +261,9 @@ def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
     torch.manual_seed(cfg.seed)
     ranker = load_ranker(cfg.model, kind=cfg.kind, device=cfg.device, max_len=cfg.max_len,
                          temperature=cfg.temperature, first=first)
+    if checkpoint is not None:
+        # the trained one in place of the start (a query encoder binds to `first` again)
+        ranker = load_ranker(str(checkpoint / "ranker"), device=cfg.device, first=first)
     held_questions, held = [], []
     for path in cfg.eval_data:
         with in_file(path):
@@ -240,16 +298,48 @@ def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
         if parts:
             console.print(f"{when}: " + ", ".join(parts))
 
-    measure("first_stage", first)
-    measure("before", ranked_retriever(first, ranker, cfg.candidates))
     updater = RankerUpdater(ranker, cfg.lr, seed=cfg.seed)
-    log = []
-    for lo in range(0, cfg.steps, 10):
-        stats = updater.update(examples, min(10, cfg.steps - lo), cfg.batch_size)
-        log.append({"step": lo + min(10, cfg.steps - lo), **stats})
-        console.print(f"step {log[-1]['step']}/{cfg.steps}: loss {stats['ranker_loss']:.4f}")
-    measure("after", ranked_retriever(first, ranker, cfg.candidates))
-    ranker.save(final)
+    done = 0
+    try:   # Ctrl-C from here on names the checkpoint to go on from, if there is one
+        if state is None:
+            claim_ranker_dir(out, cfg, overwrite)
+            measure("first_stage", first)
+            measure("before", ranked_retriever(first, ranker, cfg.candidates))
+            log, pending = [], []
+        else:
+            updater.load_state_dict(state["updater"])
+            set_rng_state(state["rng"])
+            done, log, pending = state["step"], state["log"], state["pending"]
+            for figures, saved in ((recall, state["recall"]), (question, state["question"]),
+                                   (hit, state["hit"])):
+                figures.update(saved)   # the start's, measured once
+            console.print(f"resuming from {checkpoint}: {done} of {cfg.steps} steps done")
+        while done < cfg.steps:
+            # blocks end at each tenth step (a logged loss, the mean over its ten) and each
+            # checkpoint; the sampler draws step by step, so the blocks change no draw
+            n = min(10 - done % 10, cfg.steps - done,
+                    cfg.save_every - done % cfg.save_every if cfg.save_every else cfg.steps)
+            stats = updater.update(examples, n, cfg.batch_size)
+            pending.append((stats["ranker_loss"], n))
+            done += n
+            if done % 10 == 0 or done == cfg.steps:
+                loss = sum(v * k for v, k in pending) / sum(k for _, k in pending)
+                log.append({"step": done, "ranker_loss": round(loss, 5),
+                            "ranker_examples": stats["ranker_examples"]})
+                pending = []
+                console.print(f"step {done}/{cfg.steps}: loss {loss:.4f}")
+            if cfg.save_every and done % cfg.save_every == 0 and done != cfg.steps:
+                save_ranker_checkpoint(out / "checkpoints", done, ranker, {
+                    "step": done, "updater": updater.state_dict(), "rng": rng_state(),
+                    "log": log, "pending": pending, "recall": recall, "question": question,
+                    "hit": hit})
+        measure("after", ranked_retriever(first, ranker, cfg.candidates))
+        # whole or not at all: a half-written final/ would refuse the resume that mends it
+        tmp = final.with_name(f"final.tmp{process_tag()}")
+        replace_dir(ranker.save(tmp), final)
+    except KeyboardInterrupt:
+        raise Interrupted(done, latest_checkpoint(out), cfg.save_every) from None
+    remove_outputs(out, ("checkpoints",))   # a finished training is not resumed
     summary = {"final": str(final), "kind": ranker.kind, "examples": len(examples),
                "queries": len(unique), "candidates": cfg.candidates, "k": cfg.topk,
                "recall": recall, "question_recall": question, "gold_hit": hit,
@@ -259,3 +349,28 @@ def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
                "config": cfg.model_dump(mode="json")}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def claim_ranker_dir(out: Path, cfg: RankerTrainConfig, overwrite: bool) -> None:
+    """`out` ready for a new training, once its inputs are read and its model loaded (a bad
+    input never costs the old ranker): with `overwrite` the old one's files go. Its config
+    is kept for a resume to check against."""
+    from seekrl.config import dump_config
+
+    out.mkdir(parents=True, exist_ok=True)
+    if overwrite:
+        remove_outputs(out, ("final", "checkpoints", "summary.json", "config.yaml"))
+    dump_config(cfg, out / "config.yaml")
+
+
+def save_ranker_checkpoint(folder: Path, step: int, ranker, state: dict) -> None:
+    """`folder/step-N`: the ranker as `final/` holds it (`ranker/`) and what a resume needs
+    (`state.pt`), written whole or not at all and named by `latest` only then; the newest
+    alone is kept (`write_checkpoint`)."""
+    from seekrl.recipes.checkpoint import write_checkpoint
+
+    def write(tmp: Path) -> None:
+        ranker.save(tmp / "ranker")
+        torch.save(state, tmp / "state.pt")
+
+    write_checkpoint(folder, step, write, keep_last=1)
