@@ -445,9 +445,20 @@ def test_a_stopped_ranker_training_resumes_to_what_a_straight_one_trains(tmp_pat
     from safetensors.torch import load_file
     a, b = (load_file(tmp_path / run / "final" / "model.safetensors") for run in ("a", "b"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert not (tmp_path / "b" / "checkpoints").exists()
+    assert (tmp_path / "b/checkpoints/latest").read_text() == "step-25"   # the last, kept
+    assert [p.name for p in (tmp_path / "b/checkpoints").iterdir() if p.is_dir()] == ["step-25"]
     with pytest.raises(FileExistsError, match="already holds a trained ranker"):
         train_ranker(stopped, resume=True)
+    # --overwrite keeps the old ranker until the new one replaces it
+    interrupt_at_call(monkeypatch, RankerUpdater, "update", 1)
+    with pytest.raises(Interrupted):
+        train_ranker(stopped, overwrite=True)
+    monkeypatch.undo()
+    kept = load_file(tmp_path / "b" / "final" / "model.safetensors")
+    assert all(torch.equal(kept[k], b[k]) for k in b)
+    assert not (tmp_path / "b" / "summary.json").exists()
+    with pytest.raises(FileExistsError, match="already holds a trained ranker"):
+        train_ranker(stopped)
 
 
 def test_a_ranker_resume_refuses_what_would_mix_two_trainings(tmp_path, tiny_encoder,
@@ -476,8 +487,19 @@ def test_a_ranker_resume_refuses_what_would_mix_two_trainings(tmp_path, tiny_enc
                           (dict(data=[str(paths["dev"])]), "data: ")):
         with pytest.raises(ConfigError, match=f"other settings: {said}"):
             train_ranker(RankerTrainConfig(**{**cfg, **changed}, steps=30), resume=True)
-    with pytest.raises(ConfigError, match="steps: 20, and .* has done 20"):
-        train_ranker(RankerTrainConfig(**cfg, steps=20), resume=True)
+    with pytest.raises(ConfigError, match="steps: 10, and .* has done 20"):
+        train_ranker(RankerTrainConfig(**cfg, steps=10), resume=True)
+    (tmp_path / "r" / "config.yaml").rename(tmp_path / "config.yaml")
+    with pytest.raises(ConfigError, match="has no config.yaml"):
+        train_ranker(RankerTrainConfig(**cfg, steps=30), resume=True)
+    (tmp_path / "config.yaml").rename(tmp_path / "r" / "config.yaml")
+    # stopped while "after" is measured: the checkpoint of the last step finishes it
+    import seekrl.recipes.ranker as ranker_module
+    interrupt_at_call(monkeypatch, ranker_module, "ranked_retriever", 1)
+    with pytest.raises(Interrupted) as err:
+        train_ranker(RankerTrainConfig(**cfg, steps=40), resume=True)
+    monkeypatch.undo()
+    assert err.value.done == 40 and err.value.checkpoint.name == "step-40"
     longer = train_ranker(RankerTrainConfig(**cfg, steps=40), resume=True)
     assert [r["step"] for r in longer["log"]] == [10, 20, 30, 40]
     again = train_ranker(RankerTrainConfig(**cfg, steps=10), overwrite=True)
@@ -820,6 +842,33 @@ def test_seekrl_ranker_train_fine_tunes_a_query_encoder_from_the_cli(tmp_path, d
                                       "--topk", "2"])
     assert result.exit_code == 0, result.output
     assert f"recall@2 {summary['final']}=" in result.output
+
+
+def test_a_stopped_query_encoder_training_resumes_from_the_cli(tmp_path, dense_lab,
+                                                               monkeypatch):
+    """A query encoder loaded from a checkpoint is bound to the index again (it loads
+    unbound): resumed with --resume after a Ctrl-C, it ends as a straight run does."""
+    from conftest import interrupt_at_call
+    from typer.testing import CliRunner
+
+    from seekrl.cli import app
+    from seekrl.retrieval.ranker import RankerUpdater
+
+    paths, dense_dir, _ = dense_lab
+    args = ["ranker", "train", "kind=query", f"index={dense_dir}", f"data=[{paths['train']}]",
+            f"eval_data=[{paths['dev']}]", "steps=6", "save_every=3", "candidates=5",
+            "topk=2", "lr=1e-3", "batch_size=4"]
+    straight = CliRunner().invoke(app, [*args, f"out={tmp_path / 'a'}"])
+    assert straight.exit_code == 0, straight.output
+    interrupt_at_call(monkeypatch, RankerUpdater, "update", 2)
+    stopped = CliRunner().invoke(app, [*args, f"out={tmp_path / 'b'}"])
+    assert stopped.exit_code == 130 and "after step 3" in stopped.output, stopped.output
+    monkeypatch.undo()
+    resumed = CliRunner().invoke(app, [*args, f"out={tmp_path / 'b'}", "--resume"])
+    assert resumed.exit_code == 0 and "resuming from" in resumed.output, resumed.output
+    a, b = (json.loads((tmp_path / run / "summary.json").read_text()) for run in "ab")
+    assert a["recall"] == b["recall"] and [r["step"] for r in b["log"]] == [6]
+    assert b["log"][0]["ranker_loss"] == pytest.approx(a["log"][0]["ranker_loss"], abs=2e-5)
 
 
 def test_a_query_encoder_trains_with_the_agent_and_resumes_where_it_stopped(tmp_path, tiny,

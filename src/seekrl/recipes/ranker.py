@@ -179,19 +179,21 @@ RESUME_MAY_CHANGE = ("out", "steps", "save_every", "device")
 
 def check_ranker_run(out: Path, cfg: RankerTrainConfig, *, overwrite: bool,
                      resume: bool) -> Path | None:
-    """Refuse what would lose work or mix two runs, before anything slow: a finished ranker
-    or a stopped training in `out` (unless `overwrite` or, for a stopped one, `resume`),
-    and a resume without a checkpoint or with changed settings. Returns the checkpoint a
-    resume goes on from."""
-    from seekrl.recipes.checkpoint import config_changes
+    """Refuse what would lose work or mix two trainings, before anything slow: a finished
+    one in `out` (its summary.json, or a final/ of its own) unless `overwrite`, a stopped
+    one (a checkpoint, no summary) unless `overwrite` or `resume`, and a resume without a
+    checkpoint or with changed settings. Returns the checkpoint a resume goes on from."""
+    from seekrl.recipes.checkpoint import config_changes, recover_replaced
 
     if resume and overwrite:
         raise ConfigError("give one of --resume (continue the training in out) or "
                           "--overwrite (replace it), not both")
-    if (out / "final").exists() and not overwrite:
+    recover_replaced(out / "final")   # what a kill while final/ was being swapped left
+    finished = (out / "summary.json").is_file()
+    checkpoint = None if finished else latest_checkpoint(out)
+    if not overwrite and (finished or (checkpoint is None and (out / "final").exists())):
         raise FileExistsError(f"out: {out} already holds a trained ranker (final/); pass "
                               "--overwrite or choose another out")
-    checkpoint = latest_checkpoint(out)
     if not resume:
         if checkpoint is not None and not overwrite:
             raise FileExistsError(f"out: {out} holds a stopped ranker training "
@@ -201,6 +203,9 @@ def check_ranker_run(out: Path, cfg: RankerTrainConfig, *, overwrite: bool,
     if checkpoint is None:
         raise ConfigError(f"--resume: {out} has no ranker checkpoint (checkpoints/latest); "
                           "one is written every save_every steps")
+    if not (out / "config.yaml").is_file():   # nothing to check the settings against
+        raise ConfigError(f"--resume: {out} has no config.yaml, the settings its checkpoints "
+                          "were trained with; start a new training (--overwrite)")
     refused = [c for c in config_changes(out / "config.yaml", cfg)
                if c.split(":", 1)[0] not in RESUME_MAY_CHANGE]
     if refused:
@@ -214,10 +219,12 @@ def check_ranker_run(out: Path, cfg: RankerTrainConfig, *, overwrite: bool,
 def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
                  overwrite: bool = False, resume: bool = False) -> dict[str, Any]:
     """Build the examples, train, measure recall@k before and after; the summary holds
-    `final` (the ranker's folder). Every `save_every` steps a checkpoint (the ranker, its
-    optimizer and sampler, the random states, the figures so far) lets `resume` go on
-    where a stopped training was, drawing what a straight one would; Ctrl-C raises
-    `Interrupted`, which names it."""
+    `final` (the ranker's folder). Every `save_every` steps, and at the last, a checkpoint
+    (the ranker, its optimizer and sampler, the random states, the figures so far) lets
+    `resume` go on where a stopped training was, drawing what a straight one would; Ctrl-C
+    raises `Interrupted`, which names it. With `overwrite` an old ranker in `out` stays
+    until the new final/ replaces it; summary.json, written last, marks the training
+    finished."""
     from seekrl.agent.trajectory import read_trajectories
     from seekrl.data.qa import load_qa
     from seekrl.recipes.setup import open_index, sample_queries
@@ -229,9 +236,9 @@ def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
     state = None
     if checkpoint is not None:
         state = torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=False)
-        if state["step"] >= cfg.steps:
+        if state["step"] > cfg.steps:
             raise ConfigError(f"steps: {cfg.steps}, and {checkpoint} has done {state['step']}; "
-                              "resume with more steps than that")
+                              "resume with at least as many")
     started = time.time()
     first = open_index(cfg.index, "the ranker orders its candidates")
     records: list[dict[str, Any]] = []
@@ -259,11 +266,13 @@ def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
     console.print(f"{len(examples)} ranking examples from {len(unique)} queries "
                   f"({cfg.candidates} candidates each)")
     torch.manual_seed(cfg.seed)
-    ranker = load_ranker(cfg.model, kind=cfg.kind, device=cfg.device, max_len=cfg.max_len,
-                         temperature=cfg.temperature, first=first)
-    if checkpoint is not None:
-        # the trained one in place of the start (a query encoder binds to `first` again)
+    if checkpoint is None:
+        ranker = load_ranker(cfg.model, kind=cfg.kind, device=cfg.device, max_len=cfg.max_len,
+                             temperature=cfg.temperature, first=first)
+    else:
         ranker = load_ranker(str(checkpoint / "ranker"), device=cfg.device, first=first)
+        if ranker.kind == "query":   # a trained one loads unbound (a fresh one binds to `first`)
+            ranker.bind(first)
     held_questions, held = [], []
     for path in cfg.eval_data:
         with in_file(path):
@@ -328,26 +337,26 @@ def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
                             "ranker_examples": stats["ranker_examples"]})
                 pending = []
                 console.print(f"step {done}/{cfg.steps}: loss {loss:.4f}")
-            if cfg.save_every and done % cfg.save_every == 0 and done != cfg.steps:
+            if cfg.save_every and (done % cfg.save_every == 0 or done == cfg.steps):
+                # the last too: a stop while "after" is measured costs no training
                 save_ranker_checkpoint(out / "checkpoints", done, ranker, {
                     "step": done, "updater": updater.state_dict(), "rng": rng_state(),
                     "log": log, "pending": pending, "recall": recall, "question": question,
                     "hit": hit})
         measure("after", ranked_retriever(first, ranker, cfg.candidates))
-        # whole or not at all: a half-written final/ would refuse the resume that mends it
+        # whole or not at all, and the old one (--overwrite) kept until then
         tmp = final.with_name(f"final.tmp{process_tag()}")
         replace_dir(ranker.save(tmp), final)
+        summary = {"final": str(final), "kind": ranker.kind, "examples": len(examples),
+                   "queries": len(unique), "candidates": cfg.candidates, "k": cfg.topk,
+                   "recall": recall, "question_recall": question, "gold_hit": hit,
+                   "held_out_queries": len(held), "held_out_questions": len(asked),
+                   "held_out_searches": len(logged), "log": log,
+                   "minutes": round((time.time() - started) / 60, 2),
+                   "config": cfg.model_dump(mode="json")}
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
     except KeyboardInterrupt:
         raise Interrupted(done, latest_checkpoint(out), cfg.save_every) from None
-    remove_outputs(out, ("checkpoints",))   # a finished training is not resumed
-    summary = {"final": str(final), "kind": ranker.kind, "examples": len(examples),
-               "queries": len(unique), "candidates": cfg.candidates, "k": cfg.topk,
-               "recall": recall, "question_recall": question, "gold_hit": hit,
-               "held_out_queries": len(held), "held_out_questions": len(asked),
-               "held_out_searches": len(logged), "log": log,
-               "minutes": round((time.time() - started) / 60, 2),
-               "config": cfg.model_dump(mode="json")}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
 
@@ -358,15 +367,15 @@ def claim_ranker_dir(out: Path, cfg: RankerTrainConfig, overwrite: bool) -> None
     from seekrl.config import dump_config
 
     out.mkdir(parents=True, exist_ok=True)
-    if overwrite:
-        remove_outputs(out, ("final", "checkpoints", "summary.json", "config.yaml"))
+    if overwrite:   # final/ goes when the new one replaces it
+        remove_outputs(out, ("checkpoints", "summary.json", "config.yaml"))
     dump_config(cfg, out / "config.yaml")
 
 
 def save_ranker_checkpoint(folder: Path, step: int, ranker, state: dict) -> None:
     """`folder/step-N`: the ranker as `final/` holds it (`ranker/`) and what a resume needs
     (`state.pt`), written whole or not at all and named by `latest` only then; the newest
-    alone is kept (`write_checkpoint`)."""
+    alone is kept (`write_checkpoint`), after the training too, as SFT's are."""
     from seekrl.recipes.checkpoint import write_checkpoint
 
     def write(tmp: Path) -> None:
