@@ -349,6 +349,14 @@ def test_a_resumed_run_ends_where_a_straight_one_does(world, tiny, tmp_path, mon
     no_ckpt = Interrupted(0, None, 0).message("seekrl sft")
     assert no_ckpt == ("interrupted before the first step, with no checkpoint (save_every is "
                        "0); start again with: seekrl sft --overwrite")
+    # when the first checkpoint comes: save_every, none at all past a run's last step
+    # (SFT and the PRM write final/ there), the last step where that is checkpointed too
+    for args, saves_last, said in (((3, None, 50), False, "the first checkpoint comes at step 50"),
+                                   ((3, None, 50, 80), False, "comes at step 50"),
+                                   ((3, None, 50, 30), False,
+                                    "save_every 50 is not below the run's 30 steps"),
+                                   ((3, None, 50, 30), True, "comes at step 30")):
+        assert said in Interrupted(*args, saves_last=saves_last).message("seekrl sft")
 
 
 def _small_sft(world, out, **keys):

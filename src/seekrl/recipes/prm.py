@@ -345,7 +345,7 @@ def train_prm(cfg, *, model=None, tokenizer=None, console=None, overwrite: bool 
             done = step
     except KeyboardInterrupt:
         log.close()
-        raise Interrupted(done, latest_checkpoint(out), cfg.save_every) from None
+        raise Interrupted(done, latest_checkpoint(out), cfg.save_every, cfg.steps) from None
     metrics = prm_metrics(scorer, dev, cfg.threshold)
     if dev.points and metrics.get("auc") is None:
         notes.append(f"dev AUC undefined: all {len(dev.points)} held-out step labels are on one "

@@ -356,7 +356,8 @@ def train_ranker(cfg: RankerTrainConfig, *, console: Console | None = None,
                    "config": cfg.model_dump(mode="json")}
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
     except KeyboardInterrupt:
-        raise Interrupted(done, latest_checkpoint(out), cfg.save_every) from None
+        raise Interrupted(done, latest_checkpoint(out), cfg.save_every, cfg.steps,
+                          saves_last=True) from None
     return summary
 
 

@@ -248,20 +248,27 @@ def keep_log_until(path: Path, step: int, drop=None) -> None:
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C in a recipe's training loop (SFT, the PRM): how many steps were done and
-    the checkpoint to resume from."""
+    """Ctrl-C in a recipe's training loop (SFT, the PRM, the ranker): how many steps were
+    done and the checkpoint to resume from. `steps` (the run's) and `saves_last` (whether
+    the last step is checkpointed too) say when the first checkpoint comes."""
 
-    def __init__(self, done: int, checkpoint: Path | None, save_every: int):
+    def __init__(self, done: int, checkpoint: Path | None, save_every: int,
+                 steps: int | None = None, *, saves_last: bool = False):
         super().__init__(done)
         self.done, self.checkpoint, self.save_every = done, checkpoint, save_every
+        self.steps, self.saves_last = steps, saves_last
 
     def message(self, command: str) -> str:
         where = f"after step {self.done}" if self.done else "before the first step"
         if self.checkpoint is not None:
             return (f"interrupted {where}; the latest checkpoint is {self.checkpoint}; "
                     f"continue from it with: {command} --resume")
+        first = self.save_every
+        if self.steps is not None and first >= self.steps:
+            first = self.steps if self.saves_last else None
         why = "save_every is 0" if not self.save_every else \
-            f"the first checkpoint comes at step {self.save_every}"
+            f"the first checkpoint comes at step {first}" if first else \
+            f"save_every {self.save_every} is not below the run's {self.steps} steps"
         return f"interrupted {where}, with no checkpoint ({why}); start again with: " \
                f"{command} --overwrite"
 

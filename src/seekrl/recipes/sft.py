@@ -859,7 +859,7 @@ def run_sft(cfg: SFTConfig, *, console=None, model=None, tokenizer=None,
             done = step
     except KeyboardInterrupt:
         log.close()
-        raise Interrupted(done, latest_checkpoint(out), cfg.save_every) from None
+        raise Interrupted(done, latest_checkpoint(out), cfg.save_every, total_steps) from None
     final = save_policy(model, tokenizer, out / "final")
     if cfg.eval.data:
         dev = _dev_eval(model, tokenizer, retriever, cfg, out / "eval" / "final")
