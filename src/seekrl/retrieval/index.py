@@ -9,7 +9,6 @@ a half-written index that loads.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import time
@@ -36,8 +35,6 @@ from seekrl.retrieval.dense import (
 )
 from seekrl.retrieval.hybrid import HybridRetriever
 from seekrl.runtime import check_device
-
-log = logging.getLogger(__name__)
 
 RETRIEVERS = ("bm25", "dense", "hybrid")
 MANIFEST = "manifest.json"
@@ -292,8 +289,7 @@ def _write_atomically(out: Path, fill, *, plan: dict | None = None,
         if done:
             hint = (f"{tmp} keeps the {done} dense shard(s) encoded so far; build again "
                     "with --resume (resume=True) to continue from there")
-            err.add_note(hint)
-            log.warning("%s", hint)
+            err.add_note(hint)   # shown with the traceback, and by `seekrl index` on one line
         else:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
