@@ -12,8 +12,8 @@ start's evaluation (the second argument, as `start-eval-dev`), its `metrics.json
 `per_question.json` where it kept one, and `answers.json`: each episode's question id,
 answer, searches, the lookups its first thought planned and how it finished. Where the run
 kept its steps' episodes (`log.save_rollouts`), each step's go in as
-`rollouts-step-N/answers.json`, the same fields with the episode's sample, its question's
-kind and hops, its rewards (total, the answer's part) and each turn's action and process
+`rollouts-step-N/answers.json`, the same fields with the episode's sample and group, its
+question's kind and hops, its rewards (total, the answer's part) and each turn's action and process
 reward. Token ids, documents and checkpoints stay behind.
 Prints the archive and its size. `KeptRun` reads a run back, packed or as its folder.
 """
@@ -85,7 +85,8 @@ def _answers(folder: Path, *, training: bool = False) -> bytes:
                "planned": t.planned_lookups, "finish": t.finish_reason}
         if training:
             # a training question is not among the evaluated ones: its kind goes with it
-            row.update(sample=t.sample_index, type=t.metadata.get("type"),
+            # the group: a question a refill drew twice in one step is two groups
+            row.update(sample=t.sample_index, group=t.group_id, type=t.metadata.get("type"),
                        hops=t.metadata.get("hops"), reward=t.outcome_reward,
                        outcome=t.outcome_part,
                        steps=[[s.action, s.process_reward] for s in t.steps])

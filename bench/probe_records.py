@@ -198,12 +198,12 @@ def push_line(name: str, runs: list[Run], questions: dict[str, dict]) -> str | N
     for run in runs:
         for step, episodes in run.rollouts.items():
             steps.add(step)
-            # a question's episodes of the step (one group; a question a refill drew
-            # twice in one step has its two groups pooled: the records number its
-            # episodes on)
+            # the step's groups: by the group packed with each episode (a question a
+            # refill drew twice in one step is two groups), else by question (records
+            # packed before the group was, which pool such a question's two)
             groups: dict[str, list[dict]] = defaultdict(list)
             for e in episodes:
-                groups[e["id"]].append(e)
+                groups[e.get("group") or e["id"]].append(e)
             for qid, group in groups.items():
                 rewards = [e.get("reward") for e in group]
                 # the kind packed with a training episode, else the evaluated question's

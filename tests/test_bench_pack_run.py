@@ -17,7 +17,8 @@ GOLDS = {"q1": "Ann", "q2": "Bo"}
 
 
 def _episode(qid: str, answer: str, searches: int, sample: int = 0,
-             reward: float | None = None, metadata: dict | None = None) -> Trajectory:
+             reward: float | None = None, metadata: dict | None = None,
+             group: str | None = None) -> Trajectory:
     """A layout-valid episode: `searches` search turns (a 2-token block after each), then
     the answer; its first thought plans two lookups."""
     ids, mask, steps = [0, 0, 0], [0, 0, 0], []
@@ -37,7 +38,7 @@ def _episode(qid: str, answer: str, searches: int, sample: int = 0,
             step = Step(start=start, end=len(ids), action="answer",
                         text=plan + f"<answer> {answer} </answer>")
         steps.append(step)
-    t = Trajectory(example_id=qid, group_id=qid, question=f"who is {qid}?",
+    t = Trajectory(example_id=qid, group_id=group or qid, question=f"who is {qid}?",
                    golden_answers=[GOLDS.get(qid, "Ann")], token_ids=ids, loss_mask=mask, prompt_len=3,
                    steps=steps, answer=answer, finish_reason="answer", sample_index=sample,
                    outcome_reward=reward, outcome_part=reward, metadata=metadata or {})
@@ -71,8 +72,12 @@ def _run(root: Path, seed: int, right_at_end: bool) -> Path:
                 per=final)
     # a training question (not among the evaluated ones): its kind is packed with it
     kind = {"type": "bridge", "hops": 2}
+    # and a refill drew it again: a second group, both right with two searches
     _evaluation(run / "rollouts" / "step-1",
-                [_episode("t1", "Ann", 2, 0, 1.0, kind), _episode("t1", "Cy", 1, 1, 0.0, kind)])
+                [_episode("t1", "Ann", 2, 0, 1.0, kind, "t1@1"),
+                 _episode("t1", "Cy", 1, 1, 0.0, kind, "t1@1"),
+                 _episode("t1", "Ann", 2, 2, 1.0, kind, "t1@2"),
+                 _episode("t1", "Ann", 2, 3, 1.0, kind, "t1@2")])
     return run
 
 
@@ -96,7 +101,8 @@ def test_a_packed_run_reads_back_in_every_bench_that_reads_records(tmp_path, cap
     assert answers[0] == {"id": "q1", "answer": "Ann", "searches": 2, "planned": 2,
                           "finish": "answer"}
     assert rollouts[1] == {"id": "t1", "answer": "Cy", "searches": 1, "planned": 2,
-                           "finish": "answer", "sample": 1, "type": "bridge", "hops": 2,
+                           "finish": "answer", "sample": 1, "group": "t1@1",
+                           "type": "bridge", "hops": 2,
                            "reward": 0.0, "outcome": 0.0,
                            "steps": [["search", 0.5], ["answer", None]]}
     # the run ended on its step-2 probe: that is its final evaluation
@@ -111,12 +117,14 @@ def test_a_packed_run_reads_back_in_every_bench_that_reads_records(tmp_path, cap
     out = capsys.readouterr().out
     assert "paired_a_vs_b=+0.5000" in out and "paired_a_vs_start=+0.5000" in out
     assert re.search(r"probe_records: a vs b at final \+0\.5000", out)
-    # the training step's group of t1 (a 2-hop bridge): two searches right (reward 1), one
-    # wrong (0): the reward told two searches +0.5 and one -0.5
+    # the training step's first group of t1 (a 2-hop bridge): two searches right (reward
+    # 1), one wrong (0): the reward told two searches +0.5 and one -0.5; its second group
+    # (a refill's, both right) told nothing. Pooled as one group, they had read +0.25 and
+    # -0.75
     push = dict(re.findall(r"(\S+?)=(\S+)", next(
         ln for ln in out.splitlines() if ln.startswith("push arm=a"))))
-    assert push["h2_as_many_adv"] == "+0.500" and push["h2_fewer_adv"] == "-0.500"
-    assert push["h2_as_many_share"] == "0.50" and push["steps"] == "1-1"
+    assert push["h2_as_many_adv"] == "+0.167" and push["h2_fewer_adv"] == "-0.500"
+    assert push["h2_as_many_share"] == "0.75" and push["steps"] == "1-1"
     assert not any(k.startswith("c") for k in push)   # no comparison was drawn
     load_bench("pair_records").main(["--arm", "a", str(archives[0]), "--base", "b",
                                      str(archives[1]), "--resamples", "50"])
