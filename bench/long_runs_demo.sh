@@ -14,7 +14,9 @@
 #   .venv/bin/python bench/process_ablation.py --stage report --work-dir WORK --runs-dir longdemo --named hops
 #   .venv/bin/python bench/process_ablation.py --stage keep --work-dir WORK --runs-dir longdemo --keep-to bench/records
 #   .venv/bin/python bench/pack_run.py WORK/longdemo/hops-s0 WORK/plan/eval-sft-dev bench/records/longdemo/hops-s0.tar.gz
-# (the last: each run with its training steps' episodes, for bench/probe_records.py)
+#   .venv/bin/python bench/fold_episodes.py bench/records/longdemo
+# (pack_run: each run with its training steps' episodes, for bench/probe_records.py;
+# fold_episodes: the probes' episodes that keep wrote, into one small archive)
 set -euo pipefail
 W=${1:-/work/runs/dev13}
 S=${SNAP:-$(cd "$(dirname "$0")/.." && pwd)}
