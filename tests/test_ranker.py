@@ -412,8 +412,9 @@ def test_a_stopped_ranker_training_resumes_to_what_a_straight_one_trains(tmp_pat
                                                                         monkeypatch):
     """Ctrl-C after step 15 of 25 (a checkpoint every 5): `resume` ends with the weights,
     the logged losses and the before/after figures of a run that never stopped and saved
-    nothing (the checkpoint blocks change no draw, dropout's included), and leaves no
-    checkpoint behind."""
+    nothing (the checkpoint blocks change no draw, dropout's included), keeping the last
+    step's checkpoint alone; a later --overwrite keeps that ranker until a new one
+    replaces it."""
     from conftest import build_world_and_index, interrupt_at_call
 
     from seekrl.config import RankerTrainConfig
@@ -463,9 +464,10 @@ def test_a_stopped_ranker_training_resumes_to_what_a_straight_one_trains(tmp_pat
 
 def test_a_ranker_resume_refuses_what_would_mix_two_trainings(tmp_path, tiny_encoder,
                                                               monkeypatch):
-    """Resume needs a checkpoint; a changed setting that shapes the training (lr, data) is
-    named and refused, more steps are taken, fewer than done are refused; --overwrite
-    starts over."""
+    """Resume needs a checkpoint and the run's config.yaml; a changed setting that shapes
+    the training (lr, data) is named and refused, fewer steps than done too; more steps are
+    taken; a stop after the last step's checkpoint finishes on resume; --overwrite starts
+    over."""
     from conftest import build_world_and_index, interrupt_at_call
 
     from seekrl.config import ConfigError, RankerTrainConfig
