@@ -42,7 +42,7 @@ def fold(folder: Path) -> tuple[int, int, int]:
             members[f"./{p.parent.relative_to(folder).as_posix()}/episodes.jsonl"] = \
                 gzip.decompress(p.read_bytes())
         except (OSError, EOFError) as err:
-            raise SystemExit(f"{p}: not a readable gzip file ({err}); nothing was folded")
+            raise SystemExit(f"{p}: not a readable gzip file ({err}); nothing was folded") from None
     if not found:
         return 0, 0, archive.stat().st_size if archive.is_file() else 0
     tmp = archive.with_name(ARCHIVE + ".tmp")
