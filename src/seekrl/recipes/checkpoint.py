@@ -140,6 +140,13 @@ def config_changes(saved: Path, cfg, *, recorded_only: bool = False) -> list[str
     return out
 
 
+def resume_refusals(saved: Path, cfg, may_change: Sequence[str]) -> list[str]:
+    """`config_changes`' lines for the keys a resume may not change: those outside
+    `may_change` (a key, or a section and everything under it)."""
+    return [c for c in config_changes(saved, cfg)
+            if not any(c.split(":", 1)[0] == k or c.startswith(k + ".") for k in may_change)]
+
+
 # settings a checkpoint's optimizer state carries (its param groups, the schedule's base
 # rates): changed on --resume, loading that state would put the old values back unsaid
 OPTIMIZER_STATE_KEYS = ("optim.lr", "optim.weight_decay", "optim.betas", "head_lr_factor",

@@ -125,11 +125,9 @@ RESUME_MAY_CHANGE = ("out", "labels", "dev_share", "device", "threshold", "eval_
 def check_resume_settings(out: Path, cfg) -> None:
     """Refuse `--resume` with training settings other than the run's config.yaml (which
     the resume would then overwrite, leaving no record of the mixed run)."""
-    from seekrl.recipes.checkpoint import config_changes
+    from seekrl.recipes.checkpoint import resume_refusals
 
-    refused = [c for c in config_changes(out / "config.yaml", cfg)
-               if not any(c.split(":", 1)[0] == k or c.startswith(k + ".")
-                          for k in RESUME_MAY_CHANGE)]
+    refused = resume_refusals(out / "config.yaml", cfg, RESUME_MAY_CHANGE)
     if refused:
         raise ConfigError(f"--resume: the PRM in {out} was trained with other settings: "
                           + "; ".join(refused) + f" (old -> new). Resume with the run's "

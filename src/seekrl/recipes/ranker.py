@@ -183,7 +183,7 @@ def check_ranker_run(out: Path, cfg: RankerTrainConfig, *, overwrite: bool,
     one in `out` (its summary.json, or a final/ of its own) unless `overwrite`, a stopped
     one (a checkpoint, no summary) unless `overwrite` or `resume`, and a resume without a
     checkpoint or with changed settings. Returns the checkpoint a resume goes on from."""
-    from seekrl.recipes.checkpoint import config_changes, recover_replaced
+    from seekrl.recipes.checkpoint import recover_replaced, resume_refusals
 
     if resume and overwrite:
         raise ConfigError("give one of --resume (continue the training in out) or "
@@ -206,8 +206,7 @@ def check_ranker_run(out: Path, cfg: RankerTrainConfig, *, overwrite: bool,
     if not (out / "config.yaml").is_file():   # nothing to check the settings against
         raise ConfigError(f"--resume: {out} has no config.yaml, the settings its checkpoints "
                           "were trained with; start a new training (--overwrite)")
-    refused = [c for c in config_changes(out / "config.yaml", cfg)
-               if c.split(":", 1)[0] not in RESUME_MAY_CHANGE]
+    refused = resume_refusals(out / "config.yaml", cfg, RESUME_MAY_CHANGE)
     if refused:
         raise ConfigError(f"--resume: the ranker in {out} was trained with other settings: "
                           + "; ".join(refused) + f" (old -> new); resume with the run's "
