@@ -1292,3 +1292,38 @@ def test_the_long_runs_script_runs_the_settings_results_names(script, runs, must
     want = options(named)
     assert must | {f"--runs-dir {runs}"} <= want
     assert want <= options(script.read_text())
+
+
+@pytest.mark.parametrize("script, runs, process", [
+    ("long_runs.sh", "long200w", "recall_cost"),
+    ("long_runs_demo.sh", "longdemo", "hops"),
+])
+def test_the_long_runs_script_runs_a_kept_seed_s_outcome_arm_alone(tmp_path, script, runs,
+                                                                   process):
+    """A machine that lost its runs folder but keeps a seed's process run in bench/records
+    runs that seed's outcome arm alone, at the kept run's rollout tokens; a seed with no
+    kept process run runs both arms."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    kept = root / "bench" / "records" / runs
+    seeds = sorted(int(p.parent.name.rpartition("-s")[2])
+                   for p in kept.glob(f"{process}-s*/result.json"))
+    assert seeds, f"no kept {process} run under {kept}"
+    missing = next(s for s in range(10) if s not in seeds)
+    log = tmp_path / "calls"
+    stub = tmp_path / "python"   # runs `-c` snippets, records every bench call
+    stub.write_text(f'#!/bin/bash\nif [ "$1" = -c ]; then exec {sys.executable} "$@"; fi\n'
+                    f'echo "$*" >> {log}\n')
+    stub.chmod(0o755)
+    subprocess.run(["bash", str(root / "bench" / script), str(tmp_path / "work")], check=True,
+                   env={**os.environ, "PYTHON": str(stub), "SNAP": str(root),
+                        "SEEDS": f"{seeds[0]} {missing}"})
+    calls = [c for c in log.read_text().splitlines() if "process_ablation.py" in c]
+    assert len(calls) == 2
+    budget = json.loads((kept / f"{process}-s{seeds[0]}" / "result.json").read_text())
+    assert f"--seeds {seeds[0]} " in calls[0] and "--methods outcome " in calls[0]
+    assert f"--budget {budget['rollout_tokens']}" in calls[0]
+    assert f"--seeds {missing} " in calls[1] and f"--methods {process},outcome" in calls[1]
+    assert "--budget " not in calls[1]
