@@ -16,7 +16,7 @@
 # the records:
 #   .venv/bin/python bench/process_ablation.py --stage report --work-dir WORK --runs-dir longdemo --named hops
 #   .venv/bin/python bench/process_ablation.py --stage keep --work-dir WORK --runs-dir longdemo --keep-to bench/records
-#   .venv/bin/python bench/pack_run.py WORK/longdemo/hops-s0 WORK/plan/eval-sft-dev bench/records/longdemo/hops-s0.tar.gz
+#   .venv/bin/python bench/pack_run.py WORK/longdemo/hops-s0 WORK/longdemo/hops-s0/eval/start bench/records/longdemo/hops-s0.tar.gz
 #   .venv/bin/python bench/fold_episodes.py bench/records/longdemo
 # (pack_run: each run with its training steps' episodes, for bench/probe_records.py;
 # fold_episodes: the probes' episodes that keep wrote, into one small archive)
